@@ -1,0 +1,1 @@
+"""NInfer converter: Hugging Face checkpoint folders to V3 .ninfer artifacts."""

@@ -1,0 +1,1 @@
+"""The V3 ``.ninfer`` artifact: framing, reader, binder, load plan and materializer (docs/artifact-v3.md)."""

@@ -1,0 +1,1 @@
+"""The ``ninfer`` command. Each subcommand is one module here exposing ``register(subparsers)``."""

@@ -1,0 +1,81 @@
+"""Op contracts: the named computations that model code calls through an :class:`~ninfer.ops.registry.OpSet`.
+
+Each contract fixes the semantics, argument shapes and in-place effects; implementations
+(torch reference in :mod:`ninfer.ops.reference`, Triton on CUDA later) register against the name
+through the ``ninfer_ops`` hook. Shapes use: T tokens (flattened over rows), B rows, S state slots,
+P pages, page = page_size, Hq/Hkv attention heads, D head dim, Hk/Hv GDN key/value heads,
+Dk/Dv GDN head dims, C conv channels, K conv width, E experts, I expert width, V vocab.
+
+Unless stated, outputs have the activation dtype of the inputs and the math is done in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpContract:
+    name: str
+    signature: str
+    semantics: str
+
+
+CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
+    OpContract("linear", "linear(x[..., in], weight[out, in]) -> [..., out]",
+               "x @ weight.T, no bias; accumulates in at least the input precision."),
+    OpContract("rms_norm", "rms_norm(x[..., N], weight[N], eps) -> [..., N]",
+               "Zero-centred (Qwen3.5) RMSNorm: fp32 x*rsqrt(mean(x^2)+eps)*(1+w), cast to x.dtype."),
+    OpContract("add_rms_norm", "add_rms_norm(x[T, N], residual[T, N], weight[N], eps) -> (y, new_residual)",
+               "new_residual = x + residual (in x.dtype); y = rms_norm(new_residual)."),
+    OpContract("gated_rms_norm", "gated_rms_norm(x[..., N], gate[..., N], weight[N], eps) -> [..., N]",
+               "GDN output norm: n = fp32 rmsnorm(x) cast to x.dtype; n*weight (plain weight, not 1+w); "
+               "times silu(gate.float()); cast to x.dtype."),
+    OpContract("rope", "rope(x[T, H, D], cos[T, R], sin[T, R]) -> [T, H, D]",
+               "NeoX rotate-half on the first R dims (pairs j, j+R/2), dims >= R pass through unchanged."),
+    OpContract("mrope_cos_sin",
+               "mrope_cos_sin(positions[3, T] int64, inv_freq[R/2] fp32, sections tuple|None, interleaved) "
+               "-> (cos[T, R], sin[T, R]) fp32",
+               "Frequency index i takes its position from axis T/H/W per the (interleaved) MRoPE sections; "
+               "sections=None means plain RoPE on positions[0]. cos/sin = cat(f, f)."),
+    OpContract("causal_conv1d_prefill",
+               "causal_conv1d_prefill(x[T, C], weight[C, K], conv_state[C, K-1] (in/out)) -> y[T, C]",
+               "Depthwise causal conv of one sequence's chunk, prefixed by conv_state (the previous K-1 "
+               "inputs, zeros for a fresh sequence), then SiLU. conv_state is overwritten with the last K-1 "
+               "inputs of [state | x]."),
+    OpContract("causal_conv1d_update",
+               "causal_conv1d_update(x[B, C], weight[C, K], conv_states[S, C, K-1] (in/out), slots[B] int64) "
+               "-> y[B, C]",
+               "One decode step per row against the state in slot slots[b]; SiLU; state rolled in place."),
+    OpContract("gdn_chunk_prefill",
+               "gdn_chunk_prefill(q[T, Hk, Dk], k[T, Hk, Dk], v[T, Hv, Dv], g[T, Hv] fp32, beta[T, Hv] fp32, "
+               "state[Hv, Dk, Dv] fp32 (in/out), scale) -> o[T, Hv, Dv]",
+               "Gated delta rule over one sequence's chunk starting from state: q,k L2-normalised per head "
+               "(eps 1e-6 inside rsqrt(sum x^2 + eps)), q scaled; value head j uses key head j // (Hv/Hk); "
+               "S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = S^T q. state overwritten with the final S."),
+    OpContract("gdn_recurrent_step",
+               "gdn_recurrent_step(q[B, Hk, Dk], k[B, Hk, Dk], v[B, Hv, Dv], g[B, Hv], beta[B, Hv], "
+               "states[S, Hv, Dk, Dv] fp32 (in/out), slots[B] int64, scale) -> o[B, Hv, Dv]",
+               "One token of the same recurrence for each row, reading and writing states[slots[b]] in place."),
+    OpContract("kv_cache_write",
+               "kv_cache_write(k[T, Hkv, D], v[T, Hkv, D], k_pool[P, page, Hkv, D], v_pool[...], "
+               "slot_mapping[T] int64) -> None",
+               "Stores token t at page slot_mapping[t] // page, offset slot_mapping[t] % page (in place)."),
+    OpContract("paged_attention",
+               "paged_attention(q[T, Hq, D], k_pool, v_pool, cu_q[B+1] int32, kv_lens[B] int32, "
+               "page_tables[B, maxp] int32, scale) -> o[T, Hq, D]",
+               "Causal GQA over paged KV, rows of any query length (prefill over a cached prefix and decode): "
+               "query i of row b sits at position kv_lens[b] - q_len_b + i and sees positions <= its own. "
+               "Query head h reads KV head h // (Hq/Hkv). Softmax in fp32."),
+    OpContract("paged_decode_attention",
+               "paged_decode_attention(q[B, Hq, D], k_pool, v_pool, kv_lens[B] int32, page_tables[B, maxp] int32, "
+               "scale) -> o[B, Hq, D]",
+               "paged_attention with one query per row (the last position)."),
+    OpContract("silu_and_mul", "silu_and_mul(x[..., 2I]) -> [..., I]", "silu(x[..., :I]) * x[..., I:]."),
+    OpContract("moe_router", "moe_router(logits[T, E], top_k) -> (weights[T, k] fp32, ids[T, k] int64)",
+               "softmax over all E in fp32, top-k, renormalised to sum 1 (Qwen3.5 MoE)."),
+    OpContract("moe_experts",
+               "moe_experts(x[T, H], weights[T, k] fp32, ids[T, k] int64, gate_up[E, 2I, H], down[E, H, I]) "
+               "-> [T, H]",
+               "sum_j weights[t, j] * down_e(silu(gate_e x) * up_e x) with e = ids[t, j]; gate rows first."),
+)}

@@ -1,0 +1,46 @@
+"""The one place where NInfer's plugin hooks are declared.
+
+Every hook returns a list of contract objects; the registry (:mod:`ninfer.plugins.registry`)
+collects the lists of all registered plugins and indexes them by name. A plugin distribution
+declares an entry point in group ``ninfer`` whose target module defines some of these hooks,
+each decorated with :data:`hookimpl`. Core features are registered the same way, as default
+plugins (see ``registry.DEFAULT_PLUGINS``).
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "ninfer"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def ninfer_architectures() -> list:  # list[ninfer.runtime.contract.architecture.ArchitectureSpec]
+    """Model architectures this plugin runs, keyed by ``ArchitectureSpec.name``.
+
+    The name is ``architectures[0]`` of the artifact's ``text`` component config. Two plugins
+    must not register the same name.
+    """
+
+
+@hookspec
+def ninfer_ops() -> list:  # list[ninfer.ops.registry.OpImpl]
+    """Implementations of op contracts (see :mod:`ninfer.ops.contracts`).
+
+    Several implementations of one op may coexist; the registry picks, for a device type and
+    dtype, the supporting implementation with the highest priority.
+    """
+
+
+@hookspec
+def ninfer_speculative_backends() -> list:  # list[ninfer.runtime.contract.speculative.SpeculativeBackendSpec]
+    """Speculative decoding backends (MTP, DFlash, ...), each for named architectures."""
+
+
+@hookspec
+def ninfer_source_mappings() -> list:  # list[ninfer.artifact.source_mapping.SourceMapping]
+    """Converter source mappings: how a Hugging Face checkpoint of an architecture becomes
+    components, objects and bindings of a V3 artifact."""

@@ -1,0 +1,202 @@
+"""Plugin registry: loads core default plugins and ``ninfer`` entry points, indexes what they register.
+
+Invariants:
+- Core default plugins (``DEFAULT_PLUGINS``) are always registered; ``NINFER_PLUGINS`` filters
+  only entry points (a comma list of entry-point names; unset or empty means all).
+- A name (architecture, speculative backend, source mapping) is registered by at most one plugin;
+  a clash is a :class:`PluginConflictError` naming both plugins.
+- Uninstalling a plugin distribution removes exactly what it registered: nothing is cached on disk.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+import threading
+from dataclasses import dataclass, field
+
+import pluggy
+
+from ninfer.errors import NInferError
+from ninfer.plugins import hookspecs
+
+ENTRY_POINT_GROUP = "ninfer"
+ENV_FILTER = "NINFER_PLUGINS"
+
+# Core features, registered as plugins exactly like third-party ones (module paths inside ninfer).
+DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (("reference_ops", "ninfer.ops.reference.plugin"),)
+
+
+class PluginError(NInferError):
+    """A plugin failed to load or registered something invalid."""
+
+
+class PluginConflictError(PluginError):
+    """Two plugins registered the same name."""
+
+
+class UnknownArchitectureError(PluginError):
+    """No installed plugin provides the requested architecture."""
+
+
+class UnknownSourceMappingError(PluginError):
+    """No installed plugin converts checkpoints of the requested architecture."""
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One registered plugin, as ``ninfer plugins`` lists it."""
+
+    name: str
+    module: str
+    distribution: str
+    version: str
+    default: bool
+    registered: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def _collect(results: list[list] | None) -> list:
+    return [item for batch in (results or []) for item in (batch or [])]
+
+
+class PluginRegistry:
+    """The loaded plugin set. Build one with :func:`get_registry` (cached) or directly in tests."""
+
+    def __init__(self, *, load_entry_points: bool = True, only: set[str] | None = None,
+                 extra_plugins: tuple[object, ...] = ()) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self._infos: list[PluginInfo] = []
+        self._meta: dict[str, tuple[str, str, str, bool]] = {}
+        for name, modname in DEFAULT_PLUGINS:
+            module = importlib.import_module(modname)
+            self._register(module, name, modname, "ninfer-core", _version("ninfer-core"), default=True)
+        if load_entry_points:
+            self._load_entry_points(only)
+        for plugin in extra_plugins:
+            name = getattr(plugin, "__name__", type(plugin).__name__)
+            self._register(plugin, name, name, "(in-process)", "", default=False)
+        self._index()
+
+    # -- loading -----------------------------------------------------------------------------
+    def _load_entry_points(self, only: set[str] | None) -> None:
+        seen: set[str] = set()
+        for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+            if only is not None and ep.name not in only:
+                continue
+            if ep.name in seen:  # the same distribution visible twice on sys.path
+                continue
+            seen.add(ep.name)
+            try:
+                module = ep.load()
+            except Exception as exc:  # a broken plugin must say which one it is
+                raise PluginError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+            dist = ep.dist.name if ep.dist is not None else "?"
+            version = ep.dist.version if ep.dist is not None else "?"
+            self._register(module, ep.name, ep.value, dist, version, default=False)
+
+    def _register(self, module: object, name: str, modpath: str, dist: str, version: str, *,
+                  default: bool) -> None:
+        if self.pm.get_plugin(name) is not None:
+            raise PluginConflictError(f"two plugins are named {name!r}")
+        try:
+            self.pm.register(module, name=name)
+        except Exception as exc:  # pluggy validates hookimpl signatures against the specs
+            raise PluginError(f"plugin {name!r} ({modpath}) is invalid: {exc}") from exc
+        self._meta[name] = (modpath, dist, version, default)
+
+    def _index(self) -> None:
+        """Call every plugin's hooks once, one plugin at a time, so each item has a known owner."""
+        self.architectures: dict = {}
+        self.ops: list = []
+        self.speculative_backends: dict = {}
+        self.source_mappings: dict = {}
+        registered: dict[str, dict[str, list[str]]] = {name: {} for name in self._meta}
+        owners: dict[tuple[str, str], str] = {}
+        for kind in ("architectures", "ops", "speculative_backends", "source_mappings"):
+            caller = getattr(self.pm.hook, f"ninfer_{kind}")
+            # pluggy returns impls last-registered-first; index in registration order instead.
+            for impl in reversed(caller.get_hookimpls()):
+                owner = impl.plugin_name
+                try:
+                    items = list(impl.function() or [])
+                except Exception as exc:
+                    raise PluginError(f"plugin {owner!r} failed in hook ninfer_{kind}: {exc}") from exc
+                labels = registered[owner].setdefault(kind, [])
+                for item in items:
+                    if kind == "ops":
+                        self.ops.append(item)
+                        labels.append(f"{item.op}:{item.name}")
+                        continue
+                    keys = item.source_architectures if kind == "source_mappings" else (item.name,)
+                    table = getattr(self, kind)
+                    for key in keys:
+                        if (kind, key) in owners:
+                            raise PluginConflictError(
+                                f"{kind[:-1].replace('_', ' ')} {key!r} is registered by both plugin "
+                                f"{owners[(kind, key)]!r} and plugin {owner!r}")
+                        owners[(kind, key)] = owner
+                        table[key] = item
+                    labels.append(item.name)
+        for name, (modpath, dist, version, default) in self._meta.items():
+            regs = {k: tuple(v) for k, v in registered[name].items() if v}
+            self._infos.append(PluginInfo(name, modpath, dist, version, default, regs))
+
+    # -- queries -------------------------------------------------------------------------------
+    def plugins(self) -> list[PluginInfo]:
+        return list(self._infos)
+
+    def architecture(self, name: str):
+        try:
+            return self.architectures[name]
+        except KeyError:
+            known = ", ".join(sorted(self.architectures)) or "none"
+            raise UnknownArchitectureError(
+                f"no installed plugin provides architecture {name!r} (installed: {known}); "
+                f"install the plugin distribution for it, e.g. 'pip install ninfer-qwen3_5' for Qwen3_5*"
+            ) from None
+
+    def source_mapping(self, architecture: str):
+        try:
+            return self.source_mappings[architecture]
+        except KeyError:
+            known = ", ".join(sorted(self.source_mappings)) or "none"
+            raise UnknownSourceMappingError(
+                f"no installed plugin converts checkpoints of architecture {architecture!r} "
+                f"(convertible: {known})") from None
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "?"
+
+
+def _filter_from_env() -> set[str] | None:
+    raw = os.environ.get(ENV_FILTER, "").strip()
+    if not raw:
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+_lock = threading.Lock()
+_cached: tuple[str, PluginRegistry] | None = None
+
+
+def get_registry() -> PluginRegistry:
+    """The process-wide registry, rebuilt when ``NINFER_PLUGINS`` changes."""
+    global _cached
+    key = os.environ.get(ENV_FILTER, "")
+    with _lock:
+        if _cached is None or _cached[0] != key:
+            _cached = (key, PluginRegistry(only=_filter_from_env()))
+        return _cached[1]
+
+
+def reset_registry() -> None:
+    """Forget the cached registry (tests that install or remove plugins call this)."""
+    global _cached
+    with _lock:
+        _cached = None

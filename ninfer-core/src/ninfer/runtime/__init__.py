@@ -1,0 +1,1 @@
+"""Runtime: contracts between Engine, Scheduler, Program and Frontend, and the engine itself."""

@@ -1,0 +1,83 @@
+"""What an architecture plugin registers: :class:`ArchitectureSpec`.
+
+The engine dispatches on ``ArchitectureSpec.name`` once, at construction; after that it talks to
+the Program it created and to the Frontend, never to the spec again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ninfer.runtime.contract.features import StartupFeatures
+
+
+@dataclass(frozen=True)
+class ParameterSpec:
+    """One logical parameter a selected feature needs.
+
+    ``name`` is the artifact binding name (e.g. ``text/layers/3/attention/qkv``); ``shape`` is its
+    logical shape, derived from config by the architecture (never from the objects); the binder
+    checks the binding covers exactly ``prod(shape)`` elements.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    component: str = "text"
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Address-free sizes the planner needs before any large read (DESIGN.md section 7)."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int           # summed over attention layers, K and V
+    state_bytes_per_sequence: int     # one StateImage (all GDN layers, conv + recurrent)
+    vocab_size: int
+    max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ProgramOptions:
+    """Physical sizing of one Program. Invariant: max_sequences >= the engine's max_concurrency."""
+
+    device: torch.device
+    dtype: torch.dtype
+    max_sequences: int
+    page_size: int
+    num_pages: int
+    max_context: int
+
+
+@dataclass(frozen=True)
+class ProgramInit:
+    """Everything ``ArchitectureSpec.create_program`` receives. ``weights`` are read-only views."""
+
+    config: Mapping[str, Any]
+    weights: Mapping[str, torch.Tensor]
+    ops: Any  # ninfer.ops.registry.OpSet
+    options: ProgramOptions
+    features: StartupFeatures = field(default_factory=StartupFeatures)
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """An architecture as registered through the ``ninfer_architectures`` hook.
+
+    - ``parameter_specs(config, features)``: every logical parameter the features bind.
+    - ``profile(config, features)``: the address-free :class:`ModelProfile`.
+    - ``create_program(init)``: a Program (``ninfer.runtime.contract.program.Program``).
+    - ``summarize_config(config)``: a few lines for ``ninfer info``.
+    - ``frontend``: the frontend family the artifact's resources are read with (e.g. ``"qwen"``).
+    """
+
+    name: str
+    family: str
+    parameter_specs: Callable[[Mapping[str, Any], StartupFeatures], list[ParameterSpec]]
+    profile: Callable[[Mapping[str, Any], StartupFeatures], ModelProfile]
+    create_program: Callable[[ProgramInit], Any]
+    summarize_config: Callable[[Mapping[str, Any]], dict[str, Any]]
+    frontend: str = "qwen"

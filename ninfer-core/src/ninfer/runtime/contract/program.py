@@ -1,0 +1,165 @@
+"""The Program contract: the one owner of a model instance's physical state and execution.
+
+Ownership (DESIGN.md section 4): only the engine worker thread calls a Program. The Program owns
+the sequences' token ledgers, the StateImage slots, the paged KV pools and their page tables,
+reservations, and the fixed model calls. The engine owns requests, scheduling and publication.
+
+A sequence's *ledger* is its known tokens: prompt, then every accepted output token. ``computed``
+counts the ledger tokens whose effect is in the state/KV. A sequence is *decode-ready* when
+``computed == len(ledger) - 1`` (the last ledger token is the next input). A prefill or Replay chunk
+processes ledger tokens ``[computed, computed + n)``; when it reaches the end of the ledger it
+samples the first new token (a fresh prompt); a Replay chunk stops one short so the row joins
+decode (its last token is already known and was published before the pause).
+
+Commit protocol: :meth:`Program.run` returns a :class:`PendingBatch` of provisional tokens that is
+not yet part of any ledger. The engine previews every row through the Frontend, then calls
+:meth:`Program.commit` exactly once with the accepted count of every row (or :meth:`abort_pending`).
+Rules, enforced by the Program (a violation raises :class:`PendingBatchError`, an engine failure):
+``0 <= accepted <= produced``; a row not finishing and not cancelled accepts all it produced;
+``accepted == 0`` only for cancelled rows; every row of the batch appears exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from ninfer.errors import NInferError
+from ninfer.runtime.contract.sampling import SamplingParams
+
+
+class ProgramError(NInferError):
+    """A Program call was made against its contract (unknown sequence, wrong state, ...)."""
+
+
+class PendingBatchError(ProgramError):
+    """A PendingBatch was consumed twice, partially, or with accepted counts that break the rules."""
+
+
+class OutOfSlotsError(ProgramError):
+    """No free StateImage slot for a new sequence."""
+
+
+SeqId = int
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """How to sample one row. ``step`` is the number of tokens this request has sampled before
+    (the RNG counter: with ``seed`` it makes the draw independent of batch membership and replayable)."""
+
+    params: SamplingParams
+    seed: int
+    step: int
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    seq: SeqId
+    sampling: RowSampling
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Process the next ``num_tokens`` ledger tokens of ``seq``. ``sampling`` is required exactly when
+    the chunk reaches the end of the ledger (a fresh prompt's last chunk)."""
+
+    seq: SeqId
+    num_tokens: int
+    sampling: RowSampling | None = None
+
+
+@dataclass(frozen=True)
+class ExecutionUnit:
+    """One worker cycle's model call: a compact decode batch of the actual B plus at most one chunk."""
+
+    decode: tuple[DecodeRow, ...] = ()
+    chunk: PrefillChunk | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    seq: SeqId
+    tokens: tuple[int, ...]                      # provisional tokens; produced extent = len(tokens)
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass
+class PendingBatch:
+    """Move-only result of :meth:`Program.run`. Membership is frozen at creation; ``consumed``
+    flips once, in commit or abort_pending."""
+
+    batch_id: int
+    rows: tuple[PendingRow, ...]
+    consumed: bool = field(default=False)
+
+    def row(self, seq: SeqId) -> PendingRow:
+        for r in self.rows:
+            if r.seq == seq:
+                return r
+        raise PendingBatchError(f"sequence {seq} is not a member of pending batch {self.batch_id}")
+
+
+@dataclass(frozen=True)
+class ProgramCapacity:
+    total_pages: int
+    free_pages: int
+    total_state_slots: int
+    free_state_slots: int
+    page_size: int
+
+
+@dataclass(frozen=True)
+class ReplayState:
+    """What a paused sequence needs to be rebuilt: its whole ledger (prompt + accepted output).
+    Resuming opens a new sequence with this ledger and replays all but its last token."""
+
+    ledger: tuple[int, ...]
+
+
+@runtime_checkable
+class Program(Protocol):
+    """See the module docstring for the ledger and commit rules."""
+
+    page_size: int
+    vocab_size: int
+
+    def capacity(self) -> ProgramCapacity: ...
+
+    def open_sequence(self, tokens: Sequence[int]) -> SeqId:
+        """Take a StateImage slot (native-initialised) and start a ledger with ``tokens`` (>= 1).
+        Raises OutOfSlotsError when none is free. Takes no KV pages: see reserve_units."""
+
+    def reserve_units(self, demands: Mapping[SeqId, int]) -> dict[SeqId, bool]:
+        """For each row, atomically make sure KV pages exist for ``n`` more tokens beyond ``computed``.
+        A row that cannot be satisfied gets False and keeps what it had; other rows are unaffected."""
+
+    def ledger_length(self, seq: SeqId) -> int: ...
+
+    def computed(self, seq: SeqId) -> int: ...
+
+    def run(self, unit: ExecutionUnit) -> PendingBatch:
+        """Execute one unit. Decode rows must be decode-ready and reserved for 1 token; the chunk's
+        sequence must be reserved for ``num_tokens``. Rows of the result: every decode row, then the
+        chunk's sequence if it sampled."""
+
+    def commit(self, pending: PendingBatch, accepted: Mapping[SeqId, int]) -> None:
+        """Append each row's accepted tokens to its ledger. Consumes ``pending``."""
+
+    def abort_pending(self, pending: PendingBatch) -> None:
+        """Drop every provisional token of ``pending``. Consumes it."""
+
+    def pause(self, seq: SeqId) -> ReplayState:
+        """Release the sequence's slot and pages, returning what a Replay resume needs."""
+
+    def release(self, seq: SeqId) -> None:
+        """Free the sequence's StateImage slot and KV pages. Idempotent per live id is an error:
+        releasing an unknown or released id raises ProgramError."""

@@ -1,0 +1,1 @@
+"""NInfer HTTP gateway (OpenAI- and Anthropic-compatible) on litestar."""
