@@ -78,4 +78,17 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "moe_experts(x[T, H], weights[T, k] fp32, ids[T, k] int64, gate_up[E, 2I, H], down[E, H, I]) "
                "-> [T, H]",
                "sum_j weights[t, j] * down_e(silu(gate_e x) * up_e x) with e = ids[t, j]; gate rows first."),
+    OpContract("apply_penalties",
+               "apply_penalties(logits[B, V] fp32, output_counts[B, V] int32, prompt_mask[B, V] bool, "
+               "repetition[B] fp32, presence[B] fp32, frequency[B] fp32) -> [B, V] fp32",
+               "vLLM semantics: tokens seen in prompt or output get logit/r if logit > 0 else logit*r; then "
+               "logit -= presence*(count > 0) + frequency*count over output counts. Rows with neutral values "
+               "are returned unchanged (bit-exact)."),
+    OpContract("sample",
+               "sample(logits[B, V] fp32, temperature[B] fp32, top_k[B] int32, top_p[B] fp32, min_p[B] fp32, "
+               "seeds[B] int64, steps[B] int64) -> tokens[B] int64",
+               "temperature 0: argmax (lowest id on ties). Otherwise logits/T, then top-k (0 = off), top-p "
+               "(1 = off), min-p (0 = off) filtering, then Gumbel-max with noise from a counter-based hash of "
+               "(seed, step, token id): a row's draw depends only on its own logits, seed and step, never on "
+               "the batch, and is identical on CPU and CUDA for identical logits."),
 )}
