@@ -1,0 +1,171 @@
+"""Plugin discovery: core defaults, entry points of installed distributions, NINFER_PLUGINS, clashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from ninfer.plugins import (
+    PluginConflictError,
+    PluginRegistry,
+    UnknownArchitectureError,
+    UnknownSourceMappingError,
+    hookimpl,
+)
+from ninfer.runtime.contract.architecture import ArchitectureSpec, ModelProfile
+
+TOY_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "ninfer-toyarch"
+version = "0.7.3"
+dependencies = []
+
+[project.entry-points.ninfer]
+toyarch = "ninfer_toyarch.plugin"
+
+[tool.setuptools.packages.find]
+where = ["src"]
+"""
+
+TOY_PLUGIN = '''
+from ninfer.plugins import hookimpl
+from ninfer.runtime.contract.architecture import ArchitectureSpec, ModelProfile
+
+
+def _specs(config, features):
+    return []
+
+
+def _profile(config, features):
+    return ModelProfile(0, 0, 0, int(config.get("vocab_size", 1)), 1)
+
+
+def _program(init):
+    raise RuntimeError("the toy architecture has no Program")
+
+
+@hookimpl
+def ninfer_architectures():
+    return [ArchitectureSpec(name="ToyForCausalLM", family="toy", parameter_specs=_specs, profile=_profile,
+                             create_program=_program, summarize_config=lambda c: dict(c))]
+'''
+
+
+def _toy_spec(name: str) -> ArchitectureSpec:
+    return ArchitectureSpec(name=name, family="toy", parameter_specs=lambda c, f: [],
+                            profile=lambda c, f: ModelProfile(0, 0, 0, 1, 1),
+                            create_program=lambda init: None, summarize_config=lambda c: {})
+
+
+def _plugin_module(name: str, arch: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+
+    @hookimpl
+    def ninfer_architectures():
+        return [_toy_spec(arch)]
+
+    module.ninfer_architectures = ninfer_architectures
+    return module
+
+
+@pytest.fixture(scope="module")
+def toy_site(tmp_path_factory):
+    """A real throwaway distribution, built and pip-installed into a temporary site dir."""
+    root = tmp_path_factory.mktemp("toyarch")
+    src = root / "project"
+    (src / "src" / "ninfer_toyarch").mkdir(parents=True)
+    (src / "pyproject.toml").write_text(TOY_PYPROJECT)
+    (src / "src" / "ninfer_toyarch" / "__init__.py").write_text("")
+    (src / "src" / "ninfer_toyarch" / "plugin.py").write_text(textwrap.dedent(TOY_PLUGIN))
+    site = root / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(src)], check=True, capture_output=True)
+    yield site
+    shutil.rmtree(root)
+
+
+def _plugins_json(env_extra: dict[str, str]) -> list[dict]:
+    env = dict(os.environ)
+    env.update(env_extra)
+    out = subprocess.run([sys.executable, "-m", "ninfer.cli.main", "plugins", "--json"], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_core_defaults_are_plugins_with_ops():
+    reg = PluginRegistry(load_entry_points=False)
+    infos = {i.name: i for i in reg.plugins()}
+    assert infos["reference_ops"].default
+    assert infos["reference_ops"].distribution == "ninfer-core"
+    # Every registered op names a contract (OpImpl validates that on construction).
+    assert all(impl.op for impl in reg.ops)
+
+
+def test_installed_distribution_is_discovered_then_removed(toy_site):
+    env = {"PYTHONPATH": os.pathsep.join([str(toy_site), os.environ.get("PYTHONPATH", "")])}
+    listed = {p["name"]: p for p in _plugins_json(env)}
+    toy = listed["toyarch"]
+    assert toy["distribution"] == "ninfer-toyarch"
+    assert toy["version"] == "0.7.3"
+    assert toy["registered"] == {"architectures": ["ToyForCausalLM"]}
+    assert listed["reference_ops"]["default"] is True
+
+    # NINFER_PLUGINS restricts entry points; core defaults stay.
+    only_toy = {p["name"] for p in _plugins_json({**env, "NINFER_PLUGINS": "toyarch"})}
+    assert only_toy == {"reference_ops", "toyarch"}
+    none = {p["name"] for p in _plugins_json({**env, "NINFER_PLUGINS": "nothing-by-this-name"})}
+    assert none == {"reference_ops"}
+
+    # Uninstalling (the site dir disappears) removes exactly what it registered.
+    moved = toy_site.with_name("site-removed")
+    toy_site.rename(moved)
+    try:
+        after = {p["name"] for p in _plugins_json(env)}
+        assert "toyarch" not in after and "reference_ops" in after
+    finally:
+        moved.rename(toy_site)
+
+
+def test_plugins_command_prints_table(toy_site):
+    env = dict(os.environ, PYTHONPATH=str(toy_site))
+    out = subprocess.run([sys.executable, "-m", "ninfer.cli.main", "plugins"], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    assert "toyarch: ninfer-toyarch 0.7.3" in out
+    assert "architectures: ToyForCausalLM" in out
+
+
+def test_unknown_architecture_names_it():
+    reg = PluginRegistry(load_entry_points=False)
+    with pytest.raises(UnknownArchitectureError, match="'NoSuchForCausalLM'"):
+        reg.architecture("NoSuchForCausalLM")
+    with pytest.raises(UnknownSourceMappingError, match="'NoSuchForCausalLM'"):
+        reg.source_mapping("NoSuchForCausalLM")
+
+
+def test_in_process_plugin_registers_architecture():
+    reg = PluginRegistry(load_entry_points=False, extra_plugins=(_plugin_module("toy_a", "AForCausalLM"),))
+    assert reg.architecture("AForCausalLM").family == "toy"
+    assert {i.name for i in reg.plugins()} >= {"toy_a", "reference_ops"}
+
+
+def test_two_plugins_claiming_one_architecture_conflict():
+    a = _plugin_module("toy_a", "SameForCausalLM")
+    b = _plugin_module("toy_b", "SameForCausalLM")
+    with pytest.raises(PluginConflictError, match="'toy_a'.*'toy_b'|'toy_b'.*'toy_a'"):
+        PluginRegistry(load_entry_points=False, extra_plugins=(a, b))
+
+
+def test_real_entry_points_include_qwen3_5():
+    reg = PluginRegistry()
+    assert "qwen3_5" in {i.name for i in reg.plugins()}
