@@ -1,1 +1,34 @@
 """Entry point ``qwen3_5`` (group ``ninfer``): registers the Qwen3.5 architectures and source mappings."""
+
+from __future__ import annotations
+
+from ninfer.plugins.hookspecs import hookimpl
+from ninfer.runtime.contract.architecture import ArchitectureSpec
+
+from ninfer_qwen3_5.config import DENSE, MOE
+from ninfer_qwen3_5.parameters import parameter_specs
+from ninfer_qwen3_5.profile import profile, summarize_config
+
+
+def _create_program(init):
+    from ninfer_qwen3_5.program import Qwen35Program  # torch-heavy; imported when a program is built
+
+    return Qwen35Program(init)
+
+
+def architecture_specs() -> list[ArchitectureSpec]:
+    return [ArchitectureSpec(name=name, family="qwen3_5", parameter_specs=parameter_specs, profile=profile,
+                             create_program=_create_program, summarize_config=summarize_config, frontend="qwen")
+            for name in (DENSE, MOE)]
+
+
+@hookimpl
+def ninfer_architectures() -> list:
+    return architecture_specs()
+
+
+@hookimpl
+def ninfer_source_mappings() -> list:
+    from ninfer_qwen3_5.mapping import Qwen35SourceMapping
+
+    return [Qwen35SourceMapping()]

@@ -1,0 +1,394 @@
+"""Architecture-independent Program bookkeeping: sequences, ledgers, reservations, PendingBatch, sampling.
+
+:class:`SequenceProgram` implements the :class:`~ninfer.runtime.contract.program.Program` protocol
+except the model call. An architecture subclasses it and implements :meth:`SequenceProgram.forward`,
+which receives a :class:`ForwardBatch` (decode rows and at most one chunk, already addressed into
+the paged KV pools and StateImage slots) and returns the logits of the rows that sample.
+
+Ledger rules (see the Program contract): ``computed`` counts ledger tokens whose effect is in the
+state and KV. :meth:`run` advances ``computed`` by what it processed; the sampled tokens stay
+provisional in the :class:`PendingBatch` until :meth:`commit`. A row that ends with no next input
+(its provisional token was aborted, or accepted 0) is *stale*: its state covers the whole ledger, so
+the only legal operations left are :meth:`pause` (Replay rebuilds it) and :meth:`release`.
+
+Invariants enforced here (violations raise before anything is mutated):
+- A sequence is in at most one unconsumed PendingBatch; pause/release/run wait for it to be consumed.
+- A PendingBatch is consumed exactly once, with every member row named exactly once and
+  ``0 <= accepted <= produced``; a row may not be both a decode row and the chunk of one unit.
+- KV pages for a token exist before the token is run (reserve_units), and are freed only by
+  pause/release.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.core.kv_pool import PagedKVCache
+from ninfer.core.state_image import StateImageStorage
+from ninfer.runtime.contract.program import (
+    ExecutionUnit,
+    OutOfSlotsError,
+    PendingBatch,
+    PendingBatchError,
+    PendingRow,
+    ProgramCapacity,
+    ProgramError,
+    ReplayState,
+    RowSampling,
+    SeqId,
+    TokenLogprob,
+)
+
+
+@dataclass
+class _Sequence:
+    ledger: list[int]
+    prompt_length: int
+    slot: int
+    computed: int = 0
+    pending: int | None = None   # id of the unconsumed PendingBatch holding this row's provisional tokens
+    stale: bool = False          # state covers the whole ledger; no next input exists
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """B decode rows, one token each (the last ledger token), all tensors on the Program's device.
+
+    ``positions[b]`` = the row's computed count (the token's index); ``kv_lens = positions + 1``;
+    ``slot_mapping[b]`` the flat KV slot of that token; ``slots`` the StateImage slot ids."""
+
+    seqs: tuple[SeqId, ...]
+    tokens: torch.Tensor        # int64 [B]
+    positions: torch.Tensor     # int64 [B]
+    slots: torch.Tensor         # int64 [B]
+    kv_lens: torch.Tensor       # int32 [B]
+    page_tables: torch.Tensor   # int32 [B, maxp]
+    slot_mapping: torch.Tensor  # int64 [B]
+
+
+@dataclass(frozen=True)
+class ChunkRows:
+    """Ledger tokens ``[start, start + T)`` of one sequence. ``want_logits``: the chunk samples, so
+    the forward must return the logits of its last token."""
+
+    seq: SeqId
+    tokens: torch.Tensor        # int64 [T]
+    positions: torch.Tensor     # int64 [T]
+    slot: int
+    start: int
+    kv_len: int                 # start + T
+    page_table: torch.Tensor    # int32 [1, maxp]
+    slot_mapping: torch.Tensor  # int64 [T]
+    want_logits: bool
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    decode: DecodeRows | None
+    chunk: ChunkRows | None
+
+    @property
+    def num_logit_rows(self) -> int:
+        b = len(self.decode.seqs) if self.decode is not None else 0
+        return b + (1 if self.chunk is not None and self.chunk.want_logits else 0)
+
+
+class SequenceProgram:
+    """Program bookkeeping over a :class:`PagedKVCache` and a :class:`StateImageStorage`.
+
+    Subclasses implement :meth:`forward`. ``ops`` must provide ``apply_penalties`` and ``sample``.
+    """
+
+    def __init__(self, *, vocab_size: int, kv: PagedKVCache, states: StateImageStorage, ops,
+                 device: torch.device, max_context: int) -> None:
+        self.vocab_size = vocab_size
+        self.page_size = kv.page_size
+        self.kv = kv
+        self.states = states
+        self.ops = ops
+        self.device = torch.device(device)
+        self.max_context = max_context
+        self._seqs: dict[SeqId, _Sequence] = {}
+        self._ids = itertools.count(1)
+        self._batch_ids = itertools.count(1)
+        self._outstanding: dict[int, PendingBatch] = {}
+
+    # -- the model call (architecture) -----------------------------------------------------------
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run the model over ``batch``, updating KV pools and state slots in place. Returns fp32
+        logits ``[batch.num_logit_rows, vocab]``: decode rows in order, then the chunk's last token."""
+        raise NotImplementedError
+
+    # -- queries ---------------------------------------------------------------------------------
+    def capacity(self) -> ProgramCapacity:
+        return ProgramCapacity(
+            total_pages=self.kv.num_pages, free_pages=self.kv.allocator.free_pages,
+            total_state_slots=self.states.num_slots, free_state_slots=self.states.free_slots,
+            page_size=self.page_size)
+
+    def ledger_length(self, seq: SeqId) -> int:
+        return len(self._get(seq).ledger)
+
+    def computed(self, seq: SeqId) -> int:
+        return self._get(seq).computed
+
+    def ledger(self, seq: SeqId) -> tuple[int, ...]:
+        return tuple(self._get(seq).ledger)
+
+    def state_slot(self, seq: SeqId) -> int:
+        return self._get(seq).slot
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None) -> SeqId:
+        """Start a ledger. ``prompt_length`` (default: all of ``tokens``) separates prompt from
+        output for the penalties; a Replay resume passes the original prompt length."""
+        ledger = [int(t) for t in tokens]
+        if not ledger:
+            raise ProgramError("a sequence needs at least one token")
+        bad = [t for t in ledger if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ProgramError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if len(ledger) > self.max_context:
+            raise ProgramError(f"{len(ledger)} tokens exceed the context limit {self.max_context}")
+        plen = len(ledger) if prompt_length is None else int(prompt_length)
+        if not 1 <= plen <= len(ledger):
+            raise ProgramError(f"prompt_length {prompt_length} is outside [1, {len(ledger)}]")
+        slot = self.states.allocate()
+        if slot is None:
+            raise OutOfSlotsError(f"all {self.states.num_slots} state slots are taken")
+        sid = next(self._ids)
+        self._seqs[sid] = _Sequence(ledger=ledger, prompt_length=plen, slot=slot)
+        return sid
+
+    def reserve_units(self, demands: Mapping[SeqId, int]) -> dict[SeqId, bool]:
+        for sid, n in demands.items():
+            self._get(sid)
+            if not isinstance(n, int) or n < 0:
+                raise ProgramError(f"reserve demand of sequence {sid} must be an int >= 0, got {n!r}")
+        out: dict[SeqId, bool] = {}
+        for sid, n in demands.items():
+            target = self._seqs[sid].computed + n
+            out[sid] = target <= self.max_context and self.kv.ensure(sid, target)
+        return out
+
+    def pause(self, seq: SeqId) -> ReplayState:
+        s = self._get(seq)
+        self._check_not_pending(seq, s, "paused")
+        state = ReplayState(ledger=tuple(s.ledger))
+        self._free(seq, s)
+        return state
+
+    def release(self, seq: SeqId) -> None:
+        s = self._get(seq)
+        self._check_not_pending(seq, s, "released")
+        self._free(seq, s)
+
+    # -- execution -------------------------------------------------------------------------------
+    def run(self, unit: ExecutionUnit) -> PendingBatch:
+        batch, sampling = self._prepare(unit)
+        try:
+            logits = self.forward(batch)
+            if batch.num_logit_rows and (logits is None or tuple(logits.shape) != (batch.num_logit_rows,
+                                                                                    self.vocab_size)):
+                raise ProgramError(f"forward returned logits of shape "
+                                   f"{None if logits is None else tuple(logits.shape)}, expected "
+                                   f"{(batch.num_logit_rows, self.vocab_size)}")
+            tokens, logprobs = self._sample(logits, sampling) if sampling else ([], [])
+        except Exception:
+            # The state and KV of every member may be half-updated: they can only be rebuilt.
+            for sid in self._members(unit):
+                self._seqs[sid].stale = True
+            raise
+        for row in unit.decode:
+            self._seqs[row.seq].computed += 1
+        if unit.chunk is not None:
+            self._seqs[unit.chunk.seq].computed += unit.chunk.num_tokens
+        bid = next(self._batch_ids)
+        rows = []
+        for (sid, rs), tok, lp in zip(sampling, tokens, logprobs, strict=True):
+            self._seqs[sid].pending = bid
+            rows.append(PendingRow(seq=sid, tokens=(tok,), logprobs=None if lp is None else (lp,)))
+        pending = PendingBatch(batch_id=bid, rows=tuple(rows))
+        self._outstanding[bid] = pending
+        return pending
+
+    def commit(self, pending: PendingBatch, accepted: Mapping[SeqId, int]) -> None:
+        self._check_outstanding(pending)
+        members = [r.seq for r in pending.rows]
+        missing = [s for s in members if s not in accepted]
+        extra = [s for s in accepted if s not in members]
+        if missing or extra:
+            raise PendingBatchError(f"commit of batch {pending.batch_id} must name every row exactly once: "
+                                    f"missing {missing}, not members {extra}")
+        for r in pending.rows:
+            a = accepted[r.seq]
+            if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= len(r.tokens):
+                raise PendingBatchError(f"sequence {r.seq} accepted {a!r} of {len(r.tokens)} produced tokens "
+                                        f"in batch {pending.batch_id}; must be an int in [0, produced]")
+        for r in pending.rows:
+            s = self._seqs[r.seq]
+            a = accepted[r.seq]
+            s.ledger.extend(r.tokens[:a])
+            s.pending = None
+            # The state advanced over every input token; with nothing accepted there is no next input.
+            if s.computed != len(s.ledger) - 1:
+                s.stale = True
+        self._consume(pending)
+
+    def abort_pending(self, pending: PendingBatch) -> None:
+        self._check_outstanding(pending)
+        for r in pending.rows:
+            s = self._seqs[r.seq]
+            s.pending = None
+            s.stale = True
+        self._consume(pending)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _get(self, seq: SeqId) -> _Sequence:
+        try:
+            return self._seqs[seq]
+        except (KeyError, TypeError):
+            raise ProgramError(f"unknown or released sequence {seq!r}") from None
+
+    def _check_not_pending(self, seq: SeqId, s: _Sequence, what: str) -> None:
+        if s.pending is not None:
+            raise ProgramError(f"sequence {seq} cannot be {what} while pending batch {s.pending} is unconsumed")
+
+    def _free(self, seq: SeqId, s: _Sequence) -> None:
+        self.kv.release(seq)
+        self.states.free(s.slot)
+        del self._seqs[seq]
+
+    def _check_outstanding(self, pending: PendingBatch) -> None:
+        if pending.consumed:
+            raise PendingBatchError(f"pending batch {pending.batch_id} was already consumed")
+        if self._outstanding.get(pending.batch_id) is not pending:
+            raise PendingBatchError(f"pending batch {pending.batch_id} was not produced by this program")
+
+    def _consume(self, pending: PendingBatch) -> None:
+        pending.consumed = True
+        del self._outstanding[pending.batch_id]
+
+    @staticmethod
+    def _members(unit: ExecutionUnit) -> list[SeqId]:
+        return [r.seq for r in unit.decode] + ([unit.chunk.seq] if unit.chunk is not None else [])
+
+    def _ready(self, sid: SeqId, role: str) -> _Sequence:
+        s = self._get(sid)
+        if s.pending is not None:
+            raise ProgramError(f"{role} sequence {sid} has unconsumed pending batch {s.pending}")
+        if s.stale:
+            raise ProgramError(f"{role} sequence {sid} has no next input (its provisional token was "
+                               f"dropped): pause it for Replay or release it")
+        return s
+
+    def _prepare(self, unit: ExecutionUnit) -> tuple[ForwardBatch, list[tuple[SeqId, RowSampling]]]:
+        members = self._members(unit)
+        if not members:
+            raise ProgramError("an execution unit needs at least one decode row or a chunk")
+        if len(set(members)) != len(members):
+            raise ProgramError(f"a sequence appears twice in one execution unit: {members}")
+        sampling: list[tuple[SeqId, RowSampling]] = []
+        dev = self.device
+        decode = None
+        if unit.decode:
+            seqs, toks, pos, slots = [], [], [], []
+            for row in unit.decode:
+                s = self._ready(row.seq, "decode")
+                if s.computed != len(s.ledger) - 1:
+                    raise ProgramError(f"decode sequence {row.seq} is not decode-ready "
+                                       f"(computed {s.computed}, ledger {len(s.ledger)})")
+                if self.kv.capacity(row.seq) < s.computed + 1:
+                    raise ProgramError(f"decode sequence {row.seq} has no KV reserved for its next token")
+                seqs.append(row.seq)
+                toks.append(s.ledger[s.computed])
+                pos.append(s.computed)
+                slots.append(s.slot)
+                sampling.append((row.seq, row.sampling))
+            pos_t = torch.tensor(pos, dtype=torch.int64)
+            decode = DecodeRows(
+                seqs=tuple(seqs),
+                tokens=torch.tensor(toks, dtype=torch.int64).to(dev),
+                positions=pos_t.to(dev),
+                slots=torch.tensor(slots, dtype=torch.int64).to(dev),
+                kv_lens=(pos_t + 1).to(torch.int32).to(dev),
+                page_tables=self.kv.page_table_tensor(seqs, [p + 1 for p in pos]),
+                slot_mapping=torch.tensor([self.kv.slot_mapping(sq, p, p + 1)[0] for sq, p in zip(seqs, pos)],
+                                          dtype=torch.int64).to(dev))
+        chunk = None
+        if unit.chunk is not None:
+            c = unit.chunk
+            s = self._ready(c.seq, "chunk")
+            n = c.num_tokens
+            end = s.computed + n
+            if not isinstance(n, int) or n < 1 or end > len(s.ledger):
+                raise ProgramError(f"chunk of sequence {c.seq}: {n!r} tokens from {s.computed} exceed its "
+                                   f"ledger of {len(s.ledger)}")
+            reaches_end = end == len(s.ledger)
+            if reaches_end != (c.sampling is not None):
+                raise ProgramError(f"chunk of sequence {c.seq} ending at {end} of {len(s.ledger)}: sampling "
+                                   f"must be given exactly when the chunk reaches the ledger's end")
+            if self.kv.capacity(c.seq) < end:
+                raise ProgramError(f"chunk sequence {c.seq} has no KV reserved for tokens up to {end}")
+            if reaches_end:
+                sampling.append((c.seq, c.sampling))
+            chunk = ChunkRows(
+                seq=c.seq,
+                tokens=torch.tensor(s.ledger[s.computed:end], dtype=torch.int64).to(dev),
+                positions=torch.arange(s.computed, end, dtype=torch.int64).to(dev),
+                slot=s.slot, start=s.computed, kv_len=end,
+                page_table=self.kv.page_table_tensor([c.seq], [end]),
+                slot_mapping=torch.tensor(self.kv.slot_mapping(c.seq, s.computed, end), dtype=torch.int64).to(dev),
+                want_logits=reaches_end)
+        return ForwardBatch(decode=decode, chunk=chunk), sampling
+
+    # -- sampling --------------------------------------------------------------------------------
+    def _sample(self, logits: torch.Tensor, rows: list[tuple[SeqId, RowSampling]]
+                ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Penalties (only when a row asks for them), then the ``sample`` op. Logprobs are those of the
+        model's raw distribution (before penalties and temperature), like vLLM's default."""
+        raw = logits.float()
+        params = [rs.params for _, rs in rows]
+        dev = raw.device
+        processed = raw
+        if any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+               for p in params):
+            counts = torch.zeros((len(rows), self.vocab_size), dtype=torch.int32)
+            prompt = torch.zeros((len(rows), self.vocab_size), dtype=torch.bool)
+            for b, (sid, _) in enumerate(rows):
+                s = self._seqs[sid]
+                prompt[b, torch.tensor(s.ledger[: s.prompt_length], dtype=torch.int64)] = True
+                out = s.ledger[s.prompt_length:]
+                if out:
+                    counts[b] = torch.bincount(torch.tensor(out, dtype=torch.int64),
+                                               minlength=self.vocab_size).to(torch.int32)
+            processed = self.ops.apply_penalties(
+                raw, counts.to(dev), prompt.to(dev),
+                torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=dev),
+                torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=dev),
+                torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=dev))
+        tokens = self.ops.sample(
+            processed,
+            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev),
+            torch.tensor([p.top_k for p in params], dtype=torch.int32, device=dev),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev),
+            torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev),
+            torch.tensor([rs.seed for _, rs in rows], dtype=torch.int64, device=dev),
+            torch.tensor([rs.step for _, rs in rows], dtype=torch.int64, device=dev))
+        token_list = [int(t) for t in tokens.tolist()]
+        logprobs: list[TokenLogprob | None] = [None] * len(rows)
+        want = [b for b, p in enumerate(params) if p.logprobs or p.top_logprobs > 0]
+        if want:
+            lp = torch.log_softmax(raw[want], dim=-1).cpu()
+            for i, b in enumerate(want):
+                k = params[b].top_logprobs
+                top = ()
+                if k > 0:
+                    vals, ids = torch.topk(lp[i], k)
+                    top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), vals.tolist()))
+                logprobs[b] = TokenLogprob(token=token_list[b], logprob=float(lp[i, token_list[b]]), top=top)
+        return token_list, logprobs

@@ -1,0 +1,45 @@
+"""The gated full-attention mixer of one layer (reference doc section 6).
+
+q and gate come from the de-interleaved ``attention/query`` / ``attention/gate`` bindings; q_norm and
+k_norm (zero-centred, per head) precede partial NeoX RoPE; K (normed, rotated) and raw V are written
+to the paged pools for every token of the call, then decode rows use ``paged_decode_attention`` and
+the chunk ``paged_attention`` (causal over its cached prefix). Output: ``attn * sigmoid(gate)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer_qwen3_5.config import Qwen35Config
+from ninfer_qwen3_5.layers.context import StepContext
+
+
+class GatedAttention:
+    def __init__(self, cfg: Qwen35Config, index: int, w: dict[str, torch.Tensor], ops) -> None:
+        self.ops = ops
+        self.index = index
+        self.eps = cfg.rms_norm_eps
+        self.nq, self.nkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = self.d ** -0.5
+        self.w_q, self.w_gate, self.w_k, self.w_v = w["query"], w["gate"], w["key"], w["value"]
+        self.w_qn, self.w_kn, self.w_out = w["q_norm"], w["k_norm"], w["out"]
+
+    def __call__(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        ops, n, b_rows = self.ops, h.shape[0], ctx.num_decode
+        q = ops.rms_norm(ops.linear(h, self.w_q).view(n, self.nq, self.d), self.w_qn, self.eps)
+        k = ops.rms_norm(ops.linear(h, self.w_k).view(n, self.nkv, self.d), self.w_kn, self.eps)
+        v = ops.linear(h, self.w_v).view(n, self.nkv, self.d)
+        gate = ops.linear(h, self.w_gate)
+        q = ops.rope(q, ctx.cos, ctx.sin)
+        k = ops.rope(k, ctx.cos, ctx.sin)
+        k_pool, v_pool = ctx.kv.pools(self.index)
+        ops.kv_cache_write(k, v, k_pool, v_pool, ctx.slot_mapping)
+        outs = []
+        if b_rows:
+            outs.append(ops.paged_decode_attention(q[:b_rows].contiguous(), k_pool, v_pool, ctx.decode_kv_lens,
+                                                   ctx.decode_page_tables, self.scale))
+        if ctx.num_chunk:
+            outs.append(ops.paged_attention(q[b_rows:].contiguous(), k_pool, v_pool, ctx.chunk_cu_q,
+                                            ctx.chunk_kv_lens, ctx.chunk_page_table, self.scale))
+        o = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, self.nq * self.d)
+        return ops.linear(o * torch.sigmoid(gate), self.w_out)

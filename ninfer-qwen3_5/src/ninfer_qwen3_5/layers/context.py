@@ -1,0 +1,31 @@
+"""What every layer of one model call sees: the token layout, rotary tables, KV and state addressing.
+
+Token layout of a call (N tokens): the B decode rows first (one token each), then the chunk's T
+tokens (one sequence), so ``x[:B]`` are decode tokens and ``x[B:]`` the chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from ninfer.core.kv_pool import PagedKVCache
+from ninfer.core.state_image import StateImageStorage
+
+
+@dataclass(frozen=True)
+class StepContext:
+    num_decode: int                         # B
+    num_chunk: int                          # T (0 without a chunk)
+    cos: torch.Tensor                       # fp32 [N, R]
+    sin: torch.Tensor                       # fp32 [N, R]
+    slot_mapping: torch.Tensor              # int64 [N]: flat KV slot of every token
+    decode_slots: torch.Tensor | None       # int64 [B]: StateImage slots of the decode rows
+    decode_kv_lens: torch.Tensor | None     # int32 [B]
+    decode_page_tables: torch.Tensor | None # int32 [B, maxp]
+    chunk_slot: int | None                  # StateImage slot of the chunk's sequence
+    chunk_cu_q: torch.Tensor | None         # int32 [2] = [0, T]
+    chunk_kv_lens: torch.Tensor | None      # int32 [1] = [start + T]
+    chunk_page_table: torch.Tensor | None   # int32 [1, maxp]
+    kv: PagedKVCache
+    states: StateImageStorage

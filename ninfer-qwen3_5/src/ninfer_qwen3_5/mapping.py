@@ -1,0 +1,263 @@
+"""The Qwen3.5 source mapping: HF checkpoint tensors -> artifact components, objects, bindings, uses.
+
+Components: ``text`` (always), ``vision`` (the ``model.visual.*`` tower, its own objects, config from
+``vision_config``; bound by no runtime feature yet), ``mtp`` (the ``mtp.*`` head, its own objects;
+it reuses ``text/embed`` and ``text/lm_head``). Private parameters of optional components are never
+in a text object, so loading Text reads none of their bytes.
+
+Fused storage (each a single physical parent read back through logical bindings):
+- GDN ``in_proj_qkv`` + ``in_proj_z`` -> one parent ``[C + Hv*Dv, H]``; ``gdn/qkv`` and ``gdn/z`` are
+  its two row ranges. ``in_proj_b`` + ``in_proj_a`` likewise for ``gdn/b`` and ``gdn/a``.
+- attention ``q_proj`` is stored as is; its rows alternate per head ``[q_h (D rows), gate_h (D rows)]``,
+  so ``attention/query`` and ``attention/gate`` are bound as per-head element ranges (de-interleaved).
+- dense ``gate_proj`` + ``up_proj`` -> one parent bound whole as ``mlp/gate_up`` (the same layout as an
+  expert bank); the shared expert likewise.
+- MoE experts stay banks ``[E, 2I, H]`` / ``[E, H, I]``; split per-expert checkpoints
+  (``experts.{e}.gate_proj`` ...) are concatenated into the same bank layout.
+- tied embeddings: one object bound as ``text/embed`` and ``text/lm_head`` (two Uses).
+
+Invariant: every source tensor is consumed by exactly one object or listed in ``ignored``; any
+other tensor is an error naming it, and every consumed tensor's shape is checked against the config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+from ninfer.artifact.source_mapping import (
+    BindingPlan,
+    ComponentPlan,
+    ConversionPlan,
+    ObjectPlan,
+    Part,
+    SourceTensor,
+    UsePlan,
+)
+
+from ninfer_qwen3_5.config import (
+    FULL,
+    MOE,
+    SOURCE_ARCHITECTURES,
+    Qwen35Config,
+    Qwen35ConfigError,
+    compact_text_config,
+)
+from ninfer_qwen3_5.parameters import layer_prefix, layer_shapes, mtp_shapes, text_shapes
+
+A16 = "A16Only"
+
+
+class _Builder:
+    """Accumulates one plan; checks source existence, shapes and single consumption."""
+
+    def __init__(self, tensors: Mapping[str, SourceTensor]) -> None:
+        self.tensors = tensors
+        self.consumed: set[str] = set()
+        self.objects: list[ObjectPlan] = []
+        self.object_shapes: dict[str, tuple[int, ...]] = {}
+        self.bindings: list[BindingPlan] = []
+        self.uses: list[UsePlan] = []
+        self.ignored: dict[str, str] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def obj(self, oid: str, component: str, sources: list[tuple[str, tuple[int, ...]]]) -> str:
+        """Plan object ``oid`` as the dim-0 concatenation of ``sources`` (name, expected shape);
+        returns ``oid``."""
+        for name, shape in sources:
+            t = self.tensors.get(name)
+            if t is None:
+                raise Qwen35ConfigError(f"source tensor {name!r} is missing (needed for {oid})")
+            if tuple(t.shape) != tuple(shape):
+                raise Qwen35ConfigError(f"source tensor {name!r} has shape {tuple(t.shape)}, the config "
+                                        f"implies {tuple(shape)}")
+            if name in self.consumed:
+                raise Qwen35ConfigError(f"source tensor {name!r} is consumed twice")
+            self.consumed.add(name)
+        first = tuple(sources[0][1])
+        rows = sum(s[0] if s else 1 for _, s in sources)
+        shape = first if len(sources) == 1 else (rows, *first[1:])
+        self.objects.append(ObjectPlan(id=oid, component=component, sources=tuple(n for n, _ in sources)))
+        self.object_shapes[oid] = shape
+        return oid
+
+    def bind(self, name: str, oid: str, shape: tuple[int, ...], begin: int = 0,
+             use: str | None = None, policy: str | None = A16) -> None:
+        """Bind ``name`` (logical ``shape``) to elements ``[begin, begin + prod(shape))`` of ``oid``:
+        the whole object when that is exactly the object with the same shape, else one Part."""
+        n = prod(shape)
+        if begin == 0 and tuple(shape) == self.object_shapes[oid]:
+            self.bindings.append(BindingPlan(name=name, object=oid))
+        else:
+            self.bindings.append(BindingPlan(name=name, parts=(Part(oid, begin, begin + n),)))
+        if use is not None:
+            self.uses.append(UsePlan(parameter=name, input=use, activation_policy=policy))
+
+    def bind_parts(self, name: str, parts: list[Part], use: str) -> None:
+        self.bindings.append(BindingPlan(name=name, parts=tuple(parts)))
+        self.uses.append(UsePlan(parameter=name, input=use, activation_policy=A16))
+
+
+def _plan_layer(b: _Builder, cfg: Qwen35Config, kind: str, src: str, comp: str, i: int) -> None:
+    """One decoder layer: HF module names under ``src`` -> bindings under ``{comp}/layers/{i}``."""
+    lp = layer_prefix(comp, i)
+    shapes = {k: tuple(v) for k, v in layer_shapes(cfg, kind).items()}
+    H = cfg.hidden_size
+    mixer_in, mlp_in = f"{lp}/mixer_input", f"{lp}/mlp_input"
+    for suffix, hf in (("input_norm", "input_layernorm"), ("post_norm", "post_attention_layernorm")):
+        b.bind(f"{lp}/{suffix}", b.obj(f"{lp}/{suffix}", comp, [(f"{src}{hf}.weight", shapes[suffix])]),
+               shapes[suffix])
+    if kind == FULL:
+        a = f"{src}self_attn."
+        D, Nq = cfg.head_dim, cfg.num_heads
+        q_oid = f"{lp}/attention/q_proj"
+        b.obj(q_oid, comp, [(f"{a}q_proj.weight", (2 * Nq * D, H))])
+        # Row block of head h: [2hD, 2hD + D) is query, [2hD + D, 2hD + 2D) is gate (HF chunks per head).
+        for which, off in (("query", 0), ("gate", D)):
+            parts = [Part(q_oid, (2 * h * D + off) * H, (2 * h * D + off + D) * H) for h in range(Nq)]
+            b.bind_parts(f"{lp}/attention/{which}", parts, mixer_in)
+        for suffix, hf, use in (("key", "k_proj", mixer_in), ("value", "v_proj", mixer_in),
+                                ("out", "o_proj", f"{lp}/attention/out_input"),
+                                ("q_norm", "q_norm", None), ("k_norm", "k_norm", None)):
+            name = f"{lp}/attention/{suffix}"
+            b.bind(name, b.obj(name, comp, [(f"{a}{hf}.weight", shapes[f"attention/{suffix}"])]),
+                   shapes[f"attention/{suffix}"], use=use)
+    else:
+        g = f"{src}linear_attn."
+        C, Vd, Hv, K = cfg.conv_dim, cfg.value_dim, cfg.linear_num_value_heads, cfg.conv_kernel
+        qkvz = f"{lp}/gdn/in_proj_qkvz"
+        b.obj(qkvz, comp, [(f"{g}in_proj_qkv.weight", (C, H)), (f"{g}in_proj_z.weight", (Vd, H))])
+        b.bind(f"{lp}/gdn/qkv", qkvz, (C, H), 0, use=mixer_in)
+        b.bind(f"{lp}/gdn/z", qkvz, (Vd, H), C * H, use=mixer_in)
+        ba = f"{lp}/gdn/in_proj_ba"
+        b.obj(ba, comp, [(f"{g}in_proj_b.weight", (Hv, H)), (f"{g}in_proj_a.weight", (Hv, H))])
+        b.bind(f"{lp}/gdn/b", ba, (Hv, H), 0, use=mixer_in)
+        b.bind(f"{lp}/gdn/a", ba, (Hv, H), Hv * H, use=mixer_in)
+        conv = f"{lp}/gdn/conv"
+        b.obj(conv, comp, [(f"{g}conv1d.weight", (C, 1, K))])
+        b.bind(conv, conv, (C, K))  # [C, 1, K] read as [C, K]: same elements in C order
+        for suffix, hf, use in (("dt_bias", "dt_bias", None), ("A_log", "A_log", None),
+                                ("norm", "norm.weight", None), ("out", "out_proj.weight", f"{lp}/gdn/out_input")):
+            name = f"{lp}/gdn/{suffix}"
+            b.bind(name, b.obj(name, comp, [(f"{g}{hf}", shapes[f"gdn/{suffix}"])]), shapes[f"gdn/{suffix}"],
+                   use=use)
+    m = f"{src}mlp."
+    if not cfg.is_moe:
+        I = cfg.intermediate_size  # noqa: E741
+        gu = f"{lp}/mlp/gate_up"
+        b.obj(gu, comp, [(f"{m}gate_proj.weight", (I, H)), (f"{m}up_proj.weight", (I, H))])
+        b.bind(gu, gu, (2 * I, H), use=mlp_in)
+        down = f"{lp}/mlp/down"
+        b.bind(down, b.obj(down, comp, [(f"{m}down_proj.weight", (H, I))]), (H, I), use=f"{lp}/mlp/down_input")
+        return
+    E, Ie, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+    router = f"{lp}/moe/router"
+    b.bind(router, b.obj(router, comp, [(f"{m}gate.weight", (E, H))]), (E, H), use=mlp_in)
+    eg, ed = f"{lp}/moe/experts/gate_up", f"{lp}/moe/experts/down"
+    if b.has(f"{m}experts.gate_up_proj"):
+        b.obj(eg, comp, [(f"{m}experts.gate_up_proj", (E, 2 * Ie, H))])
+        b.obj(ed, comp, [(f"{m}experts.down_proj", (E, H, Ie))])
+    else:  # per-expert split checkpoints: concatenating rows gives exactly the bank layout
+        b.obj(eg, comp, [src for e in range(E) for src in ((f"{m}experts.{e}.gate_proj.weight", (Ie, H)),
+                                                             (f"{m}experts.{e}.up_proj.weight", (Ie, H)))])
+        b.obj(ed, comp, [(f"{m}experts.{e}.down_proj.weight", (H, Ie)) for e in range(E)])
+    b.bind(eg, eg, (E, 2 * Ie, H), use=mlp_in)
+    b.bind(ed, ed, (E, H, Ie), use=f"{lp}/moe/experts/down_input")
+    sg = f"{lp}/moe/shared/gate_up"
+    b.obj(sg, comp, [(f"{m}shared_expert.gate_proj.weight", (Is, H)), (f"{m}shared_expert.up_proj.weight", (Is, H))])
+    b.bind(sg, sg, (2 * Is, H), use=mlp_in)
+    sd = f"{lp}/moe/shared/down"
+    b.bind(sd, b.obj(sd, comp, [(f"{m}shared_expert.down_proj.weight", (H, Is))]), (H, Is),
+           use=f"{lp}/moe/shared/down_input")
+    gate = f"{lp}/moe/shared/gate"
+    b.bind(gate, b.obj(gate, comp, [(f"{m}shared_expert_gate.weight", (1, H))]), (1, H), use=mlp_in)
+
+
+def _text_prefix(tensors: Mapping[str, SourceTensor]) -> str:
+    for prefix in ("model.language_model.", "model."):
+        if f"{prefix}embed_tokens.weight" in tensors:
+            return prefix
+    raise Qwen35ConfigError("no embedding tensor (model.language_model.embed_tokens.weight or "
+                            "model.embed_tokens.weight) in the checkpoint")
+
+
+def _plan_text(b: _Builder, cfg: Qwen35Config, prefix: str) -> None:
+    shapes = text_shapes(cfg)
+    b.obj("text/embed", "text", [(f"{prefix}embed_tokens.weight", shapes["text/embed"])])
+    b.bind("text/embed", "text/embed", shapes["text/embed"], use="text/input_ids", policy=None)
+    b.bind("text/norm", b.obj("text/norm", "text", [(f"{prefix}norm.weight", shapes["text/norm"])]),
+           shapes["text/norm"])
+    if cfg.tie_word_embeddings:
+        b.bind("text/lm_head", "text/embed", shapes["text/lm_head"], use="text/final_hidden")
+        if b.has("lm_head.weight"):
+            b.ignored["lm_head.weight"] = "tie_word_embeddings=true: the head is the embedding (HF ties it)"
+    else:
+        b.bind("text/lm_head", b.obj("text/lm_head", "text", [("lm_head.weight", shapes["text/lm_head"])]),
+               shapes["text/lm_head"], use="text/final_hidden")
+    for i, kind in enumerate(cfg.layer_types):
+        _plan_layer(b, cfg, kind, f"{prefix}layers.{i}.", "text", i)
+
+
+def _plan_mtp(b: _Builder, cfg: Qwen35Config, text_cfg: Mapping[str, Any]) -> ComponentPlan:
+    n = text_cfg.get("mtp_num_hidden_layers")
+    if not n:
+        raise Qwen35ConfigError("the checkpoint has mtp.* tensors but the config has no mtp_num_hidden_layers")
+    shapes = mtp_shapes(cfg, int(n))
+    for suffix in ("fc", "pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        name = f"mtp/{suffix}"
+        b.bind(name, b.obj(name, "mtp", [(f"mtp.{suffix}.weight", shapes[name])]), shapes[name],
+               use="mtp/fc_input" if suffix == "fc" else None)
+    for j in range(int(n)):
+        _plan_layer(b, cfg, FULL, f"mtp.layers.{j}.", "mtp", j)
+    arch = "Qwen3_5MoeMTP" if cfg.is_moe else "Qwen3_5MTP"
+    config = {"architectures": [arch], "mtp_num_hidden_layers": int(n),
+              "mtp_use_dedicated_embeddings": bool(text_cfg.get("mtp_use_dedicated_embeddings", False))}
+    return ComponentPlan(id="mtp", config=config, target="text")
+
+
+def _plan_vision(b: _Builder, hf: Mapping[str, Any], names: list[str], moe: bool) -> ComponentPlan:
+    vision_cfg = hf.get("vision_config")
+    if vision_cfg is None:
+        raise Qwen35ConfigError("the checkpoint has model.visual.* tensors but the config has no vision_config")
+    for name in names:
+        oid = "vision/" + name[len("model.visual."):].replace(".", "/")
+        b.bind(oid, b.obj(oid, "vision", [(name, tuple(b.tensors[name].shape))]), tuple(b.tensors[name].shape))
+    config = {k: v for k, v in vision_cfg.items() if k != "architectures"}
+    config["architectures"] = ["Qwen3_5MoeVision" if moe else "Qwen3_5Vision"]
+    for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+        if key in hf:
+            config[key] = hf[key]
+    return ComponentPlan(id="vision", config=config, target="text")
+
+
+@dataclass(frozen=True)
+class Qwen35SourceMapping:
+    """Converts ``Qwen3_5(Moe)ForCausalLM`` and ``Qwen3_5(Moe)ForConditionalGeneration`` checkpoints."""
+
+    name: str = "qwen3_5"
+    source_architectures: tuple[str, ...] = tuple(SOURCE_ARCHITECTURES)
+
+    def plan(self, config: Mapping[str, Any], tensors: Mapping[str, SourceTensor]) -> ConversionPlan:
+        compact = compact_text_config(config)
+        cfg = Qwen35Config.from_compact(compact)
+        nested = SOURCE_ARCHITECTURES[config["architectures"][0]][1]
+        text_cfg = config["text_config"] if nested else config
+        b = _Builder(tensors)
+        components = [ComponentPlan(id="text", config=compact)]
+        _plan_text(b, cfg, _text_prefix(tensors))
+        if any(n.startswith("mtp.") for n in tensors):
+            components.append(_plan_mtp(b, cfg, text_cfg))
+        visual = sorted(n for n in tensors if n.startswith("model.visual."))
+        if visual:
+            components.append(_plan_vision(b, config, visual, cfg.architecture == MOE))
+        left = sorted(n for n in tensors if n not in b.consumed and n not in b.ignored)
+        if left:
+            shown = ", ".join(left[:8]) + (f" (+{len(left) - 8} more)" if len(left) > 8 else "")
+            raise Qwen35ConfigError(f"source tensors not part of a Qwen3.5 model: {shown}")
+        return ConversionPlan(components=tuple(components), objects=tuple(b.objects), bindings=tuple(b.bindings),
+                              uses=tuple(b.uses), ignored=dict(b.ignored))
+

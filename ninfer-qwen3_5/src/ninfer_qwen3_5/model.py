@@ -1,0 +1,94 @@
+"""The Qwen3.5 text model: embedding, the hybrid decoder stack, final norm and LM head.
+
+Pre-norm residual stream (reference doc section 3): ``x += mixer(norm(x)); x += mlp(norm(x))``, the
+residual adds fused into ``add_rms_norm``. Only the rows that sample (each decode row, the chunk's
+last token) go through the final norm and the LM head. Positions are text positions (the computed
+index); MRoPE cos/sin are built from three identical rows, as HF does for text.
+
+Invariant: matmul weights have the activation dtype (the loader never casts; a mismatch is an error
+naming the parameter). A_log and dt_bias may be stored fp32 (they are only read in fp32).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from ninfer.runtime.contract.program import ProgramError
+
+from ninfer_qwen3_5.config import FULL, Qwen35Config
+from ninfer_qwen3_5.layers.attention import GatedAttention
+from ninfer_qwen3_5.layers.context import StepContext
+from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
+from ninfer_qwen3_5.layers.mlp import DenseMLP
+from ninfer_qwen3_5.layers.moe import SparseMoE
+from ninfer_qwen3_5.parameters import layer_prefix, text_shapes
+
+# Parameters read only in fp32, so any stored float dtype is fine.
+_ANY_FLOAT = ("gdn/A_log", "gdn/dt_bias")
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    mixer: object
+    mlp: object
+
+
+def inverse_frequencies(cfg: Qwen35Config) -> torch.Tensor:
+    """``1 / theta^(2i/R)`` for i < R/2, fp32, computed on the CPU like HF's default RoPE init."""
+    r = cfg.rotary_dim
+    return 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, dtype=torch.int64).float() / r))
+
+
+class Qwen35Model:
+    def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.cfg, self.ops = cfg, ops
+        self._check_weights(weights, dtype)
+        self.embed, self.lm_head, self.norm = weights["text/embed"], weights["text/lm_head"], weights["text/norm"]
+        self.layers: list[_Layer] = []
+        for i, kind in enumerate(cfg.layer_types):
+            p = layer_prefix("text", i) + "/"
+            sub = lambda group: {k[len(p + group):]: v for k, v in weights.items()  # noqa: E731
+                                 if k.startswith(p + group)}
+            mixer = (GatedAttention(cfg, i, sub("attention/"), ops) if kind == FULL
+                     else GatedDeltaNet(cfg, i, sub("gdn/"), ops))
+            mlp = SparseMoE(cfg, sub("moe/"), ops) if cfg.is_moe else DenseMLP(sub("mlp/"), ops)
+            self.layers.append(_Layer(weights[p + "input_norm"], weights[p + "post_norm"], mixer, mlp))
+        self.inv_freq = inverse_frequencies(cfg).to(device)
+        # HF's Qwen3.5 text rotary always recomposes interleaved (the config flag is informational).
+        self.sections = cfg.mrope_section
+
+    def _check_weights(self, weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> None:
+        for name, shape in text_shapes(self.cfg).items():
+            w = weights.get(name)
+            if w is None:
+                raise ProgramError(f"Qwen3.5 weights lack parameter {name!r}")
+            if tuple(w.shape) != shape:
+                raise ProgramError(f"parameter {name!r} has shape {tuple(w.shape)}, expected {shape}")
+            if w.dtype != dtype and not name.endswith(_ANY_FLOAT):
+                raise ProgramError(f"parameter {name!r} is {w.dtype}; the program runs in {dtype} "
+                                   f"(convert the checkpoint to that dtype)")
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pos3 = positions.unsqueeze(0).expand(3, -1).contiguous()
+        return self.ops.mrope_cos_sin(pos3, self.inv_freq, self.sections, True)
+
+    def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows``."""
+        ops, eps = self.ops, self.cfg.rms_norm_eps
+        residual = self.embed.index_select(0, tokens)
+        h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
+        out = None
+        for i, layer in enumerate(self.layers):
+            if i:
+                h, residual = ops.add_rms_norm(out, residual, layer.input_norm, eps)
+            out = layer.mixer(h, ctx)
+            h, residual = ops.add_rms_norm(out, residual, layer.post_norm, eps)
+            out = layer.mlp(h)
+        h, _ = ops.add_rms_norm(out.index_select(0, logit_rows), residual.index_select(0, logit_rows),
+                                self.norm, eps)
+        return ops.linear(h, self.lm_head).float()

@@ -1,0 +1,102 @@
+"""Logical parameter names and shapes of Qwen3.5 (the artifact binding names).
+
+Scheme: ``<component>/<path>``; a decoder layer is ``text/layers/{i}``:
+
+==============================  ======================  ===========================================
+name (under a layer)            shape                   meaning
+==============================  ======================  ===========================================
+input_norm, post_norm           [H]                     zero-centred RMSNorm weights (1 + w)
+gdn/qkv                         [2*Hk*Dk + Hv*Dv, H]    flat [q | k | v] rows (not head-interleaved)
+gdn/z                           [Hv*Dv, H]              output-gate projection
+gdn/b, gdn/a                    [Hv, H]                 beta and decay-rate projections
+gdn/conv                        [C, K]                  depthwise causal conv over the qkv channels
+gdn/dt_bias, gdn/A_log          [Hv]
+gdn/norm                        [Dv]                    gated RMSNorm weight (plain w)
+gdn/out                         [H, Hv*Dv]
+attention/query, attention/gate [Nq*D, H]               q_proj de-interleaved per head
+attention/key, attention/value  [Nkv*D, H]
+attention/q_norm, k_norm        [D]
+attention/out                   [H, Nq*D]
+mlp/gate_up                     [2I, H]                 gate rows, then up rows (dense layers)
+mlp/down                        [H, I]
+moe/router                      [E, H]
+moe/experts/gate_up             [E, 2Ie, H]             expert bank, gate rows first per expert
+moe/experts/down                [E, H, Ie]
+moe/shared/gate_up, shared/down [2Is, H], [H, Is]       shared expert
+moe/shared/gate                 [1, H]                  sigmoid gate of the shared expert
+==============================  ======================  ===========================================
+
+Plus ``text/embed`` [V, H], ``text/norm`` [H], ``text/lm_head`` [V, H] (the same object as
+``text/embed`` when embeddings are tied). Shapes come from the config only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ninfer.errors import NotSupportedError
+from ninfer.runtime.contract.architecture import ParameterSpec
+from ninfer.runtime.contract.features import StartupFeatures
+
+from ninfer_qwen3_5.config import FULL, Qwen35Config
+
+
+def layer_prefix(component: str, i: int) -> str:
+    return f"{component}/layers/{i}"
+
+
+def layer_shapes(cfg: Qwen35Config, kind: str) -> dict[str, tuple[int, ...]]:
+    """Parameter suffix -> shape for one decoder layer of ``kind`` (``linear_attention`` or
+    ``full_attention``); shared by text layers and MTP layers (same geometry and MLP type)."""
+    H = cfg.hidden_size
+    out: dict[str, tuple[int, ...]] = {"input_norm": (H,), "post_norm": (H,)}
+    if kind == FULL:
+        qd, kd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        out.update({"attention/query": (qd, H), "attention/gate": (qd, H), "attention/key": (kd, H),
+                    "attention/value": (kd, H), "attention/q_norm": (cfg.head_dim,),
+                    "attention/k_norm": (cfg.head_dim,), "attention/out": (H, qd)})
+    else:
+        Hv = cfg.linear_num_value_heads
+        out.update({"gdn/qkv": (cfg.conv_dim, H), "gdn/z": (cfg.value_dim, H), "gdn/b": (Hv, H),
+                    "gdn/a": (Hv, H), "gdn/conv": (cfg.conv_dim, cfg.conv_kernel), "gdn/dt_bias": (Hv,),
+                    "gdn/A_log": (Hv,), "gdn/norm": (cfg.linear_value_head_dim,), "gdn/out": (H, cfg.value_dim)})
+    if cfg.is_moe:
+        E, Ie, Is = cfg.num_experts, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+        out.update({"moe/router": (E, H), "moe/experts/gate_up": (E, 2 * Ie, H), "moe/experts/down": (E, H, Ie),
+                    "moe/shared/gate_up": (2 * Is, H), "moe/shared/down": (H, Is), "moe/shared/gate": (1, H)})
+    else:
+        out.update({"mlp/gate_up": (2 * cfg.intermediate_size, H), "mlp/down": (H, cfg.intermediate_size)})
+    return out
+
+
+def text_shapes(cfg: Qwen35Config) -> dict[str, tuple[int, ...]]:
+    """Every ``text`` parameter name -> logical shape."""
+    V, H = cfg.vocab_size, cfg.hidden_size
+    out = {"text/embed": (V, H), "text/norm": (H,), "text/lm_head": (V, H)}
+    for i, kind in enumerate(cfg.layer_types):
+        for suffix, shape in layer_shapes(cfg, kind).items():
+            out[f"{layer_prefix('text', i)}/{suffix}"] = shape
+    return out
+
+
+def mtp_shapes(cfg: Qwen35Config, num_layers: int) -> dict[str, tuple[int, ...]]:
+    """The ``mtp`` component's own parameters (it reuses ``text/embed`` and ``text/lm_head``)."""
+    H = cfg.hidden_size
+    out = {"mtp/fc": (H, 2 * H), "mtp/pre_fc_norm_embedding": (H,), "mtp/pre_fc_norm_hidden": (H,),
+           "mtp/norm": (H,)}
+    for j in range(num_layers):
+        for suffix, shape in layer_shapes(cfg, FULL).items():
+            out[f"{layer_prefix('mtp', j)}/{suffix}"] = shape
+    return out
+
+
+def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
+    """The parameters the selected features bind. Only Text runs today: Vision and speculative
+    backends are stored in the artifact but refused here until their programs exist."""
+    if features.vision:
+        raise NotSupportedError("Qwen3.5 vision is not supported yet (the artifact stores the tower)")
+    if features.speculative is not None:
+        raise NotSupportedError(f"Qwen3.5 speculative backend {features.speculative!r} is not supported yet")
+    cfg = Qwen35Config.from_compact(config)
+    return [ParameterSpec(name=n, shape=s, component="text") for n, s in text_shapes(cfg).items()]
