@@ -317,14 +317,16 @@ class ArtifactWriter:
         parse_directory(text, path=self.path)  # the reader's own checks, before any byte is written
         self._json_bytes = len(text)
         entry_start = align_up(HEADER_BYTES + len(text), PAYLOAD_ALIGN)
+        files: list[_File] = []
         begin = 0
         for i, n in enumerate(sizes):
             target = self.path if i == 0 else self.path.with_name(part_file_name(self.path.name, i))
-            self._files.append(_File(target, entry_start if i == 0 else PART_PAYLOAD_START, begin, n))
+            files.append(_File(target, entry_start if i == 0 else PART_PAYLOAD_START, begin, n))
             begin += n
-        for f in self._files:
+        for f in files:
             if os.path.lexists(f.target):
                 raise TargetExistsError(f"{f.target}: already exists; the writer never overwrites")
+        self._files = files
         self._state = "writing"
         mask = os.umask(0)  # mkstemp creates 0600 files; publish with the usual umask-derived mode
         os.umask(mask)

@@ -174,22 +174,23 @@ SUPPORTED_FORMATS: tuple[str, ...] = tuple(name for name, f in FORMATS.items() i
 def interpret(format: str, layout: str, *, object_id: str, path=None) -> FormatInfo:
     """The loadable format of an object, or the exact error saying why it cannot be loaded.
 
-    Raises :class:`UnknownFormatError`, :class:`UnknownLayoutError` (unknown layout or one not
-    defined for the format) or :class:`UnsupportedFormatError` (a known quantized format).
+    Raises, in this order of checks, :class:`UnknownFormatError`, :class:`UnsupportedFormatError`
+    (a known quantized format) or :class:`UnknownLayoutError` (unknown layout, or one not defined
+    for the format).
     """
     where = f"{path}: object {object_id!r}" if path is not None else f"object {object_id!r}"
     info = FORMATS.get(format)
     if info is None:
         raise UnknownFormatError(f"{where} has unknown format {format!r} (known: {', '.join(FORMATS)})")
+    if not info.supported:
+        raise UnsupportedFormatError(
+            f"{where} uses format {format!r} ({info.description}), which V3 defines but this engine "
+            f"cannot load yet; loadable formats: {', '.join(SUPPORTED_FORMATS)}")
     if layout not in KNOWN_LAYOUTS:
         raise UnknownLayoutError(f"{where} has unknown layout {layout!r}")
     if layout not in info.layouts:
         raise UnknownLayoutError(f"{where}: layout {layout!r} is not defined for format {format!r} "
                                  f"(allowed: {', '.join(info.layouts)})")
-    if not info.supported:
-        raise UnsupportedFormatError(
-            f"{where} uses format {format!r} ({info.description}), which V3 defines but this engine "
-            f"cannot load yet; loadable formats: {', '.join(SUPPORTED_FORMATS)}")
     return info
 
 
