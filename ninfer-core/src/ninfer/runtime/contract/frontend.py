@@ -57,7 +57,10 @@ class OutputPreview:
 
 @dataclass(frozen=True)
 class OutputFinal:
-    """Everything a session published, plus what it held back until the end (flushed text)."""
+    """The end of a session. ``deltas`` are only what :meth:`OutputSession.finish` flushes now (text
+    held back until the end, e.g. a partial stop-string match that never completed; never part of an
+    earlier preview's deltas): the engine publishes them as the last delta. ``content``,
+    ``reasoning`` and ``tool_calls`` are the whole output, published deltas and flush together."""
 
     deltas: tuple[OutputDelta, ...]
     content: str

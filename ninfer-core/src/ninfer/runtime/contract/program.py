@@ -134,9 +134,12 @@ class Program(Protocol):
 
     def capacity(self) -> ProgramCapacity: ...
 
-    def open_sequence(self, tokens: Sequence[int]) -> SeqId:
+    def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None) -> SeqId:
         """Take a StateImage slot (native-initialised) and start a ledger with ``tokens`` (>= 1).
-        Raises OutOfSlotsError when none is free. Takes no KV pages: see reserve_units."""
+        ``prompt_length`` (default: all of ``tokens``) separates prompt from already-accepted output,
+        which the presence/frequency penalties count: a Replay resume passes the original prompt
+        length so its sampling matches the uninterrupted run. Raises OutOfSlotsError when no slot is
+        free. Takes no KV pages: see reserve_units."""
 
     def reserve_units(self, demands: Mapping[SeqId, int]) -> dict[SeqId, bool]:
         """For each row, atomically make sure KV pages exist for ``n`` more tokens beyond ``computed``.

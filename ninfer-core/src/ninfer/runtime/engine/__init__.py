@@ -1,0 +1,1 @@
+"""The engine core: worker loop, request records, scheduler, handles, statistics, model construction."""

@@ -1,0 +1,507 @@
+"""EngineCore: the worker thread that owns requests, the Scheduler and the Program.
+
+Only the worker thread mutates request records, the Scheduler and the Program (and it is the only
+caller of the Program and of every OutputSession after submit). Other threads talk to it through
+``inbox`` (a ``queue.SimpleQueue`` of submissions, wake-ups and the close request), the per-request
+cancellation flag, and response channels.
+
+One worker cycle (DESIGN.md section 5):
+1. take inbox messages; settle cancelled, expired (deadline) and timed-out (queue) requests;
+2. try the oldest paused request's full resume (one protected resume at a time);
+3. fresh admission with the remaining lanes (FIFO, bounded bypass);
+4. unit permits: every decode-ready resident reserves one token; a decode row that cannot get KV
+   pauses the youngest non-protected resident (possibly itself); one chunk (the protected resume
+   first, then rotation) reserves its tokens, skipped when it does not fit while decode progresses;
+5. run one unit (a compact decode batch of the actual B plus at most one chunk) and consume its
+   PendingBatch: Frontend preview -> Program.commit -> accounting -> OutputSession.commit -> publish.
+
+Any broken invariant or Program/Frontend exception is an engine failure: every in-flight request
+receives it, the engine stops accepting, the worker exits. Request-level problems never are.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from ninfer.runtime.contract.errors import (
+    DeadlineExceededError,
+    EngineClosedError,
+    EngineFailure,
+    QueueTimeoutError,
+)
+from ninfer.runtime.contract.events import (
+    GenerationDelta,
+    GenerationError,
+    GenerationEvent,
+    GenerationResult,
+    GenerationStart,
+    Timings,
+    Usage,
+)
+from ninfer.runtime.contract.frontend import OutputPreview
+from ninfer.runtime.contract.program import (
+    DecodeRow,
+    ExecutionUnit,
+    OutOfSlotsError,
+    PendingBatch,
+    PendingRow,
+    PrefillChunk,
+    Program,
+    ProgramCapacity,
+    SeqId,
+)
+from ninfer.runtime.engine.options import EngineOptions
+from ninfer.runtime.engine.request_record import RequestRecord, RequestState
+from ninfer.runtime.engine.scheduler import Scheduler
+from ninfer.runtime.engine.stats import EngineCounters, EngineStatus, counter_values
+
+log = logging.getLogger("ninfer.engine")
+
+S = RequestState
+WAKE = ("wake",)
+
+
+@dataclass(frozen=True)
+class CoreSnapshot:
+    """What the worker last published for ``Engine.stats()``."""
+
+    status: EngineStatus
+    queue_depth: int
+    running: int
+    paused: int
+    capacity: ProgramCapacity
+    counters: dict[str, int]
+
+
+@dataclass(frozen=True)
+class _RowCommit:
+    """One PendingBatch row's decision, made before Program.commit and applied after it."""
+
+    rec: RequestRecord
+    row: PendingRow
+    accepted: int
+    preview: OutputPreview | None  # None for a cancelled row
+    finish: str | None
+
+
+class EngineCore:
+    def __init__(self, program: Program, options: EngineOptions) -> None:
+        self.program = program
+        self.options = options
+        self.max_context = options.max_context
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        # Held by submitters while they check ``status`` and enqueue, and by the worker when it stops
+        # accepting: a submission is therefore either seen by the worker or refused, never lost.
+        self.submit_lock = threading.Lock()
+        self.status: EngineStatus = "running"
+        self.failure: EngineFailure | None = None
+        self.scheduler = Scheduler(options.max_concurrency, options.admission_bypass)
+        self.records: dict[int, RequestRecord] = {}
+        self.by_seq: dict[SeqId, RequestRecord] = {}
+        self.counters = EngineCounters()
+        self._close_drain: bool | None = None  # None: no close asked; else whether to drain first
+        cap = program.capacity()
+        self.page_size = cap.page_size
+        self.snapshot = CoreSnapshot("running", 0, 0, 0, cap, counter_values(self.counters))
+        self.thread = threading.Thread(target=self._run, name="ninfer-engine-worker", daemon=True)
+
+    # -- thread entry ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        progressed = True
+        try:
+            while True:
+                self._take_messages(block=not progressed)
+                if self._close_drain is not None and (not self._close_drain or not self.records):
+                    break
+                progressed = self._cycle()
+                self._publish_snapshot()
+            self._shutdown()
+        except BaseException as exc:  # noqa: BLE001 - every worker crash must reach the consumers
+            self._fail(exc)
+
+    def _take_messages(self, *, block: bool) -> None:
+        try:
+            msg = self.inbox.get(timeout=self._next_timer()) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        self._handle(msg)
+        while True:
+            try:
+                self._handle(self.inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _handle(self, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "submit":
+            rec: RequestRecord = msg[1]
+            self.records[rec.ticket] = rec
+            self.scheduler.enqueue(rec)
+        elif kind == "close":
+            drain = bool(msg[1])
+            # A later non-draining close overrides an earlier draining one, never the reverse.
+            self._close_drain = drain if self._close_drain is None else (self._close_drain and drain)
+
+    def _next_timer(self) -> float | None:
+        """Seconds until the next deadline or queue timeout (None: sleep until a message)."""
+        now = time.monotonic()
+        soonest = math.inf
+        qt = self.options.queue_timeout_s
+        for rec in self.records.values():
+            if rec.deadline is not None:
+                soonest = min(soonest, rec.deadline)
+            if qt is not None and rec.state is S.WAITING:
+                soonest = min(soonest, rec.submit_time + qt)
+        return None if soonest == math.inf else max(0.0, soonest - now)
+
+    # -- one cycle ---------------------------------------------------------------------------------
+    def _cycle(self) -> bool:
+        """Run one worker cycle; True when anything changed (so the next one should not sleep)."""
+        now = time.monotonic()
+        progressed = self._settle_interrupted(now)
+        progressed |= self._resume()
+        progressed |= self._admit(now)
+        decode, chunk, changed = self._grant_permits()
+        if not decode and chunk is None:
+            return progressed or changed
+        self._execute(decode, chunk)
+        return True
+
+    def _settle_interrupted(self, now: float) -> bool:
+        changed = False
+        qt = self.options.queue_timeout_s
+        for rec in list(self.records.values()):
+            if rec.control.cancel_requested:
+                self.counters.cancelled += 1
+                self._finish(rec, "cancelled")
+            elif rec.deadline is not None and now >= rec.deadline:
+                self.counters.deadline += 1
+                if rec.started:
+                    self._finish(rec, "deadline")
+                else:
+                    self._reject(rec, DeadlineExceededError(
+                        f"request {rec.request_id} reached its deadline before it was admitted"))
+            elif qt is not None and rec.state is S.WAITING and now - rec.submit_time >= qt:
+                self.counters.rejected += 1
+                self._reject(rec, QueueTimeoutError(
+                    f"request {rec.request_id} waited {now - rec.submit_time:.3f}s in the queue "
+                    f"(queue_timeout_s={qt})"))
+            else:
+                continue
+            changed = True
+        return changed
+
+    # -- admission and resume ----------------------------------------------------------------------
+    def _fits(self, tokens: int) -> bool:
+        """Soft admission check: a free slot, and pages for ``tokens`` beyond one page of headroom
+        per resident (each may cross a page boundary on its next step). Reservation stays with
+        reserve_units; this only avoids admitting work that would be preempted at once."""
+        cap = self.program.capacity()
+        pages = -(-tokens // self.page_size)
+        return cap.free_state_slots > 0 and pages <= cap.free_pages - len(self.scheduler.residents)
+
+    def _open(self, rec: RequestRecord, tokens: tuple[int, ...], prompt_length: int | None) -> bool:
+        try:
+            if prompt_length is None:
+                seq = self.program.open_sequence(tokens)
+            else:
+                seq = self.program.open_sequence(tokens, prompt_length=prompt_length)
+        except OutOfSlotsError:
+            return False
+        if seq in self.by_seq:
+            raise EngineFailure(f"Program reused live sequence id {seq}")
+        rec.seq = seq
+        self.by_seq[seq] = rec
+        return True
+
+    def _resume(self) -> bool:
+        rec = self.scheduler.resume_candidate()
+        if rec is None:
+            return False
+        assert rec.replay is not None
+        ledger = rec.replay.ledger
+        if tuple(ledger) != rec.prompt + tuple(rec.output_tokens):
+            raise EngineFailure(f"request {rec.request_id}: Replay ledger does not match its prompt and "
+                                f"published output")
+        # The complete permit: rebuild to the old frontier plus the first real new token, held
+        # across chunks (reserve_units only ever extends a sequence's pages).
+        need = len(ledger)
+        if not self._fits(need):
+            return False
+        rec.move(S.MATERIALIZING)
+        if not self._open(rec, tuple(ledger), len(rec.prompt)):
+            rec.move(S.PAUSED)
+            return False
+        assert rec.seq is not None
+        if not self.program.reserve_units({rec.seq: need})[rec.seq]:
+            self._release_seq(rec)
+            rec.move(S.PAUSED)
+            return False
+        rec.replay = None
+        rec.protected = True
+        rec.move(S.REPLAY if rec.output_tokens else S.PREFILL)
+        self.scheduler.add_resident(rec)
+        self.counters.resumes += 1
+        return True
+
+    def _admit(self, now: float) -> bool:
+        changed = False
+        order = self.scheduler.admission_order()
+        head_blocked = False
+        for rec in order:
+            if self.scheduler.free_lanes == 0:
+                break
+            if not self._fits(len(rec.prompt) + 1):
+                head_blocked = head_blocked or rec is order[0]
+                continue
+            rec.move(S.MATERIALIZING)
+            if not self._open(rec, rec.prompt, None):
+                rec.move(S.WAITING)
+                break
+            rec.move(S.PREFILL)
+            self.scheduler.add_resident(rec)
+            if head_blocked:
+                self.scheduler.note_bypass()
+            rec.admit_time = now
+            rec.started = True
+            self.counters.admitted += 1
+            self._push(rec, GenerationStart(rec.request_id, len(rec.prompt)))
+            changed = True
+        return changed
+
+    # -- permits and preemption --------------------------------------------------------------------
+    def _grant_permits(self) -> tuple[list[RequestRecord], tuple[RequestRecord, int] | None, bool]:
+        """Reserve this cycle's unit. Returns (decode rows, (chunk record, tokens) or None, whether
+        anything was preempted)."""
+        changed = False
+        while True:
+            decode = self.scheduler.decode_rows()
+            granted = self.program.reserve_units({r.seq: 1 for r in decode}) if decode else {}
+            if any(not granted[r.seq] for r in decode):
+                # A decode row must progress: free the youngest non-protected resident, retry.
+                self._pause_victim("a decode row needs a KV page")
+                changed = True
+                continue
+            chunk = None
+            candidates = self.scheduler.chunk_candidates()
+            for rec in candidates:
+                n = min(self.options.prefill_chunk_size, rec.rebuild_target() - self.program.computed(rec.seq))
+                if n < 1:
+                    raise EngineFailure(f"request {rec.request_id} is {rec.state.value} with nothing left to "
+                                        f"compute")
+                if self.program.reserve_units({rec.seq: n})[rec.seq]:
+                    chunk = (rec, n)
+                    break
+                if rec.protected:
+                    raise EngineFailure(f"request {rec.request_id} lost its resume permit")
+            if chunk is None and candidates and not decode:
+                # Nothing else would run and nothing would free pages: preempt the youngest.
+                self._pause_victim("no prefill chunk fits")
+                changed = True
+                continue
+            return decode, chunk, changed
+
+    def _pause_victim(self, why: str) -> None:
+        victim = self.scheduler.victim()
+        if victim is None:
+            raise EngineFailure(f"{why} and no resident can be preempted (KV pool too small?)")
+        victim.move(S.PAUSING)
+        assert victim.seq is not None
+        seq = victim.seq
+        victim.replay = self.program.pause(seq)
+        del self.by_seq[seq]
+        victim.seq = None
+        self.scheduler.pause(victim)
+        victim.move(S.PAUSED)
+        self.counters.preemptions += 1
+        log.debug("paused request %s (%s)", victim.request_id, why)
+
+    # -- execution and commit ----------------------------------------------------------------------
+    def _execute(self, decode: list[RequestRecord], chunk: tuple[RequestRecord, int] | None) -> None:
+        chunk_rec, chunk_samples, unit_chunk = None, False, None
+        if chunk is not None:
+            chunk_rec, n = chunk
+            assert chunk_rec.seq is not None
+            chunk_samples = self.program.computed(chunk_rec.seq) + n == chunk_rec.ledger_length
+            unit_chunk = PrefillChunk(chunk_rec.seq, n, chunk_rec.row_sampling() if chunk_samples else None)
+            self.scheduler.note_chunk(chunk_rec)
+            if chunk_rec.state is S.PREFILL and not chunk_rec.protected:
+                self.counters.prefill_tokens += n
+            else:
+                self.counters.replay_tokens += n
+        unit = ExecutionUnit(decode=tuple(DecodeRow(r.seq, r.row_sampling()) for r in decode), chunk=unit_chunk)
+        pending = self.program.run(unit)
+        self.counters.units += 1
+        self.counters.decode_tokens += len(decode)
+        expected = [r.seq for r in decode] + ([chunk_rec.seq] if chunk_samples and chunk_rec else [])
+        if [row.seq for row in pending.rows] != expected:
+            self._abort(pending)
+            raise EngineFailure(f"PendingBatch {pending.batch_id} rows {[r.seq for r in pending.rows]} do not "
+                                f"match the unit's sampling rows {expected}")
+        self._consume(pending)
+        if chunk_rec is not None and chunk_rec.state is S.REPLAY and chunk_rec.seq is not None:
+            if self.program.computed(chunk_rec.seq) == chunk_rec.rebuild_target():
+                chunk_rec.move(S.DECODE_READY)
+
+    def _abort(self, pending: PendingBatch) -> None:
+        try:
+            self.program.abort_pending(pending)
+        except Exception:  # already failing: keep the original error, log this one
+            log.exception("abort_pending failed while handling an engine failure")
+
+    def _decide(self, row: PendingRow) -> _RowCommit:
+        """Frontend preview of one row and the accepted-token rules (violations are engine failures)."""
+        rec = self.by_seq[row.seq]
+        if rec.control.cancel_requested:
+            return _RowCommit(rec, row, 0, None, "cancelled")
+        if not row.tokens:
+            raise EngineFailure(f"PendingBatch row of sequence {row.seq} produced no token")
+        limit = rec.remaining(self.max_context)
+        if limit < 1:
+            raise EngineFailure(f"request {rec.request_id} ran with no remaining budget")
+        tokens = row.tokens[:limit]
+        preview = rec.session.preview(tokens)
+        accepted = preview.accepted
+        if isinstance(accepted, bool) or not isinstance(accepted, int) or not 1 <= accepted <= len(tokens):
+            raise EngineFailure(f"OutputSession of request {rec.request_id} accepted {accepted!r} of "
+                                f"{len(tokens)} tokens; must be in [1, {len(tokens)}]")
+        finish = preview.finish_reason
+        if finish is None and accepted != len(tokens):
+            raise EngineFailure(f"OutputSession of request {rec.request_id} accepted {accepted} of "
+                                f"{len(tokens)} tokens without finishing; a nonterminal row accepts all")
+        if finish is None and accepted == limit:
+            finish = "length"
+        return _RowCommit(rec, row, accepted, preview, finish)
+
+    def _consume(self, pending: PendingBatch) -> None:
+        try:
+            decisions = [self._decide(row) for row in pending.rows]
+        except BaseException:
+            self._abort(pending)
+            raise
+        try:
+            self.program.commit(pending, {d.row.seq: d.accepted for d in decisions})
+        except Exception as exc:
+            raise EngineFailure(f"Program.commit of batch {pending.batch_id} failed: {exc}") from exc
+        now = time.monotonic()
+        # Budget and scheduling accounting, before any output is committed or published.
+        for d in decisions:
+            if d.accepted == 0:
+                continue
+            d.rec.output_tokens.extend(d.row.tokens[: d.accepted])
+            self.counters.completion_tokens += d.accepted
+            if d.rec.first_token_time is None:
+                d.rec.first_token_time = now
+            d.rec.protected = False  # real new progress ends a protected resume
+            if d.rec.state is S.PREFILL:
+                d.rec.move(S.DECODE_READY)
+            if d.finish is not None:
+                d.rec.move(S.MODEL_FINISHED)
+        for d in decisions:
+            if d.preview is None:
+                continue
+            d.rec.session.commit(d.preview)
+            want_lp = d.rec.params.logprobs or d.rec.params.top_logprobs > 0
+            lps = d.row.logprobs[: d.accepted] if want_lp and d.row.logprobs is not None else None
+            self._push(d.rec, GenerationDelta(d.rec.request_id, tuple(d.row.tokens[: d.accepted]),
+                                              tuple(d.preview.deltas), lps))
+        for d in decisions:
+            if d.finish == "cancelled":
+                self.counters.cancelled += 1
+                self._finish(d.rec, "cancelled")
+            elif d.finish is not None:
+                self.counters.finished += 1
+                self._finish(d.rec, d.finish, d.preview.stop_reason if d.preview else None)
+
+    # -- settlement --------------------------------------------------------------------------------
+    def _release_seq(self, rec: RequestRecord) -> None:
+        if rec.seq is not None:
+            seq, rec.seq = rec.seq, None
+            del self.by_seq[seq]
+            self.program.release(seq)
+
+    def _finish(self, rec: RequestRecord, reason: str, stop_reason: str | int | None = None) -> None:
+        """Terminal success: free the lane and the Program sequence, flush the session, publish."""
+        self._release_seq(rec)
+        final = rec.session.finish(reason)
+        if final.deltas and rec.started:
+            self._push(rec, GenerationDelta(rec.request_id, (), tuple(final.deltas)))
+        now = time.monotonic()
+        result = GenerationResult(
+            request_id=rec.request_id, finish_reason=reason, token_ids=tuple(rec.output_tokens), output=final,
+            usage=Usage(len(rec.prompt), len(rec.output_tokens)),
+            timings=Timings(
+                queue_s=None if rec.admit_time is None else rec.admit_time - rec.submit_time,
+                ttft_s=None if rec.first_token_time is None else rec.first_token_time - rec.submit_time,
+                total_s=now - rec.submit_time),
+            stop_reason=stop_reason)
+        self._settle(rec, result)
+
+    def _reject(self, rec: RequestRecord, error: Exception) -> None:
+        self._release_seq(rec)
+        self._settle(rec, GenerationError(rec.request_id, error))
+
+    def _settle(self, rec: RequestRecord, event: GenerationEvent) -> None:
+        self.scheduler.remove(rec)
+        rec.move(S.SETTLED)
+        del self.records[rec.ticket]
+        self._push(rec, event)
+        rec.control.response_done()
+
+    def _push(self, rec: RequestRecord, event: GenerationEvent) -> None:
+        rec.control.channel.push(event)
+
+    # -- stopping ----------------------------------------------------------------------------------
+    def _stop_accepting(self, status: EngineStatus) -> None:
+        with self.submit_lock:
+            self.status = status
+        # Submissions that won the race with the lock are in the inbox: adopt them to answer them.
+        while True:
+            try:
+                self._handle(self.inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _shutdown(self) -> None:
+        """Close: every unfinished request ends with EngineClosedError; all Program sequences freed."""
+        self._stop_accepting("closed")
+        for rec in sorted(self.records.values(), key=lambda r: r.ticket):
+            self.counters.rejected += 1
+            self._reject(rec, EngineClosedError(f"the engine closed before request {rec.request_id} finished"))
+        self._publish_snapshot()
+
+    def _fail(self, exc: BaseException) -> None:
+        """Engine failure: answer every in-flight request with it; never call the Program again."""
+        if isinstance(exc, EngineFailure):
+            failure = exc
+        else:
+            failure = EngineFailure(f"the engine worker failed: {type(exc).__name__}: {exc}")
+            failure.__cause__ = exc
+        log.error("engine failure: %s", failure, exc_info=exc)
+        self.failure = failure
+        try:
+            self._stop_accepting("failed")
+        except BaseException:  # noqa: BLE001 - the inbox is a SimpleQueue; nothing here should raise
+            log.exception("while stopping after an engine failure")
+        for rec in list(self.records.values()):
+            if rec.control.channel.terminal is None:
+                rec.control.channel.push(GenerationError(rec.request_id, failure))
+                rec.control.response_done()
+        self.records.clear()
+        self.by_seq.clear()
+        snap = self.snapshot
+        self.snapshot = CoreSnapshot("failed", 0, 0, 0, snap.capacity, counter_values(self.counters))
+
+    def _publish_snapshot(self) -> None:
+        sch = self.scheduler
+        status: EngineStatus = self.status if self.status != "running" or self._close_drain is None else "closing"
+        self.snapshot = CoreSnapshot(status, len(sch.waiting), len(sch.residents), len(sch.paused),
+                                     self.program.capacity(), counter_values(self.counters))

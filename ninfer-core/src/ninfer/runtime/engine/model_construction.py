@@ -1,0 +1,136 @@
+"""Model construction: artifact path + EngineOptions -> Program + Frontend.
+
+Flow (DESIGN.md section 3): reader -> Text component (required) -> registry architecture (dispatch
+on ``architectures[0]`` once, here) -> parameter specs of the selected features -> profile ->
+KV sizing -> load_weights -> resolve_ops -> ``ArchitectureSpec.create_program``; the Frontend is
+built from the component's frontend resources by the spec's frontend family.
+
+Only the selected features' parameters are read. The reader is closed before returning: the weights
+are materialized tensors and the frontend resources are read eagerly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ninfer.errors import NInferError
+from ninfer.runtime.contract.architecture import ModelProfile, ProgramInit, ProgramOptions
+from ninfer.runtime.contract.frontend import Frontend
+from ninfer.runtime.contract.program import Program
+from ninfer.runtime.engine.options import EngineOptions, InvalidEngineOptions
+
+log = logging.getLogger("ninfer.engine")
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+class ModelConstructionError(NInferError):
+    """The artifact cannot be served with these options (the message names what is missing)."""
+
+
+def _make_qwen_frontend(resources: Mapping[str, bytes], vocab_size: int) -> Frontend:
+    from ninfer.models.common.qwen.frontend import QwenFrontend
+
+    return QwenFrontend(resources, vocab_size=vocab_size)
+
+
+# Frontend families by ``ArchitectureSpec.frontend``: (resources, model vocab size) -> Frontend.
+FRONTEND_FAMILIES: dict[str, Callable[[Mapping[str, bytes], int], Frontend]] = {"qwen": _make_qwen_frontend}
+
+
+@dataclass
+class ModelInstance:
+    """What an engine serves. ``options`` are the effective ones (device, dtype, KV pages and
+    max_context resolved). Destruction order is the engine's: worker, Program, Frontend, weights."""
+
+    program: Program
+    frontend: Frontend
+    options: EngineOptions
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_device_dtype(options: EngineOptions) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if options.dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        try:
+            dtype = _DTYPES[options.dtype]
+        except KeyError:
+            raise InvalidEngineOptions(f"invalid engine option dtype={options.dtype!r}: "
+                                       f"one of {sorted(_DTYPES)}") from None
+    return device, dtype
+
+
+def plan_num_pages(options: EngineOptions, profile: ModelProfile, max_context: int) -> int:
+    """KV pages: explicit ``num_pages``, else ``kv_budget_mib`` worth, else every lane at max_context.
+    The pool must hold one full-context request, else the scheduler could not guarantee progress."""
+    ps = options.page_size
+    if options.num_pages is not None:
+        pages = options.num_pages
+    elif options.kv_budget_mib is not None:
+        per_token = max(1, profile.kv_bytes_per_token)
+        pages = int(options.kv_budget_mib * 2**20) // (per_token * ps)
+    else:
+        pages = options.max_concurrency * -(-max_context // ps)
+    if pages * ps < max_context:
+        raise InvalidEngineOptions(f"the KV pool of {pages} pages x {ps} tokens cannot hold one request of "
+                                   f"max_context {max_context}")
+    return pages
+
+
+def build_model(artifact: str | os.PathLike, options: EngineOptions) -> ModelInstance:
+    from ninfer.artifact import ArtifactReader, load_weights
+    from ninfer.artifact.errors import MissingComponentError
+    from ninfer.ops.registry import resolve_ops
+    from ninfer.plugins import get_registry
+
+    options.validate()
+    features = options.features()
+    reader = ArtifactReader.open(artifact)
+    try:
+        try:
+            text = reader.component("text")
+        except MissingComponentError as exc:
+            raise ModelConstructionError(f"{artifact}: the artifact has no Text component: {exc}") from exc
+        registry = get_registry()
+        spec = registry.architecture(text.architecture)
+        config = text.config
+        profile = spec.profile(config, features)
+        max_context = options.max_context
+        if profile.max_position_embeddings and max_context > profile.max_position_embeddings:
+            log.warning("max_context %d exceeds the model's %d positions; using %d", max_context,
+                        profile.max_position_embeddings, profile.max_position_embeddings)
+            max_context = profile.max_position_embeddings
+        device, dtype = resolve_device_dtype(options)
+        num_pages = plan_num_pages(options, profile, max_context)
+        family = FRONTEND_FAMILIES.get(spec.frontend)
+        if family is None:
+            raise ModelConstructionError(f"architecture {spec.name!r} uses frontend family {spec.frontend!r}, "
+                                         f"which this NInfer does not provide (known: {sorted(FRONTEND_FAMILIES)})")
+        resources = {role: reader.resource("text", role) for role in text.resources}
+        frontend = family({k: v for k, v in resources.items() if v is not None}, profile.vocab_size)
+        weights = load_weights(reader, spec.parameter_specs(config, features), device)
+        metadata = reader.directory.metadata or {}
+        artifact_id = reader.artifact_id
+    finally:
+        reader.close()
+    ops = resolve_ops(registry.ops, device.type, dtype)
+    program_options = ProgramOptions(device=device, dtype=dtype, max_sequences=options.max_concurrency,
+                                     page_size=options.page_size, num_pages=num_pages, max_context=max_context)
+    program = spec.create_program(ProgramInit(config=config, weights=weights, ops=ops, options=program_options,
+                                              features=features))
+    effective = dataclasses.replace(options, device=str(device), dtype=str(dtype).removeprefix("torch."),
+                                    num_pages=num_pages, max_context=max_context)
+    info = {"architecture": spec.name, "name": metadata.get("name") or spec.name, "artifact_id": artifact_id,
+            "device": str(device), "dtype": effective.dtype, "num_pages": num_pages, "page_size": options.page_size,
+            "max_context": max_context, "ops": ops.describe()}
+    return ModelInstance(program=program, frontend=frontend, options=effective, info=info)

@@ -1,0 +1,67 @@
+"""Engine statistics: counters the worker keeps and the snapshot any thread may read.
+
+The worker is the only writer of :class:`EngineCounters` and the only caller of ``Program.capacity``;
+after each cycle it publishes an immutable :class:`EngineStats` (one reference store, atomic under
+the GIL), so ``Engine.stats()`` never touches worker state from another thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+EngineStatus = Literal["running", "closing", "closed", "failed"]
+
+
+@dataclass
+class EngineCounters:
+    """Monotone totals since start (worker-owned)."""
+
+    admitted: int = 0
+    finished: int = 0           # GenerationResult with stop or length
+    cancelled: int = 0
+    deadline: int = 0           # ended by deadline, before or after admission
+    rejected: int = 0           # rejected by the worker (queue timeout, closed)
+    preemptions: int = 0
+    resumes: int = 0
+    units: int = 0              # Program.run calls
+    decode_tokens: int = 0      # decode rows run
+    prefill_tokens: int = 0     # fresh prompt tokens computed
+    replay_tokens: int = 0      # ledger tokens recomputed after a pause
+    completion_tokens: int = 0  # accepted output tokens
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """One consistent view after a worker cycle (``outstanding`` and ``submitted`` are live)."""
+
+    status: EngineStatus
+    queue_depth: int
+    running: int
+    paused: int
+    outstanding: int
+    submitted: int
+    pages_used: int
+    pages_total: int
+    state_slots_used: int
+    state_slots_total: int
+    page_size: int
+    admitted: int = 0
+    finished: int = 0
+    cancelled: int = 0
+    deadline: int = 0
+    rejected: int = 0
+    preemptions: int = 0
+    resumes: int = 0
+    units: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    replay_tokens: int = 0
+    completion_tokens: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def counter_values(counters: EngineCounters) -> dict[str, int]:
+    return {f.name: getattr(counters, f.name) for f in fields(counters)}

@@ -1,0 +1,113 @@
+"""Fixtures of the engine tests: engines over the toy Program, and a tiny random Qwen3.5 artifact.
+
+Every engine a test makes is closed at teardown, and the test fails if a worker thread survives.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ninfer import Engine, EngineOptions
+
+from .doubles import ToyFrontend, ToyProgram
+
+
+@pytest.fixture(autouse=True)
+def single_torch_thread():
+    """Engine tests run many tiny ops; on a small shared machine intra-op threads only add barrier
+    spinning (10x slower here). Restored afterwards for the rest of the suite."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ninfer-engine-worker"]
+
+
+@pytest.fixture
+def make_toy_engine():
+    """``make_toy_engine(program_kwargs=..., **engine_options) -> (engine, program, frontend)``."""
+    made: list[Engine] = []
+
+    def make(program_kwargs: dict | None = None, frontend: ToyFrontend | None = None, **options):
+        program = ToyProgram(**(program_kwargs or {}))
+        frontend = frontend or ToyFrontend(vocab_size=program.vocab_size)
+        options.setdefault("max_context", 64)
+        engine = Engine.from_parts(program, frontend, EngineOptions(**options))
+        made.append(engine)
+        return engine, program, frontend
+
+    yield make
+    for engine in made:
+        engine.close(timeout=30)
+    assert not worker_threads(), "an engine worker thread outlived its test"
+
+
+# -- a tiny random Qwen3.5 checkpoint, converted once per session -----------------------------------
+
+TINY_CONFIG = dict(
+    vocab_size=272, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+    linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=512,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                     "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+    tie_word_embeddings=False)
+IM_END, ENDOFTEXT = 258, 256
+
+
+def _write_tokenizer(folder: Path) -> None:
+    """A byte-level tokenizer without merges (256 byte tokens) plus the Qwen special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False)
+                            for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
+    tok.add_tokens([AddedToken(s, special=False, normalized=False)
+                    for s in ("<think>", "</think>", "<tool_call>", "</tool_call>")])
+    assert tok.token_to_id("<|im_end|>") == IM_END
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>",
+                                                              "pad_token": "<|endoftext|>"}))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_artifact(tmp_path_factory) -> Path:
+    """A random Qwen3_5ForCausalLM (4 layers: 3 GDN + 1 attention) built with transformers, saved with
+    save_pretrained and converted with ninfer_convert."""
+    sys.modules.setdefault("fla", None)  # transformers must take its torch GDN path on CPU
+    sys.modules.setdefault("causal_conv1d", None)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from ninfer_convert.convert import convert
+
+    root = tmp_path_factory.mktemp("tiny_qwen")
+    folder = root / "hf"
+    folder.mkdir()
+    cfg = transformers.Qwen3_5TextConfig(**TINY_CONFIG, eos_token_id=IM_END)
+    cfg.architectures = ["Qwen3_5ForCausalLM"]
+    torch.manual_seed(1234)
+    model = transformers.Qwen3_5ForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():
+        # The default init (std 0.02, unit norms) makes near-uniform logits; widen it so greedy tokens
+        # are decided by clear margins and sampling is not flat.
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.25)
+    model.save_pretrained(folder, safe_serialization=True)
+    _write_tokenizer(folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]}))
+    artifact = root / "tiny.ninfer"
+    convert(folder, artifact, progress=False)
+    return artifact

@@ -1,0 +1,122 @@
+"""Scheduler policy in isolation: FIFO with bounded bypass, chunk rotation, protected resume, victims."""
+
+from __future__ import annotations
+
+import pytest
+
+from ninfer.runtime.contract.errors import EngineFailure
+from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.runtime.engine.handle import RequestControl
+from ninfer.runtime.engine.request_record import RequestRecord, RequestState
+from ninfer.runtime.engine.scheduler import Scheduler
+
+S = RequestState
+
+
+def rec(ticket: int, state: RequestState = S.WAITING, prompt: int = 3, output: int = 0) -> RequestRecord:
+    r = RequestRecord(ticket=ticket, request_id=f"r{ticket}", prompt=tuple(range(2, 2 + prompt)),
+                      params=SamplingParams(seed=ticket), session=None,  # type: ignore[arg-type]
+                      control=RequestControl(f"r{ticket}", lambda: None, lambda: None), submit_time=0.0,
+                      deadline=None)
+    r.state = state
+    r.output_tokens = list(range(output))
+    return r
+
+
+def test_admission_is_fifo_with_bounded_bypass():
+    s = Scheduler(lanes=4, bypass_limit=2)
+    waiting = [rec(t) for t in (3, 1, 2, 4, 5)]
+    for r in waiting:
+        s.enqueue(r)
+    assert [r.ticket for r in s.waiting] == [1, 2, 3, 4, 5]  # ticket order, not arrival order
+    assert [r.ticket for r in s.admission_order()] == [1, 2, 3]  # head + 2 bypass candidates
+    # The head does not fit; two later ones are admitted ahead of it: the allowance is used up.
+    for t in (2, 3):
+        r = next(x for x in s.waiting if x.ticket == t)
+        r.state = S.PREFILL
+        s.add_resident(r)
+        s.note_bypass()
+    assert [r.ticket for r in s.admission_order()] == [1]
+    # Once the head is admitted the next head gets a fresh allowance.
+    head = s.waiting[0]
+    head.state = S.PREFILL
+    s.add_resident(head)
+    assert [r.ticket for r in s.admission_order()] == [4, 5]
+    assert s.free_lanes == 1  # the worker stops trying when the lanes are full
+
+
+def test_strict_fifo_when_bypass_limit_is_zero():
+    s = Scheduler(lanes=2, bypass_limit=0)
+    for t in range(3):
+        s.enqueue(rec(t))
+    assert [r.ticket for r in s.admission_order()] == [0]
+
+
+def test_no_fresh_admission_while_a_request_is_paused():
+    s = Scheduler(lanes=2, bypass_limit=2)
+    s.enqueue(rec(5))
+    p = rec(1, S.PREFILL)
+    s.add_resident(p)
+    s.pause(p)
+    assert s.admission_order() == []
+    assert s.resume_candidate() is p
+
+
+def test_one_protected_resume_at_a_time():
+    s = Scheduler(lanes=3, bypass_limit=0)
+    a, b = rec(1, S.DECODE_READY), rec(2, S.DECODE_READY)
+    for r in (a, b):
+        s.add_resident(r)
+        s.pause(r)
+    assert s.resume_candidate() is a  # oldest first
+    a.state, a.protected = S.REPLAY, True
+    s.add_resident(a)
+    assert s.resume_candidate() is None  # a still protected
+    a.protected = False
+    assert s.resume_candidate() is b
+
+
+def test_chunk_rotation_and_protected_first():
+    s = Scheduler(lanes=4, bypass_limit=0)
+    rs = [rec(t, S.PREFILL) for t in range(3)] + [rec(3, S.DECODE_READY)]
+    for r in rs:
+        s.add_resident(r)
+    order = []
+    for _ in range(4):
+        first = s.chunk_candidates()[0]
+        order.append(first.ticket)
+        s.note_chunk(first)
+    assert order == [0, 1, 2, 0]
+    assert 3 not in [r.ticket for r in s.chunk_candidates()]  # decode-ready rows take no chunk
+    rs[2].protected = True
+    assert s.chunk_candidates()[0] is rs[2]
+
+
+def test_victim_is_youngest_unprotected_resident():
+    s = Scheduler(lanes=4, bypass_limit=0)
+    rs = [rec(t, S.DECODE_READY) for t in (4, 7, 2)]
+    for r in rs:
+        s.add_resident(r)
+    assert s.victim().ticket == 7
+    rs[1].protected = True
+    assert s.victim().ticket == 4
+
+
+def test_record_rejects_illegal_transitions():
+    r = rec(0)
+    r.move(S.MATERIALIZING)
+    r.move(S.PREFILL)
+    with pytest.raises(EngineFailure, match="illegal transition prefill -> waiting"):
+        r.move(S.WAITING)
+    r.move(S.PAUSING)
+    r.move(S.PAUSED)
+    r.move(S.SETTLED)
+    with pytest.raises(EngineFailure):
+        r.move(S.MATERIALIZING)
+
+
+def test_remaining_budget_is_the_tighter_of_max_tokens_and_context():
+    r = rec(0, prompt=10, output=3)
+    r.params = SamplingParams(max_tokens=8, seed=0)
+    assert r.remaining(max_context=100) == 5
+    assert r.remaining(max_context=15) == 2
