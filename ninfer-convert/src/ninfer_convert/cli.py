@@ -1,0 +1,98 @@
+"""The ``ninfer-convert`` command.
+
+``ninfer-convert SRC OUT [--name NAME] [--max-file-bytes N] [--quiet]`` converts a Hugging Face
+checkpoint folder into a V3 artifact; ``ninfer-convert verify FILE`` re-reads and checks every
+object of an artifact. ``verify`` is recognised only as the first argument (a source folder
+literally named ``verify`` is given as ``./verify``). Exit status: 0 success, 1 a NInfer error
+(the message names what is at fault), 2 bad usage, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ninfer.artifact.format import DEFAULT_MAX_FILE_BYTES
+from ninfer.errors import NInferError
+
+PROG = "ninfer-convert"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _convert_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Convert a local Hugging Face checkpoint folder into a V3 .ninfer artifact. "
+                               f"Use '{PROG} verify FILE' to check an artifact's checksums.")
+    p.add_argument("source", metavar="SRC", help="checkpoint folder (config.json + *.safetensors)")
+    p.add_argument("output", metavar="OUT", help="artifact entry file to create (never overwritten)")
+    p.add_argument("--name", help="public model name stored as metadata.name (default: architectures[0])")
+    p.add_argument("--max-file-bytes", type=_positive_int, default=DEFAULT_MAX_FILE_BYTES, metavar="N",
+                   help=f"largest file of the set in bytes; more payload goes to OUT.part-NNNN files "
+                        f"(default {DEFAULT_MAX_FILE_BYTES})")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _verify_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"{PROG} verify",
+                                description="Re-read every object of an artifact and check its checksum.")
+    p.add_argument("file", metavar="FILE", help="artifact entry file")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _run_convert(argv: Sequence[str]) -> int:
+    args = _convert_parser().parse_args(argv)
+    from ninfer_convert.convert import convert  # heavy imports only once the arguments parse
+
+    result = convert(args.source, args.output, name=args.name, max_file_bytes=args.max_file_bytes,
+                     progress=False if args.quiet else None)
+    print(f"wrote {result.paths[0]}: {result.objects} tensor objects ({result.tensor_bytes} bytes), "
+          f"{len(result.resources)} resources, {len(result.paths)} file(s); architecture "
+          f"{result.architecture}, source mapping {result.source_mapping}")
+    for extra in result.paths[1:]:
+        print(f"  part {extra}")
+    if result.casts:
+        print(f"  cast objects: {', '.join(result.casts)}")
+    if result.ignored:
+        print(f"  ignored source tensors: {len(result.ignored)}")
+    return 0
+
+
+def _run_verify(argv: Sequence[str]) -> int:
+    args = _verify_parser().parse_args(argv)
+    from ninfer_convert.verify import verify_artifact
+
+    report = verify_artifact(args.file, progress=False if args.quiet else None)
+    print(f"{report.path}: {report.objects} objects ({report.tensors} tensors, {report.resources} resources), "
+          f"{report.bytes} bytes in {report.files} file(s): OK")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ninfer-convert`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "verify":
+            return _run_verify(argv[1:])
+        return _run_convert(argv)
+    except NInferError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted (a conversion in progress publishes nothing)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
