@@ -1,0 +1,1 @@
+"""Pieces several architectures share; ``qwen`` is the Qwen-family Frontend."""

