@@ -23,7 +23,8 @@ class OpContract:
 
 CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
     OpContract("linear", "linear(x[..., in], weight[out, in]) -> [..., out]",
-               "x @ weight.T, no bias; accumulates in at least the input precision."),
+               "x @ weight.T, no bias; accumulates in at least the input precision. A weight dtype other than "
+               "x's is promoted (computed in the wider type); the output has x's dtype."),
     OpContract("rms_norm", "rms_norm(x[..., N], weight[N], eps) -> [..., N]",
                "Zero-centred (Qwen3.5) RMSNorm: fp32 x*rsqrt(mean(x^2)+eps)*(1+w), cast to x.dtype."),
     OpContract("add_rms_norm", "add_rms_norm(x[T, N], residual[T, N], weight[N], eps) -> (y, new_residual)",
@@ -36,8 +37,11 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
     OpContract("mrope_cos_sin",
                "mrope_cos_sin(positions[3, T] int64, inv_freq[R/2] fp32, sections tuple|None, interleaved) "
                "-> (cos[T, R], sin[T, R]) fp32",
-               "Frequency index i takes its position from axis T/H/W per the (interleaved) MRoPE sections; "
-               "sections=None means plain RoPE on positions[0]. cos/sin = cat(f, f)."),
+               "Frequency index i takes its position from axis T/H/W per the MRoPE sections (s_t, s_h, s_w), "
+               "sum = R/2. interleaved (Qwen3.5): H if i%3==1 and i<3*s_h, W if i%3==2 and i<3*s_w, else T; "
+               "not interleaved: the first s_t indices T, next s_h H, last s_w W. sections=None means plain "
+               "RoPE on positions[0] (positions may then be [T]). Angles pos*inv_freq are formed in fp64, "
+               "cos/sin rounded once to fp32. cos/sin = cat(f, f)."),
     OpContract("causal_conv1d_prefill",
                "causal_conv1d_prefill(x[T, C], weight[C, K], conv_state[C, K-1] (in/out)) -> y[T, C]",
                "Depthwise causal conv of one sequence's chunk, prefixed by conv_state (the previous K-1 "
@@ -60,13 +64,16 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
     OpContract("kv_cache_write",
                "kv_cache_write(k[T, Hkv, D], v[T, Hkv, D], k_pool[P, page, Hkv, D], v_pool[...], "
                "slot_mapping[T] int64) -> None",
-               "Stores token t at page slot_mapping[t] // page, offset slot_mapping[t] % page (in place)."),
+               "Stores token t at page slot_mapping[t] // page, offset slot_mapping[t] % page (in place), bit-exact. "
+               "Slots are distinct and in [0, P*page); one outside raises (never wraps)."),
     OpContract("paged_attention",
                "paged_attention(q[T, Hq, D], k_pool, v_pool, cu_q[B+1] int32, kv_lens[B] int32, "
                "page_tables[B, maxp] int32, scale) -> o[T, Hq, D]",
                "Causal GQA over paged KV, rows of any query length (prefill over a cached prefix and decode): "
-               "query i of row b sits at position kv_lens[b] - q_len_b + i and sees positions <= its own. "
-               "Query head h reads KV head h // (Hq/Hkv). Softmax in fp32."),
+               "query i of row b sits at position kv_lens[b] - q_len_b + i and sees positions <= its own "
+               "(q_len_b <= kv_lens[b]; q_len_b = 0 allowed). Query head h reads KV head h // (Hq/Hkv). Softmax "
+               "in fp32. Only the first ceil(kv_lens[b]/page) page-table entries and positions < kv_lens[b] "
+               "are read."),
     OpContract("paged_decode_attention",
                "paged_decode_attention(q[B, Hq, D], k_pool, v_pool, kv_lens[B] int32, page_tables[B, maxp] int32, "
                "scale) -> o[B, Hq, D]",
@@ -87,8 +94,12 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
     OpContract("sample",
                "sample(logits[B, V] fp32, temperature[B] fp32, top_k[B] int32, top_p[B] fp32, min_p[B] fp32, "
                "seeds[B] int64, steps[B] int64) -> tokens[B] int64",
-               "temperature 0: argmax (lowest id on ties). Otherwise logits/T, then top-k (0 = off), top-p "
-               "(1 = off), min-p (0 = off) filtering, then Gumbel-max with noise from a counter-based hash of "
-               "(seed, step, token id): a row's draw depends only on its own logits, seed and step, never on "
-               "the batch, and is identical on CPU and CUDA for identical logits."),
+               "temperature 0: argmax (lowest id on ties). Otherwise logits/T, then top-k (0 = off; keeps "
+               "ties with the k-th value), top-p (1 = off; over the top-k survivors' softmax, the shortest "
+               "descending prefix whose cumulative prob reaches top_p, plus ties with its last token), min-p "
+               "(0 = off; p >= min_p * p_max) filtering, the top token always kept; then Gumbel-max in fp64 "
+               "(lowest id on exact ties) with noise -log(-log u) from the counter-based hash of (seed, step, "
+               "token id) specified normatively in ninfer.ops.reference.sampling (nested splitmix64): a row's "
+               "draw depends only on its own logits, seed and step, never on the batch, and is identical on "
+               "CPU and CUDA for identical logits. NaN logits count as -inf."),
 )}

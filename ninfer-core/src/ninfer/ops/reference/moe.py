@@ -1,0 +1,58 @@
+"""Torch reference MoE ops of Qwen3.5-MoE: the top-k router and the routed experts.
+
+Invariants:
+- ``moe_router``: p = softmax(fp32(logits)) over all E experts; ids = the top_k largest p (descending);
+  weights = p[ids] / sum(p[ids]) in fp32 (unconditional renormalisation, no norm_topk_prob flag).
+- ``moe_experts``: out[t] = sum_j weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j], with
+  ``gate_up[e] = [gate rows (I); up rows (I)]``. Tokens are grouped by expert (one GEMM pair per active
+  expert, never a per-token loop). The expert GEMMs run in the wider of x's and the weights' dtypes (torch
+  accumulates bf16 in fp32), the SwiGLU activation in fp32 rounded to that dtype before the down projection
+  (as the model's module does in bf16), and the weighted sum over the k experts accumulates in fp32, rounded once to x.dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.ops.registry import OpImpl
+
+
+def moe_router(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits[T, E] -> (weights[T, k] fp32, ids[T, k] int64)``."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    return weights / weights.sum(dim=-1, keepdim=True), ids.to(torch.int64)
+
+
+def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                down: torch.Tensor) -> torch.Tensor:
+    """Weighted sum of the routed experts' SwiGLU MLPs for ``x[T, H]``; returns [T, H] in x.dtype."""
+    t_len, k = ids.shape
+    inter = down.shape[-1]
+    flat_ids = ids.reshape(-1)
+    # Sort the T*k (token, expert) pairs by expert so each expert sees one contiguous group of tokens.
+    order = torch.argsort(flat_ids, stable=True)
+    counts = torch.bincount(flat_ids, minlength=gate_up.shape[0]).tolist()
+    token_of_pair = (order // k)
+    pair_weight = weights.reshape(-1)[order].float()
+    wide = torch.promote_types(x.dtype, gate_up.dtype)
+    out = torch.zeros((t_len, x.shape[-1]), dtype=torch.float32, device=x.device)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        tokens = token_of_pair[start:start + count]
+        xs = x.index_select(0, tokens).to(wide)
+        h = (xs @ gate_up[expert].to(wide).t()).float()              # [n, 2I]
+        act = (F.silu(h[:, :inter]) * h[:, inter:]).to(wide)
+        y = (act @ down[expert].to(wide).t()).float()                # [n, H]
+        out.index_add_(0, tokens, y * pair_weight[start:start + count, None])
+        start += count
+    return out.to(x.dtype)
+
+
+OPS = [
+    OpImpl(op="moe_router", name="torch_reference", fn=moe_router, priority=0),
+    OpImpl(op="moe_experts", name="torch_reference", fn=moe_experts, priority=0),
+]

@@ -1,0 +1,91 @@
+"""rms_norm / add_rms_norm / gated_rms_norm against fp64 oracles with the contract's declared casts.
+
+Criteria (pointwise, |err| <= rtol |ref| + atol max|ref|):
+- fp32: rtol 4e-6, atol 1e-6 -- fp32 mean of squares and a few products.
+- bf16 (rms_norm, add_rms_norm): rtol 2^-8 -- the single output rounding (<= 2^-9) with margin.
+- bf16 gated_rms_norm: rtol 2^-7 -- the oracle applies the declared cast of the normalised value, but the
+  model-faithful bf16 product n * weight adds one more bf16 rounding before the final one.
+"""
+
+import pytest
+import torch
+
+from .conftest import DTYPES, Pointwise, assert_bits, assert_pointwise, f64, randn, reference_ops
+
+EPS = 1e-6
+CRIT = {torch.float32: Pointwise(4e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -8, 1e-6)}
+CRIT_GATED = {torch.float32: Pointwise(4e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -7, 1e-6)}
+
+
+def rms_oracle(x, w):
+    x = f64(x)
+    inv = 1.0 / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS)
+    return x * inv * (1.0 + f64(w))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_zero_centred(device, dtype, gen):
+    ops = reference_ops(device, dtype)
+    x = randn(gen, 4, 3, 96, dtype=dtype, device=device, scale=2.5)
+    w = randn(gen, 96, dtype=dtype, device=device, scale=0.3)
+    out = ops.rms_norm(x, w, EPS)
+    assert out.dtype == dtype
+    assert_pointwise(out, rms_oracle(x, w), CRIT[dtype], f"rms_norm {dtype}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm(device, dtype, gen):
+    ops = reference_ops(device, dtype)
+    x = randn(gen, 9, 64, dtype=dtype, device=device)
+    res = randn(gen, 9, 64, dtype=dtype, device=device, scale=4.0)
+    w = randn(gen, 64, dtype=dtype, device=device, scale=0.3)
+    x0, r0 = x.clone(), res.clone()
+    y, new_res = ops.add_rms_norm(x, res, w, EPS)
+    # new_residual is the sum rounded once to the activation dtype: exact to compute in fp64 then round.
+    expected_res = (f64(x) + f64(res)).to(dtype)
+    assert_bits(new_res.cpu(), expected_res, "add_rms_norm residual")
+    assert_pointwise(y, rms_oracle(expected_res, w), CRIT[dtype], f"add_rms_norm {dtype}")
+    assert torch.equal(x, x0) and torch.equal(res, r0), "inputs must not be modified"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_rms_norm_cast_order(device, dtype, gen):
+    ops = reference_ops(device, dtype)
+    x = randn(gen, 6, 4, 32, dtype=dtype, device=device, scale=2.0)
+    gate = randn(gen, 6, 4, 32, dtype=dtype, device=device, scale=2.0)
+    w = (1.0 + randn(gen, 32, scale=0.2)).to(dtype).to(device)  # plain weight around 1
+    out = ops.gated_rms_norm(x, gate, w, EPS)
+    xd = f64(x)
+    n = (xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + EPS)).to(dtype).double()  # declared cast
+    g = f64(gate)
+    ref = n * f64(w) * (g / (1.0 + torch.exp(-g)))
+    assert out.dtype == dtype
+    assert_pointwise(out, ref, CRIT_GATED[dtype], f"gated_rms_norm {dtype}")
+
+
+def test_gated_rms_norm_uses_plain_weight_not_one_plus(device, gen):
+    # A zero weight must zero the output (1 + w would not): guards against reusing the zero-centred norm.
+    ops = reference_ops(device, torch.float32)
+    x = randn(gen, 3, 16, device=device)
+    gate = randn(gen, 3, 16, device=device)
+    out = ops.gated_rms_norm(x, gate, torch.zeros(16, device=device), EPS)
+    assert torch.count_nonzero(out) == 0
+
+
+def test_gated_rms_norm_bf16_cast_chain_bitwise(device, gen):
+    # The declared cast chain changes bf16 bits by up to an ulp, which the tolerance above cannot see. Model
+    # every cast exactly (bf16*bf16 products are exact in fp64, so each rounding happens where the contract
+    # puts it); production then differs only where fp32-vs-fp64 noise straddles a bf16 rounding boundary.
+    ops = reference_ops(device, torch.bfloat16)
+    x = randn(gen, 64, 64, dtype=torch.bfloat16, device=device, scale=2.0)
+    gate = randn(gen, 64, 64, dtype=torch.bfloat16, device=device, scale=2.0)
+    w = (1.0 + randn(gen, 64, scale=0.2)).to(torch.bfloat16).to(device)
+    out = ops.gated_rms_norm(x, gate, w, EPS).cpu()
+    xd, g = f64(x), f64(gate)
+    n = (xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + EPS)).to(torch.bfloat16)
+    nw = (n.double() * f64(w)).to(torch.bfloat16)              # bf16 * bf16 product, rounded to bf16
+    ref = (nw.double() * (g / (1.0 + torch.exp(-g)))).to(torch.bfloat16)
+    differ = out != ref
+    assert differ.float().mean().item() <= 0.01, f"{int(differ.sum())} of {out.numel()} bf16 results differ"
+    ulp = (ref.double().abs() * 2.0 ** -7).clamp_min(2.0 ** -133)
+    assert ((out.double() - ref.double()).abs() <= ulp).all()
