@@ -44,3 +44,9 @@ def ninfer_speculative_backends() -> list:  # list[ninfer.runtime.contract.specu
 def ninfer_source_mappings() -> list:  # list[ninfer.artifact.source_mapping.SourceMapping]
     """Converter source mappings: how a Hugging Face checkpoint of an architecture becomes
     components, objects and bindings of a V3 artifact."""
+
+
+@hookspec
+def ninfer_default_models() -> list:  # list[ninfer.model_source.DefaultModel]
+    """Models a plugin ships inside its distribution (Hugging Face folders), used when the user names
+    no model. The first registered one is the default; ``ninfer plugins`` lists them all."""

@@ -112,9 +112,10 @@ class PluginRegistry:
         self.ops: list = []
         self.speculative_backends: dict = {}
         self.source_mappings: dict = {}
+        self.default_models: dict = {}
         registered: dict[str, dict[str, list[str]]] = {name: {} for name in self._meta}
         owners: dict[tuple[str, str], str] = {}
-        for kind in ("architectures", "ops", "speculative_backends", "source_mappings"):
+        for kind in ("architectures", "ops", "speculative_backends", "source_mappings", "default_models"):
             caller = getattr(self.pm.hook, f"ninfer_{kind}")
             # pluggy returns impls last-registered-first; index in registration order instead.
             for impl in reversed(caller.get_hookimpls()):

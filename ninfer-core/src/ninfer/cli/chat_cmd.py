@@ -1,0 +1,95 @@
+"""``ninfer chat``: an interactive multi-turn chat REPL with streaming.
+
+Reads one user message per line (from a terminal or piped stdin). ``/reset`` forgets the history,
+``/exit`` (or end of input) leaves. Answers stream to stdout; reasoning streams to stderr. Each turn's
+assistant message (content, reasoning and tool calls) goes back into the history, so the chat template
+re-renders the conversation exactly as the model produced it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ninfer.cli import common
+
+HELP = "commands: /reset (forget the conversation), /exit (leave)"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("chat", help="interactive multi-turn chat", description=__doc__.split("\n\n")[0])
+    common.add_model_args(p)
+    p.add_argument("--system", default=None, help="a system message for the conversation")
+    common.add_sampling_args(p, max_tokens_default=512)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ninfer.runtime.contract.events import GenerationDelta, GenerationError, GenerationResult
+
+    interactive = sys.stdin.isatty()
+    with common.start_engine(args) as engine:
+        history: list[dict] = _fresh(args)
+        if interactive:
+            print(HELP, file=sys.stderr)
+        while True:
+            if interactive:
+                sys.stderr.write(">>> ")
+                sys.stderr.flush()
+            line = sys.stdin.readline()
+            if not line:
+                break
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            if text.strip() == "/exit":
+                break
+            if text.strip() == "/reset":
+                history = _fresh(args)
+                print("[ninfer] conversation reset", file=sys.stderr)
+                continue
+            if text.startswith("/"):
+                print(f"[ninfer] unknown command {text.split()[0]!r}; {HELP}", file=sys.stderr)
+                continue
+            history.append({"role": "user", "content": text})
+            prompt = engine.frontend.prepare_chat(history, enable_thinking=not args.no_thinking)
+            handle = engine.submit(prompt, sampling=common.sampling_params(engine, args),
+                                   output=common.output_options(args, chat=True))
+            result = None
+            try:
+                for event in handle:
+                    if isinstance(event, GenerationDelta):
+                        _stream(event.deltas)
+                    elif isinstance(event, GenerationResult):
+                        result = event
+                        if event.output is not None:
+                            _stream(event.output.deltas)
+                    elif isinstance(event, GenerationError):
+                        print(f"\n[ninfer] error: {event.error}", file=sys.stderr)
+            except KeyboardInterrupt:
+                handle.cancel()
+                print("\n[ninfer] cancelled", file=sys.stderr)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            if result is None or result.output is None:
+                history.pop()  # the turn failed: do not keep a question without an answer
+                continue
+            reply: dict = {"role": "assistant", "content": result.output.content}
+            if result.output.reasoning:
+                reply["reasoning_content"] = result.output.reasoning
+            if result.output.tool_calls:
+                reply["tool_calls"] = [{"type": "function", "id": c.id,
+                                        "function": {"name": c.name, "arguments": dict(c.arguments)}}
+                                       for c in result.output.tool_calls]
+            history.append(reply)
+    return 0
+
+
+def _fresh(args) -> list[dict]:
+    return [{"role": "system", "content": args.system}] if args.system else []
+
+
+def _stream(deltas) -> None:
+    for d in deltas:
+        out = sys.stderr if d.channel == "reasoning" else sys.stdout
+        out.write(d.text)
+        out.flush()

@@ -1,0 +1,98 @@
+"""Flags shared by the model-running subcommands, and building an Engine from them.
+
+Every subcommand reaches the model through the public :class:`ninfer.Engine`; this module only turns
+flags into EngineOptions / SamplingParams / OutputOptions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from typing import Any
+
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                  "frequency_penalty", "seed")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="a .ninfer artifact or a Hugging Face folder (converted once into the cache); "
+                        "default: the embedded default model")
+    g = p.add_argument_group("engine")
+    g.add_argument("--max-concurrency", type=int, default=None, metavar="N", help="resident requests, 1..8")
+    g.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+                   help="longest prompt + output of one request")
+    g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when present)")
+    g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="activation dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    g.add_argument("--quiet", action="store_true", help="no progress display and no statistics")
+
+
+def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int | None = None) -> None:
+    g = p.add_argument_group("sampling (defaults: the model's generation_config)")
+    g.add_argument("--max-tokens", type=int, default=max_tokens_default, metavar="N")
+    g.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--min-p", type=float, default=None)
+    g.add_argument("--repetition-penalty", type=float, default=None)
+    g.add_argument("--presence-penalty", type=float, default=None)
+    g.add_argument("--frequency-penalty", type=float, default=None)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--no-thinking", action="store_true", help="render the chat prompt with enable_thinking=false")
+
+
+def engine_options(args: argparse.Namespace):
+    from ninfer.runtime.engine.options import EngineOptions
+
+    kw: dict[str, Any] = {}
+    for flag in ("max_concurrency", "max_context", "device", "dtype"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            kw[flag] = value
+    return EngineOptions(**kw)
+
+
+def start_engine(args: argparse.Namespace):
+    """Resolve the model (converting into the cache if needed) and start an Engine, with a progress
+    display on stderr unless --quiet."""
+    from ninfer.engine import Engine
+    from ninfer.model_source import resolve_model
+
+    show = not args.quiet
+    started = time.monotonic()
+    status = _status("Preparing model") if show else contextlib.nullcontext()
+    with status as st:
+        artifact = resolve_model(args.model, progress=show and sys.stderr.isatty())
+        if st is not None:
+            st.update(f"Loading {artifact.name}")
+        engine = Engine.start(artifact, engine_options(args))
+    if show:
+        print(f"[ninfer] loaded {engine.info.get('name', artifact.name)} in {time.monotonic() - started:.1f} s",
+              file=sys.stderr)
+    return engine
+
+
+def _status(text: str):
+    from rich.console import Console
+
+    return Console(stderr=True).status(text)
+
+
+def sampling_params(engine, args: argparse.Namespace):
+    overrides = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k, None) is not None}
+    if getattr(args, "max_tokens", None) is not None:
+        overrides["max_tokens"] = args.max_tokens
+    if getattr(args, "ignore_eos", False):
+        overrides["ignore_eos"] = True
+    return engine.sampling_params(**overrides)
+
+
+def output_options(args: argparse.Namespace, *, chat: bool):
+    from ninfer.runtime.contract.frontend import OutputOptions
+
+    return OutputOptions(stop=tuple(args.stop or ()), parse_reasoning=chat, parse_tool_calls=chat)

@@ -1,0 +1,97 @@
+"""``ninfer generate``: one completion. Content goes to stdout as it streams; reasoning and statistics
+go to stderr, so ``ninfer generate ... > out.txt`` captures only the answer."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ninfer.cli import common
+from ninfer.errors import NInferError
+
+
+class InvalidMessagesError(NInferError):
+    """The --messages file is not a JSON list of chat messages."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate one completion",
+                       description="Generate one completion. --prompt TEXT continues raw text; --chat renders "
+                                   "it as one user message with the chat template; --messages FILE renders a "
+                                   "JSON list of chat messages.")
+    common.add_model_args(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--messages", type=Path, metavar="FILE", help="a JSON list of {role, content} messages")
+    p.add_argument("--chat", action="store_true", help="treat --prompt as a user message (chat template)")
+    common.add_sampling_args(p, max_tokens_default=128)
+    p.set_defaults(func=run)
+
+
+def read_messages(path: Path) -> list[dict]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidMessagesError(f"cannot read messages from {path}: {exc}") from exc
+    if isinstance(data, dict) and "messages" in data:
+        data = data["messages"]
+    if not isinstance(data, list) or not all(isinstance(m, dict) and "role" in m for m in data):
+        raise InvalidMessagesError(f"{path} must hold a JSON list of messages, each with a 'role'")
+    return data
+
+
+def run(args) -> int:
+    from ninfer.runtime.contract.events import GenerationDelta, GenerationError, GenerationResult
+
+    chat = args.messages is not None or args.chat
+    messages = read_messages(args.messages) if args.messages is not None else None
+    with common.start_engine(args) as engine:
+        fe = engine.frontend
+        if messages is not None:
+            prompt = fe.prepare_chat(messages, enable_thinking=not args.no_thinking)
+        elif args.chat:
+            prompt = fe.prepare_chat([{"role": "user", "content": args.prompt}],
+                                     enable_thinking=not args.no_thinking)
+        else:
+            prompt = fe.prepare_text(args.prompt)
+        handle = engine.submit(prompt, sampling=common.sampling_params(engine, args),
+                               output=common.output_options(args, chat=chat))
+        result = None
+        for event in handle:
+            if isinstance(event, GenerationDelta):
+                _print_deltas(event.deltas)
+            elif isinstance(event, GenerationResult):
+                result = event
+                if event.output is not None:
+                    _print_deltas(event.output.deltas)
+            elif isinstance(event, GenerationError):
+                raise event.error
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if result is not None and result.output is not None:
+            for call in result.output.tool_calls:
+                print(json.dumps({"tool_call": call.name, "arguments": dict(call.arguments)}))
+        if result is not None and not args.quiet:
+            _print_stats(result)
+    return 0
+
+
+def _print_deltas(deltas) -> None:
+    for d in deltas:
+        if d.channel == "reasoning":
+            sys.stderr.write(d.text)
+            sys.stderr.flush()
+        else:
+            sys.stdout.write(d.text)
+            sys.stdout.flush()
+
+
+def _print_stats(result) -> None:
+    t = result.timings
+    n = result.usage.completion_tokens
+    decode_s = (t.total_s - t.ttft_s) if t.ttft_s is not None else None
+    rate = f"{(n - 1) / decode_s:.1f} tok/s" if decode_s and n > 1 else "n/a"
+    ttft = f"{t.ttft_s * 1000:.0f} ms" if t.ttft_s is not None else "n/a"
+    print(f"[ninfer] {result.usage.prompt_tokens} prompt + {n} generated tokens, finish={result.finish_reason}, "
+          f"ttft {ttft}, decode {rate}", file=sys.stderr)

@@ -1,0 +1,98 @@
+"""Resolve what a user names as MODEL into a ``.ninfer`` artifact path.
+
+- a ``.ninfer`` file: used as is;
+- a Hugging Face checkpoint folder (has ``config.json``): converted once with ``ninfer-convert`` into
+  the cache and reused while the folder's contents are unchanged;
+- nothing: the default model a plugin ships (``ninfer_default_models`` hook), converted the same way.
+
+The cache key is a digest of every file's name, size and bytes in the source folder, so a changed
+source is rebuilt and an unchanged one is never converted twice. Conversion writes to a temporary
+name and publishes atomically (the writer never overwrites), so concurrent first runs are safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ninfer.errors import NInferError
+
+
+class ModelSourceError(NInferError):
+    """The named model is neither an artifact nor a checkpoint folder, or cannot be converted."""
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    """A Hugging Face folder shipped inside a plugin distribution."""
+
+    name: str
+    source: Path
+    description: str = ""
+
+
+def cache_dir() -> Path:
+    """``$NINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/ninfer``, else ``~/.cache/ninfer``."""
+    explicit = os.environ.get("NINFER_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ninfer"
+
+
+def source_digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        h.update(rel.encode() + b"\0" + str(path.stat().st_size).encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:20]
+
+
+def default_model(registry=None) -> DefaultModel:
+    from ninfer.plugins import get_registry
+
+    models = list((registry or get_registry()).default_models.values())
+    if not models:
+        raise ModelSourceError("no model was named and no installed plugin ships a default model; "
+                               "name a .ninfer artifact or a Hugging Face folder, or "
+                               "'pip install ninfer-qwen3_5' for the embedded default model")
+    return models[0]
+
+
+def resolve_model(model: str | os.PathLike | None, *, registry=None, progress: bool = False) -> Path:
+    """The artifact path for ``model`` (see the module docstring), converting into the cache if needed."""
+    if model is None:
+        chosen = default_model(registry)
+        return _converted(chosen.source, chosen.name, registry=registry, progress=progress)
+    path = Path(model)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelSourceError(f"{path} is a folder without config.json: not a Hugging Face checkpoint")
+        return _converted(path, path.name, registry=registry, progress=progress)
+    if path.is_file():
+        return path
+    raise ModelSourceError(f"model {str(model)!r} not found: give a .ninfer artifact or a Hugging Face folder")
+
+
+def _converted(source: Path, name: str, *, registry, progress: bool) -> Path:
+    target_dir = cache_dir() / "artifacts"
+    target = target_dir / f"{name}-{source_digest(source)}.ninfer"
+    if target.is_file():
+        return target
+    try:
+        from ninfer_convert.convert import convert
+    except ImportError as exc:
+        raise ModelSourceError(f"converting {source} needs ninfer-convert: pip install ninfer-convert") from exc
+    from ninfer_convert.errors import OutputExistsError
+
+    target_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        convert(source, target, name=name, registry=registry, progress=progress)
+    except OutputExistsError:
+        pass  # another process published the same conversion first: it is identical by construction
+    return target
