@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train NInfer's embedded default model: a small Qwen3_5ForCausalLM with one MTP layer.
 
-The model ships in ``ninfer-core/src/ninfer/default_model/qwen3_5-stdlib/`` so that
+The model ships in ``ninfer-qwen3_5/src/ninfer_qwen3_5/default_model/qwen3_5-stdlib/`` so that
 the engine, its tests and its examples have a real (if tiny) checkpoint of the
 Qwen3.5 hybrid architecture that loads offline. docs/default-model.md describes
 the result; this script is the whole recipe.
@@ -64,7 +64,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import default_model_corpus as corpus  # noqa: E402
 
 DEFAULT_WORK = REPO / ".default_model_work"
-DEFAULT_OUT = REPO / "ninfer-core/src/ninfer/default_model/qwen3_5-stdlib"
+DEFAULT_OUT = REPO / "ninfer-qwen3_5/src/ninfer_qwen3_5/default_model/qwen3_5-stdlib"
 CHAT_TEMPLATE = REPO / "ninfer-core/src/ninfer/models/common/qwen/templates/qwen3_5.jinja"
 
 # Special tokens in Qwen3.5's relative order, appended after the learned BPE

@@ -6,6 +6,7 @@ from ninfer.plugins.hookspecs import hookimpl
 from ninfer.runtime.contract.architecture import ArchitectureSpec
 
 from ninfer_qwen3_5.config import DENSE, MOE
+from ninfer_qwen3_5.default_model import ninfer_default_models  # noqa: F401  (a hookimpl of this plugin)
 from ninfer_qwen3_5.parameters import parameter_specs
 from ninfer_qwen3_5.profile import profile, summarize_config
 
