@@ -11,13 +11,12 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from ninfer import Engine, EngineOptions
 
 from .doubles import ToyFrontend, ToyProgram
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="package")
 def single_torch_thread():
     """Engine tests run many tiny ops; on a small shared machine intra-op threads only add barrier
     spinning (10x slower here). Restored afterwards for the rest of the suite."""
@@ -102,7 +101,7 @@ def tiny_qwen_artifact(tmp_path_factory) -> Path:
     with torch.no_grad():
         # The default init (std 0.02, unit norms) makes near-uniform logits; widen it so greedy tokens
         # are decided by clear margins and sampling is not flat.
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.25)
     model.save_pretrained(folder, safe_serialization=True)

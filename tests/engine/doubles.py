@@ -19,11 +19,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-
 from ninfer.core.kv_pool import PagedKVCache
 from ninfer.core.state_image import StateField, StateImageStorage, StateLayout
 from ninfer.ops.reference.sampling import apply_penalties, sample
-from ninfer.runtime.contract.frontend import OutputDelta, OutputFinal, OutputOptions, OutputPreview, PreparedPrompt
+from ninfer.runtime.contract.frontend import (
+    OutputDelta,
+    OutputFinal,
+    OutputOptions,
+    OutputPreview,
+    PreparedPrompt,
+)
 from ninfer.runtime.contract.sampling import SamplingParams
 from ninfer.runtime.sequence_program import ForwardBatch, SequenceProgram
 
@@ -72,6 +77,11 @@ class ToyProgram(SequenceProgram):
         self.delay = 0.0
         self.close_gate_on_pause = False
         self.paused_seqs: list[int] = []
+        self.opened: list[tuple[int, ...]] = []  # ledgers passed to open_sequence, in order
+
+    def open_sequence(self, tokens, prompt_length=None):
+        self.opened.append(tuple(tokens))
+        return super().open_sequence(tokens, prompt_length)
 
     def pause(self, seq):
         self.paused_seqs.append(seq)
@@ -122,7 +132,7 @@ class ToyProgram(SequenceProgram):
         if positions != list(range(kv_len)):
             bad = next(i for i, p in enumerate(positions) if p != i)
             raise AssertionError(f"KV corruption: position {bad} reads an entry written for {positions[bad]}")
-        return _toy_logits(int(h[slot, 0]), list(zip(keys, positions)), self.vocab_size)
+        return _toy_logits(int(h[slot, 0]), list(zip(keys, positions, strict=True)), self.vocab_size)
 
     def commit(self, pending, accepted):
         if self.fail_on == "commit":
@@ -237,6 +247,7 @@ class ToyFrontend:
 
     def open_session(self, options: OutputOptions) -> ToySession:
         s = ToySession(options)
+        s.options = options
         self.sessions.append(s)
         return s
 

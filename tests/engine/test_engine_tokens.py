@@ -7,7 +7,6 @@ import asyncio
 import random
 
 import pytest
-
 from ninfer.runtime.contract.events import GenerationDelta
 from ninfer.runtime.contract.frontend import OutputOptions
 from ninfer.runtime.contract.sampling import SamplingParams
@@ -52,7 +51,7 @@ def test_tokens_match_the_oracle(make_toy_engine, config):
     engine, program, _ = make_toy_engine(**opts)
     work = workload(24, seed=1)
     handles = [engine.submit(prompt, sampling=sp) for prompt, sp, _ in work]
-    for (prompt, sp, expected), handle in zip(work, handles):
+    for (prompt, sp, expected), handle in zip(work, handles, strict=True):
         events = list(handle)
         result = check_stream(events, started=True)
         assert list(result.token_ids) == expected, f"{config}: prompt {prompt} {sp}"
@@ -119,7 +118,7 @@ def test_logprobs_are_published_with_their_tokens(make_toy_engine):
     assert deltas
     for d in deltas:
         assert d.logprobs is not None and len(d.logprobs) == len(d.token_ids)
-        for tok, lp in zip(d.token_ids, d.logprobs):
+        for tok, lp in zip(d.token_ids, d.logprobs, strict=True):
             assert lp.token == tok and lp.logprob <= 0.0 and len(lp.top) == 3
             assert lp.top[0][0] == tok  # greedy: the chosen token is the most likely one
     plain = engine.generate([4, 5, 6], sampling=SamplingParams(temperature=0.0, max_tokens=2, seed=0))
@@ -159,5 +158,36 @@ def test_async_consumers_of_concurrent_requests(make_toy_engine):
     async def main():
         return await asyncio.wait_for(asyncio.gather(*(consume(p, sp) for p, sp, _ in work)), timeout=60)
 
-    for (_, _, expected), events in zip(work, asyncio.run(main())):
+    for (_, _, expected), events in zip(work, asyncio.run(main()), strict=True):
         assert list(check_stream(events, started=True).token_ids) == expected
+
+
+def test_output_penalties_survive_replay(make_toy_engine):
+    """Presence/frequency penalties count output tokens only: a Replay resume must keep the prompt
+    boundary (open_sequence's prompt_length), or the resumed request samples different tokens."""
+    engine, _, _ = make_toy_engine(max_concurrency=8, prefill_chunk_size=5,
+                                   program_kwargs=dict(num_pages=16, page_size=4))
+    rng = random.Random(4)
+    work = []
+    for i in range(16):
+        prompt = [rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 12))]
+        sp = SamplingParams(temperature=0.0, presence_penalty=2.0, frequency_penalty=1.0, max_tokens=30,
+                            ignore_eos=True, seed=i)
+        work.append((prompt, sp, reference_tokens(prompt, sp, vocab_size=VOCAB, max_context=64, stop_ids=())))
+    handles = [engine.submit(p, sampling=sp) for p, sp, _ in work]
+    for (_, _, expected), h in zip(work, handles, strict=True):
+        assert list(h.result(60).token_ids) == expected
+    engine.close()
+    assert engine.stats().preemptions > 0 and engine.stats().replay_tokens > 0
+
+
+def test_session_options_merge_request_and_prompt(make_toy_engine):
+    from ninfer.runtime.contract.frontend import PreparedPrompt
+
+    engine, _, frontend = make_toy_engine()
+    sp = SamplingParams(temperature=0.0, max_tokens=1, stop_token_ids=(7, 9), ignore_eos=True, seed=0)
+    engine.generate(PreparedPrompt((4, 5), thinking_open=True), sampling=sp,
+                    output=OutputOptions(stop_token_ids=(9, 11)))
+    options = frontend.sessions[-1].options
+    assert options.thinking_open and options.ignore_eos
+    assert options.stop_token_ids == (9, 11, 7)

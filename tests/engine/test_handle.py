@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-
 from ninfer.runtime.contract.errors import QueueTimeoutError
 from ninfer.runtime.contract.events import (
     GenerationDelta,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from ninfer.runtime.contract.errors import EngineFailure
 from ninfer.runtime.contract.sampling import SamplingParams
 from ninfer.runtime.engine.handle import RequestControl

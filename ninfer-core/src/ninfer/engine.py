@@ -145,6 +145,9 @@ class Engine:
         if params.stop_token_ids or params.ignore_eos:
             merged = tuple(dict.fromkeys(out.stop_token_ids + tuple(params.stop_token_ids)))
             out = dataclasses.replace(out, stop_token_ids=merged, ignore_eos=out.ignore_eos or params.ignore_eos)
+        if isinstance(req.prompt, PreparedPrompt) and req.prompt.thinking_open and not out.thinking_open:
+            # The prompt ends inside <think>: the session must start in the reasoning channel.
+            out = dataclasses.replace(out, thinking_open=True)
         rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
         # Opened on the submitting thread (grammar compilation and the like happen here, not on the
         # worker); a session holds no engine resources, so a refused request just drops it.

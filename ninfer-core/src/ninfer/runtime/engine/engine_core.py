@@ -43,13 +43,11 @@ from ninfer.runtime.contract.events import (
     Timings,
     Usage,
 )
-from ninfer.runtime.contract.frontend import OutputPreview
 from ninfer.runtime.contract.program import (
     DecodeRow,
     ExecutionUnit,
     OutOfSlotsError,
     PendingBatch,
-    PendingRow,
     PrefillChunk,
     Program,
     ProgramCapacity,
@@ -57,6 +55,7 @@ from ninfer.runtime.contract.program import (
 )
 from ninfer.runtime.engine.options import EngineOptions
 from ninfer.runtime.engine.request_record import RequestRecord, RequestState
+from ninfer.runtime.engine.row_commit import decide_row
 from ninfer.runtime.engine.scheduler import Scheduler
 from ninfer.runtime.engine.stats import EngineCounters, EngineStatus, counter_values
 
@@ -76,17 +75,6 @@ class CoreSnapshot:
     paused: int
     capacity: ProgramCapacity
     counters: dict[str, int]
-
-
-@dataclass(frozen=True)
-class _RowCommit:
-    """One PendingBatch row's decision, made before Program.commit and applied after it."""
-
-    rec: RequestRecord
-    row: PendingRow
-    accepted: int
-    preview: OutputPreview | None  # None for a cancelled row
-    finish: str | None
 
 
 class EngineCore:
@@ -357,33 +345,9 @@ class EngineCore:
         except Exception:  # already failing: keep the original error, log this one
             log.exception("abort_pending failed while handling an engine failure")
 
-    def _decide(self, row: PendingRow) -> _RowCommit:
-        """Frontend preview of one row and the accepted-token rules (violations are engine failures)."""
-        rec = self.by_seq[row.seq]
-        if rec.control.cancel_requested:
-            return _RowCommit(rec, row, 0, None, "cancelled")
-        if not row.tokens:
-            raise EngineFailure(f"PendingBatch row of sequence {row.seq} produced no token")
-        limit = rec.remaining(self.max_context)
-        if limit < 1:
-            raise EngineFailure(f"request {rec.request_id} ran with no remaining budget")
-        tokens = row.tokens[:limit]
-        preview = rec.session.preview(tokens)
-        accepted = preview.accepted
-        if isinstance(accepted, bool) or not isinstance(accepted, int) or not 1 <= accepted <= len(tokens):
-            raise EngineFailure(f"OutputSession of request {rec.request_id} accepted {accepted!r} of "
-                                f"{len(tokens)} tokens; must be in [1, {len(tokens)}]")
-        finish = preview.finish_reason
-        if finish is None and accepted != len(tokens):
-            raise EngineFailure(f"OutputSession of request {rec.request_id} accepted {accepted} of "
-                                f"{len(tokens)} tokens without finishing; a nonterminal row accepts all")
-        if finish is None and accepted == limit:
-            finish = "length"
-        return _RowCommit(rec, row, accepted, preview, finish)
-
     def _consume(self, pending: PendingBatch) -> None:
         try:
-            decisions = [self._decide(row) for row in pending.rows]
+            decisions = [decide_row(self.by_seq[row.seq], row, self.max_context) for row in pending.rows]
         except BaseException:
             self._abort(pending)
             raise
@@ -396,7 +360,7 @@ class EngineCore:
         for d in decisions:
             if d.accepted == 0:
                 continue
-            d.rec.output_tokens.extend(d.row.tokens[: d.accepted])
+            d.rec.output_tokens.extend(d.tokens)
             self.counters.completion_tokens += d.accepted
             if d.rec.first_token_time is None:
                 d.rec.first_token_time = now
@@ -411,7 +375,7 @@ class EngineCore:
             d.rec.session.commit(d.preview)
             want_lp = d.rec.params.logprobs or d.rec.params.top_logprobs > 0
             lps = d.row.logprobs[: d.accepted] if want_lp and d.row.logprobs is not None else None
-            self._push(d.rec, GenerationDelta(d.rec.request_id, tuple(d.row.tokens[: d.accepted]),
+            self._push(d.rec, GenerationDelta(d.rec.request_id, d.tokens,
                                               tuple(d.preview.deltas), lps))
         for d in decisions:
             if d.finish == "cancelled":
