@@ -1,0 +1,55 @@
+"""Converted artifacts: components, what loading Text reads, and the architecture's profile."""
+
+from __future__ import annotations
+
+import torch
+from ninfer.artifact import ArtifactReader, load_weights
+from ninfer.runtime.contract.features import StartupFeatures
+
+
+def test_vision_and_mtp_are_separate_components_never_read_for_text(qwen_case):
+    case = qwen_case("vlm")
+    reader = ArtifactReader.open(case.artifact)
+    comps = reader.directory.components
+    assert set(comps) == {"text", "vision", "mtp"}
+    assert comps["text"].config["architectures"] == ["Qwen3_5ForCausalLM"]
+    assert comps["vision"].target == "text" and comps["vision"].config["depth"] == 1
+    assert comps["mtp"].config["architectures"] == ["Qwen3_5MTP"]
+    optional = [o for o in reader.directory.objects if o.id.startswith(("vision/", "mtp/"))]
+    assert any(o.id.startswith("vision/") for o in optional) and any(o.id.startswith("mtp/") for o in optional)
+    assert "vision/patch_embed/proj/weight" in reader.directory.bindings
+    assert "mtp/layers/0/attention/query" in reader.directory.bindings
+
+    reads: list[tuple[int, int]] = []
+    inner = reader.read_into
+
+    def recording(offset, buf):
+        reads.append((offset, offset + len(buf)))
+        return inner(offset, buf)
+
+    reader.read_into = recording
+    specs = case.spec.parameter_specs(comps["text"].config, StartupFeatures())
+    weights = load_weights(reader, specs, "cpu")
+    assert reads, "loading read nothing"
+    for o in optional:
+        hit = [r for r in reads if r[0] < o.offset + o.bytes and o.offset < r[1]]
+        assert not hit, f"loading Text read bytes of {o.id}"
+    # Tied: the head is the embedding, read once.
+    assert torch.equal(weights["text/lm_head"], weights["text/embed"])
+    hf = case.hf.state_dict()
+    assert torch.equal(weights["text/embed"], hf["model.language_model.embed_tokens.weight"])
+    assert torch.equal(weights["text/layers/3/attention/gate"].view(4, 16, 64),
+                       hf["model.language_model.layers.3.self_attn.q_proj.weight"].view(4, 32, 64)[:, 16:])
+
+
+def test_profile_and_summary_come_from_the_config(qwen_case):
+    case = qwen_case("moe")
+    prof = case.spec.profile(case.config, StartupFeatures())
+    specs = case.spec.parameter_specs(case.config, StartupFeatures())
+    assert prof.weight_bytes == 2 * sum(torch.Size(s.shape).numel() for s in specs)   # untied, bf16
+    assert prof.kv_bytes_per_token == 1 * 2 * 2 * 16 * 2                              # 1 attn layer, K+V
+    # 3 GDN layers: conv [C=2*32+64, 3] bf16 + recurrent [4, 16, 16] fp32, each field 256-aligned.
+    assert prof.state_bytes_per_sequence == 3 * (768 + 4096)
+    assert prof.vocab_size == 512
+    summary = case.spec.summarize_config(case.config)
+    assert summary["moe"].startswith("8 experts top-2") and "3 GDN" in summary["layers"]
