@@ -80,19 +80,21 @@ class Engine:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def start(cls, artifact: str | os.PathLike, options: EngineOptions | None = None) -> Engine:
-        """Load a ``.ninfer`` artifact and start serving it."""
+    def start(cls, artifact: str | os.PathLike, options: EngineOptions | None = None, **overrides: Any) -> Engine:
+        """Load a ``.ninfer`` artifact and start serving it. ``overrides`` replace fields of
+        ``options`` (e.g. ``Engine.start(path, max_concurrency=2)``)."""
         from ninfer.runtime.engine.model_construction import build_model
 
-        options = (options or EngineOptions()).validate()
+        options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
         model = build_model(artifact, options)
         return cls(model.program, model.frontend, model.options, info=model.info, _owned=model)
 
     @classmethod
-    def from_parts(cls, program: Program, frontend: Frontend, options: EngineOptions | None = None) -> Engine:
+    def from_parts(cls, program: Program, frontend: Frontend, options: EngineOptions | None = None,
+                   **overrides: Any) -> Engine:
         """Serve an already built Program and Frontend (options' KV sizing fields are ignored: the
         Program's capacity is what it is)."""
-        return cls(program, frontend, options or EngineOptions())
+        return cls(program, frontend, dataclasses.replace(options or EngineOptions(), **overrides))
 
     # -- properties --------------------------------------------------------------------------------
     @property
