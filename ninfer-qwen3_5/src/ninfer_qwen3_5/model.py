@@ -37,6 +37,11 @@ class _Layer:
     mlp: object
 
 
+def _group(weights: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The parameters under ``prefix``, keyed by the rest of their name."""
+    return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+
+
 def inverse_frequencies(cfg: Qwen35Config) -> torch.Tensor:
     """``1 / theta^(2i/R)`` for i < R/2, fp32, computed on the CPU like HF's default RoPE init."""
     r = cfg.rotary_dim
@@ -52,11 +57,10 @@ class Qwen35Model:
         self.layers: list[_Layer] = []
         for i, kind in enumerate(cfg.layer_types):
             p = layer_prefix("text", i) + "/"
-            sub = lambda group: {k[len(p + group):]: v for k, v in weights.items()  # noqa: E731
-                                 if k.startswith(p + group)}
-            mixer = (GatedAttention(cfg, i, sub("attention/"), ops) if kind == FULL
-                     else GatedDeltaNet(cfg, i, sub("gdn/"), ops))
-            mlp = SparseMoE(cfg, sub("moe/"), ops) if cfg.is_moe else DenseMLP(sub("mlp/"), ops)
+            mixer = (GatedAttention(cfg, i, _group(weights, p + "attention/"), ops) if kind == FULL
+                     else GatedDeltaNet(cfg, i, _group(weights, p + "gdn/"), ops))
+            mlp = (SparseMoE(cfg, _group(weights, p + "moe/"), ops) if cfg.is_moe
+                   else DenseMLP(_group(weights, p + "mlp/"), ops))
             self.layers.append(_Layer(weights[p + "input_norm"], weights[p + "post_norm"], mixer, mlp))
         self.inv_freq = inverse_frequencies(cfg).to(device)
         # HF's Qwen3.5 text rotary always recomposes interleaved (the config flag is informational).

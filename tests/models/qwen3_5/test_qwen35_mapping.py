@@ -10,7 +10,6 @@ from ninfer.artifact.source_mapping import Part, SourceTensor
 from ninfer.errors import NotSupportedError
 from ninfer.plugins import get_registry
 from ninfer.runtime.contract.features import StartupFeatures
-
 from ninfer_qwen3_5.config import Qwen35Config, Qwen35ConfigError, compact_text_config
 from ninfer_qwen3_5.mapping import Qwen35SourceMapping
 from ninfer_qwen3_5.parameters import parameter_specs

@@ -209,7 +209,7 @@ class SequenceProgram:
             self._seqs[unit.chunk.seq].computed += unit.chunk.num_tokens
         bid = next(self._batch_ids)
         rows = []
-        for (sid, rs), tok, lp in zip(sampling, tokens, logprobs, strict=True):
+        for (sid, _), tok, lp in zip(sampling, tokens, logprobs, strict=True):
             self._seqs[sid].pending = bid
             rows.append(PendingRow(seq=sid, tokens=(tok,), logprobs=None if lp is None else (lp,)))
         pending = PendingBatch(batch_id=bid, rows=tuple(rows))
@@ -317,7 +317,7 @@ class SequenceProgram:
                 slots=torch.tensor(slots, dtype=torch.int64).to(dev),
                 kv_lens=(pos_t + 1).to(torch.int32).to(dev),
                 page_tables=self.kv.page_table_tensor(seqs, [p + 1 for p in pos]),
-                slot_mapping=torch.tensor([self.kv.slot_mapping(sq, p, p + 1)[0] for sq, p in zip(seqs, pos)],
+                slot_mapping=torch.tensor([self.kv.slot_mapping(sq, p, p + 1)[0] for sq, p in zip(seqs, pos, strict=True)],
                                           dtype=torch.int64).to(dev))
         chunk = None
         if unit.chunk is not None:
@@ -389,6 +389,6 @@ class SequenceProgram:
                 top = ()
                 if k > 0:
                     vals, ids = torch.topk(lp[i], k)
-                    top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), vals.tolist()))
+                    top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), vals.tolist(), strict=True))
                 logprobs[b] = TokenLogprob(token=token_list[b], logprob=float(lp[i, token_list[b]]), top=top)
         return token_list, logprobs
