@@ -188,6 +188,11 @@ def test_compact_config_expands_layer_types_and_keeps_instance_fields():
     assert out["eos_token_id"] == 7 and out["rope_parameters"]["rope_theta"] == 1e7
     cfg = Qwen35Config.from_compact(out)
     assert (cfg.rotary_dim, cfg.conv_dim, cfg.attention_layers) == (2, C, (2, 5))
+    moe_text = _text_config(moe=True)
+    moe_text.pop("architectures")
+    nested = compact_text_config({"architectures": ["Qwen3_5MoeForConditionalGeneration"], "text_config": moe_text})
+    assert nested["architectures"] == ["Qwen3_5MoeForCausalLM"] and nested["num_experts"] == E
+    assert nested["tie_word_embeddings"] is False                   # composite default, not text_config's
     # Pre-v5 spelling: rope settings at top level, mrope in rope_scaling.
     legacy = _text_config(rope_parameters=None, rope_theta=5e6, partial_rotary_factor=0.5,
                           rope_scaling={"type": "mrope", "mrope_section": [1, 0, 0]})
