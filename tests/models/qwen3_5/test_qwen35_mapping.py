@@ -190,6 +190,7 @@ def test_compact_config_expands_layer_types_and_keeps_instance_fields():
     assert (cfg.rotary_dim, cfg.conv_dim, cfg.attention_layers) == (2, C, (2, 5))
     moe_text = _text_config(moe=True)
     moe_text.pop("architectures")
+    moe_text["tie_word_embeddings"] = True
     nested = compact_text_config({"architectures": ["Qwen3_5MoeForConditionalGeneration"], "text_config": moe_text})
     assert nested["architectures"] == ["Qwen3_5MoeForCausalLM"] and nested["num_experts"] == E
     assert nested["tie_word_embeddings"] is False                   # composite default, not text_config's
