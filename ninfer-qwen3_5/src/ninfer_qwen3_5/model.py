@@ -5,8 +5,11 @@ residual adds fused into ``add_rms_norm``. Only the rows that sample (each decod
 last token) go through the final norm and the LM head. Positions are text positions (the computed
 index); MRoPE cos/sin are built from three identical rows, as HF does for text.
 
-Invariant: matmul weights have the activation dtype (the loader never casts; a mismatch is an error
-naming the parameter). A_log and dt_bias may be stored fp32 (they are only read in fp32).
+Parameter preparation: the loader never casts (it hands over the stored encoding); the model casts
+float weights stored in another float dtype to the activation dtype once, at construction (bf16
+weights run exactly in fp32 on the CPU; fp32 weights round to bf16 on the GPU, as every engine does).
+A_log and dt_bias keep their stored dtype (they are only read in fp32). A non-float weight is an error
+naming the parameter.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class Qwen35Model:
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.cfg, self.ops = cfg, ops
-        self._check_weights(weights, dtype)
+        weights = self._prepare_weights(weights, dtype)
         self.embed, self.lm_head, self.norm = weights["text/embed"], weights["text/lm_head"], weights["text/norm"]
         self.layers: list[_Layer] = []
         for i, kind in enumerate(cfg.layer_types):
@@ -66,16 +69,23 @@ class Qwen35Model:
         # HF's Qwen3.5 text rotary always recomposes interleaved (the config flag is informational).
         self.sections = cfg.mrope_section
 
-    def _check_weights(self, weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> None:
+    def _prepare_weights(self, weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        prepared = dict(weights)
+        cast: dict[int, torch.Tensor] = {}  # one cast per shared tensor (tied embed/lm_head stay shared)
         for name, shape in text_shapes(self.cfg).items():
             w = weights.get(name)
             if w is None:
                 raise ProgramError(f"Qwen3.5 weights lack parameter {name!r}")
             if tuple(w.shape) != shape:
                 raise ProgramError(f"parameter {name!r} has shape {tuple(w.shape)}, expected {shape}")
+            if not w.dtype.is_floating_point:
+                raise ProgramError(f"parameter {name!r} is {w.dtype}; Qwen3.5 weights must be floating point")
             if w.dtype != dtype and not name.endswith(_ANY_FLOAT):
-                raise ProgramError(f"parameter {name!r} is {w.dtype}; the program runs in {dtype} "
-                                   f"(convert the checkpoint to that dtype)")
+                key = id(w)
+                if key not in cast:
+                    cast[key] = w.to(dtype)
+                prepared[name] = cast[key]
+        return prepared
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pos3 = positions.unsqueeze(0).expand(3, -1).contiguous()
