@@ -81,17 +81,15 @@ def _write_tokenizer(folder: Path) -> None:
                                                               "pad_token": "<|endoftext|>"}))
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen_artifact(tmp_path_factory) -> Path:
-    """A random Qwen3_5ForCausalLM (4 layers: 3 GDN + 1 attention) built with transformers, saved with
-    save_pretrained and converted with ninfer_convert."""
+def _tiny_qwen(root: Path, dtype_name: str) -> Path:
+    """A random Qwen3_5ForCausalLM (4 layers: 3 GDN + 1 attention) built with transformers in
+    ``dtype_name``, saved with save_pretrained and converted with ninfer_convert."""
     sys.modules.setdefault("fla", None)  # transformers must take its torch GDN path on CPU
     sys.modules.setdefault("causal_conv1d", None)
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from ninfer_convert.convert import convert
 
-    root = tmp_path_factory.mktemp("tiny_qwen")
     folder = root / "hf"
     folder.mkdir()
     cfg = transformers.Qwen3_5TextConfig(**TINY_CONFIG, eos_token_id=IM_END)
@@ -104,9 +102,21 @@ def tiny_qwen_artifact(tmp_path_factory) -> Path:
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.25)
-    model.save_pretrained(folder, safe_serialization=True)
+    model.to(getattr(torch, dtype_name)).save_pretrained(folder, safe_serialization=True)
     _write_tokenizer(folder)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]}))
     artifact = root / "tiny.ninfer"
     convert(folder, artifact, progress=False)
     return artifact
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_artifact(tmp_path_factory) -> Path:
+    """The tiny model in float32 (the CPU reference-ops oracle setting)."""
+    return _tiny_qwen(tmp_path_factory.mktemp("tiny_qwen"), "float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_artifact_bf16(tmp_path_factory) -> Path:
+    """The same tiny model stored in bfloat16 (the GPU serving setting)."""
+    return _tiny_qwen(tmp_path_factory.mktemp("tiny_qwen_bf16"), "bfloat16")

@@ -26,9 +26,10 @@ def test_cuda_fp32_batched_and_preempted_equal_alone(tiny_qwen_artifact):
         assert engine.stats().preemptions > 0
 
 
-def test_cuda_bf16_stress_frees_everything(tiny_qwen_artifact):
-    engine = start(tiny_qwen_artifact, "bfloat16", max_concurrency=8, queue_capacity=32, prefill_chunk_size=8,
+def test_cuda_bf16_stress_frees_everything(tiny_qwen_artifact_bf16):
+    engine = start(tiny_qwen_artifact_bf16, None, max_concurrency=8, queue_capacity=32, prefill_chunk_size=8,
                    num_pages=20)
+    assert engine.info["dtype"] == "bfloat16"  # taken from the artifact's weights
     program = engine._program
     try:
         report = run_stress(engine, n=300, vocab=(0, 256), max_prompt=24, max_tokens=6, seed=9)

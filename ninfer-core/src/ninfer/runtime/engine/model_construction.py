@@ -57,17 +57,26 @@ class ModelInstance:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_device_dtype(options: EngineOptions) -> tuple[torch.device, torch.dtype]:
-    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if options.dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    else:
+def resolve_device(options: EngineOptions) -> torch.device:
+    return torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def resolve_dtype(options: EngineOptions, weights: Mapping[str, torch.Tensor]) -> torch.dtype:
+    """The activation dtype: the option when given, else the dtype most of the artifact's floating
+    weights are stored in (the loader uploads stored bytes as they are, so the model runs in it)."""
+    if options.dtype is not None:
         try:
-            dtype = _DTYPES[options.dtype]
+            return _DTYPES[options.dtype]
         except KeyError:
             raise InvalidEngineOptions(f"invalid engine option dtype={options.dtype!r}: "
                                        f"one of {sorted(_DTYPES)}") from None
-    return device, dtype
+    elements: dict[torch.dtype, int] = {}
+    for w in weights.values():
+        if w.is_floating_point():
+            elements[w.dtype] = elements.get(w.dtype, 0) + w.numel()
+    if not elements:
+        raise ModelConstructionError("the artifact binds no floating-point weights; give EngineOptions.dtype")
+    return max(elements, key=lambda d: elements[d])
 
 
 def plan_num_pages(options: EngineOptions, profile: ModelProfile, max_context: int) -> int:
@@ -110,7 +119,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions) -> ModelIns
             log.warning("max_context %d exceeds the model's %d positions; using %d", max_context,
                         profile.max_position_embeddings, profile.max_position_embeddings)
             max_context = profile.max_position_embeddings
-        device, dtype = resolve_device_dtype(options)
+        device = resolve_device(options)
         num_pages = plan_num_pages(options, profile, max_context)
         family = FRONTEND_FAMILIES.get(spec.frontend)
         if family is None:
@@ -119,6 +128,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions) -> ModelIns
         resources = {role: reader.resource("text", role) for role in text.resources}
         frontend = family({k: v for k, v in resources.items() if v is not None}, profile.vocab_size)
         weights = load_weights(reader, spec.parameter_specs(config, features), device)
+        dtype = resolve_dtype(options, weights)
         metadata = reader.directory.metadata or {}
         artifact_id = reader.artifact_id
     finally:

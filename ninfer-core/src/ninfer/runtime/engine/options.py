@@ -28,7 +28,8 @@ class EngineOptions:
     - ``prefill_chunk_size``: the most prompt/Replay tokens one worker cycle processes.
     - ``admission_bypass``: how many times later requests may overtake the queue head that does not
       fit yet (bounded bypass); 0 is strict FIFO.
-    - ``device``/``dtype``: None picks cuda+bfloat16 when CUDA is present, cpu+float32 otherwise.
+    - ``device``: None picks cuda when CUDA is present, else cpu. ``dtype`` (float32, bfloat16,
+      float16): None runs in the dtype the artifact's weights are stored in.
     """
 
     max_concurrency: int = 4
