@@ -1,0 +1,41 @@
+"""CLI tests drive ``ninfer`` as a subprocess against the embedded default model.
+
+The default model is converted once per test session into a private cache folder, so the tests never
+touch the user's cache and every subprocess finds the converted artifact.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cli_env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("ninfer-cache")
+    env = dict(os.environ, NINFER_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1")
+    env.pop("NINFER_PLUGINS", None)
+    from ninfer.model_source import resolve_model
+
+    old = os.environ.get("NINFER_CACHE_DIR")
+    os.environ["NINFER_CACHE_DIR"] = str(cache)
+    try:
+        resolve_model(None)  # convert once; the subprocesses reuse it
+    finally:
+        if old is None:
+            os.environ.pop("NINFER_CACHE_DIR")
+        else:
+            os.environ["NINFER_CACHE_DIR"] = old
+    return env
+
+
+@pytest.fixture
+def run_cli(cli_env):
+    def run(*args: str, stdin: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ninfer.cli.main", *args], input=stdin, env=cli_env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    return run

@@ -1,0 +1,146 @@
+"""The ``ninfer`` command as a user runs it: help, generate, chat (piped and through a pseudo-terminal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+SUBCOMMANDS = ("generate", "chat", "info", "plugins")
+
+
+def test_help_lists_every_subcommand(run_cli):
+    out = run_cli("--help")
+    assert out.returncode == 0
+    for name in SUBCOMMANDS:
+        assert name in out.stdout
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_each_subcommand_has_help(run_cli, command):
+    out = run_cli(command, "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: ninfer {command}")
+
+
+@pytest.mark.parametrize("command", ("generate", "chat"))
+def test_model_commands_share_engine_and_sampling_flags(run_cli, command):
+    text = run_cli(command, "--help").stdout
+    for flag in ("--max-tokens", "--temperature", "--top-p", "--top-k", "--min-p", "--seed", "--stop",
+                 "--no-thinking", "--max-concurrency", "--max-context", "--device", "--dtype"):
+        assert flag in text, f"{command} lacks {flag}"
+
+
+def test_generate_default_model_greedy_is_deterministic(run_cli):
+    args = ("generate", "--prompt", "def fibonacci(n):", "--temperature", "0", "--max-tokens", "24")
+    first, second = run_cli(*args), run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip(), "generate printed no continuation"
+    assert first.stdout == second.stdout
+    # statistics go to stderr, never into the content on stdout
+    assert "generated tokens" in first.stderr and "generated tokens" not in first.stdout
+
+
+def test_generate_stop_string_is_not_printed(run_cli):
+    plain = run_cli("generate", "--prompt", "import os\nimport", "--temperature", "0", "--max-tokens", "24",
+                    "--quiet")
+    assert plain.returncode == 0, plain.stderr
+    text = plain.stdout.rstrip("\n")
+    assert len(text) > 4
+    stop = text[2:4]  # a string the greedy output is known to contain
+    cut = run_cli("generate", "--prompt", "import os\nimport", "--temperature", "0", "--max-tokens", "24",
+                  "--quiet", "--stop", stop)
+    assert cut.returncode == 0, cut.stderr
+    assert cut.stdout.rstrip("\n") == text[: text.index(stop)]
+
+
+def test_generate_messages_file(run_cli, tmp_path):
+    path = tmp_path / "messages.json"
+    path.write_text(json.dumps([{"role": "system", "content": "Answer briefly."},
+                                {"role": "user", "content": "What does `os.path.join` do?"}]))
+    out = run_cli("generate", "--messages", str(path), "--temperature", "0", "--max-tokens", "48",
+                  "--no-thinking")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    assert "<|im_end|>" not in out.stdout
+
+
+@pytest.mark.parametrize("content, why", [("{not json", "cannot read messages"),
+                                          ('{"role": "user"}', "JSON list of messages")])
+def test_generate_bad_messages_file_is_a_clear_error(run_cli, tmp_path, content, why):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    out = run_cli("generate", "--messages", str(path), "--max-tokens", "4")
+    assert out.returncode == 2
+    assert why in out.stderr and str(path) in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_generate_missing_model_is_a_clear_error(run_cli, tmp_path):
+    out = run_cli("generate", str(tmp_path / "nope.ninfer"), "--prompt", "x")
+    assert out.returncode == 2
+    assert "nope.ninfer" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_generate_invalid_sampling_is_a_clear_error(run_cli):
+    out = run_cli("generate", "--prompt", "x", "--top-p", "1.5")
+    assert out.returncode == 2
+    assert "top_p" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_chat_piped_stdin_multi_turn_reset_exit(run_cli):
+    script = "What does `len` do?\n/reset\nWhat is `os.sep`?\n/exit\nnever read\n"
+    out = run_cli("chat", "--temperature", "0", "--max-tokens", "32", "--no-thinking", stdin=script)
+    assert out.returncode == 0, out.stderr
+    assert "conversation reset" in out.stderr
+    answers = [a for a in out.stdout.split("\n") if a.strip()]
+    assert len(answers) >= 2
+
+
+def test_chat_unknown_command_is_reported(run_cli):
+    out = run_cli("chat", "--max-tokens", "4", stdin="/frobnicate\n/exit\n")
+    assert out.returncode == 0
+    assert "unknown command '/frobnicate'" in out.stderr
+
+
+def _read_until(fd: int, needle: bytes, timeout: float) -> bytes:
+    buf, end = b"", time.monotonic() + timeout
+    while needle not in buf:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"timed out waiting for {needle!r}; got {buf[-500:]!r}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+    return buf
+
+
+def test_chat_through_a_pseudo_terminal(cli_env):
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "ninfer.cli.main", "chat", "--temperature", "0",
+                             "--max-tokens", "16", "--no-thinking"],
+                            stdin=slave, stdout=slave, stderr=slave, env=cli_env, close_fds=True)
+    os.close(slave)
+    try:
+        seen = _read_until(master, b">>> ", 240)
+        assert b"/reset" in seen  # the interactive help line
+        os.write(master, b"What does `len` do?\n")
+        _read_until(master, b">>> ", 240)
+        os.write(master, b"/exit\n")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
