@@ -29,7 +29,7 @@ class EngineOptions:
     - ``admission_bypass``: how many times later requests may overtake the queue head that does not
       fit yet (bounded bypass); 0 is strict FIFO.
     - ``device``: None picks cuda when CUDA is present, else cpu. ``dtype`` (float32, bfloat16,
-      float16): None runs in the dtype the artifact's weights are stored in.
+      float16): None picks bfloat16 on CUDA and float32 on the CPU (the model casts its weights).
     """
 
     max_concurrency: int = 4
