@@ -22,6 +22,7 @@ Invariants enforced here (violations raise before anything is mutated):
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -97,7 +98,7 @@ class ForwardBatch:
         return b + (1 if self.chunk is not None and self.chunk.want_logits else 0)
 
 
-class SequenceProgram:
+class SequenceProgram(ABC):
     """Program bookkeeping over a :class:`PagedKVCache` and a :class:`StateImageStorage`.
 
     Subclasses implement :meth:`forward`. ``ops`` must provide ``apply_penalties`` and ``sample``.
@@ -118,10 +119,10 @@ class SequenceProgram:
         self._outstanding: dict[int, PendingBatch] = {}
 
     # -- the model call (architecture) -----------------------------------------------------------
+    @abstractmethod
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Run the model over ``batch``, updating KV pools and state slots in place. Returns fp32
         logits ``[batch.num_logit_rows, vocab]``: decode rows in order, then the chunk's last token."""
-        raise NotImplementedError
 
     # -- queries ---------------------------------------------------------------------------------
     def capacity(self) -> ProgramCapacity:
