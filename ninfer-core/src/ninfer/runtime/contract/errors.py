@@ -40,6 +40,11 @@ class PromptTooLongError(RequestRejected):
     """The prompt leaves no room for one output token within ``max_context``."""
 
 
+class InvalidConstraintError(InvalidRequestError):
+    """The request's output constraint (grammar, JSON schema, regex, choice, tools) cannot be compiled
+    or is not supported; the message names the problem. Raised on the submitting thread."""
+
+
 class EngineClosedError(RequestRejected):
     """The engine was closed (or is closing) before the request could finish."""
 
@@ -54,7 +59,7 @@ REJECTIONS: tuple[type[NInferError], ...] = (RequestRejected, InvalidSamplingPar
 
 __all__ = [
     "REJECTIONS",
-    "DeadlineExceededError", "EngineClosedError", "EngineFailure", "InvalidRequestError",
+    "DeadlineExceededError", "EngineClosedError", "EngineFailure", "InvalidConstraintError", "InvalidRequestError",
     "InvalidSamplingParams", "PromptTooLongError", "QueueFullError", "QueueTimeoutError",
     "RequestRejected",
 ]

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ninfer.runtime.contract.constraint import OutputConstraint
+
 Channel = Literal["content", "reasoning"]
 
 
@@ -71,7 +73,9 @@ class OutputFinal:
 @dataclass(frozen=True)
 class OutputOptions:
     """Per-request output interpretation. ``stop_token_ids`` add to the model's EOS ids unless
-    ``ignore_eos``; ``stop`` strings are matched across token boundaries and never emitted."""
+    ``ignore_eos``; ``stop`` strings are matched across token boundaries and never emitted.
+    ``constraint``: the output must satisfy it (constrained decoding; compiled by
+    ``Frontend.open_session`` on the submitting thread)."""
 
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -81,10 +85,17 @@ class OutputOptions:
     parse_reasoning: bool = True
     parse_tool_calls: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
+    constraint: OutputConstraint | None = None
 
 
 @runtime_checkable
 class OutputSession(Protocol):
+    """A session of a constrained request also has ``token_mask() -> TokenMaskProvider | None`` (see
+    :mod:`ninfer.runtime.contract.program`): the allowed tokens of its next sampled token, following
+    everything committed. The engine reads it with ``getattr``, so unconstrained sessions need not
+    define it. ``preview`` of a constrained session advances its matcher provisionally, ``commit``
+    keeps that advance, and a newer preview (or ``token_mask``) first drops an uncommitted one."""
+
     def preview(self, tokens: Sequence[int]) -> OutputPreview:
         """Interpret ``tokens`` following everything committed so far; pure (no state change)."""
 
@@ -110,7 +121,9 @@ class Frontend(Protocol):
                      enable_thinking: bool = True, add_generation_prompt: bool = True,
                      **template_kwargs: Any) -> PreparedPrompt: ...
 
-    def open_session(self, options: OutputOptions) -> OutputSession: ...
+    def open_session(self, options: OutputOptions) -> OutputSession:
+        """Called on the submitting thread. Compiles ``options.constraint`` (InvalidConstraintError
+        when it does not compile), so the engine worker never compiles."""
 
     def sampling_defaults(self) -> Mapping[str, Any]:
         """Model-side defaults from generation_config (temperature, top_p, top_k, ...); a request's own

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ninfer.errors import NInferError
 from ninfer.runtime.contract.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ProgramError(NInferError):
@@ -44,14 +47,28 @@ class OutOfSlotsError(ProgramError):
 SeqId = int
 
 
+@runtime_checkable
+class TokenMaskProvider(Protocol):
+    """The allowed tokens of one row's next sampled token (constrained decoding), borrowed by the
+    Program for one round. Layout (shared with xgrammar/llguidance): ``words`` is an int32 CPU tensor
+    of ``ceil(vocab / 32)`` words; token ``i`` is allowed when bit ``i % 32`` (LSB first) of word
+    ``i // 32`` is set; bits at or past the vocabulary size are ignored. At least one token is allowed."""
+
+    def fill_bitmask(self, words: torch.Tensor) -> None: ...
+
+
 @dataclass(frozen=True)
 class RowSampling:
     """How to sample one row. ``step`` is the number of tokens this request has sampled before
-    (the RNG counter: with ``seed`` it makes the draw independent of batch membership and replayable)."""
+    (the RNG counter: with ``seed`` it makes the draw independent of batch membership and replayable).
+    ``mask``: when set, tokens it does not allow get logit -inf before penalties and sampling, so
+    greedy and seeded draws pick only allowed tokens; top-k/top-p/min-p then work over the allowed
+    set. The mask consumes no RNG: each token's noise depends on (seed, step, id) only."""
 
     params: SamplingParams
     seed: int
     step: int
+    mask: TokenMaskProvider | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

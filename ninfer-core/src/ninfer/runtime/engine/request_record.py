@@ -97,7 +97,11 @@ class RequestRecord:
         return min(self.params.max_tokens - len(self.output_tokens), max_context - self.ledger_length)
 
     def row_sampling(self) -> RowSampling:
-        return RowSampling(self.params, self.seed, len(self.output_tokens))
+        """The next sampled token's parameters; a constrained session adds its allowed-token mask,
+        which follows its committed output (the matcher's state survives pause and Replay)."""
+        token_mask = getattr(self.session, "token_mask", None)
+        mask = token_mask() if token_mask is not None else None
+        return RowSampling(self.params, self.seed, len(self.output_tokens), mask)
 
     def rebuild_target(self) -> int:
         """How many ledger tokens must be computed before this resident is decode-ready: a fresh

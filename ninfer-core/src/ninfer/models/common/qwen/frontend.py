@@ -11,6 +11,7 @@ gets its own :class:`QwenOutputSession`.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,11 @@ from ninfer.models.common.qwen.chat_template import BUNDLED_TEMPLATE, ChatTempla
 from ninfer.models.common.qwen.detokenizer import IncrementalDetokenizer
 from ninfer.models.common.qwen.errors import FrontendError
 from ninfer.models.common.qwen.generation_defaults import GenerationDefaults
+from ninfer.models.common.qwen.grammar import ConstraintMatcher, GrammarCompiler
 from ninfer.models.common.qwen.output_session import QwenOutputSession
 from ninfer.models.common.qwen.prompt import normalize_messages, plain_data, prepared_text_prompt
 from ninfer.models.common.qwen.tokenizer import QwenTokenizer
+from ninfer.runtime.contract.errors import InvalidConstraintError
 from ninfer.runtime.contract.frontend import OutputOptions, PreparedPrompt
 
 RESOURCE_ROLES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
@@ -77,6 +80,8 @@ class QwenFrontend:
                                 f"{self.tokenizer.vocab_size} ids")
         self.eos_token_ids: tuple[int, ...] = self.defaults.eos_token_ids
         self._detokenizer = IncrementalDetokenizer(self.tokenizer.token_bytes)
+        self._grammar: GrammarCompiler | None = None  # built at the first constrained request
+        self._grammar_lock = threading.Lock()
 
     @classmethod
     def from_directory(cls, path: str | Path, **kwargs: Any) -> QwenFrontend:
@@ -113,7 +118,34 @@ class QwenFrontend:
         for token in options.stop_token_ids:
             if not 0 <= int(token) < self.vocab_size:
                 raise FrontendError(f"stop token id {token} is outside the vocabulary [0, {self.vocab_size})")
-        return QwenOutputSession(self._detokenizer, options, self.eos_token_ids)
+        matcher = self._constraint_matcher(options) if options.constraint is not None else None
+        return QwenOutputSession(self._detokenizer, options, self.eos_token_ids, matcher=matcher)
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The constraint compiler of this vocabulary, shared by every request (built once)."""
+        with self._grammar_lock:
+            if self._grammar is None:
+                try:
+                    self._grammar = GrammarCompiler(self.tokenizer.token_bytes, self.tokenizer.special_token_ids,
+                                                    self.vocab_size, self.eos_token_ids)
+                except ImportError as exc:
+                    raise InvalidConstraintError(f"constrained decoding needs the xgrammar package: {exc}") from exc
+            return self._grammar
+
+    def _constraint_matcher(self, options: OutputOptions) -> ConstraintMatcher:
+        """Compile (or reuse) the request's constraint and open its matcher; on the submitting thread.
+        The grammar may end where the session would stop on a token: its stop ids, else the model's EOS
+        (with ``ignore_eos`` and no stop ids, the grammar's end still needs a token to be sampled)."""
+        assert options.constraint is not None
+        compiled = self.grammar_compiler().compile(options.constraint, options.tools,
+                                                   thinking_open=options.thinking_open)
+        stops = tuple(dict.fromkeys(tuple(options.stop_token_ids)
+                                    + (() if options.ignore_eos else tuple(self.eos_token_ids))))
+        matcher = ConstraintMatcher(compiled, stops or self.eos_token_ids)
+        if not matcher.allows_any(self.vocab_size):
+            raise InvalidConstraintError(f"the {options.constraint.kind} constraint allows no token at the "
+                                         f"start of the output")
+        return matcher
 
     def sampling_defaults(self) -> Mapping[str, Any]:
         return self.defaults.sampling

@@ -16,6 +16,11 @@ Invariants:
   into channels (the stages only hold text back, never reorder or duplicate it).
 - Tool-call ids are ``call_<session prefix>_<n>``: deterministic within the session, so previews are
   reproducible.
+- A constrained session (``matcher`` set) advances its matcher in ``preview`` provisionally and keeps
+  the advance only in ``commit`` (:mod:`grammar.matcher`); ``token_mask`` gives the engine the allowed
+  tokens after the committed output. A stop token the grammar accepted ends the output with
+  ``"stop"`` even under ``ignore_eos`` (the grammar reached its end); a token the grammar does not
+  allow means the mask was not applied: a FrontendError (an engine failure), never invalid output.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Literal
 
 from ninfer.models.common.qwen.detokenizer import DetokenizerState, IncrementalDetokenizer
 from ninfer.models.common.qwen.errors import FrontendError
+from ninfer.models.common.qwen.grammar.matcher import ConstraintMatcher
 from ninfer.models.common.qwen.reasoning import Piece, ReasoningSplitter
 from ninfer.models.common.qwen.stop import StopStringMatcher
 from ninfer.models.common.qwen.tool_calls import ParsedToolCall, ToolCallExtractor, ToolSchemas
@@ -78,8 +84,10 @@ class QwenOutputSession:
     """Implements ``ninfer.runtime.contract.frontend.OutputSession``. Used by the engine worker only."""
 
     def __init__(self, detokenizer: IncrementalDetokenizer, options: OutputOptions,
-                 eos_token_ids: Sequence[int], *, call_id_prefix: str | None = None):
+                 eos_token_ids: Sequence[int], *, call_id_prefix: str | None = None,
+                 matcher: ConstraintMatcher | None = None):
         self.options = options
+        self._matcher = matcher
         self._detok = detokenizer
         stop_ids = set(options.stop_token_ids)
         if not options.ignore_eos:
@@ -139,13 +147,28 @@ class QwenOutputSession:
         if self._state.stopped is not None:
             raise FrontendError("output session already stopped; only finish() may follow")
 
+    def token_mask(self) -> ConstraintMatcher | None:
+        """The allowed-token mask provider of the next token (None: unconstrained or ended)."""
+        if self._matcher is None or self._closed or self._state.stopped is not None or self._matcher.terminated:
+            return None
+        return self._matcher
+
     def preview(self, tokens: Sequence[int]) -> OutputPreview:
         self._check_open()
         state, events = self._state, []
+        grammar_end = rejected_at = None
+        if self._matcher is not None:
+            advance = self._matcher.advance(tokens)
+            grammar_end = advance.accepted - 1 if advance.terminated else None
+            rejected_at = advance.accepted if advance.rejected is not None else None
         accepted, finish_reason, stop_reason = len(tokens), None, None
         for i, token in enumerate(tokens):
             token = int(token)
-            if token in self._stop_ids:
+            if i == rejected_at:  # only reached when no stop came before the token
+                self._matcher.drop_provisional()
+                raise FrontendError(f"token {token} breaks the request's {self.options.constraint.kind} "
+                                    f"constraint: the sampler did not apply its mask")
+            if token in self._stop_ids or i == grammar_end:
                 state = replace(state, stopped="token")
                 accepted, finish_reason, stop_reason = i + 1, "stop", token
                 break
@@ -160,6 +183,8 @@ class QwenOutputSession:
                 state = replace(state, stopped="string")
                 accepted, finish_reason, stop_reason = i + 1, "stop", fed.stop
                 break
+        if self._matcher is not None:
+            self._matcher.keep(accepted)
         preview = OutputPreview(accepted, finish_reason, _merge(events), stop_reason)
         self._pending = (preview, state)
         return preview
@@ -170,6 +195,8 @@ class QwenOutputSession:
             raise FrontendError("commit() needs the most recent preview of this session")
         self._state = self._pending[1]
         self._pending = None
+        if self._matcher is not None:
+            self._matcher.commit()
         self._record(preview.deltas)
 
     def _record(self, deltas: Sequence[OutputDelta]) -> None:
@@ -184,6 +211,8 @@ class QwenOutputSession:
             raise FrontendError("output session is already finished")
         self._closed = True
         self._pending = None
+        if self._matcher is not None:
+            self._matcher.drop_provisional()
         state, events = self._state, []
         if state.stopped != "string":
             # Bytes of a character that never completed, then a stop-string prefix that never completed.

@@ -7,6 +7,8 @@ Invariants:
 - ``token_bytes[i]`` are the exact bytes token ``i`` contributes to a decode: for every id sequence,
   ``b"".join(token_bytes[i] ...).decode("utf-8", "replace") == decode(ids)``. Ids the tokenizer does not
   know (embedding rows past the vocabulary) contribute no bytes, as in ``decode``.
+- ``special_token_ids`` are the added tokens marked ``special`` (control tokens such as
+  ``<|im_end|>``): constrained decoding never lets a grammar spell text with them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class QwenTokenizer:
                 f"tokenizer.json: decoder is {type(self._tok.decoder).__name__}, the Qwen frontend needs ByteLevel")
         self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
         self.token_bytes: tuple[bytes, ...] = self._build_token_bytes()
+        self.special_token_ids: frozenset[int] = frozenset(
+            i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
 
     def _build_token_bytes(self) -> tuple[bytes, ...]:
         table = [b""] * self.vocab_size
