@@ -30,6 +30,7 @@ import torch
 
 from ninfer.core.kv_pool import PagedKVCache
 from ninfer.core.state_image import StateImageStorage
+from ninfer.runtime.token_bitmask import apply_bitmask, fill_bitmasks
 from ninfer.runtime.contract.program import (
     ExecutionUnit,
     OutOfSlotsError,
@@ -350,12 +351,22 @@ class SequenceProgram(ABC):
     # -- sampling --------------------------------------------------------------------------------
     def _sample(self, logits: torch.Tensor, rows: list[tuple[SeqId, RowSampling]]
                 ) -> tuple[list[int], list[TokenLogprob | None]]:
-        """Penalties (only when a row asks for them), then the ``sample`` op. Logprobs are those of the
-        model's raw distribution (before penalties and temperature), like vLLM's default."""
+        """Allowed-token masks (constrained rows only), penalties (only when a row asks for them), then
+        the ``sample`` op. Logprobs are those of the model's raw distribution (before masks, penalties
+        and temperature), like vLLM's default."""
         raw = logits.float()
         params = [rs.params for _, rs in rows]
         dev = raw.device
         processed = raw
+        constrained = [b for b, (_, rs) in enumerate(rows) if rs.mask is not None]
+        if constrained:
+            # Banned tokens become -inf before anything else, so penalties keep them -inf and greedy,
+            # top-k/top-p/min-p and the Gumbel draw all work over the allowed set only. Unconstrained
+            # rows of a mixed batch are untouched (no all-ones mask).
+            words = fill_bitmasks([rows[b][1].mask for b in constrained], self.vocab_size)
+            idx = torch.tensor(constrained, dtype=torch.int64, device=dev)
+            processed = raw.clone()
+            processed[idx] = apply_bitmask(processed[idx], words)
         if any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
                for p in params):
             counts = torch.zeros((len(rows), self.vocab_size), dtype=torch.int32)
@@ -368,7 +379,7 @@ class SequenceProgram(ABC):
                     counts[b] = torch.bincount(torch.tensor(out, dtype=torch.int64),
                                                minlength=self.vocab_size).to(torch.int32)
             processed = self.ops.apply_penalties(
-                raw, counts.to(dev), prompt.to(dev),
+                processed, counts.to(dev), prompt.to(dev),
                 torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=dev),
                 torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=dev),
                 torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=dev))
