@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ninfer.errors import NotSupportedError
 from ninfer.runtime.contract.errors import EngineClosedError, EngineFailure, QueueFullError
 from ninfer.runtime.contract.events import GenerationResult
 from ninfer.runtime.contract.frontend import Frontend, OutputOptions, PreparedPrompt
@@ -46,11 +47,19 @@ class Engine:
 
     Build it with :meth:`start` (from a ``.ninfer`` artifact) or :meth:`from_parts` (an existing
     Program and Frontend). Use it as a context manager or call :meth:`close`.
+
+    The purpose is fixed at start. ``generation`` (default): a worker and scheduler serve
+    :meth:`submit`. ``causal_scoring``: no worker, scheduler or context cache; :meth:`score` runs
+    windows serially on one sequence (max_concurrency is 1) and :meth:`submit` is refused. A
+    generation engine refuses :meth:`score`.
     """
 
     def __init__(self, program: Program, frontend: Frontend, options: EngineOptions, *,
                  info: Mapping[str, Any] | None = None, _owned: Any = None) -> None:
         options.validate()
+        if options.purpose == "causal_scoring":
+            # Scoring runs one window at a time on one sequence, whatever max_concurrency said.
+            options = dataclasses.replace(options, max_concurrency=1)
         cap = program.capacity()
         if cap.total_state_slots < options.max_concurrency:
             raise InvalidEngineOptions(f"max_concurrency {options.max_concurrency} exceeds the Program's "
@@ -72,6 +81,18 @@ class Engine:
         self._outstanding = 0
         self._submitted = 0
         self._released: queue.SimpleQueue = queue.SimpleQueue()  # finalizer-safe release notices
+        self._scorer = None
+        if options.purpose == "causal_scoring":
+            from ninfer.runtime.scoring.score_core import CausalScoreCore
+
+            self._scorer = CausalScoreCore(
+                program, frontend, max_context=options.max_context, prefill_chunk_size=options.prefill_chunk_size,
+                device=options.device or str(getattr(program, "device", "unknown")),
+                dtype=options.dtype or str(getattr(program, "dtype", "unknown")).removeprefix("torch."),
+                info=self._info)
+            self._core = None
+            self._scoring_closed = False
+            return
         self._core = EngineCore(program, options)
         self._core_closing = False
         self._core.start()
@@ -120,7 +141,12 @@ class Engine:
 
     @property
     def failure(self) -> EngineFailure | None:
-        return self._core.failure
+        return self._core.failure if self._core is not None else None
+
+    @property
+    def purpose(self) -> str:
+        return self._options.purpose
+
 
     # -- requests ----------------------------------------------------------------------------------
     def sampling_params(self, **overrides: Any) -> SamplingParams:
@@ -135,8 +161,13 @@ class Engine:
         ``request`` is a GenerationRequest (the keyword arguments must then be left out), or a prompt:
         a PreparedPrompt, token ids, or text (prepared with ``Frontend.prepare_text``). ``timeout_s``
         is a relative deadline. Raises synchronously: InvalidRequestError, PromptTooLongError,
-        InvalidSamplingParams, QueueFullError, EngineClosedError, EngineFailure.
+        InvalidSamplingParams, QueueFullError, EngineClosedError, EngineFailure; NotSupportedError
+        on an engine started for causal scoring.
         """
+        if self._scorer is not None:
+            raise NotSupportedError("this engine was started with purpose 'causal_scoring': it scores texts "
+                                    "with score() and serves no requests (start another with purpose "
+                                    "'generation')")
         req = self._as_request(request, sampling, output, deadline, timeout_s, request_id)
         req.validate(vocab_size=self._vocab_size, max_context=self._options.max_context)
         params = req.sampling if req.sampling is not None else self.sampling_params()
@@ -206,8 +237,28 @@ class Engine:
                 return
             self._outstanding -= 1
 
+    # -- causal scoring ----------------------------------------------------------------------------
+    def score(self, inputs, *, context: int | None = None, stride: int | None = None, logprobs: bool = False,
+              top_logprobs: int = 0, progress=None):
+        """Score texts (or token lists) with the model: per-text and overall NLL and perplexity,
+        optionally per-token log-probabilities (``top_logprobs`` alternatives each). Windows of
+        ``context`` input tokens advance by ``stride`` targets (defaults: max_context and half of it);
+        see :mod:`ninfer.runtime.scoring.windows`. ``progress(scored, total)`` is called as target
+        tokens are scored. Returns a :class:`~ninfer.runtime.scoring.report.ScoreReport`. Only an
+        engine started with purpose ``causal_scoring`` scores; others raise NotSupportedError.
+        """
+        if self._scorer is None:
+            raise NotSupportedError("score() needs an engine started with purpose 'causal_scoring' "
+                                    "(e.g. Engine.start(path, purpose='causal_scoring')); this one serves generation")
+        if self._scoring_closed:
+            raise EngineClosedError("the engine is closed")
+        return self._scorer.score(inputs, context=context, stride=stride, logprobs=logprobs,
+                                  top_logprobs=top_logprobs, progress=progress)
+
     # -- observation and shutdown ------------------------------------------------------------------
     def stats(self) -> EngineStats:
+        if self._scorer is not None:
+            return self._scoring_stats()
         snap = self._core.snapshot
         with self._core.submit_lock:
             self._collect_releases()
@@ -223,6 +274,9 @@ class Engine:
     def close(self, *, drain: bool = False, timeout: float | None = None) -> None:
         """Stop the engine. ``drain``: finish every accepted request first; otherwise unfinished ones
         end with EngineClosedError. Joins the worker (up to ``timeout``). Idempotent."""
+        if self._scorer is not None:
+            self._scoring_closed = True
+            return
         with self._core.submit_lock:
             self._core_closing = True
             self._core.inbox.put(("close", drain))
@@ -231,7 +285,18 @@ class Engine:
 
     @property
     def closed(self) -> bool:
+        if self._scorer is not None:
+            return self._scoring_closed
         return not self._core.thread.is_alive()
+
+    def _scoring_stats(self) -> EngineStats:
+        cap, sc = self._program.capacity(), self._scorer
+        return EngineStats(
+            status="closed" if self._scoring_closed else "running", queue_depth=0, running=0, paused=0,
+            outstanding=0, submitted=0, pages_used=cap.total_pages - cap.free_pages, pages_total=cap.total_pages,
+            state_slots_used=cap.total_state_slots - cap.free_state_slots, state_slots_total=cap.total_state_slots,
+            page_size=cap.page_size, units=sc.chunks_run, prefill_tokens=sc.tokens_processed)
+
 
     def __enter__(self) -> Engine:
         return self

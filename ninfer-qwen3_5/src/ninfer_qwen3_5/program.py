@@ -55,6 +55,9 @@ class Qwen35Program(SequenceProgram):
             chunk_kv_lens=torch.tensor([c.kv_len], dtype=torch.int32, device=dev) if c else None,
             chunk_page_table=c.page_table if c else None,
             kv=self.kv, states=self.states)
-        rows = list(range(b_rows)) + ([b_rows + t - 1] if c is not None and c.want_logits else [])
+        if c is not None and c.all_logits:  # causal scoring: every chunk token predicts the next one
+            rows = list(range(b_rows + t))
+        else:
+            rows = list(range(b_rows)) + ([b_rows + t - 1] if c is not None and c.want_logits else [])
         logit_rows = torch.tensor(rows, dtype=torch.int64, device=dev)
         return self.model.forward(tokens, ctx, logit_rows)

@@ -75,7 +75,9 @@ class DecodeRows:
 @dataclass(frozen=True)
 class ChunkRows:
     """Ledger tokens ``[start, start + T)`` of one sequence. ``want_logits``: the chunk samples, so
-    the forward must return the logits of its last token."""
+    the forward must return the logits of its last token. ``all_logits`` (causal scoring, see
+    :meth:`SequenceProgram.score_chunk`): the forward returns the logits of every chunk token, in
+    order, instead (it implies the last token's)."""
 
     seq: SeqId
     tokens: torch.Tensor        # int64 [T]
@@ -86,6 +88,7 @@ class ChunkRows:
     page_table: torch.Tensor    # int32 [1, maxp]
     slot_mapping: torch.Tensor  # int64 [T]
     want_logits: bool
+    all_logits: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ class ForwardBatch:
     @property
     def num_logit_rows(self) -> int:
         b = len(self.decode.seqs) if self.decode is not None else 0
+        if self.chunk is not None and self.chunk.all_logits:
+            return b + int(self.chunk.tokens.shape[0])
         return b + (1 if self.chunk is not None and self.chunk.want_logits else 0)
 
 
@@ -123,7 +128,8 @@ class SequenceProgram(ABC):
     @abstractmethod
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Run the model over ``batch``, updating KV pools and state slots in place. Returns fp32
-        logits ``[batch.num_logit_rows, vocab]``: decode rows in order, then the chunk's last token."""
+        logits ``[batch.num_logit_rows, vocab]``: decode rows in order, then the chunk's last token
+        (every chunk token, in order, when ``chunk.all_logits``)."""
 
     # -- queries ---------------------------------------------------------------------------------
     def capacity(self) -> ProgramCapacity:
@@ -248,6 +254,44 @@ class SequenceProgram(ABC):
             s.pending = None
             s.stale = True
         self._consume(pending)
+
+    def score_chunk(self, seq: SeqId, num_tokens: int, *, logits: bool = True) -> torch.Tensor | None:
+        """Causal scoring: run the next ``num_tokens`` ledger tokens of ``seq`` outside the commit
+        protocol (no sampling, no PendingBatch) and advance ``computed`` by them.
+
+        Returns fp32 logits ``[num_tokens, vocab]`` on the Program's device, row ``j`` being the
+        distribution of the ledger token after ``computed + j``; with ``logits=False`` the LM head
+        is skipped and None is returned (context the caller does not score). Requires the same as a
+        prefill chunk (no unconsumed PendingBatch, not stale, KV reserved up to the chunk's end), but
+        the chunk may reach the ledger's end without sampling; the state then covers the whole
+        ledger, so only pause/release remain. A failing forward leaves the sequence stale.
+        """
+        s = self._ready(seq, "scoring")
+        end = s.computed + num_tokens if isinstance(num_tokens, int) else None
+        if isinstance(num_tokens, bool) or end is None or num_tokens < 1 or end > len(s.ledger):
+            raise ProgramError(f"score chunk of sequence {seq}: {num_tokens!r} tokens from {s.computed} exceed "
+                               f"its ledger of {len(s.ledger)}")
+        if self.kv.capacity(seq) < end:
+            raise ProgramError(f"score chunk sequence {seq} has no KV reserved for tokens up to {end}")
+        dev = self.device
+        chunk = ChunkRows(
+            seq=seq, tokens=torch.tensor(s.ledger[s.computed:end], dtype=torch.int64).to(dev),
+            positions=torch.arange(s.computed, end, dtype=torch.int64).to(dev),
+            slot=s.slot, start=s.computed, kv_len=end, page_table=self.kv.page_table_tensor([seq], [end]),
+            slot_mapping=torch.tensor(self.kv.slot_mapping(seq, s.computed, end), dtype=torch.int64).to(dev),
+            want_logits=False, all_logits=logits)
+        try:
+            out = self.forward(ForwardBatch(decode=None, chunk=chunk))
+            if logits and (out is None or tuple(out.shape) != (num_tokens, self.vocab_size)):
+                raise ProgramError(f"forward returned logits of shape {None if out is None else tuple(out.shape)}, "
+                                   f"expected {(num_tokens, self.vocab_size)}")
+        except Exception:
+            s.stale = True
+            raise
+        s.computed = end
+        if end == len(s.ledger):
+            s.stale = True
+        return out.float() if logits else None
 
     # -- internals -------------------------------------------------------------------------------
     def _get(self, seq: SeqId) -> _Sequence:

@@ -98,6 +98,9 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions) -> ModelIns
     from ninfer.plugins import get_registry
 
     options.validate()
+    if options.purpose == "causal_scoring":
+        # Scoring runs one window on one sequence: State slots and KV pages for that one only.
+        options = dataclasses.replace(options, max_concurrency=1)
     features = options.features()
     reader = ArtifactReader.open(artifact)
     try:
@@ -137,5 +140,6 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions) -> ModelIns
                                     num_pages=num_pages, max_context=max_context)
     info = {"architecture": spec.name, "name": metadata.get("name") or spec.name, "artifact_id": artifact_id,
             "device": str(device), "dtype": effective.dtype, "num_pages": num_pages, "page_size": options.page_size,
-            "max_context": max_context, "ops": ops.describe()}
+            "max_context": max_context, "max_position_embeddings": profile.max_position_embeddings,
+            "ops": ops.describe()}
     return ModelInstance(program=program, frontend=frontend, options=effective, info=info)

@@ -30,6 +30,10 @@ class EngineOptions:
       fit yet (bounded bypass); 0 is strict FIFO.
     - ``device``: None picks cuda when CUDA is present, else cpu. ``dtype`` (float32, bfloat16,
       float16): None picks bfloat16 on CUDA and float32 on the CPU (the model casts its weights).
+    - ``purpose``: ``generation`` or ``causal_scoring`` (offline scoring, ``Engine.score``). A scoring
+      engine runs one window at a time: its effective ``max_concurrency`` is 1 (the Program is sized
+      for one sequence), ``max_context`` is the longest scoring window, the queue and admission
+      fields are unused, and it has no context cache.
     """
 
     max_concurrency: int = 4
@@ -72,8 +76,8 @@ class EngineOptions:
             raise bad("admission_bypass", "must be >= 0")
         if self.purpose not in ("generation", "causal_scoring"):
             raise bad("purpose", "must be 'generation' or 'causal_scoring'")
-        if self.purpose != "generation":
-            raise NotSupportedError("purpose 'causal_scoring' is not supported yet")
+        if self.purpose == "causal_scoring" and self.context_cache:
+            raise bad("context_cache", "a causal_scoring engine keeps no context cache")
         if self.context_cache:
             raise NotSupportedError("the request-level context cache is not supported yet")
         if self.vision:
