@@ -1,0 +1,96 @@
+"""``ninfer serve``: the OpenAI- and Anthropic-compatible HTTP server (the ``ninfer-serve`` distribution).
+
+The server is an optional distribution: this module imports ``ninfer_serve`` only when the command
+runs, so core never depends on it, and a missing install is one clear line naming the package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+from ninfer.cli import common
+
+INSTALL_HINT = "ninfer serve needs the HTTP server distribution: pip install ninfer-serve"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI and Anthropic APIs)",
+                       description="Serve one model over HTTP: OpenAI Chat Completions / Completions / Models, "
+                                   "Anthropic Messages, /tokenize, /health and Prometheus /metrics.")
+    common.add_model_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    g.add_argument("--model-id", default=None,
+                   help="public model name clients send (default: the artifact's metadata.name)")
+    g.add_argument("--api-key", default=os.environ.get("NINFER_API_KEY"),
+                   help="require this key (Authorization: Bearer or x-api-key); default $NINFER_API_KEY")
+    g.add_argument("--queue-capacity", type=int, default=None, metavar="N",
+                   help="requests that may wait beyond --max-concurrency before new ones get 429 (default 64)")
+    g.add_argument("--queue-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a request waiting longer than this for a slot gets 429 (default: no limit)")
+    g.add_argument("--keepalive", type=float, default=5.0, metavar="SECONDS",
+                   help="send an SSE keep-alive after this much idle time (default 5)")
+    g.add_argument("--max-body-mib", type=float, default=32.0, help="largest request body (default 32 MiB)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long in-flight requests may finish after SIGTERM (default 30)")
+    g.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up request")
+    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=run)
+
+
+def _positive(name: str, value: float | None) -> None:
+    from ninfer.errors import NInferError
+
+    if value is not None and not value > 0:
+        raise NInferError(f"--{name} must be > 0, got {value}")
+
+
+def run(args) -> int:
+    try:
+        from ninfer_serve.config import ServeConfig
+        from ninfer_serve.server import serve
+        from ninfer_serve.warmup import warm_up
+    except ImportError as exc:
+        print(f"{INSTALL_HINT} ({exc})", file=sys.stderr)
+        return 2
+    from ninfer.engine import Engine
+    from ninfer.errors import NInferError
+    from ninfer.model_source import resolve_model
+
+    if not 0 < args.port < 65536:
+        raise NInferError(f"--port must be in 1..65535, got {args.port}")
+    for name in ("keepalive", "max_body_mib", "shutdown_timeout", "queue_timeout"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    if args.api_key is not None and not args.api_key.strip():
+        raise NInferError("--api-key is empty")
+    options = common.engine_options(args)
+    if args.queue_capacity is not None:
+        options = dataclasses.replace(options, queue_capacity=args.queue_capacity)
+    if args.queue_timeout is not None:
+        options = dataclasses.replace(options, queue_timeout_s=args.queue_timeout)
+    started = time.monotonic()
+    artifact = resolve_model(args.model, progress=not args.quiet and sys.stderr.isatty())
+    engine = Engine.start(artifact, options)
+    try:
+        model_id = args.model_id or engine.info.get("name") or artifact.stem
+        if not args.quiet:
+            print(f"[ninfer] loaded {model_id} in {time.monotonic() - started:.1f} s "
+                  f"(max_concurrency {engine.options.max_concurrency}, max_context {engine.max_context})",
+                  file=sys.stderr)
+        if not args.no_warmup:
+            took = warm_up(engine)
+            if not args.quiet:
+                print(f"[ninfer] warm-up done in {took:.2f} s", file=sys.stderr)
+        config = ServeConfig(model_id=model_id, api_key=args.api_key, keepalive_s=args.keepalive,
+                             max_body_bytes=int(args.max_body_mib * 2**20))
+        if not args.quiet:
+            print(f"[ninfer] serving {model_id!r} on http://{args.host}:{args.port}", file=sys.stderr)
+        serve(engine, config, host=args.host, port=args.port, log_level=args.log_level,
+              shutdown_timeout_s=args.shutdown_timeout)
+    finally:
+        engine.close()
+    return 0

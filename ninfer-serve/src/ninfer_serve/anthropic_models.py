@@ -1,0 +1,163 @@
+"""Request and response models of the Anthropic Messages API (``/v1/messages``, ``count_tokens``).
+
+Content blocks are validated by type (a discriminated union): text, thinking, redacted_thinking,
+tool_use and tool_result are served; image and document blocks are 400s (this server serves text
+only). Server tools (``web_search`` and the like, which carry a ``type``) are 400s: only client tools
+(``name`` + ``input_schema``) are served. ``thinking.budget_tokens`` is accepted but not enforced
+(the engine has no thinking budget yet): ``max_tokens`` bounds reasoning and answer together.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from ninfer_serve.openai_models import TOOL_NAME, Lenient, _check_stop
+
+
+class TextBlock(Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ThinkingBlock(Lenient):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(Lenient):
+    type: Literal["redacted_thinking"]
+    data: str = ""
+
+
+class ToolUseBlock(Lenient):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(Lenient):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] | None = None
+    is_error: bool = False
+
+
+class UnsupportedBlock(Lenient):
+    type: Literal["image", "document", "search_result", "server_tool_use", "web_search_tool_result"]
+
+    @model_validator(mode="after")
+    def _refuse(self) -> UnsupportedBlock:
+        raise ValueError(f"content blocks of type {self.type!r} are not supported: this server serves text only")
+
+
+ContentBlock = Annotated[
+    TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock | UnsupportedBlock,
+    Field(discriminator="type")]
+
+
+class Message(Lenient):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class Tool(Lenient):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    type: str | None = None
+
+    @model_validator(mode="after")
+    def _client_tool(self) -> Tool:
+        if self.type not in (None, "custom"):
+            raise ValueError(f"server tool type {self.type!r} is not supported; only client tools (name + "
+                             "input_schema) are served")
+        if not TOOL_NAME.fullmatch(self.name):
+            raise ValueError("a tool name is 1-128 characters of letters, digits, '_', '.', ':' or '-'")
+        return self
+
+
+class ToolChoice(Lenient):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+    @model_validator(mode="after")
+    def _named(self) -> ToolChoice:
+        if self.type == "tool" and not self.name:
+            raise ValueError("tool_choice type 'tool' needs the tool's name")
+        return self
+
+
+class Thinking(Lenient):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(None, ge=1)
+
+
+class CountTokensRequest(Lenient):
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _stops(cls, v: list[str] | None) -> list[str] | None:
+        return _check_stop(v)  # type: ignore[return-value]
+
+
+# -- responses --------------------------------------------------------------------------------------
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class OutTextBlock(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class OutThinkingBlock(BaseModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""  # NInfer does not sign reasoning; an empty signature is passed back unchecked
+
+
+class OutToolUseBlock(BaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+OutBlock = OutTextBlock | OutThinkingBlock | OutToolUseBlock
+
+
+class MessageResponse(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[OutBlock]
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
+    stop_sequence: str | None = None
+    usage: Usage
+
+
+class CountTokensResponse(BaseModel):
+    input_tokens: int

@@ -1,0 +1,78 @@
+"""The litestar application: routes, error handling, API-key check, and per-app state.
+
+:func:`create_app` takes an already started :class:`Gateway` (the server module builds the engine,
+warms it up and owns its lifetime), so tests can serve one engine through several apps. Every error
+leaves through one exception handler that writes it in the request's protocol shape; an unexpected
+exception is logged with its traceback and answered with a generic 500, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import Litestar, Request, Response
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException
+from litestar.middleware import DefineMiddleware
+
+from ninfer_serve.auth import ApiKeyMiddleware
+from ninfer_serve.disconnect import ClientDisconnected
+from ninfer_serve.errors import ApiError, error_body, protocol_of
+from ninfer_serve.gateway import Gateway
+from ninfer_serve.routes_anthropic import count_tokens, messages
+from ninfer_serve.routes_chat import chat_completions
+from ninfer_serve.routes_completions import completions
+from ninfer_serve.routes_system import get_model, health, list_models, metrics
+from ninfer_serve.routes_tokenize import detokenize, tokenize
+
+log = logging.getLogger("ninfer.serve")
+
+GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
+
+
+def outcome_of(status: int) -> str:
+    if status in (429, 503):
+        return "rejected"
+    return "invalid" if status < 500 else "error"
+
+
+def _handler(request: Request, exc: Exception) -> Response:
+    gw: Gateway = request.app.state.gateway
+    path = request.scope["path"]
+    if isinstance(exc, ClientDisconnected):
+        # Nobody reads this; the generation already counted itself as cancelled.
+        return Response(b"", status_code=499)
+    if isinstance(exc, ApiError):
+        err = exc
+    elif isinstance(exc, HTTPException):
+        detail = exc.detail if isinstance(exc.detail, str) and exc.detail else "request refused"
+        if exc.status_code == 404:
+            detail = f"no route for {request.method} {path}"
+        err = ApiError.for_status(exc.status_code, detail)
+    else:
+        log.exception("unhandled error on %s %s", request.method, path)
+        err = ApiError("internal", "internal server error")
+    if path in GENERATION_ENDPOINTS:
+        gw.metrics.count(path, outcome_of(err.status))
+    headers = dict(exc.headers) if isinstance(exc, HTTPException) and exc.headers else None  # e.g. 405's Allow
+    return Response(error_body(err, protocol_of(path)), status_code=err.status, headers=headers)
+
+
+def create_app(gateway: Gateway) -> Litestar:
+    middleware = []
+    if gateway.config.api_key:
+        middleware.append(DefineMiddleware(
+            ApiKeyMiddleware, api_key=gateway.config.api_key,
+            on_refused=lambda path: gateway.metrics.count(path, "unauthorized")
+            if path in GENERATION_ENDPOINTS else None))
+    return Litestar(
+        route_handlers=[chat_completions, completions, messages, count_tokens, list_models, get_model, tokenize,
+                        detokenize, health, metrics],
+        exception_handlers={Exception: _handler},
+        middleware=middleware,
+        state=State({"gateway": gateway}),
+        request_max_body_size=gateway.config.max_body_bytes,
+        openapi_config=None,
+        logging_config=None,
+        debug=False,
+    )

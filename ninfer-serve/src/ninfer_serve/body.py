@@ -1,0 +1,83 @@
+"""Reading a request body into a protocol model: malformed JSON and schema violations become 400s
+that name the problem (the JSON error position, or the field path and what is wrong with it).
+
+Unknown fields: like vLLM's OpenAI server, the protocol models accept fields they do not define and
+ignore them, logging a warning that names them (a client sending a newer API's field keeps working).
+Fields the APIs define but this server cannot honour are declared in the models and rejected there
+with a message naming them, so nothing a client relies on is silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from ninfer_serve.errors import bad_request
+
+log = logging.getLogger("ninfer.serve")
+
+M = TypeVar("M", bound=BaseModel)
+
+# Union members and validators show up in pydantic's error locations under type names; a client only
+# cares about the field path.
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "function-after", "function-before",
+              "function-plain", "function-wrap", "literal", "tagged-union", "union"}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"malformed JSON body: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if not text.strip():
+        raise bad_request("malformed JSON body: the body is empty")
+    try:
+        # NaN/Infinity are not JSON; Python's parser would accept them and they would reach sampling.
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"malformed JSON body: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:
+        raise bad_request(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise bad_request("malformed JSON body: nested too deeply") from None
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or part.startswith("function-")):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def validate(model: type[M], raw: bytes) -> M:
+    """Parse ``raw`` as ``model``; raise a 400 ApiError naming the first bad field."""
+    data = parse_json(raw)
+    if not isinstance(data, dict):
+        raise bad_request(f"the request body must be a JSON object, not {type(data).__name__}")
+    try:
+        parsed = model.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        # The most specific location is the most useful one (a union reports one error per member).
+        first = max(errors, key=lambda e: len(field_path(e["loc"])))
+        path = field_path(first["loc"]) or None
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        where = f"field '{path}'" if path else "request body"
+        msg = first["msg"].removeprefix("Value error, ")
+        raise bad_request(f"invalid {where}: {msg}{more}", param=path) from None
+    extra = sorted(parsed.model_extra or ())
+    if extra:
+        log.warning("%s: ignoring unknown request fields %s", model.__name__, ", ".join(extra))
+    return parsed

@@ -1,0 +1,140 @@
+"""Chat input shared by the OpenAI and Anthropic routes: validated protocol messages -> the plain
+message dicts the Frontend's chat template renders, and the template options of a request.
+
+The frontend message form is OpenAI's (``role``, string ``content``, assistant ``reasoning_content``
+and ``tool_calls`` with object ``arguments``); the Anthropic route converts to it too, so both APIs
+render a conversation identically.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ninfer_serve.errors import bad_request
+from ninfer_serve.openai_models import ChatMessage, ChatTool, ContentPart
+from ninfer_serve.tool_choice import ToolPolicy
+
+# Template variables a request must not set through chat_template_kwargs: the server sets them.
+RESERVED_TEMPLATE_KEYS = frozenset({"messages", "tools", "add_generation_prompt", "documents"})
+
+
+def text_of(content: str | Sequence[ContentPart] | None, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    parts = []
+    for j, part in enumerate(content):
+        if part.type != "text":
+            raise bad_request(f"content parts of type {part.type!r} are not supported: this server serves text "
+                              "only", param=f"{where}[{j}].type")
+        if part.text is None:
+            raise bad_request("a text content part needs 'text'", param=f"{where}[{j}].text")
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def _arguments(raw: str | Mapping[str, Any], where: str) -> dict[str, Any]:
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw) if raw.strip() else {}
+        except ValueError as exc:
+            raise bad_request(f"tool call arguments are not valid JSON: {exc}", param=where) from None
+    else:
+        value = raw
+    if not isinstance(value, dict):
+        raise bad_request("tool call arguments must be a JSON object", param=where)
+    return dict(value)
+
+
+def openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        content = text_of(m.content, f"{where}.content")
+        if content is None and m.role != "assistant":
+            raise bad_request(f"a {m.role} message needs content", param=f"{where}.content")
+        msg: dict[str, Any] = {"role": m.role, "content": content or ""}
+        if m.role == "assistant":
+            reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+            if reasoning is not None:
+                msg["reasoning_content"] = reasoning
+            if m.tool_calls:
+                msg["tool_calls"] = [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.function.name,
+                                  "arguments": _arguments(c.function.arguments,
+                                                          f"{where}.tool_calls[{j}].function.arguments")}}
+                    for j, c in enumerate(m.tool_calls)]
+        elif m.tool_calls:
+            raise bad_request("only assistant messages carry tool_calls", param=f"{where}.tool_calls")
+        if m.role == "tool" and m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def openai_tools(tools: Sequence[ChatTool] | None) -> list[dict[str, Any]]:
+    return [t.model_dump(mode="json", exclude_none=True) for t in tools or ()]
+
+
+@dataclass(frozen=True)
+class TemplateOptions:
+    enable_thinking: bool
+    kwargs: Mapping[str, Any]
+
+
+def template_options(kwargs: Mapping[str, Any] | None, policy: ToolPolicy, *, field: str,
+                     enable_thinking: bool | None = None) -> TemplateOptions:
+    """``enable_thinking`` comes from the kwargs (``chat_template_kwargs.enable_thinking``) or the
+    protocol's own switch; a forced tool call renders with thinking off (see tool_choice), so asking
+    for both is a contradiction the client is told about."""
+    rest = dict(kwargs or {})
+    bad = sorted(RESERVED_TEMPLATE_KEYS & rest.keys())
+    if bad:
+        raise bad_request(f"{field} cannot set {', '.join(bad)}: the server sets them from the request",
+                          param=f"{field}.{bad[0]}")
+    if "enable_thinking" in rest:
+        value = rest.pop("enable_thinking")
+        if not isinstance(value, bool):
+            raise bad_request("enable_thinking must be true or false", param=f"{field}.enable_thinking")
+        enable_thinking = value
+    if policy.forced_prefix:
+        if enable_thinking:
+            raise bad_request(f"tool_choice '{policy.mode}' forces the call right after the prompt and cannot be "
+                              "combined with enable_thinking=true until constrained decoding lands",
+                              param="tool_choice")
+        enable_thinking = False
+    return TemplateOptions(True if enable_thinking is None else enable_thinking, rest)
+
+
+def tool_policy(tools: Sequence[Mapping[str, Any]], choice: str | None, name: str | None, *,
+                parallel: bool, field: str = "tool_choice") -> ToolPolicy:
+    """``choice``: none, auto, required or named (``name`` set). Default: auto with tools, else none."""
+    names = {t["function"]["name"] for t in tools}
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if choice in ("required", "named") and not tools:
+        raise bad_request(f"{field} '{choice if choice != 'named' else name}' needs tools", param=field)
+    if choice == "named" and name not in names:
+        raise bad_request(f"{field} names the function {name!r}, which is not among the request's tools "
+                          f"({', '.join(sorted(names))})", param=field)
+    if choice == "auto" and not tools:
+        choice = "none"
+    return ToolPolicy(choice, name if choice == "named" else None, parallel)  # type: ignore[arg-type]
+
+
+def chat_prompt(frontend: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                options: TemplateOptions, policy: ToolPolicy) -> Any:
+    """The PreparedPrompt of a chat request (runs off the event loop: rendering and tokenizing)."""
+    if policy.forced_prefix:
+        render = getattr(frontend, "render_chat", None)
+        if render is None:
+            raise bad_request(f"tool_choice '{policy.mode}' is not supported by this model's frontend",
+                              param="tool_choice")
+        text = render(messages, tools=tools, enable_thinking=False, **options.kwargs)
+        return frontend.prepare_text(text + policy.forced_prefix)
+    return frontend.prepare_chat(messages, tools=tools, enable_thinking=options.enable_thinking, **options.kwargs)

@@ -1,0 +1,127 @@
+"""Errors of the HTTP gateway, and how each protocol writes them.
+
+One exception, :class:`ApiError`, carries a protocol-neutral ``kind`` (and the HTTP status that goes
+with it); :func:`openai_body` and :func:`anthropic_body` render it in the shape each API's clients
+parse. The protocol of a failing request is decided by its path (:func:`protocol_of`), so even a
+request that fails before routing (bad key, unknown path) gets the shape its client expects.
+
+Engine exceptions map here and nowhere else (:func:`from_engine_error`), so every endpoint reports
+the same condition with the same status: a full queue is 429 everywhere, a closing engine 503.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from ninfer.errors import NInferError
+from ninfer.runtime.contract.errors import (
+    DeadlineExceededError,
+    EngineClosedError,
+    EngineFailure,
+    InvalidRequestError,
+    InvalidSamplingParams,
+    PromptTooLongError,
+    QueueFullError,
+    QueueTimeoutError,
+)
+
+Protocol = Literal["openai", "anthropic"]
+Kind = Literal["invalid_request", "authentication", "not_found", "method_not_allowed", "too_large",
+               "timeout", "rate_limit", "unavailable", "internal"]
+
+STATUS: dict[str, int] = {
+    "invalid_request": 400, "authentication": 401, "not_found": 404, "method_not_allowed": 405,
+    "timeout": 408, "too_large": 413, "rate_limit": 429, "internal": 500, "unavailable": 503,
+}
+_KIND_OF_STATUS = {v: k for k, v in STATUS.items()}
+
+# vLLM's OpenAI server names the error type after the exception class and puts the status in ``code``;
+# the openai client dispatches on the status alone, so these names are for humans and logs.
+_OPENAI_TYPE = {
+    "invalid_request": "BadRequestError", "authentication": "AuthenticationError", "not_found": "NotFoundError",
+    "method_not_allowed": "MethodNotAllowedError", "timeout": "RequestTimeoutError",
+    "too_large": "RequestTooLargeError", "rate_limit": "RateLimitError", "internal": "InternalServerError",
+    "unavailable": "ServiceUnavailableError",
+}
+# Anthropic's documented error types (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPE = {
+    "invalid_request": "invalid_request_error", "authentication": "authentication_error",
+    "not_found": "not_found_error", "method_not_allowed": "invalid_request_error",
+    "timeout": "timeout_error", "too_large": "request_too_large", "rate_limit": "rate_limit_error",
+    "internal": "api_error", "unavailable": "overloaded_error",
+}
+
+
+class ApiError(Exception):
+    """A request that cannot be served, with what the client should be told. ``param`` names the
+    request field at fault (dotted path with list indices, e.g. ``messages[2].content``)."""
+
+    def __init__(self, kind: Kind, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.kind: Kind = kind
+        self.message = message
+        self.param = param
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.kind]
+
+    @classmethod
+    def for_status(cls, status: int, message: str) -> ApiError:
+        kind = _KIND_OF_STATUS.get(status, "internal" if status >= 500 else "invalid_request")
+        return cls(kind, message)  # type: ignore[arg-type]
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError("invalid_request", message, param=param)
+
+
+def protocol_of(path: str) -> Protocol:
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+
+def openai_body(err: ApiError) -> dict:
+    return {"error": {"message": err.message, "type": _OPENAI_TYPE[err.kind], "param": err.param,
+                      "code": err.status}}
+
+
+def anthropic_body(err: ApiError) -> dict:
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPE[err.kind], "message": err.message}}
+
+
+def error_body(err: ApiError, protocol: Protocol) -> dict:
+    return anthropic_body(err) if protocol == "anthropic" else openai_body(err)
+
+
+_SAMPLING_FIELD = re.compile(r"invalid sampling parameter (\w+)=")
+
+
+def from_engine_error(exc: BaseException, *, prompt_param: str = "messages", at_submit: bool = False) -> ApiError:
+    """The ApiError for an exception raised by ``Engine.submit`` (``at_submit``) or carried by a
+    GenerationError. Any other NInferError raised synchronously by submit is about the request (the
+    frontend refusing its output options, say): a 400; later it is the server's: a 500."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, QueueFullError):
+        return ApiError("rate_limit", f"the server is at capacity, retry later ({exc})")
+    if isinstance(exc, QueueTimeoutError):
+        return ApiError("rate_limit", f"the request waited too long for a free slot, retry later ({exc})")
+    if isinstance(exc, DeadlineExceededError):
+        return ApiError("timeout", str(exc))
+    if isinstance(exc, PromptTooLongError):
+        return ApiError("invalid_request", str(exc), param=prompt_param)
+    if isinstance(exc, InvalidSamplingParams):
+        m = _SAMPLING_FIELD.search(str(exc))
+        return ApiError("invalid_request", str(exc), param=m.group(1) if m else None)
+    if isinstance(exc, InvalidRequestError):
+        return ApiError("invalid_request", str(exc))
+    if isinstance(exc, EngineClosedError):
+        return ApiError("unavailable", "the server is shutting down and accepts no requests")
+    if isinstance(exc, EngineFailure):
+        return ApiError("unavailable", f"the engine failed and accepts no requests: {exc}")
+    if isinstance(exc, NInferError) and at_submit:
+        return ApiError("invalid_request", str(exc))
+    if isinstance(exc, NInferError):
+        return ApiError("internal", f"{type(exc).__name__}: {exc}")
+    return ApiError("internal", "internal server error")

@@ -1,0 +1,146 @@
+"""One generation request as the gateway runs it: a submitted engine handle, read asynchronously.
+
+:class:`Generation` turns the handle's events into :class:`Step` s (published output, after the
+request's gateway-side transforms) and one final :class:`Outcome`, records the request's metrics
+(TTFT, inter-token latency, tokens, outcome) exactly once, and owns the handle: :meth:`close`
+releases it, which cancels an unfinished request in the engine and frees its capacity. Every route
+calls ``close`` in a ``finally`` (and streams also from a background task that runs after the
+response, because a streaming generator suspended at ``yield`` is not resumed when its client
+disconnects), so no request outlives its HTTP exchange.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from ninfer.runtime.contract.events import GenerationDelta, GenerationError, GenerationResult, GenerationStart
+from ninfer.runtime.contract.frontend import OutputDelta, ToolCall
+from ninfer.runtime.contract.program import TokenLogprob
+
+from ninfer_serve.errors import from_engine_error
+from ninfer_serve.metrics import ServerMetrics
+from ninfer_serve.tool_choice import DeltaTransform
+
+
+@dataclass(frozen=True)
+class Step:
+    deltas: tuple[OutputDelta, ...]
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    finish_reason: str          # the engine's: stop, length, cancelled, deadline
+    stop_reason: str | int | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Generation:
+    def __init__(self, handle, *, request_id: str, prompt_tokens: int, metrics: ServerMetrics, endpoint: str,
+                 arrived: float, transforms: Sequence[DeltaTransform] = ()) -> None:
+        self.handle = handle
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self._metrics = metrics
+        self._endpoint = endpoint
+        self._arrived = arrived
+        self._transforms = tuple(transforms)
+        self._last_token_at: float | None = None
+        self._recorded = False
+
+    def _transform(self, deltas: Sequence[OutputDelta], *, final: bool = False) -> tuple[OutputDelta, ...]:
+        out = tuple(deltas)
+        for t in self._transforms:
+            out = t.feed(out)
+            if final:  # what a transform releases at the end still goes through the ones after it
+                out = out + t.flush()
+        return out
+
+    def _record(self, outcome: str, *, completion_tokens: int = 0, prompt_tokens: int | None = None) -> None:
+        if self._recorded:
+            return
+        self._recorded = True
+        m = self._metrics
+        m.count(self._endpoint, outcome)
+        if prompt_tokens:
+            m.prompt_tokens.inc(prompt_tokens)
+        m.e2e.observe(time.monotonic() - self._arrived)
+
+    def _observe_tokens(self, n: int) -> None:
+        now = time.monotonic()
+        if self._last_token_at is None:
+            self._metrics.ttft.observe(now - self._arrived)
+        else:
+            self._metrics.itl.observe(now - self._last_token_at)
+        self._last_token_at = now
+        self._metrics.generation_tokens.inc(n)
+
+    async def events(self) -> AsyncIterator[Step | Outcome]:
+        """Steps, then one Outcome. A request-level failure raises its ApiError (before or between
+        steps); the handle is released either way."""
+        try:
+            async for event in self.handle:
+                if isinstance(event, GenerationDelta):
+                    if event.token_ids:
+                        self._observe_tokens(len(event.token_ids))
+                    deltas = self._transform(event.deltas)
+                    if deltas or event.token_ids:
+                        yield Step(deltas, event.token_ids, tuple(event.logprobs or ()))
+                elif isinstance(event, GenerationResult):
+                    tail = self._transform((), final=True)
+                    if tail:
+                        yield Step(tail)
+                    self._record(event.finish_reason, prompt_tokens=event.usage.prompt_tokens)
+                    yield Outcome(event.finish_reason, event.stop_reason, event.usage.prompt_tokens,
+                                  event.usage.completion_tokens)
+                elif isinstance(event, GenerationError):
+                    err = from_engine_error(event.error)
+                    self._record("rejected" if err.status in (429, 503) else "error")
+                    raise err
+                elif not isinstance(event, GenerationStart):
+                    raise TypeError(f"unexpected engine event {type(event).__name__}")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the handle (cancelling an unfinished request). Idempotent."""
+        self.handle.release()
+        self._record("cancelled")
+
+
+@dataclass
+class Collected:
+    """A whole answer, for non-streaming responses."""
+
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    outcome: Outcome | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.content)
+
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(self.reasoning)
+
+
+async def collect(generation: Generation) -> Collected:
+    out = Collected()
+    async for item in generation.events():
+        if isinstance(item, Outcome):
+            out.outcome = item
+            continue
+        out.token_ids.extend(item.token_ids)
+        out.logprobs.extend(item.logprobs)
+        for d in item.deltas:
+            (out.reasoning if d.channel == "reasoning" else out.content).append(d.text)
+            out.tool_calls.extend(d.tool_calls)
+    return out

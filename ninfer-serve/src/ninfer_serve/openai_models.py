@@ -1,0 +1,354 @@
+"""Request and response models of the OpenAI-compatible API (Chat Completions, Completions, Models).
+
+Requests accept and ignore unknown fields (see :mod:`ninfer_serve.body`). Fields the OpenAI API
+defines but this server cannot honour are declared and validated so that only their neutral values
+pass: ``n`` > 1, a ``response_format`` other than text, a non-zero ``logit_bias``, audio output, and
+``suffix``/``best_of`` > 1 on Completions are 400s naming the field. vLLM extensions that map onto
+the engine (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
+``chat_template_kwargs``) are supported.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+INT64 = 2**63
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+class Lenient(BaseModel):
+    """Unknown fields are kept in ``model_extra`` (logged and ignored), never an error."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# -- shared request pieces --------------------------------------------------------------------------
+class StreamOptions(Lenient):
+    include_usage: bool = False
+
+
+class ResponseFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+
+    @model_validator(mode="after")
+    def _only_text(self) -> ResponseFormat:
+        if self.type != "text":
+            raise ValueError(f"response_format type {self.type!r} needs constrained decoding, which this "
+                             "server does not provide yet; only 'text' is accepted")
+        return self
+
+
+def _check_stop(value: str | list[str] | None) -> str | list[str] | None:
+    stops = [value] if isinstance(value, str) else (value or [])
+    if len(stops) > 16:
+        raise ValueError("at most 16 stop strings are accepted")
+    if any(s == "" for s in stops):
+        raise ValueError("stop strings must not be empty")
+    return value
+
+
+class SamplingFields(Lenient):
+    """Sampling fields shared by Chat Completions and Completions. Range checks follow the OpenAI
+    API (and vLLM for the extensions); the engine re-validates what it receives."""
+
+    model: str | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, description="vLLM extension; -1 or 0 disables")
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    seed: int | None = Field(None, ge=-INT64, lt=INT64)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[StrictInt] | None = None  # strict: a JSON true is not token 1
+    ignore_eos: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"n={v} is not supported: this server returns exactly one choice per request (n=1)")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        return _check_stop(v)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v and any(b != 0 for b in v.values()):
+            raise ValueError("non-zero logit_bias is not supported")
+        return v
+
+    @property
+    def stop_list(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+
+# -- chat messages ----------------------------------------------------------------------------------
+class ContentPart(Lenient):
+    """A content part; only ``text`` parts are served (images and audio need the Vision feature or
+    more, which this server does not bind). Checked where messages are converted, so the error names
+    the part's position."""
+
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class AssistantToolCall(Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[AssistantToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's newer alias of reasoning_content
+
+
+class FunctionDefinition(Lenient):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        # The name is written into the prompt and parsed back from <function=NAME>: no markup characters.
+        if not TOOL_NAME.fullmatch(v):
+            raise ValueError("a function name is 1-128 characters of letters, digits, '_', '.', ':' or '-'")
+        return v
+
+
+class ChatTool(Lenient):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(Lenient):
+    name: str
+
+
+class NamedToolChoice(Lenient):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and any(m != "text" for m in v):
+            raise ValueError("only the 'text' modality is supported")
+        return v
+
+    @field_validator("audio")
+    @classmethod
+    def _no_audio(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            raise ValueError("audio output is not supported")
+        return v
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: int | None = Field(16, ge=1)  # the OpenAI (and vLLM) default for Completions
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix (fill-in-the-middle) is not supported")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
+            raise ValueError(f"best_of={v} is not supported (only 1)")
+        return v
+
+
+# -- responses --------------------------------------------------------------------------------------
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobEntry]
+
+
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] = []
+    refusal: None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None
+    stop_reason: str | int | None = None  # vLLM extension: the matched stop string or token id
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ToolCallDeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ToolCallDeltaFunction
+
+
+class DeltaMessage(BaseModel):
+    """A streamed delta: only the fields that changed are written (as vLLM and OpenAI do)."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "ninfer"
+    root: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

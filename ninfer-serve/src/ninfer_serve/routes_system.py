@@ -1,0 +1,45 @@
+"""``GET /health``, ``GET /metrics``, ``GET /v1/models`` and ``GET /v1/models/{id}``."""
+
+from __future__ import annotations
+
+from litestar import Request, Response, get
+
+from ninfer_serve.errors import ApiError
+from ninfer_serve.gateway import Gateway
+from ninfer_serve.metrics import CONTENT_TYPE
+from ninfer_serve.openai_models import ModelCard, ModelList
+
+
+@get("/health")
+async def health(request: Request) -> Response:
+    """200 ``{"status": "ok"}`` while the engine accepts work; 503 when it failed or closed, or while
+    the server shuts down. A full queue is not unhealthy (it is 429 on generation requests)."""
+    gw: Gateway = request.app.state.gateway
+    status, payload = gw.health()
+    return Response(payload, status_code=status)
+
+
+@get("/metrics")
+async def metrics(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    return Response(gw.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+def _card(gw: Gateway) -> ModelCard:
+    return ModelCard(id=gw.model_id, created=gw.created, root=gw.model_id, max_model_len=gw.max_context)
+
+
+@get("/v1/models")
+async def list_models(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    return Response(ModelList(data=[_card(gw)]).model_dump_json().encode(), media_type="application/json")
+
+
+@get("/v1/models/{model_id:path}")
+async def get_model(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    name = str(request.path_params["model_id"]).lstrip("/")
+    if name != gw.model_id:
+        raise ApiError("not_found", f"the model '{name}' does not exist; this server serves '{gw.model_id}'",
+                       param="model")
+    return Response(_card(gw).model_dump_json().encode(), media_type="application/json")

@@ -1,0 +1,56 @@
+"""Protocol sampling fields -> the engine's SamplingParams, and the output-length policy.
+
+Output length follows vLLM: a request's ``max_tokens`` must fit in the context left after its prompt
+(a larger value is a 400 naming the field rather than a silently shorter answer); a request without
+one may use all of that room. Values a request leaves out take the model's generation_config defaults
+(``Engine.sampling_params``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ninfer.runtime.contract.sampling import InvalidSamplingParams, SamplingParams
+
+from ninfer_serve.errors import ApiError, bad_request, from_engine_error
+
+INT63 = 2**63
+
+
+def output_budget(requested: int | None, *, prompt_tokens: int, max_context: int, field: str,
+                  prompt_field: str) -> int:
+    room = max_context - prompt_tokens
+    if room < 1:
+        raise bad_request(f"this model's maximum context length is {max_context} tokens, but the prompt has "
+                          f"{prompt_tokens} tokens, which leaves no room for output", param=prompt_field)
+    if requested is None:
+        return room
+    if requested > room:
+        raise bad_request(f"'{field}' is too large: {requested}. This model's maximum context length is "
+                          f"{max_context} tokens and the prompt has {prompt_tokens} tokens "
+                          f"({requested} > {max_context} - {prompt_tokens})", param=field)
+    return requested
+
+
+def engine_seed(seed: int | None) -> int | None:
+    """OpenAI seeds are signed 64-bit, the engine's are [0, 2**63): a negative seed is taken modulo
+    2**63 (deterministic, so the same seed always gives the same tokens)."""
+    return None if seed is None else seed % INT63
+
+
+def build(engine: Any, fields: Mapping[str, Any], *, max_tokens: int) -> SamplingParams:
+    """``fields``: the engine's SamplingParams names; None values are left to the model's defaults.
+    Raises a 400 ApiError naming the bad field."""
+    overrides = {k: v for k, v in fields.items() if v is not None}
+    if overrides.get("top_k") == -1:  # vLLM's spelling of "disabled"
+        overrides["top_k"] = 0
+    if "stop_token_ids" in overrides:
+        overrides["stop_token_ids"] = tuple(overrides["stop_token_ids"])
+    overrides["max_tokens"] = max_tokens
+    try:
+        return engine.sampling_params(**overrides)
+    except InvalidSamplingParams as exc:
+        raise from_engine_error(exc) from None
+    except (TypeError, ValueError) as exc:
+        raise ApiError("invalid_request", f"invalid sampling parameters: {exc}") from None

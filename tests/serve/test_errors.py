@@ -1,0 +1,221 @@
+"""Bad input of every kind: each gets a clear error in its protocol's shape and status, and none of it
+harms the server or other requests (checked at the end: the engine holds nothing, a request works)."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+from ninfer_serve import Gateway, ServeConfig, create_app
+from serve_helpers import MODEL_ID, chat, client_for, scripted_engine, wait_idle
+
+GEN_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+ALL_POST = GEN_ENDPOINTS + ("/v1/messages/count_tokens", "/tokenize", "/detokenize")
+
+
+@pytest.fixture(scope="module")
+def client(scripted):
+    with client_for(scripted) as c:
+        yield c
+
+
+def openai_error(r, status: int, param: str | None = "unset") -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status and err["message"]
+    if param != "unset":
+        assert err["param"] == param, err
+    return err
+
+
+def anthropic_error(r, status: int, kind: str) -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == kind and body["error"]["message"]
+    return body["error"]
+
+
+@pytest.mark.parametrize("path", ALL_POST)
+@pytest.mark.parametrize("raw", [b"{", b"", b"\xff\xfe", b"[1, 2]", b'"text"', b'{"a": NaN}', b"[" * 100000])
+def test_malformed_bodies(client, path, raw):
+    r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    if path.startswith("/v1/messages"):
+        msg = anthropic_error(r, 400, "invalid_request_error")["message"]
+    else:
+        msg = openai_error(r, 400)["message"]
+    assert "JSON" in msg or "object" in msg
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"temperature": -1}, "temperature"), ({"temperature": "hot"}, "temperature"), ({"top_p": 0}, "top_p"),
+    ({"top_k": -2}, "top_k"), ({"min_p": 1.5}, "min_p"), ({"presence_penalty": 3}, "presence_penalty"),
+    ({"frequency_penalty": -2.5}, "frequency_penalty"), ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"seed": 2**64}, "seed"), ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": -1},
+                                                                     "max_completion_tokens"),
+    ({"stop": [""]}, "stop"), ({"stop": ["s"] * 17}, "stop"), ({"n": 2}, "n"),
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+    ({"stop_token_ids": [10**9]}, "stop_token_ids"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"logit_bias": {"5": 3.0}}, "logit_bias"), ({"modalities": ["audio"]}, "modalities"),
+    ({"stream_options": {"include_usage": "maybe"}}, "stream_options.include_usage"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]},
+     "messages[0].content[0].type"),
+    ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name>"}}]}, "tools[0].function.name"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+      "chat_template_kwargs": {"enable_thinking": True}}, "tool_choice"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
+    ({"chat_template_kwargs": {"enable_thinking": "yes"}}, "chat_template_kwargs.enable_thinking"),
+    ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),
+    ({"max_tokens": 100000}, "max_tokens"),
+])
+def test_chat_schema_violations_name_the_field(client, fields, param):
+    r = client.post("/v1/chat/completions", json={**chat("hi"), **fields})
+    openai_error(r, 400, param)
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": ""}, "prompt"), ({"prompt": [10**9]}, "prompt[0]"),
+    ({"prompt": []}, "prompt"), ({"suffix": "x"}, "suffix"), ({"best_of": 3}, "best_of"),
+    ({"logprobs": 50}, "logprobs"), ({"echo": "loud"}, "echo"), ({"prompt": [True, 5]}, "prompt[0]"),
+    ({"prompt": [[1, 2], [3]]}, "prompt"),
+])
+def test_completions_violations(client, fields, param):
+    openai_error(client.post("/v1/completions", json={"prompt": "x", **fields}), 400, param)
+
+
+@pytest.mark.parametrize("fields,needle", [
+    ({"max_tokens": None}, "max_tokens"), ({"messages": [{"role": "system", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tool"),
+    ({"tool_choice": {"type": "tool"}}, "name"), ({"temperature": 1.5}, "temperature"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "1", "name": "f", "input": {}}]}]},
+     "assistant"),
+])
+def test_anthropic_violations(client, fields, needle):
+    req = {"model": MODEL_ID, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], **fields}
+    err = anthropic_error(client.post("/v1/messages", json=req), 400, "invalid_request_error")
+    assert needle in err["message"]
+
+
+def test_tokenize_detokenize_violations(client):
+    openai_error(client.post("/detokenize", json={"tokens": [1, 10**9]}), 400, "tokens[1]")
+    openai_error(client.post("/detokenize", json={"tokens": [False]}), 400, "tokens[0]")
+    openai_error(client.post("/tokenize", json={"prompt": "a", "messages": [{"role": "user", "content": "b"}]}), 400)
+    openai_error(client.post("/tokenize", json={"model": "x", "prompt": "a"}), 404, "model")
+    assert client.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
+
+
+def test_pathologically_nested_input_is_a_400(client):
+    nested = '{"a":' * 900 + "1" + "}" * 900
+    raw = '{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"x":' + nested + "}}"
+    assert "nested too deeply" in openai_error(client.post("/v1/chat/completions", content=raw.encode()),
+                                               400)["message"]
+
+
+def test_unknown_model_is_404_in_both_shapes(client):
+    assert openai_error(client.post("/v1/chat/completions", json={**chat("hi"), "model": "gpt-9"}), 404,
+                        "model")["type"] == "NotFoundError"
+    assert openai_error(client.post("/v1/completions", json={"model": "gpt-9", "prompt": "x"}), 404)
+    anthropic_error(client.post("/v1/messages", json={"model": "claude", "max_tokens": 5,
+                                                      "messages": [{"role": "user", "content": "hi"}]}),
+                    404, "not_found_error")
+
+
+def test_routing_errors_and_body_limit(scripted):
+    with client_for(scripted, max_body_bytes=4096) as c:
+        openai_error(c.get("/v1/nothing"), 404)
+        assert c.get("/v1/chat/completions").status_code == 405
+        anthropic_error(c.post("/v1/messages", content=b"x" * 5000), 413, "request_too_large")
+        openai_error(c.post("/v1/chat/completions", content=b"x" * 5000), 413)
+
+
+def test_unknown_fields_are_ignored(client):
+    r = client.post("/v1/chat/completions", json={**chat("SCRIPT:ok"), "some_future_field": {"x": 1},
+                                                  "user": "u1", "metadata": {"k": "v"}, "logit_bias": {"5": 0}})
+    assert r.status_code == 200, r.text
+
+
+def test_api_key(scripted):
+    with client_for(scripted, api_key="s3cret") as c:
+        assert c.get("/health").status_code == 200  # open for load balancers
+        assert "missing" in openai_error(c.get("/v1/models"), 401)["message"]
+        openai_error(c.post("/v1/chat/completions", json=chat("hi"), headers={"Authorization": "Bearer nope"}), 401)
+        anthropic_error(c.post("/v1/messages", json={}), 401, "authentication_error")
+        anthropic_error(c.post("/v1/messages", json={}, headers={"x-api-key": "wrong"}), 401,
+                        "authentication_error")
+        assert c.get("/metrics").status_code == 401
+        ok = c.post("/v1/chat/completions", json=chat("SCRIPT:fine", max_tokens=8),
+                    headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert c.get("/v1/models", headers={"x-api-key": "s3cret"}).status_code == 200
+        assert 'outcome="unauthorized"' in c.get("/metrics", headers={"x-api-key": "s3cret"}).text
+
+
+def test_shutting_down_is_503(scripted):
+    gw = Gateway(scripted, ServeConfig(model_id=MODEL_ID))
+    from litestar.testing import TestClient
+
+    with TestClient(create_app(gw)) as c:
+        gw.begin_shutdown()
+        assert c.get("/health").status_code == 503
+        openai_error(c.post("/v1/chat/completions", json=chat("hi")), 503)
+        anthropic_error(c.post("/v1/messages", json={"model": MODEL_ID, "max_tokens": 5,
+                                                     "messages": [{"role": "user", "content": "hi"}]}),
+                        503, "overloaded_error")
+        assert c.get("/v1/models").status_code == 200  # metadata stays readable while draining
+
+
+def test_closed_engine_is_503(engine):
+    eng = scripted_engine(engine.frontend)
+    with client_for(eng) as c:
+        eng.close()
+        assert c.get("/health").json() == {"status": "unavailable"}
+        openai_error(c.post("/v1/completions", json={"prompt": "x"}), 503)
+
+
+def test_random_garbage_never_crashes(client, scripted):
+    rng = random.Random(7)
+    values = [None, True, -1, 0, 2**70, 1e308, "x", "", [], {}, [1, "a"], {"role": "user"}, "\u0000\ud7ff"]
+    keys = ["model", "messages", "prompt", "max_tokens", "temperature", "stream", "tools", "tool_choice", "stop",
+            "n", "logprobs", "top_logprobs", "seed", "system", "tokens", "chat_template_kwargs", "thinking"]
+    statuses = set()
+    for i in range(150):
+        path = ALL_POST[i % len(ALL_POST)]
+        payload = {rng.choice(keys): rng.choice(values) for _ in range(rng.randint(0, 5))}
+        r = client.post(path, json=payload)
+        statuses.add(r.status_code)
+        assert r.status_code < 500, (path, payload, r.text)
+    assert statuses <= {200, 400, 404}
+    wait_idle(scripted)
+
+
+def test_concurrent_good_and_bad_requests(client, scripted):
+    results: dict[int, int] = {}
+
+    def good(i):
+        r = client.post("/v1/chat/completions", json=chat(f"SCRIPT:answer {i}", chat_template_kwargs={
+            "enable_thinking": False}))
+        results[i] = r.status_code
+        assert r.json()["choices"][0]["message"]["content"] == f"answer {i}"
+
+    def bad(i):
+        results[100 + i] = client.post("/v1/chat/completions", content=b"{oops").status_code
+
+    threads = [threading.Thread(target=good if i % 2 else bad, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(results.values()) == [200] * 4 + [400] * 4
+    wait_idle(scripted)

@@ -1,0 +1,151 @@
+"""The real thing: ``ninfer serve`` in a subprocess on a free loopback port (uvicorn, the embedded
+default model, bfloat16 on CPU), driven by the official ``openai`` and ``anthropic`` clients and by
+httpx for a disconnect mid-stream. SIGTERM at the end must shut it down cleanly (exit status 0)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+MODEL = "test-model"
+KEY = "k-123"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} not exposed")
+
+
+@pytest.fixture(scope="module")
+def server(artifact):
+    port = _free_port()
+    cmd = [sys.executable, "-m", "ninfer.cli.main", "serve", str(artifact), "--host", "127.0.0.1", "--port", str(port),
+           "--device", "cpu", "--dtype", "bfloat16", "--max-concurrency", "2", "--max-context", "512",
+           "--model-id", MODEL, "--api-key", KEY, "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"ninfer serve did not start:\n{proc.communicate()[0]}")
+        time.sleep(0.1)
+    yield base, proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+
+
+def test_openai_client(server):
+    import openai
+
+    base, _ = server
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, timeout=60)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    done = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is os.sep?"}],
+                                          max_tokens=16, temperature=0)
+    assert done.choices[0].finish_reason in ("stop", "length") and done.usage.completion_tokens <= 16
+    assert done.id.startswith("chatcmpl-")
+    pieces, usage = [], None
+    for chunk in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is os.sep?"}],
+                                                max_tokens=16, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append((choice.delta.content or "", getattr(choice.delta, "reasoning_content", None) or ""))
+    assert "".join(p[0] for p in pieces) == (done.choices[0].message.content or "")
+    assert usage is not None and usage.completion_tokens == done.usage.completion_tokens
+    comp = client.completions.create(model=MODEL, prompt="def main():\n", max_tokens=8, temperature=0)
+    assert comp.choices[0].text and comp.usage.completion_tokens <= 8
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="def main():\n", max_tokens=8, temperature=0, stream=True) if c.choices)
+    assert streamed == comp.choices[0].text
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=3)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_anthropic_client(server):
+    import anthropic
+
+    base, _ = server
+    client = anthropic.Anthropic(base_url=base, api_key=KEY, max_retries=0, timeout=60)
+    msg = client.messages.create(model=MODEL, max_tokens=12, messages=[{"role": "user", "content": "What is re?"}])
+    assert msg.stop_reason in ("end_turn", "max_tokens") and msg.usage.output_tokens <= 12
+    with client.messages.stream(model=MODEL, max_tokens=12,
+                                messages=[{"role": "user", "content": "What is re?"}]) as stream:
+        final = stream.get_final_message()
+    assert final.usage.output_tokens <= 12 and final.content
+    count = client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "What is re?"}])
+    assert count.input_tokens == msg.usage.input_tokens
+
+
+def test_disconnect_mid_stream_frees_capacity(server):
+    base, _ = server
+    headers = {"Authorization": f"Bearer {KEY}"}
+    before = httpx.get(f"{base}/metrics", headers=headers).text
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 400,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", f"{base}/v1/chat/completions", json=body, headers=headers) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert any(line.startswith("data: {") for line in got)
+        # Leaving the block closed the connection mid-stream.
+    deadline = time.monotonic() + 20
+    while True:
+        text = httpx.get(f"{base}/metrics", headers=headers).text
+        if (_metric(text, "ninfer_engine_cancelled_total") == _metric(before, "ninfer_engine_cancelled_total") + 1
+                and _metric(text, "ninfer_requests_outstanding") == 0 and _metric(text, "ninfer_kv_pages_used") == 0):
+            break
+        assert time.monotonic() < deadline, "the disconnected request was not cancelled"
+        time.sleep(0.1)
+    assert _metric(text, "ninfer_generation_tokens_total") - _metric(before, "ninfer_generation_tokens_total") < 400
+    assert 'outcome="cancelled"' in text
+    ok = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "x = ", "max_tokens": 4},
+                    headers=headers, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_sigterm_drains_in_flight_stream_and_exits_cleanly(server):
+    base, proc = server
+    body = {"model": MODEL, "prompt": "import", "max_tokens": 40, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", f"{base}/v1/completions", json=body, headers={"x-api-key": KEY}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")
+            proc.send_signal(signal.SIGTERM)  # the in-flight stream is drained, not cut
+            rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2]
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "serving 'test-model'" in out and "warm-up done" in out
