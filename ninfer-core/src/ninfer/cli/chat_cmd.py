@@ -60,9 +60,7 @@ def run(args) -> int:
                     if isinstance(event, GenerationDelta):
                         _stream(event.deltas)
                     elif isinstance(event, GenerationResult):
-                        result = event
-                        if event.output is not None:
-                            _stream(event.output.deltas)
+                        result = event  # its flushed text already came as the last delta
                     elif isinstance(event, GenerationError):
                         print(f"\n[ninfer] error: {event.error}", file=sys.stderr)
             except KeyboardInterrupt:

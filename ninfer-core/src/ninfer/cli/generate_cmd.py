@@ -62,9 +62,7 @@ def run(args) -> int:
             if isinstance(event, GenerationDelta):
                 _print_deltas(event.deltas)
             elif isinstance(event, GenerationResult):
-                result = event
-                if event.output is not None:
-                    _print_deltas(event.output.deltas)
+                result = event  # its flushed text already came as the last delta
             elif isinstance(event, GenerationError):
                 raise event.error
         sys.stdout.write("\n")
