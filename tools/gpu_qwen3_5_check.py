@@ -199,7 +199,16 @@ def check_numerics(name: str, geometry: dict, device: torch.device, work: Path, 
     _empty_cache(device)
     program, ops = build_program(artifact, device, torch.bfloat16, args.ops, max_sequences=2)
     our_toks, our_prefill = Driver(program).greedy_run(ids, args.steps)
+    del program
+    _empty_cache(device)
+    # Our path in fp32 on the same bf16-representable weights: separates structure (should match the
+    # fp32 reference to fp32 noise) from bf16 rounding.
+    program32, _ = build_program(artifact, device, torch.float32, args.ops, max_sequences=2)
+    our32_toks, our32_prefill = Driver(program32).greedy_run(ids, args.steps)
+    del program32
     result = {
+        "prefill_ours_fp32": logit_error(our32_prefill, ref_prefill),
+        "greedy_ours_fp32": agreement(our32_toks, ref_toks, ref_logits),
         "prefill_ours_bf16": logit_error(our_prefill, ref_prefill),
         "prefill_hf_bf16": logit_error(hf_prefill, ref_prefill),
         "greedy_ours_bf16": agreement(our_toks, ref_toks, ref_logits),
@@ -207,7 +216,6 @@ def check_numerics(name: str, geometry: dict, device: torch.device, work: Path, 
         "ref_max_abs_logit": ref_prefill.abs().max().item(),
         "ops": ops.describe(),
     }
-    del program
     _empty_cache(device)
     return result
 
@@ -263,7 +271,7 @@ def print_table(report: dict) -> None:
         if "error" in r:
             print(f"{name:<10} FAILED: {r['error']}")
             continue
-        for who in ("ours_bf16", "hf_bf16"):
+        for who in ("ours_fp32", "ours_bf16", "hf_bf16"):
             e, g = r[f"prefill_{who}"], r[f"greedy_{who}"]
             gap = g.get("ref_top2_gap_at_divergence")
             print(f"{name:<10} {who:<10} {e['max_abs']:>17.4e} {e['rel']:>9.2e} "
