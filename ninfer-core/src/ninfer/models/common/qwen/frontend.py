@@ -23,9 +23,14 @@ from ninfer.models.common.qwen.generation_defaults import GenerationDefaults
 from ninfer.models.common.qwen.grammar import ConstraintMatcher, GrammarCompiler
 from ninfer.models.common.qwen.output_session import QwenOutputSession
 from ninfer.models.common.qwen.prompt import normalize_messages, plain_data, prepared_text_prompt
+from ninfer.models.common.qwen.reasoning import THINK_CLOSE, THINK_OPEN
 from ninfer.models.common.qwen.tokenizer import QwenTokenizer
+from ninfer.models.common.qwen.tool_calls import CALL_CLOSE, CALL_OPEN
 from ninfer.runtime.contract.errors import InvalidConstraintError
 from ninfer.runtime.contract.frontend import OutputOptions, PreparedPrompt
+
+# Markers of the output format (reasoning and tool calls), parsed as text by the OutputSession.
+_OUTPUT_MARKERS = frozenset(m.encode() for m in (THINK_OPEN, THINK_CLOSE, CALL_OPEN, CALL_CLOSE))
 
 RESOURCE_ROLES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
@@ -125,9 +130,12 @@ class QwenFrontend:
         """The constraint compiler of this vocabulary, shared by every request (built once)."""
         with self._grammar_lock:
             if self._grammar is None:
+                # Control tokens are never grammar text, but the output markers this frontend parses
+                # as text (some vocabularies mark them special) spell their text for the grammar too.
+                tb = self.tokenizer.token_bytes
+                control = frozenset(i for i in self.tokenizer.special_token_ids if tb[i] not in _OUTPUT_MARKERS)
                 try:
-                    self._grammar = GrammarCompiler(self.tokenizer.token_bytes, self.tokenizer.special_token_ids,
-                                                    self.vocab_size, self.eos_token_ids)
+                    self._grammar = GrammarCompiler(tb, control, self.vocab_size, self.eos_token_ids)
                 except ImportError as exc:
                     raise InvalidConstraintError(f"constrained decoding needs the xgrammar package: {exc}") from exc
             return self._grammar
