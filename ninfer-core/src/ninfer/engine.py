@@ -28,6 +28,7 @@ from ninfer.errors import NotSupportedError
 from ninfer.runtime.contract.errors import EngineClosedError, EngineFailure, QueueFullError
 from ninfer.runtime.contract.events import GenerationResult
 from ninfer.runtime.contract.frontend import Frontend, OutputOptions, PreparedPrompt
+from ninfer.runtime.contract.memory import MemorySummary
 from ninfer.runtime.contract.program import Program
 from ninfer.runtime.contract.request import GenerationRequest
 from ninfer.runtime.contract.sampling import SamplingParams
@@ -130,6 +131,11 @@ class Engine:
     def info(self) -> dict[str, Any]:
         """What the engine serves (architecture, public name, ...) when built from an artifact."""
         return dict(self._info)
+
+    def memory_summary(self) -> MemorySummary | None:
+        """Where device memory went at start (weights, KV/State, workspace, headroom; also
+        ``info["memory"]``). None for an engine built with :meth:`from_parts`: nothing was planned."""
+        return getattr(self._owned, "memory", None)
 
     @property
     def vocab_size(self) -> int:

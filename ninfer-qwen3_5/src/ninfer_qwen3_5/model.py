@@ -71,7 +71,9 @@ class Qwen35Model:
 
     def _prepare_weights(self, weights: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
         prepared = dict(weights)
-        cast: dict[int, torch.Tensor] = {}  # one cast per shared tensor (tied embed/lm_head stay shared)
+        # One cast per shared tensor (tied embed/lm_head stay shared). The loader hands each name its
+        # own view object, so sharing is keyed by storage and view geometry, not by id().
+        cast: dict[tuple, torch.Tensor] = {}
         for name, shape in text_shapes(self.cfg).items():
             w = weights.get(name)
             if w is None:
@@ -81,7 +83,7 @@ class Qwen35Model:
             if not w.dtype.is_floating_point:
                 raise ProgramError(f"parameter {name!r} is {w.dtype}; Qwen3.5 weights must be floating point")
             if w.dtype != dtype and not name.endswith(_ANY_FLOAT):
-                key = id(w)
+                key = (w.device, w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride())
                 if key not in cast:
                     cast[key] = w.to(dtype)
                 prepared[name] = cast[key]

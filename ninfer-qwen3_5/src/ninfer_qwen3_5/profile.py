@@ -1,7 +1,17 @@
 """Address-free sizes of a Qwen3.5 instance for the planner (ModelProfile) and ``ninfer info``.
 
-Sizes assume the bf16 activation/weight dtype the engine runs on CUDA (2 bytes per element; the
-recurrent state is fp32 whatever the activation dtype). A tied head is counted once.
+Exact figures mirror what :class:`~ninfer_qwen3_5.program.Qwen35Program` allocates for a run dtype:
+
+- weights: every Text parameter in the run dtype (the model casts float weights once), except
+  ``gdn/A_log`` and ``gdn/dt_bias``, which the GDN layer keeps as fp32 tensors derived from them
+  (``-exp(A_log)`` and ``dt_bias.float()``); a tied head is counted once; plus the fp32 rotary inverse
+  frequencies. Converted bytes are those created at construction: casts of weights stored in another
+  dtype, the decay rates, and the inverse frequencies.
+- KV: K and V of every full-attention layer, ``Nkv * D`` each per token, run dtype.
+- State: the StateImage of :mod:`ninfer_qwen3_5.state` (conv in the run dtype, recurrent fp32).
+
+The workspace terms are estimates of the torch reference path's temporaries (the planner's headroom
+covers their error); the compute terms count multiply-adds as two FLOPs.
 """
 
 from __future__ import annotations
@@ -18,19 +28,105 @@ from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.parameters import parameter_specs
 from ninfer_qwen3_5.state import state_layout
 
-_BF16 = 2
+_F32 = 4
+# Parameters the GDN layer replaces by fp32 tensors derived from them at construction.
+_FP32_DERIVED = ("gdn/A_log", "gdn/dt_bias")
+# The reference GDN prefill's chunk length: its intra-chunk [L, L] matrices cost L fp32 per head per token.
+_GDN_CHUNK = 64
 
 
-def profile(config: Mapping[str, Any], features: StartupFeatures) -> ModelProfile:
+def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeatures, run: torch.dtype,
+             stored: Mapping[str, torch.dtype]) -> tuple[int, int]:
+    """(resident bytes, bytes created at construction)."""
+    resident = converted = 0
+    for s in parameter_specs(config, features):
+        if cfg.tie_word_embeddings and s.name == "text/lm_head":
+            continue  # the same tensor as text/embed
+        held = stored.get(s.name, run)
+        if s.name.endswith(_FP32_DERIVED):
+            kept = torch.float32
+            new = s.name.endswith("gdn/A_log") or held != torch.float32  # -exp() is always a new tensor
+        else:
+            kept, new = run, held != run
+        nbytes = prod(s.shape) * kept.itemsize
+        resident += nbytes
+        converted += nbytes if new else 0
+    inv_freq = cfg.rotary_dim // 2 * _F32
+    return resident + inv_freq, converted + inv_freq
+
+
+def _activation_bytes_per_token(cfg: Qwen35Config, s: int) -> int:
+    """Transient bytes one step token holds at the widest layer, plus the residual stream."""
+    H, f = cfg.hidden_size, _F32
+    widest = 0
+    if cfg.gdn_layers:
+        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        # qkv, conv output, contiguous q/k/v; z, o, gated norm; out projection.
+        gdn = s * (3 * cfg.conv_dim + 3 * cfg.value_dim + H)
+        # gates; normalised q, k expanded to the value heads; v and o in fp32; intra-chunk matrices.
+        gdn += f * (2 * hv + 2 * hv * dk + 2 * hv * dv + 4 * hv * _GDN_CHUNK)
+        widest = max(widest, gdn)
+    if cfg.attention_layers:
+        qd, kd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        # q (projected, normed, rotated), k likewise, v, gate, output and gated output; fp32 output.
+        attn = s * (6 * qd + 7 * kd + H) + f * qd
+        widest = max(widest, attn)
+    if cfg.is_moe:
+        E, k, ie, ish = (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size,
+                         cfg.shared_expert_intermediate_size)
+        mlp = s * (E + 3 * k * ie + 3 * ish + 2 * H) + f * 2 * E
+    else:
+        mlp = s * (3 * cfg.intermediate_size + H)
+    return 4 * H * s + max(widest, mlp)
+
+
+def _matmul_params_per_token(cfg: Qwen35Config) -> int:
+    H, total = cfg.hidden_size, 0
+    for kind in cfg.layer_types:
+        if kind == "full_attention":
+            qd, kd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            total += 2 * qd * H + 2 * kd * H + H * qd
+        else:
+            hv = cfg.linear_num_value_heads
+            total += (cfg.conv_dim * H + cfg.value_dim * H + 2 * hv * H + cfg.conv_dim * cfg.conv_kernel
+                      + H * cfg.value_dim)
+        if cfg.is_moe:
+            ie, ish = cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+            total += cfg.num_experts * H + cfg.num_experts_per_tok * 3 * ie * H + 3 * ish * H + H
+        else:
+            total += 3 * cfg.intermediate_size * H
+    return total
+
+
+def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.dtype | None = None,
+            stored_dtypes: Mapping[str, torch.dtype] | None = None) -> ModelProfile:
+    """The profile for run dtype ``dtype`` (None: bfloat16, what the engine runs on CUDA) and the stored
+    dtype of each parameter (None: all stored in ``dtype``)."""
     cfg = Qwen35Config.from_compact(config)
-    specs = parameter_specs(config, features)
-    elements = sum(prod(s.shape) for s in specs if not (cfg.tie_word_embeddings and s.name == "text/lm_head"))
+    run = dtype or torch.bfloat16
+    s = run.itemsize
+    weight_bytes, converted = _weights(cfg, config, features, run, stored_dtypes or {})
+    n_attn, n_gdn = len(cfg.attention_layers), len(cfg.gdn_layers)
+    kd = cfg.num_kv_heads * cfg.head_dim
     return ModelProfile(
-        weight_bytes=elements * _BF16,
-        kv_bytes_per_token=len(cfg.attention_layers) * 2 * cfg.num_kv_heads * cfg.head_dim * _BF16,
-        state_bytes_per_sequence=state_layout(cfg, torch.bfloat16).image_bytes,
+        weight_bytes=weight_bytes,
+        kv_bytes_per_token=n_attn * 2 * kd * s,
+        state_bytes_per_sequence=state_layout(cfg, run).image_bytes,
         vocab_size=cfg.vocab_size,
-        max_position_embeddings=cfg.max_position_embeddings)
+        max_position_embeddings=cfg.max_position_embeddings,
+        converted_weight_bytes=converted,
+        activation_bytes_per_token=_activation_bytes_per_token(cfg, s),
+        # The reference attention gathers a row's K and V pages, then copies them to fp32.
+        attention_bytes_per_context_token=2 * kd * (s + _F32) if n_attn else 0,
+        # Scores and their softmax, fp32, for every query head.
+        score_bytes_per_query_key=2 * _F32 * cfg.num_heads if n_attn else 0,
+        matmul_params_per_token=_matmul_params_per_token(cfg),
+        head_params=cfg.vocab_size * cfg.hidden_size,
+        # Per value head and token: decay S, S^T k, the rank-1 update and S^T q (Dk x Dv each).
+        mixer_flops_per_token=n_gdn * cfg.linear_num_value_heads * 7 * cfg.linear_key_head_dim
+        * cfg.linear_value_head_dim,
+        # QK^T and PV: 2 * D FLOPs each per query head.
+        attention_flops_per_query_key=n_attn * cfg.num_heads * 4 * cfg.head_dim)
 
 
 def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:

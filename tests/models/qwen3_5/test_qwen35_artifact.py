@@ -46,7 +46,10 @@ def test_profile_and_summary_come_from_the_config(qwen_case):
     case = qwen_case("moe")
     prof = case.spec.profile(case.config, StartupFeatures())
     specs = case.spec.parameter_specs(case.config, StartupFeatures())
-    assert prof.weight_bytes == 2 * sum(torch.Size(s.shape).numel() for s in specs)   # untied, bf16
+    # Untied, bf16; the GDN keeps fp32 decay rates and dt_bias, plus fp32 rotary inverse frequencies
+    # (rotary dim 16 * 0.25 = 4, two frequencies). tests/startup checks this against allocated tensors.
+    fp32 = sum(torch.Size(s.shape).numel() for s in specs if s.name.endswith(("gdn/A_log", "gdn/dt_bias")))
+    assert prof.weight_bytes == 2 * sum(torch.Size(s.shape).numel() for s in specs) + 2 * fp32 + 2 * 4
     assert prof.kv_bytes_per_token == 1 * 2 * 2 * 16 * 2                              # 1 attn layer, K+V
     # 3 GDN layers: conv [C=2*32+64, 3] bf16 + recurrent [4, 16, 16] fp32, each field 256-aligned.
     assert prof.state_bytes_per_sequence == 3 * (768 + 4096)

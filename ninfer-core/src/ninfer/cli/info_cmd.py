@@ -2,6 +2,8 @@
 
 Reads the directory only; ``--verify`` additionally streams every object and checks its checksum
 (opening every part), failing with the artifact error that names the first bad object or file.
+``--memory`` adds the startup memory plan for the given engine options (weights, KV/State,
+workspace, headroom under the device budget), computed from the profile without loading weights.
 """
 
 from __future__ import annotations
@@ -16,12 +18,35 @@ def register(sub) -> None:
     p.add_argument("model", metavar="MODEL.ninfer", help="the artifact's entry file")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--verify", action="store_true", help="also read every object and check its checksum")
+    p.add_argument("--memory", action="store_true",
+                   help="also plan device memory for the options below, without loading weights")
+    g = p.add_argument_group("memory plan options (with --memory; defaults: the engine's)")
+    g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when present)")
+    g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    g.add_argument("--max-concurrency", type=int, default=None, metavar="N")
+    g.add_argument("--max-context", type=int, default=None, metavar="TOKENS")
+    g.add_argument("--page-size", type=int, default=None, metavar="TOKENS")
+    g.add_argument("--num-pages", type=int, default=None, metavar="N")
+    g.add_argument("--kv-budget-mib", type=float, default=None, metavar="MIB")
+    g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="TOKENS")
     p.set_defaults(func=run)
+
+
+def _memory_plan(args):
+    from ninfer.runtime.engine.model_startup import plan_artifact
+    from ninfer.runtime.engine.options import EngineOptions
+
+    fields = ("device", "dtype", "max_concurrency", "max_context", "page_size", "num_pages", "kv_budget_mib",
+              "prefill_chunk_size")
+    options = EngineOptions(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
+    return plan_artifact(args.model, options)
 
 
 def run(args) -> int:
     from ninfer.artifact import ArtifactReader, describe, summarize
+    from ninfer.runtime.contract.memory import format_memory_summary
 
+    memory = _memory_plan(args) if args.memory else None
     with ArtifactReader.open(args.model) as reader:
         if args.verify:
             for obj in reader.directory.objects:
@@ -30,9 +55,13 @@ def run(args) -> int:
             out = summarize(reader)
             if args.verify:
                 out["verified"] = True
+            if memory is not None:
+                out["memory"] = memory.as_dict()
             print(json.dumps(out, indent=2, ensure_ascii=False))
         else:
             print(describe(reader))
             if args.verify:
                 print(f"verified: all {len(reader.directory.objects)} object checksums match")
+            if memory is not None:
+                print(format_memory_summary(memory))
     return 0

@@ -14,7 +14,7 @@ import sys
 from ninfer import __version__
 from ninfer.errors import NInferError
 
-SUBCOMMANDS: tuple[str, ...] = ("generate", "chat", "info", "plugins", "serve", "score")
+SUBCOMMANDS: tuple[str, ...] = ("generate", "chat", "info", "plugins", "serve", "score", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,13 +31,35 @@ class ParameterSpec:
 
 @dataclass(frozen=True)
 class ModelProfile:
-    """Address-free sizes the planner needs before any large read (DESIGN.md section 7)."""
+    """Address-free sizes the planner needs before any large read (DESIGN.md section 7), for one run
+    (activation) dtype and the artifact's stored formats.
+
+    Exact (equal to the nbytes of the tensors the Program allocates): ``weight_bytes`` (resident
+    weights and constants derived from them, tied tensors once), ``converted_weight_bytes`` (the part
+    of them created at construction from stored weights of another dtype, while the stored originals
+    are still held), ``kv_bytes_per_token`` and ``state_bytes_per_sequence``.
+    Estimates of one step's transient workspace: ``activation_bytes_per_token`` (per step token, the
+    widest layer plus the residual stream), ``attention_bytes_per_context_token`` (what one attention
+    call gathers per cached token), ``score_bytes_per_query_key`` (live attention scores).
+    Compute counts (benchmark ratios): ``matmul_params_per_token`` (weight elements one token
+    multiplies: no embedding lookup, no LM head, MoE counts its routed top-k), ``head_params`` (the LM
+    head, multiplied only by rows that sample), ``mixer_flops_per_token`` (context-free sequence mixing,
+    e.g. a linear-attention recurrence) and ``attention_flops_per_query_key`` (over attention layers).
+    """
 
     weight_bytes: int
     kv_bytes_per_token: int           # summed over attention layers, K and V
     state_bytes_per_sequence: int     # one StateImage (all GDN layers, conv + recurrent)
     vocab_size: int
     max_position_embeddings: int
+    converted_weight_bytes: int = 0
+    activation_bytes_per_token: int = 0
+    attention_bytes_per_context_token: int = 0
+    score_bytes_per_query_key: int = 0
+    matmul_params_per_token: int = 0
+    head_params: int = 0
+    mixer_flops_per_token: int = 0
+    attention_flops_per_query_key: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,7 +90,9 @@ class ArchitectureSpec:
     """An architecture as registered through the ``ninfer_architectures`` hook.
 
     - ``parameter_specs(config, features)``: every logical parameter the features bind.
-    - ``profile(config, features)``: the address-free :class:`ModelProfile`.
+    - ``profile(config, features, dtype=None, stored_dtypes=None)``: the address-free
+      :class:`ModelProfile` for run dtype ``dtype`` (None: bfloat16) and the artifact's stored dtype
+      of each parameter name (None: every parameter stored in ``dtype``).
     - ``create_program(init)``: a Program (``ninfer.runtime.contract.program.Program``).
     - ``summarize_config(config)``: a few lines for ``ninfer info``.
     - ``frontend``: the frontend family the artifact's resources are read with (e.g. ``"qwen"``).
@@ -77,7 +101,7 @@ class ArchitectureSpec:
     name: str
     family: str
     parameter_specs: Callable[[Mapping[str, Any], StartupFeatures], list[ParameterSpec]]
-    profile: Callable[[Mapping[str, Any], StartupFeatures], ModelProfile]
+    profile: Callable[..., ModelProfile]
     create_program: Callable[[ProgramInit], Any]
     summarize_config: Callable[[Mapping[str, Any]], dict[str, Any]]
     frontend: str = "qwen"

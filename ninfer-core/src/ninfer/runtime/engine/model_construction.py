@@ -23,7 +23,9 @@ import torch
 from ninfer.errors import NInferError
 from ninfer.runtime.contract.architecture import ModelProfile, ProgramInit, ProgramOptions
 from ninfer.runtime.contract.frontend import Frontend
+from ninfer.runtime.contract.memory import MemorySummary
 from ninfer.runtime.contract.program import Program
+from ninfer.runtime.engine.model_startup import StartupProbe, device_budget, plan_startup, weight_source
 from ninfer.runtime.engine.options import EngineOptions, InvalidEngineOptions
 
 log = logging.getLogger("ninfer.engine")
@@ -55,6 +57,7 @@ class ModelInstance:
     frontend: Frontend
     options: EngineOptions
     info: dict[str, Any] = field(default_factory=dict)
+    memory: MemorySummary | None = None
 
 
 def resolve_device(options: EngineOptions) -> torch.device:
@@ -111,22 +114,29 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions) -> ModelIns
         registry = get_registry()
         spec = registry.architecture(text.architecture)
         config = text.config
-        profile = spec.profile(config, features)
+        device = resolve_device(options)
+        dtype = resolve_dtype(options, device)
+        specs = spec.parameter_specs(config, features)
+        source = weight_source(reader, specs)  # stored dtypes and loader bytes, from the directory only
+        profile = spec.profile(config, features, dtype=dtype, stored_dtypes=source.stored_dtypes)
         max_context = options.max_context
         if profile.max_position_embeddings and max_context > profile.max_position_embeddings:
             log.warning("max_context %d exceeds the model's %d positions; using %d", max_context,
                         profile.max_position_embeddings, profile.max_position_embeddings)
             max_context = profile.max_position_embeddings
-        device = resolve_device(options)
-        num_pages = plan_num_pages(options, profile, max_context)
+        explicit = (None if options.num_pages is None and options.kv_budget_mib is None
+                    else plan_num_pages(options, profile, max_context))
+        plan = plan_startup(options, profile, max_context, device_budget(device), load_bytes=source.load_bytes,
+                            num_pages=explicit)
+        num_pages = plan.num_pages
+        probe = StartupProbe(device)
         family = FRONTEND_FAMILIES.get(spec.frontend)
         if family is None:
             raise ModelConstructionError(f"architecture {spec.name!r} uses frontend family {spec.frontend!r}, "
                                          f"which this NInfer does not provide (known: {sorted(FRONTEND_FAMILIES)})")
         resources = {role: reader.resource("text", role) for role in text.resources}
         frontend = family({k: v for k, v in resources.items() if v is not None}, profile.vocab_size)
-        weights = load_weights(reader, spec.parameter_specs(config, features), device)
-        dtype = resolve_dtype(options, device)
+        weights = load_weights(reader, specs, device)
         metadata = reader.directory.metadata or {}
         artifact_id = reader.artifact_id
     finally:
@@ -142,4 +152,6 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions) -> ModelIns
             "device": str(device), "dtype": effective.dtype, "num_pages": num_pages, "page_size": options.page_size,
             "max_context": max_context, "max_position_embeddings": profile.max_position_embeddings,
             "ops": ops.describe()}
-    return ModelInstance(program=program, frontend=frontend, options=effective, info=info)
+    memory = plan.summary(dtype, retained_bytes=probe.retained_bytes(program))
+    info["memory"] = memory.as_dict()
+    return ModelInstance(program=program, frontend=frontend, options=effective, info=info, memory=memory)

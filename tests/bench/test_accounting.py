@@ -1,0 +1,62 @@
+"""FLOP and byte accounting of ``ninfer bench`` against hand-computed values for a tiny Qwen3.5.
+
+Config: hidden 8, vocab 10 (untied), layers [GDN, attention], attention 2q/1kv heads x 4, GDN 1k/2v heads
+with Dk 2, Dv 3, conv kernel 4 (conv_dim 2*2 + 2*3 = 10), MLP 6, rotary 4 * 0.5 = 2.
+"""
+
+from __future__ import annotations
+
+import torch
+from ninfer.runtime.bench.report import causal_pairs, decode_step_bytes, prefill_flops
+from ninfer.runtime.contract.features import StartupFeatures
+from ninfer_qwen3_5.profile import profile
+
+CONFIG = {
+    "architectures": ["Qwen3_5ForCausalLM"], "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 2, "linear_value_head_dim": 3, "linear_num_key_heads": 1, "linear_num_value_heads": 2,
+    "intermediate_size": 6, "rms_norm_eps": 1e-6, "max_position_embeddings": 64,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    "layer_types": ["linear_attention", "full_attention"], "tie_word_embeddings": False,
+}
+
+
+def test_compute_counts_of_the_profile():
+    p = profile(CONFIG, StartupFeatures(), dtype=torch.bfloat16)
+    gdn = 10 * 8 + 6 * 8 + 2 * 2 * 8 + 10 * 4 + 8 * 6        # qkv, z, b and a, conv, out = 248
+    attn = 8 * 8 + 8 * 8 + 4 * 8 + 4 * 8 + 8 * 8               # query, gate, key, value, out = 256
+    mlp = 2 * 3 * 6 * 8                                         # gate_up + down, both layers = 288
+    assert p.matmul_params_per_token == gdn + attn + mlp == 792
+    assert p.head_params == 80
+    assert p.mixer_flops_per_token == 2 * 7 * 2 * 3 == 84       # 2 value heads x 7 x Dk x Dv
+    assert p.attention_flops_per_query_key == 2 * 4 * 4 == 32   # 2 query heads x (QK + PV) x D
+
+
+def test_memory_figures_of_the_profile():
+    p = profile(CONFIG, StartupFeatures(), dtype=torch.bfloat16,
+                stored_dtypes={})                               # stored in the run dtype
+    # bf16 elements: embed 80 + norm 8 + head 80; GDN layer 411 (norms 16, qkv 80, z 48, b 16, a 16, conv 40,
+    # gated norm 3, out 48, MLP 144); attention layer 424 (norms 16 + 4 + 4, projections 256, MLP 144).
+    # fp32: A_log and dt_bias (2 each) and one rotary inverse frequency.
+    assert p.weight_bytes == 2 * (168 + 411 + 424) + 4 * 4 + 4 == 2026
+    assert p.converted_weight_bytes == 4 * 2 + 4 * 2 + 4       # -exp(A_log), dt_bias.float(), inv_freq
+    assert p.kv_bytes_per_token == 1 * 2 * 1 * 4 * 2 == 16
+    assert p.state_bytes_per_sequence == 256 + 256              # conv [10, 3] bf16, recurrent [2, 2, 3] fp32
+    fp32 = profile(CONFIG, StartupFeatures(), dtype=torch.float32,
+                   stored_dtypes={"text/embed": torch.bfloat16})  # only the embedding stored otherwise
+    assert fp32.weight_bytes == 4 * 1003 + 16 + 4
+    assert fp32.converted_weight_bytes == 4 * 80 + 8 + 4       # the embedding cast, -exp(A_log), inv_freq
+
+
+def test_prefill_flops_by_hand():
+    p = profile(CONFIG, StartupFeatures())
+    assert causal_pairs(4) == 10 and causal_pairs(3, start=2) == 12
+    assert prefill_flops(p, 4) == 2 * 792 * 4 + 2 * 80 + 84 * 4 + 32 * 10 == 7152
+    assert prefill_flops(p, 3, start=2) == 2 * 792 * 3 + 2 * 80 + 84 * 3 + 32 * 12 == 5548
+
+
+def test_decode_step_bytes_by_hand():
+    p = profile(CONFIG, StartupFeatures())
+    # weights once + per row: 5 positions of KV read, one written, the State read and written back.
+    assert decode_step_bytes(p, 2, 5) == 2026 + 2 * (5 * 16 + 16 + 2 * 512) == 4266
+    assert decode_step_bytes(p, 1, 0.5) == 2026 + 0.5 * 16 + 16 + 1024

@@ -1,0 +1,67 @@
+"""``ninfer bench`` on the default model on the CPU with tiny settings: the table, and a JSON report
+with every field present, every measured figure positive, and the ratios consistent with the
+accounting functions and the limits measured in the same run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from ninfer.runtime.bench.report import decode_step_bytes, prefill_flops
+from ninfer.runtime.contract.architecture import ModelProfile
+
+DECODE_FIELDS = ("batch", "tokens_per_s", "step_ms", "context_tokens", "bytes_per_step", "achieved_bytes_per_s",
+                 "copy_bandwidth_ratio", "ttft_ms", "steps", "short_run_s", "long_run_s")
+PREFILL_FIELDS = ("tokens", "tokens_per_s", "ttft_ms", "flops", "achieved_flops_per_s", "matmul_peak_ratio")
+LIMIT_FIELDS = ("copy_buffer_bytes", "copy_bytes_per_s", "matmul_n", "matmul_flops_per_s")
+
+
+def test_bench_cli_writes_a_complete_report(bench_env, tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "ninfer.cli.main", "bench", "--device", "cpu", "--max-context", "300",
+           "--batches", "1,2", "--prefill-lengths", "32,1000", "--decode-prompt-tokens", "8",
+           "--decode-base-tokens", "2", "--decode-steps", "6", "--repeats", "1", "--warmup", "1",
+           "--copy-mib", "16", "--matmul-size", "128", "--output", str(out)]
+    run = subprocess.run(cmd, env=bench_env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "decode:" in run.stdout and "prefill:" in run.stdout and "of copy BW" in run.stdout
+    assert "capped to max_context - 1 = 299" in run.stderr
+
+    report = json.loads(out.read_text())
+    for key in ("schema", "date", "command", "ninfer_version", "machine", "model", "engine", "settings", "profile",
+                "limits", "decode", "prefill", "memory"):
+        assert key in report, key
+    assert report["command"].startswith("ninfer bench --max-context 300 --device cpu --batches 1,2")
+    assert report["engine"]["device"] == "cpu" and report["engine"]["max_context"] == 300
+    assert report["prefill_lengths_requested"] == [32, 1000]
+    limits = report["limits"]
+    assert all(limits[k] > 0 for k in LIMIT_FIELDS)
+    assert [r["batch"] for r in report["decode"]] == [1, 2]
+    assert [r["tokens"] for r in report["prefill"]] == [32, 299]
+    for row in report["decode"]:
+        assert all(row[k] > 0 for k in DECODE_FIELDS), row
+    for row in report["prefill"]:
+        assert all(row[k] > 0 for k in PREFILL_FIELDS), row
+
+    profile = ModelProfile(**report["profile"])
+    for row in report["decode"]:
+        assert row["context_tokens"] == 8 + 2 + (6 - 1) / 2
+        assert row["bytes_per_step"] == decode_step_bytes(profile, row["batch"], row["context_tokens"])
+        assert abs(row["tokens_per_s"] * row["step_ms"] / 1000 - row["batch"]) < 1e-9
+        ratio = row["bytes_per_step"] / (row["step_ms"] / 1000) / limits["copy_bytes_per_s"]
+        assert abs(row["copy_bandwidth_ratio"] - ratio) < 1e-9 * ratio
+    for row in report["prefill"]:
+        assert row["flops"] == prefill_flops(profile, row["tokens"])
+        ratio = row["flops"] / (row["ttft_ms"] / 1000) / limits["matmul_flops_per_s"]
+        assert abs(row["matmul_peak_ratio"] - ratio) < 1e-9 * ratio
+    mem = report["memory"]
+    assert mem["measured"] and mem["weights_bytes"] == profile.weight_bytes > 0 and mem["kv_bytes"] > 0
+
+
+def test_bench_refuses_a_batch_over_max_concurrency(bench_env):
+    run = subprocess.run([sys.executable, "-m", "ninfer.cli.main", "bench", "--device", "cpu", "--max-concurrency",
+                          "1", "--batches", "2", "--no-prefill", "--copy-mib", "8", "--matmul-size", "64",
+                          "--quiet"], env=bench_env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    assert "batch 2 exceeds the engine's max_concurrency 1" in run.stderr

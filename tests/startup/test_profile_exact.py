@@ -1,0 +1,99 @@
+"""The Qwen3.5 ModelProfile's exact figures equal the bytes the Program really allocates.
+
+For each artifact (bf16-stored tied dense; fp32-stored untied MoE) and run dtype (fp32, bf16) a
+Program is built on the CPU the way startup builds it; the distinct storages reachable from its
+model, KV pool and StateImage storage are measured and compared byte for byte with the profile, and
+the storages the Program created itself (not the loader's) with ``converted_weight_bytes``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ninfer.artifact import ArtifactReader, load_weights
+from ninfer.ops import resolve_ops
+from ninfer.plugins import get_registry
+from ninfer.runtime.contract.architecture import ProgramInit, ProgramOptions
+from ninfer.runtime.contract.features import StartupFeatures
+from ninfer.runtime.engine.model_startup import resident_tensor_bytes, weight_source
+
+
+def _storages(root) -> dict[int, int]:
+    out: dict[int, int] = {}
+    stack = [root]
+    seen: set[int] = set()
+    while stack:  # the same walk as resident_tensor_bytes, keeping the storage keys
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            out[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+        elif id(obj) not in seen:
+            seen.add(id(obj))
+            if isinstance(obj, dict):
+                stack.extend(obj.values())
+            elif isinstance(obj, (list, tuple)):
+                stack.extend(obj)
+            elif type(obj).__module__.startswith("ninfer"):
+                stack.extend(vars(obj).values())
+    return out
+
+
+def _build(artifact, dtype, *, num_pages=12, page_size=8, lanes=3):
+    features = StartupFeatures()
+    with ArtifactReader.open(artifact) as reader:
+        config = reader.component("text").config
+        spec = get_registry().architecture(config["architectures"][0])
+        specs = spec.parameter_specs(config, features)
+        source = weight_source(reader, specs)
+        weights = load_weights(reader, specs, "cpu")
+    profile = spec.profile(config, features, dtype=dtype, stored_dtypes=source.stored_dtypes)
+    ops = resolve_ops(get_registry().ops, "cpu", dtype, force="reference")
+    options = ProgramOptions(device=torch.device("cpu"), dtype=dtype, max_sequences=lanes, page_size=page_size,
+                             num_pages=num_pages, max_context=num_pages * page_size)
+    program = spec.create_program(ProgramInit(config=config, weights=weights, ops=ops, options=options,
+                                              features=features))
+    return profile, program, weights, source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("which", ["default_artifact", "tiny_moe_artifact"])
+def test_profile_equals_allocated_bytes(request, which, dtype):
+    artifact = request.getfixturevalue(which)
+    profile, program, loaded, source = _build(artifact, dtype)
+    assert resident_tensor_bytes(program.model) == profile.weight_bytes
+    assert resident_tensor_bytes(program.kv) == 12 * 8 * profile.kv_bytes_per_token
+    assert resident_tensor_bytes(program.states) == 3 * profile.state_bytes_per_sequence
+    assert program.kv.bytes_per_token == profile.kv_bytes_per_token
+    created = {k: n for k, n in _storages(program.model).items() if k not in _storages(loaded)}
+    assert sum(created.values()) == profile.converted_weight_bytes
+    # The loader never holds more than the planner's load_bytes (all parents plus gathered copies).
+    assert 0 < resident_tensor_bytes(loaded) <= source.load_bytes
+
+
+def test_stored_dtype_decides_what_is_converted(default_artifact, tiny_moe_artifact):
+    """bf16 stored + bf16 run: only the derived fp32 tensors are new; fp32 stored + fp32 run likewise;
+    a different run dtype converts (nearly) every weight."""
+    for artifact, same, other in ((default_artifact, torch.bfloat16, torch.float32),
+                                  (tiny_moe_artifact, torch.float32, torch.bfloat16)):
+        p_same = _build(artifact, same)[0]
+        p_other = _build(artifact, other)[0]
+        assert p_same.converted_weight_bytes < p_same.weight_bytes // 50
+        assert p_other.converted_weight_bytes > p_other.weight_bytes * 0.98
+
+
+def test_engine_memory_summary_matches_the_program(default_artifact):
+    from ninfer import Engine
+
+    with Engine.start(default_artifact, device="cpu", max_concurrency=2, max_context=256) as engine:
+        m = engine.memory_summary()
+        program = engine._owned.program
+        assert m is not None and m.measured
+        assert engine.info["memory"] == m.as_dict()
+        assert m.kv_bytes == resident_tensor_bytes(program.kv)
+        assert m.state_bytes == resident_tensor_bytes(program.states)
+        assert m.weights_bytes == resident_tensor_bytes(program.model)
+        # CPU: what start left held is exactly the Program's weights, KV and State.
+        assert m.startup_retained_bytes == m.weights_bytes + m.kv_bytes + m.state_bytes
+        assert m.runtime_reservation_bytes == m.kv_bytes + m.state_bytes
+        assert m.kv_candidate == "every lane at max_context" and m.num_pages == 2 * 256 // 16
+        assert (m.graph_calibration_growth_bytes, m.graph_retained_after_release_bytes,
+                m.graph_rebuild_estimate_bytes, m.graph_final_growth_bytes) == (0, 0, 0, 0)
