@@ -7,8 +7,8 @@ scaled, then  S <- e^g S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S
 Invariants:
 - All arithmetic is fp32 and every tl.dot uses ``input_precision=_DOT_PRECISION`` = "ieee" (FMA units): the
   state must stay within 2e-6 (normwise) of the fp64 recurrence even for bf16 inputs, which tf32 (~3e-4) or
-  bf16 operands cannot give. "tf32x3" (three tf32 tensor-core products, ~fp32 accuracy) is the faster
-  candidate the benchmark measures; it is not the default until it is shown to meet the criteria.
+  bf16 operands cannot give. (A "tf32x3" build of these kernels hit an illegal memory access under
+  Triton 3.6 on an H200 and was not pursued; keep "ieee".)
 - States are read and written in place (``state`` / ``states[slots[b]]``); other slots are never touched.
 - No host synchronisation: grids and scratch sizes depend only on shapes, the decode slot ids are read on the
   device, so ``gdn_recurrent_step`` can be captured in a CUDA graph.
@@ -41,7 +41,7 @@ CHUNK = 64
 _SEG_CHUNKS = 128
 # Launch settings on CUDA (ignored by the interpreter); module-level so a benchmark can vary them.
 _STEP_BV = 32
-_DOT_PRECISION = "ieee"
+_DOT_PRECISION = "ieee"  # see the module docstring before changing
 _PREP_KW = {"num_warps": 8, "num_stages": 1}
 _SCAN_KW = {"num_warps": 8, "num_stages": 1}
 
@@ -112,8 +112,8 @@ def _store_scr(ptr, r, col0, x, KS: tl.constexpr, W: tl.constexpr):
     tl.store(ptr + r[:, None] * W + cols[None, :], x, mask=(cols < W)[None, :])
 
 
-# In the prep kernel every head dim (Dk, Dv <= 128) is handled as 4 column slices of KS = max(16, B / 4) (32 at 128): Triton's
-# IEEE fp32 dot runs on FMA units and materialises its operands per thread, so one [64, 128] x [128, 64]
+# In the prep kernel every head dim (Dk, Dv <= 128) is handled as 4 column slices of KS = max(16, B / 4)
+# (32 at 128): Triton's IEEE fp32 dot runs on FMA units and materialises its operands per thread, so one [64, 128] x [128, 64]
 # dot spills heavily, while dots whose K is one slice do not. Slices past the padded width are all-zero
 # (masked) and only cost time at the tiny test dims.
 @triton.jit
@@ -135,15 +135,19 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
     # Padded tokens (t >= T) load as q = k = v = 0, g = beta = 0: they add nothing to U, W, O or S.
     g = tl.load(g_ptr + t * sg_t + h * sg_h, mask=tm, other=0.0).to(tl.float32)
     beta = tl.load(b_ptr + t * sb_t + h * sb_h, mask=tm, other=0.0).to(tl.float32)
-    cum = tl.cumsum(g, 0)                                                   # G_t
-    # G_L taken from the same cumsum (not a separate tl.sum): e^{G_L - G_s} must be exactly 1 at s = L even
-    # when |G| is large and the two summation orders would round differently.
-    g_last = tl.sum(tl.where(rows == BT - 1, cum, 0.0), 0)
-    tl.store(gl_ptr + h * NCH + c, g_last)
+    # G_t in fp64: a parallel fp32 scan rounds G_t and G_s through different partial sums, so G_t - G_s (and
+    # e^{G_t - G_s}) near the diagonal carried errors of ~ulp(|G|) -- 6e-5 relative in the state at gates
+    # of -30/token (seen on an H200) -- while the terms that dominate are exactly those near the diagonal.
+    # In fp64 every difference is exact to fp32 rounding of the true segment sum. [64] and [64, 64] fp64 ops:
+    # negligible cost.
+    cum64 = tl.cumsum(g.to(tl.float64), 0)                                   # G_t
+    # G_L taken from the same cumsum: e^{G_L - G_s} is exactly 1 at s = L.
+    g_last64 = tl.sum(tl.where(rows == BT - 1, cum64, 0.0), 0)
+    tl.store(gl_ptr + h * NCH + c, g_last64.to(tl.float32))
     causal = rows[:, None] >= rows[None, :]
     # Mask before exp: above the diagonal G_t - G_s >= 0 could overflow; M is 0 there anyway.
-    decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))
-    gamma = tl.exp(cum)
+    decay = tl.exp(tl.where(causal, (cum64[:, None] - cum64[None, :]).to(tl.float32), float("-inf")))
+    gamma = tl.exp(cum64.to(tl.float32))
 
     kp = k_ptr + hk * sk_h
     k0 = _load_in(kp, t, tm, sk_t, 0 * KS, KS, DK)
@@ -186,7 +190,7 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
         inv = tl.where(rows[:, None] == i, inv - contrib[None, :], inv)
 
     bg = (beta * gamma)[:, None]
-    tail = tl.exp(g_last - cum)[:, None]
+    tail = tl.exp((g_last64 - cum64).to(tl.float32))[:, None]
     _store_scr(w_ptr, r, 0 * KS, tl.dot(inv, bg * k0, input_precision=PREC), KS, BK)
     _store_scr(w_ptr, r, 1 * KS, tl.dot(inv, bg * k1, input_precision=PREC), KS, BK)
     _store_scr(w_ptr, r, 2 * KS, tl.dot(inv, bg * k2, input_precision=PREC), KS, BK)
