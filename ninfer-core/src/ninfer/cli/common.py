@@ -44,6 +44,13 @@ def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int | N
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--no-thinking", action="store_true", help="render the chat prompt with enable_thinking=false")
+    c = p.add_argument_group("constrained output (at most one; a chat answer is constrained after its reasoning)")
+    one = c.add_mutually_exclusive_group()
+    one.add_argument("--json", action="store_true", help="the output is a JSON object")
+    one.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid against the JSON Schema in FILE")
+    one.add_argument("--regex", metavar="PATTERN", help="the whole output matches PATTERN")
+    one.add_argument("--choice", action="append", metavar="TEXT", help="the output is one of these (repeatable)")
+    one.add_argument("--grammar", metavar="FILE", help="the output is a sentence of the GBNF grammar in FILE (root rule)")
 
 
 def engine_options(args: argparse.Namespace):
@@ -95,4 +102,31 @@ def sampling_params(engine, args: argparse.Namespace):
 def output_options(args: argparse.Namespace, *, chat: bool):
     from ninfer.runtime.contract.frontend import OutputOptions
 
-    return OutputOptions(stop=tuple(args.stop or ()), parse_reasoning=chat, parse_tool_calls=chat)
+    return OutputOptions(stop=tuple(args.stop or ()), parse_reasoning=chat, parse_tool_calls=chat,
+                         constraint=output_constraint(args))
+
+
+def output_constraint(args: argparse.Namespace):
+    """The OutputConstraint the flags ask for (None without one); a file that cannot be read is an
+    InvalidConstraintError naming it."""
+    from ninfer.runtime.contract.constraint import OutputConstraint
+    from ninfer.runtime.contract.errors import InvalidConstraintError
+
+    def read(flag: str, path: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidConstraintError(f"{flag}: cannot read {path}: {exc}") from exc
+
+    if getattr(args, "json", False):
+        return OutputConstraint.json_object()
+    if getattr(args, "json_schema", None) is not None:
+        return OutputConstraint.json_schema(read("--json-schema", args.json_schema))
+    if getattr(args, "regex", None) is not None:
+        return OutputConstraint.regex(args.regex)
+    if getattr(args, "choice", None):
+        return OutputConstraint.choice(args.choice)
+    if getattr(args, "grammar", None) is not None:
+        return OutputConstraint.gbnf(read("--grammar", args.grammar))
+    return None

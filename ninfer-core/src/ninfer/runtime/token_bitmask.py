@@ -6,7 +6,7 @@ significant first) of word ``i // 32`` is set. Bits at or past ``V`` are ignored
 
 :func:`apply_bitmask` sets banned logits to -inf. Invariants: allowed logits are left bit-exact, the
 result does not depend on other rows, and it works on any device (the words are unpacked on the
-logits' device through a 256-entry byte table, so a mask crosses the bus as V/8 bytes, not V).
+logits' device, so a mask crosses the bus as V/8 bytes, not V).
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ import torch
 
 from ninfer.runtime.contract.program import TokenMaskProvider
 
-_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
+_BIT_VALUES: dict[torch.device, torch.Tensor] = {}
 
 
 def words_per_row(vocab: int) -> int:
     return (vocab + 31) // 32
 
 
-def _byte_bits(device: torch.device) -> torch.Tensor:
-    """[256, 8] bool: bit j (LSB first) of each byte value."""
-    table = _BYTE_BITS.get(device)
+def _bit_values(device: torch.device) -> torch.Tensor:
+    """int32 [32]: the value of bit j alone (bit 31 is the sign bit, -2**31)."""
+    table = _BIT_VALUES.get(device)
     if table is None:
-        values = torch.arange(256, dtype=torch.int32)
-        table = ((values[:, None] >> torch.arange(8, dtype=torch.int32)) & 1).bool().to(device)
-        _BYTE_BITS[device] = table
+        table = torch.tensor([(1 << j) - (1 << 32) if j == 31 else 1 << j for j in range(32)],
+                             dtype=torch.int32, device=device)
+        _BIT_VALUES[device] = table
     return table
 
 
@@ -38,11 +38,8 @@ def unpack_bitmask(words: torch.Tensor, vocab: int) -> torch.Tensor:
     """int32 words [B, ceil(V/32)] -> bool allowed [B, V] on the words' device."""
     if words.dtype != torch.int32 or words.dim() != 2 or words.shape[1] != words_per_row(vocab):
         raise ValueError(f"expected int32 words [B, {words_per_row(vocab)}], got {words.dtype} {tuple(words.shape)}")
-    # Little-endian bytes of each word: byte k holds bits 8k..8k+7, matching bit i % 32 of word i // 32.
-    as_bytes = words.contiguous().view(torch.uint8)
-    if not torch.tensor([1], dtype=torch.int32).view(torch.uint8)[0].item() == 1:
-        raise RuntimeError("token bitmasks assume a little-endian host")
-    bits = _byte_bits(words.device)[as_bytes.long()]  # [B, 4W, 8]
+    # Element (b, w, j) is bit j of word w, i.e. token 32 * w + j: row-major order is token order.
+    bits = (words.unsqueeze(-1) & _bit_values(words.device)) != 0
     return bits.reshape(words.shape[0], -1)[:, :vocab]
 
 
