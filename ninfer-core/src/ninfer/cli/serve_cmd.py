@@ -81,6 +81,9 @@ def run(args) -> int:
             print(f"[ninfer] loaded {model_id} in {time.monotonic() - started:.1f} s "
                   f"(max_concurrency {engine.options.max_concurrency}, max_context {engine.max_context})",
                   file=sys.stderr)
+            from ninfer.runtime.contract.memory import format_memory_summary
+
+            print(format_memory_summary(engine.memory_summary()), file=sys.stderr)
         if not args.no_warmup:
             took = warm_up(engine)
             if not args.quiet:
