@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-SUBCOMMANDS = ("generate", "chat", "serve", "score", "info", "plugins")
+SUBCOMMANDS = ("generate", "chat", "serve", "score", "bench", "info", "plugins")
 
 
 def test_help_lists_every_subcommand(run_cli):
