@@ -30,7 +30,6 @@ import torch
 
 from ninfer.core.kv_pool import PagedKVCache
 from ninfer.core.state_image import StateImageStorage
-from ninfer.runtime.token_bitmask import apply_bitmask, fill_bitmasks
 from ninfer.runtime.contract.program import (
     ExecutionUnit,
     OutOfSlotsError,
@@ -44,6 +43,7 @@ from ninfer.runtime.contract.program import (
     SeqId,
     TokenLogprob,
 )
+from ninfer.runtime.token_bitmask import apply_bitmask, fill_bitmasks
 
 
 @dataclass
