@@ -2,8 +2,10 @@
 
 Requests accept and ignore unknown fields (see :mod:`ninfer_serve.body`). Fields the OpenAI API
 defines but this server cannot honour are declared and validated so that only their neutral values
-pass: ``n`` > 1, a ``response_format`` other than text, a non-zero ``logit_bias``, audio output, and
-``suffix``/``best_of`` > 1 on Completions are 400s naming the field. vLLM extensions that map onto
+pass: ``n`` > 1, a non-zero ``logit_bias``, audio output, and
+``suffix``/``best_of`` > 1 on Completions are 400s naming the field. ``response_format`` (text,
+json_object, json_schema) and vLLM's ``guided_*`` fields become output constraints
+(:mod:`ninfer_serve.constraints`). vLLM extensions that map onto
 the engine (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
 ``chat_template_kwargs``) are supported.
 """
@@ -20,7 +22,6 @@ from pydantic import (
     StrictInt,
     field_validator,
     model_serializer,
-    model_validator,
 )
 
 INT64 = 2**63
@@ -39,14 +40,10 @@ class StreamOptions(Lenient):
 
 
 class ResponseFormat(Lenient):
-    type: Literal["text", "json_object", "json_schema"]
+    """Checked and mapped to a constraint by :func:`ninfer_serve.constraints.body_constraint`."""
 
-    @model_validator(mode="after")
-    def _only_text(self) -> ResponseFormat:
-        if self.type != "text":
-            raise ValueError(f"response_format type {self.type!r} needs constrained decoding, which this "
-                             "server does not provide yet; only 'text' is accepted")
-        return self
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
 
 
 def _check_stop(value: str | list[str] | None) -> str | list[str] | None:

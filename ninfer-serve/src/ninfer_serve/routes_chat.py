@@ -26,6 +26,7 @@ from ninfer_serve.chat_input import (
     template_options,
     tool_policy,
 )
+from ninfer_serve.constraints import ConstraintFieldError, body_constraint
 from ninfer_serve.disconnect import unless_disconnected
 from ninfer_serve.errors import ApiError, bad_request, openai_body
 from ninfer_serve.gateway import Gateway
@@ -111,8 +112,12 @@ async def chat_completions(request: Request) -> Response:
         "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos or None,
         "logprobs": req.logprobs or None, "top_logprobs": req.top_logprobs if req.logprobs else None,
     }, max_tokens=budget)
+    try:
+        constraint = body_constraint(req.response_format, req.model_extra)
+    except ConstraintFieldError as exc:
+        raise bad_request(str(exc), param=exc.param) from None
     output = OutputOptions(stop=req.stop_list, tools=tuple(tools), parse_reasoning=not policy.forced_prefix,
-                           parse_tool_calls=policy.session_parses_calls)
+                           parse_tool_calls=policy.session_parses_calls, constraint=constraint)
     gen = gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived,
                     id_prefix="chatcmpl-", prompt_param="messages", transforms=transforms_for(policy, tools))
     headers = {"x-request-id": gen.request_id}

@@ -1,0 +1,144 @@
+"""OpenAI/vLLM request fields -> the engine's :class:`OutputConstraint` (constrained decoding).
+
+Accepted sources, at most one per request (two are a 400 naming the second field):
+
+- ``response_format``: ``{"type": "text"}`` (no constraint), ``{"type": "json_object"}``, or
+  ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}``. ``strict``
+  false does not relax anything: the output always satisfies the schema.
+- vLLM's ``guided_json`` (schema object or JSON text), ``guided_regex``, ``guided_choice`` (list of
+  strings), ``guided_grammar`` (GBNF, root rule ``root``), and the newer
+  ``structured_outputs: {json | regex | choice | grammar}`` with the same meanings.
+- ``tool_choice`` ``"required"`` or ``{"type": "function", "function": {"name": ...}}`` with tools:
+  :func:`tool_constraint` (the output is a Qwen tool call whose arguments satisfy the tool's schema);
+  it cannot be combined with a body constraint.
+
+The mapping checks shapes only; whether a grammar or schema compiles is decided by the engine at
+submit (``InvalidConstraintError``, a 400 naming the problem).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ninfer.runtime.contract.constraint import OutputConstraint
+from ninfer.runtime.contract.errors import InvalidConstraintError
+
+GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_STRUCTURED = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice", "grammar": "guided_grammar"}
+
+
+class ConstraintFieldError(ValueError):
+    """A request field does not describe a constraint; ``param`` names the field (for the 400)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _plain(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    return dump(exclude_none=True) if callable(dump) else value
+
+
+def _from_response_format(value: Any) -> OutputConstraint | None:
+    rf = _plain(value)
+    if rf is None:
+        return None
+    if not isinstance(rf, Mapping):
+        raise ConstraintFieldError("response_format must be an object", "response_format")
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputConstraint.json_object()
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if not isinstance(schema, Mapping):
+            raise ConstraintFieldError("response_format json_schema needs json_schema.schema, a JSON Schema object",
+                                       "response_format.json_schema.schema")
+        return _build(lambda: OutputConstraint.json_schema(schema), "response_format.json_schema.schema")
+    raise ConstraintFieldError(f"response_format type {kind!r} is not one of text, json_object, json_schema",
+                               "response_format.type")
+
+
+def _build(make, param: str) -> OutputConstraint:
+    try:
+        return make()
+    except InvalidConstraintError as exc:
+        raise ConstraintFieldError(str(exc), param) from exc
+
+
+def _from_guided(field: str, value: Any, param: str) -> OutputConstraint:
+    if field == "guided_json":
+        if isinstance(value, str):
+            return _build(lambda: OutputConstraint.json_schema(value), param)
+        if isinstance(value, Mapping):
+            return _build(lambda: OutputConstraint.json_schema(value), param)
+        raise ConstraintFieldError(f"{param} must be a JSON Schema object or its JSON text", param)
+    if field == "guided_choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise ConstraintFieldError(f"{param} must be a non-empty list of non-empty strings", param)
+        return OutputConstraint.choice(value)
+    if not isinstance(value, str) or not value:
+        raise ConstraintFieldError(f"{param} must be a non-empty string", param)
+    if field == "guided_regex":
+        return OutputConstraint.regex(value)
+    return OutputConstraint.gbnf(value)
+
+
+def body_constraint(response_format: Any = None, extra: Mapping[str, Any] | None = None) -> OutputConstraint | None:
+    """The constraint of ``response_format`` and the vLLM fields in ``extra`` (the request's unknown
+    fields, e.g. a pydantic ``model_extra``); None when the request has none."""
+    found: list[tuple[str, OutputConstraint]] = []
+    rf = _from_response_format(response_format)
+    if rf is not None:
+        found.append(("response_format", rf))
+    extra = dict(extra or {})
+    for field in GUIDED:
+        if extra.get(field) is not None:
+            found.append((field, _from_guided(field, extra[field], field)))
+    structured = extra.get("structured_outputs")
+    if structured is not None:
+        if not isinstance(structured, Mapping):
+            raise ConstraintFieldError("structured_outputs must be an object", "structured_outputs")
+        for key, field in _STRUCTURED.items():
+            if structured.get(key) is not None:
+                param = f"structured_outputs.{key}"
+                found.append((param, _from_guided(field, structured[key], param)))
+    if len(found) > 1:
+        raise ConstraintFieldError(f"only one output constraint may be given, got {', '.join(f for f, _ in found)}",
+                                   found[1][0])
+    return found[0][1] if found else None
+
+
+def tool_constraint(tool_choice: Any, *, has_tools: bool, parallel: bool) -> OutputConstraint | None:
+    """``tool_choice`` required/named as a tools constraint (None for auto/none/absent)."""
+    choice = _plain(tool_choice)
+    if choice is None or choice in ("auto", "none"):
+        return None
+    if not has_tools:
+        raise ConstraintFieldError("tool_choice forces a tool call but the request has no tools", "tool_choice")
+    if choice == "required":
+        return OutputConstraint.tools("required", parallel=parallel)
+    name = choice.get("function", {}).get("name") if isinstance(choice, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise ConstraintFieldError("tool_choice must be none, auto, required or {type: function, function: {name}}",
+                                   "tool_choice")
+    return OutputConstraint.tools(name, parallel=parallel)
+
+
+def request_constraint(*, response_format: Any = None, extra: Mapping[str, Any] | None = None,
+                       tool_choice: Any = None, has_tools: bool = False, parallel: bool = True
+                       ) -> OutputConstraint | None:
+    """The one constraint of a Chat Completions request: a body constraint or a forced tool call."""
+    body = body_constraint(response_format, extra)
+    tools = tool_constraint(tool_choice, has_tools=has_tools, parallel=parallel)
+    if body is not None and tools is not None:
+        raise ConstraintFieldError("a forced tool call (tool_choice required or named) cannot be combined with "
+                                   "response_format or guided_* output constraints", "tool_choice")
+    return body or tools
+
+
+__all__ = ["GUIDED", "ConstraintFieldError", "body_constraint", "request_constraint", "tool_constraint"]

@@ -1,0 +1,105 @@
+"""Constrained output over HTTP (/v1/chat/completions): response_format json_object / json_schema and
+vLLM's guided_json / guided_regex / guided_choice / guided_grammar, on the real default model at
+temperature 1.0 (the tiny model knows no JSON: only the constraint makes the output valid), plus the
+field -> OutputConstraint mapping of ninfer_serve.constraints."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+from ninfer.runtime.contract.constraint import OutputConstraint
+from ninfer_serve.constraints import ConstraintFieldError, body_constraint, request_constraint, tool_constraint
+from serve_helpers import MODEL_ID, client_for, wait_idle
+
+SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 10},
+                                           "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+          "required": ["title", "year"], "additionalProperties": False}
+NO_THINK = {"enable_thinking": False}
+
+
+def test_mapping_of_fields():
+    assert body_constraint(None, {}) is None
+    assert body_constraint({"type": "text"}) is None
+    assert body_constraint({"type": "json_object"}) == OutputConstraint.json_object()
+    assert body_constraint({"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}) \
+        == OutputConstraint.json_schema(SCHEMA)
+    assert body_constraint(None, {"guided_json": json.dumps(SCHEMA)}) == OutputConstraint.json_schema(SCHEMA)
+    assert body_constraint(None, {"guided_regex": "a+"}) == OutputConstraint.regex("a+")
+    assert body_constraint(None, {"guided_choice": ["x", "y"]}) == OutputConstraint.choice(["x", "y"])
+    assert body_constraint(None, {"guided_grammar": 'root ::= "a"'}) == OutputConstraint.gbnf('root ::= "a"')
+    assert body_constraint(None, {"structured_outputs": {"choice": ["x"]}}) == OutputConstraint.choice(["x"])
+    assert tool_constraint("required", has_tools=True, parallel=False) == OutputConstraint.tools("required")
+    assert tool_constraint({"type": "function", "function": {"name": "f"}}, has_tools=True, parallel=True) \
+        == OutputConstraint.tools("f", parallel=True)
+    assert tool_constraint("auto", has_tools=True, parallel=True) is None
+
+
+@pytest.mark.parametrize("call, param", [
+    (lambda: body_constraint({"type": "json_schema"}), "response_format.json_schema.schema"),
+    (lambda: body_constraint({"type": "json_object"}, {"guided_choice": ["a"]}), "guided_choice"),
+    (lambda: body_constraint(None, {"guided_choice": []}), "guided_choice"),
+    (lambda: body_constraint(None, {"guided_json": "{nope"}), "guided_json"),
+    (lambda: body_constraint(None, {"structured_outputs": {"regex": 5}}), "structured_outputs.regex"),
+    (lambda: tool_constraint("required", has_tools=False, parallel=True), "tool_choice"),
+    (lambda: request_constraint(response_format={"type": "json_object"}, tool_choice="required", has_tools=True),
+     "tool_choice"),
+])
+def test_mapping_errors_name_the_field(call, param):
+    with pytest.raises(ConstraintFieldError) as info:
+        call()
+    assert info.value.param == param
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    with client_for(engine) as c:
+        yield c
+    wait_idle(engine)
+
+
+def _content(client, seed: int, **fields) -> dict:
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Describe json.dumps."}],
+            "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": seed, "max_tokens": 160,
+            "chat_template_kwargs": NO_THINK, **fields}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    return choice["message"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_response_format_json_schema(client, seed):
+    fmt = {"type": "json_schema", "json_schema": {"name": "book", "schema": SCHEMA, "strict": True}}
+    jsonschema.validate(json.loads(_content(client, seed, response_format=fmt)["content"]), SCHEMA)
+
+
+def test_response_format_json_object(client):
+    # Any object: the tiny model may ramble inside strings, so give it room and accept only a stop.
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "{}"}], "temperature": 0.0,
+            "max_tokens": 300, "chat_template_kwargs": NO_THINK, "response_format": {"type": "json_object"}}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(choice["message"]["content"]), dict)
+    else:
+        assert choice["message"]["content"].startswith("{")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_guided_fields(client, seed):
+    assert re.fullmatch(r"[a-z]{2,5}-[0-9]{2}", _content(client, seed, guided_regex=r"[a-z]{2,5}-[0-9]{2}")["content"])
+    assert _content(client, seed, guided_choice=["alpha", "beta", "gamma"])["content"] in ("alpha", "beta", "gamma")
+    grammar = 'root ::= "v" [0-9] "." [0-9]{1,2}'
+    assert re.fullmatch(r"v[0-9]\.[0-9]{1,2}", _content(client, seed, guided_grammar=grammar)["content"])
+    jsonschema.validate(json.loads(_content(client, seed, guided_json=SCHEMA)["content"]), SCHEMA)
+
+
+def test_a_grammar_that_does_not_compile_is_a_400_naming_it(client):
+    r = client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}],
+                                                  "guided_grammar": "root ::= nowhere"})
+    assert r.status_code == 400, r.text
+    assert "nowhere" in r.json()["error"]["message"]
