@@ -25,7 +25,8 @@ ENTRY_POINT_GROUP = "ninfer"
 ENV_FILTER = "NINFER_PLUGINS"
 
 # Core features, registered as plugins exactly like third-party ones (module paths inside ninfer).
-DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (("reference_ops", "ninfer.ops.reference.plugin"),)
+DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (("reference_ops", "ninfer.ops.reference.plugin"),
+                                                  ("triton_ops", "ninfer.ops.triton.plugin"))
 
 
 class PluginError(NInferError):

@@ -1,0 +1,15 @@
+"""Triton kernels for the op contracts of :mod:`ninfer.ops.contracts` (CUDA, priority 10).
+
+Each module holds one kernel family and a module-level ``OPS`` list of
+:class:`~ninfer.ops.registry.OpImpl`; :mod:`ninfer.ops.triton.plugin` registers them through the
+``ninfer_ops`` hook only when triton imports and a CUDA device is present. The same kernels run on
+CPU tensors under ``TRITON_INTERPRET=1`` (how the CPU test suite checks them at tiny sizes).
+
+Invariants shared by every kernel here:
+- No host synchronisation in the launch path (no ``.item()``/``.tolist()``/``bool(tensor)``): grids
+  and block sizes come from tensor *shapes* only, so launches can be captured in CUDA graphs. The one
+  exception is ``kv_cache_write``'s out-of-range check, which the contract requires to raise (see there).
+- Results depend on a row's own inputs only, never on the batch it was launched in (grid sizes change
+  how many programs exist, never how a row's arithmetic is partitioned).
+- Importing this package does not import triton; the kernel modules do.
+"""

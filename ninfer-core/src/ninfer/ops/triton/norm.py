@@ -1,0 +1,146 @@
+"""Triton RMSNorm variants of Qwen3.5: ``rms_norm``, ``add_rms_norm``, ``gated_rms_norm``.
+
+Invariants (those of :mod:`ninfer.ops.reference.norm`, kept cast for cast):
+- Statistics in fp32: ``inv = rsqrt(sum(x^2) / N + eps)`` per row of the last dim.
+- ``rms_norm``: ``(x * inv) * (1 + w)`` in fp32, one rounding to x.dtype.
+- ``add_rms_norm``: the residual sum is rounded to x.dtype first and *that* value is normalised, so the
+  residual stream equals an unfused add and the output equals rms_norm of it.
+- ``gated_rms_norm``: ``n = x * inv`` rounded to x.dtype; ``n * w`` rounded to torch's promoted dtype of
+  (x, w) (bf16 * bf16 stays bf16, as in the model's module); times ``silu(fp32 gate)``; rounded to x.dtype.
+- A row is held whole in registers (BLOCK_N = next power of two >= N), several rows per program when N is
+  small; rows never interact, so results do not depend on how rows are grouped.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.ops.registry import OpImpl
+from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2
+
+_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """[M, N] view (a copy only if the layout cannot be viewed) with a unit last-dim stride."""
+    t2 = t.reshape(-1, n)
+    return t2 if t2.stride(-1) == 1 or n == 1 else t2.contiguous()
+
+
+def _config(n: int) -> dict:
+    block_n = next_pow2(n)
+    block_m = max(1, min(64, 4096 // block_n))
+    elems = block_m * block_n
+    return dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=16 if elems >= 16384 else 8 if elems >= 8192 else 4)
+
+
+@triton.jit
+def _inv_rms(xf, N: tl.constexpr, eps):
+    return tl.rsqrt(tl.sum(xf * xf, 1) / N + eps)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    xf = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    y = (xf * _inv_rms(xf, N, eps)[:, None]) * (1.0 + w[None, :])
+    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, M, eps, stride_x, stride_r, stride_y, stride_res,
+                         N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    res = cast(x + r, res_ptr.dtype.element_ty, INTERP)  # the rounded sum: both outputs derive from it
+    tl.store(res_ptr + rows64[:, None] * stride_res + cols[None, :], res, mask=mask)
+    xf = res.to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    y = (xf * _inv_rms(xf, N, eps)[:, None]) * (1.0 + w[None, :])
+    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
+
+
+@triton.jit
+def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_g, stride_y, N: tl.constexpr,
+                           NW_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           INTERP: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    xf = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + rows64[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    n = cast(xf * _inv_rms(xf, N, eps)[:, None], y_ptr.dtype.element_ty, INTERP).to(tl.float32)
+    nw = cast(n * w[None, :], NW_DTYPE, INTERP).to(tl.float32)
+    y = nw * (g / (1.0 + tl.exp(-g)))
+    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm over the last dim; ``weight[N]`` is the offset from 1."""
+    launch_ok(x)
+    n = x.shape[-1]
+    x2 = _rows(x, n)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    m = x2.shape[0]
+    if m:
+        cfg = _config(n)
+        _rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
+            x2, weight.contiguous(), y, m, eps, x2.stride(0), y.stride(0), N=n, BLOCK_M=cfg["BLOCK_M"],
+            BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET, num_warps=cfg["num_warps"])
+    return y.view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(rms_norm(x + residual), x + residual)``; inputs are not modified."""
+    launch_ok(x)
+    n = x.shape[-1]
+    x2, r2 = _rows(x, n), _rows(residual, n)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    res = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    m = x2.shape[0]
+    if m:
+        cfg = _config(n)
+        _add_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
+            x2, r2, weight.contiguous(), y, res, m, eps, x2.stride(0), r2.stride(0), y.stride(0), res.stride(0),
+            N=n, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET, num_warps=cfg["num_warps"])
+    return y.view(x.shape), res.view(x.shape)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``(cast_x(norm(x)) * weight) * silu(fp32(gate))`` cast to x.dtype; norm over the last dim."""
+    launch_ok(x)
+    n = x.shape[-1]
+    x2, g2 = _rows(x, n), _rows(gate, n)
+    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    m = x2.shape[0]
+    if m:
+        cfg = _config(n)
+        nw_dtype = _TL_DTYPE[torch.promote_types(x.dtype, weight.dtype)]
+        _gated_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
+            x2, g2, weight.contiguous(), y, m, eps, x2.stride(0), g2.stride(0), y.stride(0), N=n,
+            NW_DTYPE=nw_dtype, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET,
+            num_warps=cfg["num_warps"])
+    return y.view(x.shape)
+
+
+OPS = [
+    OpImpl(op="rms_norm", name="triton", fn=rms_norm, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES, priority=10),
+    OpImpl(op="add_rms_norm", name="triton", fn=add_rms_norm, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
+           priority=10),
+    OpImpl(op="gated_rms_norm", name="triton", fn=gated_rms_norm, devices=frozenset({"cuda"}),
+           dtypes=KERNEL_DTYPES, priority=10),
+]

@@ -1,0 +1,169 @@
+"""Triton paged_attention / paged_decode_attention against the reference suite's fp64 oracle.
+
+Same cases and criteria as tests/ops/test_attention.py (NaN-poisoned pools, out-of-pool page-table entries
+past each row's pages, three page layouts that must agree bit for bit), plus what is specific to the kernels:
+the decode split-K path (rows long enough for several splits), batch invariance (a row's output does not
+depend on the rest of the batch or the page-table width), the prefill block search over many rows, agreement
+with the torch reference op, and CUDA-graph capture with changed lengths and tables between replays.
+Criteria (normwise, cap relative to max|ref|): fp32 rel 2e-6 / cap 2e-5; bf16 rel 8e-3 / cap 3e-2.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from ops.conftest import assert_bits, assert_normwise, randn  # noqa: E402
+from ops.test_attention import CRIT, GEOMETRIES, ROWS, fill_pools, layouts, oracle  # noqa: E402
+
+from .conftest import CUDA, DEVICE, reference, triton_ops  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def run_case(dtype, page, hq, hkv, d, rows, gen, decode, *, compare_reference=True):
+    ops = triton_ops(dtype)
+    name = "paged_decode_attention" if decode else "paged_attention"
+    assert ops.implementation(name).name == "triton"
+    ks = [randn(gen, kv_len, hkv, d, dtype=dtype) for _, kv_len in rows]
+    vs = [randn(gen, kv_len, hkv, d, dtype=dtype) for _, kv_len in rows]
+    q = randn(gen, sum(n for n, _ in rows), hq, d, dtype=dtype)
+    scale = d ** -0.5
+    kv_lens = torch.tensor([kv_len for _, kv_len in rows], dtype=torch.int32)
+    cu_q = torch.tensor([0] + [n for n, _ in rows], dtype=torch.int32).cumsum(0).to(torch.int32)
+    ref = oracle(q, ks, vs, rows, scale)
+    results = {}
+    for layout, table, n_pool in layouts(rows, page, gen):
+        k_pool, v_pool = fill_pools(ks, vs, table, n_pool, page, dtype)
+        args = [t.to(DEVICE) for t in (q, k_pool, v_pool)]
+        if decode:
+            out = ops.paged_decode_attention(*args, kv_lens.to(DEVICE), table.to(DEVICE), scale)
+        else:
+            out = ops.paged_attention(*args, cu_q.to(DEVICE), kv_lens.to(DEVICE), table.to(DEVICE), scale)
+        assert out.dtype == dtype and out.shape == q.shape
+        what = f"{name} {layout} page={page} Hq={hq} Hkv={hkv} D={d} {dtype}"
+        assert_normwise(out, ref, CRIT[dtype], what)
+        results[layout] = out.cpu()
+        if compare_reference and layout == "fragmented":
+            ref_ops = reference(dtype)
+            fn = ref_ops.paged_decode_attention if decode else ref_ops.paged_attention
+            extra = [] if decode else [cu_q.to(DEVICE)]
+            torch_out = fn(*args, *extra, kv_lens.to(DEVICE), table.to(DEVICE), scale)
+            assert_normwise(out, torch_out.double().cpu(), CRIT[dtype], f"{what} vs torch reference op")
+    assert_bits(results["offset"], results["identity"], "offset layout vs identity")
+    assert_bits(results["fragmented"], results["identity"], "fragmented layout vs identity")
+    return results["identity"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page,hq,hkv,d", GEOMETRIES)
+def test_paged_attention(dtype, page, hq, hkv, d, gen):
+    run_case(dtype, page, hq, hkv, d, ROWS, gen, decode=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page,hq,hkv,d", [(1, 2, 2, 8), (16, 8, 2, 8), (7, 4, 1, 256), (16, 8, 2, 256)])
+def test_paged_decode_attention(dtype, page, hq, hkv, d, gen):
+    run_case(dtype, page, hq, hkv, d, [(1, n) for n in (1, 2, 15, 16, 17, 33)], gen, decode=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_split_k_long_rows(dtype, gen):
+    # 128-token minimum splits: 300 and 700 keys take 3 and 6 splits; 1 and 129 keys sit at the edges.
+    run_case(dtype, 16, 8, 2, 32, [(1, 700), (1, 1), (1, 300), (1, 129)], gen, decode=True,
+             compare_reference=False)
+
+
+def test_prefill_many_rows_and_long_blocks(gen):
+    # 9 rows (block search over a padded BLOCK_B = 16), a row of 70 queries x GQA 4 = several blocks of
+    # (query, head) pairs, several empty rows, a decode-like row, a whole-sequence prefill.
+    rows = [(70, 90), (0, 3), (1, 40), (3, 3), (0, 1), (17, 64), (2, 9), (0, 5), (33, 33)]
+    run_case(torch.float32, 8, 8, 2, 16, rows, gen, decode=False, compare_reference=False)
+
+
+def _pools_for(rows_kv, hkv, d, page, dtype, gen, n_pool):
+    """Random pools and a fragmented table for rows of the given kv lengths (pages spread over the pool)."""
+    k_pool = randn(gen, n_pool, page, hkv, d, dtype=dtype)
+    v_pool = randn(gen, n_pool, page, hkv, d, dtype=dtype)
+    need = [-(-n // page) for n in rows_kv]
+    order = torch.randperm(n_pool, generator=gen)[:sum(need)].tolist()
+    table = torch.full((len(rows_kv), max(need)), n_pool + 7, dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(need):
+        table[b, :n] = torch.tensor(order[at:at + n], dtype=torch.int32)
+        at += n
+    return k_pool, v_pool, table
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_row_is_batch_invariant(dtype, gen):
+    # A row alone (narrow page table: one split, direct store) and inside a batch with a 1000-key row (wide
+    # table: a split grid and the combine kernel) must be bit-identical.
+    ops = triton_ops(dtype)
+    page, hq, hkv, d = 16, 8, 2, 64
+    k_pool, v_pool, table = _pools_for([100, 1000, 37], hkv, d, page, dtype, gen, 90)
+    q = randn(gen, 3, hq, d, dtype=dtype)
+    kv_lens = torch.tensor([100, 1000, 37], dtype=torch.int32)
+    dev = [t.to(DEVICE) for t in (q, k_pool, v_pool)]
+    together = ops.paged_decode_attention(*dev, kv_lens.to(DEVICE), table.to(DEVICE), 0.125).cpu()
+    for b in (0, 2):
+        need = -(-int(kv_lens[b]) // page)
+        alone = ops.paged_decode_attention(dev[0][b:b + 1], dev[1], dev[2], kv_lens[b:b + 1].to(DEVICE),
+                                           table[b:b + 1, :need].to(DEVICE), 0.125).cpu()
+        assert_bits(alone[0], together[b], f"row {b} alone vs batched")
+
+
+def test_decode_zero_length_row_outputs_zeros(gen):
+    # kv_len = 0 is outside the contract (a decode query sees itself); CUDA-graph padding rows use it, so
+    # the kernel defines it as zeros rather than NaN, without touching the other rows.
+    ops = triton_ops(torch.float32)
+    k_pool, v_pool, table = _pools_for([20, 20], 1, 16, 4, torch.float32, gen, 12)
+    q = randn(gen, 2, 2, 16)
+    out = ops.paged_decode_attention(q.to(DEVICE), k_pool.to(DEVICE), v_pool.to(DEVICE),
+                                     torch.tensor([0, 20], dtype=torch.int32, device=DEVICE),
+                                     table.to(DEVICE), 0.25).cpu()
+    assert torch.count_nonzero(out[0]) == 0
+    ref = reference(torch.float32).paged_decode_attention(q[1:], k_pool, v_pool, torch.tensor([20]), table[1:],
+                                                          0.25)
+    assert_normwise(out[1:], ref.double(), CRIT[torch.float32], "row next to a zero-length row")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("decode", [True, False])
+def test_cuda_graph_capture_and_replay(decode, gen):
+    # Capturing fails on any host sync; replays with new lengths, tables and queries in the same buffers
+    # must equal eager calls (the kernels read every row parameter from device memory).
+    dtype, page, hq, hkv, d = torch.bfloat16, 16, 8, 2, 256
+    ops = triton_ops(dtype)
+    k_pool, v_pool, _ = _pools_for([600, 40], hkv, d, page, dtype, gen, 64)
+    # Every entry a valid page (rows may share pages), so swapping the rows' tables between replays is safe.
+    table = torch.stack([torch.randperm(64, generator=gen)[:40] for _ in range(2)]).to(torch.int32)
+    k_pool, v_pool, table = k_pool.cuda(), v_pool.cuda(), table.cuda()
+    n_q = 2 if decode else 9
+    q = randn(gen, n_q, hq, d, dtype=dtype, device="cuda")
+    kv_lens = torch.tensor([600, 40], dtype=torch.int32, device="cuda")
+    cu_q = torch.tensor([0, 1, 2] if decode else [0, 5, 9], dtype=torch.int32, device="cuda")
+
+    def call():
+        if decode:
+            return ops.paged_decode_attention(q, k_pool, v_pool, kv_lens, table, d ** -0.5)
+        return ops.paged_attention(q, k_pool, v_pool, cu_q, kv_lens, table, d ** -0.5)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    for lens, new_cu in (([333, 17], [0, 4, 9]), ([1, 40], [0, 1, 9]), ([600, 40], [0, 5, 9])):
+        kv_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        if not decode:
+            cu_q.copy_(torch.tensor(new_cu, dtype=torch.int32))
+        q.copy_(randn(gen, n_q, hq, d, dtype=dtype))
+        table.copy_(table[torch.tensor([1, 0])])  # swap the rows' pages
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_bits(captured, call(), f"replay with kv_lens {lens}")

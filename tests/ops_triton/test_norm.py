@@ -1,0 +1,110 @@
+"""Triton rms_norm / add_rms_norm / gated_rms_norm against the reference suite's fp64 oracles and criteria,
+plus the bf16 cast-chain check, wide and non-power-of-two rows, and weight-dtype promotion.
+
+Criteria (from tests/ops/test_norm.py): pointwise fp32 rtol 4e-6 / atol 1e-6; bf16 rtol 2^-8 (gated 2^-7).
+Against the torch reference op in bf16: at most 1% of elements differ, each by at most one bf16 ulp (fp32
+summation order and rsqrt/exp implementations may straddle a rounding boundary, nothing more).
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from ops.conftest import Pointwise, assert_bits, assert_pointwise, f64, randn  # noqa: E402
+from ops.test_norm import CRIT, CRIT_GATED, EPS, rms_oracle  # noqa: E402
+
+from .conftest import DEVICE, reference, triton_ops  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def close_to_reference(out, ref, what):
+    out, ref = out.cpu(), ref.cpu()
+    if out.dtype == torch.float32:
+        assert_pointwise(out, ref.double(), Pointwise(4e-6, 1e-6), what)
+        return
+    differ = out != ref
+    assert differ.float().mean().item() <= 0.01, f"{what}: {int(differ.sum())} of {out.numel()} differ"
+    ulp = (ref.double().abs() * 2.0 ** -7).clamp_min(2.0 ** -133)
+    assert ((out.double() - ref.double()).abs() <= ulp).all(), f"{what}: a difference above one ulp"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 3, 96), (5, 1000), (2, 2048)])
+def test_rms_norm(dtype, shape, gen):
+    ops = triton_ops(dtype)
+    assert ops.implementation("rms_norm").name == "triton"
+    x = randn(gen, *shape, dtype=dtype, device=DEVICE, scale=2.5)
+    w = randn(gen, shape[-1], dtype=dtype, device=DEVICE, scale=0.3)
+    out = ops.rms_norm(x, w, EPS)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_pointwise(out, rms_oracle(x, w), CRIT[dtype], f"rms_norm {dtype} {shape}")
+    close_to_reference(out, reference(dtype).rms_norm(x, w, EPS), "rms_norm vs torch reference")
+
+
+def test_rms_norm_strided_rows(gen):
+    # Per-head q-norm on a view [T, H, D] taken out of a wider projection (row stride != D).
+    ops = triton_ops(torch.float32)
+    wide = randn(gen, 6, 3, 40, device=DEVICE)
+    x = wide[:, :, 4:36]
+    w = randn(gen, 32, device=DEVICE, scale=0.3)
+    assert_pointwise(ops.rms_norm(x, w, EPS), rms_oracle(x, w), CRIT[torch.float32], "strided rms_norm")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm(dtype, gen):
+    ops = triton_ops(dtype)
+    x = randn(gen, 9, 640, dtype=dtype, device=DEVICE)
+    res = randn(gen, 9, 640, dtype=dtype, device=DEVICE, scale=4.0)
+    w = randn(gen, 640, dtype=dtype, device=DEVICE, scale=0.3)
+    x0, r0 = x.clone(), res.clone()
+    y, new_res = ops.add_rms_norm(x, res, w, EPS)
+    expected_res = (f64(x) + f64(res)).to(dtype)
+    assert_bits(new_res.cpu(), expected_res, "add_rms_norm residual")
+    assert_pointwise(y, rms_oracle(expected_res, w), CRIT[dtype], f"add_rms_norm {dtype}")
+    assert torch.equal(x, x0) and torch.equal(res, r0), "inputs must not be modified"
+    ref_y, ref_res = reference(dtype).add_rms_norm(x, res, w, EPS)
+    assert_bits(new_res.cpu(), ref_res.cpu(), "residual vs torch reference")
+    close_to_reference(y, ref_y, "add_rms_norm vs torch reference")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("w_dtype", [None, torch.float32])
+def test_gated_rms_norm(dtype, w_dtype, gen):
+    ops = triton_ops(dtype)
+    x = randn(gen, 6, 4, 128, dtype=dtype, device=DEVICE, scale=2.0)
+    gate = randn(gen, 6, 4, 128, dtype=dtype, device=DEVICE, scale=2.0)
+    w = (1.0 + randn(gen, 128, scale=0.2)).to(w_dtype or dtype).to(DEVICE)
+    out = ops.gated_rms_norm(x, gate, w, EPS)
+    xd = f64(x)
+    n = (xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + EPS)).to(dtype).double()
+    g = f64(gate)
+    assert out.dtype == dtype
+    assert_pointwise(out, n * f64(w) * (g / (1.0 + torch.exp(-g))), CRIT_GATED[dtype], f"gated {dtype}")
+    close_to_reference(out, reference(dtype).gated_rms_norm(x, gate, w, EPS), "gated vs torch reference")
+
+
+def test_gated_rms_norm_plain_weight():
+    ops = triton_ops(torch.float32)
+    g = torch.Generator().manual_seed(3)
+    out = ops.gated_rms_norm(randn(g, 3, 16, device=DEVICE), randn(g, 3, 16, device=DEVICE),
+                             torch.zeros(16, device=DEVICE), EPS)
+    assert torch.count_nonzero(out) == 0
+
+
+def test_gated_rms_norm_bf16_cast_chain_bitwise(gen):
+    # Same check as the reference suite: every declared bf16 rounding modelled exactly in fp64.
+    ops = triton_ops(torch.bfloat16)
+    x = randn(gen, 64, 64, dtype=torch.bfloat16, device=DEVICE, scale=2.0)
+    gate = randn(gen, 64, 64, dtype=torch.bfloat16, device=DEVICE, scale=2.0)
+    w = (1.0 + randn(gen, 64, scale=0.2)).to(torch.bfloat16).to(DEVICE)
+    out = ops.gated_rms_norm(x, gate, w, EPS).cpu()
+    xd, g = f64(x), f64(gate)
+    n = (xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + EPS)).to(torch.bfloat16)
+    nw = (n.double() * f64(w)).to(torch.bfloat16)
+    ref = (nw.double() * (g / (1.0 + torch.exp(-g)))).to(torch.bfloat16)
+    differ = out != ref
+    assert differ.float().mean().item() <= 0.01, f"{int(differ.sum())} of {out.numel()} bf16 results differ"
+    ulp = (ref.double().abs() * 2.0 ** -7).clamp_min(2.0 ** -133)
+    assert ((out.double() - ref.double()).abs() <= ulp).all()
