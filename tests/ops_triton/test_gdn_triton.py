@@ -200,7 +200,7 @@ def test_recurrent_step_agrees_with_reference_op_and_block_sizes(gen):
     slots = torch.tensor([7, 2, 5, 0, 8, 1][:bsz], dtype=torch.int64, device=DEVICE)
     s_ref = states.clone()
     o_ref = ref.gdn_recurrent_step(q, k, v, g, beta, s_ref, slots, dk ** -0.5)
-    for bv in (16, 32):  # the Dv tiling must not change the result beyond rounding
+    for bv in (None, 16, 32, 64):  # the Dv tiling (default: by batch size) must not change the result
         s_tri = states.clone()
         o_tri = tg.gdn_recurrent_step(q, k, v, g, beta, s_tri, slots, dk ** -0.5, block_v=bv)
         assert_normwise(o_tri, o_ref.float(), OUT[torch.bfloat16], f"step vs reference o BV={bv}")
