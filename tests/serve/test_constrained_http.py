@@ -61,14 +61,14 @@ def client(engine):
     wait_idle(engine)
 
 
-def _content(client, seed: int, **fields) -> dict:
+def _content(client, seed: int, finish: str = "stop", **fields) -> dict:
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "Describe json.dumps."}],
             "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": seed, "max_tokens": 160,
             "chat_template_kwargs": NO_THINK, **fields}
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
-    assert choice["finish_reason"] == "stop", choice
+    assert choice["finish_reason"] == finish, (choice, r.json()["usage"])
     return choice["message"]
 
 
@@ -103,3 +103,22 @@ def test_a_grammar_that_does_not_compile_is_a_400_naming_it(client):
                                                   "guided_grammar": "root ::= nowhere"})
     assert r.status_code == 400, r.text
     assert "nowhere" in r.json()["error"]["message"]
+
+
+# Short names: the template's tool instructions already take 2/3 of the test engine's 512-token context.
+TOOL = {"type": "function", "function": {"name": "find", "parameters": {
+    "type": "object", "properties": {"t": {"type": "string", "maxLength": 6},
+                                     "n": {"type": "integer", "minimum": 0, "maximum": 9},
+                                     "x": {"type": "boolean"}},
+    "required": ["t"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "find"}}])
+def test_forced_tool_call_arguments_satisfy_the_schema(client, seed, tool_choice):
+    msg = _content(client, seed, "tool_calls" if tool_choice == "required" else "stop", tools=[TOOL],
+                   tool_choice=tool_choice, max_tokens=None,
+                   parallel_tool_calls=False)  # else the tiny model may append call after call
+    [call] = msg["tool_calls"]
+    assert call["function"]["name"] == "find"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL["function"]["parameters"])

@@ -74,8 +74,8 @@ def test_malformed_bodies(client, path, raw):
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
-      "chat_template_kwargs": {"enable_thinking": True}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": ["string", "integer"]}}}}}], "tool_choice": "required"}, None),  # no unambiguous grammar
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
     ({"chat_template_kwargs": {"enable_thinking": "yes"}}, "chat_template_kwargs.enable_thinking"),
     ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),

@@ -73,9 +73,10 @@ def test_parallel_tool_calls_false_keeps_the_first(client):
 
 
 def test_named_tool_choice_forces_the_call(client):
-    # The prompt already ends with "<tool_call>\n<function=get_weather>\n": the model writes the rest.
-    rest = "<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"
-    req = chat(rest, tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    # tool_choice required/named is a tool-call grammar (constrained decoding): the script is the call.
+    call = CALL.replace("Paris", "Rome").replace("<parameter=days>\n3\n</parameter>\n", "")
+    req = chat(call, tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+               chat_template_kwargs=NO_THINK)
     body = client.post("/v1/chat/completions", json=req).json()
     choice = body["choices"][0]
     [call] = choice["message"]["tool_calls"]
@@ -88,19 +89,32 @@ def test_named_tool_choice_forces_the_call(client):
 
 
 def test_required_tool_choice_lets_the_model_name_the_function(client):
-    rest = "get_time>\n</function>\n</tool_call>"
-    body = client.post("/v1/chat/completions", json=chat(rest, tools=[WEATHER, CLOCK], tool_choice="required")).json()
+    script = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>"
+    body = client.post("/v1/chat/completions", json=chat(script, tools=[WEATHER, CLOCK], tool_choice="required",
+                                                          chat_template_kwargs=NO_THINK)).json()
     [call] = body["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "get_time" and json.loads(call["function"]["arguments"]) == {}
     assert body["choices"][0]["finish_reason"] == "tool_calls"
 
 
-def test_forced_call_the_model_leaves_malformed_comes_back_as_content(client):
-    body = client.post("/v1/chat/completions", json=chat("oops no parameters here", tools=[WEATHER],
+def test_required_tool_choice_after_thinking(client):
+    script = "The time tool fits.\n</think>\n\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>"
+    body = client.post("/v1/chat/completions", json=chat(script, tools=[WEATHER, CLOCK],
                                                           tool_choice="required")).json()
     msg = body["choices"][0]["message"]
-    assert msg["tool_calls"] == []
-    assert msg["content"] == "<tool_call>\n<function=oops no parameters here"
+    assert msg["reasoning_content"] == "The time tool fits."
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_time"]
+
+
+def test_a_model_straying_from_a_forced_call_is_held_to_it(client):
+    # The script wants free text; the grammar only allows the (parameterless) get_time call, then the end.
+    body = client.post("/v1/chat/completions", json=chat("oops no parameters here", tools=[WEATHER, CLOCK],
+                                                          tool_choice={"type": "function",
+                                                                       "function": {"name": "get_time"}},
+                                                          chat_template_kwargs=NO_THINK)).json()
+    msg = body["choices"][0]["message"]
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_time"]
+    assert msg["content"] is None and body["choices"][0]["finish_reason"] == "stop"
 
 
 def test_tool_history_renders_into_the_prompt(client):

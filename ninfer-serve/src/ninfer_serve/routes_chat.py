@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from litestar import Request, Response, post
 from ninfer.runtime.contract.frontend import OutputOptions, ToolCall
@@ -26,7 +27,7 @@ from ninfer_serve.chat_input import (
     template_options,
     tool_policy,
 )
-from ninfer_serve.constraints import ConstraintFieldError, body_constraint
+from ninfer_serve.constraints import ConstraintFieldError, request_constraint
 from ninfer_serve.disconnect import unless_disconnected
 from ninfer_serve.errors import ApiError, bad_request, openai_body
 from ninfer_serve.gateway import Gateway
@@ -97,6 +98,13 @@ async def chat_completions(request: Request) -> Response:
     else:
         policy = tool_policy(tools, "named", req.tool_choice.function.name,
                              parallel=req.parallel_tool_calls is not False)
+    try:
+        constraint = request_constraint(response_format=req.response_format, extra=req.model_extra,
+                                        tool_choice=req.tool_choice, has_tools=bool(tools), parallel=policy.parallel)
+    except ConstraintFieldError as exc:
+        raise bad_request(str(exc), param=exc.param) from None
+    if policy.mode in ("required", "named"):
+        policy = replace(policy, constrained=True)  # the grammar forces the call, not a prompt prefix
     options = template_options(req.chat_template_kwargs, policy, field="chat_template_kwargs")
     prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, policy),
                               param="messages")
@@ -112,10 +120,6 @@ async def chat_completions(request: Request) -> Response:
         "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos or None,
         "logprobs": req.logprobs or None, "top_logprobs": req.top_logprobs if req.logprobs else None,
     }, max_tokens=budget)
-    try:
-        constraint = body_constraint(req.response_format, req.model_extra)
-    except ConstraintFieldError as exc:
-        raise bad_request(str(exc), param=exc.param) from None
     output = OutputOptions(stop=req.stop_list, tools=tuple(tools), parse_reasoning=not policy.forced_prefix,
                            parse_tool_calls=policy.session_parses_calls, constraint=constraint)
     gen = gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived,

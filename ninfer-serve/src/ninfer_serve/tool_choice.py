@@ -1,9 +1,13 @@
-"""tool_choice: which tool calls the output may hold, and forcing a call without a grammar engine.
+"""tool_choice: which tool calls the output may hold, and forcing a call.
 
 - ``none``: tools are still rendered into the prompt (the model knows them, as in OpenAI), but the
   output is never parsed for calls: everything is content.
 - ``auto``: the request's OutputSession parses calls (``OutputOptions.parse_tool_calls``).
-- ``required`` / named: until constrained decoding lands, the call is forced by writing its start into
+- ``required`` / named on /v1/chat/completions: ``constrained`` -- the request carries a tools
+  constraint (:func:`ninfer_serve.constraints.tool_constraint`): the output is a tool call whose
+  arguments satisfy the tool's schema, after the reasoning if thinking is on; the session parses the
+  call as in ``auto``.
+- ``required`` / named elsewhere (the Anthropic route for now): the call is forced by writing its start into
   the generation prompt: ``<tool_call>\\n<function=`` (required: the model writes the name) or
   ``<tool_call>\\n<function=NAME>\\n`` (named). The prompt's thinking block is closed first (the model
   cannot be made to think and then call without a grammar), so these modes render with
@@ -35,9 +39,12 @@ class ToolPolicy:
     mode: Mode
     name: str | None = None
     parallel: bool = True
+    constrained: bool = False  # required/named enforced by a tool-call grammar, not a prompt prefix
 
     @property
     def forced_prefix(self) -> str:
+        if self.constrained:
+            return ""
         if self.mode == "required":
             return "<tool_call>\n<function="
         if self.mode == "named":
@@ -46,7 +53,7 @@ class ToolPolicy:
 
     @property
     def session_parses_calls(self) -> bool:
-        return self.mode == "auto"
+        return self.mode == "auto" or self.constrained
 
 
 class DeltaTransform(Protocol):
