@@ -11,7 +11,12 @@ import re
 import jsonschema
 import pytest
 from ninfer.runtime.contract.constraint import OutputConstraint
-from ninfer_serve.constraints import ConstraintFieldError, body_constraint, request_constraint, tool_constraint
+from ninfer_serve.constraints import (
+    ConstraintFieldError,
+    body_constraint,
+    request_constraint,
+    tool_constraint,
+)
 from serve_helpers import MODEL_ID, client_for, wait_idle
 
 SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 10},

@@ -111,6 +111,7 @@ def test_a_model_straying_from_a_forced_call_is_held_to_it(client):
     body = client.post("/v1/chat/completions", json=chat("oops no parameters here", tools=[WEATHER, CLOCK],
                                                           tool_choice={"type": "function",
                                                                        "function": {"name": "get_time"}},
+                                                          parallel_tool_calls=False,  # exactly one call
                                                           chat_template_kwargs=NO_THINK)).json()
     msg = body["choices"][0]["message"]
     assert [c["function"]["name"] for c in msg["tool_calls"]] == ["get_time"]
