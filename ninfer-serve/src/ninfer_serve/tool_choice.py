@@ -15,8 +15,7 @@
   parses nothing and :class:`ForcedToolCalls` runs the frontend's own tool-call extractor over the
   content here, primed with the prefix. Only the call's *start* is guaranteed: the arguments are
   whatever the model writes, typed by the tool schema where they parse, and a call the model leaves
-  malformed comes back as content. Argument validity is guaranteed only once constrained decoding
-  lands.
+  malformed comes back as content. Argument validity is not guaranteed on this path.
 - ``parallel_tool_calls: false`` (Anthropic ``disable_parallel_tool_use``) keeps only the first call
   (:class:`FirstToolCallOnly`).
 """
