@@ -31,9 +31,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 
 def brute_force(sample, device: str) -> dict:
-    from constrained.test_masked_sampling import MASKS, V, SetMask, allowed_ids
     from ninfer.ops.reference.sampling import sample as reference_sample
     from ninfer.runtime.token_bitmask import apply_bitmask, fill_bitmasks
+
+    from constrained.test_masked_sampling import MASKS, SetMask, V, allowed_ids
 
     g = torch.Generator().manual_seed(11)
     checked = 0
@@ -72,11 +73,12 @@ def apply_timing(device: str, vocab: int = 248077, batch: int = 8, reps: int = 2
 
 def engine_check(device: str, dtype: str) -> dict:
     import jsonschema
-    from constrained.test_default_model_constrained import PROMPT, SCHEMA
     from ninfer import Engine
     from ninfer.model_source import resolve_model
     from ninfer.runtime.contract.constraint import OutputConstraint
     from ninfer.runtime.contract.frontend import OutputOptions
+
+    from constrained.test_default_model_constrained import PROMPT, SCHEMA
 
     os.environ["NINFER_CACHE_DIR"] = tempfile.mkdtemp(prefix="ninfer-cache-")
     out: dict = {"dtype": dtype}
