@@ -153,7 +153,6 @@ class Engine:
     def purpose(self) -> str:
         return self._options.purpose
 
-
     # -- requests ----------------------------------------------------------------------------------
     def sampling_params(self, **overrides: Any) -> SamplingParams:
         """The model's sampling defaults (generation_config) with ``overrides`` on top, validated."""
@@ -302,7 +301,6 @@ class Engine:
             outstanding=0, submitted=0, pages_used=cap.total_pages - cap.free_pages, pages_total=cap.total_pages,
             state_slots_used=cap.total_state_slots - cap.free_state_slots, state_slots_total=cap.total_state_slots,
             page_size=cap.page_size, units=sc.chunks_run, prefill_tokens=sc.tokens_processed)
-
 
     def __enter__(self) -> Engine:
         return self
