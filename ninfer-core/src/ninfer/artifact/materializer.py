@@ -12,7 +12,7 @@ Invariants:
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import xxhash
@@ -29,12 +29,13 @@ class Materializer:
     """Reads a plan's parents from ``reader`` and builds the parameter tensors."""
 
     def __init__(self, reader: ArtifactReader, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 verify: bool = True) -> None:
+                 verify: bool = True, progress: Callable[[int, int], None] | None = None) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self.reader = reader
         self.chunk_bytes = chunk_bytes
         self.verify = verify
+        self.progress = progress  # progress(bytes_read, total_bytes), after each parent
 
     def materialize(self, plan: LoadPlan) -> dict[str, torch.Tensor]:
         """Tensors by parameter name (see the module docstring for what is a view)."""
@@ -43,7 +44,14 @@ class Materializer:
         if plan.artifact_id != self.reader.artifact_id:
             raise PlacementError(f"{self.reader.path}: the load plan was resolved for artifact "
                                  f"{plan.artifact_id}, this file set is {self.reader.artifact_id}")
-        resident = {p.object.id: self._load_parent(p) for p in plan.parents}
+        total = sum(p.object.bytes for p in plan.parents)
+        done = 0
+        resident = {}
+        for p in plan.parents:
+            resident[p.object.id] = self._load_parent(p)
+            done += p.object.bytes
+            if self.progress is not None:
+                self.progress(done, total)
         out: dict[str, torch.Tensor] = {}
         for load in plan.parameters:
             bp = load.parameter
@@ -91,7 +99,8 @@ class Materializer:
 
 
 def load_weights(reader: ArtifactReader, specs: Sequence[ParameterSpec], device: str | torch.device, *,
-                 verify: bool = True) -> dict[str, torch.Tensor]:
+                 verify: bool = True, progress: Callable[[int, int], None] | None = None
+                 ) -> dict[str, torch.Tensor]:
     """``bind`` + ``resolve_load`` + ``Materializer.materialize`` with every parameter on ``device``."""
     plan = resolve_load(bind(reader, specs), device)
-    return Materializer(reader, verify=verify).materialize(plan)
+    return Materializer(reader, verify=verify, progress=progress).materialize(plan)

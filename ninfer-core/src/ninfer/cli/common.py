@@ -7,7 +7,6 @@ flags into EngineOptions / SamplingParams / OutputOptions.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from typing import Any
@@ -72,22 +71,36 @@ def start_engine(args: argparse.Namespace):
 
     show = not args.quiet
     started = time.monotonic()
-    status = _status("Preparing model") if show else contextlib.nullcontext()
-    with status as st:
-        artifact = resolve_model(args.model, progress=show and sys.stderr.isatty())
-        if st is not None:
-            st.update(f"Loading {artifact.name}")
-        engine = Engine.start(artifact, engine_options(args))
+    # Conversion (first use of a folder) shows its own byte bar; loading shows one over weight bytes.
+    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty())
+    bar = _LoadBar(artifact.name) if show else None
+    try:
+        engine = Engine.start(artifact, engine_options(args), progress=bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
     if show:
         print(f"[ninfer] loaded {engine.info.get('name', artifact.name)} in {time.monotonic() - started:.1f} s",
               file=sys.stderr)
     return engine
 
 
-def _status(text: str):
-    from rich.console import Console
+class _LoadBar:
+    """A tqdm bar over the bytes of weights read (stderr; disabled when stderr is not a terminal)."""
 
-    return Console(stderr=True).status(text)
+    def __init__(self, name: str) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(desc=f"loading {name}", unit="B", unit_scale=True, unit_divisor=1024, leave=False,
+                         file=sys.stderr, disable=not sys.stderr.isatty())
+
+    def update(self, done: int, total: int) -> None:
+        self._bar.total = total
+        self._bar.n = done
+        self._bar.refresh()
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 def sampling_params(engine, args: argparse.Namespace):
