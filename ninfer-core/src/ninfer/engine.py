@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ninfer.errors import NotSupportedError
@@ -102,13 +102,15 @@ class Engine:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def start(cls, artifact: str | os.PathLike, options: EngineOptions | None = None, **overrides: Any) -> Engine:
+    def start(cls, artifact: str | os.PathLike, options: EngineOptions | None = None, *,
+              progress: Callable[[int, int], None] | None = None, **overrides: Any) -> Engine:
         """Load a ``.ninfer`` artifact and start serving it. ``overrides`` replace fields of
-        ``options`` (e.g. ``Engine.start(path, max_concurrency=2)``)."""
+        ``options`` (e.g. ``Engine.start(path, max_concurrency=2)``); ``progress(bytes_read, total)``
+        reports weight loading."""
         from ninfer.runtime.engine.model_construction import build_model
 
         options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
-        model = build_model(artifact, options)
+        model = build_model(artifact, options, progress=progress)
         return cls(model.program, model.frontend, model.options, info=model.info, _owned=model)
 
     @classmethod

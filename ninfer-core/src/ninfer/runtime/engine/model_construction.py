@@ -94,7 +94,8 @@ def plan_num_pages(options: EngineOptions, profile: ModelProfile, max_context: i
     return pages
 
 
-def build_model(artifact: str | os.PathLike, options: EngineOptions) -> ModelInstance:
+def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress=None) -> ModelInstance:
+    """``progress(bytes_read, total_bytes)`` is called while weights load (a CLI progress bar)."""
     from ninfer.artifact import ArtifactReader, load_weights
     from ninfer.artifact.errors import MissingComponentError
     from ninfer.ops.registry import resolve_ops
@@ -136,7 +137,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions) -> ModelIns
                                          f"which this NInfer does not provide (known: {sorted(FRONTEND_FAMILIES)})")
         resources = {role: reader.resource("text", role) for role in text.resources}
         frontend = family({k: v for k, v in resources.items() if v is not None}, profile.vocab_size)
-        weights = load_weights(reader, specs, device)
+        weights = load_weights(reader, specs, device, progress=progress)
         metadata = reader.directory.metadata or {}
         artifact_id = reader.artifact_id
     finally:
