@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from .conftest import Normwise, Pointwise, assert_normwise, assert_pointwise, f64, rand, randn, reference_ops
+from .oracles import moe_experts_oracle
 
 EXPERTS = {torch.float32: Normwise(2e-6, 2e-5), torch.bfloat16: Normwise(1.5e-2, 5e-2)}
 
@@ -45,13 +46,6 @@ def test_experts_grouped(device, dtype, gen):
     ids = torch.stack([torch.randperm(n_exp - 1, generator=gen)[:top_k] for _ in range(t_len)]).to(device)
     weights = rand(gen, t_len, top_k, lo=0.1, hi=1.0, device=device)
     out = ops.moe_experts(x, weights, ids, gate_up, down)
-    xd, gu, dn, w = f64(x), f64(gate_up), f64(down), f64(weights)
-    ref = torch.zeros(t_len, hidden, dtype=torch.float64)
-    for t in range(t_len):
-        for j in range(top_k):
-            e = int(ids[t, j])
-            h_gate, h_up = gu[e, :inter] @ xd[t], gu[e, inter:] @ xd[t]  # gate rows first
-            act = h_gate / (1.0 + torch.exp(-h_gate)) * h_up
-            ref[t] += w[t, j] * (dn[e] @ act)
     assert out.dtype == dtype
+    ref = moe_experts_oracle(x, weights, ids, gate_up, down)
     assert_normwise(out, ref, EXPERTS[dtype], f"moe_experts {dtype}")

@@ -11,16 +11,11 @@ import pytest
 import torch
 
 from .conftest import DTYPES, Pointwise, assert_bits, assert_pointwise, f64, randn, reference_ops
+from .oracles import NORM_EPS as EPS
+from .oracles import assert_bf16_within_one_ulp, gated_rms_bf16_cast_chain, gated_rms_oracle, rms_oracle
 
-EPS = 1e-6
 CRIT = {torch.float32: Pointwise(4e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -8, 1e-6)}
 CRIT_GATED = {torch.float32: Pointwise(4e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -7, 1e-6)}
-
-
-def rms_oracle(x, w):
-    x = f64(x)
-    inv = 1.0 / torch.sqrt((x * x).mean(-1, keepdim=True) + EPS)
-    return x * inv * (1.0 + f64(w))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -55,12 +50,8 @@ def test_gated_rms_norm_cast_order(device, dtype, gen):
     gate = randn(gen, 6, 4, 32, dtype=dtype, device=device, scale=2.0)
     w = (1.0 + randn(gen, 32, scale=0.2)).to(dtype).to(device)  # plain weight around 1
     out = ops.gated_rms_norm(x, gate, w, EPS)
-    xd = f64(x)
-    n = (xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + EPS)).to(dtype).double()  # declared cast
-    g = f64(gate)
-    ref = n * f64(w) * (g / (1.0 + torch.exp(-g)))
     assert out.dtype == dtype
-    assert_pointwise(out, ref, CRIT_GATED[dtype], f"gated_rms_norm {dtype}")
+    assert_pointwise(out, gated_rms_oracle(x, gate, w, dtype), CRIT_GATED[dtype], f"gated_rms_norm {dtype}")
 
 
 def test_gated_rms_norm_uses_plain_weight_not_one_plus(device, gen):
@@ -80,12 +71,5 @@ def test_gated_rms_norm_bf16_cast_chain_bitwise(device, gen):
     x = randn(gen, 64, 64, dtype=torch.bfloat16, device=device, scale=2.0)
     gate = randn(gen, 64, 64, dtype=torch.bfloat16, device=device, scale=2.0)
     w = (1.0 + randn(gen, 64, scale=0.2)).to(torch.bfloat16).to(device)
-    out = ops.gated_rms_norm(x, gate, w, EPS).cpu()
-    xd, g = f64(x), f64(gate)
-    n = (xd / torch.sqrt((xd * xd).mean(-1, keepdim=True) + EPS)).to(torch.bfloat16)
-    nw = (n.double() * f64(w)).to(torch.bfloat16)              # bf16 * bf16 product, rounded to bf16
-    ref = (nw.double() * (g / (1.0 + torch.exp(-g)))).to(torch.bfloat16)
-    differ = out != ref
-    assert differ.float().mean().item() <= 0.01, f"{int(differ.sum())} of {out.numel()} bf16 results differ"
-    ulp = (ref.double().abs() * 2.0 ** -7).clamp_min(2.0 ** -133)
-    assert ((out.double() - ref.double()).abs() <= ulp).all()
+    out = ops.gated_rms_norm(x, gate, w, EPS)
+    assert_bf16_within_one_ulp(out, gated_rms_bf16_cast_chain(x, gate, w), "gated_rms_norm bf16 cast chain")

@@ -10,83 +10,18 @@ Oracles:
   rows must be comparable. Statistical tests use fixed seeds, so they are deterministic and cannot flake.
 """
 
-import math
-
 import pytest
 import torch
 
-from .conftest import Pointwise, assert_bits, assert_pointwise, rand, randn, reference_ops
-
-MASK = (1 << 64) - 1
-PHI = 0x9E3779B97F4A7C15
-
-
-def mix64(z):
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-    return z ^ (z >> 31)
-
-
-def uniform(seed, step, token):
-    row = mix64((mix64((seed + PHI) & MASK) + (step + 1) * PHI) & MASK)
-    h = mix64((row + (token + 1) * PHI) & MASK)
-    return ((h >> 12) + 0.5) / 2.0 ** 52
+from .conftest import rand, reference_ops
+from .oracles import MASK, PHI, mix64, oracle_token, penalty_inputs
+from .shared_checks import call_sample, check_apply_penalties
 
 
 def test_oracle_hash_is_splitmix64():
     # Published splitmix64 stream for state 0: first outputs 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4.
     assert mix64(PHI) == 0xE220A8397B1DCDAF
     assert mix64((2 * PHI) & MASK) == 0x6E789E6AA1B965F4
-
-
-def oracle_token(logits, temperature, top_k, top_p, min_p, seed, step, margin=1e-4):
-    """Returns the contract's token, or None if the row sits within `margin` of a decision boundary."""
-    v = len(logits)
-    if temperature == 0:
-        best = max(logits)
-        return min(i for i in range(v) if logits[i] == best)
-    x = [lv / temperature for lv in logits]
-    keep = [True] * v
-    order = sorted(range(v), key=lambda i: -x[i])
-    if 0 < top_k < v:
-        kth = x[order[top_k - 1]]
-        keep = [keep[i] and x[i] >= kth for i in range(v)]
-    if top_p < 1:
-        surv = [i for i in order if keep[i]]
-        m = x[surv[0]]
-        w = [math.exp(x[i] - m) for i in surv]
-        total = sum(w)
-        excl, n_keep = 0.0, 0
-        for wi in w:
-            if abs(excl - top_p) < margin:
-                return None
-            if excl < top_p:
-                n_keep += 1
-            excl += wi / total
-        cutoff = x[surv[max(n_keep, 1) - 1]]
-        keep = [keep[i] and x[i] >= cutoff for i in range(v)]
-    if min_p > 0:
-        m = max(x)
-        ratios = [math.exp(x[i] - m) for i in range(v)]
-        if any(abs(r - min_p) < margin for r in ratios):
-            return None
-        keep = [keep[i] and ratios[i] >= min_p for i in range(v)]
-    scores = sorted(((x[i] - math.log(-math.log(uniform(seed, step, i))), i) for i in range(v) if keep[i]),
-                    reverse=True)
-    if len(scores) > 1 and scores[0][0] - scores[1][0] < margin:
-        return None
-    return scores[0][1]
-
-
-def call_sample(ops, device, logits, temperature, top_k, top_p, min_p, seeds, steps):
-    return ops.sample(
-        torch.as_tensor(logits, dtype=torch.float32).to(device),
-        torch.as_tensor(temperature, dtype=torch.float32).to(device),
-        torch.as_tensor(top_k, dtype=torch.int32).to(device),
-        torch.as_tensor(top_p, dtype=torch.float32).to(device),
-        torch.as_tensor(min_p, dtype=torch.float32).to(device),
-        torch.as_tensor(seeds, dtype=torch.int64).to(device),
-        torch.as_tensor(steps, dtype=torch.int64).to(device)).cpu()
 
 
 def test_sample_matches_python_oracle(device, gen):
@@ -212,35 +147,5 @@ def test_cpu_and_cuda_draw_identically(gen):
     assert torch.equal(cpu, cuda)
 
 
-def penalties_oracle(logits, counts, prompt, rep, pres, freq):
-    out = logits.double().clone()
-    for b in range(out.shape[0]):
-        for i in range(out.shape[1]):
-            c = int(counts[b, i])
-            if bool(prompt[b, i]) or c > 0:
-                out[b, i] = out[b, i] / float(rep[b]) if out[b, i] > 0 else out[b, i] * float(rep[b])
-            out[b, i] -= float(pres[b]) * (c > 0) + float(freq[b]) * c
-    return out
-
-
 def test_apply_penalties(device, gen):
-    ops = reference_ops(device, torch.float32)
-    rows, vocab = 4, 40
-    logits = randn(gen, rows, vocab, scale=3.0)
-    logits[2, 5] = -0.0  # a signed zero in a neutral row must survive bit-exactly
-    counts = torch.randint(0, 4, (rows, vocab), generator=gen, dtype=torch.int32) * (
-        torch.rand(rows, vocab, generator=gen) < 0.3)
-    prompt = torch.rand(rows, vocab, generator=gen) < 0.25
-    rep = torch.tensor([1.3, 0.8, 1.0, 1.0])
-    pres = torch.tensor([0.5, 0.0, 0.0, -1.0])
-    freq = torch.tensor([0.2, -0.4, 0.0, 0.0])
-    inputs = [t.to(device) for t in (logits, counts.to(torch.int32), prompt, rep, pres, freq)]
-    saved = [t.clone() for t in inputs]
-    out = ops.apply_penalties(*inputs)
-    ref = penalties_oracle(logits, counts, prompt, rep, pres, freq)
-    for b in (0, 1, 3):
-        assert_pointwise(out[b], ref[b], Pointwise(1e-6, 1e-7), f"penalised row {b}")
-    assert_bits(out[2].cpu(), logits[2], "neutral row")
-    assert (out[0] != logits[0].to(device)).any() and (out[3] != logits[3].to(device)).any()
-    for before, after in zip(saved, inputs, strict=True):
-        assert torch.equal(before, after), "inputs must not be modified"
+    check_apply_penalties(reference_ops(device, torch.float32), device, penalty_inputs(gen, 40), 40)

@@ -14,7 +14,8 @@ import torch
 pytest.importorskip("triton")
 
 from ops.conftest import assert_bits, assert_normwise, randn  # noqa: E402
-from ops.test_attention import CRIT, GEOMETRIES, ROWS, fill_pools, layouts, oracle  # noqa: E402
+from ops.shared_checks import check_paged_attention  # noqa: E402
+from ops.test_attention import CRIT, GEOMETRIES, ROWS  # noqa: E402
 
 from .conftest import CUDA, DEVICE, reference, triton_ops  # noqa: E402
 
@@ -23,36 +24,16 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 def run_case(dtype, page, hq, hkv, d, rows, gen, decode, *, compare_reference=True):
     ops = triton_ops(dtype)
-    name = "paged_decode_attention" if decode else "paged_attention"
-    assert ops.implementation(name).name == "triton"
-    ks = [randn(gen, kv_len, hkv, d, dtype=dtype) for _, kv_len in rows]
-    vs = [randn(gen, kv_len, hkv, d, dtype=dtype) for _, kv_len in rows]
-    q = randn(gen, sum(n for n, _ in rows), hq, d, dtype=dtype)
-    scale = d ** -0.5
-    kv_lens = torch.tensor([kv_len for _, kv_len in rows], dtype=torch.int32)
-    cu_q = torch.tensor([0] + [n for n, _ in rows], dtype=torch.int32).cumsum(0).to(torch.int32)
-    ref = oracle(q, ks, vs, rows, scale)
-    results = {}
-    for layout, table, n_pool in layouts(rows, page, gen):
-        k_pool, v_pool = fill_pools(ks, vs, table, n_pool, page, dtype)
-        args = [t.to(DEVICE) for t in (q, k_pool, v_pool)]
-        if decode:
-            out = ops.paged_decode_attention(*args, kv_lens.to(DEVICE), table.to(DEVICE), scale)
-        else:
-            out = ops.paged_attention(*args, cu_q.to(DEVICE), kv_lens.to(DEVICE), table.to(DEVICE), scale)
-        assert out.dtype == dtype and out.shape == q.shape
-        what = f"{name} {layout} page={page} Hq={hq} Hkv={hkv} D={d} {dtype}"
-        assert_normwise(out, ref, CRIT[dtype], what)
-        results[layout] = out.cpu()
+    assert ops.implementation("paged_decode_attention" if decode else "paged_attention").name == "triton"
+
+    def vs_torch_reference(layout, out, call, what):
+        # Once per case (the fragmented layout): the kernel and the torch op land on the same function.
         if compare_reference and layout == "fragmented":
-            ref_ops = reference(dtype)
-            fn = ref_ops.paged_decode_attention if decode else ref_ops.paged_attention
-            extra = [] if decode else [cu_q.to(DEVICE)]
-            torch_out = fn(*args, *extra, kv_lens.to(DEVICE), table.to(DEVICE), scale)
+            torch_out = call(reference(dtype))
             assert_normwise(out, torch_out.double().cpu(), CRIT[dtype], f"{what} vs torch reference op")
-    assert_bits(results["offset"], results["identity"], "offset layout vs identity")
-    assert_bits(results["fragmented"], results["identity"], "fragmented layout vs identity")
-    return results["identity"]
+
+    return check_paged_attention(ops, DEVICE, dtype, CRIT[dtype], page, hq, hkv, d, rows, gen, decode,
+                                 also=vs_torch_reference)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

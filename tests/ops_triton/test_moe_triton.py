@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import zlib
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -25,6 +23,9 @@ pytest.importorskip("triton")
 
 from ninfer.ops.reference import moe as ref  # noqa: E402
 from ninfer.ops.triton import moe as tm  # noqa: E402
+from ops.conftest import assert_normwise, randn  # noqa: E402
+from ops.oracles import moe_experts_oracle  # noqa: E402
+from ops.test_moe import EXPERTS  # noqa: E402
 
 if not _CUDA and type(tm._moe_sum_kernel).__name__ != "InterpretedFunction":
     tm = importlib.reload(tm)  # imported earlier without the interpreter: re-define the kernels
@@ -32,52 +33,10 @@ if not _CUDA and type(tm._moe_sum_kernel).__name__ != "InterpretedFunction":
 DEVICE = "cuda" if _CUDA else "cpu"
 
 
-@dataclass(frozen=True)
-class Normwise:
-    rel: float
-    cap: float
-
-
-EXPERTS = {torch.float32: Normwise(2e-6, 2e-5), torch.bfloat16: Normwise(1.5e-2, 5e-2)}
-
-
-def assert_normwise(out, ref_, crit: Normwise, what: str) -> None:
-    o, r = out.detach().to("cpu", torch.float64), ref_.detach().to("cpu", torch.float64)
-    assert o.shape == r.shape, f"{what}: shape {tuple(o.shape)} != {tuple(r.shape)}"
-    assert torch.isfinite(o).all(), f"{what}: non-finite output"
-    err = (o - r).norm().item() / r.norm().item()
-    gross = (o - r).abs().max().item() / r.abs().max().item()
-    assert err <= crit.rel and gross <= crit.cap, (
-        f"{what}: normwise {err:.3e} (limit {crit.rel:.1e}), pointwise {gross:.3e} (cap {crit.cap:.1e})")
-
-
-@pytest.fixture
-def gen(request) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(zlib.crc32(request.node.nodeid.encode()))
-    return g
-
-
-def randn(gen, *shape, dtype=torch.float32, scale=1.0):
-    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype).to(DEVICE)
-
-
-def oracle(x, weights, ids, gate_up, down):
-    xd, gu, dn, w = (t.detach().to("cpu", torch.float64) for t in (x, gate_up, down, weights))
-    inter = dn.shape[-1]
-    ref_ = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            h_gate, h_up = gu[e, :inter] @ xd[t], gu[e, inter:] @ xd[t]   # gate rows first
-            ref_[t] += w[t, j] * (dn[e] @ (h_gate / (1.0 + torch.exp(-h_gate)) * h_up))
-    return ref_
-
-
 def make(gen, t_len, hidden, inter, n_exp, top_k, dtype, ids=None):
-    x = randn(gen, t_len, hidden, dtype=dtype)
-    gate_up = randn(gen, n_exp, 2 * inter, hidden, dtype=dtype, scale=hidden ** -0.5)
-    down = randn(gen, n_exp, hidden, inter, dtype=dtype, scale=inter ** -0.5)
+    x = randn(gen, t_len, hidden, dtype=dtype, device=DEVICE)
+    gate_up = randn(gen, n_exp, 2 * inter, hidden, dtype=dtype, device=DEVICE, scale=hidden ** -0.5)
+    down = randn(gen, n_exp, hidden, inter, dtype=dtype, device=DEVICE, scale=inter ** -0.5)
     if ids is None:
         ids = torch.stack([torch.randperm(n_exp, generator=gen)[:top_k] for _ in range(t_len)])
     ids = ids.to(DEVICE)
@@ -98,7 +57,7 @@ def test_experts_match_oracle(dtype, t_len, hidden, inter, n_exp, top_k, gen):
     args = make(gen, t_len, hidden, inter, n_exp, top_k, dtype)
     out = tm.moe_experts(*args)
     assert out.dtype == dtype and out.shape == (t_len, hidden)
-    assert_normwise(out, oracle(*args), EXPERTS[dtype], f"triton moe_experts {dtype} T={t_len}")
+    assert_normwise(out, moe_experts_oracle(*args), EXPERTS[dtype], f"triton moe_experts {dtype} T={t_len}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -109,7 +68,7 @@ def test_skewed_routing_many_blocks_one_expert(dtype, gen):
     second = torch.tensor([1, 3, 5])[torch.randint(0, 3, (t_len,), generator=gen)]
     ids = torch.stack((torch.full((t_len,), 2), second), dim=1)
     args = make(gen, t_len, 32, 24, 6, 2, dtype, ids=ids)
-    assert_normwise(tm.moe_experts(*args), oracle(*args), EXPERTS[dtype], f"skewed routing {dtype}")
+    assert_normwise(tm.moe_experts(*args), moe_experts_oracle(*args), EXPERTS[dtype], f"skewed routing {dtype}")
 
 
 def test_agrees_with_reference_op_and_tile_choices(gen):

@@ -14,8 +14,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from ops.conftest import Pointwise, assert_bits, assert_pointwise, rand, randn  # noqa: E402
-from ops.test_sampling import call_sample, oracle_token, penalties_oracle, uniform  # noqa: E402
+from ops.conftest import assert_pointwise, rand, randn  # noqa: E402
+from ops.oracles import oracle_token, penalty_inputs, uniform  # noqa: E402
+from ops.shared_checks import PENALTY_CRIT, call_sample, check_apply_penalties  # noqa: E402
 
 from .conftest import CUDA, DEVICE, reference, triton_ops  # noqa: E402
 
@@ -146,23 +147,8 @@ def test_sample_graph_capture(gen):
 def test_apply_penalties(gen):
     ops = triton_ops(torch.bfloat16)
     assert ops.implementation("apply_penalties").name == "triton"
-    rows, vocab = 4, 3000
-    logits = randn(gen, rows, vocab, scale=3.0)
-    logits[2, 5] = -0.0
-    counts = torch.randint(0, 4, (rows, vocab), generator=gen, dtype=torch.int32) * (
-        torch.rand(rows, vocab, generator=gen) < 0.3)
-    prompt = torch.rand(rows, vocab, generator=gen) < 0.25
-    rep = torch.tensor([1.3, 0.8, 1.0, 1.0])
-    pres = torch.tensor([0.5, 0.0, 0.0, -1.0])
-    freq = torch.tensor([0.2, -0.4, 0.0, 0.0])
-    inputs = [t.to(DEVICE) for t in (logits, counts.to(torch.int32), prompt, rep, pres, freq)]
-    saved = [t.clone() for t in inputs]
-    out = ops.apply_penalties(*inputs)
-    ref = penalties_oracle(logits[:, :200], counts[:, :200], prompt[:, :200], rep, pres, freq)
-    for b in (0, 1, 3):
-        assert_pointwise(out[b, :200], ref[b], Pointwise(1e-6, 1e-7), f"penalised row {b}")
-    assert_bits(out[2].cpu(), logits[2], "neutral row")
-    torch_out = reference(torch.float32).apply_penalties(*inputs)
-    assert_pointwise(out, torch_out.double().cpu(), Pointwise(1e-6, 1e-7), "vs torch reference op")
-    for before, after in zip(saved, inputs, strict=True):
-        assert torch.equal(before, after), "inputs must not be modified"
+    inputs = penalty_inputs(gen, 3000)
+    # The fp64 oracle is a Python loop: it covers the first 200 ids, the torch op all of them.
+    out = check_apply_penalties(ops, DEVICE, inputs, 200)
+    torch_out = reference(torch.float32).apply_penalties(*(t.to(DEVICE) for t in inputs))
+    assert_pointwise(out, torch_out, PENALTY_CRIT, "vs torch reference op")

@@ -1,0 +1,104 @@
+"""Contract checks that the reference suite (tests/ops) and the Triton suite (tests/ops_triton) both run, each on
+its own OpSet and device: the same cases and criteria, so a kernel passes exactly what the reference passes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .conftest import Pointwise, assert_bits, assert_normwise, assert_pointwise, randn
+from .oracles import attention_oracle, fill_pools, gdn_inputs, gdn_oracle, page_layouts, penalties_oracle
+
+
+def call_sample(ops, device, logits, temperature, top_k, top_p, min_p, seeds, steps):
+    """ops.sample with every argument made a tensor of the contract's dtype on device; tokens back on CPU."""
+    return ops.sample(
+        torch.as_tensor(logits, dtype=torch.float32).to(device),
+        torch.as_tensor(temperature, dtype=torch.float32).to(device),
+        torch.as_tensor(top_k, dtype=torch.int32).to(device),
+        torch.as_tensor(top_p, dtype=torch.float32).to(device),
+        torch.as_tensor(min_p, dtype=torch.float32).to(device),
+        torch.as_tensor(seeds, dtype=torch.int64).to(device),
+        torch.as_tensor(steps, dtype=torch.int64).to(device)).cpu()
+
+
+def check_gdn_recurrent_slots(step, device, dtype, hk, hv, dk, dv, gen, out_crit, state_crit):
+    """Two rows stepped 3 times through slots 3 and 0 of 5 (the in-place state round trip is exercised):
+    each row equals the token-loop oracle from its slot's initial state; untouched slots stay bit-identical."""
+    n_slots, steps = 5, 3
+    states = randn(gen, n_slots, hv, dk, dv, device=device, scale=0.5)
+    before = states.clone()
+    slots = torch.tensor([3, 0], dtype=torch.int64, device=device)
+    seqs = [gdn_inputs(gen, steps, hk, hv, dk, dv, dtype, device) for _ in range(2)]
+    outs = []
+    for t in range(steps):
+        row = [torch.stack([seq[i][t] for seq in seqs]) for i in range(5)]
+        outs.append(step(*row, states, slots, dk ** -0.5))
+    for b, slot in enumerate(slots.tolist()):
+        ref_o, ref_s = gdn_oracle(*seqs[b], before[slot], dk ** -0.5)
+        out_b = torch.stack([o[b] for o in outs])
+        assert out_b.dtype == dtype
+        assert_normwise(out_b, ref_o, out_crit, f"recurrent row {b} {dtype}")
+        assert_normwise(states[slot], ref_s, state_crit, f"recurrent state slot {slot}")
+    for slot in (1, 2, 4):
+        assert_bits(states[slot].cpu(), before[slot].cpu(), f"untouched slot {slot}")
+
+
+def check_paged_attention(ops, device, dtype, crit, page, hq, hkv, d, rows, gen, decode, also=None):
+    """One case under the identity, offset and fragmented page layouts (NaN-poisoned pools, out-of-pool
+    table entries past each row's pages): each within crit of the fp64 oracle, all three bit-identical.
+
+    also(layout, out, call, what), when given, runs after each layout's checks; call(other_ops) repeats the
+    same call on another OpSet. Returns the identity layout's output (CPU).
+    """
+    op = "paged_decode_attention" if decode else "paged_attention"
+    ks = [randn(gen, kv_len, hkv, d, dtype=dtype) for _, kv_len in rows]
+    vs = [randn(gen, kv_len, hkv, d, dtype=dtype) for _, kv_len in rows]
+    q = randn(gen, sum(n for n, _ in rows), hq, d, dtype=dtype)
+    scale = d ** -0.5
+    kv_lens = torch.tensor([kv_len for _, kv_len in rows], dtype=torch.int32).to(device)
+    cu_q = torch.tensor([0] + [n for n, _ in rows], dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    ref = attention_oracle(q, ks, vs, rows, scale)
+    results = {}
+    for layout, table, n_pool in page_layouts(rows, page, gen):
+        k_pool, v_pool = fill_pools(ks, vs, table, n_pool, page, dtype)
+        args = [t.to(device) for t in (q, k_pool, v_pool)]
+        table = table.to(device)
+
+        def call(op_set, args=args, table=table):
+            if decode:
+                return op_set.paged_decode_attention(*args, kv_lens, table, scale)
+            return op_set.paged_attention(*args, cu_q, kv_lens, table, scale)
+
+        out = call(ops)
+        assert out.dtype == dtype and out.shape == q.shape
+        what = f"{op} {layout} page={page} Hq={hq} Hkv={hkv} D={d} {dtype}"
+        assert_normwise(out, ref, crit, what)
+        results[layout] = out.cpu()
+        if also is not None:
+            also(layout, out, call, what)
+    assert_bits(results["offset"], results["identity"], "offset layout vs identity")
+    assert_bits(results["fragmented"], results["identity"], "fragmented layout vs identity")
+    return results["identity"]
+
+
+PENALTY_CRIT = Pointwise(1e-6, 1e-7)
+
+
+def check_apply_penalties(ops, device, inputs, oracle_columns):
+    """apply_penalties on inputs (oracles.penalty_inputs): penalised rows 0, 1, 3 within PENALTY_CRIT of the
+    fp64 oracle over the first oracle_columns ids, the neutral row 2 bit-exact, the inputs untouched.
+    Returns the output, on device."""
+    logits, counts, prompt, rep, pres, freq = inputs
+    on_device = [t.to(device) for t in inputs]
+    saved = [t.clone() for t in on_device]
+    out = ops.apply_penalties(*on_device)
+    cols = slice(0, oracle_columns)
+    ref = penalties_oracle(logits[:, cols], counts[:, cols], prompt[:, cols], rep, pres, freq)
+    for b in (0, 1, 3):
+        assert_pointwise(out[b, cols], ref[b], PENALTY_CRIT, f"penalised row {b}")
+    assert_bits(out[2].cpu(), logits[2], "neutral row")
+    assert (out[0] != on_device[0][0]).any() and (out[3] != on_device[0][3]).any()
+    for before, after in zip(saved, on_device, strict=True):
+        assert torch.equal(before, after), "inputs must not be modified"
+    return out
