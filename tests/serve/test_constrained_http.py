@@ -1,7 +1,8 @@
-"""Constrained output over HTTP (/v1/chat/completions): response_format json_object / json_schema and
-vLLM's guided_json / guided_regex / guided_choice / guided_grammar, on the real default model at
-temperature 1.0 (the tiny model knows no JSON: only the constraint makes the output valid), plus the
-field -> OutputConstraint mapping of ninfer_serve.constraints."""
+"""Constrained output over HTTP: on /v1/chat/completions response_format json_object / json_schema and
+vLLM's guided_json / guided_regex / guided_choice / guided_grammar, the same fields on /v1/completions, and
+forced tool calls (Chat Completions tool_choice required/named, Anthropic /v1/messages tool_choice any/tool),
+on the real default model at temperature 1.0 (the tiny model knows no JSON: only the constraint makes the
+output valid), plus the field -> OutputConstraint mapping of ninfer_serve.constraints."""
 
 from __future__ import annotations
 
@@ -127,3 +128,54 @@ def test_forced_tool_call_arguments_satisfy_the_schema(client, seed, tool_choice
     [call] = msg["tool_calls"]
     assert call["function"]["name"] == "find"
     jsonschema.validate(json.loads(call["function"]["arguments"]), TOOL["function"]["parameters"])
+
+
+def _completion(client, seed: int, **fields) -> str:
+    body = {"model": MODEL_ID, "prompt": "import json\n", "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+            "seed": seed, "max_tokens": 64, **fields}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", (choice, r.json()["usage"])
+    return choice["text"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_completions_guided_fields(client, seed):
+    assert re.fullmatch(r"[a-z]{2,5}-[0-9]{2}", _completion(client, seed, guided_regex=r"[a-z]{2,5}-[0-9]{2}"))
+    assert _completion(client, seed, guided_choice=["alpha", "beta"]) in ("alpha", "beta")
+    assert re.fullmatch(r"v[0-9]\.[0-9]", _completion(client, seed, structured_outputs={"regex": r"v[0-9]\.[0-9]"}))
+    fmt = {"type": "json_schema", "json_schema": {"name": "book", "schema": SCHEMA}}
+    jsonschema.validate(json.loads(_completion(client, seed, response_format=fmt, max_tokens=160)), SCHEMA)
+
+
+def test_completions_constraint_errors_name_the_field(client):
+    for fields, param in (({"guided_choice": []}, "guided_choice"),
+                          ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
+                          ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema")):
+        r = client.post("/v1/completions", json={"model": MODEL_ID, "prompt": "x", **fields})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.json()
+
+
+ANTHROPIC_TOOL = {"name": "find", "input_schema": TOOL["function"]["parameters"]}
+
+
+@pytest.mark.parametrize("repeat", range(3))  # Anthropic requests carry no seed: each repeat samples anew
+@pytest.mark.parametrize("tool_choice", [{"type": "any"}, {"type": "tool", "name": "find"}])
+@pytest.mark.parametrize("thinking", ["disabled", "enabled"])
+def test_anthropic_forced_tool_input_satisfies_the_schema(client, repeat, tool_choice, thinking):
+    body = {"model": MODEL_ID, "tools": [ANTHROPIC_TOOL], "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+            "tool_choice": {**tool_choice, "disable_parallel_tool_use": True},  # else call after call
+            "thinking": {"type": thinking, **({"budget_tokens": 1024} if thinking == "enabled" else {})},
+            "messages": [{"role": "user", "content": "Find a book."}]}
+    counted = client.post("/v1/messages/count_tokens", json=body)
+    assert counted.status_code == 200, counted.text
+    body["max_tokens"] = 512 - counted.json()["input_tokens"]  # all the room the test engine has
+    r = client.post("/v1/messages", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["stop_reason"] == "tool_use", out
+    [call] = [b for b in out["content"] if b["type"] == "tool_use"]
+    assert call["name"] == "find"
+    jsonschema.validate(call["input"], ANTHROPIC_TOOL["input_schema"])

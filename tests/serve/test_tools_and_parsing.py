@@ -180,15 +180,31 @@ def test_anthropic_tool_use_thinking_and_stop_sequence(client):
     assert [b["type"] for b in body["content"]] == ["thinking", "tool_use"]
     assert body["content"][0]["thinking"] == "Need data."
     assert body["content"][1]["name"] == "get_weather" and body["content"][1]["input"] == {"city": "Paris", "days": 3}
+    # tool_choice tool/any is a tool-call grammar, as in Chat Completions: the script is the whole call.
+    lima = CALL.replace("Paris", "Lima").replace("<parameter=days>\n3\n</parameter>\n", "")
     forced = client.post("/v1/messages", json={**base, "tool_choice": {"type": "tool", "name": "get_weather"},
-                                               "messages": [{"role": "user", "content":
-                                                             "SCRIPT:<parameter=city>\nLima\n</parameter>\n</function>\n</tool_call>"}]}).json()
+                                               "thinking": {"type": "disabled"},
+                                               "messages": [{"role": "user", "content": "SCRIPT:" + lima}]}).json()
     assert forced["content"] == [{"type": "tool_use", "id": forced["content"][0]["id"], "name": "get_weather",
                                   "input": {"city": "Lima"}}]
     stop = client.post("/v1/messages", json={**base, "stop_sequences": ["END"], "thinking": {"type": "disabled"},
                                              "messages": [{"role": "user", "content": "SCRIPT:text END more"}]}).json()
     assert stop["stop_reason"] == "stop_sequence" and stop["stop_sequence"] == "END"
     assert stop["content"] == [{"type": "text", "text": "text "}]
+
+
+def test_anthropic_forced_tool_holds_the_model_to_the_call(client):
+    # The script wants free text; the grammar allows only the parameterless get_time call (after the
+    # thinking, which stays on), then the end.
+    tools = [{"name": n["function"]["name"], "input_schema": n["function"]["parameters"]} for n in (WEATHER, CLOCK)]
+    body = client.post("/v1/messages", json={
+        "model": MODEL_ID, "max_tokens": 100, "tools": tools,
+        "tool_choice": {"type": "tool", "name": "get_time", "disable_parallel_tool_use": True},
+        "messages": [{"role": "user", "content": "SCRIPT:Clock.\n</think>\n\noops no parameters here"}]}).json()
+    assert [b["type"] for b in body["content"]] == ["thinking", "tool_use"], body
+    assert body["content"][0]["thinking"] == "Clock."
+    assert body["content"][1]["name"] == "get_time" and body["content"][1]["input"] == {}
+    assert body["stop_reason"] == "tool_use"
 
 
 def test_anthropic_stream_blocks(client):

@@ -14,15 +14,22 @@ Accepted sources, at most one per request (two are a 400 naming the second field
 
 The mapping checks shapes only; whether a grammar or schema compiles is decided by the engine at
 submit (``InvalidConstraintError``, a 400 naming the problem).
+
+Every route (/v1/chat/completions, /v1/completions, /v1/messages) goes through :func:`constrain`, so a
+field means the same constraint wherever it is accepted and a forced tool call is always a grammar.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ninfer.runtime.contract.constraint import OutputConstraint
 from ninfer.runtime.contract.errors import InvalidConstraintError
+
+from ninfer_serve.errors import bad_request
+from ninfer_serve.tool_choice import ToolPolicy
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 _STRUCTURED = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice", "grammar": "guided_grammar"}
@@ -141,4 +148,27 @@ def request_constraint(*, response_format: Any = None, extra: Mapping[str, Any] 
     return body or tools
 
 
-__all__ = ["GUIDED", "ConstraintFieldError", "body_constraint", "request_constraint", "tool_constraint"]
+def constrain(policy: ToolPolicy | None, *, response_format: Any = None, extra: Mapping[str, Any] | None = None
+              ) -> tuple[ToolPolicy | None, OutputConstraint | None]:
+    """A route's (policy, constraint): the body constraint of ``response_format`` / the vLLM fields in
+    ``extra``, or the forced tool call of ``policy`` (tool_choice required/named, already checked against
+    the request's tools by ``tool_policy``). A forced call comes back with ``constrained=True``: the
+    grammar forces it, not a prompt prefix. A field that describes no constraint is a 400 naming it.
+    ``policy`` None: the route has no tools (/v1/completions)."""
+    mode = policy.mode if policy is not None else "none"
+    choice: Any = None  # the policy in Chat Completions' tool_choice form, which request_constraint reads
+    if mode == "required":
+        choice = "required"
+    elif mode == "named":
+        choice = {"type": "function", "function": {"name": policy.name}}
+    try:
+        constraint = request_constraint(response_format=response_format, extra=extra, tool_choice=choice,
+                                        has_tools=choice is not None, parallel=policy is None or policy.parallel)
+    except ConstraintFieldError as exc:
+        raise bad_request(str(exc), param=exc.param) from None
+    if policy is not None and mode in ("required", "named"):
+        policy = replace(policy, constrained=True)
+    return policy, constraint
+
+
+__all__ = ["GUIDED", "ConstraintFieldError", "body_constraint", "constrain", "request_constraint", "tool_constraint"]

@@ -195,6 +195,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=1)  # the OpenAI (and vLLM) default for Completions
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
+    response_format: ResponseFormat | None = None
     suffix: str | None = None
     best_of: int | None = None
 

@@ -3,7 +3,9 @@
 Conversion to the chat form the template renders: ``system`` becomes a leading system message;
 assistant ``thinking`` blocks become ``reasoning_content``, ``tool_use`` blocks ``tool_calls``; user
 ``tool_result`` blocks become tool messages (before the user's text, as the API orders them).
-``tool_choice`` maps auto/any/tool/none onto auto/required/named/none (see tool_choice).
+``tool_choice`` maps auto/any/tool/none onto auto/required/named/none (see tool_choice); any/tool are
+enforced by a tool-call grammar (ninfer_serve.constraints.constrain), so the input satisfies the tool's
+``input_schema``.
 ``thinking: {type: disabled}`` renders with ``enable_thinking=false``; ``enabled``/``adaptive`` or no
 ``thinking`` keeps the model's default (on for Qwen3.5), and reasoning comes back as ``thinking``
 blocks with an empty signature.
@@ -23,6 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, Response, post
+from ninfer.runtime.contract.constraint import OutputConstraint
 from ninfer.runtime.contract.frontend import OutputOptions, ToolCall
 
 from ninfer_serve import body, sampling
@@ -43,6 +46,7 @@ from ninfer_serve.anthropic_models import (
     Usage,
 )
 from ninfer_serve.chat_input import TemplateOptions, chat_prompt, template_options, tool_policy
+from ninfer_serve.constraints import constrain
 from ninfer_serve.disconnect import unless_disconnected
 from ninfer_serve.errors import ApiError, anthropic_body, bad_request
 from ninfer_serve.gateway import Gateway
@@ -101,8 +105,10 @@ def chat_messages(system: str | list[TextBlock] | None, messages: list[Message])
     return out
 
 
-def _plan(req: CountTokensRequest, parallel: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
-                                                                   ToolPolicy, TemplateOptions]:
+def _plan(req: CountTokensRequest, parallel: bool = True
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ToolPolicy, TemplateOptions, OutputConstraint | None]:
+    """The chat form of a request, its tool policy, template options and output constraint; count_tokens
+    plans as messages does, so both render the same prompt."""
     messages = chat_messages(req.system, req.messages)
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                "parameters": t.input_schema}} for t in req.tools or ()]
@@ -111,10 +117,11 @@ def _plan(req: CountTokensRequest, parallel: bool = True) -> tuple[list[dict[str
         choice = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}[req.tool_choice.type]
         name = req.tool_choice.name
         parallel = parallel and not req.tool_choice.disable_parallel_tool_use
-    policy = tool_policy(tools, choice, name, parallel=parallel)
+    # any/tool: a tools constraint (valid arguments, after the thinking when it is on), as in Chat Completions.
+    policy, constraint = constrain(tool_policy(tools, choice, name, parallel=parallel))
     thinking = None if req.thinking is None or req.thinking.type != "disabled" else False
     options = template_options(None, policy, field="thinking", enable_thinking=thinking)
-    return messages, tools, policy, options
+    return messages, tools, policy, options, constraint
 
 
 def stop_reason(outcome: Outcome, calls: int, eos_ids: tuple[int, ...]) -> tuple[str, str | None]:
@@ -133,7 +140,7 @@ async def count_tokens(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     req = body.validate(CountTokensRequest, await request.body())
     gw.check_model(req.model)
-    messages, tools, policy, options = _plan(req)
+    messages, tools, policy, options, _ = _plan(req)
     prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, policy), param="messages")
     return Response(CountTokensResponse(input_tokens=len(prompt.token_ids)).model_dump_json().encode(),
                     media_type="application/json")
@@ -146,14 +153,15 @@ async def messages(request: Request) -> Response:
     req = body.validate(MessagesRequest, await request.body())
     gw.check_model(req.model)
     gw.check_accepting()
-    messages, tools, policy, options = _plan(req)
+    messages, tools, policy, options, constraint = _plan(req)
     prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, policy), param="messages")
     budget = sampling.output_budget(req.max_tokens, prompt_tokens=len(prompt.token_ids),
                                     max_context=gw.max_context, field="max_tokens", prompt_field="messages")
     params = sampling.build(gw.engine, {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k},
                             max_tokens=budget)
     output = OutputOptions(stop=tuple(req.stop_sequences or ()), tools=tuple(tools),
-                           parse_reasoning=not policy.forced_prefix, parse_tool_calls=policy.session_parses_calls)
+                           parse_reasoning=not policy.forced_prefix, parse_tool_calls=policy.session_parses_calls,
+                           constraint=constraint)
     gen = gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="msg_",
                     prompt_param="messages", transforms=transforms_for(policy, tools))
     headers = {"request-id": gen.request_id}

@@ -14,7 +14,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 from litestar import Request, Response, post
 from ninfer.runtime.contract.frontend import OutputOptions, ToolCall
@@ -27,7 +26,7 @@ from ninfer_serve.chat_input import (
     template_options,
     tool_policy,
 )
-from ninfer_serve.constraints import ConstraintFieldError, request_constraint
+from ninfer_serve.constraints import constrain
 from ninfer_serve.disconnect import unless_disconnected
 from ninfer_serve.errors import ApiError, bad_request, openai_body
 from ninfer_serve.gateway import Gateway
@@ -98,13 +97,7 @@ async def chat_completions(request: Request) -> Response:
     else:
         policy = tool_policy(tools, "named", req.tool_choice.function.name,
                              parallel=req.parallel_tool_calls is not False)
-    try:
-        constraint = request_constraint(response_format=req.response_format, extra=req.model_extra,
-                                        tool_choice=req.tool_choice, has_tools=bool(tools), parallel=policy.parallel)
-    except ConstraintFieldError as exc:
-        raise bad_request(str(exc), param=exc.param) from None
-    if policy.mode in ("required", "named"):
-        policy = replace(policy, constrained=True)  # the grammar forces the call, not a prompt prefix
+    policy, constraint = constrain(policy, response_format=req.response_format, extra=req.model_extra)
     options = template_options(req.chat_template_kwargs, policy, field="chat_template_kwargs")
     prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, policy),
                               param="messages")
@@ -114,10 +107,7 @@ async def chat_completions(request: Request) -> Response:
                                     prompt_tokens=len(prompt.token_ids), max_context=gw.max_context,
                                     field=field, prompt_field="messages")
     params = sampling.build(gw.engine, {
-        "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
-        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
-        "repetition_penalty": req.repetition_penalty, "seed": sampling.engine_seed(req.seed),
-        "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos or None,
+        **sampling.openai_fields(req),
         "logprobs": req.logprobs or None, "top_logprobs": req.top_logprobs if req.logprobs else None,
     }, max_tokens=budget)
     output = OutputOptions(stop=req.stop_list, tools=tuple(tools), parse_reasoning=not policy.forced_prefix,

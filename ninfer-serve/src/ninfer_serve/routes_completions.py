@@ -5,6 +5,8 @@ OpenAI API allows lists); several prompts are a 400 (batch them as separate requ
 engine runs concurrently anyway). The prompt is continued as raw text: no chat template, no
 reasoning or tool-call parsing. ``echo`` prepends the prompt text. ``logprobs: N`` returns the
 legacy logprobs object (chosen token and the N most likely alternatives at each position).
+``response_format`` and vLLM's ``guided_*`` / ``structured_outputs`` constrain the continuation as in
+Chat Completions (ninfer_serve.constraints).
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from litestar import Request, Response, post
 from ninfer.runtime.contract.frontend import OutputOptions
 
 from ninfer_serve import body, sampling
+from ninfer_serve.constraints import constrain
 from ninfer_serve.disconnect import unless_disconnected
 from ninfer_serve.errors import ApiError, bad_request, openai_body
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.generation import Generation, Outcome, Step, collect
 from ninfer_serve.logprobs import TokenText, completion_logprobs
 from ninfer_serve.openai_models import Completion, CompletionChoice, CompletionRequest, Usage
-from ninfer_serve.routes_chat import stop_reason
+from ninfer_serve.routes_chat import stop_reason, usage_of
 from ninfer_serve.sse import COMMENT_KEEPALIVE, DONE, KEEPALIVE, data_event, event_stream, with_keepalive
 
 ENDPOINT = "/v1/completions"
@@ -62,18 +65,15 @@ async def completions(request: Request) -> Response:
     req = body.validate(CompletionRequest, await request.body())
     gw.check_model(req.model)
     gw.check_accepting()
+    _, constraint = constrain(None, response_format=req.response_format, extra=req.model_extra)
     ids, text = await gw.prepare(lambda: _prompt(req, gw), param="prompt")
     budget = sampling.output_budget(req.max_tokens, prompt_tokens=len(ids), max_context=gw.max_context,
                                     field="max_tokens", prompt_field="prompt")
     want_lp = req.logprobs is not None
     params = sampling.build(gw.engine, {
-        "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
-        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
-        "repetition_penalty": req.repetition_penalty, "seed": sampling.engine_seed(req.seed),
-        "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos or None,
-        "logprobs": want_lp or None, "top_logprobs": req.logprobs or None,
+        **sampling.openai_fields(req), "logprobs": want_lp or None, "top_logprobs": req.logprobs or None,
     }, max_tokens=budget)
-    output = OutputOptions(stop=req.stop_list, parse_reasoning=False, parse_tool_calls=False)
+    output = OutputOptions(stop=req.stop_list, parse_reasoning=False, parse_tool_calls=False, constraint=constraint)
     gen = gw.submit(ids, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="cmpl-",
                     prompt_param="prompt")
     headers = {"x-request-id": gen.request_id}
@@ -92,8 +92,7 @@ async def completions(request: Request) -> Response:
         id=gen.request_id, created=int(time.time()), model=gw.model_id,
         choices=[CompletionChoice(text=echo + got.text, logprobs=lp, finish_reason=_finish(got.outcome),
                                   stop_reason=stop_reason(got.outcome, tuple(gw.frontend.eos_token_ids)))],
-        usage=Usage(prompt_tokens=got.outcome.prompt_tokens, completion_tokens=got.outcome.completion_tokens,
-                    total_tokens=got.outcome.prompt_tokens + got.outcome.completion_tokens))
+        usage=usage_of(got.outcome))
     return Response(result.model_dump_json().encode(), media_type="application/json", headers=headers)
 
 
@@ -127,8 +126,7 @@ async def _stream(gw: Gateway, gen: Generation, echo: str, include_usage: bool,
                 yield chunk([CompletionChoice(text="", finish_reason=_finish(item),
                                               stop_reason=stop_reason(item, tuple(gw.frontend.eos_token_ids)))])
                 if include_usage:
-                    yield chunk([], Usage(prompt_tokens=item.prompt_tokens, completion_tokens=item.completion_tokens,
-                                          total_tokens=item.prompt_tokens + item.completion_tokens))
+                    yield chunk([], usage_of(item))
     except ApiError as err:
         yield data_event(openai_body(err))
     except Exception:  # noqa: BLE001 - a bug must not leave the client waiting on a half-open stream

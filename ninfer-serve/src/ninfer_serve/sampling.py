@@ -39,6 +39,15 @@ def engine_seed(seed: int | None) -> int | None:
     return None if seed is None else seed % INT63
 
 
+def openai_fields(req: Any) -> dict[str, Any]:
+    """The SamplingParams fields of an OpenAI request (``openai_models.SamplingFields``), read the same way
+    by Chat Completions and Completions; each adds its own logprobs fields, which differ in shape."""
+    return {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
+            "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
+            "repetition_penalty": req.repetition_penalty, "seed": engine_seed(req.seed),
+            "stop_token_ids": req.stop_token_ids, "ignore_eos": req.ignore_eos or None}
+
+
 def build(engine: Any, fields: Mapping[str, Any], *, max_tokens: int) -> SamplingParams:
     """``fields``: the engine's SamplingParams names; None values are left to the model's defaults.
     Raises a 400 ApiError naming the bad field."""

@@ -3,12 +3,11 @@
 - ``none``: tools are still rendered into the prompt (the model knows them, as in OpenAI), but the
   output is never parsed for calls: everything is content.
 - ``auto``: the request's OutputSession parses calls (``OutputOptions.parse_tool_calls``).
-- ``required`` / named on /v1/chat/completions: ``constrained`` -- the request carries a tools
-  constraint (:func:`ninfer_serve.constraints.tool_constraint`): the output is a tool call whose
-  arguments satisfy the tool's schema, after the reasoning if thinking is on; the session parses the
-  call as in ``auto``.
-- ``required`` / named elsewhere (the Anthropic route for now): the call is forced by writing its start into
-  the generation prompt: ``<tool_call>\\n<function=`` (required: the model writes the name) or
+- ``required`` / named (Chat Completions, and Anthropic's any / tool): ``constrained`` -- the request
+  carries a tools constraint (:func:`ninfer_serve.constraints.constrain`): the output is a tool call
+  whose arguments satisfy the tool's schema, after the reasoning if thinking is on; the session parses
+  the call as in ``auto``.
+- ``required`` / named with ``constrained`` False (no route builds this any more): the call is forced by writing its start into the generation prompt: ``<tool_call>\\n<function=`` (required: the model writes the name) or
   ``<tool_call>\\n<function=NAME>\\n`` (named). The prompt's thinking block is closed first (the model
   cannot be made to think and then call without a grammar), so these modes render with
   ``enable_thinking=false``. The OutputSession is not told about the prefix; instead the session
