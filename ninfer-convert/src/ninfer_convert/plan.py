@@ -83,14 +83,19 @@ def check_plan(plan: ConversionPlan, tensors: Mapping[str, SourceTensor]) -> Che
     return CheckedPlan(plan, objects)
 
 
+def _claim_name(kind: str, field: str, name: object, taken: set[str]) -> None:
+    """Components, objects and bindings are each named by a non-empty string unique among their kind."""
+    if not isinstance(name, str) or not name:
+        raise PlanError(f"{field} {name!r} is not a non-empty string")
+    if name in taken:
+        raise PlanError(f"{kind} {name!r} is planned twice")
+    taken.add(name)
+
+
 def _check_components(plan: ConversionPlan) -> set[str]:
     ids: set[str] = set()
     for c in plan.components:
-        if not isinstance(c.id, str) or not c.id:
-            raise PlanError(f"component id {c.id!r} is not a non-empty string")
-        if c.id in ids:
-            raise PlanError(f"component {c.id!r} is planned twice")
-        ids.add(c.id)
+        _claim_name("component", "component id", c.id, ids)
         if not isinstance(c.config, Mapping):
             raise PlanError(f"component {c.id!r}: config is not a mapping")
         archs = c.config.get("architectures")
@@ -109,11 +114,7 @@ def _check_coverage(plan: ConversionPlan, tensors: Mapping[str, SourceTensor]) -
     consumer: dict[str, str] = {}
     object_ids: set[str] = set()
     for o in plan.objects:
-        if not isinstance(o.id, str) or not o.id:
-            raise PlanError(f"object id {o.id!r} is not a non-empty string")
-        if o.id in object_ids:
-            raise PlanError(f"object {o.id!r} is planned twice")
-        object_ids.add(o.id)
+        _claim_name("object", "object id", o.id, object_ids)
         if not o.sources:
             raise PlanError(f"object {o.id!r} has no source tensors")
         for name in o.sources:
@@ -172,11 +173,7 @@ def _resolve_object(o: ObjectPlan, components: set[str], tensors: Mapping[str, S
 def _check_bindings(plan: ConversionPlan, objects: Mapping[str, CheckedObject]) -> None:
     names: set[str] = set()
     for b in plan.bindings:
-        if not isinstance(b.name, str) or not b.name:
-            raise PlanError(f"binding name {b.name!r} is not a non-empty string")
-        if b.name in names:
-            raise PlanError(f"binding {b.name!r} is planned twice")
-        names.add(b.name)
+        _claim_name("binding", "binding name", b.name, names)
         _check_binding(b, objects)
     seen: set[tuple[str, str]] = set()
     for u in plan.uses:
