@@ -29,7 +29,7 @@ from ninfer.runtime.contract.errors import EngineClosedError, EngineFailure, Que
 from ninfer.runtime.contract.events import GenerationResult
 from ninfer.runtime.contract.frontend import Frontend, OutputOptions, PreparedPrompt
 from ninfer.runtime.contract.memory import MemorySummary
-from ninfer.runtime.contract.program import Program
+from ninfer.runtime.contract.program import CheckpointProgram, Program
 from ninfer.runtime.contract.request import GenerationRequest
 from ninfer.runtime.contract.sampling import SamplingParams
 from ninfer.runtime.engine.engine_core import WAKE, EngineCore
@@ -71,6 +71,10 @@ class Engine:
         program_max = getattr(program, "max_context", None)
         if program_max is not None and program_max < options.max_context:
             raise InvalidEngineOptions(f"max_context {options.max_context} exceeds the Program's {program_max}")
+        if options.context_cache and (not isinstance(program, CheckpointProgram)
+                                      or program.checkpoint_usage().total_slots < 1):
+            raise InvalidEngineOptions("context_cache needs a Program with checkpoint slots (build it with "
+                                       "ProgramOptions.checkpoint_slots >= 1)")
         self._program = program
         self._frontend = frontend
         self._options = options
@@ -162,12 +166,14 @@ class Engine:
 
     def submit(self, request: PromptInput, *, sampling: SamplingParams | None = None,
                output: OutputOptions | None = None, deadline: float | None = None,
-               timeout_s: float | None = None, request_id: str | None = None) -> GenerationHandle:
+               timeout_s: float | None = None, request_id: str | None = None,
+               cache: bool | None = None) -> GenerationHandle:
         """Enqueue a request and return its handle.
 
         ``request`` is a GenerationRequest (the keyword arguments must then be left out), or a prompt:
         a PreparedPrompt, token ids, or text (prepared with ``Frontend.prepare_text``). ``timeout_s``
-        is a relative deadline. Raises synchronously: InvalidRequestError, PromptTooLongError,
+        is a relative deadline. ``cache=False`` keeps the request out of the context cache (see
+        ``GenerationRequest.cache``). Raises synchronously: InvalidRequestError, PromptTooLongError,
         InvalidSamplingParams, QueueFullError, EngineClosedError, EngineFailure; NotSupportedError
         on an engine started for causal scoring.
         """
@@ -175,7 +181,7 @@ class Engine:
             raise NotSupportedError("this engine was started with purpose 'causal_scoring': it scores texts "
                                     "with score() and serves no requests (start another with purpose "
                                     "'generation')")
-        req = self._as_request(request, sampling, output, deadline, timeout_s, request_id)
+        req = self._as_request(request, sampling, output, deadline, timeout_s, request_id, cache)
         req.validate(vocab_size=self._vocab_size, max_context=self._options.max_context)
         params = req.sampling if req.sampling is not None else self.sampling_params()
         if params.seed is None:
@@ -205,7 +211,8 @@ class Engine:
                                      on_release=lambda: released.put(None))
             rec = RequestRecord(ticket=next(self._tickets), request_id=rid, prompt=req.prompt_tokens,
                                 params=params, session=session, control=control,
-                                submit_time=time.monotonic(), deadline=req.deadline)
+                                submit_time=time.monotonic(), deadline=req.deadline,
+                                cache=self._options.context_cache and req.cache)
             self._outstanding += 1
             self._submitted += 1
             core.inbox.put(("submit", rec))
@@ -216,18 +223,18 @@ class Engine:
         with self.submit(request, **kwargs) as handle:
             return handle.result(timeout)
 
-    def _as_request(self, request: PromptInput, sampling, output, deadline, timeout_s, request_id
+    def _as_request(self, request: PromptInput, sampling, output, deadline, timeout_s, request_id, cache=None
                     ) -> GenerationRequest:
         if timeout_s is not None:
             relative = time.monotonic() + timeout_s
             deadline = relative if deadline is None else min(deadline, relative)
         if isinstance(request, GenerationRequest):
-            if any(v is not None for v in (sampling, output, deadline, request_id)):
+            if any(v is not None for v in (sampling, output, deadline, request_id, cache)):
                 raise TypeError("pass either a GenerationRequest or a prompt with keyword arguments, not both")
             return request
         prompt = self._frontend.prepare_text(request) if isinstance(request, str) else request
         return GenerationRequest(prompt=prompt, sampling=sampling, output=output or OutputOptions(),
-                                 deadline=deadline, request_id=request_id)
+                                 deadline=deadline, request_id=request_id, cache=True if cache is None else cache)
 
     def _check_accepting(self) -> None:
         status = self._core.status
@@ -276,7 +283,23 @@ class Engine:
             outstanding=outstanding, submitted=submitted,
             pages_used=cap.total_pages - cap.free_pages, pages_total=cap.total_pages,
             state_slots_used=cap.total_state_slots - cap.free_state_slots,
-            state_slots_total=cap.total_state_slots, page_size=cap.page_size, **snap.counters)
+            state_slots_total=cap.total_state_slots, page_size=cap.page_size, **snap.counters,
+            cache_checkpoints=snap.checkpoints.count, cache_device_bytes=snap.checkpoints.device_bytes,
+            cache_host_bytes=snap.checkpoints.host_bytes)
+
+    def clear_context_cache(self, timeout: float | None = None) -> None:
+        """Drop every context-cache checkpoint (done by the worker; waits up to ``timeout``). Stats
+        published after the call reflect it. No-op without a context cache or after close."""
+        if self._scorer is not None or not self._options.context_cache:
+            return
+        done = threading.Event()
+        with self._core.submit_lock:
+            self._check_accepting()
+            self._core.inbox.put(("clear_cache", done))
+        if not done.wait(timeout):
+            raise TimeoutError("the engine worker did not clear the context cache in time")
+        if self._core.failure is not None:
+            raise self._core.failure
 
     def close(self, *, drain: bool = False, timeout: float | None = None) -> None:
         """Stop the engine. ``drain``: finish every accepted request first; otherwise unfinished ones

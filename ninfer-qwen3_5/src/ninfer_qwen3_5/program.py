@@ -4,7 +4,8 @@ A unit's decode rows (one token each) and its optional chunk are laid out as one
 decode rows first, and run through the model once: projections, norms and MLPs see all N tokens;
 the GDN and attention cores split decode rows from the chunk (see ``layers``). Physical resources:
 one :class:`PagedKVCache` over the full-attention layers and one :class:`StateImageStorage` slot
-per sequence with the layout of :mod:`ninfer_qwen3_5.state`.
+per sequence with the layout of :mod:`ninfer_qwen3_5.state`, plus (context cache) a checkpoint
+storage of the same layout.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ class Qwen35Program(SequenceProgram):
         device = torch.device(opt.device)
         kv = PagedKVCache(cfg.attention_layers, num_pages=opt.num_pages, page_size=opt.page_size,
                           num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=opt.dtype, device=device)
-        states = StateImageStorage(state_layout(cfg, opt.dtype), opt.max_sequences, device)
+        layout = state_layout(cfg, opt.dtype)
+        states = StateImageStorage(layout, opt.max_sequences, device)
+        checkpoints = StateImageStorage(layout, opt.checkpoint_slots, device) if opt.checkpoint_slots else None
         super().__init__(vocab_size=cfg.vocab_size, kv=kv, states=states, ops=init.ops, device=device,
-                         max_context=min(opt.max_context, cfg.max_position_embeddings))
+                         max_context=min(opt.max_context, cfg.max_position_embeddings), checkpoints=checkpoints)
         self.cfg = cfg
         self.dtype = opt.dtype
         self.model = Qwen35Model(cfg, init.weights, init.ops, device, opt.dtype)

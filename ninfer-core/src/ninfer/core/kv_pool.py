@@ -4,17 +4,28 @@ Layout: every pool is ``[num_pages, page_size, Hkv, D]`` in the activation dtype
 sequence lives at page ``table[t // page_size]``, offset ``t % page_size`` in *every* layer's pool
 (all layers share one page table per sequence, so one allocation covers all of them).
 
+Sharing (context cache, DESIGN.md section 6): a *KVHistory* is the writable page list of one
+owner (a sequence); a :class:`KVPrefixRef` is an exact read-only prefix of a history (a token count
+and the pages covering it, the last one possibly partial). Every page carries a reference count:
+one per history table and one per prefix ref that lists it.
+
 Invariants:
-- A page id is owned by at most one sequence; free pages are exactly those owned by none.
-- :meth:`PagedKVCache.ensure` is atomic: it either extends a sequence's table to cover the asked
-  token count or changes nothing.
+- A page's reference count is the number of histories and prefix refs listing it; a page is free
+  exactly when its count is 0 and it returns to the free list only when its last reference goes.
+- A page with more than one reference is immutable: :meth:`PagedKVCache.ensure` copies every shared
+  page in the range about to be written onto a fresh private page (copy-on-write) before any write,
+  so a write by one history never changes what another history or prefix ref reads.
+- :meth:`PagedKVCache.ensure` is atomic: it either extends (and privatises) a sequence's table to
+  cover the asked token count or changes nothing.
 - Pages are physical only; the logical frontier (how many tokens hold valid K/V) is the Program's
-  ``computed`` count, never stored here.
+  ``computed`` count, never stored here; a prefix ref's ``num_tokens`` is the frontier it was taken at.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -26,11 +37,12 @@ class KVPoolError(NInferError):
 
 
 class PageAllocator:
-    """A free list of page ids ``[0, num_pages)``.
+    """A free list of page ids ``[0, num_pages)`` with a reference count per allocated page.
 
     Pages are handed out last-freed-first, so pages released by one sequence are reused by the next:
     after a few open/release cycles a sequence's pages are not contiguous, which is the normal case
-    the attention ops must handle.
+    the attention ops must handle. :meth:`allocate` gives pages with count 1, :meth:`retain` adds a
+    reference, :meth:`free` drops one; a page is back on the free list when its count reaches 0.
     """
 
     def __init__(self, num_pages: int) -> None:
@@ -39,11 +51,14 @@ class PageAllocator:
         self.num_pages = num_pages
         # Stack: the end is handed out first. Reversed so a fresh allocator gives 0, 1, 2, ...
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
-        self._used: set[int] = set()
+        self._refs: dict[int, int] = {}
 
     @property
     def free_pages(self) -> int:
         return len(self._free)
+
+    def refcount(self, page: int) -> int:
+        return self._refs.get(page, 0)
 
     def allocate(self, n: int) -> list[int] | None:
         """``n`` pages, or None (taking nothing) when fewer than ``n`` are free."""
@@ -52,17 +67,42 @@ class PageAllocator:
         if n > len(self._free):
             return None
         pages = [self._free.pop() for _ in range(n)]
-        self._used.update(pages)
+        for p in pages:
+            self._refs[p] = 1
         return pages
 
-    def free(self, pages: Iterable[int]) -> None:
+    def retain(self, pages: Iterable[int]) -> None:
+        """One more reference to each of ``pages`` (all must be allocated)."""
         pages = list(pages)
         for p in pages:
-            if p not in self._used:
+            if p not in self._refs:
+                raise KVPoolError(f"page {p} is retained but not allocated")
+        for p in pages:
+            self._refs[p] += 1
+
+    def free(self, pages: Iterable[int]) -> None:
+        """Drop one reference to each of ``pages``; a page whose last reference goes is free again."""
+        pages = list(pages)
+        drops: dict[int, int] = {}
+        for p in pages:
+            drops[p] = drops.get(p, 0) + 1
+            if drops[p] > self._refs.get(p, 0):
                 raise KVPoolError(f"page {p} is freed but not allocated")
         for p in pages:
-            self._used.remove(p)
-            self._free.append(p)
+            self._refs[p] -= 1
+            if self._refs[p] == 0:
+                del self._refs[p]
+                self._free.append(p)
+
+
+@dataclass(frozen=True)
+class KVPrefixRef:
+    """An exact read-only prefix of a KV history: tokens ``[0, num_tokens)`` live in ``pages`` (the
+    last page may be partial). Holds one reference to each page until released."""
+
+    ref_id: int
+    num_tokens: int
+    pages: tuple[int, ...]
 
 
 class PagedKVCache:
@@ -84,6 +124,8 @@ class PagedKVCache:
         self._pools = {layer: (torch.zeros(shape, dtype=dtype, device=self.device),
                                torch.zeros(shape, dtype=dtype, device=self.device)) for layer in layers}
         self._tables: dict[object, list[int]] = {}
+        self._prefixes: dict[int, KVPrefixRef] = {}
+        self._prefix_ids = itertools.count(1)
 
     # -- pools -------------------------------------------------------------------------------------
     def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,21 +143,83 @@ class PagedKVCache:
         """Tokens the owner's pages can hold (0 for an owner without pages)."""
         return len(self._tables.get(owner, ())) * self.page_size
 
-    def ensure(self, owner: object, num_tokens: int) -> bool:
-        """Make ``owner``'s table cover ``num_tokens`` tokens; atomic, False when pages run out."""
+    def ensure(self, owner: object, num_tokens: int, write_from: int | None = None) -> bool:
+        """Make ``owner``'s table cover ``num_tokens`` tokens, with every page holding a token of
+        ``[write_from, num_tokens)`` private (shared ones are copied first: copy-on-write). Atomic:
+        False, changing nothing, when pages run out. ``write_from`` None: no page is written."""
         table = self._tables.get(owner, [])
         need = self.pages_for(num_tokens) - len(table)
-        if need <= 0:
+        cow: list[int] = []
+        if write_from is not None and write_from < num_tokens:
+            last = min(len(table), self.pages_for(num_tokens))
+            cow = [i for i in range(write_from // self.page_size, last) if self.allocator.refcount(table[i]) > 1]
+        total = max(0, need) + len(cow)
+        if total == 0:
             return True
-        pages = self.allocator.allocate(need)
+        pages = self.allocator.allocate(total)
         if pages is None:
             return False
-        self._tables[owner] = table + pages
+        table = list(table)
+        for i, new in zip(cow, pages, strict=False):
+            old = table[i]
+            for k, v in self._pools.values():
+                k[new].copy_(k[old])
+                v[new].copy_(v[old])
+            table[i] = new
+            self.allocator.free([old])
+        self._tables[owner] = table + pages[len(cow):]
         return True
 
     def release(self, owner: object) -> None:
-        """Free every page of ``owner`` (no-op for an owner that never took pages)."""
+        """Drop ``owner``'s references to its pages (no-op for an owner that never took pages)."""
         self.allocator.free(self._tables.pop(owner, []))
+
+    def writable(self, owner: object, start: int, end: int) -> bool:
+        """Whether every page holding tokens ``[start, end)`` of ``owner`` is covered and private."""
+        table = self._tables.get(owner, [])
+        if end > len(table) * self.page_size:
+            return False
+        return all(self.allocator.refcount(table[i]) == 1
+                   for i in range(start // self.page_size, self.pages_for(end)))
+
+    # -- sharing -----------------------------------------------------------------------------------
+    def share_prefix(self, owner: object, num_tokens: int) -> KVPrefixRef:
+        """A read-only ref to ``owner``'s first ``num_tokens`` tokens (no copy: the pages are retained)."""
+        table = self._tables.get(owner, [])
+        if not 1 <= num_tokens <= len(table) * self.page_size:
+            raise KVPoolError(f"prefix of {num_tokens} tokens of {owner!r} exceeds its {len(table)} pages")
+        ref = KVPrefixRef(next(self._prefix_ids), num_tokens, tuple(table[: self.pages_for(num_tokens)]))
+        self.allocator.retain(ref.pages)
+        self._prefixes[ref.ref_id] = ref
+        return ref
+
+    def release_prefix(self, ref: KVPrefixRef) -> None:
+        if self._prefixes.get(ref.ref_id) != ref:
+            raise KVPoolError(f"prefix ref {ref.ref_id} is not live")
+        del self._prefixes[ref.ref_id]
+        self.allocator.free(ref.pages)
+
+    def adopt_prefix(self, owner: object, ref: KVPrefixRef) -> None:
+        """Start ``owner``'s history as ``ref``'s pages (shared; the first write copies the tail)."""
+        if owner in self._tables:
+            raise KVPoolError(f"{owner!r} already has a KV history")
+        if self._prefixes.get(ref.ref_id) != ref:
+            raise KVPoolError(f"prefix ref {ref.ref_id} is not live")
+        self.allocator.retain(ref.pages)
+        self._tables[owner] = list(ref.pages)
+
+    @property
+    def num_prefixes(self) -> int:
+        return len(self._prefixes)
+
+    def pages_only_in_prefixes(self) -> int:
+        """Pages that only prefix refs hold (what dropping every prefix ref would free)."""
+        in_tables = {p for t in self._tables.values() for p in t}
+        return len({p for r in self._prefixes.values() for p in r.pages} - in_tables)
+
+    @property
+    def page_bytes(self) -> int:
+        return self.page_size * self.bytes_per_token
 
     def table(self, owner: object) -> tuple[int, ...]:
         return tuple(self._tables.get(owner, ()))

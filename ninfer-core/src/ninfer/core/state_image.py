@@ -122,6 +122,19 @@ class StateImageStorage:
         self._check_owned(dst)
         self._raw[dst].copy_(self._raw[src])
 
+    def copy_image_to(self, src: int, dst_storage: StateImageStorage, dst: int) -> None:
+        """Full copy of this storage's image ``src`` onto ``dst`` of another storage with the same
+        layout (e.g. a checkpoint pool): one contiguous copy."""
+        if dst_storage.layout != self.layout:
+            raise StateImageError("state images can only be copied between storages of the same layout")
+        self._check_owned(src)
+        dst_storage._check_owned(dst)
+        dst_storage._raw[dst].copy_(self._raw[src])
+
+    @property
+    def image_bytes(self) -> int:
+        return self.layout.image_bytes
+
     def free(self, slot: int) -> None:
         self._check_owned(slot)
         self._used.remove(slot)

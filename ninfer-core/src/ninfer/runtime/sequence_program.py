@@ -16,7 +16,14 @@ Invariants enforced here (violations raise before anything is mutated):
 - A PendingBatch is consumed exactly once, with every member row named exactly once and
   ``0 <= accepted <= produced``; a row may not be both a decode row and the chunk of one unit.
 - KV pages for a token exist before the token is run (reserve_units), and are freed only by
-  pause/release.
+  pause/release; a token is only written into a page its sequence holds alone (reserve_units
+  copies a shared page first, run/score_chunk refuse otherwise).
+
+Checkpoints (the context cache, :class:`~ninfer.runtime.contract.program.CheckpointProgram`):
+with a checkpoint :class:`StateImageStorage`, :meth:`capture_checkpoint` copies a sequence's image
+into a checkpoint slot and shares its KV prefix; each record keeps the covered count, the tokens and
+the prefix ref, which must agree whenever the checkpoint is used. A sequence whose forward failed is
+*damaged* and can never be captured.
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.core.kv_pool import PagedKVCache
+from ninfer.core.kv_pool import KVPrefixRef, PagedKVCache
 from ninfer.core.state_image import StateImageStorage
 from ninfer.runtime.contract.program import (
+    CheckpointHandle,
+    CheckpointIntegrityError,
+    CheckpointUsage,
     ExecutionUnit,
     OutOfSlotsError,
     PendingBatch,
@@ -54,6 +64,16 @@ class _Sequence:
     computed: int = 0
     pending: int | None = None   # id of the unconsumed PendingBatch holding this row's provisional tokens
     stale: bool = False          # state covers the whole ledger; no next input exists
+    damaged: bool = False        # a forward failed midway: state and KV are garbage until rebuilt
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """A checkpoint's physical records; all three must agree on the covered token count."""
+
+    handle: CheckpointHandle
+    slot: int
+    prefix: KVPrefixRef
 
 
 @dataclass(frozen=True)
@@ -111,7 +131,7 @@ class SequenceProgram(ABC):
     """
 
     def __init__(self, *, vocab_size: int, kv: PagedKVCache, states: StateImageStorage, ops,
-                 device: torch.device, max_context: int) -> None:
+                 device: torch.device, max_context: int, checkpoints: StateImageStorage | None = None) -> None:
         self.vocab_size = vocab_size
         self.page_size = kv.page_size
         self.kv = kv
@@ -123,6 +143,9 @@ class SequenceProgram(ABC):
         self._ids = itertools.count(1)
         self._batch_ids = itertools.count(1)
         self._outstanding: dict[int, PendingBatch] = {}
+        self.checkpoint_states = checkpoints
+        self._checkpoints: dict[int, _Checkpoint] = {}
+        self._checkpoint_ids = itertools.count(1)
 
     # -- the model call (architecture) -----------------------------------------------------------
     @abstractmethod
@@ -154,6 +177,15 @@ class SequenceProgram(ABC):
     def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None) -> SeqId:
         """Start a ledger. ``prompt_length`` (default: all of ``tokens``) separates prompt from
         output for the penalties; a Replay resume passes the original prompt length."""
+        ledger, plen = self._check_ledger(tokens, prompt_length)
+        slot = self.states.allocate()
+        if slot is None:
+            raise OutOfSlotsError(f"all {self.states.num_slots} state slots are taken")
+        sid = next(self._ids)
+        self._seqs[sid] = _Sequence(ledger=ledger, prompt_length=plen, slot=slot)
+        return sid
+
+    def _check_ledger(self, tokens: Sequence[int], prompt_length: int | None) -> tuple[list[int], int]:
         ledger = [int(t) for t in tokens]
         if not ledger:
             raise ProgramError("a sequence needs at least one token")
@@ -165,12 +197,72 @@ class SequenceProgram(ABC):
         plen = len(ledger) if prompt_length is None else int(prompt_length)
         if not 1 <= plen <= len(ledger):
             raise ProgramError(f"prompt_length {prompt_length} is outside [1, {len(ledger)}]")
+        return ledger, plen
+
+    # -- checkpoints (context cache) -------------------------------------------------------------
+    def capture_checkpoint(self, seq: SeqId) -> CheckpointHandle | None:
+        """Checkpoint ``seq`` at its real frontier ``computed`` (see the module docstring). Allowed
+        with an unconsumed PendingBatch (provisional tokens are not part of the state)."""
+        s = self._get(seq)
+        if self.checkpoint_states is None:
+            raise ProgramError("this Program was built without checkpoint slots")
+        if s.damaged:
+            raise ProgramError(f"sequence {seq} failed midway: its state cannot be checkpointed")
+        if s.computed < 1:
+            raise ProgramError(f"sequence {seq} has computed nothing: there is nothing to checkpoint")
+        slot = self.checkpoint_states.allocate()
+        if slot is None:
+            return None
+        self.states.copy_image_to(s.slot, self.checkpoint_states, slot)
+        prefix = self.kv.share_prefix(seq, s.computed)
+        handle = CheckpointHandle(next(self._checkpoint_ids), s.computed, tuple(s.ledger[: s.computed]))
+        self._checkpoints[handle.checkpoint_id] = _Checkpoint(handle, slot, prefix)
+        return handle
+
+    def open_sequence_from(self, checkpoint: CheckpointHandle, tokens: Sequence[int],
+                           prompt_length: int | None = None) -> SeqId:
+        """Open a sequence whose first ``checkpoint.covered`` tokens are already computed: its state
+        is a copy of the checkpoint's image and its KV history starts as the shared prefix."""
+        rec = self._checkpoint(checkpoint)
+        ledger, plen = self._check_ledger(tokens, prompt_length)
+        n = rec.handle.covered
+        if not n < len(ledger) or tuple(ledger[:n]) != rec.handle.tokens:
+            raise ProgramError(f"checkpoint {checkpoint.checkpoint_id} ({n} tokens) is not a proper prefix of "
+                               f"the {len(ledger)} tokens to open")
         slot = self.states.allocate()
         if slot is None:
             raise OutOfSlotsError(f"all {self.states.num_slots} state slots are taken")
+        self.checkpoint_states.copy_image_to(rec.slot, self.states, slot)
         sid = next(self._ids)
-        self._seqs[sid] = _Sequence(ledger=ledger, prompt_length=plen, slot=slot)
+        self.kv.adopt_prefix(sid, rec.prefix)
+        self._seqs[sid] = _Sequence(ledger=ledger, prompt_length=plen, slot=slot, computed=n)
         return sid
+
+    def drop_checkpoint(self, checkpoint: CheckpointHandle) -> None:
+        rec = self._checkpoint(checkpoint)
+        del self._checkpoints[checkpoint.checkpoint_id]
+        self.kv.release_prefix(rec.prefix)
+        self.checkpoint_states.free(rec.slot)
+
+    def checkpoint_usage(self) -> CheckpointUsage:
+        cs = self.checkpoint_states
+        if cs is None:
+            return CheckpointUsage(count=0, total_slots=0, free_slots=0, device_bytes=0)
+        n = len(self._checkpoints)
+        return CheckpointUsage(count=n, total_slots=cs.num_slots, free_slots=cs.free_slots,
+                               device_bytes=n * cs.image_bytes + self.kv.pages_only_in_prefixes() * self.kv.page_bytes)
+
+    def _checkpoint(self, checkpoint: CheckpointHandle) -> _Checkpoint:
+        rec = self._checkpoints.get(getattr(checkpoint, "checkpoint_id", None))
+        if rec is None:
+            raise ProgramError(f"unknown or dropped checkpoint {checkpoint!r}")
+        h = rec.handle
+        if (rec.handle != checkpoint or h.covered != len(h.tokens) or rec.prefix.num_tokens != h.covered
+                or len(rec.prefix.pages) != self.kv.pages_for(h.covered)):
+            raise CheckpointIntegrityError(
+                f"checkpoint {h.checkpoint_id} is inconsistent: covered {h.covered}, {len(h.tokens)} tokens, KV prefix "
+                f"of {rec.prefix.num_tokens} tokens in {len(rec.prefix.pages)} pages")
+        return rec
 
     def reserve_units(self, demands: Mapping[SeqId, int]) -> dict[SeqId, bool]:
         for sid, n in demands.items():
@@ -179,8 +271,9 @@ class SequenceProgram(ABC):
                 raise ProgramError(f"reserve demand of sequence {sid} must be an int >= 0, got {n!r}")
         out: dict[SeqId, bool] = {}
         for sid, n in demands.items():
-            target = self._seqs[sid].computed + n
-            out[sid] = target <= self.max_context and self.kv.ensure(sid, target)
+            computed = self._seqs[sid].computed
+            target = computed + n
+            out[sid] = target <= self.max_context and self.kv.ensure(sid, target, write_from=computed)
         return out
 
     def pause(self, seq: SeqId) -> ReplayState:
@@ -210,6 +303,7 @@ class SequenceProgram(ABC):
             # The state and KV of every member may be half-updated: they can only be rebuilt.
             for sid in self._members(unit):
                 self._seqs[sid].stale = True
+                self._seqs[sid].damaged = True
             raise
         for row in unit.decode:
             self._seqs[row.seq].computed += 1
@@ -271,8 +365,8 @@ class SequenceProgram(ABC):
         if isinstance(num_tokens, bool) or end is None or num_tokens < 1 or end > len(s.ledger):
             raise ProgramError(f"score chunk of sequence {seq}: {num_tokens!r} tokens from {s.computed} exceed "
                                f"its ledger of {len(s.ledger)}")
-        if self.kv.capacity(seq) < end:
-            raise ProgramError(f"score chunk sequence {seq} has no KV reserved for tokens up to {end}")
+        if not self.kv.writable(seq, s.computed, end):
+            raise ProgramError(f"score chunk sequence {seq} has no KV reserved for tokens up to {end} (or a page there is shared)")
         dev = self.device
         chunk = ChunkRows(
             seq=seq, tokens=torch.tensor(s.ledger[s.computed:end], dtype=torch.int64).to(dev),
@@ -287,6 +381,7 @@ class SequenceProgram(ABC):
                                    f"expected {(num_tokens, self.vocab_size)}")
         except Exception:
             s.stale = True
+            s.damaged = True
             raise
         s.computed = end
         if end == len(s.ledger):
@@ -348,8 +443,8 @@ class SequenceProgram(ABC):
                 if s.computed != len(s.ledger) - 1:
                     raise ProgramError(f"decode sequence {row.seq} is not decode-ready "
                                        f"(computed {s.computed}, ledger {len(s.ledger)})")
-                if self.kv.capacity(row.seq) < s.computed + 1:
-                    raise ProgramError(f"decode sequence {row.seq} has no KV reserved for its next token")
+                if not self.kv.writable(row.seq, s.computed, s.computed + 1):
+                    raise ProgramError(f"decode sequence {row.seq} has no KV reserved for its next token (or its page there is shared)")
                 seqs.append(row.seq)
                 toks.append(s.ledger[s.computed])
                 pos.append(s.computed)
@@ -378,8 +473,8 @@ class SequenceProgram(ABC):
             if reaches_end != (c.sampling is not None):
                 raise ProgramError(f"chunk of sequence {c.seq} ending at {end} of {len(s.ledger)}: sampling "
                                    f"must be given exactly when the chunk reaches the ledger's end")
-            if self.kv.capacity(c.seq) < end:
-                raise ProgramError(f"chunk sequence {c.seq} has no KV reserved for tokens up to {end}")
+            if not self.kv.writable(c.seq, s.computed, end):
+                raise ProgramError(f"chunk sequence {c.seq} has no KV reserved for tokens up to {end} (or a page there is shared)")
             if reaches_end:
                 sampling.append((c.seq, c.sampling))
             chunk = ChunkRows(

@@ -64,7 +64,8 @@ class ModelProfile:
 
 @dataclass(frozen=True)
 class ProgramOptions:
-    """Physical sizing of one Program. Invariant: max_sequences >= the engine's max_concurrency."""
+    """Physical sizing of one Program. Invariant: max_sequences >= the engine's max_concurrency.
+    ``checkpoint_slots``: StateImage slots for context-cache checkpoints (0: no checkpoints)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -72,6 +73,7 @@ class ProgramOptions:
     page_size: int
     num_pages: int
     max_context: int
+    checkpoint_slots: int = 0
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,11 @@ class OutOfSlotsError(ProgramError):
     """No free StateImage slot for a new sequence."""
 
 
+class CheckpointIntegrityError(ProgramError):
+    """A checkpoint's records disagree (covered token count, image, KV prefix, tokens): internal
+    corruption, an engine failure, never reported as a cache miss."""
+
+
 SeqId = int
 
 
@@ -142,6 +147,29 @@ class ReplayState:
     ledger: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class CheckpointHandle:
+    """An immutable restorable position taken from one real execution: a StateImage copy whose
+    state covers exactly the first ``covered`` tokens of ``tokens`` (== ``len(tokens)``) and a
+    read-only KV prefix of the same ``covered`` tokens. ``checkpoint_id`` is unique per Program."""
+
+    checkpoint_id: int
+    covered: int
+    tokens: tuple[int, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class CheckpointUsage:
+    """What the Program's checkpoints hold: ``count`` live checkpoints, ``free_slots`` checkpoint
+    StateImage slots left, ``device_bytes`` = their images plus the KV pages only they reference."""
+
+    count: int
+    total_slots: int
+    free_slots: int
+    device_bytes: int
+    host_bytes: int = 0
+
+
 @runtime_checkable
 class Program(Protocol):
     """See the module docstring for the ledger and commit rules."""
@@ -183,3 +211,31 @@ class Program(Protocol):
     def release(self, seq: SeqId) -> None:
         """Free the sequence's StateImage slot and KV pages. Idempotent per live id is an error:
         releasing an unknown or released id raises ProgramError."""
+
+
+@runtime_checkable
+class CheckpointProgram(Program, Protocol):
+    """A Program that can take and restore checkpoints (the context cache).
+
+    Invariants (the Program checks them; a violation raises :class:`CheckpointIntegrityError`):
+    - A checkpoint is taken only from a sequence's real state after a completed unit: it covers
+      exactly ``computed(seq)`` ledger tokens, never an interpolated position.
+    - A checkpoint is immutable: its image lives in its own slot and its KV pages are shared
+      read-only (a writer copies a shared page before writing into it).
+    - Opening from a checkpoint re-verifies that ``tokens`` starts with the checkpoint's tokens and
+      extends past them; the new sequence then has ``computed == covered``.
+    """
+
+    def capture_checkpoint(self, seq: SeqId) -> CheckpointHandle | None:
+        """Copy ``seq``'s state (covering ``computed(seq)`` tokens) into a free checkpoint slot and
+        share its KV prefix. None when no checkpoint slot is free (nothing taken)."""
+
+    def open_sequence_from(self, checkpoint: CheckpointHandle, tokens: Sequence[int],
+                           prompt_length: int | None = None) -> SeqId:
+        """Like :meth:`Program.open_sequence`, but the state starts as a copy of the checkpoint's
+        image, the KV history starts as its shared prefix, and ``computed == checkpoint.covered``."""
+
+    def drop_checkpoint(self, checkpoint: CheckpointHandle) -> None:
+        """Free the checkpoint's slot and its references to KV pages."""
+
+    def checkpoint_usage(self) -> CheckpointUsage: ...

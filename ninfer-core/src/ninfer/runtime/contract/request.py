@@ -28,6 +28,8 @@ class GenerationRequest:
     - ``deadline``: absolute ``time.monotonic()`` seconds; past it the request ends (rejected with
       DeadlineExceededError if never admitted, finish_reason ``"deadline"`` otherwise).
     - ``request_id``: caller's id for logs and events; the engine makes one when None.
+    - ``cache``: take part in the engine's context cache (when it has one): bind to a cached prefix
+      and publish checkpoints. False: computed from the root and leaves nothing behind (warm-up).
     """
 
     prompt: PreparedPrompt | Sequence[int]
@@ -35,6 +37,7 @@ class GenerationRequest:
     output: OutputOptions = field(default_factory=OutputOptions)
     deadline: float | None = None
     request_id: str | None = None
+    cache: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, PreparedPrompt):

@@ -15,6 +15,13 @@ One worker cycle (DESIGN.md section 5):
 5. run one unit (a compact decode batch of the actual B plus at most one chunk) and consume its
    PendingBatch: Frontend preview -> Program.commit -> accounting -> OutputSession.commit -> publish.
 
+Context cache (``EngineOptions.context_cache``; docs/context-cache.md): admission binds a request
+that takes part to the ResourceManager's longest checkpoint that is an exact proper prefix of its
+prompt (the Program opens the sequence from it with ``computed == covered``); its prefill chunks
+stop at multiples of the checkpoint interval, where (and at the prompt's end) a checkpoint is
+published right after the unit ran; a request finishing with stop/length publishes its final state.
+Whenever KV pages or a slot are short, cache entries are reclaimed before any request is paused.
+
 Any broken invariant or Program/Frontend exception is an engine failure: every in-flight request
 receives it, the engine stops accepting, the worker exits. Request-level problems never are.
 """
@@ -44,6 +51,7 @@ from ninfer.runtime.contract.events import (
     Usage,
 )
 from ninfer.runtime.contract.program import (
+    CheckpointUsage,
     DecodeRow,
     ExecutionUnit,
     OutOfSlotsError,
@@ -53,6 +61,7 @@ from ninfer.runtime.contract.program import (
     ProgramCapacity,
     SeqId,
 )
+from ninfer.runtime.engine.context_cache.resource_manager import CacheEntry, ResourceManager
 from ninfer.runtime.engine.options import EngineOptions
 from ninfer.runtime.engine.request_record import RequestRecord, RequestState
 from ninfer.runtime.engine.row_commit import decide_row
@@ -75,6 +84,7 @@ class CoreSnapshot:
     paused: int
     capacity: ProgramCapacity
     counters: dict[str, int]
+    checkpoints: CheckpointUsage = CheckpointUsage(count=0, total_slots=0, free_slots=0, device_bytes=0)
 
 
 class EngineCore:
@@ -92,6 +102,9 @@ class EngineCore:
         self.records: dict[int, RequestRecord] = {}
         self.by_seq: dict[SeqId, RequestRecord] = {}
         self.counters = EngineCounters()
+        self.cache: ResourceManager | None = (
+            ResourceManager(program, block_size=program.capacity().page_size) if options.context_cache else None)
+        self.checkpoint_interval = options.checkpoint_interval
         self._close_drain: bool | None = None  # None: no close asked; else whether to drain first
         cap = program.capacity()
         self.page_size = cap.page_size
@@ -133,6 +146,11 @@ class EngineCore:
             rec: RequestRecord = msg[1]
             self.records[rec.ticket] = rec
             self.scheduler.enqueue(rec)
+        elif kind == "clear_cache":
+            if self.cache is not None:
+                self.cache.clear()
+                self._publish_snapshot()
+            msg[1].set()
         elif kind == "close":
             drain = bool(msg[1])
             # A later non-draining close overrides an earlier draining one, never the reverse.
@@ -196,9 +214,25 @@ class EngineCore:
         pages = -(-tokens // self.page_size)
         return cap.free_state_slots > 0 and pages <= cap.free_pages - len(self.scheduler.residents)
 
-    def _open(self, rec: RequestRecord, tokens: tuple[int, ...], prompt_length: int | None) -> bool:
+    def _fits_reclaiming(self, tokens: int) -> bool:
+        """:meth:`_fits`, reclaiming context-cache entries (least recently used first) until it does."""
+        while not self._fits(tokens):
+            if self.cache is None or not self._reclaim():
+                return False
+        return True
+
+    def _reclaim(self) -> bool:
+        if self.cache is None or not self.cache.reclaim():
+            return False
+        self.counters.cache_evictions += 1
+        return True
+
+    def _open(self, rec: RequestRecord, tokens: tuple[int, ...], prompt_length: int | None,
+              source: CacheEntry | None = None) -> bool:
         try:
-            if prompt_length is None:
+            if source is not None:
+                seq = self.program.open_sequence_from(source.handle, tokens)
+            elif prompt_length is None:
                 seq = self.program.open_sequence(tokens)
             else:
                 seq = self.program.open_sequence(tokens, prompt_length=prompt_length)
@@ -222,7 +256,7 @@ class EngineCore:
         # The complete permit: rebuild to the old frontier plus the first real new token, held
         # across chunks (reserve_units only ever extends a sequence's pages).
         need = len(ledger)
-        if not self._fits(need):
+        if not self._fits_reclaiming(need):
             return False
         rec.move(S.MATERIALIZING)
         if not self._open(rec, tuple(ledger), len(rec.prompt)):
@@ -247,13 +281,23 @@ class EngineCore:
         for rec in order:
             if self.scheduler.free_lanes == 0:
                 break
-            if not self._fits(len(rec.prompt) + 1):
+            source = self._bindable(rec)
+            if source is None and not self._fits(len(rec.prompt) + 1):
                 head_blocked = head_blocked or rec is order[0]
                 continue
             rec.move(S.MATERIALIZING)
-            if not self._open(rec, rec.prompt, None):
+            if not self._open(rec, rec.prompt, None, source):
                 rec.move(S.WAITING)
                 break
+            if source is not None:
+                assert self.cache is not None and rec.seq is not None
+                if self.program.computed(rec.seq) != source.covered:
+                    raise EngineFailure(f"request {rec.request_id} opened from a checkpoint of {source.covered} "
+                                        f"tokens but the Program computed {self.program.computed(rec.seq)}")
+                self.cache.note_bound(source)
+                self.counters.cache_hits += 1
+                self.counters.cache_hit_tokens += source.covered
+                self.counters.cache_saved_prefill_tokens += source.covered
             rec.move(S.PREFILL)
             self.scheduler.add_resident(rec)
             if head_blocked:
@@ -265,6 +309,21 @@ class EngineCore:
             changed = True
         return changed
 
+    def _bindable(self, rec: RequestRecord) -> CacheEntry | None:
+        """The cache entry ``rec`` opens from, once the pages it still needs fit (reclaiming other
+        entries; the chosen one is the most recently used, so it goes last). None: open from the root
+        when the whole prompt fits."""
+        if self.cache is None or not rec.cache:
+            return None
+        self.counters.cache_lookups += 1
+        while True:
+            source = self.cache.lookup(rec.prompt)
+            shared = 0 if source is None else source.covered // self.page_size * self.page_size
+            if self._fits(len(rec.prompt) + 1 - shared):
+                return source
+            if not self._reclaim():
+                return None
+
     # -- permits and preemption --------------------------------------------------------------------
     def _grant_permits(self) -> tuple[list[RequestRecord], tuple[RequestRecord, int] | None, bool]:
         """Reserve this cycle's unit. Returns (decode rows, (chunk record, tokens) or None, whether
@@ -274,18 +333,30 @@ class EngineCore:
             decode = self.scheduler.decode_rows()
             granted = self.program.reserve_units({r.seq: 1 for r in decode}) if decode else {}
             if any(not granted[r.seq] for r in decode):
-                # A decode row must progress: free the youngest non-protected resident, retry.
+                # A decode row must progress: reclaim cache entries, else free the youngest
+                # non-protected resident; retry.
+                if self._reclaim():
+                    changed = True
+                    continue
                 self._pause_victim("a decode row needs a KV page")
                 changed = True
                 continue
             chunk = None
             candidates = self.scheduler.chunk_candidates()
             for rec in candidates:
-                n = min(self.options.prefill_chunk_size, rec.rebuild_target() - self.program.computed(rec.seq))
+                computed = self.program.computed(rec.seq)
+                n = min(self.options.prefill_chunk_size, rec.rebuild_target() - computed)
                 if n < 1:
                     raise EngineFailure(f"request {rec.request_id} is {rec.state.value} with nothing left to "
                                         f"compute")
-                if self.program.reserve_units({rec.seq: n})[rec.seq]:
+                if self._captures_boundaries(rec):
+                    k = self.checkpoint_interval
+                    n = min(n, (computed // k + 1) * k - computed)
+                ok = self.program.reserve_units({rec.seq: n})[rec.seq]
+                while not ok and self._reclaim():
+                    changed = True
+                    ok = self.program.reserve_units({rec.seq: n})[rec.seq]
+                if ok:
                     chunk = (rec, n)
                     break
                 if rec.protected:
@@ -296,6 +367,18 @@ class EngineCore:
                 changed = True
                 continue
             return decode, chunk, changed
+
+    def _captures_boundaries(self, rec: RequestRecord) -> bool:
+        return self.cache is not None and rec.cache and rec.state is S.PREFILL and not rec.protected
+
+    def _publish_checkpoint(self, rec: RequestRecord, kind) -> None:
+        """Checkpoint ``rec``'s sequence at the Program's frontier; the ResourceManager checks that
+        it covers exactly the request's ledger up to there."""
+        assert self.cache is not None and rec.seq is not None
+        computed = self.program.computed(rec.seq)
+        ledger = rec.prompt + tuple(rec.output_tokens)
+        if self.cache.publish(rec.seq, ledger[:computed], kind, order=rec.ticket) is not None:
+            self.counters.cache_captures = self.cache.counters().captures
 
     def _pause_victim(self, why: str) -> None:
         victim = self.scheduler.victim()
@@ -327,6 +410,14 @@ class EngineCore:
                 self.counters.replay_tokens += n
         unit = ExecutionUnit(decode=tuple(DecodeRow(r.seq, r.row_sampling()) for r in decode), chunk=unit_chunk)
         pending = self.program.run(unit)
+        if chunk_rec is not None and self._captures_boundaries(chunk_rec):
+            # Before the commit, so a request finishing on this unit is still checkpointed; the
+            # provisional token is not part of the state.
+            c = self.program.computed(chunk_rec.seq)
+            if c == len(chunk_rec.prompt):
+                self._publish_checkpoint(chunk_rec, "prompt_end")
+            elif c % self.checkpoint_interval == 0:
+                self._publish_checkpoint(chunk_rec, "prefill_boundary")
         self.counters.units += 1
         self.counters.decode_tokens += len(decode)
         expected = [r.seq for r in decode] + ([chunk_rec.seq] if chunk_samples and chunk_rec else [])
@@ -394,6 +485,9 @@ class EngineCore:
 
     def _finish(self, rec: RequestRecord, reason: str, stop_reason: str | int | None = None) -> None:
         """Terminal success: free the lane and the Program sequence, flush the session, publish."""
+        if (self.cache is not None and rec.cache and rec.seq is not None and reason in ("stop", "length")
+                and self.program.computed(rec.seq) > len(rec.prompt)):
+            self._publish_checkpoint(rec, "response_end")
         self._release_seq(rec)
         final = rec.session.finish(reason)
         if final.deltas and rec.started:
@@ -440,6 +534,8 @@ class EngineCore:
         for rec in sorted(self.records.values(), key=lambda r: r.ticket):
             self.counters.rejected += 1
             self._reject(rec, EngineClosedError(f"the engine closed before request {rec.request_id} finished"))
+        if self.cache is not None:
+            self.cache.clear()
         self._publish_snapshot()
 
     def _fail(self, exc: BaseException) -> None:
@@ -462,10 +558,12 @@ class EngineCore:
         self.records.clear()
         self.by_seq.clear()
         snap = self.snapshot
-        self.snapshot = CoreSnapshot("failed", 0, 0, 0, snap.capacity, counter_values(self.counters))
+        self.snapshot = CoreSnapshot("failed", 0, 0, 0, snap.capacity, counter_values(self.counters),
+                                     snap.checkpoints)
 
     def _publish_snapshot(self) -> None:
         sch = self.scheduler
         status: EngineStatus = self.status if self.status != "running" or self._close_drain is None else "closing"
+        usage = self.program.checkpoint_usage() if self.cache is not None else self.snapshot.checkpoints
         self.snapshot = CoreSnapshot(status, len(sch.waiting), len(sch.residents), len(sch.paused),
-                                     self.program.capacity(), counter_values(self.counters))
+                                     self.program.capacity(), counter_values(self.counters), usage)

@@ -144,7 +144,8 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
         reader.close()
     ops = resolve_ops(registry.ops, device.type, dtype)
     program_options = ProgramOptions(device=device, dtype=dtype, max_sequences=options.max_concurrency,
-                                     page_size=options.page_size, num_pages=num_pages, max_context=max_context)
+                                     page_size=options.page_size, num_pages=num_pages, max_context=max_context,
+                                     checkpoint_slots=options.checkpoint_slots)
     program = spec.create_program(ProgramInit(config=config, weights=weights, ops=ops, options=program_options,
                                               features=features))
     effective = dataclasses.replace(options, device=str(device), dtype=str(dtype).removeprefix("torch."),

@@ -190,7 +190,7 @@ def plan_startup(options: EngineOptions, profile: ModelProfile, max_context: int
     work = workspace_bytes(profile, step_tokens=options.prefill_chunk_size + lanes,
                            logit_rows=lanes + (options.prefill_chunk_size if scoring else 0),
                            max_context=max_context)
-    state = lanes * profile.state_bytes_per_sequence
+    state = (lanes + options.checkpoint_slots) * profile.state_bytes_per_sequence  # + context-cache checkpoints
     runtime_fixed = profile.weight_bytes + state + work
     startup_fixed = load_bytes + profile.converted_weight_bytes + state
     room = budget.budget_bytes - budget.headroom_bytes - max(runtime_fixed, startup_fixed)
@@ -199,8 +199,8 @@ def plan_startup(options: EngineOptions, profile: ModelProfile, max_context: int
 
     def why() -> str:
         return (f"budget {_mib(budget.budget_bytes)} [{budget.source}] - headroom {_mib(budget.headroom_bytes)} "
-                f"- max(runtime: weights {_mib(profile.weight_bytes)} + State {_mib(state)} ({lanes} lanes) + "
-                f"workspace {_mib(work)}, startup: stored weights {_mib(load_bytes)} + converted "
+                f"- max(runtime: weights {_mib(profile.weight_bytes)} + State {_mib(state)} ({lanes} lanes + "
+                f"{options.checkpoint_slots} checkpoints) + workspace {_mib(work)}, startup: stored weights {_mib(load_bytes)} + converted "
                 f"{_mib(profile.converted_weight_bytes)} + State {_mib(state)}) leaves {_mib(room)} for KV")
 
     if num_pages is not None:

@@ -34,6 +34,12 @@ class EngineOptions:
       engine runs one window at a time: its effective ``max_concurrency`` is 1 (the Program is sized
       for one sequence), ``max_context`` is the longest scoring window, the queue and admission
       fields are unused, and it has no context cache.
+    - ``context_cache``: keep checkpoints (StateImage copy + shared KV prefix) of finished prefills
+      and responses, and bind a new request to the longest one that is an exact prefix of its prompt
+      (docs/context-cache.md). ``cache_checkpoint_slots`` (>= 1; None: ``16 + 2 * max_concurrency``)
+      StateImages hold checkpoints; ``cache_checkpoint_interval`` (a multiple of ``page_size``; None:
+      the largest multiple of ``page_size`` not above ``min(256, prefill_chunk_size)``, at least one
+      page) is the prefill distance between boundary checkpoints.
     """
 
     max_concurrency: int = 4
@@ -48,6 +54,8 @@ class EngineOptions:
     kv_budget_mib: float | None = None
     prefill_chunk_size: int = 512
     context_cache: bool = False
+    cache_checkpoint_slots: int | None = None
+    cache_checkpoint_interval: int | None = None
     admission_bypass: int = 2
     vision: bool = False
     speculative: str | None = None
@@ -78,13 +86,29 @@ class EngineOptions:
             raise bad("purpose", "must be 'generation' or 'causal_scoring'")
         if self.purpose == "causal_scoring" and self.context_cache:
             raise bad("context_cache", "a causal_scoring engine keeps no context cache")
-        if self.context_cache:
-            raise NotSupportedError("the request-level context cache is not supported yet")
+        if self.cache_checkpoint_slots is not None and self.cache_checkpoint_slots < 1:
+            raise bad("cache_checkpoint_slots", "must be >= 1 or None")
+        if self.cache_checkpoint_interval is not None and (
+                self.cache_checkpoint_interval < 1 or self.cache_checkpoint_interval % self.page_size):
+            raise bad("cache_checkpoint_interval", f"must be a positive multiple of page_size {self.page_size}")
         if self.vision:
             raise NotSupportedError("the Vision feature is not supported yet")
         if self.speculative is not None:
             raise NotSupportedError(f"speculative backend {self.speculative!r} is not supported yet")
         return self
+
+    @property
+    def checkpoint_slots(self) -> int:
+        """StateImage slots the Program needs for checkpoints (0 without the context cache)."""
+        if not self.context_cache:
+            return 0
+        return self.cache_checkpoint_slots or 16 + 2 * self.max_concurrency
+
+    @property
+    def checkpoint_interval(self) -> int:
+        if self.cache_checkpoint_interval is not None:
+            return self.cache_checkpoint_interval
+        return max(self.page_size, min(256, self.prefill_chunk_size) // self.page_size * self.page_size)
 
     @property
     def outstanding_capacity(self) -> int:

@@ -76,6 +76,7 @@ class RequestRecord:
     first_token_time: float | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    cache: bool = False              # takes part in the context cache (engine has one, request allows)
 
     @property
     def seed(self) -> int:

@@ -29,6 +29,12 @@ class EngineCounters:
     prefill_tokens: int = 0     # fresh prompt tokens computed
     replay_tokens: int = 0      # ledger tokens recomputed after a pause
     completion_tokens: int = 0  # accepted output tokens
+    cache_lookups: int = 0      # context cache: admissions that looked for a checkpoint
+    cache_hits: int = 0         # admissions bound to a checkpoint
+    cache_hit_tokens: int = 0   # prompt tokens those checkpoints covered
+    cache_saved_prefill_tokens: int = 0  # prefill tokens not computed thanks to them (== hit tokens)
+    cache_captures: int = 0     # checkpoints taken
+    cache_evictions: int = 0    # checkpoints reclaimed (slot or page pressure)
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,15 @@ class EngineStats:
     prefill_tokens: int = 0
     replay_tokens: int = 0
     completion_tokens: int = 0
+    cache_lookups: int = 0
+    cache_hits: int = 0
+    cache_hit_tokens: int = 0
+    cache_saved_prefill_tokens: int = 0
+    cache_captures: int = 0
+    cache_evictions: int = 0
+    cache_checkpoints: int = 0       # live checkpoints now
+    cache_device_bytes: int = 0      # their StateImages + KV pages only they hold
+    cache_host_bytes: int = 0        # 0: there is no Host tier yet
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
