@@ -11,7 +11,6 @@ with empty ``choices`` and the usage (every earlier chunk then has ``"usage": nu
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -28,7 +27,7 @@ from ninfer_serve.chat_input import (
 )
 from ninfer_serve.constraints import constrain
 from ninfer_serve.disconnect import unless_disconnected
-from ninfer_serve.errors import ApiError, bad_request, openai_body
+from ninfer_serve.errors import bad_request
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.generation import Generation, Outcome, Step, collect
 from ninfer_serve.logprobs import TokenText, chat_logprobs
@@ -46,11 +45,17 @@ from ninfer_serve.openai_models import (
     ToolCallOut,
     Usage,
 )
-from ninfer_serve.sse import COMMENT_KEEPALIVE, DONE, KEEPALIVE, data_event, event_stream, with_keepalive
+from ninfer_serve.sse import (
+    COMMENT_KEEPALIVE,
+    KEEPALIVE,
+    data_event,
+    event_stream,
+    openai_events,
+    with_keepalive,
+)
 from ninfer_serve.tool_choice import ToolPolicy, transforms_for
 
 ENDPOINT = "/v1/chat/completions"
-log = logging.getLogger("ninfer.serve")
 
 
 def finish_reason(outcome: Outcome, calls: int, policy: ToolPolicy) -> str:
@@ -119,7 +124,7 @@ async def chat_completions(request: Request) -> Response:
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         stream = _stream(gw, gen, policy, include_usage=include_usage, logprobs=req.logprobs, top=top)
-        return event_stream(stream, gen, headers=headers)
+        return event_stream(openai_events(stream, f"chat completion stream {gen.request_id}"), gen, headers=headers)
     try:
         got = await unless_disconnected(request, collect(gen))
     finally:
@@ -151,44 +156,37 @@ async def _stream(gw: Gateway, gen: Generation, policy: ToolPolicy, *, include_u
         return data_event(payload)
 
     calls = 0
-    try:
-        yield chunk([ChunkChoice(delta=DeltaMessage(role="assistant", content=""))])
-        async for item in with_keepalive(gen.events(), gw.config.keepalive_s):
-            if item is KEEPALIVE:
-                yield COMMENT_KEEPALIVE
-            elif isinstance(item, Step):
-                lp = chat_logprobs(item.logprobs, tokens, top) if logprobs and item.logprobs else None
-                choices = []
-                for d in item.deltas:
-                    if d.tool_calls:
-                        deltas = []
-                        for c in d.tool_calls:
-                            out = tool_call_out(c)
-                            deltas.append(ToolCallDelta(index=calls, id=out.id, type="function",
-                                                        function=ToolCallDeltaFunction(
-                                                            name=out.function.name,
-                                                            arguments=out.function.arguments)))
-                            calls += 1
-                        choices.append(ChunkChoice(delta=DeltaMessage(tool_calls=deltas)))
-                    elif d.channel == "reasoning":
-                        choices.append(ChunkChoice(delta=DeltaMessage(reasoning_content=d.text)))
-                    else:
-                        choices.append(ChunkChoice(delta=DeltaMessage(content=d.text)))
-                if lp is not None:
-                    if choices:
-                        choices[0] = choices[0].model_copy(update={"logprobs": lp})
-                    else:  # tokens whose text is still held back (a partial stop string, say)
-                        choices.append(ChunkChoice(delta=DeltaMessage(), logprobs=lp))
-                for c in choices:
-                    yield chunk([c])
-            elif isinstance(item, Outcome):
-                yield chunk([ChunkChoice(delta=DeltaMessage(), finish_reason=finish_reason(item, calls, policy),
-                                         stop_reason=stop_reason(item, tuple(gw.frontend.eos_token_ids)))])
-                if include_usage:
-                    yield chunk([], usage_of(item))
-    except ApiError as err:
-        yield data_event(openai_body(err))
-    except Exception:  # noqa: BLE001 - a bug must not leave the client waiting on a half-open stream
-        log.exception("chat completion stream %s failed", gen.request_id)
-        yield data_event(openai_body(ApiError("internal", "internal server error")))
-    yield DONE
+    yield chunk([ChunkChoice(delta=DeltaMessage(role="assistant", content=""))])
+    async for item in with_keepalive(gen.events(), gw.config.keepalive_s):
+        if item is KEEPALIVE:
+            yield COMMENT_KEEPALIVE
+        elif isinstance(item, Step):
+            lp = chat_logprobs(item.logprobs, tokens, top) if logprobs and item.logprobs else None
+            choices = []
+            for d in item.deltas:
+                if d.tool_calls:
+                    deltas = []
+                    for c in d.tool_calls:
+                        out = tool_call_out(c)
+                        deltas.append(ToolCallDelta(index=calls, id=out.id, type="function",
+                                                    function=ToolCallDeltaFunction(
+                                                        name=out.function.name,
+                                                        arguments=out.function.arguments)))
+                        calls += 1
+                    choices.append(ChunkChoice(delta=DeltaMessage(tool_calls=deltas)))
+                elif d.channel == "reasoning":
+                    choices.append(ChunkChoice(delta=DeltaMessage(reasoning_content=d.text)))
+                else:
+                    choices.append(ChunkChoice(delta=DeltaMessage(content=d.text)))
+            if lp is not None:
+                if choices:
+                    choices[0] = choices[0].model_copy(update={"logprobs": lp})
+                else:  # tokens whose text is still held back (a partial stop string, say)
+                    choices.append(ChunkChoice(delta=DeltaMessage(), logprobs=lp))
+            for c in choices:
+                yield chunk([c])
+        elif isinstance(item, Outcome):
+            yield chunk([ChunkChoice(delta=DeltaMessage(), finish_reason=finish_reason(item, calls, policy),
+                                     stop_reason=stop_reason(item, tuple(gw.frontend.eos_token_ids)))])
+            if include_usage:
+                yield chunk([], usage_of(item))

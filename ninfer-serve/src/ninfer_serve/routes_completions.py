@@ -11,7 +11,6 @@ Chat Completions (ninfer_serve.constraints).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -21,16 +20,22 @@ from ninfer.runtime.contract.frontend import OutputOptions
 from ninfer_serve import body, sampling
 from ninfer_serve.constraints import constrain
 from ninfer_serve.disconnect import unless_disconnected
-from ninfer_serve.errors import ApiError, bad_request, openai_body
+from ninfer_serve.errors import bad_request
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.generation import Generation, Outcome, Step, collect
 from ninfer_serve.logprobs import TokenText, completion_logprobs
 from ninfer_serve.openai_models import Completion, CompletionChoice, CompletionRequest, Usage
 from ninfer_serve.routes_chat import stop_reason, usage_of
-from ninfer_serve.sse import COMMENT_KEEPALIVE, DONE, KEEPALIVE, data_event, event_stream, with_keepalive
+from ninfer_serve.sse import (
+    COMMENT_KEEPALIVE,
+    KEEPALIVE,
+    data_event,
+    event_stream,
+    openai_events,
+    with_keepalive,
+)
 
 ENDPOINT = "/v1/completions"
-log = logging.getLogger("ninfer.serve")
 
 
 def _prompt(req: CompletionRequest, gw: Gateway) -> tuple[list[int], str | None]:
@@ -80,7 +85,8 @@ async def completions(request: Request) -> Response:
     echo = (text if text is not None else gw.frontend.decode(ids)) if req.echo else ""
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return event_stream(_stream(gw, gen, echo, include_usage, req.logprobs), gen, headers=headers)
+        stream = _stream(gw, gen, echo, include_usage, req.logprobs)
+        return event_stream(openai_events(stream, f"completion stream {gen.request_id}"), gen, headers=headers)
     try:
         got = await unless_disconnected(request, collect(gen))
     finally:
@@ -109,27 +115,20 @@ async def _stream(gw: Gateway, gen: Generation, echo: str, include_usage: bool,
             del payload["usage"]
         return data_event(payload)
 
-    try:
-        if echo:
-            yield chunk([CompletionChoice(text=echo, finish_reason=None)])
-        async for item in with_keepalive(gen.events(), gw.config.keepalive_s):
-            if item is KEEPALIVE:
-                yield COMMENT_KEEPALIVE
-            elif isinstance(item, Step):
-                text = "".join(d.text for d in item.deltas)
-                lp = (completion_logprobs(item.logprobs, tokens, top or 0, offset)
-                      if top is not None and item.logprobs else None)
-                offset += len(text)
-                if text or lp is not None:
-                    yield chunk([CompletionChoice(text=text, logprobs=lp, finish_reason=None)])
-            elif isinstance(item, Outcome):
-                yield chunk([CompletionChoice(text="", finish_reason=_finish(item),
-                                              stop_reason=stop_reason(item, tuple(gw.frontend.eos_token_ids)))])
-                if include_usage:
-                    yield chunk([], usage_of(item))
-    except ApiError as err:
-        yield data_event(openai_body(err))
-    except Exception:  # noqa: BLE001 - a bug must not leave the client waiting on a half-open stream
-        log.exception("completion stream %s failed", gen.request_id)
-        yield data_event(openai_body(ApiError("internal", "internal server error")))
-    yield DONE
+    if echo:
+        yield chunk([CompletionChoice(text=echo, finish_reason=None)])
+    async for item in with_keepalive(gen.events(), gw.config.keepalive_s):
+        if item is KEEPALIVE:
+            yield COMMENT_KEEPALIVE
+        elif isinstance(item, Step):
+            text = "".join(d.text for d in item.deltas)
+            lp = (completion_logprobs(item.logprobs, tokens, top or 0, offset)
+                  if top is not None and item.logprobs else None)
+            offset += len(text)
+            if text or lp is not None:
+                yield chunk([CompletionChoice(text=text, logprobs=lp, finish_reason=None)])
+        elif isinstance(item, Outcome):
+            yield chunk([CompletionChoice(text="", finish_reason=_finish(item),
+                                          stop_reason=stop_reason(item, tuple(gw.frontend.eos_token_ids)))])
+            if include_usage:
+                yield chunk([], usage_of(item))

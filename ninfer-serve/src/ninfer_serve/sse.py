@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
@@ -21,9 +22,11 @@ import anyio
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
+from ninfer_serve.errors import ApiError, openai_body
 from ninfer_serve.generation import Generation
 
 T = TypeVar("T")
+log = logging.getLogger("ninfer.serve")
 
 DONE = b"data: [DONE]\n\n"
 COMMENT_KEEPALIVE = b": keep-alive\n\n"
@@ -78,6 +81,23 @@ async def with_keepalive(source: AsyncIterator[T], interval: float) -> AsyncIter
             aclose = getattr(source, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+async def openai_events(events: AsyncIterator[bytes], what: str) -> AsyncIterator[bytes]:
+    """An OpenAI stream body: ``events``, then ``data: [DONE]``. The status line went out with the first
+    event, so an error after it is sent as a ``data: {"error": ...}`` event before ``[DONE]``; a bug is
+    logged and sent as an internal error rather than leaving the client on a half-open stream."""
+    try:
+        async for event in events:
+            yield event
+    except ApiError as err:
+        yield data_event(openai_body(err))
+    except Exception:  # noqa: BLE001 - see the docstring
+        log.exception("%s failed", what)
+        yield data_event(openai_body(ApiError("internal", "internal server error")))
+    finally:
+        await events.aclose()  # type: ignore[attr-defined] - a disconnect must reach the inner generator too
+    yield DONE
 
 
 def event_stream(body: AsyncIterator[bytes], generation: Generation, *, headers: dict[str, str]) -> Stream:
