@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         if "slow" in item.keywords and not run_slow:
             item.add_marker(skip_slow)
+
+
+@pytest.fixture(scope="session")
+def default_model_cache(tmp_path_factory) -> Path:
+    """A private NINFER_CACHE_DIR holding the embedded default model, converted once per session (for
+    subprocesses that resolve the default model themselves)."""
+    from support.models import default_model_in
+
+    cache = tmp_path_factory.mktemp("ninfer-cache")
+    default_model_in(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def default_artifact(default_model_cache) -> Path:
+    """The embedded default model's artifact in ``default_model_cache``."""
+    from support.models import default_model_in
+
+    return default_model_in(default_model_cache)  # already converted: only the lookup

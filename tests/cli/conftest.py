@@ -14,21 +14,9 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def cli_env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("ninfer-cache")
-    env = dict(os.environ, NINFER_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1")
+def cli_env(default_model_cache):
+    env = dict(os.environ, NINFER_CACHE_DIR=str(default_model_cache), PYTHONUNBUFFERED="1")
     env.pop("NINFER_PLUGINS", None)
-    from ninfer.model_source import resolve_model
-
-    old = os.environ.get("NINFER_CACHE_DIR")
-    os.environ["NINFER_CACHE_DIR"] = str(cache)
-    try:
-        resolve_model(None)  # convert once; the subprocesses reuse it
-    finally:
-        if old is None:
-            os.environ.pop("NINFER_CACHE_DIR")
-        else:
-            os.environ["NINFER_CACHE_DIR"] = old
     return env
 
 

@@ -3,12 +3,10 @@
 The real Qwen3.5 vocabulary (248,077 ids) and a QwenFrontend over it are the frontend tests' own
 session fixtures (same builder, same cached tokenizer.json), re-exported here. ``byte_compiler``
 compiles grammars against a 256-token byte vocabulary plus one EOS, to check a grammar's *language*
-independently of any tokenizer.
+independently of any tokenizer. The default model comes from the suite-wide ``default_artifact``.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 from frontend.conftest import frontend, resources, tokenizer_json_path  # noqa: F401 - re-exported fixtures
@@ -40,20 +38,3 @@ def in_language(byte_compiler, ebnf: str, text: str) -> bool:
         if not m.accept_token(b):
             return False
     return m.accept_token(BYTE_EOS)
-
-
-@pytest.fixture(scope="module")
-def default_artifact(tmp_path_factory):
-    """The embedded default model, converted once into a temporary NINFER_CACHE_DIR."""
-    cache = tmp_path_factory.mktemp("ninfer-cache")
-    old = os.environ.get("NINFER_CACHE_DIR")
-    os.environ["NINFER_CACHE_DIR"] = str(cache)
-    try:
-        from ninfer.model_source import resolve_model
-
-        yield resolve_model(None)
-    finally:
-        if old is None:
-            os.environ.pop("NINFER_CACHE_DIR")
-        else:
-            os.environ["NINFER_CACHE_DIR"] = old

@@ -23,22 +23,6 @@ PROMPT = FIXTURE["prompt_token_ids"]
 EXPECTED = FIXTURE["continuation_token_ids"]
 
 
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("ninfer-cache")
-    old = os.environ.get("NINFER_CACHE_DIR")
-    os.environ["NINFER_CACHE_DIR"] = str(cache)
-    try:
-        from ninfer.model_source import resolve_model
-
-        yield resolve_model(None)
-    finally:
-        if old is None:
-            os.environ.pop("NINFER_CACHE_DIR")
-        else:
-            os.environ["NINFER_CACHE_DIR"] = old
-
-
 def _start(artifact, **options):
     from ninfer import Engine
 
@@ -60,20 +44,20 @@ def _others(engine, n: int):
                                     ignore_eos=True)) for i in range(n)]
 
 
-def test_fixture_prompt_round_trips_through_the_tokenizer(artifact):
-    with _start(artifact, max_concurrency=1) as engine:
+def test_fixture_prompt_round_trips_through_the_tokenizer(default_artifact):
+    with _start(default_artifact, max_concurrency=1) as engine:
         assert engine.frontend.encode(FIXTURE["prompt_text"]) == PROMPT
         assert engine.frontend.decode(EXPECTED) == FIXTURE["continuation_text"]
 
 
-def test_alone_reproduces_the_corpus(artifact):
-    with _start(artifact, max_concurrency=1) as engine:
+def test_alone_reproduces_the_corpus(default_artifact):
+    with _start(default_artifact, max_concurrency=1) as engine:
         assert list(engine.generate(PROMPT, sampling=_greedy(engine)).token_ids) == EXPECTED
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 64])
-def test_batched_with_seven_others_and_chunked_prefill(artifact, chunk):
-    with _start(artifact, max_concurrency=8, prefill_chunk_size=chunk) as engine:
+def test_batched_with_seven_others_and_chunked_prefill(default_artifact, chunk):
+    with _start(default_artifact, max_concurrency=8, prefill_chunk_size=chunk) as engine:
         others = [engine.submit(p, sampling=s) for p, s in _others(engine, 4)]
         mine = engine.submit(PROMPT, sampling=_greedy(engine))
         others += [engine.submit(p, sampling=s) for p, s in _others(engine, 3)]
@@ -82,10 +66,10 @@ def test_batched_with_seven_others_and_chunked_prefill(artifact, chunk):
             assert h.result().finish_reason == "length"
 
 
-def test_under_forced_preemption(artifact):
+def test_under_forced_preemption(default_artifact):
     # 8 lanes over a pool of 24 pages of 8 tokens: the lanes cannot all grow, so the youngest are
     # paused (Replay) and resumed while the fixture request runs.
-    with _start(artifact, max_concurrency=8, prefill_chunk_size=16, page_size=8, num_pages=24,
+    with _start(default_artifact, max_concurrency=8, prefill_chunk_size=16, page_size=8, num_pages=24,
                 max_context=192) as engine:
         handles = [engine.submit(p, sampling=s) for p, s in _others(engine, 4)]
         mine = engine.submit(PROMPT, sampling=_greedy(engine))
@@ -97,12 +81,12 @@ def test_under_forced_preemption(artifact):
         assert stats.preemptions > 0, "the pool was meant to force at least one preemption"
 
 
-def test_others_do_not_change_with_or_without_the_fixture(artifact):
+def test_others_do_not_change_with_or_without_the_fixture(default_artifact):
     """A seeded sampled request gives the same tokens alone and batched (per-request seeds)."""
-    with _start(artifact, max_concurrency=1) as engine:
+    with _start(default_artifact, max_concurrency=1) as engine:
         (prompt, params), = _others(engine, 1)
         alone = list(engine.generate(prompt, sampling=params).token_ids)
-    with _start(artifact, max_concurrency=8, prefill_chunk_size=5) as engine:
+    with _start(default_artifact, max_concurrency=8, prefill_chunk_size=5) as engine:
         (prompt, params), = _others(engine, 1)
         mine = engine.submit(PROMPT, sampling=_greedy(engine))
         seeded = engine.submit(prompt, sampling=params)
@@ -110,8 +94,8 @@ def test_others_do_not_change_with_or_without_the_fixture(artifact):
         assert list(mine.result().token_ids) == EXPECTED
 
 
-def test_cli_reproduces_the_corpus(artifact):
-    env = dict(os.environ, NINFER_CACHE_DIR=str(artifact.parent.parent))
+def test_cli_reproduces_the_corpus(default_artifact):
+    env = dict(os.environ, NINFER_CACHE_DIR=str(default_artifact.parent.parent))
     out = subprocess.run([sys.executable, "-m", "ninfer.cli.main", "generate", "--prompt", FIXTURE["prompt_text"],
                           "--temperature", "0", "--max-tokens", str(len(EXPECTED)), "--ignore-eos", "--quiet",
                           "--dtype", "float32"], env=env, capture_output=True, text=True, timeout=300)

@@ -6,12 +6,12 @@ Every engine a test makes is closed at teardown, and the test fails if a worker 
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 from ninfer import Engine, EngineOptions
+from support.models import write_byte_tokenizer
 
 from .doubles import ToyFrontend, ToyProgram
 
@@ -63,29 +63,9 @@ TINY_CONFIG = dict(
 IM_END, ENDOFTEXT = 258, 256
 
 
-def _write_tokenizer(folder: Path) -> None:
-    """A byte-level tokenizer without merges (256 byte tokens) plus the Qwen special tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False)
-                            for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
-    tok.add_tokens([AddedToken(s, special=False, normalized=False)
-                    for s in ("<think>", "</think>", "<tool_call>", "</tool_call>")])
-    assert tok.token_to_id("<|im_end|>") == IM_END
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>",
-                                                              "pad_token": "<|endoftext|>"}))
-
-
 def _tiny_qwen(root: Path, dtype_name: str) -> Path:
     """A random Qwen3_5ForCausalLM (4 layers: 3 GDN + 1 attention) built with transformers in
     ``dtype_name``, saved with save_pretrained and converted with ninfer_convert."""
-    sys.modules.setdefault("fla", None)  # transformers must take its torch GDN path on CPU
-    sys.modules.setdefault("causal_conv1d", None)
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from ninfer_convert.convert import convert
@@ -103,7 +83,7 @@ def _tiny_qwen(root: Path, dtype_name: str) -> Path:
             if p.dim() > 1:
                 p.normal_(0.0, 0.25)
     model.to(getattr(torch, dtype_name)).save_pretrained(folder, safe_serialization=True)
-    _write_tokenizer(folder)
+    write_byte_tokenizer(folder)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]}))
     artifact = root / "tiny.ninfer"
     convert(folder, artifact, progress=False)

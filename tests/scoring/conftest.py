@@ -7,16 +7,11 @@ Each model is built once per session. Its HF twin (the same weights, fp32, CPU) 
 
 from __future__ import annotations
 
-import json
-import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-sys.modules.setdefault("fla", None)            # transformers' torch GDN path (the oracle)
-sys.modules.setdefault("causal_conv1d", None)
+from support.models import tiny_text_model, write_byte_tokenizer
 
 MAX_POSITIONS = 96
 VOCAB = 272  # 256 byte tokens, 3 specials, 4 added tokens, 9 unused ids
@@ -36,57 +31,13 @@ class ScoringModel:
     hf: object  # transformers model, fp32, eval mode
 
 
-def _write_tokenizer(folder: Path) -> None:
-    """Byte-level BPE with no merges: one token per byte (ids 0..255), then the Qwen specials."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False)
-                            for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
-    tok.add_tokens([AddedToken(s, special=False, normalized=False)
-                    for s in ("<think>", "</think>", "<tool_call>", "</tool_call>")])
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>",
-                                                              "pad_token": "<|endoftext|>"}))
-
-
-def _randomize(model, seed: int) -> None:
-    """O(1) logits: matrices N(0, 1/fan_in), zero-centred norm weights U(-0.5, 0.5), the GDN output
-    norm U(0.5, 1.5), decay parameters in a well-conditioned range (A_log = log U(0.1, 2))."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.log(torch.empty(p.shape).uniform_(0.1, 2.0, generator=g)))
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.empty(p.shape).uniform_(-1.0, 1.0, generator=g))
-            elif name.endswith("linear_attn.norm.weight"):
-                p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=g))
-            elif p.ndim == 1:
-                p.copy_(torch.empty(p.shape).uniform_(-0.5, 0.5, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
-
-
 def _build(root: Path, kind: str) -> ScoringModel:
-    import torch
-    import transformers as tf
     from ninfer_convert.convert import convert
 
-    if kind == "dense":
-        model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**KINDS[kind], eos_token_id=258))
-    else:
-        model = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**KINDS[kind], eos_token_id=258))
-    _randomize(model, seed=11 if kind == "dense" else 12)
-    model = model.to(torch.float32).eval()
+    model = tiny_text_model(kind, KINDS[kind], seed=11 if kind == "dense" else 12, eos_token_id=258)
     folder = root / kind
     model.save_pretrained(folder)
-    _write_tokenizer(folder)
+    write_byte_tokenizer(folder)
     artifact = root / f"{kind}.ninfer"
     convert(folder, artifact, progress=False)
     return ScoringModel(kind=kind, artifact=artifact, hf=model)

@@ -1,35 +1,15 @@
-"""Artifacts of the startup tests: the embedded default model (bf16, tied, dense), converted into a
-private cache, and a tiny random Qwen3.5-MoE (fp32, untied) built with transformers and converted."""
+"""Artifacts of the startup tests: besides the suite-wide ``default_artifact`` (the embedded default model:
+bf16, tied, dense), a tiny random Qwen3.5-MoE (fp32, untied) built with transformers and converted."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 
 @pytest.fixture(scope="session")
-def default_artifact(tmp_path_factory) -> Path:
-    import os
-
-    from ninfer.model_source import resolve_model
-
-    old = os.environ.get("NINFER_CACHE_DIR")
-    os.environ["NINFER_CACHE_DIR"] = str(tmp_path_factory.mktemp("ninfer-cache"))
-    try:
-        return resolve_model(None)
-    finally:
-        if old is None:
-            os.environ.pop("NINFER_CACHE_DIR")
-        else:
-            os.environ["NINFER_CACHE_DIR"] = old
-
-
-@pytest.fixture(scope="session")
 def tiny_moe_artifact(tmp_path_factory) -> Path:
-    sys.modules.setdefault("fla", None)
-    sys.modules.setdefault("causal_conv1d", None)
     torch = pytest.importorskip("torch")
     tf = pytest.importorskip("transformers")
     from ninfer_convert.convert import convert

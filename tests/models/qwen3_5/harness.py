@@ -15,7 +15,6 @@ sys.modules.setdefault("fla", None)            # force transformers' torch GDN p
 sys.modules.setdefault("causal_conv1d", None)
 
 import json  # noqa: E402
-import math  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -32,6 +31,7 @@ from ninfer.runtime.contract.program import (  # noqa: E402
     RowSampling,
 )
 from ninfer.runtime.contract.sampling import SamplingParams  # noqa: E402
+from support.models import randomize_weights, tiny_text_model  # noqa: E402
 
 GEOMETRY = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                 linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
@@ -64,25 +64,6 @@ CASES: dict[str, dict] = {
 GREEDY = RowSampling(SamplingParams(temperature=0.0), seed=0, step=0)
 
 
-def _reinit(model: torch.nn.Module, seed: int) -> None:
-    """Weights with O(1) logits: matrices N(0, 1/fan_in), zero-centred norms U(-0.5, 0.5), the
-    plain GDN norm U(0.5, 1.5), A_log = log U(0.1, 2), dt_bias U(-1, 1). (Larger decay
-    rates make the tiny models ill-conditioned: HF fp32 itself then drifts 1e-2 from fp64.)"""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.log(torch.empty(p.shape).uniform_(0.1, 2.0, generator=g)))
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.empty(p.shape).uniform_(-1.0, 1.0, generator=g))
-            elif name.endswith("linear_attn.norm.weight"):
-                p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=g))
-            elif p.ndim == 1:
-                p.copy_(torch.empty(p.shape).uniform_(-0.5, 0.5, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
-
-
 def _inject_mtp(folder: Path, text: dict) -> None:
     """Add one MTP layer's tensors (vLLM/checkpoint names) to the saved checkpoint and config."""
     from safetensors.torch import load_file, save_file
@@ -112,17 +93,15 @@ def _inject_mtp(folder: Path, text: dict) -> None:
 
 
 def _build_hf(case: dict, seed: int):
-    import transformers as tf
-
-    if case["kind"] == "dense":
-        model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**case["text"]))
-    elif case["kind"] == "moe":
-        model = tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**case["text"]))
+    if case["kind"] != "conditional":
+        model = tiny_text_model(case["kind"], case["text"], seed)
     else:
+        import transformers as tf
+
         cfg = tf.Qwen3_5Config(text_config=case["text"], vision_config=case["vision"],
                                tie_word_embeddings=case["text"]["tie_word_embeddings"])
         model = tf.Qwen3_5ForConditionalGeneration(cfg)
-    _reinit(model, seed)
+        randomize_weights(model, seed)
     if case["text"]["tie_word_embeddings"]:
         model.tie_weights()
     return model.eval()
