@@ -87,11 +87,10 @@ class TemplateOptions:
     kwargs: Mapping[str, Any]
 
 
-def template_options(kwargs: Mapping[str, Any] | None, policy: ToolPolicy, *, field: str,
+def template_options(kwargs: Mapping[str, Any] | None, *, field: str,
                      enable_thinking: bool | None = None) -> TemplateOptions:
     """``enable_thinking`` comes from the kwargs (``chat_template_kwargs.enable_thinking``) or the
-    protocol's own switch; a forced tool call renders with thinking off (see tool_choice), so asking
-    for both is a contradiction the client is told about."""
+    protocol's own switch; the model's default (on) otherwise."""
     rest = dict(kwargs or {})
     bad = sorted(RESERVED_TEMPLATE_KEYS & rest.keys())
     if bad:
@@ -102,12 +101,6 @@ def template_options(kwargs: Mapping[str, Any] | None, policy: ToolPolicy, *, fi
         if not isinstance(value, bool):
             raise bad_request("enable_thinking must be true or false", param=f"{field}.enable_thinking")
         enable_thinking = value
-    if policy.forced_prefix:
-        if enable_thinking:
-            raise bad_request(f"tool_choice '{policy.mode}' forces the call right after the prompt and cannot be "
-                              "combined with enable_thinking=true until constrained decoding lands",
-                              param="tool_choice")
-        enable_thinking = False
     return TemplateOptions(True if enable_thinking is None else enable_thinking, rest)
 
 
@@ -128,13 +121,6 @@ def tool_policy(tools: Sequence[Mapping[str, Any]], choice: str | None, name: st
 
 
 def chat_prompt(frontend: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                options: TemplateOptions, policy: ToolPolicy) -> Any:
+                options: TemplateOptions) -> Any:
     """The PreparedPrompt of a chat request (runs off the event loop: rendering and tokenizing)."""
-    if policy.forced_prefix:
-        render = getattr(frontend, "render_chat", None)
-        if render is None:
-            raise bad_request(f"tool_choice '{policy.mode}' is not supported by this model's frontend",
-                              param="tool_choice")
-        text = render(messages, tools=tools, enable_thinking=False, **options.kwargs)
-        return frontend.prepare_text(text + policy.forced_prefix)
     return frontend.prepare_chat(messages, tools=tools, enable_thinking=options.enable_thinking, **options.kwargs)

@@ -22,7 +22,6 @@ field means the same constraint wherever it is accepted and a forced tool call i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from ninfer.runtime.contract.constraint import OutputConstraint
@@ -149,11 +148,10 @@ def request_constraint(*, response_format: Any = None, extra: Mapping[str, Any] 
 
 
 def constrain(policy: ToolPolicy | None, *, response_format: Any = None, extra: Mapping[str, Any] | None = None
-              ) -> tuple[ToolPolicy | None, OutputConstraint | None]:
-    """A route's (policy, constraint): the body constraint of ``response_format`` / the vLLM fields in
+              ) -> OutputConstraint | None:
+    """A route's output constraint: the body constraint of ``response_format`` / the vLLM fields in
     ``extra``, or the forced tool call of ``policy`` (tool_choice required/named, already checked against
-    the request's tools by ``tool_policy``). A forced call comes back with ``constrained=True``: the
-    grammar forces it, not a prompt prefix. A field that describes no constraint is a 400 naming it.
+    the request's tools by ``tool_policy``). A field that describes no constraint is a 400 naming it.
     ``policy`` None: the route has no tools (/v1/completions)."""
     mode = policy.mode if policy is not None else "none"
     choice: Any = None  # the policy in Chat Completions' tool_choice form, which request_constraint reads
@@ -162,13 +160,10 @@ def constrain(policy: ToolPolicy | None, *, response_format: Any = None, extra: 
     elif mode == "named":
         choice = {"type": "function", "function": {"name": policy.name}}
     try:
-        constraint = request_constraint(response_format=response_format, extra=extra, tool_choice=choice,
-                                        has_tools=choice is not None, parallel=policy is None or policy.parallel)
+        return request_constraint(response_format=response_format, extra=extra, tool_choice=choice,
+                                  has_tools=choice is not None, parallel=policy is None or policy.parallel)
     except ConstraintFieldError as exc:
         raise bad_request(str(exc), param=exc.param) from None
-    if policy is not None and mode in ("required", "named"):
-        policy = replace(policy, constrained=True)
-    return policy, constraint
 
 
 __all__ = ["GUIDED", "ConstraintFieldError", "body_constraint", "constrain", "request_constraint", "tool_constraint"]

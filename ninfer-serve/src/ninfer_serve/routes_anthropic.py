@@ -118,9 +118,10 @@ def _plan(req: CountTokensRequest, parallel: bool = True
         name = req.tool_choice.name
         parallel = parallel and not req.tool_choice.disable_parallel_tool_use
     # any/tool: a tools constraint (valid arguments, after the thinking when it is on), as in Chat Completions.
-    policy, constraint = constrain(tool_policy(tools, choice, name, parallel=parallel))
+    policy = tool_policy(tools, choice, name, parallel=parallel)
+    constraint = constrain(policy)
     thinking = None if req.thinking is None or req.thinking.type != "disabled" else False
-    options = template_options(None, policy, field="thinking", enable_thinking=thinking)
+    options = template_options(None, field="thinking", enable_thinking=thinking)
     return messages, tools, policy, options, constraint
 
 
@@ -141,7 +142,7 @@ async def count_tokens(request: Request) -> Response:
     req = body.validate(CountTokensRequest, await request.body())
     gw.check_model(req.model)
     messages, tools, policy, options, _ = _plan(req)
-    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, policy), param="messages")
+    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options), param="messages")
     return Response(CountTokensResponse(input_tokens=len(prompt.token_ids)).model_dump_json().encode(),
                     media_type="application/json")
 
@@ -154,13 +155,13 @@ async def messages(request: Request) -> Response:
     gw.check_model(req.model)
     gw.check_accepting()
     messages, tools, policy, options, constraint = _plan(req)
-    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, policy), param="messages")
+    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options), param="messages")
     budget = sampling.output_budget(req.max_tokens, prompt_tokens=len(prompt.token_ids),
                                     max_context=gw.max_context, field="max_tokens", prompt_field="messages")
     params = sampling.build(gw.engine, {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k},
                             max_tokens=budget)
     output = OutputOptions(stop=tuple(req.stop_sequences or ()), tools=tuple(tools),
-                           parse_reasoning=not policy.forced_prefix, parse_tool_calls=policy.session_parses_calls,
+                           parse_reasoning=True, parse_tool_calls=policy.session_parses_calls,
                            constraint=constraint)
     gen = gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="msg_",
                     prompt_param="messages", transforms=transforms_for(policy, tools))

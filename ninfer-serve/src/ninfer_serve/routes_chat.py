@@ -102,9 +102,9 @@ async def chat_completions(request: Request) -> Response:
     else:
         policy = tool_policy(tools, "named", req.tool_choice.function.name,
                              parallel=req.parallel_tool_calls is not False)
-    policy, constraint = constrain(policy, response_format=req.response_format, extra=req.model_extra)
-    options = template_options(req.chat_template_kwargs, policy, field="chat_template_kwargs")
-    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, policy),
+    constraint = constrain(policy, response_format=req.response_format, extra=req.model_extra)
+    options = template_options(req.chat_template_kwargs, field="chat_template_kwargs")
+    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options),
                               param="messages")
 
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -115,7 +115,7 @@ async def chat_completions(request: Request) -> Response:
         **sampling.openai_fields(req),
         "logprobs": req.logprobs or None, "top_logprobs": req.top_logprobs if req.logprobs else None,
     }, max_tokens=budget)
-    output = OutputOptions(stop=req.stop_list, tools=tuple(tools), parse_reasoning=not policy.forced_prefix,
+    output = OutputOptions(stop=req.stop_list, tools=tuple(tools), parse_reasoning=True,
                            parse_tool_calls=policy.session_parses_calls, constraint=constraint)
     gen = gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived,
                     id_prefix="chatcmpl-", prompt_param="messages", transforms=transforms_for(policy, tools))

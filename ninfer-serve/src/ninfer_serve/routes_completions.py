@@ -70,7 +70,7 @@ async def completions(request: Request) -> Response:
     req = body.validate(CompletionRequest, await request.body())
     gw.check_model(req.model)
     gw.check_accepting()
-    _, constraint = constrain(None, response_format=req.response_format, extra=req.model_extra)
+    constraint = constrain(None, response_format=req.response_format, extra=req.model_extra)
     ids, text = await gw.prepare(lambda: _prompt(req, gw), param="prompt")
     budget = sampling.output_budget(req.max_tokens, prompt_tokens=len(ids), max_context=gw.max_context,
                                     field="max_tokens", prompt_field="prompt")

@@ -15,7 +15,6 @@ from ninfer_serve.tokenize_models import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from ninfer_serve.tool_choice import ToolPolicy
 
 
 @post("/tokenize", status_code=200)
@@ -26,7 +25,7 @@ async def tokenize(request: Request) -> Response:
     if req.messages is not None:
         messages = openai_messages(req.messages)
         tools = openai_tools(req.tools)
-        options = template_options(req.chat_template_kwargs, ToolPolicy("none"), field="chat_template_kwargs")
+        options = template_options(req.chat_template_kwargs, field="chat_template_kwargs")
         ids = await gw.prepare(lambda: list(gw.frontend.prepare_chat(
             messages, tools=tools, enable_thinking=options.enable_thinking,
             add_generation_prompt=req.add_generation_prompt, **options.kwargs).token_ids), param="messages")
