@@ -44,6 +44,23 @@ def gdn_inputs(gen, t_len, hk, hv, dk, dv, dtype, device, g_min=-1.0):
     return q, k, v, g, beta
 
 
+# --- causal_conv1d ---
+
+
+def conv1d_oracle(x, w, state):
+    """Returns (y, new_state) for one sequence: x[T, C], w[C, K], state[C, K-1], fp64."""
+    x, w, state = f64(x), f64(w), f64(state)
+    k = w.shape[1]
+    u = torch.cat((state.t(), x), dim=0)
+    y = torch.empty_like(x)
+    for t in range(x.shape[0]):
+        acc = torch.zeros(x.shape[1], dtype=torch.float64)
+        for j in range(k):
+            acc += w[:, j] * u[t + j]
+        y[t] = acc / (1.0 + torch.exp(-acc))
+    return y, u[u.shape[0] - (k - 1):].t()
+
+
 # --- moe_experts ---
 
 

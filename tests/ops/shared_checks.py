@@ -6,8 +6,17 @@ from __future__ import annotations
 
 import torch
 
-from .conftest import Pointwise, assert_bits, assert_normwise, assert_pointwise, randn
-from .oracles import attention_oracle, fill_pools, gdn_inputs, gdn_oracle, page_layouts, penalties_oracle
+from .conftest import Pointwise, assert_bits, assert_normwise, assert_pointwise, f64, randn
+from .oracles import (
+    attention_oracle,
+    conv1d_oracle,
+    fill_pools,
+    gdn_inputs,
+    gdn_oracle,
+    page_layouts,
+    penalties_oracle,
+    rms_oracle,
+)
 
 
 def call_sample(ops, device, logits, temperature, top_k, top_p, min_p, seeds, steps):
@@ -20,6 +29,67 @@ def call_sample(ops, device, logits, temperature, top_k, top_p, min_p, seeds, st
         torch.as_tensor(min_p, dtype=torch.float32).to(device),
         torch.as_tensor(seeds, dtype=torch.int64).to(device),
         torch.as_tensor(steps, dtype=torch.int64).to(device)).cpu()
+
+
+def check_conv1d_update_slots(ops, device, dtype, channels, k, gen, crit, row_pad=0):
+    """causal_conv1d_update of 3 rows through slots 4, 0, 2 of 6: outputs within crit of the oracle, new
+    states bit-exact, untouched slots bit-identical. ``row_pad`` > 0 takes the rows out of a wider tensor
+    (row stride != C). Returns (x, w, states before, states after, slots, y)."""
+    states = randn(gen, 6, channels, k - 1, dtype=dtype, device=device)
+    before = states.clone()
+    slots = torch.tensor([4, 0, 2], dtype=torch.int64, device=device)
+    x = randn(gen, 3, channels + row_pad, dtype=dtype, device=device)[:, :channels]
+    w = randn(gen, channels, k, dtype=dtype, device=device)
+    y = ops.causal_conv1d_update(x, w, states, slots)
+    assert y.dtype == dtype and y.shape == (3, channels)
+    for b, s in enumerate(slots.tolist()):
+        ref_y, ref_state = conv1d_oracle(x[b:b + 1], w, before[s])
+        assert_pointwise(y[b:b + 1], ref_y, crit, f"conv update row {b}")
+        assert_bits(states[s].cpu(), ref_state.to(dtype), f"slot {s}")
+    for s in (1, 3, 5):
+        assert_bits(states[s].cpu(), before[s].cpu(), f"untouched slot {s}")
+    return x, w, before, states, slots, y
+
+
+def check_gdn_prefill(prefill, device, dtype, t_len, hk, hv, dk, dv, gen, out_crit, state_crit):
+    """gdn_chunk_prefill from a random state: output and the in-place fp32 state against the token loop."""
+    q, k, v, g, beta = gdn_inputs(gen, t_len, hk, hv, dk, dv, dtype, device)
+    state = randn(gen, hv, dk, dv, device=device, scale=0.5)
+    ref_o, ref_s = gdn_oracle(q, k, v, g, beta, state, dk ** -0.5)
+    out = prefill(q, k, v, g, beta, state, dk ** -0.5)
+    assert out.dtype == dtype and out.shape == (t_len, hv, dv)
+    assert_normwise(out, ref_o, out_crit, f"gdn prefill o T={t_len} {dtype}")
+    assert state.dtype == torch.float32
+    assert_normwise(state, ref_s, state_crit, f"gdn prefill state T={t_len} {dtype}")
+
+
+def check_gdn_strong_decay_split(prefill, device, gen, out_crit, state_crit):
+    """Gates down to -30 per token: e^{G} underflows within a chunk, so decays must be formed from
+    differences (nothing may overflow). Splitting the sequence at a non-chunk boundary (37) must continue
+    the same state, in place."""
+    q, k, v, g, beta = gdn_inputs(gen, 100, 2, 2, 16, 16, torch.float32, device, g_min=-30.0)
+    state0 = randn(gen, 2, 16, 16, device=device)
+    ref_o, ref_s = gdn_oracle(q, k, v, g, beta, state0, 0.25)
+    s = state0.clone()
+    a = prefill(q[:37], k[:37], v[:37], g[:37], beta[:37], s, 0.25)
+    b = prefill(q[37:], k[37:], v[37:], g[37:], beta[37:], s, 0.25)
+    assert_normwise(torch.cat((a, b)), ref_o, out_crit, "split strong-decay output")
+    assert_normwise(s, ref_s, state_crit, "split strong-decay state")
+
+
+def check_add_rms_norm(ops, device, dtype, hidden, gen, crit, eps):
+    """add_rms_norm on 9 rows: the new residual is x + res rounded once to dtype (bit-exact), the output
+    within crit of the oracle over it, the inputs untouched. Returns (x, res, w, y, new_res)."""
+    x = randn(gen, 9, hidden, dtype=dtype, device=device)
+    res = randn(gen, 9, hidden, dtype=dtype, device=device, scale=4.0)
+    w = randn(gen, hidden, dtype=dtype, device=device, scale=0.3)
+    x0, r0 = x.clone(), res.clone()
+    y, new_res = ops.add_rms_norm(x, res, w, eps)
+    expected_res = (f64(x) + f64(res)).to(dtype)  # exact in fp64, then the one rounding
+    assert_bits(new_res.cpu(), expected_res, "add_rms_norm residual")
+    assert_pointwise(y, rms_oracle(expected_res, w), crit, f"add_rms_norm {dtype}")
+    assert torch.equal(x, x0) and torch.equal(res, r0), "inputs must not be modified"
+    return x, res, w, y, new_res
 
 
 def check_gdn_recurrent_slots(step, device, dtype, hk, hv, dk, dv, gen, out_crit, state_crit):

@@ -8,23 +8,11 @@ of inputs and must be bit-exact; untouched slots must be bit-identical to before
 import pytest
 import torch
 
-from .conftest import DTYPES, Pointwise, assert_bits, assert_pointwise, f64, randn, reference_ops
+from .conftest import DTYPES, Pointwise, assert_bits, assert_pointwise, randn, reference_ops
+from .oracles import conv1d_oracle
+from .shared_checks import check_conv1d_update_slots
 
 CRIT = {torch.float32: Pointwise(2e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -8, 2 ** -9)}
-
-
-def oracle(x, w, state):
-    """Returns (y, new_state) for one sequence: x[T, C], w[C, K], state[C, K-1], fp64."""
-    x, w, state = f64(x), f64(w), f64(state)
-    k = w.shape[1]
-    u = torch.cat((state.t(), x), dim=0)
-    y = torch.empty_like(x)
-    for t in range(x.shape[0]):
-        acc = torch.zeros(x.shape[1], dtype=torch.float64)
-        for j in range(k):
-            acc += w[:, j] * u[t + j]
-        y[t] = acc / (1.0 + torch.exp(-acc))
-    return y, u[u.shape[0] - (k - 1):].t()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -36,7 +24,7 @@ def test_prefill(device, dtype, t_len, fresh, gen):
     x = randn(gen, t_len, c, dtype=dtype, device=device)
     w = randn(gen, c, k, dtype=dtype, device=device, scale=0.7)
     state = (torch.zeros(c, k - 1, dtype=dtype) if fresh else randn(gen, c, k - 1, dtype=dtype)).to(device)
-    ref_y, ref_state = oracle(x, w, state)
+    ref_y, ref_state = conv1d_oracle(x, w, state)
     y = ops.causal_conv1d_prefill(x, w, state)
     assert y.dtype == dtype and y.shape == (t_len, c)
     assert_pointwise(y, ref_y, CRIT[dtype], f"conv prefill T={t_len} {dtype}")
@@ -53,7 +41,7 @@ def test_prefill_in_two_pieces_equals_one(device, gen):
     whole = ops.causal_conv1d_prefill(x, w, s1)
     a = ops.causal_conv1d_prefill(x[:2], w, s2)
     b = ops.causal_conv1d_prefill(x[2:], w, s2)
-    ref_y, _ = oracle(x, w, torch.zeros(8, 3))
+    ref_y, _ = conv1d_oracle(x, w, torch.zeros(8, 3))
     assert_pointwise(torch.cat((a, b)), ref_y, CRIT[torch.float32], "split prefill")
     assert_bits(s1.cpu(), s2.cpu(), "state after split vs whole")
     assert_pointwise(whole, ref_y, CRIT[torch.float32], "whole prefill")
@@ -61,17 +49,4 @@ def test_prefill_in_two_pieces_equals_one(device, gen):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_update_slots(device, dtype, gen):
-    ops = reference_ops(device, dtype)
-    n_slots, c, k = 6, 16, 4
-    states = randn(gen, n_slots, c, k - 1, dtype=dtype, device=device)
-    before = states.clone()
-    slots = torch.tensor([4, 0, 2], dtype=torch.int64, device=device)
-    x = randn(gen, 3, c, dtype=dtype, device=device)
-    w = randn(gen, c, k, dtype=dtype, device=device)
-    y = ops.causal_conv1d_update(x, w, states, slots)
-    for b, s in enumerate(slots.tolist()):
-        ref_y, ref_state = oracle(x[b:b + 1], w, before[s])
-        assert_pointwise(y[b:b + 1], ref_y, CRIT[dtype], f"conv update row {b}")
-        assert_bits(states[s].cpu(), ref_state.to(dtype), f"slot {s}")
-    for s in (1, 3, 5):
-        assert_bits(states[s].cpu(), before[s].cpu(), f"untouched slot {s}")
+    check_conv1d_update_slots(reference_ops(device, dtype), device, dtype, 16, 4, gen, CRIT[dtype])

@@ -12,9 +12,8 @@ Untouched decode slots must be bit-identical.
 import pytest
 import torch
 
-from .conftest import Normwise, assert_normwise, randn, reference_ops
-from .oracles import gdn_inputs, gdn_oracle
-from .shared_checks import check_gdn_recurrent_slots
+from .conftest import Normwise, reference_ops
+from .shared_checks import check_gdn_prefill, check_gdn_recurrent_slots, check_gdn_strong_decay_split
 
 OUT = {torch.float32: Normwise(2e-6, 2e-5), torch.bfloat16: Normwise(8e-3, 3e-2)}
 STATE = Normwise(2e-6, 2e-5)
@@ -28,28 +27,12 @@ CASES = [(1, 2, 2, 16, 16), (63, 1, 4, 16, 8), (64, 2, 2, 8, 12), (65, 2, 4, 16,
 @pytest.mark.parametrize("t_len,hk,hv,dk,dv", CASES)
 def test_chunk_prefill_matches_token_loop(device, dtype, t_len, hk, hv, dk, dv, gen):
     ops = reference_ops(device, dtype)
-    q, k, v, g, beta = gdn_inputs(gen, t_len, hk, hv, dk, dv, dtype, device)
-    state = randn(gen, hv, dk, dv, device=device, scale=0.5)
-    ref_o, ref_s = gdn_oracle(q, k, v, g, beta, state, dk ** -0.5)
-    out = ops.gdn_chunk_prefill(q, k, v, g, beta, state, dk ** -0.5)
-    assert out.dtype == dtype and out.shape == (t_len, hv, dv)
-    assert_normwise(out, ref_o, OUT[dtype], f"gdn prefill o T={t_len} {dtype}")
-    assert state.dtype == torch.float32
-    assert_normwise(state, ref_s, STATE, f"gdn prefill state T={t_len} {dtype}")
+    check_gdn_prefill(ops.gdn_chunk_prefill, device, dtype, t_len, hk, hv, dk, dv, gen, OUT[dtype], STATE)
 
 
 def test_chunk_prefill_strong_decay_and_split(device, gen):
-    # Gates down to -30 per token: e^{G} underflows within a chunk; decays must be formed from differences
-    # so nothing overflows. Splitting the sequence at a non-chunk boundary must continue the same state.
     ops = reference_ops(device, torch.float32)
-    q, k, v, g, beta = gdn_inputs(gen, 100, 2, 2, 16, 16, torch.float32, device, g_min=-30.0)
-    state0 = randn(gen, 2, 16, 16, device=device)
-    ref_o, ref_s = gdn_oracle(q, k, v, g, beta, state0, 0.25)
-    s = state0.clone()
-    a = ops.gdn_chunk_prefill(q[:37], k[:37], v[:37], g[:37], beta[:37], s, 0.25)
-    b = ops.gdn_chunk_prefill(q[37:], k[37:], v[37:], g[37:], beta[37:], s, 0.25)
-    assert_normwise(torch.cat((a, b)), ref_o, OUT[torch.float32], "split strong-decay output")
-    assert_normwise(s, ref_s, STATE, "split strong-decay state")
+    check_gdn_strong_decay_split(ops.gdn_chunk_prefill, device, gen, OUT[torch.float32], STATE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -10,9 +10,10 @@ Criteria (pointwise, |err| <= rtol |ref| + atol max|ref|):
 import pytest
 import torch
 
-from .conftest import DTYPES, Pointwise, assert_bits, assert_pointwise, f64, randn, reference_ops
+from .conftest import DTYPES, Pointwise, assert_pointwise, randn, reference_ops
 from .oracles import NORM_EPS as EPS
 from .oracles import assert_bf16_within_one_ulp, gated_rms_bf16_cast_chain, gated_rms_oracle, rms_oracle
+from .shared_checks import check_add_rms_norm
 
 CRIT = {torch.float32: Pointwise(4e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -8, 1e-6)}
 CRIT_GATED = {torch.float32: Pointwise(4e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -7, 1e-6)}
@@ -30,17 +31,7 @@ def test_rms_norm_zero_centred(device, dtype, gen):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm(device, dtype, gen):
-    ops = reference_ops(device, dtype)
-    x = randn(gen, 9, 64, dtype=dtype, device=device)
-    res = randn(gen, 9, 64, dtype=dtype, device=device, scale=4.0)
-    w = randn(gen, 64, dtype=dtype, device=device, scale=0.3)
-    x0, r0 = x.clone(), res.clone()
-    y, new_res = ops.add_rms_norm(x, res, w, EPS)
-    # new_residual is the sum rounded once to the activation dtype: exact to compute in fp64 then round.
-    expected_res = (f64(x) + f64(res)).to(dtype)
-    assert_bits(new_res.cpu(), expected_res, "add_rms_norm residual")
-    assert_pointwise(y, rms_oracle(expected_res, w), CRIT[dtype], f"add_rms_norm {dtype}")
-    assert torch.equal(x, x0) and torch.equal(res, r0), "inputs must not be modified"
+    check_add_rms_norm(reference_ops(device, dtype), device, dtype, 64, gen, CRIT[dtype], EPS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

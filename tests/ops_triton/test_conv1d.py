@@ -11,7 +11,9 @@ import torch
 pytest.importorskip("triton")
 
 from ops.conftest import assert_bits, assert_pointwise, randn  # noqa: E402
-from ops.test_conv1d import CRIT, oracle  # noqa: E402
+from ops.oracles import conv1d_oracle  # noqa: E402
+from ops.shared_checks import check_conv1d_update_slots  # noqa: E402
+from ops.test_conv1d import CRIT  # noqa: E402
 
 from .conftest import DEVICE, reference, triton_ops  # noqa: E402
 
@@ -21,21 +23,9 @@ from .conftest import DEVICE, reference, triton_ops  # noqa: E402
 def test_update_slots(dtype, channels, k, gen):
     ops = triton_ops(dtype)
     assert ops.implementation("causal_conv1d_update").name == "triton"
-    n_slots = 6
-    states = randn(gen, n_slots, channels, k - 1, dtype=dtype, device=DEVICE)
-    before = states.clone()
-    slots = torch.tensor([4, 0, 2], dtype=torch.int64, device=DEVICE)
     # Rows of a wider projection (the GDN's qkv[:b_rows]): row stride != C.
-    x = randn(gen, 3, channels + 8, dtype=dtype, device=DEVICE)[:, :channels]
-    w = randn(gen, channels, k, dtype=dtype, device=DEVICE)
-    y = ops.causal_conv1d_update(x, w, states, slots)
-    assert y.dtype == dtype and y.shape == (3, channels)
-    for b, s in enumerate(slots.tolist()):
-        ref_y, ref_state = oracle(x[b:b + 1], w, before[s])
-        assert_pointwise(y[b:b + 1], ref_y, CRIT[dtype], f"conv update row {b}")
-        assert_bits(states[s].cpu(), ref_state.to(dtype), f"slot {s}")
-    for s in (1, 3, 5):
-        assert_bits(states[s].cpu(), before[s].cpu(), f"untouched slot {s}")
+    x, w, before, states, slots, y = check_conv1d_update_slots(ops, DEVICE, dtype, channels, k, gen, CRIT[dtype],
+                                                               row_pad=8)
     ref_states = before.clone()
     ref_out = reference(dtype).causal_conv1d_update(x, w, ref_states, slots)
     assert_bits(states.cpu(), ref_states.cpu(), "states vs torch reference")
@@ -51,7 +41,7 @@ def test_decode_steps_continue_a_prefill(gen):
     states = torch.zeros(2, c, k - 1, device=DEVICE)
     ops.causal_conv1d_prefill(x[:6], w, states[1])
     ys = [ops.causal_conv1d_update(x[t:t + 1], w, states, torch.tensor([1], device=DEVICE)) for t in (6, 7, 8)]
-    ref_y, ref_state = oracle(x, w, torch.zeros(c, k - 1))
+    ref_y, ref_state = conv1d_oracle(x, w, torch.zeros(c, k - 1))
     assert_pointwise(torch.cat(ys), ref_y[6:], CRIT[torch.float32], "decode after prefill")
     assert_bits(states[1].cpu(), ref_state.float(), "state after the steps")
     assert torch.count_nonzero(states[0]) == 0

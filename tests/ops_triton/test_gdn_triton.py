@@ -29,7 +29,11 @@ from ninfer.ops.reference import gdn as ref  # noqa: E402
 from ninfer.ops.triton import gdn as tg  # noqa: E402
 from ops.conftest import assert_normwise, rand, randn  # noqa: E402
 from ops.oracles import gdn_inputs, gdn_oracle  # noqa: E402
-from ops.shared_checks import check_gdn_recurrent_slots  # noqa: E402
+from ops.shared_checks import (  # noqa: E402
+    check_gdn_prefill,
+    check_gdn_recurrent_slots,
+    check_gdn_strong_decay_split,
+)
 from ops.test_gdn import OUT, STATE  # noqa: E402
 
 if not _CUDA and type(tg._gdn_step_kernel).__name__ != "InterpretedFunction":
@@ -50,27 +54,11 @@ if _CUDA:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t_len,hk,hv,dk,dv", CASES)
 def test_chunk_prefill_matches_token_loop(dtype, t_len, hk, hv, dk, dv, gen):
-    q, k, v, g, beta = gdn_inputs(gen, t_len, hk, hv, dk, dv, dtype, DEVICE)
-    state = randn(gen, hv, dk, dv, scale=0.5, device=DEVICE)
-    ref_o, ref_s = gdn_oracle(q, k, v, g, beta, state, dk ** -0.5)
-    out = tg.gdn_chunk_prefill(q, k, v, g, beta, state, dk ** -0.5)
-    assert out.dtype == dtype and out.shape == (t_len, hv, dv)
-    assert_normwise(out, ref_o, OUT[dtype], f"triton gdn prefill o T={t_len} {dtype}")
-    assert state.dtype == torch.float32
-    assert_normwise(state, ref_s, STATE, f"triton gdn prefill state T={t_len} {dtype}")
+    check_gdn_prefill(tg.gdn_chunk_prefill, DEVICE, dtype, t_len, hk, hv, dk, dv, gen, OUT[dtype], STATE)
 
 
 def test_chunk_prefill_strong_decay_and_split(gen):
-    # Gates down to -30 per token: e^{G} underflows inside a chunk and decays must come from differences.
-    # Splitting at a non-chunk boundary must continue the same state (in place).
-    q, k, v, g, beta = gdn_inputs(gen, 100, 2, 2, 16, 16, torch.float32, DEVICE, g_min=-30.0)
-    state0 = randn(gen, 2, 16, 16, device=DEVICE)
-    ref_o, ref_s = gdn_oracle(q, k, v, g, beta, state0, 0.25)
-    s = state0.clone()
-    a = tg.gdn_chunk_prefill(q[:37], k[:37], v[:37], g[:37], beta[:37], s, 0.25)
-    b = tg.gdn_chunk_prefill(q[37:], k[37:], v[37:], g[37:], beta[37:], s, 0.25)
-    assert_normwise(torch.cat((a, b)), ref_o, OUT[torch.float32], "split strong-decay output")
-    assert_normwise(s, ref_s, STATE, "split strong-decay state")
+    check_gdn_strong_decay_split(tg.gdn_chunk_prefill, DEVICE, gen, OUT[torch.float32], STATE)
 
 
 def test_chunk_prefill_segments_and_strided_views(gen, monkeypatch):

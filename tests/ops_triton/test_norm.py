@@ -11,13 +11,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from ops.conftest import Pointwise, assert_bits, assert_pointwise, f64, randn  # noqa: E402
+from ops.conftest import Pointwise, assert_bits, assert_pointwise, randn  # noqa: E402
 from ops.oracles import (  # noqa: E402
     assert_bf16_within_one_ulp,
     gated_rms_bf16_cast_chain,
     gated_rms_oracle,
     rms_oracle,  # noqa: E402
 )
+from ops.shared_checks import check_add_rms_norm  # noqa: E402
 from ops.test_norm import CRIT, CRIT_GATED, EPS  # noqa: E402
 
 from .conftest import DEVICE, reference, triton_ops  # noqa: E402
@@ -57,15 +58,7 @@ def test_rms_norm_strided_rows(gen):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm(dtype, gen):
     ops = triton_ops(dtype)
-    x = randn(gen, 9, 640, dtype=dtype, device=DEVICE)
-    res = randn(gen, 9, 640, dtype=dtype, device=DEVICE, scale=4.0)
-    w = randn(gen, 640, dtype=dtype, device=DEVICE, scale=0.3)
-    x0, r0 = x.clone(), res.clone()
-    y, new_res = ops.add_rms_norm(x, res, w, EPS)
-    expected_res = (f64(x) + f64(res)).to(dtype)
-    assert_bits(new_res.cpu(), expected_res, "add_rms_norm residual")
-    assert_pointwise(y, rms_oracle(expected_res, w), CRIT[dtype], f"add_rms_norm {dtype}")
-    assert torch.equal(x, x0) and torch.equal(res, r0), "inputs must not be modified"
+    x, res, w, y, new_res = check_add_rms_norm(ops, DEVICE, dtype, 640, gen, CRIT[dtype], EPS)
     ref_y, ref_res = reference(dtype).add_rms_norm(x, res, w, EPS)
     assert_bits(new_res.cpu(), ref_res.cpu(), "residual vs torch reference")
     close_to_reference(y, ref_y, "add_rms_norm vs torch reference")
