@@ -94,3 +94,16 @@ def make_engine(long_tiny_artifact):
     yield make
     for engine in made:
         engine.close(timeout=60)
+
+
+def settled(engine):
+    """The stats once the worker has published the cycle that settled every request (a result is
+    delivered before that cycle's snapshot)."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while True:
+        s = engine.stats()
+        if (s.running == 0 and s.queue_depth == 0 and s.outstanding == 0) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.005)

@@ -281,8 +281,8 @@ class EngineCore:
         for rec in order:
             if self.scheduler.free_lanes == 0:
                 break
-            source = self._bindable(rec)
-            if source is None and not self._fits(len(rec.prompt) + 1):
+            fits, source = self._place(rec)
+            if not fits:
                 head_blocked = head_blocked or rec is order[0]
                 continue
             rec.move(S.MATERIALIZING)
@@ -309,20 +309,22 @@ class EngineCore:
             changed = True
         return changed
 
-    def _bindable(self, rec: RequestRecord) -> CacheEntry | None:
-        """The cache entry ``rec`` opens from, once the pages it still needs fit (reclaiming other
-        entries; the chosen one is the most recently used, so it goes last). None: open from the root
-        when the whole prompt fits."""
-        if self.cache is None or not rec.cache:
-            return None
+    def _place(self, rec: RequestRecord) -> tuple[bool, CacheEntry | None]:
+        """Whether ``rec`` fits now, and the cache entry it opens from (None: from the root). Cache
+        entries are reclaimed (least recently used first) until the pages it still needs fit; the
+        chosen entry was just used, so it is reclaimed last, and the lookup is redone after each."""
+        if self.cache is None:
+            return self._fits(len(rec.prompt) + 1), None
+        if not rec.cache:
+            return self._fits_reclaiming(len(rec.prompt) + 1), None
         self.counters.cache_lookups += 1
         while True:
             source = self.cache.lookup(rec.prompt)
             shared = 0 if source is None else source.covered // self.page_size * self.page_size
             if self._fits(len(rec.prompt) + 1 - shared):
-                return source
+                return True, source
             if not self._reclaim():
-                return None
+                return False, None
 
     # -- permits and preemption --------------------------------------------------------------------
     def _grant_permits(self) -> tuple[list[RequestRecord], tuple[RequestRecord, int] | None, bool]:
