@@ -50,6 +50,13 @@ class EngineCollector(Collector):
         yield gauge("state_slots_total", "recurrent-state slots", s.state_slots_total)
         yield gauge("state_usage_ratio", "fraction of recurrent-state slots in use",
                     s.state_slots_used / s.state_slots_total if s.state_slots_total else 0.0)
+        yield gauge("context_cache_checkpoints", "context-cache checkpoints held", getattr(s, "cache_checkpoints", 0))
+        yield gauge("context_cache_device_bytes", "device bytes held by the context cache (StateImages + KV pages "
+                    "only it references)", getattr(s, "cache_device_bytes", 0))
+        yield gauge("context_cache_host_bytes", "host bytes held by the context cache", getattr(s, "cache_host_bytes", 0))
+        for name, doc in (("context_cache_hit_tokens", "prompt tokens restored from context-cache checkpoints"),
+                          ("context_cache_saved_prefill_tokens", "prefill tokens not computed thanks to the context cache")):
+            yield CounterMetricFamily(f"ninfer_{name}", doc, value=getattr(s, name.replace("context_", ""), 0))
         for name, doc in (("preemptions", "requests paused to free capacity"),
                           ("prefill_tokens", "prompt tokens computed by the engine"),
                           ("engine_cancelled", "requests the engine ended as cancelled")):
