@@ -21,6 +21,7 @@ prompt (the Program opens the sequence from it with ``computed == covered``); it
 stop at multiples of the checkpoint interval, where (and at the prompt's end) a checkpoint is
 published right after the unit ran; a request finishing with stop/length publishes its final state.
 Whenever KV pages or a slot are short, cache entries are reclaimed before any request is paused.
+A Replay resume also binds the longest checkpoint of its ledger (it then replays only the rest).
 
 Any broken invariant or Program/Frontend exception is an engine failure: every in-flight request
 receives it, the engine stops accepting, the worker exits. Request-level problems never are.
@@ -231,7 +232,7 @@ class EngineCore:
               source: CacheEntry | None = None) -> bool:
         try:
             if source is not None:
-                seq = self.program.open_sequence_from(source.handle, tokens)
+                seq = self.program.open_sequence_from(source.handle, tokens, prompt_length)
             elif prompt_length is None:
                 seq = self.program.open_sequence(tokens)
             else:
@@ -256,20 +257,25 @@ class EngineCore:
         # The complete permit: rebuild to the old frontier plus the first real new token, held
         # across chunks (reserve_units only ever extends a sequence's pages).
         need = len(ledger)
-        if not self._fits_reclaiming(need):
+        fits, source = self._place(rec, tuple(ledger), need)
+        if not fits:
             return False
         rec.move(S.MATERIALIZING)
-        if not self._open(rec, tuple(ledger), len(rec.prompt)):
+        if not self._open(rec, tuple(ledger), len(rec.prompt), source):
             rec.move(S.PAUSED)
             return False
         assert rec.seq is not None
-        if not self.program.reserve_units({rec.seq: need})[rec.seq]:
+        if not self.program.reserve_units({rec.seq: need - self.program.computed(rec.seq)})[rec.seq]:
             self._release_seq(rec)
             rec.move(S.PAUSED)
             return False
+        if source is not None:  # the rebuild starts at the checkpoint (fewer Replay tokens)
+            self._note_bound(rec, source)
         rec.replay = None
         rec.protected = True
         rec.move(S.REPLAY if rec.output_tokens else S.PREFILL)
+        if rec.state is S.REPLAY and self.program.computed(rec.seq) == rec.rebuild_target():
+            rec.move(S.DECODE_READY)  # the checkpoint covers the whole rebuild
         self.scheduler.add_resident(rec)
         self.counters.resumes += 1
         return True
@@ -281,7 +287,7 @@ class EngineCore:
         for rec in order:
             if self.scheduler.free_lanes == 0:
                 break
-            fits, source = self._place(rec)
+            fits, source = self._place(rec, rec.prompt, len(rec.prompt) + 1)
             if not fits:
                 head_blocked = head_blocked or rec is order[0]
                 continue
@@ -290,13 +296,7 @@ class EngineCore:
                 rec.move(S.WAITING)
                 break
             if source is not None:
-                assert self.cache is not None and rec.seq is not None
-                if self.program.computed(rec.seq) != source.covered:
-                    raise EngineFailure(f"request {rec.request_id} opened from a checkpoint of {source.covered} "
-                                        f"tokens but the Program computed {self.program.computed(rec.seq)}")
-                self.cache.note_bound(source)
-                self.counters.cache_hits += 1
-                self.counters.cache_hit_tokens += source.covered
+                self._note_bound(rec, source)
                 self.counters.cache_saved_prefill_tokens += source.covered
             rec.move(S.PREFILL)
             self.scheduler.add_resident(rec)
@@ -309,19 +309,29 @@ class EngineCore:
             changed = True
         return changed
 
-    def _place(self, rec: RequestRecord) -> tuple[bool, CacheEntry | None]:
-        """Whether ``rec`` fits now, and the cache entry it opens from (None: from the root). Cache
-        entries are reclaimed (least recently used first) until the pages it still needs fit; the
-        chosen entry was just used, so it is reclaimed last, and the lookup is redone after each."""
+    def _note_bound(self, rec: RequestRecord, source: CacheEntry) -> None:
+        assert self.cache is not None and rec.seq is not None
+        if self.program.computed(rec.seq) != source.covered:
+            raise EngineFailure(f"request {rec.request_id} opened from a checkpoint of {source.covered} "
+                                f"tokens but the Program computed {self.program.computed(rec.seq)}")
+        self.cache.note_bound(source)
+        self.counters.cache_hits += 1
+        self.counters.cache_hit_tokens += source.covered
+
+    def _place(self, rec: RequestRecord, tokens: tuple[int, ...], need: int) -> tuple[bool, CacheEntry | None]:
+        """Whether ``rec`` (to open with ``tokens``, needing pages for ``need`` tokens from the root)
+        fits now, and the cache entry it opens from (None: from the root). Cache entries are
+        reclaimed (least recently used first) until the pages it still needs fit; the chosen entry
+        was just used, so it is reclaimed last, and the lookup is redone after each."""
         if self.cache is None:
-            return self._fits(len(rec.prompt) + 1), None
+            return self._fits(need), None
         if not rec.cache:
-            return self._fits_reclaiming(len(rec.prompt) + 1), None
+            return self._fits_reclaiming(need), None
         self.counters.cache_lookups += 1
         while True:
-            source = self.cache.lookup(rec.prompt)
+            source = self.cache.lookup(tokens)
             shared = 0 if source is None else source.covered // self.page_size * self.page_size
-            if self._fits(len(rec.prompt) + 1 - shared):
+            if self._fits(need - shared):
                 return True, source
             if not self._reclaim():
                 return False, None
