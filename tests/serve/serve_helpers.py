@@ -123,3 +123,39 @@ class AsgiCall:
 
         self.disconnected.set()
         await asyncio.wait_for(self.task, timeout)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server_process(artifact, *args: str, timeout: float = 120):
+    """``ninfer serve ARTIFACT --host 127.0.0.1 --port <free> *args`` in a subprocess, once /health answers.
+    Returns (base_url, Popen); the caller stops it (SIGTERM)."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+    import pytest
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "ninfer.cli.main", "serve", str(artifact), "--host", "127.0.0.1", "--port",
+           str(port), *args]
+    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return base, proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"ninfer serve did not start:\n{proc.communicate()[0]}")
+        time.sleep(0.1)

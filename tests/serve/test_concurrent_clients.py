@@ -7,47 +7,24 @@ lanes wait in the queue; none may be refused, cut short or mixed up with another
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from serve_helpers import start_server_process
 
 PROMPTS = [f"What does `{name}` do?" for name in (
     "os.path.join", "len", "json.dumps", "re.compile", "str.split", "sorted", "zip", "enumerate",
     "dict.get", "list.append", "math.sqrt", "open", "print", "range", "isinstance", "hashlib.sha256")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(artifact):
-    port = _free_port()
-    cmd = [sys.executable, "-m", "ninfer.cli.main", "serve", str(artifact), "--host", "127.0.0.1", "--port",
-           str(port), "--device", "cpu", "--dtype", "float32", "--max-concurrency", "4", "--max-context", "512",
-           "--queue-capacity", "32", "--model-id", "m", "--log-level", "warning", "--quiet"]
-    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"ninfer serve did not start:\n{proc.communicate()[0]}")
-        time.sleep(0.1)
+    base, proc = start_server_process(
+        artifact, "--device", "cpu", "--dtype", "float32", "--max-concurrency", "4", "--max-context", "512",
+        "--queue-capacity", "32", "--model-id", "m", "--log-level", "warning", "--quiet")
     yield base
     proc.send_signal(signal.SIGTERM)
     try:

@@ -4,24 +4,16 @@ httpx for a disconnect mid-stream. SIGTERM at the end must shut it down cleanly 
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import httpx
 import pytest
+from serve_helpers import start_server_process
 
 MODEL = "test-model"
 KEY = "k-123"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _metric(text: str, name: str) -> float:
@@ -33,23 +25,9 @@ def _metric(text: str, name: str) -> float:
 
 @pytest.fixture(scope="module")
 def server(artifact):
-    port = _free_port()
-    cmd = [sys.executable, "-m", "ninfer.cli.main", "serve", str(artifact), "--host", "127.0.0.1", "--port", str(port),
-           "--device", "cpu", "--dtype", "bfloat16", "--max-concurrency", "2", "--max-context", "512",
-           "--model-id", MODEL, "--api-key", KEY, "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"ninfer serve did not start:\n{proc.communicate()[0]}")
-        time.sleep(0.1)
+    base, proc = start_server_process(
+        artifact, "--device", "cpu", "--dtype", "bfloat16", "--max-concurrency", "2", "--max-context", "512",
+        "--model-id", MODEL, "--api-key", KEY, "--log-level", "warning", timeout=90)
     yield base, proc
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
