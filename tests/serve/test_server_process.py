@@ -86,6 +86,21 @@ def test_anthropic_client(server):
     assert count.input_tokens == msg.usage.input_tokens
 
 
+def test_utility_endpoints(server):
+    """The endpoints no official client covers, on the real process: health, tokenize round trip, model by id."""
+    base, _ = server
+    headers = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{base}/health", timeout=10).status_code == 200
+    tok = httpx.post(f"{base}/tokenize", json={"model": MODEL, "prompt": "def main():"}, headers=headers, timeout=30)
+    assert tok.status_code == 200, tok.text
+    ids = tok.json()["tokens"]
+    assert ids and all(isinstance(i, int) for i in ids)
+    detok = httpx.post(f"{base}/detokenize", json={"model": MODEL, "tokens": ids}, headers=headers, timeout=30)
+    assert detok.status_code == 200 and detok.json()["prompt"] == "def main():"
+    one = httpx.get(f"{base}/v1/models/{MODEL}", headers=headers, timeout=10)
+    assert one.status_code == 200 and one.json()["id"] == MODEL
+
+
 def test_disconnect_mid_stream_frees_capacity(server):
     base, _ = server
     headers = {"Authorization": f"Bearer {KEY}"}
