@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
+from support.models import tiny_qwen_artifact
 
 IM_START, IM_END, ENDOFTEXT = 257, 258, 256
 THINK, END_THINK = 259, 260
@@ -31,48 +30,11 @@ def single_torch_thread():
     torch.set_num_threads(before)
 
 
-def _write_tokenizer(folder: Path) -> None:
-    """Byte tokens 0..255, then <|endoftext|> 256, <|im_start|> 257, <|im_end|> 258, <think> 259, </think> 260."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False)
-                            for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
-    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in ("<think>", "</think>")])
-    assert tok.token_to_id("<|im_end|>") == IM_END and tok.token_to_id("</think>") == END_THINK
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>",
-                                                              "pad_token": "<|endoftext|>"}))
-
-
 @pytest.fixture(scope="session")
 def long_tiny_artifact(tmp_path_factory) -> Path:
     """A random 4-layer Qwen3.5 (3 GDN + 1 attention) with 16k positions, float32, converted."""
-    sys.modules.setdefault("fla", None)
-    sys.modules.setdefault("causal_conv1d", None)
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from ninfer_convert.convert import convert
-
-    root = tmp_path_factory.mktemp("cc_tiny")
-    folder = root / "hf"
-    folder.mkdir()
-    cfg = transformers.Qwen3_5TextConfig(**TINY_LONG, eos_token_id=IM_END)
-    cfg.architectures = ["Qwen3_5ForCausalLM"]
-    torch.manual_seed(4321)
-    model = transformers.Qwen3_5ForCausalLM(cfg).to(torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.3)
-    model.save_pretrained(folder, safe_serialization=True)
-    _write_tokenizer(folder)
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]}))
-    artifact = root / "tiny.ninfer"
-    convert(folder, artifact, progress=False)
+    pytest.importorskip("transformers")
+    artifact = tiny_qwen_artifact(tmp_path_factory.mktemp("cc_tiny"), TINY_LONG, seed=4321, std=0.3)
     return artifact
 
 

@@ -5,13 +5,12 @@ Every engine a test makes is closed at teardown, and the test fails if a worker 
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
 import pytest
 from ninfer import Engine, EngineOptions
-from support.models import write_byte_tokenizer
+from support.models import tiny_qwen_artifact as build_tiny_qwen
 
 from .doubles import ToyFrontend, ToyProgram
 
@@ -66,28 +65,8 @@ IM_END, ENDOFTEXT = 258, 256
 def _tiny_qwen(root: Path, dtype_name: str) -> Path:
     """A random Qwen3_5ForCausalLM (4 layers: 3 GDN + 1 attention) built with transformers in
     ``dtype_name``, saved with save_pretrained and converted with ninfer_convert."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from ninfer_convert.convert import convert
-
-    folder = root / "hf"
-    folder.mkdir()
-    cfg = transformers.Qwen3_5TextConfig(**TINY_CONFIG, eos_token_id=IM_END)
-    cfg.architectures = ["Qwen3_5ForCausalLM"]
-    torch.manual_seed(1234)
-    model = transformers.Qwen3_5ForCausalLM(cfg).to(torch.float32)
-    with torch.no_grad():
-        # The default init (std 0.02, unit norms) makes near-uniform logits; widen it so greedy tokens
-        # are decided by clear margins and sampling is not flat.
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.25)
-    model.to(getattr(torch, dtype_name)).save_pretrained(folder, safe_serialization=True)
-    write_byte_tokenizer(folder)
-    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [IM_END, ENDOFTEXT]}))
-    artifact = root / "tiny.ninfer"
-    convert(folder, artifact, progress=False)
-    return artifact
+    pytest.importorskip("transformers")
+    return build_tiny_qwen(root, TINY_CONFIG, seed=1234, std=0.25, dtype_name=dtype_name)
 
 
 @pytest.fixture(scope="session")

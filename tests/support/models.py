@@ -93,3 +93,29 @@ def tiny_text_model(kind: str, text: dict, seed: int, **config):
     randomize_weights(model, seed)
     return model.float().eval()
 
+
+
+def tiny_qwen_artifact(root: Path, config: dict, *, seed: int, std: float, dtype_name: str = "float32") -> Path:
+    """A random Qwen3_5ForCausalLM from ``config`` (matrices drawn N(0, std): the default 0.02 init gives
+    near-uniform logits), with the byte tokenizer and EOS <|im_end|>, saved in ``dtype_name`` and converted
+    with ninfer_convert to ``root/tiny.ninfer``."""
+    import torch
+    import transformers
+    from ninfer_convert.convert import convert
+
+    folder = root / "hf"
+    folder.mkdir()
+    cfg = transformers.Qwen3_5TextConfig(**config, eos_token_id=258)
+    cfg.architectures = ["Qwen3_5ForCausalLM"]
+    torch.manual_seed(seed)
+    model = transformers.Qwen3_5ForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, std)
+    model.to(getattr(torch, dtype_name)).save_pretrained(folder, safe_serialization=True)
+    write_byte_tokenizer(folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [258, 256]}))
+    artifact = root / "tiny.ninfer"
+    convert(folder, artifact, progress=False)
+    return artifact
