@@ -93,8 +93,8 @@ class Qwen35Model:
         pos3 = positions.unsqueeze(0).expand(3, -1).contiguous()
         return self.ops.mrope_cos_sin(pos3, self.inv_freq, self.sections, True)
 
-    def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor) -> torch.Tensor:
-        """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows``."""
+    def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None) -> torch.Tensor:
+        """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token)."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
         residual = self.embed.index_select(0, tokens)
         h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
@@ -105,6 +105,7 @@ class Qwen35Model:
             out = layer.mixer(h, ctx)
             h, residual = ops.add_rms_norm(out, residual, layer.post_norm, eps)
             out = layer.mlp(h)
-        h, _ = ops.add_rms_norm(out.index_select(0, logit_rows), residual.index_select(0, logit_rows),
-                                self.norm, eps)
+        if logit_rows is not None:
+            out, residual = out.index_select(0, logit_rows), residual.index_select(0, logit_rows)
+        h, _ = ops.add_rms_norm(out, residual, self.norm, eps)
         return ops.linear(h, self.lm_head).float()

@@ -14,6 +14,8 @@ import torch
 from ninfer.core.kv_pool import PagedKVCache
 from ninfer.core.state_image import StateImageStorage
 from ninfer.runtime.contract.architecture import ProgramInit
+from ninfer.runtime.contract.program import ProgramError
+from ninfer.runtime.decode_graphs import DecodeGraphs
 from ninfer.runtime.sequence_program import ForwardBatch, SequenceProgram
 
 from ninfer_qwen3_5.config import Qwen35Config
@@ -38,9 +40,46 @@ class Qwen35Program(SequenceProgram):
         self.dtype = opt.dtype
         self.model = Qwen35Model(cfg, init.weights, init.ops, device, opt.dtype)
 
+        self.graphs: DecodeGraphs | None = None
+
+    # -- CUDA graphs -----------------------------------------------------------------------------
+    def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
+        """Capture the decode-only forward for every batch size ``1..max_batch`` (CUDA only; see
+        :mod:`ninfer.runtime.decode_graphs`). Must run before any sequence exists: capture writes
+        state slots ``0..max_batch-1`` and KV page 0. Returns the captured sizes."""
+        if self._seqs:
+            raise ProgramError("decode graphs must be captured before any sequence is opened")
+        max_batch = min(max_batch, self.states.num_slots)
+        graphs = DecodeGraphs(self._decode_forward, device=self.device, max_batch=max_batch,
+                              max_pages=self.kv.pages_for(self.max_context))
+        with torch.inference_mode():
+            graphs.capture()
+        self.graphs = graphs
+        return graphs.batch_sizes
+
+    def close_graphs(self) -> None:
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
+
+    def _decode_forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                        kv_lens: torch.Tensor, page_tables: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """B decode rows, every row sampling: the graph-capturable forward (no host tensors, no syncs)."""
+        cos, sin = self.model.rotary(positions)
+        ctx = StepContext(
+            num_decode=int(tokens.shape[0]), num_chunk=0, cos=cos, sin=sin, slot_mapping=slot_mapping,
+            decode_slots=slots, decode_kv_lens=kv_lens, decode_page_tables=page_tables, chunk_slot=None,
+            chunk_cu_q=None, chunk_kv_lens=None, chunk_page_table=None, kv=self.kv, states=self.states)
+        return self.model.forward(tokens, ctx, None)
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         d, c = batch.decode, batch.chunk
+        if c is None:
+            rows = (d.tokens, d.positions, d.slots, d.kv_lens, d.page_tables, d.slot_mapping)
+            if self.graphs is not None and self.graphs.has(len(d.seqs)):
+                return self.graphs.run(*rows)
+            return self._decode_forward(*rows)
         b_rows = len(d.seqs) if d is not None else 0
         t = int(c.tokens.shape[0]) if c is not None else 0
         parts = [x for x in (d, c) if x is not None]  # decode rows first, then the chunk

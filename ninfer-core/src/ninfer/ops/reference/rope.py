@@ -19,6 +19,8 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ninfer.ops.registry import OpImpl
@@ -54,6 +56,13 @@ def _axis_of_frequency(half: int, sections: tuple[int, ...] | None, interleaved:
     return [0] * sections[0] + [1] * sections[1] + [2] * sections[2]
 
 
+@functools.lru_cache(maxsize=64)
+def _axis_tensor(axes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    # Cached: building it is a host->device copy, which a CUDA graph capture may not contain (the first
+    # call of a shape happens in the eager warm-up before capture).
+    return torch.tensor(axes, dtype=torch.long, device=device)
+
+
 def mrope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, sections, interleaved: bool = True
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [T, R] fp32 for ``positions[3, T]`` (or ``[T]`` / ``[1, T]`` when sections is None)."""
@@ -63,7 +72,7 @@ def mrope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, sections, int
     axes = _axis_of_frequency(half, sections, interleaved)
     if max(axes) >= positions.shape[0]:
         raise ValueError(f"mrope_cos_sin: sections need 3 position axes, got {positions.shape[0]}")
-    axis = torch.tensor(axes, dtype=torch.long, device=positions.device)
+    axis = _axis_tensor(tuple(axes), positions.device)
     # positions_per_freq[t, i] = positions[axis[i], t]
     pos = positions.index_select(0, axis).t().to(torch.float64)
     f = pos * inv_freq.to(device=positions.device, dtype=torch.float64)[None, :]

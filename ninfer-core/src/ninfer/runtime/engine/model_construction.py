@@ -94,6 +94,27 @@ def plan_num_pages(options: EngineOptions, profile: ModelProfile, max_context: i
     return pages
 
 
+GRAPHS_ENV = "NINFER_CUDA_GRAPHS"
+
+
+def _capture_graphs(program: Program, options: EngineOptions, device: torch.device) -> tuple[tuple[int, ...], int]:
+    """Decode CUDA graphs for B = 1..max_concurrency (DESIGN.md section 7): on CUDA, for generation,
+    when the Program supports them and ``NINFER_CUDA_GRAPHS`` is not ``0``. Returns the captured sizes
+    and the growth of the allocator's reserved bytes they caused (their memory pool; it comes out of
+    the plan's headroom)."""
+    capture = getattr(program, "capture_decode_graphs", None)
+    if (device.type != "cuda" or options.purpose != "generation" or capture is None
+            or os.environ.get(GRAPHS_ENV, "1").strip() == "0"):
+        return (), 0
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_reserved(device)
+    sizes = tuple(capture(options.max_concurrency))
+    torch.cuda.synchronize(device)
+    growth = torch.cuda.memory_reserved(device) - before
+    log.info("captured decode CUDA graphs for batch sizes 1..%d (%.1f MiB)", max(sizes, default=0), growth / 2**20)
+    return sizes, growth
+
+
 def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress=None) -> ModelInstance:
     """``progress(bytes_read, total_bytes)`` is called while weights load (a CLI progress bar)."""
     from ninfer.artifact import ArtifactReader, load_weights
@@ -148,12 +169,16 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
                                      checkpoint_slots=options.checkpoint_slots)
     program = spec.create_program(ProgramInit(config=config, weights=weights, ops=ops, options=program_options,
                                               features=features))
+    graph_sizes, graph_growth = _capture_graphs(program, options, device)
     effective = dataclasses.replace(options, device=str(device), dtype=str(dtype).removeprefix("torch."),
                                     num_pages=num_pages, max_context=max_context)
     info = {"architecture": spec.name, "name": metadata.get("name") or spec.name, "artifact_id": artifact_id,
             "device": str(device), "dtype": effective.dtype, "num_pages": num_pages, "page_size": options.page_size,
             "max_context": max_context, "max_position_embeddings": profile.max_position_embeddings,
-            "ops": ops.describe()}
+            "ops": ops.describe(), "cuda_graphs": list(graph_sizes)}
     memory = plan.summary(dtype, retained_bytes=probe.retained_bytes(program))
+    if graph_sizes:
+        memory = dataclasses.replace(memory, graph_calibration_growth_bytes=graph_growth,
+                                     graph_rebuild_estimate_bytes=graph_growth, graph_final_growth_bytes=graph_growth)
     info["memory"] = memory.as_dict()
     return ModelInstance(program=program, frontend=frontend, options=effective, info=info, memory=memory)
