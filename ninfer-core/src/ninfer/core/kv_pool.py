@@ -19,6 +19,13 @@ Invariants:
   cover the asked token count or changes nothing.
 - Pages are physical only; the logical frontier (how many tokens hold valid K/V) is the Program's
   ``computed`` count, never stored here; a prefix ref's ``num_tokens`` is the frontier it was taken at.
+
+Host tier (context cache): a prefix ref's page may be *detached* (:meth:`PagedKVCache.detach_pages`):
+its entry becomes :data:`ON_HOST`, the ref drops its reference to the device page, and the caller
+keeps the page's content in a Host copy (same ``[page_size, Hkv, D]`` layout per layer, read with
+:meth:`PagedKVCache.read_pages`). :meth:`PagedKVCache.attach_pages` gives every ``ON_HOST`` entry a
+fresh device page again (the caller writes the content back with :meth:`PagedKVCache.write_pages`).
+A ref with an ``ON_HOST`` entry can never be adopted by a history (it is not on Device).
 """
 
 from __future__ import annotations
@@ -95,14 +102,27 @@ class PageAllocator:
                 self._free.append(p)
 
 
+ON_HOST = -1  # a prefix ref's page entry whose content lives in a Host copy, not on the device
+
+
 @dataclass(frozen=True)
 class KVPrefixRef:
     """An exact read-only prefix of a KV history: tokens ``[0, num_tokens)`` live in ``pages`` (the
-    last page may be partial). Holds one reference to each page until released."""
+    last page may be partial). Holds one reference to each device page until released; an entry
+    :data:`ON_HOST` holds none (its content is in the owner's Host copy)."""
 
     ref_id: int
     num_tokens: int
     pages: tuple[int, ...]
+
+    @property
+    def device_pages(self) -> tuple[int, ...]:
+        return tuple(p for p in self.pages if p != ON_HOST)
+
+    @property
+    def host_indices(self) -> tuple[int, ...]:
+        """Positions (page indices within the prefix) whose content is on Host."""
+        return tuple(i for i, p in enumerate(self.pages) if p == ON_HOST)
 
 
 class PagedKVCache:
@@ -130,6 +150,11 @@ class PagedKVCache:
     # -- pools -------------------------------------------------------------------------------------
     def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self._pools[layer]
+
+    @property
+    def num_pools(self) -> int:
+        """Layers owning a K and a V pool."""
+        return len(self._pools)
 
     @property
     def bytes_per_token(self) -> int:
@@ -194,17 +219,92 @@ class PagedKVCache:
         return ref
 
     def release_prefix(self, ref: KVPrefixRef) -> None:
+        self._check_live(ref)
+        del self._prefixes[ref.ref_id]
+        self.allocator.free(ref.device_pages)
+
+    def _check_live(self, ref: KVPrefixRef) -> None:
         if self._prefixes.get(ref.ref_id) != ref:
             raise KVPoolError(f"prefix ref {ref.ref_id} is not live")
+
+    # -- Host tier ---------------------------------------------------------------------------------
+    def private_indices(self, ref: KVPrefixRef) -> tuple[int, ...]:
+        """Positions of ``ref``'s device pages that nothing else references (detaching them frees
+        device pages; detaching a shared page would free nothing)."""
+        self._check_live(ref)
+        return tuple(i for i, p in enumerate(ref.pages) if p != ON_HOST and self.allocator.refcount(p) == 1)
+
+    def cache_only_indices(self, ref: KVPrefixRef) -> tuple[int, ...]:
+        """Positions of ``ref``'s device pages that no history (live sequence) holds: dropping every
+        prefix ref listing them would free them."""
+        self._check_live(ref)
+        in_tables = {p for t in self._tables.values() for p in t}
+        return tuple(i for i, p in enumerate(ref.pages) if p != ON_HOST and p not in in_tables)
+
+    def detach_pages(self, ref: KVPrefixRef, indices: Sequence[int]) -> KVPrefixRef:
+        """Replace ``ref`` by a live ref whose entries at ``indices`` are :data:`ON_HOST`, dropping
+        its references to those device pages (the caller copied them out first). ``ref`` dies."""
+        self._check_live(ref)
+        pages = list(ref.pages)
+        for i in indices:
+            if pages[i] == ON_HOST:
+                raise KVPoolError(f"page {i} of prefix ref {ref.ref_id} is already on Host")
+        dropped = [pages[i] for i in indices]
+        for i in indices:
+            pages[i] = ON_HOST
+        new = KVPrefixRef(next(self._prefix_ids), ref.num_tokens, tuple(pages))
         del self._prefixes[ref.ref_id]
-        self.allocator.free(ref.pages)
+        self._prefixes[new.ref_id] = new
+        self.allocator.free(dropped)
+        return new
+
+    def attach_pages(self, ref: KVPrefixRef) -> tuple[KVPrefixRef, tuple[int, ...]] | None:
+        """Give every :data:`ON_HOST` entry of ``ref`` a fresh device page. Returns the new live ref
+        and the new pages (in ``ref.host_indices`` order) for the caller to fill, or None, changing
+        nothing, when too few pages are free. ``ref`` dies on success."""
+        self._check_live(ref)
+        holes = ref.host_indices
+        fresh = self.allocator.allocate(len(holes))
+        if fresh is None:
+            return None
+        pages = list(ref.pages)
+        for i, p in zip(holes, fresh, strict=True):
+            pages[i] = p
+        new = KVPrefixRef(next(self._prefix_ids), ref.num_tokens, tuple(pages))
+        del self._prefixes[ref.ref_id]
+        self._prefixes[new.ref_id] = new
+        return new, tuple(fresh)
+
+    def read_pages(self, pages: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per pool (in the order of the ``layers`` given at construction), copies ``(K, V)`` of ``pages``, each
+        ``[len(pages), page_size, Hkv, D]`` on the pools' device."""
+        idx = torch.tensor(list(pages), dtype=torch.int64, device=self.device)
+        return [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self._pools.values()]
+
+    def write_pages(self, pages: Sequence[int], data: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Write ``data`` (as :meth:`read_pages` returns it, on any device) into ``pages``."""
+        if len(data) != len(self._pools):
+            raise KVPoolError(f"page data for {len(data)} layers, the cache has {len(self._pools)}")
+        idx = torch.tensor(list(pages), dtype=torch.int64, device=self.device)
+        for (k, v), (hk, hv) in zip(self._pools.values(), data, strict=True):
+            if hk.shape[0] != len(pages) or hk.shape[1:] != k.shape[1:] or hv.shape != hk.shape:
+                raise KVPoolError(f"page data of shape {tuple(hk.shape)} does not fit {len(pages)} pages of "
+                                  f"{tuple(k.shape[1:])}")
+            k.index_copy_(0, idx, hk.to(self.device))
+            v.index_copy_(0, idx, hv.to(self.device))
+
+    def page_shape(self) -> tuple[tuple[int, ...], torch.dtype]:
+        """The shape and dtype of one page of one pool (what a Host copy of a page holds per K/V)."""
+        k, _ = next(iter(self._pools.values()))
+        return tuple(k.shape[1:]), k.dtype
 
     def adopt_prefix(self, owner: object, ref: KVPrefixRef) -> None:
         """Start ``owner``'s history as ``ref``'s pages (shared; the first write copies the tail)."""
         if owner in self._tables:
             raise KVPoolError(f"{owner!r} already has a KV history")
-        if self._prefixes.get(ref.ref_id) != ref:
-            raise KVPoolError(f"prefix ref {ref.ref_id} is not live")
+        self._check_live(ref)
+        if ON_HOST in ref.pages:
+            raise KVPoolError(f"prefix ref {ref.ref_id} has pages on Host: restore them before adopting it")
         self.allocator.retain(ref.pages)
         self._tables[owner] = list(ref.pages)
 
@@ -215,7 +315,7 @@ class PagedKVCache:
     def pages_only_in_prefixes(self) -> int:
         """Pages that only prefix refs hold (what dropping every prefix ref would free)."""
         in_tables = {p for t in self._tables.values() for p in t}
-        return len({p for r in self._prefixes.values() for p in r.pages} - in_tables)
+        return len({p for r in self._prefixes.values() for p in r.device_pages} - in_tables)
 
     @property
     def page_bytes(self) -> int:

@@ -131,6 +131,15 @@ class StateImageStorage:
         dst_storage._check_owned(dst)
         dst_storage._raw[dst].copy_(self._raw[src])
 
+    def load_image(self, slot: int, image: torch.Tensor) -> None:
+        """Overwrite the slot's whole image with ``image`` (``uint8 [image_bytes]`` on any device,
+        e.g. a Host copy made from :meth:`image`): one contiguous copy."""
+        self._check_owned(slot)
+        if image.dtype != torch.uint8 or tuple(image.shape) != (self.layout.image_bytes,):
+            raise StateImageError(f"an image of {image.dtype} {tuple(image.shape)} does not fit this layout's "
+                                  f"uint8 ({self.layout.image_bytes},)")
+        self._raw[slot].copy_(image)
+
     @property
     def image_bytes(self) -> int:
         return self.layout.image_bytes

@@ -24,6 +24,12 @@ with a checkpoint :class:`StateImageStorage`, :meth:`capture_checkpoint` copies 
 into a checkpoint slot and shares its KV prefix; each record keeps the covered count, the tokens and
 the prefix ref, which must agree whenever the checkpoint is used. A sequence whose forward failed is
 *damaged* and can never be captured.
+
+Host tier (:meth:`SequenceProgram.configure_host_tier`): :meth:`demote_checkpoint` moves a
+checkpoint's image and the KV pages only it holds into a :class:`HostCopy` (the pages it shares stay
+on the device, referenced); :meth:`restore_checkpoint` brings them back into a checkpoint slot and
+fresh pages. A checkpoint is opened from only when wholly on Device. ``pause(seq, snapshot=True)``
+is the Snapshot pause: capture, free the sequence, demote.
 """
 
 from __future__ import annotations
@@ -35,9 +41,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.core.host_tier import HostCopy, HostTier
 from ninfer.core.kv_pool import KVPrefixRef, PagedKVCache
 from ninfer.core.state_image import StateImageStorage
 from ninfer.runtime.contract.program import (
+    CheckpointFootprint,
     CheckpointHandle,
     CheckpointIntegrityError,
     CheckpointUsage,
@@ -49,8 +57,10 @@ from ninfer.runtime.contract.program import (
     ProgramCapacity,
     ProgramError,
     ReplayState,
+    ResumeState,
     RowSampling,
     SeqId,
+    SnapshotState,
     TokenLogprob,
 )
 from ninfer.runtime.token_bitmask import apply_bitmask, fill_bitmasks
@@ -69,11 +79,14 @@ class _Sequence:
 
 @dataclass(frozen=True)
 class _Checkpoint:
-    """A checkpoint's physical records; all three must agree on the covered token count."""
+    """A checkpoint's physical records; they must agree on the covered token count. On Device the
+    image is in checkpoint slot ``slot`` and ``host`` is None; once demoted ``slot`` is None and the
+    image is in ``host``; ``host.positions`` are exactly the prefix's :data:`ON_HOST` entries."""
 
     handle: CheckpointHandle
-    slot: int
+    slot: int | None
     prefix: KVPrefixRef
+    host: HostCopy | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +159,16 @@ class SequenceProgram(ABC):
         self.checkpoint_states = checkpoints
         self._checkpoints: dict[int, _Checkpoint] = {}
         self._checkpoint_ids = itertools.count(1)
+        self.host: HostTier | None = None
+
+    def configure_host_tier(self, budget_bytes: int) -> None:
+        """Give the checkpoints a Host tier of ``budget_bytes`` (0: none). Pinned memory on CUDA.
+        Only while no checkpoint has Host content."""
+        if self.checkpoint_states is None:
+            raise ProgramError("this Program was built without checkpoint slots: it has no Host tier")
+        if self.host is not None and self.host.count:
+            raise ProgramError("the Host tier cannot be reconfigured while it holds checkpoints")
+        self.host = HostTier(budget_bytes, pin=self.device.type == "cuda") if budget_bytes > 0 else None
 
     # -- the model call (architecture) -----------------------------------------------------------
     @abstractmethod
@@ -224,6 +247,8 @@ class SequenceProgram(ABC):
         """Open a sequence whose first ``checkpoint.covered`` tokens are already computed: its state
         is a copy of the checkpoint's image and its KV history starts as the shared prefix."""
         rec = self._checkpoint(checkpoint)
+        if rec.slot is None or rec.host is not None:
+            raise ProgramError(f"checkpoint {checkpoint.checkpoint_id} is on Host: restore it before opening from it")
         ledger, plen = self._check_ledger(tokens, prompt_length)
         n = rec.handle.covered
         if not n < len(ledger) or tuple(ledger[:n]) != rec.handle.tokens:
@@ -242,15 +267,81 @@ class SequenceProgram(ABC):
         rec = self._checkpoint(checkpoint)
         del self._checkpoints[checkpoint.checkpoint_id]
         self.kv.release_prefix(rec.prefix)
-        self.checkpoint_states.free(rec.slot)
+        if rec.slot is not None:
+            self.checkpoint_states.free(rec.slot)
+        if rec.host is not None:
+            self.host.release(rec.host)
 
     def checkpoint_usage(self) -> CheckpointUsage:
         cs = self.checkpoint_states
         if cs is None:
             return CheckpointUsage(count=0, total_slots=0, free_slots=0, device_bytes=0)
         n = len(self._checkpoints)
-        return CheckpointUsage(count=n, total_slots=cs.num_slots, free_slots=cs.free_slots,
-                               device_bytes=n * cs.image_bytes + self.kv.pages_only_in_prefixes() * self.kv.page_bytes)
+        on_slots = sum(1 for r in self._checkpoints.values() if r.slot is not None)
+        host = self.host
+        return CheckpointUsage(
+            count=n, total_slots=cs.num_slots, free_slots=cs.free_slots,
+            device_bytes=on_slots * cs.image_bytes + self.kv.pages_only_in_prefixes() * self.kv.page_bytes,
+            host_bytes=0 if host is None else host.used_bytes,
+            host_count=sum(1 for r in self._checkpoints.values() if r.host is not None),
+            host_budget_bytes=0 if host is None else host.budget_bytes)
+
+    def checkpoint_footprint(self, checkpoint: CheckpointHandle) -> CheckpointFootprint:
+        rec = self._checkpoint(checkpoint)
+        private = len(self.kv.private_indices(rec.prefix))
+        image = self.checkpoint_states.image_bytes if rec.slot is not None else 0
+        return CheckpointFootprint(
+            on_device=rec.slot is not None and rec.host is None, device_slot=rec.slot is not None,
+            private_pages=private, cache_only_pages=len(self.kv.cache_only_indices(rec.prefix)),
+            host_pages=len(rec.prefix.host_indices), host_bytes=0 if rec.host is None else rec.host.nbytes,
+            demote_bytes=image + private * self.kv.page_bytes)
+
+    def demote_checkpoint(self, checkpoint: CheckpointHandle) -> bool:
+        rec = self._checkpoint(checkpoint)
+        if self.host is None:
+            return False
+        private = self.kv.private_indices(rec.prefix)
+        image = None if rec.slot is None else self.checkpoint_states.image(rec.slot)
+        if image is None and not private:
+            return True  # nothing on the device that a demotion would free
+        data = self.kv.read_pages([rec.prefix.pages[i] for i in private]) if private else []
+        copy = (self.host.store(image, private, data) if rec.host is None
+                else self.host.extend(rec.host, image, private, data))
+        if copy is None:
+            return False
+        prefix = self.kv.detach_pages(rec.prefix, private) if private else rec.prefix
+        if rec.slot is not None:
+            self.checkpoint_states.free(rec.slot)
+        self._checkpoints[checkpoint.checkpoint_id] = _Checkpoint(rec.handle, None, prefix, copy)
+        return True
+
+    def restore_checkpoint(self, checkpoint: CheckpointHandle) -> bool:
+        rec = self._checkpoint(checkpoint)
+        if rec.host is None:
+            return True
+        cs = self.checkpoint_states
+        positions = rec.host.positions
+        if (rec.slot is None and cs.free_slots == 0) or len(positions) > self.kv.allocator.free_pages:
+            return False
+        slot = rec.slot
+        if slot is None:
+            slot = cs.allocate()
+            cs.load_image(slot, rec.host.image)
+        prefix = rec.prefix
+        if positions:
+            attached = self.kv.attach_pages(prefix)
+            assert attached is not None  # free pages were checked above
+            prefix, _ = attached
+            self.kv.write_pages([prefix.pages[i] for i in positions], rec.host.pages)
+        self.host.release(rec.host)
+        self._checkpoints[checkpoint.checkpoint_id] = _Checkpoint(rec.handle, slot, prefix, None)
+        return True
+
+    def snapshot_host_bytes(self, seq: SeqId) -> int:
+        s = self._get(seq)
+        table = self.kv.table(seq)[: self.kv.pages_for(s.computed)]
+        private = sum(1 for p in table if self.kv.allocator.refcount(p) == 1)
+        return self.checkpoint_states.image_bytes + private * self.kv.page_bytes if self.checkpoint_states else 0
 
     def _checkpoint(self, checkpoint: CheckpointHandle) -> _Checkpoint:
         rec = self._checkpoints.get(getattr(checkpoint, "checkpoint_id", None))
@@ -262,7 +353,28 @@ class SequenceProgram(ABC):
             raise CheckpointIntegrityError(
                 f"checkpoint {h.checkpoint_id} is inconsistent: covered {h.covered}, {len(h.tokens)} tokens, KV prefix "
                 f"of {rec.prefix.num_tokens} tokens in {len(rec.prefix.pages)} pages")
+        self._check_host_record(rec)
         return rec
+
+    def _check_host_record(self, rec: _Checkpoint) -> None:
+        """The image is in exactly one place, and the Host copy holds exactly the prefix's Host pages."""
+        h, host = rec.handle, rec.host
+        on_host = rec.prefix.host_indices
+        problem = None
+        if (rec.slot is None) != (host is not None and host.image is not None):
+            problem = "its image is in neither or both of a Device slot and a Host copy"
+        elif host is None and on_host:
+            problem = f"KV pages {list(on_host)} are on Host but it has no Host copy"
+        elif host is not None:
+            if sorted(host.positions) != list(on_host) or len(set(host.positions)) != len(host.positions):
+                problem = f"its Host copy holds pages {list(host.positions)}, the KV prefix has {list(on_host)} on Host"
+            elif host.image is not None and tuple(host.image.shape) != (self.checkpoint_states.image_bytes,):
+                problem = f"its Host image has shape {tuple(host.image.shape)}"
+            elif any(k.shape[0] != len(host.positions) or v.shape != k.shape for k, v in host.pages) or (
+                    host.positions and len(host.pages) != self.kv.num_pools):
+                problem = "its Host KV copy does not hold one page per Host position in every pool"
+        if problem is not None:
+            raise CheckpointIntegrityError(f"checkpoint {h.checkpoint_id} ({h.covered} tokens) is inconsistent: {problem}")
 
     def reserve_units(self, demands: Mapping[SeqId, int]) -> dict[SeqId, bool]:
         for sid, n in demands.items():
@@ -276,12 +388,21 @@ class SequenceProgram(ABC):
             out[sid] = target <= self.max_context and self.kv.ensure(sid, target, write_from=computed)
         return out
 
-    def pause(self, seq: SeqId) -> ReplayState:
+    def pause(self, seq: SeqId, *, snapshot: bool = False) -> ResumeState:
         s = self._get(seq)
         self._check_not_pending(seq, s, "paused")
-        state = ReplayState(ledger=tuple(s.ledger))
+        ledger = tuple(s.ledger)
+        handle = None
+        if snapshot and self.host is not None and not s.damaged and 1 <= s.computed < len(s.ledger):
+            handle = self.capture_checkpoint(seq)
         self._free(seq, s)
-        return state
+        if handle is None:
+            return ReplayState(ledger=ledger)
+        # Demoted only now: with the sequence freed, the pages only the snapshot holds are private.
+        if self.demote_checkpoint(handle):
+            return SnapshotState(ledger=ledger, checkpoint=handle)
+        self.drop_checkpoint(handle)
+        return ReplayState(ledger=ledger)
 
     def release(self, seq: SeqId) -> None:
         s = self._get(seq)

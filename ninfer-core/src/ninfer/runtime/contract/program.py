@@ -159,15 +159,58 @@ class CheckpointHandle:
 
 
 @dataclass(frozen=True)
+class SnapshotState:
+    """A paused sequence kept restorable (DESIGN.md section 5): ``checkpoint`` covers exactly its
+    first ``checkpoint.covered`` ledger tokens (its whole computed state at the pause), so a resume
+    opens from it and recomputes nothing. The checkpoint is a revocable cache resource: when it is
+    dropped the request resumes by Replay of the same ``ledger``."""
+
+    ledger: tuple[int, ...]
+    checkpoint: CheckpointHandle
+
+    def as_replay(self) -> ReplayState:
+        return ReplayState(self.ledger)
+
+
+ResumeState = ReplayState | SnapshotState
+
+
+@dataclass(frozen=True)
+class CheckpointFootprint:
+    """Where one checkpoint lives now. ``on_device``: its StateImage is in a Device checkpoint slot
+    and all its KV pages are on the device (it can be opened from); otherwise some of it is on Host.
+    ``private_pages``: its device pages nothing else references (demoting frees them);
+    ``cache_only_pages``: its device pages no live sequence holds; ``host_pages``: pages on Host;
+    ``demote_bytes``: the Host bytes a demotion needs now (image if on Device + private pages);
+    ``restore_pages``: free device pages a restore needs (= ``host_pages``)."""
+
+    on_device: bool
+    device_slot: bool
+    private_pages: int
+    cache_only_pages: int
+    host_pages: int
+    host_bytes: int
+    demote_bytes: int
+
+    @property
+    def restore_pages(self) -> int:
+        return self.host_pages
+
+
+@dataclass(frozen=True)
 class CheckpointUsage:
     """What the Program's checkpoints hold: ``count`` live checkpoints, ``free_slots`` checkpoint
-    StateImage slots left, ``device_bytes`` = their images plus the KV pages only they reference."""
+    StateImage slots left, ``device_bytes`` = their images plus the KV pages only they reference;
+    ``host_count`` of them have content on Host, ``host_bytes`` of ``host_budget_bytes`` (0: no
+    Host tier)."""
 
     count: int
     total_slots: int
     free_slots: int
     device_bytes: int
     host_bytes: int = 0
+    host_count: int = 0
+    host_budget_bytes: int = 0
 
 
 @runtime_checkable
@@ -206,7 +249,8 @@ class Program(Protocol):
         """Drop every provisional token of ``pending``. Consumes it."""
 
     def pause(self, seq: SeqId) -> ReplayState:
-        """Release the sequence's slot and pages, returning what a Replay resume needs."""
+        """Release the sequence's slot and pages, returning what a Replay resume needs (a
+        :class:`CheckpointProgram` may return a :class:`SnapshotState` when asked)."""
 
     def release(self, seq: SeqId) -> None:
         """Free the sequence's StateImage slot and KV pages. Idempotent per live id is an error:
@@ -236,6 +280,28 @@ class CheckpointProgram(Program, Protocol):
         image, the KV history starts as its shared prefix, and ``computed == checkpoint.covered``."""
 
     def drop_checkpoint(self, checkpoint: CheckpointHandle) -> None:
-        """Free the checkpoint's slot and its references to KV pages."""
+        """Free the checkpoint's slot, its Host copy and its references to KV pages."""
 
     def checkpoint_usage(self) -> CheckpointUsage: ...
+
+    def checkpoint_footprint(self, checkpoint: CheckpointHandle) -> CheckpointFootprint: ...
+
+    def demote_checkpoint(self, checkpoint: CheckpointHandle) -> bool:
+        """Move the checkpoint's Device StateImage (if any) and its private device KV pages to its
+        Host copy, freeing the slot and pages. False, changing nothing, when the Host budget cannot
+        take them (or there is no Host tier)."""
+
+    def restore_checkpoint(self, checkpoint: CheckpointHandle) -> bool:
+        """Bring the checkpoint's Host content back into a Device checkpoint slot and fresh device
+        pages and free its Host copy. False, changing nothing, when no slot or too few pages are
+        free. A no-op (True) for a checkpoint already on Device."""
+
+    def snapshot_host_bytes(self, seq: SeqId) -> int:
+        """The Host bytes a Snapshot pause of ``seq`` needs now (its image and the KV pages only it
+        holds)."""
+
+    def pause(self, seq: SeqId, *, snapshot: bool = False) -> ResumeState:
+        """With ``snapshot``: checkpoint the sequence at its frontier, free it, and demote the
+        checkpoint to Host (a pause exists to free device pages), returning a SnapshotState; a
+        Replay state when there is no free checkpoint slot, not enough Host budget, or nothing
+        restorable (nothing computed, or the state covers the whole ledger)."""
