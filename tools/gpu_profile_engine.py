@@ -69,6 +69,9 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--tokenizer", type=Path, required=True)
     ap.add_argument("--score-context", type=int, default=8192)
+    ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument("--skip-score", action="store_true")
+    ap.add_argument("--skip-decode", action="store_true")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     from ninfer import Engine, EngineOptions
@@ -78,7 +81,7 @@ def main() -> int:
     report: dict = {"build_s": time.perf_counter() - t0, "layers": args.layers}
     opts = EngineOptions(device="cuda", max_concurrency=8, max_context=4096, prefill_chunk_size=2048)
 
-    for graphs in ("1", "0"):
+    for graphs in () if args.skip_decode else ("1", "0"):
         os.environ["NINFER_CUDA_GRAPHS"] = graphs
         t0 = time.perf_counter()
         with Engine.start(artifact, opts) as engine:
@@ -144,6 +147,37 @@ def main() -> int:
         print(json.dumps(report, indent=1), flush=True)
     os.environ["NINFER_CUDA_GRAPHS"] = "1"
 
+    # Prefill through the Engine (default chunking): one 8k prompt under torch.profiler, after a warm-up.
+    from ninfer.runtime.contract.sampling import SamplingParams
+    from torch.profiler import ProfilerActivity, profile
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    with Engine.start(artifact, EngineOptions(device="cuda", max_concurrency=1, max_context=args.prefill + 64)) as engine:
+        report["prefill_chunk_size"] = engine.options.prefill_chunk_size
+        prompt = torch.randint(0, geometry["vocab_size"], (args.prefill,),
+                               generator=torch.Generator().manual_seed(3)).tolist()
+        for _ in range(2):
+            engine.generate(prompt, sampling=one)
+        t1 = time.perf_counter()
+        r = engine.generate(prompt, sampling=one)
+        report["prefill_wall_s"] = time.perf_counter() - t1
+        report["prefill_ttft_s"] = r.timings.ttft_s
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            engine.generate(prompt, sampling=one)
+            torch.cuda.synchronize()
+        (args.out / "profile_prefill.txt").write_text(
+            p.key_averages().table(sort_by="cuda_time_total", row_limit=40) + "\n\n"
+            + p.key_averages().table(sort_by="cpu_time_total", row_limit=25))
+    for chunk in (2048, 8192):
+        with Engine.start(artifact, EngineOptions(device="cuda", max_concurrency=1, max_context=args.prefill + 64,
+                                                  prefill_chunk_size=chunk)) as engine:
+            for _ in range(2):
+                engine.generate(prompt, sampling=one)
+            report[f"prefill_ttft_s_chunk{chunk}"] = engine.generate(prompt, sampling=one).timings.ttft_s
+    print(json.dumps(report, indent=1), flush=True)
+    if args.skip_score:
+        (args.out / "profile_report.json").write_text(json.dumps(report, indent=1))
+        return 0
+
     # Scoring: one window under torch.profiler.
     ctx = args.score_context
     ids = torch.randint(0, geometry["vocab_size"], (ctx * 2,), generator=torch.Generator().manual_seed(7)).tolist()
@@ -155,7 +189,6 @@ def main() -> int:
         scorer.score([ids], context=ctx, stride=ctx)
         torch.cuda.synchronize()
         report["score_tok_s"] = (2 * ctx - 1) / (time.perf_counter() - t1)
-        from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
             scorer.score([ids[:ctx]], context=ctx, stride=ctx)
             torch.cuda.synchronize()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from ninfer import Engine, EngineOptions
+from ninfer.runtime.contract.events import GenerationDelta
 from ninfer.runtime.contract.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -24,8 +25,10 @@ def run(engine: Engine, seeded: bool) -> list[tuple[tuple[int, ...], tuple[float
     out = []
     for h in handles:
         with h:
+            lps = [lp.logprob for ev in h if isinstance(ev, GenerationDelta) for lp in ev.logprobs]
             r = h.result()
-        out.append((tuple(r.token_ids), tuple(lp.logprob for lp in r.logprobs)))
+        assert len(lps) == len(r.token_ids) == 24
+        out.append((tuple(r.token_ids), tuple(lps)))
     return out
 
 
