@@ -75,6 +75,9 @@ class Engine:
                                       or program.checkpoint_usage().total_slots < 1):
             raise InvalidEngineOptions("context_cache needs a Program with checkpoint slots (build it with "
                                        "ProgramOptions.checkpoint_slots >= 1)")
+        if options.context_cache:
+            # Before the worker starts (it is the only caller afterwards); fixed for the engine's life.
+            program.configure_host_tier(options.host_budget_bytes)
         self._program = program
         self._frontend = frontend
         self._options = options
@@ -167,13 +170,14 @@ class Engine:
     def submit(self, request: PromptInput, *, sampling: SamplingParams | None = None,
                output: OutputOptions | None = None, deadline: float | None = None,
                timeout_s: float | None = None, request_id: str | None = None,
-               cache: bool | None = None) -> GenerationHandle:
+               cache: bool | None = None, session: str | None = None) -> GenerationHandle:
         """Enqueue a request and return its handle.
 
         ``request`` is a GenerationRequest (the keyword arguments must then be left out), or a prompt:
         a PreparedPrompt, token ids, or text (prepared with ``Frontend.prepare_text``). ``timeout_s``
         is a relative deadline. ``cache=False`` keeps the request out of the context cache (see
-        ``GenerationRequest.cache``). Raises synchronously: InvalidRequestError, PromptTooLongError,
+        ``GenerationRequest.cache``); ``session`` is a context-cache session key (see
+        ``GenerationRequest.session``). Raises synchronously: InvalidRequestError, PromptTooLongError,
         InvalidSamplingParams, QueueFullError, EngineClosedError, EngineFailure; NotSupportedError
         on an engine started for causal scoring.
         """
@@ -181,7 +185,7 @@ class Engine:
             raise NotSupportedError("this engine was started with purpose 'causal_scoring': it scores texts "
                                     "with score() and serves no requests (start another with purpose "
                                     "'generation')")
-        req = self._as_request(request, sampling, output, deadline, timeout_s, request_id, cache)
+        req = self._as_request(request, sampling, output, deadline, timeout_s, request_id, cache, session)
         req.validate(vocab_size=self._vocab_size, max_context=self._options.max_context)
         params = req.sampling if req.sampling is not None else self.sampling_params()
         if params.seed is None:
@@ -212,7 +216,8 @@ class Engine:
             rec = RequestRecord(ticket=next(self._tickets), request_id=rid, prompt=req.prompt_tokens,
                                 params=params, session=session, control=control,
                                 submit_time=time.monotonic(), deadline=req.deadline,
-                                cache=self._options.context_cache and req.cache)
+                                cache=self._options.context_cache and req.cache,
+                                session_key=req.session if self._options.context_cache else None)
             self._outstanding += 1
             self._submitted += 1
             core.inbox.put(("submit", rec))
@@ -223,18 +228,19 @@ class Engine:
         with self.submit(request, **kwargs) as handle:
             return handle.result(timeout)
 
-    def _as_request(self, request: PromptInput, sampling, output, deadline, timeout_s, request_id, cache=None
-                    ) -> GenerationRequest:
+    def _as_request(self, request: PromptInput, sampling, output, deadline, timeout_s, request_id, cache=None,
+                    session=None) -> GenerationRequest:
         if timeout_s is not None:
             relative = time.monotonic() + timeout_s
             deadline = relative if deadline is None else min(deadline, relative)
         if isinstance(request, GenerationRequest):
-            if any(v is not None for v in (sampling, output, deadline, request_id, cache)):
+            if any(v is not None for v in (sampling, output, deadline, request_id, cache, session)):
                 raise TypeError("pass either a GenerationRequest or a prompt with keyword arguments, not both")
             return request
         prompt = self._frontend.prepare_text(request) if isinstance(request, str) else request
         return GenerationRequest(prompt=prompt, sampling=sampling, output=output or OutputOptions(),
-                                 deadline=deadline, request_id=request_id, cache=True if cache is None else cache)
+                                 deadline=deadline, request_id=request_id, cache=True if cache is None else cache,
+                                 session=session)
 
     def _check_accepting(self) -> None:
         status = self._core.status
@@ -285,7 +291,8 @@ class Engine:
             state_slots_used=cap.total_state_slots - cap.free_state_slots,
             state_slots_total=cap.total_state_slots, page_size=cap.page_size, **snap.counters,
             cache_checkpoints=snap.checkpoints.count, cache_device_bytes=snap.checkpoints.device_bytes,
-            cache_host_bytes=snap.checkpoints.host_bytes)
+            cache_host_checkpoints=snap.checkpoints.host_count, cache_host_bytes=snap.checkpoints.host_bytes,
+            cache_host_budget_bytes=snap.checkpoints.host_budget_bytes)
 
     def clear_context_cache(self, timeout: float | None = None) -> None:
         """Drop every context-cache checkpoint (done by the worker; waits up to ``timeout``). Stats

@@ -30,6 +30,10 @@ class GenerationRequest:
     - ``request_id``: caller's id for logs and events; the engine makes one when None.
     - ``cache``: take part in the engine's context cache (when it has one): bind to a cached prefix
       and publish checkpoints. False: computed from the root and leaves nothing behind (warm-up).
+    - ``session``: a context-cache session key (a hint, like OpenAI's ``prompt_cache_key``): the
+      request's prompt-end and response-end checkpoints are bound to it unless a newer request (later
+      submission) already published under it; the bound checkpoint is retained with priority and
+      wins lookups among equally long candidates. Ignored without a context cache. 1..256 chars.
     """
 
     prompt: PreparedPrompt | Sequence[int]
@@ -38,6 +42,7 @@ class GenerationRequest:
     deadline: float | None = None
     request_id: str | None = None
     cache: bool = True
+    session: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, PreparedPrompt):
@@ -73,6 +78,8 @@ class GenerationRequest:
         for t in self.output.stop_token_ids:
             if not 0 <= t < vocab_size:
                 raise InvalidRequestError(f"stop token id {t} is outside the vocabulary [0, {vocab_size})")
+        if self.session is not None and (not isinstance(self.session, str) or not 1 <= len(self.session) <= 256):
+            raise InvalidRequestError(f"session must be a string of 1 to 256 characters, got {self.session!r}")
         if self.deadline is not None and not math.isfinite(self.deadline):
             raise InvalidRequestError(f"deadline {self.deadline!r} is not a finite monotonic time")
         return self

@@ -20,8 +20,13 @@ that takes part to the ResourceManager's longest checkpoint that is an exact pro
 prompt (the Program opens the sequence from it with ``computed == covered``); its prefill chunks
 stop at multiples of the checkpoint interval, where (and at the prompt's end) a checkpoint is
 published right after the unit ran; a request finishing with stop/length publishes its final state.
-Whenever KV pages or a slot are short, cache entries are reclaimed before any request is paused.
-A Replay resume also binds the longest checkpoint of its ledger (it then replays only the rest).
+Whenever KV pages or a slot are short, cache entries are reclaimed (demoted to the Host tier when
+it can take them, else dropped) before any request is paused; a hit on an entry with Host content
+restores it first. A paused request keeps a Snapshot (its checkpoint, demoted to Host) when the
+Host tier can hold it and resumes from it without recomputing anything; a revoked Snapshot falls
+back to Replay, which also binds the longest checkpoint of its ledger (it then replays only the rest).
+Every physical context operation (bind, capture, demote, pause, drop) goes through ``self.ops``,
+the one :class:`OperationSlot`.
 
 Any broken invariant or Program/Frontend exception is an engine failure: every in-flight request
 receives it, the engine stops accepting, the worker exits. Request-level problems never are.
@@ -53,6 +58,8 @@ from ninfer.runtime.contract.events import (
 )
 from ninfer.runtime.contract.program import (
     CheckpointUsage,
+    ReplayState,
+    SnapshotState,
     DecodeRow,
     ExecutionUnit,
     OutOfSlotsError,
@@ -62,6 +69,7 @@ from ninfer.runtime.contract.program import (
     ProgramCapacity,
     SeqId,
 )
+from ninfer.runtime.engine.context_cache.operation_slot import OperationSlot
 from ninfer.runtime.engine.context_cache.resource_manager import CacheEntry, ResourceManager
 from ninfer.runtime.engine.options import EngineOptions
 from ninfer.runtime.engine.request_record import RequestRecord, RequestState
@@ -103,8 +111,10 @@ class EngineCore:
         self.records: dict[int, RequestRecord] = {}
         self.by_seq: dict[SeqId, RequestRecord] = {}
         self.counters = EngineCounters()
+        self.ops = OperationSlot()
         self.cache: ResourceManager | None = (
-            ResourceManager(program, block_size=program.capacity().page_size) if options.context_cache else None)
+            ResourceManager(program, block_size=program.capacity().page_size, slot=self.ops)
+            if options.context_cache else None)
         self.checkpoint_interval = options.checkpoint_interval
         self._close_drain: bool | None = None  # None: no close asked; else whether to drain first
         cap = program.capacity()
@@ -222,17 +232,18 @@ class EngineCore:
                 return False
         return True
 
-    def _reclaim(self) -> bool:
-        if self.cache is None or not self.cache.reclaim():
+    def _reclaim(self, protect: CacheEntry | None = None) -> bool:
+        """One step of freeing device pages held only by the context cache (see ResourceManager.reclaim)."""
+        if self.cache is None:
             return False
-        self.counters.cache_evictions += 1
-        return True
+        return self.cache.reclaim("pages", protect=() if protect is None else (protect.entry_id,))
 
     def _open(self, rec: RequestRecord, tokens: tuple[int, ...], prompt_length: int | None,
               source: CacheEntry | None = None) -> bool:
         try:
             if source is not None:
-                seq = self.program.open_sequence_from(source.handle, tokens, prompt_length)
+                with self.ops.transaction("bind", f"request {rec.request_id} from checkpoint {source.entry_id}"):
+                    seq = self.program.open_sequence_from(source.handle, tokens, prompt_length)
             elif prompt_length is None:
                 seq = self.program.open_sequence(tokens)
             else:
@@ -249,35 +260,74 @@ class EngineCore:
         rec = self.scheduler.resume_candidate()
         if rec is None:
             return False
-        assert rec.replay is not None
-        ledger = rec.replay.ledger
-        if tuple(ledger) != rec.prompt + tuple(rec.output_tokens):
-            raise EngineFailure(f"request {rec.request_id}: Replay ledger does not match its prompt and "
+        state = rec.resume
+        assert state is not None
+        ledger = tuple(state.ledger)
+        if ledger != rec.prompt + tuple(rec.output_tokens):
+            raise EngineFailure(f"request {rec.request_id}: the resume ledger does not match its prompt and "
                                 f"published output")
         # The complete permit: rebuild to the old frontier plus the first real new token, held
         # across chunks (reserve_units only ever extends a sequence's pages).
         need = len(ledger)
-        fits, source = self._place(rec, tuple(ledger), need)
-        if not fits:
-            return False
+        snapshot = self.cache.snapshot_of(rec.ticket) if self.cache is not None else None
+        if isinstance(state, SnapshotState) and (snapshot is None or snapshot.handle != state.checkpoint):
+            if snapshot is not None:
+                raise EngineFailure(f"request {rec.request_id}: its Snapshot is not the one it was paused with")
+            rec.resume = state = state.as_replay()  # revoked under pressure: Replay the same tokens
+        source: CacheEntry | None = None
+        if snapshot is not None:
+            if self._fits_from(snapshot, need):
+                source = snapshot
+            elif self.scheduler.residents:
+                return False  # residents will free capacity; keep the Snapshot meanwhile
+            else:  # nothing else can free anything: the Snapshot itself is in the way
+                self.cache.revoke_snapshot(rec.ticket)
+                rec.resume = state = state.as_replay()
+        if source is None:
+            fits, source = self._place(rec, ledger, need)
+            if not fits:
+                return False
         rec.move(S.MATERIALIZING)
-        if not self._open(rec, tuple(ledger), len(rec.prompt), source):
+        if not self._open(rec, ledger, len(rec.prompt), source):
             rec.move(S.PAUSED)
             return False
         assert rec.seq is not None
+        if source is not None and source is snapshot:
+            if self.program.computed(rec.seq) != snapshot.covered:
+                raise EngineFailure(f"request {rec.request_id} opened from its Snapshot of {snapshot.covered} tokens "
+                                    f"but the Program computed {self.program.computed(rec.seq)}")
+            # The sequence now holds what it needs; the Snapshot goes (before reserving, so its
+            # partial tail page is private again and needs no copy).
+            self.cache.resumed_from_snapshot(rec.ticket)
+        elif source is not None:  # the rebuild starts at the checkpoint (fewer Replay tokens)
+            self._note_bound(rec, source)
         if not self.program.reserve_units({rec.seq: need - self.program.computed(rec.seq)})[rec.seq]:
+            if source is not None and source is snapshot:
+                raise EngineFailure(f"request {rec.request_id} lost its Snapshot resume permit")
             self._release_seq(rec)
             rec.move(S.PAUSED)
             return False
-        if source is not None:  # the rebuild starts at the checkpoint (fewer Replay tokens)
-            self._note_bound(rec, source)
-        rec.replay = None
+        if isinstance(rec.resume, ReplayState):
+            self.counters.replays += 1
+        rec.resume = None
         rec.protected = True
         rec.move(S.REPLAY if rec.output_tokens else S.PREFILL)
         if rec.state is S.REPLAY and self.program.computed(rec.seq) == rec.rebuild_target():
             rec.move(S.DECODE_READY)  # the checkpoint covers the whole rebuild
         self.scheduler.add_resident(rec)
         self.counters.resumes += 1
+        return True
+
+    def _fits_from(self, source: CacheEntry, need: int) -> bool:
+        """Whether a sequence needing pages for ``need`` tokens fits when opened from ``source``:
+        restores it to Device and reclaims other cache content (never ``source``) as needed."""
+        assert self.cache is not None
+        if not self.cache.ensure_on_device(source):
+            return False
+        shared = source.covered // self.page_size * self.page_size
+        while not self._fits(need - shared):
+            if not self._reclaim(protect=source):
+                return False
         return True
 
     def _admit(self, now: float) -> bool:
@@ -320,21 +370,23 @@ class EngineCore:
 
     def _place(self, rec: RequestRecord, tokens: tuple[int, ...], need: int) -> tuple[bool, CacheEntry | None]:
         """Whether ``rec`` (to open with ``tokens``, needing pages for ``need`` tokens from the root)
-        fits now, and the cache entry it opens from (None: from the root). Cache entries are
-        reclaimed (least recently used first) until the pages it still needs fit; the chosen entry
-        was just used, so it is reclaimed last, and the lookup is redone after each."""
+        fits now, and the cache entry it opens from (None: from the root). The longest exact entry is
+        restored to Device if it has Host content and other cache content is reclaimed until the
+        pages still needed fit; an entry that cannot be made to fit is passed over for the next
+        longest (each at most once, so the search ends), down to the root."""
         if self.cache is None:
             return self._fits(need), None
         if not rec.cache:
             return self._fits_reclaiming(need), None
         self.counters.cache_lookups += 1
+        passed: set[int] = set()
         while True:
-            source = self.cache.lookup(tokens)
-            shared = 0 if source is None else source.covered // self.page_size * self.page_size
-            if self._fits(need - shared):
+            source = self.cache.lookup(tokens, session=rec.session_key, exclude=passed)
+            if source is None:
+                return self._fits_reclaiming(need), None
+            if self._fits_from(source, need):
                 return True, source
-            if not self._reclaim():
-                return False, None
+            passed.add(source.entry_id)
 
     # -- permits and preemption --------------------------------------------------------------------
     def _grant_permits(self) -> tuple[list[RequestRecord], tuple[RequestRecord, int] | None, bool]:
@@ -389,8 +441,8 @@ class EngineCore:
         assert self.cache is not None and rec.seq is not None
         computed = self.program.computed(rec.seq)
         ledger = rec.prompt + tuple(rec.output_tokens)
-        if self.cache.publish(rec.seq, ledger[:computed], kind, order=rec.ticket) is not None:
-            self.counters.cache_captures = self.cache.counters().captures
+        session = rec.session_key if kind != "prefill_boundary" else None
+        self.cache.publish(rec.seq, ledger[:computed], kind, order=rec.ticket, session=session)
 
     def _pause_victim(self, why: str) -> None:
         victim = self.scheduler.victim()
@@ -399,7 +451,12 @@ class EngineCore:
         victim.move(S.PAUSING)
         assert victim.seq is not None
         seq = victim.seq
-        victim.replay = self.program.pause(seq)
+        if self.cache is not None:
+            computed = (victim.prompt + tuple(victim.output_tokens))[: self.program.computed(seq)]
+            victim.resume = self.cache.pause(seq, victim.ticket, computed)
+        else:
+            with self.ops.transaction("pause", f"request {victim.request_id}"):
+                victim.resume = self.program.pause(seq)
         del self.by_seq[seq]
         victim.seq = None
         self.scheduler.pause(victim)
@@ -520,6 +577,9 @@ class EngineCore:
         self._settle(rec, GenerationError(rec.request_id, error))
 
     def _settle(self, rec: RequestRecord, event: GenerationEvent) -> None:
+        if self.cache is not None:
+            self.cache.forget_owner(rec.ticket)  # a request settled while paused leaves no Snapshot
+        rec.resume = None
         self.scheduler.remove(rec)
         rec.move(S.SETTLED)
         del self.records[rec.ticket]
@@ -574,6 +634,12 @@ class EngineCore:
                                      snap.checkpoints)
 
     def _publish_snapshot(self) -> None:
+        if self.cache is not None:
+            c, n = self.cache.counters(), self.counters
+            n.cache_captures, n.cache_evictions, n.cache_host_evictions = c.captures, c.evictions, c.host_evictions
+            n.cache_demotions, n.cache_restores = c.demotions, c.restores
+            n.snapshot_pauses, n.snapshot_resumes, n.snapshot_revocations = (
+                c.snapshot_pauses, c.snapshot_resumes, c.snapshot_revocations)
         sch = self.scheduler
         status: EngineStatus = self.status if self.status != "running" or self._close_drain is None else "closing"
         usage = self.program.checkpoint_usage() if self.cache is not None else self.snapshot.checkpoints

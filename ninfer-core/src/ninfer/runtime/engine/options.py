@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ninfer.errors import NInferError, NotSupportedError
 from ninfer.runtime.contract.features import Purpose, StartupFeatures
 
 MAX_CONCURRENCY_LIMIT = 8
+
+
+def _physical_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX: assume a modest machine
+        return 16 << 30
 
 
 class InvalidEngineOptions(NInferError):
@@ -39,7 +47,10 @@ class EngineOptions:
       (docs/context-cache.md). ``cache_checkpoint_slots`` (>= 1; None: ``16 + 2 * max_concurrency``)
       StateImages hold checkpoints; ``cache_checkpoint_interval`` (a multiple of ``page_size``; None:
       the largest multiple of ``page_size`` not above ``min(256, prefill_chunk_size)``, at least one
-      page) is the prefill distance between boundary checkpoints.
+      page) is the prefill distance between boundary checkpoints. ``cache_host_mib`` (>= 0; None:
+      min(8 GiB, a quarter of the machine's RAM)) is the Host tier's budget: checkpoints and pause
+      Snapshots demoted from the device (pinned memory on CUDA, allocated on demand); 0 turns the
+      Host tier off (pressure then drops checkpoints, and pauses are Replay only).
     """
 
     max_concurrency: int = 4
@@ -56,6 +67,7 @@ class EngineOptions:
     context_cache: bool = False
     cache_checkpoint_slots: int | None = None
     cache_checkpoint_interval: int | None = None
+    cache_host_mib: float | None = None
     admission_bypass: int = 2
     vision: bool = False
     speculative: str | None = None
@@ -91,6 +103,8 @@ class EngineOptions:
         if self.cache_checkpoint_interval is not None and (
                 self.cache_checkpoint_interval < 1 or self.cache_checkpoint_interval % self.page_size):
             raise bad("cache_checkpoint_interval", f"must be a positive multiple of page_size {self.page_size}")
+        if self.cache_host_mib is not None and not self.cache_host_mib >= 0:
+            raise bad("cache_host_mib", "must be >= 0 or None")
         if self.vision:
             raise NotSupportedError("the Vision feature is not supported yet")
         if self.speculative is not None:
@@ -109,6 +123,15 @@ class EngineOptions:
         if self.cache_checkpoint_interval is not None:
             return self.cache_checkpoint_interval
         return max(self.page_size, min(256, self.prefill_chunk_size) // self.page_size * self.page_size)
+
+    @property
+    def host_budget_bytes(self) -> int:
+        """The context cache's Host tier budget in bytes (0 without the context cache)."""
+        if not self.context_cache:
+            return 0
+        if self.cache_host_mib is not None:
+            return int(self.cache_host_mib * 2**20)
+        return min(8 << 30, _physical_memory_bytes() // 4)
 
     @property
     def outstanding_capacity(self) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from ninfer.runtime.contract.errors import EngineFailure
 from ninfer.runtime.contract.frontend import OutputSession
-from ninfer.runtime.contract.program import ReplayState, RowSampling, SeqId
+from ninfer.runtime.contract.program import ResumeState, RowSampling, SeqId
 from ninfer.runtime.contract.sampling import SamplingParams
 from ninfer.runtime.engine.handle import RequestControl
 
@@ -69,7 +69,7 @@ class RequestRecord:
     state: RequestState = S.WAITING
     seq: SeqId | None = None
     output_tokens: list[int] = field(default_factory=list)
-    replay: ReplayState | None = None
+    resume: ResumeState | None = None  # while PAUSED: a Snapshot (revocable) or Replay
     started: bool = False
     protected: bool = False          # in protected resume: its permit is held until its first new token
     admit_time: float | None = None
@@ -77,6 +77,7 @@ class RequestRecord:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     cache: bool = False              # takes part in the context cache (engine has one, request allows)
+    session_key: str | None = None   # context-cache session hint (publication order = ticket)
 
     @property
     def seed(self) -> int:

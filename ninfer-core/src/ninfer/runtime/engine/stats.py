@@ -34,7 +34,14 @@ class EngineCounters:
     cache_hit_tokens: int = 0   # prompt tokens those checkpoints covered
     cache_saved_prefill_tokens: int = 0  # prefill tokens not computed thanks to them (== hit tokens)
     cache_captures: int = 0     # checkpoints taken
-    cache_evictions: int = 0    # checkpoints reclaimed (slot or page pressure)
+    cache_evictions: int = 0    # checkpoints dropped under pressure (slot, page or Host budget)
+    cache_host_evictions: int = 0  # of which dropped from Host to fit the Host budget
+    cache_demotions: int = 0    # checkpoints moved Device -> Host (snapshots included)
+    cache_restores: int = 0     # checkpoints moved Host -> Device for a bind
+    snapshot_pauses: int = 0    # preemptions that kept a Snapshot (on Host)
+    snapshot_resumes: int = 0   # resumes from their Snapshot (nothing recomputed)
+    snapshot_revocations: int = 0  # Snapshots dropped under pressure before their resume
+    replays: int = 0            # resumes by Replay (no Snapshot, or it was revoked)
 
 
 @dataclass(frozen=True)
@@ -70,9 +77,18 @@ class EngineStats:
     cache_saved_prefill_tokens: int = 0
     cache_captures: int = 0
     cache_evictions: int = 0
-    cache_checkpoints: int = 0       # live checkpoints now
-    cache_device_bytes: int = 0      # their StateImages + KV pages only they hold
-    cache_host_bytes: int = 0        # 0: there is no Host tier yet
+    cache_host_evictions: int = 0
+    cache_demotions: int = 0
+    cache_restores: int = 0
+    snapshot_pauses: int = 0
+    snapshot_resumes: int = 0
+    snapshot_revocations: int = 0
+    replays: int = 0
+    cache_checkpoints: int = 0       # live checkpoints now (pause Snapshots included)
+    cache_device_bytes: int = 0      # their Device StateImages + KV pages only they hold
+    cache_host_checkpoints: int = 0  # of them, those with content on Host
+    cache_host_bytes: int = 0        # Host tier bytes in use (images + KV pages)
+    cache_host_budget_bytes: int = 0  # the Host tier's budget (0: no Host tier)
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
