@@ -90,11 +90,12 @@ class Gateway:
     # -- generation --------------------------------------------------------------------------------
     def submit(self, prompt: PreparedPrompt | Sequence[int], *, sampling: SamplingParams, output: OutputOptions,
                endpoint: str, arrived: float, id_prefix: str, prompt_param: str,
-               transforms: Sequence[DeltaTransform] = ()) -> Generation:
+               transforms: Sequence[DeltaTransform] = (), session: str | None = None) -> Generation:
         self.check_accepting()
         request_id = f"{id_prefix}{uuid.uuid4().hex}"
         try:
-            handle = self.engine.submit(prompt, sampling=sampling, output=output, request_id=request_id)
+            handle = self.engine.submit(prompt, sampling=sampling, output=output, request_id=request_id,
+                                        session=session)
         except NInferError as exc:
             raise from_engine_error(exc, prompt_param=prompt_param, at_submit=True) from None
         tokens = len(prompt.token_ids) if isinstance(prompt, PreparedPrompt) else len(prompt)

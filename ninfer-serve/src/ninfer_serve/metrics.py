@@ -54,9 +54,22 @@ class EngineCollector(Collector):
         yield gauge("context_cache_device_bytes", "device bytes held by the context cache (StateImages + KV pages "
                     "only it references)", getattr(s, "cache_device_bytes", 0))
         yield gauge("context_cache_host_bytes", "host bytes held by the context cache", getattr(s, "cache_host_bytes", 0))
+        yield gauge("context_cache_host_checkpoints", "context-cache checkpoints with content on Host",
+                    getattr(s, "cache_host_checkpoints", 0))
+        yield gauge("context_cache_host_budget_bytes", "the context cache's Host tier budget (0: no Host tier)",
+                    getattr(s, "cache_host_budget_bytes", 0))
         for name, doc in (("context_cache_hit_tokens", "prompt tokens restored from context-cache checkpoints"),
-                          ("context_cache_saved_prefill_tokens", "prefill tokens not computed thanks to the context cache")):
+                          ("context_cache_saved_prefill_tokens", "prefill tokens not computed thanks to the context cache"),
+                          ("context_cache_demotions", "context-cache checkpoints moved from Device to Host"),
+                          ("context_cache_restores", "context-cache checkpoints moved from Host back to Device for a hit"),
+                          ("context_cache_evictions", "context-cache checkpoints dropped under pressure"),
+                          ("context_cache_host_evictions", "context-cache checkpoints dropped from Host for its budget")):
             yield CounterMetricFamily(f"ninfer_{name}", doc, value=getattr(s, name.replace("context_", ""), 0))
+        for name, doc in (("snapshot_pauses", "preemptions that kept a Snapshot (resume without recomputation)"),
+                          ("snapshot_resumes", "resumes from a Snapshot"),
+                          ("snapshot_revocations", "Snapshots revoked under pressure (the request replays)"),
+                          ("replays", "resumes that recompute the request's history (Replay)")):
+            yield CounterMetricFamily(f"ninfer_{name}", doc, value=getattr(s, name, 0))
         for name, doc in (("preemptions", "requests paused to free capacity"),
                           ("prefill_tokens", "prompt tokens computed by the engine"),
                           ("engine_cancelled", "requests the engine ended as cancelled")):

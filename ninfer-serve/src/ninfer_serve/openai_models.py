@@ -7,7 +7,8 @@ pass: ``n`` > 1, a non-zero ``logit_bias``, audio output, and
 json_object, json_schema) and vLLM's ``guided_*`` fields become output constraints
 (:mod:`ninfer_serve.constraints`). vLLM extensions that map onto
 the engine (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
-``chat_template_kwargs``) are supported.
+``chat_template_kwargs``) are supported. ``prompt_cache_key`` (OpenAI's cache-routing key) is the
+engine's context-cache session key.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class SamplingFields(Lenient):
     max_tokens: int | None = Field(None, ge=1)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # OpenAI's cache-routing key; here the context-cache session key (docs/context-cache.md).
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)
 
     @field_validator("n")
     @classmethod

@@ -80,7 +80,7 @@ async def completions(request: Request) -> Response:
     }, max_tokens=budget)
     output = OutputOptions(stop=req.stop_list, parse_reasoning=False, parse_tool_calls=False, constraint=constraint)
     gen = gw.submit(ids, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="cmpl-",
-                    prompt_param="prompt")
+                    prompt_param="prompt", session=req.prompt_cache_key)
     headers = {"x-request-id": gen.request_id}
     echo = (text if text is not None else gw.frontend.decode(ids)) if req.echo else ""
     if req.stream:
