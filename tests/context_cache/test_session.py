@@ -55,6 +55,14 @@ def test_session_key_validation():
     GenerationRequest(prompt=[1, 2], session="conversation-7").validate(vocab_size=10, max_context=10)
 
 
+@pytest.mark.parametrize("points", [(0,), (3,), (2, 1), (1, 1), (True,)])
+def test_cache_points_validation(points):
+    from ninfer.runtime.contract.frontend import PreparedPrompt
+
+    with pytest.raises(InvalidRequestError):
+        GenerationRequest(prompt=PreparedPrompt((1, 2, 3), cache_points=points)).validate(vocab_size=10, max_context=10)
+
+
 def test_prompt_cache_key_over_http_binds_the_session_and_metrics_report_the_cache(make_engine):
     pytest.importorskip("ninfer_serve")
     from litestar.testing import TestClient

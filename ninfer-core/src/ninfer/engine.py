@@ -217,7 +217,8 @@ class Engine:
                                 params=params, session=session, control=control,
                                 submit_time=time.monotonic(), deadline=req.deadline,
                                 cache=self._options.context_cache and req.cache,
-                                session_key=req.session if self._options.context_cache else None)
+                                session_key=req.session if self._options.context_cache else None,
+                                cache_points=req.cache_points)
             self._outstanding += 1
             self._submitted += 1
             core.inbox.put(("submit", rec))

@@ -20,12 +20,17 @@ Channel = Literal["content", "reasoning"]
 @dataclass(frozen=True)
 class PreparedPrompt:
     """An owning prompt. ``positions`` are MRoPE position ids (3 rows of len(token_ids)) or None for
-    plain text positions 0..T-1. ``media`` will carry vision items (empty until Vision lands)."""
+    plain text positions 0..T-1. ``media`` will carry vision items (empty until Vision lands).
+    ``cache_points``: token offsets (ascending, each in ``[1, len(token_ids))``) where a later prompt
+    is likely to share this one exactly up to the offset even if what follows is re-rendered, e.g. the
+    end of the last complete message before the generation prompt; a context-cache engine
+    checkpoints the prefill there (besides its interval boundaries)."""
 
     token_ids: tuple[int, ...]
     positions: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
     media: tuple[Any, ...] = ()
     thinking_open: bool = False  # the prompt itself ends inside <think> (output starts as reasoning)
+    cache_points: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,11 @@ class GenerationRequest:
             object.__setattr__(self, "prompt", tuple(self.prompt))
 
     @property
+    def cache_points(self) -> tuple[int, ...]:
+        """The prompt's context-cache points (see PreparedPrompt.cache_points); none for token ids."""
+        return tuple(self.prompt.cache_points) if isinstance(self.prompt, PreparedPrompt) else ()
+
+    @property
     def prompt_tokens(self) -> tuple[int, ...]:
         if isinstance(self.prompt, PreparedPrompt):
             return tuple(self.prompt.token_ids)
@@ -78,6 +83,10 @@ class GenerationRequest:
         for t in self.output.stop_token_ids:
             if not 0 <= t < vocab_size:
                 raise InvalidRequestError(f"stop token id {t} is outside the vocabulary [0, {vocab_size})")
+        points = self.cache_points
+        if any(not isinstance(p, int) or isinstance(p, bool) or not 1 <= p < len(tokens) for p in points) or \
+                list(points) != sorted(set(points)):
+            raise InvalidRequestError(f"cache_points {points!r} must be ascending offsets in [1, {len(tokens)})")
         if self.session is not None and (not isinstance(self.session, str) or not 1 <= len(self.session) <= 256):
             raise InvalidRequestError(f"session must be a string of 1 to 256 characters, got {self.session!r}")
         if self.deadline is not None and not math.isfinite(self.deadline):

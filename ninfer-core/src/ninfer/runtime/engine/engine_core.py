@@ -414,8 +414,7 @@ class EngineCore:
                     raise EngineFailure(f"request {rec.request_id} is {rec.state.value} with nothing left to "
                                         f"compute")
                 if self._captures_boundaries(rec):
-                    k = self.checkpoint_interval
-                    n = min(n, (computed // k + 1) * k - computed)
+                    n = min(n, self._next_capture_point(rec, computed) - computed)
                 ok = self.program.reserve_units({rec.seq: n})[rec.seq]
                 while not ok and self._reclaim():
                     changed = True
@@ -432,6 +431,13 @@ class EngineCore:
                 continue
             return decode, chunk, changed
 
+    def _next_capture_point(self, rec: RequestRecord, computed: int) -> int:
+        """The next prefill position past ``computed`` to checkpoint at: an interval boundary or one
+        of the prompt's cache points, whichever comes first."""
+        k = self.checkpoint_interval
+        nxt = (computed // k + 1) * k
+        return min([nxt] + [p for p in rec.cache_points if p > computed])
+
     def _captures_boundaries(self, rec: RequestRecord) -> bool:
         return self.cache is not None and rec.cache and rec.state is S.PREFILL and not rec.protected
 
@@ -441,7 +447,7 @@ class EngineCore:
         assert self.cache is not None and rec.seq is not None
         computed = self.program.computed(rec.seq)
         ledger = rec.prompt + tuple(rec.output_tokens)
-        session = rec.session_key if kind != "prefill_boundary" else None
+        session = rec.session_key if kind in ("prompt_end", "response_end") else None
         self.cache.publish(rec.seq, ledger[:computed], kind, order=rec.ticket, session=session)
 
     def _pause_victim(self, why: str) -> None:
@@ -485,6 +491,8 @@ class EngineCore:
             c = self.program.computed(chunk_rec.seq)
             if c == len(chunk_rec.prompt):
                 self._publish_checkpoint(chunk_rec, "prompt_end")
+            elif c in chunk_rec.cache_points:
+                self._publish_checkpoint(chunk_rec, "message_boundary")
             elif c % self.checkpoint_interval == 0:
                 self._publish_checkpoint(chunk_rec, "prefill_boundary")
         self.counters.units += 1

@@ -78,6 +78,7 @@ class RequestRecord:
     stop_reason: str | int | None = None
     cache: bool = False              # takes part in the context cache (engine has one, request allows)
     session_key: str | None = None   # context-cache session hint (publication order = ticket)
+    cache_points: tuple[int, ...] = ()  # prompt offsets to checkpoint at (PreparedPrompt.cache_points)
 
     @property
     def seed(self) -> int:

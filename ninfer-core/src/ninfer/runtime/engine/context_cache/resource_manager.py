@@ -10,6 +10,8 @@ action goes through the engine's :class:`OperationSlot`.
 Entries. Shared entries are in the exact prefix index, each one Program checkpoint of one kind:
 - ``prefill_boundary``: taken during a prompt's prefill at a multiple of the checkpoint interval (so a
   later prompt that shares the history up to a re-rendered point still finds a recent exact state);
+- ``message_boundary``: taken during prefill at one of the prompt's cache points (the Frontend's
+  stable message boundaries, ``PreparedPrompt.cache_points``);
 - ``prompt_end``: the state after the whole prompt;
 - ``response_end``: the state when the request finished: prompt + output except the last sampled
   token (which was never run).
@@ -59,7 +61,7 @@ from ninfer.runtime.contract.program import (
 from ninfer.runtime.engine.context_cache.operation_slot import OperationSlot
 from ninfer.runtime.engine.context_cache.prefix_index import PrefixIndex
 
-EntryKind = Literal["prefill_boundary", "prompt_end", "response_end", "pause_snapshot"]
+EntryKind = Literal["prefill_boundary", "message_boundary", "prompt_end", "response_end", "pause_snapshot"]
 Pressure = Literal["pages", "slot"]
 
 
@@ -310,7 +312,7 @@ class ResourceManager:
             return False
         order = self._ordered_shared()
         if before is not None:
-            order = order[: order.index(before)]
+            order = order[: [e.entry_id for e in order].index(before.entry_id)]
         victims = [e for e in order if e.entry_id not in protect]
         if owner is not None:
             victims += [e for e in self._ordered_snapshots(owner) if e.entry_id not in protect]
