@@ -286,6 +286,9 @@ class CheckpointProgram(Program, Protocol):
 
     def checkpoint_footprint(self, checkpoint: CheckpointHandle) -> CheckpointFootprint: ...
 
+    def configure_host_tier(self, budget_bytes: int) -> None:
+        """Give the checkpoints a Host tier of ``budget_bytes`` (0: none); before any demotion."""
+
     def demote_checkpoint(self, checkpoint: CheckpointHandle) -> bool:
         """Move the checkpoint's Device StateImage (if any) and its private device KV pages to its
         Host copy, freeing the slot and pages. False, changing nothing, when the Host budget cannot
