@@ -70,7 +70,7 @@ def test_one_request_must_fit_or_the_error_names_the_numbers():
     assert "cannot fit one request of max_context 4096" in msg and "256 KV pages x 16 tokens = 4.0 MiB" in msg
     assert "leaves 3.0 MiB for KV" in msg and "weights 100.0 MiB" in msg and "(4 lanes" in msg
     # Fewer lanes free State and workspace, and then it fits (exactly one request).
-    one = ms.plan_startup(EngineOptions(max_concurrency=1, max_context=4096), PROFILE, 4096, budget(fixed / MIB + 4),
+    one = ms.plan_startup(EngineOptions(max_concurrency=1, max_context=4096, prefill_chunk_size=512), PROFILE, 4096, budget(fixed / MIB + 4),
                           load_bytes=0)
     assert one.num_pages >= 256
 

@@ -33,7 +33,9 @@ class EngineOptions:
     - ``max_context``: the longest ledger (prompt + output) a request may reach.
     - KV sizing: ``num_pages`` wins; else ``kv_budget_mib``; else enough pages for every lane to hold
       ``max_context`` tokens. Either way the pool must hold one full ``max_context`` request.
-    - ``prefill_chunk_size``: the most prompt/Replay tokens one worker cycle processes.
+    - ``prefill_chunk_size``: the most prompt/Replay tokens one worker cycle processes (2048: on the
+      H200 an 8k prompt takes 205 ms in chunks of 512, host-bound, 69 ms in 2048, 56 ms in 8192; a larger
+      chunk delays the decode rows of the same cycle longer).
     - ``admission_bypass``: how many times later requests may overtake the queue head that does not
       fit yet (bounded bypass); 0 is strict FIFO.
     - ``device``: None picks cuda when CUDA is present, else cpu. ``dtype`` (float32, bfloat16,
@@ -63,7 +65,7 @@ class EngineOptions:
     page_size: int = 16
     num_pages: int | None = None
     kv_budget_mib: float | None = None
-    prefill_chunk_size: int = 512
+    prefill_chunk_size: int = 2048
     context_cache: bool = False
     cache_checkpoint_slots: int | None = None
     cache_checkpoint_interval: int | None = None
