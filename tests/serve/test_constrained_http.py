@@ -175,6 +175,11 @@ def test_anthropic_forced_tool_input_satisfies_the_schema(client, repeat, tool_c
     r = client.post("/v1/messages", json=body)
     assert r.status_code == 200, r.text
     out = r.json()
+    if thinking == "enabled" and out["stop_reason"] == "max_tokens":
+        # Unseeded T=1 thinking on the tiny model may never close within the room (budget_tokens is not
+        # enforced): then the grammar must still have allowed nothing but the thinking block.
+        assert [b["type"] for b in out["content"]] == ["thinking"], out
+        return
     assert out["stop_reason"] == "tool_use", out
     [call] = [b for b in out["content"] if b["type"] == "tool_use"]
     assert call["name"] == "find"

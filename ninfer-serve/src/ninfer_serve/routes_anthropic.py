@@ -176,7 +176,7 @@ async def messages(request: Request) -> Response:
     blocks: list[Any] = []
     if got.reasoning_text:
         blocks.append(OutThinkingBlock(thinking=got.reasoning_text))
-    if got.text or not got.tool_calls:
+    if got.text or not (got.tool_calls or blocks):  # an empty text block only when nothing else was said
         blocks.append(OutTextBlock(text=got.text))
     blocks.extend(_tool_use(c) for c in got.tool_calls)
     reason, seq = stop_reason(got.outcome, len(got.tool_calls), tuple(gw.frontend.eos_token_ids))
