@@ -25,7 +25,7 @@ def run(engine: Engine, seeded: bool) -> list[tuple[tuple[int, ...], tuple[float
     out = []
     for h in handles:
         with h:
-            lps = [lp.logprob for ev in h if isinstance(ev, GenerationDelta) for lp in ev.logprobs]
+            lps = [lp.logprob for ev in h if isinstance(ev, GenerationDelta) for lp in (ev.logprobs or ())]
             r = h.result()
         assert len(lps) == len(r.token_ids) == 24
         out.append((tuple(r.token_ids), tuple(lps)))
