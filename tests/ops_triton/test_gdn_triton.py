@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 
 from ninfer.ops.reference import gdn as ref  # noqa: E402
 from ninfer.ops.triton import gdn as tg  # noqa: E402
-from ops.conftest import assert_normwise, rand, randn  # noqa: E402
+from ops.conftest import Normwise, assert_normwise, rand, randn  # noqa: E402
 from ops.oracles import gdn_inputs, gdn_oracle  # noqa: E402
 from ops.shared_checks import (  # noqa: E402
     check_gdn_prefill,
@@ -42,6 +42,12 @@ if not _CUDA and type(tg._gdn_step_kernel).__name__ != "InterpretedFunction":
     tg = importlib.reload(tg)
 
 DEVICE = "cuda" if _CUDA else "cpu"
+# Compiled 16-bit prefill runs its dots in tf32 (see ninfer.ops.triton.gdn); the interpreter multiplies in fp32.
+STATE_16 = Normwise(1e-3, 1e-2) if _CUDA else STATE
+
+
+def state_crit(dtype):
+    return STATE if dtype == torch.float32 else STATE_16
 
 
 # (T, Hk, Hv, Dk, Dv): around the chunk size 64 and its multiples; GQA ratio 1, 2, 4; Dk != Dv; dims that are
@@ -54,7 +60,7 @@ if _CUDA:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t_len,hk,hv,dk,dv", CASES)
 def test_chunk_prefill_matches_token_loop(dtype, t_len, hk, hv, dk, dv, gen):
-    check_gdn_prefill(tg.gdn_chunk_prefill, DEVICE, dtype, t_len, hk, hv, dk, dv, gen, OUT[dtype], STATE)
+    check_gdn_prefill(tg.gdn_chunk_prefill, DEVICE, dtype, t_len, hk, hv, dk, dv, gen, OUT[dtype], state_crit(dtype))
 
 
 def test_chunk_prefill_strong_decay_and_split(gen):
@@ -92,7 +98,7 @@ def test_chunk_prefill_agrees_with_reference_op(dtype, gen):
     o_ref = ref.gdn_chunk_prefill(q, k, v, g, beta, s_ref, dk ** -0.5)
     o_tri = tg.gdn_chunk_prefill(q, k, v, g, beta, s_tri, dk ** -0.5)
     assert_normwise(o_tri, o_ref.float(), OUT[dtype], "triton vs reference output")
-    assert_normwise(s_tri, s_ref, STATE, "triton vs reference state")
+    assert_normwise(s_tri, s_ref, state_crit(dtype), "triton vs reference state")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -5,10 +5,13 @@ per value head j with key head j // (Hv / Hk), q and k L2-normalised in fp32 (ep
 scaled, then  S <- e^g S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q.
 
 Invariants:
-- All arithmetic is fp32 and every tl.dot uses ``input_precision=_DOT_PRECISION`` = "ieee" (FMA units): the
-  state must stay within 2e-6 (normwise) of the fp64 recurrence even for bf16 inputs, which tf32 (~3e-4) or
-  bf16 operands cannot give. (A "tf32x3" build of these kernels hit an illegal memory access under
-  Triton 3.6 on an H200 and was not pursued; keep "ieee".)
+- All arithmetic is fp32. With fp32 inputs every tl.dot uses ``input_precision=_DOT_PRECISION`` = "ieee" (FMA
+  units): the state stays within 2e-6 (normwise) of the fp64 recurrence, which tf32 (~3e-4) cannot give -- the
+  fp32 path is the oracle setting. With 16-bit inputs the chunked prefill's dots use ``_DOT_PRECISION_16`` =
+  "tf32" (tensor cores): the inputs themselves carry bf16's 2^-9 rounding, the model's every other op rounds
+  to bf16, and on the H200 the FMA dots made the prefill kernels the largest item of a 9B-shape 8k prefill.
+  The decode step keeps "ieee" (it is memory-bound). (A "tf32x3" build hit an illegal memory access under
+  Triton 3.6 on an H200 and was not pursued.)
 - States are read and written in place (``state`` / ``states[slots[b]]``); other slots are never touched.
 - No host synchronisation: grids and scratch sizes depend only on shapes, the decode slot ids are read on the
   device, so ``gdn_recurrent_step`` can be captured in a CUDA graph.
@@ -40,7 +43,8 @@ CHUNK = 64
 # 128 chunks = 8192 tokens per segment: scratch <= 8192 * Hv * (4 * 128 + 64) * 4 B (~600 MB at Hv = 32).
 _SEG_CHUNKS = 128
 # Launch settings on CUDA (ignored by the interpreter); module-level so a benchmark can vary them.
-_DOT_PRECISION = "ieee"  # see the module docstring before changing
+_DOT_PRECISION = "ieee"  # fp32 inputs; see the module docstring before changing
+_DOT_PRECISION_16 = "tf32"  # 16-bit inputs, chunked prefill only
 _PREP_KW = {"num_warps": 8, "num_stages": 1}
 _SCAN_KW = {"num_warps": 8, "num_stages": 1}
 
@@ -318,6 +322,7 @@ def gdn_chunk_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     gl = torch.empty((hv, seg), dtype=f32, device=dev)
     prep_kw = {} if interp else _PREP_KW
     scan_kw = {} if interp else _SCAN_KW
+    prec = _DOT_PRECISION if q.dtype == torch.float32 else _DOT_PRECISION_16
     for t0 in range(0, t_len, npad):
         t1 = min(t_len, t0 + npad)
         n = t1 - t0
@@ -327,11 +332,11 @@ def gdn_chunk_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
             qs, ks, vs, gs, bs, w, u, qg, kd, aqk, gl, n, npad, seg, float(scale),
             qs.stride(0), qs.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
             gs.stride(0), gs.stride(1), bs.stride(0), bs.stride(1),
-            R=r, DK=dk, DV=dv, BK=bk, BV=bv, BT=CHUNK, PREC=_DOT_PRECISION, **prep_kw)
+            R=r, DK=dk, DV=dv, BK=bk, BV=bv, BT=CHUNK, PREC=prec, **prep_kw)
         _gdn_chunk_scan_kernel[(hv, triton.cdiv(dv, bvs))](
             w, u, qg, kd, aqk, gl, state, os_, n, npad, nch, seg,
             state.stride(0), state.stride(1), os_.stride(0), os_.stride(1),
-            DK=dk, DV=dv, BK=bk, BV=bv, BVS=bvs, BT=CHUNK, PREC=_DOT_PRECISION, **scan_kw)
+            DK=dk, DV=dv, BK=bk, BV=bv, BVS=bvs, BT=CHUNK, PREC=prec, **scan_kw)
     return o
 
 
