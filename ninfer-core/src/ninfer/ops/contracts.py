@@ -102,4 +102,9 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "token id) specified normatively in ninfer.ops.reference.sampling (nested splitmix64): a row's "
                "draw depends only on its own logits, seed and step, never on the batch, and is identical on "
                "CPU and CUDA for identical logits. NaN logits count as -inf."),
+    OpContract("token_logprobs",
+               "token_logprobs(logits[N, V] float, targets[N] int64) -> (logprob[N] fp32, logsumexp[N] fp32)",
+               "Per row: lse = log(sum(exp(logits))) in fp32 and logprob = logits[target] - lse (causal scoring's "
+               "reduction, without materialising another [N, V] tensor). Rows are independent; a target outside "
+               "[0, V) is an error."),
 )}

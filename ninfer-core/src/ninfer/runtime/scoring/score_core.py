@@ -39,6 +39,19 @@ class ScoringError(NInferError):
     """Scoring could not produce a valid result (the message names the text and window)."""
 
 
+def _reference_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from ninfer.ops.reference.logprobs import token_logprobs
+
+    return token_logprobs(logits, targets)
+
+
+def _program_logprobs(program):
+    try:
+        return program.ops.token_logprobs
+    except Exception:  # a Program without an OpSet (or without the op): the torch reference
+        return _reference_logprobs
+
+
 class CausalScoreCore:
     """Serial window scoring over one Program (needs ``score_chunk``, see the module docstring).
 
@@ -50,6 +63,8 @@ class CausalScoreCore:
         if not callable(getattr(program, "score_chunk", None)):
             raise NotSupportedError(f"{type(program).__name__} cannot score: it has no score_chunk")
         self._program = program
+        # The Program's ops when it has them (token_logprobs: one pass per row on CUDA), else the reference.
+        self._token_logprobs = _program_logprobs(program)
         self._frontend = frontend
         self._max_context = int(max_context)
         self._chunk = int(prefill_chunk_size)
@@ -148,7 +163,7 @@ class CausalScoreCore:
                 logits = p.score_chunk(seq, n)
                 self._count(n)
                 lo = w.begin + pos + 1
-                nll += self._reduce(index, w, logits, tokens[lo:lo + n], top_k, detail)
+                nll += self._reduce(index, w, logits, tokens[lo:lo + n], top_k, detail, self._token_logprobs)
                 pos += n
                 advance(n)
             return nll
@@ -161,12 +176,10 @@ class CausalScoreCore:
 
     @staticmethod
     def _reduce(index: int, w: Window, logits: torch.Tensor, targets: list[int], top_k: int,
-                detail: list[TokenLogprob] | None) -> float:
+                detail: list[TokenLogprob] | None, token_logprobs) -> float:
         """Reduce one chunk's ``[n, V]`` fp32 logits to its targets' NLL (and detail) right away."""
-        logits = logits.float()
-        tgt = torch.tensor(targets, dtype=torch.int64, device=logits.device)
-        lse = torch.logsumexp(logits, dim=-1)
-        lp = logits.gather(1, tgt[:, None]).squeeze(1) - lse
+        tgt = torch.tensor(targets, dtype=torch.int64).to(logits.device)
+        lp, lse = token_logprobs(logits, tgt)
         top = None
         if detail is not None and top_k > 0:
             vals, ids = torch.topk(logits, top_k, dim=-1)
