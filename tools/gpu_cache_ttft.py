@@ -18,7 +18,6 @@ import argparse
 import json
 import random
 import sys
-import time
 from pathlib import Path
 
 
