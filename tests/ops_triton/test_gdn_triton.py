@@ -43,7 +43,7 @@ if not _CUDA and type(tg._gdn_step_kernel).__name__ != "InterpretedFunction":
 
 DEVICE = "cuda" if _CUDA else "cpu"
 # Compiled 16-bit prefill runs its dots in tf32 (see ninfer.ops.triton.gdn); the interpreter multiplies in fp32.
-STATE_16 = Normwise(1e-3, 1e-2) if _CUDA else STATE
+STATE_16 = Normwise(2e-3, 1e-2) if _CUDA else STATE  # H200, tf32: 1.07e-3 to 1.21e-3 measured (T = 63..1000)
 
 
 def state_crit(dtype):
