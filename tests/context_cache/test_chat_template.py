@@ -1,14 +1,13 @@
 """Multi-turn reuse with the embedded default model and its real chat template (fp32, CPU): turn 2
 re-renders turn 1's answer (reasoning stripped from history), yet its prefill drops by >= 90% and
 its greedy tokens equal a cold run, with thinking on and off: with a 64-token checkpoint interval,
-or with the default interval (256) plus a cache point at the end of turn 1's last complete message."""
+or with the default interval (the prefill chunk size) plus the Frontend's cache points at the end of turn 1's
+system message and of its last complete message."""
 
 from __future__ import annotations
 
 import os
 import random
-
-import dataclasses
 
 import pytest
 from ninfer.runtime.contract.sampling import SamplingParams
@@ -39,12 +38,13 @@ def prose(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
-def with_message_boundary(fe, prompt):
-    """``prompt`` with a cache point at its last ``<|im_start|>``: the end of the last complete message,
-    where the generation prompt (re-rendered differently in the next turn's history) starts."""
+def message_boundaries(fe, prompt):
+    """The second and last ``<|im_start|>`` of a chat prompt: the end of the system message, and the end of
+    the last complete message, where the generation prompt (re-rendered differently in the next turn's
+    history) starts."""
     (im_start,) = fe.encode("<|im_start|>")
-    last = max(i for i, t in enumerate(prompt.token_ids) if t == im_start)
-    return dataclasses.replace(prompt, cache_points=(last,))
+    starts = [i for i, t in enumerate(prompt.token_ids) if t == im_start]
+    return (starts[1], starts[-1])
 
 
 @pytest.mark.parametrize("boundary", ["interval_64", "message_boundary"])
@@ -64,8 +64,9 @@ def test_second_turn_with_the_real_template(default_artifact, thinking, boundary
         msgs = [{"role": "system", "content": prose(rng, 150)}, {"role": "user", "content": prose(rng, 2000)}]
         p1 = fe.prepare_chat(msgs, enable_thinking=thinking)
         if boundary == "message_boundary":
-            assert engine.options.checkpoint_interval == 256
-            p1 = with_message_boundary(fe, p1)
+            # The default interval is the chunk size; the Frontend marks the message boundaries itself.
+            assert engine.options.checkpoint_interval == 512
+            assert p1.cache_points == message_boundaries(fe, p1)
         r1 = engine.generate(p1, sampling=greedy)
         msgs2 = msgs + [{"role": "assistant", "content": r1.output.content, "reasoning_content": r1.output.reasoning},
                         {"role": "user", "content": prose(rng, 20)}]

@@ -48,7 +48,7 @@ class EngineOptions:
       and responses, and bind a new request to the longest one that is an exact prefix of its prompt
       (docs/context-cache.md). ``cache_checkpoint_slots`` (>= 1; None: ``16 + 2 * max_concurrency``)
       StateImages hold checkpoints; ``cache_checkpoint_interval`` (a multiple of ``page_size``; None:
-      the largest multiple of ``page_size`` not above ``min(256, prefill_chunk_size)``, at least one
+      the largest multiple of ``page_size`` not above ``prefill_chunk_size``, at least one
       page) is the prefill distance between boundary checkpoints. ``cache_host_mib`` (>= 0; None:
       min(8 GiB, a quarter of the machine's RAM)) is the Host tier's budget: checkpoints and pause
       Snapshots demoted from the device (pinned memory on CUDA, allocated on demand); 0 turns the
@@ -124,7 +124,9 @@ class EngineOptions:
     def checkpoint_interval(self) -> int:
         if self.cache_checkpoint_interval is not None:
             return self.cache_checkpoint_interval
-        return max(self.page_size, min(256, self.prefill_chunk_size) // self.page_size * self.page_size)
+        # Boundaries at chunk ends cut no prefill chunk short (on the H200, 256-token boundaries made a 32k
+        # prompt's prefill 9.2 s instead of 2 s, and each boundary keeps a whole StateImage).
+        return max(self.page_size, self.prefill_chunk_size // self.page_size * self.page_size)
 
     @property
     def host_budget_bytes(self) -> int:

@@ -22,7 +22,13 @@ from ninfer.models.common.qwen.errors import FrontendError
 from ninfer.models.common.qwen.generation_defaults import GenerationDefaults
 from ninfer.models.common.qwen.grammar import ConstraintMatcher, GrammarCompiler
 from ninfer.models.common.qwen.output_session import QwenOutputSession
-from ninfer.models.common.qwen.prompt import normalize_messages, plain_data, prepared_text_prompt
+from ninfer.models.common.qwen.prompt import (
+    TURN_START,
+    chat_cache_points,
+    normalize_messages,
+    plain_data,
+    prepared_text_prompt,
+)
 from ninfer.models.common.qwen.reasoning import THINK_CLOSE, THINK_OPEN
 from ninfer.models.common.qwen.tokenizer import QwenTokenizer
 from ninfer.models.common.qwen.tool_calls import CALL_CLOSE, CALL_OPEN
@@ -117,7 +123,8 @@ class QwenFrontend:
                      **template_kwargs: Any) -> PreparedPrompt:
         text = self.render_chat(messages, tools=tools, enable_thinking=enable_thinking,
                                 add_generation_prompt=add_generation_prompt, **template_kwargs)
-        return prepared_text_prompt(self.encode(text), text)
+        ids = self.encode(text)
+        return prepared_text_prompt(ids, text, chat_cache_points(ids, self.tokenizer.token_to_id(TURN_START)))
 
     def open_session(self, options: OutputOptions) -> QwenOutputSession:
         for token in options.stop_token_ids:

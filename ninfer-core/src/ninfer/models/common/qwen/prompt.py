@@ -74,7 +74,21 @@ def text_positions(length: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple
     return (row, row, row)
 
 
-def prepared_text_prompt(token_ids: Sequence[int], text: str) -> PreparedPrompt:
+def chat_cache_points(ids: Sequence[int], turn_start_id: int | None) -> tuple[int, ...]:
+    """Context-cache points of a rendered chat prompt: the offsets of its second and last ``<|im_start|>``.
+
+    The second is where the first message (typically the system prompt) ends: conversations that share
+    only that message share this prefix. The last is where the generation prompt (or the last message)
+    begins: the next turn re-renders what follows it (reasoning stripped, an empty think block dropped),
+    so its history agrees with this one exactly up to there. Two points per prompt keep the number of
+    checkpoints (a whole StateImage each) small."""
+    if turn_start_id is None:
+        return ()
+    starts = [i for i, t in enumerate(ids) if t == turn_start_id]
+    return tuple(sorted({p for p in (starts[1:2] + starts[-1:]) if 1 <= p < len(ids)}))
+
+
+def prepared_text_prompt(token_ids: Sequence[int], text: str, cache_points: tuple[int, ...] = ()) -> PreparedPrompt:
     ids = tuple(int(i) for i in token_ids)
     return PreparedPrompt(token_ids=ids, positions=text_positions(len(ids)),
-                          thinking_open=ends_inside_thinking(text))
+                          thinking_open=ends_inside_thinking(text), cache_points=cache_points)
