@@ -88,9 +88,11 @@ def command_line(args) -> str:
              ("decode_prompt_tokens", args.decode_prompt_tokens), ("decode_base_tokens", args.decode_base_tokens),
              ("decode_steps", args.decode_steps), ("repeats", args.repeats), ("warmup", args.warmup),
              ("seed", args.seed), ("prefill_chunk_size", args.prefill_chunk_size), ("copy_mib", args.copy_mib),
-             ("matmul_size", args.matmul_size)]
+             ("matmul_size", args.matmul_size), ("cache_host_mib", getattr(args, "cache_host_mib", None)),
+             ("cache_checkpoint_interval", getattr(args, "cache_checkpoint_interval", None))]
     parts += [f"--{k.replace('_', '-')} {v}" for k, v in flags if v is not None]
-    parts += [f"--{k}" for k in ("no-decode", "no-prefill") if getattr(args, k.replace("-", "_"))]
+    parts += [f"--{k}" for k in ("context-cache", "no-decode", "no-prefill")
+              if getattr(args, k.replace("-", "_"), False)]
     return " ".join(parts)
 
 

@@ -7,6 +7,7 @@ flags into EngineOptions / SamplingParams / OutputOptions.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from typing import Any
@@ -27,6 +28,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="activation dtype (default: bfloat16 on CUDA, float32 on CPU)")
     g.add_argument("--quiet", action="store_true", help="no progress display and no statistics")
+    c = p.add_argument_group("context cache (docs/context-cache.md)")
+    c.add_argument("--context-cache", action="store_true",
+                   help="keep checkpoints of finished prefills and responses and start a request from the "
+                        "longest one that is an exact prefix of its prompt")
+    c.add_argument("--cache-host-mib", type=float, default=None, metavar="MIB",
+                   help="Host tier budget for checkpoints and pause Snapshots demoted from the device, >= 0; "
+                        "0 turns the Host tier off (default: min(8 GiB, a quarter of the RAM))")
+    c.add_argument("--cache-checkpoint-interval", type=int, default=None, metavar="TOKENS",
+                   help="prefill distance between boundary checkpoints, a positive multiple of the page size "
+                        "(16 tokens; default: the largest such multiple not above the prefill chunk size)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int | None = None) -> None:
@@ -53,6 +64,9 @@ def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int | N
 
 
 def engine_options(args: argparse.Namespace):
+    """EngineOptions from the shared engine flags; a context-cache flag out of range (or given without
+    --context-cache) is an NInferError naming the flag, raised before any model is resolved or loaded."""
+    from ninfer.errors import NInferError
     from ninfer.runtime.engine.options import EngineOptions
 
     kw: dict[str, Any] = {}
@@ -60,6 +74,25 @@ def engine_options(args: argparse.Namespace):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value
+    cache = bool(getattr(args, "context_cache", False))
+    host_mib = getattr(args, "cache_host_mib", None)
+    interval = getattr(args, "cache_checkpoint_interval", None)
+    for flag, value in (("--cache-host-mib", host_mib), ("--cache-checkpoint-interval", interval)):
+        if value is not None and not cache:
+            raise NInferError(f"{flag} needs --context-cache (without it the engine keeps no context cache)")
+    if host_mib is not None and not (math.isfinite(host_mib) and host_mib >= 0):
+        raise NInferError(f"--cache-host-mib must be a finite number >= 0 (0 turns the Host tier off), "
+                          f"got {host_mib}")
+    page_size = EngineOptions.page_size
+    if interval is not None and (interval < 1 or interval % page_size):
+        raise NInferError(f"--cache-checkpoint-interval must be a positive multiple of the page size "
+                          f"{page_size}, got {interval}")
+    if cache:
+        kw["context_cache"] = True
+        if host_mib is not None:
+            kw["cache_host_mib"] = host_mib
+        if interval is not None:
+            kw["cache_checkpoint_interval"] = interval
     return EngineOptions(**kw)
 
 
@@ -70,12 +103,13 @@ def start_engine(args: argparse.Namespace):
     from ninfer.model_source import resolve_model
 
     show = not args.quiet
+    options = engine_options(args)  # bad flags fail before the model is resolved or converted
     started = time.monotonic()
     # Conversion (first use of a folder) shows its own byte bar; loading shows one over weight bytes.
     artifact = resolve_model(args.model, progress=show and sys.stderr.isatty())
     bar = _LoadBar(artifact.name) if show else None
     try:
-        engine = Engine.start(artifact, engine_options(args), progress=bar.update if bar else None)
+        engine = Engine.start(artifact, options, progress=bar.update if bar else None)
     finally:
         if bar is not None:
             bar.close()
