@@ -61,9 +61,10 @@ def test_request_with_cache_off_binds_and_publishes_nothing(make_engine):
     assert after.prefill_tokens - before.prefill_tokens == len(prompt) + 3
 
 
-def conversation_workload(seed: int, conversations: int, turns: int):
+def conversation_workload(seed: int, conversations: int, turns: int, max_out: int | None = None):
     """Per conversation, a list of (prompt builder, sampling): turn k's prompt is turn k-1's prompt and
-    answer (sometimes re-rendered: its last 3 tokens replaced) plus a new message."""
+    answer (sometimes re-rendered: its last 3 tokens replaced) plus a new message. Answers have 2-10
+    tokens, or ``max_out // 3 .. max_out`` (long enough that a small pool must preempt)."""
     rng = random.Random(seed)
     system = toks(rng, 40)
     plans = []
@@ -71,10 +72,11 @@ def conversation_workload(seed: int, conversations: int, turns: int):
         first = (system if c % 2 == 0 else []) + toks(rng, rng.randint(5, 60))
         msgs = [toks(rng, rng.randint(3, 30)) for _ in range(turns - 1)]
         rerender = [rng.random() < 0.4 for _ in range(turns - 1)]
-        if c % 3 == 2:
-            sp = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=rng.randint(2, 10), ignore_eos=True, seed=c)
+        n = rng.randint(2, 10) if max_out is None else rng.randint(max_out // 3, max_out)
+        if c % 3 == 2:  # seeded sampling must survive cache hits, Snapshot and Replay resumes too
+            sp = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=n, ignore_eos=True, seed=c)
         else:
-            sp = SamplingParams(temperature=0.0, max_tokens=rng.randint(2, 10), ignore_eos=True, seed=c)
+            sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, seed=c)
         plans.append((first, msgs, rerender, sp))
     return plans
 

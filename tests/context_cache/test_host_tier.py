@@ -16,28 +16,9 @@ from ninfer.runtime.contract.errors import EngineFailure
 from ninfer.runtime.contract.sampling import SamplingParams
 
 from .conftest import settled
-from .test_engine_cache import run_conversations, toks
+from .test_engine_cache import conversation_workload, run_conversations, toks
 
 COMMON = dict(max_context=256, prefill_chunk_size=24, page_size=16)
-
-
-def long_output_workload(seed: int, conversations: int, turns: int, max_out: int):
-    """Like test_engine_cache.conversation_workload, with longer answers so that 4 lanes over 20
-    pages must preempt: per conversation (first prompt, follow-up messages, re-render flags, sampling)."""
-    rng = random.Random(seed)
-    system = toks(rng, 40)
-    plans = []
-    for c in range(conversations):
-        first = (system if c % 2 == 0 else []) + toks(rng, rng.randint(5, 60))
-        msgs = [toks(rng, rng.randint(3, 30)) for _ in range(turns - 1)]
-        rerender = [rng.random() < 0.4 for _ in range(turns - 1)]
-        n = rng.randint(max_out // 3, max_out)
-        if c % 3 == 2:  # seeded sampling must survive Snapshot and Replay resumes too
-            sp = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=n, ignore_eos=True, seed=c)
-        else:
-            sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, seed=c)
-        plans.append((first, msgs, rerender, sp))
-    return plans
 
 
 def assert_nothing_left(engine):
@@ -61,7 +42,7 @@ def assert_nothing_left(engine):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_multi_turn_under_device_and_host_pressure_equals_cold(make_engine, seed):
-    plans = long_output_workload(seed, conversations=6, turns=3, max_out=40 + 10 * seed)
+    plans = conversation_workload(seed, conversations=6, turns=3, max_out=40 + 10 * seed)
     cold = run_conversations(make_engine(**COMMON, max_concurrency=4), plans)
     # 20 pages of 16 tokens for 4 lanes, 6 checkpoint slots, a Host budget of ~2.5 checkpoint images:
     # checkpoints are demoted and evicted from Host, hits restore, pauses keep Snapshots that younger
@@ -84,7 +65,7 @@ def test_random_multi_turn_under_device_and_host_pressure_equals_cold(make_engin
 def test_snapshot_resume_recomputes_nothing(make_engine):
     """With a Host budget that holds every snapshot, preempted requests resume from their Snapshot:
     no Replay token, no Replay resume, and the outputs equal the cold run."""
-    plans = long_output_workload(5, conversations=4, turns=1, max_out=60)
+    plans = conversation_workload(5, conversations=4, turns=1, max_out=60)
     cold = run_conversations(make_engine(**COMMON, max_concurrency=4), plans)
     engine = make_engine(**COMMON, max_concurrency=4, num_pages=16, context_cache=True, cache_host_mib=64)
     warm = run_conversations(engine, plans)
@@ -96,7 +77,7 @@ def test_snapshot_resume_recomputes_nothing(make_engine):
 
 
 def test_without_a_host_tier_pauses_replay(make_engine):
-    plans = long_output_workload(5, conversations=4, turns=1, max_out=60)
+    plans = conversation_workload(5, conversations=4, turns=1, max_out=60)
     cold = run_conversations(make_engine(**COMMON, max_concurrency=4), plans)
     engine = make_engine(**COMMON, max_concurrency=4, num_pages=16, context_cache=True, cache_host_mib=0)
     assert run_conversations(engine, plans) == cold
