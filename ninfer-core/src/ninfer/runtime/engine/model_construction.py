@@ -108,7 +108,12 @@ def _capture_graphs(program: Program, options: EngineOptions, device: torch.devi
         return (), 0
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_reserved(device)
-    sizes = tuple(capture(options.max_concurrency))
+    try:
+        sizes = tuple(capture(options.max_concurrency))
+    except Exception as exc:  # the engine cannot serve what it planned: say how to start without graphs
+        raise ModelConstructionError(f"capturing decode CUDA graphs for batch sizes 1..{options.max_concurrency} "
+                                     f"failed ({type(exc).__name__}: {exc}); {GRAPHS_ENV}=0 starts without "
+                                     f"them") from exc
     torch.cuda.synchronize(device)
     growth = torch.cuda.memory_reserved(device) - before
     log.info("captured decode CUDA graphs for batch sizes 1..%d (%.1f MiB)", max(sizes, default=0), growth / 2**20)
