@@ -338,8 +338,6 @@ class PagedKVCache:
         ``owners[b]``; unused entries are 0 (never read: kernels stop at the row's kv length)."""
         rows = [self._tables.get(o, [])[: self.pages_for(n)] for o, n in zip(owners, num_tokens, strict=True)]
         width = max(1, max((len(r) for r in rows), default=1))
-        out = torch.zeros((len(rows), width), dtype=torch.int32)
-        for b, r in enumerate(rows):
-            if r:
-                out[b, : len(r)] = torch.tensor(r, dtype=torch.int32)
-        return out.to(self.device)
+        # One tensor from padded lists: a per-row tensor and slice assignment cost ~2 torch calls per row.
+        return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32).reshape(
+            len(rows), width).to(self.device)
