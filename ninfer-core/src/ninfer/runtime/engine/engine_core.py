@@ -58,8 +58,6 @@ from ninfer.runtime.contract.events import (
 )
 from ninfer.runtime.contract.program import (
     CheckpointUsage,
-    ReplayState,
-    SnapshotState,
     DecodeRow,
     ExecutionUnit,
     OutOfSlotsError,
@@ -67,7 +65,9 @@ from ninfer.runtime.contract.program import (
     PrefillChunk,
     Program,
     ProgramCapacity,
+    ReplayState,
     SeqId,
+    SnapshotState,
 )
 from ninfer.runtime.engine.context_cache.operation_slot import OperationSlot
 from ninfer.runtime.engine.context_cache.resource_manager import CacheEntry, ResourceManager
