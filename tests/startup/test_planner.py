@@ -152,4 +152,24 @@ def test_format_memory_summary_names_every_part():
     for label in ("budget", "weights", "KV", "State", "workspace", "graphs", "headroom", "startup peak",
                   "startup retained", "runtime reserved", "max_context"):
         assert f"\n  {label} " in text
-    assert "planned, no weights loaded" in text and "(no CUDA graphs captured)" in text
+    assert "planned, no weights loaded" in text and "(no CUDA graphs)" in text
+
+
+def test_decode_graphs_are_planned_before_the_kv_capacity():
+    """With graphs for B = 1..4 the plan reserves their pool estimate (the decode step of 4 rows) and the
+    "fit to budget" KV shrinks by exactly that many pages' worth; the summary carries the estimate."""
+    est = ms.graph_pool_bytes(PROFILE, 4, 4096)
+    assert est == ms.workspace_bytes(PROFILE, step_tokens=4, logit_rows=4, max_context=4096) > 0
+    assert ms.graph_pool_bytes(PROFILE, 0, 4096) == 0
+    work = ms.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
+    b = budget((PROFILE.weight_bytes + 4 * 64 * 1024 + work) / MIB + 10 + 8, 10)  # 8 MiB of room for KV
+    without = ms.plan_startup(OPTS, PROFILE, 4096, b, load_bytes=0)
+    with_graphs = ms.plan_startup(OPTS, PROFILE, 4096, b, load_bytes=0, graph_batches=4)
+    page_bytes = OPTS.page_size * PROFILE.kv_bytes_per_token
+    assert without.kv_candidate == with_graphs.kv_candidate == "fit to budget"
+    assert without.num_pages - with_graphs.num_pages in (est // page_bytes, -(-est // page_bytes))
+    assert with_graphs.runtime_bytes + b.headroom_bytes <= b.budget_bytes
+    summary = with_graphs.summary("bfloat16")
+    assert summary.graph_rebuild_estimate_bytes == est and summary.graph_final_growth_bytes == 0
+    assert summary.planned_bytes == with_graphs.runtime_bytes
+    assert "(estimate, decode graphs planned)" in format_memory_summary(summary)

@@ -8,7 +8,11 @@ Invariants:
   plan, never allocated up front.
 - ``startup_peak_bytes`` bounds the bytes live during construction (the stored weights as loaded,
   the converted copies, KV and State); ``planned_bytes + headroom_bytes <= budget_bytes``.
-- The four graph fields are 0 until CUDA graphs are captured (no graph is captured yet).
+- Graph fields (decode CUDA graphs, CUDA only): ``graph_rebuild_estimate_bytes`` is what the plan
+  reserved for the graphs' private pool before fixing the KV capacity (0 when no graphs are planned);
+  ``graph_calibration_growth_bytes`` = ``graph_final_growth_bytes`` is what capture measured (the
+  growth of the allocator's reserved bytes; 0 when nothing was captured); there is no separate
+  calibration pass yet, so ``graph_retained_after_release_bytes`` stays 0.
 - ``measured`` is True for an engine's summary (``startup_retained_bytes`` then is what start left
   held: on CUDA the growth of the allocator's reserved bytes, on the CPU the unique storage bytes of
   the Program's tensors); False for a plan made without loading weights (``ninfer info --memory``),
@@ -57,13 +61,24 @@ class MemorySummary:
 
     @property
     def planned_bytes(self) -> int:
-        """What the plan reserves at runtime: weights, KV/State and workspace (graphs when captured)."""
-        return (self.weights_bytes + self.kv_state_bytes + self.workspace_bytes + self.graph_final_growth_bytes)
+        """What the plan reserves at runtime: weights, KV/State, workspace and the graphs (the larger of
+        the planned estimate and the measured growth)."""
+        return (self.weights_bytes + self.kv_state_bytes + self.workspace_bytes
+                + max(self.graph_final_growth_bytes, self.graph_rebuild_estimate_bytes))
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out.update(kv_state_bytes=self.kv_state_bytes, kv_tokens=self.kv_tokens, planned_bytes=self.planned_bytes)
         return out
+
+
+def _graphs_line(s: MemorySummary) -> str:
+    if s.graph_final_growth_bytes == 0 and s.graph_rebuild_estimate_bytes == 0:
+        return f"  graphs            {_mib(0)}  (no CUDA graphs)"
+    if s.graph_final_growth_bytes == 0:
+        return f"  graphs            {_mib(s.graph_rebuild_estimate_bytes)}  (estimate, decode graphs planned)"
+    return (f"  graphs            {_mib(s.graph_final_growth_bytes)}  (captured; planned "
+            f"{_mib(s.graph_rebuild_estimate_bytes)})")
 
 
 def _mib(n: int) -> str:
@@ -82,8 +97,7 @@ def format_memory_summary(summary: MemorySummary) -> str:
         f"{s.kv_tokens:,} tokens; {s.kv_candidate})",
         f"  State             {_mib(s.state_bytes)}  ({s.state_slots} slots)",
         f"  workspace         {_mib(s.workspace_bytes)}  (estimate)",
-        f"  graphs            {_mib(s.graph_final_growth_bytes)}  (no CUDA graphs captured)"
-        if s.graph_final_growth_bytes == 0 else f"  graphs            {_mib(s.graph_final_growth_bytes)}",
+        _graphs_line(s),
         f"  headroom          {_mib(s.headroom_bytes)}",
         f"  planned total     {_mib(s.planned_bytes)} of {_mib(s.budget_bytes)}",
         f"  startup peak      {_mib(s.startup_peak_bytes)}",

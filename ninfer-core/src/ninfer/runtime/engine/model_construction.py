@@ -97,14 +97,20 @@ def plan_num_pages(options: EngineOptions, profile: ModelProfile, max_context: i
 GRAPHS_ENV = "NINFER_CUDA_GRAPHS"
 
 
+def graph_batches(device: torch.device, options: EngineOptions) -> int:
+    """How many decode graph sizes startup plans and captures: ``max_concurrency`` on CUDA for
+    generation unless ``NINFER_CUDA_GRAPHS=0``, else 0."""
+    if device.type != "cuda" or options.purpose != "generation" or os.environ.get(GRAPHS_ENV, "1").strip() == "0":
+        return 0
+    return options.max_concurrency
+
+
 def _capture_graphs(program: Program, options: EngineOptions, device: torch.device) -> tuple[tuple[int, ...], int]:
-    """Decode CUDA graphs for B = 1..max_concurrency (DESIGN.md section 7): on CUDA, for generation,
-    when the Program supports them and ``NINFER_CUDA_GRAPHS`` is not ``0``. Returns the captured sizes
-    and the growth of the allocator's reserved bytes they caused (their memory pool; it comes out of
-    the plan's headroom)."""
+    """Decode CUDA graphs for B = 1..max_concurrency (DESIGN.md section 7) when :func:`graph_batches`
+    says so and the Program supports them. Returns the captured sizes and the growth of the allocator's
+    reserved bytes they caused (their memory pool, which the plan reserved an estimate for)."""
     capture = getattr(program, "capture_decode_graphs", None)
-    if (device.type != "cuda" or options.purpose != "generation" or capture is None
-            or os.environ.get(GRAPHS_ENV, "1").strip() == "0"):
+    if graph_batches(device, options) == 0 or capture is None:
         return (), 0
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_reserved(device)
@@ -154,7 +160,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
         explicit = (None if options.num_pages is None and options.kv_budget_mib is None
                     else plan_num_pages(options, profile, max_context))
         plan = plan_startup(options, profile, max_context, device_budget(device), load_bytes=source.load_bytes,
-                            num_pages=explicit)
+                            num_pages=explicit, graph_batches=graph_batches(device, options))
         num_pages = plan.num_pages
         probe = StartupProbe(device)
         family = FRONTEND_FAMILIES.get(spec.frontend)
@@ -184,6 +190,6 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
     memory = plan.summary(dtype, retained_bytes=probe.retained_bytes(program))
     if graph_sizes:
         memory = dataclasses.replace(memory, graph_calibration_growth_bytes=graph_growth,
-                                     graph_rebuild_estimate_bytes=graph_growth, graph_final_growth_bytes=graph_growth)
+                                     graph_final_growth_bytes=graph_growth)
     info["memory"] = memory.as_dict()
     return ModelInstance(program=program, frontend=frontend, options=effective, info=info, memory=memory)

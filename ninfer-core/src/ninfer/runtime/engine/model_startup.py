@@ -159,10 +159,11 @@ class StartupPlan:
     workspace_bytes: int
     startup_peak_bytes: int
     kv_candidate: str
+    graph_bytes: int = 0          # the decode graphs' private pool, estimated (0: no graphs planned)
 
     @property
     def runtime_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.state_bytes + self.workspace_bytes
+        return self.weights_bytes + self.kv_bytes + self.state_bytes + self.workspace_bytes + self.graph_bytes
 
     def summary(self, dtype: torch.dtype | str, *, retained_bytes: int | None = None) -> MemorySummary:
         """The MemorySummary of this plan; ``retained_bytes`` (measured after construction) makes it an
@@ -177,13 +178,22 @@ class StartupPlan:
             startup_retained_bytes=(self.weights_bytes + reserved) if retained_bytes is None else retained_bytes,
             runtime_reservation_bytes=reserved, num_pages=self.num_pages, page_size=self.page_size,
             state_slots=self.state_slots, max_context=self.max_context, kv_candidate=self.kv_candidate,
-            measured=retained_bytes is not None)
+            measured=retained_bytes is not None, graph_rebuild_estimate_bytes=self.graph_bytes)
+
+
+def graph_pool_bytes(profile: ModelProfile, max_batch: int, max_context: int) -> int:
+    """Estimated private memory pool of decode CUDA graphs for batch sizes 1..``max_batch``: the largest
+    graph's step (smaller graphs reuse its blocks). 0 for ``max_batch`` 0 (no graphs)."""
+    if max_batch < 1:
+        return 0
+    return workspace_bytes(profile, step_tokens=max_batch, logit_rows=max_batch, max_context=max_context)
 
 
 def plan_startup(options: EngineOptions, profile: ModelProfile, max_context: int, budget: DeviceBudget, *,
-                 load_bytes: int, num_pages: int | None = None) -> StartupPlan:
-    """Plan weights + KV/State + workspace under ``budget`` (module docstring). ``num_pages``: an
-    explicitly sized pool (checked, not changed); None lets the candidates choose."""
+                 load_bytes: int, num_pages: int | None = None, graph_batches: int = 0) -> StartupPlan:
+    """Plan weights + KV/State + workspace (+ the decode graphs' pool for ``graph_batches`` batch sizes)
+    under ``budget`` (module docstring). ``num_pages``: an explicitly sized pool (checked, not changed);
+    None lets the candidates choose."""
     ps = options.page_size
     lanes = options.max_concurrency
     scoring = options.purpose == "causal_scoring"
@@ -191,7 +201,8 @@ def plan_startup(options: EngineOptions, profile: ModelProfile, max_context: int
                            logit_rows=lanes + (options.prefill_chunk_size if scoring else 0),
                            max_context=max_context)
     state = (lanes + options.checkpoint_slots) * profile.state_bytes_per_sequence  # + context-cache checkpoints
-    runtime_fixed = profile.weight_bytes + state + work
+    graphs = graph_pool_bytes(profile, graph_batches, max_context)
+    runtime_fixed = profile.weight_bytes + state + work + graphs
     startup_fixed = load_bytes + profile.converted_weight_bytes + state
     room = budget.budget_bytes - budget.headroom_bytes - max(runtime_fixed, startup_fixed)
     page_bytes = ps * profile.kv_bytes_per_token
@@ -200,7 +211,7 @@ def plan_startup(options: EngineOptions, profile: ModelProfile, max_context: int
     def why() -> str:
         return (f"budget {_mib(budget.budget_bytes)} [{budget.source}] - headroom {_mib(budget.headroom_bytes)} "
                 f"- max(runtime: weights {_mib(profile.weight_bytes)} + State {_mib(state)} ({lanes} lanes + "
-                f"{options.checkpoint_slots} checkpoints) + workspace {_mib(work)}, startup: stored weights {_mib(load_bytes)} + converted "
+                f"{options.checkpoint_slots} checkpoints) + workspace {_mib(work)} + graphs {_mib(graphs)}, startup: stored weights {_mib(load_bytes)} + converted "
                 f"{_mib(profile.converted_weight_bytes)} + State {_mib(state)}) leaves {_mib(room)} for KV")
 
     if num_pages is not None:
@@ -223,7 +234,7 @@ def plan_startup(options: EngineOptions, profile: ModelProfile, max_context: int
     kv = pages * page_bytes
     return StartupPlan(budget=budget, max_context=max_context, page_size=ps, num_pages=pages, state_slots=lanes,
                        weights_bytes=profile.weight_bytes, kv_bytes=kv, state_bytes=state, workspace_bytes=work,
-                       startup_peak_bytes=startup_fixed + kv, kv_candidate=candidate)
+                       startup_peak_bytes=startup_fixed + kv, kv_candidate=candidate, graph_bytes=graphs)
 
 
 # -- measuring what startup left --------------------------------------------------------------------
@@ -316,6 +327,9 @@ def plan_artifact(artifact: str | os.PathLike, options: EngineOptions,
     explicit = None
     if options.num_pages is not None or options.kv_budget_mib is not None:
         explicit = plan_num_pages(options, a.profile, a.max_context)
+    from ninfer.runtime.engine.model_construction import graph_batches
+
     plan = plan_startup(options, a.profile, a.max_context, device_budget(a.device, env),
-                        load_bytes=a.source.load_bytes, num_pages=explicit)
+                        load_bytes=a.source.load_bytes, num_pages=explicit,
+                        graph_batches=graph_batches(a.device, options))
     return plan.summary(a.dtype)
