@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,16 +23,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(args) -> tuple[str, subprocess.Popen]:
-    import httpx
+    from ninfer_serve.process import ServerStartError, free_port, wait_until_healthy
 
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "ninfer.cli.main", "serve", *([args.model] if args.model else []),
            "--host", "127.0.0.1", "--port", str(port), "--max-concurrency", str(args.max_concurrency),
            "--max-context", str(args.max_context), "--queue-capacity", "256", "--model-id", "bench",
@@ -41,18 +34,12 @@ def start_server(args) -> tuple[str, subprocess.Popen]:
            *(["--dtype", args.dtype] if args.dtype else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return base, proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("ninfer serve did not start")
+    try:
+        wait_until_healthy(base, proc, 300, poll_s=0.2)
+    except ServerStartError as exc:
+        proc.kill()
+        raise SystemExit(f"ninfer serve did not start: {exc}") from exc
+    return base, proc
 
 
 def one_request(base: str, prompt: str, max_tokens: int) -> dict:

@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
 import httpx
+from ninfer_serve.process import ServerStartError, free_port, wait_until_healthy
 
 SERVERS = ("uvicorn-h11", "uvicorn-httptools", "granian")
 
@@ -115,30 +115,18 @@ async def _bench(port: int) -> dict[str, float]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--serve":
         _serve(argv[1], int(argv[2]))
         return
     for kind in argv or SERVERS:
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen([sys.executable, __file__, "--serve", kind, str(port)], env=os.environ.copy())
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit(f"{kind}: server did not start")
-                time.sleep(0.2)
+            try:
+                wait_until_healthy(f"http://127.0.0.1:{port}", proc, 120, poll_s=0.2)
+            except ServerStartError as exc:
+                raise SystemExit(f"{kind}: server did not start: {exc}") from exc
             result = asyncio.run(_bench(port))
             print(json.dumps({"server": kind, **{k: round(v, 2) for k, v in result.items()}}), flush=True)
         finally:

@@ -7,6 +7,7 @@ import time
 
 from litestar.testing import TestClient
 from ninfer_serve import Gateway, ServeConfig, create_app
+from ninfer_serve.process import ServerStartError, free_port, wait_until_healthy
 
 MODEL_ID = "qwen3_5-stdlib"  # the embedded default model's metadata.name
 
@@ -125,14 +126,6 @@ class AsgiCall:
         await asyncio.wait_for(self.task, timeout)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server_process(artifact, *args: str, timeout: float = 120):
     """``ninfer serve ARTIFACT --host 127.0.0.1 --port <free> *args`` in a subprocess, once /health answers.
     Returns (base_url, Popen); the caller stops it (SIGTERM)."""
@@ -140,7 +133,6 @@ def start_server_process(artifact, *args: str, timeout: float = 120):
     import subprocess
     import sys
 
-    import httpx
     import pytest
 
     port = free_port()
@@ -148,14 +140,9 @@ def start_server_process(artifact, *args: str, timeout: float = 120):
            str(port), *args]
     proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return base, proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"ninfer serve did not start:\n{proc.communicate()[0]}")
-        time.sleep(0.1)
+    try:
+        wait_until_healthy(base, proc, timeout)
+    except ServerStartError as exc:
+        proc.kill()
+        pytest.fail(f"ninfer serve did not start ({exc}):\n{proc.communicate()[0]}")
+    return base, proc
