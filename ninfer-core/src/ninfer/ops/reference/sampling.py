@@ -86,28 +86,27 @@ def apply_penalties(logits: torch.Tensor, output_counts: torch.Tensor, prompt_ma
     return torch.where(active[:, None], out, logits)
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """One token id per row of ``logits[B, V]`` fp32 (see module docstring for the exact rule)."""
+def filter_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  min_p: torch.Tensor, *, sync: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The filtering rule of the module docstring: ``(x, keep, greedy_rows)`` with ``x = logits / T`` in fp32
+    (NaN -> -inf; T = 1 on greedy rows), ``keep`` the tokens top-k/top-p/min-p leave, ``greedy_rows`` the rows
+    with T <= 0. ``sync=True`` skips a filter no row uses (one host check each); ``sync=False`` applies every
+    filter to every row (a disabled one keeps everything) with no host synchronisation, for CUDA samplers."""
     vocab = logits.shape[-1]
     logits = torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     greedy_rows = temperature <= 0
-    greedy = _argmax_lowest(logits)
-    if bool(greedy_rows.all()):
-        return greedy
-
     temp = torch.where(greedy_rows, torch.ones_like(temperature), temperature).float()
     x = logits / temp[:, None]
     keep = torch.ones_like(x, dtype=torch.bool)
 
     k_on = (top_k > 0) & (top_k < vocab)
     p_on = top_p < 1.0
-    if bool(k_on.any()) or bool(p_on.any()):
+    if not sync or bool(k_on.any()) or bool(p_on.any()):
         sorted_x = x.sort(dim=-1, descending=True).values
         k_eff = torch.where(k_on, top_k.to(torch.int64), vocab)
         kth = sorted_x.gather(1, (k_eff - 1)[:, None])
-        keep &= x >= kth
-        if bool(p_on.any()):
+        keep &= x >= kth  # with top-k off kth is the row minimum: keeps everything
+        if not sync or bool(p_on.any()):
             # Probabilities of the top-k survivors, in sorted order (the sort of x is also theirs).
             surv = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
             p_sorted = torch.softmax(surv, dim=-1)
@@ -118,9 +117,22 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
             cutoff = sorted_x.gather(1, (n_keep - 1)[:, None])
             keep &= (x >= cutoff) | ~p_on[:, None]
     m_on = min_p > 0
-    if bool(m_on.any()):
+    if not sync or bool(m_on.any()):
         ratio = torch.exp(x - x.max(dim=-1, keepdim=True).values)
-        keep &= ratio >= min_p.float()[:, None]
+        keep &= (ratio >= min_p.float()[:, None]) | ~m_on[:, None]
+    return x, keep, greedy_rows
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One token id per row of ``logits[B, V]`` fp32 (see module docstring for the exact rule)."""
+    vocab = logits.shape[-1]
+    greedy_rows = temperature <= 0
+    greedy = _argmax_lowest(torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=float("inf"),
+                                             neginf=float("-inf")))
+    if bool(greedy_rows.all()):
+        return greedy
+    x, keep, greedy_rows = filter_logits(logits, temperature, top_k, top_p, min_p)
 
     u = hash_uniform(seeds.to(logits.device), steps.to(logits.device), vocab)
     gumbel = -torch.log(-torch.log(u))

@@ -1,14 +1,11 @@
 """CUDA ``sample`` and ``apply_penalties`` without host syncs: torch filtering + a fused Triton Gumbel-max.
 
 ``sample`` (contract and normative hash: :mod:`ninfer.ops.reference.sampling`):
-- Filtering (top-k, top-p, min-p) is the reference's torch code with its ``bool(tensor.any())`` shortcuts
-  removed: every row goes through the sort-based top-k/top-p and the min-p ratio, and a row whose filter is
-  off is exempted with ``torch.where`` instead of skipping the work. The expressions (sort, gather, softmax,
-  cumsum, exp) are the reference's, so on one device a row's kept set is the reference's exactly. Cost: a full
-  per-row sort of the vocabulary on every call, even when no row filters (the price of not syncing).
-  Documented deviation, batch-independent by construction: a row with min_p = 0 is never min-p filtered
-  (the reference also applies ``ratio >= 0`` to such rows when another row of the batch has min_p > 0, which
-  only matters for rows containing +inf logits).
+- Filtering (top-k, top-p, min-p) is the reference's own ``filter_logits`` with ``sync=False``: every row
+  goes through the sort-based top-k/top-p and the min-p ratio, a row whose filter is off is exempted with a
+  mask instead of skipping the work, so on one device a row's kept set is the reference's exactly. Cost: a
+  full per-row sort of the vocabulary on every call, even when no row filters (the price of not syncing;
+  the Program skips the sampler for all-greedy steps).
 - The draw is one Triton pass over [B, V] split into vocabulary chunks: per token the normative nested
   splitmix64 hash of (seed, step, id) in uint64 arithmetic (wrapping multiply, logical shifts: exactly the
   bits the reference forms with masked int64 ops), ``u = ((h >> 12) + 0.5) * 2^-52`` (exact), fp64
@@ -29,6 +26,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ninfer.ops.reference.sampling import filter_logits
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton._common import INTERPRET, launch_ok
 
@@ -104,34 +102,6 @@ def _draw_merge_kernel(best_ptr, best_id_ptr, out_ptr, N_CHUNKS, BLOCK_C: tl.con
     tl.store(out_ptr + b, tl.min(tl.where((best == top) & mask, ids, 2147483647), 0).to(tl.int64))
 
 
-def _filter(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-            min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x [B, V] fp32, keep [B, V] bool, greedy [B] bool): the reference's filtering, sync-free."""
-    vocab = logits.shape[-1]
-    logits = torch.nan_to_num(logits.float(), nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
-    greedy_rows = temperature <= 0
-    temp = torch.where(greedy_rows, torch.ones_like(temperature), temperature).float()
-    x = logits / temp[:, None]
-
-    k_on = (top_k > 0) & (top_k < vocab)
-    p_on = top_p < 1.0
-    sorted_x = x.sort(dim=-1, descending=True).values
-    k_eff = torch.where(k_on, top_k.to(torch.int64), vocab)
-    kth = sorted_x.gather(1, (k_eff - 1)[:, None])
-    keep = x >= kth  # with top-k off kth is the row minimum: keeps everything
-    surv = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
-    p_sorted = torch.softmax(surv, dim=-1)
-    inclusive = torch.cumsum(p_sorted, dim=-1)
-    exclusive = torch.cat((torch.zeros_like(inclusive[:, :1]), inclusive[:, :-1]), dim=-1)
-    n_keep = (exclusive < top_p.float()[:, None]).sum(dim=-1).clamp(min=1)
-    cutoff = sorted_x.gather(1, (n_keep - 1)[:, None])
-    keep &= (x >= cutoff) | ~p_on[:, None]
-    m_on = min_p > 0
-    ratio = torch.exp(x - x.max(dim=-1, keepdim=True).values)
-    keep &= (ratio >= min_p.float()[:, None]) | ~m_on[:, None]
-    return x, keep, greedy_rows
-
-
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     """One token id per row of ``logits[B, V]`` fp32 (see the module docstring)."""
@@ -141,7 +111,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     out = torch.empty(bsz, dtype=torch.int64, device=dev)
     if bsz == 0:
         return out
-    x, keep, greedy = _filter(logits, temperature.to(dev), top_k.to(dev), top_p.to(dev), min_p.to(dev))
+    x, keep, greedy = filter_logits(logits, temperature.to(dev), top_k.to(dev), top_p.to(dev), min_p.to(dev),
+                                    sync=False)
     n_chunks = triton.cdiv(vocab, _VOCAB_CHUNK)
     best = torch.empty((bsz, n_chunks), dtype=torch.float64, device=dev)
     best_id = torch.empty((bsz, n_chunks), dtype=torch.int32, device=dev)
