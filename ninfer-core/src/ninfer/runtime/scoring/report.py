@@ -43,8 +43,24 @@ class ScoreSettings:
     top_logprobs: int
 
 
+class _NllTotals:
+    """``mean_nll`` and ``perplexity`` (None when nothing was scored) of an object with ``nll`` and
+    ``scored_tokens``."""
+
+    nll: float
+    scored_tokens: int
+
+    @property
+    def mean_nll(self) -> float | None:
+        return _mean_and_ppl(self.nll, self.scored_tokens)[0]
+
+    @property
+    def perplexity(self) -> float | None:
+        return _mean_and_ppl(self.nll, self.scored_tokens)[1]
+
+
 @dataclass(frozen=True)
-class TextScore:
+class TextScore(_NllTotals):
     """One text's score. ``token_logprobs`` (when requested): entry ``k`` is target ``x[k+1]``, so
     there are exactly ``scored_tokens`` entries, in text order."""
 
@@ -55,14 +71,6 @@ class TextScore:
     nll: float
     windows: int
     token_logprobs: tuple[TokenLogprob, ...] | None = None
-
-    @property
-    def mean_nll(self) -> float | None:
-        return _mean_and_ppl(self.nll, self.scored_tokens)[0]
-
-    @property
-    def perplexity(self) -> float | None:
-        return _mean_and_ppl(self.nll, self.scored_tokens)[1]
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"index": self.index, "id": self.id, "input_tokens": self.input_tokens,
@@ -81,21 +89,13 @@ def _token_dict(t: TokenLogprob) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Aggregate:
+class Aggregate(_NllTotals):
     """Token-weighted totals over several texts."""
 
     texts: int
     input_tokens: int
     scored_tokens: int
     nll: float
-
-    @property
-    def mean_nll(self) -> float | None:
-        return _mean_and_ppl(self.nll, self.scored_tokens)[0]
-
-    @property
-    def perplexity(self) -> float | None:
-        return _mean_and_ppl(self.nll, self.scored_tokens)[1]
 
     def to_dict(self) -> dict[str, Any]:
         return {"texts": self.texts, "input_tokens": self.input_tokens, "scored_tokens": self.scored_tokens,
