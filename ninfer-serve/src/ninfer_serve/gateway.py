@@ -13,10 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio.to_thread
+from litestar import Request
 from ninfer.errors import NInferError
 from ninfer.runtime.contract.frontend import OutputOptions, PreparedPrompt
 from ninfer.runtime.contract.sampling import SamplingParams
+from pydantic import BaseModel
 
+from ninfer_serve import body
 from ninfer_serve.config import ServeConfig
 from ninfer_serve.errors import ApiError, bad_request, from_engine_error
 from ninfer_serve.generation import Generation
@@ -24,6 +27,7 @@ from ninfer_serve.metrics import ServerMetrics
 from ninfer_serve.tool_choice import DeltaTransform
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 class Gateway:
@@ -60,6 +64,15 @@ class Gateway:
         if self.engine.failure is not None or self.engine.stats().status != "running":
             return 503, {"status": "unavailable"}
         return 200, {"status": "ok"}
+
+    async def read(self, request: Request, model: type[M], *, generates: bool) -> M:
+        """The request body validated as ``model`` (400 naming the field), for the served model (404
+        otherwise); ``generates``: also refused (503) once the server is shutting down."""
+        req = body.validate(model, await request.body())
+        self.check_model(getattr(req, "model", None))
+        if generates:
+            self.check_accepting()
+        return req
 
     def check_accepting(self) -> None:
         if self._shutting_down:

@@ -15,10 +15,12 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from litestar import Request
 from ninfer.runtime.contract.events import GenerationDelta, GenerationError, GenerationResult, GenerationStart
 from ninfer.runtime.contract.frontend import OutputDelta, ToolCall
 from ninfer.runtime.contract.program import TokenLogprob
 
+from ninfer_serve.disconnect import unless_disconnected
 from ninfer_serve.errors import from_engine_error
 from ninfer_serve.metrics import ServerMetrics
 from ninfer_serve.tool_choice import DeltaTransform
@@ -144,3 +146,14 @@ async def collect(generation: Generation) -> Collected:
             (out.reasoning if d.channel == "reasoning" else out.content).append(d.text)
             out.tool_calls.extend(d.tool_calls)
     return out
+
+
+async def collect_response(request: Request, generation: Generation) -> Collected:
+    """A non-streaming response's whole generation, cancelled when the client disconnects; the generation
+    is closed either way. The result always has its outcome."""
+    try:
+        got = await unless_disconnected(request, collect(generation))
+    finally:
+        generation.close()
+    assert got.outcome is not None
+    return got

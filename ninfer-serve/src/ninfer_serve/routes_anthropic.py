@@ -28,7 +28,7 @@ from litestar import Request, Response, post
 from ninfer.runtime.contract.constraint import OutputConstraint
 from ninfer.runtime.contract.frontend import OutputOptions, ToolCall
 
-from ninfer_serve import body, sampling
+from ninfer_serve import sampling
 from ninfer_serve.anthropic_models import (
     CountTokensRequest,
     CountTokensResponse,
@@ -47,10 +47,9 @@ from ninfer_serve.anthropic_models import (
 )
 from ninfer_serve.chat_input import TemplateOptions, chat_prompt, template_options, tool_policy
 from ninfer_serve.constraints import constrain
-from ninfer_serve.disconnect import unless_disconnected
 from ninfer_serve.errors import ApiError, anthropic_body, bad_request
 from ninfer_serve.gateway import Gateway
-from ninfer_serve.generation import Generation, Outcome, Step, collect
+from ninfer_serve.generation import Generation, Outcome, Step, collect_response
 from ninfer_serve.sse import KEEPALIVE, event_stream, named_event, with_keepalive
 from ninfer_serve.tool_choice import ToolPolicy, transforms_for
 
@@ -139,8 +138,7 @@ def stop_reason(outcome: Outcome, calls: int, eos_ids: tuple[int, ...]) -> tuple
 @post("/v1/messages/count_tokens", status_code=200)
 async def count_tokens(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
-    req = body.validate(CountTokensRequest, await request.body())
-    gw.check_model(req.model)
+    req = await gw.read(request, CountTokensRequest, generates=False)
     messages, tools, policy, options, _ = _plan(req)
     prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options), param="messages")
     return Response(CountTokensResponse(input_tokens=len(prompt.token_ids)).model_dump_json().encode(),
@@ -151,9 +149,7 @@ async def count_tokens(request: Request) -> Response:
 async def messages(request: Request) -> Response:
     arrived = time.monotonic()
     gw: Gateway = request.app.state.gateway
-    req = body.validate(MessagesRequest, await request.body())
-    gw.check_model(req.model)
-    gw.check_accepting()
+    req = await gw.read(request, MessagesRequest, generates=True)
     messages, tools, policy, options, constraint = _plan(req)
     prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options), param="messages")
     budget = sampling.output_budget(req.max_tokens, prompt_tokens=len(prompt.token_ids),
@@ -168,11 +164,7 @@ async def messages(request: Request) -> Response:
     headers = {"request-id": gen.request_id}
     if req.stream:
         return event_stream(_stream(gw, gen), gen, headers=headers)
-    try:
-        got = await unless_disconnected(request, collect(gen))
-    finally:
-        gen.close()
-    assert got.outcome is not None
+    got = await collect_response(request, gen)
     blocks: list[Any] = []
     if got.reasoning_text:
         blocks.append(OutThinkingBlock(thinking=got.reasoning_text))

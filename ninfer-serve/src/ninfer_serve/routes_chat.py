@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from litestar import Request, Response, post
 from ninfer.runtime.contract.frontend import OutputOptions, ToolCall
 
-from ninfer_serve import body, sampling
+from ninfer_serve import sampling
 from ninfer_serve.chat_input import (
     chat_prompt,
     openai_messages,
@@ -26,10 +26,9 @@ from ninfer_serve.chat_input import (
     tool_policy,
 )
 from ninfer_serve.constraints import constrain
-from ninfer_serve.disconnect import unless_disconnected
 from ninfer_serve.errors import bad_request
 from ninfer_serve.gateway import Gateway
-from ninfer_serve.generation import Generation, Outcome, Step, collect
+from ninfer_serve.generation import Generation, Outcome, Step, collect_response
 from ninfer_serve.logprobs import TokenText, chat_logprobs
 from ninfer_serve.openai_models import (
     AssistantMessage,
@@ -89,9 +88,7 @@ def usage_of(outcome: Outcome) -> Usage:
 async def chat_completions(request: Request) -> Response:
     arrived = time.monotonic()
     gw: Gateway = request.app.state.gateway
-    req = body.validate(ChatCompletionRequest, await request.body())
-    gw.check_model(req.model)
-    gw.check_accepting()
+    req = await gw.read(request, ChatCompletionRequest, generates=True)
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
 
@@ -126,11 +123,7 @@ async def chat_completions(request: Request) -> Response:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         stream = _stream(gw, gen, policy, include_usage=include_usage, logprobs=req.logprobs, top=top)
         return event_stream(openai_events(stream, f"chat completion stream {gen.request_id}"), gen, headers=headers)
-    try:
-        got = await unless_disconnected(request, collect(gen))
-    finally:
-        gen.close()
-    assert got.outcome is not None
+    got = await collect_response(request, gen)
     text = got.text
     completion = ChatCompletion(
         id=gen.request_id, created=int(time.time()), model=gw.model_id, usage=usage_of(got.outcome),

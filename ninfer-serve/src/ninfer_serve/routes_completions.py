@@ -17,12 +17,11 @@ from collections.abc import AsyncIterator
 from litestar import Request, Response, post
 from ninfer.runtime.contract.frontend import OutputOptions
 
-from ninfer_serve import body, sampling
+from ninfer_serve import sampling
 from ninfer_serve.constraints import constrain
-from ninfer_serve.disconnect import unless_disconnected
 from ninfer_serve.errors import bad_request
 from ninfer_serve.gateway import Gateway
-from ninfer_serve.generation import Generation, Outcome, Step, collect
+from ninfer_serve.generation import Generation, Outcome, Step, collect_response
 from ninfer_serve.logprobs import TokenText, completion_logprobs
 from ninfer_serve.openai_models import Completion, CompletionChoice, CompletionRequest, Usage
 from ninfer_serve.routes_chat import stop_reason, usage_of
@@ -67,9 +66,7 @@ def _finish(outcome: Outcome) -> str:
 async def completions(request: Request) -> Response:
     arrived = time.monotonic()
     gw: Gateway = request.app.state.gateway
-    req = body.validate(CompletionRequest, await request.body())
-    gw.check_model(req.model)
-    gw.check_accepting()
+    req = await gw.read(request, CompletionRequest, generates=True)
     constraint = constrain(None, response_format=req.response_format, extra=req.model_extra)
     ids, text = await gw.prepare(lambda: _prompt(req, gw), param="prompt")
     budget = sampling.output_budget(req.max_tokens, prompt_tokens=len(ids), max_context=gw.max_context,
@@ -87,11 +84,7 @@ async def completions(request: Request) -> Response:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         stream = _stream(gw, gen, echo, include_usage, req.logprobs)
         return event_stream(openai_events(stream, f"completion stream {gen.request_id}"), gen, headers=headers)
-    try:
-        got = await unless_disconnected(request, collect(gen))
-    finally:
-        gen.close()
-    assert got.outcome is not None
+    got = await collect_response(request, gen)
     lp = (completion_logprobs(got.logprobs, TokenText(gw.frontend), req.logprobs or 0, len(echo))
           if want_lp else None)
     result = Completion(

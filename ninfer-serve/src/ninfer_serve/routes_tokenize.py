@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from litestar import Request, Response, post
 
-from ninfer_serve import body
 from ninfer_serve.chat_input import openai_messages, openai_tools, template_options
 from ninfer_serve.errors import bad_request
 from ninfer_serve.gateway import Gateway
@@ -20,8 +19,7 @@ from ninfer_serve.tokenize_models import (
 @post("/tokenize", status_code=200)
 async def tokenize(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
-    req = body.validate(TokenizeRequest, await request.body())
-    gw.check_model(req.model)
+    req = await gw.read(request, TokenizeRequest, generates=False)
     if req.messages is not None:
         messages = openai_messages(req.messages)
         tools = openai_tools(req.tools)
@@ -40,8 +38,7 @@ async def tokenize(request: Request) -> Response:
 @post("/detokenize", status_code=200)
 async def detokenize(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
-    req = body.validate(DetokenizeRequest, await request.body())
-    gw.check_model(req.model)
+    req = await gw.read(request, DetokenizeRequest, generates=False)
     vocab = gw.engine.vocab_size
     for i, t in enumerate(req.tokens):
         if not 0 <= t < vocab:
