@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.fixtures import single_torch_thread  # noqa: F401 (autouse for this package)
 from support.models import tiny_qwen_artifact
 
 IM_START, IM_END, ENDOFTEXT = 257, 258, 256
@@ -18,16 +19,6 @@ TINY_LONG = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                      "mrope_section": [1, 1, 0], "mrope_interleaved": True},
     tie_word_embeddings=False)
-
-
-@pytest.fixture(autouse=True, scope="package")
-def single_torch_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

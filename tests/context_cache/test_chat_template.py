@@ -6,7 +6,6 @@ system message and of its last complete message."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -16,22 +15,6 @@ from .conftest import settled
 
 WORDS = ("the module reads a file and returns its lines while the parser keeps every token of the "
          "input in order so that errors point at a line and a column of the source text").split()
-
-
-@pytest.fixture(scope="module")
-def default_artifact(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("ninfer-cache")
-    old = os.environ.get("NINFER_CACHE_DIR")
-    os.environ["NINFER_CACHE_DIR"] = str(cache)
-    try:
-        from ninfer.model_source import resolve_model
-
-        yield resolve_model(None)
-    finally:
-        if old is None:
-            os.environ.pop("NINFER_CACHE_DIR")
-        else:
-            os.environ["NINFER_CACHE_DIR"] = old
 
 
 def prose(rng: random.Random, n: int) -> str:

@@ -10,21 +10,10 @@ from pathlib import Path
 
 import pytest
 from ninfer import Engine, EngineOptions
+from support.fixtures import single_torch_thread  # noqa: F401 (autouse for this package)
 from support.models import tiny_qwen_artifact as build_tiny_qwen
 
 from .doubles import ToyFrontend, ToyProgram
-
-
-@pytest.fixture(autouse=True, scope="package")
-def single_torch_thread():
-    """Engine tests run many tiny ops; on a small shared machine intra-op threads only add barrier
-    spinning (10x slower here). Restored afterwards for the rest of the suite."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def worker_threads() -> list[threading.Thread]:

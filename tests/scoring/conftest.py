@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.fixtures import single_torch_thread  # noqa: F401 (autouse for this package)
 from support.models import tiny_text_model, write_byte_tokenizer
 
 MAX_POSITIONS = 96
@@ -55,17 +56,6 @@ def scoring_model(tmp_path_factory):
         return built[kind]
 
     return get
-
-
-@pytest.fixture(autouse=True, scope="package")
-def single_torch_thread():
-    """Tiny models on a small shared machine: intra-op threads only add spinning."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def start_scorer(artifact, **options):

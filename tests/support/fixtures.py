@@ -1,0 +1,17 @@
+"""Fixtures shared by several test packages; a package's conftest imports the ones it wants."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="package")
+def single_torch_thread():
+    """Tiny models and many tiny ops on a small shared machine: intra-op threads only add barrier spinning
+    (10x slower here). Restored afterwards for the rest of the suite."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
