@@ -64,8 +64,9 @@ def conv1d_oracle(x, w, state):
 # --- moe_experts ---
 
 
-def moe_experts_oracle(x, weights, ids, gate_up, down):
-    """sum_j w[t, j] * down[e] @ (silu(gate[e] x) * (up[e] x)), e = ids[t, j]; gate rows come first."""
+def moe_experts_oracle(x, weights, ids, gate_up, down, shared=None):
+    """sum_j w[t, j] * down[e] @ (silu(gate[e] x) * (up[e] x)), e = ids[t, j]; gate rows come first; plus
+    sigmoid(shared.gate_logit[t]) * shared.down @ (silu(g) * u), [g | u] = shared.projected[t], when given."""
     xd, gu, dn, w = f64(x), f64(gate_up), f64(down), f64(weights)
     inter = dn.shape[-1]
     ref = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float64)
@@ -74,6 +75,11 @@ def moe_experts_oracle(x, weights, ids, gate_up, down):
             e = int(ids[t, j])
             h_gate, h_up = gu[e, :inter] @ xd[t], gu[e, inter:] @ xd[t]
             ref[t] += w[t, j] * (dn[e] @ (h_gate / (1.0 + torch.exp(-h_gate)) * h_up))
+    if shared is not None:
+        p, sd, gl = f64(shared.projected), f64(shared.down), f64(shared.gate_logit)
+        si = sd.shape[-1]
+        act = p[:, :si] / (1.0 + torch.exp(-p[:, :si])) * p[:, si:]
+        ref += torch.sigmoid(gl)[:, None] * (act @ sd.t())
     return ref
 
 

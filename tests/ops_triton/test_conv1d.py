@@ -45,3 +45,39 @@ def test_decode_steps_continue_a_prefill(gen):
     assert_pointwise(torch.cat(ys), ref_y[6:], CRIT[torch.float32], "decode after prefill")
     assert_bits(states[1].cpu(), ref_state.float(), "state after the steps")
     assert torch.count_nonzero(states[0]) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t_len,channels,k", [(1, 16, 4), (2, 40, 4), (3, 300, 4), (37, 24, 4), (5, 16, 2),
+                                              (1, 8, 1)])
+def test_prefill_matches_oracle_from_a_state(dtype, t_len, channels, k, gen):
+    """Chunks shorter than, equal to and longer than the K-1 state columns, continuing a non-zero state; x a
+    row-strided column view (the GDN's qkv out of the fused [qkv | z] projection)."""
+    ops = triton_ops(dtype)
+    assert ops.implementation("causal_conv1d_prefill").name == "triton"
+    wide = randn(gen, t_len, channels + 11, dtype=dtype, device=DEVICE)
+    x = wide[:, 3:3 + channels]
+    w = randn(gen, channels, k, device=DEVICE)
+    state = randn(gen, channels, k - 1, dtype=dtype, device=DEVICE)
+    ref_y, ref_state = conv1d_oracle(x, w, state)
+    ref_ops_state = state.clone()
+    ref_ops_y = reference(dtype).causal_conv1d_prefill(x, w, ref_ops_state)
+    y = ops.causal_conv1d_prefill(x, w, state)
+    assert y.dtype == dtype and y.shape == (t_len, channels)
+    assert_pointwise(y, ref_y, CRIT[dtype], f"triton conv prefill T={t_len} C={channels} K={k} {dtype}")
+    assert_bits(state.cpu(), ref_state.to(dtype), "conv_state after the chunk")
+    assert_bits(state.cpu(), ref_ops_state.cpu(), "conv_state vs the reference op")
+    assert_pointwise(y, ref_ops_y.double().cpu(), CRIT[dtype], "output vs the reference op")
+
+
+def test_prefill_pieces_then_steps_equal_one_pass(gen):
+    ops = triton_ops(torch.float32)
+    c, k = 24, 4
+    x = randn(gen, 12, c, device=DEVICE)
+    w = randn(gen, c, k, device=DEVICE)
+    states = torch.zeros(1, c, k - 1, device=DEVICE)
+    parts = [ops.causal_conv1d_prefill(x[a:b], w, states[0]) for a, b in ((0, 1), (1, 3), (3, 9))]
+    parts += [ops.causal_conv1d_update(x[t:t + 1], w, states, torch.tensor([0], device=DEVICE)) for t in (9, 10, 11)]
+    ref_y, ref_state = conv1d_oracle(x, w, torch.zeros(c, k - 1))
+    assert_pointwise(torch.cat(parts), ref_y, CRIT[torch.float32], "pieces + steps")
+    assert_bits(states[0].cpu(), ref_state.float(), "state after pieces + steps")

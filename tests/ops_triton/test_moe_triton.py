@@ -49,26 +49,30 @@ if _CUDA:
     SIZES += [(200, 256, 128, 16, 4), (64, 2048, 512, 256, 8)]
 
 
+@pytest.mark.parametrize("path", ["grouped", "gemv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t_len,hidden,inter,n_exp,top_k", SIZES)
-def test_experts_match_oracle(dtype, t_len, hidden, inter, n_exp, top_k, gen):
+def test_experts_match_oracle(dtype, t_len, hidden, inter, n_exp, top_k, path, gen):
     # Sizes cover: a single token, dims that are not multiples of the tiles, more experts than pairs (most
-    # idle), and (on CUDA) 40 pairs/expert (several row blocks) and the 35B-A3B expert geometry.
+    # idle), and (on CUDA) 40 pairs/expert (several row blocks) and the 35B-A3B expert geometry. Both paths
+    # run every size (the decode GEMV path is chosen by size only up to moe_gemv.MAX_PAIRS pairs).
     args = make(gen, t_len, hidden, inter, n_exp, top_k, dtype)
-    out = tm.moe_experts(*args)
+    out = tm.moe_experts(*args, gemv=path == "gemv")
     assert out.dtype == dtype and out.shape == (t_len, hidden)
     assert_normwise(out, moe_experts_oracle(*args), EXPERTS[dtype], f"triton moe_experts {dtype} T={t_len}")
 
 
+@pytest.mark.parametrize("path", ["grouped", "gemv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_skewed_routing_many_blocks_one_expert(dtype, gen):
+def test_skewed_routing_many_blocks_one_expert(dtype, path, gen):
     # Every token routes to expert 2 first (a group of T rows spanning several row blocks, with a partial last
     # block), its second choice spread over the rest; experts 0 and 4 stay idle.
     t_len = 70 if _CUDA else 37
     second = torch.tensor([1, 3, 5])[torch.randint(0, 3, (t_len,), generator=gen)]
     ids = torch.stack((torch.full((t_len,), 2), second), dim=1)
     args = make(gen, t_len, 32, 24, 6, 2, dtype, ids=ids)
-    assert_normwise(tm.moe_experts(*args), moe_experts_oracle(*args), EXPERTS[dtype], f"skewed routing {dtype}")
+    assert_normwise(tm.moe_experts(*args, gemv=path == "gemv"), moe_experts_oracle(*args), EXPERTS[dtype],
+                    f"skewed routing {dtype} {path}")
 
 
 def test_agrees_with_reference_op_and_tile_choices(gen):
@@ -119,3 +123,75 @@ def test_resolved_through_the_plugin():
 
     impl = triton_ops(torch.bfloat16).implementation("moe_experts")
     assert impl.name == "triton" and impl.fn.__module__ == "ninfer.ops.triton.moe"
+
+
+def shared_expert(gen, t_len, hidden, s_inter, dtype):
+    from ninfer.ops.contracts import SharedExpert
+
+    # As the model passes it: columns of one fused [router | shared gate_up | shared gate] projection.
+    fused = randn(gen, t_len, 5 + 2 * s_inter + 1, dtype=dtype, device=DEVICE, scale=2.0)
+    down = randn(gen, hidden, s_inter, dtype=dtype, device=DEVICE, scale=s_inter ** -0.5)
+    return SharedExpert(projected=fused[:, 5:5 + 2 * s_inter], down=down, gate_logit=fused[:, -1])
+
+
+@pytest.mark.parametrize("path", ["grouped", "gemv"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t_len,s_inter", [(1, 24), (9, 20)] + ([(8, 512), (300, 512)] if _CUDA else []))
+def test_shared_expert_joins_the_sum(dtype, t_len, s_inter, path, gen):
+    hidden, inter, n_exp, top_k = (2048, 512, 256, 8) if s_inter == 512 else (32, 24, 6, 2)
+    args = make(gen, t_len, hidden, inter, n_exp, top_k, dtype)
+    shared = shared_expert(gen, t_len, hidden, s_inter, dtype)
+    out = tm.moe_experts(*args, shared=shared, gemv=path == "gemv")
+    ref = moe_experts_oracle(*args, shared)
+    assert_normwise(out, ref, EXPERTS[dtype], f"moe_experts + shared {dtype} {path} T={t_len}")
+    assert_normwise(out, ref_moe(*args, shared).float(), EXPERTS[dtype], "triton vs reference op")
+
+
+def ref_moe(*args):
+    x, weights, ids, gate_up, down, shared = args
+    return ref.moe_experts(x, weights, ids, gate_up, down, shared=shared)
+
+
+def test_gemv_path_is_deterministic_and_taken_by_size(gen, monkeypatch):
+    from ninfer.ops.triton import moe_gemv
+
+    args = make(gen, 3, 32, 24, 6, 2, torch.bfloat16)
+    calls = []
+    real = moe_gemv.moe_experts_gemv
+    monkeypatch.setattr(moe_gemv, "moe_experts_gemv", lambda *a: calls.append(1) or real(*a))
+    first = tm.moe_experts(*args)
+    assert calls == [1]                                   # 6 pairs <= MAX_PAIRS: the decode path
+    assert torch.equal(first, tm.moe_experts(*args))
+    monkeypatch.setattr(moe_gemv, "MAX_PAIRS", 4)
+    tm.moe_experts(*args)
+    assert calls == [1, 1]                                # 6 pairs > 4: the grouped path
+
+
+# --- moe_router ---
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t_len,n_exp,top_k", [(1, 12, 3), (9, 40, 8), (5, 256, 8)])
+def test_router_matches_reference_on_strided_logits(dtype, t_len, n_exp, top_k, gen):
+    from ninfer.ops.triton import moe_router as tr
+
+    if not _CUDA and type(tr._router_kernel).__name__ != "InterpretedFunction":
+        tr = importlib.reload(tr)
+    # Distinct values per row (a permutation of k/8, |k| <= 128: exact in bf16), so the top-k order is unambiguous.
+    base = (torch.stack([torch.randperm(n_exp, generator=gen) for _ in range(t_len)]).float() - n_exp // 2) * 0.125
+    wide = torch.cat((base, torch.zeros(t_len, 7)), dim=1).to(dtype).to(DEVICE)
+    logits = wide[:, :n_exp]                              # row stride n_exp + 7
+    w, ids = tr.moe_router(logits, top_k)
+    w_ref, ids_ref = ref.moe_router(logits, top_k)
+    assert w.dtype == torch.float32 and ids.dtype == torch.int64 and ids.shape == (t_len, top_k)
+    assert torch.equal(ids.cpu(), ids_ref.cpu())
+    torch.testing.assert_close(w.cpu(), w_ref.cpu(), rtol=2e-6, atol=1e-7)
+    torch.testing.assert_close(w.sum(1).cpu(), torch.ones(t_len), rtol=1e-6, atol=1e-6)
+
+
+def test_router_registered_and_resolved():
+    from ninfer.ops.triton import moe_router as tr
+
+    from .conftest import triton_ops
+
+    assert [i.op for i in tr.OPS] == ["moe_router"] and tr.OPS[0].devices == frozenset({"cuda"})
+    assert triton_ops(torch.bfloat16).implementation("moe_router").name == "triton"

@@ -70,13 +70,17 @@ def test_profile_equals_allocated_bytes(request, which, dtype):
 
 
 def test_stored_dtype_decides_what_is_converted(default_artifact, tiny_moe_artifact):
-    """bf16 stored + bf16 run: only the derived fp32 tensors are new; fp32 stored + fp32 run likewise;
-    a different run dtype converts (nearly) every weight."""
+    """bf16 stored + bf16 run: only the derived fp32 tensors (and the MoE block's fused router + shared
+    expert input rows) are new; fp32 stored + fp32 run likewise; a different run dtype converts (nearly)
+    every weight."""
     for artifact, same, other in ((default_artifact, torch.bfloat16, torch.float32),
                                   (tiny_moe_artifact, torch.float32, torch.bfloat16)):
-        p_same = _build(artifact, same)[0]
+        p_same, program = _build(artifact, same)[:2]
         p_other = _build(artifact, other)[0]
-        assert p_same.converted_weight_bytes < p_same.weight_bytes // 50
+        cfg = program.cfg
+        fused = (cfg.num_layers * (cfg.num_experts + 2 * cfg.shared_expert_intermediate_size + 1)
+                 * cfg.hidden_size * same.itemsize) if cfg.is_moe else 0
+        assert p_same.converted_weight_bytes - fused < p_same.weight_bytes // 50
         assert p_other.converted_weight_bytes > p_other.weight_bytes * 0.98
 
 

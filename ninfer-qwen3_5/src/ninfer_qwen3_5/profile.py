@@ -6,7 +6,8 @@ Exact figures mirror what :class:`~ninfer_qwen3_5.program.Qwen35Program` allocat
   ``gdn/A_log`` and ``gdn/dt_bias``, which the GDN layer keeps as fp32 tensors derived from them
   (``-exp(A_log)`` and ``dt_bias.float()``); a tied head is counted once; plus the fp32 rotary inverse
   frequencies. Converted bytes are those created at construction: casts of weights stored in another
-  dtype, the decay rates, and the inverse frequencies.
+  dtype, the decay rates, the inverse frequencies, and the MoE block's fused input projection
+  (router + shared gate_up + shared gate rows concatenated; the stored originals are dropped after).
 - KV: K and V of every full-attention layer, ``Nkv * D`` each per token, run dtype.
 - State: the StateImage of :mod:`ninfer_qwen3_5.state` (conv in the run dtype, recurrent fp32).
 
@@ -31,6 +32,8 @@ from ninfer_qwen3_5.state import state_layout
 _F32 = 4
 # Parameters the GDN layer replaces by fp32 tensors derived from them at construction.
 _FP32_DERIVED = ("gdn/A_log", "gdn/dt_bias")
+# Parameters the MoE block concatenates into one new [E + 2Is + 1, H] tensor at construction.
+_MOE_FUSED_INPUT = ("moe/router", "moe/shared/gate_up", "moe/shared/gate")
 # The reference GDN prefill's chunk length: its intra-chunk [L, L] matrices cost L fp32 per head per token.
 _GDN_CHUNK = 64
 
@@ -47,7 +50,7 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
             kept = torch.float32
             new = s.name.endswith("gdn/A_log") or held != torch.float32  # -exp() is always a new tensor
         else:
-            kept, new = run, held != run
+            kept, new = run, held != run or s.name.endswith(_MOE_FUSED_INPUT)
         nbytes = prod(s.shape) * kept.itemsize
         resident += nbytes
         converted += nbytes if new else 0

@@ -2,8 +2,10 @@
 
 A request's tokens must not depend on chunking, batch membership, page size or page placement,
 reservations of other rows, or a pause/Replay (DESIGN.md section 8). Logits are compared with a tight
-tolerance (1e-4: only summation order differs, e.g. a 1-token chunk vs a 16-token chunk of the delta
-rule) and greedy tokens exactly.
+tolerance (3e-4: only summation order differs, e.g. a 1-token chunk vs a 16-token chunk of the delta
+rule, or the fused [qkv | z] projection taking another CPU GEMM kernel at M = 1 than at M = 17; the
+random 9-layer "odd" model amplifies fp32 rounding ~1000x, measured max 1.7e-4 there) and greedy tokens
+exactly. A semantic error (a state not carried across a chunk boundary) moves logits by O(0.1).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from ninfer.runtime.contract.sampling import SamplingParams
 
 from .harness import Runner, make_program, prompt, split
 
-TOL = 1e-4
+TOL = 3e-4
 STEPS = 10
 
 

@@ -13,12 +13,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class OpContract:
     name: str
     signature: str
     semantics: str
+
+
+@dataclass(frozen=True)
+class SharedExpert:
+    """An always-on SwiGLU expert added by ``moe_experts`` (Qwen3.5-MoE's shared expert).
+
+    ``projected[T, 2Is]``: x @ [gate; up]^T already computed by the caller (in x.dtype; a row-strided view is
+    fine, the last dim must be contiguous): the model fuses this projection with the router's GEMM.
+    ``down[H, Is]``: the down projection. ``gate_logit[T]``: the pre-sigmoid scale per token (any float dtype,
+    strided allowed). Invariant: ``projected.shape[-1] == 2 * down.shape[-1]``.
+    """
+
+    projected: torch.Tensor
+    down: torch.Tensor
+    gate_logit: torch.Tensor
 
 
 CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
@@ -42,6 +59,10 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "not interleaved: the first s_t indices T, next s_h H, last s_w W. sections=None means plain "
                "RoPE on positions[0] (positions may then be [T]). Angles pos*inv_freq are formed in fp64, "
                "cos/sin rounded once to fp32. cos/sin = cat(f, f)."),
+    OpContract("gdn_gates",
+               "gdn_gates(a[T, Hv], b[T, Hv], neg_a[Hv] fp32, dt_bias[Hv] fp32) -> (g[T, Hv] fp32, beta[T, Hv] fp32)",
+               "GDN per-token gates in fp32: g = neg_a * softplus(a + dt_bias) (torch's softplus: x above 20 "
+               "passes through), beta = sigmoid(b). a and b may be row-strided views."),
     OpContract("causal_conv1d_prefill",
                "causal_conv1d_prefill(x[T, C], weight[C, K], conv_state[C, K-1] (in/out)) -> y[T, C]",
                "Depthwise causal conv of one sequence's chunk, prefixed by conv_state (the previous K-1 "
@@ -82,9 +103,11 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
     OpContract("moe_router", "moe_router(logits[T, E], top_k) -> (weights[T, k] fp32, ids[T, k] int64)",
                "softmax over all E in fp32, top-k, renormalised to sum 1 (Qwen3.5 MoE)."),
     OpContract("moe_experts",
-               "moe_experts(x[T, H], weights[T, k] fp32, ids[T, k] int64, gate_up[E, 2I, H], down[E, H, I]) "
-               "-> [T, H]",
-               "sum_j weights[t, j] * down_e(silu(gate_e x) * up_e x) with e = ids[t, j]; gate rows first."),
+               "moe_experts(x[T, H], weights[T, k] fp32, ids[T, k] int64, gate_up[E, 2I, H], down[E, H, I], *, "
+               "shared: SharedExpert | None = None) -> [T, H]",
+               "sum_j weights[t, j] * down_e(silu(gate_e x) * up_e x) with e = ids[t, j]; gate rows first; plus "
+               "sigmoid(shared.gate_logit[t]) * shared.down @ (silu(g) * u) with [g | u] = shared.projected[t] "
+               "when a shared expert is given; one fp32 sum, rounded once."),
     OpContract("apply_penalties",
                "apply_penalties(logits[B, V] fp32, output_counts[B, V] int32, prompt_mask[B, V] bool, "
                "repetition[B] fp32, presence[B] fp32, frequency[B] fp32) -> [B, V] fp32",

@@ -2,17 +2,21 @@
 
 Decode rows (``x[:B]``) step their own StateImage slots with ``causal_conv1d_update`` and
 ``gdn_recurrent_step``; the chunk (``x[B:]``) continues its slot's state with
-``causal_conv1d_prefill`` and ``gdn_chunk_prefill`` (in place). Gates are fp32:
+``causal_conv1d_prefill`` and ``gdn_chunk_prefill`` (in place). Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
+
+The four input projections run as one GEMM per run of row-adjacent weights (:mod:`.fused`: qkv+z and
+b+a with the converter's layout), and q/k/v, z, a, b stay column views of those outputs: the ops take
+row-strided inputs, so a decode step copies nothing between the GEMMs and the kernels.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.context import StepContext
+from ninfer_qwen3_5.layers.fused import project, row_groups
 from ninfer_qwen3_5.state import conv_field, recurrent_field
 
 
@@ -25,7 +29,7 @@ class GatedDeltaNet:
         self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         self.key_dim, self.value_dim = cfg.key_dim, cfg.value_dim
         self.scale = self.dk ** -0.5
-        self.w_qkv, self.w_z, self.w_b, self.w_a = w["qkv"], w["z"], w["b"], w["a"]
+        self.in_groups = row_groups([w["qkv"], w["z"], w["b"], w["a"]])
         self.w_conv, self.w_norm, self.w_out = w["conv"], w["norm"], w["out"]
         # Constant per layer: the decay rate -exp(A_log) in fp32 (HF computes it from A_log.float()).
         self.neg_a = -torch.exp(w["A_log"].float())
@@ -34,10 +38,8 @@ class GatedDeltaNet:
 
     def __call__(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         ops, n, b_rows = self.ops, h.shape[0], ctx.num_decode
-        qkv = ops.linear(h, self.w_qkv)
-        z = ops.linear(h, self.w_z)
-        beta = torch.sigmoid(ops.linear(h, self.w_b).float())
-        g = self.neg_a * F.softplus(ops.linear(h, self.w_a).float() + self.dt_bias)
+        qkv, z, b, a = project(ops, h, self.in_groups)
+        g, beta = ops.gdn_gates(a, b, self.neg_a, self.dt_bias)
 
         conv_states = ctx.states.field(self.conv_name)
         parts = []
@@ -47,9 +49,9 @@ class GatedDeltaNet:
             parts.append(ops.causal_conv1d_prefill(qkv[b_rows:], self.w_conv, conv_states[ctx.chunk_slot]))
         y = parts[0] if len(parts) == 1 else torch.cat(parts)
         q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.reshape(n, self.hk, self.dk).contiguous()
-        k = k.reshape(n, self.hk, self.dk).contiguous()
-        v = v.reshape(n, self.hv, self.dv).contiguous()
+        q = q.reshape(n, self.hk, self.dk)
+        k = k.reshape(n, self.hk, self.dk)
+        v = v.reshape(n, self.hv, self.dv)
 
         rec = ctx.states.field(self.rec_name)
         outs = []
@@ -60,5 +62,5 @@ class GatedDeltaNet:
             outs.append(ops.gdn_chunk_prefill(q[b_rows:], k[b_rows:], v[b_rows:], g[b_rows:], beta[b_rows:],
                                               rec[ctx.chunk_slot], self.scale))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        o = ops.gated_rms_norm(o, z.view(n, self.hv, self.dv), self.w_norm, self.eps)
+        o = ops.gated_rms_norm(o, z.reshape(n, self.hv, self.dv), self.w_norm, self.eps)
         return ops.linear(o.reshape(n, self.value_dim), self.w_out)

@@ -3,11 +3,17 @@
 Router logits ``x W_r^T``; ``moe_router`` takes the fp32 softmax over all E, the top-k, renormalised
 (unconditionally, as in Qwen3.5-MoE). The routed experts and an always-on shared SwiGLU expert scaled
 by ``sigmoid(shared_gate x)`` are summed.
+
+Every projection that reads the block's input is one GEMM: ``[router (E); shared gate_up (2Is);
+shared gate (1)]`` rows are concatenated once at construction (a few MB per layer), and ``moe_experts``
+takes the shared expert's projected half as a :class:`~ninfer.ops.contracts.SharedExpert`, so at decode
+the block is four kernels (GEMM, router, two expert GEMVs) instead of a dozen small launches.
 """
 
 from __future__ import annotations
 
 import torch
+from ninfer.ops.contracts import SharedExpert
 
 from ninfer_qwen3_5.config import Qwen35Config
 
@@ -16,14 +22,15 @@ class SparseMoE:
     def __init__(self, cfg: Qwen35Config, w: dict[str, torch.Tensor], ops) -> None:
         self.ops = ops
         self.top_k = cfg.num_experts_per_tok
-        self.w_router = w["router"]
+        self.num_experts = cfg.num_experts
+        self.shared_width = 2 * cfg.shared_expert_intermediate_size
+        self.w_in = torch.cat((w["router"], w["shared/gate_up"], w["shared/gate"]))
         self.bank_gate_up, self.bank_down = w["experts/gate_up"], w["experts/down"]
-        self.w_shared_gate_up, self.w_shared_down = w["shared/gate_up"], w["shared/down"]
-        self.w_shared_gate = w["shared/gate"]
+        self.w_shared_down = w["shared/down"]
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        ops = self.ops
-        weights, ids = ops.moe_router(ops.linear(h, self.w_router), self.top_k)
-        routed = ops.moe_experts(h, weights, ids, self.bank_gate_up, self.bank_down)
-        shared = ops.linear(ops.silu_and_mul(ops.linear(h, self.w_shared_gate_up)), self.w_shared_down)
-        return routed + torch.sigmoid(ops.linear(h, self.w_shared_gate)) * shared
+        ops, e, s = self.ops, self.num_experts, self.shared_width
+        proj = ops.linear(h, self.w_in)                      # [T, E + 2Is + 1]
+        weights, ids = ops.moe_router(proj[:, :e], self.top_k)
+        shared = SharedExpert(projected=proj[:, e:e + s], down=self.w_shared_down, gate_logit=proj[:, e + s])
+        return ops.moe_experts(h, weights, ids, self.bank_gate_up, self.bank_down, shared=shared)

@@ -30,6 +30,7 @@ to Delta, O or S.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ninfer.ops.registry import OpImpl
 
@@ -121,7 +122,15 @@ def gdn_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     return o.to(q.dtype)
 
 
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(g, beta)`` fp32 [T, Hv]: ``neg_a * softplus(a + dt_bias)`` and ``sigmoid(b)``."""
+    g = neg_a.float() * F.softplus(a.float() + dt_bias.float())
+    return g, torch.sigmoid(b.float())
+
+
 OPS = [
+    OpImpl(op="gdn_gates", name="torch_reference", fn=gdn_gates, priority=0),
     OpImpl(op="gdn_chunk_prefill", name="torch_reference", fn=gdn_chunk_prefill, priority=0),
     OpImpl(op="gdn_recurrent_step", name="torch_reference", fn=gdn_recurrent_step, priority=0),
 ]

@@ -8,6 +8,10 @@ Invariants:
   expert, never a per-token loop). The expert GEMMs run in the wider of x's and the weights' dtypes (torch
   accumulates bf16 in fp32), the SwiGLU activation in fp32 rounded to that dtype before the down projection
   (as the model's module does in bf16), and the weighted sum over the k experts accumulates in fp32, rounded once to x.dtype.
+- ``shared`` (optional, :class:`~ninfer.ops.contracts.SharedExpert`): an always-on SwiGLU expert whose gate/up
+  projection the caller already computed (``shared.projected[T, 2Is]``, in x.dtype, typically fused with the
+  router's GEMM); its activation is rounded to x.dtype like the routed ones, its down projection joins the same
+  fp32 sum scaled by ``sigmoid(shared.gate_logit[t])``, and the total is rounded once.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.registry import OpImpl
 
 
@@ -26,7 +31,7 @@ def moe_router(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Te
 
 
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                down: torch.Tensor) -> torch.Tensor:
+                down: torch.Tensor, *, shared: SharedExpert | None = None) -> torch.Tensor:
     """Weighted sum of the routed experts' SwiGLU MLPs for ``x[T, H]``; returns [T, H] in x.dtype."""
     t_len, k = ids.shape
     inter = down.shape[-1]
@@ -49,7 +54,19 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
         y = (act @ down[expert].to(wide).t()).float()                # [n, H]
         out.index_add_(0, tokens, y * pair_weight[start:start + count, None])
         start += count
+    if shared is not None:
+        out += shared_expert_fp32(shared, x.dtype)
     return out.to(x.dtype)
+
+
+def shared_expert_fp32(shared: SharedExpert, dtype: torch.dtype) -> torch.Tensor:
+    """``sigmoid(gate_logit) * down_s(round(silu(g) * u))`` per token, in fp32 ([T, H])."""
+    inter = shared.down.shape[-1]
+    p = shared.projected.float()
+    act = (F.silu(p[:, :inter]) * p[:, inter:]).to(dtype)
+    wide = torch.promote_types(dtype, shared.down.dtype)
+    y = (act.to(wide) @ shared.down.to(wide).t()).float()
+    return torch.sigmoid(shared.gate_logit.float())[:, None] * y
 
 
 OPS = [

@@ -8,7 +8,11 @@ Invariants (those of :mod:`ninfer.ops.reference.conv1d`):
   rows' own slots are read or written (slots must be distinct, as the contract says).
 - Program (row, block of channels) holds the whole [BLOCK_C, K] window in registers: every load of the old
   state precedes, by data dependence, the store of the new one, so the in-place update is race-free.
-- ``causal_conv1d_prefill`` stays the torch reference (one sequence per call, K=4 vectorised taps).
+- ``causal_conv1d_prefill``: program (block of tokens, block of channels) reads its K-1 earlier inputs from
+  x or, before the chunk's start, from conv_state; the taps accumulate in fp32 in tap order (as the reference
+  does) with one rounding after SiLU. The new conv_state (the last K-1 inputs of [state | x]) is written by a
+  torch copy after the kernel, so no program can read a state another one already overwrote. The reference
+  takes ~10 [T, C] fp32 passes; this is one read of x and one write of y.
 """
 
 from __future__ import annotations
@@ -46,6 +50,54 @@ def _conv_update_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, y_ptr, C,
              mask=c_mask[:, None] & (j[None, :] >= 1) & (j[None, :] < K))
 
 
+@triton.jit
+def _conv_prefill_kernel(x_ptr, w_ptr, s_ptr, y_ptr, T, C, stride_xt, stride_wc, stride_wk, stride_sc, stride_sk,
+                         stride_yt, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+                         INTERP: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    tm = t < T
+    cm = c < C
+    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+    for j in tl.static_range(K):
+        # Tap j of token t reads u[t + j] of u = [state (K-1 columns) | x]: x row t + j - (K-1), or the state.
+        src = t + j - (K - 1)
+        in_x = src >= 0
+        xv = tl.load(x_ptr + tl.where(in_x, src, 0)[:, None] * stride_xt + c[None, :],
+                     mask=(tm & in_x)[:, None] & cm[None, :], other=0.0)
+        sv = tl.load(s_ptr + c[None, :] * stride_sc + tl.where(in_x, 0, t + j)[:, None] * stride_sk,
+                     mask=(tm & (src < 0))[:, None] & cm[None, :], other=0.0)
+        u = tl.where(in_x[:, None], xv, cast(sv, x_ptr.dtype.element_ty, INTERP)).to(tl.float32)
+        w = tl.load(w_ptr + c * stride_wc + j * stride_wk, mask=cm, other=0.0).to(tl.float32)
+        acc += u * w[None, :]
+    y = acc / (1.0 + tl.exp(-acc))
+    tl.store(y_ptr + t[:, None] * stride_yt + c[None, :], cast(y, y_ptr.dtype.element_ty, INTERP),
+             mask=tm[:, None] & cm[None, :])
+
+
+def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
+    """One sequence's chunk ``x[T, C]`` (T >= 1) continuing from ``conv_state[C, K-1]`` (updated in place)."""
+    launch_ok(x)
+    t_len, channels = x.shape
+    k = weight.shape[-1]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    y = torch.empty((t_len, channels), dtype=x.dtype, device=x.device)
+    if t_len == 0:
+        return y
+    block_t, block_c = 16, min(256, next_pow2(channels))
+    _conv_prefill_kernel[(triton.cdiv(t_len, block_t), triton.cdiv(channels, block_c))](
+        x, weight, conv_state, y, t_len, channels, x.stride(0), *weight.stride(), *conv_state.stride(), y.stride(0),
+        K=k, BLOCK_T=block_t, BLOCK_C=block_c, INTERP=INTERPRET, num_warps=4)
+    if k > 1:
+        keep = k - 1
+        if t_len >= keep:
+            conv_state.copy_(x[t_len - keep:].t())
+        else:  # the state keeps its last keep - T columns, then the whole (short) chunk
+            conv_state.copy_(torch.cat((conv_state[:, t_len:], x.t().to(conv_state.dtype)), dim=1))
+    return y
+
+
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
                          slots: torch.Tensor) -> torch.Tensor:
     """One decode token per row: ``x[B, C]`` against ``conv_states[slots[b]]`` ([S, C, K-1], in place)."""
@@ -64,4 +116,6 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_states: tor
 
 
 OPS = [OpImpl(op="causal_conv1d_update", name="triton", fn=causal_conv1d_update, devices=frozenset({"cuda"}),
+              dtypes=KERNEL_DTYPES, priority=10),
+       OpImpl(op="causal_conv1d_prefill", name="triton", fn=causal_conv1d_prefill, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10)]

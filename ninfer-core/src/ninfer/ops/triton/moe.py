@@ -17,6 +17,11 @@ Pipeline (no host synchronisation: every size below depends only on T, k, E and 
 Steps 3-4 replace an atomic fp32 scatter-add: the sum order is fixed, so the result is deterministic run to
 run and independent of how other tokens were routed, for one extra T*k*H*4-byte round trip.
 
+Decode sizes (T * k <= ``moe_gemv.MAX_PAIRS``) skip the alignment and take the two GEMV kernels of
+:mod:`ninfer.ops.triton.moe_gemv` instead (the shared expert fused into the down GEMV). On this grouped path a
+shared expert (:class:`~ninfer.ops.contracts.SharedExpert`) is computed by the reference's torch ops and added in
+fp32 by ``_moe_sum_kernel`` before the single rounding.
+
 Limits: x, gate_up and down must share one dtype (bf16, fp16 or fp32) -- otherwise this falls back to the
 torch reference, which promotes. fp32 uses IEEE dots (the suite's fp32 criterion is 2e-6). Routing ids are
 trusted to lie in [0, E) (the router produces them); out-of-range ids are not checked on the device.
@@ -28,8 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.reference import moe as _reference
 from ninfer.ops.registry import OpImpl
+from ninfer.ops.triton import moe_gemv
 
 
 @triton.jit
@@ -128,13 +135,16 @@ def _moe_down_kernel(act_ptr, w_ptr, y_ptr, pair_ptr, bexp_ptr, rw_ptr,
 
 
 @triton.jit
-def _moe_sum_kernel(y_ptr, out_ptr, H, so_t, TOPK: tl.constexpr, BH: tl.constexpr):
+def _moe_sum_kernel(y_ptr, extra_ptr, out_ptr, H, so_t, TOPK: tl.constexpr, BH: tl.constexpr,
+                    HAS_EXTRA: tl.constexpr):
     t = tl.program_id(0)
     n = tl.program_id(1) * BH + tl.arange(0, BH)
     nm = n < H
     acc = tl.zeros((BH,), dtype=tl.float32)
     for j in tl.static_range(TOPK):
         acc += tl.load(y_ptr + (t * TOPK + j) * H + n, mask=nm, other=0.0)
+    if HAS_EXTRA:  # the shared expert's fp32 term [T, H]
+        acc += tl.load(extra_ptr + t * H + n, mask=nm, other=0.0)
     tl.store(out_ptr + t * so_t + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
 
 
@@ -168,10 +178,17 @@ def _align(ids: torch.Tensor, n_exp: int, bm: int) -> tuple[torch.Tensor, torch.
 
 
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                down: torch.Tensor, *, block_n: tuple[int, int] | None = None) -> torch.Tensor:
-    """Weighted sum of the routed experts' SwiGLU MLPs for ``x[T, H]``; returns [T, H] in x.dtype."""
-    if not (x.dtype == gate_up.dtype == down.dtype) or x.dtype not in _DTYPES:
-        return _reference.moe_experts(x, weights, ids, gate_up, down)
+                down: torch.Tensor, *, shared: SharedExpert | None = None,
+                block_n: tuple[int, int] | None = None, gemv: bool | None = None) -> torch.Tensor:
+    """Weighted sum of the routed experts' SwiGLU MLPs for ``x[T, H]`` (plus the shared expert when given);
+    returns [T, H] in x.dtype. ``gemv`` forces (True) or forbids (False) the decode path (None: by size)."""
+    same = x.dtype == gate_up.dtype == down.dtype and x.dtype in _DTYPES
+    if shared is not None:
+        same = same and shared.projected.dtype == x.dtype == shared.down.dtype
+        if shared.projected.stride(-1) != 1 or shared.down.stride(-1) != 1:
+            shared = SharedExpert(shared.projected.contiguous(), shared.down.contiguous(), shared.gate_logit)
+    if not same:
+        return _reference.moe_experts(x, weights, ids, gate_up, down, shared=shared)
     t_len, hidden = x.shape
     top_k = ids.shape[1]
     n_exp, two_i, _ = gate_up.shape
@@ -182,6 +199,8 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
     x = x if x.stride(1) == 1 else x.contiguous()
     gate_up = gate_up if gate_up.stride(2) == 1 else gate_up.contiguous()
     down = down if down.stride(2) == 1 else down.contiguous()
+    if gemv if gemv is not None else t_len * top_k <= moe_gemv.MAX_PAIRS:
+        return moe_gemv.moe_experts_gemv(x, weights, ids, gate_up, down, shared)
     rw = weights.reshape(-1).float().contiguous()
     tk = t_len * top_k
     bm = _block_m(tk, n_exp)
@@ -213,8 +232,10 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
         down.stride(0), down.stride(1),
         BM=bm, BN=bn2, BK=bk, EVEN_K=inter % bk == 0, IEEE=ieee,
         UPCAST=upcast, **kw)
+    extra = None if shared is None else _reference.shared_expert_fp32(shared, x.dtype).contiguous()
     bh = min(1024, triton.next_power_of_2(hidden))
-    _moe_sum_kernel[(t_len, triton.cdiv(hidden, bh))](y, out, hidden, out.stride(0), TOPK=top_k, BH=bh)
+    _moe_sum_kernel[(t_len, triton.cdiv(hidden, bh))](y, y if extra is None else extra, out, hidden, out.stride(0),
+                                                      TOPK=top_k, BH=bh, HAS_EXTRA=extra is not None)
     return out
 
 

@@ -1,0 +1,57 @@
+"""Row-stacked projections: several weights that read the same input run as one GEMM when their rows are
+already adjacent in memory.
+
+The converter stores GDN ``in_proj_qkv`` + ``in_proj_z`` as one parent object and ``in_proj_b`` + ``in_proj_a``
+as another (see :mod:`ninfer_qwen3_5.mapping`); the loader hands each binding out as a zero-copy view of its
+parent. :func:`row_groups` finds such runs and returns one ``[sum rows, in]`` view per run -- no copy, no extra
+memory -- so a decode step launches one GEMV per run instead of one per binding. Weights that are not adjacent
+(another dtype after a cast, a differently converted artifact) simply form runs of one: the result is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """``weight[sum(sizes), in]``: the rows of consecutive projections, in order."""
+
+    weight: torch.Tensor
+    sizes: tuple[int, ...]
+
+
+def _adjacent(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.dim() == b.dim() == 2 and a.dtype == b.dtype and a.device == b.device
+            and a.shape[1] == b.shape[1] and a.is_contiguous() and b.is_contiguous()
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and a.data_ptr() + a.numel() * a.element_size() == b.data_ptr())
+
+
+def row_groups(weights: Sequence[torch.Tensor]) -> list[RowGroup]:
+    """Maximal runs of row-adjacent weights, in input order, each as one view (never a copy)."""
+    groups: list[list[torch.Tensor]] = []
+    for w in weights:
+        if groups and _adjacent(groups[-1][-1], w):
+            groups[-1].append(w)
+        else:
+            groups.append([w])
+    out = []
+    for run in groups:
+        rows = sum(w.shape[0] for w in run)
+        head = run[0]
+        view = head if len(run) == 1 else head.as_strided((rows, head.shape[1]), (head.shape[1], 1))
+        out.append(RowGroup(view, tuple(w.shape[0] for w in run)))
+    return out
+
+
+def project(ops, h: torch.Tensor, groups: Sequence[RowGroup]) -> list[torch.Tensor]:
+    """``[h @ w.T for w in the original weights]``, as column views of one output per group."""
+    outs: list[torch.Tensor] = []
+    for g in groups:
+        y = ops.linear(h, g.weight)
+        outs.extend(y.split(g.sizes, dim=-1) if len(g.sizes) > 1 else (y,))
+    return outs
