@@ -8,11 +8,16 @@ Invariants:
   plan, never allocated up front.
 - ``startup_peak_bytes`` bounds the bytes live during construction (the stored weights as loaded,
   the converted copies, KV and State); ``planned_bytes + headroom_bytes <= budget_bytes``.
-- Graph fields (decode CUDA graphs, CUDA only): ``graph_rebuild_estimate_bytes`` is what the plan
-  reserved for the graphs' private pool before fixing the KV capacity (0 when no graphs are planned);
-  ``graph_calibration_growth_bytes`` = ``graph_final_growth_bytes`` is what capture measured (the
-  growth of the allocator's reserved bytes; 0 when nothing was captured); there is no separate
-  calibration pass yet, so ``graph_retained_after_release_bytes`` stays 0.
+- Graph fields (decode CUDA graphs, CUDA only; all 0 when nothing was captured):
+  ``graph_rebuild_estimate_bytes`` is what the plan reserved for the graphs' private pool before
+  fixing the KV capacity (0 when no graphs are planned). Capture measures the growth of the
+  allocator's reserved bytes: ``graph_calibration_growth_bytes`` for the first capture,
+  ``graph_final_growth_bytes`` for the graphs the engine serves with. They are equal unless graph
+  calibration found less than ``headroom_bytes`` free and made the one corrective rebuild (smaller
+  automatic KV pool, graphs captured again); then ``kv_pages_before_rebuild`` is the pool the plan
+  had fixed (``num_pages`` is the final one, ``kv_bytes`` its size) and
+  ``graph_retained_after_release_bytes`` is what stayed reserved after dropping the first graphs.
+  Without a rebuild both are 0.
 - ``measured`` is True for an engine's summary (``startup_retained_bytes`` then is what start left
   held: on CUDA the growth of the allocator's reserved bytes, on the CPU the unique storage bytes of
   the Program's tensors); False for a plan made without loading weights (``ninfer info --memory``),
@@ -50,6 +55,7 @@ class MemorySummary:
     graph_retained_after_release_bytes: int = 0
     graph_rebuild_estimate_bytes: int = 0
     graph_final_growth_bytes: int = 0
+    kv_pages_before_rebuild: int = 0  # 0: no corrective rebuild; else the planned pool, shrunk to num_pages
 
     @property
     def kv_state_bytes(self) -> int:
@@ -77,8 +83,13 @@ def _graphs_line(s: MemorySummary) -> str:
         return f"  graphs            {_mib(0)}  (no CUDA graphs)"
     if s.graph_final_growth_bytes == 0:
         return f"  graphs            {_mib(s.graph_rebuild_estimate_bytes)}  (estimate, decode graphs planned)"
-    return (f"  graphs            {_mib(s.graph_final_growth_bytes)}  (captured; planned "
-            f"{_mib(s.graph_rebuild_estimate_bytes)})")
+    text = (f"  graphs            {_mib(s.graph_final_growth_bytes)}  (captured; planned "
+            f"{_mib(s.graph_rebuild_estimate_bytes)}")
+    if s.kv_pages_before_rebuild:
+        text += (f"; first capture {_mib(s.graph_calibration_growth_bytes)}, "
+                 f"{_mib(s.graph_retained_after_release_bytes)} retained after release; KV shrunk from "
+                 f"{s.kv_pages_before_rebuild} to {s.num_pages} pages after calibration")
+    return text + ")"
 
 
 def _mib(n: int) -> str:

@@ -2,8 +2,18 @@
 
 Flow (DESIGN.md section 3): reader -> Text component (required) -> registry architecture (dispatch
 on ``architectures[0]`` once, here) -> parameter specs of the selected features -> profile ->
-KV sizing -> load_weights -> resolve_ops -> ``ArchitectureSpec.create_program``; the Frontend is
-built from the component's frontend resources by the spec's frontend family.
+KV sizing -> load_weights -> resolve_ops -> ``ArchitectureSpec.create_program`` -> decode-graph capture
+and calibration (:func:`start_program`); the Frontend is built from the component's frontend resources
+by the spec's frontend family.
+
+Graph calibration (DESIGN.md section 7): after the decode graphs are captured, startup measures what
+stays free (``model_startup.runtime_free_bytes``). When that is below the headroom it makes at most one
+corrective rebuild: it drops the graphs and the Program, shrinks an automatic KV pool by the deficit
+(``model_startup.calibrate_kv``), builds the Program again from the same loaded weights and captures
+again; still short, or a pool that cannot shrink, is a MemoryPlanError. Each build gets its own copy of
+the weights mapping (``create_program`` may rearrange its dict; the tensors are read-only views by the
+ProgramInit contract, and Qwen3.5 casts into new tensors, never in place), so the rebuild sees the
+weights as loaded.
 
 Only the selected features' parameters are read. The reader is closed before returning: the weights
 are materialized tensors and the frontend resources are read eagerly.
@@ -12,6 +22,7 @@ are materialized tensors and the frontend resources are read eagerly.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -25,7 +36,18 @@ from ninfer.runtime.contract.architecture import ModelProfile, ProgramInit, Prog
 from ninfer.runtime.contract.frontend import Frontend
 from ninfer.runtime.contract.memory import MemorySummary
 from ninfer.runtime.contract.program import Program
-from ninfer.runtime.engine.model_startup import StartupProbe, device_budget, plan_startup, weight_source
+from ninfer.runtime.engine.model_startup import (
+    CALIBRATION_WAYS,
+    MemoryPlanError,
+    StartupPlan,
+    StartupProbe,
+    calibrate_kv,
+    device_budget,
+    plan_startup,
+    released_weight_bytes,
+    runtime_free_bytes,
+    weight_source,
+)
 from ninfer.runtime.engine.options import EngineOptions, InvalidEngineOptions
 
 log = logging.getLogger("ninfer.engine")
@@ -112,8 +134,7 @@ def _capture_graphs(program: Program, options: EngineOptions, device: torch.devi
     capture = getattr(program, "capture_decode_graphs", None)
     if graph_batches(device, options) == 0 or capture is None:
         return (), 0
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_reserved(device)
+    before = _reserved(device)  # after returning the unused cache: capture cannot hide in cached blocks
     try:
         sizes = tuple(capture(options.max_concurrency))
     except Exception as exc:  # the engine cannot serve what it planned: say how to start without graphs
@@ -124,6 +145,87 @@ def _capture_graphs(program: Program, options: EngineOptions, device: torch.devi
     growth = torch.cuda.memory_reserved(device) - before
     log.info("captured decode CUDA graphs for batch sizes 1..%d (%.1f MiB)", max(sizes, default=0), growth / 2**20)
     return sizes, growth
+
+
+def _reserved(device: torch.device) -> int:
+    """The caching allocator's reserved bytes after a sync and returning its unused cache."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_reserved(device)
+
+
+@dataclass(frozen=True)
+class StartedProgram:
+    """What :func:`start_program` built: the Program with its graphs, the final KV pages (fewer than
+    ``planned_pages`` after a corrective rebuild) and the graph memory it measured."""
+
+    program: Program
+    num_pages: int
+    planned_pages: int
+    graph_sizes: tuple[int, ...]
+    calibration_growth_bytes: int = 0      # the first capture's growth of reserved bytes
+    retained_after_release_bytes: int = 0  # reserved above the first capture's base after dropping its graphs
+    final_growth_bytes: int = 0            # the capture the engine serves with
+
+    @property
+    def rebuilt(self) -> bool:
+        return self.num_pages != self.planned_pages
+
+
+def _drop_graphs(program: Program, device: torch.device, base: int) -> int:
+    """Drop ``program``'s decode graphs; returns the reserved bytes still above ``base`` afterwards."""
+    close = getattr(program, "close_graphs", None)
+    if close is not None:
+        close()
+    gc.collect()
+    return max(0, _reserved(device) - base)
+
+
+def start_program(make_program: Callable[[int], Program], plan: StartupPlan, options: EngineOptions,
+                  device: torch.device, probe: StartupProbe, *,
+                  released_bytes: Callable[[Program], int] = lambda program: 0) -> StartedProgram:
+    """Build the Program with ``plan.num_pages`` KV pages (``make_program(num_pages)``), capture its decode
+    graphs, and calibrate (module docstring): with less than ``plan.budget.headroom_bytes`` left, one
+    corrective rebuild with fewer pages. ``released_bytes(program)``: device bytes construction frees when
+    it returns (the stored weight originals the Program does not keep)."""
+    num_pages = plan.num_pages
+    program = make_program(num_pages)
+    base = _reserved(device) if graph_batches(device, options) else 0
+    sizes, first = _capture_graphs(program, options, device)
+    if not sizes:
+        return StartedProgram(program, num_pages, num_pages, ())
+
+    def headroom_decision(p: Program, pages: int):
+        free = runtime_free_bytes(device, plan.budget, probe, pending_bytes=plan.workspace_bytes,
+                                  released_bytes=released_bytes(p))
+        return calibrate_kv(free_bytes=free, headroom_bytes=plan.budget.headroom_bytes, page_bytes=plan.page_bytes,
+                            num_pages=pages, min_pages=plan.min_pages, shrinkable=plan.kv_shrinkable)
+
+    def graphs(growth: int) -> str:
+        return (f"decode CUDA graphs for batch sizes 1..{max(sizes)} grew reserved memory by {growth / 2**20:,.1f} "
+                f"MiB (planned {plan.graph_bytes / 2**20:,.1f} MiB)")
+
+    decision = headroom_decision(program, num_pages)
+    if decision.action == "keep":
+        return StartedProgram(program, num_pages, num_pages, sizes, first, 0, first)
+    if decision.action == "fail":
+        raise MemoryPlanError(f"{graphs(first)}; {decision.reason}")
+    retained = _drop_graphs(program, device, base)
+    program = None  # the only reference: the KV pool, State and converted weights go with it
+    gc.collect()
+    torch.cuda.empty_cache()
+    log.info("graph calibration: %s; %s: rebuilding the Program with %d instead of %d KV pages",
+             graphs(first), decision.reason, decision.num_pages, num_pages)
+    num_pages = decision.num_pages
+    program = make_program(num_pages)
+    sizes, final = _capture_graphs(program, options, device)
+    again = headroom_decision(program, num_pages)
+    if again.action != "keep":
+        reason = again.reason if again.action == "fail" else f"{again.reason}; {CALIBRATION_WAYS}"
+        raise MemoryPlanError(f"still short after one corrective rebuild ({plan.num_pages} -> {num_pages} KV "
+                              f"pages): {graphs(final)}, {retained / 2**20:,.1f} MiB stayed reserved after "
+                              f"dropping the first graphs; {reason}")
+    return StartedProgram(program, num_pages, plan.num_pages, sizes, first, retained, final)
 
 
 def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress=None) -> ModelInstance:
@@ -178,18 +280,26 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
     program_options = ProgramOptions(device=device, dtype=dtype, max_sequences=options.max_concurrency,
                                      page_size=options.page_size, num_pages=num_pages, max_context=max_context,
                                      checkpoint_slots=options.checkpoint_slots)
-    program = spec.create_program(ProgramInit(config=config, weights=weights, ops=ops, options=program_options,
-                                              features=features))
-    graph_sizes, graph_growth = _capture_graphs(program, options, device)
+
+    def make_program(pages: int) -> Program:
+        opts = dataclasses.replace(program_options, num_pages=pages)
+        return spec.create_program(ProgramInit(config=config, weights=dict(weights), ops=ops, options=opts,
+                                               features=features))
+
+    started = start_program(make_program, plan, options, device, probe,
+                            released_bytes=lambda p: released_weight_bytes(weights, p, device))
+    program, num_pages = started.program, started.num_pages
     effective = dataclasses.replace(options, device=str(device), dtype=str(dtype).removeprefix("torch."),
                                     num_pages=num_pages, max_context=max_context)
     info = {"architecture": spec.name, "name": metadata.get("name") or spec.name, "artifact_id": artifact_id,
             "device": str(device), "dtype": effective.dtype, "num_pages": num_pages, "page_size": options.page_size,
             "max_context": max_context, "max_position_embeddings": profile.max_position_embeddings,
-            "ops": ops.describe(), "cuda_graphs": list(graph_sizes)}
-    memory = plan.summary(dtype, retained_bytes=probe.retained_bytes(program))
-    if graph_sizes:
-        memory = dataclasses.replace(memory, graph_calibration_growth_bytes=graph_growth,
-                                     graph_final_growth_bytes=graph_growth)
+            "ops": ops.describe(), "cuda_graphs": list(started.graph_sizes)}
+    memory = plan.with_num_pages(num_pages).summary(dtype, retained_bytes=probe.retained_bytes(program))
+    if started.graph_sizes:
+        memory = dataclasses.replace(memory, graph_calibration_growth_bytes=started.calibration_growth_bytes,
+                                     graph_retained_after_release_bytes=started.retained_after_release_bytes,
+                                     graph_final_growth_bytes=started.final_growth_bytes,
+                                     kv_pages_before_rebuild=plan.num_pages if started.rebuilt else 0)
     info["memory"] = memory.as_dict()
     return ModelInstance(program=program, frontend=frontend, options=effective, info=info, memory=memory)
