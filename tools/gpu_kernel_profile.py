@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Which kernels a decode step and a prefill chunk spend their GPU time in, at a published shape (diagnostics).
+
+Builds the random bf16 model of tools/gpu_bench_shapes.py (``--shape``, ``--layers``), converts it in memory,
+starts the public Engine (CUDA graphs on), then:
+1. decode: bare replays of the captured B=1 and B=8 graphs (CUDA events: the GPU floor of a step), then the same
+   replays under torch.profiler: kernels by total GPU time, per step and per layer, and the sum of kernel times
+   against the replay time (the difference is the gaps between kernels);
+2. the Engine's own decode rate at B=1 and B=8 (host work included), for the host share of a step;
+3. prefill: one ``--prefill``-token prompt through the Engine under torch.profiler: kernels by total GPU time.
+Writes ``kernel_profile_<shape>.json`` and text tables under ``--out``.
+
+    python3 tools/gpu_kernel_profile.py --shape 35b-a3b --layers 4 --tokenizer /tmp/tok.json --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def _shapes_module():
+    spec = importlib.util.spec_from_file_location("gpu_bench_shapes", HERE / "gpu_bench_shapes.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_bench_shapes"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def kernel_table(prof, steps: int) -> list[dict]:
+    rows = []
+    for e in prof.key_averages():
+        dev = getattr(e, "device_time_total", None)
+        if dev is None:
+            dev = e.cuda_time_total
+        if dev <= 0 or e.key.startswith(("cudaGraph", "ProfilerStep")):
+            continue
+        rows.append({"kernel": e.key[:110], "calls_per_step": e.count / steps, "us_per_step": dev / steps})
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return rows
+
+
+def fmt(rows: list[dict], total_us: float, limit: int = 40) -> str:
+    lines = [f"{'us/step':>9} {'%':>6} {'calls':>6}  kernel"]
+    for r in rows[:limit]:
+        lines.append(f"{r['us_per_step']:9.1f} {100 * r['us_per_step'] / total_us:6.1f} {r['calls_per_step']:6.1f}  "
+                     f"{r['kernel']}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="35b-a3b")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--prefill", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=50)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    shapes = _shapes_module()
+    from ninfer import Engine, EngineOptions
+    from ninfer.runtime.contract.sampling import SamplingParams
+    from torch.profiler import ProfilerActivity, profile
+
+    ns = argparse.Namespace(tiny=False, shape=args.shape, layers=args.layers)
+    geometry = shapes.geometry_for(ns)
+    work = Path(tempfile.mkdtemp())
+    model = shapes.build_hf(geometry, torch.device("cuda"), seed=0)
+    shapes.write_frontend(work, args.tokenizer)
+    artifact = work / "m.ninfer"
+    shapes.convert_in_memory(model, work, artifact, f"{args.shape}-{args.layers}l")
+    del model
+    torch.cuda.empty_cache()
+
+    report: dict = {"shape": args.shape, "layers": args.layers, "types": geometry["layer_types"]}
+    text = []
+    opts = EngineOptions(device="cuda", max_concurrency=8, max_context=args.prefill + 256)
+    with Engine.start(artifact, opts) as engine:
+        report["ops"] = engine.info.get("ops")
+        program = engine._program  # noqa: SLF001 (diagnostics)
+        for b in (1, 8):
+            sp = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+            for h in [engine.submit([(31 * i + 7 * r) % 5000 + 10 for i in range(64)], sampling=sp) for r in range(b)]:
+                with h:
+                    h.result()
+            graph, _ = program.graphs._graphs[b]  # noqa: SLF001
+            for _ in range(5):
+                graph.replay()
+            torch.cuda.synchronize()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(args.steps):
+                graph.replay()
+            e1.record()
+            torch.cuda.synchronize()
+            replay_us = e0.elapsed_time(e1) * 1000 / args.steps
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.steps):
+                    graph.replay()
+                torch.cuda.synchronize()
+            rows = kernel_table(prof, args.steps)
+            busy = sum(r["us_per_step"] for r in rows)
+            report[f"decode_b{b}"] = {"replay_us": replay_us, "kernel_us": busy,
+                                      "kernels_per_step": sum(r["calls_per_step"] for r in rows), "top": rows[:40]}
+            text.append(f"== decode B={b}: graph replay {replay_us:.1f} us, kernels {busy:.1f} us "
+                        f"({sum(r['calls_per_step'] for r in rows):.0f} launches)\n" + fmt(rows, replay_us))
+            # The Engine's own rate (host work included).
+            sp = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
+            t0 = time.perf_counter()
+            hs = [engine.submit([(13 * i + r) % 5000 + 10 for i in range(64)], sampling=sp) for r in range(b)]
+            for h in hs:
+                with h:
+                    h.result()
+            report[f"decode_b{b}"]["engine_tok_s"] = b * 256 / (time.perf_counter() - t0)
+
+        one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        prompt = torch.randint(0, geometry["vocab_size"], (args.prefill,),
+                               generator=torch.Generator().manual_seed(3)).tolist()
+        for _ in range(2):
+            engine.generate(prompt, sampling=one)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        r = engine.generate(prompt, sampling=one)
+        report["prefill_ttft_ms"] = r.timings.ttft_s * 1000
+        report["prefill_wall_ms"] = (time.perf_counter() - t0) * 1000
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.generate(prompt, sampling=one)
+            torch.cuda.synchronize()
+        rows = kernel_table(prof, 1)
+        busy = sum(r["us_per_step"] for r in rows)
+        report["prefill"] = {"kernel_us": busy, "top": rows[:40]}
+        text.append(f"== prefill {args.prefill}: ttft {report['prefill_ttft_ms']:.1f} ms, kernels {busy / 1000:.1f} ms\n"
+                    + fmt(rows, busy))
+    out = "\n\n".join(text)
+    print(out, flush=True)
+    (args.out / f"kernel_profile_{args.shape}.txt").write_text(out)
+    (args.out / f"kernel_profile_{args.shape}.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
