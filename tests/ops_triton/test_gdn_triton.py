@@ -24,7 +24,8 @@ _CUDA = torch.cuda.is_available()
 if not _CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
-
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from ninfer.ops.reference import gdn as ref  # noqa: E402
 from ninfer.ops.triton import gdn as tg  # noqa: E402
 from ops.conftest import Normwise, assert_normwise, rand, randn  # noqa: E402
@@ -84,6 +85,58 @@ def test_chunk_prefill_segments_and_strided_views(gen, monkeypatch):
     out = tg.gdn_chunk_prefill(q, k, v, g, beta, state, 0.3)
     assert_normwise(out, ref_o, OUT[torch.float32], "segmented strided output")
     assert_normwise(state, ref_s, STATE, "segmented strided state")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_prefill_near_identical_keys(dtype, gen):
+    # Keys within 1e-3 of one direction, beta in [0.98, 1], gates in [-1e-3, 0]: each chunk's A is close to
+    # the all-ones strict lower triangle, whose (I + A)^-1 a power series cannot reach (its terms grow
+    # binomially) while substitution, blockwise or not, stays at fp32 level. Same criteria as random inputs.
+    t_len, hk, hv, dk, dv = (300, 1, 2, 128, 128) if _CUDA else (130, 1, 2, 16, 16)
+    base = randn(gen, 1, hk, dk)
+    k = (base + randn(gen, t_len, hk, dk, scale=1e-3)).to(dtype).to(DEVICE)
+    q = randn(gen, t_len, hk, dk, dtype=dtype, device=DEVICE)
+    v = randn(gen, t_len, hv, dv, dtype=dtype, device=DEVICE)
+    g = rand(gen, t_len, hv, lo=-1e-3, hi=0.0, device=DEVICE)
+    beta = rand(gen, t_len, hv, lo=0.98, hi=1.0, device=DEVICE)
+    state = randn(gen, hv, dk, dv, scale=0.5, device=DEVICE)
+    ref_o, ref_s = gdn_oracle(q, k, v, g, beta, state, dk ** -0.5)
+    out = tg.gdn_chunk_prefill(q, k, v, g, beta, state, dk ** -0.5)
+    assert_normwise(out, ref_o, OUT[dtype], f"near-identical keys output {dtype}")
+    assert_normwise(state, ref_s, state_crit(dtype), f"near-identical keys state {dtype}")
+
+
+_inv_inplace = tg._unit_lower_inv_inplace
+
+
+@triton.jit
+def _chunk_inverse_probe(a_ptr, BT: tl.constexpr):
+    # The prep kernel's blockwise inverse on its own: one [BT, BT] matrix per program, in place.
+    _inv_inplace(a_ptr + tl.program_id(0) * BT * BT, BT)
+
+
+@pytest.mark.parametrize("spread,beta_lo", [(1e-3, 0.98), (0.0, 1.0), (0.3, 0.5), (1.0, 0.0)])
+def test_chunk_inverse_blockwise(spread, beta_lo, gen):
+    # (I + A)^-1 for A = strict_lower(beta_t e^{G_t-G_s} k_t.k_s) as the prep kernel forms it (unit keys
+    # around one direction with the given spread): within fp32 rounding of the fp64 inverse of the same fp32
+    # A, on the whole inverse and on its strict lower part alone (the merged off-diagonal blocks).
+    n, bt = 3, tg.CHUNK
+    mats = []
+    for _ in range(n):
+        kk = torch.randn(1, bt, generator=gen, dtype=torch.float64)
+        kk = kk + spread * torch.randn(bt, bt, generator=gen, dtype=torch.float64)
+        kk = kk / kk.norm(dim=1, keepdim=True)
+        beta = beta_lo + (1.0 - beta_lo) * torch.rand(bt, generator=gen, dtype=torch.float64)
+        cum = (-0.1 * torch.rand(bt, generator=gen, dtype=torch.float64)).cumsum(0)
+        mats.append(torch.tril(beta[:, None] * (kk @ kk.T) * torch.exp(cum[:, None] - cum[None, :]), -1))
+    a = torch.stack(mats).float()
+    x = a.clone().to(DEVICE)  # a copy on the CPU too: the kernel works in place
+    _chunk_inverse_probe[(n,)](x, BT=bt)
+    eye = torch.eye(bt, dtype=torch.float64)
+    ref = torch.linalg.inv(eye + a.double())
+    crit = Normwise(1e-6, 1e-5)
+    assert_normwise(x, ref, crit, "blockwise inverse")
+    assert_normwise(torch.tril(x.cpu(), -1), torch.tril(ref, -1), crit, "blockwise inverse, strict lower part")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

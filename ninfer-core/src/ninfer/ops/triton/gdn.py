@@ -10,6 +10,8 @@ Invariants:
   fp32 path is the oracle setting. With 16-bit inputs the chunked prefill's dots use ``_DOT_PRECISION_16`` =
   "tf32" (tensor cores): the inputs themselves carry bf16's 2^-9 rounding, the model's every other op rounds
   to bf16, and on the H200 the FMA dots made the prefill kernels the largest item of a 9B-shape 8k prefill.
+  The exception is the 16x16 merge dots of the chunk inverse (always "ieee": the inverse stays fp32-accurate
+  at any input dtype; they are a small part of the prep kernel's work).
   The decode step keeps "ieee" (it is memory-bound). (A "tf32x3" build hit an illegal memory access under
   Triton 3.6 on an H200 and was not pursued.)
 - States are read and written in place (``state`` / ``states[slots[b]]``); other slots are never touched.
@@ -21,9 +23,14 @@ Invariants:
 Prefill pipeline (chunks of L = 64 tokens), per segment of at most ``_SEG_CHUNKS`` chunks:
 1. ``_gdn_chunk_prep_kernel`` -- one program per (chunk, value head), fully parallel: normalises q/k, forms the
    chunk-local cumulative gate G, A = strict_lower(beta_t e^{G_t-G_s} k_t.k_s), inverts the unit lower
-   triangular (I + A) by forward substitution, and writes the chunk-only quantities
+   triangular (I + A) blockwise (``_unit_lower_inv_inplace``: A goes to the program's own 64x64 block of the
+   AQK scratch; the four 16x16 diagonal blocks are inverted by forward substitution, 15 steps for all four
+   at once; the off-diagonal blocks follow from X_ij = -X_ii sum_{k=j}^{i-1} A_ik X_kj with 16x16 IEEE dots;
+   the inverse is read back whole), and writes the chunk-only quantities
    U = (I+A)^-1 diag(beta) V,  W = (I+A)^-1 diag(beta e^G) K,  QG = diag(e^G) Q,  KD = diag(e^{G_L-G}) K,
-   AQK = (Q K^T) * M (M the causal decay mask)  and G_L, to fp32 scratch.
+   AQK = (Q K^T) * M (M the causal decay mask; stored over the inverse)  and G_L, to fp32 scratch.
+   (The blockwise inverse replaced a row-by-row substitution over all 64 rows: 63 serial steps of [64, 64]
+   cross-warp reductions.)
 2. ``_gdn_chunk_scan_kernel`` -- one program per (value head, Dv tile), sequential over the chunks, carrying
    the state tile in registers:  Delta = U - W S;  O = QG S + AQK Delta;  S <- e^{G_L} S + KD^T Delta.
    It reads the initial state from, and writes the final state back into, the caller's state tensor.
@@ -115,10 +122,91 @@ def _store_scr(ptr, r, col0, x, KS: tl.constexpr, W: tl.constexpr):
     tl.store(ptr + r[:, None] * W + cols[None, :], x, mask=(cols < W)[None, :])
 
 
+@triton.jit
+def _blk_t(ptr, bi, bj, BS: tl.constexpr, W: tl.constexpr):
+    # Block (bi, bj) of a row-major [*, W] scratch matrix M, transposed: [c, r] = M[bi*BS + r, bj*BS + c].
+    i = tl.arange(0, BS)
+    return tl.load(ptr + (bi * BS + i)[None, :] * W + (bj * BS + i)[:, None])
+
+
+@triton.jit
+def _blk_t_store(ptr, bi, bj, xt, BS: tl.constexpr, W: tl.constexpr):
+    # Inverse of _blk_t: block (bi, bj) of M <- xt^T.
+    i = tl.arange(0, BS)
+    tl.store(ptr + (bi * BS + i)[None, :] * W + (bj * BS + i)[:, None], xt)
+
+
+@triton.jit
+def _mm(a, b):
+    # The inversion's merge dots: IEEE fp32 whatever the input dtype (the inverse must stay fp32-accurate).
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _diag_inv_t(p, BS: tl.constexpr, W: tl.constexpr):
+    # X_b^T = ((I + A_bb)^-1)^T for the 4 diagonal [BS, BS] blocks of the strictly lower A at p, by forward
+    # substitution one row of X_b per step: row i = e_i - sum_{c<i} A_bb[i, c] row_c (rows c < i are final,
+    # A_bb[i, c] = 0 for c >= i). Held transposed, row i of X_b is a column of X_b^T and the sum runs along
+    # the rows' axis 1 (within a warp, no barrier); A_bb[i, :] is read back from the scratch each step,
+    # broadcast over the rows (no cross-warp extraction). The four chains are independent.
+    rr = tl.arange(0, BS)
+    col = rr[None, :] + 0 * rr[:, None]          # [BS, BS] column index
+    eye = tl.where(rr[:, None] == col, 1.0, 0.0)
+    x0, x1, x2, x3 = eye, eye, eye, eye
+    for i in range(1, BS):
+        a0 = tl.load(p + (0 * BS + i) * W + 0 * BS + col)
+        a1 = tl.load(p + (1 * BS + i) * W + 1 * BS + col)
+        a2 = tl.load(p + (2 * BS + i) * W + 2 * BS + col)
+        a3 = tl.load(p + (3 * BS + i) * W + 3 * BS + col)
+        upd = col == i
+        x0 = tl.where(upd, x0 - tl.sum(x0 * a0, 1)[:, None], x0)
+        x1 = tl.where(upd, x1 - tl.sum(x1 * a1, 1)[:, None], x1)
+        x2 = tl.where(upd, x2 - tl.sum(x2 * a2, 1)[:, None], x2)
+        x3 = tl.where(upd, x3 - tl.sum(x3 * a3, 1)[:, None], x3)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _unit_lower_inv_inplace(p, BT: tl.constexpr):
+    # Replaces the strictly lower [BT, BT] fp32 matrix A stored row-major at p (this program's scratch) by
+    # (I + A)^-1, blockwise over 4 x 4 blocks of BS = BT / 4: X_ii = (I + A_ii)^-1 by substitution on
+    # [BS, BS] tiles, then for i > j  X_ij = -X_ii sum_{k=j}^{i-1} A_ik X_kj  by small IEEE dots, all done
+    # transposed (X_ij^T = -(sum_k X_kj^T A_ik^T) X_ii^T; the transposes are free in the pointer arithmetic).
+    # The blocks above the diagonal are A's zeros and stay. The caller puts a barrier after storing A.
+    BS: tl.constexpr = BT // 4
+    tl.static_assert(BS >= 16)
+    x00, x11, x22, x33 = _diag_inv_t(p, BS, BT)
+    a10 = _blk_t(p, 1, 0, BS, BT)
+    a20 = _blk_t(p, 2, 0, BS, BT)
+    a21 = _blk_t(p, 2, 1, BS, BT)
+    a30 = _blk_t(p, 3, 0, BS, BT)
+    a31 = _blk_t(p, 3, 1, BS, BT)
+    a32 = _blk_t(p, 3, 2, BS, BT)
+    x10 = -_mm(_mm(x00, a10), x11)
+    x21 = -_mm(_mm(x11, a21), x22)
+    x32 = -_mm(_mm(x22, a32), x33)
+    x20 = -_mm(_mm(x00, a20) + _mm(x10, a21), x22)
+    x31 = -_mm(_mm(x11, a31) + _mm(x21, a32), x33)
+    x30 = -_mm(_mm(x00, a30) + _mm(x10, a31) + _mm(x20, a32), x33)
+    tl.debug_barrier()  # every thread has read its A blocks before any is overwritten
+    _blk_t_store(p, 0, 0, x00, BS, BT)
+    _blk_t_store(p, 1, 1, x11, BS, BT)
+    _blk_t_store(p, 2, 2, x22, BS, BT)
+    _blk_t_store(p, 3, 3, x33, BS, BT)
+    _blk_t_store(p, 1, 0, x10, BS, BT)
+    _blk_t_store(p, 2, 1, x21, BS, BT)
+    _blk_t_store(p, 3, 2, x32, BS, BT)
+    _blk_t_store(p, 2, 0, x20, BS, BT)
+    _blk_t_store(p, 3, 1, x31, BS, BT)
+    _blk_t_store(p, 3, 0, x30, BS, BT)
+
+
 # In the prep kernel every head dim (Dk, Dv <= 128) is handled as 4 column slices of KS = max(16, B / 4)
-# (32 at 128): Triton's IEEE fp32 dot runs on FMA units and materialises its operands per thread, so one [64, 128] x [128, 64]
-# dot spills heavily, while dots whose K is one slice do not. Slices past the padded width are all-zero
-# (masked) and only cost time at the tiny test dims.
+# (32 at 128): Triton's IEEE fp32 dot runs on FMA units and materialises its operands per thread, so one
+# [64, 128] x [128, 64] dot spills heavily, while dots whose K is one slice do not. Slices past the padded
+# width are all-zero (masked) and only cost time at the tiny test dims. Order: Q's quantities and QK first,
+# AQK held in registers; then A, the inverse, W/KD/U; AQK stored last (offline sm_90 compile, Triton 3.6,
+# tf32: 16 B of spill this way, 88-240 B with Q after the inverse or A in a separate scratch).
 @triton.jit
 def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
                            w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr,
@@ -167,30 +255,29 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
     rq = tl.rsqrt(tl.sum(q0 * q0, 1) + tl.sum(q1 * q1, 1) + tl.sum(q2 * q2, 1) + tl.sum(q3 * q3, 1) + 1e-6)
     rq = rq * scale
     q0, q1, q2, q3 = q0 * rq[:, None], q1 * rq[:, None], q2 * rq[:, None], q3 * rq[:, None]
-    qk = tl.dot(q0, tl.trans(k0), input_precision=PREC)
-    qk = tl.dot(q1, tl.trans(k1), qk, input_precision=PREC)
-    qk = tl.dot(q2, tl.trans(k2), qk, input_precision=PREC)
-    qk = tl.dot(q3, tl.trans(k3), qk, input_precision=PREC)
-    tl.store(aqk_ptr + r[:, None] * BT + rows[None, :], tl.where(causal, qk * decay, 0.0))
     _store_scr(qg_ptr, r, 0 * KS, q0 * gamma[:, None], KS, BK)
     _store_scr(qg_ptr, r, 1 * KS, q1 * gamma[:, None], KS, BK)
     _store_scr(qg_ptr, r, 2 * KS, q2 * gamma[:, None], KS, BK)
     _store_scr(qg_ptr, r, 3 * KS, q3 * gamma[:, None], KS, BK)
-
+    qk = tl.dot(q0, tl.trans(k0), input_precision=PREC)
+    qk = tl.dot(q1, tl.trans(k1), qk, input_precision=PREC)
+    qk = tl.dot(q2, tl.trans(k2), qk, input_precision=PREC)
+    qk = tl.dot(q3, tl.trans(k3), qk, input_precision=PREC)
+    aqk_v = tl.where(causal, qk * decay, 0.0)
     kk = tl.dot(k0, tl.trans(k0), input_precision=PREC)
     kk = tl.dot(k1, tl.trans(k1), kk, input_precision=PREC)
     kk = tl.dot(k2, tl.trans(k2), kk, input_precision=PREC)
     kk = tl.dot(k3, tl.trans(k3), kk, input_precision=PREC)
     a = tl.where(rows[:, None] > rows[None, :], beta[:, None] * kk * decay, 0.0)
-    # (I + A)^-1 by forward substitution, one row per step: row i = e_i - sum_{j<i} A[i, j] row_j (rows j < i
-    # are final, A[i, j] = 0 for j >= i). A[i, :] is taken as column i of A^T so that it comes out indexed
-    # along the row axis, ready to broadcast against the inverse's rows.
-    at = tl.trans(a)
-    inv = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    for i in range(1, BT):
-        a_i = tl.sum(tl.where(rows[None, :] == i, at, 0.0), 1)
-        contrib = tl.sum(a_i[:, None] * inv, 0)
-        inv = tl.where(rows[:, None] == i, inv - contrib[None, :], inv)
+    # (I + A)^-1 blockwise in this program's own [BT, BT] block of the AQK scratch (AQK is held in registers
+    # and written there last). Barriers: other threads read back what one thread stored.
+    sp = aqk_ptr + (h * NPAD + c * BT) * BT
+    sq = rows[:, None] * BT + rows[None, :]
+    tl.store(sp + sq, a)
+    tl.debug_barrier()
+    _unit_lower_inv_inplace(sp, BT)
+    tl.debug_barrier()
+    inv = tl.load(sp + sq)
 
     bg = (beta * gamma)[:, None]
     tail = tl.exp((g_last64 - cum64).to(tl.float32))[:, None]
@@ -212,6 +299,9 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
                VS, BV)
     _store_scr(u_ptr, r, 3 * VS, tl.dot(inv, bb * _load_in(vp, t, tm, sv_t, 3 * VS, VS, DV), input_precision=PREC),
                VS, BV)
+
+    tl.debug_barrier()  # every thread has read the inverse before AQK overwrites it
+    tl.store(sp + sq, aqk_v)
 
 
 @triton.jit
