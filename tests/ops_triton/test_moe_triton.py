@@ -152,6 +152,19 @@ def ref_moe(*args):
     return ref.moe_experts(x, weights, ids, gate_up, down, shared=shared)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_tiles_narrower_than_a_row(dtype, gen, monkeypatch):
+    """Expert rows wider than the GEMV tiles: the K loops of both kernels (the model's widths fit one tile)."""
+    from ninfer.ops.triton import moe_gemv
+
+    monkeypatch.setattr(moe_gemv, "_BK_GATE_UP", 16)
+    monkeypatch.setattr(moe_gemv, "_BK_DOWN_MAX", 16)
+    args = make(gen, 3, 40, 24, 6, 2, dtype)
+    shared = shared_expert(gen, 3, 40, 20, dtype)
+    out = tm.moe_experts(*args, shared=shared, gemv=True)
+    assert_normwise(out, moe_experts_oracle(*args, shared), EXPERTS[dtype], f"narrow gemv tiles {dtype}")
+
+
 def test_gemv_path_is_deterministic_and_taken_by_size(gen, monkeypatch):
     from ninfer.ops.triton import moe_gemv
 
