@@ -32,6 +32,8 @@ MAX_PAIRS = 128
 _BK_GATE_UP = 512
 # Largest down-projection row held as one tile (the expert width I; Qwen3.5-MoE: 512).
 _BK_DOWN_MAX = 1024
+# Elements of one [BN, BK] fp32 accumulator tile (4 warps: 32 registers per thread).
+_TILE = 4096
 
 
 @triton.jit
@@ -157,8 +159,10 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
     interp = x.device.type != "cuda"
     kw = {} if interp else {"num_warps": 4}
     act = torch.empty((t_len * top_k, inter), dtype=x.dtype, device=x.device)
-    bn1 = _block_n(t_len * top_k, inter, sms)
+    # A [BN, BK] fp32 accumulator per operand: BN * BK <= _TILE keeps it in registers (B=8 spilled with
+    # BN = 32 x BK = 512 on an H200: 4x slower than B=1).
     bk1 = min(_BK_GATE_UP, triton.next_power_of_2(hidden))
+    bn1 = min(_block_n(t_len * top_k, inter, sms), max(1, _TILE // bk1))
     _gate_up_gemv_kernel[(t_len * top_k, triton.cdiv(inter, bn1))](
         x, gate_up, ids, act, hidden, inter, x.stride(0), gate_up.stride(0), gate_up.stride(1),
         TOPK=top_k, BN=bn1, BK=bk1, EVEN=hidden % bk1 == 0, **kw)
@@ -169,8 +173,8 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
     else:  # unused pointers (HAS_SHARED=False compiles the branch away)
         proj = sdown = glog = x
         nis, sp_t, sd_n, sg_t = 0, 0, 0, 0
-    bn2 = _block_n(t_len, hidden, sms)
     bk2 = min(_BK_DOWN_MAX, triton.next_power_of_2(max(inter, nis, 16)))
+    bn2 = min(_block_n(t_len, hidden, sms), max(1, _TILE // bk2))
     _down_gemv_kernel[(t_len, triton.cdiv(hidden, bn2))](
         act, down, ids, rw, out, proj, sdown, glog, hidden, inter, nis,
         down.stride(0), down.stride(1), out.stride(0), sp_t, sd_n, sg_t,
