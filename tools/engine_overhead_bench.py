@@ -14,13 +14,11 @@ optimised without a GPU.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 import sys
 import time
 
 import torch
+from worker_profile import profiled_cycles, top_functions
 
 
 def main() -> int:
@@ -77,21 +75,9 @@ def main() -> int:
             print(f"B={b}: {walls[1] / args.steps * 1e6:,.0f} us per decode step (median of 3 runs of {args.steps} "
                   f"steps), {b * args.steps / walls[1]:,.0f} tok/s")
             if args.profile and b == max(int(x) for x in args.batches.split(",")):
-                core = engine._core  # noqa: SLF001 (diagnostics)
-                prof, orig = cProfile.Profile(), core._cycle
-
-                def cycle(*a, prof=prof, orig=orig, **k):
-                    prof.enable()
-                    try:
-                        return orig(*a, **k)
-                    finally:
-                        prof.disable()
-                core._cycle = cycle
-                run()
-                core._cycle = orig
-                s = io.StringIO()
-                pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
-                print(s.getvalue())
+                with profiled_cycles(engine) as prof:
+                    run()
+                print(top_functions(prof, own=25))
     return 0
 
 

@@ -14,18 +14,16 @@ Writes text reports under ``--out``.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import importlib.util
-import io
 import json
 import os
-import pstats
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from worker_profile import profiled_cycles, top_functions
 
 HERE = Path(__file__).resolve().parent
 
@@ -95,24 +93,9 @@ def main() -> int:
             report[f"{key}_b8_tok_s"] = decode_rate(engine, 8, 128)
             if graphs == "1":
                 # The worker thread's own profile: wrap its cycle with a profiler for one B=1 run.
-                core = engine._core  # noqa: SLF001 (diagnostics)
-                prof = cProfile.Profile()
-                orig = core._cycle
-
-                def cycle(*a, prof=prof, orig=orig, **k):
-                    prof.enable()
-                    try:
-                        return orig(*a, **k)
-                    finally:
-                        prof.disable()
-                core._cycle = cycle
-                report["graphs_b1_tok_s_profiled"] = decode_rate(engine, 1, 256)
-                core._cycle = orig
-                s = io.StringIO()
-                pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(40)
-                s.write("\n\n---- cumulative ----\n")
-                pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(50)
-                (args.out / "profile_worker_b1.txt").write_text(s.getvalue())
+                with profiled_cycles(engine) as prof:
+                    report["graphs_b1_tok_s_profiled"] = decode_rate(engine, 1, 256)
+                (args.out / "profile_worker_b1.txt").write_text(top_functions(prof, own=40, cumulative=50))
                 # The GPU floor: bare graph replays.
                 program = engine._program  # noqa: SLF001
                 g = program.graphs
