@@ -51,6 +51,45 @@ def check_conv1d_update_slots(ops, device, dtype, channels, k, gen, crit, row_pa
     return x, w, before, states, slots, y
 
 
+def check_conv1d_update_out_slots(ops, device, dtype, channels, k, gen):
+    """Lookahead form: rows read slots 4, 0, 2 and write out slots 1, 5, 3. Outputs and new states are
+    bit-identical to the in-place call's; the read slots keep their old states."""
+    states = randn(gen, 6, channels, k - 1, dtype=dtype, device=device)
+    before = states.clone()
+    slots = torch.tensor([4, 0, 2], dtype=torch.int64, device=device)
+    outs = torch.tensor([1, 5, 3], dtype=torch.int64, device=device)
+    x = randn(gen, 3, channels, dtype=dtype, device=device)
+    w = randn(gen, channels, k, dtype=dtype, device=device)
+    in_place = before.clone()
+    y_ref = ops.causal_conv1d_update(x, w, in_place, slots)
+    y = ops.causal_conv1d_update(x, w, states, slots, outs)
+    assert_bits(y.cpu(), y_ref.cpu(), "conv update output with out_slots")
+    for s, o in zip(slots.tolist(), outs.tolist(), strict=True):
+        assert_bits(states[o].cpu(), in_place[s].cpu(), f"out slot {o} (read from {s})")
+        assert_bits(states[s].cpu(), before[s].cpu(), f"read slot {s} unchanged")
+
+
+def check_gdn_recurrent_out_slots(step, device, dtype, hk, hv, dk, dv, gen):
+    """Lookahead form, ping-pong: two rows stepped 3 times, reading slots (3, 0) and writing (1, 4), then
+    back. Outputs and final states are bit-identical to the in-place run; each step leaves its read slots
+    as they were."""
+    states = randn(gen, 5, hv, dk, dv, device=device, scale=0.5)
+    in_place = states.clone()
+    a = torch.tensor([3, 0], dtype=torch.int64, device=device)
+    b = torch.tensor([1, 4], dtype=torch.int64, device=device)
+    seqs = [gdn_inputs(gen, 3, hk, hv, dk, dv, dtype, device) for _ in range(2)]
+    src, dst = a, b
+    for t in range(3):
+        row = [torch.stack([seq[i][t] for seq in seqs]) for i in range(5)]
+        o_ref = step(*row, in_place, a, dk ** -0.5)
+        kept = states[src].clone()
+        o = step(*row, states, src, dk ** -0.5, dst)
+        assert_bits(o.cpu(), o_ref.cpu(), f"recurrent output step {t} with out_slots")
+        assert_bits(states[src].cpu(), kept.cpu(), f"read slots {src.tolist()} unchanged at step {t}")
+        src, dst = dst, src
+    assert_bits(states[src].cpu(), in_place[a].cpu(), "final states through out_slots")
+
+
 def check_gdn_prefill(prefill, device, dtype, t_len, hk, hv, dk, dv, gen, out_crit, state_crit):
     """gdn_chunk_prefill from a random state: output and the in-place fp32 state against the token loop."""
     q, k, v, g, beta = gdn_inputs(gen, t_len, hk, hv, dk, dv, dtype, device)

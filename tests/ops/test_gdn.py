@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from .conftest import Normwise, reference_ops
-from .shared_checks import check_gdn_prefill, check_gdn_recurrent_slots, check_gdn_strong_decay_split
+from .shared_checks import (
+    check_gdn_prefill,
+    check_gdn_recurrent_out_slots,
+    check_gdn_recurrent_slots,
+    check_gdn_strong_decay_split,
+)
 
 OUT = {torch.float32: Normwise(2e-6, 2e-5), torch.bfloat16: Normwise(8e-3, 3e-2)}
 STATE = Normwise(2e-6, 2e-5)
@@ -40,3 +45,9 @@ def test_chunk_prefill_strong_decay_and_split(device, gen):
 def test_recurrent_step_slots(device, dtype, hk, hv, gen):
     ops = reference_ops(device, dtype)
     check_gdn_recurrent_slots(ops.gdn_recurrent_step, device, dtype, hk, hv, 16, 8, gen, OUT[dtype], STATE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_recurrent_step_out_slots(device, dtype, gen):
+    ops = reference_ops(device, dtype)
+    check_gdn_recurrent_out_slots(ops.gdn_recurrent_step, device, dtype, 1, 4, 16, 8, gen)

@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 from ops.conftest import assert_bits, assert_pointwise, randn  # noqa: E402
 from ops.oracles import conv1d_oracle  # noqa: E402
-from ops.shared_checks import check_conv1d_update_slots  # noqa: E402
+from ops.shared_checks import check_conv1d_update_out_slots, check_conv1d_update_slots  # noqa: E402
 from ops.test_conv1d import CRIT  # noqa: E402
 
 from .conftest import DEVICE, reference, triton_ops  # noqa: E402
@@ -30,6 +30,12 @@ def test_update_slots(dtype, channels, k, gen):
     ref_out = reference(dtype).causal_conv1d_update(x, w, ref_states, slots)
     assert_bits(states.cpu(), ref_states.cpu(), "states vs torch reference")
     assert_pointwise(y, ref_out.double().cpu(), CRIT[dtype], "output vs torch reference")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels,k", [(16, 4), (300, 4)])
+def test_update_out_slots(dtype, channels, k, gen):
+    check_conv1d_update_out_slots(triton_ops(dtype), DEVICE, dtype, channels, k, gen)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -32,6 +32,7 @@ from ops.conftest import Normwise, assert_normwise, rand, randn  # noqa: E402
 from ops.oracles import gdn_inputs, gdn_oracle  # noqa: E402
 from ops.shared_checks import (  # noqa: E402
     check_gdn_prefill,
+    check_gdn_recurrent_out_slots,
     check_gdn_recurrent_slots,
     check_gdn_strong_decay_split,
 )
@@ -163,6 +164,12 @@ def test_chunk_prefill_agrees_with_reference_op(dtype, gen):
                          + ([(16, 32, 128, 128)] if _CUDA else []))
 def test_recurrent_step_slots(dtype, hk, hv, dk, dv, gen):
     check_gdn_recurrent_slots(tg.gdn_recurrent_step, DEVICE, dtype, hk, hv, dk, dv, gen, OUT[dtype], STATE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_recurrent_step_out_slots(dtype, gen):
+    hk, hv, dk, dv = (16, 32, 128, 128) if _CUDA else (1, 4, 16, 16)
+    check_gdn_recurrent_out_slots(tg.gdn_recurrent_step, DEVICE, dtype, hk, hv, dk, dv, gen)
 
 
 def test_recurrent_step_agrees_with_reference_op_and_block_sizes(gen):

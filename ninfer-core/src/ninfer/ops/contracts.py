@@ -69,9 +69,11 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "inputs, zeros for a fresh sequence), then SiLU. conv_state is overwritten with the last K-1 "
                "inputs of [state | x]."),
     OpContract("causal_conv1d_update",
-               "causal_conv1d_update(x[B, C], weight[C, K], conv_states[S, C, K-1] (in/out), slots[B] int64) "
-               "-> y[B, C]",
-               "One decode step per row against the state in slot slots[b]; SiLU; state rolled in place."),
+               "causal_conv1d_update(x[B, C], weight[C, K], conv_states[S, C, K-1] (in/out), slots[B] int64, "
+               "out_slots[B] int64 = None) -> y[B, C]",
+               "One decode step per row against the state in slot slots[b]; SiLU; the rolled state is written to "
+               "slot out_slots[b] (None: slots, in place). Slots are distinct; an out slot is its row's own slot "
+               "or one no row of the call reads (lookahead decode writes a spare slot and leaves slots[b] as is)."),
     OpContract("gdn_chunk_prefill",
                "gdn_chunk_prefill(q[T, Hk, Dk], k[T, Hk, Dk], v[T, Hv, Dv], g[T, Hv] fp32, beta[T, Hv] fp32, "
                "state[Hv, Dk, Dv] fp32 (in/out), scale) -> o[T, Hv, Dv]",
@@ -80,8 +82,10 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = S^T q. state overwritten with the final S."),
     OpContract("gdn_recurrent_step",
                "gdn_recurrent_step(q[B, Hk, Dk], k[B, Hk, Dk], v[B, Hv, Dv], g[B, Hv], beta[B, Hv], "
-               "states[S, Hv, Dk, Dv] fp32 (in/out), slots[B] int64, scale) -> o[B, Hv, Dv]",
-               "One token of the same recurrence for each row, reading and writing states[slots[b]] in place."),
+               "states[S, Hv, Dk, Dv] fp32 (in/out), slots[B] int64, scale, out_slots[B] int64 = None) "
+               "-> o[B, Hv, Dv]",
+               "One token of the same recurrence for each row, reading states[slots[b]] and writing the new state "
+               "to states[out_slots[b]] (None: slots, in place); out slots as for causal_conv1d_update."),
     OpContract("kv_cache_write",
                "kv_cache_write(k[T, Hkv, D], v[T, Hkv, D], k_pool[P, page, Hkv, D], v_pool[...], "
                "slot_mapping[T] int64) -> None",

@@ -34,14 +34,16 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, conv_state: tor
 
 
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
-                         slots: torch.Tensor) -> torch.Tensor:
-    """One decode token per row: ``x[B, C]`` against ``conv_states[slots[b]]`` ([S, C, K-1], in place)."""
+                         slots: torch.Tensor, out_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode token per row: ``x[B, C]`` against ``conv_states[slots[b]]`` ([S, C, K-1]); the rolled
+    state goes to ``conv_states[out_slots[b]]`` (default: ``slots``, in place)."""
     k = weight.shape[-1]
     slots = slots.to(device=conv_states.device, dtype=torch.long)
+    out_slots = slots if out_slots is None else out_slots.to(device=conv_states.device, dtype=torch.long)
     window = torch.cat((conv_states.index_select(0, slots).to(x.dtype), x[:, :, None]), dim=-1)  # [B, C, K]
     y = F.silu((window.float() * weight.float()[None]).sum(dim=-1)).to(x.dtype)
     if k > 1:
-        conv_states.index_copy_(0, slots, window[:, :, 1:].to(conv_states.dtype))
+        conv_states.index_copy_(0, out_slots, window[:, :, 1:].to(conv_states.dtype))
     return y
 
 

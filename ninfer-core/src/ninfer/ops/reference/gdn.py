@@ -106,8 +106,10 @@ def gdn_chunk_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
 
 
 def gdn_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                       states: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
-    """One token per row ``b`` against ``states[slots[b]]`` ([S, Hv, Dk, Dv] fp32, updated in place)."""
+                       states: torch.Tensor, slots: torch.Tensor, scale: float,
+                       out_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row ``b`` against ``states[slots[b]]`` ([S, Hv, Dk, Dv] fp32); the new state goes to
+    ``states[out_slots[b]]`` (default: ``slots``, in place)."""
     hv = v.shape[1]
     qn = _expand_key_heads(_l2norm(q) * scale, hv)                # [B, Hv, Dk]
     kn = _expand_key_heads(_l2norm(k), hv)
@@ -118,7 +120,8 @@ def gdn_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     delta = beta.float()[..., None] * (v.float() - kv_mem)
     s = s + kn[..., :, None] * delta[..., None, :]
     o = torch.einsum("bhk,bhkv->bhv", qn, s)
-    states.index_copy_(0, slots, s.to(states.dtype))
+    out_slots = slots if out_slots is None else out_slots.to(device=states.device, dtype=torch.long)
+    states.index_copy_(0, out_slots, s.to(states.dtype))
     return o.to(q.dtype)
 
 

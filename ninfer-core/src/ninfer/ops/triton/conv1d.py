@@ -4,8 +4,9 @@ updated in place in ``conv_states[slots[b]]``.
 Invariants (those of :mod:`ninfer.ops.reference.conv1d`):
 - window = [state[slot] (cast to x.dtype) | x] along the K taps; ``y = silu(sum_j w[c, j] * window[c, j])``
   in fp32, one rounding to x.dtype.
-- The new state is window[:, 1:] cast to the state's dtype (an exact copy when the dtypes agree); only the
-  rows' own slots are read or written (slots must be distinct, as the contract says).
+- The new state is window[:, 1:] cast to the state's dtype (an exact copy when the dtypes agree), written to
+  ``out_slots[b]`` (default ``slots[b]``); only the rows' own slots are read or written (slots must be
+  distinct, and an out slot is its row's own slot or one no row reads, as the contract says).
 - Program (row, block of channels) holds the whole [BLOCK_C, K] window in registers: every load of the old
   state precedes, by data dependence, the store of the new one, so the in-place update is race-free.
 - ``causal_conv1d_prefill``: program (block of tokens, block of channels) reads its K-1 earlier inputs from
@@ -26,7 +27,7 @@ from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok,
 
 
 @triton.jit
-def _conv_update_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, y_ptr, C,
+def _conv_update_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, C,
                         stride_xb, stride_xc, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk,
                         stride_yb, K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                         INTERP: tl.constexpr):
@@ -45,8 +46,10 @@ def _conv_update_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, y_ptr, C,
     acc = tl.sum(window.to(tl.float32) * w, 1)
     y = acc / (1.0 + tl.exp(-acc))
     tl.store(y_ptr + b * stride_yb + c, cast(y, y_ptr.dtype.element_ty, INTERP), mask=c_mask)
-    # Shift by one tap: window[:, j] (j >= 1) becomes state[:, j - 1].
-    tl.store(s_base + (j[None, :] - 1) * stride_sk, cast(window, s_ptr.dtype.element_ty, INTERP),
+    # Shift by one tap: window[:, j] (j >= 1) becomes state[:, j - 1] of the output slot.
+    out_slot = tl.load(out_slots_ptr + b).to(tl.int64)
+    o_base = s_ptr + out_slot * stride_ss + c[:, None] * stride_sc
+    tl.store(o_base + (j[None, :] - 1) * stride_sk, cast(window, s_ptr.dtype.element_ty, INTERP),
              mask=c_mask[:, None] & (j[None, :] >= 1) & (j[None, :] < K))
 
 
@@ -99,8 +102,9 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, conv_state: tor
 
 
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
-                         slots: torch.Tensor) -> torch.Tensor:
-    """One decode token per row: ``x[B, C]`` against ``conv_states[slots[b]]`` ([S, C, K-1], in place)."""
+                         slots: torch.Tensor, out_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode token per row: ``x[B, C]`` against ``conv_states[slots[b]]`` ([S, C, K-1]); the rolled
+    state goes to ``conv_states[out_slots[b]]`` (default: ``slots``, in place)."""
     launch_ok(x)
     bsz, channels = x.shape
     k = weight.shape[-1]
@@ -108,9 +112,10 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_states: tor
     if bsz == 0:
         return y
     slots = slots.to(device=x.device, dtype=torch.int64)
+    out_slots = slots if out_slots is None else out_slots.to(device=x.device, dtype=torch.int64)
     block_c = min(256, next_pow2(channels))
     _conv_update_kernel[(bsz, triton.cdiv(channels, block_c))](
-        x, weight, conv_states, slots, y, channels, *x.stride(), *weight.stride(), *conv_states.stride(),
+        x, weight, conv_states, slots, out_slots, y, channels, *x.stride(), *weight.stride(), *conv_states.stride(),
         y.stride(0), K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), INTERP=INTERPRET, num_warps=4)
     return y
 

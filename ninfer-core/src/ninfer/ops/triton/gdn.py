@@ -14,7 +14,8 @@ Invariants:
   at any input dtype; they are a small part of the prep kernel's work).
   The decode step keeps "ieee" (it is memory-bound). (A "tf32x3" build hit an illegal memory access under
   Triton 3.6 on an H200 and was not pursued.)
-- States are read and written in place (``state`` / ``states[slots[b]]``); other slots are never touched.
+- States are read and written in place (``state`` / ``states[slots[b]]``), except that a decode step writes
+  ``states[out_slots[b]]`` when given (lookahead decode); other slots are never touched.
 - No host synchronisation: grids and scratch sizes depend only on shapes, the decode slot ids are read on the
   device, so ``gdn_recurrent_step`` can be captured in a CUDA graph.
 - q/k/v may be strided views (the model splits them out of one conv output); only the last dim must be
@@ -67,7 +68,7 @@ def _interpreting(t: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _gdn_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, slot_ptr, o_ptr, scale,
+def _gdn_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, slot_ptr, out_slot_ptr, o_ptr, scale,
                      sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sb_b, sb_h, so_b, so_h,
                      ss_s, ss_h, ss_k,
                      R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
@@ -96,7 +97,8 @@ def _gdn_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, slot_ptr, o_ptr,
     delta = beta * (v - kv)
     s = s + k[:, None] * delta[None, :]
     o = tl.sum(q[:, None] * s, 0)
-    tl.store(s_ptrs, s, mask=smask)
+    out_slot = tl.load(out_slot_ptr + b)
+    tl.store(s_ptrs + (out_slot - slot) * ss_s, s, mask=smask)
     tl.store(o_ptr + b * so_b + h * so_h + dv, o.to(o_ptr.dtype.element_ty), mask=dvm)
 
 
@@ -348,9 +350,10 @@ def _last_contig(x: torch.Tensor) -> torch.Tensor:
 
 
 def gdn_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                       states: torch.Tensor, slots: torch.Tensor, scale: float, *, block_v: int | None = None
-                       ) -> torch.Tensor:
-    """One token per row ``b`` against ``states[slots[b]]`` ([S, Hv, Dk, Dv] fp32, updated in place)."""
+                       states: torch.Tensor, slots: torch.Tensor, scale: float,
+                       out_slots: torch.Tensor | None = None, *, block_v: int | None = None) -> torch.Tensor:
+    """One token per row ``b`` against ``states[slots[b]]`` ([S, Hv, Dk, Dv] fp32); the new state goes to
+    ``states[out_slots[b]]`` (default: ``slots``, in place)."""
     bsz, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     r = _check_heads(hk, hv)
@@ -358,6 +361,8 @@ def gdn_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         raise ValueError("gdn_recurrent_step: states must be fp32 with a contiguous last dim")
     q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
     slots = slots if slots.dtype == torch.int64 else slots.to(torch.int64)
+    out_slots = slots if out_slots is None else (out_slots if out_slots.dtype == torch.int64
+                                                  else out_slots.to(torch.int64))
     o = torch.empty((bsz, hv, dv), dtype=q.dtype, device=q.device)
     if bsz == 0:
         return o
@@ -369,7 +374,7 @@ def gdn_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     bv = min(bv, _pow2(dv, 2))
     grid = (bsz, hv, triton.cdiv(dv, bv))
     _gdn_step_kernel[grid](
-        q, k, v, g, beta, states, slots, o, float(scale),
+        q, k, v, g, beta, states, slots, out_slots, o, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
         states.stride(0), states.stride(1), states.stride(2),
