@@ -59,3 +59,28 @@ def test_graph_replay_is_independent_of_pages_and_slots(tiny_qwen_artifact):
                 with h:
                     results.append(h.result().token_ids)
             assert results[1] == alone
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lookahead_equals_no_lookahead_bitwise(tiny_qwen_artifact, dtype):
+    """Lookahead decode (on by default with graphs) launches step n+1 into spare state slots before step
+    n's tokens reach the host; greedy and seeded tokens equal those of the same engine without it."""
+    def plain(engine: Engine, seeded: bool) -> list[tuple[int, ...]]:
+        sp = (SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True) if seeded
+              else SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+        handles = [engine.submit(p, sampling=sp) for p in PROMPTS]
+        out = []
+        for h in handles:
+            with h:
+                out.append(tuple(h.result().token_ids))
+        return out
+
+    with start(tiny_qwen_artifact, dtype) as engine:
+        assert engine.info["lookahead"] is True and engine.info["cuda_graphs"] == [1, 2, 3, 4]
+        ahead = [plain(engine, False), plain(engine, True)]
+        stats = engine.stats()
+    with start(tiny_qwen_artifact, dtype, lookahead=False) as engine:
+        assert engine.info["lookahead"] is False
+        plain_runs = [plain(engine, False), plain(engine, True)]
+    assert ahead == plain_runs
+    assert stats.lookahead_adopted >= 2 * 20, stats.as_dict()

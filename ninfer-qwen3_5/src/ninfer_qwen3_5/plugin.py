@@ -19,7 +19,8 @@ def _create_program(init):
 
 def architecture_specs() -> list[ArchitectureSpec]:
     return [ArchitectureSpec(name=name, family="qwen3_5", parameter_specs=parameter_specs, profile=profile,
-                             create_program=_create_program, summarize_config=summarize_config, frontend="qwen")
+                             create_program=_create_program, summarize_config=summarize_config, frontend="qwen",
+                             lookahead=True)
             for name in (DENSE, MOE)]
 
 

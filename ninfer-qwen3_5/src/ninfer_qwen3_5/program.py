@@ -25,6 +25,10 @@ from ninfer_qwen3_5.state import state_layout
 
 
 class Qwen35Program(SequenceProgram):
+    # A decode step rewrites every field of the StateImage (each GDN layer's conv window and recurrent
+    # state) in the out slot, so lookahead decode may write spare slots.
+    supports_lookahead = True
+
     def __init__(self, init: ProgramInit) -> None:
         cfg = Qwen35Config.from_compact(init.config)
         opt = init.options
@@ -32,10 +36,11 @@ class Qwen35Program(SequenceProgram):
         kv = PagedKVCache(cfg.attention_layers, num_pages=opt.num_pages, page_size=opt.page_size,
                           num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=opt.dtype, device=device)
         layout = state_layout(cfg, opt.dtype)
-        states = StateImageStorage(layout, opt.max_sequences, device)
+        states = StateImageStorage(layout, opt.max_sequences + opt.lookahead_slots, device)
         checkpoints = StateImageStorage(layout, opt.checkpoint_slots, device) if opt.checkpoint_slots else None
         super().__init__(vocab_size=cfg.vocab_size, kv=kv, states=states, ops=init.ops, device=device,
-                         max_context=min(opt.max_context, cfg.max_position_embeddings), checkpoints=checkpoints)
+                         max_context=min(opt.max_context, cfg.max_position_embeddings), checkpoints=checkpoints,
+                         lookahead_slots=opt.lookahead_slots)
         self.cfg = cfg
         self.dtype = opt.dtype
         self.model = Qwen35Model(cfg, init.weights, init.ops, device, opt.dtype)
@@ -63,12 +68,13 @@ class Qwen35Program(SequenceProgram):
             self.graphs = None
 
     def _decode_forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                        kv_lens: torch.Tensor, page_tables: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+                        out_slots: torch.Tensor, kv_lens: torch.Tensor, page_tables: torch.Tensor,
+                        slot_mapping: torch.Tensor) -> torch.Tensor:
         """B decode rows, every row sampling: the graph-capturable forward (no host tensors, no syncs)."""
         cos, sin = self.model.rotary(positions)
         ctx = StepContext(
             num_decode=int(tokens.shape[0]), num_chunk=0, cos=cos, sin=sin, slot_mapping=slot_mapping,
-            decode_slots=slots, decode_kv_lens=kv_lens, decode_page_tables=page_tables, chunk_slot=None,
+            decode_slots=slots, decode_out_slots=out_slots, decode_kv_lens=kv_lens, decode_page_tables=page_tables, chunk_slot=None,
             chunk_cu_q=None, chunk_kv_lens=None, chunk_page_table=None, kv=self.kv, states=self.states)
         return self.model.forward(tokens, ctx, None)
 
@@ -76,7 +82,7 @@ class Qwen35Program(SequenceProgram):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         d, c = batch.decode, batch.chunk
         if c is None:
-            rows = (d.tokens, d.positions, d.slots, d.kv_lens, d.page_tables, d.slot_mapping)
+            rows = (d.tokens, d.positions, d.slots, d.out_slots, d.kv_lens, d.page_tables, d.slot_mapping)
             if self.graphs is not None and self.graphs.has(len(d.seqs)):
                 return self.graphs.run(*rows)
             return self._decode_forward(*rows)
@@ -90,7 +96,8 @@ class Qwen35Program(SequenceProgram):
         dev = self.device
         ctx = StepContext(
             num_decode=b_rows, num_chunk=t, cos=cos, sin=sin, slot_mapping=slot_mapping,
-            decode_slots=d.slots if d else None, decode_kv_lens=d.kv_lens if d else None,
+            decode_slots=d.slots if d else None, decode_out_slots=d.out_slots if d else None,
+            decode_kv_lens=d.kv_lens if d else None,
             decode_page_tables=d.page_tables if d else None,
             chunk_slot=c.slot if c else None,
             chunk_cu_q=torch.tensor([0, t], dtype=torch.int32, device=dev) if c else None,

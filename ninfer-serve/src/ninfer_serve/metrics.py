@@ -68,7 +68,11 @@ class EngineCollector(Collector):
         for name, doc in (("snapshot_pauses", "preemptions that kept a Snapshot (resume without recomputation)"),
                           ("snapshot_resumes", "resumes from a Snapshot"),
                           ("snapshot_revocations", "Snapshots revoked under pressure (the request replays)"),
-                          ("replays", "resumes that recompute the request's history (Replay)")):
+                          ("replays", "resumes that recompute the request's history (Replay)"),
+                          ("lookahead_launched", "decode steps launched before the previous step's tokens reached "
+                                                 "the host (lookahead decode)"),
+                          ("lookahead_adopted", "lookahead decode steps the next unit used"),
+                          ("lookahead_dropped", "lookahead decode steps dropped (the next unit asked for other work)")):
             yield CounterMetricFamily(f"ninfer_{name}", doc, value=getattr(s, name, 0))
         for name, doc in (("preemptions", "requests paused to free capacity"),
                           ("prefill_tokens", "prompt tokens computed by the engine"),

@@ -148,10 +148,11 @@ class Cases:
 
 
 def make_program(case: Case, *, page_size: int = 4, num_pages: int = 256, max_sequences: int = 4,
-                 max_context: int = 1024):
+                 max_context: int = 1024, lookahead_slots: int = 0, checkpoint_slots: int = 0):
     ops = resolve_ops(get_registry().ops, "cpu", torch.float32, force="reference")
     options = ProgramOptions(device=torch.device("cpu"), dtype=torch.float32, max_sequences=max_sequences,
-                             page_size=page_size, num_pages=num_pages, max_context=max_context)
+                             page_size=page_size, num_pages=num_pages, max_context=max_context,
+                             lookahead_slots=lookahead_slots, checkpoint_slots=checkpoint_slots)
     return case.spec.create_program(ProgramInit(config=case.config, weights=case.weights, ops=ops,
                                                 options=options))
 

@@ -147,7 +147,8 @@ def run(args) -> int:
         prefill = [work.prefill(n) for n in used]
         info = engine.info
         summary = engine.memory_summary()
-        engine_info = {k: info.get(k) for k in ("device", "dtype", "num_pages", "page_size", "max_context", "ops")}
+        engine_info = {k: info.get(k) for k in ("device", "dtype", "num_pages", "page_size", "max_context", "ops",
+                                                "cuda_graphs", "lookahead")}
         engine_info.update(max_concurrency=engine.options.max_concurrency,
                            prefill_chunk_size=engine.options.prefill_chunk_size)
     if not (decode or prefill):

@@ -27,6 +27,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when present)")
     g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="activation dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    g.add_argument("--lookahead", choices=("auto", "on", "off"), default="auto",
+                   help="lookahead decode: launch the next decode step before this one's tokens reach the host "
+                        "(auto: with CUDA graphs)")
     g.add_argument("--quiet", action="store_true", help="no progress display and no statistics")
     c = p.add_argument_group("context cache (docs/context-cache.md)")
     c.add_argument("--context-cache", action="store_true",
@@ -74,6 +77,9 @@ def engine_options(args: argparse.Namespace):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value
+    lookahead = getattr(args, "lookahead", "auto")
+    if lookahead != "auto":
+        kw["lookahead"] = lookahead == "on"
     cache = bool(getattr(args, "context_cache", False))
     host_mib = getattr(args, "cache_host_mib", None)
     interval = getattr(args, "cache_checkpoint_interval", None)

@@ -333,11 +333,15 @@ class PagedKVCache:
         ps = self.page_size
         return [table[t // ps] * ps + t % ps for t in range(start, end)]
 
-    def page_table_tensor(self, owners: Sequence[object], num_tokens: Sequence[int]) -> torch.Tensor:
+    def page_table_tensor(self, owners: Sequence[object], num_tokens: Sequence[int], *,
+                          non_blocking: bool = False) -> torch.Tensor:
         """``int32 [len(owners), maxp]``: row b lists the pages covering ``num_tokens[b]`` tokens of
-        ``owners[b]``; unused entries are 0 (never read: kernels stop at the row's kv length)."""
+        ``owners[b]``; unused entries are 0 (never read: kernels stop at the row's kv length).
+        ``non_blocking``: copy through pinned memory without waiting for the stream (CUDA)."""
         rows = [self._tables.get(o, [])[: self.pages_for(n)] for o, n in zip(owners, num_tokens, strict=True)]
         width = max(1, max((len(r) for r in rows), default=1))
         # One tensor from padded lists: a per-row tensor and slice assignment cost ~2 torch calls per row.
-        return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32).reshape(
-            len(rows), width).to(self.device)
+        table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32).reshape(len(rows), width)
+        if non_blocking and self.device.type == "cuda":
+            return table.pin_memory().to(self.device, non_blocking=True)
+        return table.to(self.device)

@@ -9,7 +9,7 @@ Invariants:
   the eager path's (the kernels' partitions depend on a row's own inputs and on tensor *shapes*; the
   one shape that differs, the page-table width, is the static ``max_pages`` here, and the kernels'
   split policy makes a row's result independent of it, see ``ninfer.ops.triton.attention``).
-- Tokens, positions, state slots, KV lengths, page tables and KV slot mappings are graph *inputs*
+- Tokens, positions, state slots (read and written), KV lengths, page tables and KV slot mappings are graph *inputs*
   (static buffers overwritten before each replay), never graph keys: any sequences, any pages.
 - Capture runs the forward eagerly first (compiling kernels) and then records it. Both write KV and
   state: capture must happen while no sequence holds a state slot or a KV page (at Program
@@ -34,15 +34,16 @@ class DecodeInputs:
 
     tokens: torch.Tensor        # int64 [max_batch]
     positions: torch.Tensor     # int64 [max_batch]
-    slots: torch.Tensor         # int64 [max_batch]
+    slots: torch.Tensor         # int64 [max_batch]: the state slots read
+    out_slots: torch.Tensor     # int64 [max_batch]: the state slots written (== slots, except lookahead)
     kv_lens: torch.Tensor       # int32 [max_batch]
     page_tables: torch.Tensor   # int32 [max_batch, max_pages]
     slot_mapping: torch.Tensor  # int64 [max_batch]
 
 
-# forward(tokens, positions, slots, kv_lens, page_tables, slot_mapping) -> fp32 logits [B, V]
-DecodeForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                         torch.Tensor]
+# forward(tokens, positions, slots, out_slots, kv_lens, page_tables, slot_mapping) -> fp32 logits [B, V]
+DecodeForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                          torch.Tensor], torch.Tensor]
 
 
 class DecodeGraphs:
@@ -62,6 +63,7 @@ class DecodeGraphs:
             tokens=torch.zeros(max_batch, dtype=torch.int64, **z),
             positions=torch.zeros(max_batch, dtype=torch.int64, **z),
             slots=torch.zeros(max_batch, dtype=torch.int64, **z),
+            out_slots=torch.zeros(max_batch, dtype=torch.int64, **z),
             kv_lens=torch.ones(max_batch, dtype=torch.int32, **z),
             page_tables=torch.zeros((max_batch, max_pages), dtype=torch.int32, **z),
             slot_mapping=torch.zeros(max_batch, dtype=torch.int64, **z))
@@ -74,7 +76,8 @@ class DecodeGraphs:
 
     def _views(self, b: int) -> tuple[torch.Tensor, ...]:
         i = self.inputs
-        return (i.tokens[:b], i.positions[:b], i.slots[:b], i.kv_lens[:b], i.page_tables[:b], i.slot_mapping[:b])
+        return (i.tokens[:b], i.positions[:b], i.slots[:b], i.out_slots[:b], i.kv_lens[:b], i.page_tables[:b],
+                i.slot_mapping[:b])
 
     def capture(self, batch_sizes: list[int] | None = None) -> None:
         """Capture every size (default ``1..max_batch``), largest first so smaller graphs reuse the pool."""
@@ -84,6 +87,7 @@ class DecodeGraphs:
         i = self.inputs
         # Distinct state slots and positions 0 (one KV token, page 0): valid inputs for any kernel.
         i.slots.copy_(torch.arange(self.max_batch, device=self.device))
+        i.out_slots.copy_(i.slots)
         i.positions.zero_()
         i.kv_lens.fill_(1)
         i.page_tables.zero_()
@@ -107,8 +111,8 @@ class DecodeGraphs:
     def has(self, batch_size: int) -> bool:
         return batch_size in self._graphs
 
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, kv_lens: torch.Tensor,
-            page_tables: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, out_slots: torch.Tensor,
+            kv_lens: torch.Tensor, page_tables: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         """Copy one step's inputs (``[B]`` / ``[B, w]`` with ``w <= max_pages``) into the static buffers and
         replay the size-B graph; returns its logits ``[B, V]`` (valid until the next replay)."""
         b, w = page_tables.shape
@@ -119,6 +123,7 @@ class DecodeGraphs:
         i.tokens[:b].copy_(tokens, non_blocking=True)
         i.positions[:b].copy_(positions, non_blocking=True)
         i.slots[:b].copy_(slots, non_blocking=True)
+        i.out_slots[:b].copy_(out_slots, non_blocking=True)
         i.kv_lens[:b].copy_(kv_lens, non_blocking=True)
         # Entries past a row's own pages are never read (loads are masked by kv_len), so the rest of
         # the static table may keep older page ids.

@@ -25,6 +25,12 @@ into a checkpoint slot and shares its KV prefix; each record keeps the covered c
 the prefix ref, which must agree whenever the checkpoint is used. A sequence whose forward failed is
 *damaged* and can never be captured.
 
+Lookahead decode (``lookahead_slots`` > 0, an architecture with ``supports_lookahead``; see
+:mod:`ninfer.runtime.lookahead`): a decode-only unit whose rows all draw their tokens on the device
+also launches the next step of the same rows before waiting for its own tokens; the next ``run``
+adopts it when the unit asks for exactly that work, else it is dropped. Nothing committed changes
+until adoption, so every rule above holds as if each unit ran when asked.
+
 Host tier (:meth:`SequenceProgram.configure_host_tier`): :meth:`demote_checkpoint` moves a
 checkpoint's image and the KV pages only it holds into a :class:`HostCopy` (the pages it shares stay
 on the device, referenced); :meth:`restore_checkpoint` brings them back into a checkpoint slot and
@@ -44,6 +50,14 @@ import torch
 from ninfer.core.host_tier import HostCopy, HostTier
 from ninfer.core.kv_pool import KVPrefixRef, PagedKVCache
 from ninfer.core.state_image import StateImageStorage
+from ninfer.runtime.lookahead import (
+    DeviceTokens,
+    Lookahead,
+    LookaheadStats,
+    lookahead_eligible,
+    predicted,
+    to_device,
+)
 from ninfer.runtime.contract.program import (
     CheckpointFootprint,
     CheckpointHandle,
@@ -94,12 +108,15 @@ class DecodeRows:
     """B decode rows, one token each (the last ledger token), all tensors on the Program's device.
 
     ``positions[b]`` = the row's computed count (the token's index); ``kv_lens = positions + 1``;
-    ``slot_mapping[b]`` the flat KV slot of that token; ``slots`` the StateImage slot ids."""
+    ``slot_mapping[b]`` the flat KV slot of that token; ``slots`` the StateImage slot ids the rows
+    read and ``out_slots`` those their new state is written to (the same tensor, except in a
+    lookahead step, which writes spare slots)."""
 
     seqs: tuple[SeqId, ...]
     tokens: torch.Tensor        # int64 [B]
     positions: torch.Tensor     # int64 [B]
     slots: torch.Tensor         # int64 [B]
+    out_slots: torch.Tensor     # int64 [B]
     kv_lens: torch.Tensor       # int32 [B]
     page_tables: torch.Tensor   # int32 [B, maxp]
     slot_mapping: torch.Tensor  # int64 [B]
@@ -141,10 +158,16 @@ class SequenceProgram(ABC):
     """Program bookkeeping over a :class:`PagedKVCache` and a :class:`StateImageStorage`.
 
     Subclasses implement :meth:`forward`. ``ops`` must provide ``apply_penalties`` and ``sample``.
+    ``lookahead_slots`` of the ``states`` slots are held as lookahead spares (outside ``capacity()``);
+    only a subclass with ``supports_lookahead`` may ask for them.
     """
 
+    #: The decode forward honours ``DecodeRows.out_slots`` and rewrites every StateImage field there.
+    supports_lookahead: bool = False
+
     def __init__(self, *, vocab_size: int, kv: PagedKVCache, states: StateImageStorage, ops,
-                 device: torch.device, max_context: int, checkpoints: StateImageStorage | None = None) -> None:
+                 device: torch.device, max_context: int, checkpoints: StateImageStorage | None = None,
+                 lookahead_slots: int = 0) -> None:
         self.vocab_size = vocab_size
         self.page_size = kv.page_size
         self.kv = kv
@@ -160,6 +183,14 @@ class SequenceProgram(ABC):
         self._checkpoints: dict[int, _Checkpoint] = {}
         self._checkpoint_ids = itertools.count(1)
         self.host: HostTier | None = None
+        if lookahead_slots and not self.supports_lookahead:
+            raise ProgramError(f"{type(self).__name__} does not support lookahead decode")
+        if not 0 <= lookahead_slots < states.num_slots:
+            raise ProgramError(f"{lookahead_slots} lookahead slots leave no sequence slot of {states.num_slots}")
+        self.lookahead_slots = lookahead_slots
+        self._spares: list[int] = [states.allocate() for _ in range(lookahead_slots)]
+        self._lookahead: Lookahead | None = None
+        self.lookahead_stats = LookaheadStats()
 
     def configure_host_tier(self, budget_bytes: int) -> None:
         """Give the checkpoints a Host tier of ``budget_bytes`` (0: none). Pinned memory on CUDA.
@@ -181,7 +212,7 @@ class SequenceProgram(ABC):
     def capacity(self) -> ProgramCapacity:
         return ProgramCapacity(
             total_pages=self.kv.num_pages, free_pages=self.kv.allocator.free_pages,
-            total_state_slots=self.states.num_slots, free_state_slots=self.states.free_slots,
+            total_state_slots=self.states.num_slots - self.lookahead_slots, free_state_slots=self.states.free_slots,
             page_size=self.page_size)
 
     def ledger_length(self, seq: SeqId) -> int:
@@ -391,6 +422,7 @@ class SequenceProgram(ABC):
     def pause(self, seq: SeqId, *, snapshot: bool = False) -> ResumeState:
         s = self._get(seq)
         self._check_not_pending(seq, s, "paused")
+        self._forget_lookahead(seq)
         ledger = tuple(s.ledger)
         handle = None
         if snapshot and self.host is not None and not s.damaged and 1 <= s.computed < len(s.ledger):
@@ -407,11 +439,19 @@ class SequenceProgram(ABC):
     def release(self, seq: SeqId) -> None:
         s = self._get(seq)
         self._check_not_pending(seq, s, "released")
+        self._forget_lookahead(seq)
         self._free(seq, s)
 
     # -- execution -------------------------------------------------------------------------------
     def run(self, unit: ExecutionUnit) -> PendingBatch:
+        la, self._lookahead = self._lookahead, None
+        if la is not None:
+            keep = self._adoptable(la, unit)
+            if keep is not None:
+                return self._adopt(la, unit, keep)
+            self._drop_lookahead(la)
         batch, sampling = self._prepare(unit)
+        ahead = self._may_look_ahead(unit)
         try:
             logits = self.forward(batch)
             if batch.num_logit_rows and (logits is None or tuple(logits.shape) != (batch.num_logit_rows,
@@ -419,17 +459,27 @@ class SequenceProgram(ABC):
                 raise ProgramError(f"forward returned logits of shape "
                                    f"{None if logits is None else tuple(logits.shape)}, expected "
                                    f"{(batch.num_logit_rows, self.vocab_size)}")
-            tokens, logprobs = self._sample(logits, sampling) if sampling else ([], [])
+            if ahead:
+                drawn = DeviceTokens(self._draw(logits.float(), sampling))
+            else:
+                tokens, logprobs = self._sample(logits, sampling) if sampling else ([], [])
         except Exception:
             # The state and KV of every member may be half-updated: they can only be rebuilt.
-            for sid in self._members(unit):
-                self._seqs[sid].stale = True
-                self._seqs[sid].damaged = True
+            self._damage(self._members(unit))
             raise
         for row in unit.decode:
             self._seqs[row.seq].computed += 1
         if unit.chunk is not None:
             self._seqs[unit.chunk.seq].computed += unit.chunk.num_tokens
+        if ahead:
+            self._launch_lookahead(sampling, drawn.device)
+            tokens, logprobs = drawn.tolist(), [None] * len(sampling)
+            if self._lookahead is not None:
+                self._lookahead.inputs = tokens
+        return self._new_pending(sampling, tokens, logprobs)
+
+    def _new_pending(self, sampling: list[tuple[SeqId, RowSampling]], tokens: list[int],
+                     logprobs: list[TokenLogprob | None]) -> PendingBatch:
         bid = next(self._batch_ids)
         rows = []
         for (sid, _), tok, lp in zip(sampling, tokens, logprobs, strict=True):
@@ -438,6 +488,105 @@ class SequenceProgram(ABC):
         pending = PendingBatch(batch_id=bid, rows=tuple(rows))
         self._outstanding[bid] = pending
         return pending
+
+    def _damage(self, seqs: Sequence[SeqId]) -> None:
+        for sid in seqs:
+            self._seqs[sid].stale = True
+            self._seqs[sid].damaged = True
+
+    # -- lookahead decode (ninfer.runtime.lookahead) ----------------------------------------------
+    def _may_look_ahead(self, unit: ExecutionUnit) -> bool:
+        return (bool(unit.decode) and unit.chunk is None and len(unit.decode) <= len(self._spares)
+                and all(lookahead_eligible(r.sampling) for r in unit.decode))
+
+    def _launch_lookahead(self, sampling: list[tuple[SeqId, RowSampling]], tokens: torch.Tensor) -> None:
+        """Queue the next decode step of these rows (their ``computed`` already counts the step that
+        drew ``tokens``), into spare slots. Skipped when a row is at max_context or its next KV page
+        cannot be had; a failing forward damages the rows (their PendingBatch is never made)."""
+        seqs = [sid for sid, _ in sampling]
+        positions = [self._seqs[sid].computed for sid in seqs]
+        for sid, m in zip(seqs, positions, strict=True):
+            # The page reserve_units would give the row's next token; the row keeps it either way.
+            if m + 1 > self.max_context or not self.kv.ensure(sid, m + 1, write_from=m):
+                return
+        spares = [self._spares.pop() for _ in seqs]
+        try:
+            slots = [self._seqs[sid].slot for sid in seqs]
+            slot_map = [self.kv.slot_mapping(sid, m, m + 1)[0] for sid, m in zip(seqs, positions, strict=True)]
+            meta = to_device([positions, slots, spares, slot_map], torch.int64, self.device)
+            rows = DecodeRows(
+                seqs=tuple(seqs), tokens=tokens.to(torch.int64), positions=meta[0], slots=meta[1],
+                out_slots=meta[2], kv_lens=(meta[0] + 1).to(torch.int32),
+                page_tables=self.kv.page_table_tensor(seqs, [m + 1 for m in positions], non_blocking=True),
+                slot_mapping=meta[3])
+            logits = self.forward(ForwardBatch(decode=rows, chunk=None))
+            nxt = [(sid, predicted(rs)) for sid, rs in sampling]
+            drawn = DeviceTokens(self._draw(logits.float(), nxt))
+        except Exception:
+            self._spares.extend(spares)
+            self._damage(seqs)
+            raise
+        self._lookahead = Lookahead(seqs=list(seqs), positions=positions, spares=spares,
+                                    sampling=[rs for _, rs in nxt], tokens=drawn)
+        self.lookahead_stats.launched += 1
+
+    def _adoptable(self, la: Lookahead, unit: ExecutionUnit) -> list[int] | None:
+        """The lookahead rows (indices, in order) that ``unit`` asks for, or None when it asks for
+        anything else (see :mod:`ninfer.runtime.lookahead` for the rule)."""
+        if la.inputs is None or unit.chunk is not None or not unit.decode:
+            return None
+        index = {sid: j for j, sid in enumerate(la.seqs) if sid is not None}
+        keep: list[int] = []
+        for row in unit.decode:
+            j = index.get(row.seq)
+            s = self._seqs.get(row.seq)
+            if (j is None or (keep and j <= keep[-1]) or s is None or s.pending is not None or s.stale
+                    or s.damaged or s.computed != la.positions[j] or len(s.ledger) != s.computed + 1
+                    or s.ledger[-1] != la.inputs[j] or row.sampling.mask is not None
+                    or row.sampling != la.sampling[j] or not self.kv.writable(row.seq, s.computed, s.computed + 1)):
+                return None
+            keep.append(j)
+        return keep
+
+    def _adopt(self, la: Lookahead, unit: ExecutionUnit, keep: list[int]) -> PendingBatch:
+        """Make the lookahead's rows ``keep`` this unit's result: their new state is in the spares."""
+        kept = set(keep)
+        self._spares.extend(sp for j, sp in enumerate(la.spares) if j not in kept and sp is not None)
+        sampling = []
+        for row, j in zip(unit.decode, keep, strict=True):
+            s = self._seqs[row.seq]
+            self._spares.append(s.slot)
+            s.slot = la.spares[j]
+            s.computed += 1
+            sampling.append((row.seq, row.sampling))
+        self.lookahead_stats.adopted += 1
+        if self._may_look_ahead(unit):
+            tokens = la.tokens.device
+            if len(keep) != len(la.seqs):
+                tokens = tokens.index_select(0, to_device(keep, torch.int64, tokens.device))
+            self._launch_lookahead(sampling, tokens)
+        drawn = la.tokens.tolist()
+        tokens_now = [drawn[j] for j in keep]
+        if self._lookahead is not None:
+            self._lookahead.inputs = tokens_now
+        return self._new_pending(sampling, tokens_now, [None] * len(keep))
+
+    def _drop_lookahead(self, la: Lookahead | None = None) -> None:
+        """Drop a lookahead (default: the outstanding one): its spares go back, nothing else changes."""
+        if la is None:
+            la, self._lookahead = self._lookahead, None
+            if la is None:
+                return
+        self._spares.extend(la.live_spares())
+        self.lookahead_stats.dropped += 1
+
+    def _forget_lookahead(self, seq: SeqId) -> None:
+        """``seq`` leaves (pause, release) or changes outside run (scoring): take its row out of the
+        outstanding lookahead, returning its spare."""
+        if self._lookahead is not None:
+            spare = self._lookahead.forget(seq)
+            if spare is not None:
+                self._spares.append(spare)
 
     def commit(self, pending: PendingBatch, accepted: Mapping[SeqId, int]) -> None:
         self._check_outstanding(pending)
@@ -464,6 +613,7 @@ class SequenceProgram(ABC):
 
     def abort_pending(self, pending: PendingBatch) -> None:
         self._check_outstanding(pending)
+        self._drop_lookahead()  # its rows are about to be stale: nothing can adopt it
         for r in pending.rows:
             s = self._seqs[r.seq]
             s.pending = None
@@ -482,6 +632,7 @@ class SequenceProgram(ABC):
         ledger, so only pause/release remain. A failing forward leaves the sequence stale.
         """
         s = self._ready(seq, "scoring")
+        self._forget_lookahead(seq)
         end = s.computed + num_tokens if isinstance(num_tokens, int) else None
         if isinstance(num_tokens, bool) or end is None or num_tokens < 1 or end > len(s.ledger):
             raise ProgramError(f"score chunk of sequence {seq}: {num_tokens!r} tokens from {s.computed} exceed "
@@ -575,7 +726,7 @@ class SequenceProgram(ABC):
             # One host->device copy for the four per-row vectors (each copy is a synchronous round trip).
             meta = torch.tensor([toks, pos, slots, slot_map], dtype=torch.int64).to(dev)
             decode = DecodeRows(
-                seqs=tuple(seqs), tokens=meta[0], positions=meta[1], slots=meta[2],
+                seqs=tuple(seqs), tokens=meta[0], positions=meta[1], slots=meta[2], out_slots=meta[2],
                 kv_lens=(meta[1] + 1).to(torch.int32),
                 page_tables=self.kv.page_table_tensor(seqs, [p + 1 for p in pos]),
                 slot_mapping=meta[3])
@@ -641,19 +792,7 @@ class SequenceProgram(ABC):
                 torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=dev),
                 torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=dev),
                 torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=dev))
-        if all(p.temperature <= 0 for p in params):
-            # Every row greedy: the sampler's result is the lowest-id maximum after NaN -> -inf, which
-            # is exactly torch.argmax's (first maximal index); skipping the filter saves its full-vocab
-            # sort (~1 ms per step on the 248k vocabulary).
-            tokens = torch.argmax(torch.nan_to_num(processed, nan=float("-inf")), dim=-1)
-        else:
-            # Two host->device copies for the six per-row parameters.
-            fparams = torch.tensor([[p.temperature for p in params], [p.top_p for p in params],
-                                    [p.min_p for p in params]], dtype=torch.float32).to(dev)
-            iparams = torch.tensor([[p.top_k for p in params], [rs.seed for _, rs in rows],
-                                    [rs.step for _, rs in rows]], dtype=torch.int64).to(dev)
-            tokens = self.ops.sample(processed, fparams[0], iparams[0].to(torch.int32), fparams[1], fparams[2],
-                                     iparams[1], iparams[2])
+        tokens = self._draw(processed, rows)
         token_list = [int(t) for t in tokens.tolist()]
         logprobs: list[TokenLogprob | None] = [None] * len(rows)
         want = [b for b, p in enumerate(params) if p.logprobs or p.top_logprobs > 0]
@@ -667,3 +806,21 @@ class SequenceProgram(ABC):
                     top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), vals.tolist(), strict=True))
                 logprobs[b] = TokenLogprob(token=token_list[b], logprob=float(lp[i, token_list[b]]), top=top)
         return token_list, logprobs
+
+    def _draw(self, processed: torch.Tensor, rows: list[tuple[SeqId, RowSampling]]) -> torch.Tensor:
+        """The ``sample`` op's tokens (int64 [B], on the device) from fp32 logits already masked and
+        penalised; never waits for the stream (lookahead decode draws this way too)."""
+        params = [rs.params for _, rs in rows]
+        if all(p.temperature <= 0 for p in params):
+            # Every row greedy: the sampler's result is the lowest-id maximum after NaN -> -inf, which
+            # is exactly torch.argmax's (first maximal index); skipping the filter saves its full-vocab
+            # sort (~1 ms per step on the 248k vocabulary).
+            return torch.argmax(torch.nan_to_num(processed, nan=float("-inf")), dim=-1)
+        # Two host->device copies for the six per-row parameters.
+        dev = processed.device
+        fparams = to_device([[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]],
+                            torch.float32, dev)
+        iparams = to_device([[p.top_k for p in params], [rs.seed for _, rs in rows], [rs.step for _, rs in rows]],
+                            torch.int64, dev)
+        return self.ops.sample(processed, fparams[0], iparams[0].to(torch.int32), fparams[1], fparams[2],
+                               iparams[1], iparams[2]).to(torch.int64)

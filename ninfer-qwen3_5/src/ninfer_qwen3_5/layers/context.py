@@ -20,7 +20,9 @@ class StepContext:
     cos: torch.Tensor                       # fp32 [N, R]
     sin: torch.Tensor                       # fp32 [N, R]
     slot_mapping: torch.Tensor              # int64 [N]: flat KV slot of every token
-    decode_slots: torch.Tensor | None       # int64 [B]: StateImage slots of the decode rows
+    decode_slots: torch.Tensor | None       # int64 [B]: StateImage slots the decode rows read
+    decode_out_slots: torch.Tensor | None   # int64 [B]: slots their new state goes to (== decode_slots but
+                                            # in a lookahead step, which writes spare slots)
     decode_kv_lens: torch.Tensor | None     # int32 [B]
     decode_page_tables: torch.Tensor | None # int32 [B, maxp]
     chunk_slot: int | None                  # StateImage slot of the chunk's sequence

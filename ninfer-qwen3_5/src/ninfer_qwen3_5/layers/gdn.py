@@ -1,7 +1,8 @@
 """The Gated DeltaNet (linear attention) mixer of one layer (reference doc section 5).
 
-Decode rows (``x[:B]``) step their own StateImage slots with ``causal_conv1d_update`` and
-``gdn_recurrent_step``; the chunk (``x[B:]``) continues its slot's state with
+Decode rows (``x[:B]``) step their StateImage slots with ``causal_conv1d_update`` and
+``gdn_recurrent_step`` (reading ``decode_slots``, writing ``decode_out_slots``: every field of the
+Qwen3.5 StateImage is rewritten by a decode step, which lookahead decode relies on); the chunk (``x[B:]``) continues its slot's state with
 ``causal_conv1d_prefill`` and ``gdn_chunk_prefill`` (in place). Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
 
@@ -44,7 +45,8 @@ class GatedDeltaNet:
         conv_states = ctx.states.field(self.conv_name)
         parts = []
         if b_rows:
-            parts.append(ops.causal_conv1d_update(qkv[:b_rows], self.w_conv, conv_states, ctx.decode_slots))
+            parts.append(ops.causal_conv1d_update(qkv[:b_rows], self.w_conv, conv_states, ctx.decode_slots,
+                                                   ctx.decode_out_slots))
         if ctx.num_chunk:
             parts.append(ops.causal_conv1d_prefill(qkv[b_rows:], self.w_conv, conv_states[ctx.chunk_slot]))
         y = parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -57,7 +59,7 @@ class GatedDeltaNet:
         outs = []
         if b_rows:
             outs.append(ops.gdn_recurrent_step(q[:b_rows], k[:b_rows], v[:b_rows], g[:b_rows], beta[:b_rows],
-                                               rec, ctx.decode_slots, self.scale))
+                                               rec, ctx.decode_slots, self.scale, ctx.decode_out_slots))
         if ctx.num_chunk:
             outs.append(ops.gdn_chunk_prefill(q[b_rows:], k[b_rows:], v[b_rows:], g[b_rows:], beta[b_rows:],
                                               rec[ctx.chunk_slot], self.scale))

@@ -65,7 +65,9 @@ class ModelProfile:
 @dataclass(frozen=True)
 class ProgramOptions:
     """Physical sizing of one Program. Invariant: max_sequences >= the engine's max_concurrency.
-    ``checkpoint_slots``: StateImage slots for context-cache checkpoints (0: no checkpoints)."""
+    ``checkpoint_slots``: StateImage slots for context-cache checkpoints (0: no checkpoints).
+    ``lookahead_slots``: extra StateImage slots held as lookahead-decode spares (0: no lookahead;
+    only for a Program whose ``supports_lookahead`` is true, see ``ninfer.runtime.lookahead``)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -74,6 +76,7 @@ class ProgramOptions:
     num_pages: int
     max_context: int
     checkpoint_slots: int = 0
+    lookahead_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class ArchitectureSpec:
     - ``create_program(init)``: a Program (``ninfer.runtime.contract.program.Program``).
     - ``summarize_config(config)``: a few lines for ``ninfer info``.
     - ``frontend``: the frontend family the artifact's resources are read with (e.g. ``"qwen"``).
+    - ``lookahead``: its Program supports lookahead decode (``SequenceProgram.supports_lookahead``), so
+      the engine may give it ``ProgramOptions.lookahead_slots``.
     """
 
     name: str
@@ -107,3 +112,4 @@ class ArchitectureSpec:
     create_program: Callable[[ProgramInit], Any]
     summarize_config: Callable[[Mapping[str, Any]], dict[str, Any]]
     frontend: str = "qwen"
+    lookahead: bool = False

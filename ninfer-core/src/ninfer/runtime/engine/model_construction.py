@@ -127,6 +127,21 @@ def graph_batches(device: torch.device, options: EngineOptions) -> int:
     return options.max_concurrency
 
 
+def lookahead_lanes(device: torch.device, options: EngineOptions, supported: bool) -> int:
+    """Lookahead-decode spare StateImage slots (``EngineOptions.lookahead``): ``max_concurrency`` when
+    it is on, else 0. Forcing it on for an architecture without support is an error naming both."""
+    if options.purpose != "generation" or options.lookahead is False:
+        return 0
+    if not supported:
+        if options.lookahead:
+            raise InvalidEngineOptions("invalid engine option lookahead=True: this architecture's Program does "
+                                       "not support lookahead decode")
+        return 0
+    if options.lookahead or graph_batches(device, options):
+        return options.max_concurrency
+    return 0
+
+
 def _capture_graphs(program: Program, options: EngineOptions, device: torch.device) -> tuple[tuple[int, ...], int]:
     """Decode CUDA graphs for B = 1..max_concurrency (DESIGN.md section 7) when :func:`graph_batches`
     says so and the Program supports them. Returns the captured sizes and the growth of the allocator's
@@ -261,8 +276,10 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
             max_context = profile.max_position_embeddings
         explicit = (None if options.num_pages is None and options.kv_budget_mib is None
                     else plan_num_pages(options, profile, max_context))
+        lookahead = lookahead_lanes(device, options, spec.lookahead)
         plan = plan_startup(options, profile, max_context, device_budget(device), load_bytes=source.load_bytes,
-                            num_pages=explicit, graph_batches=graph_batches(device, options))
+                            num_pages=explicit, graph_batches=graph_batches(device, options),
+                            lookahead_slots=lookahead)
         num_pages = plan.num_pages
         probe = StartupProbe(device)
         family = FRONTEND_FAMILIES.get(spec.frontend)
@@ -279,7 +296,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
     ops = resolve_ops(registry.ops, device.type, dtype)
     program_options = ProgramOptions(device=device, dtype=dtype, max_sequences=options.max_concurrency,
                                      page_size=options.page_size, num_pages=num_pages, max_context=max_context,
-                                     checkpoint_slots=options.checkpoint_slots)
+                                     checkpoint_slots=options.checkpoint_slots, lookahead_slots=lookahead)
 
     def make_program(pages: int) -> Program:
         opts = dataclasses.replace(program_options, num_pages=pages)
@@ -294,7 +311,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
     info = {"architecture": spec.name, "name": metadata.get("name") or spec.name, "artifact_id": artifact_id,
             "device": str(device), "dtype": effective.dtype, "num_pages": num_pages, "page_size": options.page_size,
             "max_context": max_context, "max_position_embeddings": profile.max_position_embeddings,
-            "ops": ops.describe(), "cuda_graphs": list(started.graph_sizes)}
+            "ops": ops.describe(), "cuda_graphs": list(started.graph_sizes), "lookahead": lookahead > 0}
     memory = plan.with_num_pages(num_pages).summary(dtype, retained_bytes=probe.retained_bytes(program))
     if started.graph_sizes:
         memory = dataclasses.replace(memory, graph_calibration_growth_bytes=started.calibration_growth_bytes,

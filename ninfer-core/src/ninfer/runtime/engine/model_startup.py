@@ -217,17 +217,19 @@ def graph_pool_bytes(profile: ModelProfile, max_batch: int, max_context: int) ->
 
 
 def plan_startup(options: EngineOptions, profile: ModelProfile, max_context: int, budget: DeviceBudget, *,
-                 load_bytes: int, num_pages: int | None = None, graph_batches: int = 0) -> StartupPlan:
+                 load_bytes: int, num_pages: int | None = None, graph_batches: int = 0,
+                 lookahead_slots: int = 0) -> StartupPlan:
     """Plan weights + KV/State + workspace (+ the decode graphs' pool for ``graph_batches`` batch sizes)
     under ``budget`` (module docstring). ``num_pages``: an explicitly sized pool (checked, not changed);
-    None lets the candidates choose."""
+    None lets the candidates choose. ``lookahead_slots``: StateImage spares of lookahead decode."""
     ps = options.page_size
     lanes = options.max_concurrency
     scoring = options.purpose == "causal_scoring"
     work = workspace_bytes(profile, step_tokens=options.prefill_chunk_size + lanes,
                            logit_rows=lanes + (options.prefill_chunk_size if scoring else 0),
                            max_context=max_context)
-    state = (lanes + options.checkpoint_slots) * profile.state_bytes_per_sequence  # + context-cache checkpoints
+    # + context-cache checkpoints + lookahead spares
+    state = (lanes + options.checkpoint_slots + lookahead_slots) * profile.state_bytes_per_sequence
     graphs = graph_pool_bytes(profile, graph_batches, max_context)
     runtime_fixed = profile.weight_bytes + state + work + graphs
     startup_fixed = load_bytes + profile.converted_weight_bytes + state
@@ -238,7 +240,7 @@ def plan_startup(options: EngineOptions, profile: ModelProfile, max_context: int
     def why() -> str:
         return (f"budget {_mib(budget.budget_bytes)} [{budget.source}] - headroom {_mib(budget.headroom_bytes)} "
                 f"- max(runtime: weights {_mib(profile.weight_bytes)} + State {_mib(state)} ({lanes} lanes + "
-                f"{options.checkpoint_slots} checkpoints) + workspace {_mib(work)} + graphs {_mib(graphs)}, startup: stored weights {_mib(load_bytes)} + converted "
+                f"{options.checkpoint_slots} checkpoints + {lookahead_slots} lookahead) + workspace {_mib(work)} + graphs {_mib(graphs)}, startup: stored weights {_mib(load_bytes)} + converted "
                 f"{_mib(profile.converted_weight_bytes)} + State {_mib(state)}) leaves {_mib(room)} for KV")
 
     if num_pages is not None:

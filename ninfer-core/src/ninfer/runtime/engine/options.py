@@ -53,6 +53,11 @@ class EngineOptions:
       min(8 GiB, a quarter of the machine's RAM)) is the Host tier's budget: checkpoints and pause
       Snapshots demoted from the device (pinned memory on CUDA, allocated on demand); 0 turns the
       Host tier off (pressure then drops checkpoints, and pauses are Replay only).
+    - ``lookahead`` (lookahead decode, ``ninfer.runtime.lookahead``): launch the next decode step from
+      the device-side tokens before the host has this step's, so the host's per-step work overlaps the
+      GPU. None: on exactly when decode CUDA graphs are captured (CUDA generation, and the
+      architecture supports it); True forces it on (also on the CPU, where it only costs: for tests);
+      False turns it off. It costs ``max_concurrency`` more StateImage slots of device memory.
     """
 
     max_concurrency: int = 4
@@ -73,6 +78,7 @@ class EngineOptions:
     admission_bypass: int = 2
     vision: bool = False
     speculative: str | None = None
+    lookahead: bool | None = None
 
     def validate(self) -> EngineOptions:
         def bad(name: str, why: str) -> InvalidEngineOptions:
@@ -107,6 +113,8 @@ class EngineOptions:
             raise bad("cache_checkpoint_interval", f"must be a positive multiple of page_size {self.page_size}")
         if self.cache_host_mib is not None and not self.cache_host_mib >= 0:
             raise bad("cache_host_mib", "must be >= 0 or None")
+        if self.purpose == "causal_scoring" and self.lookahead:
+            raise bad("lookahead", "a causal_scoring engine runs no decode steps")
         if self.vision:
             raise NotSupportedError("the Vision feature is not supported yet")
         if self.speculative is not None:

@@ -42,6 +42,9 @@ class EngineCounters:
     snapshot_resumes: int = 0   # resumes from their Snapshot (nothing recomputed)
     snapshot_revocations: int = 0  # Snapshots dropped under pressure before their resume
     replays: int = 0            # resumes by Replay (no Snapshot, or it was revoked)
+    lookahead_launched: int = 0  # decode steps launched ahead (ninfer.runtime.lookahead; Program-owned)
+    lookahead_adopted: int = 0   # of them, adopted by the next unit
+    lookahead_dropped: int = 0   # of them, dropped (the next unit asked for other work)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ class EngineStats:
     snapshot_resumes: int = 0
     snapshot_revocations: int = 0
     replays: int = 0
+    lookahead_launched: int = 0
+    lookahead_adopted: int = 0
+    lookahead_dropped: int = 0
     cache_checkpoints: int = 0       # live checkpoints now (pause Snapshots included)
     cache_device_bytes: int = 0      # their Device StateImages + KV pages only they hold
     cache_host_checkpoints: int = 0  # of them, those with content on Host
