@@ -173,3 +173,19 @@ def test_decode_graphs_are_planned_before_the_kv_capacity():
     assert summary.graph_rebuild_estimate_bytes == est and summary.graph_final_growth_bytes == 0
     assert summary.planned_bytes == with_graphs.runtime_bytes
     assert "(estimate, decode graphs planned)" in format_memory_summary(summary)
+
+
+def test_lookahead_spares_are_planned_like_the_engine_builds_them(default_artifact):
+    """Lookahead decode holds max_concurrency spare StateImages: the plan counts them (``ninfer info
+    --memory`` and the engine alike), capacity() does not, and forcing it on for the CPU builds them."""
+    from ninfer import Engine
+
+    off = ms.plan_artifact(default_artifact, EngineOptions(device="cpu", max_concurrency=3, lookahead=False))
+    on = ms.plan_artifact(default_artifact, EngineOptions(device="cpu", max_concurrency=3, lookahead=True))
+    auto = ms.plan_artifact(default_artifact, EngineOptions(device="cpu", max_concurrency=3))
+    assert auto.state_bytes == off.state_bytes  # auto: only with CUDA graphs
+    assert on.state_bytes == off.state_bytes * 2  # 3 lanes + 3 spares, no checkpoints
+    with Engine.start(default_artifact, device="cpu", max_concurrency=3, lookahead=True) as engine:
+        assert engine.memory_summary().state_bytes == on.state_bytes
+        program = engine._program
+        assert program.states.num_slots == 6 and program.capacity().total_state_slots == 3

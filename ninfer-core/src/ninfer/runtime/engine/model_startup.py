@@ -401,6 +401,7 @@ class ArtifactProfile:
     device: torch.device
     dtype: torch.dtype
     max_context: int              # the option, capped at the model's positions
+    lookahead: bool = False       # the architecture supports lookahead decode (ArchitectureSpec.lookahead)
 
 
 def artifact_profile(artifact: str | os.PathLike, options: EngineOptions) -> ArtifactProfile:
@@ -421,7 +422,7 @@ def artifact_profile(artifact: str | os.PathLike, options: EngineOptions) -> Art
     max_context = options.max_context
     if profile.max_position_embeddings:
         max_context = min(max_context, profile.max_position_embeddings)
-    return ArtifactProfile(profile, source, device, dtype, max_context)
+    return ArtifactProfile(profile, source, device, dtype, max_context, spec.lookahead)
 
 
 def plan_artifact(artifact: str | os.PathLike, options: EngineOptions,
@@ -437,9 +438,10 @@ def plan_artifact(artifact: str | os.PathLike, options: EngineOptions,
     explicit = None
     if options.num_pages is not None or options.kv_budget_mib is not None:
         explicit = plan_num_pages(options, a.profile, a.max_context)
-    from ninfer.runtime.engine.model_construction import graph_batches
+    from ninfer.runtime.engine.model_construction import graph_batches, lookahead_lanes
 
     plan = plan_startup(options, a.profile, a.max_context, device_budget(a.device, env),
                         load_bytes=a.source.load_bytes, num_pages=explicit,
-                        graph_batches=graph_batches(a.device, options))
+                        graph_batches=graph_batches(a.device, options),
+                        lookahead_slots=lookahead_lanes(a.device, options, a.lookahead))
     return plan.summary(a.dtype)
