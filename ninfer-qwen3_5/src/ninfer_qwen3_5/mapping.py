@@ -6,8 +6,10 @@ it reuses ``text/embed`` and ``text/lm_head``). Private parameters of optional c
 in a text object, so loading Text reads none of their bytes.
 
 Fused storage (each a single physical parent read back through logical bindings):
-- GDN ``in_proj_qkv`` + ``in_proj_z`` -> one parent ``[C + Hv*Dv, H]``; ``gdn/qkv`` and ``gdn/z`` are
-  its two row ranges. ``in_proj_b`` + ``in_proj_a`` likewise for ``gdn/b`` and ``gdn/a``.
+- GDN ``in_proj_qkv`` + ``in_proj_z`` + ``in_proj_b`` + ``in_proj_a`` -> one parent ``gdn/in_proj``
+  ``[C + Hv*Dv + 2*Hv, H]``; ``gdn/qkv``, ``gdn/z``, ``gdn/b`` and ``gdn/a`` are its four row ranges (the
+  layer runs them as one GEMM; artifacts converted before this layout had two parents, qkv+z and b+a,
+  and still load: the layer then runs two GEMMs).
 - attention ``q_proj`` is stored as is; its rows alternate per head ``[q_h (D rows), gate_h (D rows)]``,
   so ``attention/query`` and ``attention/gate`` are bound as per-head element ranges (de-interleaved).
 - dense ``gate_proj`` + ``up_proj`` -> one parent bound whole as ``mlp/gate_up`` (the same layout as an
@@ -129,14 +131,14 @@ def _plan_layer(b: _Builder, cfg: Qwen35Config, kind: str, src: str, comp: str, 
     else:
         g = f"{src}linear_attn."
         C, Vd, Hv, K = cfg.conv_dim, cfg.value_dim, cfg.linear_num_value_heads, cfg.conv_kernel
-        qkvz = f"{lp}/gdn/in_proj_qkvz"
-        b.obj(qkvz, comp, [(f"{g}in_proj_qkv.weight", (C, H)), (f"{g}in_proj_z.weight", (Vd, H))])
-        b.bind(f"{lp}/gdn/qkv", qkvz, (C, H), 0, use=mixer_in)
-        b.bind(f"{lp}/gdn/z", qkvz, (Vd, H), C * H, use=mixer_in)
-        ba = f"{lp}/gdn/in_proj_ba"
-        b.obj(ba, comp, [(f"{g}in_proj_b.weight", (Hv, H)), (f"{g}in_proj_a.weight", (Hv, H))])
-        b.bind(f"{lp}/gdn/b", ba, (Hv, H), 0, use=mixer_in)
-        b.bind(f"{lp}/gdn/a", ba, (Hv, H), Hv * H, use=mixer_in)
+        # One parent for the four input projections: the layer runs them as one GEMM (layers/fused.py).
+        inp = f"{lp}/gdn/in_proj"
+        b.obj(inp, comp, [(f"{g}in_proj_qkv.weight", (C, H)), (f"{g}in_proj_z.weight", (Vd, H)),
+                          (f"{g}in_proj_b.weight", (Hv, H)), (f"{g}in_proj_a.weight", (Hv, H))])
+        b.bind(f"{lp}/gdn/qkv", inp, (C, H), 0, use=mixer_in)
+        b.bind(f"{lp}/gdn/z", inp, (Vd, H), C * H, use=mixer_in)
+        b.bind(f"{lp}/gdn/b", inp, (Hv, H), (C + Vd) * H, use=mixer_in)
+        b.bind(f"{lp}/gdn/a", inp, (Hv, H), (C + Vd + Hv) * H, use=mixer_in)
         conv = f"{lp}/gdn/conv"
         b.obj(conv, comp, [(f"{g}conv1d.weight", (C, 1, K))])
         b.bind(conv, conv, (C, K))  # [C, 1, K] read as [C, K]: same elements in C order

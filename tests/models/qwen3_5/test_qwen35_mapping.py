@@ -100,13 +100,13 @@ def test_every_tensor_is_consumed_and_every_parameter_bound():
 
 def test_fused_gdn_parents_and_row_range_bindings():
     plan, bindings, objects = _plan(_text_config(), _tensors())
-    qkvz = objects["text/layers/0/gdn/in_proj_qkvz"]
-    assert qkvz.sources == ("model.layers.0.linear_attn.in_proj_qkv.weight", "model.layers.0.linear_attn.in_proj_z.weight")
-    assert bindings["text/layers/0/gdn/qkv"].parts == (Part(qkvz.id, 0, C * H),)
-    assert bindings["text/layers/0/gdn/z"].parts == (Part(qkvz.id, C * H, (C + HV * DV) * H),)
-    ba = objects["text/layers/0/gdn/in_proj_ba"]
-    assert ba.sources[0].endswith("in_proj_b.weight") and ba.sources[1].endswith("in_proj_a.weight")
-    assert bindings["text/layers/0/gdn/a"].parts == (Part(ba.id, HV * H, 2 * HV * H),)
+    inp = objects["text/layers/0/gdn/in_proj"]
+    assert inp.sources == tuple(f"model.layers.0.linear_attn.in_proj_{x}.weight" for x in ("qkv", "z", "b", "a"))
+    assert bindings["text/layers/0/gdn/qkv"].parts == (Part(inp.id, 0, C * H),)
+    assert bindings["text/layers/0/gdn/z"].parts == (Part(inp.id, C * H, (C + HV * DV) * H),)
+    zb = (C + HV * DV) * H
+    assert bindings["text/layers/0/gdn/b"].parts == (Part(inp.id, zb, zb + HV * H),)
+    assert bindings["text/layers/0/gdn/a"].parts == (Part(inp.id, zb + HV * H, zb + 2 * HV * H),)
     assert bindings["text/layers/0/gdn/conv"].parts == (Part("text/layers/0/gdn/conv", 0, C * K),)
 
 

@@ -202,3 +202,15 @@ def test_logprobs_are_the_model_distribution(dense):
     assert lp.token == int(logits.argmax()) and abs(lp.logprob - float(expect.max())) < 1e-5
     assert [t for t, _ in lp.top] == torch.topk(expect, 2).indices.tolist()
     prog.commit(pending, {s: 1})
+
+
+def test_gdn_input_projections_run_as_one_gemm(qwen_case):
+    """The converter stores qkv, z, b and a as one parent: each GDN layer projects with one GEMM."""
+    from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
+
+    prog = make_program(qwen_case("dense"))
+    gdn = [layer.mixer for layer in prog.model.layers if isinstance(layer.mixer, GatedDeltaNet)]
+    cfg = prog.cfg
+    assert gdn and all(len(m.in_groups) == 1 for m in gdn)
+    hv = cfg.linear_num_value_heads
+    assert gdn[0].in_groups[0].sizes == (cfg.conv_dim, cfg.value_dim, hv, hv)

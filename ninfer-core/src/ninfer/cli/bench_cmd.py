@@ -89,7 +89,8 @@ def command_line(args) -> str:
              ("decode_steps", args.decode_steps), ("repeats", args.repeats), ("warmup", args.warmup),
              ("seed", args.seed), ("prefill_chunk_size", args.prefill_chunk_size), ("copy_mib", args.copy_mib),
              ("matmul_size", args.matmul_size), ("cache_host_mib", getattr(args, "cache_host_mib", None)),
-             ("cache_checkpoint_interval", getattr(args, "cache_checkpoint_interval", None))]
+             ("cache_checkpoint_interval", getattr(args, "cache_checkpoint_interval", None)),
+             ("lookahead", getattr(args, "lookahead", "auto"))]
     parts += [f"--{k.replace('_', '-')} {v}" for k, v in flags if v is not None]
     parts += [f"--{k}" for k in ("context-cache", "no-decode", "no-prefill")
               if getattr(args, k.replace("-", "_"), False)]

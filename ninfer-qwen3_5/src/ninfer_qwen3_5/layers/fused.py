@@ -1,8 +1,8 @@
 """Row-stacked projections: several weights that read the same input run as one GEMM when their rows are
 already adjacent in memory.
 
-The converter stores GDN ``in_proj_qkv`` + ``in_proj_z`` as one parent object and ``in_proj_b`` + ``in_proj_a``
-as another (see :mod:`ninfer_qwen3_5.mapping`); the loader hands each binding out as a zero-copy view of its
+The converter stores GDN ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b`` and ``in_proj_a`` as one parent object
+(see :mod:`ninfer_qwen3_5.mapping`; older artifacts: qkv+z and b+a as two); the loader hands each binding out as a zero-copy view of its
 parent. :func:`row_groups` finds such runs and returns one ``[sum rows, in]`` view per run -- no copy, no extra
 memory -- so a decode step launches one GEMV per run instead of one per binding. Weights that are not adjacent
 (another dtype after a cast, a differently converted artifact) simply form runs of one: the result is the same.

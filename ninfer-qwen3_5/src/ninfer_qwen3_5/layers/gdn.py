@@ -6,8 +6,8 @@ Qwen3.5 StateImage is rewritten by a decode step, which lookahead decode relies 
 ``causal_conv1d_prefill`` and ``gdn_chunk_prefill`` (in place). Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
 
-The four input projections run as one GEMM per run of row-adjacent weights (:mod:`.fused`: qkv+z and
-b+a with the converter's layout), and q/k/v, z, a, b stay column views of those outputs: the ops take
+The four input projections run as one GEMM per run of row-adjacent weights (:mod:`.fused`: all four in
+the converter's layout, one ``gdn/in_proj`` parent), and q/k/v, z, a, b stay column views of the output: the ops take
 row-strided inputs, so a decode step copies nothing between the GEMMs and the kernels.
 """
 

@@ -144,9 +144,11 @@ def _sm_count(device: torch.device) -> int:
 
 
 def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
-                     down: torch.Tensor, shared: SharedExpert | None) -> torch.Tensor:
+                     down: torch.Tensor, shared: SharedExpert | None, *, tune: dict | None = None) -> torch.Tensor:
     """The decode path of :func:`ninfer.ops.triton.moe.moe_experts` (same contract; inputs already checked:
-    one dtype, last dims contiguous)."""
+    one dtype, last dims contiguous). ``tune`` overrides the launch shape for tools/gpu_moe_gemv_sweep.py:
+    ``bn1``/``bk1``/``warps1`` (gate/up) and ``bn2``/``warps2`` (down)."""
+    tune = tune or {}
     t_len, hidden = x.shape
     top_k = ids.shape[1]
     inter = gate_up.shape[1] // 2
@@ -157,15 +159,16 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
     rw = weights.float().contiguous()
     sms = _sm_count(x.device)
     interp = x.device.type != "cuda"
-    kw = {} if interp else {"num_warps": 4}
+    kw1 = {} if interp else {"num_warps": tune.get("warps1", 4)}
+    kw2 = {} if interp else {"num_warps": tune.get("warps2", 4)}
     act = torch.empty((t_len * top_k, inter), dtype=x.dtype, device=x.device)
     # A [BN, BK] fp32 accumulator per operand: BN * BK <= _TILE keeps it in registers (B=8 spilled with
     # BN = 32 x BK = 512 on an H200: 4x slower than B=1).
-    bk1 = min(_BK_GATE_UP, triton.next_power_of_2(hidden))
-    bn1 = min(_block_n(t_len * top_k, inter, sms), max(1, _TILE // bk1))
+    bk1 = tune.get("bk1") or min(_BK_GATE_UP, triton.next_power_of_2(hidden))
+    bn1 = tune.get("bn1") or min(_block_n(t_len * top_k, inter, sms), max(1, _TILE // bk1))
     _gate_up_gemv_kernel[(t_len * top_k, triton.cdiv(inter, bn1))](
         x, gate_up, ids, act, hidden, inter, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        TOPK=top_k, BN=bn1, BK=bk1, EVEN=hidden % bk1 == 0, **kw)
+        TOPK=top_k, BN=bn1, BK=bk1, EVEN=hidden % bk1 == 0, **kw1)
     if shared is not None:
         proj, sdown, glog = shared.projected, shared.down, shared.gate_logit
         nis = sdown.shape[1]
@@ -174,9 +177,9 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
         proj = sdown = glog = x
         nis, sp_t, sd_n, sg_t = 0, 0, 0, 0
     bk2 = min(_BK_DOWN_MAX, triton.next_power_of_2(max(inter, nis, 16)))
-    bn2 = min(_block_n(t_len, hidden, sms), max(1, _TILE // bk2))
+    bn2 = tune.get("bn2") or min(_block_n(t_len, hidden, sms), max(1, _TILE // bk2))
     _down_gemv_kernel[(t_len, triton.cdiv(hidden, bn2))](
         act, down, ids, rw, out, proj, sdown, glog, hidden, inter, nis,
         down.stride(0), down.stride(1), out.stride(0), sp_t, sd_n, sg_t,
-        TOPK=top_k, BN=bn2, BK=bk2, ONE_TILE=inter <= bk2, HAS_SHARED=shared is not None, **kw)
+        TOPK=top_k, BN=bn2, BK=bk2, ONE_TILE=inter <= bk2, HAS_SHARED=shared is not None, **kw2)
     return out
