@@ -77,6 +77,21 @@ def test_gated_rms_norm(dtype, w_dtype, gen):
     close_to_reference(out, reference(dtype).gated_rms_norm(x, gate, w, EPS), "gated vs torch reference")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_rms_norm_gate_as_a_column_view(dtype, gen):
+    """The GDN's gate z is [T, H, N] columns of a wider projection (row stride != H * N): read in place,
+    the result equals the contiguous gate's bit for bit."""
+    ops = triton_ops(dtype)
+    x = randn(gen, 5, 4, 32, dtype=dtype, device=DEVICE, scale=2.0)
+    wide = randn(gen, 5, 300, dtype=dtype, device=DEVICE, scale=2.0)
+    gate = wide[:, 70:70 + 4 * 32].reshape(5, 4, 32)
+    assert gate.stride() == (300, 32, 1)
+    w = (1.0 + randn(gen, 32, scale=0.2)).to(dtype).to(DEVICE)
+    out = ops.gated_rms_norm(x, gate, w, EPS)
+    assert torch.equal(out, ops.gated_rms_norm(x, gate.contiguous(), w, EPS))
+    close_to_reference(out, reference(dtype).gated_rms_norm(x, gate, w, EPS), "strided gate vs torch reference")
+
+
 def test_gated_rms_norm_plain_weight():
     ops = triton_ops(torch.float32)
     g = torch.Generator().manual_seed(3)

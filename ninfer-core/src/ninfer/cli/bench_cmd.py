@@ -150,8 +150,11 @@ def run(args) -> int:
         summary = engine.memory_summary()
         engine_info = {k: info.get(k) for k in ("device", "dtype", "num_pages", "page_size", "max_context", "ops",
                                                 "cuda_graphs", "lookahead")}
+        stats = engine.stats()
         engine_info.update(max_concurrency=engine.options.max_concurrency,
-                           prefill_chunk_size=engine.options.prefill_chunk_size)
+                           prefill_chunk_size=engine.options.prefill_chunk_size,
+                           lookahead_steps={k: getattr(stats, f"lookahead_{k}") for k in ("launched", "adopted",
+                                                                                          "dropped")})
     if not (decode or prefill):
         raise BenchError("nothing to run: both --no-decode and --no-prefill")
     meta = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -72,15 +72,17 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, M, eps, stride_x, 
 
 
 @triton.jit
-def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_g, stride_y, N: tl.constexpr,
-                           NW_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, GH, stride_g0, stride_g1, stride_y,
+                           N: tl.constexpr, NW_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            INTERP: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     rows64 = rows.to(tl.int64)
     xf = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + rows64[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    # Gate row r is head r % GH of token r // GH: a [T, H, N] gate may be a column view of a wider projection.
+    g_rows = (rows64 // GH) * stride_g0 + (rows64 % GH) * stride_g1
+    g = tl.load(g_ptr + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
     n = cast(xf * _inv_rms(xf, N, eps)[:, None], y_ptr.dtype.element_ty, INTERP).to(tl.float32)
     nw = cast(n * w[None, :], NW_DTYPE, INTERP).to(tl.float32)
@@ -124,14 +126,21 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     """``(cast_x(norm(x)) * weight) * silu(fp32(gate))`` cast to x.dtype; norm over the last dim."""
     launch_ok(x)
     n = x.shape[-1]
-    x2, g2 = _rows(x, n), _rows(gate, n)
+    x2 = _rows(x, n)
+    if gate.dim() == 3 and gate.stride(-1) == 1 and tuple(gate.shape) == tuple(x.shape):
+        # [T, H, N] read in place by (token, head) strides: the GDN's z is a column view of the input
+        # projection, which reshape could only flatten with a copy.
+        g2, gh, sg0, sg1 = gate, gate.shape[1], gate.stride(0), gate.stride(1)
+    else:
+        g2 = _rows(gate, n)
+        gh, sg0, sg1 = 1, g2.stride(0), 0
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     m = x2.shape[0]
     if m:
         cfg = _config(n)
         nw_dtype = _TL_DTYPE[torch.promote_types(x.dtype, weight.dtype)]
         _gated_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
-            x2, g2, weight.contiguous(), y, m, eps, x2.stride(0), g2.stride(0), y.stride(0), N=n,
+            x2, g2, weight.contiguous(), y, m, eps, x2.stride(0), max(gh, 1), sg0, sg1, y.stride(0), N=n,
             NW_DTYPE=nw_dtype, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET,
             num_warps=cfg["num_warps"])
     return y.view(x.shape)
