@@ -77,6 +77,9 @@ def main() -> int:
     report = {"shape": args.shape, "layers": args.layers, "variants": []}
     prof_text = ""
     for name, kw, split in variants:
+        if max(lengths) >= kw["max_context"]:
+            print(f"{name}: skipped (a {max(lengths)}-token prompt does not fit)", flush=True)
+            continue
         with Engine.start(artifact, EngineOptions(device="cuda", max_concurrency=8, **kw)) as engine:
             groups = split_gdn_groups(engine._program) if split else 0  # noqa: SLF001 (diagnostics)
             rows = {}
