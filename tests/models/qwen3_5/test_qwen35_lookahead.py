@@ -89,6 +89,10 @@ def test_same_rows_are_adopted_and_equal_no_lookahead(dense):
 
 
 def test_subset_after_a_release_is_adopted(dense):
+    """After b is released, a and c adopt their step from the lookahead of [a, b, c]: it was computed in a
+    batch of three where the unit asks for two. Tokens must be equal; the states are equal to the extent
+    the GEMM library is batch-invariant (bitwise on some CPUs, to fp32 rounding on others), as for any
+    change of batch composition."""
     off, on = pair(dense)
     for d in (off, on):
         a, b, c = d.open(prompt(3, 6)), d.open(prompt(4, 9)), d.open(prompt(5, 4))
@@ -99,7 +103,8 @@ def test_subset_after_a_release_is_adopted(dense):
         d.out += [d.unit(decode=[a, c]) for _ in range(3)]
         d.images = (d.image(a), d.image(c))
     assert on.out == off.out
-    assert all(torch.equal(x, y) for x, y in zip(on.images, off.images, strict=True))
+    for x, y in zip(on.images, off.images, strict=True):  # fp32 fields only in this fp32 Program
+        torch.testing.assert_close(x.view(torch.float32), y.view(torch.float32), rtol=1e-5, atol=1e-6)
     assert on.p.lookahead_stats.adopted == 5 and on.p.lookahead_stats.dropped == 0
 
 
