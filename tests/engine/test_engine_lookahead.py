@@ -80,9 +80,9 @@ def test_one_request_adopts_every_step(tiny_qwen_artifact):
     work = [([5, 9, 11, 200], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))]
     expected, got, stats = both(tiny_qwen_artifact, work, max_concurrency=1)
     assert got == expected and len(got[0]) == 30
-    # Prefill samples token 1 (no lookahead: the unit has a chunk); each of the 29 decode steps launches
-    # the next one, and the last launch (token 31) is never asked for.
-    assert (stats.lookahead_launched, stats.lookahead_adopted, stats.lookahead_dropped) == (29, 28, 0)
+    # Prefill samples token 1 (no lookahead: the unit has a chunk); decode steps 2..29 each launch the
+    # next one; step 30 draws the last token (max_tokens), so nothing is launched after it.
+    assert (stats.lookahead_launched, stats.lookahead_adopted, stats.lookahead_dropped) == (28, 28, 0)
 
 
 def test_preempted_tokens_equal_without_lookahead(tiny_qwen_artifact):

@@ -220,3 +220,23 @@ def test_a_changed_sampling_drops_it(dense):
         d.out += [d.unit(decode=[a]) for _ in range(3)]
     assert on.out == off.out
     assert on.p.lookahead_stats.dropped == 1 and on.p.lookahead_stats.adopted == 3
+
+
+def test_a_row_drawing_its_last_token_is_left_out(dense):
+    """a's third token is its last (max_tokens 3); c reaches max_context 12 after its step: the lookahead
+    launched with them carries only b, and the unit that follows their release adopts it whole."""
+    off, on = pair(dense, max_context=12)
+    for d in (off, on):
+        a = d.open(prompt(50, 4), SamplingParams(temperature=0.0, max_tokens=3))
+        b = d.open(prompt(51, 5))
+        c = d.open(prompt(52, 9))
+        for s, n in ((a, 4), (b, 5), (c, 9)):
+            d.unit(chunk=(s, n))
+        d.out = [d.unit(decode=[a, b, c])]     # a: token 2, c: ledger 11 -> the lookahead takes all three
+        d.out.append(d.unit(decode=[a, b, c]))  # a draws its last, c fills its context: lookahead of [b] only
+        d.p.release(a)
+        d.p.release(c)
+        d.out += [d.unit(decode=[b]) for _ in range(2)]
+    assert on.out == off.out
+    s = on.p.lookahead_stats
+    assert (s.launched, s.adopted, s.dropped) == (4, 3, 0)

@@ -474,8 +474,7 @@ class SequenceProgram(ABC):
         if ahead:
             self._launch_lookahead(sampling, drawn.device)
             tokens, logprobs = drawn.tolist(), [None] * len(sampling)
-            if self._lookahead is not None:
-                self._lookahead.inputs = tokens
+            self._note_lookahead_inputs(sampling, tokens)
         return self._new_pending(sampling, tokens, logprobs)
 
     def _new_pending(self, sampling: list[tuple[SeqId, RowSampling]], tokens: list[int],
@@ -501,13 +500,21 @@ class SequenceProgram(ABC):
 
     def _launch_lookahead(self, sampling: list[tuple[SeqId, RowSampling]], tokens: torch.Tensor) -> None:
         """Queue the next decode step of these rows (their ``computed`` already counts the step that
-        drew ``tokens``), into spare slots. Skipped when a row is at max_context or its next KV page
+        drew ``tokens``), into spare slots. A row whose token drawn now is its last (its ``max_tokens``,
+        or max_context) is left out: nothing would adopt its next step. Skipped when a row's next KV page
         cannot be had; a failing forward damages the rows (their PendingBatch is never made)."""
+        keep = [i for i, (sid, rs) in enumerate(sampling)
+                if rs.step + 1 < rs.params.max_tokens and self._seqs[sid].computed + 2 <= self.max_context]
+        if not keep:
+            return
+        if len(keep) < len(sampling):
+            tokens = tokens.index_select(0, to_device(keep, torch.int64, tokens.device))
+            sampling = [sampling[i] for i in keep]
         seqs = [sid for sid, _ in sampling]
         positions = [self._seqs[sid].computed for sid in seqs]
         for sid, m in zip(seqs, positions, strict=True):
             # The page reserve_units would give the row's next token; the row keeps it either way.
-            if m + 1 > self.max_context or not self.kv.ensure(sid, m + 1, write_from=m):
+            if not self.kv.ensure(sid, m + 1, write_from=m):
                 return
         spares = [self._spares.pop() for _ in seqs]
         try:
@@ -567,9 +574,15 @@ class SequenceProgram(ABC):
             self._launch_lookahead(sampling, tokens)
         drawn = la.tokens.tolist()
         tokens_now = [drawn[j] for j in keep]
-        if self._lookahead is not None:
-            self._lookahead.inputs = tokens_now
+        self._note_lookahead_inputs(sampling, tokens_now)
         return self._new_pending(sampling, tokens_now, [None] * len(keep))
+
+    def _note_lookahead_inputs(self, sampling: list[tuple[SeqId, RowSampling]], tokens: list[int]) -> None:
+        """Record the tokens the just-launched lookahead consumed (those of its rows, which may be a
+        subset of ``sampling``), now that they reached the host."""
+        if self._lookahead is not None:
+            by_seq = {sid: tok for (sid, _), tok in zip(sampling, tokens, strict=True)}
+            self._lookahead.inputs = [by_seq[sid] for sid in self._lookahead.seqs]
 
     def _drop_lookahead(self, la: Lookahead | None = None) -> None:
         """Drop a lookahead (default: the outstanding one): its spares go back, nothing else changes."""
