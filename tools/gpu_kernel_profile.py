@@ -36,6 +36,20 @@ def _shapes_module():
     return mod
 
 
+def random_artifact(shapes, shape: str, layers: int, tokenizer: Path) -> tuple[dict, Path]:
+    """The random bf16 model of tools/gpu_bench_shapes.py at ``shape`` with ``layers`` layers, converted in
+    memory into a temporary artifact (the transformers model is freed). Returns (geometry, artifact)."""
+    geometry = shapes.geometry_for(argparse.Namespace(tiny=False, shape=shape, layers=layers))
+    work = Path(tempfile.mkdtemp())
+    model = shapes.build_hf(geometry, torch.device("cuda"), seed=0)
+    shapes.write_frontend(work, tokenizer)
+    artifact = work / "m.ninfer"
+    shapes.convert_in_memory(model, work, artifact, f"{shape}-{layers}l")
+    del model
+    torch.cuda.empty_cache()
+    return geometry, artifact
+
+
 def kernel_table(prof, steps: int) -> list[dict]:
     rows = []
     for e in prof.key_averages():
@@ -72,15 +86,7 @@ def main() -> int:
     from ninfer.runtime.contract.sampling import SamplingParams
     from torch.profiler import ProfilerActivity, profile
 
-    ns = argparse.Namespace(tiny=False, shape=args.shape, layers=args.layers)
-    geometry = shapes.geometry_for(ns)
-    work = Path(tempfile.mkdtemp())
-    model = shapes.build_hf(geometry, torch.device("cuda"), seed=0)
-    shapes.write_frontend(work, args.tokenizer)
-    artifact = work / "m.ninfer"
-    shapes.convert_in_memory(model, work, artifact, f"{args.shape}-{args.layers}l")
-    del model
-    torch.cuda.empty_cache()
+    geometry, artifact = random_artifact(shapes, args.shape, args.layers, args.tokenizer)
 
     report: dict = {"shape": args.shape, "layers": args.layers, "types": geometry["layer_types"]}
     text = []

@@ -19,7 +19,6 @@ import json
 from pathlib import Path
 
 import torch
-
 from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.triton.moe_gemv import moe_experts_gemv
 
@@ -33,7 +32,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=10)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    E, H, I, K, IS = 256, 2048, 512, 8, 512
+    E, H, I, K, IS = 256, 2048, 512, 8, 512  # noqa: E741 (the model's names)
     g = torch.Generator(device=dev).manual_seed(0)
     gate_up = [torch.randn(E, 2 * I, H, device=dev, dtype=torch.bfloat16, generator=g) * 0.02
                for _ in range(args.banks)]
@@ -50,7 +49,7 @@ def main() -> None:
         distinct = sum(len(set(i.flatten().tolist())) for i in ids) / args.calls
         nbytes = distinct * (2 * I * H + H * I) * 2 + H * IS * 2
 
-        def call(c: int, tune: dict) -> torch.Tensor:
+        def call(c: int, tune: dict, x=x, w=w, ids=ids, proj=proj, glog=glog) -> torch.Tensor:
             b = c % args.banks
             return moe_experts_gemv(x, w, ids[c], gate_up[b], down[b], SharedExpert(proj, sdown[b], glog),
                                     tune=tune)
@@ -63,7 +62,7 @@ def main() -> None:
         for tune in grid:
             try:
                 outs = [call(c, tune) for c in range(args.calls)]
-                err = max(float(((o.float() - r.float()).abs().max() / r.float().abs().max())) for o, r in
+                err = max(float((o.float() - r.float()).abs().max() / r.float().abs().max()) for o, r in
                           zip(outs, base, strict=True))
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()

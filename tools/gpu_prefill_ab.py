@@ -16,7 +16,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpu_kernel_profile import _shapes_module  # noqa: E402
+from gpu_kernel_profile import _shapes_module, random_artifact  # noqa: E402
 from worker_profile import profiled_cycles, top_functions  # noqa: E402
 
 
@@ -57,15 +56,7 @@ def main() -> int:
     from ninfer import Engine, EngineOptions
     from ninfer.runtime.contract.sampling import SamplingParams
 
-    ns = argparse.Namespace(tiny=False, shape=args.shape, layers=args.layers)
-    geometry = shapes.geometry_for(ns)
-    work = Path(tempfile.mkdtemp())
-    model = shapes.build_hf(geometry, torch.device("cuda"), seed=0)
-    shapes.write_frontend(work, args.tokenizer)
-    artifact = work / "m.ninfer"
-    shapes.convert_in_memory(model, work, artifact, f"{args.shape}-{args.layers}l")
-    del model
-    torch.cuda.empty_cache()
+    geometry, artifact = random_artifact(shapes, args.shape, args.layers, args.tokenizer)
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = [("lookahead, one GEMM, context 8k", dict(lookahead=None, max_context=8448), False),
                 ("no lookahead, one GEMM, context 8k", dict(lookahead=False, max_context=8448), False),

@@ -158,13 +158,17 @@ def make_program(case: Case, *, page_size: int = 4, num_pages: int = 256, max_se
 
 
 class Runner:
-    """Drives a Program like the engine (reserve, run, commit everything) and records the logits
-    each unit produced: ``logits[seq]`` is the list of that sequence's sampled-row logits."""
+    """Drives a Program like the engine (reserve, run, commit everything) and, with ``record``, records
+    the logits each unit produced: ``logits[seq]`` is the list of that sequence's sampled-row logits.
+    Subclasses choose each row's sampling (:meth:`row_sampling`) and see each committed batch."""
 
-    def __init__(self, program) -> None:
+    def __init__(self, program, *, record: bool = True) -> None:
         self.p = program
         self.logits: dict[int, list[torch.Tensor]] = {}
         self._last: torch.Tensor | None = None
+        self.record = record
+        if not record:
+            return
         forward = program.forward
 
         def recording(batch):
@@ -172,6 +176,12 @@ class Runner:
             return self._last
 
         program.forward = recording
+
+    def row_sampling(self, seq: int, overrides: dict) -> RowSampling:
+        return overrides.get(seq, GREEDY)
+
+    def committed(self, pending) -> None:
+        """Called after each unit's commit (every row accepted whole)."""
 
     def open(self, tokens, prompt_length=None) -> int:
         return self.p.open_sequence(list(tokens), prompt_length=prompt_length)
@@ -187,12 +197,14 @@ class Runner:
         if chunk is not None:
             seq, n = chunk
             ends = self.p.computed(seq) + n == self.p.ledger_length(seq)
-            ch = PrefillChunk(seq, n, sampling.get(seq, GREEDY) if ends else None)
-        pending = self.p.run(ExecutionUnit(decode=tuple(DecodeRow(s, sampling.get(s, GREEDY)) for s in decode),
-                                           chunk=ch))
-        for i, row in enumerate(pending.rows):
-            self.logits.setdefault(row.seq, []).append(self._last[i].clone())
+            ch = PrefillChunk(seq, n, self.row_sampling(seq, sampling) if ends else None)
+        pending = self.p.run(ExecutionUnit(
+            decode=tuple(DecodeRow(s, self.row_sampling(s, sampling)) for s in decode), chunk=ch))
+        if self.record:
+            for i, row in enumerate(pending.rows):
+                self.logits.setdefault(row.seq, []).append(self._last[i].clone())
         self.p.commit(pending, {r.seq: len(r.tokens) for r in pending.rows})
+        self.committed(pending)
         return {r.seq: r.tokens[0] for r in pending.rows}
 
     def prefill(self, seq: int, chunks=None) -> int | None:

@@ -13,10 +13,10 @@ import torch
 from ninfer.ops import resolve_ops
 from ninfer.plugins import get_registry
 from ninfer.runtime.contract.architecture import ProgramInit, ProgramOptions
-from ninfer.runtime.contract.program import DecodeRow, ExecutionUnit, PrefillChunk, ProgramError, RowSampling
+from ninfer.runtime.contract.program import DecodeRow, ExecutionUnit, ProgramError, RowSampling
 from ninfer.runtime.contract.sampling import SamplingParams
 
-from .harness import make_program, prompt
+from .harness import Runner, make_program, prompt
 
 GREEDY = SamplingParams(temperature=0.0)
 HOT = SamplingParams(temperature=0.8, top_p=0.9)
@@ -27,12 +27,12 @@ def dense(qwen_case):
     return qwen_case("dense")
 
 
-class Driver:
-    """Drives a Program like the engine: a RowSampling whose step counts the row's sampled tokens, a
-    reservation before every unit, every row committed whole."""
+class Driver(Runner):
+    """Drives a Program like the engine: a RowSampling whose step counts the row's sampled tokens (so
+    the lookahead's prediction can match), a reservation before every unit, every row committed whole."""
 
     def __init__(self, program) -> None:
-        self.p = program
+        super().__init__(program, record=False)  # a lookahead's forward is not the unit's: record nothing
         self.params: dict[int, SamplingParams] = {}
         self.steps: dict[int, int] = {}
 
@@ -44,21 +44,12 @@ class Driver:
     def sampling(self, seq: int) -> RowSampling:
         return RowSampling(self.params[seq], seed=seq, step=self.steps[seq])
 
-    def unit(self, decode=(), chunk=None) -> dict[int, int]:
-        demands = {s: 1 for s in decode}
-        if chunk is not None:
-            demands[chunk[0]] = chunk[1]
-        assert all(self.p.reserve_units(demands).values())
-        ch = None
-        if chunk is not None:
-            seq, n = chunk
-            ends = self.p.computed(seq) + n == self.p.ledger_length(seq)
-            ch = PrefillChunk(seq, n, self.sampling(seq) if ends else None)
-        pending = self.p.run(ExecutionUnit(decode=tuple(DecodeRow(s, self.sampling(s)) for s in decode), chunk=ch))
-        self.p.commit(pending, {r.seq: len(r.tokens) for r in pending.rows})
+    def row_sampling(self, seq: int, overrides: dict) -> RowSampling:
+        return self.sampling(seq)
+
+    def committed(self, pending) -> None:
         for r in pending.rows:
             self.steps[r.seq] += 1
-        return {r.seq: r.tokens[0] for r in pending.rows}
 
     def image(self, seq: int) -> torch.Tensor:
         return self.p.states.image(self.p.state_slot(seq)).clone()

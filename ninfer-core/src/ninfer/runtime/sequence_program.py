@@ -50,14 +50,6 @@ import torch
 from ninfer.core.host_tier import HostCopy, HostTier
 from ninfer.core.kv_pool import KVPrefixRef, PagedKVCache
 from ninfer.core.state_image import StateImageStorage
-from ninfer.runtime.lookahead import (
-    DeviceTokens,
-    Lookahead,
-    LookaheadStats,
-    lookahead_eligible,
-    predicted,
-    to_device,
-)
 from ninfer.runtime.contract.program import (
     CheckpointFootprint,
     CheckpointHandle,
@@ -76,6 +68,14 @@ from ninfer.runtime.contract.program import (
     SeqId,
     SnapshotState,
     TokenLogprob,
+)
+from ninfer.runtime.lookahead import (
+    DeviceTokens,
+    Lookahead,
+    LookaheadStats,
+    lookahead_eligible,
+    predicted,
+    to_device,
 )
 from ninfer.runtime.token_bitmask import apply_bitmask, fill_bitmasks
 
