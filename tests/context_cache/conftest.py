@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.engines import settled  # noqa: F401 (the package's tests import it from here)
 from support.fixtures import single_torch_thread  # noqa: F401 (autouse for this package)
 from support.models import tiny_qwen_artifact
 
@@ -47,16 +48,3 @@ def make_engine(long_tiny_artifact):
     yield make
     for engine in made:
         engine.close(timeout=60)
-
-
-def settled(engine):
-    """The stats once the worker has published the cycle that settled every request (a result is
-    delivered before that cycle's snapshot)."""
-    import time
-
-    deadline = time.monotonic() + 10
-    while True:
-        s = engine.stats()
-        if (s.running == 0 and s.queue_depth == 0 and s.outstanding == 0) or time.monotonic() > deadline:
-            return s
-        time.sleep(0.005)

@@ -14,6 +14,7 @@ from ninfer import Engine, EngineOptions
 from ninfer.runtime.contract.events import GenerationDelta
 from ninfer.runtime.contract.sampling import SamplingParams
 from ninfer.runtime.engine.options import InvalidEngineOptions
+from support.engines import settled
 
 from .conftest import worker_threads
 from .streams import check_stream
@@ -95,18 +96,20 @@ def test_preempted_tokens_equal_without_lookahead(tiny_qwen_artifact):
 
 
 def test_ineligible_rows_mixed_in(tiny_qwen_artifact):
-    """Penalised rows (and one asking for logprobs) keep their batches off the lookahead path; tokens and
-    logprobs still equal the engine without it."""
+    """Penalised rows keep their batches off the lookahead path, a row asking for logprobs takes it; tokens
+    and logprobs equal the engine without it."""
     work = mixed_workload() + [([7, 8, 9], SamplingParams(temperature=0.0, max_tokens=10, logprobs=True,
                                                           top_logprobs=2))]
     with start(tiny_qwen_artifact, lookahead=False, max_concurrency=8) as off:
         expected = [generate(off, p, sp) for p, sp in work]
     with start(tiny_qwen_artifact, lookahead=True, max_concurrency=8) as on:
-        got = [generate(on, p, sp) for p, sp in work]  # one at a time: the eligible ones look ahead
-        stats = on.stats()
+        got = [generate(on, p, sp) for p, sp in work[:-1]]  # one at a time: the eligible ones look ahead
+        before = settled(on).lookahead_adopted
+        got.append(generate(on, *work[-1]))
+        after = settled(on).lookahead_adopted
     assert got == expected
     assert expected[-1][1] and all(lp is not None for lp in expected[-1][1])
-    assert stats.lookahead_adopted > 0
+    assert before > 0 and after - before == 8  # the logprobs request's decode steps 3..10 were adopted
 
 
 def generate(engine: Engine, prompt, sp):

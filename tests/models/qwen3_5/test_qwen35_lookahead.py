@@ -140,7 +140,7 @@ def test_ineligible_rows_launch_nothing(dense):
     prog = make_program(dense, lookahead_slots=4)
     d = Driver(prog)
     a = d.open(prompt(10, 5), SamplingParams(temperature=0.0, presence_penalty=0.5))
-    b = d.open(prompt(11, 5), SamplingParams(temperature=0.0, logprobs=True))
+    b = d.open(prompt(11, 5), SamplingParams(temperature=0.0, logprobs=True))  # eligible, but a is not
     d.unit(chunk=(a, 5))
     d.unit(chunk=(b, 5))
     for _ in range(3):
@@ -231,3 +231,29 @@ def test_a_row_drawing_its_last_token_is_left_out(dense):
     assert on.out == off.out
     s = on.p.lookahead_stats
     assert (s.launched, s.adopted, s.dropped) == (4, 3, 0)
+
+
+def test_logprobs_rows_look_ahead_with_the_same_logprobs(dense):
+    """Rows asking for logprobs (and top logprobs) draw on the device too: their log-softmax rows are
+    computed before the next step is queued and equal those of the Program without lookahead."""
+    def run(d: Driver):
+        a = d.open(prompt(60, 5), SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3))
+        b = d.open(prompt(61, 6))
+        c = d.open(prompt(62, 4), SamplingParams(temperature=0.7, top_p=0.9, logprobs=True))
+        for s, n in ((a, 5), (b, 6), (c, 4)):
+            d.unit(chunk=(s, n))
+        out = []
+        for _ in range(4):
+            for s in (a, b, c):
+                d.p.reserve_units({s: 1})
+            pending = d.p.run(ExecutionUnit(decode=tuple(DecodeRow(s, d.sampling(s)) for s in (a, b, c))))
+            out.append([(r.tokens, r.logprobs) for r in pending.rows])
+            d.p.commit(pending, {r.seq: 1 for r in pending.rows})
+            d.committed(pending)
+        return out
+
+    off, on = pair(dense)
+    expected, got = run(off), run(on)
+    assert got == expected
+    assert all(rows[0][1][0].top and rows[1][1] is None and rows[2][1] is not None for rows in got)
+    assert on.p.lookahead_stats.adopted == 3

@@ -21,7 +21,8 @@ Invariants (enforced by SequenceProgram):
   exactly what running the unit would have done, with the same kernels on the same inputs.
 - Only rows whose next token is decided on the device are eligible (:func:`lookahead_eligible`): no
   allowed-token mask (the grammar matcher advances on the host), no penalties (their counts come from
-  the host ledger), no logprobs (they would be read from logits the next step overwrites).
+  the host ledger). Logprobs are fine: a step's log-softmax rows are computed on the device before the
+  next step is queued (which overwrites the graph's logits) and come back with the tokens.
 - Spare slots: the Program holds ``lookahead_slots`` StateImage slots outside ``capacity()``; a
   lookahead takes one per row and gives one back per row when adopted (the row's old slot) or dropped.
 - Everything runs on one CUDA stream, so a slot or page freed after a lookahead was queued is only
@@ -46,7 +47,11 @@ def lookahead_eligible(sampling: RowSampling) -> bool:
     """Whether a row's next token can be drawn on the device alone (see the module docstring)."""
     p = sampling.params
     return (sampling.mask is None and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-            and p.frequency_penalty == 0.0 and not p.logprobs and p.top_logprobs == 0)
+            and p.frequency_penalty == 0.0)
+
+
+def wants_logprobs(sampling: RowSampling) -> bool:
+    return sampling.params.logprobs or sampling.params.top_logprobs > 0
 
 
 def predicted(sampling: RowSampling) -> RowSampling:
@@ -64,23 +69,40 @@ def to_device(data: Sequence, dtype: torch.dtype, device: torch.device) -> torch
 
 
 class DeviceTokens:
-    """A device int64 vector on its way to the host: the copy is queued at construction (behind
-    whatever the stream holds) and :meth:`tolist` waits for that copy only, not for work queued later."""
+    """A step's drawn tokens (device int64 [B]) and, for the rows that asked, their log-softmax rows
+    (device fp32 [len(want), V], row i for row ``want[i]``) on their way to the host: the copies are
+    queued at construction (behind whatever the stream holds) and :meth:`tolist` / :meth:`logprobs`
+    wait for those copies only, not for work queued later."""
 
-    def __init__(self, tokens: torch.Tensor) -> None:
+    def __init__(self, tokens: torch.Tensor, logprobs: torch.Tensor | None = None,
+                 want: Sequence[int] = ()) -> None:
         self.device = tokens
+        self.want = list(want)
+        self._ready: torch.cuda.Event | None = None
         if tokens.device.type == "cuda":
-            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self._host.copy_(tokens, non_blocking=True)
-            self._ready: torch.cuda.Event | None = torch.cuda.Event()
+            self._host = _pinned_copy(tokens)
+            self._lp = None if logprobs is None else _pinned_copy(logprobs)
+            self._ready = torch.cuda.Event()
             self._ready.record()
         else:
-            self._host, self._ready = tokens, None
+            self._host, self._lp = tokens, logprobs
 
     def tolist(self) -> list[int]:
         if self._ready is not None:
             self._ready.synchronize()
         return [int(t) for t in self._host.tolist()]
+
+    def logprobs(self) -> torch.Tensor | None:
+        """The host fp32 log-softmax rows of ``want`` (None when no row asked)."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._lp
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 @dataclass

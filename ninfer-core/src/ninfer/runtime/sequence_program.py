@@ -76,6 +76,7 @@ from ninfer.runtime.lookahead import (
     lookahead_eligible,
     predicted,
     to_device,
+    wants_logprobs,
 )
 from ninfer.runtime.token_bitmask import apply_bitmask, fill_bitmasks
 
@@ -460,7 +461,7 @@ class SequenceProgram(ABC):
                                    f"{None if logits is None else tuple(logits.shape)}, expected "
                                    f"{(batch.num_logit_rows, self.vocab_size)}")
             if ahead:
-                drawn = DeviceTokens(self._draw(logits.float(), sampling))
+                drawn = self._draw_on_device(logits, sampling)
             else:
                 tokens, logprobs = self._sample(logits, sampling) if sampling else ([], [])
         except Exception:
@@ -473,9 +474,21 @@ class SequenceProgram(ABC):
             self._seqs[unit.chunk.seq].computed += unit.chunk.num_tokens
         if ahead:
             self._launch_lookahead(sampling, drawn.device)
-            tokens, logprobs = drawn.tolist(), [None] * len(sampling)
+            tokens = drawn.tolist()
+            logprobs = self._token_logprobs(drawn.logprobs(), drawn.want, sampling, tokens)
             self._note_lookahead_inputs(sampling, tokens)
         return self._new_pending(sampling, tokens, logprobs)
+
+    def _draw_on_device(self, logits: torch.Tensor, rows: list[tuple[SeqId, RowSampling]]) -> DeviceTokens:
+        """Tokens (and the log-softmax rows of the rows that want logprobs) drawn on the device, their
+        copies to the host queued: nothing here waits for the stream."""
+        raw = logits.float()
+        want = [b for b, (_, rs) in enumerate(rows) if wants_logprobs(rs)]
+        lp = None
+        if want:
+            picked = raw if len(want) == len(rows) else raw.index_select(0, to_device(want, torch.int64, raw.device))
+            lp = torch.log_softmax(picked, dim=-1)
+        return DeviceTokens(self._draw(raw, rows), lp, want)
 
     def _new_pending(self, sampling: list[tuple[SeqId, RowSampling]], tokens: list[int],
                      logprobs: list[TokenLogprob | None]) -> PendingBatch:
@@ -528,7 +541,7 @@ class SequenceProgram(ABC):
                 slot_mapping=meta[3])
             logits = self.forward(ForwardBatch(decode=rows, chunk=None))
             nxt = [(sid, predicted(rs)) for sid, rs in sampling]
-            drawn = DeviceTokens(self._draw(logits.float(), nxt))
+            drawn = self._draw_on_device(logits, nxt)
         except Exception:
             self._spares.extend(spares)
             self._damage(seqs)
@@ -574,8 +587,13 @@ class SequenceProgram(ABC):
             self._launch_lookahead(sampling, tokens)
         drawn = la.tokens.tolist()
         tokens_now = [drawn[j] for j in keep]
+        lp_all = la.tokens.logprobs()
+        lp_row = {j: i for i, j in enumerate(la.tokens.want)}  # lookahead row -> its log-softmax row
+        want = [b for b, j in enumerate(keep) if j in lp_row]
+        lp = None if not want else lp_all[[lp_row[keep[b]] for b in want]]
+        logprobs = self._token_logprobs(lp, want, sampling, tokens_now)
         self._note_lookahead_inputs(sampling, tokens_now)
-        return self._new_pending(sampling, tokens_now, [None] * len(keep))
+        return self._new_pending(sampling, tokens_now, logprobs)
 
     def _note_lookahead_inputs(self, sampling: list[tuple[SeqId, RowSampling]], tokens: list[int]) -> None:
         """Record the tokens the just-launched lookahead consumed (those of its rows, which may be a
@@ -807,18 +825,23 @@ class SequenceProgram(ABC):
                 torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=dev))
         tokens = self._draw(processed, rows)
         token_list = [int(t) for t in tokens.tolist()]
-        logprobs: list[TokenLogprob | None] = [None] * len(rows)
-        want = [b for b, p in enumerate(params) if p.logprobs or p.top_logprobs > 0]
-        if want:
-            lp = torch.log_softmax(raw[want], dim=-1).cpu()
-            for i, b in enumerate(want):
-                k = params[b].top_logprobs
-                top = ()
-                if k > 0:
-                    vals, ids = torch.topk(lp[i], k)
-                    top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), vals.tolist(), strict=True))
-                logprobs[b] = TokenLogprob(token=token_list[b], logprob=float(lp[i, token_list[b]]), top=top)
-        return token_list, logprobs
+        want = [b for b, (_, rs) in enumerate(rows) if wants_logprobs(rs)]
+        lp = torch.log_softmax(raw[want], dim=-1).cpu() if want else None
+        return token_list, self._token_logprobs(lp, want, rows, token_list)
+
+    @staticmethod
+    def _token_logprobs(lp: torch.Tensor | None, want: list[int], rows: list[tuple[SeqId, RowSampling]],
+                        tokens: list[int]) -> list[TokenLogprob | None]:
+        """Row ``want[i]``'s TokenLogprob from host log-softmax row ``lp[i]``; None for the other rows."""
+        out: list[TokenLogprob | None] = [None] * len(rows)
+        for i, b in enumerate(want):
+            k = rows[b][1].params.top_logprobs
+            top = ()
+            if k > 0:
+                vals, ids = torch.topk(lp[i], k)
+                top = tuple((int(t), float(v)) for t, v in zip(ids.tolist(), vals.tolist(), strict=True))
+            out[b] = TokenLogprob(token=tokens[b], logprob=float(lp[i, tokens[b]]), top=top)
+        return out
 
     def _draw(self, processed: torch.Tensor, rows: list[tuple[SeqId, RowSampling]]) -> torch.Tensor:
         """The ``sample`` op's tokens (int64 [B], on the device) from fp32 logits already masked and
