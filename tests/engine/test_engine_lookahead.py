@@ -141,9 +141,13 @@ def test_context_cache_hits_the_same_checkpoints(tiny_qwen_artifact):
     assert out[True][2] == 1 and out[True][3] == 40 + 12 - 1  # the response end: all but the last token
 
 
-def test_stress_with_cancellation_frees_everything(tiny_qwen_artifact):
+@pytest.mark.parametrize("cache", [False, True])
+def test_stress_with_cancellation_frees_everything(tiny_qwen_artifact, cache):
+    """Random traffic with cancellations under page pressure (with the context cache: checkpoints, pause
+    Snapshots on the Host tier, reclaims) while lookahead steps are outstanding: no error, nothing leaks."""
+    extra = dict(context_cache=True, cache_checkpoint_interval=8, page_size=4) if cache else {}
     engine = start(tiny_qwen_artifact, lookahead=True, max_concurrency=8, queue_capacity=32, prefill_chunk_size=8,
-                   num_pages=24, max_context=64)
+                   num_pages=24, max_context=64, **extra)
     program = engine._program
     try:
         report = run_stress(engine, n=200, vocab=(0, 256), max_prompt=24, max_tokens=10, seed=21)
@@ -155,6 +159,9 @@ def test_stress_with_cancellation_frees_everything(tiny_qwen_artifact):
     assert cap.free_pages == cap.total_pages and cap.free_state_slots == cap.total_state_slots == 8
     assert len(program._spares) == program.lookahead_slots == 8
     stats = engine.stats()
+    assert stats.lookahead_adopted > 0
+    if cache:
+        assert stats.cache_captures > 0 and stats.snapshot_pauses > 0 and stats.snapshot_resumes > 0, stats.as_dict()
     assert stats.finished + stats.cancelled + stats.deadline + stats.rejected == stats.submitted == 200
     check_counts(stats)
 
