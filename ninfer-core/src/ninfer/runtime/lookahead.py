@@ -18,7 +18,11 @@ Invariants (enforced by SequenceProgram):
   lookahead consumed at the same position (the accepted token of the previous batch); the row's KV
   page there is still its own; its RowSampling equals the predicted one (same params and seed,
   step + 1, no mask). Adopting swaps the row's slot with its spare and advances ``computed`` by one:
-  exactly what running the unit would have done, with the same kernels on the same inputs.
+  what running the unit would have done, with the same kernels on the same inputs (a subset was
+  computed in the lookahead's larger batch: equal as far as the kernels are batch-invariant, as for
+  any change of batch composition).
+- A row whose token drawn now is its last (its ``max_tokens``, or max_context) is left out of the
+  lookahead: nothing would adopt its next step.
 - Only rows whose next token is decided on the device are eligible (:func:`lookahead_eligible`): no
   allowed-token mask (the grammar matcher advances on the host), no penalties (their counts come from
   the host ledger). Logprobs are fine: a step's log-softmax rows are computed on the device before the
