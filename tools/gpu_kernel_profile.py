@@ -71,12 +71,31 @@ def fmt(rows: list[dict], total_us: float, limit: int = 40) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def model_args(doc: str) -> argparse.ArgumentParser:
+    """The arguments of the tools that build a random model at a published shape (:func:`random_artifact`)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--shape", default="35b-a3b")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--tokenizer", type=Path, required=True)
     ap.add_argument("--out", type=Path, default=Path("."))
+    return ap
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """Microseconds per replay of a captured graph (CUDA events; one warm-up replay first)."""
+    graph.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(replays):
+        graph.replay()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) * 1000 / replays
+
+
+def main() -> int:
+    ap = model_args(__doc__)
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=50)
     args = ap.parse_args()
@@ -100,26 +119,19 @@ def main() -> int:
                 with h:
                     h.result()
             graph, _ = program.graphs._graphs[b]  # noqa: SLF001
-            for _ in range(5):
+            for _ in range(4):
                 graph.replay()
-            torch.cuda.synchronize()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(args.steps):
-                graph.replay()
-            e1.record()
-            torch.cuda.synchronize()
-            replay_us = e0.elapsed_time(e1) * 1000 / args.steps
+            step_us = replay_us(graph, args.steps)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.steps):
                     graph.replay()
                 torch.cuda.synchronize()
             rows = kernel_table(prof, args.steps)
             busy = sum(r["us_per_step"] for r in rows)
-            report[f"decode_b{b}"] = {"replay_us": replay_us, "kernel_us": busy,
+            report[f"decode_b{b}"] = {"replay_us": step_us, "kernel_us": busy,
                                       "kernels_per_step": sum(r["calls_per_step"] for r in rows), "top": rows[:40]}
-            text.append(f"== decode B={b}: graph replay {replay_us:.1f} us, kernels {busy:.1f} us "
-                        f"({sum(r['calls_per_step'] for r in rows):.0f} launches)\n" + fmt(rows, replay_us))
+            text.append(f"== decode B={b}: graph replay {step_us:.1f} us, kernels {busy:.1f} us "
+                        f"({sum(r['calls_per_step'] for r in rows):.0f} launches)\n" + fmt(rows, step_us))
             # The Engine's own rate (host work included).
             sp = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
             t0 = time.perf_counter()

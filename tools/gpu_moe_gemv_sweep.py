@@ -16,11 +16,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import torch
 from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.triton.moe_gemv import moe_experts_gemv
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kernel_profile import replay_us  # noqa: E402
 
 
 def main() -> None:
@@ -69,15 +73,7 @@ def main() -> None:
                 with torch.cuda.graph(graph):
                     for c in range(args.calls):
                         call(c, tune)
-                graph.replay()
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(args.replays):
-                    graph.replay()
-                end.record()
-                end.synchronize()
-                us = start.elapsed_time(end) * 1e3 / (args.replays * args.calls)
+                us = replay_us(graph, args.replays) / args.calls
                 row = dict(tokens=t, tune=tune, us=round(us, 2), gbps=round(nbytes / us / 1e3, 1),
                            rel_err=err, ok=err < 2e-2)
             except Exception as exc:  # noqa: BLE001 - a shape Triton refuses is a result too

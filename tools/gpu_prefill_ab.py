@@ -12,7 +12,6 @@ prefill are profiled with cProfile (host hot spots).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -23,7 +22,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from gpu_kernel_profile import _shapes_module, random_artifact  # noqa: E402
+from gpu_kernel_profile import _shapes_module, model_args, random_artifact  # noqa: E402
 from worker_profile import profiled_cycles, top_functions  # noqa: E402
 
 
@@ -43,11 +42,7 @@ def split_gdn_groups(program) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="35b-a3b")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--tokenizer", type=Path, required=True)
-    ap.add_argument("--out", type=Path, default=Path("."))
+    ap = model_args(__doc__)
     ap.add_argument("--lengths", default="128,1024")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()

@@ -108,3 +108,18 @@ def run_stress(engine, *, n: int, vocab: tuple[int, int], max_prompt: int, max_t
             t.join(timeout=max(1.0, deadline - time.monotonic()))
         gc.collect()
     return report
+
+
+def stress_until_closed(engine, **stress):
+    """:func:`run_stress` on a real-Program engine, then close it: no stream error, no surviving worker
+    thread, every KV page and state slot free again. Returns (report, program, final stats)."""
+    program = engine._program
+    try:
+        report = run_stress(engine, **stress)
+        assert not report.errors, report.errors[:5]
+    finally:
+        engine.close(timeout=60)
+    assert not [t for t in threading.enumerate() if t.name == "ninfer-engine-worker"], "a worker thread survived"
+    cap = program.capacity()
+    assert cap.free_pages == cap.total_pages and cap.free_state_slots == cap.total_state_slots
+    return report, program, engine.stats()

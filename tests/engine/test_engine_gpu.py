@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from ninfer import Engine, EngineOptions
 
-from .conftest import worker_threads
-from .stress import run_stress
+from .stress import stress_until_closed
 from .test_engine_qwen import run_all, workload
 
 pytestmark = pytest.mark.gpu
@@ -30,12 +29,4 @@ def test_cuda_bf16_stress_frees_everything(tiny_qwen_artifact_bf16):
     engine = start(tiny_qwen_artifact_bf16, None, max_concurrency=8, queue_capacity=32, prefill_chunk_size=8,
                    num_pages=20)
     assert engine.info["dtype"] == "bfloat16"  # taken from the artifact's weights
-    program = engine._program
-    try:
-        report = run_stress(engine, n=300, vocab=(0, 256), max_prompt=24, max_tokens=6, seed=9)
-        assert not report.errors, report.errors[:5]
-    finally:
-        engine.close(timeout=60)
-    assert not worker_threads()
-    cap = program.capacity()
-    assert cap.free_pages == cap.total_pages and cap.free_state_slots == cap.total_state_slots
+    stress_until_closed(engine, n=300, vocab=(0, 256), max_prompt=24, max_tokens=6, seed=9)

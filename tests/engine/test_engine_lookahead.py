@@ -16,18 +16,16 @@ from ninfer.runtime.contract.sampling import SamplingParams
 from ninfer.runtime.engine.options import InvalidEngineOptions
 from support.engines import settled
 
-from .conftest import worker_threads
 from .streams import check_stream
-from .stress import run_stress
+from .stress import stress_until_closed
+from .test_engine_qwen import start as qwen_start
 from .test_engine_qwen import workload as mixed_workload
 
 
 def start(artifact, **options) -> Engine:
-    options.setdefault("device", "cpu")
-    options.setdefault("dtype", "float32")
+    """test_engine_qwen's engine (CPU, fp32, pages of 4) with room for the longer runs here."""
     options.setdefault("max_context", 96)
-    options.setdefault("page_size", 4)
-    return Engine.start(artifact, EngineOptions(**options))
+    return qwen_start(artifact, **options)
 
 
 def eligible_workload(n: int = 8, seed: int = 11):
@@ -148,17 +146,9 @@ def test_stress_with_cancellation_frees_everything(tiny_qwen_artifact, cache):
     extra = dict(context_cache=True, cache_checkpoint_interval=8, page_size=4) if cache else {}
     engine = start(tiny_qwen_artifact, lookahead=True, max_concurrency=8, queue_capacity=32, prefill_chunk_size=8,
                    num_pages=24, max_context=64, **extra)
-    program = engine._program
-    try:
-        report = run_stress(engine, n=200, vocab=(0, 256), max_prompt=24, max_tokens=10, seed=21)
-        assert not report.errors, report.errors[:5]
-    finally:
-        engine.close(timeout=60)
-    assert not worker_threads()
-    cap = program.capacity()
-    assert cap.free_pages == cap.total_pages and cap.free_state_slots == cap.total_state_slots == 8
+    _, program, stats = stress_until_closed(engine, n=200, vocab=(0, 256), max_prompt=24, max_tokens=10, seed=21)
+    assert program.capacity().total_state_slots == 8
     assert len(program._spares) == program.lookahead_slots == 8
-    stats = engine.stats()
     assert stats.lookahead_adopted > 0
     if cache:
         assert stats.cache_captures > 0 and stats.snapshot_pauses > 0 and stats.snapshot_resumes > 0, stats.as_dict()

@@ -17,7 +17,7 @@ from ninfer.runtime.contract.sampling import SamplingParams
 
 from .conftest import IM_END, worker_threads
 from .streams import check_stream
-from .stress import run_stress
+from .stress import stress_until_closed
 
 
 def start(artifact, **options) -> Engine:
@@ -96,17 +96,8 @@ def test_greedy_matches_transformers(tiny_qwen_artifact, reference):
 
 def test_stress_on_qwen(tiny_qwen_artifact):
     engine = start(tiny_qwen_artifact, max_concurrency=8, queue_capacity=32, prefill_chunk_size=8, num_pages=20)
-    program = engine._program
-    try:
-        report = run_stress(engine, n=300, vocab=(0, 256), max_prompt=24, max_tokens=6, seed=3)
-        assert not report.errors, report.errors[:5]
-        assert sum(report.outcomes.values()) == report.submitted - report.abandoned
-    finally:
-        engine.close(timeout=60)
-    assert not worker_threads()
-    cap = program.capacity()
-    assert cap.free_pages == cap.total_pages and cap.free_state_slots == cap.total_state_slots
-    stats = engine.stats()
+    report, _, stats = stress_until_closed(engine, n=300, vocab=(0, 256), max_prompt=24, max_tokens=6, seed=3)
+    assert sum(report.outcomes.values()) == report.submitted - report.abandoned
     assert stats.finished + stats.cancelled + stats.deadline + stats.rejected == stats.submitted == 300
 
 
