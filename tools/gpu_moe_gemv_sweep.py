@@ -59,9 +59,12 @@ def main() -> None:
                                     tune=tune)
 
         base = [call(c, {}) for c in range(args.calls)]
+        # gate/up: K tiles up to a whole row (one load per program); down: the one-shot kernel (default) and the
+        # per-expert loop kernel.
         grid = ([dict(bn1=bn1, bk1=bk1, warps1=w1) for bn1, bk1, w1 in
-                 itertools.product((4, 8, 16), (256, 512, 1024), (2, 4, 8)) if bn1 * bk1 <= 8192]
-                + [dict(bn2=bn2, warps2=w2) for bn2, w2 in itertools.product((2, 4, 8, 16), (2, 4, 8))]
+                 itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8)) if bn1 * bk1 <= 8192]
+                + [dict(down="one_shot", bn2=bn2, warps2=w2) for bn2, w2 in itertools.product((1, 2, 4, 8), (4, 8))]
+                + [dict(down="loop", bn2=bn2, warps2=w2) for bn2, w2 in itertools.product((2, 4, 8), (2, 4))]
                 + [{}])
         for tune in grid:
             try:
@@ -83,7 +86,7 @@ def main() -> None:
     best = {}
     for t in (int(x) for x in args.tokens.split(",")):
         ok = [r for r in results if r["tokens"] == t and r.get("ok")]
-        for part, keys in (("gate_up", ("bn1", "bk1", "warps1")), ("down", ("bn2", "warps2"))):
+        for part, keys in (("gate_up", ("bn1", "bk1", "warps1")), ("down", ("down",))):
             cands = [r for r in ok if any(k in r["tune"] for k in keys)]
             if cands:
                 best[f"{t}/{part}"] = min(cands, key=lambda r: r["us"])

@@ -165,6 +165,20 @@ def test_gemv_tiles_narrower_than_a_row(dtype, gen, monkeypatch):
     assert_normwise(out, moe_experts_oracle(*args, shared), EXPERTS[dtype], f"narrow gemv tiles {dtype}")
 
 
+@pytest.mark.parametrize("down", ["one_shot", "loop"])
+@pytest.mark.parametrize("with_shared", [False, True])
+@pytest.mark.parametrize("top_k", [2, 3])
+def test_both_down_kernels_match_oracle(down, with_shared, top_k, gen):
+    """The one-shot down kernel (default: every expert's rows in one load) and the per-expert loop kernel; k = 3
+    pads the one-shot kernel's expert axis to 4 (the padded lane must add nothing)."""
+    from ninfer.ops.triton.moe_gemv import moe_experts_gemv
+
+    args = make(gen, 2, 40, 24, 7, top_k, torch.float32)
+    shared = shared_expert(gen, 2, 40, 20, torch.float32) if with_shared else None
+    out = moe_experts_gemv(*args, shared, tune={"down": down})
+    assert_normwise(out, moe_experts_oracle(*args, shared), EXPERTS[torch.float32], f"down={down} k={top_k}")
+
+
 def test_gemv_path_is_deterministic_and_taken_by_size(gen, monkeypatch):
     from ninfer.ops.triton import moe_gemv
 

@@ -34,6 +34,8 @@ _BK_GATE_UP = 512
 _BK_DOWN_MAX = 1024
 # Elements of one [BN, BK] fp32 accumulator tile (4 warps: 32 registers per thread).
 _TILE = 4096
+# Weight elements of the one-shot down kernel's [KP, BN, I] tile (8 warps: 64 per thread).
+_ONE_SHOT_TILE = 16384
 
 
 @triton.jit
@@ -127,6 +129,44 @@ def _down_gemv_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, 
     tl.store(out_ptr + t * so_t + n, total.to(out_ptr.dtype.element_ty), mask=nm)
 
 
+@triton.jit
+def _down_gemv_one_shot_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, sg_ptr,
+                               H, NI, NIS, sw_e, sw_n, so_t, sp_t, sd_n, sg_t,
+                               TOPK: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                               BKS: tl.constexpr, HAS_SHARED: tl.constexpr):
+    # Every load of the program is issued before any arithmetic: the k experts' [BN, I] rows as one [KP, BN, BK]
+    # tile (ids gathered as a vector), their activations, and the shared expert's rows and projection. A loop
+    # over the experts with a reduction per expert (``_down_gemv_kernel``) waits for each expert's load in turn:
+    # the reduction's barrier keeps the next load from issuing. Requires NI <= BK and NIS <= BKS.
+    t = tl.program_id(0)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    nm = n < H
+    n_in = tl.where(nm, n, 0)
+    j = tl.arange(0, KP)
+    jm = j < TOPK
+    p = t * TOPK + tl.where(jm, j, 0)
+    e = tl.load(ids_ptr + p)
+    rw = tl.where(jm, tl.load(rw_ptr + p), 0.0)
+    kk = tl.arange(0, BK)
+    km = kk < NI
+    w = tl.load(w_ptr + e[:, None, None] * sw_e + n_in[None, :, None] * sw_n + kk[None, None, :],
+                mask=km[None, None, :], other=0.0)
+    a = tl.load(act_ptr + p[:, None] * NI + kk[None, :], mask=km[None, :], other=0.0).to(tl.float32)
+    if HAS_SHARED:
+        ks = tl.arange(0, BKS)
+        ksm = ks < NIS
+        sw = tl.load(sd_ptr + n_in[:, None] * sd_n + ks[None, :], mask=ksm[None, :], other=0.0)
+        g = tl.load(sp_ptr + t * sp_t + ks, mask=ksm, other=0.0).to(tl.float32)
+        u = tl.load(sp_ptr + t * sp_t + NIS + ks, mask=ksm, other=0.0).to(tl.float32)
+        gl = tl.load(sg_ptr + t * sg_t).to(tl.float32)
+    parts = tl.sum(w.to(tl.float32) * a[:, None, :], 2)          # [KP, BN]: each expert's dot, fp32
+    total = tl.sum(parts * rw[:, None], 0)                      # weighted, summed over the k experts
+    if HAS_SHARED:
+        sa = (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty).to(tl.float32)
+        total += tl.sum(sw.to(tl.float32) * sa[None, :], 1) / (1.0 + tl.exp(-gl))
+    tl.store(out_ptr + t * so_t + n, total.to(out_ptr.dtype.element_ty), mask=nm)
+
+
 def _block_n(programs_per_tile: int, width: int, sm_count: int) -> int:
     # Rows per program: enough programs to cover the SMs about twice (a GEMV is bandwidth-bound: more loads in
     # flight), but at least 8 rows so each program still streams a useful tile.
@@ -177,6 +217,19 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
         proj = sdown = glog = x
         nis, sp_t, sd_n, sg_t = 0, 0, 0, 0
     bk2 = min(_BK_DOWN_MAX, triton.next_power_of_2(max(inter, nis, 16)))
+    if tune.get("down", "one_shot") == "one_shot" and inter <= _BK_DOWN_MAX and nis <= _BK_DOWN_MAX:
+        # [KP, BN, I] weights + [KP, I] activations in registers: BN = 4 at k = 8, I = 512 with 8 warps (64
+        # weight elements per thread), H / 4 programs per token.
+        kp = triton.next_power_of_2(top_k)
+        bk = triton.next_power_of_2(max(inter, 16))
+        bks = triton.next_power_of_2(max(nis, 16))
+        bn2 = tune.get("bn2") or max(1, min(16, _ONE_SHOT_TILE // (kp * bk)))
+        kw2 = {} if interp else {"num_warps": tune.get("warps2", 8)}
+        _down_gemv_one_shot_kernel[(t_len, triton.cdiv(hidden, bn2))](
+            act, down, ids, rw, out, proj, sdown, glog, hidden, inter, nis,
+            down.stride(0), down.stride(1), out.stride(0), sp_t, sd_n, sg_t,
+            TOPK=top_k, KP=kp, BN=bn2, BK=bk, BKS=bks, HAS_SHARED=shared is not None, **kw2)
+        return out
     bn2 = tune.get("bn2") or min(_block_n(t_len, hidden, sms), max(1, _TILE // bk2))
     _down_gemv_kernel[(t_len, triton.cdiv(hidden, bn2))](
         act, down, ids, rw, out, proj, sdown, glog, hidden, inter, nis,

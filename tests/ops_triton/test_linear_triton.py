@@ -1,0 +1,77 @@
+"""Triton linear (the decode GEMV) vs the fp64 oracle and criteria of tests/ops/test_linear.py: one to MAX_ROWS
+rows, K that fills the tile or not, K above one tile (the chunk loop), row-strided x, 1-D and 3-D x; rows are
+independent of each other (bit-equal whatever M); shapes it does not take go to the reference unchanged."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from ops.conftest import assert_normwise, randn  # noqa: E402
+from ops.test_linear import CRIT, oracle  # noqa: E402
+
+from .conftest import DEVICE, reference, triton_ops  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,n_in,n_out", [(1, 64, 24), (2, 48, 33), (3, 100, 7), (4, 256, 40)])
+def test_gemv_matches_fp64(dtype, rows, n_in, n_out, gen):
+    from ninfer.ops.triton.linear import use_gemv
+
+    ops = triton_ops(dtype)
+    assert ops.implementation("linear").name == "triton"
+    x = randn(gen, rows, n_in, dtype=dtype, device=DEVICE)
+    w = randn(gen, n_out, n_in, dtype=dtype, device=DEVICE, scale=n_in ** -0.5)
+    assert use_gemv(x, w)
+    out = ops.linear(x, w)
+    assert out.dtype == dtype and out.shape == (rows, n_out)
+    assert_normwise(out, oracle(x, w), CRIT[dtype], f"gemv {dtype} {rows}x{n_in}->{n_out}")
+
+
+@pytest.mark.parametrize("n_in", [96, 100])
+def test_k_above_one_tile_loops(monkeypatch, n_in, gen):
+    from ninfer.ops.triton import linear as mod
+
+    monkeypatch.setattr(mod, "_TILE", 32)       # BK = 32: three or four K chunks, the last one partial for 100
+    x = randn(gen, 2, n_in, device=DEVICE)
+    w = randn(gen, 9, n_in, device=DEVICE, scale=n_in ** -0.5)
+    assert_normwise(mod.linear(x, w), oracle(x, w), CRIT[torch.float32], f"gemv K loop {n_in}")
+
+
+def test_rows_are_independent_of_the_batch(gen):
+    # A row's result is the same bits whether it is computed alone or beside other rows.
+    ops = triton_ops(torch.bfloat16)
+    x = randn(gen, 4, 80, dtype=torch.bfloat16, device=DEVICE)
+    w = randn(gen, 19, 80, dtype=torch.bfloat16, device=DEVICE, scale=80 ** -0.5)
+    full = ops.linear(x, w)
+    for m in range(1, 4):
+        assert torch.equal(ops.linear(x[:m], w), full[:m])
+    assert torch.equal(ops.linear(x[2], w), full[2])
+
+
+def test_strided_and_batched_inputs(gen):
+    ops = triton_ops(torch.float32)
+    wide = randn(gen, 3, 70, device=DEVICE)
+    x = wide[:, 5:5 + 48]                                      # row stride 70
+    w = randn(gen, 16, 48, device=DEVICE, scale=48 ** -0.5)
+    assert_normwise(ops.linear(x, w), oracle(x, w), CRIT[torch.float32], "row-strided gemv")
+    x3 = randn(gen, 2, 2, 48, device=DEVICE)                  # 4 rows over two leading dims
+    out = ops.linear(x3, w)
+    assert out.shape == (2, 2, 16)
+    assert_normwise(out, oracle(x3, w), CRIT[torch.float32], "3-D gemv")
+
+
+def test_other_shapes_take_the_reference(gen):
+    from ninfer.ops.triton.linear import MAX_ROWS, use_gemv
+
+    ops, ref = triton_ops(torch.float32), reference(torch.float32)
+    w = randn(gen, 12, 40, device=DEVICE)
+    many = randn(gen, MAX_ROWS + 1, 40, device=DEVICE)
+    assert not use_gemv(many, w)
+    assert torch.equal(ops.linear(many, w), ref.linear(many, w))
+    mixed = w.to(torch.bfloat16)                              # mixed dtypes: the reference promotes
+    one = randn(gen, 1, 40, device=DEVICE)
+    assert not use_gemv(one, mixed)
+    assert torch.equal(ops.linear(one, mixed), ref.linear(one, mixed))
+    with pytest.raises(ValueError, match="input features"):
+        ops.linear(one, randn(gen, 12, 41, device=DEVICE))

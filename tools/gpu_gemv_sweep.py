@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Decode-GEMM sweep: the Triton GEMV of ``ninfer.ops.triton.linear`` against cuBLAS (``F.linear``) at the
+Qwen3.5-9B and 35B-A3B projection shapes, one to eight rows, on the GPU (diagnostics for ``use_gemv``).
+
+Each case runs inside one CUDA graph of ``--calls`` calls rotating over enough weight copies (>= 400 MB in all)
+that every call reads its weight from HBM, as a decode step does. Reported per case: microseconds per call and
+the weight bytes over that time (GB/s), for cuBLAS and for each GEMV launch shape (outputs checked against
+cuBLAS: bf16 rounding of a reordered fp32 sum, within 2e-2 relative).
+
+    python3 tools/gpu_gemv_sweep.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from ninfer.ops.triton.linear import _TILE, gemv
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kernel_profile import replay_us  # noqa: E402
+
+# (name, N, K): out features, in features.
+SHAPES = [
+    ("35b gdn in", 12352, 2048), ("35b gdn out", 2048, 4096), ("35b moe in", 1281, 2048),
+    ("35b attn q", 8192, 2048), ("35b attn kv", 512, 2048),
+    ("9b gdn in", 12352, 4096), ("9b gdn out", 4096, 4096), ("9b mlp gate_up", 24576, 4096),
+    ("9b mlp down", 4096, 12288), ("9b attn q", 8192, 4096), ("9b attn kv", 1024, 4096),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--rows", default="1,2,4,8")
+    ap.add_argument("--calls", type=int, default=16)
+    ap.add_argument("--replays", type=int, default=10)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    results = []
+    for name, n, k in SHAPES:
+        nbytes = n * k * 2
+        copies = max(2, math.ceil((400 << 20) / nbytes))
+        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16, generator=g) * k ** -0.5 for _ in range(copies)]
+        for m in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=g)
+            default_bn = max(1, _TILE // min(triton_pow2(k), _TILE))
+            variants = [("cublas", None)] + [(f"gemv bn={bn} w={w}", dict(block_n=bn, warps=w))
+                                             for bn in sorted({max(1, default_bn // 2), default_bn, default_bn * 2})
+                                             for w in (4, 8)]
+            ref = [F.linear(x, ws[c % copies]) for c in range(args.calls)]
+            for label, kw in variants:
+                def call(c: int, kw=kw, x=x) -> torch.Tensor:
+                    w = ws[c % copies]
+                    return F.linear(x, w) if kw is None else gemv(x, w, **kw)
+                try:
+                    outs = [call(c) for c in range(args.calls)]
+                    err = max(float((o.float() - r.float()).abs().max() / r.float().abs().max())
+                              for o, r in zip(outs, ref, strict=True))
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        for c in range(args.calls):
+                            call(c)
+                    us = replay_us(graph, args.replays) / args.calls
+                    row = dict(shape=name, n=n, k=k, rows=m, impl=label, us=round(us, 2),
+                               gbps=round(nbytes / us / 1e3, 1), rel_err=err, ok=err < 2e-2)
+                except Exception as exc:  # noqa: BLE001 - a launch shape Triton refuses is a result too
+                    row = dict(shape=name, n=n, k=k, rows=m, impl=label, error=f"{type(exc).__name__}: {exc}"[:200])
+                results.append(row)
+                print(json.dumps(row), flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    summary = {}
+    for name, _, _ in SHAPES:
+        for m in (int(r) for r in args.rows.split(",")):
+            rows = [r for r in results if r["shape"] == name and r["rows"] == m and r.get("ok")]
+            cub = next((r for r in rows if r["impl"] == "cublas"), None)
+            best = min((r for r in rows if r["impl"] != "cublas"), key=lambda r: r["us"], default=None)
+            if cub and best:
+                summary[f"{name} M={m}"] = dict(cublas_us=cub["us"], gemv_us=best["us"], gemv=best["impl"],
+                                               speedup=round(cub["us"] / best["us"], 2))
+    print(json.dumps(summary, indent=1))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gemv_sweep.json").write_text(json.dumps({"results": results, "summary": summary}, indent=1))
+
+
+def triton_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+if __name__ == "__main__":
+    main()
