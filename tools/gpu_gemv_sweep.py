@@ -56,7 +56,7 @@ def main() -> None:
                                              for w in (4, 8)]
             ref = [F.linear(x, ws[c % copies]) for c in range(args.calls)]
             for label, kw in variants:
-                def call(c: int, kw=kw, x=x) -> torch.Tensor:
+                def call(c: int, kw=kw, x=x, ws=ws, copies=copies) -> torch.Tensor:
                     w = ws[c % copies]
                     return F.linear(x, w) if kw is None else gemv(x, w, **kw)
                 try:

@@ -14,7 +14,7 @@ from .conftest import DEVICE, reference, triton_ops  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,n_in,n_out", [(1, 64, 24), (2, 48, 33), (3, 100, 7), (4, 256, 40)])
+@pytest.mark.parametrize("rows,n_in,n_out", [(1, 64, 24), (2, 48, 33), (3, 100, 7), (4, 256, 40), (8, 40, 9)])
 def test_gemv_matches_fp64(dtype, rows, n_in, n_out, gen):
     from ninfer.ops.triton.linear import use_gemv
 
@@ -32,7 +32,7 @@ def test_gemv_matches_fp64(dtype, rows, n_in, n_out, gen):
 def test_k_above_one_tile_loops(monkeypatch, n_in, gen):
     from ninfer.ops.triton import linear as mod
 
-    monkeypatch.setattr(mod, "_TILE", 32)       # BK = 32: three or four K chunks, the last one partial for 100
+    monkeypatch.setattr(mod, "_TILE", 32)       # BK = 32: three or four K chunks (each prefetched one ahead)
     x = randn(gen, 2, n_in, device=DEVICE)
     w = randn(gen, 9, n_in, device=DEVICE, scale=n_in ** -0.5)
     assert_normwise(mod.linear(x, w), oracle(x, w), CRIT[torch.float32], f"gemv K loop {n_in}")
@@ -41,10 +41,10 @@ def test_k_above_one_tile_loops(monkeypatch, n_in, gen):
 def test_rows_are_independent_of_the_batch(gen):
     # A row's result is the same bits whether it is computed alone or beside other rows.
     ops = triton_ops(torch.bfloat16)
-    x = randn(gen, 4, 80, dtype=torch.bfloat16, device=DEVICE)
+    x = randn(gen, 8, 80, dtype=torch.bfloat16, device=DEVICE)
     w = randn(gen, 19, 80, dtype=torch.bfloat16, device=DEVICE, scale=80 ** -0.5)
     full = ops.linear(x, w)
-    for m in range(1, 4):
+    for m in range(1, 8):
         assert torch.equal(ops.linear(x[:m], w), full[:m])
     assert torch.equal(ops.linear(x[2], w), full[2])
 
@@ -75,3 +75,16 @@ def test_other_shapes_take_the_reference(gen):
     assert torch.equal(ops.linear(one, mixed), ref.linear(one, mixed))
     with pytest.raises(ValueError, match="input features"):
         ops.linear(one, randn(gen, 12, 41, device=DEVICE))
+
+
+def test_rows_times_weight_bytes_bounds_the_gemv(monkeypatch, gen):
+    # One row always streams through the GEMV; more rows only while rows * weight bytes <= MAX_ROW_BYTES.
+    from ninfer.ops.triton import linear as mod
+
+    w = randn(gen, 16, 64, device=DEVICE)                    # 4 KB of fp32
+    monkeypatch.setattr(mod, "MAX_ROW_BYTES", 2 * 4096)
+    assert mod.use_gemv(randn(gen, 1, 64, device=DEVICE), w)
+    assert mod.use_gemv(randn(gen, 2, 64, device=DEVICE), w)
+    assert not mod.use_gemv(randn(gen, 3, 64, device=DEVICE), w)
+    monkeypatch.setattr(mod, "MAX_WEIGHT_BYTES", 4095)
+    assert not mod.use_gemv(randn(gen, 1, 64, device=DEVICE), w)

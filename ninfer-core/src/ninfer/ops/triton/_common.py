@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -13,6 +14,9 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 KERNEL_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
+
+# Programmatic dependent launch (Hopper and later): NINFER_PDL=0 turns it off (read once, like INTERPRET).
+PDL_ENABLED = os.environ.get("NINFER_PDL", "1") != "0"
 
 
 def next_pow2(n: int) -> int:
@@ -60,3 +64,39 @@ def cast(x, dtype: tl.constexpr, INTERP: tl.constexpr):
     else:
         y = x.to(dtype)
     return y
+
+
+@functools.cache
+def _sm90_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl(t: torch.Tensor) -> dict:
+    """Launch keywords for a kernel that follows the PDL protocol (:func:`pdl_wait`), on ``t``'s device.
+
+    Programmatic dependent launch lets a kernel start while the previous kernel of the stream is finishing, so its
+    launch and its weight loads overlap the previous kernel's tail: in a decode step of ~12 short kernels per layer
+    that tail is a large share of the time. ``{"PDL": True, "launch_pdl": True}`` on CUDA devices of compute
+    capability 9.0 or later, else ``{"PDL": False}`` (a plain launch; the kernel's waits compile away).
+    """
+    if INTERPRET or not PDL_ENABLED or t.device.type != "cuda" or not _sm90_or_later(t.device.index or 0):
+        return {"PDL": False}
+    return {"PDL": True, "launch_pdl": True}
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """The PDL protocol's one synchronisation point; every kernel launched with :func:`pdl` calls it once.
+
+    Invariants (what makes an early start safe):
+    - ``gdc_wait`` returns once the previous launch has completed and its writes are visible; only then does the
+      kernel release its dependents (``gdc_launch_dependents``). A launch can start early only once every program
+      of the previous one has released it, so while kernel N+1 runs ahead of its wait, N has passed its own wait:
+      launches N-1 and earlier have completed, and only N's work after its wait can still be running.
+    - Hence before ``pdl_wait`` a kernel writes nothing and reads only what the previous launch does not write:
+      weights (no kernel writes them), or outputs of launches before the previous one (the MoE down kernel reads
+      the router's ids there: the gate/up kernel runs in between).
+    """
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

@@ -23,14 +23,15 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.registry import OpImpl
-from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2
+from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2, pdl, pdl_wait
 
 
 @triton.jit
 def _conv_update_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, C,
                         stride_xb, stride_xc, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk,
                         stride_yb, K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-                        INTERP: tl.constexpr):
+                        INTERP: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = c < C
@@ -116,7 +117,7 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_states: tor
     block_c = min(256, next_pow2(channels))
     _conv_update_kernel[(bsz, triton.cdiv(channels, block_c))](
         x, weight, conv_states, slots, out_slots, y, channels, *x.stride(), *weight.stride(), *conv_states.stride(),
-        y.stride(0), K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), INTERP=INTERPRET, num_warps=4)
+        y.stride(0), K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), INTERP=INTERPRET, num_warps=4, **pdl(x))
     return y
 
 

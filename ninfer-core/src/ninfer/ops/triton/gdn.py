@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.registry import OpImpl
+from ninfer.ops.triton._common import pdl, pdl_wait
 
 CHUNK = 64
 # 128 chunks = 8192 tokens per segment: scratch <= 8192 * Hv * (4 * 128 + 64) * 4 B (~600 MB at Hv = 32).
@@ -71,7 +72,8 @@ def _interpreting(t: torch.Tensor) -> bool:
 def _gdn_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, slot_ptr, out_slot_ptr, o_ptr, scale,
                      sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sb_b, sb_h, so_b, so_h,
                      ss_s, ss_h, ss_k,
-                     R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                     R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -378,7 +380,7 @@ def gdn_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
         states.stride(0), states.stride(1), states.stride(2),
-        R=r, DK=dk, DV=dv, BK=bk, BV=bv, num_warps=4)
+        R=r, DK=dk, DV=dv, BK=bk, BV=bv, num_warps=4, **pdl(q))
     return o
 
 

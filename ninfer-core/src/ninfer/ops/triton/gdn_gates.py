@@ -13,11 +13,12 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.registry import OpImpl
-from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, next_pow2
+from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, next_pow2, pdl, pdl_wait
 
 
 @triton.jit
-def _gates_kernel(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, sa_t, sb_t, BH: tl.constexpr):
+def _gates_kernel(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, sa_t, sb_t, BH: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     t = tl.program_id(0)
     h = tl.arange(0, BH)
     m = h < H
@@ -49,7 +50,7 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor, dt_bias: to
     beta = torch.empty((t_len, hv), dtype=torch.float32, device=a.device)
     if t_len:
         kw = {} if INTERPRET else {"num_warps": 1}
-        _gates_kernel[(t_len,)](a, b, neg_a, dt_bias, g, beta, hv, a.stride(0), b.stride(0), BH=next_pow2(hv), **kw)
+        _gates_kernel[(t_len,)](a, b, neg_a, dt_bias, g, beta, hv, a.stride(0), b.stride(0), BH=next_pow2(hv), **kw, **pdl(a))
     return g, beta
 
 

@@ -1,4 +1,4 @@
-"""Triton ``linear`` for decode-sized inputs: a streaming GEMV, one weight tile per program.
+"""Triton ``linear`` for decode-sized inputs: a streaming GEMV.
 
 Same contract as :func:`ninfer.ops.reference.linear.linear` (``x @ w.T``, fp32 accumulation, output in x's dtype).
 Only the shapes where it beats cuBLAS take this path (:func:`use_gemv`); everything else -- prefill, the LM head,
@@ -6,14 +6,14 @@ mixed dtypes -- is the reference's ``F.linear``.
 
 Why: with one to a few rows a GEMM is a weight stream, and what decides its speed is how many bytes are in flight.
 cuBLAS picks split-K kernels plus a reduce kernel for the narrow ones (the MoE router + shared-expert projection,
-~5 MB: 8.7 us, 17% of HBM bandwidth, measured on an H200) and ~77% of bandwidth on the 50 MB GDN projection. Here
-every program loads its whole ``[BN, K]`` weight tile with one load (``BN * K <= _TILE`` elements, 16 KB in bf16):
-no K loop, so no load waits on the previous one's arithmetic, and thousands of such programs keep the memory system
-full from the first cycle.
+~5 MB) and reaches ~80% of HBM bandwidth on the large ones (tools/gpu_gemv_sweep.py, docs/benchmarks.md). Here each
+program owns BN output features and streams their rows in ``[BN, BK]`` tiles, BK = min(K, 4096): one tile for every
+Qwen3.5 projection but the 9B MLP's down projection, so no load waits on arithmetic, and thousands of such
+programs keep the memory system full. The first tile is requested before the PDL wait (:func:`~ninfer.ops.triton.
+_common.pdl_wait`), so it streams while the previous kernel finishes; later tiles are prefetched one ahead.
 
-Per row ``m`` of x the program reduces ``w * x[m]`` over K in fp32 (rows are independent: a row's result does not
-depend on the other rows of the call, nor on M, for a given weight; the K tree is Triton's ``tl.sum``). K above
-``_TILE`` (not a Qwen3.5 shape) loops over K in ``_TILE``-wide chunks, summing the chunks' partial dots in order.
+Per row ``m`` of x the program reduces ``w * x[m]`` over each tile in fp32 and sums the tiles in K order: a row's
+result does not depend on the other rows of the call, nor on M (rows are independent for a given weight).
 """
 
 from __future__ import annotations
@@ -24,21 +24,22 @@ import triton.language as tl
 
 from ninfer.ops.reference import linear as _reference
 from ninfer.ops.registry import OpImpl
-from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, next_pow2
+from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, next_pow2, pdl, pdl_wait
 
-# Weight elements per program (16 KB in bf16; 32 per thread at 8 warps).
-_TILE = 8192
-# Rows up to which the GEMV is used: each row costs a [BN, K] multiply-reduce per program on the CUDA cores,
-# so past a few rows cuBLAS's tensor-core kernels win.
-MAX_ROWS = 4
+# Widest K tile (elements): [2, 4096] bf16 tiles are 16 KB, 64 weight elements per thread at 4 warps.
+_TILE = 4096
+# Each row costs a multiply-reduce of every weight tile on the CUDA cores, so with more rows cuBLAS's tensor-core
+# kernels win: measured on an H200 (tools/gpu_gemv_sweep.py), the GEMV is faster for one row at every Qwen3.5
+# shape, and for M rows while M * weight bytes stays under ~48 MB (M=2 up to 16.8 MB weights, M=8 at 5.2 MB).
+MAX_ROWS = 8
+MAX_ROW_BYTES = 48 << 20
 # Weights above this size stay on cuBLAS: its large-N GEMV (the LM head, ~1 GB) already streams at copy bandwidth.
 MAX_WEIGHT_BYTES = 256 << 20
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx_m, sw_n, sy_m,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-                 INTERP: tl.constexpr):
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     nm = n < N
     n_in = tl.where(nm, n, 0)   # in-bounds rows: the weight load needs no row mask, only the store does
@@ -46,19 +47,19 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx_m, sw_n, sy_m,
     rows = tl.arange(0, BM)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     w_ptrs = w_ptr + n_in[:, None] * sw_n + kk[None, :]
+    # The first weight chunk is requested before the PDL wait: it streams while the previous kernel finishes.
+    w_next = tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
+    pdl_wait(PDL)
     for k0 in range(0, K, BK):
-        if EVEN_K:
-            w = tl.load(w_ptrs).to(tl.float32)
-        else:
-            km = (k0 + kk) < K
-            w = tl.load(w_ptrs, mask=km[None, :], other=0.0).to(tl.float32)
+        w = w_next.to(tl.float32)
+        # Next chunk in flight while this one is reduced (masked off past K: no traffic).
+        w_next = tl.load(w_ptrs + (k0 + BK), mask=(k0 + BK + kk[None, :]) < K, other=0.0)
         for m in tl.static_range(BM):
             # Rows past M (BM is M rounded up to a power of two) re-read row M-1; their results are not stored.
             xr = tl.minimum(M - 1, m)
             xm = tl.load(x_ptr + xr * sx_m + k0 + kk, mask=(k0 + kk) < K, other=0.0).to(tl.float32)
             part = tl.sum(w * xm[None, :], 1)
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
-        w_ptrs += BK
     y_ptrs = y_ptr + rows[:, None] * sy_m + n[None, :]
     tl.store(y_ptrs, cast(acc, y_ptr.dtype.element_ty, INTERP), mask=(rows[:, None] < M) & nm[None, :])
 
@@ -66,22 +67,23 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx_m, sw_n, sy_m,
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear(x, weight)`` takes the GEMV kernel (else the reference)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    nbytes = weight.numel() * weight.element_size()
     return (x.device.type == weight.device.type and (x.device.type == "cuda" or INTERPRET)
             and x.dtype == weight.dtype and x.dtype in KERNEL_DTYPES and 1 <= rows <= MAX_ROWS
             and weight.dim() == 2 and weight.stride(1) == 1 and x.stride(-1) == 1
-            and weight.numel() * weight.element_size() <= MAX_WEIGHT_BYTES)
+            and nbytes <= MAX_WEIGHT_BYTES and (rows == 1 or rows * nbytes <= MAX_ROW_BYTES))
 
 
-def gemv(x2: torch.Tensor, weight: torch.Tensor, *, block_n: int | None = None, warps: int = 8) -> torch.Tensor:
+def gemv(x2: torch.Tensor, weight: torch.Tensor, *, block_n: int | None = None, warps: int = 4) -> torch.Tensor:
     """``x2[M, K] @ weight[N, K].T`` with the kernel (``block_n``/``warps``: launch-shape overrides for sweeps)."""
     m, k = x2.shape
     n = weight.shape[0]
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     bk = min(next_pow2(k), _TILE)
-    bn = block_n or max(1, _TILE // bk)
+    bn = block_n or (2 if m == 1 else 4)
     kw = {} if INTERPRET else {"num_warps": warps}
     _gemv_kernel[(triton.cdiv(n, bn),)](x2, weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-                                        BM=next_pow2(m), BN=bn, BK=bk, EVEN_K=k % bk == 0, INTERP=INTERPRET, **kw)
+                                        BM=next_pow2(m), BN=bn, BK=bk, INTERP=INTERPRET, **pdl(x2), **kw)
     return y
 
 

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.contracts import SharedExpert
+from ninfer.ops.triton._common import pdl, pdl_wait
 
 # Pair count up to which moe_experts takes this path (T <= 16 at k = 8: every decode batch of the engine).
 MAX_PAIRS = 128
@@ -40,7 +41,8 @@ _ONE_SHOT_TILE = 16384
 
 @triton.jit
 def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, H, NI, sx_t, sw_e, sw_n,
-                         TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr):
+                         TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     p = tl.program_id(0)
     t = p // TOPK
     e = tl.load(ids_ptr + p)
@@ -78,7 +80,8 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, H, NI, sx_t, sw_e, sw_n
 def _down_gemv_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, sg_ptr,
                       H, NI, NIS, sw_e, sw_n, so_t, sp_t, sd_n, sg_t,
                       TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr,
-                      HAS_SHARED: tl.constexpr):
+                      HAS_SHARED: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     # The k experts are unrolled and, when a row of the down matrix fits one tile (ONE_TILE: NI <= BK, the
     # Qwen3.5-MoE case), each is a single load: the k independent loads are all in flight at once, which is
     # what a bandwidth-bound GEMV with one token needs (a K loop per expert serialised them: 18% of HBM
@@ -133,7 +136,7 @@ def _down_gemv_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, 
 def _down_gemv_one_shot_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, sg_ptr,
                                H, NI, NIS, sw_e, sw_n, so_t, sp_t, sd_n, sg_t,
                                TOPK: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                               BKS: tl.constexpr, HAS_SHARED: tl.constexpr):
+                               BKS: tl.constexpr, HAS_SHARED: tl.constexpr, PDL: tl.constexpr):
     # Every load of the program is issued before any arithmetic: the k experts' [BN, I] rows as one [KP, BN, BK]
     # tile (ids gathered as a vector), their activations, and the shared expert's rows and projection. A loop
     # over the experts with a reduction per expert (``_down_gemv_kernel``) waits for each expert's load in turn:
@@ -151,7 +154,6 @@ def _down_gemv_one_shot_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr,
     km = kk < NI
     w = tl.load(w_ptr + e[:, None, None] * sw_e + n_in[None, :, None] * sw_n + kk[None, None, :],
                 mask=km[None, None, :], other=0.0)
-    a = tl.load(act_ptr + p[:, None] * NI + kk[None, :], mask=km[None, :], other=0.0).to(tl.float32)
     if HAS_SHARED:
         ks = tl.arange(0, BKS)
         ksm = ks < NIS
@@ -159,6 +161,10 @@ def _down_gemv_one_shot_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr,
         g = tl.load(sp_ptr + t * sp_t + ks, mask=ksm, other=0.0).to(tl.float32)
         u = tl.load(sp_ptr + t * sp_t + NIS + ks, mask=ksm, other=0.0).to(tl.float32)
         gl = tl.load(sg_ptr + t * sg_t).to(tl.float32)
+    # Everything above is weights or outputs of the router and of the projection before it (launched before the
+    # gate/up kernel): under PDL it streams while gate/up finishes. Only the activations need the wait.
+    pdl_wait(PDL)
+    a = tl.load(act_ptr + p[:, None] * NI + kk[None, :], mask=km[None, :], other=0.0).to(tl.float32)
     parts = tl.sum(w.to(tl.float32) * a[:, None, :], 2)          # [KP, BN]: each expert's dot, fp32
     total = tl.sum(parts * rw[:, None], 0)                      # weighted, summed over the k experts
     if HAS_SHARED:
@@ -208,7 +214,7 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
     bn1 = tune.get("bn1") or min(_block_n(t_len * top_k, inter, sms), max(1, _TILE // bk1))
     _gate_up_gemv_kernel[(t_len * top_k, triton.cdiv(inter, bn1))](
         x, gate_up, ids, act, hidden, inter, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        TOPK=top_k, BN=bn1, BK=bk1, EVEN=hidden % bk1 == 0, **kw1)
+        TOPK=top_k, BN=bn1, BK=bk1, EVEN=hidden % bk1 == 0, **kw1, **pdl(x))
     if shared is not None:
         proj, sdown, glog = shared.projected, shared.down, shared.gate_logit
         nis = sdown.shape[1]
@@ -228,11 +234,11 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
         _down_gemv_one_shot_kernel[(t_len, triton.cdiv(hidden, bn2))](
             act, down, ids, rw, out, proj, sdown, glog, hidden, inter, nis,
             down.stride(0), down.stride(1), out.stride(0), sp_t, sd_n, sg_t,
-            TOPK=top_k, KP=kp, BN=bn2, BK=bk, BKS=bks, HAS_SHARED=shared is not None, **kw2)
+            TOPK=top_k, KP=kp, BN=bn2, BK=bk, BKS=bks, HAS_SHARED=shared is not None, **kw2, **pdl(x))
         return out
     bn2 = tune.get("bn2") or min(_block_n(t_len, hidden, sms), max(1, _TILE // bk2))
     _down_gemv_kernel[(t_len, triton.cdiv(hidden, bn2))](
         act, down, ids, rw, out, proj, sdown, glog, hidden, inter, nis,
         down.stride(0), down.stride(1), out.stride(0), sp_t, sd_n, sg_t,
-        TOPK=top_k, BN=bn2, BK=bk2, ONE_TILE=inter <= bk2, HAS_SHARED=shared is not None, **kw2)
+        TOPK=top_k, BN=bn2, BK=bk2, ONE_TILE=inter <= bk2, HAS_SHARED=shared is not None, **kw2, **pdl(x))
     return out

@@ -17,13 +17,15 @@ import triton.language as tl
 
 from ninfer.ops.reference import moe as _reference
 from ninfer.ops.registry import OpImpl
+from ninfer.ops.triton._common import pdl, pdl_wait
 
 # Above this many experts the one-program-per-row layout would hold too many registers: use the reference.
 MAX_EXPERTS = 4096
 
 
 @triton.jit
-def _router_kernel(l_ptr, w_ptr, i_ptr, E, sl_t, TOPK: tl.constexpr, BE: tl.constexpr):
+def _router_kernel(l_ptr, w_ptr, i_ptr, E, sl_t, TOPK: tl.constexpr, BE: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     t = tl.program_id(0)
     e = tl.arange(0, BE)
     em = e < E
@@ -58,7 +60,7 @@ def moe_router(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Te
         # barrier between warps (the kernel is a chain of 2k + 2 reductions: latency, not bandwidth).
         kw = {} if logits.device.type != "cuda" else {"num_warps": 1 if n_exp <= 512 else 4 if n_exp <= 1024 else 8}
         _router_kernel[(t_len,)](logits, weights, ids, n_exp, logits.stride(0), TOPK=top_k,
-                                 BE=triton.next_power_of_2(n_exp), **kw)
+                                 BE=triton.next_power_of_2(n_exp), **kw, **pdl(logits))
     return weights, ids
 
 

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.registry import OpImpl
-from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2
+from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2, pdl, pdl_wait
 
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -43,7 +43,8 @@ def _inv_rms(xf, N: tl.constexpr, eps):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -56,7 +57,8 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.cons
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, M, eps, stride_x, stride_r, stride_y, stride_res,
-                         N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr):
+                         N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -74,7 +76,8 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, M, eps, stride_x, 
 @triton.jit
 def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, GH, stride_g0, stride_g1, stride_y,
                            N: tl.constexpr, NW_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           INTERP: tl.constexpr):
+                           INTERP: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -101,7 +104,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         cfg = _config(n)
         _rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
             x2, weight.contiguous(), y, m, eps, x2.stride(0), y.stride(0), N=n, BLOCK_M=cfg["BLOCK_M"],
-            BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET, num_warps=cfg["num_warps"])
+            BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET, num_warps=cfg["num_warps"], **pdl(x2))
     return y.view(x.shape)
 
 
@@ -118,7 +121,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
         cfg = _config(n)
         _add_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
             x2, r2, weight.contiguous(), y, res, m, eps, x2.stride(0), r2.stride(0), y.stride(0), res.stride(0),
-            N=n, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET, num_warps=cfg["num_warps"])
+            N=n, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET, num_warps=cfg["num_warps"], **pdl(x2))
     return y.view(x.shape), res.view(x.shape)
 
 
@@ -142,7 +145,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
         _gated_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
             x2, g2, weight.contiguous(), y, m, eps, x2.stride(0), max(gh, 1), sg0, sg1, y.stride(0), N=n,
             NW_DTYPE=nw_dtype, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET,
-            num_warps=cfg["num_warps"])
+            num_warps=cfg["num_warps"], **pdl(x2))
     return y.view(x.shape)
 
 
