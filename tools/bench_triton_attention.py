@@ -101,7 +101,7 @@ def bench_decode(copy_gbs, quick):
     hq, hkv, d, page = 8, 2, 256, 16
     gen = torch.Generator().manual_seed(0)
     cases = [(1, 1024), (1, 8192), (1, 32768), (8, 1024), (8, 8192), (8, 32768)]
-    swept = ((1, 32768), (8, 8192))
+    swept = ((1, 1024), (1, 8192), (1, 32768), (8, 8192))
     if TINY:
         hq, hkv, d, page, cases, swept = 4, 2, 16, 4, [(1, 40), (2, 300)], ((2, 300),)
     for bsz, ctx in cases:
@@ -138,7 +138,8 @@ def decode_case(bsz, ctx, hq, hkv, d, page, gen, copy_gbs, sweep):
     if not sweep:
         return
     for cfg in [dict(P_SPLIT=False), dict(BLOCK_N=64), dict(num_warps=8), dict(num_stages=3),
-                dict(MIN_SPLIT_TOKENS=256), dict(MAX_SPLITS=128), dict(MAX_SPLITS=32),
+                dict(MIN_SPLIT_TOKENS=256), dict(MIN_SPLIT_TOKENS=64), dict(MIN_SPLIT_TOKENS=32),
+                dict(MAX_SPLITS=128), dict(MAX_SPLITS=32),
                 dict(BLOCK_N=64, num_warps=8, num_stages=3)]:
         try:
             t = graph_ms_per_call([make(i, cfg) for i in range(n_sets)])
@@ -239,6 +240,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode section (and its sweeps)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run of this script (TRITON_INTERPRET=1)")
     args = ap.parse_args()
     global DEV, TINY
@@ -248,7 +250,8 @@ def main():
     log(kind="env", device=torch.cuda.get_device_name() if DEV == "cuda" else "cpu", torch=torch.__version__,
         triton=__import__("triton").__version__)
     copy_gbs = copy_bandwidth()
-    for section in (lambda: bench_decode(copy_gbs, args.quick), bench_prefill, bench_small_ops):
+    sections = [lambda: bench_decode(copy_gbs, args.quick)] + ([] if args.decode_only else [bench_prefill, bench_small_ops])
+    for section in sections:
         try:
             section()
         except Exception:

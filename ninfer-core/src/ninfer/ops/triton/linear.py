@@ -39,7 +39,8 @@ MAX_WEIGHT_BYTES = 256 << 20
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx_m, sw_n, sy_m,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr, EXACT: tl.constexpr,
+                 INTERP: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     nm = n < N
     n_in = tl.where(nm, n, 0)   # in-bounds rows: the weight load needs no row mask, only the store does
@@ -47,19 +48,31 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, sx_m, sw_n, sy_m,
     rows = tl.arange(0, BM)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     w_ptrs = w_ptr + n_in[:, None] * sw_n + kk[None, :]
-    # The first weight chunk is requested before the PDL wait: it streams while the previous kernel finishes.
-    w_next = tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
+    # The first weight tile is requested before the PDL wait: it streams while the previous kernel finishes.
+    if EXACT:  # K == BK: unmasked, fully vectorised loads
+        w_next = tl.load(w_ptrs)
+    else:
+        w_next = tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
     pdl_wait(PDL)
-    for k0 in range(0, K, BK):
+    if ONE_TILE:  # K <= BK: straight-line code, one load per operand
         w = w_next.to(tl.float32)
-        # Next chunk in flight while this one is reduced (masked off past K: no traffic).
-        w_next = tl.load(w_ptrs + (k0 + BK), mask=(k0 + BK + kk[None, :]) < K, other=0.0)
         for m in tl.static_range(BM):
-            # Rows past M (BM is M rounded up to a power of two) re-read row M-1; their results are not stored.
-            xr = tl.minimum(M - 1, m)
-            xm = tl.load(x_ptr + xr * sx_m + k0 + kk, mask=(k0 + kk) < K, other=0.0).to(tl.float32)
-            part = tl.sum(w * xm[None, :], 1)
-            acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+            x_row = x_ptr + tl.minimum(M - 1, m) * sx_m + kk
+            if EXACT:
+                xm = tl.load(x_row).to(tl.float32)
+            else:
+                xm = tl.load(x_row, mask=kk < K, other=0.0).to(tl.float32)
+            acc = tl.where(rows[:, None] == m, acc + tl.sum(w * xm[None, :], 1)[None, :], acc)
+    else:
+        for k0 in range(0, K, BK):
+            w = w_next.to(tl.float32)
+            # Next tile in flight while this one is reduced (masked off past K: no traffic).
+            w_next = tl.load(w_ptrs + (k0 + BK), mask=(k0 + BK + kk[None, :]) < K, other=0.0)
+            for m in tl.static_range(BM):
+                # Rows past M (BM is M rounded up to a power of two) re-read row M-1; their results are not stored.
+                xm = tl.load(x_ptr + tl.minimum(M - 1, m) * sx_m + k0 + kk, mask=(k0 + kk) < K,
+                             other=0.0).to(tl.float32)
+                acc = tl.where(rows[:, None] == m, acc + tl.sum(w * xm[None, :], 1)[None, :], acc)
     y_ptrs = y_ptr + rows[:, None] * sy_m + n[None, :]
     tl.store(y_ptrs, cast(acc, y_ptr.dtype.element_ty, INTERP), mask=(rows[:, None] < M) & nm[None, :])
 
@@ -83,7 +96,8 @@ def gemv(x2: torch.Tensor, weight: torch.Tensor, *, block_n: int | None = None, 
     bn = block_n or (2 if m == 1 else 4)
     kw = {} if INTERPRET else {"num_warps": warps}
     _gemv_kernel[(triton.cdiv(n, bn),)](x2, weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-                                        BM=next_pow2(m), BN=bn, BK=bk, INTERP=INTERPRET, **pdl(x2), **kw)
+                                        BM=next_pow2(m), BN=bn, BK=bk, ONE_TILE=k <= bk, EXACT=k == bk, INTERP=INTERPRET,
+                                        **pdl(x2), **kw)
     return y
 
 
