@@ -7,9 +7,12 @@ its ``max_tokens`` (checked: a short result is an error, never a silent figure).
 - Prefill of L tokens: one request of L prompt tokens and one output token, alone in the engine; its
   time to first token (from submit, as the engine reports it) is the prefill time, L / TTFT the rate.
 - Decode at batch B: B requests submitted together, run twice, with ``base`` and ``base + steps``
-  output tokens; the difference of the two wall times is ``steps`` decode steps at full batch B
-  (admission, prefill, the first tokens and the ragged tail are the same in both runs and cancel), so
-  the rate is ``B * steps / (T_long - T_short)``.
+  output tokens. Each run's *decode span* is the time from the last request's first token to the last
+  result (the engine's per-request timings, both from submit); the difference of the two spans is
+  ``steps`` decode steps at full batch B (the ragged tail is the same in both runs and cancels), so the
+  rate is ``B * steps / (T_long - T_short)``. Spans start after every prefill, so the host-bound prefill of
+  B prompts -- tens of milliseconds with a run-to-run spread of the same order at B = 8 -- does not enter
+  the difference (wall-time differences did, and read B=8 rates 50% apart between runs).
 
 Warm-up runs (same shapes) come first and are excluded; each figure is the median of ``repeats`` runs.
 """
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import random
 import statistics
-import time
 from dataclasses import dataclass
 
 from ninfer.errors import NInferError
@@ -79,7 +81,7 @@ class DecodeResult:
     batch: int
     steps: int
     context_tokens: float
-    short_s: float                # medians of the two runs' wall times
+    short_s: float                # medians of the two runs' decode spans (last first token -> last result)
     long_s: float
     ttft_s: float                 # median over the long runs' requests
     long_samples: tuple[float, ...]
@@ -103,20 +105,20 @@ def _greedy(max_tokens: int) -> SamplingParams:
 
 
 def _run_batch(engine, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[float]]:
-    """Submit every prompt at once; (wall seconds until the last result, each request's TTFT)."""
+    """Submit every prompt at once; (the decode span: seconds from the last first token to the last result,
+    each request's TTFT)."""
     sampling = _greedy(max_tokens)
-    t0 = time.perf_counter()
     handles = [engine.submit(p, sampling=sampling) for p in prompts]
     results = []
     for h in handles:
         with h:
             results.append(h.result())
-    wall = time.perf_counter() - t0
     for r in results:
         if r.usage.completion_tokens != max_tokens:
             raise BenchError(f"a benchmark request produced {r.usage.completion_tokens} tokens, not {max_tokens} "
                              f"(finish_reason {r.finish_reason})")
-    return wall, [r.timings.ttft_s for r in results]
+    ttfts = [r.timings.ttft_s for r in results]
+    return max(r.timings.total_s for r in results) - max(ttfts), ttfts
 
 
 class Workload:
@@ -159,10 +161,10 @@ class Workload:
         shorts, longs, ttfts = [], [], []
         for i in range(s.repeats):
             shorts.append(_run_batch(self.engine, self._prompts(batch, s.decode_prompt_tokens), short_n)[0])
-            wall, ttft = _run_batch(self.engine, self._prompts(batch, s.decode_prompt_tokens), long_n)
-            longs.append(wall)
+            span, ttft = _run_batch(self.engine, self._prompts(batch, s.decode_prompt_tokens), long_n)
+            longs.append(span)
             ttfts.extend(ttft)
-            self.progress(f"decode B={batch}: run {i + 1}/{s.repeats} {shorts[-1]:.3f} s / {wall:.3f} s")
+            self.progress(f"decode B={batch}: run {i + 1}/{s.repeats} {shorts[-1]:.3f} s / {span:.3f} s")
         short_s, long_s = statistics.median(shorts), statistics.median(longs)
         if not long_s > short_s:
             raise BenchError(f"decode B={batch}: {long_n} tokens took {long_s:.4f} s, not more than {short_n} tokens "
