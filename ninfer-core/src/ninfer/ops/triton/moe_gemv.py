@@ -7,9 +7,11 @@ Here each (token, choice) pair reads its expert's rows directly:
 
 1. ``_gate_up_gemv_kernel``, grid (T*k, I / BN): act[p] = round(silu(gate_e x_t) * up_e x_t) for pair
    p = t*k + j, e = ids[t, j] (the activation rounded to x.dtype, as the model and the reference do).
-2. ``_down_gemv_kernel``, grid (T, H / BN): out[t] = round(sum_j w[t, j] * down_e act[p] (+ the shared expert:
+2. ``_down_gemv_one_shot_kernel`` (expert widths up to 1024; ``_down_gemv_kernel``, which loops over the
+   experts, above), grid (T, H / BN): out[t] = round(sum_j w[t, j] * down_e act[p] (+ the shared expert:
    sigmoid(gate_logit[t]) * down_s round(silu(g) * u) from the caller's [g | u] projection)), every product and
-   the sum over j in fp32, j in order: deterministic, and equal to the reference up to fp32 summation order.
+   sum in fp32 in a fixed order: deterministic, and equal to the reference up to fp32 summation order. The
+   one-shot kernel requests every expert's rows before its PDL wait (the routing is two launches back).
 
 Weights stream as [BN, BK] tiles (K contiguous) into a [BN, BK] fp32 accumulator reduced once at the end (the
 usual GEMV shape: no tensor cores at one row). A token routed twice to one expert is impossible (top-k ids are
