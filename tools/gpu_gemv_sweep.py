@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ninfer.ops.triton.linear import _TILE, gemv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernel_profile import replay_us  # noqa: E402
+from gpu_kernel_profile import graph_call_us  # noqa: E402
 
 # (name, N, K): out features, in features.
 SHAPES = [
@@ -60,15 +60,7 @@ def main() -> None:
                     w = ws[c % copies]
                     return F.linear(x, w) if kw is None else gemv(x, w, **kw)
                 try:
-                    outs = [call(c) for c in range(args.calls)]
-                    err = max(float((o.float() - r.float()).abs().max() / r.float().abs().max())
-                              for o, r in zip(outs, ref, strict=True))
-                    torch.cuda.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        for c in range(args.calls):
-                            call(c)
-                    us = replay_us(graph, args.replays) / args.calls
+                    us, err = graph_call_us(call, args.calls, args.replays, ref)
                     row = dict(shape=name, n=n, k=k, rows=m, impl=label, us=round(us, 2),
                                gbps=round(nbytes / us / 1e3, 1), rel_err=err, ok=err < 2e-2)
                 except Exception as exc:  # noqa: BLE001 - a launch shape Triton refuses is a result too

@@ -94,6 +94,20 @@ def replay_us(graph: torch.cuda.CUDAGraph, replays: int) -> float:
     return e0.elapsed_time(e1) * 1000 / replays
 
 
+
+def graph_call_us(call, calls: int, replays: int, reference: list[torch.Tensor]) -> tuple[float, float]:
+    """``call(c)`` for c < ``calls``: (microseconds per call, timed as one captured CUDA graph of all the calls,
+    and the largest relative max-abs difference of their eager outputs from ``reference``)."""
+    outs = [call(c) for c in range(calls)]
+    err = max(float((o.float() - r.float()).abs().max() / r.float().abs().max())
+              for o, r in zip(outs, reference, strict=True))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in range(calls):
+            call(c)
+    return replay_us(graph, replays) / calls, err
+
 def main() -> int:
     ap = model_args(__doc__)
     ap.add_argument("--prefill", type=int, default=8192)

@@ -24,7 +24,7 @@ from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.triton.moe_gemv import moe_experts_gemv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernel_profile import replay_us  # noqa: E402
+from gpu_kernel_profile import graph_call_us  # noqa: E402
 
 
 def main() -> None:
@@ -68,15 +68,7 @@ def main() -> None:
                 + [{}])
         for tune in grid:
             try:
-                outs = [call(c, tune) for c in range(args.calls)]
-                err = max(float((o.float() - r.float()).abs().max() / r.float().abs().max()) for o, r in
-                          zip(outs, base, strict=True))
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for c in range(args.calls):
-                        call(c, tune)
-                us = replay_us(graph, args.replays) / args.calls
+                us, err = graph_call_us(lambda c, tune=tune: call(c, tune), args.calls, args.replays, base)
                 row = dict(tokens=t, tune=tune, us=round(us, 2), gbps=round(nbytes / us / 1e3, 1),
                            rel_err=err, ok=err < 2e-2)
             except Exception as exc:  # noqa: BLE001 - a shape Triton refuses is a result too

@@ -95,9 +95,9 @@ def gemv(x2: torch.Tensor, weight: torch.Tensor, *, block_n: int | None = None, 
     bk = min(next_pow2(k), _TILE)
     bn = block_n or (2 if m == 1 else 4)
     kw = {} if INTERPRET else {"num_warps": warps}
-    _gemv_kernel[(triton.cdiv(n, bn),)](x2, weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-                                        BM=next_pow2(m), BN=bn, BK=bk, ONE_TILE=k <= bk, EXACT=k == bk, INTERP=INTERPRET,
-                                        **pdl(x2), **kw)
+    _gemv_kernel[(triton.cdiv(n, bn),)](
+        x2, weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0), BM=next_pow2(m), BN=bn, BK=bk,
+        ONE_TILE=k <= bk, EXACT=k == bk, INTERP=INTERPRET, **pdl(x2), **kw)
     return y
 
 
