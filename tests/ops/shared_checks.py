@@ -13,6 +13,7 @@ from .oracles import (
     fill_pools,
     gdn_inputs,
     gdn_oracle,
+    gated_rms_oracle,
     page_layouts,
     penalties_oracle,
     rms_oracle,
@@ -88,6 +89,62 @@ def check_gdn_recurrent_out_slots(step, device, dtype, hk, hv, dk, dv, gen):
         assert_bits(states[src].cpu(), kept.cpu(), f"read slots {src.tolist()} unchanged at step {t}")
         src, dst = dst, src
     assert_bits(states[src].cpu(), in_place[a].cpu(), "final states through out_slots")
+
+
+def gdn_decode_case(gen, device, dtype, bsz, hk, hv, dk, dv, k=4, slots_total=7):
+    """Inputs of ``gdn_decode`` as the model passes them: mixed, z, a, b are column views of one fused
+    projection row [mixed | z | b | a | pad]; states of ``slots_total`` slots; rows read permuted slots."""
+    from ninfer.ops.contracts import GDNDecodeParams
+
+    c = 2 * hk * dk + hv * dv
+    width = c + hv * dv + 2 * hv + 5
+    fused = randn(gen, bsz, width, dtype=dtype, device=device)
+    mixed, z = fused[:, :c], fused[:, c:c + hv * dv].view(bsz, hv, dv)
+    b, a = fused[:, c + hv * dv:c + hv * dv + hv], fused[:, c + hv * dv + hv:c + hv * dv + 2 * hv]
+    params = GDNDecodeParams(
+        conv_weight=randn(gen, c, k, dtype=dtype, device=device, scale=0.5),
+        neg_a=-torch.exp(randn(gen, hv, device=device, scale=0.5)), dt_bias=randn(gen, hv, device=device),
+        norm_weight=randn(gen, dv, dtype=dtype, device=device), key_heads=hk, key_dim=dk, value_heads=hv,
+        value_dim=dv, eps=1e-6, scale=dk ** -0.5)
+    conv_states = randn(gen, slots_total, c, k - 1, dtype=dtype, device=device)
+    states = randn(gen, slots_total, hv, dk, dv, device=device, scale=0.5)
+    slots = torch.randperm(slots_total, generator=gen)[:bsz].to(device)
+    return (mixed, z, a, b, params), conv_states, states, slots
+
+
+def gdn_decode_oracle(mixed, z, a, b, p, conv_states, states, slots, dtype):
+    """fp64 composition of the four ops' oracles with the contract's two roundings (conv output and o to
+    dtype): returns (out[B, Hv, Dv], new conv states, new states) of the rows' slots."""
+    kd = p.key_heads * p.key_dim
+    soft = torch.nn.functional.softplus(f64(a) + f64(p.dt_bias))
+    g, beta = f64(p.neg_a) * soft, torch.sigmoid(f64(b))
+    outs, convs, recs = [], [], []
+    for r, slot in enumerate(slots.tolist()):
+        y, conv = conv1d_oracle(mixed[r:r + 1], p.conv_weight, conv_states[slot])
+        y = y.to(dtype)
+        q = y[:, :kd].view(1, p.key_heads, p.key_dim)
+        k = y[:, kd:2 * kd].view(1, p.key_heads, p.key_dim)
+        v = y[:, 2 * kd:].view(1, p.value_heads, p.value_dim)
+        o, s = gdn_oracle(q, k, v, g[r:r + 1], beta[r:r + 1], states[slot], p.scale)
+        outs.append(gated_rms_oracle(o[0].to(dtype), z[r], p.norm_weight, dtype))
+        convs.append(conv)
+        recs.append(s)
+    return torch.stack(outs), torch.stack(convs), torch.stack(recs)
+
+
+def check_gdn_decode(ops, device, dtype, bsz, hk, hv, dk, dv, gen, out_crit, state_crit):
+    """``gdn_decode`` in place against the fp64 oracle; slots no row reads stay bit-identical."""
+    (mixed, z, a, b, p), conv_states, states, slots = gdn_decode_case(gen, device, dtype, bsz, hk, hv, dk, dv)
+    conv0, states0 = conv_states.clone(), states.clone()
+    ref_o, ref_conv, ref_s = gdn_decode_oracle(mixed, z, a, b, p, conv0, states0, slots.cpu(), dtype)
+    out = ops.gdn_decode(mixed, z, a, b, p, conv_states, states, slots)
+    assert out.dtype == dtype and out.shape == (bsz, hv, dv)
+    assert_normwise(out, ref_o, out_crit, f"gdn_decode output {dtype}")
+    assert_bits(conv_states[slots].cpu(), ref_conv.to(dtype), "gdn_decode conv states")
+    assert_normwise(states[slots], ref_s, state_crit, f"gdn_decode states {dtype}")
+    other = [s for s in range(states.shape[0]) if s not in slots.tolist()]
+    assert_bits(states[other].cpu(), states0[other].cpu(), "untouched GDN states")
+    assert_bits(conv_states[other].cpu(), conv0[other].cpu(), "untouched conv states")
 
 
 def check_gdn_prefill(prefill, device, dtype, t_len, hk, hv, dk, dv, gen, out_crit, state_crit):

@@ -38,6 +38,27 @@ class SharedExpert:
     gate_logit: torch.Tensor
 
 
+@dataclass(frozen=True)
+class GDNDecodeParams:
+    """One Gated DeltaNet layer's constants for ``gdn_decode`` (built once per layer; tensors are not copied).
+
+    ``conv_weight[C, K]`` with C = 2 Hk Dk + Hv Dv (channels in q | k | v order); ``neg_a[Hv]`` = -exp(A_log) and
+    ``dt_bias[Hv]``, both fp32; ``norm_weight[Dv]`` the output norm's plain weight; ``eps`` its epsilon;
+    ``scale`` the query scale (Dk ** -0.5). Invariants: Hv is a multiple of Hk, and conv_weight has C rows.
+    """
+
+    conv_weight: torch.Tensor
+    neg_a: torch.Tensor
+    dt_bias: torch.Tensor
+    norm_weight: torch.Tensor
+    key_heads: int
+    key_dim: int
+    value_heads: int
+    value_dim: int
+    eps: float
+    scale: float
+
+
 CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
     OpContract("linear", "linear(x[..., in], weight[out, in]) -> [..., out]",
                "x @ weight.T, no bias; accumulates in at least the input precision. A weight dtype other than "
@@ -86,6 +107,16 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "-> o[B, Hv, Dv]",
                "One token of the same recurrence for each row, reading states[slots[b]] and writing the new state "
                "to states[out_slots[b]] (None: slots, in place); out slots as for causal_conv1d_update."),
+    OpContract("gdn_decode",
+               "gdn_decode(mixed[B, C], z[B, Hv, Dv], a[B, Hv], b[B, Hv], params: GDNDecodeParams, "
+               "conv_states[S, C, K-1] (in/out), states[S, Hv, Dk, Dv] fp32 (in/out), slots[B] int64, "
+               "out_slots[B] int64 = None) -> o[B, Hv, Dv]",
+               "A GDN layer's whole decode step after its input projection, defined as the composition "
+               "gdn_gates(a, b) -> causal_conv1d_update(mixed) -> split q | k | v -> gdn_recurrent_step -> "
+               "gated_rms_norm(o, z, norm_weight): the same values, intermediates rounded to x.dtype where those "
+               "ops round them (the conv output and o). mixed/z/a/b may be row-strided column views of one "
+               "projection (last dim contiguous). Slots and out slots as for causal_conv1d_update; both states "
+               "of a row go to its out slot."),
     OpContract("kv_cache_write",
                "kv_cache_write(k[T, Hkv, D], v[T, Hkv, D], k_pool[P, page, Hkv, D], v_pool[...], "
                "slot_mapping[T] int64) -> None",

@@ -1,9 +1,10 @@
 """The Gated DeltaNet (linear attention) mixer of one layer (reference doc section 5).
 
-Decode rows (``x[:B]``) step their StateImage slots with ``causal_conv1d_update`` and
-``gdn_recurrent_step`` (reading ``decode_slots``, writing ``decode_out_slots``: every field of the
-Qwen3.5 StateImage is rewritten by a decode step, which lookahead decode relies on); the chunk (``x[B:]``) continues its slot's state with
-``causal_conv1d_prefill`` and ``gdn_chunk_prefill`` (in place). Gates are fp32 (``gdn_gates``):
+Decode rows (``x[:B]``) step their StateImage slots with one ``gdn_decode`` (gates, conv update, recurrent
+step and gated norm; reading ``decode_slots``, writing ``decode_out_slots``: every field of the Qwen3.5
+StateImage is rewritten by a decode step, which lookahead decode relies on); the chunk (``x[B:]``) continues
+its slot's state with ``gdn_gates``, ``causal_conv1d_prefill``, ``gdn_chunk_prefill`` (in place) and
+``gated_rms_norm``. Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
 
 The four input projections run as one GEMM per run of row-adjacent weights (:mod:`.fused`: all four in
@@ -14,6 +15,7 @@ row-strided inputs, so a decode step copies nothing between the GEMMs and the ke
 from __future__ import annotations
 
 import torch
+from ninfer.ops.contracts import GDNDecodeParams
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.context import StepContext
@@ -36,33 +38,32 @@ class GatedDeltaNet:
         self.neg_a = -torch.exp(w["A_log"].float())
         self.dt_bias = w["dt_bias"].float()
         self.conv_name, self.rec_name = conv_field(index), recurrent_field(index)
+        self.decode_params = GDNDecodeParams(
+            conv_weight=self.w_conv, neg_a=self.neg_a, dt_bias=self.dt_bias, norm_weight=self.w_norm,
+            key_heads=self.hk, key_dim=self.dk, value_heads=self.hv, value_dim=self.dv, eps=self.eps, scale=self.scale)
 
     def __call__(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         ops, n, b_rows = self.ops, h.shape[0], ctx.num_decode
         qkv, z, b, a = project(ops, h, self.in_groups)
-        g, beta = ops.gdn_gates(a, b, self.neg_a, self.dt_bias)
-
-        conv_states = ctx.states.field(self.conv_name)
-        parts = []
-        if b_rows:
-            parts.append(ops.causal_conv1d_update(qkv[:b_rows], self.w_conv, conv_states, ctx.decode_slots,
-                                                   ctx.decode_out_slots))
-        if ctx.num_chunk:
-            parts.append(ops.causal_conv1d_prefill(qkv[b_rows:], self.w_conv, conv_states[ctx.chunk_slot]))
-        y = parts[0] if len(parts) == 1 else torch.cat(parts)
-        q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.reshape(n, self.hk, self.dk)
-        k = k.reshape(n, self.hk, self.dk)
-        v = v.reshape(n, self.hv, self.dv)
-
-        rec = ctx.states.field(self.rec_name)
+        z = z.reshape(n, self.hv, self.dv)
+        conv_states, rec = ctx.states.field(self.conv_name), ctx.states.field(self.rec_name)
         outs = []
         if b_rows:
-            outs.append(ops.gdn_recurrent_step(q[:b_rows], k[:b_rows], v[:b_rows], g[:b_rows], beta[:b_rows],
-                                               rec, ctx.decode_slots, self.scale, ctx.decode_out_slots))
+            outs.append(ops.gdn_decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], self.decode_params,
+                                       conv_states, rec, ctx.decode_slots, ctx.decode_out_slots))
         if ctx.num_chunk:
-            outs.append(ops.gdn_chunk_prefill(q[b_rows:], k[b_rows:], v[b_rows:], g[b_rows:], beta[b_rows:],
-                                              rec[ctx.chunk_slot], self.scale))
+            outs.append(self._chunk(qkv[b_rows:], z[b_rows:], a[b_rows:], b[b_rows:], conv_states[ctx.chunk_slot],
+                                    rec[ctx.chunk_slot]))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        o = ops.gated_rms_norm(o, z.reshape(n, self.hv, self.dv), self.w_norm, self.eps)
         return ops.linear(o.reshape(n, self.value_dim), self.w_out)
+
+    def _chunk(self, qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+               conv_state: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """One sequence's prefill chunk, continuing (and updating) its slot's conv and recurrent state."""
+        ops, n = self.ops, qkv.shape[0]
+        g, beta = ops.gdn_gates(a, b, self.neg_a, self.dt_bias)
+        y = ops.causal_conv1d_prefill(qkv, self.w_conv, conv_state)
+        q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        o = ops.gdn_chunk_prefill(q.reshape(n, self.hk, self.dk), k.reshape(n, self.hk, self.dk),
+                                  v.reshape(n, self.hv, self.dv), g, beta, state, self.scale)
+        return ops.gated_rms_norm(o, z, self.w_norm, self.eps)

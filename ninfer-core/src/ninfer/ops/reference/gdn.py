@@ -32,6 +32,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.contracts import GDNDecodeParams
+from ninfer.ops.reference.conv1d import causal_conv1d_update
+from ninfer.ops.reference.norm import gated_rms_norm
 from ninfer.ops.registry import OpImpl
 
 CHUNK = 64
@@ -132,7 +135,23 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor, dt_bias: to
     return g, torch.sigmoid(b.float())
 
 
+def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
+               conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
+               out_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """The decode tail of a GDN layer, by definition the composition of the four reference ops (contract)."""
+    p = params
+    n = mixed.shape[0]
+    g, beta = gdn_gates(a, b, p.neg_a, p.dt_bias)
+    y = causal_conv1d_update(mixed, p.conv_weight, conv_states, slots, out_slots)
+    kd = p.key_heads * p.key_dim
+    q, k, v = y.split([kd, kd, p.value_heads * p.value_dim], dim=-1)
+    o = gdn_recurrent_step(q.reshape(n, p.key_heads, p.key_dim), k.reshape(n, p.key_heads, p.key_dim),
+                           v.reshape(n, p.value_heads, p.value_dim), g, beta, states, slots, p.scale, out_slots)
+    return gated_rms_norm(o, z, p.norm_weight, p.eps)
+
+
 OPS = [
+    OpImpl(op="gdn_decode", name="torch_reference", fn=gdn_decode, priority=0),
     OpImpl(op="gdn_gates", name="torch_reference", fn=gdn_gates, priority=0),
     OpImpl(op="gdn_chunk_prefill", name="torch_reference", fn=gdn_chunk_prefill, priority=0),
     OpImpl(op="gdn_recurrent_step", name="torch_reference", fn=gdn_recurrent_step, priority=0),

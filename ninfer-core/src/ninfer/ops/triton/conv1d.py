@@ -8,7 +8,9 @@ Invariants (those of :mod:`ninfer.ops.reference.conv1d`):
   ``out_slots[b]`` (default ``slots[b]``); only the rows' own slots are read or written (slots must be
   distinct, and an out slot is its row's own slot or one no row reads, as the contract says).
 - Program (row, block of channels) holds the whole [BLOCK_C, K] window in registers: every load of the old
-  state precedes, by data dependence, the store of the new one, so the in-place update is race-free.
+  state precedes, by data dependence, the store of the new one, so the in-place update is race-free. The taps
+  and the old state are loaded before the PDL wait (:func:`conv_update_prologue`; ``gdn_decode`` reuses both
+  helpers).
 - ``causal_conv1d_prefill``: program (block of tokens, block of channels) reads its K-1 earlier inputs from
   x or, before the chunk's start, from conv_state; the taps accumulate in fp32 in tap order (as the reference
   does) with one rounding after SiLU. The new conv_state (the last K-1 inputs of [state | x]) is written by a
@@ -27,31 +29,52 @@ from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok,
 
 
 @triton.jit
+def conv_update_prologue(w_ptr, s_ptr, slot, c, c_mask, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk,
+                         K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The loads a decode conv makes before its PDL wait: the taps (weights) and the row's old state (written
+    only by this layer's previous step, launches ago). Returns (old [BLOCK_C, BLOCK_K] in the state's dtype,
+    taps in fp32)."""
+    j = tl.arange(0, BLOCK_K)
+    old = tl.load(s_ptr + slot * stride_ss + c[:, None] * stride_sc + j[None, :] * stride_sk,
+                  mask=c_mask[:, None] & (j[None, :] < K - 1), other=0.0)
+    w = tl.load(w_ptr + c[:, None] * stride_wc + j[None, :] * stride_wk,
+                mask=c_mask[:, None] & (j[None, :] < K), other=0.0).to(tl.float32)
+    return old, w
+
+
+@triton.jit
+def conv_update_finish(x, old, w, s_ptr, out_slot, c, c_mask, stride_ss, stride_sc, stride_sk,
+                       K: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+    """SiLU of the taps over [old state | x] (fp32, returned) and the rolled state stored to ``out_slot``.
+    Every load of the old state precedes this store by data dependence, so an in-place update is race-free."""
+    j = tl.arange(0, BLOCK_K)
+    # window[c, j] in x's dtype: the old state for j < K-1, the new input at j = K-1.
+    window = tl.where(j[None, :] == K - 1, x[:, None], cast(old, x.dtype, INTERP))
+    acc = tl.sum(window.to(tl.float32) * w, 1)
+    # Shift by one tap: window[:, j] (j >= 1) becomes state[:, j - 1] of the output slot.
+    o_base = s_ptr + out_slot * stride_ss + c[:, None] * stride_sc
+    tl.store(o_base + (j[None, :] - 1) * stride_sk, cast(window, s_ptr.dtype.element_ty, INTERP),
+             mask=c_mask[:, None] & (j[None, :] >= 1) & (j[None, :] < K))
+    return acc / (1.0 + tl.exp(-acc))
+
+
+@triton.jit
 def _conv_update_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, C,
                         stride_xb, stride_xc, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk,
                         stride_yb, K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                         INTERP: tl.constexpr, PDL: tl.constexpr):
-    pdl_wait(PDL)
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = c < C
-    j = tl.arange(0, BLOCK_K)
     slot = tl.load(slots_ptr + b).to(tl.int64)
-    s_base = s_ptr + slot * stride_ss + c[:, None] * stride_sc
-    old = tl.load(s_base + j[None, :] * stride_sk, mask=c_mask[:, None] & (j[None, :] < K - 1), other=0.0)
+    old, w = conv_update_prologue(w_ptr, s_ptr, slot, c, c_mask, stride_wc, stride_wk, stride_ss, stride_sc,
+                                  stride_sk, K, BLOCK_K)
+    pdl_wait(PDL)
     x = tl.load(x_ptr + b * stride_xb + c * stride_xc, mask=c_mask, other=0.0)
-    # window[c, j] in x's dtype: the old state for j < K-1, the new input at j = K-1.
-    window = tl.where(j[None, :] == K - 1, x[:, None], cast(old, x_ptr.dtype.element_ty, INTERP))
-    w = tl.load(w_ptr + c[:, None] * stride_wc + j[None, :] * stride_wk,
-                mask=c_mask[:, None] & (j[None, :] < K), other=0.0).to(tl.float32)
-    acc = tl.sum(window.to(tl.float32) * w, 1)
-    y = acc / (1.0 + tl.exp(-acc))
-    tl.store(y_ptr + b * stride_yb + c, cast(y, y_ptr.dtype.element_ty, INTERP), mask=c_mask)
-    # Shift by one tap: window[:, j] (j >= 1) becomes state[:, j - 1] of the output slot.
     out_slot = tl.load(out_slots_ptr + b).to(tl.int64)
-    o_base = s_ptr + out_slot * stride_ss + c[:, None] * stride_sc
-    tl.store(o_base + (j[None, :] - 1) * stride_sk, cast(window, s_ptr.dtype.element_ty, INTERP),
-             mask=c_mask[:, None] & (j[None, :] >= 1) & (j[None, :] < K))
+    y = conv_update_finish(x, old, w, s_ptr, out_slot, c, c_mask, stride_ss, stride_sc, stride_sk, K, BLOCK_K,
+                           INTERP)
+    tl.store(y_ptr + b * stride_yb + c, cast(y, y_ptr.dtype.element_ty, INTERP), mask=c_mask)
 
 
 @triton.jit

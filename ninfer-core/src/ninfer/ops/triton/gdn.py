@@ -69,6 +69,20 @@ def _interpreting(t: torch.Tensor) -> bool:
 
 
 @triton.jit
+def recurrent_update(s, q, k, v, g, beta, scale):
+    """One token of the recurrence on a [Dk, BV] state tile (fp32; q/k raw, v/g/beta of the tile's head):
+    returns (new tile, o tile). q and k are L2-normalised here: each Dv tile recomputes the (cheap) norms of its
+    row's q/k rather than passing them between programs."""
+    q = q * (tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * scale)
+    k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+    s = s * tl.exp(g)
+    kv = tl.sum(k[:, None] * s, 0)                       # S^T k over the already-decayed state
+    delta = beta * (v - kv)
+    s = s + k[:, None] * delta[None, :]
+    return s, tl.sum(q[:, None] * s, 0)
+
+
+@triton.jit
 def _gdn_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, slot_ptr, out_slot_ptr, o_ptr, scale,
                      sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sb_b, sb_h, so_b, so_h,
                      ss_s, ss_h, ss_k,
@@ -84,21 +98,14 @@ def _gdn_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, slot_ptr, out_sl
     dvm = dv < DV
     q = tl.load(q_ptr + b * sq_b + hk * sq_h + dk, mask=dkm, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + b * sk_b + hk * sk_h + dk, mask=dkm, other=0.0).to(tl.float32)
-    # Each Dv tile recomputes the (cheap) norms of its row's q/k rather than passing them between programs.
-    q = q * (tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * scale)
-    k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
     v = tl.load(v_ptr + b * sv_b + h * sv_h + dv, mask=dvm, other=0.0).to(tl.float32)
-    gate = tl.exp(tl.load(g_ptr + b * sg_b + h * sg_h).to(tl.float32))
+    g = tl.load(g_ptr + b * sg_b + h * sg_h).to(tl.float32)
     beta = tl.load(b_ptr + b * sb_b + h * sb_h).to(tl.float32)
     # The slot id is read here (int64), never on the host: no sync, and slot * stride cannot overflow int32.
     slot = tl.load(slot_ptr + b)
     s_ptrs = st_ptr + slot * ss_s + h * ss_h + dk[:, None] * ss_k + dv[None, :]
     smask = dkm[:, None] & dvm[None, :]
-    s = tl.load(s_ptrs, mask=smask, other=0.0) * gate
-    kv = tl.sum(k[:, None] * s, 0)                       # S^T k over the already-decayed state
-    delta = beta * (v - kv)
-    s = s + k[:, None] * delta[None, :]
-    o = tl.sum(q[:, None] * s, 0)
+    s, o = recurrent_update(tl.load(s_ptrs, mask=smask, other=0.0), q, k, v, g, beta, scale)
     out_slot = tl.load(out_slot_ptr + b)
     tl.store(s_ptrs + (out_slot - slot) * ss_s, s, mask=smask)
     tl.store(o_ptr + b * so_b + h * so_h + dv, o.to(o_ptr.dtype.element_ty), mask=dvm)

@@ -17,14 +17,9 @@ from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, next_pow2, pdl, 
 
 
 @triton.jit
-def _gates_kernel(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, sa_t, sb_t, BH: tl.constexpr, PDL: tl.constexpr):
-    pdl_wait(PDL)
-    t = tl.program_id(0)
-    h = tl.arange(0, BH)
-    m = h < H
-    a = tl.load(a_ptr + t * sa_t + h, mask=m, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + t * sb_t + h, mask=m, other=0.0).to(tl.float32)
-    x = a + tl.load(dt_ptr + h, mask=m, other=0.0)
+def gates_math(a, b, dt, neg_a):
+    """fp32 ``(g, beta) = (neg_a * softplus(a + dt), sigmoid(b))`` elementwise (shared with ``gdn_decode``)."""
+    x = a + dt
     # log1p(e^x) = max(x, 0) + log1p(e^-|x|): no overflow; torch's threshold 20 kept exactly. log1p by Kahan's
     # trick (u = 1 + y rounded; log(u) * y / (u - 1)) keeps relative accuracy for tiny y = e^-|x|.
     y = tl.exp(-tl.abs(x))
@@ -32,8 +27,20 @@ def _gates_kernel(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, sa_t, sb_t, 
     exact = u == 1.0
     l1p = tl.where(exact, y, tl.log(u) * (y / tl.where(exact, 1.0, u - 1.0)))
     soft = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + l1p)
-    tl.store(g_ptr + t * H + h, tl.load(na_ptr + h, mask=m, other=0.0) * soft, mask=m)
-    tl.store(beta_ptr + t * H + h, 1.0 / (1.0 + tl.exp(-b)), mask=m)
+    return neg_a * soft, 1.0 / (1.0 + tl.exp(-b))
+
+
+@triton.jit
+def _gates_kernel(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, sa_t, sb_t, BH: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+    t = tl.program_id(0)
+    h = tl.arange(0, BH)
+    m = h < H
+    a = tl.load(a_ptr + t * sa_t + h, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + t * sb_t + h, mask=m, other=0.0).to(tl.float32)
+    g, beta = gates_math(a, b, tl.load(dt_ptr + h, mask=m, other=0.0), tl.load(na_ptr + h, mask=m, other=0.0))
+    tl.store(g_ptr + t * H + h, g, mask=m)
+    tl.store(beta_ptr + t * H + h, beta, mask=m)
 
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor

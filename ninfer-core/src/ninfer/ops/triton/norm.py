@@ -74,6 +74,16 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, M, eps, stride_x, 
 
 
 @triton.jit
+def gated_norm_rows(xf, g, w, eps, N: tl.constexpr, X_DTYPE: tl.constexpr, NW_DTYPE: tl.constexpr,
+                    INTERP: tl.constexpr):
+    """``gated_rms_norm`` of [rows, BLOCK_N] fp32 values of x (X_DTYPE) and gate g (masked columns 0), in fp32
+    with the contract's two roundings (shared with ``gdn_decode``)."""
+    n = cast(xf * _inv_rms(xf, N, eps)[:, None], X_DTYPE, INTERP).to(tl.float32)
+    nw = cast(n * w[None, :], NW_DTYPE, INTERP).to(tl.float32)
+    return nw * (g / (1.0 + tl.exp(-g)))
+
+
+@triton.jit
 def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, GH, stride_g0, stride_g1, stride_y,
                            N: tl.constexpr, NW_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            INTERP: tl.constexpr, PDL: tl.constexpr):
@@ -87,9 +97,7 @@ def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, GH, str
     g_rows = (rows64 // GH) * stride_g0 + (rows64 % GH) * stride_g1
     g = tl.load(g_ptr + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    n = cast(xf * _inv_rms(xf, N, eps)[:, None], y_ptr.dtype.element_ty, INTERP).to(tl.float32)
-    nw = cast(n * w[None, :], NW_DTYPE, INTERP).to(tl.float32)
-    y = nw * (g / (1.0 + tl.exp(-g)))
+    y = gated_norm_rows(xf, g, w, eps, N, y_ptr.dtype.element_ty, NW_DTYPE, INTERP)
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 

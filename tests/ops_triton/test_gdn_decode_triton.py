@@ -1,0 +1,79 @@
+"""Triton gdn_decode (conv + gates kernel, then recurrent step + gated norm kernel) against the fp64 composed
+oracle (the reference suite's check) and against the torch reference op.
+
+Runs on CUDA when present, otherwise under TRITON_INTERPRET=1 at tiny sizes. Criteria: gdn_recurrent_step's
+(tests/ops/test_gdn.py); conv states are copies of inputs and must equal the reference's bit for bit; the
+lookahead form (out slots) must leave the read slots untouched and give the in-place results bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from ops.conftest import assert_bits, assert_normwise  # noqa: E402
+from ops.shared_checks import check_gdn_decode, gdn_decode_case  # noqa: E402
+from ops.test_gdn import OUT, STATE  # noqa: E402
+
+from .conftest import CUDA, DEVICE, reference, triton_ops  # noqa: E402
+
+SHAPES = [(1, 2, 2, 16, 16), (3, 1, 4, 16, 8), (2, 2, 4, 12, 40)]
+if CUDA:
+    SHAPES += [(1, 16, 32, 128, 128), (8, 16, 32, 128, 128)]   # the 9B and 35B-A3B heads, B = 1 and 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bsz,hk,hv,dk,dv", SHAPES)
+def test_gdn_decode_matches_the_composed_oracles(dtype, bsz, hk, hv, dk, dv, gen):
+    ops = triton_ops(dtype)
+    assert ops.implementation("gdn_decode").name == "triton"
+    check_gdn_decode(ops, DEVICE, dtype, bsz, hk, hv, dk, dv, gen, OUT[dtype], STATE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gdn_decode_agrees_with_the_reference_op(dtype, gen):
+    bsz, hk, hv, dk, dv = (4, 16, 32, 128, 128) if CUDA else (2, 2, 4, 16, 16)
+    args, conv_states, states, slots = gdn_decode_case(gen, DEVICE, dtype, bsz, hk, hv, dk, dv)
+    conv_ref, states_ref = conv_states.clone(), states.clone()
+    o_ref = reference(dtype).gdn_decode(*args, conv_ref, states_ref, slots)
+    o = triton_ops(dtype).gdn_decode(*args, conv_states, states, slots)
+    assert_normwise(o, o_ref.float(), OUT[dtype], "triton vs reference output")
+    assert_bits(conv_states.cpu(), conv_ref.cpu(), "triton vs reference conv states")
+    assert_normwise(states, states_ref, STATE, "triton vs reference states")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gdn_decode_out_slots_ping_pong(dtype, gen):
+    """Lookahead form: two rows stepped three times, reading slots (a) and writing (b), then back; outputs and
+    final states equal the in-place run's bit for bit, and each step leaves the slots it read as they were."""
+    ops = triton_ops(dtype)
+    hk, hv, dk, dv = (16, 32, 128, 128) if CUDA else (1, 2, 16, 16)
+    (mixed, z, a, b, p), conv_states, states, _ = gdn_decode_case(gen, DEVICE, dtype, 2, hk, hv, dk, dv)
+    steps = [gdn_decode_case(gen, DEVICE, dtype, 2, hk, hv, dk, dv)[0][:4] for _ in range(3)]
+    conv_in_place, states_in_place = conv_states.clone(), states.clone()
+    src = torch.tensor([3, 0], dtype=torch.int64, device=DEVICE)
+    dst = torch.tensor([1, 4], dtype=torch.int64, device=DEVICE)
+    home = src
+    for t, inputs in enumerate(steps):
+        o_ref = ops.gdn_decode(*inputs, p, conv_in_place, states_in_place, home)
+        kept_conv, kept = conv_states[src].clone(), states[src].clone()
+        o = ops.gdn_decode(*inputs, p, conv_states, states, src, dst)
+        assert_bits(o.cpu(), o_ref.cpu(), f"output step {t} with out_slots")
+        assert_bits(states[src].cpu(), kept.cpu(), f"read GDN states unchanged at step {t}")
+        assert_bits(conv_states[src].cpu(), kept_conv.cpu(), f"read conv states unchanged at step {t}")
+        src, dst = dst, src
+    assert_bits(states[src].cpu(), states_in_place[home].cpu(), "final GDN states through out_slots")
+    assert_bits(conv_states[src].cpu(), conv_in_place[home].cpu(), "final conv states through out_slots")
+
+
+def test_gdn_decode_rejects_mismatched_heads(gen):
+    (mixed, z, a, b, p), conv_states, states, slots = gdn_decode_case(gen, DEVICE, torch.float32, 1, 2, 4, 16, 16)
+    import dataclasses
+
+    with pytest.raises(ValueError, match="not a multiple of key heads"):
+        triton_ops(torch.float32).gdn_decode(mixed, z, a, b, dataclasses.replace(p, key_heads=3), conv_states,
+                                             states, slots)
+    with pytest.raises(ValueError, match="mixed channels"):
+        triton_ops(torch.float32).gdn_decode(mixed[:, 1:], z, a, b, p, conv_states, states, slots)
