@@ -11,9 +11,9 @@ from .oracles import (
     attention_oracle,
     conv1d_oracle,
     fill_pools,
+    gated_rms_oracle,
     gdn_inputs,
     gdn_oracle,
-    gated_rms_oracle,
     page_layouts,
     penalties_oracle,
     rms_oracle,
@@ -91,10 +91,12 @@ def check_gdn_recurrent_out_slots(step, device, dtype, hk, hv, dk, dv, gen):
     assert_bits(states[src].cpu(), in_place[a].cpu(), "final states through out_slots")
 
 
-def gdn_decode_case(gen, device, dtype, bsz, hk, hv, dk, dv, k=4, slots_total=7):
+def gdn_decode_case(gen, device, dtype, bsz, hk, hv, dk, dv, k=4):
     """Inputs of ``gdn_decode`` as the model passes them: mixed, z, a, b are column views of one fused
-    projection row [mixed | z | b | a | pad]; states of ``slots_total`` slots; rows read permuted slots."""
+    projection row [mixed | z | b | a | pad]; states of bsz + 3 slots (at least 7); rows read permuted slots."""
     from ninfer.ops.contracts import GDNDecodeParams
+
+    slots_total = max(7, bsz + 3)
 
     c = 2 * hk * dk + hv * dv
     width = c + hv * dv + 2 * hv + 5
@@ -186,6 +188,25 @@ def check_add_rms_norm(ops, device, dtype, hidden, gen, crit, eps):
     assert_pointwise(y, rms_oracle(expected_res, w), crit, f"add_rms_norm {dtype}")
     assert torch.equal(x, x0) and torch.equal(res, r0), "inputs must not be modified"
     return x, res, w, y, new_res
+
+
+def check_add_rms_norm_linear(ops, device, dtype, rows, hidden, n_out, gen, norm_crit, linear_crit, eps):
+    """add_rms_norm_linear: the new residual bit-exact (x + res, one rounding), the normed rows within
+    norm_crit of the oracle over it, y within linear_crit of the fp64 product of the *returned* normed rows (the
+    block's later projections read those), the inputs untouched."""
+    x = randn(gen, rows, hidden, dtype=dtype, device=device)
+    res = randn(gen, rows, hidden, dtype=dtype, device=device, scale=4.0)
+    w = randn(gen, hidden, dtype=dtype, device=device, scale=0.3)
+    weight = randn(gen, n_out, hidden, dtype=dtype, device=device, scale=hidden ** -0.5)
+    x0, r0 = x.clone(), res.clone()
+    y, h, new_res = ops.add_rms_norm_linear(x, res, w, eps, weight)
+    assert y.shape == (rows, n_out) and h.shape == new_res.shape == (rows, hidden) and y.dtype == dtype
+    expected_res = (f64(x) + f64(res)).to(dtype)
+    assert_bits(new_res.cpu(), expected_res, "add_rms_norm_linear residual")
+    assert_pointwise(h, rms_oracle(expected_res, w), norm_crit, f"add_rms_norm_linear normed {dtype}")
+    assert_normwise(y, f64(h) @ f64(weight).T, linear_crit, f"add_rms_norm_linear output {dtype}")
+    assert torch.equal(x, x0) and torch.equal(res, r0), "inputs must not be modified"
+    return x, res, w, weight, y, h, new_res
 
 
 def check_gdn_recurrent_slots(step, device, dtype, hk, hv, dk, dv, gen, out_crit, state_crit):

@@ -1,4 +1,4 @@
-"""rms_norm / add_rms_norm / gated_rms_norm against fp64 oracles with the contract's declared casts.
+"""rms_norm / add_rms_norm / add_rms_norm_linear / gated_rms_norm against fp64 oracles with the contract's declared casts.
 
 Criteria (pointwise, |err| <= rtol |ref| + atol max|ref|):
 - fp32: rtol 4e-6, atol 1e-6 -- fp32 mean of squares and a few products.
@@ -13,7 +13,8 @@ import torch
 from .conftest import DTYPES, Pointwise, assert_pointwise, randn, reference_ops
 from .oracles import NORM_EPS as EPS
 from .oracles import assert_bf16_within_one_ulp, gated_rms_bf16_cast_chain, gated_rms_oracle, rms_oracle
-from .shared_checks import check_add_rms_norm
+from .shared_checks import check_add_rms_norm, check_add_rms_norm_linear
+from .test_linear import CRIT as LINEAR_CRIT
 
 CRIT = {torch.float32: Pointwise(4e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -8, 1e-6)}
 CRIT_GATED = {torch.float32: Pointwise(4e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -7, 1e-6)}
@@ -64,3 +65,10 @@ def test_gated_rms_norm_bf16_cast_chain_bitwise(device, gen):
     w = (1.0 + randn(gen, 64, scale=0.2)).to(torch.bfloat16).to(device)
     out = ops.gated_rms_norm(x, gate, w, EPS)
     assert_bf16_within_one_ulp(out, gated_rms_bf16_cast_chain(x, gate, w), "gated_rms_norm bf16 cast chain")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_linear(device, dtype, gen):
+    # The block's pre-norm and first projection (linear's criteria for y, over the normed rows returned).
+    check_add_rms_norm_linear(reference_ops(device, dtype), device, dtype, 3, 64, 24, gen, CRIT[dtype],
+                              LINEAR_CRIT[dtype], EPS)

@@ -77,3 +77,5 @@ def test_gdn_decode_rejects_mismatched_heads(gen):
                                              states, slots)
     with pytest.raises(ValueError, match="mixed channels"):
         triton_ops(torch.float32).gdn_decode(mixed[:, 1:], z, a, b, p, conv_states, states, slots)
+    with pytest.raises(ValueError, match="1 rows need 1 slots"):   # a short slot list would read out of bounds
+        triton_ops(torch.float32).gdn_decode(mixed, z, a, b, p, conv_states, states, slots.repeat(2))

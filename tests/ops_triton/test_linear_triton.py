@@ -88,3 +88,43 @@ def test_rows_times_weight_bytes_bounds_the_gemv(monkeypatch, gen):
     assert not mod.use_gemv(randn(gen, 3, 64, device=DEVICE), w)
     monkeypatch.setattr(mod, "MAX_WEIGHT_BYTES", 4095)
     assert not mod.use_gemv(randn(gen, 1, 64, device=DEVICE), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,hidden,n_out", [(1, 64, 24), (2, 48, 33), (8, 40, 9), (9, 64, 16)])
+def test_add_rms_norm_linear(dtype, rows, hidden, n_out, gen):
+    """The GEMV with the norm prologue (M <= 8; 9 rows take add_rms_norm + linear) against the reference
+    suite's check; its residual equals the Triton add_rms_norm's bit for bit, its normed rows within one
+    bf16 ulp (the norm's reduction order differs)."""
+    from ninfer.ops.triton.linear import use_gemv
+    from ops.shared_checks import check_add_rms_norm_linear
+    from ops.test_norm import CRIT as NORM_CRIT
+    from ops.test_norm import EPS
+
+    ops = triton_ops(dtype)
+    assert ops.implementation("add_rms_norm_linear").name == "triton"
+    x, res, w, weight, y, h, new_res = check_add_rms_norm_linear(ops, DEVICE, dtype, rows, hidden, n_out, gen,
+                                                                 NORM_CRIT[dtype], CRIT[dtype], EPS)
+    assert use_gemv(x, weight) == (rows <= 8)
+    h_sep, res_sep = ops.add_rms_norm(x, res, w, EPS)
+    assert torch.equal(new_res, res_sep)
+    assert (h.float() - h_sep.float()).abs().max() <= h_sep.float().abs().max() * 2 ** -7
+
+
+def test_add_rms_norm_linear_rows_are_independent(gen):
+    ops = triton_ops(torch.bfloat16)
+    x = randn(gen, 8, 64, dtype=torch.bfloat16, device=DEVICE)
+    res = randn(gen, 8, 64, dtype=torch.bfloat16, device=DEVICE)
+    w = randn(gen, 64, dtype=torch.bfloat16, device=DEVICE, scale=0.3)
+    weight = randn(gen, 12, 64, dtype=torch.bfloat16, device=DEVICE, scale=0.125)
+    full = ops.add_rms_norm_linear(x, res, w, 1e-6, weight)
+    for m in (1, 3, 8):
+        part = ops.add_rms_norm_linear(x[:m], res[:m], w, 1e-6, weight)
+        assert all(torch.equal(p, f[:m]) for p, f in zip(part, full, strict=True))
+
+
+def test_add_rms_norm_linear_rejects_mismatched_shapes(gen):
+    ops = triton_ops(torch.float32)
+    x = randn(gen, 2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="residual"):
+        ops.add_rms_norm_linear(x, x[:1], torch.zeros(64, device=DEVICE), 1e-6, randn(gen, 8, 64, device=DEVICE))

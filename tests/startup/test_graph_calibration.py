@@ -317,28 +317,26 @@ def test_the_rebuild_frees_the_first_build_on_the_gpu(default_artifact, monkeypa
 
 @pytest.mark.gpu
 def test_a_budget_without_room_for_the_graphs_fails_on_the_gpu(default_artifact, monkeypatch):
-    """The plan reserves nothing for the graphs and fills the capped budget with one request + 2 pages of KV:
-    the measured graph memory comes out of the headroom, and the pool cannot shrink below one request.
+    """The plan reserves nothing for the graphs and fills the capped budget with one request + 2 pages of KV; the
+    graphs are really captured, and what stays free after them is measured 1 MiB short of the headroom: the pool
+    cannot shrink below one request, so startup fails with the ways out.
 
-    The budget is sized by the larger of the runtime and the startup peak; where the startup peak is the
-    larger (stored + converted weights of the default model), its excess is free again while serving and
-    small graphs fit in it (Triton GEMVs, unlike cuBLAS, put no workspace in the pool). The measurement is
-    therefore made without that excess, so any real graph memory is a deficit."""
+    The shortfall is imposed on the measurement (as the rebuild test above does for its first one) because the
+    default model's real graph pool is too small to be sure of: since the decode GEMVs left cuBLAS (whose
+    workspace the pool used to hold) it fit in the allocator's slack on the H200."""
     monkeypatch.delenv(mc.GRAPHS_ENV, raising=False)
     monkeypatch.setattr(ms, "graph_pool_bytes", lambda profile, max_batch, max_context: 0)
     opts = EngineOptions(device="cuda", max_concurrency=8, max_context=4096)
     plan = ms.plan_artifact(default_artifact, opts, env={})
-    runtime = plan.weights_bytes + plan.state_bytes + plan.workspace_bytes
-    startup = plan.startup_peak_bytes - plan.kv_bytes
-    fixed = max(runtime, startup)
+    fixed = max(plan.weights_bytes + plan.state_bytes + plan.workspace_bytes, plan.startup_peak_bytes - plan.kv_bytes)
     real = ms.runtime_free_bytes
     measured = []
 
-    def without_startup_excess(device, budget, probe, **kw):
+    def short_of_headroom(device, budget, probe, **kw):
         measured.append(real(device, budget, probe, **kw))
-        return measured[-1] - max(0, startup - runtime)
+        return min(measured[-1], budget.headroom_bytes - MIB)
 
-    monkeypatch.setattr(mc, "runtime_free_bytes", without_startup_excess)
+    monkeypatch.setattr(mc, "runtime_free_bytes", short_of_headroom)
     room = (256 + 2) * 16 * 1024
     monkeypatch.setenv(ms.BUDGET_ENV, f"{(fixed + room + GIB) / MIB + 0.001:.4f}")
     assert ms.plan_artifact(default_artifact, opts).num_pages == 258

@@ -1,8 +1,9 @@
 """The Qwen3.5 text model: embedding, the hybrid decoder stack, final norm and LM head.
 
 Pre-norm residual stream (reference doc section 3): ``x += mixer(norm(x)); x += mlp(norm(x))``, the
-residual adds fused into ``add_rms_norm``. Only the rows that sample (each decode row, the chunk's
-last token) go through the final norm and the LM head. Positions are text positions (the computed
+residual adds fused into ``add_rms_norm``, which each block runs as part of its first projection
+(``add_rms_norm_linear`` via :class:`~ninfer_qwen3_5.layers.fused.NormInput`). Only the rows that sample
+(each decode row, the chunk's last token) go through the final norm and the LM head. Positions are text positions (the computed
 index); MRoPE cos/sin are built from three identical rows, as HF does for text.
 
 Parameter preparation: the loader never casts (it hands over the stored encoding); the model casts
@@ -23,6 +24,7 @@ from ninfer.runtime.contract.program import ProgramError
 from ninfer_qwen3_5.config import FULL, Qwen35Config
 from ninfer_qwen3_5.layers.attention import GatedAttention
 from ninfer_qwen3_5.layers.context import StepContext
+from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
 from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
@@ -97,14 +99,10 @@ class Qwen35Model:
         """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token)."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
         residual = self.embed.index_select(0, tokens)
-        h = ops.rms_norm(residual, self.layers[0].input_norm, eps)
-        out = None
-        for i, layer in enumerate(self.layers):
-            if i:
-                h, residual = ops.add_rms_norm(out, residual, layer.input_norm, eps)
-            out = layer.mixer(h, ctx)
-            h, residual = ops.add_rms_norm(out, residual, layer.post_norm, eps)
-            out = layer.mlp(h)
+        out = None   # the first layer's input is the embedding itself: normed without an add
+        for layer in self.layers:
+            out, residual = layer.mixer(NormInput(out, residual, layer.input_norm, eps), ctx)
+            out, residual = layer.mlp(NormInput(out, residual, layer.post_norm, eps))
         if logit_rows is not None:
             out, residual = out.index_select(0, logit_rows), residual.index_select(0, logit_rows)
         h, _ = ops.add_rms_norm(out, residual, self.norm, eps)

@@ -67,6 +67,12 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "Zero-centred (Qwen3.5) RMSNorm: fp32 x*rsqrt(mean(x^2)+eps)*(1+w), cast to x.dtype."),
     OpContract("add_rms_norm", "add_rms_norm(x[T, N], residual[T, N], weight[N], eps) -> (y, new_residual)",
                "new_residual = x + residual (in x.dtype); y = rms_norm(new_residual)."),
+    OpContract("add_rms_norm_linear",
+               "add_rms_norm_linear(x[T, N], residual[T, N], norm_weight[N], eps, weight[out, N]) "
+               "-> (y[T, out], normed[T, N], new_residual[T, N])",
+               "(normed, new_residual) = add_rms_norm(x, residual, norm_weight, eps); y = linear(normed, weight): "
+               "a block's pre-norm and its first projection, which at decode may run as one kernel. normed and y "
+               "carry the same roundings as the two ops; the norm's reduction order may differ from add_rms_norm's."),
     OpContract("gated_rms_norm", "gated_rms_norm(x[..., N], gate[..., N], weight[N], eps) -> [..., N]",
                "GDN output norm: n = fp32 rmsnorm(x) cast to x.dtype; n*weight (plain weight, not 1+w); "
                "times silu(gate.float()); cast to x.dtype."),

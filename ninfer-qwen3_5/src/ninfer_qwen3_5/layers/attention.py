@@ -12,6 +12,7 @@ import torch
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.context import StepContext
+from ninfer_qwen3_5.layers.fused import NormInput, norm_project, row_groups
 
 
 class GatedAttention:
@@ -23,13 +24,14 @@ class GatedAttention:
         self.scale = self.d ** -0.5
         self.w_q, self.w_gate, self.w_k, self.w_v = w["query"], w["gate"], w["key"], w["value"]
         self.w_qn, self.w_kn, self.w_out = w["q_norm"], w["k_norm"], w["out"]
+        self.in_groups = row_groups([self.w_q, self.w_k, self.w_v, self.w_gate])
 
-    def __call__(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        ops, n, b_rows = self.ops, h.shape[0], ctx.num_decode
-        q = ops.rms_norm(ops.linear(h, self.w_q).view(n, self.nq, self.d), self.w_qn, self.eps)
-        k = ops.rms_norm(ops.linear(h, self.w_k).view(n, self.nkv, self.d), self.w_kn, self.eps)
-        v = ops.linear(h, self.w_v).view(n, self.nkv, self.d)
-        gate = ops.linear(h, self.w_gate)
+    def __call__(self, inp: NormInput, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        ops, n, b_rows = self.ops, inp.residual.shape[0], ctx.num_decode
+        (q, k, v, gate), _, residual = norm_project(ops, inp, self.in_groups)
+        q = ops.rms_norm(q.view(n, self.nq, self.d), self.w_qn, self.eps)
+        k = ops.rms_norm(k.view(n, self.nkv, self.d), self.w_kn, self.eps)
+        v = v.view(n, self.nkv, self.d)
         q = ops.rope(q, ctx.cos, ctx.sin)
         k = ops.rope(k, ctx.cos, ctx.sin)
         k_pool, v_pool = ctx.kv.pools(self.index)
@@ -42,4 +44,4 @@ class GatedAttention:
             outs.append(ops.paged_attention(q[b_rows:].contiguous(), k_pool, v_pool, ctx.chunk_cu_q,
                                             ctx.chunk_kv_lens, ctx.chunk_page_table, self.scale))
         o = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, self.nq * self.d)
-        return ops.linear(o * torch.sigmoid(gate), self.w_out)
+        return ops.linear(o * torch.sigmoid(gate), self.w_out), residual

@@ -1,5 +1,5 @@
 """Row-stacked projections: several weights that read the same input run as one GEMM when their rows are
-already adjacent in memory.
+already adjacent in memory; and a block's pre-norm formed by its first projection (:class:`NormInput`).
 
 The converter stores GDN ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b`` and ``in_proj_a`` as one parent object
 (see :mod:`ninfer_qwen3_5.mapping`; older artifacts: qkv+z and b+a as two); the loader hands each binding out as a zero-copy view of its
@@ -55,3 +55,28 @@ def project(ops, h: torch.Tensor, groups: Sequence[RowGroup]) -> list[torch.Tens
         y = ops.linear(h, g.weight)
         outs.extend(y.split(g.sizes, dim=-1) if len(g.sizes) > 1 else (y,))
     return outs
+
+
+@dataclass(frozen=True)
+class NormInput:
+    """A block's input before its pre-norm: ``h = rms_norm(x + residual)`` (``x`` None: ``rms_norm(residual)``,
+    the first layer). The block forms h with its first projection (:func:`norm_project`, one
+    ``add_rms_norm_linear``), so at decode the norm is no launch of its own. Blocks return ``(out, residual)``
+    with the new residual stream, which the next block's NormInput adds ``out`` to."""
+
+    x: torch.Tensor | None
+    residual: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+
+
+def norm_project(ops, inp: NormInput, groups: Sequence[RowGroup]
+                 ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """``(project(ops, h, groups), h, new residual)`` for ``h`` the block's normed input."""
+    if inp.x is None:
+        h = ops.rms_norm(inp.residual, inp.weight, inp.eps)
+        return project(ops, h, groups), h, inp.residual
+    first, rest = groups[0], groups[1:]
+    y, h, residual = ops.add_rms_norm_linear(inp.x, inp.residual, inp.weight, inp.eps, first.weight)
+    outs = list(y.split(first.sizes, dim=-1)) if len(first.sizes) > 1 else [y]
+    return outs + project(ops, h, rest), h, residual

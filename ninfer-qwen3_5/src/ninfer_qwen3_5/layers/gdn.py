@@ -19,7 +19,7 @@ from ninfer.ops.contracts import GDNDecodeParams
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.context import StepContext
-from ninfer_qwen3_5.layers.fused import project, row_groups
+from ninfer_qwen3_5.layers.fused import NormInput, norm_project, row_groups
 from ninfer_qwen3_5.state import conv_field, recurrent_field
 
 
@@ -42,9 +42,9 @@ class GatedDeltaNet:
             conv_weight=self.w_conv, neg_a=self.neg_a, dt_bias=self.dt_bias, norm_weight=self.w_norm,
             key_heads=self.hk, key_dim=self.dk, value_heads=self.hv, value_dim=self.dv, eps=self.eps, scale=self.scale)
 
-    def __call__(self, h: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        ops, n, b_rows = self.ops, h.shape[0], ctx.num_decode
-        qkv, z, b, a = project(ops, h, self.in_groups)
+    def __call__(self, inp: NormInput, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        ops, n, b_rows = self.ops, inp.residual.shape[0], ctx.num_decode
+        (qkv, z, b, a), _, residual = norm_project(ops, inp, self.in_groups)
         z = z.reshape(n, self.hv, self.dv)
         conv_states, rec = ctx.states.field(self.conv_name), ctx.states.field(self.rec_name)
         outs = []
@@ -55,7 +55,7 @@ class GatedDeltaNet:
             outs.append(self._chunk(qkv[b_rows:], z[b_rows:], a[b_rows:], b[b_rows:], conv_states[ctx.chunk_slot],
                                     rec[ctx.chunk_slot]))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return ops.linear(o.reshape(n, self.value_dim), self.w_out)
+        return ops.linear(o.reshape(n, self.value_dim), self.w_out), residual
 
     def _chunk(self, qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                conv_state: torch.Tensor, state: torch.Tensor) -> torch.Tensor:

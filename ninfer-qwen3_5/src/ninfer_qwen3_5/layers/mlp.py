@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import torch
 
+from ninfer_qwen3_5.layers.fused import NormInput, norm_project, row_groups
+
 
 class DenseMLP:
     def __init__(self, w: dict[str, torch.Tensor], ops) -> None:
         self.ops = ops
         self.w_gate_up, self.w_down = w["gate_up"], w["down"]
+        self.in_groups = row_groups([self.w_gate_up])
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+    def __call__(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         ops = self.ops
-        return ops.linear(ops.silu_and_mul(ops.linear(h, self.w_gate_up)), self.w_down)
+        (gate_up,), _, residual = norm_project(ops, inp, self.in_groups)
+        return ops.linear(ops.silu_and_mul(gate_up), self.w_down), residual

@@ -16,6 +16,7 @@ import torch
 from ninfer.ops.contracts import SharedExpert
 
 from ninfer_qwen3_5.config import Qwen35Config
+from ninfer_qwen3_5.layers.fused import NormInput, norm_project, row_groups
 
 
 class SparseMoE:
@@ -25,12 +26,13 @@ class SparseMoE:
         self.num_experts = cfg.num_experts
         self.shared_width = 2 * cfg.shared_expert_intermediate_size
         self.w_in = torch.cat((w["router"], w["shared/gate_up"], w["shared/gate"]))
+        self.in_groups = row_groups([self.w_in])
         self.bank_gate_up, self.bank_down = w["experts/gate_up"], w["experts/down"]
         self.w_shared_down = w["shared/down"]
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+    def __call__(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         ops, e, s = self.ops, self.num_experts, self.shared_width
-        proj = ops.linear(h, self.w_in)                      # [T, E + 2Is + 1]
+        (proj,), h, residual = norm_project(ops, inp, self.in_groups)   # [T, E + 2Is + 1]
         weights, ids = ops.moe_router(proj[:, :e], self.top_k)
         shared = SharedExpert(projected=proj[:, e:e + s], down=self.w_shared_down, gate_logit=proj[:, e + s])
-        return ops.moe_experts(h, weights, ids, self.bank_gate_up, self.bank_down, shared=shared)
+        return ops.moe_experts(h, weights, ids, self.bank_gate_up, self.bank_down, shared=shared), residual

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.reference.linear import linear
 from ninfer.ops.registry import OpImpl
 
 
@@ -41,8 +42,16 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return ((n * weight) * F.silu(gate.float())).to(x.dtype)
 
 
+def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(linear(normed, weight), normed, new_residual)`` with ``(normed, new_residual) = add_rms_norm(...)``."""
+    normed, new_residual = add_rms_norm(x, residual, norm_weight, eps)
+    return linear(normed, weight), normed, new_residual
+
+
 OPS = [
     OpImpl(op="rms_norm", name="torch_reference", fn=rms_norm, priority=0),
+    OpImpl(op="add_rms_norm_linear", name="torch_reference", fn=add_rms_norm_linear, priority=0),
     OpImpl(op="add_rms_norm", name="torch_reference", fn=add_rms_norm, priority=0),
     OpImpl(op="gated_rms_norm", name="torch_reference", fn=gated_rms_norm, priority=0),
 ]

@@ -124,6 +124,8 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     if channels != 2 * hk * dk + hv * dv or p.conv_weight.shape[0] != channels:
         raise ValueError(f"gdn_decode: {channels} mixed channels, conv weight {tuple(p.conv_weight.shape)}, "
                          f"heads {hk}x{dk} + {hv}x{dv}")
+    if slots.shape != (bsz,) or (out_slots is not None and out_slots.shape != (bsz,)):
+        raise ValueError(f"gdn_decode: {bsz} rows need {bsz} slots (and out slots), got {tuple(slots.shape)}")
     if states.dtype != torch.float32 or states.stride(-1) != 1:
         raise ValueError("gdn_decode: states must be fp32 with a contiguous last dim")
     o = torch.empty((bsz, hv, dv), dtype=mixed.dtype, device=mixed.device)
