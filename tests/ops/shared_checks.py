@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .conftest import Pointwise, assert_bits, assert_normwise, assert_pointwise, f64, randn
+from .conftest import Normwise, Pointwise, assert_bits, assert_normwise, assert_pointwise, f64, randn
 from .oracles import (
     attention_oracle,
     conv1d_oracle,
@@ -143,7 +143,11 @@ def check_gdn_decode(ops, device, dtype, bsz, hk, hv, dk, dv, gen, out_crit, sta
     assert out.dtype == dtype and out.shape == (bsz, hv, dv)
     assert_normwise(out, ref_o, out_crit, f"gdn_decode output {dtype}")
     assert_bits(conv_states[slots].cpu(), ref_conv.to(dtype), "gdn_decode conv states")
-    assert_normwise(states[slots], ref_s, state_crit, f"gdn_decode states {dtype}")
+    # 16-bit: the conv output is rounded to dtype, and an fp32 sum next to a rounding boundary may round to the
+    # other neighbour than the fp64 oracle's (one ulp, 2^-8 relative, in a few of B*C values); that input moves
+    # its head's state far beyond fp32 noise, so the state is held to a 16-bit-input criterion then.
+    crit = state_crit if dtype == torch.float32 else Normwise(1e-3, 1e-2)
+    assert_normwise(states[slots], ref_s, crit, f"gdn_decode states {dtype}")
     other = [s for s in range(states.shape[0]) if s not in slots.tolist()]
     assert_bits(states[other].cpu(), states0[other].cpu(), "untouched GDN states")
     assert_bits(conv_states[other].cpu(), conv0[other].cpu(), "untouched conv states")

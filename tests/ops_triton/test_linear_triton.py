@@ -93,7 +93,7 @@ def test_rows_times_weight_bytes_bounds_the_gemv(monkeypatch, gen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,hidden,n_out", [(1, 64, 24), (2, 48, 33), (8, 40, 9), (9, 64, 16)])
 def test_add_rms_norm_linear(dtype, rows, hidden, n_out, gen):
-    """The GEMV with the norm prologue (M <= 8; 9 rows take add_rms_norm + linear) against the reference
+    """The GEMV with the norm prologue (one row; more rows take add_rms_norm + linear) against the reference
     suite's check; its residual equals the Triton add_rms_norm's bit for bit, its normed rows within one
     bf16 ulp (the norm's reduction order differs)."""
     from ninfer.ops.triton.linear import use_gemv
@@ -105,22 +105,30 @@ def test_add_rms_norm_linear(dtype, rows, hidden, n_out, gen):
     assert ops.implementation("add_rms_norm_linear").name == "triton"
     x, res, w, weight, y, h, new_res = check_add_rms_norm_linear(ops, DEVICE, dtype, rows, hidden, n_out, gen,
                                                                  NORM_CRIT[dtype], CRIT[dtype], EPS)
-    assert use_gemv(x, weight) == (rows <= 8)
+    assert use_gemv(x, weight) == (rows <= 8)   # the plain GEMV's range; the fused one is rows == 1
     h_sep, res_sep = ops.add_rms_norm(x, res, w, EPS)
     assert torch.equal(new_res, res_sep)
     assert (h.float() - h_sep.float()).abs().max() <= h_sep.float().abs().max() * 2 ** -7
 
 
-def test_add_rms_norm_linear_rows_are_independent(gen):
-    ops = triton_ops(torch.bfloat16)
-    x = randn(gen, 8, 64, dtype=torch.bfloat16, device=DEVICE)
-    res = randn(gen, 8, 64, dtype=torch.bfloat16, device=DEVICE)
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("block_n", [2, 4])
+def test_norm_prologue_kernel_rows_and_block_sizes(rows, block_n, gen):
+    """The prologue kernel itself (the op takes it for one row) at several rows and row blocks: every program
+    forms the same normed rows, and program 0's stored copies equal the unfused add_rms_norm's residual."""
+    from ninfer.ops.triton import linear as mod
+    from ninfer.ops.triton import norm
+
+    x = randn(gen, rows, 64, dtype=torch.bfloat16, device=DEVICE)
+    res = randn(gen, rows, 64, dtype=torch.bfloat16, device=DEVICE)
     w = randn(gen, 64, dtype=torch.bfloat16, device=DEVICE, scale=0.3)
     weight = randn(gen, 12, 64, dtype=torch.bfloat16, device=DEVICE, scale=0.125)
-    full = ops.add_rms_norm_linear(x, res, w, 1e-6, weight)
-    for m in (1, 3, 8):
-        part = ops.add_rms_norm_linear(x[:m], res[:m], w, 1e-6, weight)
-        assert all(torch.equal(p, f[:m]) for p, f in zip(part, full, strict=True))
+    h, ro = torch.empty_like(x), torch.empty_like(x)
+    y = mod.gemv(x, weight, norm=(res, w, 1e-6, h, ro), block_n=block_n)
+    h_sep, res_sep = norm.add_rms_norm(x, res, w, 1e-6)
+    assert torch.equal(ro, res_sep)
+    assert (h.float() - h_sep.float()).abs().max() <= h_sep.float().abs().max() * 2 ** -7
+    assert torch.equal(y, mod.gemv(h, weight, block_n=block_n))   # y is the GEMV of the normed rows it stored
 
 
 def test_add_rms_norm_linear_rejects_mismatched_shapes(gen):

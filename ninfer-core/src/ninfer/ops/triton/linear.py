@@ -16,9 +16,10 @@ Per row ``m`` of x the program reduces ``w * x[m]`` over each tile in fp32 and s
 result does not depend on the other rows of the call, nor on M (rows are independent for a given weight).
 
 ``add_rms_norm_linear`` is the same kernel with a prologue (``NORM``): after the PDL wait every program forms the
-block's pre-norm of each row from x, the residual and the norm weight (one tile: K <= 4096) and multiplies its
-weight tile by that; program 0 stores the normed rows and the new residual for the rest of the block. The norm's
-launch (2-3 us at decode, twice per layer) is gone; what it adds is a few KB per program read from L2."""
+block's pre-norm of the row from x, the residual and the norm weight (one tile: K <= 4096) and multiplies its
+weight tile by that; program 0 stores the normed row and the new residual for the rest of the block. The norm's
+launch (2-3 us at decode, twice per layer) is gone; what it adds is a few KB per program read from L2, which is
+why it is taken for one row only (:data:`_NORM_BN`)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ _TILE = 4096
 # shape, and for M rows while M * weight bytes stays under ~48 MB (M=2 up to 16.8 MB weights, M=8 at 5.2 MB).
 MAX_ROWS = 8
 MAX_ROW_BYTES = 48 << 20
+# add_rms_norm_linear takes the fused kernel for one row only, with 4 output rows per program (halving the programs
+# that each re-form the norm): measured on an H200 (tools/gpu_decode_fusion_sweep.py), one row at BN=4 beats
+# add_rms_norm + GEMV at every Qwen3.5 shape (35B GDN input 14.2 vs 14.6 us, MoE input 2.8 vs 3.8 us), BN=2 does
+# not (15.8 us), and eight rows lose (MoE input 9.3 vs 7.9 us).
+_NORM_BN = 4
 # Weights above this size stay on cuBLAS: its large-N GEMV (the LM head, ~1 GB) already streams at copy bandwidth.
 MAX_WEIGHT_BYTES = 256 << 20
 
@@ -144,20 +150,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                         weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(linear(normed, weight), normed, new_residual)``: one GEMV whose programs each form the row's
-    add_rms_norm (a few KB from L2) where the GEMV path applies and the row fits one tile; else the Triton
+    """``(linear(normed, weight), normed, new_residual)``: for one row, where the GEMV applies and the row fits
+    one tile, one GEMV whose programs each form the row's add_rms_norm (a few KB from L2); else the Triton
     add_rms_norm followed by :func:`linear`."""
     n_in = x.shape[-1]
     if residual.shape != x.shape or norm_weight.shape != (n_in,):
         raise ValueError(f"add_rms_norm_linear: x {tuple(x.shape)}, residual {tuple(residual.shape)}, norm weight "
                          f"{tuple(norm_weight.shape)}")
-    if not (use_gemv(x, weight) and n_in <= _TILE and residual.dtype == x.dtype and residual.stride(-1) == 1):
+    rows = x.numel() // n_in if n_in else 0
+    if not (rows == 1 and use_gemv(x, weight) and n_in <= _TILE and residual.dtype == x.dtype
+            and residual.stride(-1) == 1):
         normed, new_residual = _norm.add_rms_norm(x, residual, norm_weight, eps)
         return linear(normed, weight), normed, new_residual
     x2, r2 = x.reshape(-1, n_in), residual.reshape(-1, n_in)
     normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    y = gemv(x2, weight, norm=(r2, norm_weight.contiguous(), eps, normed, new_residual))
+    y = gemv(x2, weight, norm=(r2, norm_weight.contiguous(), eps, normed, new_residual), block_n=_NORM_BN)
     lead = x.shape[:-1]
     return y.view(*lead, weight.shape[0]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
 
