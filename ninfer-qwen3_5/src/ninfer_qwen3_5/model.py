@@ -92,7 +92,7 @@ class Qwen35Model:
         return prepared
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pos3 = positions.unsqueeze(0).expand(3, -1).contiguous()
+        pos3 = positions.unsqueeze(0).expand(3, -1)   # a view: both implementations read strided positions
         return self.ops.mrope_cos_sin(pos3, self.inv_freq, self.sections, True)
 
     def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None) -> torch.Tensor:

@@ -43,7 +43,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.cat((rotated, x[..., rot:]), dim=-1)
 
 
-def _axis_of_frequency(half: int, sections: tuple[int, ...] | None, interleaved: bool) -> list[int]:
+def axis_of_frequency(half: int, sections: tuple[int, ...] | None, interleaved: bool) -> list[int]:
+    """The position axis (0 = T, 1 = H, 2 = W) of each frequency index (module docstring)."""
     if sections is None:
         return [0] * half
     sections = tuple(int(s) for s in sections)
@@ -57,7 +58,7 @@ def _axis_of_frequency(half: int, sections: tuple[int, ...] | None, interleaved:
 
 
 @functools.lru_cache(maxsize=64)
-def _axis_tensor(axes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+def axis_tensor(axes: tuple[int, ...], device: torch.device) -> torch.Tensor:
     # Cached: building it is a host->device copy, which a CUDA graph capture may not contain (the first
     # call of a shape happens in the eager warm-up before capture).
     return torch.tensor(axes, dtype=torch.long, device=device)
@@ -69,10 +70,10 @@ def mrope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, sections, int
     half = inv_freq.shape[0]
     if positions.dim() == 1:
         positions = positions[None]
-    axes = _axis_of_frequency(half, sections, interleaved)
+    axes = axis_of_frequency(half, sections, interleaved)
     if max(axes) >= positions.shape[0]:
         raise ValueError(f"mrope_cos_sin: sections need 3 position axes, got {positions.shape[0]}")
-    axis = _axis_tensor(tuple(axes), positions.device)
+    axis = axis_tensor(tuple(axes), positions.device)
     # positions_per_freq[t, i] = positions[axis[i], t]
     pos = positions.index_select(0, axis).t().to(torch.float64)
     f = pos * inv_freq.to(device=positions.device, dtype=torch.float64)[None, :]
