@@ -68,32 +68,42 @@ def interleaved_axis(i):
     return 0
 
 
-def test_mrope_interleaved_sections(device, gen):
-    ops = reference_ops(device, torch.float32)
+def check_mrope_interleaved(ops, device, gen):
+    """Qwen3.5's interleaved [11, 11, 10] sections at positions 0 to 2e5, distinct axes so every frequency
+    index's source axis is observable. Returns (positions, inv_freq, cos, sin)."""
     inv_freq = 1.0 / (1e7 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
-    # Distinct axes so every frequency index's source axis is observable; include 0 and large positions.
     positions = torch.randint(0, 200_000, (3, 11), generator=gen)
     positions[:, 0] = torch.tensor([0, 1, 2])
     cos, sin = ops.mrope_cos_sin(positions.to(device), inv_freq.to(device), (11, 11, 10), True)
     rc, rs, ang = mrope_oracle(positions, inv_freq, interleaved_axis)
     check_table(cos, rc, ang, "mrope cos")
     check_table(sin, rs, ang, "mrope sin")
-    counts = [sum(interleaved_axis(i) == a for i in range(32)) for a in range(3)]
-    assert counts == [11, 11, 10]
+    return positions, inv_freq, cos, sin
 
 
-def test_mrope_contiguous_sections_and_plain(device, gen):
-    ops = reference_ops(device, torch.float32)
+def check_mrope_sections_and_plain(ops, device, gen):
+    """Contiguous sections (Qwen2-VL layout) and plain RoPE from 1-D positions. Returns (positions, inv_freq)."""
     inv_freq = 1.0 / (1e4 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
     positions = torch.randint(0, 5000, (3, 6), generator=gen)
     cos, sin = ops.mrope_cos_sin(positions.to(device), inv_freq.to(device), (3, 3, 2), False)
     rc, rs, ang = mrope_oracle(positions, inv_freq, lambda i: 0 if i < 3 else 1 if i < 6 else 2)
     check_table(cos, rc, ang, "contiguous cos")
     check_table(sin, rs, ang, "contiguous sin")
-    cos, sin = ops.mrope_cos_sin(positions.to(device), inv_freq.to(device), None, False)
+    cos, sin = ops.mrope_cos_sin(positions[0].to(device), inv_freq.to(device), None, False)
     rc, rs, ang = mrope_oracle(positions, inv_freq, lambda i: 0)
     check_table(cos, rc, ang, "plain cos")
     check_table(sin, rs, ang, "plain sin")
+    return positions, inv_freq
+
+
+def test_mrope_interleaved_sections(device, gen):
+    check_mrope_interleaved(reference_ops(device, torch.float32), device, gen)
+    counts = [sum(interleaved_axis(i) == a for i in range(32)) for a in range(3)]
+    assert counts == [11, 11, 10]
+
+
+def test_mrope_contiguous_sections_and_plain(device, gen):
+    check_mrope_sections_and_plain(reference_ops(device, torch.float32), device, gen)
 
 
 def test_mrope_matches_transformers_qwen3_5(gen):

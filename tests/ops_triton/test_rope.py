@@ -71,19 +71,13 @@ def test_rope_with_qwen35_mrope_table(gen):
 
 
 def test_mrope_cos_sin_kernel_interleaved_sections(gen):
-    """The Triton table against the fp64 oracle (tests/ops/test_rope.py's criterion: one fp32 rounding of cos/sin
-    of the fp64 angle), with distinct axes so each frequency's source axis is observable, positions 0 to 2e5."""
-    from ops.test_rope import check_table, interleaved_axis, mrope_oracle
+    """The Triton table against the reference suite's fp64 oracle check (one fp32 rounding of cos/sin of the fp64
+    angle), and against the reference op."""
+    from ops.test_rope import check_mrope_interleaved
 
     ops = triton_ops(torch.bfloat16)
     assert ops.implementation("mrope_cos_sin").name == "triton"
-    inv_freq = 1.0 / (1e7 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
-    positions = torch.randint(0, 200_000, (3, 11), generator=gen)
-    positions[:, 0] = torch.tensor([0, 1, 2])
-    cos, sin = ops.mrope_cos_sin(positions.to(DEVICE), inv_freq.to(DEVICE), (11, 11, 10), True)
-    rc, rs, ang = mrope_oracle(positions, inv_freq, interleaved_axis)
-    check_table(cos, rc, ang, "triton mrope cos")
-    check_table(sin, rs, ang, "triton mrope sin")
+    positions, inv_freq, cos, sin = check_mrope_interleaved(ops, DEVICE, gen)
     ref_cos, ref_sin = reference(torch.bfloat16).mrope_cos_sin(positions.to(DEVICE), inv_freq.to(DEVICE),
                                                                (11, 11, 10), True)
     # Both round the same fp64 value once: they may differ only where fp64 cos/sin implementations differ
@@ -93,21 +87,12 @@ def test_mrope_cos_sin_kernel_interleaved_sections(gen):
 
 
 def test_mrope_cos_sin_kernel_layouts(gen):
-    """Contiguous sections and plain RoPE (1-D positions); an expanded [3, T] view of one row (stride 0 over the
-    axes, as the model passes text positions) gives the same table as its contiguous copy."""
-    from ops.test_rope import check_table, mrope_oracle
+    """Contiguous sections and plain RoPE (the reference suite's check); an expanded [3, T] view of one row
+    (stride 0 over the axes, as the model passes text positions) gives the same table as its contiguous copy."""
+    from ops.test_rope import check_mrope_sections_and_plain
 
     ops = triton_ops(torch.float32)
-    inv_freq = 1.0 / (1e4 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
-    positions = torch.randint(0, 5000, (3, 6), generator=gen)
-    cos, sin = ops.mrope_cos_sin(positions.to(DEVICE), inv_freq.to(DEVICE), (3, 3, 2), False)
-    rc, rs, ang = mrope_oracle(positions, inv_freq, lambda i: 0 if i < 3 else 1 if i < 6 else 2)
-    check_table(cos, rc, ang, "contiguous cos")
-    check_table(sin, rs, ang, "contiguous sin")
-    cos, sin = ops.mrope_cos_sin(positions[0].to(DEVICE), inv_freq.to(DEVICE), None, False)
-    rc, rs, ang = mrope_oracle(positions, inv_freq, lambda i: 0)
-    check_table(cos, rc, ang, "plain cos")
-    check_table(sin, rs, ang, "plain sin")
+    positions, inv_freq = check_mrope_sections_and_plain(ops, DEVICE, gen)
     row = positions[0].to(DEVICE)
     expanded = row.unsqueeze(0).expand(3, -1)
     a = ops.mrope_cos_sin(expanded, inv_freq.to(DEVICE), (3, 3, 2), True)

@@ -34,7 +34,7 @@ from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2, pdl, pdl_wait
 from ninfer.ops.triton.conv1d import conv_update_finish, conv_update_prologue
 from ninfer.ops.triton.gdn import recurrent_update
-from ninfer.ops.triton.gdn_gates import gates_math
+from ninfer.ops.triton.gdn_gates import gates_row
 from ninfer.ops.triton.norm import _TL_DTYPE, gated_norm_rows
 
 # Channels per conv program (the conv reads ~C * K * 2 bytes of taps; 8192 channels at 256 = 32 programs/row).
@@ -60,13 +60,7 @@ def _conv_gates_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, a_p
                            INTERP)
     tl.store(y_ptr + row * stride_yb + c, cast(y, y_ptr.dtype.element_ty, INTERP), mask=c_mask)
     if blk == 0:
-        h = tl.arange(0, BH)
-        m = h < H
-        a = tl.load(a_ptr + row * stride_ab + h, mask=m, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + row * stride_bb + h, mask=m, other=0.0).to(tl.float32)
-        g, beta = gates_math(a, b, tl.load(dt_ptr + h, mask=m, other=0.0), tl.load(na_ptr + h, mask=m, other=0.0))
-        tl.store(g_ptr + row * H + h, g, mask=m)
-        tl.store(beta_ptr + row * H + h, beta, mask=m)
+        gates_row(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, row, H, stride_ab, stride_bb, BH)
 
 
 @triton.jit

@@ -31,9 +31,8 @@ def gates_math(a, b, dt, neg_a):
 
 
 @triton.jit
-def _gates_kernel(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, sa_t, sb_t, BH: tl.constexpr, PDL: tl.constexpr):
-    pdl_wait(PDL)
-    t = tl.program_id(0)
+def gates_row(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, t, H, sa_t, sb_t, BH: tl.constexpr):
+    """Token t's gates: reads a[t], b[t] (row strides sa_t, sb_t), writes g[t], beta[t] ([T, H] fp32)."""
     h = tl.arange(0, BH)
     m = h < H
     a = tl.load(a_ptr + t * sa_t + h, mask=m, other=0.0).to(tl.float32)
@@ -41,6 +40,12 @@ def _gates_kernel(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, sa_t, sb_t, 
     g, beta = gates_math(a, b, tl.load(dt_ptr + h, mask=m, other=0.0), tl.load(na_ptr + h, mask=m, other=0.0))
     tl.store(g_ptr + t * H + h, g, mask=m)
     tl.store(beta_ptr + t * H + h, beta, mask=m)
+
+
+@triton.jit
+def _gates_kernel(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, H, sa_t, sb_t, BH: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+    gates_row(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, tl.program_id(0), H, sa_t, sb_t, BH)
 
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor, dt_bias: torch.Tensor
