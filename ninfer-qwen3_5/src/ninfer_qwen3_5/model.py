@@ -3,8 +3,8 @@
 Pre-norm residual stream (reference doc section 3): ``x += mixer(norm(x)); x += mlp(norm(x))``, the
 residual adds fused into ``add_rms_norm``, which each block runs as part of its first projection
 (``add_rms_norm_linear`` via :class:`~ninfer_qwen3_5.layers.fused.NormInput`). Only the rows that sample
-(each decode row, the chunk's last token) go through the final norm and the LM head. Positions are text positions (the computed
-index); MRoPE cos/sin are built from three identical rows, as HF does for text.
+(each decode row, the chunk's last token) go through the final norm and the LM head. Positions are text
+positions (the computed index); MRoPE cos/sin are built from three identical rows, as HF does for text.
 
 Parameter preparation: the loader never casts (it hands over the stored encoding); the model casts
 float weights stored in another float dtype to the activation dtype once, at construction (bf16

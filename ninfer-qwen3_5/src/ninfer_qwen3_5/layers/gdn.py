@@ -40,7 +40,8 @@ class GatedDeltaNet:
         self.conv_name, self.rec_name = conv_field(index), recurrent_field(index)
         self.decode_params = GDNDecodeParams(
             conv_weight=self.w_conv, neg_a=self.neg_a, dt_bias=self.dt_bias, norm_weight=self.w_norm,
-            key_heads=self.hk, key_dim=self.dk, value_heads=self.hv, value_dim=self.dv, eps=self.eps, scale=self.scale)
+            key_heads=self.hk, key_dim=self.dk, value_heads=self.hv, value_dim=self.dv, eps=self.eps,
+            scale=self.scale)
 
     def __call__(self, inp: NormInput, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         ops, n, b_rows = self.ops, inp.residual.shape[0], ctx.num_decode
