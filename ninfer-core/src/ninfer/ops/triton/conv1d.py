@@ -135,12 +135,16 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_states: tor
     y = torch.empty((bsz, channels), dtype=x.dtype, device=x.device)
     if bsz == 0:
         return y
-    slots = slots.to(device=x.device, dtype=torch.int64)
-    out_slots = slots if out_slots is None else out_slots.to(device=x.device, dtype=torch.int64)
+    slot_ids = slots.to(device=x.device, dtype=torch.int64)
+    out_ids = slot_ids if out_slots is None else out_slots.to(device=x.device, dtype=torch.int64)
+    # The kernel reads the slot ids before its PDL wait: after a conversion kernel it launches plainly.
+    converted = slot_ids is not slots or (out_slots is not None and out_ids is not out_slots)
+    slots, out_slots = slot_ids, out_ids
     block_c = min(256, next_pow2(channels))
     _conv_update_kernel[(bsz, triton.cdiv(channels, block_c))](
         x, weight, conv_states, slots, out_slots, y, channels, *x.stride(), *weight.stride(), *conv_states.stride(),
-        y.stride(0), K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), INTERP=INTERPRET, num_warps=4, **pdl(x))
+        y.stride(0), K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), INTERP=INTERPRET, num_warps=4,
+        **({"PDL": False} if converted else pdl(x)))
     return y
 
 

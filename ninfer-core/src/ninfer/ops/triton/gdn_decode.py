@@ -127,8 +127,12 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     if bsz == 0:
         return o
     mixed, z, a, b = _last_contig(mixed), _last_contig(z), _last_contig(a), _last_contig(b)
-    slots = slots.to(device=mixed.device, dtype=torch.int64)
-    out_slots = slots if out_slots is None else out_slots.to(device=mixed.device, dtype=torch.int64)
+    slot_ids = slots.to(device=mixed.device, dtype=torch.int64)
+    out_ids = slot_ids if out_slots is None else out_slots.to(device=mixed.device, dtype=torch.int64)
+    # The kernels read the slot ids before their PDL wait: if converting them just launched a kernel, the conv
+    # kernel starts plainly (the step kernel's previous launch is then the conv kernel, which writes no ids).
+    converted = slot_ids is not slots or (out_slots is not None and out_ids is not out_slots)
+    slots, out_slots = slot_ids, out_ids
     neg_a, dt_bias = p.neg_a.float().contiguous(), p.dt_bias.float().contiguous()
     k = p.conv_weight.shape[-1]
     y = torch.empty((bsz, channels), dtype=mixed.dtype, device=mixed.device)
@@ -139,7 +143,7 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
         mixed, p.conv_weight, conv_states, slots, out_slots, y, a, b, neg_a, dt_bias, g, beta, channels, hv,
         mixed.stride(0), *p.conv_weight.stride(), *conv_states.stride(), y.stride(0), a.stride(0), b.stride(0),
         K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), BH=next_pow2(hv), INTERP=INTERPRET,
-        **({} if INTERPRET else {"num_warps": 4}), **pdl(mixed))
+        **({} if INTERPRET else {"num_warps": 4}), **({"PDL": False} if converted else pdl(mixed)))
     nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
     _step_norm_kernel[(bsz, hv)](
         y, z, g, beta, states, slots, out_slots, p.norm_weight.contiguous(), o, float(p.scale), float(p.eps), hv,
