@@ -63,6 +63,35 @@ def kernel_table(prof, steps: int) -> list[dict]:
     return rows
 
 
+def step_timeline(prof, per_step: int) -> list[dict]:
+    """The last replay's kernels in start order: start and end (us from the step's first start), duration, and the
+    *marginal* time ``end - latest earlier end`` -- what each kernel adds to the step's critical path. Under PDL a
+    kernel starts (and its duration counts) before the previous one ends, so durations overlap and overstate; the
+    marginal times sum to the step."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text()).get("traceEvents", [])
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"), key=lambda e: e["ts"])
+    step = kernels[-per_step:]
+    if not step:
+        return []
+    t0 = step[0]["ts"]
+    rows, last_end = [], t0
+    for e in step:
+        end = e["ts"] + e["dur"]
+        rows.append({"kernel": e["name"][:60], "start_us": e["ts"] - t0, "dur_us": e["dur"], "end_us": end - t0,
+                     "marginal_us": max(0.0, end - last_end)})
+        last_end = max(last_end, end)
+    return rows
+
+
+def fmt_timeline(rows: list[dict]) -> str:
+    lines = [f"{'start':>8} {'dur':>7} {'end':>8} {'marg':>7}  kernel"]
+    for r in rows:
+        lines.append(f"{r['start_us']:8.1f} {r['dur_us']:7.1f} {r['end_us']:8.1f} {r['marginal_us']:7.1f}  {r['kernel']}")
+    return "\n".join(lines)
+
+
 def fmt(rows: list[dict], total_us: float, limit: int = 40) -> str:
     lines = [f"{'us/step':>9} {'%':>6} {'calls':>6}  kernel"]
     for r in rows[:limit]:
@@ -146,6 +175,10 @@ def main() -> int:
                                       "kernels_per_step": sum(r["calls_per_step"] for r in rows), "top": rows[:40]}
             text.append(f"== decode B={b}: graph replay {step_us:.1f} us, kernels {busy:.1f} us "
                         f"({sum(r['calls_per_step'] for r in rows):.0f} launches)\n" + fmt(rows, step_us))
+            timeline = step_timeline(prof, round(sum(r["calls_per_step"] for r in rows
+                                                     if not r["kernel"].startswith(("Memset", "Memcpy")))))
+            report[f"decode_b{b}"]["timeline"] = timeline
+            text.append(f"== decode B={b}: one replay's timeline (us)\n" + fmt_timeline(timeline))
             # The Engine's own rate (host work included).
             sp = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
             t0 = time.perf_counter()
