@@ -136,3 +136,70 @@ def test_add_rms_norm_linear_rejects_mismatched_shapes(gen):
     x = randn(gen, 2, 64, device=DEVICE)
     with pytest.raises(ValueError, match="residual"):
         ops.add_rms_norm_linear(x, x[:1], torch.zeros(64, device=DEVICE), 1e-6, randn(gen, 8, 64, device=DEVICE))
+
+
+def _gated_inputs(gen, rows, heads, width, dtype):
+    """x [rows, H, N] contiguous (a gdn_decode output) and the gate z as a column view of a wider projection."""
+    x = randn(gen, rows, heads, width, dtype=dtype, device=DEVICE, scale=2.0)
+    wide = randn(gen, rows, heads * width + 7, dtype=dtype, device=DEVICE)
+    z = wide[:, 3:3 + heads * width].view(rows, heads, width)
+    return x, z
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,heads,width", [(1, 4, 16), (1, 2, 32), (2, 4, 16), (1, 3, 12)])
+def test_gated_rms_norm_linear(dtype, rows, heads, width, gen):
+    """One row with whole power-of-two heads takes the GEMV's gated-norm prologue (every program norms the row per
+    head); other shapes the Triton gated_rms_norm + linear. Either way y is the linear of the gated norm: within
+    linear's criteria of the fp64 product of the separately normed row, which it may differ from only by the
+    norm's reduction order (one bf16 ulp of the normed value)."""
+    from ninfer.ops.triton.linear import gemv, use_gemv
+
+    ops = triton_ops(dtype)
+    assert ops.implementation("gated_rms_norm_linear").name == "triton"
+    x, z = _gated_inputs(gen, rows, heads, width, dtype)
+    nw = randn(gen, width, dtype=dtype, device=DEVICE, scale=0.5)
+    weight = randn(gen, 24, heads * width, dtype=dtype, device=DEVICE, scale=(heads * width) ** -0.5)
+    x0, z0 = x.clone(), z.clone()
+    y = ops.gated_rms_norm_linear(x, z, nw, 1e-6, weight)
+    assert y.shape == (rows, 24) and y.dtype == dtype
+    normed = ops.gated_rms_norm(x, z, nw, 1e-6).reshape(rows, heads * width)
+    assert_normwise(y, oracle(normed, weight), CRIT[dtype], f"gated_rms_norm_linear {dtype}")
+    assert torch.equal(x, x0) and torch.equal(z, z0), "inputs must not be modified"
+    # The prologue kernel itself, also at two rows (the op takes it for one), and a mutation: without the norm the
+    # output is far from it.
+    if width & (width - 1) == 0 and use_gemv(normed, weight):
+        yk = gemv(x.reshape(rows, heads * width), weight, gated_norm=(z, nw, 1e-6))
+        assert_normwise(yk, oracle(normed, weight), CRIT[dtype], "gated-norm prologue kernel")
+        raw = oracle(x.reshape(rows, -1), weight)
+        assert (yk.double().cpu() - raw).abs().max() > 0.05 * raw.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,n_in", [(1, 64), (3, 48), (2, 5000)])
+def test_sigmoid_gated_linear(dtype, rows, n_in, gen):
+    """x * sigmoid(gate) in the GEMV's prologue (K up to one tile; K = 5000 takes torch's elementwise ops and the
+    chunked GEMV) equals linear of torch's x * sigmoid(gate) within linear's criteria, and the gate matters."""
+    ops = triton_ops(dtype)
+    assert ops.implementation("sigmoid_gated_linear").name == "triton"
+    x = randn(gen, rows, n_in, dtype=dtype, device=DEVICE)
+    wide = randn(gen, rows, 2 * n_in, dtype=dtype, device=DEVICE, scale=3.0)
+    gate = wide[:, n_in:]
+    weight = randn(gen, 20, n_in, dtype=dtype, device=DEVICE, scale=n_in ** -0.5)
+    y = ops.sigmoid_gated_linear(x, gate, weight)
+    gated = x * torch.sigmoid(gate)
+    assert y.shape == (rows, 20) and y.dtype == dtype
+    assert_normwise(y, oracle(gated, weight), CRIT[dtype], f"sigmoid_gated_linear {dtype} K={n_in}")
+    assert_normwise(y, reference(dtype).sigmoid_gated_linear(x, gate, weight).double(), CRIT[dtype],
+                    "triton vs reference sigmoid_gated_linear")
+    raw = oracle(x, weight)
+    assert (y.double().cpu() - raw).abs().max() > 0.05 * raw.abs().max()
+
+
+def test_fused_linear_ops_reject_mismatched_shapes(gen):
+    ops = triton_ops(torch.float32)
+    x = randn(gen, 1, 4, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="gated_rms_norm_linear"):
+        ops.gated_rms_norm_linear(x, x[:, :2], torch.ones(16, device=DEVICE), 1e-6, randn(gen, 8, 64, device=DEVICE))
+    with pytest.raises(ValueError, match="sigmoid_gated_linear"):
+        ops.sigmoid_gated_linear(x[:, 0], x[:, 1, :8], randn(gen, 8, 16, device=DEVICE))
