@@ -114,10 +114,9 @@ def gdn_decode_case(gen, device, dtype, bsz, hk, hv, dk, dv, k=4):
     return (mixed, z, a, b, params), conv_states, states, slots
 
 
-def gdn_decode_oracle(mixed, z, a, b, p, conv_states, states, slots, dtype, norm=True):
+def gdn_decode_oracle(mixed, z, a, b, p, conv_states, states, slots, dtype):
     """fp64 composition of the four ops' oracles with the contract's two roundings (conv output and o to
-    dtype): returns (out[B, Hv, Dv], new conv states, new states) of the rows' slots; ``norm=False``: out is o
-    before the gated norm (rounded to dtype)."""
+    dtype): returns (out[B, Hv, Dv], new conv states, new states) of the rows' slots."""
     kd = p.key_heads * p.key_dim
     soft = torch.nn.functional.softplus(f64(a) + f64(p.dt_bias))
     g, beta = f64(p.neg_a) * soft, torch.sigmoid(f64(b))
@@ -129,18 +128,18 @@ def gdn_decode_oracle(mixed, z, a, b, p, conv_states, states, slots, dtype, norm
         k = y[:, kd:2 * kd].view(1, p.key_heads, p.key_dim)
         v = y[:, 2 * kd:].view(1, p.value_heads, p.value_dim)
         o, s = gdn_oracle(q, k, v, g[r:r + 1], beta[r:r + 1], states[slot], p.scale)
-        outs.append(gated_rms_oracle(o[0].to(dtype), z[r], p.norm_weight, dtype) if norm else o[0].to(dtype))
+        outs.append(gated_rms_oracle(o[0].to(dtype), z[r], p.norm_weight, dtype))
         convs.append(conv)
         recs.append(s)
     return torch.stack(outs), torch.stack(convs), torch.stack(recs)
 
 
-def check_gdn_decode(ops, device, dtype, bsz, hk, hv, dk, dv, gen, out_crit, state_crit, norm=True):
+def check_gdn_decode(ops, device, dtype, bsz, hk, hv, dk, dv, gen, out_crit, state_crit):
     """``gdn_decode`` in place against the fp64 oracle; slots no row reads stay bit-identical."""
     (mixed, z, a, b, p), conv_states, states, slots = gdn_decode_case(gen, device, dtype, bsz, hk, hv, dk, dv)
     conv0, states0 = conv_states.clone(), states.clone()
-    ref_o, ref_conv, ref_s = gdn_decode_oracle(mixed, z, a, b, p, conv0, states0, slots.cpu(), dtype, norm)
-    out = ops.gdn_decode(mixed, z, a, b, p, conv_states, states, slots, norm=norm)
+    ref_o, ref_conv, ref_s = gdn_decode_oracle(mixed, z, a, b, p, conv0, states0, slots.cpu(), dtype)
+    out = ops.gdn_decode(mixed, z, a, b, p, conv_states, states, slots)
     assert out.dtype == dtype and out.shape == (bsz, hv, dv)
     assert_normwise(out, ref_o, out_crit, f"gdn_decode output {dtype}")
     assert_bits(conv_states[slots].cpu(), ref_conv.to(dtype), "gdn_decode conv states")

@@ -43,16 +43,3 @@ def test_linear_mixed_weight_dtype_uses_wider_type(device, gen):
     out = ops.linear(x, w)
     assert out.dtype == torch.float32
     assert_normwise(out, oracle(x, w), CRIT[torch.float32], "linear mixed")
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_sigmoid_gated_linear_is_torchs_composition(device, dtype, gen):
-    # By definition (contract): torch's x * sigmoid(gate) (each rounded to x.dtype), then linear -- bit for bit;
-    # a gate of another shape is an error that names the op.
-    ops = reference_ops(device, dtype)
-    x = randn(gen, 3, 32, dtype=dtype, device=device)
-    gate = randn(gen, 3, 40, dtype=dtype, device=device)[:, 4:36]
-    w = randn(gen, 8, 32, dtype=dtype, device=device, scale=0.2)
-    assert torch.equal(ops.sigmoid_gated_linear(x, gate, w), ops.linear(x * torch.sigmoid(gate), w))
-    with pytest.raises(ValueError, match="sigmoid_gated_linear"):
-        ops.sigmoid_gated_linear(x, gate[:, :8], w)

@@ -72,15 +72,3 @@ def test_add_rms_norm_linear(device, dtype, gen):
     # The block's pre-norm and first projection (linear's criteria for y, over the normed rows returned).
     check_add_rms_norm_linear(reference_ops(device, dtype), device, dtype, 3, 64, 24, gen, CRIT[dtype],
                               LINEAR_CRIT[dtype], EPS)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_gated_rms_norm_linear_is_the_composition(device, dtype, gen):
-    # By definition (contract): gated_rms_norm over each head, then linear of the [T, H*N] rows -- bit for bit.
-    ops = reference_ops(device, dtype)
-    x = randn(gen, 3, 4, 16, dtype=dtype, device=device)
-    z = randn(gen, 3, 4, 16, dtype=dtype, device=device)
-    w = randn(gen, 16, dtype=dtype, device=device, scale=0.3)
-    weight = randn(gen, 10, 64, dtype=dtype, device=device, scale=0.125)
-    y = ops.gated_rms_norm_linear(x, z, w, EPS, weight)
-    assert torch.equal(y, ops.linear(ops.gated_rms_norm(x, z, w, EPS).reshape(3, 64), weight))

@@ -76,16 +76,6 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
     OpContract("gated_rms_norm", "gated_rms_norm(x[..., N], gate[..., N], weight[N], eps) -> [..., N]",
                "GDN output norm: n = fp32 rmsnorm(x) cast to x.dtype; n*weight (plain weight, not 1+w); "
                "times silu(gate.float()); cast to x.dtype."),
-    OpContract("gated_rms_norm_linear",
-               "gated_rms_norm_linear(x[T, H, N], gate[T, H, N], norm_weight[N], eps, weight[out, H*N]) -> [T, out]",
-               "linear(gated_rms_norm(x, gate, norm_weight, eps).reshape(T, H*N), weight): the GDN output norm and "
-               "the out projection, which at decode may run as one kernel (the normed value carries "
-               "gated_rms_norm's roundings; its reduction order may differ). gate may be a row-strided view."),
-    OpContract("sigmoid_gated_linear",
-               "sigmoid_gated_linear(x[T, N], gate[T, N], weight[out, N]) -> [T, out]",
-               "linear(x * sigmoid(gate), weight) with torch's elementwise roundings: sigmoid(gate) computed in "
-               "fp32 and rounded to x.dtype, the product rounded to x.dtype (the gated attention's output gate "
-               "and its out projection). gate may be a row-strided view."),
     OpContract("rope", "rope(x[T, H, D], cos[T, R], sin[T, R]) -> [T, H, D]",
                "NeoX rotate-half on the first R dims (pairs j, j+R/2), dims >= R pass through unchanged."),
     OpContract("mrope_cos_sin",
@@ -126,15 +116,13 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
     OpContract("gdn_decode",
                "gdn_decode(mixed[B, C], z[B, Hv, Dv], a[B, Hv], b[B, Hv], params: GDNDecodeParams, "
                "conv_states[S, C, K-1] (in/out), states[S, Hv, Dk, Dv] fp32 (in/out), slots[B] int64, "
-               "out_slots[B] int64 = None, *, norm=True) -> o[B, Hv, Dv]",
+               "out_slots[B] int64 = None) -> o[B, Hv, Dv]",
                "A GDN layer's whole decode step after its input projection, defined as the composition "
                "gdn_gates(a, b) -> causal_conv1d_update(mixed) -> split q | k | v -> gdn_recurrent_step -> "
                "gated_rms_norm(o, z, norm_weight): the same values, intermediates rounded to x.dtype where those "
                "ops round them (the conv output and o). mixed/z/a/b may be row-strided column views of one "
                "projection (last dim contiguous). Slots and out slots as for causal_conv1d_update; both states "
-               "of a row go to its out slot. Keyword norm=False stops before the gated norm: o is the "
-               "recurrent step's output (z is not read), for a caller that norms it in its out projection "
-               "(gated_rms_norm_linear)."),
+               "of a row go to its out slot."),
     OpContract("qk_norm_rope_cache",
                "qk_norm_rope_cache(q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, D], q_norm[D], k_norm[D], eps, cos[T, R], "
                "sin[T, R], k_pool, v_pool, slot_mapping[T] int64) -> (q_out[T, Hq, D], k_out[T, Hkv, D])",

@@ -3,8 +3,7 @@
 q and gate come from the de-interleaved ``attention/query`` / ``attention/gate`` bindings; q_norm and
 k_norm (zero-centred, per head) precede partial NeoX RoPE; K (normed, rotated) and raw V are written
 to the paged pools for every token of the call, then decode rows use ``paged_decode_attention`` and
-the chunk ``paged_attention`` (causal over its cached prefix). Output: ``attn * sigmoid(gate)``, formed by
-the out projection (``sigmoid_gated_linear``).
+the chunk ``paged_attention`` (causal over its cached prefix). Output: ``attn * sigmoid(gate)``.
 """
 
 from __future__ import annotations
@@ -45,4 +44,4 @@ class GatedAttention:
             outs.append(ops.paged_attention(q[b_rows:].contiguous(), k_pool, v_pool, ctx.chunk_cu_q,
                                             ctx.chunk_kv_lens, ctx.chunk_page_table, self.scale))
         o = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, self.nq * self.d)
-        return ops.sigmoid_gated_linear(o, gate, self.w_out), residual
+        return ops.linear(o * torch.sigmoid(gate), self.w_out), residual

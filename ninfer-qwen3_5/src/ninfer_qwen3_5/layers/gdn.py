@@ -2,9 +2,7 @@
 
 Decode rows (``x[:B]``) step their StateImage slots with one ``gdn_decode`` (gates, conv update, recurrent
 step and gated norm; reading ``decode_slots``, writing ``decode_out_slots``: every field of the Qwen3.5
-StateImage is rewritten by a decode step, which lookahead decode relies on). In a decode-only unit the gated
-norm is left to the out projection (``gdn_decode(norm=False)`` then ``gated_rms_norm_linear``: the same values);
-the chunk (``x[B:]``) continues
+StateImage is rewritten by a decode step, which lookahead decode relies on); the chunk (``x[B:]``) continues
 its slot's state with ``gdn_gates``, ``causal_conv1d_prefill``, ``gdn_chunk_prefill`` (in place) and
 ``gated_rms_norm``. Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
@@ -50,12 +48,6 @@ class GatedDeltaNet:
         (qkv, z, b, a), _, residual = norm_project(ops, inp, self.in_groups)
         z = z.reshape(n, self.hv, self.dv)
         conv_states, rec = ctx.states.field(self.conv_name), ctx.states.field(self.rec_name)
-        if b_rows and not ctx.num_chunk:
-            # Decode only: the gated norm moves into the out projection (one GEMV prologue at one row), which
-            # frees gdn_decode's step to split each head over several programs.
-            o = ops.gdn_decode(qkv, z, a, b, self.decode_params, conv_states, rec, ctx.decode_slots,
-                               ctx.decode_out_slots, norm=False)
-            return ops.gated_rms_norm_linear(o, z, self.w_norm, self.eps, self.w_out), residual
         outs = []
         if b_rows:
             outs.append(ops.gdn_decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], self.decode_params,

@@ -137,9 +137,8 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, neg_a: torch.Tensor, dt_bias: to
 
 def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
                conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
-               out_slots: torch.Tensor | None = None, *, norm: bool = True) -> torch.Tensor:
-    """The decode tail of a GDN layer, by definition the composition of the four reference ops (contract);
-    ``norm=False`` returns the recurrent step's output, before the gated norm."""
+               out_slots: torch.Tensor | None = None) -> torch.Tensor:
+    """The decode tail of a GDN layer, by definition the composition of the four reference ops (contract)."""
     p = params
     n = mixed.shape[0]
     g, beta = gdn_gates(a, b, p.neg_a, p.dt_bias)
@@ -148,7 +147,7 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     q, k, v = y.split([kd, kd, p.value_heads * p.value_dim], dim=-1)
     o = gdn_recurrent_step(q.reshape(n, p.key_heads, p.key_dim), k.reshape(n, p.key_heads, p.key_dim),
                            v.reshape(n, p.value_heads, p.value_dim), g, beta, states, slots, p.scale, out_slots)
-    return gated_rms_norm(o, z, p.norm_weight, p.eps) if norm else o
+    return gated_rms_norm(o, z, p.norm_weight, p.eps)
 
 
 OPS = [

@@ -25,12 +25,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.to(wide), weight.to(wide)).to(x.dtype)
 
 
-def sigmoid_gated_linear(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``linear(x * sigmoid(gate), weight)``: torch's roundings (sigmoid and the product in x.dtype)."""
-    if gate.shape != x.shape:
-        raise ValueError(f"sigmoid_gated_linear: x {tuple(x.shape)} and gate {tuple(gate.shape)} differ")
-    return linear(x * torch.sigmoid(gate.to(x.dtype)), weight)
-
-
-OPS = [OpImpl(op="linear", name="torch_reference", fn=linear, priority=0),
-       OpImpl(op="sigmoid_gated_linear", name="torch_reference", fn=sigmoid_gated_linear, priority=0)]
+OPS = [OpImpl(op="linear", name="torch_reference", fn=linear, priority=0)]

@@ -49,15 +49,7 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     return linear(normed, weight), normed, new_residual
 
 
-def gated_rms_norm_linear(x: torch.Tensor, gate: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                          weight: torch.Tensor) -> torch.Tensor:
-    """``linear(gated_rms_norm(x, gate, norm_weight, eps).reshape(T, H*N), weight)`` for x[T, H, N]."""
-    normed = gated_rms_norm(x, gate, norm_weight, eps)
-    return linear(normed.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1]), weight)
-
-
 OPS = [
-    OpImpl(op="gated_rms_norm_linear", name="torch_reference", fn=gated_rms_norm_linear, priority=0),
     OpImpl(op="rms_norm", name="torch_reference", fn=rms_norm, priority=0),
     OpImpl(op="add_rms_norm_linear", name="torch_reference", fn=add_rms_norm_linear, priority=0),
     OpImpl(op="add_rms_norm", name="torch_reference", fn=add_rms_norm, priority=0),

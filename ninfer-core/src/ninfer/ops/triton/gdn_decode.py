@@ -12,8 +12,7 @@ dependency latency: the whole step moves ~4 MB (the recurrent state, read and wr
    projection two launches back), so the 64 KB state stream overlaps kernel 1; then q, k, v, g, beta,
    the recurrence (:func:`~ninfer.ops.triton.gdn.recurrent_update`), o rounded to x.dtype as the step op
    rounds it, and the gated RMSNorm over the head (:func:`~ninfer.ops.triton.norm.gated_norm_rows`).
-   A program owns a whole head because the norm is over Dv. With ``norm=False`` (the caller norms o in its out
-   projection, ``gated_rms_norm_linear``) a program owns only a block of the head's Dv columns: 4x the programs.
+   A program owns a whole head because the norm is over Dv.
 
 Why not one kernel: the q/k conv channels of a key head feed every value head (and every Dv tile) that reads
 it, and the conv state is updated in place; a single kernel would need a grid-wide barrier between the last
@@ -40,9 +39,6 @@ from ninfer.ops.triton.norm import _TL_DTYPE, gated_norm_rows
 
 # Channels per conv program (the conv reads ~C * K * 2 bytes of taps; 8192 channels at 256 = 32 programs/row).
 _BLOCK_C = 256
-# Dv columns per step program without the norm (norm=False): 4 programs per 128-wide head, so one row's step
-# spreads over 4 * Hv SMs instead of Hv (at B=1 the whole-head step ran 32 programs on an H200's 132 SMs).
-_STEP_BV = 32
 
 
 @triton.jit
@@ -71,15 +67,13 @@ def _conv_gates_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, a_p
 def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slots_ptr, nw_ptr, o_ptr, scale, eps,
                       H, stride_yb, stride_zb, stride_zh, stride_ob, stride_oh, ss_s, ss_h, ss_k,
                       R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_DIM: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, NORM: tl.constexpr, NW_DTYPE: tl.constexpr,
-                      INTERP: tl.constexpr, PDL: tl.constexpr):
-    # NORM: a program owns a whole head (BV >= DV, grid axis 2 of size 1); else it owns Dv columns
-    # [program_id(2) * BV, + BV) of the head -- the recurrence is independent per Dv column.
+                      BK: tl.constexpr, BV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr,
+                      PDL: tl.constexpr):
     row = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // R
     dk = tl.arange(0, BK)
-    dv = tl.program_id(2) * BV + tl.arange(0, BV)
+    dv = tl.arange(0, BV)
     dkm = dk < DK
     dvm = dv < DV
     # Before the wait: nothing the conv/gates kernel writes (module docstring).
@@ -87,9 +81,8 @@ def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slot
     s_ptrs = st_ptr + slot * ss_s + h * ss_h + dk[:, None] * ss_k + dv[None, :]
     smask = dkm[:, None] & dvm[None, :]
     s = tl.load(s_ptrs, mask=smask, other=0.0)
-    if NORM:
-        z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
-        nw = tl.load(nw_ptr + dv, mask=dvm, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
+    nw = tl.load(nw_ptr + dv, mask=dvm, other=0.0).to(tl.float32)
     pdl_wait(PDL)
     y_row = y_ptr + row * stride_yb
     q = tl.load(y_row + hk * DK + dk, mask=dkm, other=0.0).to(tl.float32)
@@ -100,14 +93,11 @@ def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slot
     s, o = recurrent_update(s, q, k, v, g, beta, scale)
     out_slot = tl.load(out_slots_ptr + row)
     tl.store(s_ptrs + (out_slot - slot) * ss_s, s, mask=smask)
-    if NORM:
-        # o rounded to the activation dtype (as gdn_recurrent_step returns it), then the gated norm over the head.
-        o16 = cast(o, o_ptr.dtype.element_ty, INTERP).to(tl.float32)
-        out = gated_norm_rows(o16[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP)
-        tl.store(o_ptr + row * stride_ob + h * stride_oh + dv[None, :], cast(out, o_ptr.dtype.element_ty, INTERP),
-                 mask=dvm[None, :])
-    else:
-        tl.store(o_ptr + row * stride_ob + h * stride_oh + dv, cast(o, o_ptr.dtype.element_ty, INTERP), mask=dvm)
+    # o rounded to the activation dtype (as gdn_recurrent_step returns it), then the gated norm over the head.
+    o16 = cast(o, o_ptr.dtype.element_ty, INTERP).to(tl.float32)
+    out = gated_norm_rows(o16[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP)
+    tl.store(o_ptr + row * stride_ob + h * stride_oh + dv[None, :], cast(out, o_ptr.dtype.element_ty, INTERP),
+             mask=dvm[None, :])
 
 
 def _last_contig(x: torch.Tensor) -> torch.Tensor:
@@ -116,12 +106,10 @@ def _last_contig(x: torch.Tensor) -> torch.Tensor:
 
 def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
                conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
-               out_slots: torch.Tensor | None = None, *, norm: bool = True, step_warps: int = 4,
-               step_bv: int | None = None) -> torch.Tensor:
-    """``o[B, Hv, Dv]``: gates, conv, recurrent step and (``norm``) gated norm of B decode rows (contract
-    ``gdn_decode``). ``step_warps``: the step kernel's warps (a launch-shape override for sweeps; 4 measured
-    fastest on an H200, tools/gpu_decode_fusion_sweep.py: B=1 6.2 us vs 7.3 at 8 warps, B=8 14.5 vs 19.1).
-    ``step_bv``: Dv columns per step program when ``norm`` is False (default :data:`_STEP_BV`)."""
+               out_slots: torch.Tensor | None = None, *, step_warps: int = 4) -> torch.Tensor:
+    """``o[B, Hv, Dv]``: gates, conv, recurrent step and gated norm of B decode rows (contract ``gdn_decode``).
+    ``step_warps``: the step kernel's warps (a launch-shape override for sweeps; 4 measured fastest on an H200,
+    tools/gpu_decode_fusion_sweep.py: B=1 6.2 us vs 7.3 at 8 warps, B=8 14.5 vs 19.1)."""
     launch_ok(mixed)
     p = params
     bsz, channels = mixed.shape
@@ -138,8 +126,7 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     o = torch.empty((bsz, hv, dv), dtype=mixed.dtype, device=mixed.device)
     if bsz == 0:
         return o
-    mixed, a, b = _last_contig(mixed), _last_contig(a), _last_contig(b)
-    z = _last_contig(z) if norm else o   # z is not read without the norm (any tensor fills the pointer)
+    mixed, z, a, b = _last_contig(mixed), _last_contig(z), _last_contig(a), _last_contig(b)
     slot_ids = slots.to(device=mixed.device, dtype=torch.int64)
     out_ids = slot_ids if out_slots is None else out_slots.to(device=mixed.device, dtype=torch.int64)
     # The kernels read the slot ids before their PDL wait: if converting them just launched a kernel, the conv
@@ -158,11 +145,10 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
         K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), BH=next_pow2(hv), INTERP=INTERPRET,
         **({} if INTERPRET else {"num_warps": 4}), **({"PDL": False} if converted else pdl(mixed)))
     nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
-    bv = next_pow2(dv) if norm else min(next_pow2(dv), step_bv or _STEP_BV)
-    _step_norm_kernel[(bsz, hv, triton.cdiv(dv, bv))](
+    _step_norm_kernel[(bsz, hv)](
         y, z, g, beta, states, slots, out_slots, p.norm_weight.contiguous(), o, float(p.scale), float(p.eps), hv,
         y.stride(0), z.stride(0), z.stride(1), o.stride(0), o.stride(1), *states.stride()[:3],
-        R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk), BV=bv, NORM=norm, NW_DTYPE=nw_dtype,
+        R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk), BV=next_pow2(dv), NW_DTYPE=nw_dtype,
         INTERP=INTERPRET, **({} if INTERPRET else {"num_warps": step_warps}), **pdl(mixed))
     return o
 

@@ -31,7 +31,6 @@ from ninfer.ops.reference import linear as _reference
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import norm as _norm
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, next_pow2, pdl, pdl_wait
-from ninfer.ops.triton.norm import gated_norm_rows
 
 # Widest K tile (elements): [2, 4096] bf16 tiles are 16 KB, 64 weight elements per thread at 4 warps.
 _TILE = 4096
@@ -49,19 +48,10 @@ _NORM_BN = 4
 MAX_WEIGHT_BYTES = 256 << 20
 
 
-# Prologues of the GEMV (constexpr ``PRO``): what the kernel forms from its input row before the dot.
-PRO_NONE, PRO_ADD_RMS_NORM, PRO_GATED_RMS_NORM, PRO_SIGMOID_GATE = 0, 1, 2, 3
-
-
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, sx_m, sw_n, sy_m, sr_m, sr_h, sh_m,
-                 sro_m, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr,
-                 EXACT: tl.constexpr, PRO: tl.constexpr, GH: tl.constexpr, GN: tl.constexpr,
-                 NW_DTYPE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
-    # Prologues (ONE_TILE only), with r_ptr the second operand: PRO_ADD_RMS_NORM: r = residual, nw = norm weight
-    # [K]; program 0 stores the normed row (h) and new residual (ro). PRO_GATED_RMS_NORM: x is [GH heads, GN] per
-    # row (K = GH * GN = BK), r = the gate z with head stride sr_h, nw = norm weight [GN]. PRO_SIGMOID_GATE:
-    # r = the gate; x * sigmoid(gate).
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, sx_m, sw_n, sy_m, sr_m, sh_m, sro_m,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr, EXACT: tl.constexpr,
+                 NORM: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     nm = n < N
     n_in = tl.where(nm, n, 0)   # in-bounds rows: the weight load needs no row mask, only the store does
@@ -74,26 +64,21 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K
         w_next = tl.load(w_ptrs)
     else:
         w_next = tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
-    # The norms' weights: parameters, so also before the wait.
-    if PRO == 1:
+    if NORM:  # the norm's weight: a parameter, so also before the wait
         nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-    if PRO == 2:
-        nw = tl.load(nw_ptr + tl.arange(0, GN)).to(tl.float32)
     pdl_wait(PDL)
-    x_dt = y_ptr.dtype.element_ty
     if ONE_TILE:  # K <= BK: straight-line code, one load per operand
         w = w_next.to(tl.float32)
         for m in tl.static_range(BM):
-            mr = tl.minimum(M - 1, m)
-            x_row = x_ptr + mr * sx_m + kk
+            x_row = x_ptr + tl.minimum(M - 1, m) * sx_m + kk
             if EXACT:
                 xm = tl.load(x_row).to(tl.float32)
             else:
                 xm = tl.load(x_row, mask=kk < K, other=0.0).to(tl.float32)
-            if PRO == 1:
+            if NORM:
                 # add_rms_norm of row m (its roundings: the sum to x.dtype, the normed value to x.dtype), formed
                 # by every program from the whole row; program 0 stores both for the rest of the block.
-                rm = tl.load(r_ptr + mr * sr_m + kk, mask=kk < K, other=0.0).to(tl.float32)
+                rm = tl.load(r_ptr + tl.minimum(M - 1, m) * sr_m + kk, mask=kk < K, other=0.0).to(tl.float32)
                 res = cast(xm + rm, ro_ptr.dtype.element_ty, INTERP)
                 rf = res.to(tl.float32)
                 hm = cast((rf * tl.rsqrt(tl.sum(rf * rf, 0) / K + eps)) * (1.0 + nw), h_ptr.dtype.element_ty, INTERP)
@@ -101,17 +86,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K
                 tl.store(ro_ptr + m * sro_m + kk, res, mask=keep)
                 tl.store(h_ptr + m * sh_m + kk, hm, mask=keep)
                 xm = hm.to(tl.float32)
-            if PRO == 2:
-                # gated_rms_norm per head of GN values (its roundings), every program from the whole row.
-                zm = tl.load(r_ptr + mr * sr_m + (kk // GN) * sr_h + kk % GN).to(tl.float32)
-                gn = gated_norm_rows(tl.reshape(xm, (GH, GN)), tl.reshape(zm, (GH, GN)), nw, eps, GN, x_dt,
-                                     NW_DTYPE, INTERP)
-                xm = tl.reshape(cast(gn, x_dt, INTERP).to(tl.float32), (BK,))
-            if PRO == 3:
-                # torch's x * sigmoid(gate) in x.dtype: the sigmoid rounded, then the product rounded.
-                gm = tl.load(r_ptr + mr * sr_m + kk, mask=kk < K, other=0.0).to(tl.float32)
-                sg = cast(1.0 / (1.0 + tl.exp(-gm)), x_dt, INTERP).to(tl.float32)
-                xm = cast(xm * sg, x_dt, INTERP).to(tl.float32)
             acc = tl.where(rows[:, None] == m, acc + tl.sum(w * xm[None, :], 1)[None, :], acc)
     else:
         for k0 in range(0, K, BK):
@@ -137,38 +111,28 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and nbytes <= MAX_WEIGHT_BYTES and (rows == 1 or rows * nbytes <= MAX_ROW_BYTES))
 
 
-def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, gated_norm: tuple | None = None,
-         sigmoid_gate: torch.Tensor | None = None, block_n: int | None = None, warps: int = 4) -> torch.Tensor:
+def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, block_n: int | None = None,
+         warps: int = 4) -> torch.Tensor:
     """``x2[M, K] @ weight[N, K].T`` with the kernel (``block_n``/``warps``: launch-shape overrides for sweeps).
-    At most one prologue (K must fit one tile):
     ``norm = (residual2, norm_weight, eps, normed_out, residual_out)``: x2 is first replaced by
-    add_rms_norm(x2, residual2), whose two results program 0 stores to the given [M, K] outputs;
-    ``gated_norm = (z3[M, H, G], norm_weight[G], eps)``: x2 (viewed [M, H, G]) by gated_rms_norm(x2, z3); K = H*G
-    a power of two;
-    ``sigmoid_gate = gate2[M, K]``: x2 by x2 * sigmoid(gate2)."""
+    add_rms_norm(x2, residual2) (K must fit one tile), whose two results program 0 stores to the given [M, K]
+    outputs."""
     m, k = x2.shape
     n = weight.shape[0]
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     bk = min(next_pow2(k), _TILE)
     bn = block_n or (2 if m == 1 else 4)
     kw = {} if INTERPRET else {"num_warps": warps}
-    r2 = nw = h = ro = x2
-    eps, sr_h, gh, gn, pro, nw_dtype = 0.0, 0, 1, 1, PRO_NONE, tl.float32
-    if norm is not None:
+    if norm is None:
+        r2 = nw = h = ro = x2
+        eps = 0.0
+    else:
         r2, nw, eps, h, ro = norm
-        pro = PRO_ADD_RMS_NORM
-    elif gated_norm is not None:
-        z3, nw, eps = gated_norm
-        r2, sr_h, gh, gn, pro = z3, z3.stride(1), z3.shape[1], z3.shape[2], PRO_GATED_RMS_NORM
-        assert k == bk and gh * gn == k, "the gated norm prologue needs whole heads in one power-of-two tile"
-        nw_dtype = _norm._TL_DTYPE[torch.promote_types(x2.dtype, nw.dtype)]
-    elif sigmoid_gate is not None:
-        r2, pro = sigmoid_gate, PRO_SIGMOID_GATE
-    assert pro == PRO_NONE or k <= bk, "a prologue needs the whole row in one tile"
+        assert k <= bk, "the norm prologue needs the whole row in one tile"
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x2, weight, y, r2, nw, h, ro, float(eps), m, n, k, x2.stride(0), weight.stride(0), y.stride(0), r2.stride(0),
-        sr_h, h.stride(0), ro.stride(0), BM=next_pow2(m), BN=bn, BK=bk, ONE_TILE=k <= bk, EXACT=k == bk, PRO=pro,
-        GH=gh, GN=gn, NW_DTYPE=nw_dtype, INTERP=INTERPRET, **pdl(x2), **kw)
+        h.stride(0), ro.stride(0), BM=next_pow2(m), BN=bn, BK=bk, ONE_TILE=k <= bk, EXACT=k == bk,
+        NORM=norm is not None, INTERP=INTERPRET, **pdl(x2), **kw)
     return y
 
 
@@ -206,43 +170,7 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     return y.view(*lead, weight.shape[0]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
 
 
-def gated_rms_norm_linear(x: torch.Tensor, gate: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                          weight: torch.Tensor) -> torch.Tensor:
-    """``linear(gated_rms_norm(x, gate, norm_weight, eps).reshape(T, H*N), weight)`` for x[T, H, N]: for one row
-    whose H*N is a power of two of at most one tile, one GEMV whose programs each norm the row (a few KB from L2);
-    else the Triton gated_rms_norm followed by :func:`linear`."""
-    if x.dim() != 3 or gate.shape != x.shape or norm_weight.shape != (x.shape[-1],) \
-            or weight.shape[-1] != x.shape[1] * x.shape[2]:
-        raise ValueError(f"gated_rms_norm_linear: x {tuple(x.shape)} (want [T, H, N]), gate {tuple(gate.shape)}, "
-                         f"norm weight {tuple(norm_weight.shape)}, weight {tuple(weight.shape)}")
-    t, heads, width = x.shape
-    k = heads * width
-    if not (t == 1 and use_gemv(x.reshape(t, k), weight) and k == next_pow2(k) and k <= _TILE
-            and width == next_pow2(width) and gate.dtype == x.dtype and gate.stride(-1) == 1
-            and x.is_contiguous()):
-        return linear(_norm.gated_rms_norm(x, gate, norm_weight, eps).reshape(t, k), weight)
-    return gemv(x.reshape(t, k), weight, gated_norm=(gate, norm_weight.contiguous(), eps), block_n=_NORM_BN)
-
-
-def sigmoid_gated_linear(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``linear(x * sigmoid(gate), weight)`` (torch's roundings): where the GEMV applies and a row fits one tile,
-    the gate is applied in the GEMV's prologue; else the two elementwise torch ops and :func:`linear`."""
-    if gate.shape != x.shape or weight.shape[-1] != x.shape[-1]:
-        raise ValueError(f"sigmoid_gated_linear: x {tuple(x.shape)}, gate {tuple(gate.shape)}, weight "
-                         f"{tuple(weight.shape)}")
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    if not (use_gemv(x2, weight) and k <= _TILE and gate.dtype == x.dtype and gate.dim() == 2
-            and gate.stride(-1) == 1 and x2.stride(-1) == 1):
-        return linear(x * torch.sigmoid(gate.to(x.dtype)), weight)
-    return gemv(x2, weight, sigmoid_gate=gate).view(*x.shape[:-1], weight.shape[0])
-
-
 OPS = [OpImpl(op="linear", name="triton", fn=linear, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
               priority=10),
        OpImpl(op="add_rms_norm_linear", name="triton", fn=add_rms_norm_linear, devices=frozenset({"cuda"}),
-              dtypes=KERNEL_DTYPES, priority=10),
-       OpImpl(op="gated_rms_norm_linear", name="triton", fn=gated_rms_norm_linear, devices=frozenset({"cuda"}),
-              dtypes=KERNEL_DTYPES, priority=10),
-       OpImpl(op="sigmoid_gated_linear", name="triton", fn=sigmoid_gated_linear, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10)]
