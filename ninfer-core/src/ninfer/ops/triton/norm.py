@@ -42,6 +42,14 @@ def _inv_rms(xf, N: tl.constexpr, eps):
 
 
 @triton.jit
+def zc_norm_rows(xf, inv, w):
+    """``rms_norm`` of fp32 values ``xf[rows, B]`` given each row's ``inv`` (:func:`_inv_rms`) and the
+    weight's fp32 values ``w[B]``: ``(x * inv) * (1 + w)`` in fp32, before the one rounding to x.dtype
+    (shared with ``qk_norm_rope_cache``, which normalises a row in pieces with one ``inv``)."""
+    return (xf * inv[:, None]) * (1.0 + w[None, :])
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
@@ -51,7 +59,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.cons
     rows64 = rows.to(tl.int64)
     xf = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = (xf * _inv_rms(xf, N, eps)[:, None]) * (1.0 + w[None, :])
+    y = zc_norm_rows(xf, _inv_rms(xf, N, eps), w)
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 
@@ -69,7 +77,7 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, M, eps, stride_x, 
     tl.store(res_ptr + rows64[:, None] * stride_res + cols[None, :], res, mask=mask)
     xf = res.to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = (xf * _inv_rms(xf, N, eps)[:, None]) * (1.0 + w[None, :])
+    y = zc_norm_rows(xf, _inv_rms(xf, N, eps), w)
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 

@@ -24,6 +24,13 @@ from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok,
 
 
 @triton.jit
+def rotate_half(x1, x2, c1, c2, s1, s2):
+    """The fp32 rotation of pair halves (j, j + R/2): ``(x1 c1 - x2 s1, x2 c2 + x1 s2)``, before the rounding
+    (shared with ``qk_norm_rope_cache``: one expression, so both compile to the same products and fusions)."""
+    return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+
+
+@triton.jit
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, stride_xt, stride_xh, stride_xd, stride_ct, stride_st,
                  stride_yt, stride_yh, H: tl.constexpr, D: tl.constexpr, HALF: tl.constexpr,
                  BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr,
@@ -42,8 +49,7 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, stride_xt, stride_xh, stride_xd
     yb = y_ptr + t * stride_yt + heads[:, None] * stride_yh
     x1 = tl.load(xb + j[None, :] * stride_xd, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(xb + (HALF + j[None, :]) * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    y1 = x1 * c1[None, :] - x2 * s1[None, :]
-    y2 = x2 * c2[None, :] + x1 * s2[None, :]
+    y1, y2 = rotate_half(x1, x2, c1[None, :], c2[None, :], s1[None, :], s2[None, :])
     tl.store(yb + j[None, :], cast(y1, y_ptr.dtype.element_ty, INTERP), mask=mask)
     tl.store(yb + HALF + j[None, :], cast(y2, y_ptr.dtype.element_ty, INTERP), mask=mask)
     if BLOCK_REST > 0:  # pass-through dims, copied without any conversion
