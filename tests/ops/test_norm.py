@@ -72,3 +72,19 @@ def test_add_rms_norm_linear(device, dtype, gen):
     # The block's pre-norm and first projection (linear's criteria for y, over the normed rows returned).
     check_add_rms_norm_linear(reference_ops(device, dtype), device, dtype, 3, 64, 24, gen, CRIT[dtype],
                               LINEAR_CRIT[dtype], EPS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_swiglu_is_the_composition(device, dtype, gen):
+    # By definition (contract): add_rms_norm_linear, then silu_and_mul of its output -- bit for bit; a gate_up
+    # with an odd number of rows is an error naming the op.
+    ops = reference_ops(device, dtype)
+    x = randn(gen, 3, 64, dtype=dtype, device=device)
+    res = randn(gen, 3, 64, dtype=dtype, device=device)
+    w = randn(gen, 64, dtype=dtype, device=device, scale=0.3)
+    gate_up = randn(gen, 2 * 24, 64, dtype=dtype, device=device, scale=0.125)
+    act, h, new_res = ops.add_rms_norm_swiglu(x, res, w, EPS, gate_up)
+    y, h2, res2 = ops.add_rms_norm_linear(x, res, w, EPS, gate_up)
+    assert torch.equal(act, ops.silu_and_mul(y)) and torch.equal(h, h2) and torch.equal(new_res, res2)
+    with pytest.raises(ValueError, match="add_rms_norm_swiglu"):
+        ops.add_rms_norm_swiglu(x, res, w, EPS, gate_up[:-1])

@@ -136,3 +136,28 @@ def test_add_rms_norm_linear_rejects_mismatched_shapes(gen):
     x = randn(gen, 2, 64, device=DEVICE)
     with pytest.raises(ValueError, match="residual"):
         ops.add_rms_norm_linear(x, x[:1], torch.zeros(64, device=DEVICE), 1e-6, randn(gen, 8, 64, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,hidden,inter", [(1, 64, 24), (1, 48, 33), (2, 64, 16)])
+def test_add_rms_norm_swiglu(dtype, rows, hidden, inter, gen):
+    """One row: the GEMV computes gate row n and up row I + n and stores silu(g) * u (each dot rounded first);
+    more rows: add_rms_norm_linear + silu_and_mul. Against the Triton composition: the residual bit for bit, the
+    activation within linear's criteria of silu_and_mul over the composition's (bitwise when the dots agree)."""
+    from ninfer.ops.triton.linear import gemv
+
+    ops = triton_ops(dtype)
+    assert ops.implementation("add_rms_norm_swiglu").name == "triton"
+    x = randn(gen, rows, hidden, dtype=dtype, device=DEVICE)
+    res = randn(gen, rows, hidden, dtype=dtype, device=DEVICE, scale=4.0)
+    w = randn(gen, hidden, dtype=dtype, device=DEVICE, scale=0.3)
+    gate_up = randn(gen, 2 * inter, hidden, dtype=dtype, device=DEVICE, scale=hidden ** -0.5)
+    act, h, new_res = ops.add_rms_norm_swiglu(x, res, w, 1e-6, gate_up)
+    assert act.shape == (rows, inter) and act.dtype == dtype
+    y, h2, res2 = ops.add_rms_norm_linear(x, res, w, 1e-6, gate_up)
+    assert torch.equal(new_res, res2)
+    expect = ops.silu_and_mul(y)
+    assert_normwise(act, expect.double(), CRIT[dtype], f"add_rms_norm_swiglu {dtype}")
+    # The epilogue alone on the normed rows: exactly silu_and_mul of the plain GEMV of the same rows and tiles.
+    plain = gemv(h, gate_up, block_n=2)
+    assert torch.equal(gemv(h, gate_up, swiglu=True, block_n=2), ops.silu_and_mul(plain))

@@ -73,6 +73,13 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "(normed, new_residual) = add_rms_norm(x, residual, norm_weight, eps); y = linear(normed, weight): "
                "a block's pre-norm and its first projection, which at decode may run as one kernel. normed and y "
                "carry the same roundings as the two ops; the norm's reduction order may differ from add_rms_norm's."),
+    OpContract("add_rms_norm_swiglu",
+               "add_rms_norm_swiglu(x[T, N], residual[T, N], norm_weight[N], eps, gate_up[2I, N]) "
+               "-> (act[T, I], normed[T, N], new_residual[T, N])",
+               "(y, normed, new_residual) = add_rms_norm_linear(x, residual, norm_weight, eps, gate_up); "
+               "act = silu_and_mul(y): a dense MLP's pre-norm, gate/up projection and SwiGLU, which at decode may "
+               "run as one kernel without the [T, 2I] intermediate. Same roundings as those ops (y to x.dtype, "
+               "then the activation once); the norm's reduction order may differ."),
     OpContract("gated_rms_norm", "gated_rms_norm(x[..., N], gate[..., N], weight[N], eps) -> [..., N]",
                "GDN output norm: n = fp32 rmsnorm(x) cast to x.dtype; n*weight (plain weight, not 1+w); "
                "times silu(gate.float()); cast to x.dtype."),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.reference.activation import silu_and_mul
 from ninfer.ops.reference.linear import linear
 from ninfer.ops.registry import OpImpl
 
@@ -49,7 +50,17 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     return linear(normed, weight), normed, new_residual
 
 
+def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(silu_and_mul(y), normed, new_residual)`` for ``(y, normed, new_residual) = add_rms_norm_linear(...)``."""
+    if gate_up.shape[0] % 2:
+        raise ValueError(f"add_rms_norm_swiglu: gate_up has {gate_up.shape[0]} rows, not [2I, N]")
+    y, normed, new_residual = add_rms_norm_linear(x, residual, norm_weight, eps, gate_up)
+    return silu_and_mul(y), normed, new_residual
+
+
 OPS = [
+    OpImpl(op="add_rms_norm_swiglu", name="torch_reference", fn=add_rms_norm_swiglu, priority=0),
     OpImpl(op="rms_norm", name="torch_reference", fn=rms_norm, priority=0),
     OpImpl(op="add_rms_norm_linear", name="torch_reference", fn=add_rms_norm_linear, priority=0),
     OpImpl(op="add_rms_norm", name="torch_reference", fn=add_rms_norm, priority=0),

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from ninfer.ops.reference import linear as _reference
 from ninfer.ops.registry import OpImpl
+from ninfer.ops.triton import activation as _activation
 from ninfer.ops.triton import norm as _norm
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, next_pow2, pdl, pdl_wait
 
@@ -44,31 +45,41 @@ MAX_ROW_BYTES = 48 << 20
 # add_rms_norm + GEMV at every Qwen3.5 shape (35B GDN input 14.2 vs 14.6 us, MoE input 2.8 vs 3.8 us), BN=2 does
 # not (15.8 us), and eight rows lose (MoE input 9.3 vs 7.9 us).
 _NORM_BN = 4
+# add_rms_norm_swiglu's rows per program: 2 gate + 2 up rows, the registers (and program count) of _NORM_BN.
+_SWIGLU_BN = 2
 # Weights above this size stay on cuBLAS: its large-N GEMV (the LM head, ~1 GB) already streams at copy bandwidth.
 MAX_WEIGHT_BYTES = 256 << 20
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, sx_m, sw_n, sy_m, sr_m, sh_m, sro_m,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr, EXACT: tl.constexpr,
-                 NORM: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, NI, sx_m, sw_n, sy_m, sr_m, sh_m,
+                 sro_m, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr,
+                 EXACT: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, INTERP: tl.constexpr,
+                 PDL: tl.constexpr):
+    # SWIGLU (ONE_TILE only): output feature n is silu(g_n) * u_n of weight rows n (gate) and NI + n (up), each dot
+    # rounded to y's dtype first, as linear followed by silu_and_mul rounds them.
     n = tl.program_id(0) * BN + tl.arange(0, BN)
     nm = n < N
     n_in = tl.where(nm, n, 0)   # in-bounds rows: the weight load needs no row mask, only the store does
     kk = tl.arange(0, BK)
     rows = tl.arange(0, BM)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
     w_ptrs = w_ptr + n_in[:, None] * sw_n + kk[None, :]
     # The first weight tile is requested before the PDL wait: it streams while the previous kernel finishes.
     if EXACT:  # K == BK: unmasked, fully vectorised loads
         w_next = tl.load(w_ptrs)
     else:
         w_next = tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
+    if SWIGLU:
+        u_next = tl.load(w_ptrs + NI * sw_n, mask=kk[None, :] < K, other=0.0)
     if NORM:  # the norm's weight: a parameter, so also before the wait
         nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
     pdl_wait(PDL)
     if ONE_TILE:  # K <= BK: straight-line code, one load per operand
         w = w_next.to(tl.float32)
+        if SWIGLU:
+            wu = u_next.to(tl.float32)
         for m in tl.static_range(BM):
             x_row = x_ptr + tl.minimum(M - 1, m) * sx_m + kk
             if EXACT:
@@ -87,6 +98,8 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K
                 tl.store(h_ptr + m * sh_m + kk, hm, mask=keep)
                 xm = hm.to(tl.float32)
             acc = tl.where(rows[:, None] == m, acc + tl.sum(w * xm[None, :], 1)[None, :], acc)
+            if SWIGLU:
+                acc_u = tl.where(rows[:, None] == m, acc_u + tl.sum(wu * xm[None, :], 1)[None, :], acc_u)
     else:
         for k0 in range(0, K, BK):
             w = w_next.to(tl.float32)
@@ -98,6 +111,10 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K
                              other=0.0).to(tl.float32)
                 acc = tl.where(rows[:, None] == m, acc + tl.sum(w * xm[None, :], 1)[None, :], acc)
     y_ptrs = y_ptr + rows[:, None] * sy_m + n[None, :]
+    if SWIGLU:
+        g = cast(acc, y_ptr.dtype.element_ty, INTERP).to(tl.float32)
+        u = cast(acc_u, y_ptr.dtype.element_ty, INTERP).to(tl.float32)
+        acc = g / (1.0 + tl.exp(-g)) * u
     tl.store(y_ptrs, cast(acc, y_ptr.dtype.element_ty, INTERP), mask=(rows[:, None] < M) & nm[None, :])
 
 
@@ -111,14 +128,15 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and nbytes <= MAX_WEIGHT_BYTES and (rows == 1 or rows * nbytes <= MAX_ROW_BYTES))
 
 
-def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, block_n: int | None = None,
-         warps: int = 4) -> torch.Tensor:
+def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, swiglu: bool = False,
+         block_n: int | None = None, warps: int = 4) -> torch.Tensor:
     """``x2[M, K] @ weight[N, K].T`` with the kernel (``block_n``/``warps``: launch-shape overrides for sweeps).
     ``norm = (residual2, norm_weight, eps, normed_out, residual_out)``: x2 is first replaced by
     add_rms_norm(x2, residual2) (K must fit one tile), whose two results program 0 stores to the given [M, K]
-    outputs."""
+    outputs. ``swiglu``: weight is ``[2I, K]`` (gate rows, then up rows) and the result ``silu_and_mul`` of the
+    product, ``[M, I]`` (K must fit one tile)."""
     m, k = x2.shape
-    n = weight.shape[0]
+    n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     bk = min(next_pow2(k), _TILE)
     bn = block_n or (2 if m == 1 else 4)
@@ -129,10 +147,11 @@ def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, b
     else:
         r2, nw, eps, h, ro = norm
         assert k <= bk, "the norm prologue needs the whole row in one tile"
+    assert not swiglu or (k <= bk and weight.shape[0] == 2 * n), "swiglu needs [2I, K] weights and K in one tile"
     _gemv_kernel[(triton.cdiv(n, bn),)](
-        x2, weight, y, r2, nw, h, ro, float(eps), m, n, k, x2.stride(0), weight.stride(0), y.stride(0), r2.stride(0),
-        h.stride(0), ro.stride(0), BM=next_pow2(m), BN=bn, BK=bk, ONE_TILE=k <= bk, EXACT=k == bk,
-        NORM=norm is not None, INTERP=INTERPRET, **pdl(x2), **kw)
+        x2, weight, y, r2, nw, h, ro, float(eps), m, n, k, n, x2.stride(0), weight.stride(0), y.stride(0),
+        r2.stride(0), h.stride(0), ro.stride(0), BM=next_pow2(m), BN=bn, BK=bk, ONE_TILE=k <= bk, EXACT=k == bk,
+        NORM=norm is not None, SWIGLU=swiglu, INTERP=INTERPRET, **pdl(x2), **kw)
     return y
 
 
@@ -170,7 +189,31 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     return y.view(*lead, weight.shape[0]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
 
 
+def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(silu_and_mul(linear(normed, gate_up)), normed, new_residual)``: for one row where the fused
+    add_rms_norm_linear applies, one GEMV whose programs each compute gate row n and up row I + n and store the
+    activation (no [1, 2I] intermediate, no silu_and_mul launch); else add_rms_norm_linear then silu_and_mul."""
+    n_in = x.shape[-1]
+    if gate_up.shape[0] % 2:
+        raise ValueError(f"add_rms_norm_swiglu: gate_up has {gate_up.shape[0]} rows, not [2I, N]")
+    rows = x.numel() // n_in if n_in else 0
+    if not (rows == 1 and residual.shape == x.shape and norm_weight.shape == (n_in,) and use_gemv(x, gate_up)
+            and n_in <= _TILE and residual.dtype == x.dtype and residual.stride(-1) == 1):
+        y, normed, new_residual = add_rms_norm_linear(x, residual, norm_weight, eps, gate_up)
+        return _activation.silu_and_mul(y), normed, new_residual
+    x2, r2 = x.reshape(-1, n_in), residual.reshape(-1, n_in)
+    normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    act = gemv(x2, gate_up, norm=(r2, norm_weight.contiguous(), eps, normed, new_residual), swiglu=True,
+               block_n=_SWIGLU_BN)
+    lead = x.shape[:-1]
+    return act.view(*lead, act.shape[-1]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
+
+
 OPS = [OpImpl(op="linear", name="triton", fn=linear, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
               priority=10),
        OpImpl(op="add_rms_norm_linear", name="triton", fn=add_rms_norm_linear, devices=frozenset({"cuda"}),
+              dtypes=KERNEL_DTYPES, priority=10),
+       OpImpl(op="add_rms_norm_swiglu", name="triton", fn=add_rms_norm_swiglu, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10)]
