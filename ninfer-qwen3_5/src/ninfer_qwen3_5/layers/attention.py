@@ -2,7 +2,7 @@
 
 q and gate come from the de-interleaved ``attention/query`` / ``attention/gate`` bindings; q_norm and
 k_norm (zero-centred, per head) precede partial NeoX RoPE; K (normed, rotated) and raw V are written
-to the paged pools for every token of the call, then decode rows use ``paged_decode_attention`` and
+to the paged pools for every token of the call (all of it one ``qk_norm_rope_cache``), then decode rows use ``paged_decode_attention`` and
 the chunk ``paged_attention`` (causal over its cached prefix). Output: ``attn * sigmoid(gate)``.
 """
 
@@ -29,13 +29,10 @@ class GatedAttention:
     def __call__(self, inp: NormInput, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         ops, n, b_rows = self.ops, inp.residual.shape[0], ctx.num_decode
         (q, k, v, gate), _, residual = norm_project(ops, inp, self.in_groups)
-        q = ops.rms_norm(q.view(n, self.nq, self.d), self.w_qn, self.eps)
-        k = ops.rms_norm(k.view(n, self.nkv, self.d), self.w_kn, self.eps)
-        v = v.view(n, self.nkv, self.d)
-        q = ops.rope(q, ctx.cos, ctx.sin)
-        k = ops.rope(k, ctx.cos, ctx.sin)
         k_pool, v_pool = ctx.kv.pools(self.index)
-        ops.kv_cache_write(k, v, k_pool, v_pool, ctx.slot_mapping)
+        q, _ = ops.qk_norm_rope_cache(q.view(n, self.nq, self.d), k.view(n, self.nkv, self.d),
+                                      v.view(n, self.nkv, self.d), self.w_qn, self.w_kn, self.eps, ctx.cos, ctx.sin,
+                                      k_pool, v_pool, ctx.slot_mapping)
         outs = []
         if b_rows:
             outs.append(ops.paged_decode_attention(q[:b_rows].contiguous(), k_pool, v_pool, ctx.decode_kv_lens,
