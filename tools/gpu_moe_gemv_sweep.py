@@ -7,10 +7,8 @@ Each configuration runs inside one CUDA graph of ``--calls`` calls that rotate o
 HBM as a decode step does. Reported: microseconds per call and the bytes it must read (distinct experts'
 gate/up + down rows, the shared down matrix) over that time. Every configuration's output is checked
 against the default launch shape's (bf16 rounding of a reordered fp32 sum: within 2e-2 relative).
-``--routed``: the kernels of ``moe_route_experts`` instead (``moe_route_experts_gemv``: each kernel routes from
-fresh random router logits itself, no router launch; same tune keys).
 
-    python3 tools/gpu_moe_gemv_sweep.py --out $OUT [--routed]
+    python3 tools/gpu_moe_gemv_sweep.py --out $OUT
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from pathlib import Path
 
 import torch
 from ninfer.ops.contracts import SharedExpert
-from ninfer.ops.triton.moe_gemv import moe_experts_gemv, moe_route_experts_gemv
+from ninfer.ops.triton.moe_gemv import moe_experts_gemv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernel_profile import graph_call_us  # noqa: E402
@@ -36,7 +34,6 @@ def main() -> None:
     ap.add_argument("--banks", type=int, default=4)
     ap.add_argument("--calls", type=int, default=24)
     ap.add_argument("--replays", type=int, default=10)
-    ap.add_argument("--routed", action="store_true", help="sweep moe_route_experts_gemv (routing in the kernels)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     E, H, I, K, IS = 256, 2048, 512, 8, 512  # noqa: E741 (the model's names)
@@ -52,21 +49,14 @@ def main() -> None:
         glog = torch.randn(t, 1, device=dev, dtype=torch.bfloat16, generator=g)
         ids = [torch.stack([torch.randperm(E, device=dev, generator=g)[:K] for _ in range(t)])
                for _ in range(args.calls)]
-        logits = [None] * args.calls
-        if args.routed:  # row-strided logits as the model slices them from its fused projection; ids: their top-k
-            logits = [torch.randn(t, E + 2 * IS + 1, device=dev, dtype=torch.bfloat16, generator=g)[:, :E]
-                      for _ in range(args.calls)]
-            ids = [torch.topk(lg.float(), K, dim=-1).indices for lg in logits]
         w = torch.softmax(torch.randn(t, K, device=dev, generator=g), -1)
         distinct = sum(len(set(i.flatten().tolist())) for i in ids) / args.calls
         nbytes = distinct * (2 * I * H + H * I) * 2 + H * IS * 2
 
-        def call(c: int, tune: dict, x=x, w=w, ids=ids, logits=logits, proj=proj, glog=glog) -> torch.Tensor:
+        def call(c: int, tune: dict, x=x, w=w, ids=ids, proj=proj, glog=glog) -> torch.Tensor:
             b = c % args.banks
-            shared = SharedExpert(proj, sdown[b], glog)
-            if args.routed:
-                return moe_route_experts_gemv(x, logits[c], K, gate_up[b], down[b], shared, tune=tune)
-            return moe_experts_gemv(x, w, ids[c], gate_up[b], down[b], shared, tune=tune)
+            return moe_experts_gemv(x, w, ids[c], gate_up[b], down[b], SharedExpert(proj, sdown[b], glog),
+                                    tune=tune)
 
         base = [call(c, {}) for c in range(args.calls)]
         # gate/up: K tiles up to a whole row (one load per program); down: the one-shot kernel (default) and the
@@ -95,8 +85,7 @@ def main() -> None:
         best[f"{t}/default"] = next(r for r in ok if not r["tune"])
     print(json.dumps(best, indent=1))
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "moe_route_gemv_sweep.json" if args.routed else "moe_gemv_sweep.json"
-    (args.out / name).write_text(json.dumps({"results": results, "best": best}, indent=1))
+    (args.out / "moe_gemv_sweep.json").write_text(json.dumps({"results": results, "best": best}, indent=1))
 
 
 if __name__ == "__main__":

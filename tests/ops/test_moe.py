@@ -74,27 +74,3 @@ def test_experts_with_shared_expert(device, dtype, gen):
     # The shared term is really there: without it the result is far from the oracle.
     alone = ops.moe_experts(x, weights, ids, gate_up, down)
     assert (f64(alone) - ref).norm() > 0.1 * ref.norm()
-
-
-@pytest.mark.parametrize("with_shared", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_route_experts_is_router_then_experts(device, dtype, with_shared, gen):
-    """moe_route_experts equals moe_router followed by moe_experts, bit for bit (the contract's definition), on
-    logits that are a row-strided column view of a wider projection (as the model slices them)."""
-    from ninfer.ops.contracts import SharedExpert
-
-    ops = reference_ops(device, dtype)
-    t_len, hidden, inter, n_exp, top_k, s_inter = 5, 32, 24, 8, 3, 20
-    x = randn(gen, t_len, hidden, dtype=dtype, device=device)
-    gate_up = randn(gen, n_exp, 2 * inter, hidden, dtype=dtype, device=device, scale=hidden ** -0.5)
-    down = randn(gen, n_exp, hidden, inter, dtype=dtype, device=device, scale=inter ** -0.5)
-    fused = randn(gen, t_len, n_exp + 2 * s_inter + 1, dtype=dtype, device=device, scale=2.0)
-    logits = fused[:, :n_exp]
-    assert logits.stride(0) != n_exp
-    shared = SharedExpert(projected=fused[:, n_exp:n_exp + 2 * s_inter],
-                          down=randn(gen, hidden, s_inter, dtype=dtype, device=device, scale=s_inter ** -0.5),
-                          gate_logit=fused[:, -1]) if with_shared else None
-    out = ops.moe_route_experts(x, logits, top_k, gate_up, down, shared=shared)
-    weights, ids = ops.moe_router(logits, top_k)
-    assert out.dtype == dtype and out.shape == (t_len, hidden)
-    assert torch.equal(out, ops.moe_experts(x, weights, ids, gate_up, down, shared=shared))

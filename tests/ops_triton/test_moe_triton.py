@@ -1,5 +1,4 @@
-"""Triton moe_experts vs the fp64 oracle and the torch reference op; moe_router vs the reference;
-moe_route_experts vs the Triton moe_router + moe_experts composition (bit for bit).
+"""Triton moe_experts vs the fp64 oracle and the torch reference op.
 
 Runs on CUDA when present, otherwise on CPU tensors under the Triton interpreter (TRITON_INTERPRET=1, set
 below before the kernels are defined) at tiny sizes.
@@ -114,16 +113,15 @@ def test_align_covers_every_pair_once(gen):
 
 
 def test_ops_are_registered_for_cuda_only():
-    assert [impl.op for impl in tm.OPS] == ["moe_experts", "moe_route_experts"]
-    for impl in tm.OPS:
-        assert impl.priority == 10 and impl.devices == frozenset({"cuda"})
+    assert [impl.op for impl in tm.OPS] == ["moe_experts"]
+    impl = tm.OPS[0]
+    assert impl.priority == 10 and impl.devices == frozenset({"cuda"})
 
 
-@pytest.mark.parametrize("op", ["moe_experts", "moe_route_experts"])
-def test_resolved_through_the_plugin(op):
+def test_resolved_through_the_plugin():
     from .conftest import triton_ops
 
-    impl = triton_ops(torch.bfloat16).implementation(op)
+    impl = triton_ops(torch.bfloat16).implementation("moe_experts")
     assert impl.name == "triton" and impl.fn.__module__ == "ninfer.ops.triton.moe"
 
 
@@ -224,103 +222,3 @@ def test_router_registered_and_resolved():
 
     assert [i.op for i in tr.OPS] == ["moe_router"] and tr.OPS[0].devices == frozenset({"cuda"})
     assert triton_ops(torch.bfloat16).implementation("moe_router").name == "triton"
-
-
-# --- moe_route_experts ---
-
-def route_case(gen, t_len, dtype, *, n_exp=16, top_k=4, hidden=64, inter=32, s_inter=24, with_shared=True,
-               ties=False):
-    """x, logits (a row-strided column view of a fused [router | shared gate_up | shared gate] projection, as the
-    model passes it), gate_up, down, shared. ``ties``: logits drawn from 5 values, so most rows hold equal
-    logits inside and at the edge of their top k."""
-    from ninfer.ops.contracts import SharedExpert
-
-    x, _, _, gate_up, down = make(gen, t_len, hidden, inter, n_exp, top_k, dtype, ids=torch.zeros(t_len, 0))
-    fused = randn(gen, t_len, n_exp + 2 * s_inter + 1, dtype=dtype, device=DEVICE, scale=2.0)
-    if ties:
-        fused[:, :n_exp] = (torch.randint(-2, 3, (t_len, n_exp), generator=gen) * 0.75).to(dtype).to(DEVICE)
-    logits = fused[:, :n_exp]
-    shared = None
-    if with_shared:
-        sdown = randn(gen, hidden, s_inter, dtype=dtype, device=DEVICE, scale=s_inter ** -0.5)
-        shared = SharedExpert(projected=fused[:, n_exp:n_exp + 2 * s_inter], down=sdown, gate_logit=fused[:, -1])
-    return x, logits, gate_up, down, shared
-
-
-def _count_router_calls(monkeypatch):
-    from ninfer.ops.triton import moe_router as tr
-
-    calls, real = [], tr.moe_router
-    monkeypatch.setattr(tr, "moe_router", lambda *a: calls.append(1) or real(*a))
-    return calls, real
-
-
-# (E, k, H, I, Is): tiny; on the GPU also the Qwen3.5-35B-A3B geometry (compiled kernels, 1 to 8 warps).
-ROUTE_SIZES = [(16, 4, 64, 32, 24)] + ([(256, 8, 2048, 512, 512)] if _CUDA else [])
-
-
-@pytest.mark.parametrize("size", ROUTE_SIZES)
-@pytest.mark.parametrize("with_shared", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("t_len,ties", [(1, False), (2, False), (1, True), (2, True), ("above", True)])
-def test_route_experts_is_the_triton_composition_bitwise(t_len, dtype, with_shared, ties, size, gen, monkeypatch):
-    """Triton moe_route_experts equals the Triton moe_router then moe_experts bit for bit: on the decode path
-    (T*k <= MAX_PAIRS: two kernels routing from the logits themselves, no router launch) and above it (T*k >
-    MAX_PAIRS: the composition itself), with equal logits picking the router's ids (the lowest index)."""
-    from ninfer.ops.triton import moe_gemv
-
-    n_exp, top_k, hidden, inter, s_inter = size
-    routed = t_len != "above"
-    t_len = t_len if routed else moe_gemv.MAX_PAIRS // top_k + 1
-    x, logits, gate_up, down, shared = route_case(gen, t_len, dtype, n_exp=n_exp, top_k=top_k, hidden=hidden,
-                                                  inter=inter, s_inter=s_inter, with_shared=with_shared, ties=ties)
-    assert logits.stride(0) > logits.shape[1] and logits.stride(1) == 1
-    calls, router = _count_router_calls(monkeypatch)
-    out = tm.moe_route_experts(x, logits, top_k, gate_up, down, shared=shared)
-    assert calls == ([] if routed else [1])
-    weights, ids = router(logits, top_k)
-    assert torch.equal(out, tm.moe_experts(x, weights, ids, gate_up, down, shared=shared))
-    if ties:  # the router's ids: descending logits, the lowest index first among equal ones
-        for t in range(t_len):
-            row = logits[t].float().cpu().tolist()
-            want = sorted(range(len(row)), key=lambda e: (-row[e], e))[:top_k]
-            assert ids[t].tolist() == want, f"token {t}"
-
-
-@pytest.mark.parametrize("down", ["one_shot", "loop"])
-@pytest.mark.parametrize("top_k", [3, 4])
-def test_routed_gemv_kernels_match_for_every_launch_shape(down, top_k, gen, monkeypatch):
-    """Both down kernels (and the tune overrides tools/gpu_moe_gemv_sweep.py passes) route as the router does:
-    k = 3 pads the expert axis to 4; narrow tiles run the K loops."""
-    from ninfer.ops.triton import moe_gemv
-    from ninfer.ops.triton import moe_router as tr
-
-    monkeypatch.setattr(moe_gemv, "_BK_GATE_UP", 16)
-    x, logits, gate_up, down_w, shared = route_case(gen, 2, torch.float32, n_exp=11, top_k=top_k, hidden=40,
-                                                    inter=24, s_inter=20)
-    tune = {"down": down, "bn1": 8}
-    out = moe_gemv.moe_route_experts_gemv(x, logits, top_k, gate_up, down_w, shared, tune=tune)
-    expect = moe_gemv.moe_experts_gemv(x, *tr.moe_router(logits, top_k), gate_up, down_w, shared, tune=tune)
-    assert torch.equal(out, expect)
-
-
-def test_route_experts_falls_back_to_the_composition(gen, monkeypatch):
-    """Many experts (above MAX_ROUTED_EXPERTS), a strided last dim, mixed dtypes: the router runs, same result."""
-    from ninfer.ops.triton import moe_gemv
-
-    x, logits, gate_up, down, shared = route_case(gen, 2, torch.float32)
-    calls, router = _count_router_calls(monkeypatch)
-    expect = tm.moe_experts(x, *router(logits, 4), gate_up, down, shared=shared)
-    monkeypatch.setattr(moe_gemv, "MAX_ROUTED_EXPERTS", 8)
-    assert torch.equal(tm.moe_route_experts(x, logits, 4, gate_up, down, shared=shared), expect)
-    assert len(calls) == 1
-    monkeypatch.undo()
-    calls, router = _count_router_calls(monkeypatch)
-    strided = logits.t().contiguous().t()                 # column-major: the last dim's stride is T
-    assert strided.stride(1) != 1
-    assert torch.equal(tm.moe_route_experts(x, strided, 4, gate_up, down, shared=shared),
-                       tm.moe_experts(x, *router(strided, 4), gate_up, down, shared=shared))
-    mixed = tm.moe_route_experts(x, logits, 4, gate_up.to(torch.bfloat16), down, shared=shared)
-    assert torch.equal(mixed, ref.moe_experts(x, *router(logits, 4), gate_up.to(torch.bfloat16), down,
-                                              shared=shared))
-    assert len(calls) == 2                                # once per moe_route_experts call

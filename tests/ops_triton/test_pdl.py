@@ -1,9 +1,8 @@
 """Programmatic dependent launch (ninfer.ops.triton._common.pdl): where it is used, and that it changes no result.
 
 On the GPU a decode-shaped chain of PDL kernels (norm -> GEMV -> router -> expert GEMVs -> add-norm -> GEMV, each
-reading its predecessor's output; or, routed, the expert GEMVs of moe_route_experts reading the GEMV's logits
-themselves, the down kernel before its wait) is captured in a CUDA graph with PDL on and replayed on fresh inputs;
-every replay must equal, bit for bit, the same chain run eagerly with PDL off. A kernel that read its predecessor's
+reading its predecessor's output) is captured in a CUDA graph with PDL on and replayed on fresh inputs; every
+replay must equal, bit for bit, the same chain run eagerly with PDL off. A kernel that read its predecessor's
 output before its wait would race and differ on some replay.
 """
 
@@ -30,21 +29,17 @@ def _chain(ops, x, p):
     e, s = p["experts"], p["shared"]
     h = ops.rms_norm(x, p["norm"], 1e-6)
     proj = ops.linear(h, p["w_in"])
+    weights, ids = ops.moe_router(proj[:, :e], 8)
     shared = SharedExpert(projected=proj[:, e:e + 2 * s], down=p["sdown"], gate_logit=proj[:, e + 2 * s])
-    if p["routed"]:
-        out = ops.moe_route_experts(h, proj[:, :e], 8, p["gate_up"], p["down"], shared=shared)
-    else:
-        weights, ids = ops.moe_router(proj[:, :e], 8)
-        out = ops.moe_experts(h, weights, ids, p["gate_up"], p["down"], shared=shared)
+    out = ops.moe_experts(h, weights, ids, p["gate_up"], p["down"], shared=shared)
     y, _ = ops.add_rms_norm(out, x, p["norm"], 1e-6)
     return ops.linear(y, p["w_out"])
 
 
 @pytest.mark.skipif(not CUDA or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs a CUDA device of compute capability 9.0+")
-@pytest.mark.parametrize("routed", [False, True])
 @pytest.mark.parametrize("rows", [1, 4])
-def test_pdl_graph_equals_plain_launches(monkeypatch, rows, routed):
+def test_pdl_graph_equals_plain_launches(monkeypatch, rows):
     from ninfer.ops.triton import _common
 
     g = torch.Generator(device=DEVICE).manual_seed(rows)
@@ -53,8 +48,7 @@ def test_pdl_graph_equals_plain_launches(monkeypatch, rows, routed):
     def rnd(*shape, scale=1.0):
         return (torch.randn(*shape, device=DEVICE, generator=g) * scale).to(torch.bfloat16)
 
-    p = dict(experts=e, shared=s, routed=routed, norm=rnd(hdim, scale=0.1),
-             w_in=rnd(e + 2 * s + 1, hdim, scale=hdim ** -0.5),
+    p = dict(experts=e, shared=s, norm=rnd(hdim, scale=0.1), w_in=rnd(e + 2 * s + 1, hdim, scale=hdim ** -0.5),
              gate_up=rnd(e, 2 * inter, hdim, scale=hdim ** -0.5), down=rnd(e, hdim, inter, scale=inter ** -0.5),
              sdown=rnd(hdim, s, scale=s ** -0.5), w_out=rnd(hdim, hdim, scale=hdim ** -0.5))
     ops = triton_ops(torch.bfloat16)

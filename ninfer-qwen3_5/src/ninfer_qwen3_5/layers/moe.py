@@ -1,15 +1,13 @@
 """Qwen3.5 sparse MoE block (reference doc section 8).
 
-Router logits ``x W_r^T``; routing takes the fp32 softmax over all E, the top-k, renormalised
+Router logits ``x W_r^T``; ``moe_router`` takes the fp32 softmax over all E, the top-k, renormalised
 (unconditionally, as in Qwen3.5-MoE). The routed experts and an always-on shared SwiGLU expert scaled
 by ``sigmoid(shared_gate x)`` are summed.
 
 Every projection that reads the block's input is one GEMM: ``[router (E); shared gate_up (2Is);
-shared gate (1)]`` rows are concatenated once at construction (a few MB per layer). ``moe_route_experts``
-takes the router's columns of that projection as its logits and the shared expert's as a
-:class:`~ninfer.ops.contracts.SharedExpert` (the contract: ``moe_router`` then ``moe_experts``), so at decode
-the block is three kernels (the GEMM, then two expert GEMVs that each route from the logits themselves)
-instead of a dozen small launches.
+shared gate (1)]`` rows are concatenated once at construction (a few MB per layer), and ``moe_experts``
+takes the shared expert's projected half as a :class:`~ninfer.ops.contracts.SharedExpert`, so at decode
+the block is four kernels (GEMM, router, two expert GEMVs) instead of a dozen small launches.
 """
 
 from __future__ import annotations
@@ -35,6 +33,6 @@ class SparseMoE:
     def __call__(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         ops, e, s = self.ops, self.num_experts, self.shared_width
         (proj,), h, residual = norm_project(ops, inp, self.in_groups)   # [T, E + 2Is + 1]
+        weights, ids = ops.moe_router(proj[:, :e], self.top_k)
         shared = SharedExpert(projected=proj[:, e:e + s], down=self.w_shared_down, gate_logit=proj[:, e + s])
-        out = ops.moe_route_experts(h, proj[:, :e], self.top_k, self.bank_gate_up, self.bank_down, shared=shared)
-        return out, residual
+        return ops.moe_experts(h, weights, ids, self.bank_gate_up, self.bank_down, shared=shared), residual

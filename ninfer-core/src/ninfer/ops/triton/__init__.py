@@ -11,7 +11,7 @@ Invariants shared by every kernel here:
   exception is ``kv_cache_write``'s out-of-range check, which the contract requires to raise (see there).
 - Results depend on a row's own inputs only, never on the batch it was launched in (grid sizes change
   how many programs exist, never how a row's arithmetic is partitioned) -- except where an op picks a
-  kernel by the call's size: ``moe_experts`` (and ``moe_route_experts``) takes its GEMV decode path up to
-  ``moe_gemv.MAX_PAIRS`` (token, expert) pairs and its grouped tensor-core path above, which round differently.
+  kernel by the call's size: ``moe_experts`` takes its GEMV decode path up to ``moe_gemv.MAX_PAIRS``
+  (token, expert) pairs and its grouped tensor-core path above, which round differently.
 - Importing this package does not import triton; the kernel modules do.
 """

@@ -95,10 +95,9 @@ def pdl_wait(PDL: tl.constexpr):
       launches N-1 and earlier have completed, and only N's work after its wait can still be running.
     - Hence before ``pdl_wait`` a kernel writes nothing and reads only what the previous launch does not write:
       weights (no kernel writes them), or outputs of launches before the previous one (the MoE down kernel reads
-      the router's ids, or the logits it routes from, there: the gate/up kernel runs in between; ``gdn_decode``'s
-      step kernel reads its state and z there), or step inputs the host copied in before the step (state slot
-      ids). A wrapper that converts such an input with a kernel of its own launches the kernel that reads it
-      without PDL.
+      the router's ids there: the gate/up kernel runs in between; ``gdn_decode``'s step kernel reads its state and
+      z there), or step inputs the host copied in before the step (state slot ids). A wrapper that converts such an
+      input with a kernel of its own launches the kernel that reads it without PDL.
     """
     if PDL:
         tl.extra.cuda.gdc_wait()

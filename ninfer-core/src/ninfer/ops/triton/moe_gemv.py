@@ -13,14 +13,6 @@ Here each (token, choice) pair reads its expert's rows directly:
    sum in fp32 in a fixed order: deterministic, and equal to the reference up to fp32 summation order. The
    one-shot kernel requests every expert's rows before its PDL wait (the routing is two launches back).
 
-``moe_route_experts`` (:func:`moe_route_experts_gemv`) launches the same two kernels with ROUTE set: instead of
-the router's (weights, ids) each program routes its token from the logits itself with
-:func:`~ninfer.ops.triton.moe_router.route_topk`, the router kernel's own arithmetic (integer-key maxima, exact
-in any layout), so the result is bit for bit the router followed by these kernels, without the router's launch
-on the critical path. The gate/up kernel routes after its PDL wait (the logits are the previous launch's
-output, typically the fused projection GEMV); the down kernel routes before it (the logits are two launches
-back) and still requests its expert rows before the wait.
-
 Weights stream as [BN, BK] tiles (K contiguous) into a [BN, BK] fp32 accumulator reduced once at the end (the
 usual GEMV shape: no tensor cores at one row). A token routed twice to one expert is impossible (top-k ids are
 distinct); two tokens sharing an expert read it twice, mostly from L2 -- above MAX_PAIRS the grouped path, which
@@ -35,13 +27,9 @@ import triton.language as tl
 
 from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.triton._common import pdl, pdl_wait
-from ninfer.ops.triton.moe_router import route_topk
 
 # Pair count up to which moe_experts takes this path (T <= 16 at k = 8: every decode batch of the engine).
 MAX_PAIRS = 128
-# Most experts the routed kernels route from the logits themselves (every program holds a token's E logits as
-# int64 keys in registers); moe_route_experts launches the router kernel above this.
-MAX_ROUTED_EXPERTS = 1024
 # K tile of the gate/up GEMV: [BN, 512] weight tiles (8 KB each at BN = 8) keep enough bytes in flight per SM;
 # 128-wide tiles reached only ~50% of HBM bandwidth on an H200.
 _BK_GATE_UP = 512
@@ -54,17 +42,12 @@ _ONE_SHOT_TILE = 16384
 
 
 @triton.jit
-def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, l_ptr, H, NI, E, sx_t, sw_e, sw_n, sl_t,
-                         TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
-                         ROUTE: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr, PDL: tl.constexpr):
+def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, H, NI, sx_t, sw_e, sw_n,
+                         TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     p = tl.program_id(0)
     t = p // TOPK
-    if ROUTE:  # the pair's expert from the token's logits (written by the previous launch: after the wait)
-        _, ids = route_topk(l_ptr + t * sl_t, E, TOPK, KP, BE)
-        e = tl.sum(tl.where(tl.arange(0, KP) == p - t * TOPK, ids, 0), 0)
-    else:
-        e = tl.load(ids_ptr + p)
+    e = tl.load(ids_ptr + p)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     nm = n < NI
     n_in = tl.where(nm, n, 0)      # in-bounds rows for unmasked weight loads; only the store is masked
@@ -96,11 +79,10 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, l_ptr, H, NI, E, sx_t, 
 
 
 @triton.jit
-def _down_gemv_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, sg_ptr, l_ptr,
-                      H, NI, NIS, E, sw_e, sw_n, so_t, sp_t, sd_n, sg_t, sl_t,
+def _down_gemv_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, sg_ptr,
+                      H, NI, NIS, sw_e, sw_n, so_t, sp_t, sd_n, sg_t,
                       TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr,
-                      HAS_SHARED: tl.constexpr, ROUTE: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr,
-                      PDL: tl.constexpr):
+                      HAS_SHARED: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     # The k experts are unrolled and, when a row of the down matrix fits one tile (ONE_TILE: NI <= BK, the
     # Qwen3.5-MoE case), each is a single load: the k independent loads are all in flight at once, which is
@@ -112,16 +94,9 @@ def _down_gemv_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, 
     n_in = tl.where(nm, n, 0)
     kk = tl.arange(0, BK)
     total = tl.zeros((BN,), dtype=tl.float32)
-    if ROUTE:
-        rw_t, ids_t = route_topk(l_ptr + t * sl_t, E, TOPK, KP, BE)
     for j in tl.static_range(TOPK):
         p = t * TOPK + j
-        if ROUTE:  # lane j of the routing (a sum of one value and zeros: exact)
-            e = tl.sum(tl.where(tl.arange(0, KP) == j, ids_t, 0), 0)
-            rw = tl.sum(tl.where(tl.arange(0, KP) == j, rw_t, 0.0), 0)
-        else:
-            e = tl.load(ids_ptr + p)
-            rw = tl.load(rw_ptr + p)
+        e = tl.load(ids_ptr + p)
         w_ptrs = w_ptr + e * sw_e + n_in[:, None] * sw_n + kk[None, :]
         a_ptrs = act_ptr + p * NI + kk
         if ONE_TILE:
@@ -139,7 +114,7 @@ def _down_gemv_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, 
                 a_ptrs += BK
                 w_ptrs += BK
             part = tl.sum(acc, 1)
-        total += rw * part
+        total += tl.load(rw_ptr + p) * part
     if HAS_SHARED:
         s_ptrs = sd_ptr + n_in[:, None] * sd_n + kk[None, :]
         g_ptrs = sp_ptr + t * sp_t + kk
@@ -160,17 +135,14 @@ def _down_gemv_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, 
 
 
 @triton.jit
-def _down_gemv_one_shot_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, sg_ptr, l_ptr,
-                               H, NI, NIS, E, sw_e, sw_n, so_t, sp_t, sd_n, sg_t, sl_t,
+def _down_gemv_one_shot_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, sg_ptr,
+                               H, NI, NIS, sw_e, sw_n, so_t, sp_t, sd_n, sg_t,
                                TOPK: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                               BKS: tl.constexpr, HAS_SHARED: tl.constexpr, ROUTE: tl.constexpr,
-                               BE: tl.constexpr, PDL: tl.constexpr):
+                               BKS: tl.constexpr, HAS_SHARED: tl.constexpr, PDL: tl.constexpr):
     # Every load of the program is issued before any arithmetic: the k experts' [BN, I] rows as one [KP, BN, BK]
     # tile (ids gathered as a vector), their activations, and the shared expert's rows and projection. A loop
     # over the experts with a reduction per expert (``_down_gemv_kernel``) waits for each expert's load in turn:
-    # the reduction's barrier keeps the next load from issuing. Requires NI <= BK and NIS <= BKS. ROUTE: the ids
-    # and weights come from the token's logits (route_topk, the router's arithmetic) instead of the router's
-    # outputs.
+    # the reduction's barrier keeps the next load from issuing. Requires NI <= BK and NIS <= BKS.
     t = tl.program_id(0)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     nm = n < H
@@ -178,13 +150,8 @@ def _down_gemv_one_shot_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr,
     j = tl.arange(0, KP)
     jm = j < TOPK
     p = t * TOPK + tl.where(jm, j, 0)
-    if ROUTE:
-        rw, e = route_topk(l_ptr + t * sl_t, E, TOPK, KP, BE)     # lanes >= TOPK: weight 0
-        if KP != TOPK:  # padded lanes take pair 0's expert, as the loads of the other branch do
-            e = tl.where(jm, e, tl.sum(tl.where(j == 0, e, 0), 0))
-    else:
-        e = tl.load(ids_ptr + p)
-        rw = tl.where(jm, tl.load(rw_ptr + p), 0.0)
+    e = tl.load(ids_ptr + p)
+    rw = tl.where(jm, tl.load(rw_ptr + p), 0.0)
     kk = tl.arange(0, BK)
     km = kk < NI
     w = tl.load(w_ptr + e[:, None, None] * sw_e + n_in[None, :, None] * sw_n + kk[None, None, :],
@@ -196,9 +163,8 @@ def _down_gemv_one_shot_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr,
         g = tl.load(sp_ptr + t * sp_t + ks, mask=ksm, other=0.0).to(tl.float32)
         u = tl.load(sp_ptr + t * sp_t + NIS + ks, mask=ksm, other=0.0).to(tl.float32)
         gl = tl.load(sg_ptr + t * sg_t).to(tl.float32)
-    # Everything above is weights or outputs of the router and of the projection before it, or the logits the
-    # routing reads (all launched before the gate/up kernel, so complete once this kernel can start: the
-    # pdl_wait protocol): under PDL it streams while gate/up finishes. Only the activations need the wait.
+    # Everything above is weights or outputs of the router and of the projection before it (launched before the
+    # gate/up kernel): under PDL it streams while gate/up finishes. Only the activations need the wait.
     pdl_wait(PDL)
     a = tl.load(act_ptr + p[:, None] * NI + kk[None, :], mask=km[None, :], other=0.0).to(tl.float32)
     parts = tl.sum(w.to(tl.float32) * a[:, None, :], 2)          # [KP, BN]: each expert's dot, fp32
@@ -229,43 +195,16 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
                      down: torch.Tensor, shared: SharedExpert | None, *, tune: dict | None = None) -> torch.Tensor:
     """The decode path of :func:`ninfer.ops.triton.moe.moe_experts` (same contract; inputs already checked:
     one dtype, last dims contiguous). ``tune`` overrides the launch shape for tools/gpu_moe_gemv_sweep.py:
-    ``bn1``/``bk1``/``warps1`` (gate/up) and ``bn2``/``warps2`` (down), ``down`` = "one_shot" or "loop"."""
-    if x.shape[0] and not (ids.dtype == torch.int64 and ids.is_contiguous()):
-        ids = ids.to(torch.int64).contiguous()
-    return _launch(x, ids.shape[1], gate_up, down, shared, tune or {}, ids=ids, rw=weights.float().contiguous())
-
-
-def moe_route_experts_gemv(x: torch.Tensor, logits: torch.Tensor, top_k: int, gate_up: torch.Tensor,
-                           down: torch.Tensor, shared: SharedExpert | None, *,
-                           tune: dict | None = None) -> torch.Tensor:
-    """The decode path of :func:`ninfer.ops.triton.moe.moe_route_experts`: the same two kernels, each routing
-    from ``logits[T, E]`` itself (:func:`~ninfer.ops.triton.moe_router.route_topk`), no router launch.
-
-    Bit for bit ``moe_experts_gemv(x, *moe_router(logits, top_k), ...)`` with the same ``tune``. Inputs already
-    checked as for :func:`moe_experts_gemv`, and E <= :data:`MAX_ROUTED_EXPERTS`, top_k <= E, logits' last dim
-    contiguous (a row stride is fine). The gate/up kernel routes after its PDL wait (the logits are the previous
-    launch's output); the down kernel routes before its wait (the logits are two launches back), so its expert
-    rows are still requested before the wait."""
-    return _launch(x, top_k, gate_up, down, shared, tune or {}, logits=logits)
-
-
-def _launch(x: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor, shared: SharedExpert | None,
-            tune: dict, *, ids: torch.Tensor | None = None, rw: torch.Tensor | None = None,
-            logits: torch.Tensor | None = None) -> torch.Tensor:
-    """Both GEMV kernels, from (ids, rw) or, when ``logits`` is given, routing inside the kernels."""
+    ``bn1``/``bk1``/``warps1`` (gate/up) and ``bn2``/``warps2`` (down)."""
+    tune = tune or {}
     t_len, hidden = x.shape
+    top_k = ids.shape[1]
     inter = gate_up.shape[1] // 2
     out = torch.empty((t_len, hidden), dtype=x.dtype, device=x.device)
     if t_len == 0:
         return out
-    route = logits is not None
-    if route:  # unused pointers (ROUTE=False compiles their uses away)
-        ids = rw = logits
-        n_exp, sl_t, be = logits.shape[1], logits.stride(0), triton.next_power_of_2(logits.shape[1])
-    else:
-        logits, n_exp, sl_t, be = x, 1, 0, 1
-    kp = triton.next_power_of_2(top_k)
-    rkw = dict(ROUTE=route, KP=kp, BE=be)
+    ids = ids if ids.dtype == torch.int64 and ids.is_contiguous() else ids.to(torch.int64).contiguous()
+    rw = weights.float().contiguous()
     sms = _sm_count(x.device)
     interp = x.device.type != "cuda"
     kw1 = {} if interp else {"num_warps": tune.get("warps1", 4)}
@@ -276,9 +215,8 @@ def _launch(x: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tens
     bk1 = tune.get("bk1") or min(_BK_GATE_UP, triton.next_power_of_2(hidden))
     bn1 = tune.get("bn1") or min(_block_n(t_len * top_k, inter, sms), max(1, _TILE // bk1))
     _gate_up_gemv_kernel[(t_len * top_k, triton.cdiv(inter, bn1))](
-        x, gate_up, ids, act, logits, hidden, inter, n_exp, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        sl_t,
-        TOPK=top_k, BN=bn1, BK=bk1, EVEN=hidden % bk1 == 0, **rkw, **kw1, **pdl(x))
+        x, gate_up, ids, act, hidden, inter, x.stride(0), gate_up.stride(0), gate_up.stride(1),
+        TOPK=top_k, BN=bn1, BK=bk1, EVEN=hidden % bk1 == 0, **kw1, **pdl(x))
     if shared is not None:
         proj, sdown, glog = shared.projected, shared.down, shared.gate_logit
         nis = sdown.shape[1]
@@ -290,19 +228,19 @@ def _launch(x: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tens
     if tune.get("down", "one_shot") == "one_shot" and inter <= _BK_DOWN_MAX and nis <= _BK_DOWN_MAX:
         # [KP, BN, I] weights + [KP, I] activations in registers: BN = 4 at k = 8, I = 512 with 8 warps (64
         # weight elements per thread), H / 4 programs per token.
+        kp = triton.next_power_of_2(top_k)
         bk = triton.next_power_of_2(max(inter, 16))
         bks = triton.next_power_of_2(max(nis, 16))
         bn2 = tune.get("bn2") or max(1, min(16, _ONE_SHOT_TILE // (kp * bk)))
         kw2 = {} if interp else {"num_warps": tune.get("warps2", 8)}
         _down_gemv_one_shot_kernel[(t_len, triton.cdiv(hidden, bn2))](
-            act, down, ids, rw, out, proj, sdown, glog, logits, hidden, inter, nis, n_exp,
-            down.stride(0), down.stride(1), out.stride(0), sp_t, sd_n, sg_t, sl_t,
-            TOPK=top_k, KP=kp, BN=bn2, BK=bk, BKS=bks, HAS_SHARED=shared is not None, ROUTE=route, BE=be,
-            **kw2, **pdl(x))
+            act, down, ids, rw, out, proj, sdown, glog, hidden, inter, nis,
+            down.stride(0), down.stride(1), out.stride(0), sp_t, sd_n, sg_t,
+            TOPK=top_k, KP=kp, BN=bn2, BK=bk, BKS=bks, HAS_SHARED=shared is not None, **kw2, **pdl(x))
         return out
     bn2 = tune.get("bn2") or min(_block_n(t_len, hidden, sms), max(1, _TILE // bk2))
     _down_gemv_kernel[(t_len, triton.cdiv(hidden, bn2))](
-        act, down, ids, rw, out, proj, sdown, glog, logits, hidden, inter, nis, n_exp,
-        down.stride(0), down.stride(1), out.stride(0), sp_t, sd_n, sg_t, sl_t,
-        TOPK=top_k, BN=bn2, BK=bk2, ONE_TILE=inter <= bk2, HAS_SHARED=shared is not None, **rkw, **kw2, **pdl(x))
+        act, down, ids, rw, out, proj, sdown, glog, hidden, inter, nis,
+        down.stride(0), down.stride(1), out.stride(0), sp_t, sd_n, sg_t,
+        TOPK=top_k, BN=bn2, BK=bk2, ONE_TILE=inter <= bk2, HAS_SHARED=shared is not None, **kw2, **pdl(x))
     return out
