@@ -293,3 +293,28 @@ def check_apply_penalties(ops, device, inputs, oracle_columns):
     for before, after in zip(saved, on_device, strict=True):
         assert torch.equal(before, after), "inputs must not be modified"
     return out
+
+
+def check_gated_decode_attention(ops, device, dtype, gen, rows=((1, 5), (1, 40), (1, 1)), page=4, hq=4, hkv=2, d=16,
+                                 extra_pages=0):
+    """``paged_decode_attention(..., gate)`` against the ungated op followed by torch's ``o * sigmoid(gate)``
+    (gate a row-strided column view, as the model slices it from its projection). Returns (gated, composed)
+    on the CPU. ``extra_pages`` widens the page table (the Triton kernel then splits rows)."""
+    ks = [randn(gen, kv_len, hkv, d, dtype=dtype) for _, kv_len in rows]
+    vs = [randn(gen, kv_len, hkv, d, dtype=dtype) for _, kv_len in rows]
+    q = randn(gen, len(rows), hq, d, dtype=dtype).to(device)
+    wide = randn(gen, len(rows), hq * d + 9, dtype=dtype, scale=3.0).to(device)
+    gate = wide[:, 5:5 + hq * d]
+    kv_lens = torch.tensor([kv_len for _, kv_len in rows], dtype=torch.int32).to(device)
+    _, table, n_pool = next(iter(page_layouts(rows, page, gen)))
+    if extra_pages:
+        table = torch.cat([table, torch.zeros(table.shape[0], extra_pages, dtype=table.dtype)], dim=1)
+    k_pool, v_pool = (t.to(device) for t in fill_pools(ks, vs, table, n_pool, page, dtype))
+    table = table.to(device)
+    plain = ops.paged_decode_attention(q, k_pool, v_pool, kv_lens, table, d ** -0.5)
+    gated = ops.paged_decode_attention(q, k_pool, v_pool, kv_lens, table, d ** -0.5, gate)
+    composed = (plain.reshape(len(rows), hq * d) * torch.sigmoid(gate)).reshape(plain.shape)
+    assert gated.shape == plain.shape and gated.dtype == dtype
+    # The gate matters (a mutation that dropped it would pass a comparison with the ungated output).
+    assert not torch.equal(gated, plain)
+    return gated.cpu(), composed.cpu()

@@ -11,7 +11,7 @@ Criteria (normwise, cap relative to max|ref|): fp32 rel 2e-6 / cap 2e-5 (fp32 so
 import pytest
 import torch
 
-from .conftest import Normwise, reference_ops
+from .conftest import DTYPES, Normwise, reference_ops
 from .shared_checks import check_paged_attention
 
 CRIT = {torch.float32: Normwise(2e-6, 2e-5), torch.bfloat16: Normwise(8e-3, 3e-2)}
@@ -38,3 +38,19 @@ def test_paged_attention(device, dtype, page, hq, hkv, d, gen):
 @pytest.mark.parametrize("page,hq,hkv,d", [(1, 2, 2, 8), (16, 8, 2, 8), (7, 4, 1, 256)])
 def test_paged_decode_attention(device, dtype, page, hq, hkv, d, gen):
     run_case(device, dtype, page, hq, hkv, d, [(1, n) for n in (1, 2, 15, 16, 17, 33)], gen, decode=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_decode_attention_output_gate(device, dtype, gen):
+    # By definition (contract): the ungated output times torch's sigmoid(gate), in q.dtype -- bit for bit;
+    # a gate of the wrong shape names the problem.
+    from .shared_checks import check_gated_decode_attention
+
+    gated, composed = check_gated_decode_attention(reference_ops(device, dtype), device, dtype, gen)
+    assert torch.equal(gated, composed)
+    q = torch.zeros(1, 4, 16, dtype=dtype, device=device)
+    pool = torch.zeros(2, 4, 2, 16, dtype=dtype, device=device)
+    with pytest.raises(ValueError, match="gate"):
+        reference_ops(device, dtype).paged_decode_attention(
+            q, pool, pool, torch.ones(1, dtype=torch.int32, device=device),
+            torch.zeros(1, 1, dtype=torch.int32, device=device), 0.25, torch.zeros(1, 8, dtype=dtype, device=device))

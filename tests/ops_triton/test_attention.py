@@ -148,3 +148,21 @@ def test_cuda_graph_capture_and_replay(decode, gen):
         graph.replay()
         torch.cuda.synchronize()
         assert_bits(captured, call(), f"replay with kv_lens {lens}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("extra_pages", [0, 64])
+def test_decode_output_gate(dtype, extra_pages, gen):
+    """The gate applied at the output store: in the split kernel when a launch has one split (narrow table), in
+    the combine otherwise (64 extra table entries: several splits). Equal to the ungated kernel followed by torch's
+    o * sigmoid(gate) up to the sigmoid's last fp32 bit (exp implementations differ): within one ulp of dtype."""
+    from ops.shared_checks import check_gated_decode_attention
+
+    gated, composed = check_gated_decode_attention(triton_ops(dtype), DEVICE, dtype, gen, extra_pages=extra_pages)
+    ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -22
+    assert (gated.double() - composed.double()).abs().max() <= ulp * composed.double().abs().max()
+    with pytest.raises(ValueError, match="gate"):
+        triton_ops(dtype).paged_decode_attention(
+            torch.zeros(1, 4, 16, dtype=dtype, device=DEVICE), torch.zeros(2, 4, 2, 16, dtype=dtype, device=DEVICE),
+            torch.zeros(2, 4, 2, 16, dtype=dtype, device=DEVICE), torch.ones(1, dtype=torch.int32, device=DEVICE),
+            torch.zeros(1, 1, dtype=torch.int32, device=DEVICE), 0.25, torch.zeros(1, 8, dtype=dtype, device=DEVICE))

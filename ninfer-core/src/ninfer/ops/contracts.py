@@ -151,8 +151,10 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "are read."),
     OpContract("paged_decode_attention",
                "paged_decode_attention(q[B, Hq, D], k_pool, v_pool, kv_lens[B] int32, page_tables[B, maxp] int32, "
-               "scale) -> o[B, Hq, D]",
-               "paged_attention with one query per row (the last position)."),
+               "scale, gate[B, Hq*D] = None) -> o[B, Hq, D]",
+               "paged_attention with one query per row (the last position). With a gate (the gated attention's "
+               "output gate; a row-strided view is fine): o * sigmoid(gate) with torch's roundings -- o and "
+               "sigmoid(gate) each rounded to q.dtype, then their product."),
     OpContract("silu_and_mul", "silu_and_mul(x[..., 2I]) -> [..., I]", "silu(x[..., :I]) * x[..., I:]."),
     OpContract("moe_router", "moe_router(logits[T, E], top_k) -> (weights[T, k] fp32, ids[T, k] int64)",
                "softmax over all E in fp32, top-k, renormalised to sum 1 (Qwen3.5 MoE)."),

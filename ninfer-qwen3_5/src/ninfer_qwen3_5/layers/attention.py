@@ -3,7 +3,8 @@
 q and gate come from the de-interleaved ``attention/query`` / ``attention/gate`` bindings; q_norm and
 k_norm (zero-centred, per head) precede partial NeoX RoPE; K (normed, rotated) and raw V are written
 to the paged pools for every token of the call (all of it one ``qk_norm_rope_cache``), then decode rows use ``paged_decode_attention`` and
-the chunk ``paged_attention`` (causal over its cached prefix). Output: ``attn * sigmoid(gate)``.
+the chunk ``paged_attention`` (causal over its cached prefix). Output: ``attn * sigmoid(gate)``
+(in a decode-only unit applied by ``paged_decode_attention`` itself).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class GatedAttention:
         q, _ = ops.qk_norm_rope_cache(q.view(n, self.nq, self.d), k.view(n, self.nkv, self.d),
                                       v.view(n, self.nkv, self.d), self.w_qn, self.w_kn, self.eps, ctx.cos, ctx.sin,
                                       k_pool, v_pool, ctx.slot_mapping)
+        if b_rows and not ctx.num_chunk:
+            # Decode only: the output gate is applied where the attention stores its output (no extra launches).
+            o = ops.paged_decode_attention(q, k_pool, v_pool, ctx.decode_kv_lens, ctx.decode_page_tables,
+                                           self.scale, gate)
+            return ops.linear(o.reshape(n, self.nq * self.d), self.w_out), residual
         outs = []
         if b_rows:
             outs.append(ops.paged_decode_attention(q[:b_rows].contiguous(), k_pool, v_pool, ctx.decode_kv_lens,

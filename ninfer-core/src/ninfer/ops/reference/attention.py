@@ -74,14 +74,25 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_lens: torch.Tensor,
-                           page_tables: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query per row at its last position: ``q[B, Hq, D]`` over ``kv_lens[b]`` cached positions."""
+                           page_tables: torch.Tensor, scale: float, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """One query per row at its last position: ``q[B, Hq, D]`` over ``kv_lens[b]`` cached positions; with
+    ``gate[B, Hq*D]``, times ``sigmoid(gate)`` as torch computes it in q.dtype."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     for b, kv_len in enumerate(kv_lens.tolist()):
         k = _gather_kv(k_pool, page_tables[b], kv_len)
         v = _gather_kv(v_pool, page_tables[b], kv_len)
         out[b:b + 1] = _attend_row(q[b:b + 1], k, v, scale).to(q.dtype)
+    if gate is not None:
+        out = out * torch.sigmoid(_gate_view(gate, q).to(q.dtype))
     return out
+
+
+def _gate_view(gate: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``gate[B, Hq*D]`` as ``[B, Hq, D]`` (a row-strided gate reshapes by copy in the reference)."""
+    b, hq, d = q.shape
+    if gate.shape != (b, hq * d):
+        raise ValueError(f"paged_decode_attention: gate {tuple(gate.shape)} must be [B, Hq*D] = {(b, hq * d)}")
+    return gate.reshape(b, hq, d)
 
 
 OPS = [

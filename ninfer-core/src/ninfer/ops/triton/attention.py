@@ -71,19 +71,28 @@ def _pv(p, v, P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexp
 
 
 @triton.jit
+def _sigmoid_gate(out, g, DT: tl.constexpr, INTERP: tl.constexpr):
+    """torch's ``o * sigmoid(gate)`` in dtype DT: o rounded, sigmoid(gate) (fp32) rounded, their product (rounded
+    by the caller's store)."""
+    o = cast(out, DT, INTERP).to(tl.float32)
+    gf = g.to(tl.float32)
+    return o * cast(1.0 / (1.0 + tl.exp(-gf)), DT, INTERP).to(tl.float32)
+
+
+@triton.jit
 def _decode_split_kernel(
-        q_ptr, k_ptr, v_ptr, kv_lens_ptr, pt_ptr, acc_ptr, ml_ptr, out_ptr,
+        q_ptr, k_ptr, v_ptr, kv_lens_ptr, pt_ptr, acc_ptr, ml_ptr, out_ptr, gate_ptr,
         qk_scale,
         stride_qb, stride_qh, stride_qd,
         stride_kp, stride_ks, stride_kh, stride_kd,
         stride_vp, stride_vs, stride_vh, stride_vd,
         stride_ptb,
         stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ms,
-        stride_ob, stride_oh, stride_od,
+        stride_ob, stride_oh, stride_od, stride_gb,
         NUM_SPLITS: tl.constexpr, R: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
         MIN_SPLIT_TILES: tl.constexpr, MAX_SPLITS_C: tl.constexpr, DIRECT: tl.constexpr,
-        P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr):
+        HAS_GATE: tl.constexpr, P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr):
     """Program (b, kv head, split): the R query heads of one KV head over one split of row b's positions.
 
     The R heads are the rows of a BLOCK_H >= 16 tile (tl.dot's minimum), so each K/V tile is loaded once for
@@ -134,8 +143,12 @@ def _decode_split_kernel(
 
     if DIRECT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        omask = h_mask[:, None] & d_mask[None, :]
+        if HAS_GATE:
+            g = tl.load(gate_ptr + b * stride_gb + heads[:, None] * D + offs_d[None, :], mask=omask, other=0.0)
+            out = _sigmoid_gate(out, g, out_ptr.dtype.element_ty, INTERP)
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-                 cast(out, out_ptr.dtype.element_ty, INTERP), mask=h_mask[:, None] & d_mask[None, :])
+                 cast(out, out_ptr.dtype.element_ty, INTERP), mask=omask)
     else:
         base = b * stride_ab + heads * stride_ah + s * stride_as
         tl.store(acc_ptr + base[:, None] + offs_d[None, :], acc, mask=h_mask[:, None] & d_mask[None, :])
@@ -146,12 +159,12 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_combine_kernel(
-        acc_ptr, ml_ptr, kv_lens_ptr, out_ptr,
+        acc_ptr, ml_ptr, kv_lens_ptr, out_ptr, gate_ptr,
         stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ms,
-        stride_ob, stride_oh, stride_od,
+        stride_ob, stride_oh, stride_od, stride_gb,
         NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
         MIN_SPLIT_TILES: tl.constexpr, MAX_SPLITS_C: tl.constexpr,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr):
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr, INTERP: tl.constexpr):
     """Program (b, query head): merges the row's splits in split order (a fixed, batch-independent order)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -176,6 +189,9 @@ def _decode_combine_kernel(
         part = tl.load(acc_ptr + b * stride_ab + h * stride_ah + s * stride_as + offs_d, mask=d_mask, other=0.0)
         acc = acc + tl.exp2(m_s - m_max) * part
     out = acc / tl.where(l_tot > 0, l_tot, 1.0)
+    if HAS_GATE:
+        g = tl.load(gate_ptr + b * stride_gb + h * D + offs_d, mask=d_mask, other=0.0)
+        out = _sigmoid_gate(out, g, out_ptr.dtype.element_ty, INTERP)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od, cast(out, out_ptr.dtype.element_ty, INTERP),
              mask=d_mask)
 
@@ -192,13 +208,22 @@ def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple
 
 
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_lens: torch.Tensor,
-                           page_tables: torch.Tensor, scale: float, *, config: dict | None = None) -> torch.Tensor:
-    """One query per row, ``q[B, Hq, D]`` over ``kv_lens[b]`` paged positions (split-K + combine).
+                           page_tables: torch.Tensor, scale: float, gate: torch.Tensor | None = None, *,
+                           config: dict | None = None) -> torch.Tensor:
+    """One query per row, ``q[B, Hq, D]`` over ``kv_lens[b]`` paged positions (split-K + combine). ``gate[B, Hq*D]``:
+    the output gate, applied where the output is stored (the combine, or the split kernel when it is direct):
+    the two elementwise launches of ``o * sigmoid(gate)`` are gone.
 
     ``config`` overrides tile sizes / split policy (benchmark sweeps only; the partition then changes too).
     """
     hq, hkv, d, page = _check(q, k_pool, v_pool)
     bsz = q.shape[0]
+    if gate is not None:
+        if gate.shape != (bsz, hq * d) or gate.dtype != q.dtype:
+            raise ValueError(f"paged_decode_attention: gate {tuple(gate.shape)} {gate.dtype} must be "
+                             f"[B, Hq*D] = {(bsz, hq * d)} {q.dtype}")
+        if gate.stride(-1) != 1:
+            gate = gate.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if bsz == 0:
         return out
@@ -223,17 +248,19 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     page_tables = page_tables.to(device=q.device, dtype=torch.int32)
     common = dict(NUM_SPLITS=num_splits, D=d, BLOCK_N=block_n, MIN_SPLIT_TILES=min_tiles,
                   MAX_SPLITS_C=cfg["MAX_SPLITS"])
+    g, sg = (gate, gate.stride(0)) if gate is not None else (out, 0)
     _decode_split_kernel[(bsz, hkv, num_splits)](
-        q, k_pool, v_pool, kv_lens, page_tables, acc, ml, out, scale * _LOG2E,
-        *q.stride(), *k_pool.stride(), *v_pool.stride(), page_tables.stride(0), *sa, *out.stride(),
-        R=r, PAGE=page, BLOCK_H=block_h, BLOCK_D=block_d, DIRECT=direct,
+        q, k_pool, v_pool, kv_lens, page_tables, acc, ml, out, g, scale * _LOG2E,
+        *q.stride(), *k_pool.stride(), *v_pool.stride(), page_tables.stride(0), *sa, *out.stride(), sg,
+        R=r, PAGE=page, BLOCK_H=block_h, BLOCK_D=block_d, DIRECT=direct, HAS_GATE=gate is not None,
         P_SPLIT=cfg.get("P_SPLIT", True) and q.dtype != torch.float32,
         FP32_DOT=q.dtype == torch.float32, INTERP=INTERPRET,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
     if not direct:
         _decode_combine_kernel[(bsz, hq)](
-            acc, ml, kv_lens, out, *sa, *out.stride(),
-            BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d, INTERP=INTERPRET, num_warps=4, **common)
+            acc, ml, kv_lens, out, g, *sa, *out.stride(), sg,
+            BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d, HAS_GATE=gate is not None, INTERP=INTERPRET,
+            num_warps=4, **common)
     return out
 
 
