@@ -164,11 +164,6 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "sum_j weights[t, j] * down_e(silu(gate_e x) * up_e x) with e = ids[t, j]; gate rows first; plus "
                "sigmoid(shared.gate_logit[t]) * shared.down @ (silu(g) * u) with [g | u] = shared.projected[t] "
                "when a shared expert is given; one fp32 sum, rounded once."),
-    OpContract("moe_route_experts",
-               "moe_route_experts(x[T, H], logits[T, E], top_k, gate_up[E, 2I, H], down[E, H, I], *, "
-               "shared: SharedExpert | None = None) -> [T, H]",
-               "moe_experts(x, *moe_router(logits, top_k), gate_up, down, shared=shared): routing and the experts, "
-               "which at decode may run without a separate router launch. logits may be a row-strided view."),
     OpContract("apply_penalties",
                "apply_penalties(logits[B, V] fp32, output_counts[B, V] int32, prompt_mask[B, V] bool, "
                "repetition[B] fp32, presence[B] fp32, frequency[B] fp32) -> [B, V] fp32",

@@ -69,15 +69,7 @@ def shared_expert_fp32(shared: SharedExpert, dtype: torch.dtype) -> torch.Tensor
     return torch.sigmoid(shared.gate_logit.float())[:, None] * y
 
 
-def moe_route_experts(x: torch.Tensor, logits: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
-                      *, shared: SharedExpert | None = None) -> torch.Tensor:
-    """``moe_experts(x, *moe_router(logits, top_k), gate_up, down, shared=shared)`` (contract)."""
-    weights, ids = moe_router(logits, top_k)
-    return moe_experts(x, weights, ids, gate_up, down, shared=shared)
-
-
 OPS = [
-    OpImpl(op="moe_route_experts", name="torch_reference", fn=moe_route_experts, priority=0),
     OpImpl(op="moe_router", name="torch_reference", fn=moe_router, priority=0),
     OpImpl(op="moe_experts", name="torch_reference", fn=moe_experts, priority=0),
 ]
