@@ -31,6 +31,7 @@ SHAPES = [
     ("35b attn q", 8192, 2048), ("35b attn kv", 512, 2048),
     ("9b gdn in", 12352, 4096), ("9b gdn out", 4096, 4096), ("9b mlp gate_up", 24576, 4096),
     ("9b mlp down", 4096, 12288), ("9b attn q", 8192, 4096), ("9b attn kv", 1024, 4096),
+    ("35b lm head", 248320, 2048), ("9b lm head", 248320, 4096),
 ]
 
 
@@ -40,11 +41,13 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--shapes", default="", help="comma-separated substrings of the shape names to run (default all)")
     args = ap.parse_args()
+    picked = [s for s in SHAPES if not args.shapes or any(p in s[0] for p in args.shapes.split(","))]
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     results = []
-    for name, n, k in SHAPES:
+    for name, n, k in picked:
         nbytes = n * k * 2
         copies = max(2, math.ceil((400 << 20) / nbytes))
         ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16, generator=g) * k ** -0.5 for _ in range(copies)]
@@ -52,7 +55,8 @@ def main() -> None:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=g)
             default_bn = max(1, _TILE // min(triton_pow2(k), _TILE))
             variants = [("cublas", None)] + [(f"gemv bn={bn} w={w}", dict(block_n=bn, warps=w))
-                                             for bn in sorted({max(1, default_bn // 2), default_bn, default_bn * 2})
+                                             for bn in sorted({max(1, default_bn // 2), default_bn, default_bn * 2,
+                                                               default_bn * 4})
                                              for w in (4, 8)]
             ref = [F.linear(x, ws[c % copies]) for c in range(args.calls)]
             for label, kw in variants:
@@ -70,7 +74,7 @@ def main() -> None:
         del ws
         torch.cuda.empty_cache()
     summary = {}
-    for name, _, _ in SHAPES:
+    for name, _, _ in picked:
         for m in (int(r) for r in args.rows.split(",")):
             rows = [r for r in results if r["shape"] == name and r["rows"] == m and r.get("ok")]
             cub = next((r for r in rows if r["impl"] == "cublas"), None)

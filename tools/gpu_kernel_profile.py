@@ -85,6 +85,32 @@ def step_timeline(prof, per_step: int) -> list[dict]:
     return rows
 
 
+def engine_steps(prof, long_us: float = 100.0) -> dict:
+    """Every GPU op (kernels, copies, memsets) of an Engine-driven decode, in start order, cut into steps at the
+    LM head (the one kernel longer than ``long_us`` per step): the step period, and for three mid-run steps each op
+    with its start, duration and the idle gap before it -- what the GPU does outside the captured graph."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text()).get("traceEvents", [])
+    ops = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                 key=lambda e: e["ts"])
+    heads = [i for i, e in enumerate(ops) if e["dur"] > long_us]
+    if len(heads) < 8:
+        return {"steps": len(heads)}
+    ends = [ops[i]["ts"] + ops[i]["dur"] for i in heads]
+    periods = sorted(b - a for a, b in zip(ends[:-1], ends[1:], strict=True))
+    mid = len(heads) // 2
+    window = ops[heads[mid - 2] + 1: heads[mid + 1] + 1]
+    rows, last_end = [], window[0]["ts"]
+    for e in window:
+        rows.append({"op": e["name"][:60], "cat": e["cat"], "start_us": round(e["ts"] - window[0]["ts"], 2),
+                     "dur_us": e["dur"], "gap_us": round(max(0.0, e["ts"] - last_end), 2)})
+        last_end = max(last_end, e["ts"] + e["dur"])
+    busy = sum(r["dur_us"] for r in rows)
+    return {"steps": len(heads), "period_median_us": periods[len(periods) // 2], "period_min_us": periods[0],
+            "window_us": last_end - window[0]["ts"], "window_busy_us": busy, "window": rows}
+
+
 def fmt_timeline(rows: list[dict]) -> str:
     lines = [f"{'start':>8} {'dur':>7} {'end':>8} {'marg':>7}  kernel"]
     for r in rows:
@@ -187,6 +213,22 @@ def main() -> int:
                 with h:
                     h.result()
             report[f"decode_b{b}"]["engine_tok_s"] = b * 256 / (time.perf_counter() - t0)
+            # The same decode under the profiler: what the GPU runs between replays (inputs, sampling, copies).
+            sp = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                hs = [engine.submit([(17 * i + r) % 5000 + 10 for i in range(64)], sampling=sp) for r in range(b)]
+                for h in hs:
+                    with h:
+                        h.result()
+                torch.cuda.synchronize()
+            steps = engine_steps(prof)
+            report[f"decode_b{b}"]["engine_steps"] = steps
+            if "window" in steps:
+                lines = [f"{r['start_us']:9.1f} {r['dur_us']:7.1f} {r['gap_us']:6.1f}  {r['cat'][:6]:6} {r['op']}"
+                         for r in steps["window"]]
+                text.append(f"== decode B={b} through the Engine: step period median {steps['period_median_us']:.1f} us "
+                            f"(min {steps['period_min_us']:.1f}), 3-step window {steps['window_us']:.1f} us, busy "
+                            f"{steps['window_busy_us']:.1f} us\n" + "\n".join(lines))
 
         one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
         prompt = torch.randint(0, geometry["vocab_size"], (args.prefill,),
