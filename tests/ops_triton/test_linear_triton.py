@@ -86,8 +86,25 @@ def test_rows_times_weight_bytes_bounds_the_gemv(monkeypatch, gen):
     assert mod.use_gemv(randn(gen, 1, 64, device=DEVICE), w)
     assert mod.use_gemv(randn(gen, 2, 64, device=DEVICE), w)
     assert not mod.use_gemv(randn(gen, 3, 64, device=DEVICE), w)
-    monkeypatch.setattr(mod, "MAX_WEIGHT_BYTES", 4095)
-    assert not mod.use_gemv(randn(gen, 1, 64, device=DEVICE), w)
+    monkeypatch.setattr(mod, "MAX_ROW_BYTES", 0)   # one row streams whatever the weight's size (the LM head)
+    assert mod.use_gemv(randn(gen, 1, 64, device=DEVICE), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 9])
+def test_logits_are_linear_as_fp32(dtype, rows, gen):
+    """``logits`` stores fp32 from the GEMV (rows it takes) or casts the reference's result (rows it does not):
+    either way bit for bit ``linear(x, w).float()`` of the same implementation."""
+    ops = triton_ops(dtype)
+    assert ops.implementation("logits").name == "triton"
+    x = randn(gen, rows, 64, dtype=dtype, device=DEVICE)
+    w = randn(gen, 37, 64, dtype=dtype, device=DEVICE, scale=0.125)
+    out = ops.logits(x, w)
+    assert out.dtype == torch.float32 and out.shape == (rows, 37)
+    assert torch.equal(out, ops.linear(x, w).float())
+    assert torch.equal(reference(dtype).logits(x, w), reference(dtype).linear(x, w).float())
+    with pytest.raises(ValueError, match="input features"):
+        ops.logits(x, w[:, :63])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

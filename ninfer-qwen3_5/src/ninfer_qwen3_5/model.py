@@ -106,4 +106,4 @@ class Qwen35Model:
         if logit_rows is not None:
             out, residual = out.index_select(0, logit_rows), residual.index_select(0, logit_rows)
         h, _ = ops.add_rms_norm(out, residual, self.norm, eps)
-        return ops.linear(h, self.lm_head).float()
+        return ops.logits(h, self.lm_head)

@@ -63,6 +63,14 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
     OpContract("linear", "linear(x[..., in], weight[out, in]) -> [..., out]",
                "x @ weight.T, no bias; accumulates in at least the input precision. A weight dtype other than "
                "x's is promoted (computed in the wider type); the output has x's dtype."),
+    OpContract("logits", "logits(x[T, N], weight[V, N]) -> [T, V] fp32",
+               "linear(x, weight).float(): the LM head, each logit rounded to x.dtype (as linear rounds it) and "
+               "returned in fp32 for sampling; at decode one kernel stores the fp32 values directly."),
+    OpContract("greedy_tokens", "greedy_tokens(logits[B, V] float, out[B] int64 = None) -> tokens[B] int64",
+               "Per row the lowest index of the maximum of nan_to_num(logits, nan=-inf) (so +inf/-inf count as "
+               "the largest/smallest finite values, NaN as the smallest): exactly torch.argmax of that, which "
+               "is ``sample``'s result at temperature 0. Written into ``out`` when given (a [B] int64 view, e.g. "
+               "a decode graph's static token buffer) and returned."),
     OpContract("rms_norm", "rms_norm(x[..., N], weight[N], eps) -> [..., N]",
                "Zero-centred (Qwen3.5) RMSNorm: fp32 x*rsqrt(mean(x^2)+eps)*(1+w), cast to x.dtype."),
     OpContract("add_rms_norm", "add_rms_norm(x[T, N], residual[T, N], weight[N], eps) -> (y, new_residual)",

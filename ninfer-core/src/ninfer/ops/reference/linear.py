@@ -25,4 +25,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.to(wide), weight.to(wide)).to(x.dtype)
 
 
-OPS = [OpImpl(op="linear", name="torch_reference", fn=linear, priority=0)]
+def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The LM head: ``linear(x, weight)`` (rounded to x.dtype) as fp32."""
+    return linear(x, weight).float()
+
+
+OPS = [OpImpl(op="linear", name="torch_reference", fn=linear, priority=0),
+       OpImpl(op="logits", name="torch_reference", fn=logits, priority=0)]

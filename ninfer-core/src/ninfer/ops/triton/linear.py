@@ -1,8 +1,8 @@
 """Triton ``linear`` for decode-sized inputs: a streaming GEMV.
 
 Same contract as :func:`ninfer.ops.reference.linear.linear` (``x @ w.T``, fp32 accumulation, output in x's dtype).
-Only the shapes where it beats cuBLAS take this path (:func:`use_gemv`); everything else -- prefill, the LM head,
-mixed dtypes -- is the reference's ``F.linear``.
+Only the shapes where it beats cuBLAS take this path (:func:`use_gemv`); everything else -- prefill, several rows of
+a large weight, mixed dtypes -- is the reference's ``F.linear``.
 
 Why: with one to a few rows a GEMM is a weight stream, and what decides its speed is how many bytes are in flight.
 cuBLAS picks split-K kernels plus a reduce kernel for the narrow ones (the MoE router + shared-expert projection,
@@ -19,7 +19,10 @@ result does not depend on the other rows of the call, nor on M (rows are indepen
 block's pre-norm of the row from x, the residual and the norm weight (one tile: K <= 4096) and multiplies its
 weight tile by that; program 0 stores the normed row and the new residual for the rest of the block. The norm's
 launch (2-3 us at decode, twice per layer) is gone; what it adds is a few KB per program read from L2, which is
-why it is taken for one row only (:data:`_NORM_BN`)."""
+why it is taken for one row only (:data:`_NORM_BN`).
+
+``logits`` (the LM head) is the same kernel storing fp32: each dot is rounded to x's dtype first, so the values are
+``linear(x, w).float()``'s without the [T, V] cast launch (4-5 us on the 248k vocabulary)."""
 
 from __future__ import annotations
 
@@ -47,8 +50,6 @@ MAX_ROW_BYTES = 48 << 20
 _NORM_BN = 4
 # add_rms_norm_swiglu's rows per program: 2 gate + 2 up rows, the registers (and program count) of _NORM_BN.
 _SWIGLU_BN = 2
-# Weights above this size stay on cuBLAS: its large-N GEMV (the LM head, ~1 GB) already streams at copy bandwidth.
-MAX_WEIGHT_BYTES = 256 << 20
 
 
 @triton.jit
@@ -115,7 +116,9 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K
         g = cast(acc, y_ptr.dtype.element_ty, INTERP).to(tl.float32)
         u = cast(acc_u, y_ptr.dtype.element_ty, INTERP).to(tl.float32)
         acc = g / (1.0 + tl.exp(-g)) * u
-    tl.store(y_ptrs, cast(acc, y_ptr.dtype.element_ty, INTERP), mask=(rows[:, None] < M) & nm[None, :])
+    # Rounded to x's dtype (linear's rounding), then stored as y's dtype (fp32 for ``logits``: exact).
+    y = cast(acc, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptrs, y, mask=(rows[:, None] < M) & nm[None, :])
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -125,19 +128,19 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (x.device.type == weight.device.type and (x.device.type == "cuda" or INTERPRET)
             and x.dtype == weight.dtype and x.dtype in KERNEL_DTYPES and 1 <= rows <= MAX_ROWS
             and weight.dim() == 2 and weight.stride(1) == 1 and x.stride(-1) == 1
-            and nbytes <= MAX_WEIGHT_BYTES and (rows == 1 or rows * nbytes <= MAX_ROW_BYTES))
+            and (rows == 1 or rows * nbytes <= MAX_ROW_BYTES))
 
 
 def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, swiglu: bool = False,
-         block_n: int | None = None, warps: int = 4) -> torch.Tensor:
+         block_n: int | None = None, warps: int = 4, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x2[M, K] @ weight[N, K].T`` with the kernel (``block_n``/``warps``: launch-shape overrides for sweeps).
     ``norm = (residual2, norm_weight, eps, normed_out, residual_out)``: x2 is first replaced by
     add_rms_norm(x2, residual2) (K must fit one tile), whose two results program 0 stores to the given [M, K]
     outputs. ``swiglu``: weight is ``[2I, K]`` (gate rows, then up rows) and the result ``silu_and_mul`` of the
-    product, ``[M, I]`` (K must fit one tile)."""
+    product, ``[M, I]`` (K must fit one tile). ``out_dtype`` (default x's): the dtype stored, after rounding to x's."""
     m, k = x2.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
-    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    y = torch.empty((m, n), dtype=out_dtype or x2.dtype, device=x2.device)
     bk = min(next_pow2(k), _TILE)
     bn = block_n or (2 if m == 1 else 4)
     kw = {} if INTERPRET else {"num_warps": warps}
@@ -165,6 +168,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     return gemv(x2, weight).view(*x.shape[:-1], weight.shape[0])
+
+
+def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``linear(x, weight).float()``: for rows the GEMV takes, one kernel storing fp32 (measured on an H200 at the
+    1 GB Qwen3.5-35B-A3B LM head, one row: 224 us against cuBLAS's 245 us, tools/gpu_gemv_sweep.py)."""
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"logits: x has {x.shape[-1]} input features, weight expects {weight.shape[-1]}")
+    if not use_gemv(x, weight):
+        return _reference.linear(x, weight).float()
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return gemv(x2, weight, out_dtype=torch.float32).view(*x.shape[:-1], weight.shape[0])
 
 
 def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
@@ -212,6 +228,8 @@ def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
 
 
 OPS = [OpImpl(op="linear", name="triton", fn=linear, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
+              priority=10),
+       OpImpl(op="logits", name="triton", fn=logits, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
               priority=10),
        OpImpl(op="add_rms_norm_linear", name="triton", fn=add_rms_norm_linear, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10),
