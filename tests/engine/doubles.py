@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from ninfer.core.kv_pool import PagedKVCache
 from ninfer.core.state_image import StateField, StateImageStorage, StateLayout
+from ninfer.ops.reference.greedy import greedy_tokens
 from ninfer.ops.reference.sampling import apply_penalties, sample
 from ninfer.runtime.contract.frontend import (
     OutputDelta,
@@ -37,10 +38,11 @@ EOS = 1
 
 
 class ToyOps:
-    """The two ops SequenceProgram samples with: the real torch reference implementations."""
+    """The ops SequenceProgram samples with: the real torch reference implementations."""
 
     apply_penalties = staticmethod(apply_penalties)
     sample = staticmethod(sample)
+    greedy_tokens = staticmethod(greedy_tokens)
 
 
 def _mix(h: int, token: int, pos: int) -> int:

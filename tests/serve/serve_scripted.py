@@ -15,6 +15,7 @@ import time
 import torch
 from ninfer.core.kv_pool import PagedKVCache
 from ninfer.core.state_image import StateField, StateImageStorage, StateLayout
+from ninfer.ops.reference.greedy import greedy_tokens
 from ninfer.ops.reference.sampling import apply_penalties, sample
 from ninfer.runtime.sequence_program import ForwardBatch, SequenceProgram
 
@@ -25,6 +26,7 @@ TURN_END = "<|im_end|>"
 class _Ops:
     apply_penalties = staticmethod(apply_penalties)
     sample = staticmethod(sample)
+    greedy_tokens = staticmethod(greedy_tokens)
 
 
 class ScriptedProgram(SequenceProgram):

@@ -56,11 +56,14 @@ class Qwen35Program(SequenceProgram):
             raise ProgramError("decode graphs must be captured before any sequence is opened")
         max_batch = min(max_batch, self.states.num_slots)
         graphs = DecodeGraphs(self._decode_forward, device=self.device, max_batch=max_batch,
-                              max_pages=self.kv.pages_for(self.max_context))
+                              max_pages=self.kv.pages_for(self.max_context), greedy=self.ops.greedy_tokens)
         with torch.inference_mode():
             graphs.capture()
         self.graphs = graphs
         return graphs.batch_sizes
+
+    def precomputed_greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
+        return self.graphs.greedy_for(logits) if self.graphs is not None else None
 
     def close_graphs(self) -> None:
         if self.graphs is not None:
@@ -82,10 +85,10 @@ class Qwen35Program(SequenceProgram):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         d, c = batch.decode, batch.chunk
         if c is None:
-            rows = (d.tokens, d.positions, d.slots, d.out_slots, d.kv_lens, d.page_tables, d.slot_mapping)
             if self.graphs is not None and self.graphs.has(len(d.seqs)):
-                return self.graphs.run(*rows)
-            return self._decode_forward(*rows)
+                return self.graphs.run(d)
+            return self._decode_forward(d.tokens, d.positions, d.slots, d.out_slots, d.kv_lens, d.page_tables,
+                                        d.slot_mapping)
         b_rows = len(d.seqs) if d is not None else 0
         t = int(c.tokens.shape[0]) if c is not None else 0
         parts = [x for x in (d, c) if x is not None]  # decode rows first, then the chunk

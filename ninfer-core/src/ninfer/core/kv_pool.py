@@ -333,12 +333,16 @@ class PagedKVCache:
         ps = self.page_size
         return [table[t // ps] * ps + t % ps for t in range(start, end)]
 
+    def page_rows(self, owners: Sequence[object], num_tokens: Sequence[int]) -> list[list[int]]:
+        """Row b: the pages covering ``num_tokens[b]`` tokens of ``owners[b]`` (host lists)."""
+        return [self._tables.get(o, [])[: self.pages_for(n)] for o, n in zip(owners, num_tokens, strict=True)]
+
     def page_table_tensor(self, owners: Sequence[object], num_tokens: Sequence[int], *,
                           non_blocking: bool = False) -> torch.Tensor:
         """``int32 [len(owners), maxp]``: row b lists the pages covering ``num_tokens[b]`` tokens of
         ``owners[b]``; unused entries are 0 (never read: kernels stop at the row's kv length).
         ``non_blocking``: copy through pinned memory without waiting for the stream (CUDA)."""
-        rows = [self._tables.get(o, [])[: self.pages_for(n)] for o, n in zip(owners, num_tokens, strict=True)]
+        rows = self.page_rows(owners, num_tokens)
         width = max(1, max((len(r) for r in rows), default=1))
         # One tensor from padded lists: a per-row tensor and slice assignment cost ~2 torch calls per row.
         table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32).reshape(len(rows), width)

@@ -68,9 +68,10 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "returned in fp32 for sampling; at decode one kernel stores the fp32 values directly."),
     OpContract("greedy_tokens", "greedy_tokens(logits[B, V] float, out[B] int64 = None) -> tokens[B] int64",
                "Per row the lowest index of the maximum of nan_to_num(logits, nan=-inf) (so +inf/-inf count as "
-               "the largest/smallest finite values, NaN as the smallest): exactly torch.argmax of that, which "
-               "is ``sample``'s result at temperature 0. Written into ``out`` when given (a [B] int64 view, e.g. "
-               "a decode graph's static token buffer) and returned."),
+               "the largest/smallest finite values, NaN as the smallest): exactly torch.argmax of that -- the "
+               "Program's all-greedy fast path (equal to ``sample`` at temperature 0 on rows without +-inf). "
+               "Written into ``out`` when given (a [B] int64 view, e.g. a decode graph's static token buffer) "
+               "and returned."),
     OpContract("rms_norm", "rms_norm(x[..., N], weight[N], eps) -> [..., N]",
                "Zero-centred (Qwen3.5) RMSNorm: fp32 x*rsqrt(mean(x^2)+eps)*(1+w), cast to x.dtype."),
     OpContract("add_rms_norm", "add_rms_norm(x[T, N], residual[T, N], weight[N], eps) -> (y, new_residual)",

@@ -11,12 +11,19 @@ Invariants:
   split policy makes a row's result independent of it, see ``ninfer.ops.triton.attention``).
 - Tokens, positions, state slots (read and written), KV lengths, page tables and KV slot mappings are graph *inputs*
   (static buffers overwritten before each replay), never graph keys: any sequences, any pages.
+- All inputs live in one static int64 buffer (:class:`_Layout`), so a step's inputs reach the device in *one*
+  host-to-device copy from the rows' host description (:class:`~ninfer.runtime.sequence_program.DecodeRows`),
+  not a copy per tensor: every stream operation between two replays costs ~2 us of GPU time at B=1.
+- With a ``greedy`` op, each graph also computes ``greedy_tokens`` of its logits into the static token input
+  itself, so the next step of the same rows, if greedy, finds its tokens already in place: a greedy decode
+  step is one input copy, the replay and the tokens' copy back. Rows that sample otherwise ignore it (one small
+  kernel).
 - Capture runs the forward eagerly first (compiling kernels) and then records it. Both write KV and
   state: capture must happen while no sequence holds a state slot or a KV page (at Program
   construction), on slots ``0..B-1`` and KV page 0, whose contents are garbage afterwards (a slot is
   zeroed when allocated; a page is written before it is read).
-- The returned logits live in graph-owned memory and are overwritten by the next replay of any
-  graph: callers consume them (sample) before the next step.
+- The returned logits and greedy tokens live in graph-owned memory and are overwritten by the next replay of
+  any graph: callers consume them (sample, queue their copies) before the next step.
 - Only the thread that owns the Program replays (the engine worker); graphs share one memory pool.
 """
 
@@ -24,32 +31,59 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-
-@dataclass(frozen=True)
-class DecodeInputs:
-    """The static input buffers of every graph (views ``[:B]`` are a graph's inputs)."""
-
-    tokens: torch.Tensor        # int64 [max_batch]
-    positions: torch.Tensor     # int64 [max_batch]
-    slots: torch.Tensor         # int64 [max_batch]: the state slots read
-    out_slots: torch.Tensor     # int64 [max_batch]: the state slots written (== slots, except lookahead)
-    kv_lens: torch.Tensor       # int32 [max_batch]
-    page_tables: torch.Tensor   # int32 [max_batch, max_pages]
-    slot_mapping: torch.Tensor  # int64 [max_batch]
-
+if TYPE_CHECKING:
+    from ninfer.runtime.sequence_program import DecodeRows
 
 # forward(tokens, positions, slots, out_slots, kv_lens, page_tables, slot_mapping) -> fp32 logits [B, V]
 DecodeForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                           torch.Tensor], torch.Tensor]
+# greedy_tokens(logits [B, V], out=[B] int64) -> out
+GreedyOp = Callable[..., torch.Tensor]
+
+# Above this many int32 entries a copy of the page table's whole span (rows max_pages apart) gives way to one
+# copy per row (long contexts with several rows).
+_SPAN_LIMIT = 1 << 16
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where graph B's inputs sit in the static int64 buffer (offsets in int64 elements, the int32 ones in int32).
+
+    ``[0, max_batch)``: the tokens (graph B reads the first B); from ``max_batch``: positions, state slots, out
+    slots, KV slots (B each); then, as int32, the B kv lengths and, from a 16-byte boundary, B page-table rows
+    ``max_pages`` apart."""
+
+    b: int
+    max_batch: int
+    max_pages: int
+
+    @property
+    def meta(self) -> int:
+        return self.max_batch
+
+    @property
+    def kv_lens32(self) -> int:
+        return 2 * (self.meta + 4 * self.b)
+
+    @property
+    def table32(self) -> int:
+        return -(-(self.kv_lens32 + self.b) // 4) * 4
+
+    @staticmethod
+    def size(max_batch: int, max_pages: int) -> int:
+        last = _Layout(max_batch, max_batch, max_pages)
+        return -(-(last.table32 + max_batch * max_pages) // 2)
 
 
 class DecodeGraphs:
     """Captured decode graphs for batch sizes ``1..max_batch`` over ``forward`` (see the module docstring)."""
 
-    def __init__(self, forward: DecodeForward, *, device: torch.device, max_batch: int, max_pages: int) -> None:
+    def __init__(self, forward: DecodeForward, *, device: torch.device, max_batch: int, max_pages: int,
+                 greedy: GreedyOp | None = None) -> None:
         if torch.device(device).type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         if max_batch < 1 or max_pages < 1:
@@ -58,80 +92,138 @@ class DecodeGraphs:
         self.max_batch = max_batch
         self.max_pages = max_pages
         self._forward = forward
-        z = dict(device=self.device)
-        self.inputs = DecodeInputs(
-            tokens=torch.zeros(max_batch, dtype=torch.int64, **z),
-            positions=torch.zeros(max_batch, dtype=torch.int64, **z),
-            slots=torch.zeros(max_batch, dtype=torch.int64, **z),
-            out_slots=torch.zeros(max_batch, dtype=torch.int64, **z),
-            kv_lens=torch.ones(max_batch, dtype=torch.int32, **z),
-            page_tables=torch.zeros((max_batch, max_pages), dtype=torch.int32, **z),
-            slot_mapping=torch.zeros(max_batch, dtype=torch.int64, **z))
+        self._greedy = greedy
+        self.packed = torch.zeros(_Layout.size(max_batch, max_pages), dtype=torch.int64, device=self.device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None   # (logits, greedy tokens) of the last replay
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self._graphs))
 
     def _views(self, b: int) -> tuple[torch.Tensor, ...]:
-        i = self.inputs
-        return (i.tokens[:b], i.positions[:b], i.slots[:b], i.out_slots[:b], i.kv_lens[:b], i.page_tables[:b],
-                i.slot_mapping[:b])
+        return input_views(self.packed, b, self.max_batch, self.max_pages)
+
+    def _record(self, b: int) -> torch.Tensor:
+        views = self._views(b)
+        logits = self._forward(*views)
+        if self._greedy is not None:
+            self._greedy(logits, out=views[0])
+        return logits
 
     def capture(self, batch_sizes: list[int] | None = None) -> None:
         """Capture every size (default ``1..max_batch``), largest first so smaller graphs reuse the pool."""
         sizes = sorted(set(batch_sizes or range(1, self.max_batch + 1)), reverse=True)
         if sizes and not 1 <= sizes[-1] <= sizes[0] <= self.max_batch:
             raise ValueError(f"batch sizes {sizes} are outside 1..{self.max_batch}")
-        i = self.inputs
-        # Distinct state slots and positions 0 (one KV token, page 0): valid inputs for any kernel.
-        i.slots.copy_(torch.arange(self.max_batch, device=self.device))
-        i.out_slots.copy_(i.slots)
-        i.positions.zero_()
-        i.kv_lens.fill_(1)
-        i.page_tables.zero_()
-        i.slot_mapping.zero_()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for b in sizes:
-                self._forward(*self._views(b))  # warm-up: compiles kernels, settles allocator blocks
+                self._valid_inputs(b)
+                self._record(b)  # warm-up: compiles kernels, settles allocator blocks
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         for b in sizes:
+            self._valid_inputs(b)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                out = self._forward(*self._views(b))
+                out = self._record(b)
             if self._pool is None:
                 self._pool = graph.pool()
             self._graphs[b] = (graph, out)
         torch.cuda.synchronize(self.device)
 
+    def _valid_inputs(self, b: int) -> None:
+        """Distinct state slots and position 0 (one KV token, page 0): valid inputs for any kernel."""
+        tokens, positions, slots, out_slots, kv_lens, tables, slot_mapping = self._views(b)
+        tokens.zero_()
+        positions.zero_()
+        slots.copy_(torch.arange(b, device=self.device))
+        out_slots.copy_(slots)
+        kv_lens.fill_(1)
+        tables.zero_()
+        slot_mapping.zero_()
+
     def has(self, batch_size: int) -> bool:
         return batch_size in self._graphs
 
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, out_slots: torch.Tensor,
-            kv_lens: torch.Tensor, page_tables: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-        """Copy one step's inputs (``[B]`` / ``[B, w]`` with ``w <= max_pages``) into the static buffers and
-        replay the size-B graph; returns its logits ``[B, V]`` (valid until the next replay)."""
-        b, w = page_tables.shape
+    def run(self, rows: DecodeRows) -> torch.Tensor:
+        """Copy the rows' inputs into graph B's static inputs and replay it; returns its logits ``[B, V]``
+        (valid until the next replay; :meth:`greedy_for` gives their greedy tokens)."""
+        b = len(rows.seqs)
         graph, out = self._graphs[b]
-        if w > self.max_pages:
-            raise ValueError(f"a page table of width {w} exceeds the graphs' {self.max_pages} pages")
-        i = self.inputs
-        i.tokens[:b].copy_(tokens, non_blocking=True)
-        i.positions[:b].copy_(positions, non_blocking=True)
-        i.slots[:b].copy_(slots, non_blocking=True)
-        i.out_slots[:b].copy_(out_slots, non_blocking=True)
-        i.kv_lens[:b].copy_(kv_lens, non_blocking=True)
-        # Entries past a row's own pages are never read (loads are masked by kv_len), so the rest of
-        # the static table may keep older page ids.
-        i.page_tables[:b, :w].copy_(page_tables, non_blocking=True)
-        i.slot_mapping[:b].copy_(slot_mapping, non_blocking=True)
+        tokens = self.packed[:b]
+        if rows.token_ids is None and not _same_view(rows.device_tokens, tokens):
+            tokens.copy_(rows.device_tokens, non_blocking=True)
+        start, host, per_row = stage_inputs(rows, self.max_batch, self.max_pages, pin=True)
+        self.packed[start: start + host.shape[0]].copy_(host, non_blocking=True)
+        if per_row:
+            # Entries past a row's own pages are never read (loads are masked by kv_len): only its pages are copied.
+            tables = self._views(b)[5]
+            for r, pages in enumerate(rows.pages):
+                if pages:
+                    tables[r, : len(pages)].copy_(torch.tensor(pages, dtype=torch.int32).pin_memory(), non_blocking=True)
         graph.replay()
+        self._last = (out, tokens)
         return out
+
+    def greedy_for(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The greedy tokens (int64 [B], a view of the static token input) the last replay computed, when
+        ``logits`` is that replay's output; else None (or when the graphs compute none)."""
+        if self._greedy is None or self._last is None or logits is not self._last[0]:
+            return None
+        return self._last[1]
 
     def close(self) -> None:
         self._graphs.clear()
         self._pool = None
+        self._last = None
+
+
+def input_views(packed: torch.Tensor, b: int, max_batch: int, max_pages: int) -> tuple[torch.Tensor, ...]:
+    """Graph b's inputs in ``packed`` (see :class:`_Layout`), in the forward's order: tokens, positions, slots,
+    out_slots, kv_lens, page_tables, slot_mapping."""
+    lay = _Layout(b, max_batch, max_pages)
+    meta = packed[lay.meta: lay.meta + 4 * b].view(4, b)
+    i32 = packed.view(torch.int32)
+    kv_lens = i32[lay.kv_lens32: lay.kv_lens32 + b]
+    tables = i32[lay.table32: lay.table32 + b * max_pages].view(b, max_pages)
+    return packed[:b], meta[0], meta[1], meta[2], kv_lens, tables, meta[3]
+
+
+def stage_inputs(rows: DecodeRows, max_batch: int, max_pages: int, *, pin: bool = False
+                 ) -> tuple[int, torch.Tensor, bool]:
+    """The host image of graph B's inputs for ``rows``: ``(start, host, per_row)``, ``host`` (int64) to be copied
+    to ``packed[start:]`` in one copy. It starts at the tokens when they are on the host, else at the meta (the
+    device tokens stay in place). ``per_row``: the page table's span (rows ``max_pages`` apart) is too long, so it
+    is left out and each row's pages are copied on their own."""
+    b = len(rows.seqs)
+    w = max(1, max((len(p) for p in rows.pages), default=1))
+    if w > max_pages:
+        raise ValueError(f"a page table of width {w} exceeds the graphs' {max_pages} pages")
+    lay = _Layout(b, max_batch, max_pages)
+    start = 0 if rows.token_ids is not None else lay.meta
+    span = (b - 1) * max_pages + w
+    per_row = span > _SPAN_LIMIT
+    end32 = lay.table32 + (0 if per_row else span)
+    end = max(lay.meta + 4 * b, -(-end32 // 2))
+    host = torch.empty(end - start, dtype=torch.int64, pin_memory=pin)
+    h64 = host.numpy()
+    h32 = h64.view("int32")
+    if rows.token_ids is not None:
+        h64[:b] = rows.token_ids
+    m = lay.meta - start
+    h64[m: m + 4 * b] = (*rows.at, *rows.state_slots, *rows.state_out_slots, *rows.kv_slots)
+    k = lay.kv_lens32 - 2 * start
+    h32[k: k + b] = [a + 1 for a in rows.at]
+    if not per_row:
+        t = lay.table32 - 2 * start
+        for r, pages in enumerate(rows.pages):
+            h32[t + r * max_pages: t + r * max_pages + len(pages)] = pages
+    return start, host, per_row
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype

@@ -44,6 +44,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -106,21 +107,87 @@ class _Checkpoint:
 
 @dataclass(frozen=True)
 class DecodeRows:
-    """B decode rows, one token each (the last ledger token), all tensors on the Program's device.
+    """B decode rows, one token each (the last ledger token), described on the host.
 
-    ``positions[b]`` = the row's computed count (the token's index); ``kv_lens = positions + 1``;
-    ``slot_mapping[b]`` the flat KV slot of that token; ``slots`` the StateImage slot ids the rows
-    read and ``out_slots`` those their new state is written to (the same tensor, except in a
-    lookahead step, which writes spare slots)."""
+    ``at[b]`` is the row's computed count (its token's position; its kv length is ``at[b] + 1``);
+    ``state_slots`` the StateImage slots the rows read and ``state_out_slots`` those their new state
+    is written to (the same, except in a lookahead step, which writes spare slots); ``kv_slots[b]``
+    the flat KV slot of the row's token; ``pages[b]`` the row's pages covering ``at[b] + 1`` tokens.
+    The tokens are on the host (``token_ids``) or already on the device (``device_tokens``, int64
+    [B], drawn there): exactly one of the two.
+
+    The device tensors (``tokens``, ``positions``, ``slots``, ``out_slots``, ``kv_lens``,
+    ``page_tables``, ``slot_mapping``) are made on first use, from the host description, in
+    non-blocking pinned copies. A decode graph reads the host description instead and copies it
+    straight into its static inputs (:meth:`~ninfer.runtime.decode_graphs.DecodeGraphs.run`), so a
+    graphed step makes none of them."""
 
     seqs: tuple[SeqId, ...]
-    tokens: torch.Tensor        # int64 [B]
-    positions: torch.Tensor     # int64 [B]
-    slots: torch.Tensor         # int64 [B]
-    out_slots: torch.Tensor     # int64 [B]
-    kv_lens: torch.Tensor       # int32 [B]
-    page_tables: torch.Tensor   # int32 [B, maxp]
-    slot_mapping: torch.Tensor  # int64 [B]
+    device: torch.device
+    at: tuple[int, ...]
+    state_slots: tuple[int, ...]
+    state_out_slots: tuple[int, ...]
+    kv_slots: tuple[int, ...]
+    pages: tuple[Sequence[int], ...]
+    token_ids: tuple[int, ...] | None = None
+    device_tokens: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        b = len(self.seqs)
+        if not all(len(f) == b for f in (self.at, self.state_slots, self.state_out_slots, self.kv_slots,
+                                          self.pages)):
+            raise ProgramError(f"decode rows of {b} sequences need one position, slot, out slot, KV slot and "
+                               f"page list per row")
+        if (self.token_ids is None) == (self.device_tokens is None):
+            raise ProgramError("decode rows take their tokens from the host or from the device: exactly one")
+        n = len(self.token_ids) if self.token_ids is not None else int(self.device_tokens.shape[0])
+        if n != b:
+            raise ProgramError(f"decode rows of {b} sequences got {n} tokens")
+
+    @cached_property
+    def tokens(self) -> torch.Tensor:   # int64 [B]
+        if self.device_tokens is not None:
+            return self.device_tokens
+        return to_device(list(self.token_ids), torch.int64, self.device)
+
+    @cached_property
+    def _meta(self) -> torch.Tensor:    # int64 [4, B]: positions, slots, out slots, KV slots
+        return to_device([list(self.at), list(self.state_slots), list(self.state_out_slots), list(self.kv_slots)],
+                         torch.int64, self.device)
+
+    @cached_property
+    def _tables(self) -> torch.Tensor:  # int32 [B + B * width]: kv lengths, then the page table's rows
+        width = max(1, max((len(p) for p in self.pages), default=1))
+        flat = [a + 1 for a in self.at]
+        for p in self.pages:
+            flat.extend(p)
+            flat.extend([0] * (width - len(p)))   # never read: kernels stop at the row's kv length
+        return to_device(flat, torch.int32, self.device)
+
+    @property
+    def positions(self) -> torch.Tensor:     # int64 [B]
+        return self._meta[0]
+
+    @property
+    def slots(self) -> torch.Tensor:         # int64 [B]
+        return self._meta[1]
+
+    @property
+    def out_slots(self) -> torch.Tensor:     # int64 [B]
+        return self._meta[2]
+
+    @property
+    def slot_mapping(self) -> torch.Tensor:  # int64 [B]
+        return self._meta[3]
+
+    @property
+    def kv_lens(self) -> torch.Tensor:       # int32 [B]
+        return self._tables[: len(self.seqs)]
+
+    @property
+    def page_tables(self) -> torch.Tensor:   # int32 [B, width]
+        b = len(self.seqs)
+        return self._tables[b:].view(b, -1)
 
 
 @dataclass(frozen=True)
@@ -158,7 +225,8 @@ class ForwardBatch:
 class SequenceProgram(ABC):
     """Program bookkeeping over a :class:`PagedKVCache` and a :class:`StateImageStorage`.
 
-    Subclasses implement :meth:`forward`. ``ops`` must provide ``apply_penalties`` and ``sample``.
+    Subclasses implement :meth:`forward`. ``ops`` must provide ``apply_penalties``, ``sample`` and
+    ``greedy_tokens``.
     ``lookahead_slots`` of the ``states`` slots are held as lookahead spares (outside ``capacity()``);
     only a subclass with ``supports_lookahead`` may ask for them.
     """
@@ -208,6 +276,12 @@ class SequenceProgram(ABC):
         """Run the model over ``batch``, updating KV pools and state slots in place. Returns fp32
         logits ``[batch.num_logit_rows, vocab]``: decode rows in order, then the chunk's last token
         (every chunk token, in order, when ``chunk.all_logits``)."""
+
+    def precomputed_greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """``greedy_tokens(logits)`` when the forward that returned this very tensor already computed it
+        (a decode graph does, in the same replay), else None. The result is valid as long as ``logits``
+        is (until the next forward)."""
+        return None
 
     # -- queries ---------------------------------------------------------------------------------
     def capacity(self) -> ProgramCapacity:
@@ -531,14 +605,11 @@ class SequenceProgram(ABC):
                 return
         spares = [self._spares.pop() for _ in seqs]
         try:
-            slots = [self._seqs[sid].slot for sid in seqs]
-            slot_map = [self.kv.slot_mapping(sid, m, m + 1)[0] for sid, m in zip(seqs, positions, strict=True)]
-            meta = to_device([positions, slots, spares, slot_map], torch.int64, self.device)
             rows = DecodeRows(
-                seqs=tuple(seqs), tokens=tokens.to(torch.int64), positions=meta[0], slots=meta[1],
-                out_slots=meta[2], kv_lens=(meta[0] + 1).to(torch.int32),
-                page_tables=self.kv.page_table_tensor(seqs, [m + 1 for m in positions], non_blocking=True),
-                slot_mapping=meta[3])
+                seqs=tuple(seqs), device=self.device, at=tuple(positions),
+                state_slots=tuple(self._seqs[sid].slot for sid in seqs), state_out_slots=tuple(spares),
+                kv_slots=tuple(self.kv.slot_mapping(sid, m, m + 1)[0] for sid, m in zip(seqs, positions, strict=True)),
+                pages=tuple(self.kv.page_rows(seqs, [m + 1 for m in positions])), device_tokens=tokens)
             logits = self.forward(ForwardBatch(decode=rows, chunk=None))
             nxt = [(sid, predicted(rs)) for sid, rs in sampling]
             drawn = self._draw_on_device(logits, nxt)
@@ -753,14 +824,10 @@ class SequenceProgram(ABC):
                 pos.append(s.computed)
                 slots.append(s.slot)
                 sampling.append((row.seq, row.sampling))
-            slot_map = [self.kv.slot_mapping(sq, p, p + 1)[0] for sq, p in zip(seqs, pos, strict=True)]
-            # One host->device copy for the four per-row vectors (each copy is a synchronous round trip).
-            meta = torch.tensor([toks, pos, slots, slot_map], dtype=torch.int64).to(dev)
             decode = DecodeRows(
-                seqs=tuple(seqs), tokens=meta[0], positions=meta[1], slots=meta[2], out_slots=meta[2],
-                kv_lens=(meta[1] + 1).to(torch.int32),
-                page_tables=self.kv.page_table_tensor(seqs, [p + 1 for p in pos]),
-                slot_mapping=meta[3])
+                seqs=tuple(seqs), device=dev, at=tuple(pos), state_slots=tuple(slots), state_out_slots=tuple(slots),
+                kv_slots=tuple(self.kv.slot_mapping(sq, p, p + 1)[0] for sq, p in zip(seqs, pos, strict=True)),
+                pages=tuple(self.kv.page_rows(seqs, [p + 1 for p in pos])), token_ids=tuple(toks))
         chunk = None
         if unit.chunk is not None:
             c = unit.chunk
@@ -849,9 +916,10 @@ class SequenceProgram(ABC):
         params = [rs.params for _, rs in rows]
         if all(p.temperature <= 0 for p in params):
             # Every row greedy: the sampler's result is the lowest-id maximum after NaN -> -inf, which
-            # is exactly torch.argmax's (first maximal index); skipping the filter saves its full-vocab
-            # sort (~1 ms per step on the 248k vocabulary).
-            return torch.argmax(torch.nan_to_num(processed, nan=float("-inf")), dim=-1)
+            # is greedy_tokens' (skipping the filter saves its full-vocab sort, ~1 ms per step on the
+            # 248k vocabulary); a decode graph computed it already when these are its logits.
+            pre = self.precomputed_greedy(processed)
+            return pre if pre is not None else self.ops.greedy_tokens(processed)
         # Two host->device copies for the six per-row parameters.
         dev = processed.device
         fparams = to_device([[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]],
