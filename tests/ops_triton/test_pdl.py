@@ -68,3 +68,72 @@ def test_pdl_graph_equals_plain_launches(monkeypatch, rows):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
+
+
+def _attention_chain(ops, x, p, kv_lens, tables, slot_mapping, cos, sin):
+    """A gated-attention decode layer: q/k/v/gate GEMVs, q/k norms + RoPE + KV write, split-K decode attention with
+    the output gate (split and combine kernels), output GEMV, then greedy tokens of a small head."""
+    b, hq, hkv, d = x.shape[0], p["hq"], p["hkv"], p["d"]
+    q = ops.linear(x, p["wq"]).view(b, hq, d)
+    k = ops.linear(x, p["wk"]).view(b, hkv, d)
+    v = ops.linear(x, p["wv"]).view(b, hkv, d)
+    gate = ops.linear(x, p["wg"])
+    q, _ = ops.qk_norm_rope_cache(q, k, v, p["qn"], p["kn"], 1e-6, cos, sin, p["k_pool"], p["v_pool"], slot_mapping)
+    o = ops.paged_decode_attention(q, p["k_pool"], p["v_pool"], kv_lens, tables, d ** -0.5, gate)
+    y = ops.logits(ops.linear(o.reshape(b, hq * d), p["wo"]), p["head"])
+    return y, ops.greedy_tokens(y)
+
+
+@pytest.mark.skipif(not CUDA or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs a CUDA device of compute capability 9.0+")
+@pytest.mark.parametrize("rows", [1, 3])
+def test_pdl_attention_graph_equals_plain_launches(monkeypatch, rows):
+    """The decode attention kernels (split and combine) and greedy_tokens under PDL, as above."""
+    from ninfer.ops.triton import _common
+
+    g = torch.Generator(device=DEVICE).manual_seed(10 + rows)
+    hdim, hq, hkv, d, page, pages = 512, 8, 2, 256, 16, 40
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, device=DEVICE, generator=g) * scale).to(torch.bfloat16)
+
+    p = dict(hq=hq, hkv=hkv, d=d, wq=rnd(hq * d, hdim, scale=hdim ** -0.5), wk=rnd(hkv * d, hdim, scale=hdim ** -0.5),
+             wv=rnd(hkv * d, hdim, scale=hdim ** -0.5), wg=rnd(hq * d, hdim, scale=hdim ** -0.5),
+             qn=rnd(d, scale=0.1), kn=rnd(d, scale=0.1), wo=rnd(hdim, hq * d, scale=(hq * d) ** -0.5),
+             head=rnd(5000, hdim, scale=hdim ** -0.5),
+             k_pool=rnd(pages, page, hkv, d), v_pool=rnd(pages, page, hkv, d))
+    ops = triton_ops(torch.bfloat16)
+    # Row r decodes position 100 + 37 r over its own pages (several splits), writing its token's KV slot.
+    kv_lens = torch.tensor([101 + 37 * r for r in range(rows)], dtype=torch.int32, device=DEVICE)
+    tables = torch.stack([torch.arange(r * 12, r * 12 + 12, dtype=torch.int32, device=DEVICE) for r in range(rows)])
+    slot_mapping = torch.tensor([(r * 12 + (100 + 37 * r) // page) * page + (100 + 37 * r) % page for r in range(rows)],
+                                device=DEVICE)
+    ang = torch.rand(rows, 64, device=DEVICE, generator=g) * 6
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+    inputs = [rnd(rows, hdim) for _ in range(8)]
+    pools = (p["k_pool"].clone(), p["v_pool"].clone())
+    args = (kv_lens, tables, slot_mapping, cos, sin)
+
+    def reset():
+        p["k_pool"].copy_(pools[0])
+        p["v_pool"].copy_(pools[1])
+
+    monkeypatch.setattr(_common, "PDL_ENABLED", False)
+    expected = []
+    for x in inputs:
+        reset()
+        expected.append(_attention_chain(ops, x, p, *args))
+    monkeypatch.setattr(_common, "PDL_ENABLED", True)
+    static = inputs[0].clone()
+    reset()
+    _attention_chain(ops, static, p, *args)                           # compile the PDL variants outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, tokens = _attention_chain(ops, static, p, *args)
+    for x, (want, want_tokens) in zip(inputs, expected, strict=True):
+        reset()
+        static.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want) and torch.equal(tokens, want_tokens)

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.registry import OpImpl
-from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, mm, next_pow2
+from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, mm, next_pow2, pdl, pdl_wait
 
 _LOG2E = 1.4426950408889634
 _NEG = tl.constexpr(-1.0e30)  # a global read inside kernels must be a constexpr
@@ -92,12 +92,14 @@ def _decode_split_kernel(
         NUM_SPLITS: tl.constexpr, R: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
         MIN_SPLIT_TILES: tl.constexpr, MAX_SPLITS_C: tl.constexpr, DIRECT: tl.constexpr,
-        HAS_GATE: tl.constexpr, P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr):
+        HAS_GATE: tl.constexpr, P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr,
+        PDL: tl.constexpr):
     """Program (b, kv head, split): the R query heads of one KV head over one split of row b's positions.
 
     The R heads are the rows of a BLOCK_H >= 16 tile (tl.dot's minimum), so each K/V tile is loaded once for
     the whole group. Writes unnormalised partials (acc, m, l) for the combine kernel, or, when the launch
     has a single split (DIRECT), the normalised output directly (bit-identical to combining one split).
+    PDL: only kv_lens (a step input) is read before the wait; q and the KV written this step come after it.
     """
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -109,6 +111,7 @@ def _decode_split_kernel(
     tiles_per = tl.cdiv(n_tiles, n_split)
     t_lo = s * tiles_per
     t_hi = tl.minimum(t_lo + tiles_per, n_tiles)
+    pdl_wait(PDL)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -164,14 +167,17 @@ def _decode_combine_kernel(
         stride_ob, stride_oh, stride_od, stride_gb,
         NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
         MIN_SPLIT_TILES: tl.constexpr, MAX_SPLITS_C: tl.constexpr,
-        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr, INTERP: tl.constexpr):
-    """Program (b, query head): merges the row's splits in split order (a fixed, batch-independent order)."""
+        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr, INTERP: tl.constexpr,
+        PDL: tl.constexpr):
+    """Program (b, query head): merges the row's splits in split order (a fixed, batch-independent order).
+    PDL: kv_lens (a step input) before the wait, the split kernel's partials after it."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     kv_len = tl.load(kv_lens_ptr + b)
     n_tiles = tl.cdiv(kv_len, BLOCK_N)
     n_split = tl.minimum(tl.cdiv(n_tiles, MIN_SPLIT_TILES), MAX_SPLITS_C)
     n_split = tl.maximum(tl.minimum(n_split, NUM_SPLITS), 1)
+    pdl_wait(PDL)
 
     offs_s = tl.arange(0, BLOCK_S)
     s_mask = offs_s < n_split
@@ -244,8 +250,13 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         acc = torch.empty((bsz, hq, num_splits, block_d), dtype=torch.float32, device=q.device)
         ml = torch.empty((bsz, hq, num_splits, 2), dtype=torch.float32, device=q.device)
         sa = acc.stride()[:3] + ml.stride()[:3]
+    # A converted kv_lens is the output of a launch of its own, which the split kernel must not read before its
+    # PDL wait: then it launches plainly.
+    converted = (kv_lens.dtype != torch.int32 or kv_lens.device != q.device or page_tables.dtype != torch.int32
+                 or page_tables.device != q.device)
     kv_lens = kv_lens.to(device=q.device, dtype=torch.int32)
     page_tables = page_tables.to(device=q.device, dtype=torch.int32)
+    launch = {"PDL": False} if converted else pdl(q)
     common = dict(NUM_SPLITS=num_splits, D=d, BLOCK_N=block_n, MIN_SPLIT_TILES=min_tiles,
                   MAX_SPLITS_C=cfg["MAX_SPLITS"])
     g, sg = (gate, gate.stride(0)) if gate is not None else (out, 0)
@@ -255,12 +266,12 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         R=r, PAGE=page, BLOCK_H=block_h, BLOCK_D=block_d, DIRECT=direct, HAS_GATE=gate is not None,
         P_SPLIT=cfg.get("P_SPLIT", True) and q.dtype != torch.float32,
         FP32_DOT=q.dtype == torch.float32, INTERP=INTERPRET,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch, **common)
     if not direct:
         _decode_combine_kernel[(bsz, hq)](
             acc, ml, kv_lens, out, g, *sa, *out.stride(), sg,
             BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d, HAS_GATE=gate is not None, INTERP=INTERPRET,
-            num_warps=4, **common)
+            num_warps=4, **pdl(q), **common)
     return out
 
 
