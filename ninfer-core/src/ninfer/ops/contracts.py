@@ -89,6 +89,15 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "act = silu_and_mul(y): a dense MLP's pre-norm, gate/up projection and SwiGLU, which at decode may "
                "run as one kernel without the [T, 2I] intermediate. Same roundings as those ops (y to x.dtype, "
                "then the activation once); the norm's reduction order may differ."),
+    OpContract("add_rms_norm_linear_router",
+               "add_rms_norm_linear_router(x[T, N], residual[T, N], norm_weight[N], eps, weight[out, N], "
+               "num_experts, top_k, workspace[1] int32) -> (y[T, out], normed[T, N], new_residual[T, N], "
+               "route_weights[T, k] fp32, route_ids[T, k] int64)",
+               "(y, normed, new_residual) = add_rms_norm_linear(x, residual, norm_weight, eps, weight); "
+               "(route_weights, route_ids) = moe_router(y[:, :num_experts], top_k): an MoE block's pre-norm, its "
+               "input projection (router rows first) and the routing, which at decode may run as one kernel. "
+               "workspace: a zeroed int32 scratch the caller owns and never shares between concurrent calls; the "
+               "op leaves it zeroed."),
     OpContract("gated_rms_norm", "gated_rms_norm(x[..., N], gate[..., N], weight[N], eps) -> [..., N]",
                "GDN output norm: n = fp32 rmsnorm(x) cast to x.dtype; n*weight (plain weight, not 1+w); "
                "times silu(gate.float()); cast to x.dtype."),
