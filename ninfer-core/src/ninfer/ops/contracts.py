@@ -89,6 +89,12 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "act = silu_and_mul(y): a dense MLP's pre-norm, gate/up projection and SwiGLU, which at decode may "
                "run as one kernel without the [T, 2I] intermediate. Same roundings as those ops (y to x.dtype, "
                "then the activation once); the norm's reduction order may differ."),
+    OpContract("embed_rms_norm_linear",
+               "embed_rms_norm_linear(tokens[T] int64, table[V, N], norm_weight[N], eps, weight[out, N]) "
+               "-> (y[T, out], normed[T, N], rows[T, N])",
+               "rows = table[tokens] (the embedding gather); normed = rms_norm(rows, norm_weight, eps); "
+               "y = linear(normed, weight): the first block's input and pre-norm and its first projection, which at "
+               "decode may run as one kernel. Same roundings as those ops; the norm's reduction order may differ."),
     OpContract("add_rms_norm_linear_router",
                "add_rms_norm_linear_router(x[T, N], residual[T, N], norm_weight[N], eps, weight[out, N], "
                "num_experts, top_k, workspace[1] int32) -> (y[T, out], normed[T, N], new_residual[T, N], "
