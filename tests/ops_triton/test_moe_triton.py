@@ -222,3 +222,18 @@ def test_router_registered_and_resolved():
 
     assert [i.op for i in tr.OPS] == ["moe_router"] and tr.OPS[0].devices == frozenset({"cuda"})
     assert triton_ops(torch.bfloat16).implementation("moe_router").name == "triton"
+
+
+@pytest.mark.parametrize("experts", [16, 13])
+def test_router_gives_valid_ids_for_nan_logits(experts):
+    """A row of NaN (or partly NaN) logits must not route out of range: the expert kernels would read out of bounds
+    and fail the engine, not just the row."""
+    from ninfer.ops.triton.moe_router import moe_router
+
+    logits = torch.randn(3, experts, device=DEVICE)
+    logits[0] = float("nan")
+    logits[1, ::3] = float("nan")
+    _, ids = moe_router(logits, 4)
+    assert ids.dtype == torch.int64 and bool(((ids >= 0) & (ids < experts)).all())
+    _, clean = ref.moe_router(logits[2:], 4)
+    assert torch.equal(ids[2:].sort(-1).values, clean.sort(-1).values)

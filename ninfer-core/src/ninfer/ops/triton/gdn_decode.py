@@ -19,8 +19,8 @@ dependency latency: the whole step moves ~4 MB (the recurrent state, read and wr
    every conv channel has exactly one reader and writer and the in-place conv state needs no grid barrier (the
    reason for the two-kernel split above, whose value-head programs would share q/k channels). Its [Dk, R*Dv]
    state tile holds the R value heads side by side (each column has its head's g and beta), loaded before the
-   PDL wait with the conv taps, the old conv state, z and the norm weight; after the wait: the conv of its
-   channels (rounded to x.dtype as the conv op rounds it), the gates, the recurrence and the gated norm per head.
+   PDL wait with the conv taps, the old conv state and the norm weight; after the wait (z too: the input
+   projection, the previous launch, writes it): the conv of its channels (rounded to x.dtype as the conv op rounds it), the gates, the recurrence and the gated norm per head.
    One kernel boundary per GDN layer fewer, and no conv output round trip through memory.
 
 Invariants: those of the four ops it composes (contract ``gdn_decode``); rows are independent; only the rows'
@@ -120,13 +120,13 @@ def _one_kernel(x_ptr, w_ptr, cs_ptr, z_ptr, a_ptr, b_ptr, na_ptr, dt_ptr, st_pt
     dv = col % BV
     dkm = dk < DK
     dvm = dv < DV
-    # Before the wait (module docstring): the state, z, the norm weight, the gate constants, the conv taps and the
-    # old conv state of this program's channels -- nothing the input projection (the previous launch) writes.
+    # Before the wait (module docstring): the state, the norm weight, the gate constants, the conv taps and the
+    # old conv state of this program's channels -- nothing the input projection (the previous launch) writes. (z
+    # is that projection's output here, unlike in the two-kernel step: it is read after the wait.)
     slot = tl.load(slots_ptr + row)
     s_ptrs = st_ptr + slot * ss_s + h[None, :] * ss_h + dk[:, None] * ss_k + dv[None, :]
     smask = dkm[:, None] & dvm[None, :]
     s = tl.load(s_ptrs, mask=smask, other=0.0)
-    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
     j = tl.arange(0, BV)
     nw = tl.load(nw_ptr + j, mask=j < DV, other=0.0).to(tl.float32)
     na = tl.load(na_ptr + h)
@@ -141,6 +141,7 @@ def _one_kernel(x_ptr, w_ptr, cs_ptr, z_ptr, a_ptr, b_ptr, na_ptr, dt_ptr, st_pt
     old_v, w_v = conv_update_prologue(w_ptr, cs_ptr, slot, cv, dvm, stride_wc, stride_wk, stride_cs, stride_cc,
                                       stride_ck, K, BLOCK_K)
     pdl_wait(PDL)
+    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
     x_row = x_ptr + row * stride_xb
     out_slot = tl.load(out_slots_ptr + row)
     xdt = x_ptr.dtype.element_ty

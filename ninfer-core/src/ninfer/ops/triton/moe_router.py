@@ -40,10 +40,13 @@ def route_row(l_ptr, w_ptr, i_ptr, E, TOPK: tl.constexpr, BE: tl.constexpr):
     m = tl.max(logit, 0)
     p = tl.exp(logit - m)            # masked lanes: exp(-inf) = 0
     p = p / tl.sum(p, 0)
+    # NaN logits (a broken row) must still give ids in [0, E): an id out of range would make the expert kernels read
+    # out of bounds and fail the whole engine, not just this row. NaN probabilities rank below every real one.
+    p = tl.where(p == p, p, -1.0)
     total = 0.0
     for j in tl.static_range(TOPK):
         best = tl.max(p, 0)
-        idx = tl.min(tl.where(p == best, e, BE), 0)
+        idx = tl.minimum(tl.min(tl.where(p == best, e, BE), 0), E - 1)
         tl.store(w_ptr + j, best)
         tl.store(i_ptr + j, idx.to(tl.int64))
         total += best
@@ -63,9 +66,11 @@ def moe_router(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Te
     weights = torch.empty((t_len, top_k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((t_len, top_k), dtype=torch.int64, device=logits.device)
     if t_len:
-        # One warp up to 512 experts: every reduction of the k rounds is then a warp shuffle, with no shared-memory
-        # barrier between warps (the kernel is a chain of 2k + 2 reductions: latency, not bandwidth).
-        kw = {} if logits.device.type != "cuda" else {"num_warps": 1 if n_exp <= 512 else 4 if n_exp <= 1024 else 8}
+        # Four warps, as the fused add_rms_norm_linear_router's GEMV: the softmax's sums then reduce in the same
+        # order, so a row routes bit-identically whichever path (batch size) takes it. (One warp needs no
+        # shared-memory barrier per reduction, but batch invariance comes first; at B=1 decode the fused path
+        # routes.)
+        kw = {} if logits.device.type != "cuda" else {"num_warps": 4}
         _router_kernel[(t_len,)](logits, weights, ids, n_exp, logits.stride(0), TOPK=top_k,
                                  BE=triton.next_power_of_2(n_exp), **kw, **pdl(logits))
     return weights, ids
