@@ -1,5 +1,5 @@
-"""Triton gdn_decode (one kernel per (row, key head); or the conv + gates kernel, then the recurrent step + gated
-norm kernel) against the fp64 composed oracle (the reference suite's check) and against the torch reference op.
+"""Triton gdn_decode (conv + gates kernel, then recurrent step + gated norm kernel) against the fp64 composed
+oracle (the reference suite's check) and against the torch reference op.
 
 Runs on CUDA when present, otherwise under TRITON_INTERPRET=1 at tiny sizes. Criteria: gdn_recurrent_step's
 (tests/ops/test_gdn.py); conv states are copies of inputs and must equal the reference's bit for bit; the
@@ -24,34 +24,12 @@ if CUDA:
     SHAPES += [(1, 16, 32, 128, 128), (8, 16, 32, 128, 128)]   # the 9B and 35B-A3B heads, B = 1 and 8
 
 
-@pytest.mark.parametrize("one_kernel", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bsz,hk,hv,dk,dv", SHAPES)
-def test_gdn_decode_matches_the_composed_oracles(dtype, bsz, hk, hv, dk, dv, one_kernel, gen, monkeypatch):
-    from ninfer.ops.triton import gdn_decode as mod
-
+def test_gdn_decode_matches_the_composed_oracles(dtype, bsz, hk, hv, dk, dv, gen):
     ops = triton_ops(dtype)
     assert ops.implementation("gdn_decode").name == "triton"
-    if not one_kernel:
-        monkeypatch.setattr(mod, "_ONE_KERNEL_TILE", 0)
-    assert mod._fits_one_kernel(hv // hk, dk, dv) == one_kernel
     check_gdn_decode(ops, DEVICE, dtype, bsz, hk, hv, dk, dv, gen, OUT[dtype], STATE)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_kernel_equals_two_kernels(dtype, gen):
-    """The single-launch step against the two-kernel one on the same inputs: conv states bit for bit (copies),
-    outputs and recurrent states within the op's criteria (the recurrence's reductions run over wider tiles)."""
-    from ninfer.ops.triton.gdn_decode import gdn_decode
-
-    bsz, hk, hv, dk, dv = (3, 16, 32, 128, 128) if CUDA else (2, 2, 4, 16, 16)
-    args, conv_states, states, slots = gdn_decode_case(gen, DEVICE, dtype, bsz, hk, hv, dk, dv)
-    conv2, states2 = conv_states.clone(), states.clone()
-    o1 = gdn_decode(*args, conv_states, states, slots, one_kernel=True)
-    o2 = gdn_decode(*args, conv2, states2, slots, one_kernel=False)
-    assert_bits(conv_states.cpu(), conv2.cpu(), "one vs two kernels: conv states")
-    assert_normwise(o1, o2.float(), OUT[dtype], "one vs two kernels: output")
-    assert_normwise(states, states2, STATE, "one vs two kernels: states")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

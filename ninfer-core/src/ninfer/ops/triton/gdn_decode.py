@@ -1,4 +1,4 @@
-"""Triton ``gdn_decode``: a Gated DeltaNet layer's decode step after its input projection, in one kernel or two.
+"""Triton ``gdn_decode``: a Gated DeltaNet layer's decode step after its input projection, in two kernels.
 
 The composition it replaces (``gdn_gates`` -> ``causal_conv1d_update`` -> ``gdn_recurrent_step`` ->
 ``gated_rms_norm``) is four launches of 1-4 us each per GDN layer per step, nearly all of it launch and
@@ -14,14 +14,9 @@ dependency latency: the whole step moves ~4 MB (the recurrent state, read and wr
    rounds it, and the gated RMSNorm over the head (:func:`~ninfer.ops.triton.norm.gated_norm_rows`).
    A program owns a whole head because the norm is over Dv.
 
-3. ``_one_kernel`` (the default where the tile fits, :func:`_fits_one_kernel`) -- the whole step in one launch:
-   program (row, *key* head) owns that key head's q/k conv channels and the v channels of its R value heads, so
-   every conv channel has exactly one reader and writer and the in-place conv state needs no grid barrier (the
-   reason for the two-kernel split above, whose value-head programs would share q/k channels). Its [Dk, R*Dv]
-   state tile holds the R value heads side by side (each column has its head's g and beta), loaded before the
-   PDL wait with the conv taps, the old conv state and the norm weight; after the wait (z too: the input
-   projection, the previous launch, writes it): the conv of its channels (rounded to x.dtype as the conv op rounds it), the gates, the recurrence and the gated norm per head.
-   One kernel boundary per GDN layer fewer, and no conv output round trip through memory.
+Why not one kernel: the q/k conv channels of a key head feed every value head (and every Dv tile) that reads
+it, and the conv state is updated in place; a single kernel would need a grid-wide barrier between the last
+read of the old conv state and its overwrite. Two launches give that order for free.
 
 Invariants: those of the four ops it composes (contract ``gdn_decode``); rows are independent; only the rows'
 own slots are read and their out slots written. The result equals the composition of the four Triton ops up to
@@ -39,7 +34,7 @@ from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2, pdl, pdl_wait
 from ninfer.ops.triton.conv1d import conv_update_finish, conv_update_prologue
 from ninfer.ops.triton.gdn import recurrent_update
-from ninfer.ops.triton.gdn_gates import gates_math, gates_row
+from ninfer.ops.triton.gdn_gates import gates_row
 from ninfer.ops.triton.norm import _TL_DTYPE, gated_norm_rows
 
 # Channels per conv program (the conv reads ~C * K * 2 bytes of taps; 8192 channels at 256 = 32 programs/row).
@@ -105,89 +100,16 @@ def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slot
              mask=dvm[None, :])
 
 
-@triton.jit
-def _one_kernel(x_ptr, w_ptr, cs_ptr, z_ptr, a_ptr, b_ptr, na_ptr, dt_ptr, st_ptr, slots_ptr, out_slots_ptr, nw_ptr,
-                o_ptr, scale, eps, stride_xb, stride_wc, stride_wk, stride_cs, stride_cc, stride_ck, stride_zb, stride_zh,
-                stride_ab, stride_bb, stride_ob, stride_oh, ss_s, ss_h, ss_k,
-                R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_DIM: tl.constexpr, K: tl.constexpr,
-                BK: tl.constexpr, BV: tl.constexpr, BLOCK_K: tl.constexpr, NW_DTYPE: tl.constexpr,
-                INTERP: tl.constexpr, PDL: tl.constexpr):
-    row = tl.program_id(0)
-    hk = tl.program_id(1)
-    dk = tl.arange(0, BK)
-    col = tl.arange(0, R * BV)          # column r * BV + j: value head hk * R + r, element j
-    h = hk * R + col // BV
-    dv = col % BV
-    dkm = dk < DK
-    dvm = dv < DV
-    # Before the wait (module docstring): the state, the norm weight, the gate constants, the conv taps and the
-    # old conv state of this program's channels -- nothing the input projection (the previous launch) writes. (z
-    # is that projection's output here, unlike in the two-kernel step: it is read after the wait.)
-    slot = tl.load(slots_ptr + row)
-    s_ptrs = st_ptr + slot * ss_s + h[None, :] * ss_h + dk[:, None] * ss_k + dv[None, :]
-    smask = dkm[:, None] & dvm[None, :]
-    s = tl.load(s_ptrs, mask=smask, other=0.0)
-    j = tl.arange(0, BV)
-    nw = tl.load(nw_ptr + j, mask=j < DV, other=0.0).to(tl.float32)
-    na = tl.load(na_ptr + h)
-    dt = tl.load(dt_ptr + h)
-    cq = hk * DK + dk
-    ck = KEY_DIM + hk * DK + dk
-    cv = 2 * KEY_DIM + h * DV + dv
-    old_q, w_q = conv_update_prologue(w_ptr, cs_ptr, slot, cq, dkm, stride_wc, stride_wk, stride_cs, stride_cc,
-                                      stride_ck, K, BLOCK_K)
-    old_k, w_k = conv_update_prologue(w_ptr, cs_ptr, slot, ck, dkm, stride_wc, stride_wk, stride_cs, stride_cc,
-                                      stride_ck, K, BLOCK_K)
-    old_v, w_v = conv_update_prologue(w_ptr, cs_ptr, slot, cv, dvm, stride_wc, stride_wk, stride_cs, stride_cc,
-                                      stride_ck, K, BLOCK_K)
-    pdl_wait(PDL)
-    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
-    x_row = x_ptr + row * stride_xb
-    out_slot = tl.load(out_slots_ptr + row)
-    xdt = x_ptr.dtype.element_ty
-    # conv + SiLU, rounded to x.dtype (causal_conv1d_update's output), each channel's state rolled into out_slot.
-    q = conv_update_finish(tl.load(x_row + cq, mask=dkm, other=0.0), old_q, w_q, cs_ptr, out_slot, cq, dkm,
-                           stride_cs, stride_cc, stride_ck, K, BLOCK_K, INTERP)
-    k = conv_update_finish(tl.load(x_row + ck, mask=dkm, other=0.0), old_k, w_k, cs_ptr, out_slot, ck, dkm,
-                           stride_cs, stride_cc, stride_ck, K, BLOCK_K, INTERP)
-    v = conv_update_finish(tl.load(x_row + cv, mask=dvm, other=0.0), old_v, w_v, cs_ptr, out_slot, cv, dvm,
-                           stride_cs, stride_cc, stride_ck, K, BLOCK_K, INTERP)
-    q = tl.where(dkm, cast(q, xdt, INTERP).to(tl.float32), 0.0)
-    k = tl.where(dkm, cast(k, xdt, INTERP).to(tl.float32), 0.0)
-    v = tl.where(dvm, cast(v, xdt, INTERP).to(tl.float32), 0.0)
-    g, beta = gates_math(tl.load(a_ptr + row * stride_ab + h).to(tl.float32),
-                         tl.load(b_ptr + row * stride_bb + h).to(tl.float32), dt, na)
-    s, o = recurrent_update(s, q, k, v, g[None, :], beta, scale)
-    tl.store(s_ptrs + (out_slot - slot) * ss_s, s, mask=smask)
-    # o rounded to the activation dtype (as gdn_recurrent_step returns it), then the gated norm per value head.
-    o16 = tl.reshape(cast(o, o_ptr.dtype.element_ty, INTERP).to(tl.float32), (R, BV))
-    out = gated_norm_rows(o16, tl.reshape(z, (R, BV)), nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP)
-    r = tl.arange(0, R)
-    tl.store(o_ptr + row * stride_ob + (hk * R + r)[:, None] * stride_oh + j[None, :],
-             cast(out, o_ptr.dtype.element_ty, INTERP), mask=(j < DV)[None, :])
-
-
-# The one-kernel step holds a [Dk, R * Dv] fp32 state tile: up to 128 x 256 (8 warps, 128 per thread, as the
-# two-kernel step's 128 x 128 at 4 warps).
-_ONE_KERNEL_TILE = 128 * 256
-
-
-def _fits_one_kernel(r: int, dk: int, dv: int) -> bool:
-    return r & (r - 1) == 0 and next_pow2(dk) * r * next_pow2(dv) <= _ONE_KERNEL_TILE
-
-
 def _last_contig(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
                conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
-               out_slots: torch.Tensor | None = None, *, step_warps: int = 4,
-               one_kernel: bool | None = None) -> torch.Tensor:
+               out_slots: torch.Tensor | None = None, *, step_warps: int = 4) -> torch.Tensor:
     """``o[B, Hv, Dv]``: gates, conv, recurrent step and gated norm of B decode rows (contract ``gdn_decode``).
-    ``one_kernel`` (default: where the state tile fits): the single-launch step, else the two kernels.
-    ``step_warps``: the two-kernel step's warps (a launch-shape override for sweeps; 4 measured fastest on an
-    H200, tools/gpu_decode_fusion_sweep.py: B=1 6.2 us vs 7.3 at 8 warps, B=8 14.5 vs 19.1)."""
+    ``step_warps``: the step kernel's warps (a launch-shape override for sweeps; 4 measured fastest on an H200,
+    tools/gpu_decode_fusion_sweep.py: B=1 6.2 us vs 7.3 at 8 warps, B=8 14.5 vs 19.1)."""
     launch_ok(mixed)
     p = params
     bsz, channels = mixed.shape
@@ -213,19 +135,6 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     slots, out_slots = slot_ids, out_ids
     neg_a, dt_bias = p.neg_a.float().contiguous(), p.dt_bias.float().contiguous()
     k = p.conv_weight.shape[-1]
-    nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
-    r = hv // hk
-    if one_kernel if one_kernel is not None else _fits_one_kernel(r, dk, dv):
-        bk, bv = next_pow2(dk), next_pow2(dv)
-        _one_kernel[(bsz, hk)](
-            mixed, p.conv_weight, conv_states, z, a, b, neg_a, dt_bias, states, slots, out_slots,
-            p.norm_weight.contiguous(), o, float(p.scale), float(p.eps), mixed.stride(0), *p.conv_weight.stride(),
-            *conv_states.stride(), z.stride(0), z.stride(1), a.stride(0), b.stride(0), o.stride(0), o.stride(1),
-            *states.stride()[:3], R=r, DK=dk, DV=dv, KEY_DIM=hk * dk, K=k, BK=bk, BV=bv, BLOCK_K=next_pow2(k),
-            NW_DTYPE=nw_dtype, INTERP=INTERPRET,
-            **({} if INTERPRET else {"num_warps": 8 if bk * r * bv > 16384 else 4}),
-            **({"PDL": False} if converted else pdl(mixed)))
-        return o
     y = torch.empty((bsz, channels), dtype=mixed.dtype, device=mixed.device)
     g = torch.empty((bsz, hv), dtype=torch.float32, device=mixed.device)
     beta = torch.empty((bsz, hv), dtype=torch.float32, device=mixed.device)
@@ -235,6 +144,7 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
         mixed.stride(0), *p.conv_weight.stride(), *conv_states.stride(), y.stride(0), a.stride(0), b.stride(0),
         K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), BH=next_pow2(hv), INTERP=INTERPRET,
         **({} if INTERPRET else {"num_warps": 4}), **({"PDL": False} if converted else pdl(mixed)))
+    nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
     _step_norm_kernel[(bsz, hv)](
         y, z, g, beta, states, slots, out_slots, p.norm_weight.contiguous(), o, float(p.scale), float(p.eps), hv,
         y.stride(0), z.stride(0), z.stride(1), o.stride(0), o.stride(1), *states.stride()[:3],
