@@ -181,65 +181,6 @@ def test_add_rms_norm_swiglu(dtype, rows, hidden, inter, gen):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,experts,top_k", [(1, 16, 4), (1, 13, 3), (1, 64, 8), (2, 16, 4)])
-def test_add_rms_norm_linear_router(dtype, rows, experts, top_k, gen):
-    """One row: the GEMV whose router programs count themselves in and whose last one routes; more rows: the two
-    ops. Either way bit for bit the Triton add_rms_norm_linear then moe_router, the workspace left zeroed, and the
-    torch reference composes the reference ops."""
-    from ninfer.ops.triton import linear as mod
-
-    ops, ref = triton_ops(dtype), reference(dtype)
-    assert ops.implementation("add_rms_norm_linear_router").name == "triton"
-    ws = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    w_norm = randn(gen, 64, dtype=dtype, device=DEVICE, scale=0.2)
-    weight = randn(gen, experts + 21, 64, dtype=dtype, device=DEVICE, scale=0.125)
-    for _ in range(3):   # the count is re-zeroed: every call routes
-        x = randn(gen, rows, 64, dtype=dtype, device=DEVICE)
-        res = randn(gen, rows, 64, dtype=dtype, device=DEVICE)
-        y, h, r, rw, rid = ops.add_rms_norm_linear_router(x, res, w_norm, 1e-6, weight, experts, top_k, ws)
-        y2, h2, r2 = ops.add_rms_norm_linear(x, res, w_norm, 1e-6, weight)
-        rw2, rid2 = ops.moe_router(y2[:, :experts], top_k)
-        assert torch.equal(y, y2) and torch.equal(h, h2) and torch.equal(r, r2)
-        assert torch.equal(rw, rw2) and torch.equal(rid, rid2) and rid.dtype == torch.int64
-        assert ws.item() == 0
-        out = ref.add_rms_norm_linear_router(x, res, w_norm, 1e-6, weight, experts, top_k, ws)
-        want = ref.add_rms_norm_linear(x, res, w_norm, 1e-6, weight)
-        assert all(torch.equal(a, b) for a, b in zip(out[:3], want, strict=True))
-        assert all(torch.equal(a, b) for a, b in zip(out[3:], ref.moe_router(want[0][:, :experts], top_k), strict=True))
-    if rows == 1:
-        assert mod.use_gemv(x, weight)
-    with pytest.raises(ValueError, match="top_k"):
-        ops.add_rms_norm_linear_router(x, res, w_norm, 1e-6, weight, experts, experts + 1, ws)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_add_rms_norm_linear_router_at_the_35b_shape_in_a_graph(gen):
-    """The 35B-A3B MoE input (256 router rows + 1,025 shared-expert rows, K = 2048, top-8), 40 replays of one
-    captured call on fresh rows: every replay routes exactly as the two separate ops (the counting across the
-    64 router programs is a real race on the GPU, unlike under the interpreter)."""
-    ops = triton_ops(torch.bfloat16)
-    dev = torch.device("cuda")
-    ws = torch.zeros(1, dtype=torch.int32, device=dev)
-    w_norm = randn(gen, 2048, dtype=torch.bfloat16, device=dev, scale=0.2)
-    weight = randn(gen, 1281, 2048, dtype=torch.bfloat16, device=dev, scale=2048 ** -0.5)
-    x, res = randn(gen, 1, 2048, dtype=torch.bfloat16, device=dev), randn(gen, 1, 2048, dtype=torch.bfloat16, device=dev)
-    ops.add_rms_norm_linear_router(x, res, w_norm, 1e-6, weight, 256, 8, ws)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = ops.add_rms_norm_linear_router(x, res, w_norm, 1e-6, weight, 256, 8, ws)
-    for _ in range(40):
-        x.copy_(randn(gen, 1, 2048, dtype=torch.bfloat16, device=dev))
-        res.copy_(randn(gen, 1, 2048, dtype=torch.bfloat16, device=dev))
-        graph.replay()
-        y2, _, _ = ops.add_rms_norm_linear(x, res, w_norm, 1e-6, weight)
-        rw2, rid2 = ops.moe_router(y2[:, :256], 8)
-        assert torch.equal(out[0], y2) and torch.equal(out[3], rw2) and torch.equal(out[4], rid2)
-    assert ws.item() == 0
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [[5], [7, 0, 7]])
 def test_embed_rms_norm_linear(dtype, tokens, gen):
     """One token: the GEMV whose programs gather the table row (no add) and norm it; more tokens: index_select,

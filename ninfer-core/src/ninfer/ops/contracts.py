@@ -95,15 +95,6 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "rows = table[tokens] (the embedding gather); normed = rms_norm(rows, norm_weight, eps); "
                "y = linear(normed, weight): the first block's input and pre-norm and its first projection, which at "
                "decode may run as one kernel. Same roundings as those ops; the norm's reduction order may differ."),
-    OpContract("add_rms_norm_linear_router",
-               "add_rms_norm_linear_router(x[T, N], residual[T, N], norm_weight[N], eps, weight[out, N], "
-               "num_experts, top_k, workspace[1] int32) -> (y[T, out], normed[T, N], new_residual[T, N], "
-               "route_weights[T, k] fp32, route_ids[T, k] int64)",
-               "(y, normed, new_residual) = add_rms_norm_linear(x, residual, norm_weight, eps, weight); "
-               "(route_weights, route_ids) = moe_router(y[:, :num_experts], top_k): an MoE block's pre-norm, its "
-               "input projection (router rows first) and the routing, which at decode may run as one kernel. "
-               "workspace: a zeroed int32 scratch the caller owns and never shares between concurrent calls; the "
-               "op leaves it zeroed."),
     OpContract("gated_rms_norm", "gated_rms_norm(x[..., N], gate[..., N], weight[N], eps) -> [..., N]",
                "GDN output norm: n = fp32 rmsnorm(x) cast to x.dtype; n*weight (plain weight, not 1+w); "
                "times silu(gate.float()); cast to x.dtype."),

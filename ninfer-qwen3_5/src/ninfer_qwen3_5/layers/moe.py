@@ -7,7 +7,7 @@ by ``sigmoid(shared_gate x)`` are summed.
 Every projection that reads the block's input is one GEMM: ``[router (E); shared gate_up (2Is);
 shared gate (1)]`` rows are concatenated once at construction (a few MB per layer), and ``moe_experts``
 takes the shared expert's projected half as a :class:`~ninfer.ops.contracts.SharedExpert`, so at decode
-the block is three kernels (the GEMV that also routes, two expert GEMVs) instead of a dozen small launches.
+the block is four kernels (GEMM, router, two expert GEMVs) instead of a dozen small launches.
 """
 
 from __future__ import annotations
@@ -29,19 +29,10 @@ class SparseMoE:
         self.in_groups = row_groups([self.w_in])
         self.bank_gate_up, self.bank_down = w["experts/gate_up"], w["experts/down"]
         self.w_shared_down = w["shared/down"]
-        # add_rms_norm_linear_router's scratch (a zeroed counter the op leaves zeroed): this layer's own, so no two
-        # launches share it.
-        self.route_workspace = torch.zeros(1, dtype=torch.int32, device=self.w_in.device)
 
     def __call__(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         ops, e, s = self.ops, self.num_experts, self.shared_width
-        if inp.x is not None and len(self.in_groups) == 1:
-            # The pre-norm, the [T, E + 2Is + 1] projection and the routing: at decode one kernel.
-            proj, h, residual, weights, ids = ops.add_rms_norm_linear_router(
-                inp.x, inp.residual, inp.weight, inp.eps, self.in_groups[0].weight, e, self.top_k,
-                self.route_workspace)
-        else:
-            (proj,), h, residual = norm_project(ops, inp, self.in_groups)
-            weights, ids = ops.moe_router(proj[:, :e], self.top_k)
+        (proj,), h, residual = norm_project(ops, inp, self.in_groups)   # [T, E + 2Is + 1]
+        weights, ids = ops.moe_router(proj[:, :e], self.top_k)
         shared = SharedExpert(projected=proj[:, e:e + s], down=self.w_shared_down, gate_logit=proj[:, e + s])
         return ops.moe_experts(h, weights, ids, self.bank_gate_up, self.bank_down, shared=shared), residual

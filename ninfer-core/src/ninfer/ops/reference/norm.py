@@ -67,23 +67,8 @@ def embed_rms_norm_linear(tokens: torch.Tensor, table: torch.Tensor, norm_weight
     return linear(normed, weight), normed, rows
 
 
-def add_rms_norm_linear_router(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                               weight: torch.Tensor, num_experts: int, top_k: int, workspace: torch.Tensor
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``add_rms_norm_linear`` then ``moe_router`` of its first ``num_experts`` columns (workspace unused)."""
-    from ninfer.ops.reference.moe import moe_router
-
-    if not 1 <= top_k <= num_experts <= weight.shape[0]:
-        raise ValueError(f"add_rms_norm_linear_router: top_k {top_k} of {num_experts} experts, weight rows "
-                         f"{weight.shape[0]}")
-    y, normed, new_residual = add_rms_norm_linear(x, residual, norm_weight, eps, weight)
-    route_weights, route_ids = moe_router(y[:, :num_experts], top_k)
-    return y, normed, new_residual, route_weights, route_ids
-
-
 OPS = [
     OpImpl(op="embed_rms_norm_linear", name="torch_reference", fn=embed_rms_norm_linear, priority=0),
-    OpImpl(op="add_rms_norm_linear_router", name="torch_reference", fn=add_rms_norm_linear_router, priority=0),
     OpImpl(op="add_rms_norm_swiglu", name="torch_reference", fn=add_rms_norm_swiglu, priority=0),
     OpImpl(op="rms_norm", name="torch_reference", fn=rms_norm, priority=0),
     OpImpl(op="add_rms_norm_linear", name="torch_reference", fn=add_rms_norm_linear, priority=0),

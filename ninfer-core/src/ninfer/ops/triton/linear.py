@@ -35,7 +35,6 @@ from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import activation as _activation
 from ninfer.ops.triton import norm as _norm
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, next_pow2, pdl, pdl_wait
-from ninfer.ops.triton.moe_router import route_row
 
 # Widest K tile (elements): [2, 4096] bf16 tiles are 16 KB, 64 weight elements per thread at 4 warps.
 _TILE = 4096
@@ -55,9 +54,8 @@ _SWIGLU_BN = 2
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, NI, sx_m, sw_n, sy_m, sr_m, sh_m,
-                 sro_m, cnt_ptr, rw_ptr, rid_ptr, E, tok_ptr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                 ONE_TILE: tl.constexpr, EXACT: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr,
-                 ROUTE: tl.constexpr, TOPK: tl.constexpr, BE: tl.constexpr, GATHER: tl.constexpr,
+                 sro_m, tok_ptr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr,
+                 EXACT: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, GATHER: tl.constexpr,
                  INTERP: tl.constexpr, PDL: tl.constexpr):
     # SWIGLU (ONE_TILE only): output feature n is silu(g_n) * u_n of weight rows n (gate) and NI + n (up), each dot
     # rounded to y's dtype first, as linear followed by silu_and_mul rounds them.
@@ -129,17 +127,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K
     # Rounded to x's dtype (linear's rounding), then stored as y's dtype (fp32 for ``logits``: exact).
     y = cast(acc, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
     tl.store(y_ptrs, y, mask=(rows[:, None] < M) & nm[None, :])
-    if ROUTE:
-        # One row (M == 1); the router logits are rows [0, E) of y, stored by the first cdiv(E, BN) programs. Each
-        # of them counts itself in after its stores (the barrier orders every thread's store before the release);
-        # the last to arrive sees all their stores (acquire), routes the row and re-zeroes the count.
-        n_route = tl.cdiv(E, BN)
-        if tl.program_id(0) < n_route:
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-            if arrived == n_route - 1:
-                route_row(y_ptr, rw_ptr, rid_ptr, E, TOPK, BE)
-                tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
 
 
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -154,14 +141,13 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, swiglu: bool = False,
          block_n: int | None = None, warps: int = 4, out_dtype: torch.dtype | None = None,
-         route: tuple | None = None, gather: torch.Tensor | None = None) -> torch.Tensor:
+         gather: torch.Tensor | None = None) -> torch.Tensor:
     """``x2[M, K] @ weight[N, K].T`` with the kernel (``block_n``/``warps``: launch-shape overrides for sweeps).
     ``norm = (residual2, norm_weight, eps, normed_out, residual_out)``: x2 is first replaced by
     add_rms_norm(x2, residual2) (K must fit one tile), whose two results program 0 stores to the given [M, K]
     outputs. ``swiglu``: weight is ``[2I, K]`` (gate rows, then up rows) and the result ``silu_and_mul`` of the
     product, ``[M, I]`` (K must fit one tile). ``out_dtype`` (default x's): the dtype stored, after rounding to x's.
-    ``route = (num_experts, top_k, workspace, weights_out, ids_out)`` (one row): also route the row from its first
-    num_experts outputs (the last of their programs runs ``moe_router``'s math). ``gather`` (one token id, with
+    ``gather`` (one token id, with
     ``norm``): the norm's row is ``residual2[token]`` with nothing added (x2 only gives M = 1 and the dtype)."""
     m, k = x2.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
@@ -177,17 +163,11 @@ def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, s
         assert k <= bk, "the norm prologue needs the whole row in one tile"
     assert not swiglu or (k <= bk and weight.shape[0] == 2 * n), "swiglu needs [2I, K] weights and K in one tile"
     assert gather is None or (m == 1 and norm is not None and gather.numel() == 1), "gather: one row, with a norm"
-    if route is None:
-        e, top_k, cnt, rw, rid = 0, 1, y, y, y
-    else:
-        e, top_k, cnt, rw, rid = route
-        assert m == 1 and not swiglu and 1 <= top_k <= e <= n, "routing needs one row and num_experts <= N"
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x2, weight, y, r2, nw, h, ro, float(eps), m, n, k, n, x2.stride(0), weight.stride(0), y.stride(0),
-        r2.stride(0), h.stride(0), ro.stride(0), cnt, rw, rid, e, y if gather is None else gather, BM=next_pow2(m),
-        BN=bn, BK=bk, ONE_TILE=k <= bk, EXACT=k == bk, NORM=norm is not None, SWIGLU=swiglu,
-        ROUTE=route is not None, TOPK=top_k, BE=next_pow2(e), GATHER=gather is not None, INTERP=INTERPRET,
-        **pdl(x2), **kw)
+        r2.stride(0), h.stride(0), ro.stride(0), y if gather is None else gather, BM=next_pow2(m), BN=bn, BK=bk,
+        ONE_TILE=k <= bk, EXACT=k == bk, NORM=norm is not None, SWIGLU=swiglu, GATHER=gather is not None,
+        INTERP=INTERPRET, **pdl(x2), **kw)
     return y
 
 
@@ -259,38 +239,6 @@ def embed_rms_norm_linear(tokens: torch.Tensor, table: torch.Tensor, norm_weight
     return y, normed, rows
 
 
-def add_rms_norm_linear_router(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                               weight: torch.Tensor, num_experts: int, top_k: int, workspace: torch.Tensor
-                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``add_rms_norm_linear`` + ``moe_router`` of the first ``num_experts`` outputs: for one row where the fused
-    add_rms_norm_linear applies, one GEMV whose router-row programs count themselves into ``workspace`` and whose
-    last one routes the row (the router launch, ~2 us of a decode step's critical path per MoE layer, is gone);
-    else the two ops."""
-    from ninfer.ops.triton import moe_router as _router
-
-    n_in = x.shape[-1]
-    if not 1 <= top_k <= num_experts <= weight.shape[0]:
-        raise ValueError(f"add_rms_norm_linear_router: top_k {top_k} of {num_experts} experts, weight rows "
-                         f"{weight.shape[0]}")
-    rows = x.numel() // n_in if n_in else 0
-    if not (rows == 1 and residual.shape == x.shape and norm_weight.shape == (n_in,) and use_gemv(x, weight)
-            and n_in <= _TILE and residual.dtype == x.dtype and residual.stride(-1) == 1
-            and num_experts <= _router.MAX_EXPERTS and workspace.dtype == torch.int32
-            and workspace.device == x.device and workspace.numel() >= 1):
-        y, normed, new_residual = add_rms_norm_linear(x, residual, norm_weight, eps, weight)
-        return (y, normed, new_residual, *_router.moe_router(y.reshape(-1, y.shape[-1])[:, :num_experts], top_k))
-    x2, r2 = x.reshape(-1, n_in), residual.reshape(-1, n_in)
-    normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    route_weights = torch.empty((1, top_k), dtype=torch.float32, device=x.device)
-    route_ids = torch.empty((1, top_k), dtype=torch.int64, device=x.device)
-    y = gemv(x2, weight, norm=(r2, norm_weight.contiguous(), eps, normed, new_residual), block_n=_NORM_BN,
-             route=(num_experts, top_k, workspace, route_weights, route_ids))
-    lead = x.shape[:-1]
-    return (y.view(*lead, weight.shape[0]), normed.view(*lead, n_in), new_residual.view(*lead, n_in), route_weights,
-            route_ids)
-
-
 def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                         gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(silu_and_mul(linear(normed, gate_up)), normed, new_residual)``: for one row where the fused
@@ -321,7 +269,5 @@ OPS = [OpImpl(op="linear", name="triton", fn=linear, devices=frozenset({"cuda"})
               dtypes=KERNEL_DTYPES, priority=10),
        OpImpl(op="add_rms_norm_swiglu", name="triton", fn=add_rms_norm_swiglu, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10),
-       OpImpl(op="add_rms_norm_linear_router", name="triton", fn=add_rms_norm_linear_router,
-              devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES, priority=10),
        OpImpl(op="embed_rms_norm_linear", name="triton", fn=embed_rms_norm_linear, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10)]

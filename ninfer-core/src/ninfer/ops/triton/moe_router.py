@@ -32,11 +32,10 @@ def _router_kernel(l_ptr, w_ptr, i_ptr, E, sl_t, TOPK: tl.constexpr, BE: tl.cons
 
 @triton.jit
 def route_row(l_ptr, w_ptr, i_ptr, E, TOPK: tl.constexpr, BE: tl.constexpr):
-    """One token's routing from its E logits at ``l_ptr`` into ``w_ptr[:TOPK]`` / ``i_ptr[:TOPK]`` (shared with the
-    fused ``add_rms_norm_linear_router``, which reads logits other programs stored: hence the L2 loads)."""
+    """One token's routing from its E logits at ``l_ptr`` into ``w_ptr[:TOPK]`` / ``i_ptr[:TOPK]``."""
     e = tl.arange(0, BE)
     em = e < E
-    logit = tl.load(l_ptr + e, mask=em, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
+    logit = tl.load(l_ptr + e, mask=em, other=float("-inf")).to(tl.float32)
     m = tl.max(logit, 0)
     p = tl.exp(logit - m)            # masked lanes: exp(-inf) = 0
     p = p / tl.sum(p, 0)
@@ -66,11 +65,9 @@ def moe_router(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Te
     weights = torch.empty((t_len, top_k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((t_len, top_k), dtype=torch.int64, device=logits.device)
     if t_len:
-        # Four warps, as the fused add_rms_norm_linear_router's GEMV: the softmax's sums then reduce in the same
-        # order, so a row routes bit-identically whichever path (batch size) takes it. (One warp needs no
-        # shared-memory barrier per reduction, but batch invariance comes first; at B=1 decode the fused path
-        # routes.)
-        kw = {} if logits.device.type != "cuda" else {"num_warps": 4}
+        # One warp up to 512 experts: every reduction of the k rounds is then a warp shuffle, with no shared-memory
+        # barrier between warps (the kernel is a chain of 2k + 2 reductions: latency, not bandwidth).
+        kw = {} if logits.device.type != "cuda" else {"num_warps": 1 if n_exp <= 512 else 4 if n_exp <= 1024 else 8}
         _router_kernel[(t_len,)](logits, weights, ids, n_exp, logits.stride(0), TOPK=top_k,
                                  BE=triton.next_power_of_2(n_exp), **kw, **pdl(logits))
     return weights, ids
