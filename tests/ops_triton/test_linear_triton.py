@@ -178,29 +178,3 @@ def test_add_rms_norm_swiglu(dtype, rows, hidden, inter, gen):
     # The epilogue alone on the normed rows: exactly silu_and_mul of the plain GEMV of the same rows and tiles.
     plain = gemv(h, gate_up, block_n=2)
     assert torch.equal(gemv(h, gate_up, swiglu=True, block_n=2), ops.silu_and_mul(plain))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens", [[5], [7, 0, 7]])
-def test_embed_rms_norm_linear(dtype, tokens, gen):
-    """One token: the GEMV whose programs gather the table row (no add) and norm it; more tokens: index_select,
-    rms_norm and linear. The rows are the table's bit for bit, the normed rows within one bf16 ulp of the Triton
-    rms_norm's (reduction order), y the GEMV of the normed rows it stored; the reference composes its ops."""
-    ops, ref = triton_ops(dtype), reference(dtype)
-    assert ops.implementation("embed_rms_norm_linear").name == "triton"
-    table = randn(gen, 11, 64, dtype=dtype, device=DEVICE)
-    w_norm = randn(gen, 64, dtype=dtype, device=DEVICE, scale=0.2)
-    weight = randn(gen, 24, 64, dtype=dtype, device=DEVICE, scale=0.125)
-    ids = torch.tensor(tokens, dtype=torch.int64, device=DEVICE)
-    y, h, rows = ops.embed_rms_norm_linear(ids, table, w_norm, 1e-6, weight)
-    assert torch.equal(rows, table[ids])
-    h_sep = ops.rms_norm(table[ids], w_norm, 1e-6)
-    assert (h.float() - h_sep.float()).abs().max() <= h_sep.float().abs().max() * 2 ** -7
-    from ninfer.ops.triton.linear import _NORM_BN, gemv
-
-    assert torch.equal(y, ops.linear(h, weight) if len(tokens) > 1 else gemv(h, weight, block_n=_NORM_BN))
-    ry, rh, rrows = ref.embed_rms_norm_linear(ids, table, w_norm, 1e-6, weight)
-    assert torch.equal(rrows, table[ids]) and torch.equal(rh, ref.rms_norm(rrows, w_norm, 1e-6))
-    assert torch.equal(ry, ref.linear(rh, weight))
-    with pytest.raises(ValueError, match="embed_rms_norm_linear"):
-        ops.embed_rms_norm_linear(ids, table, w_norm[:5], 1e-6, weight)

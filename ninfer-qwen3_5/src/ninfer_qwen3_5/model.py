@@ -24,7 +24,7 @@ from ninfer.runtime.contract.program import ProgramError
 from ninfer_qwen3_5.config import FULL, Qwen35Config
 from ninfer_qwen3_5.layers.attention import GatedAttention
 from ninfer_qwen3_5.layers.context import StepContext
-from ninfer_qwen3_5.layers.fused import EmbedRows, NormInput
+from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
 from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
@@ -98,9 +98,8 @@ class Qwen35Model:
     def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None) -> torch.Tensor:
         """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token)."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
-        # The first layer's input is the embedding itself (normed without an add), gathered by its first projection.
-        residual: torch.Tensor | EmbedRows = EmbedRows(tokens, self.embed)
-        out = None
+        residual = self.embed.index_select(0, tokens)
+        out = None   # the first layer's input is the embedding itself: normed without an add
         for layer in self.layers:
             out, residual = layer.mixer(NormInput(out, residual, layer.input_norm, eps), ctx)
             out, residual = layer.mlp(NormInput(out, residual, layer.post_norm, eps))

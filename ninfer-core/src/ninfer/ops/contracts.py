@@ -89,12 +89,6 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "act = silu_and_mul(y): a dense MLP's pre-norm, gate/up projection and SwiGLU, which at decode may "
                "run as one kernel without the [T, 2I] intermediate. Same roundings as those ops (y to x.dtype, "
                "then the activation once); the norm's reduction order may differ."),
-    OpContract("embed_rms_norm_linear",
-               "embed_rms_norm_linear(tokens[T] int64, table[V, N], norm_weight[N], eps, weight[out, N]) "
-               "-> (y[T, out], normed[T, N], rows[T, N])",
-               "rows = table[tokens] (the embedding gather); normed = rms_norm(rows, norm_weight, eps); "
-               "y = linear(normed, weight): the first block's input and pre-norm and its first projection, which at "
-               "decode may run as one kernel. Same roundings as those ops; the norm's reduction order may differ."),
     OpContract("gated_rms_norm", "gated_rms_norm(x[..., N], gate[..., N], weight[N], eps) -> [..., N]",
                "GDN output norm: n = fp32 rmsnorm(x) cast to x.dtype; n*weight (plain weight, not 1+w); "
                "times silu(gate.float()); cast to x.dtype."),

@@ -28,7 +28,7 @@ class GatedAttention:
         self.in_groups = row_groups([self.w_q, self.w_k, self.w_v, self.w_gate])
 
     def __call__(self, inp: NormInput, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
-        ops, n, b_rows = self.ops, inp.rows, ctx.num_decode
+        ops, n, b_rows = self.ops, inp.residual.shape[0], ctx.num_decode
         (q, k, v, gate), _, residual = norm_project(ops, inp, self.in_groups)
         k_pool, v_pool = ctx.kv.pools(self.index)
         q, _ = ops.qk_norm_rope_cache(q.view(n, self.nq, self.d), k.view(n, self.nkv, self.d),

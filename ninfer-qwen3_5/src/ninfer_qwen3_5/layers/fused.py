@@ -58,45 +58,25 @@ def project(ops, h: torch.Tensor, groups: Sequence[RowGroup]) -> list[torch.Tens
 
 
 @dataclass(frozen=True)
-class EmbedRows:
-    """The first block's residual stream before it exists: the embedding rows ``table[tokens]``, gathered by the
-    block's first projection (``embed_rms_norm_linear``: at decode no gather or norm launch of its own)."""
-
-    tokens: torch.Tensor
-    table: torch.Tensor
-
-
-@dataclass(frozen=True)
 class NormInput:
-    """A block's input before its pre-norm: ``h = rms_norm(x + residual)`` (``x`` None: ``rms_norm(residual)``;
-    the first layer: ``residual`` is an :class:`EmbedRows`, ``x`` None). The block forms h with its first
-    projection (:func:`norm_project`, one ``add_rms_norm_linear``), so at decode the norm is no launch of its own.
-    Blocks return ``(out, residual)`` with the new residual stream, which the next block's NormInput adds ``out``
-    to."""
+    """A block's input before its pre-norm: ``h = rms_norm(x + residual)`` (``x`` None: ``rms_norm(residual)``,
+    the first layer). The block forms h with its first projection (:func:`norm_project`, one
+    ``add_rms_norm_linear``), so at decode the norm is no launch of its own. Blocks return ``(out, residual)``
+    with the new residual stream, which the next block's NormInput adds ``out`` to."""
 
     x: torch.Tensor | None
-    residual: torch.Tensor | EmbedRows
+    residual: torch.Tensor
     weight: torch.Tensor
     eps: float
-
-    @property
-    def rows(self) -> int:
-        r = self.residual
-        return int(r.tokens.shape[0]) if isinstance(r, EmbedRows) else int(r.shape[0])
 
 
 def norm_project(ops, inp: NormInput, groups: Sequence[RowGroup]
                  ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """``(project(ops, h, groups), h, new residual)`` for ``h`` the block's normed input."""
-    first, rest = groups[0], groups[1:]
-    if isinstance(inp.residual, EmbedRows):
-        y, h, residual = ops.embed_rms_norm_linear(inp.residual.tokens, inp.residual.table, inp.weight, inp.eps,
-                                                   first.weight)
-        outs = list(y.split(first.sizes, dim=-1)) if len(first.sizes) > 1 else [y]
-        return outs + project(ops, h, rest), h, residual
     if inp.x is None:
         h = ops.rms_norm(inp.residual, inp.weight, inp.eps)
         return project(ops, h, groups), h, inp.residual
+    first, rest = groups[0], groups[1:]
     y, h, residual = ops.add_rms_norm_linear(inp.x, inp.residual, inp.weight, inp.eps, first.weight)
     outs = list(y.split(first.sizes, dim=-1)) if len(first.sizes) > 1 else [y]
     return outs + project(ops, h, rest), h, residual

@@ -44,7 +44,7 @@ class GatedDeltaNet:
             scale=self.scale)
 
     def __call__(self, inp: NormInput, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
-        ops, n, b_rows = self.ops, inp.rows, ctx.num_decode
+        ops, n, b_rows = self.ops, inp.residual.shape[0], ctx.num_decode
         (qkv, z, b, a), _, residual = norm_project(ops, inp, self.in_groups)
         z = z.reshape(n, self.hv, self.dv)
         conv_states, rec = ctx.states.field(self.conv_name), ctx.states.field(self.rec_name)

@@ -59,16 +59,7 @@ def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     return silu_and_mul(y), normed, new_residual
 
 
-def embed_rms_norm_linear(tokens: torch.Tensor, table: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                          weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(linear(normed, weight), normed, rows)``: rows = table[tokens], normed = rms_norm(rows)."""
-    rows = table.index_select(0, tokens)
-    normed = rms_norm(rows, norm_weight, eps)
-    return linear(normed, weight), normed, rows
-
-
 OPS = [
-    OpImpl(op="embed_rms_norm_linear", name="torch_reference", fn=embed_rms_norm_linear, priority=0),
     OpImpl(op="add_rms_norm_swiglu", name="torch_reference", fn=add_rms_norm_swiglu, priority=0),
     OpImpl(op="rms_norm", name="torch_reference", fn=rms_norm, priority=0),
     OpImpl(op="add_rms_norm_linear", name="torch_reference", fn=add_rms_norm_linear, priority=0),

@@ -54,9 +54,9 @@ _SWIGLU_BN = 2
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, NI, sx_m, sw_n, sy_m, sr_m, sh_m,
-                 sro_m, tok_ptr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr,
-                 EXACT: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, GATHER: tl.constexpr,
-                 INTERP: tl.constexpr, PDL: tl.constexpr):
+                 sro_m, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr,
+                 EXACT: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, INTERP: tl.constexpr,
+                 PDL: tl.constexpr):
     # SWIGLU (ONE_TILE only): output feature n is silu(g_n) * u_n of weight rows n (gate) and NI + n (up), each dot
     # rounded to y's dtype first, as linear followed by silu_and_mul rounds them.
     n = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -76,8 +76,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K
         u_next = tl.load(w_ptrs + NI * sw_n, mask=kk[None, :] < K, other=0.0)
     if NORM:  # the norm's weight: a parameter, so also before the wait
         nw = tl.load(nw_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-    if GATHER:  # the row is table[token] (one row): a step input and a parameter, so also before the wait
-        g_row = tl.load(r_ptr + tl.load(tok_ptr) * sr_m + kk, mask=kk < K, other=0.0)
     pdl_wait(PDL)
     if ONE_TILE:  # K <= BK: straight-line code, one load per operand
         w = w_next.to(tl.float32)
@@ -85,21 +83,15 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K
             wu = u_next.to(tl.float32)
         for m in tl.static_range(BM):
             x_row = x_ptr + tl.minimum(M - 1, m) * sx_m + kk
-            if GATHER:
-                xm = tl.zeros((BK,), dtype=tl.float32)
-            elif EXACT:
+            if EXACT:
                 xm = tl.load(x_row).to(tl.float32)
             else:
                 xm = tl.load(x_row, mask=kk < K, other=0.0).to(tl.float32)
             if NORM:
                 # add_rms_norm of row m (its roundings: the sum to x.dtype, the normed value to x.dtype), formed
-                # by every program from the whole row; program 0 stores both for the rest of the block. GATHER: the
-                # row is the gathered table row itself (rms_norm, no add).
-                if GATHER:
-                    res = g_row
-                else:
-                    rm = tl.load(r_ptr + tl.minimum(M - 1, m) * sr_m + kk, mask=kk < K, other=0.0).to(tl.float32)
-                    res = cast(xm + rm, ro_ptr.dtype.element_ty, INTERP)
+                # by every program from the whole row; program 0 stores both for the rest of the block.
+                rm = tl.load(r_ptr + tl.minimum(M - 1, m) * sr_m + kk, mask=kk < K, other=0.0).to(tl.float32)
+                res = cast(xm + rm, ro_ptr.dtype.element_ty, INTERP)
                 rf = res.to(tl.float32)
                 hm = cast((rf * tl.rsqrt(tl.sum(rf * rf, 0) / K + eps)) * (1.0 + nw), h_ptr.dtype.element_ty, INTERP)
                 keep = (kk < K) & (kk * 0 + m < M) & (kk * 0 + tl.program_id(0) == 0)
@@ -140,15 +132,12 @@ def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, swiglu: bool = False,
-         block_n: int | None = None, warps: int = 4, out_dtype: torch.dtype | None = None,
-         gather: torch.Tensor | None = None) -> torch.Tensor:
+         block_n: int | None = None, warps: int = 4, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x2[M, K] @ weight[N, K].T`` with the kernel (``block_n``/``warps``: launch-shape overrides for sweeps).
     ``norm = (residual2, norm_weight, eps, normed_out, residual_out)``: x2 is first replaced by
     add_rms_norm(x2, residual2) (K must fit one tile), whose two results program 0 stores to the given [M, K]
     outputs. ``swiglu``: weight is ``[2I, K]`` (gate rows, then up rows) and the result ``silu_and_mul`` of the
-    product, ``[M, I]`` (K must fit one tile). ``out_dtype`` (default x's): the dtype stored, after rounding to x's.
-    ``gather`` (one token id, with
-    ``norm``): the norm's row is ``residual2[token]`` with nothing added (x2 only gives M = 1 and the dtype)."""
+    product, ``[M, I]`` (K must fit one tile). ``out_dtype`` (default x's): the dtype stored, after rounding to x's."""
     m, k = x2.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     y = torch.empty((m, n), dtype=out_dtype or x2.dtype, device=x2.device)
@@ -162,12 +151,10 @@ def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, s
         r2, nw, eps, h, ro = norm
         assert k <= bk, "the norm prologue needs the whole row in one tile"
     assert not swiglu or (k <= bk and weight.shape[0] == 2 * n), "swiglu needs [2I, K] weights and K in one tile"
-    assert gather is None or (m == 1 and norm is not None and gather.numel() == 1), "gather: one row, with a norm"
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x2, weight, y, r2, nw, h, ro, float(eps), m, n, k, n, x2.stride(0), weight.stride(0), y.stride(0),
-        r2.stride(0), h.stride(0), ro.stride(0), y if gather is None else gather, BM=next_pow2(m), BN=bn, BK=bk,
-        ONE_TILE=k <= bk, EXACT=k == bk, NORM=norm is not None, SWIGLU=swiglu, GATHER=gather is not None,
-        INTERP=INTERPRET, **pdl(x2), **kw)
+        r2.stride(0), h.stride(0), ro.stride(0), BM=next_pow2(m), BN=bn, BK=bk, ONE_TILE=k <= bk, EXACT=k == bk,
+        NORM=norm is not None, SWIGLU=swiglu, INTERP=INTERPRET, **pdl(x2), **kw)
     return y
 
 
@@ -218,27 +205,6 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     return y.view(*lead, weight.shape[0]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
 
 
-def embed_rms_norm_linear(tokens: torch.Tensor, table: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                          weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(linear(normed, weight), normed, rows)`` for ``rows = table[tokens]``, ``normed = rms_norm(rows)``: for one
-    token where the fused GEMV applies, one kernel whose programs gather the row themselves (before the PDL wait:
-    a step input and a parameter) -- the embedding gather and the first norm launch are gone; else the three ops."""
-    n_in = table.shape[-1]
-    if tokens.dim() != 1 or norm_weight.shape != (n_in,) or weight.shape[-1] != n_in:
-        raise ValueError(f"embed_rms_norm_linear: tokens {tuple(tokens.shape)}, table {tuple(table.shape)}, norm "
-                         f"weight {tuple(norm_weight.shape)}, weight {tuple(weight.shape)}")
-    one = table[:1]
-    if not (tokens.numel() == 1 and tokens.dtype == torch.int64 and tokens.device == table.device
-            and use_gemv(one, weight) and n_in <= _TILE and table.stride(-1) == 1):
-        rows = table.index_select(0, tokens)
-        normed = _norm.rms_norm(rows, norm_weight, eps)
-        return linear(normed, weight), normed, rows
-    normed = torch.empty((1, n_in), dtype=table.dtype, device=table.device)
-    rows = torch.empty((1, n_in), dtype=table.dtype, device=table.device)
-    y = gemv(one, weight, norm=(table, norm_weight.contiguous(), eps, normed, rows), block_n=_NORM_BN, gather=tokens)
-    return y, normed, rows
-
-
 def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                         gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(silu_and_mul(linear(normed, gate_up)), normed, new_residual)``: for one row where the fused
@@ -268,6 +234,4 @@ OPS = [OpImpl(op="linear", name="triton", fn=linear, devices=frozenset({"cuda"})
        OpImpl(op="add_rms_norm_linear", name="triton", fn=add_rms_norm_linear, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10),
        OpImpl(op="add_rms_norm_swiglu", name="triton", fn=add_rms_norm_swiglu, devices=frozenset({"cuda"}),
-              dtypes=KERNEL_DTYPES, priority=10),
-       OpImpl(op="embed_rms_norm_linear", name="triton", fn=embed_rms_norm_linear, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10)]

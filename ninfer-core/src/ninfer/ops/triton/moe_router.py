@@ -27,15 +27,9 @@ MAX_EXPERTS = 4096
 def _router_kernel(l_ptr, w_ptr, i_ptr, E, sl_t, TOPK: tl.constexpr, BE: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     t = tl.program_id(0)
-    route_row(l_ptr + t * sl_t, w_ptr + t * TOPK, i_ptr + t * TOPK, E, TOPK, BE)
-
-
-@triton.jit
-def route_row(l_ptr, w_ptr, i_ptr, E, TOPK: tl.constexpr, BE: tl.constexpr):
-    """One token's routing from its E logits at ``l_ptr`` into ``w_ptr[:TOPK]`` / ``i_ptr[:TOPK]``."""
     e = tl.arange(0, BE)
     em = e < E
-    logit = tl.load(l_ptr + e, mask=em, other=float("-inf")).to(tl.float32)
+    logit = tl.load(l_ptr + t * sl_t + e, mask=em, other=float("-inf")).to(tl.float32)
     m = tl.max(logit, 0)
     p = tl.exp(logit - m)            # masked lanes: exp(-inf) = 0
     p = p / tl.sum(p, 0)
@@ -46,15 +40,15 @@ def route_row(l_ptr, w_ptr, i_ptr, E, TOPK: tl.constexpr, BE: tl.constexpr):
     for j in tl.static_range(TOPK):
         best = tl.max(p, 0)
         idx = tl.minimum(tl.min(tl.where(p == best, e, BE), 0), E - 1)
-        tl.store(w_ptr + j, best)
-        tl.store(i_ptr + j, idx.to(tl.int64))
+        tl.store(w_ptr + t * TOPK + j, best)
+        tl.store(i_ptr + t * TOPK + j, idx.to(tl.int64))
         total += best
         # Taken lanes drop below every probability (p >= 0) so the next round cannot pick them again.
         p = tl.where(e == idx, -1.0, p)
     scale = 1.0 / total
     for j in tl.static_range(TOPK):
-        w = tl.load(w_ptr + j)
-        tl.store(w_ptr + j, w * scale)
+        w = tl.load(w_ptr + t * TOPK + j)
+        tl.store(w_ptr + t * TOPK + j, w * scale)
 
 
 def moe_router(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
