@@ -9,6 +9,7 @@ from ninfer.artifact.source_mapping import (
     ConversionPlan,
     ObjectPlan,
     Part,
+    SourceRows,
     SourceTensor,
     UsePlan,
 )
@@ -55,6 +56,43 @@ def test_unconsumed_tensor_is_named():
 def test_tensor_consumed_twice():
     with pytest.raises(PlanError, match=r"'q' is consumed by both object 'qk' and object 'q2'"):
         check_plan(plan([QK, ObjectPlan("q2", "text", ("q",)), N], ignored=BASE_IGNORED), TENSORS)
+
+
+def test_row_ranges_reorder_a_tensor_inside_one_object():
+    # q's rows 2..4, then all of k, then q's rows 0..2: a de-interleave, every row exactly once.
+    obj = ObjectPlan("qk", "text", (SourceRows("q", 2, 4), "k", SourceRows("q", 0, 2)))
+    checked = check_plan(plan([obj, N], [BindingPlan("x", object="qk")], ignored=BASE_IGNORED), TENSORS)
+    assert checked.objects[0].shape == (6, 3)
+    one = ObjectPlan("q", "text", (SourceRows("q", 0, 4),))  # one range covering the tensor: shape (4, 3)
+    assert check_plan(plan([one, ObjectPlan("k", "text", ("k",)), N], ignored=BASE_IGNORED),
+                      TENSORS).objects[0].shape == (4, 3)
+
+
+@pytest.mark.parametrize(("sources", "message"), [
+    ((SourceRows("q", 0, 2), SourceRows("q", 1, 4), "k"), r"row ranges of source tensor 'q' overlap at row 1"),
+    ((SourceRows("q", 0, 1), SourceRows("q", 2, 4), "k"), r"row ranges of source tensor 'q' leave a gap at row 1"),
+    ((SourceRows("q", 0, 3), "k"), r"row ranges of source tensor 'q' stop at row 3 of 4"),
+    ((SourceRows("q", 0, 5), "k"), r"reads rows \[0, 5\) of source tensor 'q', which has 4 rows"),
+    ((SourceRows("q", 2, 2), "q", "k"), r"reads rows \[2, 2\)"),
+    (("q", SourceRows("q", 0, 4), "k"), r"reads source tensor 'q' both whole and as row ranges"),
+    ((SourceRows("q", 0, 4), "q", "k"), r"reads source tensor 'q' more than once"),
+    (("q", "q", "k"), r"reads source tensor 'q' more than once"),
+])
+def test_bad_row_ranges_are_named(sources, message):
+    with pytest.raises(PlanError, match=message):
+        check_plan(plan([ObjectPlan("qk", "text", sources), N], ignored=BASE_IGNORED), TENSORS)
+
+
+def test_row_ranges_of_one_tensor_in_two_objects():
+    objs = [ObjectPlan("a", "text", (SourceRows("q", 0, 2),)), ObjectPlan("b", "text", (SourceRows("q", 2, 4), "k")), N]
+    with pytest.raises(PlanError, match=r"'q' is consumed by both object 'a' and object 'b'"):
+        check_plan(plan(objs, ignored=BASE_IGNORED), TENSORS)
+
+
+def test_row_ranges_of_a_scalar():
+    tensors = {**TENSORS, "s": SourceTensor("s", (), "F32")}
+    with pytest.raises(PlanError, match=r"rows of source tensor 's', which is a scalar"):
+        check_plan(plan([QK, N, ObjectPlan("s", "text", (SourceRows("s", 0, 1),))], ignored=BASE_IGNORED), tensors)
 
 
 def test_ignored_and_consumed():

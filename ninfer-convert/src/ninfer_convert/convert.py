@@ -7,7 +7,8 @@ then streams every object into :class:`~ninfer_convert.writer.ArtifactWriter`. I
 - nothing is published unless every object was written completely: on any failure the writer is
   aborted, and an existing output is refused before any work;
 - an object without a cast stores exactly the source bytes (raw copies from the safetensors data
-  section, never through torch); a multi-source object is its sources' bytes back to back;
+  section, never through torch); a multi-source object is its sources' bytes back to back (a
+  :class:`~ninfer.artifact.source_mapping.SourceRows` source: that row range's bytes);
 - memory stays bounded by one chunk (at most ``CHUNK_BYTES``, and never more than one tensor) of
   source bytes plus, for a cast, that chunk's cast copy: tensors are streamed, never gathered;
 - provenance names the source folder, every source file read with its size, the converter version,
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ninfer.artifact.format import DEFAULT_MAX_FILE_BYTES
+from ninfer.artifact.source_mapping import SourceRows, source_name
 from ninfer.errors import NInferError
 from ninfer.plugins import PluginRegistry, get_registry
 from tqdm import tqdm
@@ -95,7 +97,7 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
     try:
         _declare(writer, checked, resources, ckpt, mapping.name, name or ckpt.architecture)
         writer.begin_payload()
-        total = sum(ckpt.locations[s].nbytes for o in checked.objects for s in o.sources)
+        total = sum(_source_span(ckpt, s)[1] for o in checked.objects for s in o.sources)
         show = sys.stderr.isatty() if progress is None else progress
         with tqdm(total=total + sum(r.nbytes for r in resources), unit="B", unit_scale=True,
                   unit_divisor=1024, file=sys.stderr, disable=not show, desc=output.name) as bar:
@@ -190,11 +192,22 @@ def _write_objects(writer: ArtifactWriter, checked: CheckedPlan, ckpt: SourceChe
         handles: dict[str, BinaryIO] = {}
         for o in checked.objects:
             for src in o.sources:
-                loc = ckpt.locations[src]
+                loc = ckpt.locations[source_name(src)]
                 f = handles.get(loc.file)
                 if f is None:
                     f = handles[loc.file] = stack.enter_context(open(ckpt.weight_file(loc.file).path, "rb"))
-                _copy_tensor(writer, o, src, f, loc.offset, loc.nbytes, advance)
+                offset, nbytes = _source_span(ckpt, src)
+                _copy_tensor(writer, o, source_name(src), f, offset, nbytes, advance)
+
+
+def _source_span(ckpt: SourceCheckpoint, src: str | SourceRows) -> tuple[int, int]:
+    """(file offset, bytes) of a planned source: a whole tensor, or a dim-0 row range of it (rows are C-order
+    contiguous, so a range is one byte span)."""
+    loc = ckpt.locations[source_name(src)]
+    if not isinstance(src, SourceRows):
+        return loc.offset, loc.nbytes
+    row_bytes = loc.nbytes // ckpt.tensors[src.name].shape[0]
+    return loc.offset + src.begin * row_bytes, (src.end - src.begin) * row_bytes
 
 
 def _copy_tensor(writer: ArtifactWriter, obj: CheckedObject, src: str, f: BinaryIO, offset: int,

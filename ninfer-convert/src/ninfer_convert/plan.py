@@ -6,8 +6,11 @@ resolves each planned object to its stored shape and format. A plan that passes 
 
 - component ids are unique, ``text`` is one of them, every ``target`` names another component and
   every component config is a JSON object with a non-empty ``architectures`` list;
-- every source tensor is consumed by exactly one object or listed in ``ignored`` (never both);
-- an object's sources share dtype and trailing dims and have rank >= 1 when there are several;
+- every source tensor is consumed by exactly one object or listed in ``ignored`` (never both); a tensor
+  consumed as :class:`SourceRows` ranges has rank >= 1, and its ranges, all in that one object, are
+  non-empty, in bounds and cover its rows exactly once;
+- an object's sources share dtype and trailing dims and have rank >= 1 when there are several or when one
+  is a row range;
   the object's shape is theirs concatenated along dim 0, with 1..16 positive dims;
 - the object's format is a storage format, reached from the source dtype either unchanged
   (``cast`` False: stored bytes = source bytes) or by a supported cast (``cast`` True);
@@ -24,7 +27,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from ninfer.artifact.format import FORMATS, MAX_RANK, SUPPORTED_FORMATS
-from ninfer.artifact.source_mapping import BindingPlan, ConversionPlan, ObjectPlan, SourceTensor
+from ninfer.artifact.source_mapping import (
+    BindingPlan,
+    ConversionPlan,
+    ObjectPlan,
+    SourceRows,
+    SourceTensor,
+    source_name,
+)
 
 from ninfer_convert.cast import cast_supported
 from ninfer_convert.errors import PlanError
@@ -45,7 +55,7 @@ class CheckedObject:
 
     id: str
     component: str
-    sources: tuple[str, ...]
+    sources: tuple[str | SourceRows, ...]
     shape: tuple[int, ...]
     dtype: str
     format: str
@@ -112,18 +122,35 @@ def _check_components(plan: ConversionPlan) -> set[str]:
 
 def _check_coverage(plan: ConversionPlan, tensors: Mapping[str, SourceTensor]) -> None:
     consumer: dict[str, str] = {}
+    ranges: dict[str, list[tuple[int, int]]] = {}
     object_ids: set[str] = set()
     for o in plan.objects:
         _claim_name("object", "object id", o.id, object_ids)
         if not o.sources:
             raise PlanError(f"object {o.id!r} has no source tensors")
-        for name in o.sources:
+        mine: set[str] = set()
+        for src in o.sources:
+            name = source_name(src)
             if name not in tensors:
                 raise PlanError(f"object {o.id!r} reads source tensor {name!r}, which the checkpoint does not have")
-            if name in consumer:
+            if isinstance(src, SourceRows):
+                _check_rows(o.id, src, tensors[name])
+                if name in consumer and consumer[name] != o.id:
+                    raise PlanError(f"source tensor {name!r} is consumed by both object {consumer[name]!r} "
+                                    f"and object {o.id!r}")
+                if name in mine and name not in ranges:
+                    raise PlanError(f"object {o.id!r} reads source tensor {name!r} both whole and as row ranges")
+                ranges.setdefault(name, []).append((src.begin, src.end))
+            elif name in mine:
+                raise PlanError(f"object {o.id!r} reads source tensor {name!r} more than once (whole, or whole and "
+                                f"as row ranges)")
+            elif name in consumer:
                 raise PlanError(f"source tensor {name!r} is consumed by both object {consumer[name]!r} "
                                 f"and object {o.id!r}")
             consumer[name] = o.id
+            mine.add(name)
+    for name, spans in ranges.items():
+        _check_partition(consumer[name], name, sorted(spans), tensors[name].shape[0])
     for name in plan.ignored:
         if name not in tensors:
             raise PlanError(f"the plan ignores source tensor {name!r}, which the checkpoint does not have")
@@ -137,20 +164,50 @@ def _check_coverage(plan: ConversionPlan, tensors: Mapping[str, SourceTensor]) -
                         f"the source mapping does not know it")
 
 
+def _check_rows(oid: str, src: SourceRows, tensor: SourceTensor) -> None:
+    if len(tensor.shape) == 0:
+        raise PlanError(f"object {oid!r} reads rows of source tensor {src.name!r}, which is a scalar")
+    ok = all(type(v) is int for v in (src.begin, src.end)) and 0 <= src.begin < src.end <= tensor.shape[0]
+    if not ok:
+        raise PlanError(f"object {oid!r} reads rows [{src.begin!r}, {src.end!r}) of source tensor {src.name!r}, "
+                        f"which has {tensor.shape[0]} rows")
+
+
+def _check_partition(oid: str, name: str, spans: list[tuple[int, int]], rows: int) -> None:
+    """Row ranges of one tensor must tile ``[0, rows)``: a reorder, never a duplicate or a dropped row."""
+    at = 0
+    for begin, end in spans:
+        if begin != at:
+            what = "overlap" if begin < at else "leave a gap"
+            raise PlanError(f"object {oid!r}: the row ranges of source tensor {name!r} {what} at row "
+                            f"{min(begin, at)} (they must cover its {rows} rows exactly once)")
+        at = end
+    if at != rows:
+        raise PlanError(f"object {oid!r}: the row ranges of source tensor {name!r} stop at row {at} of {rows} "
+                        f"(they must cover its rows exactly once)")
+
+
+def _source_rows(src: str | SourceRows, tensors: Mapping[str, SourceTensor]) -> int:
+    t = tensors[source_name(src)]
+    if isinstance(src, SourceRows):
+        return src.end - src.begin
+    return t.shape[0] if t.shape else 1
+
+
 def _resolve_object(o: ObjectPlan, components: set[str], tensors: Mapping[str, SourceTensor]) -> CheckedObject:
     if o.component not in components:
         raise PlanError(f"object {o.id!r} belongs to component {o.component!r}, which is not planned")
-    first = tensors[o.sources[0]]
-    for name in o.sources[1:]:
-        t = tensors[name]
+    first = tensors[source_name(o.sources[0])]
+    for src in o.sources[1:]:
+        t = tensors[source_name(src)]
         if t.dtype != first.dtype:
-            raise PlanError(f"object {o.id!r}: source {name!r} has dtype {t.dtype}, but {first.name!r} "
+            raise PlanError(f"object {o.id!r}: source {t.name!r} has dtype {t.dtype}, but {first.name!r} "
                             f"has {first.dtype}; fused sources must share a dtype")
         if len(t.shape) == 0 or len(first.shape) == 0 or t.shape[1:] != first.shape[1:]:
-            raise PlanError(f"object {o.id!r}: source {name!r} has shape {list(t.shape)}, which cannot be "
+            raise PlanError(f"object {o.id!r}: source {t.name!r} has shape {list(t.shape)}, which cannot be "
                             f"concatenated along dim 0 with {first.name!r} of shape {list(first.shape)}")
-    shape = first.shape if len(o.sources) == 1 else (
-        sum(tensors[n].shape[0] for n in o.sources), *first.shape[1:])
+    whole = len(o.sources) == 1 and not isinstance(o.sources[0], SourceRows)
+    shape = first.shape if whole else (sum(_source_rows(s, tensors) for s in o.sources), *first.shape[1:])
     if len(shape) > MAX_RANK or any(d <= 0 for d in shape):
         raise PlanError(f"object {o.id!r} would have shape {list(shape)}; stored objects need 0..{MAX_RANK} "
                         f"positive dims (ignore empty tensors in the plan)")

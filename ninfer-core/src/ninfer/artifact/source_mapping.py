@@ -7,7 +7,9 @@ tensors into objects exactly as planned. Invariants the converter enforces:
 - every source tensor is consumed by exactly one object or listed in ``ignored``; any other tensor
   fails the conversion, naming it;
 - an object's ``sources`` are concatenated along dim 0 in order (one source = plain import), with
-  identical trailing dims and dtype;
+  identical trailing dims and dtype; a source is a whole tensor (its name) or a :class:`SourceRows`
+  range of its dim-0 rows, and the ranges of one tensor must all sit in one object and cover its rows
+  exactly once (a layout reorder, e.g. de-interleaving per-head rows, never a duplicate or a drop);
 - with ``format=None`` the stored bytes equal the source bytes (value-preserving import);
 - every binding references planned objects, and every ``Part`` range lies inside its object.
 """
@@ -29,6 +31,22 @@ class SourceTensor:
 
 
 @dataclass(frozen=True)
+class SourceRows:
+    """Rows ``[begin, end)`` (dim 0) of source tensor ``name``: lets an object store a tensor's rows in
+    another order, or interleave them with other sources (e.g. a fused projection whose per-head query
+    and gate rows a checkpoint interleaves). Every row of the tensor is consumed exactly once."""
+
+    name: str
+    begin: int
+    end: int
+
+
+def source_name(source: str | SourceRows) -> str:
+    """The source tensor an :attr:`ObjectPlan.sources` entry reads."""
+    return source.name if isinstance(source, SourceRows) else source
+
+
+@dataclass(frozen=True)
 class ComponentPlan:
     """An artifact component (``text``, ``vision``, ``mtp``...). ``config`` is the compact instance
     config stored in the artifact (must hold ``architectures``); ``target`` names the component a
@@ -41,12 +59,13 @@ class ComponentPlan:
 
 @dataclass(frozen=True)
 class ObjectPlan:
-    """One physical object. ``format``: None keeps the source dtype; otherwise ``bf16``, ``fp16``,
-    ``fp32`` or ``int32`` (a value-changing cast, recorded in provenance)."""
+    """One physical object: its ``sources`` (whole tensors by name, or :class:`SourceRows`) concatenated
+    along dim 0. ``format``: None keeps the source dtype; otherwise ``bf16``, ``fp16``, ``fp32`` or
+    ``int32`` (a value-changing cast, recorded in provenance)."""
 
     id: str
     component: str
-    sources: tuple[str, ...]
+    sources: tuple[str | SourceRows, ...]
     format: str | None = None
 
 
