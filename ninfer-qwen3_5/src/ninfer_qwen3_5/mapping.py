@@ -10,8 +10,11 @@ Fused storage (each a single physical parent read back through logical bindings)
   ``[C + Hv*Dv + 2*Hv, H]``; ``gdn/qkv``, ``gdn/z``, ``gdn/b`` and ``gdn/a`` are its four row ranges (the
   layer runs them as one GEMM; artifacts converted before this layout had two parents, qkv+z and b+a,
   and still load: the layer then runs two GEMMs).
-- attention ``q_proj`` is stored as is; its rows alternate per head ``[q_h (D rows), gate_h (D rows)]``,
-  so ``attention/query`` and ``attention/gate`` are bound as per-head element ranges (de-interleaved).
+- attention ``q_proj`` + ``k_proj`` + ``v_proj`` -> one parent ``attention/in_proj`` ``[query | key |
+  value | gate]`` (``[2*Nq*D + 2*Nkv*D, H]``): q_proj's rows alternate per head ``[q_h (D rows), gate_h
+  (D rows)]`` and are de-interleaved into it as row ranges; the four bindings are its row ranges, which
+  the layer runs as one GEMM. (Artifacts converted before this layout stored q_proj as is and bound
+  query and gate as per-head element ranges; they still load, the layer then runs four GEMMs.)
 - dense ``gate_proj`` + ``up_proj`` -> one parent bound whole as ``mlp/gate_up`` (the same layout as an
   expert bank); the shared expert likewise.
 - MoE experts stay banks ``[E, 2I, H]`` / ``[E, H, I]``; split per-expert checkpoints
@@ -35,8 +38,10 @@ from ninfer.artifact.source_mapping import (
     ConversionPlan,
     ObjectPlan,
     Part,
+    SourceRows,
     SourceTensor,
     UsePlan,
+    source_name,
 )
 
 from ninfer_qwen3_5.config import (
@@ -67,23 +72,28 @@ class _Builder:
     def has(self, name: str) -> bool:
         return name in self.tensors
 
-    def obj(self, oid: str, component: str, sources: list[tuple[str, tuple[int, ...]]]) -> str:
-        """Plan object ``oid`` as the dim-0 concatenation of ``sources`` (name, expected shape);
-        returns ``oid``."""
-        for name, shape in sources:
+    def obj(self, oid: str, component: str, sources: list[tuple[str | SourceRows, tuple[int, ...]]]) -> str:
+        """Plan object ``oid`` as the dim-0 concatenation of ``sources`` (a tensor name or a
+        :class:`SourceRows` range of one, with the tensor's expected shape); returns ``oid``.
+        A tensor read as row ranges is consumed once; the plan checker verifies that its ranges
+        cover its rows exactly once."""
+        rows = 0
+        for src, shape in sources:
+            name = source_name(src)
             t = self.tensors.get(name)
             if t is None:
                 raise Qwen35ConfigError(f"source tensor {name!r} is missing (needed for {oid})")
             if tuple(t.shape) != tuple(shape):
                 raise Qwen35ConfigError(f"source tensor {name!r} has shape {tuple(t.shape)}, the config "
                                         f"implies {tuple(shape)}")
-            if name in self.consumed:
+            if name in self.consumed and not isinstance(src, SourceRows):
                 raise Qwen35ConfigError(f"source tensor {name!r} is consumed twice")
             self.consumed.add(name)
+            rows += (src.end - src.begin) if isinstance(src, SourceRows) else (shape[0] if shape else 1)
         first = tuple(sources[0][1])
-        rows = sum(s[0] if s else 1 for _, s in sources)
-        shape = first if len(sources) == 1 else (rows, *first[1:])
-        self.objects.append(ObjectPlan(id=oid, component=component, sources=tuple(n for n, _ in sources)))
+        whole = len(sources) == 1 and not isinstance(sources[0][0], SourceRows)
+        shape = first if whole else (rows, *first[1:])
+        self.objects.append(ObjectPlan(id=oid, component=component, sources=tuple(s for s, _ in sources)))
         self.object_shapes[oid] = shape
         return oid
 
@@ -99,9 +109,10 @@ class _Builder:
         if use is not None:
             self.uses.append(UsePlan(parameter=name, input=use, activation_policy=policy))
 
-    def bind_parts(self, name: str, parts: list[Part], use: str) -> None:
-        self.bindings.append(BindingPlan(name=name, parts=tuple(parts)))
-        self.uses.append(UsePlan(parameter=name, input=use, activation_policy=A16))
+
+
+def _rows(name: str, span: tuple[int, int], shape: tuple[int, ...]) -> tuple[SourceRows, tuple[int, ...]]:
+    return SourceRows(name, *span), shape
 
 
 def _plan_layer(b: _Builder, cfg: Qwen35Config, kind: str, src: str, comp: str, i: int) -> None:
@@ -115,15 +126,21 @@ def _plan_layer(b: _Builder, cfg: Qwen35Config, kind: str, src: str, comp: str, 
                shapes[suffix])
     if kind == FULL:
         a = f"{src}self_attn."
-        D, Nq = cfg.head_dim, cfg.num_heads
-        q_oid = f"{lp}/attention/q_proj"
-        b.obj(q_oid, comp, [(f"{a}q_proj.weight", (2 * Nq * D, H))])
-        # Row block of head h: [2hD, 2hD + D) is query, [2hD + D, 2hD + 2D) is gate (HF chunks per head).
-        for which, off in (("query", 0), ("gate", D)):
-            parts = [Part(q_oid, (2 * h * D + off) * H, (2 * h * D + off + D) * H) for h in range(Nq)]
-            b.bind_parts(f"{lp}/attention/{which}", parts, mixer_in)
-        for suffix, hf, use in (("key", "k_proj", mixer_in), ("value", "v_proj", mixer_in),
-                                ("out", "o_proj", f"{lp}/attention/out_input"),
+        D, Nq, Nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        qd, kd = Nq * D, Nkv * D
+        # One parent [query | key | value | gate] for the four input projections (the layer runs them as one
+        # GEMM, layers/fused.py). HF's q_proj interleaves per head: rows [2hD, 2hD + D) are head h's query,
+        # [2hD + D, 2hD + 2D) its gate; they are de-interleaved here, once, as row ranges of q_proj.
+        q_src = f"{a}q_proj.weight"
+        inp = f"{lp}/attention/in_proj"
+        b.obj(inp, comp, [*(_rows(q_src, (2 * h * D, 2 * h * D + D), (2 * qd, H)) for h in range(Nq)),
+                          (f"{a}k_proj.weight", (kd, H)), (f"{a}v_proj.weight", (kd, H)),
+                          *(_rows(q_src, (2 * h * D + D, 2 * h * D + 2 * D), (2 * qd, H)) for h in range(Nq))])
+        b.bind(f"{lp}/attention/query", inp, (qd, H), 0, use=mixer_in)
+        b.bind(f"{lp}/attention/key", inp, (kd, H), qd * H, use=mixer_in)
+        b.bind(f"{lp}/attention/value", inp, (kd, H), (qd + kd) * H, use=mixer_in)
+        b.bind(f"{lp}/attention/gate", inp, (qd, H), (qd + 2 * kd) * H, use=mixer_in)
+        for suffix, hf, use in (("out", "o_proj", f"{lp}/attention/out_input"),
                                 ("q_norm", "q_norm", None), ("k_norm", "k_norm", None)):
             name = f"{lp}/attention/{suffix}"
             b.bind(name, b.obj(name, comp, [(f"{a}{hf}.weight", shapes[f"attention/{suffix}"])]),

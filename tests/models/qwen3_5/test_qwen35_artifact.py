@@ -38,8 +38,17 @@ def test_vision_and_mtp_are_separate_components_never_read_for_text(qwen_case):
     assert torch.equal(weights["text/lm_head"], weights["text/embed"])
     hf = case.hf.state_dict()
     assert torch.equal(weights["text/embed"], hf["model.language_model.embed_tokens.weight"])
-    assert torch.equal(weights["text/layers/3/attention/gate"].view(4, 16, 64),
-                       hf["model.language_model.layers.3.self_attn.q_proj.weight"].view(4, 32, 64)[:, 16:])
+    attn = "model.language_model.layers.3.self_attn."
+    q_proj = hf[attn + "q_proj.weight"].view(4, 32, 64)    # 4 heads of [16 query rows; 16 gate rows]
+    assert torch.equal(weights["text/layers/3/attention/query"].view(4, 16, 64), q_proj[:, :16])
+    assert torch.equal(weights["text/layers/3/attention/gate"].view(4, 16, 64), q_proj[:, 16:])
+    assert torch.equal(weights["text/layers/3/attention/key"], hf[attn + "k_proj.weight"])
+    assert torch.equal(weights["text/layers/3/attention/value"], hf[attn + "v_proj.weight"])
+    # The four are row ranges of one stored parent, loaded as views of one tensor, in [query|key|value|gate] order:
+    # the layer runs them as one GEMM (layers/fused.py).
+    ws = [weights[f"text/layers/3/attention/{x}"] for x in ("query", "key", "value", "gate")]
+    assert len({w.untyped_storage().data_ptr() for w in ws}) == 1
+    assert all(a.data_ptr() + a.numel() * a.element_size() == b.data_ptr() for a, b in zip(ws, ws[1:], strict=False))
 
 
 def test_profile_and_summary_come_from_the_config(qwen_case):

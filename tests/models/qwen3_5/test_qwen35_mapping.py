@@ -6,7 +6,7 @@ The artifact-level checks (converted files, what loading reads) are in test_qwen
 from __future__ import annotations
 
 import pytest
-from ninfer.artifact.source_mapping import Part, SourceTensor
+from ninfer.artifact.source_mapping import Part, SourceRows, SourceTensor, source_name
 from ninfer.errors import NotSupportedError
 from ninfer.plugins import get_registry
 from ninfer.runtime.contract.features import StartupFeatures
@@ -84,8 +84,10 @@ def test_every_tensor_is_consumed_and_every_parameter_bound():
     for moe in (False, True):
         cfg = _text_config(moe=moe)
         plan, bindings, objects = _plan(cfg, _tensors(moe=moe))
-        consumed = [s for o in plan.objects for s in o.sources]
-        assert sorted(consumed) == sorted(_tensors(moe=moe)) and len(set(consumed)) == len(consumed)
+        whole = [s for o in plan.objects for s in o.sources if not isinstance(s, SourceRows)]
+        ranged = {s.name for o in plan.objects for s in o.sources if isinstance(s, SourceRows)}
+        assert len(set(whole)) == len(whole) and not set(whole) & ranged
+        assert sorted(set(whole) | ranged) == sorted(_tensors(moe=moe))
         compact = plan.components[0].config
         specs = parameter_specs(compact, StartupFeatures())
         assert {s.name for s in specs} == set(bindings)
@@ -110,12 +112,20 @@ def test_fused_gdn_parents_and_row_range_bindings():
     assert bindings["text/layers/0/gdn/conv"].parts == (Part("text/layers/0/gdn/conv", 0, C * K),)
 
 
-def test_query_and_gate_are_deinterleaved_per_head():
-    _, bindings, _ = _plan(_text_config(), _tensors())
-    q, g = bindings["text/layers/1/attention/query"], bindings["text/layers/1/attention/gate"]
-    row = H  # elements per row
-    assert [(p.begin // row, p.end // row) for p in q.parts] == [(0, D), (2 * D, 3 * D)]
-    assert [(p.begin // row, p.end // row) for p in g.parts] == [(D, 2 * D), (3 * D, 4 * D)]
+def test_attention_inputs_are_one_parent_with_query_and_gate_deinterleaved():
+    _, bindings, objects = _plan(_text_config(), _tensors())
+    inp = objects["text/layers/1/attention/in_proj"]
+    a = "model.layers.1.self_attn."
+    q = a + "q_proj.weight"
+    # q_proj rows per head h: [2hD, 2hD + D) query, [2hD + D, 2hD + 2D) gate (HF chunks per head).
+    assert inp.sources == (SourceRows(q, 0, D), SourceRows(q, 2 * D, 3 * D), a + "k_proj.weight",
+                           a + "v_proj.weight", SourceRows(q, D, 2 * D), SourceRows(q, 3 * D, 4 * D))
+    qd, kd = NQ * D * H, NKV * D * H  # elements
+    expect = {"query": (0, qd), "key": (qd, qd + kd), "value": (qd + kd, qd + 2 * kd),
+              "gate": (qd + 2 * kd, 2 * qd + 2 * kd)}
+    for which, (begin, end) in expect.items():
+        assert bindings[f"text/layers/1/attention/{which}"].parts == (Part(inp.id, begin, end),), which
+    assert {source_name(s) for s in inp.sources} == {q, a + "k_proj.weight", a + "v_proj.weight"}
 
 
 def test_tied_embedding_is_one_object_bound_twice_with_two_uses():
@@ -160,11 +170,12 @@ def test_conditional_generation_nesting_vision_and_mtp_components():
     assert comps["vision"].target == comps["mtp"].target == "text"
     assert comps["vision"].config["image_token_id"] == 99 and comps["vision"].config["depth"] == 1
     for o in plan.objects:
-        src = o.sources[0]
+        src = source_name(o.sources[0])
         want = "vision" if src.startswith("model.visual.") else "mtp" if src.startswith("mtp.") else "text"
         assert o.component == want, o.id
     assert "mtp/layers/0/attention/query" in bindings and "mtp/fc" in bindings
-    assert not any(o.component == "text" and o.sources[0].startswith(("mtp.", "model.visual.")) for o in plan.objects)
+    assert not any(o.component == "text" and source_name(o.sources[0]).startswith(("mtp.", "model.visual."))
+                   for o in plan.objects)
 
 
 def test_unknown_or_misshapen_tensors_are_errors_naming_them():

@@ -214,3 +214,15 @@ def test_gdn_input_projections_run_as_one_gemm(qwen_case):
     assert gdn and all(len(m.in_groups) == 1 for m in gdn)
     hv = cfg.linear_num_value_heads
     assert gdn[0].in_groups[0].sizes == (cfg.conv_dim, cfg.value_dim, hv, hv)
+
+
+def test_attention_input_projections_run_as_one_gemm(qwen_case):
+    """The converter stores query, key, value and gate as one parent: each attention layer projects with one
+    GEMM, its outputs column views of it in [query | key | value | gate] order."""
+    from ninfer_qwen3_5.layers.attention import GatedAttention
+
+    prog = make_program(qwen_case("moe"))
+    cfg = prog.cfg
+    attn = [layer.mixer for layer in prog.model.layers if isinstance(layer.mixer, GatedAttention)]
+    qd, kd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    assert attn and all(len(m.in_groups) == 1 and m.in_groups[0].sizes == (qd, kd, kd, qd) for m in attn)
