@@ -172,6 +172,7 @@ def main() -> int:
     shapes = _shapes_module()
     from ninfer import Engine, EngineOptions
     from ninfer.runtime.contract.sampling import SamplingParams
+    from ninfer.runtime.decode_graphs import input_views
     from torch.profiler import ProfilerActivity, profile
 
     geometry, artifact = random_artifact(shapes, args.shape, args.layers, args.tokenizer)
@@ -187,8 +188,18 @@ def main() -> int:
             for h in [engine.submit([(31 * i + 7 * r) % 5000 + 10 for i in range(64)], sampling=sp) for r in range(b)]:
                 with h:
                     h.result()
-            graph, _ = program.graphs._graphs[b]  # noqa: SLF001
-            for _ in range(4):
+            torch.cuda.synchronize()   # any fault of the engine's own steps surfaces here, not in a replay below
+            graphs = program.graphs
+            graph, _ = graphs._graphs[b]  # noqa: SLF001
+            # The replays below reuse the inputs the engine staged for its last step (the state evolves, the
+            # position does not): print them, so a fault can be told apart from a bad input.
+            views = input_views(graphs.packed, b, graphs.max_batch, graphs.max_pages)
+            names = ("tokens", "positions", "slots", "out_slots", "kv_lens", "page_tables", "slot_mapping")
+            print(f"B={b} graph inputs: " + ", ".join(f"{n}={v.tolist() if v.dim() == 1 else v[:, :8].tolist()}"
+                                                     for n, v in zip(names, views, strict=True)), flush=True)
+            graph.replay()
+            torch.cuda.synchronize()
+            for _ in range(3):
                 graph.replay()
             step_us = replay_us(graph, args.steps)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
