@@ -268,7 +268,7 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str) -> dict:
     from types import MappingProxyType
 
     import torch
-    from ninfer.artifact.source_mapping import SourceTensor
+    from ninfer.artifact.source_mapping import SourceRows, SourceTensor
     from ninfer.plugins import get_registry
     from ninfer_convert import convert as cv
     from ninfer_convert.cast import cast_chunk
@@ -298,7 +298,8 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str) -> dict:
         writer.begin_payload()
         for o in checked.objects:
             for src in o.sources:
-                flat = sd[src].detach().contiguous().reshape(-1).view(torch.uint8)
+                t = sd[src.name][src.begin:src.end] if isinstance(src, SourceRows) else sd[src]
+                flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
                 for off in range(0, flat.numel(), chunk):
                     piece = flat[off:off + chunk]
                     if piece.device.type != "cpu":
