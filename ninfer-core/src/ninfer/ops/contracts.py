@@ -40,8 +40,7 @@ class SharedExpert:
 
 @dataclass(frozen=True)
 class GDNDecodeParams:
-    """One Gated DeltaNet layer's constants for ``gdn_decode``, ``gdn_decode_in`` and ``gdn_decode_step`` (built
-    once per layer; tensors are not copied).
+    """One Gated DeltaNet layer's constants for ``gdn_decode`` (built once per layer; tensors are not copied).
 
     ``conv_weight[C, K]`` with C = 2 Hk Dk + Hv Dv (channels in q | k | v order); ``neg_a[Hv]`` = -exp(A_log) and
     ``dt_bias[Hv]``, both fp32; ``norm_weight[Dv]`` the output norm's plain weight; ``eps`` its epsilon;
@@ -140,21 +139,6 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "ops round them (the conv output and o). mixed/z/a/b may be row-strided column views of one "
                "projection (last dim contiguous). Slots and out slots as for causal_conv1d_update; both states "
                "of a row go to its out slot."),
-    OpContract("gdn_decode_in",
-               "gdn_decode_in(x[B, H], residual[B, H], norm_weight[H], eps, weight[C + Hv*Dv + 2*Hv, H], "
-               "params: GDNDecodeParams, conv_states[S, C, K-1] (in/out), slots[B] int64, out_slots[B] int64 = None) "
-               "-> (y[B, C], z[B, Hv, Dv], g[B, Hv] fp32, beta[B, Hv] fp32, new_residual[B, H])",
-               "A GDN layer's decode input stage, defined as the composition (proj, _, new_residual) = "
-               "add_rms_norm_linear(x, residual, norm_weight, eps, weight); mixed | z | b | a = proj split by rows "
-               "[C | Hv*Dv | Hv | Hv] (the converter's gdn/in_proj parent); (g, beta) = gdn_gates(a, b, neg_a, "
-               "dt_bias); y = causal_conv1d_update(mixed, conv_weight, conv_states, slots, out_slots): the same "
-               "values and roundings. With gdn_decode_step it is gdn_decode's whole step from the block input."),
-    OpContract("gdn_decode_step",
-               "gdn_decode_step(y[B, C], z[B, Hv, Dv], g[B, Hv] fp32, beta[B, Hv] fp32, params: GDNDecodeParams, "
-               "states[S, Hv, Dk, Dv] fp32 (in/out), slots[B] int64, out_slots[B] int64 = None) -> o[B, Hv, Dv]",
-               "The second half of gdn_decode: split the conv output y into q | k | v, gdn_recurrent_step, "
-               "gated_rms_norm(o, z, norm_weight) (o rounded to y.dtype first). y and z may be row-strided "
-               "(last dim contiguous). Slots as for gdn_recurrent_step."),
     OpContract("qk_norm_rope_cache",
                "qk_norm_rope_cache(q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, D], q_norm[D], k_norm[D], eps, cos[T, R], "
                "sin[T, R], k_pool, v_pool, slot_mapping[T] int64) -> (q_out[T, Hq, D], k_out[T, Hkv, D])",

@@ -2,9 +2,7 @@
 
 Decode rows (``x[:B]``) step their StateImage slots with one ``gdn_decode`` (gates, conv update, recurrent
 step and gated norm; reading ``decode_slots``, writing ``decode_out_slots``: every field of the Qwen3.5
-StateImage is rewritten by a decode step, which lookahead decode relies on) -- or, in a decode-only unit
-whose four projections are one parent, ``gdn_decode_in`` (pre-norm, projection, gates and conv: one GEMV
-for one row) then ``gdn_decode_step`` (the same values: both are defined by the same composition); the chunk (``x[B:]``) continues
+StateImage is rewritten by a decode step, which lookahead decode relies on); the chunk (``x[B:]``) continues
 its slot's state with ``gdn_gates``, ``causal_conv1d_prefill``, ``gdn_chunk_prefill`` (in place) and
 ``gated_rms_norm``. Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
@@ -47,16 +45,9 @@ class GatedDeltaNet:
 
     def __call__(self, inp: NormInput, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         ops, n, b_rows = self.ops, inp.residual.shape[0], ctx.num_decode
-        conv_states, rec = ctx.states.field(self.conv_name), ctx.states.field(self.rec_name)
-        if b_rows and not ctx.num_chunk and inp.x is not None and len(self.in_groups) == 1:
-            # Decode only, one fused projection: its GEMV also finishes the conv and the gates (gdn_decode_in).
-            y, z, g, beta, residual = ops.gdn_decode_in(inp.x, inp.residual, inp.weight, inp.eps,
-                                                        self.in_groups[0].weight, self.decode_params, conv_states,
-                                                        ctx.decode_slots, ctx.decode_out_slots)
-            o = ops.gdn_decode_step(y, z, g, beta, self.decode_params, rec, ctx.decode_slots, ctx.decode_out_slots)
-            return ops.linear(o.reshape(n, self.value_dim), self.w_out), residual
         (qkv, z, b, a), _, residual = norm_project(ops, inp, self.in_groups)
         z = z.reshape(n, self.hv, self.dv)
+        conv_states, rec = ctx.states.field(self.conv_name), ctx.states.field(self.rec_name)
         outs = []
         if b_rows:
             outs.append(ops.gdn_decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], self.decode_params,

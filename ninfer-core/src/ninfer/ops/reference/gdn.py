@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ninfer.ops.contracts import GDNDecodeParams
 from ninfer.ops.reference.conv1d import causal_conv1d_update
-from ninfer.ops.reference.norm import add_rms_norm_linear, gated_rms_norm
+from ninfer.ops.reference.norm import gated_rms_norm
 from ninfer.ops.registry import OpImpl
 
 CHUNK = 64
@@ -140,34 +140,9 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
                out_slots: torch.Tensor | None = None) -> torch.Tensor:
     """The decode tail of a GDN layer, by definition the composition of the four reference ops (contract)."""
     p = params
+    n = mixed.shape[0]
     g, beta = gdn_gates(a, b, p.neg_a, p.dt_bias)
     y = causal_conv1d_update(mixed, p.conv_weight, conv_states, slots, out_slots)
-    return gdn_decode_step(y, z, g, beta, p, states, slots, out_slots)
-
-
-def gdn_decode_in(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                  weight: torch.Tensor, params: GDNDecodeParams, conv_states: torch.Tensor, slots: torch.Tensor,
-                  out_slots: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(y, z, g, beta, new_residual)``: the pre-norm, the fused input projection, the gates and the conv update
-    (contract ``gdn_decode_in``: by definition this composition)."""
-    p = params
-    c, vd, hv = gdn_in_sizes(p)
-    if weight.shape[0] != c + vd + 2 * hv:
-        raise ValueError(f"gdn_decode_in: weight has {weight.shape[0]} rows, the layer needs {c + vd + 2 * hv} "
-                         f"([qkv {c} | z {vd} | b {hv} | a {hv}])")
-    proj, _, new_residual = add_rms_norm_linear(x, residual, norm_weight, eps, weight)
-    mixed, z, b, a = proj.split([c, vd, hv, hv], dim=-1)
-    g, beta = gdn_gates(a, b, p.neg_a, p.dt_bias)
-    y = causal_conv1d_update(mixed, p.conv_weight, conv_states, slots, out_slots)
-    return y, z.reshape(-1, hv, p.value_dim), g, beta, new_residual
-
-
-def gdn_decode_step(y: torch.Tensor, z: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, params: GDNDecodeParams,
-                    states: torch.Tensor, slots: torch.Tensor, out_slots: torch.Tensor | None = None) -> torch.Tensor:
-    """The recurrent step and gated norm of a GDN decode step from its conv output (contract ``gdn_decode_step``)."""
-    p = params
-    n = y.shape[0]
     kd = p.key_heads * p.key_dim
     q, k, v = y.split([kd, kd, p.value_heads * p.value_dim], dim=-1)
     o = gdn_recurrent_step(q.reshape(n, p.key_heads, p.key_dim), k.reshape(n, p.key_heads, p.key_dim),
@@ -175,16 +150,8 @@ def gdn_decode_step(y: torch.Tensor, z: torch.Tensor, g: torch.Tensor, beta: tor
     return gated_rms_norm(o, z, p.norm_weight, p.eps)
 
 
-def gdn_in_sizes(p: GDNDecodeParams) -> tuple[int, int, int]:
-    """``(C, Hv*Dv, Hv)``: the row blocks of a GDN layer's fused input projection ``[qkv | z | b | a]``."""
-    c = 2 * p.key_heads * p.key_dim + p.value_heads * p.value_dim
-    return c, p.value_heads * p.value_dim, p.value_heads
-
-
 OPS = [
     OpImpl(op="gdn_decode", name="torch_reference", fn=gdn_decode, priority=0),
-    OpImpl(op="gdn_decode_in", name="torch_reference", fn=gdn_decode_in, priority=0),
-    OpImpl(op="gdn_decode_step", name="torch_reference", fn=gdn_decode_step, priority=0),
     OpImpl(op="gdn_gates", name="torch_reference", fn=gdn_gates, priority=0),
     OpImpl(op="gdn_chunk_prefill", name="torch_reference", fn=gdn_chunk_prefill, priority=0),
     OpImpl(op="gdn_recurrent_step", name="torch_reference", fn=gdn_recurrent_step, priority=0),

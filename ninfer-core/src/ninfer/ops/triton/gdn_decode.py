@@ -67,8 +67,8 @@ def _conv_gates_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, a_p
 def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slots_ptr, nw_ptr, o_ptr, scale, eps,
                       H, stride_yb, stride_zb, stride_zh, stride_ob, stride_oh, ss_s, ss_h, ss_k,
                       R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_DIM: tl.constexpr,
-                      BK: tl.constexpr, BV: tl.constexpr, NW_DTYPE: tl.constexpr, Z_EARLY: tl.constexpr,
-                      INTERP: tl.constexpr, PDL: tl.constexpr):
+                      BK: tl.constexpr, BV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr,
+                      PDL: tl.constexpr):
     row = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // R
@@ -81,13 +81,9 @@ def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slot
     s_ptrs = st_ptr + slot * ss_s + h * ss_h + dk[:, None] * ss_k + dv[None, :]
     smask = dkm[:, None] & dvm[None, :]
     s = tl.load(s_ptrs, mask=smask, other=0.0)
-    z_ptrs = z_ptr + row * stride_zb + h * stride_zh + dv
-    if Z_EARLY:  # z two launches back (gdn_decode: the conv kernel runs in between); else after the wait
-        z = tl.load(z_ptrs, mask=dvm, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
     nw = tl.load(nw_ptr + dv, mask=dvm, other=0.0).to(tl.float32)
     pdl_wait(PDL)
-    if not Z_EARLY:
-        z = tl.load(z_ptrs, mask=dvm, other=0.0).to(tl.float32)
     y_row = y_ptr + row * stride_yb
     q = tl.load(y_row + hk * DK + dk, mask=dkm, other=0.0).to(tl.float32)
     k = tl.load(y_row + KEY_DIM + hk * DK + dk, mask=dkm, other=0.0).to(tl.float32)
@@ -108,34 +104,35 @@ def _last_contig(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _check_params(p: GDNDecodeParams, channels: int) -> None:
-    if p.value_heads % p.key_heads:
-        raise ValueError(f"GDN: value heads {p.value_heads} are not a multiple of key heads {p.key_heads}")
-    if channels != 2 * p.key_heads * p.key_dim + p.value_heads * p.value_dim or p.conv_weight.shape[0] != channels:
-        raise ValueError(f"gdn_decode: {channels} mixed channels, conv weight {tuple(p.conv_weight.shape)}, "
-                         f"heads {p.key_heads}x{p.key_dim} + {p.value_heads}x{p.value_dim}")
-
-
-def slot_ids(slots: torch.Tensor, out_slots: torch.Tensor | None, bsz: int, device: torch.device, what: str
-             ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """``(slots, out_slots, converted)`` as int64 on ``device``. The kernels read slot ids before their PDL wait:
-    ``converted`` says a conversion just launched a kernel, so the first kernel must then start plainly."""
-    if slots.shape != (bsz,) or (out_slots is not None and out_slots.shape != (bsz,)):
-        raise ValueError(f"{what}: {bsz} rows need {bsz} slots (and out slots), got {tuple(slots.shape)}")
-    ids = slots.to(device=device, dtype=torch.int64)
-    out_ids = ids if out_slots is None else out_slots.to(device=device, dtype=torch.int64)
-    converted = ids is not slots or (out_slots is not None and out_ids is not out_slots)
-    return ids, out_ids, converted
-
-
-def conv_gates(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, p: GDNDecodeParams, conv_states: torch.Tensor,
-               slots: torch.Tensor, out_slots: torch.Tensor, plain: bool
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Kernel 1 (module docstring): ``(y, g, beta)``; ``slots``/``out_slots`` int64 on the device; ``plain``: launch
-    without PDL (a kernel converting the slot ids ran just before)."""
+def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
+               conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
+               out_slots: torch.Tensor | None = None, *, step_warps: int = 4) -> torch.Tensor:
+    """``o[B, Hv, Dv]``: gates, conv, recurrent step and gated norm of B decode rows (contract ``gdn_decode``).
+    ``step_warps``: the step kernel's warps (a launch-shape override for sweeps; 4 measured fastest on an H200,
+    tools/gpu_decode_fusion_sweep.py: B=1 6.2 us vs 7.3 at 8 warps, B=8 14.5 vs 19.1)."""
+    launch_ok(mixed)
+    p = params
     bsz, channels = mixed.shape
-    hv = p.value_heads
-    mixed, a, b = _last_contig(mixed), _last_contig(a), _last_contig(b)
+    hv, dv, hk, dk = p.value_heads, p.value_dim, p.key_heads, p.key_dim
+    if hv % hk:
+        raise ValueError(f"GDN: value heads {hv} are not a multiple of key heads {hk}")
+    if channels != 2 * hk * dk + hv * dv or p.conv_weight.shape[0] != channels:
+        raise ValueError(f"gdn_decode: {channels} mixed channels, conv weight {tuple(p.conv_weight.shape)}, "
+                         f"heads {hk}x{dk} + {hv}x{dv}")
+    if slots.shape != (bsz,) or (out_slots is not None and out_slots.shape != (bsz,)):
+        raise ValueError(f"gdn_decode: {bsz} rows need {bsz} slots (and out slots), got {tuple(slots.shape)}")
+    if states.dtype != torch.float32 or states.stride(-1) != 1:
+        raise ValueError("gdn_decode: states must be fp32 with a contiguous last dim")
+    o = torch.empty((bsz, hv, dv), dtype=mixed.dtype, device=mixed.device)
+    if bsz == 0:
+        return o
+    mixed, z, a, b = _last_contig(mixed), _last_contig(z), _last_contig(a), _last_contig(b)
+    slot_ids = slots.to(device=mixed.device, dtype=torch.int64)
+    out_ids = slot_ids if out_slots is None else out_slots.to(device=mixed.device, dtype=torch.int64)
+    # The kernels read the slot ids before their PDL wait: if converting them just launched a kernel, the conv
+    # kernel starts plainly (the step kernel's previous launch is then the conv kernel, which writes no ids).
+    converted = slot_ids is not slots or (out_slots is not None and out_ids is not out_slots)
+    slots, out_slots = slot_ids, out_ids
     neg_a, dt_bias = p.neg_a.float().contiguous(), p.dt_bias.float().contiguous()
     k = p.conv_weight.shape[-1]
     y = torch.empty((bsz, channels), dtype=mixed.dtype, device=mixed.device)
@@ -146,75 +143,15 @@ def conv_gates(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, p: GDNDeco
         mixed, p.conv_weight, conv_states, slots, out_slots, y, a, b, neg_a, dt_bias, g, beta, channels, hv,
         mixed.stride(0), *p.conv_weight.stride(), *conv_states.stride(), y.stride(0), a.stride(0), b.stride(0),
         K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), BH=next_pow2(hv), INTERP=INTERPRET,
-        **({} if INTERPRET else {"num_warps": 4}), **({"PDL": False} if plain else pdl(mixed)))
-    return y, g, beta
-
-
-def step_norm(y: torch.Tensor, z: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, p: GDNDecodeParams,
-              states: torch.Tensor, slots: torch.Tensor, out_slots: torch.Tensor, *, z_early: bool, plain: bool,
-              warps: int = 4) -> torch.Tensor:
-    """Kernel 2 (module docstring): ``o[B, Hv, Dv]``. ``z_early``: z was written two launches back (may be read
-    before the PDL wait); ``plain``: launch without PDL."""
-    bsz = y.shape[0]
-    hv, dv, hk, dk = p.value_heads, p.value_dim, p.key_heads, p.key_dim
-    y, z = _last_contig(y), _last_contig(z)
-    o = torch.empty((bsz, hv, dv), dtype=y.dtype, device=y.device)
-    nw_dtype = _TL_DTYPE[torch.promote_types(y.dtype, p.norm_weight.dtype)]
+        **({} if INTERPRET else {"num_warps": 4}), **({"PDL": False} if converted else pdl(mixed)))
+    nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
     _step_norm_kernel[(bsz, hv)](
         y, z, g, beta, states, slots, out_slots, p.norm_weight.contiguous(), o, float(p.scale), float(p.eps), hv,
         y.stride(0), z.stride(0), z.stride(1), o.stride(0), o.stride(1), *states.stride()[:3],
         R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk), BV=next_pow2(dv), NW_DTYPE=nw_dtype,
-        Z_EARLY=z_early, INTERP=INTERPRET, **({} if INTERPRET else {"num_warps": warps}),
-        **({"PDL": False} if plain else pdl(y)))
+        INTERP=INTERPRET, **({} if INTERPRET else {"num_warps": step_warps}), **pdl(mixed))
     return o
 
 
-def _check_states(states: torch.Tensor, what: str) -> None:
-    if states.dtype != torch.float32 or states.stride(-1) != 1:
-        raise ValueError(f"{what}: states must be fp32 with a contiguous last dim")
-
-
-def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
-               conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
-               out_slots: torch.Tensor | None = None, *, step_warps: int = 4) -> torch.Tensor:
-    """``o[B, Hv, Dv]``: gates, conv, recurrent step and gated norm of B decode rows (contract ``gdn_decode``).
-    ``step_warps``: the step kernel's warps (a launch-shape override for sweeps; 4 measured fastest on an H200,
-    tools/gpu_decode_fusion_sweep.py: B=1 6.2 us vs 7.3 at 8 warps, B=8 14.5 vs 19.1)."""
-    launch_ok(mixed)
-    p = params
-    bsz, channels = mixed.shape
-    _check_params(p, channels)
-    slots, out_slots, converted = slot_ids(slots, out_slots, bsz, mixed.device, "gdn_decode")
-    _check_states(states, "gdn_decode")
-    if bsz == 0:
-        return torch.empty((0, p.value_heads, p.value_dim), dtype=mixed.dtype, device=mixed.device)
-    y, g, beta = conv_gates(mixed, a, b, p, conv_states, slots, out_slots, converted)
-    # The step kernel's previous launch is the conv kernel, which writes no slot ids: PDL either way.
-    return step_norm(y, z, g, beta, p, states, slots, out_slots, z_early=True, plain=False, warps=step_warps)
-
-
-def gdn_decode_step(y: torch.Tensor, z: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, params: GDNDecodeParams,
-                    states: torch.Tensor, slots: torch.Tensor, out_slots: torch.Tensor | None = None) -> torch.Tensor:
-    """``o[B, Hv, Dv]``: the recurrent step and gated norm from the conv output (contract ``gdn_decode_step``);
-    kernel 2 alone, reading z after its wait (its producer may be the previous launch)."""
-    launch_ok(y)
-    p = params
-    bsz, channels = y.shape
-    _check_params(p, channels)
-    if z.shape != (bsz, p.value_heads, p.value_dim) or g.shape != (bsz, p.value_heads) or beta.shape != g.shape:
-        raise ValueError(f"gdn_decode_step: z {tuple(z.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)} for "
-                         f"{bsz} rows of {p.value_heads} heads x {p.value_dim}")
-    if g.dtype != torch.float32 or beta.dtype != torch.float32:
-        raise ValueError("gdn_decode_step: g and beta must be fp32 (gdn_gates' outputs)")
-    slots, out_slots, converted = slot_ids(slots, out_slots, bsz, y.device, "gdn_decode_step")
-    _check_states(states, "gdn_decode_step")
-    if bsz == 0:
-        return torch.empty((0, p.value_heads, p.value_dim), dtype=y.dtype, device=y.device)
-    return step_norm(y, z, g.contiguous(), beta.contiguous(), p, states, slots, out_slots, z_early=False,
-                     plain=converted)
-
-
 OPS = [OpImpl(op="gdn_decode", name="triton", fn=gdn_decode, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
-              priority=10),
-       OpImpl(op="gdn_decode_step", name="triton", fn=gdn_decode_step, devices=frozenset({"cuda"}),
-              dtypes=KERNEL_DTYPES, priority=10)]
+              priority=10)]

@@ -53,17 +53,6 @@ _SWIGLU_BN = 2
 
 
 @triton.jit
-def norm_row(xm, rm, nw, K, eps, RES_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, INTERP: tl.constexpr):
-    """add_rms_norm of one row held whole (fp32 x, residual and norm weight; lanes past K zero): ``(res, h)`` with
-    add_rms_norm's two roundings, the sum to RES_DTYPE and the normed value to H_DTYPE (shared with
-    ``gdn_decode_in``)."""
-    res = cast(xm + rm, RES_DTYPE, INTERP)
-    rf = res.to(tl.float32)
-    hm = cast((rf * tl.rsqrt(tl.sum(rf * rf, 0) / K + eps)) * (1.0 + nw), H_DTYPE, INTERP)
-    return res, hm
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, NI, sx_m, sw_n, sy_m, sr_m, sh_m,
                  sro_m, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr,
                  EXACT: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, INTERP: tl.constexpr,
@@ -102,7 +91,9 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K
                 # add_rms_norm of row m (its roundings: the sum to x.dtype, the normed value to x.dtype), formed
                 # by every program from the whole row; program 0 stores both for the rest of the block.
                 rm = tl.load(r_ptr + tl.minimum(M - 1, m) * sr_m + kk, mask=kk < K, other=0.0).to(tl.float32)
-                res, hm = norm_row(xm, rm, nw, K, eps, ro_ptr.dtype.element_ty, h_ptr.dtype.element_ty, INTERP)
+                res = cast(xm + rm, ro_ptr.dtype.element_ty, INTERP)
+                rf = res.to(tl.float32)
+                hm = cast((rf * tl.rsqrt(tl.sum(rf * rf, 0) / K + eps)) * (1.0 + nw), h_ptr.dtype.element_ty, INTERP)
                 keep = (kk < K) & (kk * 0 + m < M) & (kk * 0 + tl.program_id(0) == 0)
                 tl.store(ro_ptr + m * sro_m + kk, res, mask=keep)
                 tl.store(h_ptr + m * sh_m + kk, hm, mask=keep)
