@@ -197,6 +197,18 @@ def main() -> int:
             names = ("tokens", "positions", "slots", "out_slots", "kv_lens", "page_tables", "slot_mapping")
             print(f"B={b} graph inputs: " + ", ".join(f"{n}={v.tolist() if v.dim() == 1 else v[:, :8].tolist()}"
                                                      for n, v in zip(names, views, strict=True)), flush=True)
+            # All graphs share one input buffer: if the Engine never ran batch b as one decode step (its requests
+            # did not overlap), b's inputs are other graphs' values (on b33076c this replayed garbage slot ids:
+            # an illegal memory access). Then replay on the capture's valid inputs (position 0, one KV token).
+            _, positions, slots, out_slots, kv_lens, _, _ = views
+            limit = opts.max_context
+            sane = (bool(((positions >= 0) & (positions < limit)).all()) and bool(((kv_lens >= 1) & (kv_lens <= limit)).all())
+                    and bool(((slots >= 0) & (slots < 4 * opts.max_concurrency + 8)).all())
+                    and bool(((out_slots >= 0) & (out_slots < 4 * opts.max_concurrency + 8)).all()))
+            if not sane:
+                graphs._valid_inputs(b)  # noqa: SLF001 (diagnostics)
+                print(f"B={b}: the Engine never staged this batch; replaying the capture's inputs", flush=True)
+            report[f"decode_b{b}_inputs"] = "engine" if sane else "capture (position 0)"
             graph.replay()
             torch.cuda.synchronize()
             for _ in range(3):
