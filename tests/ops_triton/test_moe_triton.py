@@ -237,3 +237,19 @@ def test_router_gives_valid_ids_for_nan_logits(experts):
     assert ids.dtype == torch.int64 and bool(((ids >= 0) & (ids < experts)).all())
     _, clean = ref.moe_router(logits[2:], 4)
     assert torch.equal(ids[2:].sort(-1).values, clean.sort(-1).values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_router_ties_pick_the_lowest_index_and_share_the_weight(dtype):
+    """Equal logits (-0.0 and +0.0 among them) rank by index: the reference's topk leaves tie order open, so the
+    ids are compared as sets and the weights per rank; a row of one value gives ids 0..k-1 and weights 1/k."""
+    from ninfer.ops.triton.moe_router import moe_router
+
+    rows = torch.tensor([[0.5, -0.0, 0.5, 0.0, 2.0, 0.5, -1.0, 0.0],
+                         [1.0] * 8], dtype=dtype, device=DEVICE)
+    w, ids = moe_router(rows, 4)
+    assert ids[0].tolist() == [4, 0, 2, 5] and ids[1].tolist() == [0, 1, 2, 3]
+    w_ref, ids_ref = ref.moe_router(rows, 4)
+    assert ids[0].sort().values.tolist() == ids_ref[0].sort().values.tolist()
+    torch.testing.assert_close(w.cpu(), w_ref.cpu(), rtol=2e-6, atol=1e-7)
+    assert torch.equal(w[1].cpu(), torch.full((4,), 0.25))

@@ -4,8 +4,12 @@ Same contract as :func:`ninfer.ops.reference.moe.moe_router`: p = softmax(fp32 l
 descending order, weights = p[ids] / sum(p[ids]) (fp32). The reference takes four torch kernels (cast, softmax,
 topk, the renormalisation); at decode, inside a CUDA graph, each of them costs a launch gap per MoE layer.
 
-Top-k is k rounds of (max, first index holding it, mask it out): exact, and k = 8 rounds over E = 256 values in
-registers are cheaper than one sort. Ties pick the lowest index (torch.topk leaves tie order unspecified).
+Top-k is k rounds of one max over integer keys (the logit's float order, then the complemented expert index): exact,
+and k = 8 rounds over E = 256 values in registers are cheaper than one sort. Ties pick the lowest index
+(torch.topk leaves tie order unspecified). Selection is on the logits (the softmax is monotonic); the weights are
+exp(l - l_max) over the k chosen, renormalised: the softmax's denominator cancels, so it is not formed. At decode
+the kernel is a chain of dependent reductions on one warp (latency, not bandwidth): k of them here, against
+2k + 2 for (max, first index holding it) rounds after a softmax, and the weights are stored once, from registers.
 ``logits`` may be a row-strided view (the model slices it out of a fused [router | shared expert] GEMM).
 """
 
@@ -24,31 +28,40 @@ MAX_EXPERTS = 4096
 
 
 @triton.jit
-def _router_kernel(l_ptr, w_ptr, i_ptr, E, sl_t, TOPK: tl.constexpr, BE: tl.constexpr, PDL: tl.constexpr):
+def _router_kernel(l_ptr, w_ptr, i_ptr, E, sl_t, TOPK: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr,
+                   PDL: tl.constexpr):
     pdl_wait(PDL)
     t = tl.program_id(0)
     e = tl.arange(0, BE)
-    em = e < E
-    logit = tl.load(l_ptr + t * sl_t + e, mask=em, other=float("-inf")).to(tl.float32)
-    m = tl.max(logit, 0)
-    p = tl.exp(logit - m)            # masked lanes: exp(-inf) = 0
-    p = p / tl.sum(p, 0)
-    # NaN logits (a broken row) must still give ids in [0, E): an id out of range would make the expert kernels read
-    # out of bounds and fail the whole engine, not just this row. NaN probabilities rank below every real one.
-    p = tl.where(p == p, p, -1.0)
+    logit = tl.load(l_ptr + t * sl_t + e, mask=e < E, other=float("-inf")).to(tl.float32)
+    # NaN logits (a broken row) rank with -inf, below every real logit: ids stay in [0, E) whatever the row holds
+    # (an id out of range would make the expert kernels read out of bounds and fail the whole engine).
+    logit = tl.where(logit == logit, logit, float("-inf"))
+    logit = tl.where(logit == 0.0, 0.0, logit)            # -0.0 -> +0.0: equal logits get equal keys
+    bits = logit.to(tl.int32, bitcast=True)
+    order = bits ^ ((bits >> 31) & 0x7FFFFFFF)            # sign-magnitude -> two's complement order
+    # The index part is complemented so that among equal logits the max picks the lowest index; lanes past E
+    # (masked, -inf) have the lowest index parts, below every real -inf lane.
+    key = (order.to(tl.int64) << 16) | (BE - 1 - e).to(tl.int64)       # BE <= 2**16
+    j = tl.arange(0, KP)
+    w = tl.zeros((KP,), dtype=tl.float32)
+    ids = tl.zeros((KP,), dtype=tl.int64)
     total = 0.0
-    for j in tl.static_range(TOPK):
-        best = tl.max(p, 0)
-        idx = tl.minimum(tl.min(tl.where(p == best, e, BE), 0), E - 1)
-        tl.store(w_ptr + t * TOPK + j, best)
-        tl.store(i_ptr + t * TOPK + j, idx.to(tl.int64))
-        total += best
-        # Taken lanes drop below every probability (p >= 0) so the next round cannot pick them again.
-        p = tl.where(e == idx, -1.0, p)
-    scale = 1.0 / total
-    for j in tl.static_range(TOPK):
-        w = tl.load(w_ptr + t * TOPK + j)
-        tl.store(w_ptr + t * TOPK + j, w * scale)
+    for r in tl.static_range(TOPK):
+        kmax = tl.max(key, 0)
+        idx = tl.minimum((BE - 1) - (kmax & 0xFFFF), E - 1)
+        ob = (kmax >> 16).to(tl.int32)
+        best = (ob ^ ((ob >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        if r == 0:
+            top = best
+        p = tl.exp(best - top)                            # round 0: exp(0) = 1
+        w = tl.where(j == r, p, w)
+        ids = tl.where(j == r, idx, ids)
+        total += p
+        # Taken lanes drop below every key (the lowest, -inf's, is about -2**47) so no later round picks them.
+        key = tl.where(key == kmax, -4611686018427387904, key)   # -2**62
+    tl.store(w_ptr + t * TOPK + j, w * (1.0 / total), mask=j < TOPK)
+    tl.store(i_ptr + t * TOPK + j, ids, mask=j < TOPK)
 
 
 def moe_router(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,10 +73,11 @@ def moe_router(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Te
     ids = torch.empty((t_len, top_k), dtype=torch.int64, device=logits.device)
     if t_len:
         # One warp up to 512 experts: every reduction of the k rounds is then a warp shuffle, with no shared-memory
-        # barrier between warps (the kernel is a chain of 2k + 2 reductions: latency, not bandwidth).
+        # barrier between warps (the kernel is a chain of k reductions: latency, not bandwidth).
         kw = {} if logits.device.type != "cuda" else {"num_warps": 1 if n_exp <= 512 else 4 if n_exp <= 1024 else 8}
         _router_kernel[(t_len,)](logits, weights, ids, n_exp, logits.stride(0), TOPK=top_k,
-                                 BE=triton.next_power_of_2(n_exp), **kw, **pdl(logits))
+                                 KP=triton.next_power_of_2(top_k), BE=triton.next_power_of_2(n_exp), **kw,
+                                 **pdl(logits))
     return weights, ids
 
 
