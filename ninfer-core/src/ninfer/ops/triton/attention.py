@@ -132,15 +132,17 @@ def _decode_split_kernel(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + (page * stride_kp + slot * stride_ks + kvh * stride_kh)[:, None]
                     + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        # V is requested with K, before the scores (its address needs only the page): one memory round trip per
+        # tile instead of two in a row. V past kv_len is masked to 0 (not read): the pool may hold NaN there and
+        # 0 * NaN would poison acc.
+        v = tl.load(v_ptr + (page * stride_vp + slot * stride_vs + kvh * stride_vh)[:, None]
+                    + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         scores = mm(q, tl.trans(k), FP32_DOT, INTERP) * qk_scale
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        # V past kv_len is masked to 0 (not read): the pool may hold NaN there and 0 * NaN would poison acc.
-        v = tl.load(v_ptr + (page * stride_vp + slot * stride_vs + kvh * stride_vh)[:, None]
-                    + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + _pv(p, v, P_SPLIT, FP32_DOT, INTERP)
         m_i = m_new
 
