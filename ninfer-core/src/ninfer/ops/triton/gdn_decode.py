@@ -53,14 +53,16 @@ def _conv_gates_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, a_p
     slot = tl.load(slots_ptr + row).to(tl.int64)
     old, w = conv_update_prologue(w_ptr, s_ptr, slot, c, c_mask, stride_wc, stride_wk, stride_ss, stride_sc,
                                   stride_sk, K, BLOCK_K)
+    out_slot = tl.load(out_slots_ptr + row).to(tl.int64)   # a step input, like slot
     pdl_wait(PDL)
     x = tl.load(x_ptr + row * stride_xb + c, mask=c_mask, other=0.0)
-    out_slot = tl.load(out_slots_ptr + row).to(tl.int64)
+    if blk == 0:
+        # The gates' loads go out with x's: after the conv's stores they were a second memory round trip in a row,
+        # and this program is the one the kernel's end waits for.
+        gates_row(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, row, H, stride_ab, stride_bb, BH)
     y = conv_update_finish(x, old, w, s_ptr, out_slot, c, c_mask, stride_ss, stride_sc, stride_sk, K, BLOCK_K,
                            INTERP)
     tl.store(y_ptr + row * stride_yb + c, cast(y, y_ptr.dtype.element_ty, INTERP), mask=c_mask)
-    if blk == 0:
-        gates_row(a_ptr, b_ptr, na_ptr, dt_ptr, g_ptr, beta_ptr, row, H, stride_ab, stride_bb, BH)
 
 
 @triton.jit
@@ -78,6 +80,7 @@ def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slot
     dvm = dv < DV
     # Before the wait: nothing the conv/gates kernel writes (module docstring).
     slot = tl.load(slots_ptr + row)
+    out_slot = tl.load(out_slots_ptr + row)   # a step input too: read here, not after the step's math
     s_ptrs = st_ptr + slot * ss_s + h * ss_h + dk[:, None] * ss_k + dv[None, :]
     smask = dkm[:, None] & dvm[None, :]
     s = tl.load(s_ptrs, mask=smask, other=0.0)
@@ -91,7 +94,6 @@ def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slot
     g = tl.load(g_ptr + row * H + h)
     beta = tl.load(beta_ptr + row * H + h)
     s, o = recurrent_update(s, q, k, v, g, beta, scale)
-    out_slot = tl.load(out_slots_ptr + row)
     tl.store(s_ptrs + (out_slot - slot) * ss_s, s, mask=smask)
     # o rounded to the activation dtype (as gdn_recurrent_step returns it), then the gated norm over the head.
     o16 = cast(o, o_ptr.dtype.element_ty, INTERP).to(tl.float32)

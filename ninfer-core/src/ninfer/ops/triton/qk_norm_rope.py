@@ -118,9 +118,13 @@ def _qk_norm_rope_cache_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin
                         c1, c2, s1, s2, j, jm, r, rm, eps, D, HALF, BLOCK_D, INTERP)
     else:
         hk = h - HQ
+        # The slot and the V row are requested before the K head's math and stores, with its loads: after them
+        # they were two more memory round trips in a row.
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        cols = tl.arange(0, BLOCK_D)[None, :]
+        v = tl.load(v_ptr + t * stride_vt + hk * stride_vh + cols, mask=cols < D)
         y1, y2, yr = _norm_rope_head(k_ptr + t * stride_kt + hk * stride_kh, ko_ptr + (t * HKV + hk) * D,
                                      w1, w2, wr, c1, c2, s1, s2, j, jm, r, rm, eps, D, HALF, BLOCK_D, INTERP)
-        slot = tl.load(slot_ptr + t).to(tl.int64)
         ok = (slot >= 0) & (slot < capacity)
         page = slot // PAGE
         off = slot % PAGE
@@ -134,8 +138,6 @@ def _qk_norm_rope_cache_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin
         tl.store(kp + j[None, :] * stride_kpd, cast(y1, kdt, INTERP), mask=j[None, :] < lim_half)
         tl.store(kp + (HALF + j[None, :]) * stride_kpd, cast(y2, kdt, INTERP), mask=j[None, :] < lim_half)
         tl.store(kp + r[None, :] * stride_kpd, cast(yr, kdt, INTERP), mask=r[None, :] < lim_d)
-        cols = tl.arange(0, BLOCK_D)[None, :]
-        v = tl.load(v_ptr + t * stride_vt + hk * stride_vh + cols, mask=cols < D)
         tl.store(vp + cols * stride_vpd, cast(v, vp_ptr.dtype.element_ty, INTERP), mask=cols < lim_d)
 
 
