@@ -171,12 +171,8 @@ def _decode_combine_kernel(
         MIN_SPLIT_TILES: tl.constexpr, MAX_SPLITS_C: tl.constexpr,
         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr, INTERP: tl.constexpr,
         PDL: tl.constexpr):
-    """Program (b, query head): merges the row's splits (a fixed, batch-independent reduction over BLOCK_S lanes).
-    PDL: kv_lens (a step input) before the wait, the split kernel's partials after it.
-
-    Every split's partial is requested at once, as one [BLOCK_S, D] tile (splits past the row's count masked off:
-    no traffic): a loop over the splits waited for each split's load in turn, n_split dependent L2 round trips
-    (6 at 168 tokens, 32 at 1k), most of the kernel's time at decode."""
+    """Program (b, query head): merges the row's splits in split order (a fixed, batch-independent order).
+    PDL: kv_lens (a step input) before the wait, the split kernel's partials after it."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     kv_len = tl.load(kv_lens_ptr + b)
@@ -187,17 +183,19 @@ def _decode_combine_kernel(
 
     offs_s = tl.arange(0, BLOCK_S)
     s_mask = offs_s < n_split
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < D
     ml_base = b * stride_mb + h * stride_mh + offs_s * stride_ms
     m = tl.load(ml_ptr + ml_base, mask=s_mask, other=_NEG)
     l_s = tl.load(ml_ptr + ml_base + 1, mask=s_mask, other=0.0)
-    parts = tl.load(acc_ptr + b * stride_ab + h * stride_ah + offs_s[:, None] * stride_as + offs_d[None, :],
-                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     m_max = tl.max(m, 0)
-    scale = tl.where(s_mask, tl.exp2(m - m_max), 0.0)
-    l_tot = tl.sum(scale * l_s, 0)
-    acc = tl.sum(scale[:, None] * parts, 0)
+    l_tot = tl.sum(tl.exp2(m - m_max) * l_s, 0)
+
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s in range(0, n_split):
+        m_s = tl.load(ml_ptr + b * stride_mb + h * stride_mh + s * stride_ms)
+        part = tl.load(acc_ptr + b * stride_ab + h * stride_ah + s * stride_as + offs_d, mask=d_mask, other=0.0)
+        acc = acc + tl.exp2(m_s - m_max) * part
     out = acc / tl.where(l_tot > 0, l_tot, 1.0)
     if HAS_GATE:
         g = tl.load(gate_ptr + b * stride_gb + h * D + offs_d, mask=d_mask, other=0.0)
@@ -272,13 +270,10 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         FP32_DOT=q.dtype == torch.float32, INTERP=INTERPRET,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch, **common)
     if not direct:
-        block_s = next_pow2(num_splits)
-        # The [BLOCK_S, D] fp32 partials tile in registers: 8 warps from 8K elements (64 splits x 256 at 4 warps:
-        # 199 registers in the sm_90 build, 109 at 8).
         _decode_combine_kernel[(bsz, hq)](
             acc, ml, kv_lens, out, g, *sa, *out.stride(), sg,
-            BLOCK_S=block_s, BLOCK_D=block_d, HAS_GATE=gate is not None, INTERP=INTERPRET,
-            num_warps=8 if block_s * block_d >= 8192 else 4, **pdl(q), **common)
+            BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d, HAS_GATE=gate is not None, INTERP=INTERPRET,
+            num_warps=4, **pdl(q), **common)
     return out
 
 
