@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""What the H200 would run, read on a machine without a GPU: each decode kernel compiled for sm_90 and summarised.
+
+Triton compiles for a target it is told about (``GPUTarget("cuda", 90, 32)``) without a device, and its wheel carries
+``cuobjdump``. For each kernel, at the 35B-A3B decode shapes with the launch's constexprs and num_warps, this prints:
+registers, stack (spills), shared memory, instruction counts of the memory, shuffle/reduction and barrier kinds,
+the blocked layouts, and the *issue order* of loads against the math (``LDGx64 HMMAx16 ...``, runs compressed).
+The order is what found the ninth session's latency cuts: a load issued after math it does not depend on is a
+second memory round trip in a row (V after the QK dot, a slot id after the recurrence, the gates' loads after the
+conv's stores). Device time is the scarce thing; this costs none.
+
+    python3 tools/sass_report.py                 # every preset
+    python3 tools/sass_report.py router step     # presets whose name contains a word
+    python3 tools/sass_report.py --json out.json
+
+Integer arguments named like strides, and pointers, are compiled as divisible by 16 (what Triton's launch-time
+specialisation sees for the engine's contiguous tensors: without it loads do not vectorise and the build differs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+# Instruction kinds counted; a kind is matched on the opcode's first dot-separated word (LDG.E.128 -> LDG).
+KINDS = ("LDG", "LDGSTS", "LDS", "LDL", "STG", "STS", "STL", "SHFL", "REDUX", "BAR", "HMMA", "FFMA", "MUFU")
+# Issue-order markers: memory traffic against the math it may wait behind.
+ORDER = ("LDGSTS", "LDG", "STG", "HMMA", "MUFU", "BAR", "REDUX", "SHFL")
+
+
+@dataclass(frozen=True)
+class Preset:
+    module: str
+    kernel: str
+    constexprs: dict
+    warps: int = 4
+    pointers: dict = field(default_factory=dict)      # pointer arg -> dtype (default *bf16)
+    floats: tuple = ("eps", "scale", "qk_scale")
+
+
+def _presets() -> dict[str, Preset]:
+    import triton.language as tl
+
+    return {
+        "router": Preset("ninfer.ops.triton.moe_router", "_router_kernel", dict(TOPK=8, KP=8, BE=256, PDL=True), 1,
+                         {"w_ptr": "*fp32", "i_ptr": "*i64"}),
+        "gdn_conv_gates": Preset("ninfer.ops.triton.gdn_decode", "_conv_gates_kernel",
+                                 dict(K=4, BLOCK_C=256, BLOCK_K=4, BH=32, INTERP=False, PDL=True), 4,
+                                 {"slots_ptr": "*i64", "out_slots_ptr": "*i64", "na_ptr": "*fp32", "dt_ptr": "*fp32",
+                                  "g_ptr": "*fp32", "beta_ptr": "*fp32"}),
+        "gdn_step": Preset("ninfer.ops.triton.gdn_decode", "_step_norm_kernel",
+                           dict(R=2, DK=128, DV=128, KEY_DIM=2048, BK=128, BV=128, NW_DTYPE=tl.bfloat16, INTERP=False,
+                                PDL=True), 4,
+                           {"g_ptr": "*fp32", "beta_ptr": "*fp32", "st_ptr": "*fp32", "slots_ptr": "*i64",
+                            "out_slots_ptr": "*i64"}),
+        "qk_norm_rope": Preset("ninfer.ops.triton.qk_norm_rope", "_qk_norm_rope_cache_kernel",
+                               dict(HQ=16, HKV=2, D=256, HALF=32, PAGE=16, BLOCK_D=256, BLOCK_HALF=32, BLOCK_REST=256,
+                                    INTERP=False, PDL=True), 4,
+                               {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "slot_ptr": "*i64"}),
+        "attn_split": Preset("ninfer.ops.triton.attention", "_decode_split_kernel",
+                             dict(NUM_SPLITS=64, R=8, D=256, PAGE=16, BLOCK_H=16, BLOCK_D=256, BLOCK_N=32,
+                                  MIN_SPLIT_TILES=1, MAX_SPLITS_C=64, DIRECT=False, HAS_GATE=True, P_SPLIT=True,
+                                  FP32_DOT=False, INTERP=False, PDL=True), 4,
+                             {"kv_lens_ptr": "*i32", "pt_ptr": "*i32", "acc_ptr": "*fp32", "ml_ptr": "*fp32"}),
+        "attn_combine": Preset("ninfer.ops.triton.attention", "_decode_combine_kernel",
+                               dict(NUM_SPLITS=64, D=256, BLOCK_N=32, MIN_SPLIT_TILES=1, MAX_SPLITS_C=64, BLOCK_S=64,
+                                    BLOCK_D=256, HAS_GATE=True, INTERP=False, PDL=True), 4,
+                               {"acc_ptr": "*fp32", "ml_ptr": "*fp32", "kv_lens_ptr": "*i32"}),
+        "gemv_norm": Preset("ninfer.ops.triton.linear", "_gemv_kernel",
+                            dict(BM=1, BN=4, BK=2048, ONE_TILE=True, EXACT=True, NORM=True, SWIGLU=False,
+                                 INTERP=False, PDL=True), 4),
+        "moe_gate_up": Preset("ninfer.ops.triton.moe_gemv", "_gate_up_gemv_kernel",
+                              dict(TOPK=8, BN=8, BK=512, EVEN=True, PDL=True), 4, {"ids_ptr": "*i64"}),
+        "moe_down": Preset("ninfer.ops.triton.moe_gemv", "_down_gemv_one_shot_kernel",
+                           dict(TOPK=8, KP=8, BN=4, BK=512, BKS=512, HAS_SHARED=True, PDL=True), 8,
+                           {"ids_ptr": "*i64", "rw_ptr": "*fp32"}),
+    }
+
+
+def _tool(name: str) -> str:
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def compile_sm90(p: Preset):
+    """The preset's kernel built for sm_90 (no device needed); returns triton's compiled kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(importlib.import_module(p.module), p.kernel)
+    names = [prm.name for prm in fn.params]
+    missing = [prm.name for prm in fn.params if prm.is_constexpr and prm.name not in p.constexprs]
+    if missing:
+        raise ValueError(f"{p.kernel}: constexprs {missing} have no value in the preset")
+    sig, div = {}, []
+    for n in names:
+        if n in p.constexprs:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = p.pointers.get(n, "*bf16")
+            div.append(n)
+        elif n in p.floats:
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+            if re.match(r"^(stride|s[a-z]{0,2}_)", n):
+                div.append(n)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div}
+    src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in p.constexprs.items() if k in names},
+                    attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": p.warps})
+
+
+def report(name: str, p: Preset) -> dict:
+    k = compile_sm90(p)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(k.asm["cubin"])
+        usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", path], capture_output=True,
+                               text=True, check=True).stdout
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", path], capture_output=True, text=True,
+                              check=True).stdout
+    res = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", usage))
+    ops = []
+    for line in sass.splitlines():
+        if "*/" not in line or ";" not in line:
+            continue
+        words = line.split("*/", 1)[1].strip().rstrip(";").split()
+        words = [w for w in words if not w.startswith("@")]      # drop predicates
+        if words:
+            ops.append(words[0])
+    counts = collections.Counter(op.split(".")[0] for op in ops)
+    order: list[list] = []
+    for op in ops:
+        head = op.split(".")[0]
+        mark = next((m for m in ORDER if head == m), None)
+        if mark is None:
+            continue
+        if order and order[-1][0] == mark:
+            order[-1][1] += 1
+        else:
+            order.append([mark, 1])
+    layouts = [ln.split("=", 1)[1].strip() for ln in k.asm["ttgir"].splitlines() if ln.startswith("#blocked")]
+    return {"kernel": f"{p.module.rsplit('.', 1)[1]}.{p.kernel}", "warps": p.warps,
+            **{key.lower(): int(v) for key, v in res.items()}, "instructions": len(ops),
+            "counts": {kind: counts[kind] for kind in KINDS if counts[kind]},
+            "issue_order": " ".join(f"{m}x{n}" for m, n in order), "layouts": layouts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("words", nargs="*", help="run the presets whose name contains one of these (default all)")
+    ap.add_argument("--json", default=None, help="also write the reports to this file")
+    args = ap.parse_args(argv)
+    presets = _presets()
+    picked = {n: p for n, p in presets.items() if not args.words or any(w in n for w in args.words)}
+    if not picked:
+        print(f"no preset matches {args.words}; presets: {', '.join(presets)}", file=sys.stderr)
+        return 2
+    out = {}
+    for name, p in picked.items():
+        r = out[name] = report(name, p)
+        print(f"== {name} ({r['kernel']}, {r['warps']} warps): {r.get('reg')} registers, stack {r.get('stack')} B, "
+              f"shared {r.get('shared')} B, {r['instructions']} instructions")
+        print("   " + ", ".join(f"{k} {v}" for k, v in r["counts"].items()))
+        print("   order: " + r["issue_order"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
