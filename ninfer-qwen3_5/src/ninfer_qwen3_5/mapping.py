@@ -110,7 +110,6 @@ class _Builder:
             self.uses.append(UsePlan(parameter=name, input=use, activation_policy=policy))
 
 
-
 def _rows(name: str, span: tuple[int, int], shape: tuple[int, ...]) -> tuple[SourceRows, tuple[int, ...]]:
     return SourceRows(name, *span), shape
 

@@ -72,8 +72,9 @@ def moe_router(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Te
     weights = torch.empty((t_len, top_k), dtype=torch.float32, device=logits.device)
     ids = torch.empty((t_len, top_k), dtype=torch.int64, device=logits.device)
     if t_len:
-        # One warp up to 512 experts: every reduction of the k rounds is then a warp shuffle, with no shared-memory
-        # barrier between warps (the kernel is a chain of k reductions: latency, not bandwidth).
+        # One warp up to 512 experts: every reduction of the k rounds is then warp-level (two redux.sync on sm_90),
+        # with no shared-memory barrier between warps (the kernel is a chain of k reductions: latency, not
+        # bandwidth).
         kw = {} if logits.device.type != "cuda" else {"num_warps": 1 if n_exp <= 512 else 4 if n_exp <= 1024 else 8}
         _router_kernel[(t_len,)](logits, weights, ids, n_exp, logits.stride(0), TOPK=top_k,
                                  KP=triton.next_power_of_2(top_k), BE=triton.next_power_of_2(n_exp), **kw,
