@@ -2,8 +2,7 @@
 """Decode fusions, fused vs unfused, on the GPU (diagnostics for ``gdn_decode`` and ``add_rms_norm_linear``).
 
 1. A GDN layer's decode tail at the Qwen3.5 GDN head shape (Hk 16 x 128, Hv 32 x 128, conv 4): the four Triton
-   ops (gates, conv update, recurrent step, gated norm) against ``gdn_decode`` for each step-kernel warp count,
-   with the step kernel whole-head and split over Dv blocks (``step_bv``).
+   ops (gates, conv update, recurrent step, gated norm) against ``gdn_decode`` for each step-kernel warp count.
 2. A block's pre-norm + first projection at the 9B and 35B-A3B shapes: the Triton ``add_rms_norm`` then the GEMV,
    against the GEMV with the norm prologue for two row-block sizes.
 
@@ -66,14 +65,9 @@ def gdn_cases(bsz: int, calls: int, replays: int, g: torch.Generator) -> list[di
     moved = 2 * bsz * HV * DK * DV * 4 + 2 * bsz * c * (K - 1) * 2
     rows = []
     variants = [("4 ops", unfused)] + [
-        (f"gdn_decode head w={w}", lambda i, w=w: gdn_decode.gdn_decode(
-            mixed, z, a, b, params[i % copies], convs[i % copies], states[i % copies], slots, spare, step_warps=w,
-            step_bv=0))
-        for w in (4, 8)] + [
-        (f"gdn_decode split bv={bv} w={w}", lambda i, bv=bv, w=w: gdn_decode.gdn_decode(
-            mixed, z, a, b, params[i % copies], convs[i % copies], states[i % copies], slots, spare, step_warps=w,
-            step_bv=bv))
-        for bv in (16, 32, 64) for w in (2, 4)]
+        (f"gdn_decode w={w}", lambda i, w=w: gdn_decode.gdn_decode(
+            mixed, z, a, b, params[i % copies], convs[i % copies], states[i % copies], slots, spare, step_warps=w))
+        for w in (4, 8, 16)]
     for label, call in variants:
         us, err = graph_call_us(call, calls, replays, ref)
         rows.append({"what": "gdn decode tail", "B": bsz, "variant": label, "us": us, "GBps": moved / us / 1e3,
@@ -115,21 +109,20 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--replays", type=int, default=10)
-    ap.add_argument("--gdn-only", action="store_true", help="skip the norm + GEMV cases")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     results = []
     for bsz in (1, 8):
         results += gdn_cases(bsz, args.calls, args.replays, g)
-    for name, hidden, n_out in [] if args.gdn_only else NORM_SHAPES:
+    for name, hidden, n_out in NORM_SHAPES:
         for m in (1, 8):
             if linear.use_gemv(torch.empty(m, hidden, device="cuda", dtype=torch.bfloat16),
                                torch.empty(n_out, hidden, device="cuda", dtype=torch.bfloat16)):
                 results += norm_cases(name, hidden, n_out, m, args.calls, args.replays, g)
     for r in results:
         size = f"B={r['B']}" if "B" in r else f"M={r['M']}"
-        print(f"{r['what']:<16} {size:<4} {r['variant']:<26} {r['us']:8.2f} us {r['GBps']:8.1f} GB/s "
+        print(f"{r['what']:<16} {size:<4} {r['variant']:<22} {r['us']:8.2f} us {r['GBps']:8.1f} GB/s "
               f"diff {r['max_rel_diff']:.1e}")
     (args.out / "decode_fusion_sweep.json").write_text(json.dumps(results, indent=1))
 

@@ -32,30 +32,6 @@ def test_gdn_decode_matches_the_composed_oracles(dtype, bsz, hk, hv, dk, dv, gen
     check_gdn_decode(ops, DEVICE, dtype, bsz, hk, hv, dk, dv, gen, OUT[dtype], STATE)
 
 
-class _SplitStep:
-    """``gdn_decode`` with the step kernel split over Dv blocks of ``bv`` columns (the head's norm by its last
-    program), in the shape ``check_gdn_decode`` calls."""
-
-    def __init__(self, bv: int):
-        self.bv = bv
-
-    def gdn_decode(self, *args):
-        from ninfer.ops.triton.gdn_decode import gdn_decode
-
-        return gdn_decode(*args, step_bv=self.bv)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bsz,hk,hv,dk,dv,bv", [(1, 2, 2, 16, 16, 8), (3, 1, 4, 16, 8, 4), (2, 2, 4, 12, 40, 16)]
-                         + ([(1, 16, 32, 128, 128, 32), (8, 16, 32, 128, 128, 32), (8, 16, 32, 128, 128, 16)]
-                            if CUDA else []))
-def test_gdn_decode_split_step_matches_the_composed_oracles(dtype, bsz, hk, hv, dk, dv, bv, gen):
-    """Dv split across programs: the last program of each (row, head) norms the head; run twice, so the ticket
-    counters are shown to return to zero."""
-    for _ in range(2):
-        check_gdn_decode(_SplitStep(bv), DEVICE, dtype, bsz, hk, hv, dk, dv, gen, OUT[dtype], STATE)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gdn_decode_agrees_with_the_reference_op(dtype, gen):
     bsz, hk, hv, dk, dv = (4, 16, 32, 128, 128) if CUDA else (2, 2, 4, 16, 16)

@@ -37,9 +37,6 @@ from ninfer.ops.triton.gdn import recurrent_update
 from ninfer.ops.triton.gdn_gates import gates_row
 from ninfer.ops.triton.norm import _TL_DTYPE, gated_norm_rows
 
-# Value columns per step program (0: a whole head per program, the norm in the same program). Split, a head's
-# [Dk, Dv] state is spread over Dv / STEP_BV SMs and the head's last program norms it (``_step_split_kernel``).
-STEP_BV = 32
 # Channels per conv program (the conv reads ~C * K * 2 bytes of taps; 8192 channels at 256 = 32 programs/row).
 _BLOCK_C = 256
 
@@ -105,77 +102,13 @@ def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slot
              mask=dvm[None, :])
 
 
-@triton.jit
-def _step_split_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slots_ptr, nw_ptr, o_ptr, cnt_ptr, scale,
-                       eps, H, stride_yb, stride_zb, stride_zh, stride_ob, stride_oh, ss_s, ss_h, ss_k,
-                       R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_DIM: tl.constexpr, BK: tl.constexpr,
-                       BV: tl.constexpr, BH: tl.constexpr, NVB: tl.constexpr, NW_DTYPE: tl.constexpr,
-                       INTERP: tl.constexpr, PDL: tl.constexpr):
-    # Program (row, value head, block of BV value columns): the recurrence of its [Dk, BV] state tile, o of its
-    # columns rounded to o's dtype and stored; the head's last program to finish (a per-(row, head) ticket) then
-    # reads the whole head's o back and applies the gated norm over Dv in place. See _split_step's docstring.
-    row = tl.program_id(0)
-    h = tl.program_id(1)
-    vb = tl.program_id(2)
-    hk = h // R
-    dk = tl.arange(0, BK)
-    dv = vb * BV + tl.arange(0, BV)
-    dkm = dk < DK
-    dvm = dv < DV
-    dh = tl.arange(0, BH)
-    dhm = dh < DV
-    slot = tl.load(slots_ptr + row)
-    out_slot = tl.load(out_slots_ptr + row)
-    s_ptrs = st_ptr + slot * ss_s + h * ss_h + dk[:, None] * ss_k + dv[None, :]
-    smask = dkm[:, None] & dvm[None, :]
-    s = tl.load(s_ptrs, mask=smask, other=0.0)
-    # The norm's inputs (z: the input projection's, two launches back; nw: a weight) for the head, before the wait.
-    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dh, mask=dhm, other=0.0).to(tl.float32)
-    nw = tl.load(nw_ptr + dh, mask=dhm, other=0.0).to(tl.float32)
-    pdl_wait(PDL)
-    y_row = y_ptr + row * stride_yb
-    q = tl.load(y_row + hk * DK + dk, mask=dkm, other=0.0).to(tl.float32)
-    k = tl.load(y_row + KEY_DIM + hk * DK + dk, mask=dkm, other=0.0).to(tl.float32)
-    v = tl.load(y_row + 2 * KEY_DIM + h * DV + dv, mask=dvm, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + row * H + h)
-    beta = tl.load(beta_ptr + row * H + h)
-    s, o = recurrent_update(s, q, k, v, g, beta, scale)
-    tl.store(s_ptrs + (out_slot - slot) * ss_s, s, mask=smask)
-    o_head = o_ptr + row * stride_ob + h * stride_oh
-    tl.store(o_head + dv, cast(o, o_ptr.dtype.element_ty, INTERP), mask=dvm)
-    # Every thread's o stores precede the ticket (barrier, then a release); the last program's acquire orders its
-    # reads of the other programs' o after their tickets. Those reads bypass L1 (.cg): L1 is not coherent.
-    tl.debug_barrier()
-    ticket = tl.atomic_add(cnt_ptr + row * H + h, 1, sem="acq_rel")
-    if ticket == NVB - 1:
-        of = tl.load(o_head + dh, mask=dhm, other=0.0, cache_modifier=".cg").to(tl.float32)
-        out = gated_norm_rows(of[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP)
-        tl.store(o_head + dh[None, :], cast(out, o_ptr.dtype.element_ty, INTERP), mask=dhm[None, :])
-        tl.store(cnt_ptr + row * H + h, 0)   # back to zero for the next launch (kernel boundaries order it)
-
-
-# Per-device ticket counters of the split step kernel: int32, zero between launches (each launch returns every
-# counter it used to zero). Never freed or replaced while in use -- CUDA graphs hold their address -- so a larger
-# need allocates a new buffer and keeps the old one alive.
-_TICKETS: dict[torch.device, list[torch.Tensor]] = {}
-_MIN_TICKETS = 1 << 14
-
-
-def _tickets(device: torch.device, n: int) -> torch.Tensor:
-    held = _TICKETS.setdefault(device, [])
-    if not held or held[-1].numel() < n:
-        held.append(torch.zeros(max(n, _MIN_TICKETS), dtype=torch.int32, device=device))
-    return held[-1]
-
-
 def _last_contig(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
                conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
-               out_slots: torch.Tensor | None = None, *, step_warps: int = 4,
-               step_bv: int | None = None) -> torch.Tensor:
+               out_slots: torch.Tensor | None = None, *, step_warps: int = 4) -> torch.Tensor:
     """``o[B, Hv, Dv]``: gates, conv, recurrent step and gated norm of B decode rows (contract ``gdn_decode``).
     ``step_warps``: the step kernel's warps (a launch-shape override for sweeps; 4 measured fastest on an H200,
     tools/gpu_decode_fusion_sweep.py: B=1 6.2 us vs 7.3 at 8 warps, B=8 14.5 vs 19.1)."""
@@ -214,17 +147,6 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
         K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), BH=next_pow2(hv), INTERP=INTERPRET,
         **({} if INTERPRET else {"num_warps": 4}), **({"PDL": False} if converted else pdl(mixed)))
     nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
-    step_bv = STEP_BV if step_bv is None else step_bv
-    bv = next_pow2(dv) if step_bv <= 0 else min(next_pow2(step_bv), next_pow2(dv))
-    if bv < next_pow2(dv):
-        nvb = triton.cdiv(dv, bv)
-        _step_split_kernel[(bsz, hv, nvb)](
-            y, z, g, beta, states, slots, out_slots, p.norm_weight.contiguous(), o, _tickets(o.device, bsz * hv),
-            float(p.scale), float(p.eps), hv, y.stride(0), z.stride(0), z.stride(1), o.stride(0), o.stride(1),
-            *states.stride()[:3], R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk), BV=bv,
-            BH=next_pow2(dv), NVB=nvb, NW_DTYPE=nw_dtype, INTERP=INTERPRET,
-            **({} if INTERPRET else {"num_warps": step_warps}), **pdl(mixed))
-        return o
     _step_norm_kernel[(bsz, hv)](
         y, z, g, beta, states, slots, out_slots, p.norm_weight.contiguous(), o, float(p.scale), float(p.eps), hv,
         y.stride(0), z.stride(0), z.stride(1), o.stride(0), o.stride(1), *states.stride()[:3],
