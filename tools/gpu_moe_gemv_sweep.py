@@ -34,8 +34,6 @@ def main() -> None:
     ap.add_argument("--banks", type=int, default=4)
     ap.add_argument("--calls", type=int, default=24)
     ap.add_argument("--replays", type=int, default=10)
-    ap.add_argument("--only-fused", action="store_true",
-                    help="only the two-launch path against the one persistent launch (program counts)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     E, H, I, K, IS = 256, 2048, 512, 8, 512  # noqa: E741 (the model's names)
@@ -67,10 +65,7 @@ def main() -> None:
                  itertools.product((1, 2, 4, 8), (512, 1024, 2048), (4, 8)) if bn1 * bk1 <= 8192]
                 + [dict(down="one_shot", bn2=bn2, warps2=w2) for bn2, w2 in itertools.product((1, 2, 4, 8), (4, 8))]
                 + [dict(down="loop", bn2=bn2, warps2=w2) for bn2, w2 in itertools.product((2, 4, 8), (2, 4))]
-                + [dict(fused=True, programs=m * 132) for m in (1, 2, 3, 4)] + [dict(fused=False)]
                 + [{}])
-        if args.only_fused:
-            grid = [dict(fused=False)] + [dict(fused=True, programs=m * 132) for m in (2, 3, 4)] + [{}]
         for tune in grid:
             try:
                 us, err = graph_call_us(lambda c, tune=tune: call(c, tune), args.calls, args.replays, base)
@@ -83,7 +78,7 @@ def main() -> None:
     best = {}
     for t in (int(x) for x in args.tokens.split(",")):
         ok = [r for r in results if r["tokens"] == t and r.get("ok")]
-        for part, keys in (("gate_up", ("bn1", "bk1", "warps1")), ("down", ("down",)), ("fused", ("fused",))):
+        for part, keys in (("gate_up", ("bn1", "bk1", "warps1")), ("down", ("down",))):
             cands = [r for r in ok if any(k in r["tune"] for k in keys)]
             if cands:
                 best[f"{t}/{part}"] = min(cands, key=lambda r: r["us"])

@@ -179,26 +179,6 @@ def test_both_down_kernels_match_oracle(down, with_shared, top_k, gen):
     assert_normwise(out, moe_experts_oracle(*args, shared), EXPERTS[torch.float32], f"down={down} k={top_k}")
 
 
-@pytest.mark.parametrize("with_shared", [False, True])
-@pytest.mark.parametrize("t_len,programs", [(1, 1), (1, 5), (2, 3), (3, 64)])
-def test_fused_persistent_launch_matches_oracle(t_len, programs, with_shared, gen):
-    """Both expert GEMVs as one persistent launch (work claimed from counters, down tiles waiting on the gate/up
-    count): against the oracle and the two-launch path, for program counts from one to more than the tiles, run
-    three times in a row (each launch must leave its counters at zero for the next)."""
-    from ninfer.ops.triton import moe_gemv
-    from ninfer.ops.triton.moe_gemv import moe_experts_gemv
-
-    hidden, inter, n_exp, top_k = (2048, 512, 256, 8) if _CUDA else (40, 24, 7, 3)
-    args = make(gen, t_len, hidden, inter, n_exp, top_k, torch.float32)
-    shared = shared_expert(gen, t_len, hidden, 20 if not _CUDA else 512, torch.float32) if with_shared else None
-    two = moe_experts_gemv(*args, shared, tune={"fused": False})
-    for _ in range(3):
-        out = moe_experts_gemv(*args, shared, tune={"fused": True, "programs": programs})
-        assert_normwise(out, moe_experts_oracle(*args, shared), EXPERTS[torch.float32], f"fused T={t_len}")
-        assert_normwise(out, two, EXPERTS[torch.float32], "fused vs two launches")
-        assert moe_gemv._counters(out.device).tolist() == [0, 0, 0, 0]
-
-
 def test_gemv_path_is_deterministic_and_taken_by_size(gen, monkeypatch):
     from ninfer.ops.triton import moe_gemv
 

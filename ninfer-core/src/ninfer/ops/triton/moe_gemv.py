@@ -35,15 +35,6 @@ MAX_PAIRS = 128
 _BK_GATE_UP = 512
 # Largest down-projection row held as one tile (the expert width I; Qwen3.5-MoE: 512).
 _BK_DOWN_MAX = 1024
-# Token counts up to which both GEMVs run as one persistent launch (_moe_fused_kernel): the latency case, where
-# the down kernel's start after gate/up's end cost ~8 us per MoE layer at one token (its programs cannot load
-# before gate/up's free the SMs). FUSED_PROGRAMS_PER_SM: the launch's programs per SM (3 of 4 warps fit by
-# registers in the sm_90 build, capped at FUSED_MAXNREG: 180 uncapped, 159 capped without spills); the work is
-# claimed from counters, so any count is correct.
-FUSED_MAX_TOKENS = 1
-FUSED_PROGRAMS_PER_SM = 3
-FUSED_MAXNREG = 160
-_FUSED_DOWN_TILE = 8192
 # Elements of one [BN, BK] fp32 accumulator tile (4 warps: 32 registers per thread).
 _TILE = 4096
 # Weight elements of the one-shot down kernel's [KP, BN, I] tile (8 warps: 64 per thread).
@@ -51,12 +42,13 @@ _ONE_SHOT_TILE = 16384
 
 
 @triton.jit
-def _gate_up_tile(x_ptr, w_ptr, ids_ptr, act_ptr, p, nb, H, NI, sx_t, sw_e, sw_n, TOPK: tl.constexpr,
-                  BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr):
-    """act[p, nb*BN : nb*BN+BN] of pair p (the gate/up GEMV's work unit; shared by both kernels that run it)."""
+def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, H, NI, sx_t, sw_e, sw_n,
+                         TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+    p = tl.program_id(0)
     t = p // TOPK
     e = tl.load(ids_ptr + p)
-    n = nb * BN + tl.arange(0, BN)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
     nm = n < NI
     n_in = tl.where(nm, n, 0)      # in-bounds rows for unmasked weight loads; only the store is masked
     kk = tl.arange(0, BK)
@@ -84,14 +76,6 @@ def _gate_up_tile(x_ptr, w_ptr, ids_ptr, act_ptr, p, nb, H, NI, sx_t, sw_e, sw_n
     up = tl.sum(acc_u, 1)
     act = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(act_ptr + p * NI + n, act.to(act_ptr.dtype.element_ty), mask=nm)
-
-
-@triton.jit
-def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, act_ptr, H, NI, sx_t, sw_e, sw_n,
-                         TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
-    pdl_wait(PDL)
-    _gate_up_tile(x_ptr, w_ptr, ids_ptr, act_ptr, tl.program_id(0), tl.program_id(1), H, NI, sx_t, sw_e, sw_n,
-                  TOPK, BN, BK, EVEN)
 
 
 @triton.jit
@@ -151,14 +135,18 @@ def _down_gemv_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, 
 
 
 @triton.jit
-def _down_tile_weights(w_ptr, ids_ptr, rw_ptr, sp_ptr, sd_ptr, sg_ptr, t, hb, H, NI, NIS, sw_e, sw_n, sp_t, sd_n,
-                       sg_t, TOPK: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                       BKS: tl.constexpr, HAS_SHARED: tl.constexpr):
-    """Every load of down tile (token t, rows hb*BN..) that does not need the activations: the k experts' [BN, I]
-    rows as one [KP, BN, BK] tile (ids gathered as a vector), the routing weights, and the shared expert's rows
-    and [g | u] projection. Requires NI <= BK and NIS <= BKS."""
-    n = hb * BN + tl.arange(0, BN)
-    n_in = tl.where(n < H, n, 0)
+def _down_gemv_one_shot_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, sg_ptr,
+                               H, NI, NIS, sw_e, sw_n, so_t, sp_t, sd_n, sg_t,
+                               TOPK: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                               BKS: tl.constexpr, HAS_SHARED: tl.constexpr, PDL: tl.constexpr):
+    # Every load of the program is issued before any arithmetic: the k experts' [BN, I] rows as one [KP, BN, BK]
+    # tile (ids gathered as a vector), their activations, and the shared expert's rows and projection. A loop
+    # over the experts with a reduction per expert (``_down_gemv_kernel``) waits for each expert's load in turn:
+    # the reduction's barrier keeps the next load from issuing. Requires NI <= BK and NIS <= BKS.
+    t = tl.program_id(0)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    nm = n < H
+    n_in = tl.where(nm, n, 0)
     j = tl.arange(0, KP)
     jm = j < TOPK
     p = t * TOPK + tl.where(jm, j, 0)
@@ -168,128 +156,23 @@ def _down_tile_weights(w_ptr, ids_ptr, rw_ptr, sp_ptr, sd_ptr, sg_ptr, t, hb, H,
     km = kk < NI
     w = tl.load(w_ptr + e[:, None, None] * sw_e + n_in[None, :, None] * sw_n + kk[None, None, :],
                 mask=km[None, None, :], other=0.0)
-    ks = tl.arange(0, BKS)
-    ksm = ks < NIS
     if HAS_SHARED:
+        ks = tl.arange(0, BKS)
+        ksm = ks < NIS
         sw = tl.load(sd_ptr + n_in[:, None] * sd_n + ks[None, :], mask=ksm[None, :], other=0.0)
         g = tl.load(sp_ptr + t * sp_t + ks, mask=ksm, other=0.0).to(tl.float32)
         u = tl.load(sp_ptr + t * sp_t + NIS + ks, mask=ksm, other=0.0).to(tl.float32)
         gl = tl.load(sg_ptr + t * sg_t).to(tl.float32)
-    else:  # placeholders of the same types (compiled away with HAS_SHARED=False)
-        sw = tl.zeros((BN, BKS), dtype=w.dtype)
-        g = tl.zeros((BKS,), dtype=tl.float32)
-        u = g
-        gl = 0.0
-    return w, rw, sw, g, u, gl
-
-
-@triton.jit
-def _down_tile_finish(act_ptr, out_ptr, w, rw, sw, g, u, gl, t, hb, H, NI, so_t, TOPK: tl.constexpr,
-                      KP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_SHARED: tl.constexpr,
-                      ACT_CG: tl.constexpr):
-    """out[t, rows] from the tile's weights (:func:`_down_tile_weights`) and the pairs' activations. ACT_CG: read
-    the activations from L2 (.cg): other programs of the same launch wrote them, and L1 is not coherent."""
-    n = hb * BN + tl.arange(0, BN)
-    j = tl.arange(0, KP)
-    p = t * TOPK + tl.where(j < TOPK, j, 0)
-    kk = tl.arange(0, BK)
-    km = kk < NI
-    a_ptrs = act_ptr + p[:, None] * NI + kk[None, :]
-    if ACT_CG:
-        a = tl.load(a_ptrs, mask=km[None, :], other=0.0, cache_modifier=".cg").to(tl.float32)
-    else:
-        a = tl.load(a_ptrs, mask=km[None, :], other=0.0).to(tl.float32)
+    # Everything above is weights or outputs of the router and of the projection before it (launched before the
+    # gate/up kernel): under PDL it streams while gate/up finishes. Only the activations need the wait.
+    pdl_wait(PDL)
+    a = tl.load(act_ptr + p[:, None] * NI + kk[None, :], mask=km[None, :], other=0.0).to(tl.float32)
     parts = tl.sum(w.to(tl.float32) * a[:, None, :], 2)          # [KP, BN]: each expert's dot, fp32
     total = tl.sum(parts * rw[:, None], 0)                      # weighted, summed over the k experts
     if HAS_SHARED:
         sa = (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty).to(tl.float32)
         total += tl.sum(sw.to(tl.float32) * sa[None, :], 1) / (1.0 + tl.exp(-gl))
-    tl.store(out_ptr + t * so_t + n, total.to(out_ptr.dtype.element_ty), mask=n < H)
-
-
-@triton.jit
-def _down_gemv_one_shot_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, sg_ptr,
-                               H, NI, NIS, sw_e, sw_n, so_t, sp_t, sd_n, sg_t,
-                               TOPK: tl.constexpr, KP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                               BKS: tl.constexpr, HAS_SHARED: tl.constexpr, PDL: tl.constexpr):
-    # Every load of the program is issued before any arithmetic. A loop over the experts with a reduction per
-    # expert (``_down_gemv_kernel``) waits for each expert's load in turn: the reduction's barrier keeps the next
-    # load from issuing. The loads before the wait are weights or outputs of the router and of the projection
-    # before it (launched before the gate/up kernel): under PDL they stream while gate/up finishes.
-    t = tl.program_id(0)
-    hb = tl.program_id(1)
-    w, rw, sw, g, u, gl = _down_tile_weights(w_ptr, ids_ptr, rw_ptr, sp_ptr, sd_ptr, sg_ptr, t, hb, H, NI, NIS,
-                                             sw_e, sw_n, sp_t, sd_n, sg_t, TOPK, KP, BN, BK, BKS, HAS_SHARED)
-    pdl_wait(PDL)
-    _down_tile_finish(act_ptr, out_ptr, w, rw, sw, g, u, gl, t, hb, H, NI, so_t, TOPK, KP, BN, BK, HAS_SHARED,
-                      False)
-
-
-@triton.jit
-def _moe_fused_kernel(x_ptr, wgu_ptr, wd_ptr, ids_ptr, rw_ptr, act_ptr, out_ptr, sp_ptr, sd_ptr, sg_ptr, cnt_ptr,
-                      H, NI, NIS, sx_t, sgu_e, sgu_n, sd_e, sd_n_w, so_t, sp_t, ssd_n, sg_t, T1, T2, NB1, NB2, G,
-                      TOPK: tl.constexpr, BN1: tl.constexpr, BK1: tl.constexpr, EVEN1: tl.constexpr,
-                      KP: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr, BKS: tl.constexpr,
-                      HAS_SHARED: tl.constexpr, PDL: tl.constexpr):
-    # Both GEMVs in one persistent launch of G programs (see moe_experts_gemv): phase 1 claims gate/up tiles from
-    # a counter until none is left; each program then adds the tiles it finished to `done` (after a barrier, with
-    # release order), claims down tiles, requests the first one's weights, and only then waits until `done`
-    # reaches T1 (acquire). No program waits before every tile it claimed is finished, so the wait ends whatever
-    # number of programs are resident: no deadlock. The last program to leave returns the counters to zero.
-    pdl_wait(PDL)
-    ctr1 = cnt_ptr
-    done = cnt_ptr + 1
-    ctr2 = cnt_ptr + 2
-    exits = cnt_ptr + 3
-    cur = tl.atomic_add(ctr1, 1, sem="relaxed")
-    mine = 0
-    while cur < T1:
-        nxt = tl.atomic_add(ctr1, 1, sem="relaxed")   # claimed ahead: its latency hides under this tile's loads
-        _gate_up_tile(x_ptr, wgu_ptr, ids_ptr, act_ptr, cur // NB1, cur % NB1, H, NI, sx_t, sgu_e, sgu_n, TOPK,
-                      BN1, BK1, EVEN1)
-        mine += 1
-        cur = nxt
-    tl.debug_barrier()   # every thread's activation stores before the release below
-    tl.atomic_add(done, mine, sem="release")
-    cur = tl.atomic_add(ctr2, 1, sem="relaxed")
-    ready = 0
-    while cur < T2:
-        nxt = tl.atomic_add(ctr2, 1, sem="relaxed")
-        t = cur // NB2
-        hb = cur % NB2
-        w, rw, sw, g, u, gl = _down_tile_weights(wd_ptr, ids_ptr, rw_ptr, sp_ptr, sd_ptr, sg_ptr, t, hb, H, NI,
-                                                 NIS, sd_e, sd_n_w, sp_t, ssd_n, sg_t, TOPK, KP, BN2, BK2, BKS,
-                                                 HAS_SHARED)
-        if ready == 0:
-            d = tl.atomic_add(done, 0, sem="acquire")
-            while d < T1:
-                d = tl.atomic_add(done, 0, sem="acquire")
-            ready = 1
-        _down_tile_finish(act_ptr, out_ptr, w, rw, sw, g, u, gl, t, hb, H, NI, so_t, TOPK, KP, BN2, BK2,
-                          HAS_SHARED, True)
-        cur = nxt
-    tl.debug_barrier()
-    if tl.atomic_add(exits, 1, sem="acq_rel") == G - 1:
-        tl.atomic_xchg(ctr1, 0, sem="relaxed")
-        tl.atomic_xchg(done, 0, sem="relaxed")
-        tl.atomic_xchg(ctr2, 0, sem="relaxed")
-        tl.atomic_xchg(exits, 0, sem="relaxed")
-
-
-# Counters of _moe_fused_kernel per device: int32 [claimed gate/up tiles, finished gate/up tiles, claimed down
-# tiles, programs done], zero between launches (each launch's last program re-zeroes them). Allocated once and
-# never freed: CUDA graphs hold the address.
-# One set per (device, stream): launches on one stream are ordered, two streams (two engines on one GPU) must not
-# share counters.
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def _counters(device: torch.device) -> torch.Tensor:
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(4, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
+    tl.store(out_ptr + t * so_t + n, total.to(out_ptr.dtype.element_ty), mask=nm)
 
 
 def _block_n(programs_per_tile: int, width: int, sm_count: int) -> int:
@@ -342,24 +225,6 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
         proj = sdown = glog = x
         nis, sp_t, sd_n, sg_t = 0, 0, 0, 0
     bk2 = min(_BK_DOWN_MAX, triton.next_power_of_2(max(inter, nis, 16)))
-    if (tune.get("fused", t_len <= FUSED_MAX_TOKENS) and inter <= _BK_DOWN_MAX and nis <= _BK_DOWN_MAX
-            and tune.get("down", "one_shot") == "one_shot"):
-        # One persistent launch for both GEMVs (_moe_fused_kernel): G programs, each 4 warps; a down tile is
-        # [KP, BN2, I] weights (64 elements per thread at k = 8, I = 512, BN2 = 2).
-        kp = triton.next_power_of_2(top_k)
-        bk = triton.next_power_of_2(max(inter, 16))
-        bks = triton.next_power_of_2(max(nis, 16))
-        bn2 = tune.get("bn2") or max(1, min(16, _FUSED_DOWN_TILE // (kp * bk)))
-        nb1, nb2 = triton.cdiv(inter, bn1), triton.cdiv(hidden, bn2)
-        t1, t2 = t_len * top_k * nb1, t_len * nb2
-        grid = max(1, min(t1, tune.get("programs", FUSED_PROGRAMS_PER_SM * sms)))
-        kwf = {} if interp else {"num_warps": 4, "maxnreg": tune.get("maxnreg", FUSED_MAXNREG)}
-        _moe_fused_kernel[(grid,)](
-            x, gate_up, down, ids, rw, act, out, proj, sdown, glog, _counters(x.device), hidden, inter, nis,
-            x.stride(0), gate_up.stride(0), gate_up.stride(1), down.stride(0), down.stride(1), out.stride(0), sp_t,
-            sd_n, sg_t, t1, t2, nb1, nb2, grid, TOPK=top_k, BN1=bn1, BK1=bk1, EVEN1=hidden % bk1 == 0, KP=kp,
-            BN2=bn2, BK2=bk, BKS=bks, HAS_SHARED=shared is not None, **kwf, **pdl(x))
-        return out
     if tune.get("down", "one_shot") == "one_shot" and inter <= _BK_DOWN_MAX and nis <= _BK_DOWN_MAX:
         # [KP, BN, I] weights + [KP, I] activations in registers: BN = 4 at k = 8, I = 512 with 8 warps (64
         # weight elements per thread), H / 4 programs per token.
