@@ -65,3 +65,25 @@ def test_bench_refuses_a_batch_over_max_concurrency(bench_env):
                           "--quiet"], env=bench_env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2
     assert "batch 2 exceeds the engine's max_concurrency 1" in run.stderr
+
+
+def test_bench_with_nothing_to_run_fails_before_measuring(bench_env):
+    run = subprocess.run([sys.executable, "-m", "ninfer.cli.main", "bench", "--device", "cpu", "--no-decode",
+                          "--no-prefill"], env=bench_env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2
+    assert "nothing to run: both --no-decode and --no-prefill" in run.stderr
+    assert "measuring copy bandwidth" not in run.stderr
+
+
+def test_bench_prefill_only_needs_no_decode_context(bench_env, tmp_path):
+    """``--no-decode`` with a short prefill: the engine is sized for the prefill alone, and the decode runs' context
+    (prompt + base + steps) is not held against it."""
+    out = tmp_path / "prefill.json"
+    run = subprocess.run([sys.executable, "-m", "ninfer.cli.main", "bench", "--device", "cpu", "--no-decode",
+                          "--prefill-lengths", "32", "--repeats", "1", "--warmup", "0", "--copy-mib", "8",
+                          "--matmul-size", "64", "--output", str(out)], env=bench_env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text())
+    assert report["decode"] == [] and [r["tokens"] for r in report["prefill"]] == [32]
+    assert report["engine"]["max_context"] == 33

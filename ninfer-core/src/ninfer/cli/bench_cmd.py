@@ -114,6 +114,8 @@ def run(args) -> int:
 
     batches = () if args.no_decode else args.batches
     lengths = () if args.no_prefill else args.prefill_lengths
+    if not (batches or lengths):  # before any measurement or loading
+        raise BenchError("nothing to run: both --no-decode and --no-prefill")
     settings = BenchSettings(batches=batches or (1,), prefill_lengths=lengths,
                              decode_prompt_tokens=args.decode_prompt_tokens,
                              decode_base_tokens=args.decode_base_tokens, decode_steps=args.decode_steps,
@@ -143,7 +145,8 @@ def run(args) -> int:
         used = tuple(dict.fromkeys(min(n, cap) for n in lengths))
         if used != tuple(lengths):
             say(f"prefill lengths {list(lengths)} capped to max_context - 1 = {cap}: {list(used)}")
-        work = Workload(engine, dataclasses.replace(settings, prefill_lengths=used), progress=say)
+        work = Workload(engine, dataclasses.replace(settings, prefill_lengths=used), progress=say,
+                        decode=bool(batches))
         decode = [work.decode(b) for b in batches]
         prefill = [work.prefill(n) for n in used]
         info = engine.info
@@ -155,8 +158,6 @@ def run(args) -> int:
                            prefill_chunk_size=engine.options.prefill_chunk_size,
                            lookahead_steps={k: getattr(stats, f"lookahead_{k}") for k in ("launched", "adopted",
                                                                                           "dropped")})
-    if not (decode or prefill):
-        raise BenchError("nothing to run: both --no-decode and --no-prefill")
     meta = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": command_line(args),
             "ninfer_version": __version__, "git_commit": _git_commit(), "machine": _machine(planned.device),

@@ -122,17 +122,18 @@ def _run_batch(engine, prompts: list[list[int]], max_tokens: int) -> tuple[float
 
 
 class Workload:
-    """Runs the settings' workloads on one engine; prompts come from one seeded generator."""
+    """Runs the settings' workloads on one engine; prompts come from one seeded generator. ``decode=False``:
+    only prefills will run, so the decode runs' context is not checked against the engine's."""
 
-    def __init__(self, engine, settings: BenchSettings, progress=None) -> None:
+    def __init__(self, engine, settings: BenchSettings, progress=None, *, decode: bool = True) -> None:
         self.engine = engine
         self.settings = settings.validate()
         self.rng = random.Random(settings.seed)
         self.progress = progress or (lambda msg: None)
-        if max(settings.batches) > engine.options.max_concurrency:
+        if decode and max(settings.batches) > engine.options.max_concurrency:
             raise BenchError(f"batch {max(settings.batches)} exceeds the engine's max_concurrency "
                              f"{engine.options.max_concurrency}")
-        if settings.decode_context_needed > engine.max_context:
+        if decode and settings.decode_context_needed > engine.max_context:
             raise BenchError(f"decode runs reach {settings.decode_context_needed} tokens, over max_context "
                              f"{engine.max_context}")
 
