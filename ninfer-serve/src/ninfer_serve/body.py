@@ -77,7 +77,7 @@ def validate(model: type[M], raw: bytes) -> M:
         where = f"field '{path}'" if path else "request body"
         msg = first["msg"].removeprefix("Value error, ")
         raise bad_request(f"invalid {where}: {msg}{more}", param=path) from None
-    extra = sorted(parsed.model_extra or ())
+    extra = sorted(set(parsed.model_extra or ()) - getattr(model, "READ_FROM_EXTRA", frozenset()))
     if extra:
         log.warning("%s: ignoring unknown request fields %s", model.__name__, ", ".join(extra))
     return parsed

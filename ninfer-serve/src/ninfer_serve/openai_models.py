@@ -14,7 +14,7 @@ engine's context-cache session key.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -59,6 +59,11 @@ def _check_stop(value: str | list[str] | None) -> str | list[str] | None:
 class SamplingFields(Lenient):
     """Sampling fields shared by Chat Completions and Completions. Range checks follow the OpenAI
     API (and vLLM for the extensions); the engine re-validates what it receives."""
+
+    # Extra fields the routes read from ``model_extra`` (vLLM's output constraints, ninfer_serve.constraints):
+    # not "unknown", so body.validate does not log them as ignored.
+    READ_FROM_EXTRA: ClassVar[frozenset[str]] = frozenset(
+        {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"})
 
     model: str | None = None
     n: int = 1
