@@ -157,6 +157,20 @@ def test_unknown_architecture_names_it():
         reg.source_mapping("NoSuchForCausalLM")
 
 
+@pytest.mark.parametrize("name", ["Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"])
+def test_a_planned_architecture_is_not_supported_yet(name):
+    """Qwen4-Exp is in the design, not in any distribution: engine and converter lookups say 'not supported yet'
+    (NotSupportedError, still an unknown-architecture error for existing handlers), not 'install a plugin'."""
+    from ninfer.errors import NotSupportedError
+
+    reg = PluginRegistry(load_entry_points=False)
+    for lookup in (reg.architecture, reg.source_mapping):
+        with pytest.raises(NotSupportedError, match=f"{name!r} is not supported yet: Qwen4-Exp") as err:
+            lookup(name)
+        assert isinstance(err.value, UnknownArchitectureError | UnknownSourceMappingError)
+        assert "pip install" not in str(err.value)
+
+
 def test_in_process_plugin_registers_architecture():
     reg = PluginRegistry(load_entry_points=False, extra_plugins=(_plugin_module("toy_a", "AForCausalLM"),))
     assert reg.architecture("AForCausalLM").family == "toy"

@@ -2,6 +2,7 @@
 
 from ninfer.plugins.hookspecs import hookimpl, hookspec
 from ninfer.plugins.registry import (
+    PlannedArchitectureError,
     PluginConflictError,
     PluginError,
     PluginInfo,
@@ -14,5 +15,6 @@ from ninfer.plugins.registry import (
 
 __all__ = [
     "hookimpl", "hookspec", "PluginRegistry", "PluginInfo", "PluginError", "PluginConflictError",
-    "UnknownArchitectureError", "UnknownSourceMappingError", "get_registry", "reset_registry",
+    "UnknownArchitectureError", "UnknownSourceMappingError", "PlannedArchitectureError", "get_registry",
+    "reset_registry",
 ]

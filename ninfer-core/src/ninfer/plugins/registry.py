@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pluggy
 
-from ninfer.errors import NInferError
+from ninfer.errors import NInferError, NotSupportedError
 from ninfer.plugins import hookspecs
 
 ENTRY_POINT_GROUP = "ninfer"
@@ -43,6 +43,27 @@ class UnknownArchitectureError(PluginError):
 
 class UnknownSourceMappingError(PluginError):
     """No installed plugin converts checkpoints of the requested architecture."""
+
+
+class PlannedArchitectureError(UnknownArchitectureError, UnknownSourceMappingError, NotSupportedError):
+    """The requested architecture is in the design but no plugin implements it yet (README, "Not yet
+    supported"). Caught by handlers of either unknown-architecture error and of NotSupportedError."""
+
+
+# Architecture names (``architectures[0]`` of a Hugging Face config) the design plans but no distribution
+# implements yet: asking for one says so, instead of suggesting a plugin that does not exist.
+PLANNED_ARCHITECTURES: dict[str, str] = {
+    "Qwen4ExpForCausalLM": "Qwen4-Exp (planned distribution: ninfer-qwen4exp)",
+    "Qwen4ExpForConditionalGeneration": "Qwen4-Exp (planned distribution: ninfer-qwen4exp)",
+}
+
+
+def _planned(name: str) -> PlannedArchitectureError | None:
+    what = PLANNED_ARCHITECTURES.get(name)
+    if what is None:
+        return None
+    return PlannedArchitectureError(f"architecture {name!r} is not supported yet: {what} is not implemented; "
+                                    f"see the README's 'Not yet supported'")
 
 
 @dataclass(frozen=True)
@@ -153,6 +174,8 @@ class PluginRegistry:
         try:
             return self.architectures[name]
         except KeyError:
+            if (planned := _planned(name)) is not None:
+                raise planned from None
             known = ", ".join(sorted(self.architectures)) or "none"
             raise UnknownArchitectureError(
                 f"no installed plugin provides architecture {name!r} (installed: {known}); "
@@ -163,6 +186,8 @@ class PluginRegistry:
         try:
             return self.source_mappings[architecture]
         except KeyError:
+            if (planned := _planned(architecture)) is not None:
+                raise planned from None
             known = ", ".join(sorted(self.source_mappings)) or "none"
             raise UnknownSourceMappingError(
                 f"no installed plugin converts checkpoints of architecture {architecture!r} "
