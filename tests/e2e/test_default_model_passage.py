@@ -101,3 +101,16 @@ def test_cli_reproduces_the_corpus(default_artifact):
                           "--dtype", "float32"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout == FIXTURE["continuation_text"] + "\n"
+
+
+def test_a_top_k_beyond_the_vocabulary_is_no_top_k(default_artifact):
+    """top_k at or past the vocabulary keeps every token, like 0: the same seeded tokens, for values up to 2**70
+    (2**63 once failed the engine worker converting it to int64; every later request then got 503)."""
+    with _start(default_artifact) as engine:
+        prompt = engine.frontend.encode("def main(argv=None):")
+        runs = [engine.generate(prompt, sampling=engine.sampling_params(temperature=1.0, top_k=k, seed=5,
+                                                                         max_tokens=12, ignore_eos=True))
+                for k in (0, engine.vocab_size, 2**31, 2**63, 2**70)]
+        tokens = [r.token_ids for r in runs]
+        assert all(t == tokens[0] for t in tokens), tokens
+        assert engine.generate(prompt, sampling=_greedy(engine)).token_ids   # the engine still serves

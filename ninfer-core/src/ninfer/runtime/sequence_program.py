@@ -924,7 +924,9 @@ class SequenceProgram(ABC):
         dev = processed.device
         fparams = to_device([[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]],
                             torch.float32, dev)
-        iparams = to_device([[p.top_k for p in params], [rs.seed for _, rs in rows], [rs.step for _, rs in rows]],
-                            torch.int64, dev)
+        # top_k >= vocab keeps every token, as vocab does: clamped, so any valid top_k fits the int32 the sampler
+        # takes (an unclamped 2**63 failed the whole worker converting to int64).
+        iparams = to_device([[min(p.top_k, self.vocab_size) for p in params], [rs.seed for _, rs in rows],
+                             [rs.step for _, rs in rows]], torch.int64, dev)
         return self.ops.sample(processed, fparams[0], iparams[0].to(torch.int32), fparams[1], fparams[2],
                                iparams[1], iparams[2]).to(torch.int64)
