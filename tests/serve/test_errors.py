@@ -118,6 +118,31 @@ def test_tokenize_detokenize_violations(client):
     assert client.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
 
 
+LONE = '"a \\ud800 b"'   # JSON text of a string holding a lone UTF-16 surrogate (valid JSON, not Unicode)
+
+
+@pytest.mark.parametrize("path,raw", [
+    ("/v1/chat/completions", '{"messages":[{"role":"user","content":%s}],"max_tokens":2}' % LONE),
+    ("/v1/chat/completions", '{"messages":[{"role":"user","content":%s}],"max_tokens":2,"stream":true}' % LONE),
+    ("/v1/completions", '{"prompt":%s,"max_tokens":2}' % LONE),
+    ("/v1/messages", '{"model":"%s","max_tokens":2,"system":%s,"messages":[{"role":"user","content":"hi"}]}'
+     % (MODEL_ID, LONE)),
+    ("/v1/messages/count_tokens", '{"model":"%s","messages":[{"role":"user","content":%s}]}' % (MODEL_ID, LONE)),
+    ("/tokenize", '{"prompt":%s}' % LONE),
+    ("/v1/chat/completions", '{"model":%s,"messages":[{"role":"user","content":"hi"}]}' % LONE),
+])
+def test_a_lone_surrogate_is_a_400_naming_it(client, path, raw):
+    """Text with a lone surrogate (JSON allows the escape; it is not Unicode) is refused naming it, in the
+    protocol's shape; a model name holding one is a 404 whose message still encodes (was a 500)."""
+    r = client.post(path, content=raw.encode(), headers={"content-type": "application/json"})
+    if '"model":"a' in raw:
+        assert "\\ud800" in openai_error(r, 404, "model")["message"]
+    elif path.startswith("/v1/messages"):
+        assert "U+D800" in anthropic_error(r, 400, "invalid_request_error")["message"]
+    else:
+        assert "lone UTF-16 surrogate U+D800" in openai_error(r, 400)["message"]
+
+
 def test_pathologically_nested_input_is_a_400(client):
     nested = '{"a":' * 900 + "1" + "}" * 900
     raw = '{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"x":' + nested + "}}"

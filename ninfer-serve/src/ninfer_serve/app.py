@@ -14,6 +14,7 @@ from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
+from ninfer.runtime.contract.errors import InvalidRequestError
 
 from ninfer_serve.auth import ApiKeyMiddleware
 from ninfer_serve.disconnect import ClientDisconnected
@@ -49,6 +50,8 @@ def _handler(request: Request, exc: Exception) -> Response:
         if exc.status_code == 404:
             detail = f"no route for {request.method} {path}"
         err = ApiError.for_status(exc.status_code, detail)
+    elif isinstance(exc, InvalidRequestError):   # raised by the frontend outside a submit (tokenize, count)
+        err = ApiError("invalid_request", str(exc))
     else:
         log.exception("unhandled error on %s %s", request.method, path)
         err = ApiError("internal", "internal server error")

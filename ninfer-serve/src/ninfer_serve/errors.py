@@ -81,13 +81,18 @@ def protocol_of(path: str) -> Protocol:
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
 
+def _text(s: str | None) -> str | None:
+    # Messages may quote request text, which may hold lone surrogates that no JSON encoder can write: escaped.
+    return None if s is None else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def openai_body(err: ApiError) -> dict:
-    return {"error": {"message": err.message, "type": _OPENAI_TYPE[err.kind], "param": err.param,
+    return {"error": {"message": _text(err.message), "type": _OPENAI_TYPE[err.kind], "param": _text(err.param),
                       "code": err.status}}
 
 
 def anthropic_body(err: ApiError) -> dict:
-    return {"type": "error", "error": {"type": _ANTHROPIC_TYPE[err.kind], "message": err.message}}
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPE[err.kind], "message": _text(err.message)}}
 
 
 def error_body(err: ApiError, protocol: Protocol) -> dict:

@@ -19,6 +19,7 @@ from functools import lru_cache
 from tokenizers import Tokenizer, decoders
 
 from ninfer.models.common.qwen.errors import FrontendError
+from ninfer.runtime.contract.errors import InvalidRequestError
 
 
 @lru_cache(maxsize=1)
@@ -68,6 +69,8 @@ class QwenTokenizer:
         return tuple(table)
 
     def encode(self, text: str) -> list[int]:
+        if not text.isascii():
+            _check_unicode(text)
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -76,3 +79,13 @@ class QwenTokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+
+def _check_unicode(text: str) -> None:
+    """A Python str may hold lone UTF-16 surrogates (JSON's "\\ud800" decodes to one); they are not Unicode text
+    and the tokenizer cannot take them: a request-level error naming the first one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(f"the text has a lone UTF-16 surrogate U+{ord(text[exc.start]):04X} at character "
+                                  f"{exc.start}: it is not valid Unicode") from None
