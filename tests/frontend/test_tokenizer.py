@@ -77,3 +77,35 @@ def test_rejects_non_byte_level_tokenizer():
     tok.decoder = decoders.WordPiece()
     with pytest.raises(FrontendError, match="ByteLevel"):
         QwenTokenizer(tok.to_str().encode())
+
+
+def test_long_text_takes_the_same_ids_and_lets_other_threads_run(frontend: QwenFrontend, hf_tokenizer):
+    """Past _LONG_TEXT characters encode goes through encode_batch, which releases the GIL: the ids are those of
+    encode, and another thread keeps running while a multi-MB text is tokenised (the server's event loop does;
+    with encode it got one time slice in four seconds)."""
+    import threading
+    import time
+
+    from ninfer.models.common.qwen import tokenizer as qt
+
+    tok = frontend.tokenizer
+    rng = random.Random(3)
+    text = "".join(rng.choice(SAMPLES) + " " for _ in range(800))
+    assert len(text) > qt._LONG_TEXT
+    assert tok.encode(text) == hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+    big = "hello " * (1 << 19)
+    ticks, done = 0, threading.Event()
+    worker = threading.Thread(target=lambda: (tok.encode(big), done.set()))
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.001)
+        ticks += 1
+    worker.join()
+    assert ticks >= 5, f"the main thread ran {ticks} times while 3 MB were tokenised"
+
+
+def test_lone_surrogates_are_refused_naming_them(frontend: QwenFrontend):
+    from ninfer.runtime.contract.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match=r"lone UTF-16 surrogate U\+DC00 at character 3"):
+        frontend.tokenizer.encode("abc\udc00 é")

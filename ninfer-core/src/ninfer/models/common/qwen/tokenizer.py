@@ -71,6 +71,10 @@ class QwenTokenizer:
     def encode(self, text: str) -> list[int]:
         if not text.isascii():
             _check_unicode(text)
+        if len(text) > _LONG_TEXT:
+            # Same ids; encode_batch releases the GIL while it works, encode holds it: a multi-MB prompt tokenised on
+            # the server's worker thread froze every other request (/health waited 40 s behind a 30 MB prompt).
+            return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -79,6 +83,10 @@ class QwenTokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+
+# Characters above which encode goes through encode_batch (its per-call overhead is noise past this size).
+_LONG_TEXT = 1 << 14
 
 
 def _check_unicode(text: str) -> None:
