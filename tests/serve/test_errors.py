@@ -246,3 +246,14 @@ def test_concurrent_good_and_bad_requests(client, scripted):
         t.join(30)
     assert sorted(results.values()) == [200] * 4 + [400] * 4
     wait_idle(scripted)
+
+
+def test_a_union_field_lists_its_alternatives(client):
+    """A value no member of a union field accepts: one message with each alternative's expectation, no model class
+    names, no 'more problems' for the alternatives themselves."""
+    msg = openai_error(client.post("/v1/chat/completions", json={**chat("hi"), "tool_choice": "sometimes"}), 400,
+                       "tool_choice")["message"]
+    assert "'none', 'auto' or 'required'" in msg and "an object" in msg
+    assert "NamedToolChoice" not in msg and "more problems" not in msg
+    msg = openai_error(client.post("/v1/chat/completions", json={**chat("hi"), "stop": 5}), 400, "stop")["message"]
+    assert "valid string; or: Input should be a valid list" in msg and "more problems" not in msg

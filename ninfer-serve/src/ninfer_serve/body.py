@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -25,6 +26,12 @@ M = TypeVar("M", bound=BaseModel)
 # cares about the field path.
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none", "function-after", "function-before",
               "function-plain", "function-wrap", "literal", "tagged-union", "union"}
+
+
+def _message(error: dict) -> str:
+    if error["type"] == "model_type":   # "... instance of NamedToolChoice": the class name means nothing to a client
+        return "Input should be an object"
+    return error["msg"].removeprefix("Value error, ")
 
 
 def _reject_constant(name: str) -> Any:
@@ -49,12 +56,17 @@ def parse_json(raw: bytes) -> Any:
         raise bad_request("malformed JSON body: nested too deeply") from None
 
 
+# A union member named by its model class (``tool_choice.NamedToolChoice``): request fields are snake_case.
+_MODEL_TAG = re.compile(r"[A-Z][A-Za-z0-9]*")
+
+
 def field_path(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or part.startswith("function-")):
+        elif isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or part.startswith("function-")
+                                        or _MODEL_TAG.fullmatch(part)):
             continue
         else:
             out += f".{part}" if out else str(part)
@@ -70,13 +82,16 @@ def validate(model: type[M], raw: bytes) -> M:
         parsed = model.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        # The most specific location is the most useful one (a union reports one error per member).
+        # The most specific location is the most useful one. A union reports one error per member at the same
+        # field: those are alternatives, joined into one message (each member's expectation), not "more problems".
         first = max(errors, key=lambda e: len(field_path(e["loc"])))
         path = field_path(first["loc"]) or None
-        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        same = [e for e in errors if (field_path(e["loc"]) or None) == path]
+        msgs = list(dict.fromkeys(_message(e) for e in same))
+        others = len(errors) - len(same)
+        more = f" (and {others} more problems)" if others else ""
         where = f"field '{path}'" if path else "request body"
-        msg = first["msg"].removeprefix("Value error, ")
-        raise bad_request(f"invalid {where}: {msg}{more}", param=path) from None
+        raise bad_request(f"invalid {where}: {'; or: '.join(msgs)}{more}", param=path) from None
     extra = sorted(set(parsed.model_extra or ()) - getattr(model, "READ_FROM_EXTRA", frozenset()))
     if extra:
         log.warning("%s: ignoring unknown request fields %s", model.__name__, ", ".join(extra))
