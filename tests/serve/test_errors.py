@@ -164,7 +164,8 @@ def test_routing_errors_and_body_limit(scripted):
         openai_error(c.get("/v1/nothing"), 404)
         assert c.get("/v1/chat/completions").status_code == 405
         anthropic_error(c.post("/v1/messages", content=b"x" * 5000), 413, "request_too_large")
-        openai_error(c.post("/v1/chat/completions", content=b"x" * 5000), 413)
+        err = openai_error(c.post("/v1/chat/completions", content=b"x" * 5000), 413)
+        assert "limit of 0.00390625 MiB (--max-body-mib)" in err["message"]
 
 
 def test_unknown_fields_are_ignored(client):
@@ -257,3 +258,13 @@ def test_a_union_field_lists_its_alternatives(client):
     assert "NamedToolChoice" not in msg and "more problems" not in msg
     msg = openai_error(client.post("/v1/chat/completions", json={**chat("hi"), "stop": 5}), 400, "stop")["message"]
     assert "valid string; or: Input should be a valid list" in msg and "more problems" not in msg
+
+
+def test_an_engine_failure_message_is_not_prefixed_twice():
+    from ninfer.runtime.contract.errors import EngineFailure
+    from ninfer_serve.errors import from_engine_error
+
+    prefix = "the engine failed and accepts no requests: "
+    again = from_engine_error(EngineFailure(prefix + "worker crashed"))   # Engine.submit's own wording
+    assert again.status == 503 and again.message == prefix + "worker crashed"
+    assert from_engine_error(EngineFailure("worker crashed")).message == prefix + "worker crashed"

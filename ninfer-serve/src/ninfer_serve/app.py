@@ -49,6 +49,9 @@ def _handler(request: Request, exc: Exception) -> Response:
         detail = exc.detail if isinstance(exc.detail, str) and exc.detail else "request refused"
         if exc.status_code == 404:
             detail = f"no route for {request.method} {path}"
+        elif exc.status_code == 413:
+            detail = (f"the request body is larger than this server's limit of "
+                      f"{gw.config.max_body_bytes / 2**20:g} MiB (--max-body-mib)")
         err = ApiError.for_status(exc.status_code, detail)
     elif isinstance(exc, InvalidRequestError):   # raised by the frontend outside a submit (tokenize, count)
         err = ApiError("invalid_request", str(exc))

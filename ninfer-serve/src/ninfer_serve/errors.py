@@ -124,7 +124,8 @@ def from_engine_error(exc: BaseException, *, prompt_param: str = "messages", at_
     if isinstance(exc, EngineClosedError):
         return ApiError("unavailable", "the server is shutting down and accepts no requests")
     if isinstance(exc, EngineFailure):
-        return ApiError("unavailable", f"the engine failed and accepts no requests: {exc}")
+        prefix = "the engine failed and accepts no requests: "
+        return ApiError("unavailable", str(exc) if str(exc).startswith(prefix) else f"{prefix}{exc}")
     if isinstance(exc, NInferError) and at_submit:
         return ApiError("invalid_request", str(exc))
     if isinstance(exc, NInferError):
