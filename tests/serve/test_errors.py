@@ -121,16 +121,15 @@ def test_tokenize_detokenize_violations(client):
 LONE = '"a \\ud800 b"'   # JSON text of a string holding a lone UTF-16 surrogate (valid JSON, not Unicode)
 
 
-@pytest.mark.parametrize("path,raw", [
-    ("/v1/chat/completions", '{"messages":[{"role":"user","content":%s}],"max_tokens":2}' % LONE),
-    ("/v1/chat/completions", '{"messages":[{"role":"user","content":%s}],"max_tokens":2,"stream":true}' % LONE),
-    ("/v1/completions", '{"prompt":%s,"max_tokens":2}' % LONE),
-    ("/v1/messages", '{"model":"%s","max_tokens":2,"system":%s,"messages":[{"role":"user","content":"hi"}]}'
-     % (MODEL_ID, LONE)),
-    ("/v1/messages/count_tokens", '{"model":"%s","messages":[{"role":"user","content":%s}]}' % (MODEL_ID, LONE)),
-    ("/tokenize", '{"prompt":%s}' % LONE),
-    ("/v1/chat/completions", '{"model":%s,"messages":[{"role":"user","content":"hi"}]}' % LONE),
-])
+@pytest.mark.parametrize("path,raw", [(path, raw.replace("LONE", LONE).replace("MODEL", MODEL_ID)) for path, raw in [
+    ("/v1/chat/completions", '{"messages":[{"role":"user","content":LONE}],"max_tokens":2}'),
+    ("/v1/chat/completions", '{"messages":[{"role":"user","content":LONE}],"max_tokens":2,"stream":true}'),
+    ("/v1/completions", '{"prompt":LONE,"max_tokens":2}'),
+    ("/v1/messages", '{"model":"MODEL","max_tokens":2,"system":LONE,"messages":[{"role":"user","content":"hi"}]}'),
+    ("/v1/messages/count_tokens", '{"model":"MODEL","messages":[{"role":"user","content":LONE}]}'),
+    ("/tokenize", '{"prompt":LONE}'),
+    ("/v1/chat/completions", '{"model":LONE,"messages":[{"role":"user","content":"hi"}]}'),
+]])
 def test_a_lone_surrogate_is_a_400_naming_it(client, path, raw):
     """Text with a lone surrogate (JSON allows the escape; it is not Unicode) is refused naming it, in the
     protocol's shape; a model name holding one is a 404 whose message still encodes (was a 500)."""
