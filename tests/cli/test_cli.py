@@ -144,3 +144,66 @@ def test_chat_through_a_pseudo_terminal(cli_env):
         if proc.poll() is None:
             proc.kill()
         os.close(master)
+
+
+@pytest.mark.parametrize("device, why", [("bogus", "expected cpu, cuda or cuda:N"), ("cuda:-1", "expected cpu"),
+                                         ("meta", "expected cpu, cuda or cuda:N")])
+def test_a_bad_device_is_a_clear_error(run_cli, device, why):
+    out = run_cli("generate", "--prompt", "x", "--device", device)
+    assert out.returncode == 2 and f"device={device!r}" in out.stderr and why in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(run_cli):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for cmd in (("generate", "--prompt", "x"), ("bench", "--no-prefill")):
+        out = run_cli(*cmd, "--device", "cuda")
+        assert out.returncode == 2 and "no CUDA device is available" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_json_nested_too_deeply_is_a_clear_error(run_cli, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000)
+    jsonl = tmp_path / "deep.jsonl"
+    jsonl.write_text("[" * 100000 + "\n")
+    for cmd, why in ((("generate", "--messages", str(deep)), "nested too deeply"),
+                     (("generate", "--prompt", "x", "--json-schema", str(deep)), "nested too deeply"),
+                     (("score", "--input", str(jsonl), "--output", str(tmp_path / "o.json")), "nested too deeply")):
+        out = run_cli(*cmd)
+        assert out.returncode == 2 and why in out.stderr, (cmd, out.stderr)
+        assert "Traceback" not in out.stderr
+
+
+def test_info_on_a_directory_or_a_fifo_is_a_clear_error(run_cli, tmp_path):
+    import os
+
+    fifo = tmp_path / "pipe.ninfer"
+    os.mkfifo(fifo)
+    for path, what in ((tmp_path, "a directory"), (fifo, "not a regular file")):
+        out = run_cli("info", str(path), timeout=60)
+        assert out.returncode == 2 and f"no such artifact file ({what})" in out.stderr, out.stderr
+
+
+def test_bench_bad_limits_and_output_fail_before_running(run_cli, tmp_path):
+    for args, why in ((("--matmul-size", "-1"), "--matmul-size must be >= 1"),
+                      (("--copy-mib", "0"), "--copy-mib must be >= 1"),
+                      (("--output", str(tmp_path)), "cannot write a file there")):
+        out = run_cli("bench", "--device", "cpu", *args)
+        assert out.returncode == 2 and why in out.stderr, out.stderr
+        assert "measuring copy bandwidth" not in out.stderr
+
+
+def test_chat_goes_on_after_a_turn_that_cannot_run(run_cli):
+    """A message too long for the context is that turn's error, not the session's end; /reset with arguments is
+    named as such."""
+    script = "hello\n/reset now\n" + "word " * 200 + "\nWhat is `os.sep`?\n/exit\n"
+    out = run_cli("chat", "--max-context", "64", "--max-tokens", "4", "--temperature", "0", "--no-thinking",
+                  stdin=script)
+    assert out.returncode == 0, out.stderr
+    assert "/reset takes no arguments" in out.stderr
+    assert "[ninfer] error: the prompt has" in out.stderr
+    assert len([a for a in out.stdout.split("\n") if a.strip()]) >= 2   # the turns before and after

@@ -184,3 +184,14 @@ def test_sandbox_blocks_attribute_escape():
         ChatTemplate("{{ messages.__class__.__mro__ }}").render(messages=[])
     with pytest.raises(ChatTemplateError, match="does not compile"):
         ChatTemplate("{% if %}")
+
+
+@pytest.mark.parametrize("source, why", [("{{ 1/0 }}", "ZeroDivisionError"),
+                                         ("{% for i in range(10**9) %}x{% endfor %}", "Range too big"),
+                                         ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError")])
+def test_a_template_that_fails_is_a_chat_template_error(source, why):
+    """An artifact's template may be anything: its own failures are ChatTemplateErrors naming them, never a crash."""
+    from ninfer.models.common.qwen.chat_template import ChatTemplate, ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match=why):
+        ChatTemplate(source, origin="test template").render(messages=[])

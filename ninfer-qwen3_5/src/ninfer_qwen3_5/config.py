@@ -56,6 +56,46 @@ def _require(src: Mapping[str, Any], key: str, where: str) -> Any:
     return src[key]
 
 
+def _check_types(src: Mapping[str, Any], where: str, moe: bool) -> None:
+    """The value types and ranges every later step relies on, named field by field: a corrupt or hand-edited
+    config must fail here with its field, not later as a ZeroDivisionError or a str without .get."""
+    def num(key: str, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise Qwen35ConfigError(f"{where}: {key} must be a number, got {v!r}")
+        return v
+
+    for key in _GEOMETRY + (_MOE_FIELDS if moe else _DENSE_FIELDS) + ("max_position_embeddings",):
+        v = src.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise Qwen35ConfigError(f"{where}: {key} must be an integer >= 1, got {v!r}")
+    for key in ("rms_norm_eps", "rope_theta"):
+        if src.get(key) is not None and not num(key, src[key]) > 0:
+            raise Qwen35ConfigError(f"{where}: {key} must be > 0, got {src[key]!r}")
+    rp = src.get("rope_parameters")
+    if rp is not None:
+        if not isinstance(rp, Mapping):
+            raise Qwen35ConfigError(f"{where}: rope_parameters must be an object, got {rp!r}")
+        if rp.get("rope_theta") is not None and not num("rope_parameters.rope_theta", rp["rope_theta"]) > 0:
+            raise Qwen35ConfigError(f"{where}: rope_parameters.rope_theta must be > 0, got {rp['rope_theta']!r}")
+        prf = rp.get("partial_rotary_factor")
+        if prf is not None and not 0 < num("rope_parameters.partial_rotary_factor", prf) <= 1:
+            raise Qwen35ConfigError(f"{where}: rope_parameters.partial_rotary_factor must be in (0, 1], got {prf!r}")
+        section = rp.get("mrope_section")
+        if section is not None and (not isinstance(section, list | tuple)
+                                    or not all(isinstance(x, int) and not isinstance(x, bool) for x in section)):
+            raise Qwen35ConfigError(f"{where}: rope_parameters.mrope_section must be a list of integers, got "
+                                    f"{section!r}")
+    for key in ("rope_scaling",):
+        if src.get(key) is not None and not isinstance(src[key], Mapping):
+            raise Qwen35ConfigError(f"{where}: {key} must be an object, got {src[key]!r}")
+    lt = src.get("layer_types")
+    if lt is not None and (not isinstance(lt, list | tuple) or not all(isinstance(x, str) for x in lt)):
+        raise Qwen35ConfigError(f"{where}: layer_types must be a list of strings, got {lt!r}")
+    interval = src.get("full_attention_interval")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 1):
+        raise Qwen35ConfigError(f"{where}: full_attention_interval must be an integer >= 1, got {interval!r}")
+
+
 def _rope(text: Mapping[str, Any], where: str) -> dict[str, Any]:
     rp = text.get("rope_parameters")
     if rp is None:  # pre-v5 config: rope_theta / partial_rotary_factor / rope_scaling at top level
@@ -102,6 +142,9 @@ def compact_text_config(hf: Mapping[str, Any]) -> dict[str, Any]:
     moe = arch == MOE
     where = f"{archs[0]} config" + (" text_config" if nested else "")
     text = _require(hf, "text_config", f"{archs[0]} config") if nested else hf
+    if not isinstance(text, Mapping):
+        raise Qwen35ConfigError(f"{where} must be an object, got {type(text).__name__}")
+    _check_types(text, where, moe)
     out: dict[str, Any] = {"architectures": [arch], "model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text"}
     for key in _GEOMETRY + (_MOE_FIELDS if moe else _DENSE_FIELDS):
         out[key] = int(_require(text, key, where))
@@ -172,6 +215,7 @@ class Qwen35Config:
             raise Qwen35ConfigError(f"text config architectures {archs} is not {DENSE} or {MOE}")
         moe = archs[0] == MOE
         where = f"{archs[0]} text config"
+        _check_types(c, where, moe)
         get = lambda k: _require(c, k, where)  # noqa: E731
         rope = get("rope_parameters")
         cfg = cls(

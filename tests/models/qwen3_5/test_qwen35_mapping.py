@@ -5,6 +5,8 @@ The artifact-level checks (converted files, what loading reads) are in test_qwen
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from ninfer.artifact.source_mapping import Part, SourceRows, SourceTensor, source_name
 from ninfer.errors import NotSupportedError
@@ -224,6 +226,31 @@ def test_compact_config_expands_layer_types_and_keeps_instance_fields():
 def test_bad_configs_are_refused(over, error):
     with pytest.raises(error):
         compact_text_config(_text_config(**over))
+
+
+@pytest.mark.parametrize("over, field", [
+    (dict(num_key_value_heads=0), "num_key_value_heads must be an integer >= 1, got 0"),
+    (dict(linear_num_key_heads=0), "linear_num_key_heads must be an integer >= 1"),
+    (dict(hidden_size="x"), "hidden_size must be an integer >= 1, got 'x'"),
+    (dict(vocab_size=[1, 2]), "vocab_size must be an integer >= 1"),
+    (dict(num_hidden_layers=True), "num_hidden_layers must be an integer >= 1"),
+    (dict(rope_parameters=""), "rope_parameters must be an object"),
+    (dict(rope_parameters=dict(rope_type="default", rope_theta=0)), "rope_theta must be > 0"),
+    (dict(rope_parameters=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=2)),
+     "partial_rotary_factor must be in"),
+    (dict(layer_types=[[], []]), "layer_types must be a list of strings"),
+    (dict(rms_norm_eps=-1.0), "rms_norm_eps must be > 0"),
+])
+def test_corrupt_config_values_are_refused_naming_the_field(over, field):
+    """Wrong types and impossible values, as a hand-edited config.json or a corrupt artifact header holds them: a
+    Qwen35ConfigError naming the field (were ZeroDivisionError, ValueError, AttributeError, TypeError), from the
+    converter's path and from the stored-config parser alike."""
+    with pytest.raises(Qwen35ConfigError, match=re.escape(field)):
+        compact_text_config(_text_config(**over))
+    stored = compact_text_config(_text_config())
+    stored.update(over)
+    with pytest.raises(Qwen35ConfigError, match=re.escape(field)):
+        Qwen35Config.from_compact(stored)
 
 
 def test_features_beyond_text_are_refused_until_supported():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -46,6 +47,23 @@ from ninfer.artifact.format import (
 )
 
 DEFAULT_CHUNK_BYTES = 64 << 20   # bounded read size: large enough for throughput, small for memory
+
+
+# O_NONBLOCK: opening a FIFO must not wait for a writer (regular files ignore the flag).
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def _open_regular(path: Path) -> int | None:
+    """A read-only descriptor of ``path`` if it is a regular file; None if it is missing or anything else (a
+    directory, a FIFO, a device), which the caller reports."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 def _pread(fd: int, length: int, offset: int) -> bytes:
@@ -79,10 +97,10 @@ class ArtifactReader:
         self._fds: dict[int, int] = {}
         self._opened: list[Path] = []
         self._closed = False
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise ArtifactNotFoundError(f"{self.path}: no such artifact file") from None
+        fd = _open_regular(self.path)
+        if fd is None:
+            what = "a directory" if self.path.is_dir() else "not a regular file" if self.path.exists() else "missing"
+            raise ArtifactNotFoundError(f"{self.path}: no such artifact file ({what})")
         try:
             self._open_entry(fd)
         except BaseException:
@@ -235,10 +253,10 @@ class ArtifactReader:
     def _open_part(self, index: int) -> int:
         path = self.files[index]
         rec = self.directory.files[index]
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise MissingPartError(f"{self.path}: continuation part {index} ({path}) is missing") from None
+        fd = _open_regular(path)
+        if fd is None:
+            what = "is missing" if not path.exists() else "is not a regular file"
+            raise MissingPartError(f"{self.path}: continuation part {index} ({path}) {what}")
         try:
             size = os.fstat(fd).st_size
             header = PartHeader.unpack(_pread(fd, HEADER_BYTES, 0), path)

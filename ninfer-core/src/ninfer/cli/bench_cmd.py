@@ -116,6 +116,13 @@ def run(args) -> int:
     lengths = () if args.no_prefill else args.prefill_lengths
     if not (batches or lengths):  # before any measurement or loading
         raise BenchError("nothing to run: both --no-decode and --no-prefill")
+    for flag, value in (("--copy-mib", args.copy_mib), ("--matmul-size", args.matmul_size)):
+        if value is not None and value < 1:
+            raise BenchError(f"{flag} must be >= 1, got {value}")
+    if args.output is not None and (args.output.is_dir() or any(p.exists() and not p.is_dir()
+                                                                 for p in args.output.parents)):
+        # Found now, not after the whole run: a report that cannot be written would be lost.
+        raise BenchError(f"--output {args.output}: cannot write a file there (a directory, or under a file)")
     settings = BenchSettings(batches=batches or (1,), prefill_lengths=lengths,
                              decode_prompt_tokens=args.decode_prompt_tokens,
                              decode_base_tokens=args.decode_base_tokens, decode_steps=args.decode_steps,

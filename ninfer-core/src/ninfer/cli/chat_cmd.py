@@ -24,6 +24,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ninfer.errors import NInferError
+    from ninfer.runtime.contract.errors import EngineClosedError, EngineFailure
     from ninfer.runtime.contract.events import GenerationDelta, GenerationError, GenerationResult
 
     interactive = sys.stdin.isatty()
@@ -41,19 +43,31 @@ def run(args) -> int:
             text = line.rstrip("\n")
             if not text.strip():
                 continue
-            if text.strip() == "/exit":
-                break
-            if text.strip() == "/reset":
-                history = _fresh(args)
-                print("[ninfer] conversation reset", file=sys.stderr)
-                continue
             if text.startswith("/"):
-                print(f"[ninfer] unknown command {text.split()[0]!r}; {HELP}", file=sys.stderr)
+                command, *extra = text.split()
+                if command in ("/exit", "/reset") and extra:
+                    print(f"[ninfer] {command} takes no arguments; {HELP}", file=sys.stderr)
+                elif command == "/exit":
+                    break
+                elif command == "/reset":
+                    history = _fresh(args)
+                    print("[ninfer] conversation reset", file=sys.stderr)
+                else:
+                    print(f"[ninfer] unknown command {command!r}; {HELP}", file=sys.stderr)
                 continue
             history.append({"role": "user", "content": text})
-            prompt = engine.frontend.prepare_chat(history, enable_thinking=not args.no_thinking)
-            handle = engine.submit(prompt, sampling=common.sampling_params(engine, args),
-                                   output=common.output_options(args, chat=True))
+            try:
+                prompt = engine.frontend.prepare_chat(history, enable_thinking=not args.no_thinking)
+                handle = engine.submit(prompt, sampling=common.sampling_params(engine, args),
+                                       output=common.output_options(args, chat=True))
+            except NInferError as exc:
+                if isinstance(exc, EngineFailure | EngineClosedError):
+                    raise
+                # This turn cannot run (too long for the context, text the tokenizer refuses...): the session
+                # goes on without it.
+                history.pop()
+                print(f"[ninfer] error: {exc}", file=sys.stderr)
+                continue
             result = None
             try:
                 for event in handle:

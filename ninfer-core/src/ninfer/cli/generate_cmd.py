@@ -34,6 +34,8 @@ def read_messages(path: Path) -> list[dict]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidMessagesError(f"cannot read messages from {path}: {exc}") from exc
+    except RecursionError:
+        raise InvalidMessagesError(f"cannot read messages from {path}: the JSON is nested too deeply") from None
     if isinstance(data, dict) and "messages" in data:
         data = data["messages"]
     if not isinstance(data, list) or not all(isinstance(m, dict) and "role" in m for m in data):

@@ -83,6 +83,8 @@ def read_inputs(path: Path) -> list:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ScoreInputFileError(f"{path}: line {number}: not JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise ScoreInputFileError(f"{path}: line {number}: the JSON is nested too deeply") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise ScoreInputFileError(f"{path}: line {number}: expected a JSON object with a \"text\" string, "
                                       f"got {json.dumps(obj, ensure_ascii=False)[:80]}")

@@ -85,6 +85,8 @@ class OutputConstraint:
                 value = json.loads(schema)
             except ValueError as exc:
                 raise InvalidConstraintError(f"the JSON schema is not valid JSON: {exc}") from exc
+            except RecursionError:
+                raise InvalidConstraintError("the JSON schema is nested too deeply") from None
         else:
             value = schema
         if not isinstance(value, Mapping):
@@ -93,6 +95,8 @@ class OutputConstraint:
             text = json.dumps(value, ensure_ascii=False)  # key order kept: it is the output's order
         except (TypeError, ValueError) as exc:
             raise InvalidConstraintError(f"the JSON schema is not JSON-serializable: {exc}") from exc
+        except RecursionError:
+            raise InvalidConstraintError("the JSON schema is nested too deeply") from None
         return cls("json_schema", text=text)
 
     @classmethod

@@ -83,7 +83,26 @@ class ModelInstance:
 
 
 def resolve_device(options: EngineOptions) -> torch.device:
-    return torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """The device: the option when given (``cpu``, ``cuda`` or ``cuda:N`` of a present GPU), else cuda when CUDA is
+    present, else cpu. Anything else is an InvalidEngineOptions naming the value and what is available."""
+    if options.device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(options.device)
+    except (RuntimeError, ValueError):
+        raise InvalidEngineOptions(f"invalid engine option device={options.device!r}: expected cpu, cuda or "
+                                   f"cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InvalidEngineOptions(f"invalid engine option device={options.device!r}: no CUDA device is available "
+                                       f"(torch {torch.__version__}, CUDA build: {torch.version.cuda is not None})")
+        if device.index is not None and not 0 <= device.index < count:
+            raise InvalidEngineOptions(f"invalid engine option device={options.device!r}: {count} CUDA device(s), "
+                                       f"indices 0..{count - 1}")
+    elif device.type != "cpu":
+        raise InvalidEngineOptions(f"invalid engine option device={options.device!r}: expected cpu, cuda or cuda:N")
+    return device
 
 
 def resolve_dtype(options: EngineOptions, device: torch.device) -> torch.dtype:

@@ -66,6 +66,10 @@ class ChatTemplate:
             return self._template.render(**variables)
         except jinja2.TemplateError as exc:  # includes the template's own raise_exception
             raise ChatTemplateError(f"{self.origin}: {exc}") from exc
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        except (TypeError, ValueError, LookupError, AttributeError) as exc:
             # Malformed messages surface as Python errors inside the template; they are the request's fault.
             raise ChatTemplateError(f"{self.origin}: cannot render these messages: {exc!r}") from exc
+        except (ArithmeticError, RecursionError) as exc:
+            # The template itself (an artifact's may be anything): 1/0, a sandbox-refused range(10**9), a
+            # recursive macro. Named, never a crash.
+            raise ChatTemplateError(f"{self.origin}: the template failed: {exc!r}") from exc
