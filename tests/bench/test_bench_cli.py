@@ -87,3 +87,10 @@ def test_bench_prefill_only_needs_no_decode_context(bench_env, tmp_path):
     report = json.loads(out.read_text())
     assert report["decode"] == [] and [r["tokens"] for r in report["prefill"]] == [32]
     assert report["engine"]["max_context"] == 33
+
+
+def test_bench_refuses_a_negative_seed_before_measuring(bench_env):
+    run = subprocess.run([sys.executable, "-m", "ninfer.cli.main", "bench", "--device", "cpu", "--seed", "-1"],
+                         env=bench_env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "--seed must be >= 0, got -1" in run.stderr
+    assert "measuring copy bandwidth" not in run.stderr

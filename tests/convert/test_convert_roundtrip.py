@@ -243,6 +243,15 @@ def test_existing_output_is_refused_and_kept(tmp_path, registry):
     assert out.read_bytes() == b"keep me"
 
 
+def test_output_folder_missing_or_a_file_is_named(tmp_path, registry):
+    src = write_checkpoint(tmp_path / "ck", synth_tensors(layers=1))
+    with pytest.raises(ConversionError, match=r"output folder .*nope' does not exist"):
+        convert(src, tmp_path / "nope" / "m.ninfer", registry=registry, progress=False)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConversionError, match=r"output folder .*afile' is not a folder"):
+        convert(src, tmp_path / "afile" / "m.ninfer", registry=registry, progress=False)
+
+
 def test_progress_bar_only_when_asked(tmp_path, registry, capsys):
     src = write_checkpoint(tmp_path / "ck", synth_tensors(layers=1))
     convert(src, tmp_path / "quiet.ninfer", registry=registry, progress=False)

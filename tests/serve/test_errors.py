@@ -65,6 +65,7 @@ def test_malformed_bodies(client, path, raw):
     ({"guided_grammar": "root ::= ("}, None),
     ({"logit_bias": {"5": 3.0}}, "logit_bias"), ({"modalities": ["audio"]}, "modalities"),
     ({"stream_options": {"include_usage": "maybe"}}, "stream_options.include_usage"),
+    ({"stream_options": {"include_usage": True}}, "stream_options"),   # without stream: true (vLLM refuses it too)
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]},
      "messages[0].content[0].type"),
     ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [

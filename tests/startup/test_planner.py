@@ -189,3 +189,11 @@ def test_lookahead_spares_are_planned_like_the_engine_builds_them(default_artifa
         assert engine.memory_summary().state_bytes == on.state_bytes
         program = engine._program
         assert program.states.num_slots == 6 and program.capacity().total_state_slots == 3
+
+
+def test_info_memory_options_without_memory_are_an_error(default_artifact, capsys):
+    """The plan options do nothing without --memory: named, not silently ignored (which looked like a plan)."""
+    from ninfer.cli.main import main
+
+    assert main(["info", str(default_artifact), "--num-pages", "3", "--kv-budget-mib", "1"]) == 2
+    assert "--num-pages, --kv-budget-mib: memory plan options, which need --memory" in capsys.readouterr().err

@@ -78,7 +78,8 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
     if os.path.lexists(output):
         raise OutputExistsError(f"output {str(output)!r} already exists; the converter never overwrites")
     if not output.parent.is_dir():
-        raise ConversionError(f"output folder {str(output.parent)!r} does not exist")
+        why = "is not a folder" if output.parent.exists() else "does not exist"
+        raise ConversionError(f"output folder {str(output.parent)!r} {why}")
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise ConversionError(f"the public name (--name) must be a non-empty string, got {name!r}")
     if type(max_file_bytes) is not int or max_file_bytes <= 0:

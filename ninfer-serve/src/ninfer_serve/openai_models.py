@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictInt,
+    ValidationInfo,
     field_validator,
     model_serializer,
 )
@@ -97,6 +98,13 @@ class SamplingFields(Lenient):
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
         return _check_stop(v)
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_streamed(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if v is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed with stream: true")   # as vLLM
+        return v
 
     @field_validator("logit_bias")
     @classmethod

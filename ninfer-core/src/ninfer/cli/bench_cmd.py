@@ -116,6 +116,8 @@ def run(args) -> int:
     lengths = () if args.no_prefill else args.prefill_lengths
     if not (batches or lengths):  # before any measurement or loading
         raise BenchError("nothing to run: both --no-decode and --no-prefill")
+    if args.seed < 0:
+        raise BenchError(f"--seed must be >= 0, got {args.seed}")
     for flag, value in (("--copy-mib", args.copy_mib), ("--matmul-size", args.matmul_size)):
         if value is not None and value < 1:
             raise BenchError(f"{flag} must be >= 1, got {value}")

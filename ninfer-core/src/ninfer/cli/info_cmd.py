@@ -32,20 +32,27 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+_MEMORY_FLAGS = ("device", "dtype", "max_concurrency", "max_context", "page_size", "num_pages", "kv_budget_mib",
+                 "prefill_chunk_size")
+
+
 def _memory_plan(args):
     from ninfer.runtime.engine.model_startup import plan_artifact
     from ninfer.runtime.engine.options import EngineOptions
 
-    fields = ("device", "dtype", "max_concurrency", "max_context", "page_size", "num_pages", "kv_budget_mib",
-              "prefill_chunk_size")
-    options = EngineOptions(**{f: getattr(args, f) for f in fields if getattr(args, f) is not None})
+    options = EngineOptions(**{f: getattr(args, f) for f in _MEMORY_FLAGS if getattr(args, f) is not None})
     return plan_artifact(args.model, options)
 
 
 def run(args) -> int:
     from ninfer.artifact import ArtifactReader, describe, summarize
+    from ninfer.errors import NInferError
     from ninfer.runtime.contract.memory import format_memory_summary
 
+    given = [f"--{f.replace('_', '-')}" for f in _MEMORY_FLAGS if getattr(args, f) is not None]
+    if given and not args.memory:
+        # The plan options do nothing alone; silently ignoring them would look like a plan was made.
+        raise NInferError(f"{', '.join(given)}: memory plan options, which need --memory")
     memory = _memory_plan(args) if args.memory else None
     with ArtifactReader.open(args.model) as reader:
         if args.verify:
