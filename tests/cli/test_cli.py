@@ -154,11 +154,14 @@ def test_a_bad_device_is_a_clear_error(run_cli, device, why):
     assert "Traceback" not in out.stderr
 
 
-def test_cuda_without_a_gpu_is_a_clear_error(run_cli):
+def _has_cuda() -> bool:
     import torch
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_has_cuda(), reason="the no-GPU error can only be provoked on a machine without CUDA")
+def test_cuda_without_a_gpu_is_a_clear_error(run_cli):
     for cmd in (("generate", "--prompt", "x"), ("bench", "--no-prefill")):
         out = run_cli(*cmd, "--device", "cuda")
         assert out.returncode == 2 and "no CUDA device is available" in out.stderr, out.stderr

@@ -85,9 +85,8 @@ def _check_types(src: Mapping[str, Any], where: str, moe: bool) -> None:
                                     or not all(isinstance(x, int) and not isinstance(x, bool) for x in section)):
             raise Qwen35ConfigError(f"{where}: rope_parameters.mrope_section must be a list of integers, got "
                                     f"{section!r}")
-    for key in ("rope_scaling",):
-        if src.get(key) is not None and not isinstance(src[key], Mapping):
-            raise Qwen35ConfigError(f"{where}: {key} must be an object, got {src[key]!r}")
+    if src.get("rope_scaling") is not None and not isinstance(src["rope_scaling"], Mapping):
+        raise Qwen35ConfigError(f"{where}: rope_scaling must be an object, got {src['rope_scaling']!r}")
     lt = src.get("layer_types")
     if lt is not None and (not isinstance(lt, list | tuple) or not all(isinstance(x, str) for x in lt)):
         raise Qwen35ConfigError(f"{where}: layer_types must be a list of strings, got {lt!r}")

@@ -31,6 +31,8 @@ from ninfer_serve.errors import bad_request
 from ninfer_serve.tool_choice import ToolPolicy
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+# Every extra request field this module reads (body validation does not log these as unknown).
+EXTRA_FIELDS = frozenset((*GUIDED, "structured_outputs"))
 _STRUCTURED = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice", "grammar": "guided_grammar"}
 
 

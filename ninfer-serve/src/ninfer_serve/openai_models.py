@@ -26,6 +26,8 @@ from pydantic import (
     model_serializer,
 )
 
+from ninfer_serve.constraints import EXTRA_FIELDS
+
 INT64 = 2**63
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
@@ -61,10 +63,9 @@ class SamplingFields(Lenient):
     """Sampling fields shared by Chat Completions and Completions. Range checks follow the OpenAI
     API (and vLLM for the extensions); the engine re-validates what it receives."""
 
-    # Extra fields the routes read from ``model_extra`` (vLLM's output constraints, ninfer_serve.constraints):
-    # not "unknown", so body.validate does not log them as ignored.
-    READ_FROM_EXTRA: ClassVar[frozenset[str]] = frozenset(
-        {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"})
+    # Extra fields the routes read from ``model_extra`` (vLLM's output constraints): not "unknown", so
+    # body.validate does not log them as ignored.
+    READ_FROM_EXTRA: ClassVar[frozenset[str]] = EXTRA_FIELDS
 
     model: str | None = None
     n: int = 1
