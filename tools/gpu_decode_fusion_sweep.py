@@ -65,9 +65,10 @@ def gdn_cases(bsz: int, calls: int, replays: int, g: torch.Generator) -> list[di
     moved = 2 * bsz * HV * DK * DV * 4 + 2 * bsz * c * (K - 1) * 2
     rows = []
     variants = [("4 ops", unfused)] + [
-        (f"gdn_decode w={w}", lambda i, w=w: gdn_decode.gdn_decode(
-            mixed, z, a, b, params[i % copies], convs[i % copies], states[i % copies], slots, spare, step_warps=w))
-        for w in (4, 8, 16)]
+        (f"gdn_decode {'one kernel' if one else 'two kernels'} w={w}", lambda i, w=w, one=one: gdn_decode.gdn_decode(
+            mixed, z, a, b, params[i % copies], convs[i % copies], states[i % copies], slots, spare, step_warps=w,
+            one_kernel=one))
+        for one in (True, False) for w in (4, 8)]
     for label, call in variants:
         us, err = graph_call_us(call, calls, replays, ref)
         rows.append({"what": "gdn decode tail", "B": bsz, "variant": label, "us": us, "GBps": moved / us / 1e3,
@@ -109,13 +110,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--gdn-only", action="store_true", help="only the GDN decode tail's variants")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator(device="cuda").manual_seed(0)
     results = []
     for bsz in (1, 8):
         results += gdn_cases(bsz, args.calls, args.replays, g)
-    for name, hidden, n_out in NORM_SHAPES:
+    for name, hidden, n_out in () if args.gdn_only else NORM_SHAPES:
         for m in (1, 8):
             if linear.use_gemv(torch.empty(m, hidden, device="cuda", dtype=torch.bfloat16),
                                torch.empty(n_out, hidden, device="cuda", dtype=torch.bfloat16)):

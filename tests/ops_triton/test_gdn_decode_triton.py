@@ -79,3 +79,25 @@ def test_gdn_decode_rejects_mismatched_heads(gen):
         triton_ops(torch.float32).gdn_decode(mixed[:, 1:], z, a, b, p, conv_states, states, slots)
     with pytest.raises(ValueError, match="1 rows need 1 slots"):   # a short slot list would read out of bounds
         triton_ops(torch.float32).gdn_decode(mixed, z, a, b, p, conv_states, states, slots.repeat(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bsz,hk,hv,dk,dv", [(3, 2, 4, 16, 16), (2, 1, 3, 8, 12)] + (
+    [(8, 16, 32, 128, 128)] if CUDA else []))
+def test_one_kernel_equals_the_two_kernel_path(dtype, bsz, hk, hv, dk, dv, gen):
+    """The one-launch decode (default) gives the two-launch path's bits: output, GDN states and conv states, over
+    three steps of the same slots (R = 2 and 3 value heads per key head); its ticket counters are back at zero
+    after every launch (each (slot, key head) elected exactly one writer of the q/k conv state)."""
+    from ninfer.ops.triton import gdn_decode as gd
+
+    (mixed, z, a, b, p), conv_states, states, slots = gdn_decode_case(gen, DEVICE, dtype, bsz, hk, hv, dk, dv)
+    conv2, states2 = conv_states.clone(), states.clone()
+    for t in range(3):
+        if t:
+            mixed, z, a, b = gdn_decode_case(gen, DEVICE, dtype, bsz, hk, hv, dk, dv)[0][:4]
+        o1 = gd.gdn_decode(mixed, z, a, b, p, conv_states, states, slots)
+        o2 = gd.gdn_decode(mixed, z, a, b, p, conv2, states2, slots, one_kernel=False)
+        assert_bits(o1.cpu(), o2.cpu(), f"output step {t}")
+        assert_bits(states.cpu(), states2.cpu(), f"GDN states step {t}")
+        assert_bits(conv_states.cpu(), conv2.cpu(), f"conv states step {t}")
+        assert not gd._tickets(conv_states, hk).any()

@@ -34,7 +34,7 @@ from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2, pdl, pdl_wait
 from ninfer.ops.triton.conv1d import conv_update_finish, conv_update_prologue
 from ninfer.ops.triton.gdn import recurrent_update
-from ninfer.ops.triton.gdn_gates import gates_row
+from ninfer.ops.triton.gdn_gates import gates_math, gates_row
 from ninfer.ops.triton.norm import _TL_DTYPE, gated_norm_rows
 
 # Channels per conv program (the conv reads ~C * K * 2 bytes of taps; 8192 channels at 256 = 32 programs/row).
@@ -102,13 +102,135 @@ def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slot
              mask=dvm[None, :])
 
 
+@triton.jit
+def _conv4_load(cw_ptr, cs_ptr, slot, c, cm, stride_wc, stride_wk, stride_cs, stride_cc, stride_ck):
+    """A width-4 conv's taps (fp32) and the row's three old inputs (state dtype), as 1-D vectors over channels c:
+    the layout the recurrence reads q, k and v in, so no [channels, taps] tile needs converting."""
+    w_base = cw_ptr + c * stride_wc
+    s_base = cs_ptr + slot * stride_cs + c * stride_cc
+    w0 = tl.load(w_base, mask=cm, other=0.0).to(tl.float32)
+    w1 = tl.load(w_base + stride_wk, mask=cm, other=0.0).to(tl.float32)
+    w2 = tl.load(w_base + 2 * stride_wk, mask=cm, other=0.0).to(tl.float32)
+    w3 = tl.load(w_base + 3 * stride_wk, mask=cm, other=0.0).to(tl.float32)
+    u0 = tl.load(s_base, mask=cm, other=0.0)
+    u1 = tl.load(s_base + stride_ck, mask=cm, other=0.0)
+    u2 = tl.load(s_base + 2 * stride_ck, mask=cm, other=0.0)
+    return w0, w1, w2, w3, u0, u1, u2
+
+
+@triton.jit
+def _conv4_silu(x, w0, w1, w2, w3, u0, u1, u2, INTERP: tl.constexpr):
+    """silu(sum_j w_j * window_j) in fp32 over the window [u0, u1, u2, x] in x's dtype, taps summed in order."""
+    acc = w0 * cast(u0, x.dtype, INTERP).to(tl.float32)
+    acc += w1 * cast(u1, x.dtype, INTERP).to(tl.float32)
+    acc += w2 * cast(u2, x.dtype, INTERP).to(tl.float32)
+    acc += w3 * x.to(tl.float32)
+    return acc / (1.0 + tl.exp(-acc))
+
+
+@triton.jit
+def _conv4_store(x, u1, u2, cs_ptr, out_slot, c, cm, stride_cs, stride_cc, stride_ck, INTERP: tl.constexpr):
+    """The rolled state [u1, u2, x] (cast to the state's dtype: copies when the dtypes agree) to ``out_slot``."""
+    base = cs_ptr + out_slot * stride_cs + c * stride_cc
+    dt = cs_ptr.dtype.element_ty
+    tl.store(base, cast(cast(u1, x.dtype, INTERP), dt, INTERP), mask=cm)
+    tl.store(base + stride_ck, cast(cast(u2, x.dtype, INTERP), dt, INTERP), mask=cm)
+    tl.store(base + 2 * stride_ck, cast(x, dt, INTERP), mask=cm)
+
+
+@triton.jit
+def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr, out_slots_ptr, na_ptr, dt_ptr,
+                   nw_ptr, tk_ptr, o_ptr, scale, eps, HK, stride_xb, stride_zb, stride_zh, stride_ab, stride_bb,
+                   stride_wc, stride_wk, stride_cs, stride_cc, stride_ck, stride_ob, stride_oh, ss_s, ss_h, ss_k,
+                   R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_DIM: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+    # Program (row, value head h): the whole decode tail of one head in one launch (conv width 4). The conv of the
+    # head's v channels is its own; the conv of its key head's q and k channels is computed by each of the R
+    # programs of that key head (the same values), and the rolled q/k conv state is written by the last of them
+    # to have read the old one, elected by a per-(slot, key head) ticket taken before the PDL wait.
+    row = tl.program_id(0)
+    h = tl.program_id(1)
+    hk = h // R
+    dk = tl.arange(0, BK)
+    dv = tl.arange(0, BV)
+    dkm = dk < DK
+    dvm = dv < DV
+    cq = hk * DK + dk
+    ck = KEY_DIM + cq
+    cv = 2 * KEY_DIM + h * DV + dv
+    # Before the wait: step inputs (slot ids), parameters, and state this layer's previous step wrote.
+    slot = tl.load(slots_ptr + row)
+    out_slot = tl.load(out_slots_ptr + row)
+    s_ptrs = st_ptr + slot * ss_s + h * ss_h + dk[:, None] * ss_k + dv[None, :]
+    smask = dkm[:, None] & dvm[None, :]
+    s = tl.load(s_ptrs, mask=smask, other=0.0)
+    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
+    nw = tl.load(nw_ptr + dv, mask=dvm, other=0.0).to(tl.float32)
+    qw0, qw1, qw2, qw3, qu0, qu1, qu2 = _conv4_load(cw_ptr, cs_ptr, slot, cq, dkm, stride_wc, stride_wk, stride_cs,
+                                                    stride_cc, stride_ck)
+    kw0, kw1, kw2, kw3, ku0, ku1, ku2 = _conv4_load(cw_ptr, cs_ptr, slot, ck, dkm, stride_wc, stride_wk, stride_cs,
+                                                    stride_cc, stride_ck)
+    vw0, vw1, vw2, vw3, vu0, vu1, vu2 = _conv4_load(cw_ptr, cs_ptr, slot, cv, dvm, stride_wc, stride_wk, stride_cs,
+                                                    stride_cc, stride_ck)
+    na = tl.load(na_ptr + h)
+    dt = tl.load(dt_ptr + h)
+    # The ticket. Every thread's reads of the old q/k conv state are done (the barrier), then one increment: the R
+    # programs of this (slot, key head) take consecutive counts, and the one holding R - 1 modulo R read last, so
+    # it writes the rolled state. It subtracts R at its end: the count is a multiple of R between launches, with
+    # no reset that could race the next launch's increments (atomics commute). No program waits on another.
+    tl.debug_barrier()
+    tk = tk_ptr + slot * HK + hk
+    ticket = tl.atomic_add(tk, 1, sem="acq_rel", scope="gpu")
+    pdl_wait(PDL)
+    x_row = x_ptr + row * stride_xb
+    x_q = tl.load(x_row + cq, mask=dkm, other=0.0)
+    x_k = tl.load(x_row + ck, mask=dkm, other=0.0)
+    x_v = tl.load(x_row + cv, mask=dvm, other=0.0)
+    a = tl.load(a_ptr + row * stride_ab + h).to(tl.float32)
+    b = tl.load(b_ptr + row * stride_bb + h).to(tl.float32)
+    # The conv outputs rounded to the activation dtype, as causal_conv1d_update returns them.
+    q = cast(_conv4_silu(x_q, qw0, qw1, qw2, qw3, qu0, qu1, qu2, INTERP), x_ptr.dtype.element_ty, INTERP)
+    k = cast(_conv4_silu(x_k, kw0, kw1, kw2, kw3, ku0, ku1, ku2, INTERP), x_ptr.dtype.element_ty, INTERP)
+    v = cast(_conv4_silu(x_v, vw0, vw1, vw2, vw3, vu0, vu1, vu2, INTERP), x_ptr.dtype.element_ty, INTERP)
+    _conv4_store(x_v, vu1, vu2, cs_ptr, out_slot, cv, dvm, stride_cs, stride_cc, stride_ck, INTERP)
+    writer = dkm & ((dk * 0 + ticket) % R == R - 1)      # a vector mask: the interpreter's stores want one
+    _conv4_store(x_q, qu1, qu2, cs_ptr, out_slot, cq, writer, stride_cs, stride_cc, stride_ck, INTERP)
+    _conv4_store(x_k, ku1, ku2, cs_ptr, out_slot, ck, writer, stride_cs, stride_cc, stride_ck, INTERP)
+    g, beta = gates_math(a, b, dt, na)
+    s, o = recurrent_update(s, q.to(tl.float32), k.to(tl.float32), v.to(tl.float32), g, beta, scale)
+    tl.store(s_ptrs + (out_slot - slot) * ss_s, s, mask=smask)
+    o16 = cast(o, o_ptr.dtype.element_ty, INTERP).to(tl.float32)
+    out = gated_norm_rows(o16[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP)
+    tl.store(o_ptr + row * stride_ob + h * stride_oh + dv[None, :], cast(out, o_ptr.dtype.element_ty, INTERP),
+             mask=dvm[None, :])
+    if ticket % R == R - 1:
+        tl.atomic_add(tk, -R, sem="relaxed", scope="gpu")
+
+
+def _tickets(conv_states: torch.Tensor, key_heads: int) -> torch.Tensor:
+    """The zeroed int32 ticket counters [slots, key heads] of ``_decode_kernel`` for this conv-state pool, made
+    once (outside any graph capture: the decode graphs' eager warm-up makes them) and shared by every GDN layer
+    on the pool's device: each launch leaves them at multiples of R, and launches of the kernel are stream-ordered."""
+    key = (conv_states.device, conv_states.shape[0], key_heads)
+    t = _TICKETS.get(key)
+    if t is None:
+        if conv_states.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("gdn_decode: its ticket counters must be made by an eager call before graph capture")
+        t = _TICKETS[key] = torch.zeros((conv_states.shape[0], key_heads), dtype=torch.int32,
+                                        device=conv_states.device)
+    return t
+
+
+_TICKETS: dict = {}
+
+
 def _last_contig(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
                conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
-               out_slots: torch.Tensor | None = None, *, step_warps: int = 4) -> torch.Tensor:
+               out_slots: torch.Tensor | None = None, *, step_warps: int = 4, one_kernel: bool = True) -> torch.Tensor:
     """``o[B, Hv, Dv]``: gates, conv, recurrent step and gated norm of B decode rows (contract ``gdn_decode``).
     ``step_warps``: the step kernel's warps (a launch-shape override for sweeps; 4 measured fastest on an H200,
     tools/gpu_decode_fusion_sweep.py: B=1 6.2 us vs 7.3 at 8 warps, B=8 14.5 vs 19.1)."""
@@ -137,6 +259,17 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     slots, out_slots = slot_ids, out_ids
     neg_a, dt_bias = p.neg_a.float().contiguous(), p.dt_bias.float().contiguous()
     k = p.conv_weight.shape[-1]
+    nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
+    if one_kernel and k == 4:
+        tickets = _tickets(conv_states, hk)
+        _decode_kernel[(bsz, hv)](
+            mixed, z, a, b, p.conv_weight, conv_states, states, slots, out_slots, neg_a, dt_bias,
+            p.norm_weight.contiguous(), tickets, o, float(p.scale), float(p.eps), hk, mixed.stride(0), z.stride(0),
+            z.stride(1), a.stride(0), b.stride(0), *p.conv_weight.stride(), *conv_states.stride(), o.stride(0),
+            o.stride(1), *states.stride()[:3], R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk),
+            BV=next_pow2(dv), NW_DTYPE=nw_dtype, INTERP=INTERPRET,
+            **({} if INTERPRET else {"num_warps": step_warps}), **({"PDL": False} if converted else pdl(mixed)))
+        return o
     y = torch.empty((bsz, channels), dtype=mixed.dtype, device=mixed.device)
     g = torch.empty((bsz, hv), dtype=torch.float32, device=mixed.device)
     beta = torch.empty((bsz, hv), dtype=torch.float32, device=mixed.device)
@@ -146,7 +279,6 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
         mixed.stride(0), *p.conv_weight.stride(), *conv_states.stride(), y.stride(0), a.stride(0), b.stride(0),
         K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), BH=next_pow2(hv), INTERP=INTERPRET,
         **({} if INTERPRET else {"num_warps": 4}), **({"PDL": False} if converted else pdl(mixed)))
-    nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
     _step_norm_kernel[(bsz, hv)](
         y, z, g, beta, states, slots, out_slots, p.norm_weight.contiguous(), o, float(p.scale), float(p.eps), hv,
         y.stride(0), z.stride(0), z.stride(1), o.stride(0), o.stride(1), *states.stride()[:3],
