@@ -93,7 +93,8 @@ def pdl_wait(PDL: tl.constexpr):
       kernel release its dependents (``gdc_launch_dependents``). A launch can start early only once every program
       of the previous one has released it, so while kernel N+1 runs ahead of its wait, N has passed its own wait:
       launches N-1 and earlier have completed, and only N's work after its wait can still be running.
-    - Hence before ``pdl_wait`` a kernel writes nothing and reads only what the previous launch does not write:
+    - Hence before ``pdl_wait`` a kernel writes nothing (but memory only its own launches touch, ordered among them
+      by this protocol: ``gdn_decode``'s ticket counters) and reads only what the previous launch does not write:
       weights (no kernel writes them), or outputs of launches before the previous one (the MoE down kernel reads
       the router's ids there: the gate/up kernel runs in between; ``gdn_decode``'s step kernel reads its state and
       z there), or step inputs the host copied in before the step (state slot ids). A wrapper that converts such an

@@ -1,26 +1,40 @@
-"""Triton ``gdn_decode``: a Gated DeltaNet layer's decode step after its input projection, in two kernels.
+"""Triton ``gdn_decode``: a Gated DeltaNet layer's decode step after its input projection, in one launch.
 
 The composition it replaces (``gdn_gates`` -> ``causal_conv1d_update`` -> ``gdn_recurrent_step`` ->
 ``gated_rms_norm``) is four launches of 1-4 us each per GDN layer per step, nearly all of it launch and
 dependency latency: the whole step moves ~4 MB (the recurrent state, read and written) at the 35B-A3B shape.
 
+``_decode_kernel`` (conv width 4, every Qwen3.5 model) -- program (row, value head h). Before the PDL wait it loads
+its whole [Dk, Dv] state, z, the norm weight, and the conv taps and old conv inputs of the channels it reads: its key
+head's q and k channels and its own v channels (the state was last written by this layer's previous step, z by the
+input projection two launches back). After the wait: x for those channels, the conv + SiLU (rounded to x.dtype, as
+``causal_conv1d_update`` returns it), the head's gates, the recurrence
+(:func:`~ninfer.ops.triton.gdn.recurrent_update`), o rounded to x.dtype, and the gated RMSNorm over the head
+(:func:`~ninfer.ops.triton.norm.gated_norm_rows`). A program owns a whole head because the norm is over Dv.
+
+The q/k conv channels of a key head feed its R value heads, and the conv state is updated in place: the R programs
+all compute the same q/k conv outputs, and the rolled q/k state may only be written once all R have read the old
+one. A per-(slot, key head) ticket elects the writer without any program waiting: each program, after a barrier
+that ends its threads' reads of the old state, adds 1 to the ticket (acq_rel, before its PDL wait, so the atomic's
+round trip overlaps the wait); the one that gets R - 1 modulo R read last and writes the state, then subtracts R.
+Between launches every count is a multiple of R; a launch's increments all precede the next launch's (a kernel
+starts early only once every program of the previous one passed its wait), and the late subtraction commutes with
+them. The counters (``_tickets``) are made once per conv-state pool size and device, by an eager call (the decode
+graphs' warm-up) -- making them inside a graph capture raises -- and shared by the GDN layers, whose launches are
+stream-ordered. On an H200 the one launch takes 4.0 us per 35B-A3B layer at B=1 against 6.5 for the two below
+(``tools/gpu_decode_fusion_sweep.py --gdn-only``), and the 35B-A3B B=1 step gained 2.4% (docs/benchmarks.md).
+
+Other conv widths take the two-launch path (``one_kernel=False`` forces it, for comparisons):
 1. ``_conv_gates_kernel`` -- program (row, block of channels): the causal conv + SiLU of its channels (the
    taps and old conv state are loaded before the PDL wait), and, in the programs of channel block 0, the
-   row's gates. Writes the conv output y (x.dtype, as ``causal_conv1d_update`` rounds it) and fp32 g, beta.
-2. ``_step_norm_kernel`` -- program (row, value head): loads its whole [Dk, Dv] state, its z and the norm
-   weight *before* the PDL wait (the state was last written by this layer's previous step, z by the input
-   projection two launches back), so the 64 KB state stream overlaps kernel 1; then q, k, v, g, beta,
-   the recurrence (:func:`~ninfer.ops.triton.gdn.recurrent_update`), o rounded to x.dtype as the step op
-   rounds it, and the gated RMSNorm over the head (:func:`~ninfer.ops.triton.norm.gated_norm_rows`).
-   A program owns a whole head because the norm is over Dv.
-
-Why not one kernel: the q/k conv channels of a key head feed every value head (and every Dv tile) that reads
-it, and the conv state is updated in place; a single kernel would need a grid-wide barrier between the last
-read of the old conv state and its overwrite. Two launches give that order for free.
+   row's gates. Writes the conv output y (x.dtype) and fp32 g, beta. Its launch boundary orders the last read of
+   the old conv state before its overwrite.
+2. ``_step_norm_kernel`` -- the recurrence and norm of ``_decode_kernel``, reading y, g and beta.
 
 Invariants: those of the four ops it composes (contract ``gdn_decode``); rows are independent; only the rows'
 own slots are read and their out slots written. The result equals the composition of the four Triton ops up to
-the reduction order of the norm (bitwise equal in the tests' cases is not promised).
+the reduction order of the norm and the compiler's contraction of the conv's taps (bitwise equality is not
+promised; the conv states, copies of inputs, are bit-exact).
 """
 
 from __future__ import annotations
@@ -232,8 +246,9 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
                conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
                out_slots: torch.Tensor | None = None, *, step_warps: int = 4, one_kernel: bool = True) -> torch.Tensor:
     """``o[B, Hv, Dv]``: gates, conv, recurrent step and gated norm of B decode rows (contract ``gdn_decode``).
-    ``step_warps``: the step kernel's warps (a launch-shape override for sweeps; 4 measured fastest on an H200,
-    tools/gpu_decode_fusion_sweep.py: B=1 6.2 us vs 7.3 at 8 warps, B=8 14.5 vs 19.1)."""
+    ``step_warps``: the (step) kernel's warps (a launch-shape override for sweeps; 4 measured fastest on an H200,
+    tools/gpu_decode_fusion_sweep.py: one kernel B=1 4.0 us vs 9.1 at 8 warps, B=8 12.4 vs 34.1).
+    ``one_kernel=False`` takes the two-launch path even at conv width 4 (for comparisons)."""
     launch_ok(mixed)
     p = params
     bsz, channels = mixed.shape
