@@ -5,24 +5,26 @@ The composition it replaces (``gdn_gates`` -> ``causal_conv1d_update`` -> ``gdn_
 dependency latency: the whole step moves ~4 MB (the recurrent state, read and written) at the 35B-A3B shape.
 
 ``_decode_kernel`` (conv width 4, every Qwen3.5 model) -- program (row, value head h). Before the PDL wait it loads
-its whole [Dk, Dv] state, z, the norm weight, and the conv taps and old conv inputs of the channels it reads: its key
-head's q and k channels and its own v channels (the state was last written by this layer's previous step, z by the
-input projection two launches back). After the wait: x for those channels, the conv + SiLU (rounded to x.dtype, as
+its whole [Dk, Dv] state, the parameters (norm weight, gate constants) and the conv taps and old conv inputs of the
+channels it reads: its key head's q and k channels and its own v channels (the states were last written by this
+layer's previous step). After the wait, everything the input projection (the previous launch) wrote: x for those
+channels, z, a and b. Then the conv + SiLU (rounded to x.dtype, as
 ``causal_conv1d_update`` returns it), the head's gates, the recurrence
 (:func:`~ninfer.ops.triton.gdn.recurrent_update`), o rounded to x.dtype, and the gated RMSNorm over the head
 (:func:`~ninfer.ops.triton.norm.gated_norm_rows`). A program owns a whole head because the norm is over Dv.
 
 The q/k conv channels of a key head feed its R value heads, and the conv state is updated in place: the R programs
 all compute the same q/k conv outputs, and the rolled q/k state may only be written once all R have read the old
-one. A per-(slot, key head) ticket elects the writer without any program waiting: each program, after a barrier
-that ends its threads' reads of the old state, adds 1 to the ticket (acq_rel, before its PDL wait, so the atomic's
-round trip overlaps the wait); the one that gets R - 1 modulo R read last and writes the state, then subtracts R.
-Between launches every count is a multiple of R; a launch's increments all precede the next launch's (a kernel
-starts early only once every program of the previous one passed its wait), and the late subtraction commutes with
-them. The counters (``_tickets``) are made once per conv-state pool size and device, by an eager call (the decode
-graphs' warm-up) -- making them inside a graph capture raises -- and shared by the GDN layers, whose launches are
-stream-ordered. On an H200 the one launch takes 4.0 us per 35B-A3B layer at B=1 against 6.5 for the two below
-(``tools/gpu_decode_fusion_sweep.py --gdn-only``), and the 35B-A3B B=1 step gained 2.4% (docs/benchmarks.md).
+one. A per-(slot, key head) ticket elects the writer without any program waiting: each program, after a barrier that
+ends its threads' reads of the old state, adds 1 to the ticket (acq_rel, before its PDL wait, so the atomic's round
+trip overlaps the wait); the one that gets R - 1 modulo R read last and writes the state, then subtracts R. Between
+launches every count is a multiple of R; a launch's increments all precede the next launch's (a kernel starts early
+only once every program of the previous one passed its wait), and the late subtraction commutes with them. The
+counters (``_tickets``) are made once per conv-state pool size and device, by an eager call (the decode graphs'
+warm-up; a call that would have to make them inside a graph capture takes the two-launch path), and shared by the
+GDN layers, whose launches are stream-ordered. On an H200 the one launch takes 4.0 us per 35B-A3B layer at B=1
+against 6.5 for the two below (``tools/gpu_decode_fusion_sweep.py --gdn-only``), and the 35B-A3B B=1 step gained
+2.4% (docs/benchmarks.md).
 
 Other conv widths take the two-launch path (``one_kernel=False`` forces it, for comparisons):
 1. ``_conv_gates_kernel`` -- program (row, block of channels): the causal conv + SiLU of its channels (the
@@ -178,7 +180,6 @@ def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr
     s_ptrs = st_ptr + slot * ss_s + h * ss_h + dk[:, None] * ss_k + dv[None, :]
     smask = dkm[:, None] & dvm[None, :]
     s = tl.load(s_ptrs, mask=smask, other=0.0)
-    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
     nw = tl.load(nw_ptr + dv, mask=dvm, other=0.0).to(tl.float32)
     qw0, qw1, qw2, qw3, qu0, qu1, qu2 = _conv4_load(cw_ptr, cs_ptr, slot, cq, dkm, stride_wc, stride_wk, stride_cs,
                                                     stride_cc, stride_ck)
@@ -202,6 +203,8 @@ def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr
     x_v = tl.load(x_row + cv, mask=dvm, other=0.0)
     a = tl.load(a_ptr + row * stride_ab + h).to(tl.float32)
     b = tl.load(b_ptr + row * stride_bb + h).to(tl.float32)
+    # z too is the input projection's output, i.e. the previous launch's: after the wait, with x.
+    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
     # The conv outputs rounded to the activation dtype, as causal_conv1d_update returns them.
     q = cast(_conv4_silu(x_q, qw0, qw1, qw2, qw3, qu0, qu1, qu2, INTERP), x_ptr.dtype.element_ty, INTERP)
     k = cast(_conv4_silu(x_k, kw0, kw1, kw2, kw3, ku0, ku1, ku2, INTERP), x_ptr.dtype.element_ty, INTERP)
@@ -221,15 +224,16 @@ def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr
         tl.atomic_add(tk, -R, sem="relaxed", scope="gpu")
 
 
-def _tickets(conv_states: torch.Tensor, key_heads: int) -> torch.Tensor:
-    """The zeroed int32 ticket counters [slots, key heads] of ``_decode_kernel`` for this conv-state pool, made
-    once (outside any graph capture: the decode graphs' eager warm-up makes them) and shared by every GDN layer
-    on the pool's device: each launch leaves them at multiples of R, and launches of the kernel are stream-ordered."""
-    key = (conv_states.device, conv_states.shape[0], key_heads)
+def _tickets(conv_states: torch.Tensor, key_heads: int) -> torch.Tensor | None:
+    """The zeroed int32 ticket counters [slots, key heads] of ``_decode_kernel`` for this conv-state pool size,
+    made once per device and shared by every GDN layer (each launch leaves them at multiples of R; launches are
+    stream-ordered); None when they would have to be made inside a CUDA graph capture (the caller then takes the
+    two-launch path). The decode graphs' eager warm-up makes them before any capture."""
+    key = (str(conv_states.device), conv_states.shape[0], key_heads)
     t = _TICKETS.get(key)
     if t is None:
         if conv_states.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("gdn_decode: its ticket counters must be made by an eager call before graph capture")
+            return None
         t = _TICKETS[key] = torch.zeros((conv_states.shape[0], key_heads), dtype=torch.int32,
                                         device=conv_states.device)
     return t
@@ -275,12 +279,15 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     neg_a, dt_bias = p.neg_a.float().contiguous(), p.dt_bias.float().contiguous()
     k = p.conv_weight.shape[-1]
     nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
-    if one_kernel and k == 4:
-        tickets = _tickets(conv_states, hk)
+    tickets = _tickets(conv_states, hk) if one_kernel and k == 4 else None
+    if tickets is not None:
+        # The kernel reads the parameters before its PDL wait: a conversion just launched for one of them (they
+        # are fp32 and contiguous by contract) would be the previous launch, so it then starts plainly.
+        nw = p.norm_weight.contiguous()
+        converted = converted or neg_a is not p.neg_a or dt_bias is not p.dt_bias or nw is not p.norm_weight
         _decode_kernel[(bsz, hv)](
-            mixed, z, a, b, p.conv_weight, conv_states, states, slots, out_slots, neg_a, dt_bias,
-            p.norm_weight.contiguous(), tickets, o, float(p.scale), float(p.eps), hk, mixed.stride(0), z.stride(0),
-            z.stride(1), a.stride(0), b.stride(0), *p.conv_weight.stride(), *conv_states.stride(), o.stride(0),
+            mixed, z, a, b, p.conv_weight, conv_states, states, slots, out_slots, neg_a, dt_bias, nw, tickets, o,
+            float(p.scale), float(p.eps), hk, mixed.stride(0), z.stride(0), z.stride(1), a.stride(0), b.stride(0), *p.conv_weight.stride(), *conv_states.stride(), o.stride(0),
             o.stride(1), *states.stride()[:3], R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk),
             BV=next_pow2(dv), NW_DTYPE=nw_dtype, INTERP=INTERPRET,
             **({} if INTERPRET else {"num_warps": step_warps}), **({"PDL": False} if converted else pdl(mixed)))
