@@ -287,8 +287,8 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
         converted = converted or neg_a is not p.neg_a or dt_bias is not p.dt_bias or nw is not p.norm_weight
         _decode_kernel[(bsz, hv)](
             mixed, z, a, b, p.conv_weight, conv_states, states, slots, out_slots, neg_a, dt_bias, nw, tickets, o,
-            float(p.scale), float(p.eps), hk, mixed.stride(0), z.stride(0), z.stride(1), a.stride(0), b.stride(0), *p.conv_weight.stride(), *conv_states.stride(), o.stride(0),
-            o.stride(1), *states.stride()[:3], R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk),
+            float(p.scale), float(p.eps), hk, mixed.stride(0), z.stride(0), z.stride(1), a.stride(0), b.stride(0),
+            *p.conv_weight.stride(), *conv_states.stride(), o.stride(0), o.stride(1), *states.stride()[:3], R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk),
             BV=next_pow2(dv), NW_DTYPE=nw_dtype, INTERP=INTERPRET,
             **({} if INTERPRET else {"num_warps": step_warps}), **({"PDL": False} if converted else pdl(mixed)))
         return o
