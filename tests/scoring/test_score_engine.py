@@ -140,6 +140,7 @@ def test_bad_inputs_are_refused(engine, inputs, match):
     (dict(context=17), "context=17: it exceeds this engine's max_context 16"),
     (dict(top_logprobs=3), "top_logprobs needs logprobs=True"),
     (dict(logprobs=True, top_logprobs=-1), "top_logprobs=-1"),
+    (dict(logprobs=True, top_logprobs=10**9), r"top_logprobs=1000000000: it exceeds the vocabulary \(\d+ tokens\)"),
 ])
 def test_bad_options_are_refused(engine, kwargs, match):
     with pytest.raises(InvalidScoringOptions, match=match):

@@ -103,7 +103,9 @@ class CausalScoreCore:
         if top_logprobs > 0 and not logprobs:
             raise InvalidScoringOptions("top_logprobs needs logprobs=True (the top-k are per-token detail)")
         vocab = int(self._program.vocab_size)
-        top_logprobs = min(top_logprobs, vocab)
+        if top_logprobs > vocab:  # a silent cap would hide a typo that asks for a report of vocab-sized rows
+            raise InvalidScoringOptions(f"invalid scoring option top_logprobs={top_logprobs}: it exceeds the "
+                                        f"vocabulary ({vocab} tokens)")
         items = normalize_inputs(inputs)
         token_lists = [tokenize(item, self._frontend, vocab, i) for i, item in enumerate(items)]
         total = sum(max(0, len(t) - 1) for t in token_lists)
