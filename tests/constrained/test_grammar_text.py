@@ -116,6 +116,14 @@ def test_a_constraint_that_does_not_compile_names_the_problem(constraint, proble
     assert "/project/" not in str(info.value)  # the engine's source locations are stripped
 
 
+def test_a_regex_error_found_in_xgrammars_generated_grammar_has_no_grammar_location():
+    # xgrammar checks a {m,n} bound in the EBNF it generates from the regex: its line/column point into text the
+    # user never wrote, so they are dropped and the regex itself is named.
+    with pytest.raises(InvalidConstraintError) as info:
+        constraint_ebnf(OutputConstraint.regex("a{2,1}"))
+    assert str(info.value) == "the regex 'a{2,1}' does not compile: Lower bound is larger than upper bound: 2 > 1"
+
+
 @pytest.mark.parametrize("make", [
     lambda: OutputConstraint("gbnf"),
     lambda: OutputConstraint.choice([]),

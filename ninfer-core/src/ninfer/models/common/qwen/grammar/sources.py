@@ -64,8 +64,19 @@ def json_schema_ebnf(schema: Mapping[str, Any] | str, what: str, *, strict: bool
     return tighten_json_strings(ebnf, ban_in_strings)
 
 
+# xgrammar turns a regex into EBNF before parsing it; some regex errors (a bad {m,n} bound) surface from that
+# second parser, located in the generated grammar, which the user never wrote: the location is dropped.
+_EBNF_LOCATION = re.compile(r"EBNF parser error at line \d+, column \d+:\s*")
+
+
 def regex_ebnf(pattern: str, what: str) -> str:
-    return _parse(lambda: _xgr().Grammar.from_regex(pattern), what)
+    try:
+        return _parse(lambda: _xgr().Grammar.from_regex(pattern), what)
+    except InvalidConstraintError as exc:
+        message = str(exc)
+        if _EBNF_LOCATION.search(message) is None:
+            raise
+        raise InvalidConstraintError(_EBNF_LOCATION.sub("", message)) from exc.__cause__
 
 
 def _body_ebnf(constraint: OutputConstraint, tools: Sequence[Mapping[str, Any]]) -> str:
