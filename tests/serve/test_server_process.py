@@ -87,10 +87,16 @@ def test_anthropic_client(server):
 
 
 def test_utility_endpoints(server):
-    """The endpoints no official client covers, on the real process: health, tokenize round trip, model by id."""
+    """The endpoints no official client covers, on the real process: health (GET and HEAD), tokenize round
+    trip, model by id."""
     base, _ = server
     headers = {"Authorization": f"Bearer {KEY}"}
     assert httpx.get(f"{base}/health", timeout=10).status_code == 200
+    with httpx.Client(base_url=base, timeout=10) as c:  # one keep-alive connection: a stray HEAD body would show
+        for path, status in (("/health", 200), ("/v1/models", 401), ("/v1/chat/completions", 405)):
+            head, got = c.head(path), c.get(path)
+            assert (head.status_code, got.status_code, head.content) == (status, status, b""), path
+            assert head.headers["content-length"] == got.headers["content-length"], path
     tok = httpx.post(f"{base}/tokenize", json={"model": MODEL, "prompt": "def main():"}, headers=headers, timeout=30)
     assert tok.status_code == 200, tok.text
     ids = tok.json()["tokens"]

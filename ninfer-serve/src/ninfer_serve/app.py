@@ -4,11 +4,18 @@
 warms it up and owns its lifetime), so tests can serve one engine through several apps. Every error
 leaves through one exception handler that writes it in the request's protocol shape; an unexpected
 exception is logged with its traceback and answered with a generic 500, never a traceback.
+
+``HEAD``: the GET routes accept it and run their GET handler (routes_system); :func:`drop_head_body`,
+a before-send hook that sees every response the app sends (errors and unrouted requests included),
+then empties the body of any response to a HEAD request. Status and headers stay the GET's
+(``content-length`` included, as RFC 9110 allows), so a HEAD that would 404 or 503 does so too, and a
+HEAD on a POST-only route is still a 405 (with ``Allow``), just without the error body.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from litestar import Litestar, Request, Response
 from litestar.datastructures import State
@@ -64,6 +71,11 @@ def _handler(request: Request, exc: Exception) -> Response:
     return Response(error_body(err, protocol_of(path)), status_code=err.status, headers=headers)
 
 
+async def drop_head_body(message: dict[str, Any], scope: dict[str, Any]) -> None:
+    if scope.get("method") == "HEAD" and message["type"] == "http.response.body":
+        message["body"] = b""
+
+
 def create_app(gateway: Gateway) -> Litestar:
     middleware = []
     if gateway.config.api_key:
@@ -76,6 +88,7 @@ def create_app(gateway: Gateway) -> Litestar:
                         detokenize, health, metrics],
         exception_handlers={Exception: _handler},
         middleware=middleware,
+        before_send=[drop_head_body],
         state=State({"gateway": gateway}),
         request_max_body_size=gateway.config.max_body_bytes,
         openapi_config=None,
