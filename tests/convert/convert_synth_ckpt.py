@@ -84,6 +84,17 @@ def write_checkpoint(folder: Path, tensors: dict[str, torch.Tensor], *, shards: 
     return folder
 
 
+def tiny_tokenizer_json() -> str:
+    """A valid ``tokenizer.json`` (word-level, ids 0..3: ``<unk> a b <e>``; ``<e>`` is a special token) that
+    the converter's resource check accepts: ``Tokenizer.from_str`` loads it."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab={"<unk>": 0, "a": 1, "b": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens([AddedToken("<e>", special=True, normalized=False)])
+    return tok.to_str()
+
+
 def raw_bytes(t: torch.Tensor) -> bytes:
     """A tensor's little-endian bytes, exactly as safetensors stores them."""
     return t.contiguous().view(torch.uint8).numpy().tobytes()

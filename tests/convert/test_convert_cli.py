@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from convert_synth_ckpt import synth_tensors, write_checkpoint
+from convert_synth_ckpt import synth_tensors, tiny_tokenizer_json, write_checkpoint
 from ninfer.artifact import ArtifactReader
 from ninfer.artifact.format import HEADER_BYTES, PAYLOAD_ALIGN, align_up
 
@@ -23,7 +23,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_verify_passes_then_names_the_corrupted_object(tmp_path, registry):
-    src = write_checkpoint(tmp_path / "ck", synth_tensors(layers=2), files={"tokenizer.json": "{}"})
+    src = write_checkpoint(tmp_path / "ck", synth_tensors(layers=2), files={"tokenizer.json": tiny_tokenizer_json()})
     entry = convert(src, tmp_path / "m.ninfer", registry=registry, progress=False).paths[0]
     with ArtifactReader.open(entry) as r:
         n_objects = len(r.directory.objects)

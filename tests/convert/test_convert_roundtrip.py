@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from convert_synth_arch import ARCH
-from convert_synth_ckpt import SPECIAL_BF16_BITS, raw_bytes, synth_tensors, write_checkpoint
+from convert_synth_ckpt import SPECIAL_BF16_BITS, raw_bytes, synth_tensors, tiny_tokenizer_json, write_checkpoint
 from ninfer.artifact import ArtifactReader
 from ninfer.artifact.format import FORMATS
 
@@ -182,7 +182,7 @@ def test_cast_overflow_fails_naming_the_object_and_publishes_nothing(tmp_path, r
 def test_resources_are_stored_on_their_components(tmp_path, registry):
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     files = {
-        "tokenizer.json": json.dumps({"model": {"type": "BPE"}}),
+        "tokenizer.json": tiny_tokenizer_json(),
         "tokenizer_config.json": json.dumps({"chat_template": template, "eos_token": "<e>"}),
         "generation_config.json": json.dumps({"eos_token_id": [1, 2]}),
         "preprocessor_config.json": json.dumps({"patch_size": 16}),
@@ -217,7 +217,7 @@ def test_resources_are_stored_on_their_components(tmp_path, registry):
 
 def test_multi_part_output_with_a_tiny_cap(tmp_path, registry):
     tensors = synth_tensors(layers=3, hidden=64, kv=32, inter=96, vocab=128)
-    src = write_checkpoint(tmp_path / "ck", tensors, files={"tokenizer.json": "{}"})
+    src = write_checkpoint(tmp_path / "ck", tensors, files={"tokenizer.json": tiny_tokenizer_json()})
     cap = 64 * 1024
     result = convert(src, tmp_path / "m.ninfer", max_file_bytes=cap, registry=registry, progress=False)
     assert len(result.paths) >= 3

@@ -9,7 +9,9 @@ Invariants of :func:`collect_resources`:
 - resource bytes are the source file's bytes, except ``chat_template.jinja`` when the folder has
   none: then it is the ``chat_template`` string of ``chat_template.json`` or, failing that, of
   ``tokenizer_config.json``, UTF-8 encoded (``derived_from`` names the file);
-- object ids are ``resource/<component>/<role>`` and every resource has at least one byte.
+- object ids are ``resource/<component>/<role>`` and every resource has at least one byte;
+- the ``text`` resources load the way the runtime loads them (:mod:`ninfer_convert.resource_checks`):
+  a broken one is a :class:`~ninfer_convert.errors.SourceError` naming the file, before anything is written.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ninfer_convert.errors import SourceError
+from ninfer_convert.resource_checks import check_text_resources
 
 TEXT_ROLES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 VISION_ROLES = ("preprocessor_config.json", "video_preprocessor_config.json")
@@ -72,6 +75,7 @@ def collect_resources(folder: Path, components: Collection[str]) -> tuple[Resour
             res = _file_resource(folder, "vision", role)
             if res is not None:
                 found.append(res)
+    check_text_resources(found, folder)
     return tuple(found)
 
 
