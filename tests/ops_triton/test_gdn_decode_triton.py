@@ -82,14 +82,16 @@ def test_gdn_decode_rejects_mismatched_heads(gen):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bsz,hk,hv,dk,dv", [(3, 2, 4, 16, 16), (2, 1, 3, 8, 12)] + (
+@pytest.mark.parametrize("bsz,hk,hv,dk,dv", [(3, 2, 4, 16, 16), (2, 1, 3, 8, 12), (2, 2, 2, 8, 8)] + (
     [(8, 16, 32, 128, 128)] if CUDA else []))
 def test_one_kernel_equals_the_two_kernel_path(dtype, bsz, hk, hv, dk, dv, gen):
-    """The one-launch decode (default) against the two-launch path over three steps of the same slots (R = 2 and
-    3 value heads per key head): conv states bit for bit (copies of inputs; a q/k state written by no program or
-    by a program that read it late would show here), output and GDN states within the step's criteria (the
-    compiler may contract the conv's taps differently in the two kernels); the ticket counters are back at zero
-    after every launch (each (slot, key head) elected exactly one writer of the q/k conv state)."""
+    """The one-launch decode (default) against the two-launch path over three steps of the same slots (R = 1, 2 and 3
+    value heads per key head): conv states bit for bit (copies of inputs; a q/k state written by no program
+    would show here, and, under the interpreter, which runs programs in order, one written by a program other
+    than the last; on a GPU the R programs read long before any writes, so a wrong election need not show),
+    output and GDN states within the step's criteria (the compiler may contract the conv's taps differently in
+    the two kernels); the ticket counters are back at zero after every launch (each (slot, key head) elected
+    exactly one writer of the q/k conv state)."""
     from ninfer.ops.triton import gdn_decode as gd
 
     (mixed, z, a, b, p), conv_states, states, slots = gdn_decode_case(gen, DEVICE, dtype, bsz, hk, hv, dk, dv)
@@ -102,4 +104,5 @@ def test_one_kernel_equals_the_two_kernel_path(dtype, bsz, hk, hv, dk, dv, gen):
         assert_normwise(o1, o2.float(), OUT[dtype], f"output step {t}")
         assert_normwise(states, states2, STATE, f"GDN states step {t}")
         assert_bits(conv_states.cpu(), conv2.cpu(), f"conv states step {t}")
-        assert not gd._tickets(conv_states, hk).any()
+        tickets, made_now = gd._tickets(conv_states, hk, hv)
+        assert not made_now and not tickets.any()

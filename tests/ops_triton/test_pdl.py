@@ -3,7 +3,9 @@
 On the GPU a decode-shaped chain of PDL kernels (norm -> GEMV -> router -> expert GEMVs -> add-norm -> GEMV, each
 reading its predecessor's output) is captured in a CUDA graph with PDL on and replayed on fresh inputs; every
 replay must equal, bit for bit, the same chain run eagerly with PDL off. A kernel that read its predecessor's
-output before its wait would race and differ on some replay.
+output before its wait would race and differ on some replay. The same for an attention decode layer and for a GDN
+decode layer (norm -> input GEMV -> gdn_decode's one launch -> output GEMV, over evolving states; added in the
+eleventh session after the device budget was spent: not yet run on a GPU).
 """
 
 import pytest
@@ -137,3 +139,61 @@ def test_pdl_attention_graph_equals_plain_launches(monkeypatch, rows):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want) and torch.equal(tokens, want_tokens)
+
+
+def _gdn_chain(ops, x, p, conv_states, states, slots):
+    """A GDN decode layer as the model runs it: pre-norm, the fused [mixed | z | b | a] projection GEMV (the launch
+    before gdn_decode writes all four of its inputs), gdn_decode in one launch, the output GEMV."""
+    prm, c = p["params"], p["c"]
+    rows, hv, dv = x.shape[0], prm.value_heads, prm.value_dim
+    proj = ops.linear(ops.rms_norm(x, p["norm"], 1e-6), p["w_in"])
+    mixed, z = proj[:, :c], proj[:, c:c + hv * dv].view(rows, hv, dv)
+    b, a = proj[:, c + hv * dv:c + hv * dv + hv], proj[:, c + hv * dv + hv:c + hv * dv + 2 * hv]
+    o = ops.gdn_decode(mixed, z, a, b, prm, conv_states, states, slots)
+    return ops.linear(o.reshape(rows, hv * dv), p["w_out"])
+
+
+@pytest.mark.skipif(not CUDA or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs a CUDA device of compute capability 9.0+")
+@pytest.mark.parametrize("rows", [1, 3])
+def test_pdl_gdn_graph_equals_plain_launches(monkeypatch, rows):
+    """gdn_decode's one launch under PDL (its ticket taken and its states read before the wait) after the GEMV that
+    writes its inputs, over 12 steps of evolving GDN and conv states: every output and the final states equal, bit
+    for bit, the same chain run eagerly with PDL off. A read of the projection before the wait would race here."""
+    from ninfer.ops.contracts import GDNDecodeParams
+    from ninfer.ops.triton import _common
+
+    g = torch.Generator(device=DEVICE).manual_seed(20 + rows)
+    hdim, hk, hv, dk, dv = 1024, 4, 8, 128, 128
+    c = 2 * hk * dk + hv * dv
+
+    def rnd(*shape, scale=1.0, dtype=torch.bfloat16):
+        return (torch.randn(*shape, device=DEVICE, generator=g) * scale).to(dtype)
+
+    params = GDNDecodeParams(conv_weight=rnd(c, 4, scale=0.5),
+                             neg_a=-torch.exp(rnd(hv, scale=0.5, dtype=torch.float32)),
+                             dt_bias=rnd(hv, dtype=torch.float32), norm_weight=rnd(dv), key_heads=hk, key_dim=dk,
+                             value_heads=hv, value_dim=dv, eps=1e-6, scale=dk ** -0.5)
+    p = dict(params=params, c=c, norm=rnd(hdim, scale=0.1), w_in=rnd(c + hv * dv + 2 * hv, hdim, scale=hdim ** -0.5),
+             w_out=rnd(hdim, hv * dv, scale=(hv * dv) ** -0.5))
+    conv0, states0 = rnd(rows + 2, c, 3), rnd(rows + 2, hv, dk, dv, scale=0.1, dtype=torch.float32)
+    slots = torch.randperm(rows + 2, generator=torch.Generator().manual_seed(rows))[:rows].to(DEVICE)
+    ops = triton_ops(torch.bfloat16)
+    inputs = [rnd(rows, hdim) for _ in range(12)]
+    monkeypatch.setattr(_common, "PDL_ENABLED", False)
+    conv_e, states_e = conv0.clone(), states0.clone()
+    expected = [_gdn_chain(ops, x, p, conv_e, states_e, slots) for x in inputs]
+    monkeypatch.setattr(_common, "PDL_ENABLED", True)
+    static = inputs[0].clone()
+    _gdn_chain(ops, static, p, conv0.clone(), states0.clone(), slots)    # compile the PDL variants outside capture
+    torch.cuda.synchronize()
+    conv_g, states_g = conv0.clone(), states0.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _gdn_chain(ops, static, p, conv_g, states_g, slots)
+    for step, (x, want) in enumerate(zip(inputs, expected, strict=True)):
+        static.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"step {step}"
+    assert torch.equal(conv_g, conv_e) and torch.equal(states_g, states_e)

@@ -35,11 +35,17 @@ Other conv widths take the two-launch path (``one_kernel=False`` forces it, for 
 
 Invariants: those of the four ops it composes (contract ``gdn_decode``); rows are independent; only the rows'
 own slots are read and their out slots written. The result equals the composition of the four Triton ops up to
-the reduction order of the norm and the compiler's contraction of the conv's taps (bitwise equality is not
-promised; the conv states, copies of inputs, are bit-exact).
+reduction orders (the conv's taps, the recurrence's tiles, the norm); the one- and two-launch paths share the
+recurrence and norm code and differ only in the conv's tap sum (a [C, K] tile's ``tl.sum`` against a sequential
+chain: a last-bit difference in q, k, v at most). The conv states, copies of inputs, are bit-exact on both.
+PDL precondition (both paths read the GDN and conv states before their wait): the launch before a call must not
+write the rows' states -- in the model the input projection sits between two layers' calls; two in-place calls
+back to back on the same slots would break it.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 import triton
@@ -224,22 +230,27 @@ def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr
         tl.atomic_add(tk, -R, sem="relaxed", scope="gpu")
 
 
-def _tickets(conv_states: torch.Tensor, key_heads: int) -> torch.Tensor | None:
-    """The zeroed int32 ticket counters [slots, key heads] of ``_decode_kernel`` for this conv-state pool size,
-    made once per device and shared by every GDN layer (each launch leaves them at multiples of R; launches are
-    stream-ordered); None when they would have to be made inside a CUDA graph capture (the caller then takes the
-    two-launch path). The decode graphs' eager warm-up makes them before any capture."""
-    key = (str(conv_states.device), conv_states.shape[0], key_heads)
+def _tickets(conv_states: torch.Tensor, key_heads: int, value_heads: int) -> tuple[torch.Tensor | None, bool]:
+    """``(counters, made_now)``: the zeroed int32 ticket counters [slots, key heads] of ``_decode_kernel`` for this
+    conv-state pool size and head layout, made once per device and shared by every GDN layer (each launch leaves
+    them at multiples of R; the layers' launches are stream-ordered). ``made_now``: the zero fill was just launched,
+    so the kernel, which takes its ticket before its PDL wait, must start plainly. ``(None, False)`` when they would
+    have to be made inside a CUDA graph capture: the caller takes the two-launch path (and warns, since those
+    graphs then differ from eager calls in the conv's last bits). The decode graphs' eager warm-up makes them."""
+    key = (str(conv_states.device), conv_states.shape[0], key_heads, value_heads)
     t = _TICKETS.get(key)
-    if t is None:
-        if conv_states.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        t = _TICKETS[key] = torch.zeros((conv_states.shape[0], key_heads), dtype=torch.int32,
-                                        device=conv_states.device)
-    return t
+    if t is not None:
+        return t, False
+    if conv_states.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        _log.warning("gdn_decode: first call inside a CUDA graph capture; the graph takes the two-launch path "
+                     "(run it once eagerly before capturing to get the one-launch kernel)")
+        return None, False
+    t = _TICKETS[key] = torch.zeros((conv_states.shape[0], key_heads), dtype=torch.int32, device=conv_states.device)
+    return t, True
 
 
 _TICKETS: dict = {}
+_log = logging.getLogger(__name__)
 
 
 def _last_contig(x: torch.Tensor) -> torch.Tensor:
@@ -279,16 +290,19 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     neg_a, dt_bias = p.neg_a.float().contiguous(), p.dt_bias.float().contiguous()
     k = p.conv_weight.shape[-1]
     nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
-    tickets = _tickets(conv_states, hk) if one_kernel and k == 4 else None
+    nw = p.norm_weight.contiguous()
+    tickets, fresh = _tickets(conv_states, hk, hv) if one_kernel and k == 4 else (None, False)
     if tickets is not None:
-        # The kernel reads the parameters before its PDL wait: a conversion just launched for one of them (they
-        # are fp32 and contiguous by contract) would be the previous launch, so it then starts plainly.
-        nw = p.norm_weight.contiguous()
-        converted = converted or neg_a is not p.neg_a or dt_bias is not p.dt_bias or nw is not p.norm_weight
+        # The kernel reads the parameters and takes its ticket before its PDL wait: a conversion or the tickets'
+        # zero fill just launched (the gate constants are fp32 by contract, the weights contiguous in the model)
+        # would be the previous launch, so it then starts plainly.
+        converted = (converted or fresh or neg_a is not p.neg_a or dt_bias is not p.dt_bias
+                     or nw is not p.norm_weight)
         _decode_kernel[(bsz, hv)](
             mixed, z, a, b, p.conv_weight, conv_states, states, slots, out_slots, neg_a, dt_bias, nw, tickets, o,
             float(p.scale), float(p.eps), hk, mixed.stride(0), z.stride(0), z.stride(1), a.stride(0), b.stride(0),
-            *p.conv_weight.stride(), *conv_states.stride(), o.stride(0), o.stride(1), *states.stride()[:3], R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk),
+            *p.conv_weight.stride(), *conv_states.stride(), o.stride(0), o.stride(1), *states.stride()[:3],
+            R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk),
             BV=next_pow2(dv), NW_DTYPE=nw_dtype, INTERP=INTERPRET,
             **({} if INTERPRET else {"num_warps": step_warps}), **({"PDL": False} if converted else pdl(mixed)))
         return o
@@ -302,7 +316,7 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
         K=k, BLOCK_C=block_c, BLOCK_K=next_pow2(k), BH=next_pow2(hv), INTERP=INTERPRET,
         **({} if INTERPRET else {"num_warps": 4}), **({"PDL": False} if converted else pdl(mixed)))
     _step_norm_kernel[(bsz, hv)](
-        y, z, g, beta, states, slots, out_slots, p.norm_weight.contiguous(), o, float(p.scale), float(p.eps), hv,
+        y, z, g, beta, states, slots, out_slots, nw, o, float(p.scale), float(p.eps), hv,
         y.stride(0), z.stride(0), z.stride(1), o.stride(0), o.stride(1), *states.stride()[:3],
         R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk), BV=next_pow2(dv), NW_DTYPE=nw_dtype,
         INTERP=INTERPRET, **({} if INTERPRET else {"num_warps": step_warps}), **pdl(mixed))
