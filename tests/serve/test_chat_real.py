@@ -112,6 +112,19 @@ def test_max_completion_tokens_and_length(client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
 
+def test_completions_default_max_tokens_is_named_when_it_does_not_fit(client):
+    # 500 prompt tokens leave 12 of the 512: Completions' default max_tokens (16) does not fit, and the error says
+    # it is the default the request did not set; an explicit 16 is blamed as sent, and 12 fits.
+    body = {"model": MODEL_ID, "prompt": [1] * 500}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    assert r.json()["error"]["message"].startswith("The default 'max_tokens' of 16 (the request did not set it) is "
+                                                   "too large. This model's maximum context length is 512 tokens")
+    r = client.post("/v1/completions", json={**body, "max_tokens": 16})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("'max_tokens' is too large: 16.")
+    assert client.post("/v1/completions", json={**body, "max_tokens": 12, "ignore_eos": True}).status_code == 200
+
+
 def test_completions_json_stream_echo_and_logprobs(client):
     req = {"model": MODEL_ID, "prompt": "import os\nimport", "max_tokens": 8, "temperature": 0, "logprobs": 2,
            "ignore_eos": True}

@@ -70,7 +70,8 @@ async def completions(request: Request) -> Response:
     constraint = constrain(None, response_format=req.response_format, extra=req.model_extra)
     ids, text = await gw.prepare(lambda: _prompt(req, gw), param="prompt")
     budget = sampling.output_budget(req.max_tokens, prompt_tokens=len(ids), max_context=gw.max_context,
-                                    field="max_tokens", prompt_field="prompt")
+                                    field="max_tokens", prompt_field="prompt",
+                                    defaulted="max_tokens" not in req.model_fields_set)
     want_lp = req.logprobs is not None
     params = sampling.build(gw.engine, {
         **sampling.openai_fields(req), "logprobs": want_lp or None, "top_logprobs": req.logprobs or None,

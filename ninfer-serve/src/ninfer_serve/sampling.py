@@ -19,7 +19,10 @@ INT63 = 2**63
 
 
 def output_budget(requested: int | None, *, prompt_tokens: int, max_context: int, field: str,
-                  prompt_field: str) -> int:
+                  prompt_field: str, defaulted: bool = False) -> int:
+    """The output budget: ``requested`` if it fits the context left after the prompt, all of it when None.
+    ``defaulted``: the request did not set ``field`` and ``requested`` is the API's default (Completions' 16),
+    which the error then says, rather than blaming a value the client never sent."""
     room = max_context - prompt_tokens
     if room < 1:
         raise bad_request(f"this model's maximum context length is {max_context} tokens, but the prompt has "
@@ -27,7 +30,9 @@ def output_budget(requested: int | None, *, prompt_tokens: int, max_context: int
     if requested is None:
         return room
     if requested > room:
-        raise bad_request(f"'{field}' is too large: {requested}. This model's maximum context length is "
+        what = (f"the default '{field}' of {requested} (the request did not set it) is too large"
+                if defaulted else f"'{field}' is too large: {requested}")
+        raise bad_request(f"{what[0].upper()}{what[1:]}. This model's maximum context length is "
                           f"{max_context} tokens and the prompt has {prompt_tokens} tokens "
                           f"({requested} > {max_context} - {prompt_tokens})", param=field)
     return requested
