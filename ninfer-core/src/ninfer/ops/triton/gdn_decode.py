@@ -20,11 +20,11 @@ ends its threads' reads of the old state, adds 1 to the ticket (acq_rel, before 
 trip overlaps the wait); the one that gets R - 1 modulo R read last and writes the state, then subtracts R. Between
 launches every count is a multiple of R; a launch's increments all precede the next launch's (a kernel starts early
 only once every program of the previous one passed its wait), and the late subtraction commutes with them. The
-counters (``_tickets``) are made once per conv-state pool size and device, by an eager call (the decode graphs'
-warm-up; a call that would have to make them inside a graph capture takes the two-launch path), and shared by the
-GDN layers, whose launches are stream-ordered. On an H200 the one launch takes 4.0 us per 35B-A3B layer at B=1
-against 6.5 for the two below (``tools/gpu_decode_fusion_sweep.py --gdn-only``), and the 35B-A3B B=1 step gained
-2.4% (docs/benchmarks.md).
+counters (``_tickets``) are made once per conv-state pool size, head layout and device, by an eager call (the decode
+graphs' warm-up; a call that would have to make them inside a graph capture warns and takes the two-launch path),
+and shared by the GDN layers, whose launches are stream-ordered. On an H200 the one launch takes 4.0 us per
+35B-A3B layer at B=1 against 6.5 for the two below (``tools/gpu_decode_fusion_sweep.py --gdn-only``), and the
+35B-A3B B=1 step gained 2.3% (docs/benchmarks.md).
 
 Other conv widths take the two-launch path (``one_kernel=False`` forces it, for comparisons):
 1. ``_conv_gates_kernel`` -- program (row, block of channels): the causal conv + SiLU of its channels (the
