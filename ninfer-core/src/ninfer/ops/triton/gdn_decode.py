@@ -88,18 +88,22 @@ def _conv_gates_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, a_p
 
 
 @triton.jit
+def _head_lanes(R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Program (row, value head h) of a step kernel: (row, h, its key head, the Dk and Dv lanes, their masks)."""
+    row = tl.program_id(0)
+    h = tl.program_id(1)
+    dk = tl.arange(0, BK)
+    dv = tl.arange(0, BV)
+    return row, h, h // R, dk, dv, dk < DK, dv < DV
+
+
+@triton.jit
 def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slots_ptr, nw_ptr, o_ptr, scale, eps,
                       H, stride_yb, stride_zb, stride_zh, stride_ob, stride_oh, ss_s, ss_h, ss_k,
                       R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_DIM: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr,
                       PDL: tl.constexpr):
-    row = tl.program_id(0)
-    h = tl.program_id(1)
-    hk = h // R
-    dk = tl.arange(0, BK)
-    dv = tl.arange(0, BV)
-    dkm = dk < DK
-    dvm = dv < DV
+    row, h, hk, dk, dv, dkm, dvm = _head_lanes(R, DK, DV, BK, BV)
     # Before the wait: nothing the conv/gates kernel writes (module docstring).
     slot = tl.load(slots_ptr + row)
     out_slot = tl.load(out_slots_ptr + row)   # a step input too: read here, not after the step's math
@@ -170,13 +174,7 @@ def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr
     # head's v channels is its own; the conv of its key head's q and k channels is computed by each of the R
     # programs of that key head (the same values), and the rolled q/k conv state is written by the last of them
     # to have read the old one, elected by a per-(slot, key head) ticket taken before the PDL wait.
-    row = tl.program_id(0)
-    h = tl.program_id(1)
-    hk = h // R
-    dk = tl.arange(0, BK)
-    dv = tl.arange(0, BV)
-    dkm = dk < DK
-    dvm = dv < DV
+    row, h, hk, dk, dv, dkm, dvm = _head_lanes(R, DK, DV, BK, BV)
     cq = hk * DK + dk
     ck = KEY_DIM + cq
     cv = 2 * KEY_DIM + h * DV + dv
