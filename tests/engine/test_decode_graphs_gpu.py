@@ -77,6 +77,8 @@ def test_lookahead_equals_no_lookahead_bitwise(tiny_qwen_artifact, dtype):
 
     with start(tiny_qwen_artifact, dtype) as engine:
         assert engine.info["lookahead"] is True and engine.info["cuda_graphs"] == [1, 2, 3, 4]
+        # The greedy lookahead tokens come back through the graphs' pinned ring, not a copy.
+        assert engine._program.graphs.ring is not None  # noqa: SLF001
         ahead = [plain(engine, False), plain(engine, True)]
         stats = engine.stats()
     with start(tiny_qwen_artifact, dtype, lookahead=False) as engine:
@@ -84,3 +86,38 @@ def test_lookahead_equals_no_lookahead_bitwise(tiny_qwen_artifact, dtype):
         plain_runs = [plain(engine, False), plain(engine, True)]
     assert ahead == plain_runs
     assert stats.lookahead_adopted >= 2 * 20, stats.as_dict()
+
+
+def test_graph_tokens_reach_the_host_through_the_ring():
+    """A toy forward whose greedy token is (3 * token + position) % V: every replay's HostTokens answers its own
+    replay's tokens, also when read after the ring's rows were reused several times over (kept before reuse)."""
+    import torch
+    from ninfer.ops.reference.greedy import greedy_tokens as reference_greedy
+    from ninfer.ops.triton.greedy import greedy_tokens
+    from ninfer.runtime.decode_graphs import RING_ROWS, DecodeGraphs
+    from ninfer.runtime.sequence_program import DecodeRows
+
+    vocab, dev = 1000, torch.device("cuda")
+
+    def forward(tokens, positions, slots, out_slots, kv_lens, tables, slot_mapping):
+        want = (3 * tokens + positions) % vocab
+        return -(torch.arange(vocab, device=dev)[None, :] - want[:, None]).abs().float()
+
+    graphs = DecodeGraphs(forward, device=dev, max_batch=2, max_pages=4, greedy=greedy_tokens)
+    graphs.capture()
+    assert graphs.ring is not None and graphs.ring.is_pinned()
+    held = []
+    for step in range(3 * RING_ROWS + 1):
+        b = 1 + step % 2
+        rows = DecodeRows(seqs=tuple(range(b)), device=dev, at=tuple(step + r for r in range(b)),
+                          state_slots=tuple(range(b)), state_out_slots=tuple(range(b)), kv_slots=(0,) * b,
+                          pages=((0,),) * b, token_ids=tuple(10 * step + r for r in range(b)))
+        tokens = graphs.greedy_for(graphs.run(rows))
+        host = graphs.host_tokens_for(tokens)
+        assert host is not None and graphs.host_tokens_for(tokens.clone()) is None
+        held.append((host, [(3 * (10 * step + r) + step + r) % vocab for r in range(b)]))
+    for host, want in held:
+        assert host.values() == want
+    graphs.close()
+    plain = DecodeGraphs(forward, device=dev, max_batch=1, max_pages=4, greedy=reference_greedy)
+    assert plain.ring is None                           # the reference cannot store from inside a graph

@@ -27,12 +27,14 @@ def rows_for(b: int, widths: list[int], rnd: random.Random, device_tokens: bool 
         device_tokens=torch.tensor(toks, dtype=torch.int64) if device_tokens else None)
 
 
-def staged(rows: DecodeRows, max_batch: int, max_pages: int, packed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def staged(rows: DecodeRows, max_batch: int, max_pages: int, packed: torch.Tensor,
+           ring_row: int = 0) -> tuple[torch.Tensor, ...]:
     b = len(rows.seqs)
     if rows.device_tokens is not None:
         packed[:b] = rows.device_tokens
-    start, host, per_row = dg.stage_inputs(rows, max_batch, max_pages)
+    start, host, per_row = dg.stage_inputs(rows, max_batch, max_pages, ring_row=ring_row)
     packed[start: start + host.shape[0]] = host
+    assert int(packed[max_batch]) == ring_row   # the greedy kernel's host ring row, right after the tokens
     views = dg.input_views(packed, b, max_batch, max_pages)
     if per_row:
         for r, pages in enumerate(rows.pages):
@@ -49,7 +51,8 @@ def test_views_read_back_the_eager_tensors(max_batch, max_pages, device_tokens):
     for b in [*range(1, max_batch + 1), *range(max_batch, 0, -1)]:
         widths = [rnd.randrange(1, max_pages + 1) for _ in range(b)]
         rows = rows_for(b, widths, rnd, device_tokens)
-        tokens, positions, slots, out_slots, kv_lens, tables, slot_mapping = staged(rows, max_batch, max_pages, packed)
+        tokens, positions, slots, out_slots, kv_lens, tables, slot_mapping = staged(rows, max_batch, max_pages, packed,
+                                                                                    ring_row=b % dg.RING_ROWS)
         assert torch.equal(tokens, rows.tokens)
         assert torch.equal(positions, rows.positions) and torch.equal(slots, rows.slots)
         assert torch.equal(out_slots, rows.out_slots) and torch.equal(slot_mapping, rows.slot_mapping)
@@ -66,7 +69,7 @@ def test_device_tokens_are_left_in_place_and_long_tables_go_row_by_row(monkeypat
     packed = torch.zeros(dg._Layout.size(4, 30), dtype=torch.int64)
     rows = rows_for(3, [29, 2, 30], rnd, device_tokens=True)
     start, host, per_row = dg.stage_inputs(rows, 4, 30)
-    assert start == 4 and per_row                     # from the meta; the table (span 90 > 40) row by row
+    assert start == 4 and per_row                     # from the ring row; the table (span 90 > 40) row by row
     packed[:3] = torch.tensor([5, 6, 7])
     packed[start: start + host.shape[0]] = host
     assert packed[:3].tolist() == [5, 6, 7]
@@ -93,3 +96,26 @@ def test_decode_rows_check_their_description():
     with pytest.raises(ProgramError, match="got 1 tokens"):
         DecodeRows(seqs=(1, 2), device=CPU, at=(0, 0), state_slots=(0, 1), state_out_slots=(0, 1), kv_slots=(0, 1),
                    pages=((1,), (2,)), token_ids=(3,))
+
+
+class _Done:
+    """A completed event (HostTokens only waits on it)."""
+
+    waited = 0
+
+    def synchronize(self) -> None:
+        _Done.waited += 1
+
+
+def test_host_tokens_are_kept_before_their_ring_row_is_reused():
+    """HostTokens reads its replay's ring row; after keep() (what DecodeGraphs calls before replaying into the
+    same row again) a rewrite of the row no longer changes what it answers."""
+    ring = torch.zeros((dg.RING_ROWS, 4), dtype=torch.int64)
+    ring[1, :3] = torch.tensor([7, 8, 9])
+    t = dg.HostTokens(ring[1, :3], _Done())
+    t.keep()
+    ring[1] = -5                                      # a later replay's tokens in the same row
+    assert t.values() == [7, 8, 9] and t.values() == [7, 8, 9]
+    ring[2, :2] = torch.tensor([4, 5])
+    late = dg.HostTokens(ring[2, :2], _Done())
+    assert late.values() == [4, 5]                    # read before any reuse: the row itself

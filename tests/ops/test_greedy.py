@@ -108,3 +108,26 @@ def test_bad_arguments_raise(logits, out, match):
 def test_out_on_another_device_raises():
     with pytest.raises(ValueError, match="out is on"):
         greedy_tokens(torch.zeros(2, 3, device="cuda"), torch.zeros(2, dtype=torch.int64))
+
+
+def test_host_ring_row_is_written(device, gen):
+    """``host=(ring, row)``: the tokens also land in ring row ``row[0]`` (its first B entries); nothing else moves."""
+    logits = planted(gen, 10, 64, torch.float32).to(device)
+    ring = torch.full((3, 12), -1, dtype=torch.int64)
+    tokens = greedy_tokens(logits, host=(ring, torch.tensor([2], device=device)))
+    assert ring[2, :10].tolist() == tokens.cpu().tolist() == oracle(logits)
+    assert (ring[:2] == -1).all() and (ring[2, 10:] == -1).all()
+
+
+@pytest.mark.parametrize("ring, row, match", [
+    (torch.zeros(3, 1, dtype=torch.int64), torch.tensor([0]), r"int64 \[R, >= 2\]"),
+    (torch.zeros(3, 4, dtype=torch.int32), torch.tensor([0]), r"int64 \[R, >= 2\]"),
+    (torch.zeros(4, dtype=torch.int64), torch.tensor([0]), r"int64 \[R, >= 2\]"),
+    (torch.zeros(4, 3, dtype=torch.int64).t(), torch.tensor([0]), "contiguous"),
+    (torch.zeros(3, 4, dtype=torch.int64), torch.tensor([0, 1]), r"int64 \[1\]"),
+    (torch.zeros(3, 4, dtype=torch.int64), torch.tensor([0], dtype=torch.int32), r"int64 \[1\]"),
+    (torch.zeros(3, 4, dtype=torch.int64), torch.tensor([3]), "outside the ring's 3 rows"),
+])
+def test_bad_host_ring_raises(ring, row, match):
+    with pytest.raises(ValueError, match=match):
+        greedy_tokens(torch.zeros(2, 3), host=(ring, row))

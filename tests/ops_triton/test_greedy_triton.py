@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 from ops.test_greedy import oracle, planted  # noqa: E402
 
-from .conftest import DEVICE, reference, triton_ops  # noqa: E402
+from .conftest import CUDA, DEVICE, reference, triton_ops  # noqa: E402
 
 
 def _check(ops, logits, out=None):
@@ -90,6 +90,56 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="fp32/bf16/fp16"):
         ops.greedy_tokens(torch.zeros(2, 3, dtype=torch.float64, device=DEVICE))
     assert ops.greedy_tokens(torch.zeros(0, 7, device=DEVICE)).shape == (0,)
+
+
+def test_host_ring_row_equals_the_tokens(gen):
+    """``host=(ring, row)``: the final kernel stores each token into the ring row read from ``row`` on the device
+    too (pinned memory on a GPU); the other rows and the entries past B are untouched."""
+    ops = triton_ops(torch.float32)
+    assert getattr(ops.greedy_tokens, "host_capturable", False)
+    logits = planted(gen, 10, 1000, torch.float32).to(DEVICE)
+    ring = torch.full((4, 12), -1, dtype=torch.int64, pin_memory=CUDA)
+    out = torch.full((10,), -1, dtype=torch.int64, device=DEVICE)
+    ops.greedy_tokens(logits, out, host=(ring, torch.tensor([3], device=DEVICE)))
+    if CUDA:
+        torch.cuda.synchronize()
+    assert ring[3, :10].tolist() == out.cpu().tolist() == oracle(logits)
+    assert (ring[:3] == -1).all() and (ring[3, 10:] == -1).all()
+    with pytest.raises(ValueError, match="outside|int64"):
+        ops.greedy_tokens(logits, host=(ring, torch.tensor([1, 2], device=DEVICE)))
+
+
+@pytest.mark.gpu
+def test_host_ring_must_be_pinned_on_the_gpu():
+    ops = triton_ops(torch.float32)
+    with pytest.raises(ValueError, match="pinned"):
+        ops.greedy_tokens(torch.zeros(2, 3, device="cuda"),
+                          host=(torch.zeros(2, 4, dtype=torch.int64), torch.zeros(1, dtype=torch.int64, device="cuda")))
+
+
+@pytest.mark.gpu
+def test_host_ring_from_a_cuda_graph_follows_the_row_input():
+    """Captured once, replayed with the ring row as a graph input: each replay's tokens land in its own row."""
+    ops = triton_ops(torch.float32)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    static = torch.randn(3, 248320, device="cuda", generator=g)
+    out = torch.empty(3, dtype=torch.int64, device="cuda")
+    row = torch.zeros(1, dtype=torch.int64, device="cuda")
+    ring = torch.full((4, 8), -1, dtype=torch.int64, pin_memory=True)
+    ops.greedy_tokens(static, out, host=(ring, row))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.greedy_tokens(static, out, host=(ring, row))
+    want = []
+    for r in range(4):
+        static.copy_(torch.randn(3, 248320, device="cuda", generator=g))
+        row.fill_(r)
+        graph.replay()
+        want.append(torch.argmax(static, dim=-1).tolist())
+    torch.cuda.synchronize()
+    assert ring[:, :3].tolist() == want
+    assert (ring[:, 3:] == -1).all()
 
 
 @pytest.mark.gpu

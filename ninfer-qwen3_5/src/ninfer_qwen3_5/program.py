@@ -15,7 +15,7 @@ from ninfer.core.kv_pool import PagedKVCache
 from ninfer.core.state_image import StateImageStorage
 from ninfer.runtime.contract.architecture import ProgramInit
 from ninfer.runtime.contract.program import ProgramError
-from ninfer.runtime.decode_graphs import DecodeGraphs
+from ninfer.runtime.decode_graphs import DecodeGraphs, HostTokens
 from ninfer.runtime.sequence_program import ForwardBatch, SequenceProgram
 
 from ninfer_qwen3_5.config import Qwen35Config
@@ -64,6 +64,9 @@ class Qwen35Program(SequenceProgram):
 
     def precomputed_greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
         return self.graphs.greedy_for(logits) if self.graphs is not None else None
+
+    def precomputed_host_tokens(self, tokens: torch.Tensor) -> HostTokens | None:
+        return self.graphs.host_tokens_for(tokens) if self.graphs is not None else None
 
     def close_graphs(self) -> None:
         if self.graphs is not None:

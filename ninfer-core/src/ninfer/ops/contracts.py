@@ -66,12 +66,15 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
     OpContract("logits", "logits(x[T, N], weight[V, N]) -> [T, V] fp32",
                "linear(x, weight).float(): the LM head, each logit rounded to x.dtype (as linear rounds it) and "
                "returned in fp32 for sampling; at decode one kernel stores the fp32 values directly."),
-    OpContract("greedy_tokens", "greedy_tokens(logits[B, V] float, out[B] int64 = None) -> tokens[B] int64",
+    OpContract("greedy_tokens", "greedy_tokens(logits[B, V] float, out[B] int64 = None, host = None) -> tokens[B] int64",
                "Per row the lowest index of the maximum of nan_to_num(logits, nan=-inf) (so +inf/-inf count as "
                "the largest/smallest finite values, NaN as the smallest): exactly torch.argmax of that -- the "
                "Program's all-greedy fast path (equal to ``sample`` at temperature 0 on rows without +-inf). "
                "Written into ``out`` when given (a [B] int64 view, e.g. a decode graph's static token buffer) "
-               "and returned."),
+               "and returned. ``host = (ring[R, >=B] int64 CPU, row[1] int64 on the logits' device)``: also stored "
+               "into ring[row[0], :B], which a decode graph hands to the host without a copy between replays "
+               "(an implementation that stores into pinned memory from the device, capturable, marks its "
+               "function ``host_capturable = True``; the reference synchronises)."),
     OpContract("rms_norm", "rms_norm(x[..., N], weight[N], eps) -> [..., N]",
                "Zero-centred (Qwen3.5) RMSNorm: fp32 x*rsqrt(mean(x^2)+eps)*(1+w), cast to x.dtype."),
     OpContract("add_rms_norm", "add_rms_norm(x[T, N], residual[T, N], weight[N], eps) -> (y, new_residual)",

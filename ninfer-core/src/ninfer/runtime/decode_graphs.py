@@ -15,9 +15,14 @@ Invariants:
   host-to-device copy from the rows' host description (:class:`~ninfer.runtime.sequence_program.DecodeRows`),
   not a copy per tensor: every stream operation between two replays costs ~2 us of GPU time at B=1.
 - With a ``greedy`` op, each graph also computes ``greedy_tokens`` of its logits into the static token input
-  itself, so the next step of the same rows, if greedy, finds its tokens already in place: a greedy decode
-  step is one input copy, the replay and the tokens' copy back. Rows that sample otherwise ignore it (one small
-  kernel).
+  itself, so the next step of the same rows, if greedy, finds its tokens already in place. Rows that sample
+  otherwise ignore it (one small kernel).
+- When that op is ``host_capturable``, the graph also stores its greedy tokens into row ``k`` of a pinned host
+  ring of :data:`RING_ROWS` rows, ``k`` a graph input (the replay count modulo the rows): the tokens reach the
+  host when the replay completes (:class:`HostTokens`, an event recorded after the replay), and a greedy decode
+  step queues one input copy and the replay, no copy back (which cost ~10 us of GPU time per step on an H200,
+  tools/gpu_step_overhead.py). A ring row is read into host memory (:meth:`HostTokens.keep`) before a later
+  replay may rewrite it, so a reader never sees a later step's tokens, however late it reads.
 - Capture runs the forward eagerly first (compiling kernels) and then records it. Both write KV and
   state: capture must happen while no sequence holds a state slot or a KV page (at Program
   construction), on slots ``0..B-1`` and KV page 0, whose contents are garbage afterwards (a slot is
@@ -47,23 +52,54 @@ GreedyOp = Callable[..., torch.Tensor]
 # Above this many int32 entries a copy of the page table's whole span (rows max_pages apart) gives way to one
 # copy per row (long contexts with several rows).
 _SPAN_LIMIT = 1 << 16
+# Rows of the pinned host ring the graphs store their greedy tokens into. A lookahead step's tokens are read one
+# replay later, so two rows would do; the rest is slack (a row is kept before reuse whatever the count).
+RING_ROWS = 4
+
+
+class HostTokens:
+    """One replay's greedy tokens on their way to the host: ``ring[row, :b]`` (pinned, written by the graph's
+    greedy kernel) once ``ready`` (an event recorded after the replay) has completed.
+
+    Invariant: :meth:`values` always answers the tokens of *this* replay. The owner (DecodeGraphs) calls
+    :meth:`keep` before it replays a graph into the same ring row again; keep waits for this replay and copies
+    the row out, so later readers get the copy."""
+
+    def __init__(self, ring_row: torch.Tensor, ready: torch.cuda.Event) -> None:
+        self._row = ring_row
+        self._ready = ready
+        self._kept: list[int] | None = None
+
+    def keep(self) -> None:
+        if self._kept is None:
+            self._ready.synchronize()
+            self._kept = [int(t) for t in self._row.tolist()]
+
+    def values(self) -> list[int]:
+        """The tokens (waits for the replay, not for anything queued after it)."""
+        self.keep()
+        return list(self._kept)
 
 
 @dataclass(frozen=True)
 class _Layout:
     """Where graph B's inputs sit in the static int64 buffer (offsets in int64 elements, the int32 ones in int32).
 
-    ``[0, max_batch)``: the tokens (graph B reads the first B); from ``max_batch``: positions, state slots, out
-    slots, KV slots (B each); then, as int32, the B kv lengths and, from a 16-byte boundary, B page-table rows
-    ``max_pages`` apart."""
+    ``[0, max_batch)``: the tokens (graph B reads the first B); at ``max_batch``: the host ring row of the
+    replay's greedy tokens; from ``max_batch + 1``: positions, state slots, out slots, KV slots (B each); then,
+    as int32, the B kv lengths and, from a 16-byte boundary, B page-table rows ``max_pages`` apart."""
 
     b: int
     max_batch: int
     max_pages: int
 
     @property
-    def meta(self) -> int:
+    def ring(self) -> int:
         return self.max_batch
+
+    @property
+    def meta(self) -> int:
+        return self.max_batch + 1
 
     @property
     def kv_lens32(self) -> int:
@@ -96,7 +132,13 @@ class DecodeGraphs:
         self.packed = torch.zeros(_Layout.size(max_batch, max_pages), dtype=torch.int64, device=self.device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
-        self._last: tuple[torch.Tensor, torch.Tensor] | None = None   # (logits, greedy tokens) of the last replay
+        # (logits, greedy tokens, their HostTokens or None) of the last replay
+        self._last: tuple[torch.Tensor, torch.Tensor, HostTokens | None] | None = None
+        # The pinned ring the graphs store greedy tokens into, when the greedy op can do so inside a graph.
+        self.ring = (torch.zeros((RING_ROWS, max_batch), dtype=torch.int64, pin_memory=True)
+                     if greedy is not None and getattr(greedy, "host_capturable", False) else None)
+        self._ring_readers: list[HostTokens | None] = [None] * RING_ROWS
+        self._replays = 0
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
@@ -109,7 +151,9 @@ class DecodeGraphs:
         views = self._views(b)
         logits = self._forward(*views)
         if self._greedy is not None:
-            self._greedy(logits, out=views[0])
+            lay = _Layout(b, self.max_batch, self.max_pages)
+            host = None if self.ring is None else (self.ring, self.packed[lay.ring: lay.ring + 1])
+            self._greedy(logits, out=views[0], **({} if host is None else {"host": host}))
         return logits
 
     def capture(self, batch_sizes: list[int] | None = None) -> None:
@@ -138,6 +182,7 @@ class DecodeGraphs:
     def _valid_inputs(self, b: int) -> None:
         """Distinct state slots and position 0 (one KV token, page 0): valid inputs for any kernel."""
         tokens, positions, slots, out_slots, kv_lens, tables, slot_mapping = self._views(b)
+        self.packed[_Layout(b, self.max_batch, self.max_pages).ring].zero_()
         tokens.zero_()
         positions.zero_()
         slots.copy_(torch.arange(b, device=self.device))
@@ -157,7 +202,11 @@ class DecodeGraphs:
         tokens = self.packed[:b]
         if rows.token_ids is None and not _same_view(rows.device_tokens, tokens):
             tokens.copy_(rows.device_tokens, non_blocking=True)
-        start, host, per_row = stage_inputs(rows, self.max_batch, self.max_pages, pin=True)
+        row = self._replays % RING_ROWS
+        if self.ring is not None and self._ring_readers[row] is not None:
+            self._ring_readers[row].keep()   # an earlier replay's tokens leave the row before it is rewritten
+            self._ring_readers[row] = None
+        start, host, per_row = stage_inputs(rows, self.max_batch, self.max_pages, pin=True, ring_row=row)
         self.packed[start: start + host.shape[0]].copy_(host, non_blocking=True)
         if per_row:
             # Entries past a row's own pages are never read (loads are masked by kv_len): only its pages are copied.
@@ -166,7 +215,13 @@ class DecodeGraphs:
                 if pages:
                     tables[r, : len(pages)].copy_(torch.tensor(pages, dtype=torch.int32).pin_memory(), non_blocking=True)
         graph.replay()
-        self._last = (out, tokens)
+        self._replays += 1
+        host_tokens = None
+        if self.ring is not None:
+            ready = torch.cuda.Event()
+            ready.record()
+            host_tokens = self._ring_readers[row] = HostTokens(self.ring[row, :b], ready)
+        self._last = (out, tokens, host_tokens)
         return out
 
     def greedy_for(self, logits: torch.Tensor) -> torch.Tensor | None:
@@ -176,7 +231,18 @@ class DecodeGraphs:
             return None
         return self._last[1]
 
+    def host_tokens_for(self, tokens: torch.Tensor) -> HostTokens | None:
+        """The host copy of the last replay's greedy tokens, when ``tokens`` is :meth:`greedy_for`'s answer for
+        it and the graphs store into the ring; else None (the caller copies the tokens itself)."""
+        if self._last is None or tokens is not self._last[1]:
+            return None
+        return self._last[2]
+
     def close(self) -> None:
+        for reader in self._ring_readers:
+            if reader is not None:
+                reader.keep()
+        self._ring_readers = [None] * RING_ROWS
         self._graphs.clear()
         self._pool = None
         self._last = None
@@ -193,10 +259,10 @@ def input_views(packed: torch.Tensor, b: int, max_batch: int, max_pages: int) ->
     return packed[:b], meta[0], meta[1], meta[2], kv_lens, tables, meta[3]
 
 
-def stage_inputs(rows: DecodeRows, max_batch: int, max_pages: int, *, pin: bool = False
+def stage_inputs(rows: DecodeRows, max_batch: int, max_pages: int, *, pin: bool = False, ring_row: int = 0
                  ) -> tuple[int, torch.Tensor, bool]:
     """The host image of graph B's inputs for ``rows``: ``(start, host, per_row)``, ``host`` (int64) to be copied
-    to ``packed[start:]`` in one copy. It starts at the tokens when they are on the host, else at the meta (the
+    to ``packed[start:]`` in one copy. It starts at the tokens when they are on the host, else at the ring row (the
     device tokens stay in place). ``per_row``: the page table's span (rows ``max_pages`` apart) is too long, so it
     is left out and each row's pages are copied on their own."""
     b = len(rows.seqs)
@@ -204,7 +270,7 @@ def stage_inputs(rows: DecodeRows, max_batch: int, max_pages: int, *, pin: bool 
     if w > max_pages:
         raise ValueError(f"a page table of width {w} exceeds the graphs' {max_pages} pages")
     lay = _Layout(b, max_batch, max_pages)
-    start = 0 if rows.token_ids is not None else lay.meta
+    start = 0 if rows.token_ids is not None else lay.ring
     span = (b - 1) * max_pages + w
     per_row = span > _SPAN_LIMIT
     end32 = lay.table32 + (0 if per_row else span)
@@ -214,6 +280,7 @@ def stage_inputs(rows: DecodeRows, max_batch: int, max_pages: int, *, pin: bool 
     h32 = h64.view("int32")
     if rows.token_ids is not None:
         h64[:b] = rows.token_ids
+    h64[lay.ring - start] = ring_row
     m = lay.meta - start
     h64[m: m + 4 * b] = (*rows.at, *rows.state_slots, *rows.state_out_slots, *rows.kv_slots)
     k = lay.kv_lens32 - 2 * start

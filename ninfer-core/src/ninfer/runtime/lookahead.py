@@ -31,8 +31,9 @@ Invariants (enforced by SequenceProgram):
   lookahead takes one per row and gives one back per row when adopted (the row's old slot) or dropped.
 - Everything runs on one CUDA stream, so a slot or page freed after a lookahead was queued is only
   rewritten by work queued after it. Inputs reach the device through pinned, non-blocking copies and
-  tokens come back through one (:class:`DeviceTokens`), so the host never waits for the stream while
-  a lookahead is queued except for the tokens it needs.
+  tokens come back through one (:class:`DeviceTokens`) or, for a decode graph's greedy tokens, through
+  pinned memory the graph writes itself, so the host never waits for the stream while a lookahead is
+  queued except for the tokens it needs.
 - An architecture opts in with ``SequenceProgram.supports_lookahead``: its decode forward honours
   ``out_slots`` and rewrites every StateImage field of the out slot.
 """
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.runtime.contract.program import RowSampling, SeqId
+from ninfer.runtime.decode_graphs import HostTokens
 
 
 def lookahead_eligible(sampling: RowSampling) -> bool:
@@ -76,22 +78,28 @@ class DeviceTokens:
     """A step's drawn tokens (device int64 [B]) and, for the rows that asked, their log-softmax rows
     (device fp32 [len(want), V], row i for row ``want[i]``) on their way to the host: the copies are
     queued at construction (behind whatever the stream holds) and :meth:`tolist` / :meth:`logprobs`
-    wait for those copies only, not for work queued later."""
+    wait for those copies only, not for work queued later. ``host``: the tokens are already on their way
+    (a decode graph stores its greedy tokens into pinned memory itself,
+    :class:`~ninfer.runtime.decode_graphs.HostTokens`), so no token copy is queued."""
 
     def __init__(self, tokens: torch.Tensor, logprobs: torch.Tensor | None = None,
-                 want: Sequence[int] = ()) -> None:
+                 want: Sequence[int] = (), host: HostTokens | None = None) -> None:
         self.device = tokens
         self.want = list(want)
         self._ready: torch.cuda.Event | None = None
+        self._graph_host = host
         if tokens.device.type == "cuda":
-            self._host = _pinned_copy(tokens)
+            self._host = None if host is not None else _pinned_copy(tokens)
             self._lp = None if logprobs is None else _pinned_copy(logprobs)
-            self._ready = torch.cuda.Event()
-            self._ready.record()
+            if self._host is not None or self._lp is not None:
+                self._ready = torch.cuda.Event()
+                self._ready.record()
         else:
             self._host, self._lp = tokens, logprobs
 
     def tolist(self) -> list[int]:
+        if self._graph_host is not None:
+            return self._graph_host.values()
         if self._ready is not None:
             self._ready.synchronize()
         return [int(t) for t in self._host.tolist()]

@@ -70,6 +70,7 @@ from ninfer.runtime.contract.program import (
     SnapshotState,
     TokenLogprob,
 )
+from ninfer.runtime.decode_graphs import HostTokens
 from ninfer.runtime.lookahead import (
     DeviceTokens,
     Lookahead,
@@ -281,6 +282,11 @@ class SequenceProgram(ABC):
         """``greedy_tokens(logits)`` when the forward that returned this very tensor already computed it
         (a decode graph does, in the same replay), else None. The result is valid as long as ``logits``
         is (until the next forward)."""
+        return None
+
+    def precomputed_host_tokens(self, tokens: torch.Tensor) -> HostTokens | None:
+        """The host copy of ``tokens`` already on its way, when they are :meth:`precomputed_greedy`'s answer and
+        the forward stored them into pinned memory itself (a decode graph does); else None (a copy is queued)."""
         return None
 
     # -- queries ---------------------------------------------------------------------------------
@@ -562,7 +568,8 @@ class SequenceProgram(ABC):
         if want:
             picked = raw if len(want) == len(rows) else raw.index_select(0, to_device(want, torch.int64, raw.device))
             lp = torch.log_softmax(picked, dim=-1)
-        return DeviceTokens(self._draw(raw, rows), lp, want)
+        tokens = self._draw(raw, rows)
+        return DeviceTokens(tokens, lp, want, host=self.precomputed_host_tokens(tokens))
 
     def _new_pending(self, sampling: list[tuple[SeqId, RowSampling]], tokens: list[int],
                      logprobs: list[TokenLogprob | None]) -> PendingBatch:

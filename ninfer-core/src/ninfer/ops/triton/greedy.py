@@ -22,6 +22,11 @@ Invariants:
   (the logits are the previous kernel's output; the partials the partial kernel's), and writes nothing
   before it.
 - No host sync; the workspace is ``torch.empty`` per call: the call is CUDA-graph capturable.
+- ``host = (ring, row)``: the final kernel also stores each token into ``ring[row[0], b]``. On CUDA ``ring``
+  is pinned host memory, which the kernel writes directly (UVA): a decode graph's tokens reach the host when
+  the replay completes, with no device-to-host copy queued between replays (that copy cost ~10 us of GPU time
+  per step on an H200, measured with tools/gpu_step_overhead.py). ``row`` is read on the device, so it can be a
+  graph input.
 """
 
 from __future__ import annotations
@@ -57,8 +62,10 @@ def _partial_kernel(x_ptr, val_ptr, idx_ptr, V, S, stride_x, FMAX: tl.constexpr,
 
 
 @triton.jit
-def _final_kernel(val_ptr, idx_ptr, out_ptr, S, stride_out, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
-    """Program (row b): the lowest reported index among the slices reaching the row maximum."""
+def _final_kernel(val_ptr, idx_ptr, out_ptr, ring_ptr, row_ptr, S, stride_out, stride_ring,
+                  BLOCK_S: tl.constexpr, HOST: tl.constexpr, PDL: tl.constexpr):
+    """Program (row b): the lowest reported index among the slices reaching the row maximum; with HOST also
+    stored into the host ring's row ``row_ptr[0]`` (pinned memory, written over the bus by this store)."""
     b = tl.program_id(0)
     offs = tl.arange(0, BLOCK_S)
     mask = offs < S
@@ -66,14 +73,20 @@ def _final_kernel(val_ptr, idx_ptr, out_ptr, S, stride_out, BLOCK_S: tl.constexp
     val = tl.load(val_ptr + b * S + offs, mask=mask, other=-float("inf"))
     idx = tl.load(idx_ptr + b * S + offs, mask=mask, other=2147483647)
     top = tl.max(val, 0)
-    tok = tl.min(tl.where(val == top, idx, 2147483647), 0)  # all -inf rows: slice 0's first index, 0
-    tl.store(out_ptr + b.to(tl.int64) * stride_out, tok.to(tl.int64))
+    tok = tl.min(tl.where(val == top, idx, 2147483647), 0).to(tl.int64)  # all -inf rows: slice 0's first index
+    tl.store(out_ptr + b.to(tl.int64) * stride_out, tok)
+    if HOST:
+        r = tl.load(row_ptr)
+        tl.store(ring_ptr + r * stride_ring + b, tok)
 
 
-def greedy_tokens(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Row argmax of ``nan_to_num(logits[B, V], nan=-inf)`` as int64 [B] (see the module docstring)."""
+def greedy_tokens(logits: torch.Tensor, out: torch.Tensor | None = None, host: tuple | None = None) -> torch.Tensor:
+    """Row argmax of ``nan_to_num(logits[B, V], nan=-inf)`` as int64 [B] (see the module docstring); ``host``:
+    also into ``ring[row[0], :B]`` (the contract's host ring; on CUDA the ring must be pinned)."""
     launch_ok(logits)
-    check_greedy_args(logits, out)
+    check_greedy_args(logits, out, host)
+    if host is not None and logits.device.type == "cuda" and not host[0].is_pinned():
+        raise ValueError("greedy_tokens (triton): the host ring must be pinned memory (the kernel stores into it)")
     if logits.dtype not in KERNEL_DTYPES:
         raise ValueError(f"greedy_tokens (triton): logits dtype {logits.dtype} is not one of fp32/bf16/fp16")
     bsz, vocab = logits.shape
@@ -90,9 +103,14 @@ def greedy_tokens(logits: torch.Tensor, out: torch.Tensor | None = None) -> torc
     launch = pdl(logits)
     _partial_kernel[(bsz, n_slices)](logits, vals, idxs, vocab, n_slices, logits.stride(0),
                                      FMAX=torch.finfo(logits.dtype).max, BLOCK=_BLOCK, num_warps=4, **launch)
-    _final_kernel[(bsz,)](vals, idxs, out, n_slices, out.stride(0), BLOCK_S=next_pow2(n_slices), num_warps=1,
-                          **launch)
+    ring, row = host if host is not None else (out, out)   # unused pointers when HOST is off
+    _final_kernel[(bsz,)](vals, idxs, out, ring, row, n_slices, out.stride(0), ring.stride(0),
+                          BLOCK_S=next_pow2(n_slices), HOST=host is not None, num_warps=1, **launch)
     return out
+
+
+# The final kernel stores the host ring's row from the device: no sync, capturable in a CUDA graph.
+greedy_tokens.host_capturable = True
 
 
 OPS = [OpImpl(op="greedy_tokens", name="triton", fn=greedy_tokens, devices=frozenset({"cuda"}),
