@@ -88,3 +88,17 @@ def test_add_rms_norm_swiglu_is_the_composition(device, dtype, gen):
     assert torch.equal(act, ops.silu_and_mul(y)) and torch.equal(h, h2) and torch.equal(new_res, res2)
     with pytest.raises(ValueError, match="add_rms_norm_swiglu"):
         ops.add_rms_norm_swiglu(x, res, w, EPS, gate_up[:-1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embed_rms_norm_is_the_gather_then_rms_norm(device, dtype, gen):
+    ops = reference_ops(device, dtype)
+    table = randn(gen, 50, 96, dtype=dtype, device=device, scale=2.5)
+    w = randn(gen, 96, dtype=dtype, device=device, scale=0.3)
+    tokens = torch.tensor([3, 49, 0, 3, 17], device=device)
+    normed, rows = ops.embed_rms_norm(tokens, table, w, EPS)
+    assert torch.equal(rows, table[tokens]) and rows.data_ptr() != table.data_ptr()
+    assert normed.dtype == dtype
+    assert_pointwise(normed, rms_oracle(table[tokens], w), CRIT[dtype], f"embed_rms_norm {dtype}")
+    with pytest.raises(IndexError):
+        ops.embed_rms_norm(torch.tensor([50], device=device), table, w, EPS)

@@ -108,3 +108,31 @@ def test_gated_rms_norm_bf16_cast_chain_bitwise(gen):
     w = (1.0 + randn(gen, 64, scale=0.2)).to(torch.bfloat16).to(DEVICE)
     out = ops.gated_rms_norm(x, gate, w, EPS)
     assert_bf16_within_one_ulp(out, gated_rms_bf16_cast_chain(x, gate, w), "gated_rms_norm bf16 cast chain")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [[7], [3, 49, 0, 3, 17], list(range(40))])
+def test_embed_rms_norm_equals_gather_then_rms_norm_bitwise(dtype, tokens, gen):
+    """One launch: the gathered rows exactly, and normed bit for bit the Triton rms_norm of them (same blocks,
+    same reduction); ids outside the table are clamped instead of faulting the device."""
+    ops = triton_ops(dtype)
+    assert ops.implementation("embed_rms_norm").name == "triton"
+    table = randn(gen, 50, 96, dtype=dtype, device=DEVICE, scale=2.5)
+    w = randn(gen, 96, dtype=dtype, device=DEVICE, scale=0.3)
+    ids = torch.tensor(tokens, device=DEVICE)
+    normed, rows = ops.embed_rms_norm(ids, table, w, EPS)
+    assert torch.equal(rows, table[ids])
+    assert_bits(normed, ops.rms_norm(table[ids], w, EPS), "embed_rms_norm vs rms_norm")
+    close_to_reference(normed, reference(dtype).embed_rms_norm(ids, table, w, EPS)[0], "embed_rms_norm vs reference")
+    bad, _ = ops.embed_rms_norm(torch.tensor([-4, 50, 900], device=DEVICE), table, w, EPS)
+    assert_bits(bad, ops.rms_norm(table[[0, 49, 49]], w, EPS), "clamped ids")
+    assert ops.embed_rms_norm(ids[:0], table, w, EPS)[0].shape == (0, 96)
+
+
+def test_embed_rms_norm_rejects_bad_arguments():
+    ops = triton_ops(torch.float32)
+    table, w = torch.zeros(10, 8, device=DEVICE), torch.zeros(8, device=DEVICE)
+    with pytest.raises(ValueError, match="tokens must be int64"):
+        ops.embed_rms_norm(torch.tensor([1], dtype=torch.int32, device=DEVICE), table, w, EPS)
+    with pytest.raises(ValueError, match="do not match"):
+        ops.embed_rms_norm(torch.tensor([1], device=DEVICE), table, torch.zeros(9, device=DEVICE), EPS)

@@ -4,8 +4,8 @@ On the GPU a decode-shaped chain of PDL kernels (norm -> GEMV -> router -> exper
 reading its predecessor's output) is captured in a CUDA graph with PDL on and replayed on fresh inputs; every
 replay must equal, bit for bit, the same chain run eagerly with PDL off. A kernel that read its predecessor's
 output before its wait would race and differ on some replay. The same for an attention decode layer and for a GDN
-decode layer (norm -> input GEMV -> gdn_decode's one launch -> output GEMV, over evolving states; added in the
-eleventh session after the device budget was spent: not yet run on a GPU).
+decode layer (norm -> input GEMV -> gdn_decode's one launch -> output GEMV, over evolving states; first run on the
+H200 in the twelfth session) and for the head of a step (embedding + pre-norm -> rotary tables -> first GEMV).
 """
 
 import pytest
@@ -197,3 +197,44 @@ def test_pdl_gdn_graph_equals_plain_launches(monkeypatch, rows):
         torch.cuda.synchronize()
         assert torch.equal(out, want), f"step {step}"
     assert torch.equal(conv_g, conv_e) and torch.equal(states_g, states_e)
+
+
+@pytest.mark.skipif(not CUDA or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="needs a CUDA device of compute capability 9.0+")
+def test_pdl_step_head_graph_equals_plain_launches(monkeypatch):
+    """The head of a decode step as the model launches it (twelfth session): embed_rms_norm (the first kernel),
+    mrope_cos_sin (its tables computed before its wait, stored after), the first GEMV; replayed under PDL on
+    fresh tokens and positions, equal bit for bit to plain launches."""
+    from ninfer.ops.triton import _common
+
+    g = torch.Generator(device=DEVICE).manual_seed(9)
+    vocab, hdim, half = 5000, 1024, 32
+    table = (torch.randn(vocab, hdim, device=DEVICE, generator=g)).to(torch.bfloat16)
+    norm = (torch.randn(hdim, device=DEVICE, generator=g) * 0.1).to(torch.bfloat16)
+    w = (torch.randn(3000, hdim, device=DEVICE, generator=g) * hdim ** -0.5).to(torch.bfloat16)
+    inv = 1.0 / (1e7 ** (torch.arange(0, 2 * half, 2, device=DEVICE).float() / (2 * half)))
+    ops = triton_ops(torch.bfloat16)
+
+    def head(tokens, positions):
+        h, rows = ops.embed_rms_norm(tokens, table, norm, 1e-6)
+        cos, sin = ops.mrope_cos_sin(positions.unsqueeze(0).expand(3, -1), inv, (11, 11, 10), True)
+        return ops.linear(h, w), rows, cos, sin
+
+    steps = [(torch.randint(0, vocab, (1,), device=DEVICE, generator=g),
+              torch.randint(0, 200_000, (1,), device=DEVICE, generator=g)) for _ in range(12)]
+    monkeypatch.setattr(_common, "PDL_ENABLED", False)
+    expected = [head(t, p) for t, p in steps]
+    monkeypatch.setattr(_common, "PDL_ENABLED", True)
+    tokens, positions = steps[0][0].clone(), steps[0][1].clone()
+    head(tokens, positions)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = head(tokens, positions)
+    for (t, p), want in zip(steps, expected, strict=True):
+        tokens.copy_(t)
+        positions.copy_(p)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, exp in zip(outs, want, strict=True):
+            assert torch.equal(got, exp)

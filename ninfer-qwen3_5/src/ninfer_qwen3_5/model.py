@@ -16,7 +16,7 @@ naming the parameter.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from ninfer.runtime.contract.program import ProgramError
@@ -96,12 +96,19 @@ class Qwen35Model:
         return self.ops.mrope_cos_sin(pos3, self.inv_freq, self.sections, True)
 
     def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None) -> torch.Tensor:
-        """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token)."""
+        """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token). ``ctx`` comes
+        without rotary tables; they are built here, after the embedding."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
-        residual = self.embed.index_select(0, tokens)
-        out = None   # the first layer's input is the embedding itself: normed without an add
-        for layer in self.layers:
-            out, residual = layer.mixer(NormInput(out, residual, layer.input_norm, eps), ctx)
+        # The embedding rows and the first block's pre-norm in one op; then the rotary tables, whose kernel
+        # computes them while the embedding's finishes (PDL), and the first projection.
+        first = self.layers[0].input_norm
+        normed, residual = ops.embed_rms_norm(tokens, self.embed, first, eps)
+        cos, sin = self.rotary(ctx.positions)
+        ctx = replace(ctx, cos=cos, sin=sin)
+        out = None   # the first layer's input is the embedding itself, normed already
+        for i, layer in enumerate(self.layers):
+            inp = NormInput(out, residual, layer.input_norm, eps, normed if i == 0 else None)
+            out, residual = layer.mixer(inp, ctx)
             out, residual = layer.mlp(NormInput(out, residual, layer.post_norm, eps))
         if logit_rows is not None:
             out, residual = out.index_select(0, logit_rows), residual.index_select(0, logit_rows)

@@ -77,9 +77,9 @@ class Qwen35Program(SequenceProgram):
                         out_slots: torch.Tensor, kv_lens: torch.Tensor, page_tables: torch.Tensor,
                         slot_mapping: torch.Tensor) -> torch.Tensor:
         """B decode rows, every row sampling: the graph-capturable forward (no host tensors, no syncs)."""
-        cos, sin = self.model.rotary(positions)
         ctx = StepContext(
-            num_decode=int(tokens.shape[0]), num_chunk=0, cos=cos, sin=sin, slot_mapping=slot_mapping,
+            num_decode=int(tokens.shape[0]), num_chunk=0, positions=positions, cos=None, sin=None,
+            slot_mapping=slot_mapping,
             decode_slots=slots, decode_out_slots=out_slots, decode_kv_lens=kv_lens, decode_page_tables=page_tables, chunk_slot=None,
             chunk_cu_q=None, chunk_kv_lens=None, chunk_page_table=None, kv=self.kv, states=self.states)
         return self.model.forward(tokens, ctx, None)
@@ -98,10 +98,9 @@ class Qwen35Program(SequenceProgram):
         tokens = torch.cat([x.tokens for x in parts])
         positions = torch.cat([x.positions for x in parts])
         slot_mapping = torch.cat([x.slot_mapping for x in parts])
-        cos, sin = self.model.rotary(positions)
         dev = self.device
         ctx = StepContext(
-            num_decode=b_rows, num_chunk=t, cos=cos, sin=sin, slot_mapping=slot_mapping,
+            num_decode=b_rows, num_chunk=t, positions=positions, cos=None, sin=None, slot_mapping=slot_mapping,
             decode_slots=d.slots if d else None, decode_out_slots=d.out_slots if d else None,
             decode_kv_lens=d.kv_lens if d else None,
             decode_page_tables=d.page_tables if d else None,

@@ -79,6 +79,12 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "Zero-centred (Qwen3.5) RMSNorm: fp32 x*rsqrt(mean(x^2)+eps)*(1+w), cast to x.dtype."),
     OpContract("add_rms_norm", "add_rms_norm(x[T, N], residual[T, N], weight[N], eps) -> (y, new_residual)",
                "new_residual = x + residual (in x.dtype); y = rms_norm(new_residual)."),
+    OpContract("embed_rms_norm",
+               "embed_rms_norm(tokens[T] int64, table[V, N], norm_weight[N], eps) -> (normed[T, N], rows[T, N])",
+               "rows = table[tokens] (a gathered copy, in table's dtype); normed = rms_norm(rows, norm_weight, eps): "
+               "the embedding lookup and the first block's pre-norm, one launch at decode. Token ids must lie in "
+               "[0, V) (the engine checks every id on entry; a kernel may clamp so a bad id cannot fault the "
+               "device, the reference raises)."),
     OpContract("add_rms_norm_linear",
                "add_rms_norm_linear(x[T, N], residual[T, N], norm_weight[N], eps, weight[out, N]) "
                "-> (y[T, out], normed[T, N], new_residual[T, N])",

@@ -17,8 +17,9 @@ from ninfer.core.state_image import StateImageStorage
 class StepContext:
     num_decode: int                         # B
     num_chunk: int                          # T (0 without a chunk)
-    cos: torch.Tensor                       # fp32 [N, R]
-    sin: torch.Tensor                       # fp32 [N, R]
+    positions: torch.Tensor                 # int64 [N]: text positions (the computed index)
+    cos: torch.Tensor | None                # fp32 [N, R]: the model fills these after the embedding (so the
+    sin: torch.Tensor | None                # table kernel overlaps the embedding's under PDL); None before
     slot_mapping: torch.Tensor              # int64 [N]: flat KV slot of every token
     decode_slots: torch.Tensor | None       # int64 [B]: StateImage slots the decode rows read
     decode_out_slots: torch.Tensor | None   # int64 [B]: slots their new state goes to (== decode_slots but

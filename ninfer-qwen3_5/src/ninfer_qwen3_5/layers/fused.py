@@ -60,21 +60,24 @@ def project(ops, h: torch.Tensor, groups: Sequence[RowGroup]) -> list[torch.Tens
 @dataclass(frozen=True)
 class NormInput:
     """A block's input before its pre-norm: ``h = rms_norm(x + residual)`` (``x`` None: ``rms_norm(residual)``,
-    the first layer). The block forms h with its first projection (:func:`norm_project`, one
-    ``add_rms_norm_linear``), so at decode the norm is no launch of its own. Blocks return ``(out, residual)``
-    with the new residual stream, which the next block's NormInput adds ``out`` to."""
+    the first layer, whose h the model may have formed already with the embedding: ``normed``). The block forms
+    h with its first projection (:func:`norm_project`, one ``add_rms_norm_linear``), so at decode the norm is no
+    launch of its own. Blocks return ``(out, residual)`` with the new residual stream, which the next block's
+    NormInput adds ``out`` to. Invariant: ``normed`` is given only with ``x`` None, and equals
+    ``rms_norm(residual, weight, eps)``."""
 
     x: torch.Tensor | None
     residual: torch.Tensor
     weight: torch.Tensor
     eps: float
+    normed: torch.Tensor | None = None
 
 
 def norm_project(ops, inp: NormInput, groups: Sequence[RowGroup]
                  ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """``(project(ops, h, groups), h, new residual)`` for ``h`` the block's normed input."""
     if inp.x is None:
-        h = ops.rms_norm(inp.residual, inp.weight, inp.eps)
+        h = inp.normed if inp.normed is not None else ops.rms_norm(inp.residual, inp.weight, inp.eps)
         return project(ops, h, groups), h, inp.residual
     first, rest = groups[0], groups[1:]
     y, h, residual = ops.add_rms_norm_linear(inp.x, inp.residual, inp.weight, inp.eps, first.weight)

@@ -2,6 +2,7 @@
 
 Invariants (all statistics in fp32, eps inside the rsqrt):
 - ``rms_norm``: zero-centred weight, ``fp32(x) * rsqrt(mean(x^2) + eps) * (1 + fp32(w))`` cast once to x.dtype.
+- ``embed_rms_norm``: ``rms_norm`` of the gathered embedding rows, which are returned too (the residual stream).
 - ``add_rms_norm``: ``new_residual = x + residual`` rounded to x.dtype first; ``y`` normalises exactly that
   rounded sum, so the residual stream and the normed value agree with an unfused add followed by rms_norm.
 - ``gated_rms_norm``: the GDN output norm; the normalised value is rounded to x.dtype *before* the (plain,
@@ -43,6 +44,13 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return ((n * weight) * F.silu(gate.float())).to(x.dtype)
 
 
+def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, norm_weight: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(rows), rows)`` for ``rows = table[tokens]``: the embedding and the first pre-norm."""
+    rows = table.index_select(0, tokens)
+    return rms_norm(rows, norm_weight, eps), rows
+
+
 def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                         weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(linear(normed, weight), normed, new_residual)`` with ``(normed, new_residual) = add_rms_norm(...)``."""
@@ -62,6 +70,7 @@ def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
 OPS = [
     OpImpl(op="add_rms_norm_swiglu", name="torch_reference", fn=add_rms_norm_swiglu, priority=0),
     OpImpl(op="rms_norm", name="torch_reference", fn=rms_norm, priority=0),
+    OpImpl(op="embed_rms_norm", name="torch_reference", fn=embed_rms_norm, priority=0),
     OpImpl(op="add_rms_norm_linear", name="torch_reference", fn=add_rms_norm_linear, priority=0),
     OpImpl(op="add_rms_norm", name="torch_reference", fn=add_rms_norm, priority=0),
     OpImpl(op="gated_rms_norm", name="torch_reference", fn=gated_rms_norm, priority=0),

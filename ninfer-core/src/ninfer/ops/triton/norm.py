@@ -1,4 +1,4 @@
-"""Triton RMSNorm variants of Qwen3.5: ``rms_norm``, ``add_rms_norm``, ``gated_rms_norm``.
+"""Triton RMSNorm variants of Qwen3.5: ``rms_norm``, ``embed_rms_norm``, ``add_rms_norm``, ``gated_rms_norm``.
 
 Invariants (those of :mod:`ninfer.ops.reference.norm`, kept cast for cast):
 - Statistics in fp32: ``inv = rsqrt(sum(x^2) / N + eps)`` per row of the last dim.
@@ -64,6 +64,28 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.cons
 
 
 @triton.jit
+def _embed_rms_norm_kernel(tok_ptr, table_ptr, w_ptr, y_ptr, rows_ptr, M, V, eps, stride_t, stride_y, stride_r,
+                           N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr,
+                           PDL: tl.constexpr):
+    # The rows are gathered by token id and normalised as _rms_norm_kernel normalises them (same blocks, same
+    # reduction): normed is bit for bit rms_norm(table[tokens]). The norm weight is a parameter: read before the wait.
+    cols = tl.arange(0, BLOCK_N)
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = rows < M
+    mask = rm[:, None] & (cols[None, :] < N)
+    rows64 = rows.to(tl.int64)
+    # Ids outside [0, V) are a caller's bug (the engine checks ids on entry): clamped, they cannot fault the device.
+    tok = tl.minimum(tl.maximum(tl.load(tok_ptr + rows64, mask=rm, other=0), 0), V - 1)
+    x = tl.load(table_ptr + tok[:, None] * stride_t + cols[None, :], mask=mask, other=0.0)
+    tl.store(rows_ptr + rows64[:, None] * stride_r + cols[None, :], x, mask=mask)
+    xf = x.to(tl.float32)
+    y = zc_norm_rows(xf, _inv_rms(xf, N, eps), w)
+    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
+
+
+@triton.jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, M, eps, stride_x, stride_r, stride_y, stride_res,
                          N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
@@ -124,6 +146,29 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y.view(x.shape)
 
 
+def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(rows), rows)`` for ``rows = table[tokens]``, one launch (the reference's gather + norm)."""
+    launch_ok(table)
+    if tokens.dim() != 1 or tokens.dtype != torch.int64 or tokens.device != table.device:
+        raise ValueError(f"embed_rms_norm: tokens must be int64 [T] on {table.device}, got {tokens.dtype} "
+                         f"{tuple(tokens.shape)} on {tokens.device}")
+    if table.dim() != 2 or weight.shape != (table.shape[1],):
+        raise ValueError(f"embed_rms_norm: table {tuple(table.shape)} and norm weight {tuple(weight.shape)} do not "
+                         "match ([V, N] and [N])")
+    m, n = tokens.shape[0], table.shape[1]
+    y = torch.empty((m, n), dtype=table.dtype, device=table.device)
+    rows = torch.empty((m, n), dtype=table.dtype, device=table.device)
+    if m:
+        table2 = table if table.stride(1) == 1 else table.contiguous()
+        cfg = _config(n)
+        _embed_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
+            tokens, table2, weight.contiguous(), y, rows, m, table.shape[0], eps, table2.stride(0), y.stride(0),
+            rows.stride(0), N=n, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET,
+            num_warps=cfg["num_warps"], **pdl(table2))
+    return y, rows
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(rms_norm(x + residual), x + residual)``; inputs are not modified."""
@@ -167,6 +212,8 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
 
 OPS = [
     OpImpl(op="rms_norm", name="triton", fn=rms_norm, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES, priority=10),
+    OpImpl(op="embed_rms_norm", name="triton", fn=embed_rms_norm, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
+           priority=10),
     OpImpl(op="add_rms_norm", name="triton", fn=add_rms_norm, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
            priority=10),
     OpImpl(op="gated_rms_norm", name="triton", fn=gated_rms_norm, devices=frozenset({"cuda"}),

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from ninfer.ops.reference import rope as _reference
 from ninfer.ops.registry import OpImpl
-from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2
+from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2, pdl, pdl_wait
 
 
 @triton.jit
@@ -86,7 +86,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _cos_sin_kernel(pos_ptr, axis_ptr, inv_ptr, cos_ptr, sin_ptr, stride_pa, stride_pt, stride_ct, stride_st,
-                    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+    # The tables are computed before the PDL wait, only stored after it: the positions are a step input (copied
+    # in by the host, or made by a torch op, which never releases a dependent early) and the rest parameters, so
+    # under PDL the math runs while the previous kernel (the embedding) finishes. The stores wait: cos/sin are
+    # fresh allocations, whose blocks the previous launch may still be reading under an earlier owner.
     t = tl.program_id(0)
     i = tl.arange(0, BLOCK_HALF)
     m = i < HALF
@@ -95,6 +99,7 @@ def _cos_sin_kernel(pos_ptr, axis_ptr, inv_ptr, cos_ptr, sin_ptr, stride_pa, str
     f = pos.to(tl.float64) * tl.load(inv_ptr + i, mask=m, other=0.0).to(tl.float64)
     c = tl.cos(f).to(tl.float32)
     s = tl.sin(f).to(tl.float32)
+    pdl_wait(PDL)
     tl.store(cos_ptr + t * stride_ct + i, c, mask=m)
     tl.store(cos_ptr + t * stride_ct + HALF + i, c, mask=m)
     tl.store(sin_ptr + t * stride_st + i, s, mask=m)
@@ -120,7 +125,7 @@ def mrope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, sections, int
     inv = inv_freq if inv_freq.device == positions.device else inv_freq.to(positions.device)
     _cos_sin_kernel[(t_len,)](positions, axis, inv.contiguous(), cos, sin, positions.stride(0), positions.stride(1),
                               cos.stride(0), sin.stride(0), HALF=half, BLOCK_HALF=next_pow2(half),
-                              **({} if INTERPRET else {"num_warps": 1}))
+                              **({} if INTERPRET else {"num_warps": 1}), **pdl(positions))
     return cos, sin
 
 
