@@ -112,5 +112,4 @@ class Qwen35Model:
             out, residual = layer.mlp(NormInput(out, residual, layer.post_norm, eps))
         if logit_rows is not None:
             out, residual = out.index_select(0, logit_rows), residual.index_select(0, logit_rows)
-        h, _ = ops.add_rms_norm(out, residual, self.norm, eps)
-        return ops.logits(h, self.lm_head)
+        return ops.add_rms_norm_logits(out, residual, self.norm, eps, self.lm_head)
