@@ -102,16 +102,3 @@ def test_embed_rms_norm_is_the_gather_then_rms_norm(device, dtype, gen):
     assert_pointwise(normed, rms_oracle(table[tokens], w), CRIT[dtype], f"embed_rms_norm {dtype}")
     with pytest.raises(IndexError):
         ops.embed_rms_norm(torch.tensor([50], device=device), table, w, EPS)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_add_rms_norm_logits_is_the_composition(device, dtype, gen):
-    # By definition (contract): logits of add_rms_norm's normed rows -- bit for bit, fp32.
-    ops = reference_ops(device, dtype)
-    x = randn(gen, 3, 64, dtype=dtype, device=device)
-    res = randn(gen, 3, 64, dtype=dtype, device=device, scale=4.0)
-    w = randn(gen, 64, dtype=dtype, device=device, scale=0.3)
-    head = randn(gen, 40, 64, dtype=dtype, device=device, scale=0.125)
-    out = ops.add_rms_norm_logits(x, res, w, EPS, head)
-    assert out.dtype == torch.float32 and out.shape == (3, 40)
-    assert torch.equal(out, ops.logits(ops.add_rms_norm(x, res, w, EPS)[0], head))

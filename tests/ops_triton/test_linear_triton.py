@@ -148,38 +148,6 @@ def test_norm_prologue_kernel_rows_and_block_sizes(rows, block_n, gen):
     assert torch.equal(y, mod.gemv(h, weight, block_n=block_n))   # y is the GEMV of the normed rows it stored
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,hidden,vocab", [(1, 64, 300), (1, 2048, 40), (2, 64, 33)])
-def test_add_rms_norm_logits(dtype, rows, hidden, vocab, gen):
-    """The final norm + LM head (one row: the GEMV with the norm prologue at the head's row block, storing fp32;
-    more rows: add_rms_norm + logits). fp32 logits, each value rounded to x.dtype first (as logits rounds); equal
-    to logits of the normed rows the same kernel forms, and close to the reference composition."""
-    from ninfer.ops.triton import linear as mod
-    from ops.test_norm import EPS
-
-    ops = triton_ops(dtype)
-    assert ops.implementation("add_rms_norm_logits").name == "triton"
-    x = randn(gen, rows, hidden, dtype=dtype, device=DEVICE)
-    res = randn(gen, rows, hidden, dtype=dtype, device=DEVICE, scale=4.0)
-    w = randn(gen, hidden, dtype=dtype, device=DEVICE, scale=0.3)
-    head = randn(gen, vocab, hidden, dtype=dtype, device=DEVICE, scale=hidden ** -0.5)
-    out = ops.add_rms_norm_logits(x, res, w, EPS, head)
-    assert out.dtype == torch.float32 and out.shape == (rows, vocab)
-    assert torch.equal(out, out.to(dtype).float())                      # every logit is an x.dtype value
-    if rows == 1:
-        h, ro = torch.empty_like(x), torch.empty_like(x)
-        bn = max(1, min(8, mod._LOGITS_NORM_ELEMS // hidden))
-        mod.gemv(x, head, norm=(res, w, EPS, h, ro), block_n=bn, out_dtype=torch.float32)
-        assert torch.equal(ro, ops.add_rms_norm(x, res, w, EPS)[1])
-        assert torch.equal(out, mod.gemv(h, head, block_n=bn, out_dtype=torch.float32))
-    else:
-        assert torch.equal(out, ops.logits(ops.add_rms_norm(x, res, w, EPS)[0], head))
-    ref = reference(dtype).add_rms_norm_logits(x, res, w, EPS, head)
-    assert_normwise(out, ref.double(), CRIT[dtype], "add_rms_norm_logits vs reference")
-    with pytest.raises(ValueError, match="LM head"):
-        ops.add_rms_norm_logits(x, res, w, EPS, head[:, :-1])
-
-
 def test_add_rms_norm_linear_rejects_mismatched_shapes(gen):
     ops = triton_ops(torch.float32)
     x = randn(gen, 2, 64, device=DEVICE)

@@ -112,4 +112,5 @@ class Qwen35Model:
             out, residual = layer.mlp(NormInput(out, residual, layer.post_norm, eps))
         if logit_rows is not None:
             out, residual = out.index_select(0, logit_rows), residual.index_select(0, logit_rows)
-        return ops.add_rms_norm_logits(out, residual, self.norm, eps, self.lm_head)
+        h, _ = ops.add_rms_norm(out, residual, self.norm, eps)
+        return ops.logits(h, self.lm_head)

@@ -91,11 +91,6 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "(normed, new_residual) = add_rms_norm(x, residual, norm_weight, eps); y = linear(normed, weight): "
                "a block's pre-norm and its first projection, which at decode may run as one kernel. normed and y "
                "carry the same roundings as the two ops; the norm's reduction order may differ from add_rms_norm's."),
-    OpContract("add_rms_norm_logits",
-               "add_rms_norm_logits(x[T, N], residual[T, N], norm_weight[N], eps, weight[V, N]) -> [T, V] fp32",
-               "logits(add_rms_norm(x, residual, norm_weight, eps)[0], weight): the model's final norm and LM head, "
-               "which at decode may run as one kernel (the normed row is formed by every program of the head's "
-               "GEMV). Same roundings as the two ops; the norm's reduction order may differ from add_rms_norm's."),
     OpContract("add_rms_norm_swiglu",
                "add_rms_norm_swiglu(x[T, N], residual[T, N], norm_weight[N], eps, gate_up[2I, N]) "
                "-> (act[T, I], normed[T, N], new_residual[T, N])",

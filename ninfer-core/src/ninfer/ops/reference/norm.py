@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.ops.reference.activation import silu_and_mul
-from ninfer.ops.reference.linear import linear, logits
+from ninfer.ops.reference.linear import linear
 from ninfer.ops.registry import OpImpl
 
 
@@ -58,13 +58,6 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     return linear(normed, weight), normed, new_residual
 
 
-def add_rms_norm_logits(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                        weight: torch.Tensor) -> torch.Tensor:
-    """``logits(normed, weight)`` for ``normed = add_rms_norm(x, residual, norm_weight, eps)[0]``."""
-    normed, _ = add_rms_norm(x, residual, norm_weight, eps)
-    return logits(normed, weight)
-
-
 def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                         gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(silu_and_mul(y), normed, new_residual)`` for ``(y, normed, new_residual) = add_rms_norm_linear(...)``."""
@@ -76,7 +69,6 @@ def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
 
 OPS = [
     OpImpl(op="add_rms_norm_swiglu", name="torch_reference", fn=add_rms_norm_swiglu, priority=0),
-    OpImpl(op="add_rms_norm_logits", name="torch_reference", fn=add_rms_norm_logits, priority=0),
     OpImpl(op="rms_norm", name="torch_reference", fn=rms_norm, priority=0),
     OpImpl(op="embed_rms_norm", name="torch_reference", fn=embed_rms_norm, priority=0),
     OpImpl(op="add_rms_norm_linear", name="torch_reference", fn=add_rms_norm_linear, priority=0),

@@ -50,12 +50,6 @@ MAX_ROW_BYTES = 48 << 20
 _NORM_BN = 4
 # add_rms_norm_swiglu's rows per program: 2 gate + 2 up rows, the registers (and program count) of _NORM_BN.
 _SWIGLU_BN = 2
-# add_rms_norm_logits (the final norm + LM head, one row): BN * K = 16k weight elements per program on 8 warps (64
-# fp32 per thread), i.e. BN = 8 at K = 2048, 4 at K = 4096. The plain head (BN = 2) has every one of its 124k
-# programs read x (4 KB) from L2; here 31k programs read x, the residual and the norm weight (12 KB): less L2
-# traffic, and the sweep of the plain head found BN = 2..8 within 1 us (223.9-224.8 us on an H200).
-_LOGITS_NORM_ELEMS = 16384
-_LOGITS_NORM_WARPS = 8
 
 
 @triton.jit
@@ -211,30 +205,6 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     return y.view(*lead, weight.shape[0]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
 
 
-def add_rms_norm_logits(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                        weight: torch.Tensor) -> torch.Tensor:
-    """``logits(add_rms_norm(x, residual, ...)[0], weight)``: for one row where the fused GEMV applies, the LM head's
-    GEMV with the norm prologue, storing fp32 (:data:`_LOGITS_NORM_ELEMS` weight elements per program: fewer, wider
-    programs than the plain head's, so the norm's L2 reads per program stay below the plain head's x reads); else
-    the Triton add_rms_norm followed by :func:`logits`."""
-    n_in = x.shape[-1]
-    if residual.shape != x.shape or norm_weight.shape != (n_in,) or weight.shape[-1] != n_in:
-        raise ValueError(f"add_rms_norm_logits: x {tuple(x.shape)}, residual {tuple(residual.shape)}, norm weight "
-                         f"{tuple(norm_weight.shape)}, LM head {tuple(weight.shape)}")
-    rows = x.numel() // n_in if n_in else 0
-    if not (rows == 1 and use_gemv(x, weight) and n_in <= _TILE and residual.dtype == x.dtype
-            and residual.stride(-1) == 1):
-        normed, _ = _norm.add_rms_norm(x, residual, norm_weight, eps)
-        return logits(normed, weight)
-    x2, r2 = x.reshape(-1, n_in), residual.reshape(-1, n_in)
-    normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    bn = max(1, min(8, _LOGITS_NORM_ELEMS // next_pow2(n_in)))
-    y = gemv(x2, weight, norm=(r2, norm_weight.contiguous(), eps, normed, new_residual), block_n=bn,
-             warps=_LOGITS_NORM_WARPS, out_dtype=torch.float32)
-    return y.view(*x.shape[:-1], weight.shape[0])
-
-
 def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                         gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(silu_and_mul(linear(normed, gate_up)), normed, new_residual)``: for one row where the fused
@@ -264,6 +234,4 @@ OPS = [OpImpl(op="linear", name="triton", fn=linear, devices=frozenset({"cuda"})
        OpImpl(op="add_rms_norm_linear", name="triton", fn=add_rms_norm_linear, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10),
        OpImpl(op="add_rms_norm_swiglu", name="triton", fn=add_rms_norm_swiglu, devices=frozenset({"cuda"}),
-              dtypes=KERNEL_DTYPES, priority=10),
-       OpImpl(op="add_rms_norm_logits", name="triton", fn=add_rms_norm_logits, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10)]
