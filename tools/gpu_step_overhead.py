@@ -92,10 +92,11 @@ def main() -> int:
         torch.cuda.synchronize()
         graphs = engine._program.graphs  # noqa: SLF001 (diagnostics)
         graph, _ = graphs._graphs[1]  # noqa: SLF001
-        # The engine's B=1 input copy starts at the meta (the tokens stay on the device) and ends after the row's
-        # pages (16 here: 256 tokens): the same span.
+        # The engine's B=1 input copy starts at the ring row (the tokens stay on the device) and ends after the
+        # row's pages (16 here: 256 tokens): the same span. (The replays below store into whatever ring row was
+        # staged last; nothing reads it.)
         lay = _Layout(1, graphs.max_batch, graphs.max_pages)
-        meta, end = lay.meta, -(-(lay.table32 + 16) // 2)
+        meta, end = lay.ring, -(-(lay.table32 + 16) // 2)
         n_in = end - meta
         host_in = graphs.packed[meta:end].cpu().pin_memory()
         tokens = graphs.packed[:1]

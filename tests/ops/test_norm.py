@@ -100,5 +100,6 @@ def test_embed_rms_norm_is_the_gather_then_rms_norm(device, dtype, gen):
     assert torch.equal(rows, table[tokens]) and rows.data_ptr() != table.data_ptr()
     assert normed.dtype == dtype
     assert_pointwise(normed, rms_oracle(table[tokens], w), CRIT[dtype], f"embed_rms_norm {dtype}")
-    with pytest.raises(IndexError):
-        ops.embed_rms_norm(torch.tensor([50], device=device), table, w, EPS)
+    if device == "cpu":   # on CUDA torch's index_select checks ids with a device-side assert instead
+        with pytest.raises(IndexError):
+            ops.embed_rms_norm(torch.tensor([50], device=device), table, w, EPS)

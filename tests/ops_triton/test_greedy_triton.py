@@ -107,6 +107,12 @@ def test_host_ring_row_equals_the_tokens(gen):
     assert (ring[:3] == -1).all() and (ring[3, 10:] == -1).all()
     with pytest.raises(ValueError, match="outside|int64"):
         ops.greedy_tokens(logits, host=(ring, torch.tensor([1, 2], device=DEVICE)))
+    before = ring.clone()
+    for bad in (4, -1):                  # a row index outside the ring (read on the device): nothing is stored
+        ops.greedy_tokens(logits, host=(ring, torch.tensor([bad], device=DEVICE)))
+    if CUDA:
+        torch.cuda.synchronize()
+    assert torch.equal(ring, before)
 
 
 @pytest.mark.gpu

@@ -62,3 +62,33 @@ def test_processed_or_sampled_rows_never_use_it(dense):
     token, _, answered, vocab = step_with_hook(dense, sampled)
     assert answered == []               # not consulted at all
     assert 0 <= token < vocab
+
+
+def test_the_host_copy_of_precomputed_tokens_is_used_when_the_forward_made_one(dense):
+    """A decode graph also stores its greedy tokens into pinned memory (``precomputed_host_tokens``): the step's
+    token is then read from there (no copy of the device tokens), and only for the precomputed tensor itself."""
+    prog = make_program(dense)
+    run = Runner(prog)
+    seq = run.open(prompt(7, 6))
+    run.prefill(seq)
+    prog.reserve_units({seq: 1})
+    made: dict[str, torch.Tensor] = {}
+    asked: list[bool] = []
+
+    class Host:
+        def values(self) -> list[int]:
+            return [5]
+
+    def hook(logits):
+        made["tokens"] = torch.tensor([3])
+        return made["tokens"]
+
+    def host_hook(tokens):
+        asked.append(tokens is made.get("tokens"))
+        return Host() if asked[-1] else None
+
+    prog.precomputed_greedy = hook
+    prog.precomputed_host_tokens = host_hook
+    pending = prog.run(ExecutionUnit(decode=(DecodeRow(seq, GREEDY),)))
+    assert asked == [True]
+    assert pending.row(seq).tokens == (5,)            # the host copy's answer, not the device tensor's 3

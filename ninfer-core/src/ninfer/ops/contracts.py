@@ -72,7 +72,8 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "Program's all-greedy fast path (equal to ``sample`` at temperature 0 on rows without +-inf). "
                "Written into ``out`` when given (a [B] int64 view, e.g. a decode graph's static token buffer) "
                "and returned. ``host = (ring[R, >=B] int64 CPU, row[1] int64 on the logits' device)``: also stored "
-               "into ring[row[0], :B], which a decode graph hands to the host without a copy between replays "
+               "into ring[row[0], :B] (row[0] in [0, R): the reference raises otherwise, a kernel stores nothing), "
+               "which a decode graph hands to the host without a copy between replays "
                "(an implementation that stores into pinned memory from the device, capturable, marks its "
                "function ``host_capturable = True``; the reference synchronises)."),
     OpContract("rms_norm", "rms_norm(x[..., N], weight[N], eps) -> [..., N]",
@@ -83,8 +84,8 @@ CONTRACTS: dict[str, OpContract] = {c.name: c for c in (
                "embed_rms_norm(tokens[T] int64, table[V, N], norm_weight[N], eps) -> (normed[T, N], rows[T, N])",
                "rows = table[tokens] (a gathered copy, in table's dtype); normed = rms_norm(rows, norm_weight, eps): "
                "the embedding lookup and the first block's pre-norm, one launch at decode. Token ids must lie in "
-               "[0, V) (the engine checks every id on entry; a kernel may clamp so a bad id cannot fault the "
-               "device, the reference raises)."),
+               "[0, V) (the engine checks every id on entry): a kernel may clamp so a bad id cannot fault the "
+               "device; the reference raises IndexError on the CPU (torch device-asserts on CUDA)."),
     OpContract("add_rms_norm_linear",
                "add_rms_norm_linear(x[T, N], residual[T, N], norm_weight[N], eps, weight[out, N]) "
                "-> (y[T, out], normed[T, N], new_residual[T, N])",

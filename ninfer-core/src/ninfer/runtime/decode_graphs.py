@@ -161,6 +161,7 @@ class DecodeGraphs:
         sizes = sorted(set(batch_sizes or range(1, self.max_batch + 1)), reverse=True)
         if sizes and not 1 <= sizes[-1] <= sizes[0] <= self.max_batch:
             raise ValueError(f"batch sizes {sizes} are outside 1..{self.max_batch}")
+        self._keep_ring_readers()   # the warm-up and capture write ring row 0
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -219,7 +220,7 @@ class DecodeGraphs:
         host_tokens = None
         if self.ring is not None:
             ready = torch.cuda.Event()
-            ready.record()
+            ready.record(torch.cuda.current_stream(self.device))
             host_tokens = self._ring_readers[row] = HostTokens(self.ring[row, :b], ready)
         self._last = (out, tokens, host_tokens)
         return out
@@ -238,11 +239,14 @@ class DecodeGraphs:
             return None
         return self._last[2]
 
-    def close(self) -> None:
+    def _keep_ring_readers(self) -> None:
         for reader in self._ring_readers:
             if reader is not None:
                 reader.keep()
         self._ring_readers = [None] * RING_ROWS
+
+    def close(self) -> None:
+        self._keep_ring_readers()
         self._graphs.clear()
         self._pool = None
         self._last = None

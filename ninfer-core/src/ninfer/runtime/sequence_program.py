@@ -898,7 +898,8 @@ class SequenceProgram(ABC):
                 torch.tensor([p.presence_penalty for p in params], dtype=torch.float32, device=dev),
                 torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32, device=dev))
         tokens = self._draw(processed, rows)
-        token_list = [int(t) for t in tokens.tolist()]
+        host = self.precomputed_host_tokens(tokens)   # a decode graph's greedy tokens: already on their way
+        token_list = host.values() if host is not None else [int(t) for t in tokens.tolist()]
         want = [b for b, (_, rs) in enumerate(rows) if wants_logprobs(rs)]
         lp = torch.log_softmax(raw[want], dim=-1).cpu() if want else None
         return token_list, self._token_logprobs(lp, want, rows, token_list)

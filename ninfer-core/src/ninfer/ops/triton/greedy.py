@@ -62,10 +62,11 @@ def _partial_kernel(x_ptr, val_ptr, idx_ptr, V, S, stride_x, FMAX: tl.constexpr,
 
 
 @triton.jit
-def _final_kernel(val_ptr, idx_ptr, out_ptr, ring_ptr, row_ptr, S, stride_out, stride_ring,
+def _final_kernel(val_ptr, idx_ptr, out_ptr, ring_ptr, row_ptr, S, stride_out, stride_ring, R,
                   BLOCK_S: tl.constexpr, HOST: tl.constexpr, PDL: tl.constexpr):
     """Program (row b): the lowest reported index among the slices reaching the row maximum; with HOST also
-    stored into the host ring's row ``row_ptr[0]`` (pinned memory, written over the bus by this store)."""
+    stored into the host ring's row ``row_ptr[0]`` (pinned memory, written over the bus by this store) when that
+    row is one of the ring's R (a row index outside them stores nothing, never past the ring)."""
     b = tl.program_id(0)
     offs = tl.arange(0, BLOCK_S)
     mask = offs < S
@@ -77,7 +78,7 @@ def _final_kernel(val_ptr, idx_ptr, out_ptr, ring_ptr, row_ptr, S, stride_out, s
     tl.store(out_ptr + b.to(tl.int64) * stride_out, tok)
     if HOST:
         r = tl.load(row_ptr)
-        tl.store(ring_ptr + r * stride_ring + b, tok)
+        tl.store(ring_ptr + r * stride_ring + b, tok, mask=(r >= 0) & (r < R))
 
 
 def greedy_tokens(logits: torch.Tensor, out: torch.Tensor | None = None, host: tuple | None = None) -> torch.Tensor:
@@ -104,7 +105,7 @@ def greedy_tokens(logits: torch.Tensor, out: torch.Tensor | None = None, host: t
     _partial_kernel[(bsz, n_slices)](logits, vals, idxs, vocab, n_slices, logits.stride(0),
                                      FMAX=torch.finfo(logits.dtype).max, BLOCK=_BLOCK, num_warps=4, **launch)
     ring, row = host if host is not None else (out, out)   # unused pointers when HOST is off
-    _final_kernel[(bsz,)](vals, idxs, out, ring, row, n_slices, out.stride(0), ring.stride(0),
+    _final_kernel[(bsz,)](vals, idxs, out, ring, row, n_slices, out.stride(0), ring.stride(0), ring.shape[0],
                           BLOCK_S=next_pow2(n_slices), HOST=host is not None, num_warps=1, **launch)
     return out
 

@@ -161,11 +161,15 @@ def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tens
     rows = torch.empty((m, n), dtype=table.dtype, device=table.device)
     if m:
         table2 = table if table.stride(1) == 1 else table.contiguous()
+        w = weight.contiguous()
+        # The kernel reads the norm weight before its PDL wait: a weight the wrapper just copied was written by the
+        # launch right before, so then no PDL.
+        launch = pdl(table2) if w is weight else {"PDL": False}
         cfg = _config(n)
         _embed_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
-            tokens, table2, weight.contiguous(), y, rows, m, table.shape[0], eps, table2.stride(0), y.stride(0),
+            tokens, table2, w, y, rows, m, table.shape[0], eps, table2.stride(0), y.stride(0),
             rows.stride(0), N=n, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET,
-            num_warps=cfg["num_warps"], **pdl(table2))
+            num_warps=cfg["num_warps"], **launch)
     return y, rows
 
 

@@ -87,10 +87,12 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _cos_sin_kernel(pos_ptr, axis_ptr, inv_ptr, cos_ptr, sin_ptr, stride_pa, stride_pt, stride_ct, stride_st,
                     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
-    # The tables are computed before the PDL wait, only stored after it: the positions are a step input (copied
-    # in by the host, or made by a torch op, which never releases a dependent early) and the rest parameters, so
-    # under PDL the math runs while the previous kernel (the embedding) finishes. The stores wait: cos/sin are
-    # fresh allocations, whose blocks the previous launch may still be reading under an earlier owner.
+    # The tables are computed before the PDL wait, only stored after it, so under PDL the math runs while the
+    # previous kernel (the embedding, in the model) finishes. Safe because the launch right before this one never
+    # writes what it reads early: the positions are a step input, made at least two launches back (the model
+    # launches embed_rms_norm in between), and the axis table and inv_freq are parameters (the wrapper launches
+    # without PDL when it had to convert inv_freq). The stores wait: cos/sin are fresh allocations, whose blocks
+    # the previous launch may still be reading under an earlier owner.
     t = tl.program_id(0)
     i = tl.arange(0, BLOCK_HALF)
     m = i < HALF
@@ -123,9 +125,12 @@ def mrope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, sections, int
         return cos, sin
     axis = _reference.axis_tensor(tuple(axes), positions.device)
     inv = inv_freq if inv_freq.device == positions.device else inv_freq.to(positions.device)
-    _cos_sin_kernel[(t_len,)](positions, axis, inv.contiguous(), cos, sin, positions.stride(0), positions.stride(1),
+    inv = inv.contiguous()
+    # A converted inv_freq was written by the launch right before: the kernel reads it before its wait, so no PDL.
+    launch = pdl(positions) if inv is inv_freq else {"PDL": False}
+    _cos_sin_kernel[(t_len,)](positions, axis, inv, cos, sin, positions.stride(0), positions.stride(1),
                               cos.stride(0), sin.stride(0), HALF=half, BLOCK_HALF=next_pow2(half),
-                              **({} if INTERPRET else {"num_warps": 1}), **pdl(positions))
+                              **({} if INTERPRET else {"num_warps": 1}), **launch)
     return cos, sin
 
 
