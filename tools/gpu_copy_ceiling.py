@@ -14,11 +14,11 @@ many times.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import torch
+from diag_report import emit_report
 
 
 def main() -> int:
@@ -57,12 +57,7 @@ def main() -> int:
 
         report["bench_measurements_gb_s"] = [measure_copy_bandwidth(torch.device("cuda"), n) / 1e9
                                              for _ in range(args.bench_limits)]
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0
+    return emit_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,11 @@ what the host adds on top. Prints one JSON object (and writes it to ``--out`` wh
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import torch
+from diag_report import emit_report
 
 
 def _timed(fn, steps: int) -> float:
@@ -127,12 +127,7 @@ def main() -> int:
         result = Workload(engine, settings).decode(1)
         report["engine_step_us"] = result.step_s * 1e6
         report["engine_tok_s"] = result.tokens_per_s
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0
+    return emit_report(report, args.out)
 
 
 if __name__ == "__main__":

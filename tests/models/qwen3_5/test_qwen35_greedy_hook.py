@@ -19,14 +19,20 @@ def dense(qwen_case):
     return qwen_case("dense")
 
 
-def step_with_hook(dense, sampling: RowSampling) -> tuple[int, int, list[bool], int]:
-    """One decode step of one sequence: (the token drawn, the plain argmax of its logits, the hook's answers
-    (True: it answered, for the forward's own tensor), the vocabulary size)."""
+def ready_for_a_decode_step(dense):
+    """A Program holding one prefilled sequence with one decode unit reserved: (program, sequence)."""
     prog = make_program(dense)
     run = Runner(prog)
     seq = run.open(prompt(7, 6))
     run.prefill(seq)
     prog.reserve_units({seq: 1})
+    return prog, seq
+
+
+def step_with_hook(dense, sampling: RowSampling) -> tuple[int, int, list[bool], int]:
+    """One decode step of one sequence: (the token drawn, the plain argmax of its logits, the hook's answers
+    (True: it answered, for the forward's own tensor), the vocabulary size)."""
+    prog, seq = ready_for_a_decode_step(dense)
     last: dict[str, torch.Tensor] = {}
     answered: list[bool] = []
     forward = prog.forward
@@ -67,11 +73,7 @@ def test_processed_or_sampled_rows_never_use_it(dense):
 def test_the_host_copy_of_precomputed_tokens_is_used_when_the_forward_made_one(dense):
     """A decode graph also stores its greedy tokens into pinned memory (``precomputed_host_tokens``): the step's
     token is then read from there (no copy of the device tokens), and only for the precomputed tensor itself."""
-    prog = make_program(dense)
-    run = Runner(prog)
-    seq = run.open(prompt(7, 6))
-    run.prefill(seq)
-    prog.reserve_units({seq: 1})
+    prog, seq = ready_for_a_decode_step(dense)
     made: dict[str, torch.Tensor] = {}
     asked: list[bool] = []
 
