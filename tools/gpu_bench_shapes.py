@@ -581,6 +581,9 @@ def summarize(args, geometry, weights, conversion, ours, hf) -> dict:
             if act is not None:
                 row["active_bytes_per_step"] = act
                 row["copy_bandwidth_ratio_active"] = act / (step_ms / 1e3) / limits["copy_bytes_per_s"]
+                if limits.get("copy_bytes_per_s_after"):   # the same copy measured after the workload
+                    row["copy_bandwidth_ratio_active_after"] = (act / (step_ms / 1e3)
+                                                                / limits["copy_bytes_per_s_after"])
         return row
 
     def prefill_entry(tokens, tok_s, ttft_ms):
@@ -634,13 +637,15 @@ def print_table(s: dict) -> None:
 
     ours = s["ours"] if s["ours"] and "decode" in s["ours"] else {"decode": [], "prefill": []}
     hf = s["hf"] or {"decode": [], "prefill": []}
-    print(f"\n{'decode':<8} {'ours tok/s':>11} {'of BW':>7} {'act BW':>7} {'HF tok/s':>10} {'of BW':>7} {'ours/HF':>8}")
+    print(f"\n{'decode':<8} {'ours tok/s':>11} {'of BW':>7} {'act BW':>7} {'(after)':>7} {'HF tok/s':>10} {'of BW':>7} "
+          f"{'ours/HF':>8}")
     for b in sorted({r["batch"] for r in ours["decode"]} | {r["batch"] for r in hf["decode"]}):
         o = next((r for r in ours["decode"] if r["batch"] == b), {})
         h = next((r for r in hf["decode"] if r["batch"] == b), {})
         ratio = o["tokens_per_s"] / h["tokens_per_s"] if o and h else None
         print(f"B={b:<6} {fmt(o.get('tokens_per_s'), ',.1f'):>11} {fmt(o.get('copy_bandwidth_ratio'), '.2%'):>7} "
-              f"{fmt(o.get('copy_bandwidth_ratio_active'), '.2%'):>7} {fmt(h.get('tokens_per_s'), ',.1f'):>10} "
+              f"{fmt(o.get('copy_bandwidth_ratio_active'), '.2%'):>7} "
+              f"{fmt(o.get('copy_bandwidth_ratio_active_after'), '.2%'):>7} {fmt(h.get('tokens_per_s'), ',.1f'):>10} "
               f"{fmt(h.get('copy_bandwidth_ratio'), '.2%'):>7} {fmt(ratio, '.2f'):>8}")
     print(f"\n{'prefill':<8} {'ours tok/s':>11} {'TTFT ms':>9} {'of peak':>8} {'HF tok/s':>10} {'TTFT ms':>9} "
           f"{'of peak':>8} {'ours/HF':>8}")

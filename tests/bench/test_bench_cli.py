@@ -26,6 +26,7 @@ def test_bench_cli_writes_a_complete_report(bench_env, tmp_path):
     run = subprocess.run(cmd, env=bench_env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "decode:" in run.stdout and "prefill:" in run.stdout and "of copy BW" in run.stdout
+    assert "GB/s after the workload" in run.stdout
     assert "capped to max_context - 1 = 299" in run.stderr
 
     report = json.loads(out.read_text())
@@ -51,6 +52,9 @@ def test_bench_cli_writes_a_complete_report(bench_env, tmp_path):
         assert abs(row["tokens_per_s"] * row["step_ms"] / 1000 - row["batch"]) < 1e-9
         ratio = row["bytes_per_step"] / (row["step_ms"] / 1000) / limits["copy_bytes_per_s"]
         assert abs(row["copy_bandwidth_ratio"] - ratio) < 1e-9 * ratio
+        # The copy measured again after the workload (the engine closed), and the ratio against it.
+        after = row["bytes_per_step"] / (row["step_ms"] / 1000) / limits["copy_bytes_per_s_after"]
+        assert abs(row["copy_bandwidth_ratio_after"] - after) < 1e-9 * after
     for row in report["prefill"]:
         assert row["flops"] == prefill_flops(profile, row["tokens"])
         ratio = row["flops"] / (row["ttft_ms"] / 1000) / limits["matmul_flops_per_s"]

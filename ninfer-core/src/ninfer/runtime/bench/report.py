@@ -13,7 +13,8 @@ Accounting (from the architecture's ModelProfile; a multiply-add is two FLOPs):
 
 Ratios: decode ``bytes_per_step * steps_per_s / copy_bytes_per_s`` and prefill ``flops / ttft /
 matmul_flops_per_s``, the limits measured in the same run (:mod:`.limits`). 1.0 is the physical
-floor; the engine's overheads (launches, host work, scheduling) are what keeps a figure under it.
+floor; the engine's overheads (launches, host work, scheduling) are what keeps a figure under it. When the
+copy was measured again after the workload, each decode row also has ``copy_bandwidth_ratio_after``.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def decode_row(profile: ModelProfile, limits: DeviceLimits, r: DecodeResult) -> 
     achieved = step_bytes / r.step_s
     return {"batch": r.batch, "tokens_per_s": r.tokens_per_s, "step_ms": r.step_s * 1000.0,
             "context_tokens": r.context_tokens, "bytes_per_step": step_bytes, "achieved_bytes_per_s": achieved,
-            "copy_bandwidth_ratio": achieved / limits.copy_bytes_per_s, "ttft_ms": r.ttft_s * 1000.0,
+            "copy_bandwidth_ratio": achieved / limits.copy_bytes_per_s,
+            "copy_bandwidth_ratio_after": (None if limits.copy_bytes_per_s_after is None
+                                           else achieved / limits.copy_bytes_per_s_after),
+            "ttft_ms": r.ttft_s * 1000.0,
             "steps": r.steps, "short_run_s": r.short_s, "long_run_s": r.long_s,
             "short_run_samples_s": list(r.short_samples), "long_run_samples_s": list(r.long_samples)}
 
@@ -79,24 +83,32 @@ def build_report(*, meta: dict[str, Any], engine_info: dict[str, Any], profile: 
     }
 
 
+def _after(lim: dict[str, Any]) -> str:
+    after = lim.get("copy_bytes_per_s_after")
+    return "" if after is None else f", {after / 1e9:,.1f} GB/s after the workload"
+
+
 def format_report(report: dict[str, Any]) -> str:
     lim, s = report["limits"], report["settings"]
     lines = [
         f"ninfer bench: {report['model']['name']} on {report['engine']['device']} ({report['engine']['dtype']}), "
         f"{report['date']}",
         f"limits: copy {lim['copy_bytes_per_s'] / 1e9:,.1f} GB/s (read + write, {lim['copy_buffer_bytes'] >> 20} MiB "
-        f"buffer); matmul {lim['matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s ({lim['matmul_dtype']}, n={lim['matmul_n']})",
+        f"buffer){_after(lim)}; matmul {lim['matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s ({lim['matmul_dtype']}, "
+        f"n={lim['matmul_n']})",
     ]
     if report["decode"]:
         lines += ["",
                   f"decode: prompt {s['decode_prompt_tokens']} + {s['decode_base_tokens']} tokens, then "
                   f"{s['decode_steps']} measured steps; median of {s['repeats']}",
                   f"{'B':>3} {'tok/s':>10} {'step ms':>9} {'context':>8} {'MB/step':>9} {'GB/s':>8} "
-                  f"{'of copy BW':>10} {'TTFT ms':>9}"]
+                  f"{'of copy BW':>10} {'(after)':>9} {'TTFT ms':>9}"]
         for r in report["decode"]:
+            after = r.get("copy_bandwidth_ratio_after")
             lines.append(f"{r['batch']:>3} {r['tokens_per_s']:>10,.1f} {r['step_ms']:>9.2f} {r['context_tokens']:>8.0f} "
                          f"{r['bytes_per_step'] / 1e6:>9.2f} {r['achieved_bytes_per_s'] / 1e9:>8.2f} "
-                         f"{r['copy_bandwidth_ratio']:>10.2%} {r['ttft_ms']:>9.1f}")
+                         f"{r['copy_bandwidth_ratio']:>10.2%} {'-' if after is None else f'{after:.2%}':>9} "
+                         f"{r['ttft_ms']:>9.1f}")
     if report["prefill"]:
         lines += ["", f"prefill: one request, one output token; median of {s['repeats']}",
                   f"{'tokens':>7} {'tok/s':>10} {'TTFT ms':>10} {'GFLOP':>9} {'GFLOP/s':>9} {'of matmul peak':>14}"]
