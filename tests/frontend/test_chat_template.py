@@ -195,3 +195,43 @@ def test_a_template_that_fails_is_a_chat_template_error(source, why):
 
     with pytest.raises(ChatTemplateError, match=why):
         ChatTemplate(source, origin="test template").render(messages=[])
+
+
+@pytest.mark.parametrize("source, why", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "budget of 200,000 steps"),
+    ("{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}{{ f(40) }}",
+     "budget of 200,000 steps"),
+    ("{{ 'a' * 10**9 }}", "over the sandbox's 1,000,000"),
+    ("{{ [0] * 10**8 }}", "over the sandbox's 1,000,000"),
+    ("{{ 3 ** 100000000 }}", "too large for the sandbox"),
+])
+def test_a_template_that_would_run_for_hours_stops_with_a_chat_template_error(source, why):
+    """The sandbox stops escapes, not work: each render has a step budget (loop iterations and calls) and bounded
+    ``*`` / ``**``; past them the render ends with a ChatTemplateError naming the budget (in about a second)."""
+    from ninfer.models.common.qwen.chat_template import ChatTemplate, ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match=why):
+        ChatTemplate(source, origin="test template").render(messages=[])
+
+
+def test_budgeted_loops_keep_their_semantics():
+    """Loops run through the budget's guard: loop.index/length/last, else, recursive loops and loop controls are
+    unchanged, small products and powers too, and the budget is per render (many renders never add up)."""
+    from ninfer.models.common.qwen.chat_template import RENDER_STEPS, ChatTemplate
+
+    cases = {
+        "{% for x in [1,2,3] %}{{ loop.index }}/{{ loop.length }}{% if loop.last %}!{% endif %}{% endfor %}":
+            "1/32/33/3!",
+        "{% for x in [] %}{{ x }}{% else %}empty{% endfor %}": "empty",
+        "{% for x in [[1,[2]],[3]] recursive %}[{% if x is iterable %}{{ loop(x) }}{% else %}{{ x }}{% endif %}]"
+        "{% endfor %}": "[[1][[2]]][[3]]",
+        "{% for x in range(9) %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}"
+        "{% endfor %}": "013",
+        "{{ 'ab' * 3 }} {{ 2 ** 10 }} {{ 3 * 4 }} {{ [1] * 2 }}": "ababab 1024 12 [1, 1]",
+    }
+    for source, want in cases.items():
+        assert ChatTemplate(source).render(messages=[]) == want, source
+    n = (RENDER_STEPS * 9 // 10) // 2                  # 90% of the budget in two loops (the sandbox caps a range)
+    near = ChatTemplate("{% for i in range(2) %}{% for j in range(" + str(n) + ") %}{% endfor %}{% endfor %}ok")
+    for _ in range(3):
+        assert near.render(messages=[]) == "ok"
