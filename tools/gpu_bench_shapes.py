@@ -577,6 +577,8 @@ def summarize(args, geometry, weights, conversion, ours, hf) -> dict:
             b = decode_step_bytes(profile, batch, context)
             row["bytes_per_step"] = b
             row["copy_bandwidth_ratio"] = b / (step_ms / 1e3) / limits["copy_bytes_per_s"]
+            if limits.get("copy_bytes_per_s_after"):   # the same copy measured after the workload
+                row["copy_bandwidth_ratio_after"] = b / (step_ms / 1e3) / limits["copy_bytes_per_s_after"]
             act = active_bytes(batch, b)
             if act is not None:
                 row["active_bytes_per_step"] = act
@@ -626,7 +628,9 @@ def print_table(s: dict) -> None:
     print(f"\n== Qwen3.5 {s['shape']} shape, {s['layers']} of {s['published_layers']} layers, "
           f"{s['weights']['bytes'] / 1e9:.2f} GB bf16 ({s['weights']['parameters'] / 1e9:.3f} B params)")
     if lim:
-        print(f"limits: copy {lim['copy_bytes_per_s'] / 1e9:,.0f} GB/s, {lim['matmul_dtype']} matmul "
+        after = lim.get("copy_bytes_per_s_after")
+        print(f"limits: copy {lim['copy_bytes_per_s'] / 1e9:,.0f} GB/s"
+              f"{'' if not after else f' ({after / 1e9:,.0f} after the workload)'}, {lim['matmul_dtype']} matmul "
               f"{lim['matmul_flops_per_s'] / 1e12:,.1f} TFLOP/s")
     if s["hf"]:
         print(f"transformers {s['hf'].get('transformers')}: {s['hf'].get('path')}")
@@ -645,7 +649,8 @@ def print_table(s: dict) -> None:
         ratio = o["tokens_per_s"] / h["tokens_per_s"] if o and h else None
         print(f"B={b:<6} {fmt(o.get('tokens_per_s'), ',.1f'):>11} {fmt(o.get('copy_bandwidth_ratio'), '.2%'):>7} "
               f"{fmt(o.get('copy_bandwidth_ratio_active'), '.2%'):>7} "
-              f"{fmt(o.get('copy_bandwidth_ratio_active_after'), '.2%'):>7} {fmt(h.get('tokens_per_s'), ',.1f'):>10} "
+              f"{fmt(o.get('copy_bandwidth_ratio_active_after', o.get('copy_bandwidth_ratio_after')), '.2%'):>7} "
+              f"{fmt(h.get('tokens_per_s'), ',.1f'):>10} "
               f"{fmt(h.get('copy_bandwidth_ratio'), '.2%'):>7} {fmt(ratio, '.2f'):>8}")
     print(f"\n{'prefill':<8} {'ours tok/s':>11} {'TTFT ms':>9} {'of peak':>8} {'HF tok/s':>10} {'TTFT ms':>9} "
           f"{'of peak':>8} {'ours/HF':>8}")

@@ -91,6 +91,9 @@ def test_bench_prefill_only_needs_no_decode_context(bench_env, tmp_path):
     report = json.loads(out.read_text())
     assert report["decode"] == [] and [r["tokens"] for r in report["prefill"]] == [32]
     assert report["engine"]["max_context"] == 33
+    # No decode runs: no second copy measurement (it only qualifies decode ratios).
+    assert report["limits"]["copy_bytes_per_s_after"] is None
+    assert "measuring copy bandwidth again" not in run.stderr and "after the workload" not in run.stdout
 
 
 def test_bench_refuses_a_negative_seed_before_measuring(bench_env):

@@ -203,7 +203,20 @@ def test_a_template_that_fails_is_a_chat_template_error(source, why):
      "budget of 200,000 steps"),
     ("{{ 'a' * 10**9 }}", "over the sandbox's 1,000,000"),
     ("{{ [0] * 10**8 }}", "over the sandbox's 1,000,000"),
-    ("{{ 3 ** 100000000 }}", "too large for the sandbox"),
+    ("{{ 3 ** 100000000 }}", "integer power over 10,000 digits"),
+    # a recursive loop's inner levels count too (loop(x) hands x to the loop directly)
+    ("{% for x in [0] recursive %}{% if loop.depth < 4 %}{{ loop(range(100000)) }}{% endif %}{% endfor %}",
+     "budget of 200,000 steps"),
+    # the guard is a filter: a template variable of its name cannot switch it off
+    ("{% set ninfer_loop_guard = {}.fromkeys %}{% set r = range(3000) %}{% for i in r %}{% for j in r %}{% endfor %}"
+     "{% endfor %}", "budget of 200,000 steps"),
+    ("{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+     "sum of 524288 \\+ 524288 items"),
+    ("{% set ns = namespace(x=10**4000) %}{% for i in range(14) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
+     "integer product over 10,000 digits"),
+    ("{{ ((10**4000)**2)**2 }}", "integer power over 10,000 digits"),
+    ("{% for i in range(100) %}{{ 'a' * 999999 }}{% endfor %}", "output ran past 67,108,864 characters"),
+    ("{{ lipsum(10**8) }}", "'lipsum' is undefined"),
 ])
 def test_a_template_that_would_run_for_hours_stops_with_a_chat_template_error(source, why):
     """The sandbox stops escapes, not work: each render has a step budget (loop iterations and calls) and bounded
@@ -228,6 +241,10 @@ def test_budgeted_loops_keep_their_semantics():
         "{% for x in range(9) %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 4 %}{% break %}{% endif %}{{ x }}"
         "{% endfor %}": "013",
         "{{ 'ab' * 3 }} {{ 2 ** 10 }} {{ 3 * 4 }} {{ [1] * 2 }}": "ababab 1024 12 [1, 1]",
+        "{{ (2 ** 20000) % 7 }} {{ 1.0000001 ** 100000000 > 22026 }} {{ (1e308 * 10) ** 2 }}": "4 True inf",
+        "{% set s = 'a' * 999999 %}{{ (s * 1)|length }} {{ (s + 'b')|length }}": "999999 1000000",
+        "{% for k, v in {'a': 1}.items() %}{{ k }}={{ v }}{% endfor %}{% for x in range(5) if x % 2 %}{{ x }}"
+        "{% endfor %}": "a=113",
     }
     for source, want in cases.items():
         assert ChatTemplate(source).render(messages=[]) == want, source

@@ -140,9 +140,9 @@ def _check_generation_config(gen: Mapping[str, Any], where: str, tokenizer: Toke
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    """The runtime's template environment as far as compiling goes (``chat_template._environment``:
-    same class, options and extension; its ``tojson`` filter replaces one of the same name, and globals
-    only matter when rendering). Not imported: that package pulls in the whole Qwen frontend."""
+    """The runtime's template environment as far as compiling goes (``chat_template._environment``: the same
+    sandbox, options and extension; the runtime's subclass only adds render-time budgets, and its filters and
+    globals only matter when rendering). Not imported: that package pulls in the whole Qwen frontend."""
     return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
 
 

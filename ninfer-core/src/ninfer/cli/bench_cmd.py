@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import json
 import os
 import platform
@@ -167,10 +168,21 @@ def run(args) -> int:
                            prefill_chunk_size=engine.options.prefill_chunk_size,
                            lookahead_steps={k: getattr(stats, f"lookahead_{k}") for k in ("launched", "adopted",
                                                                                           "dropped")})
+    run_settings = work.settings
     if batches:
-        # The same copy again, the engine closed: the ceiling drifts with what the device just ran (limits.py).
+        # The same copy again once the engine's memory is free: the ceiling drifts with what the device just ran
+        # (limits.py). A closed Engine still holds its Program (weights, KV pool, graphs) until it is dropped.
+        del work, engine
+        gc.collect()
+        if planned.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
         say("measuring copy bandwidth again after the workload")
-        limits = remeasure_copy(limits, planned.device)
+        try:
+            limits = remeasure_copy(limits, planned.device)
+        except (RuntimeError, MemoryError) as exc:   # the report of the finished runs is not lost over it
+            say(f"the second copy measurement failed ({exc}); the report has none")
     meta = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "command": command_line(args),
             "ninfer_version": __version__, "git_commit": _git_commit(), "machine": _machine(planned.device),
@@ -178,7 +190,7 @@ def run(args) -> int:
                       "artifact": str(artifact), "artifact_id": info.get("artifact_id")},
             "prefill_lengths_requested": list(lengths)}
     report = build_report(meta=meta, engine_info=engine_info, profile=planned.profile, limits=limits,
-                          settings=work.settings, decode=decode, prefill=prefill,
+                          settings=run_settings, decode=decode, prefill=prefill,
                           memory=summary.as_dict() if summary is not None else None)
     print(format_report(report))
     if args.output is not None:
