@@ -48,7 +48,7 @@ _LOG10_2 = 0.30103
 
 
 class _BudgetExceeded(Exception):
-    pass
+    """A render spent its step budget; ChatTemplate.render turns it into a ChatTemplateError naming the budget."""
 
 
 class _Budget:
