@@ -60,3 +60,24 @@ def test_decode_step_bytes_by_hand():
     # weights once + per row: 5 positions of KV read, one written, the State read and written back.
     assert decode_step_bytes(p, 2, 5) == 2026 + 2 * (5 * 16 + 16 + 2 * 512) == 4266
     assert decode_step_bytes(p, 1, 0.5) == 2026 + 0.5 * 16 + 16 + 1024
+
+
+def test_remeasure_copy_waits_only_on_a_gpu(monkeypatch):
+    """The second copy measurement idles AFTER_SETTLE_S first on a GPU (measured at once after a decode bench, an
+    H200 copied ~10% slower than a few seconds later); a CPU run does not wait."""
+    import torch
+    from ninfer.runtime.bench import limits as lim
+
+    slept = []
+    monkeypatch.setattr(lim.time, "sleep", slept.append)
+    base = lim.DeviceLimits(device="cpu", copy_buffer_bytes=1 << 20, copy_bytes_per_s=1.0, matmul_n=8,
+                            matmul_dtype="float32", matmul_flops_per_s=1.0)
+    out = lim.remeasure_copy(base, torch.device("cpu"), repeats=2)
+    assert slept == [] and out.copy_bytes_per_s_after > 0 and out.copy_bytes_per_s == 1.0
+    monkeypatch.setattr(lim, "measure_copy_bandwidth", lambda *a, **k: 5.0)
+    monkeypatch.setattr(lim.torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(lim.torch.cuda, "empty_cache", lambda: None)
+    out = lim.remeasure_copy(base, torch.device("cuda"))
+    assert slept == [lim.AFTER_SETTLE_S] and lim.AFTER_SETTLE_S >= 1.0 and out.copy_bytes_per_s_after == 5.0
+    lim.remeasure_copy(base, torch.device("cuda"), settle_s=0.5)
+    assert slept[-1] == 0.5
