@@ -57,9 +57,33 @@ def test_prefill_flops_by_hand():
 
 def test_decode_step_bytes_by_hand():
     p = profile(CONFIG, StartupFeatures())
-    # weights once + per row: 5 positions of KV read, one written, the State read and written back.
-    assert decode_step_bytes(p, 2, 5) == 2026 + 2 * (5 * 16 + 16 + 2 * 512) == 4266
-    assert decode_step_bytes(p, 1, 0.5) == 2026 + 0.5 * 16 + 16 + 1024
+    # The untied [10, 8] bf16 input table (160 bytes) is read one row per token: B rows of 10.
+    assert p.embedding_bytes == 160 and p.routed_expert_bytes == 0
+    # weights read + per row: 5 positions of KV read, one written, the State read and written back.
+    assert decode_step_bytes(p, 2, 5) == 2026 - 160 * 8 / 10 + 2 * (5 * 16 + 16 + 2 * 512) == 4138
+    assert decode_step_bytes(p, 1, 0.5) == 2026 - 160 * 9 / 10 + 0.5 * 16 + 16 + 1024
+    assert decode_step_bytes(p, 16, 0) == 2026 + 16 * (16 + 1024)          # 16 rows >= 10 table rows: all read
+    tied = profile({**CONFIG, "tie_word_embeddings": True}, StartupFeatures())
+    # Tied: the table is the LM head, read whole every step (and counted once in weight_bytes).
+    assert tied.embedding_bytes == 0 and tied.weight_bytes == 2026 - 160
+    assert decode_step_bytes(tied, 1, 0) == tied.weight_bytes + 16 + 1024
+
+
+def test_decode_step_bytes_of_a_moe_by_hand():
+    """A MoE step reads the expected distinct routed experts of B uniform top-k routings, E (1 - (1 - k/E)^B)."""
+    from ninfer.runtime.bench.report import decode_weight_bytes, expected_distinct_experts
+
+    moe = {**CONFIG, "architectures": ["Qwen3_5MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 3, "shared_expert_intermediate_size": 5}
+    moe.pop("intermediate_size")
+    p = profile(moe, StartupFeatures())
+    per_expert = 3 * 3 * 8 * 2                                   # gate, up, down [3 x 8] bf16
+    assert (p.num_experts, p.experts_per_token) == (4, 2)
+    assert p.routed_expert_bytes == 2 * 4 * per_expert           # two layers
+    assert expected_distinct_experts(4, 2, 1) == 2 and expected_distinct_experts(4, 2, 2) == 3
+    unread_table = 160 * 9 / 10
+    assert decode_weight_bytes(p, 1) == p.weight_bytes - unread_table - 2 * 2 * per_expert
+    assert decode_weight_bytes(p, 2) == p.weight_bytes - 160 * 8 / 10 - 2 * 1 * per_expert
 
 
 def test_remeasure_copy_waits_only_on_a_gpu(monkeypatch):

@@ -67,6 +67,15 @@ def test_profile_equals_allocated_bytes(request, which, dtype):
     assert sum(created.values()) == profile.converted_weight_bytes
     # The loader never holds more than the planner's load_bytes (all parents plus gathered copies).
     assert 0 < resident_tensor_bytes(loaded) <= source.load_bytes
+    # The parts a decode step reads only in part (ninfer bench's byte count): the input table when it is not the
+    # LM head, and the routed expert banks.
+    model = program.model
+    tied = model.embed.untyped_storage().data_ptr() == model.lm_head.untyped_storage().data_ptr()
+    assert profile.embedding_bytes == (0 if tied else model.embed.numel() * model.embed.element_size())
+    banks = [t for layer in model.layers for t in (getattr(layer.mlp, "bank_gate_up", None),
+                                                   getattr(layer.mlp, "bank_down", None)) if t is not None]
+    assert profile.routed_expert_bytes == sum(t.numel() * t.element_size() for t in banks)
+    assert (profile.routed_expert_bytes > 0) == (which == "tiny_moe_artifact") == (profile.num_experts > 0)
 
 
 def test_stored_dtype_decides_what_is_converted(default_artifact, tiny_moe_artifact):

@@ -111,6 +111,10 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
     weight_bytes, converted = _weights(cfg, config, features, run, stored_dtypes or {})
     n_attn, n_gdn = len(cfg.attention_layers), len(cfg.gdn_layers)
     kd = cfg.num_kv_heads * cfg.head_dim
+    # Read in part at decode: the untied input table (one row per token), the routed experts (top-k of E).
+    embedding = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * s
+    experts = (cfg.num_layers * cfg.num_experts * 3 * cfg.moe_intermediate_size * cfg.hidden_size * s
+               if cfg.is_moe else 0)
     return ModelProfile(
         weight_bytes=weight_bytes,
         kv_bytes_per_token=n_attn * 2 * kd * s,
@@ -129,7 +133,11 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         mixer_flops_per_token=n_gdn * cfg.linear_num_value_heads * 7 * cfg.linear_key_head_dim
         * cfg.linear_value_head_dim,
         # QK^T and PV: 2 * D FLOPs each per query head.
-        attention_flops_per_query_key=n_attn * cfg.num_heads * 4 * cfg.head_dim)
+        attention_flops_per_query_key=n_attn * cfg.num_heads * 4 * cfg.head_dim,
+        embedding_bytes=embedding,
+        routed_expert_bytes=experts,
+        num_experts=cfg.num_experts if cfg.is_moe else 0,
+        experts_per_token=cfg.num_experts_per_tok if cfg.is_moe else 0)
 
 
 def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:

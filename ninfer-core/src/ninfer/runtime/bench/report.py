@@ -7,8 +7,10 @@ Accounting (from the architecture's ModelProfile; a multiply-add is two FLOPs):
   * T`` (linear-attention recurrence) ``+ attention_flops_per_query_key * pairs`` with causal
   ``pairs = T * start + T (T + 1) / 2``. The embedding lookup is a gather and counts nothing.
 - One decode step of B rows attending ``context`` positions each moves at least: every resident
-  weight once (``weight_bytes``: an upper bound for a MoE, whose step reads only routed experts, and
-  for an untied embedding, of which it reads B rows), per row the KV it reads (``context *
+  weight it reads once (``weight_bytes``, less what it leaves unread: of an untied input embedding all
+  but B rows, ``embedding_bytes * (1 - B / vocab)``; of a MoE's routed experts all but the expected
+  distinct experts of B independent uniform top-k routings, ``E * (1 - (1 - k/E)^B)`` per layer -- a
+  random-weight benchmark's routing; a trained router's may differ), per row the KV it reads (``context *
   kv_bytes_per_token``) and writes (one token), and its StateImage read and written back.
 
 Ratios: decode ``bytes_per_step * steps_per_s / copy_bytes_per_s`` and prefill ``flops / ttft /
@@ -40,10 +42,24 @@ def prefill_flops(profile: ModelProfile, tokens: int, start: int = 0) -> int:
             + profile.attention_flops_per_query_key * causal_pairs(tokens, start))
 
 
+def expected_distinct_experts(experts: int, top_k: int, rows: int) -> float:
+    """Expected distinct experts of ``rows`` independent uniform top-k routings over ``experts``."""
+    return experts * (1.0 - (1.0 - top_k / experts) ** rows)
+
+
+def decode_weight_bytes(profile: ModelProfile, batch: int) -> float:
+    """Weight bytes one decode step of ``batch`` rows reads (module docstring)."""
+    unread = profile.embedding_bytes * (1.0 - min(1.0, batch / max(1, profile.vocab_size)))
+    if profile.routed_expert_bytes and profile.num_experts:
+        e, k = profile.num_experts, profile.experts_per_token
+        unread += profile.routed_expert_bytes * (1.0 - expected_distinct_experts(e, k, batch) / e)
+    return profile.weight_bytes - unread
+
+
 def decode_step_bytes(profile: ModelProfile, batch: int, context: float) -> float:
     per_row = (context * profile.kv_bytes_per_token + profile.kv_bytes_per_token
                + 2 * profile.state_bytes_per_sequence)
-    return profile.weight_bytes + batch * per_row
+    return decode_weight_bytes(profile, batch) + batch * per_row
 
 
 def decode_row(profile: ModelProfile, limits: DeviceLimits, r: DecodeResult) -> dict[str, Any]:

@@ -45,6 +45,10 @@ class ModelProfile:
     multiplies: no embedding lookup, no LM head, MoE counts its routed top-k), ``head_params`` (the LM
     head, multiplied only by rows that sample), ``mixer_flops_per_token`` (context-free sequence mixing,
     e.g. a linear-attention recurrence) and ``attention_flops_per_query_key`` (over attention layers).
+    Parts of ``weight_bytes`` a decode step reads only in part (benchmark byte counts; 0 = read whole):
+    ``embedding_bytes`` (an input table read one row per token; 0 when it is also the tied LM head) and
+    ``routed_expert_bytes`` (all MoE layers' routed experts, of which a row reads ``experts_per_token`` of
+    ``num_experts`` per layer).
     """
 
     weight_bytes: int
@@ -60,6 +64,10 @@ class ModelProfile:
     head_params: int = 0
     mixer_flops_per_token: int = 0
     attention_flops_per_query_key: int = 0
+    embedding_bytes: int = 0
+    routed_expert_bytes: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
 
 
 @dataclass(frozen=True)
