@@ -31,10 +31,10 @@ class DeviceLimits:
     """Measured ceilings. Invariant: every rate is > 0 (a measurement that timed 0 s raises).
 
     ``copy_bytes_per_s`` is measured before the workload, on an empty device; ``copy_bytes_per_s_after`` (None
-    until :func:`remeasure_copy`) is the same copy after it, the engine closed and the GPU idle for a few seconds. On an H200 the two differed
-    by ~2% (4,205 and 4,111 GB/s around three decode benches, each within 0.4% over fresh buffer pairs,
-    tools/gpu_copy_ceiling.py): the ceiling drifts with what the device just ran, so a figure near a target is
-    given against both."""
+    until :func:`remeasure_copy`) is the same copy after it, the engine closed and the GPU idle a few seconds. On
+    an H200 the two differed by ~2% (4,205 and 4,111 GB/s around three decode benches, each within 0.4% over fresh
+    buffer pairs, tools/gpu_copy_ceiling.py): the ceiling drifts with what the device just ran, so a figure near a
+    target is given against both."""
 
     device: str
     copy_buffer_bytes: int
