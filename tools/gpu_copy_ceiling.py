@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 from diag_report import emit_report
+from ninfer.runtime.bench.limits import median_seconds
 
 
 @triton.jit
@@ -42,24 +43,16 @@ def _read_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr, ITERS: tl.constexpr):
 
 
 def read_rates(n_bytes: int, reps: int) -> dict:
-    """Best-config and per-config medians (GB/s) of the read kernel over one ``n_bytes`` buffer."""
+    """Best-config and per-config rates (GB/s, from the median time: the bench's own timing) of the read kernel over
+    one ``n_bytes`` buffer."""
     x = torch.empty(n_bytes // 4, dtype=torch.int32, device="cuda").random_(0, 1 << 20)
     out = {}
     for block, iters, warps in ((4096, 4, 8), (4096, 8, 8), (2048, 8, 4), (8192, 4, 8), (1024, 16, 4)):
         grid = x.numel() // (block * iters)
         sums = torch.empty(grid, dtype=torch.int32, device="cuda")
-        for _ in range(3):
-            _read_kernel[(grid,)](x, sums, BLOCK=block, ITERS=iters, num_warps=warps)
-        times = []
-        for _ in range(reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            _read_kernel[(grid,)](x, sums, BLOCK=block, ITERS=iters, num_warps=warps)
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) / 1000.0)
-        out[f"block{block}_iters{iters}_warps{warps}"] = statistics.median(grid * block * iters * 4 / t / 1e9
-                                                                           for t in times)
+        t = median_seconds(lambda g=grid, b=block, i=iters, w=warps, s=sums: _read_kernel[(g,)](
+            x, s, BLOCK=b, ITERS=i, num_warps=w), x.device, repeats=reps, warmup=3)
+        out[f"block{block}_iters{iters}_warps{warps}"] = grid * block * iters * 4 / t / 1e9
     return {"configs_gb_s": out, "best_gb_s": max(out.values())}
 
 
