@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 from diag_report import emit_report
-from ninfer.runtime.bench.limits import median_seconds
+from ninfer.runtime.bench.limits import median_seconds, run_seconds
 
 
 @triton.jit
@@ -71,16 +71,7 @@ def main() -> int:
     for _ in range(args.allocations):
         src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
         dst = torch.empty_like(src)
-        for _ in range(args.warmup):
-            dst.copy_(src)
-        times = []
-        for _ in range(args.copies):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            dst.copy_(src)
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1) / 1000.0)
+        times = run_seconds(lambda s=src, d=dst: d.copy_(s), src.device, repeats=args.copies, warmup=args.warmup)
         rates = [2 * n / t / 1e9 for t in times]
         per_pair.append(statistics.median(rates))
         every.extend(rates)

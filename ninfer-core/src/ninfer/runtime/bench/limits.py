@@ -45,8 +45,8 @@ class DeviceLimits:
     copy_bytes_per_s_after: float | None = None
 
 
-def median_seconds(fn: Callable[[], object], device: torch.device, *, repeats: int, warmup: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` untimed ones."""
+def run_seconds(fn: Callable[[], object], device: torch.device, *, repeats: int, warmup: int) -> list[float]:
+    """Wall time of each of ``repeats`` runs of ``fn`` after ``warmup`` untimed ones (CUDA: events)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -64,7 +64,12 @@ def median_seconds(fn: Callable[[], object], device: torch.device, *, repeats: i
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-    t = statistics.median(times)
+    return times
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, *, repeats: int, warmup: int) -> float:
+    """Median wall time of ``fn`` over ``repeats`` runs after ``warmup`` untimed ones."""
+    t = statistics.median(run_seconds(fn, device, repeats=repeats, warmup=warmup))
     if not t > 0:
         raise RuntimeError(f"a limit measurement on {device} timed {t} s; the buffer is too small to time")
     return t
