@@ -141,7 +141,10 @@ def parse_args(argv=None):
                     "35b-a3b: 12)")
     ap.add_argument("--tokenizer", type=Path, required=True, help="a Qwen3.5 tokenizer.json")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", default="cuda", help="where `ninfer bench` runs (and transformers, unless --hf-device)")
+    ap.add_argument("--hf-device", default=None, help="where the transformers model is built, converted from and "
+                    "run (default: --device); e.g. cuda:1 on a two-GPU machine, so that the published 35B-A3B "
+                    "(~70 GB) and our engine's copy each have a GPU")
     ap.add_argument("--tiny", action="store_true", help="tiny widths, few tokens: a CPU smoke run of everything")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--convert", choices=("memory", "disk"), default="memory",
@@ -684,7 +687,9 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    device = torch.device(args.device)
+    device = torch.device(args.hf_device or args.device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)   # Triton kernels (fla's) launch on the current device, not their tensors'
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     args.out.mkdir(parents=True, exist_ok=True)
     geometry = geometry_for(args)
