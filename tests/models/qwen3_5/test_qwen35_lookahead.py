@@ -94,8 +94,10 @@ def test_subset_after_a_release_is_adopted(dense):
         d.out += [d.unit(decode=[a, c]) for _ in range(3)]
         d.images = (d.image(a), d.image(c))
     assert on.out == off.out
-    for x, y in zip(on.images, off.images, strict=True):  # fp32 fields only in this fp32 Program
-        torch.testing.assert_close(x.view(torch.float32), y.view(torch.float32), rtol=1e-5, atol=1e-6)
+    # fp32 fields only in this fp32 Program. The recurrent state carries six steps of sum-order differences: seen
+    # at 1.43e-6 absolute (3.5e-5 relative) on a 2-core Xeon whose BLAS blocks 2 and 3 rows differently.
+    for x, y in zip(on.images, off.images, strict=True):
+        torch.testing.assert_close(x.view(torch.float32), y.view(torch.float32), rtol=1e-4, atol=1e-5)
     assert on.p.lookahead_stats.adopted == 5 and on.p.lookahead_stats.dropped == 0
 
 
