@@ -26,13 +26,14 @@ from ninfer.runtime.contract.architecture import ModelProfile
 from ninfer.runtime.contract.features import StartupFeatures
 
 from ninfer_qwen3_5.config import Qwen35Config
+from ninfer_qwen3_5.layers.moe import fused_input_rows
 from ninfer_qwen3_5.parameters import parameter_specs
 from ninfer_qwen3_5.state import state_layout
 
 _F32 = 4
 # Parameters the GDN layer replaces by fp32 tensors derived from them at construction.
 _FP32_DERIVED = ("gdn/A_log", "gdn/dt_bias")
-# Parameters the MoE block concatenates into one new [E + 2Is + 1, H] tensor at construction.
+# Parameters the MoE block concatenates (with zero rows: layers/moe.py) into one new tensor at construction.
 _MOE_FUSED_INPUT = ("moe/router", "moe/shared/gate_up", "moe/shared/gate")
 # The reference GDN prefill's chunk length: its intra-chunk [L, L] matrices cost L fp32 per head per token.
 _GDN_CHUNK = 64
@@ -55,7 +56,10 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
         resident += nbytes
         converted += nbytes if new else 0
     inv_freq = cfg.rotary_dim // 2 * _F32
-    return resident + inv_freq, converted + inv_freq
+    # The fused MoE input weight's zero rows (layers/moe.py: ROW_ALIGN), made at construction.
+    pad = (cfg.num_layers * (fused_input_rows(cfg) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
+           * cfg.hidden_size * run.itemsize if cfg.is_moe else 0)
+    return resident + inv_freq + pad, converted + inv_freq + pad
 
 
 def _activation_bytes_per_token(cfg: Qwen35Config, s: int) -> int:
