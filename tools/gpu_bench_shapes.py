@@ -41,8 +41,10 @@ intermediate size) and transformers' Qwen3_5TextConfig / Qwen3_5MoeTextConfig de
 and 35B-A3B text configs. Tying: 0.8B tied (as in tools/gpu_qwen3_5_check.py), 9B and 35B-A3B untied
 (transformers' defaults for those configs).
 
-35B-A3B runs with fewer layers by default (12 of 40: 9 GDN + 3 attention, ~22 GB bf16) so that the
-device's disk, memory and the 10-minute command limit hold; every per-layer shape stays published.
+35B-A3B runs with fewer layers by default (12 of 40: 9 GDN + 3 attention, ~22 GB bf16) so that a one-GPU
+device's 64 GiB disk, its memory and the 10-minute command limit hold; every per-layer shape stays published. The
+whole published model (69.3 GB) runs on a two-GPU machine (128 GiB disk) with transformers on the second GPU, in
+~5.5 minutes: ``--layers 40 --device cuda:0 --hf-device cuda:1`` (docs/benchmarks.md, fourteenth session).
 Decode figures are also given against the bytes a step actually reads (an untied embedding table: B rows; a MoE:
 the expected distinct experts of B random top-8 routings) when the report's byte count takes every resident weight
 byte (``ninfer bench`` before the thirteenth session; it now counts the bytes read itself, and the extra column
