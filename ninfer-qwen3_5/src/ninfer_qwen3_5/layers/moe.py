@@ -5,10 +5,10 @@ Router logits ``x W_r^T``; ``moe_router`` takes the fp32 softmax over all E, the
 by ``sigmoid(shared_gate x)`` are summed.
 
 Every projection that reads the block's input is one GEMM: ``[router (E); shared gate_up (2Is);
-shared gate (1); zero rows up to a multiple of 8]`` rows are concatenated once at construction (a few MB per
-layer), and ``moe_experts``
-takes the shared expert's projected half as a :class:`~ninfer.ops.contracts.SharedExpert`, so at decode
-the block is four kernels (GEMM, router, two expert GEMVs) instead of a dozen small launches.
+shared gate (1); zero rows up to a multiple of 8]`` rows are concatenated once at construction (a few MB
+per layer), and ``moe_experts`` takes the shared expert's projected half as a
+:class:`~ninfer.ops.contracts.SharedExpert`, so at decode the block is four kernels (GEMM, router, two
+expert GEMVs) instead of a dozen small launches.
 """
 
 from __future__ import annotations
