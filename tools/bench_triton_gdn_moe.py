@@ -3,7 +3,9 @@
 Usage (device): PYTHONPATH=ninfer-core/src python3 tools/bench_triton_gdn_moe.py [--quick] [--out DIR]
 Prints a table last; writes bench.json under --out. Inputs are random (never zeros); decode-type timings
 replay a CUDA graph of many calls that rotate over more state/weights than the 60 MB L2 holds, which also
-proves the ops capture (no host sync).
+proves the ops capture (no host sync). ``--only gdn_scan_pipeline`` (not in the default set) sweeps the GDN
+scan kernel's num_stages / warps / Dv tile at the 9B and 35B-A3B GDN shape (a prefill bound: docs/benchmarks.md,
+fourteenth session).
 """
 
 # ruff: noqa: B023  (timing lambdas are called inside the loop iteration that defines them)
@@ -206,6 +208,44 @@ def gdn_prefill_variants(quick):
         tgdn._DOT_PRECISION, tgdn._SCAN_KW, tgdn._PREP_KW = "ieee", scan_kw0, prep_kw0
 
 
+def gdn_scan_pipeline(quick):
+    """The scan kernel's launch settings at the 9B / 35B-A3B GDN shape (Hk 16, Hv 32, D 128, bf16 inputs: tf32
+    dots) and the engine's 2,048-token chunk: num_stages 1 (the default: no software pipelining of the per-chunk
+    tile loads, which depend only on the chunk index) against 2 and 3, for 4 and 8 warps and Dv tiles of 16 and 32.
+    Each variant's output and final state are compared with the default's."""
+    hk, hv, dk, dv = 16, 32, 128, 128
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    scan_kw0 = dict(tgdn._SCAN_KW)
+    for t_len in ((2048,) if quick else (2048, 8192)):
+        q = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
+        k = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
+        v = torch.randn(t_len, hv, dv, device="cuda", generator=gen).bfloat16()
+        g = -torch.rand(t_len, hv, device="cuda", generator=gen) * 2.0
+        beta = torch.rand(t_len, hv, device="cuda", generator=gen)
+        s0 = torch.randn(hv, dk, dv, device="cuda", generator=gen) * 0.5
+        base_s = s0.clone()
+        base_o = tgdn.gdn_chunk_prefill(q, k, v, g, beta, base_s, dk ** -0.5)
+        try:
+            for stages in (1, 2, 3):
+                for warps in (4, 8):
+                    for bvs in (16, 32):
+                        tgdn._SCAN_KW = {"num_warps": warps, "num_stages": stages}
+                        try:
+                            st = s0.clone()
+                            o = tgdn.gdn_chunk_prefill(q, k, v, g, beta, st, dk ** -0.5, block_v_scan=bvs)
+                            st2 = s0.clone()
+                            ms = bench(lambda st2=st2, bvs=bvs: tgdn.gdn_chunk_prefill(
+                                q, k, v, g, beta, st2, dk ** -0.5, block_v_scan=bvs))
+                            log(what="gdn_scan_pipeline", T=t_len, Hv=hv, num_stages=stages, scan_warps=warps,
+                                block_v_scan=bvs, ms=ms, rel_o_vs_default=rel(o.float(), base_o.float()),
+                                rel_state_vs_default=rel(st, base_s))
+                        except Exception as exc:  # noqa: BLE001 - a setting Triton refuses is a result too
+                            log(what="gdn_scan_pipeline", T=t_len, num_stages=stages, scan_warps=warps,
+                                block_v_scan=bvs, error=repr(exc)[:300])
+        finally:
+            tgdn._SCAN_KW = scan_kw0
+
+
 def gdn_step(quick, bw):
     dk = dv = 128
     for hk, hv, label in ((16, 16, "0.8B"), (16, 32, "35B-A3B")):
@@ -290,7 +330,8 @@ def main():
     for name, fn in (("gdn_step", lambda: gdn_step(a.quick, bw)), ("moe", lambda: moe(a.quick)),
                      ("gdn_precision", lambda: gdn_precision(a.quick)),
                      ("gdn_prefill", lambda: gdn_prefill(a.quick)),
-                     ("gdn_prefill_variants", lambda: gdn_prefill_variants(a.quick))):
+                     ("gdn_prefill_variants", lambda: gdn_prefill_variants(a.quick)),
+                     ("gdn_scan_pipeline", lambda: gdn_scan_pipeline(a.quick))):
         if name in only and time.time() - t0 < a.budget_s:
             try:
                 fn()
