@@ -62,6 +62,17 @@ def graph_time(calls, reps=20):
     return times[len(times) // 2] / len(calls)
 
 
+def gdn_inputs(gen, t_len, hk, hv, dk, dv, g_scale=-2.0):
+    """Random bf16 q, k, v, fp32 log gates in [g_scale, 0], beta in [0, 1) and an fp32 state, drawn in this order."""
+    q = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
+    k = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
+    v = torch.randn(t_len, hv, dv, device="cuda", generator=gen).bfloat16()
+    g = torch.rand(t_len, hv, device="cuda", generator=gen) * g_scale
+    beta = torch.rand(t_len, hv, device="cuda", generator=gen)
+    s0 = torch.randn(hv, dk, dv, device="cuda", generator=gen) * 0.5
+    return q, k, v, g, beta, s0
+
+
 def rel(a, b):
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm()).item()
@@ -123,12 +134,7 @@ def gdn_precision(quick):
     gen = torch.Generator(device="cuda").manual_seed(1)
     t_len = 1024
     for g_min in (-1.0, -30.0):
-        q = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
-        k = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
-        v = torch.randn(t_len, hv, dv, device="cuda", generator=gen).bfloat16()
-        g = torch.rand(t_len, hv, device="cuda", generator=gen) * g_min
-        beta = torch.rand(t_len, hv, device="cuda", generator=gen)
-        s0 = torch.randn(hv, dk, dv, device="cuda", generator=gen) * 0.5
+        q, k, v, g, beta, s0 = gdn_inputs(gen, t_len, hk, hv, dk, dv, g_scale=g_min)
         ref_o, ref_s = oracle64(q, k, v, g, beta, s0, dk ** -0.5)
         sr = s0.clone()
         o_r = rgdn.gdn_chunk_prefill(q, k, v, g, beta, sr, dk ** -0.5)
@@ -149,12 +155,7 @@ def gdn_prefill(quick):
     lens = [1024, 8192] if quick else [1024, 8192, 32768]
     gen = torch.Generator(device="cuda").manual_seed(0)
     for t_len in lens:
-        q = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
-        k = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
-        v = torch.randn(t_len, hv, dv, device="cuda", generator=gen).bfloat16()
-        g = -torch.rand(t_len, hv, device="cuda", generator=gen) * 2.0
-        beta = torch.rand(t_len, hv, device="cuda", generator=gen)
-        s0 = torch.randn(hv, dk, dv, device="cuda", generator=gen) * 0.5
+        q, k, v, g, beta, s0 = gdn_inputs(gen, t_len, hk, hv, dk, dv)
         s_t, s_r = s0.clone(), s0.clone()
         o_t = tgdn.gdn_chunk_prefill(q, k, v, g, beta, s_t, dk ** -0.5)
         o_r = rgdn.gdn_chunk_prefill(q, k, v, g, beta, s_r, dk ** -0.5)
@@ -171,12 +172,7 @@ def gdn_prefill_variants(quick):
     """T=8192: each stage alone (the other replaced by a no-op), then scan/prep launch and precision variants."""
     hk, hv, dk, dv, t_len = 16, 16, 128, 128, 8192
     gen = torch.Generator(device="cuda").manual_seed(2)
-    q = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
-    k = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
-    v = torch.randn(t_len, hv, dv, device="cuda", generator=gen).bfloat16()
-    g = -torch.rand(t_len, hv, device="cuda", generator=gen) * 2.0
-    beta = torch.rand(t_len, hv, device="cuda", generator=gen)
-    st = torch.randn(hv, dk, dv, device="cuda", generator=gen) * 0.5
+    q, k, v, g, beta, st = gdn_inputs(gen, t_len, hk, hv, dk, dv)
 
     def run(**kw):
         return bench(lambda: tgdn.gdn_chunk_prefill(q, k, v, g, beta, st, dk ** -0.5, **kw))
@@ -217,12 +213,7 @@ def gdn_scan_pipeline(quick):
     gen = torch.Generator(device="cuda").manual_seed(3)
     scan_kw0 = dict(tgdn._SCAN_KW)
     for t_len in ((2048,) if quick else (2048, 8192)):
-        q = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
-        k = torch.randn(t_len, hk, dk, device="cuda", generator=gen).bfloat16()
-        v = torch.randn(t_len, hv, dv, device="cuda", generator=gen).bfloat16()
-        g = -torch.rand(t_len, hv, device="cuda", generator=gen) * 2.0
-        beta = torch.rand(t_len, hv, device="cuda", generator=gen)
-        s0 = torch.randn(hv, dk, dv, device="cuda", generator=gen) * 0.5
+        q, k, v, g, beta, s0 = gdn_inputs(gen, t_len, hk, hv, dk, dv)
         base_s = s0.clone()
         base_o = tgdn.gdn_chunk_prefill(q, k, v, g, beta, base_s, dk ** -0.5)
         try:
