@@ -37,7 +37,7 @@ def test_cache_off_by_default_and_defaults_left_to_the_engine(command):
     on = _options(command, "--context-cache", "--max-concurrency", "2")
     assert on.context_cache is True and on.max_concurrency == 2
     assert on.cache_host_mib is None and on.cache_checkpoint_interval is None
-    assert on.checkpoint_interval == on.prefill_chunk_size  # the engine's default (2048, a page multiple)
+    assert on.checkpoint_interval == on.prefill_chunk == 8192  # the engine's default chunk, a page multiple
     assert _options(command, "--context-cache", "--cache-host-mib", "1.5").host_budget_bytes == int(1.5 * 2**20)
 
 

@@ -94,7 +94,7 @@ class Engine:
             from ninfer.runtime.scoring.score_core import CausalScoreCore
 
             self._scorer = CausalScoreCore(
-                program, frontend, max_context=options.max_context, prefill_chunk_size=options.prefill_chunk_size,
+                program, frontend, max_context=options.max_context, prefill_chunk_size=options.prefill_chunk,
                 device=options.device or str(getattr(program, "device", "unknown")),
                 dtype=options.dtype or str(getattr(program, "dtype", "unknown")).removeprefix("torch."),
                 info=self._info)

@@ -47,7 +47,6 @@ def register(sub) -> None:
     g.add_argument("--repeats", type=int, default=3, metavar="N")
     g.add_argument("--warmup", type=int, default=1, metavar="N")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="TOKENS")
     g.add_argument("--no-decode", action="store_true", help="skip the decode runs")
     g.add_argument("--no-prefill", action="store_true", help="skip the prefill runs")
     lim = p.add_argument_group("limits")
@@ -137,8 +136,6 @@ def run(args) -> int:
     if args.max_context is None:
         need = max([settings.decode_context_needed if batches else 2] + [n + 1 for n in lengths])
         overrides["max_context"] = need
-    if args.prefill_chunk_size is not None:
-        overrides["prefill_chunk_size"] = args.prefill_chunk_size
     options = dataclasses.replace(options, **overrides)
     if batches and max(batches) > options.max_concurrency:  # before any measurement or loading
         raise BenchError(f"batch {max(batches)} exceeds the engine's max_concurrency {options.max_concurrency}")
@@ -165,7 +162,7 @@ def run(args) -> int:
                                                 "cuda_graphs", "lookahead")}
         stats = engine.stats()
         engine_info.update(max_concurrency=engine.options.max_concurrency,
-                           prefill_chunk_size=engine.options.prefill_chunk_size,
+                           prefill_chunk_size=engine.options.prefill_chunk,
                            lookahead_steps={k: getattr(stats, f"lookahead_{k}") for k in ("launched", "adopted",
                                                                                           "dropped")})
     run_settings = work.settings

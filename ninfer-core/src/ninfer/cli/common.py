@@ -27,6 +27,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when present)")
     g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="activation dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="TOKENS",
+                   help="most prompt tokens one engine cycle prefills (default 8192); lower it for smoother "
+                        "streaming of other requests while a long prompt prefills")
     g.add_argument("--lookahead", choices=("auto", "on", "off"), default="auto",
                    help="lookahead decode: launch the next decode step before this one's tokens reach the host "
                         "(auto: with CUDA graphs)")
@@ -73,7 +76,7 @@ def engine_options(args: argparse.Namespace):
     from ninfer.runtime.engine.options import EngineOptions
 
     kw: dict[str, Any] = {}
-    for flag in ("max_concurrency", "max_context", "device", "dtype"):
+    for flag in ("max_concurrency", "max_context", "device", "dtype", "prefill_chunk_size"):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value

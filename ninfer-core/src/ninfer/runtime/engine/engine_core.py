@@ -409,7 +409,7 @@ class EngineCore:
             candidates = self.scheduler.chunk_candidates()
             for rec in candidates:
                 computed = self.program.computed(rec.seq)
-                n = min(self.options.prefill_chunk_size, rec.rebuild_target() - computed)
+                n = min(self.options.prefill_chunk, rec.rebuild_target() - computed)
                 if n < 1:
                     raise EngineFailure(f"request {rec.request_id} is {rec.state.value} with nothing left to "
                                         f"compute")

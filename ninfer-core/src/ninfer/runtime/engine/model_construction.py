@@ -326,7 +326,8 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
                             released_bytes=lambda p: released_weight_bytes(weights, p, device))
     program, num_pages = started.program, started.num_pages
     effective = dataclasses.replace(options, device=str(device), dtype=str(dtype).removeprefix("torch."),
-                                    num_pages=num_pages, max_context=max_context)
+                                    num_pages=num_pages, max_context=max_context,
+                                    prefill_chunk_size=options.prefill_chunk)
     info = {"architecture": spec.name, "name": metadata.get("name") or spec.name, "artifact_id": artifact_id,
             "device": str(device), "dtype": effective.dtype, "num_pages": num_pages, "page_size": options.page_size,
             "max_context": max_context, "max_position_embeddings": profile.max_position_embeddings,

@@ -225,8 +225,8 @@ def plan_startup(options: EngineOptions, profile: ModelProfile, max_context: int
     ps = options.page_size
     lanes = options.max_concurrency
     scoring = options.purpose == "causal_scoring"
-    work = workspace_bytes(profile, step_tokens=options.prefill_chunk_size + lanes,
-                           logit_rows=lanes + (options.prefill_chunk_size if scoring else 0),
+    chunk = min(options.prefill_chunk, max_context)  # no prefill chunk is longer than a request
+    work = workspace_bytes(profile, step_tokens=chunk + lanes, logit_rows=lanes + (chunk if scoring else 0),
                            max_context=max_context)
     # + context-cache checkpoints + lookahead spares
     state = (lanes + options.checkpoint_slots + lookahead_slots) * profile.state_bytes_per_sequence

@@ -9,6 +9,13 @@ from ninfer.errors import NInferError, NotSupportedError
 from ninfer.runtime.contract.features import Purpose, StartupFeatures
 
 MAX_CONCURRENCY_LIMIT = 8
+# Prefill chunk defaults (``EngineOptions.prefill_chunk``). Generation: on the H200 a 35B-A3B-shape 8k prompt
+# (12 layers) takes 130.6 ms in chunks of 2,048, 87.3 ms in 4,096 and 80.8 ms in 8,192 (32k: 651.8 / 490.5 /
+# 457.8 ms): each chunk pays ~60 host launches per layer, so small chunks are host-bound (docs/benchmarks.md,
+# fifteenth session). vLLM and SGLang also default to 8,192-token batches on this class of GPU. Scoring keeps
+# 2,048: each of its chunks materialises [chunk, vocab] fp32 logits (2 GiB at a 248k vocabulary).
+GENERATION_PREFILL_CHUNK = 8192
+SCORING_PREFILL_CHUNK = 2048
 
 
 def _physical_memory_bytes() -> int:
@@ -33,9 +40,10 @@ class EngineOptions:
     - ``max_context``: the longest ledger (prompt + output) a request may reach.
     - KV sizing: ``num_pages`` wins; else ``kv_budget_mib``; else enough pages for every lane to hold
       ``max_context`` tokens. Either way the pool must hold one full ``max_context`` request.
-    - ``prefill_chunk_size``: the most prompt/Replay tokens one worker cycle processes (2048: on the
-      H200 an 8k prompt takes 205 ms in chunks of 512, host-bound, 69 ms in 2048, 56 ms in 8192; a larger
-      chunk delays the decode rows of the same cycle longer).
+    - ``prefill_chunk_size``: the most prompt/Replay tokens one worker cycle processes; None (default):
+      8,192 for generation, 2,048 for causal scoring (:attr:`prefill_chunk` is the resolved value). A
+      larger chunk prefills faster (fewer host launches per token) but delays the decode rows of the same
+      cycle longer: lower it (e.g. 2,048) for smoother inter-token latency under concurrent long prompts.
     - ``admission_bypass``: how many times later requests may overtake the queue head that does not
       fit yet (bounded bypass); 0 is strict FIFO.
     - ``device``: None picks cuda when CUDA is present, else cpu. ``dtype`` (float32, bfloat16,
@@ -48,7 +56,7 @@ class EngineOptions:
       and responses, and bind a new request to the longest one that is an exact prefix of its prompt
       (docs/context-cache.md). ``cache_checkpoint_slots`` (>= 1; None: ``16 + 2 * max_concurrency``)
       StateImages hold checkpoints; ``cache_checkpoint_interval`` (a multiple of ``page_size``; None:
-      the largest multiple of ``page_size`` not above ``prefill_chunk_size``, at least one
+      the largest multiple of ``page_size`` not above :attr:`prefill_chunk`, at least one
       page) is the prefill distance between boundary checkpoints. ``cache_host_mib`` (>= 0; None:
       min(8 GiB, a quarter of the machine's RAM)) is the Host tier's budget: checkpoints and pause
       Snapshots demoted from the device (pinned memory on CUDA, allocated on demand); 0 turns the
@@ -70,7 +78,7 @@ class EngineOptions:
     page_size: int = 16
     num_pages: int | None = None
     kv_budget_mib: float | None = None
-    prefill_chunk_size: int = 2048
+    prefill_chunk_size: int | None = None
     context_cache: bool = False
     cache_checkpoint_slots: int | None = None
     cache_checkpoint_interval: int | None = None
@@ -98,8 +106,8 @@ class EngineOptions:
             raise bad("num_pages", "must be >= 1")
         if self.kv_budget_mib is not None and not self.kv_budget_mib > 0:
             raise bad("kv_budget_mib", "must be > 0")
-        if self.prefill_chunk_size < 1:
-            raise bad("prefill_chunk_size", "must be >= 1")
+        if self.prefill_chunk_size is not None and self.prefill_chunk_size < 1:
+            raise bad("prefill_chunk_size", "must be >= 1 or None")
         if self.admission_bypass < 0:
             raise bad("admission_bypass", "must be >= 0")
         if self.purpose not in ("generation", "causal_scoring"):
@@ -122,6 +130,14 @@ class EngineOptions:
         return self
 
     @property
+    def prefill_chunk(self) -> int:
+        """The most prompt/Replay tokens one worker cycle (or one scoring chunk) processes:
+        ``prefill_chunk_size``, else the purpose's default."""
+        if self.prefill_chunk_size is not None:
+            return self.prefill_chunk_size
+        return SCORING_PREFILL_CHUNK if self.purpose == "causal_scoring" else GENERATION_PREFILL_CHUNK
+
+    @property
     def checkpoint_slots(self) -> int:
         """StateImage slots the Program needs for checkpoints (0 without the context cache)."""
         if not self.context_cache:
@@ -134,7 +150,7 @@ class EngineOptions:
             return self.cache_checkpoint_interval
         # Boundaries at chunk ends cut no prefill chunk short (on the H200, 256-token boundaries made a 32k
         # prompt's prefill 9.2 s instead of 2 s, and each boundary keeps a whole StateImage).
-        return max(self.page_size, self.prefill_chunk_size // self.page_size * self.page_size)
+        return max(self.page_size, self.prefill_chunk // self.page_size * self.page_size)
 
     @property
     def host_budget_bytes(self) -> int:

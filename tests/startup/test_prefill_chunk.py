@@ -1,0 +1,58 @@
+"""The prefill chunk: its per-purpose default (8,192 generation, 2,048 scoring), the explicit value
+winning, bad values refused by name, the planner sizing the workspace for the chunk a request can
+actually have, and the `--prefill-chunk-size` flag of every command that shares the engine flags."""
+
+from __future__ import annotations
+
+import pytest
+from ninfer.cli import common
+from ninfer.cli.main import build_parser
+from ninfer.runtime.engine import model_startup as ms
+from ninfer.runtime.engine.options import (GENERATION_PREFILL_CHUNK, SCORING_PREFILL_CHUNK, EngineOptions,
+                                           InvalidEngineOptions)
+
+from tests.startup.test_planner import PROFILE, budget
+
+
+def test_default_chunk_depends_on_purpose():
+    assert EngineOptions().prefill_chunk_size is None
+    assert EngineOptions().prefill_chunk == GENERATION_PREFILL_CHUNK == 8192
+    assert EngineOptions(purpose="causal_scoring").prefill_chunk == SCORING_PREFILL_CHUNK == 2048
+    assert EngineOptions(prefill_chunk_size=300).prefill_chunk == 300
+    assert EngineOptions(purpose="causal_scoring", prefill_chunk_size=300).prefill_chunk == 300
+    # the default checkpoint interval follows the resolved chunk (a page multiple)
+    assert EngineOptions(context_cache=True).checkpoint_interval == 8192
+    assert EngineOptions(context_cache=True, prefill_chunk_size=300).checkpoint_interval == 288
+
+
+@pytest.mark.parametrize("bad", [0, -5])
+def test_bad_chunk_is_refused_by_name(bad):
+    with pytest.raises(InvalidEngineOptions, match="prefill_chunk_size"):
+        EngineOptions(prefill_chunk_size=bad).validate()
+
+
+def test_planner_workspace_uses_the_chunk_a_request_can_have():
+    # max_context 1024 < the default chunk: no cycle prefills more than 1024 tokens, so the workspace is
+    # the one of an explicit 1024-token chunk, not of 8192.
+    def work(**kw):
+        opts = EngineOptions(max_concurrency=2, max_context=1024, **kw)
+        return ms.plan_startup(opts, PROFILE, 1024, budget(4096), load_bytes=0).workspace_bytes
+
+    assert work() == work(prefill_chunk_size=1024) == work(prefill_chunk_size=4096)
+    assert work(prefill_chunk_size=256) < work(prefill_chunk_size=512) < work()
+    # scoring: its [chunk, vocab] logits are part of the workspace, which its smaller default keeps down
+    def score_work(**kw):
+        opts = EngineOptions(purpose="causal_scoring", max_concurrency=1, max_context=8192, **kw)
+        return ms.plan_startup(opts, PROFILE, 8192, budget(4096), load_bytes=0).workspace_bytes
+
+    assert score_work() == score_work(prefill_chunk_size=2048) < score_work(prefill_chunk_size=8192)
+
+
+@pytest.mark.parametrize("command, required", [("generate", ("--prompt", "x")), ("chat", ()), ("serve", ()),
+                                                ("bench", ())])
+def test_flag_reaches_engine_options(command, required):
+    parser = build_parser()
+    default = common.engine_options(parser.parse_args([command, *required]))
+    assert default.prefill_chunk_size is None and default.prefill_chunk == 8192
+    set_ = common.engine_options(parser.parse_args([command, *required, "--prefill-chunk-size", "512"]))
+    assert set_.prefill_chunk_size == 512 and set_.prefill_chunk == 512
