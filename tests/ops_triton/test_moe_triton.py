@@ -95,10 +95,11 @@ def test_mixed_dtypes_fall_back_to_reference(gen):
     assert torch.equal(out, expect)
 
 
-def test_align_covers_every_pair_once(gen):
+@pytest.mark.parametrize("align", ["torch", "fused"])
+def test_align_covers_every_pair_once(align, gen):
     ids = torch.stack([torch.randperm(9, generator=gen)[:3] for _ in range(21)]).to(DEVICE)
     bm = 16
-    pairs, block_expert, max_blocks = tm._align(ids, 9, bm)
+    pairs, block_expert, max_blocks = (tm._align if align == "torch" else tm._align_fused)(ids, 9, bm)
     flat = ids.reshape(-1).cpu()
     pairs, block_expert = pairs.cpu(), block_expert.cpu()
     real = pairs[pairs < flat.numel()]
@@ -110,6 +111,19 @@ def test_align_covers_every_pair_once(gen):
             assert rows.numel() == 0
         else:
             assert rows.numel() > 0 and (flat[rows] == block_expert[b]).all()
+
+
+@pytest.mark.parametrize("t_len,n_exp,top_k,bm", [(21, 9, 3, 16), (1, 6, 2, 16), (37, 40, 8, 16), (300, 256, 8, 64)]
+                         + ([(8192, 256, 8, 64), (2048, 256, 8, 64)] if _CUDA else []))
+def test_fused_align_matches_the_torch_layout(t_len, n_exp, top_k, bm, gen):
+    """The two-launch alignment gives the torch one's layout: the same block experts, padding rows and max_blocks,
+    and each block the same pairs (inside a block, in any order: the GPU's atomics pick it)."""
+    ids = torch.stack([torch.randperm(n_exp, generator=gen)[:top_k] for _ in range(t_len)]).to(DEVICE)
+    ref_pairs, ref_bexp, ref_max = tm._align(ids, n_exp, bm)
+    pairs, bexp, max_blocks = tm._align_fused(ids, n_exp, bm)
+    assert max_blocks == ref_max and torch.equal(bexp, ref_bexp)
+    assert torch.equal(pairs.view(max_blocks, bm).sort(1).values, ref_pairs.view(max_blocks, bm).sort(1).values)
+    assert torch.equal(pairs == t_len * top_k, ref_pairs == t_len * top_k)   # each group's first rows, then padding
 
 
 def test_ops_are_registered_for_cuda_only():

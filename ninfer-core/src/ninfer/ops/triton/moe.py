@@ -4,10 +4,10 @@ Contract (see :mod:`ninfer.ops.reference.moe`): out[t] = sum_j weights[t, j] * d
 e = ids[t, j], gate_up[e] = [gate rows (I); up rows (I)].
 
 Pipeline (no host synchronisation: every size below depends only on T, k, E and the block size):
-1. ``_align`` (a few torch ops on the device): sort the T*k pairs by expert (stable), pad each expert's group
-   to a multiple of BM rows, and build ``pairs[max_blocks * BM]`` (the pair index t*k+j at each padded row,
-   T*k marking padding) and ``block_expert[max_blocks]`` (E marking blocks past the used ones).
-   max_blocks = ceil(T*k / BM) + min(E, T*k) bounds the padded count whatever the routing.
+1. ``_align_fused`` (two launches; ``_align`` is its torch form, ~35 small kernels): group the T*k pairs by
+   expert, pad each expert's group to a multiple of BM rows, and build ``pairs[max_blocks * BM]`` (the pair
+   index t*k+j at each padded row, T*k marking padding) and ``block_expert[max_blocks]`` (E marking blocks past
+   the used ones). max_blocks = ceil(T*k / BM) + min(E, T*k) bounds the padded count whatever the routing.
 2. ``_moe_gate_up_kernel``, grid (blocks, I / BN): gathers the block's token rows of x, multiplies them by the
    expert's gate and up rows (two fp32 accumulators over one pass of x), applies silu(gate) * up in fp32 and
    rounds it to the activation dtype (as the model's module does before the down projection).
@@ -155,8 +155,65 @@ def _block_m(tk: int, n_exp: int) -> int:
     return min(64, max(16, triton.next_power_of_2(mean)))
 
 
+@triton.jit
+def _align_plan_kernel(ids_ptr, pairs_ptr, bexp_ptr, start_ptr, cursor_ptr, TK, E, MAXB, BM: tl.constexpr,
+                       BE: tl.constexpr, BLOCK: tl.constexpr, BB: tl.constexpr):
+    # One program: the experts' pair counts, each expert's first padded row, the expert of every row block (E past
+    # the used ones), the padding fill of every row, and the zeroed per-expert cursors of _align_scatter_kernel.
+    e_idx = tl.arange(0, BE)
+    counts = tl.zeros((BE,), dtype=tl.int32)
+    for p0 in range(0, TK, BLOCK):
+        p = p0 + tl.arange(0, BLOCK)
+        m = p < TK
+        e = tl.where(m, tl.load(ids_ptr + p, mask=m, other=0), 0).to(tl.int32)
+        # Masked lanes count as expert 0 and are taken back (a histogram without a mask argument).
+        counts += tl.histogram(e, BE) - tl.where(e_idx == 0, BLOCK - tl.sum(m.to(tl.int32), 0), 0)
+    nblk = (counts + BM - 1) // BM
+    blk_end = tl.cumsum(nblk, 0)          # lanes past E hold the total: no block ends there before it
+    tl.store(start_ptr + e_idx, ((blk_end - nblk) * BM).to(tl.int64), mask=e_idx < E)
+    tl.store(cursor_ptr + e_idx, tl.zeros((BE,), dtype=tl.int32), mask=e_idx < E)
+    for b0 in range(0, MAXB, BB):
+        b = b0 + tl.arange(0, BB)
+        ex = tl.sum((blk_end[None, :] <= b[:, None]).to(tl.int32), 1)
+        tl.store(bexp_ptr + b, tl.minimum(ex, E).to(tl.int64), mask=b < MAXB)
+    for r0 in range(0, MAXB * BM, BLOCK):
+        r = r0 + tl.arange(0, BLOCK)
+        tl.store(pairs_ptr + r, tl.zeros((BLOCK,), dtype=tl.int64) + TK, mask=r < MAXB * BM)
+
+
+@triton.jit
+def _align_scatter_kernel(ids_ptr, pairs_ptr, start_ptr, cursor_ptr, TK, BLOCK: tl.constexpr):
+    # Each pair takes the next row of its expert's group. The order inside a group depends on the atomics' order,
+    # which changes no result: a GEMM row depends on its own row only, and the down kernel writes by pair index.
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = p < TK
+    e = tl.load(ids_ptr + p, mask=m, other=0)
+    row = tl.atomic_add(cursor_ptr + e, 1, mask=m, sem="relaxed")
+    pos = tl.load(start_ptr + e, mask=m, other=0) + row
+    tl.store(pairs_ptr + pos, p.to(tl.int64), mask=m)
+
+
+def _align_fused(ids: torch.Tensor, n_exp: int, bm: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """:func:`_align`'s layout in two launches (instead of ~35 small torch kernels, each a host launch in a
+    prefill chunk): the same block experts and per-expert row groups; rows inside a group in any order."""
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    tk = flat.numel()
+    dev = flat.device
+    max_blocks = -(-tk // bm) + min(n_exp, tk)
+    pairs = torch.empty((max_blocks * bm,), dtype=torch.int64, device=dev)
+    block_expert = torch.empty((max_blocks,), dtype=torch.int64, device=dev)
+    start = torch.empty((n_exp,), dtype=torch.int64, device=dev)
+    cursor = torch.empty((n_exp,), dtype=torch.int32, device=dev)
+    kw = {} if dev.type != "cuda" else {"num_warps": 8}
+    _align_plan_kernel[(1,)](flat, pairs, block_expert, start, cursor, tk, n_exp, max_blocks, BM=bm,
+                             BE=triton.next_power_of_2(n_exp), BLOCK=1024, BB=64, **kw)
+    _align_scatter_kernel[(triton.cdiv(tk, 1024),)](flat, pairs, start, cursor, tk, BLOCK=1024, **kw)
+    return pairs, block_expert, max_blocks
+
+
 def _align(ids: torch.Tensor, n_exp: int, bm: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(pairs[max_blocks*bm] int64, block_expert[max_blocks] int64, max_blocks); device ops only, no sync."""
+    """(pairs[max_blocks*bm] int64, block_expert[max_blocks] int64, max_blocks); device ops only, no sync.
+    The torch form of :func:`_align_fused` (pairs stable-sorted inside each group): the tests' reference."""
     flat = ids.reshape(-1)
     tk = flat.numel()
     dev = flat.device
@@ -204,7 +261,7 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
     rw = weights.reshape(-1).float().contiguous()
     tk = t_len * top_k
     bm = _block_m(tk, n_exp)
-    pairs, block_expert, max_blocks = _align(ids, n_exp, bm)
+    pairs, block_expert, max_blocks = _align_fused(ids, n_exp, bm)
     ieee = x.dtype == torch.float32
     interp = x.device.type != "cuda"
     # The Triton interpreter (3.9, numpy 2.4) multiplies bf16/fp16 dot operands as raw bits: there, and only
