@@ -113,17 +113,48 @@ def test_align_covers_every_pair_once(align, gen):
             assert rows.numel() > 0 and (flat[rows] == block_expert[b]).all()
 
 
+def _group_keys(pairs: torch.Tensor, block_expert: torch.Tensor, bm: int, tk: int) -> torch.Tensor:
+    """Each row as (its block's expert, its pair), sorted: equal for two layouts iff every expert's group
+    (which may span several blocks) holds the same pairs and padding rows, whatever the order inside it."""
+    row_expert = block_expert.repeat_interleave(bm)
+    return (row_expert * (tk + 1) + pairs).sort().values
+
+
+def test_group_keys_ignore_order_inside_a_group_only(gen):
+    ids = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(40)])   # 80 pairs, ~20 per expert
+    pairs, bexp, _ = tm._align(ids, 4, 8)                                          # groups span several blocks
+    tk = ids.numel()
+    keys = _group_keys(pairs, bexp, 8, tk)
+    shuffled = pairs.clone()
+    row_expert = bexp.repeat_interleave(8)
+    for e in range(4):                     # the GPU's atomics: any order inside a group, across its blocks
+        rows = (row_expert == e).nonzero().flatten()
+        real = rows[pairs[rows] < tk]
+        shuffled[real] = pairs[real[torch.randperm(real.numel(), generator=gen)]]
+    assert not torch.equal(shuffled, pairs) and torch.equal(_group_keys(shuffled, bexp, 8, tk), keys)
+    a = (row_expert == 0).nonzero()[0, 0]
+    b = (row_expert == 1).nonzero()[0, 0]
+    swapped = pairs.clone()
+    swapped[a], swapped[b] = pairs[b], pairs[a]   # a pair moved to another expert's group
+    assert not torch.equal(_group_keys(swapped, bexp, 8, tk), keys)
+
+
 @pytest.mark.parametrize("t_len,n_exp,top_k,bm", [(21, 9, 3, 16), (1, 6, 2, 16), (37, 40, 8, 16), (300, 256, 8, 64)]
                          + ([(8192, 256, 8, 64), (2048, 256, 8, 64)] if _CUDA else []))
 def test_fused_align_matches_the_torch_layout(t_len, n_exp, top_k, bm, gen):
     """The two-launch alignment gives the torch one's layout: the same block experts, padding rows and max_blocks,
-    and each block the same pairs (inside a block, in any order: the GPU's atomics pick it)."""
+    and each expert's group the same pairs (inside a group, in any order: the GPU's atomics pick it; at 8,192
+    tokens a group spans several blocks)."""
     ids = torch.stack([torch.randperm(n_exp, generator=gen)[:top_k] for _ in range(t_len)]).to(DEVICE)
     ref_pairs, ref_bexp, ref_max = tm._align(ids, n_exp, bm)
     pairs, bexp, max_blocks = tm._align_fused(ids, n_exp, bm)
+    tk = t_len * top_k
     assert max_blocks == ref_max and torch.equal(bexp, ref_bexp)
-    assert torch.equal(pairs.view(max_blocks, bm).sort(1).values, ref_pairs.view(max_blocks, bm).sort(1).values)
-    assert torch.equal(pairs == t_len * top_k, ref_pairs == t_len * top_k)   # each group's first rows, then padding
+    assert torch.equal(_group_keys(pairs, bexp, bm, tk), _group_keys(ref_pairs, ref_bexp, bm, tk))
+    assert torch.equal(pairs == tk, ref_pairs == tk)   # each group's first rows, then padding
+    real = pairs < tk
+    flat = ids.reshape(-1)
+    assert torch.equal(flat[pairs[real]], bexp.repeat_interleave(bm)[real])   # every row in its expert's block
 
 
 def test_ops_are_registered_for_cuda_only():
