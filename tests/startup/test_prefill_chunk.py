@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from ninfer.cli import common
-from ninfer.cli.main import build_parser
+from ninfer.cli.main import build_parser, main
 from ninfer.runtime.engine import model_startup as ms
 from ninfer.runtime.engine.options import (GENERATION_PREFILL_CHUNK, SCORING_PREFILL_CHUNK, EngineOptions,
                                            InvalidEngineOptions)
@@ -56,3 +56,15 @@ def test_flag_reaches_engine_options(command, required):
     assert default.prefill_chunk_size is None and default.prefill_chunk == 8192
     set_ = common.engine_options(parser.parse_args([command, *required, "--prefill-chunk-size", "512"]))
     assert set_.prefill_chunk_size == 512 and set_.prefill_chunk == 512
+
+
+@pytest.mark.parametrize("command, required", [("generate", ("--prompt", "x")), ("chat", ()), ("serve", ()),
+                                                ("bench", ())])
+@pytest.mark.parametrize("bad", ["0", "-8"])
+def test_bad_flag_fails_by_name_before_loading(command, required, bad, capsys, tmp_path):
+    # a model path that does not exist: the flag's error must come first (nothing resolved or loaded)
+    code = main([command, str(tmp_path / "nope.ninfer"), *required, "--prefill-chunk-size", bad, "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"ninfer {command}: error: --prefill-chunk-size must be at least 1 token, got {bad}")
+    assert "nope.ninfer" not in err and "Traceback" not in err

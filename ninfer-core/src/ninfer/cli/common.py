@@ -70,8 +70,9 @@ def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int | N
 
 
 def engine_options(args: argparse.Namespace):
-    """EngineOptions from the shared engine flags; a context-cache flag out of range (or given without
-    --context-cache) is an NInferError naming the flag, raised before any model is resolved or loaded."""
+    """EngineOptions from the shared engine flags; a context-cache or prefill-chunk flag out of range (or a cache
+    flag given without --context-cache) is an NInferError naming the flag, raised before any model is resolved or
+    loaded."""
     from ninfer.errors import NInferError
     from ninfer.runtime.engine.options import EngineOptions
 
@@ -92,6 +93,9 @@ def engine_options(args: argparse.Namespace):
     if host_mib is not None and not (math.isfinite(host_mib) and host_mib >= 0):
         raise NInferError(f"--cache-host-mib must be a finite number >= 0 (0 turns the Host tier off), "
                           f"got {host_mib}")
+    chunk = getattr(args, "prefill_chunk_size", None)
+    if chunk is not None and chunk < 1:
+        raise NInferError(f"--prefill-chunk-size must be at least 1 token, got {chunk}")
     page_size = EngineOptions.page_size
     if interval is not None and (interval < 1 or interval % page_size):
         raise NInferError(f"--cache-checkpoint-interval must be a positive multiple of the page size "
