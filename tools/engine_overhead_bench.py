@@ -28,13 +28,13 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="print the worker's top functions at the largest B")
     args = ap.parse_args()
     from ninfer import Engine, EngineOptions
-    from ninfer.core.kv_pool import PagedKVCache
-    from ninfer.core.state_image import StateField, StateImageStorage, StateLayout
+    from ninfer.contracts.sampling import SamplingParams
     from ninfer.model_source import resolve_model
     from ninfer.ops.reference.plugin import ninfer_ops as reference_ops
     from ninfer.ops.registry import resolve_ops
-    from ninfer.runtime.contract.sampling import SamplingParams
-    from ninfer.runtime.sequence_program import SequenceProgram
+    from ninfer.program.base import SequenceProgram
+    from ninfer.storage.kv_pool import PagedKVCache
+    from ninfer.storage.state_image import StateField, StateImageStorage, StateLayout
 
     with Engine.start(resolve_model(None)) as donor:
         frontend, vocab = donor.frontend, donor.vocab_size

@@ -276,13 +276,13 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str) -> dict:
 
     import torch
     from ninfer.artifact.source_mapping import SourceRows, SourceTensor
+    from ninfer.artifact.writer import ArtifactWriter
     from ninfer.plugins import get_registry
     from ninfer_convert import convert as cv
     from ninfer_convert.cast import cast_chunk
     from ninfer_convert.plan import check_plan
     from ninfer_convert.resources import collect_resources
     from ninfer_convert.source import SourceCheckpoint, TensorLocation
-    from ninfer_convert.writer import ArtifactWriter
 
     model.config.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
@@ -561,8 +561,8 @@ def summarize(args, geometry, weights, conversion, ours, hf) -> dict:
     profile = None
     if report:
         try:
-            from ninfer.runtime.bench.report import decode_step_bytes, prefill_flops
-            from ninfer.runtime.contract.architecture import ModelProfile
+            from ninfer.bench.report import decode_step_bytes, prefill_flops
+            from ninfer.contracts.architecture import ModelProfile
 
             fields = ModelProfile.__dataclass_fields__
             profile = ModelProfile(**{k: v for k, v in report["profile"].items() if k in fields})

@@ -30,7 +30,7 @@ def main() -> int:
     ap.add_argument("--new", type=int, default=128)
     args = ap.parse_args()
     from ninfer import Engine, EngineOptions
-    from ninfer.runtime.contract.sampling import SamplingParams
+    from ninfer.contracts.sampling import SamplingParams
 
     lengths = [int(x) for x in args.lengths.split(",")]
     top = max(lengths) + args.answer + args.new + 64

@@ -16,9 +16,9 @@ import threading
 import time
 
 import torch
+from ninfer.bench import limits
+from ninfer.bench.limits import measure_copy_bandwidth
 from ninfer.cli.main import main
-from ninfer.runtime.bench import limits
-from ninfer.runtime.bench.limits import measure_copy_bandwidth
 
 
 def run() -> dict:

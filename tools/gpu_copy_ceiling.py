@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 from diag_report import emit_report
-from ninfer.runtime.bench.limits import median_seconds, run_seconds
+from ninfer.bench.limits import median_seconds, run_seconds
 
 
 @triton.jit
@@ -82,7 +82,7 @@ def main() -> int:
     if args.read:
         report["read_only"] = read_rates(n * 2, args.copies)
     if args.bench_limits:
-        from ninfer.runtime.bench.limits import measure_copy_bandwidth
+        from ninfer.bench.limits import measure_copy_bandwidth
 
         report["bench_measurements_gb_s"] = [measure_copy_bandwidth(torch.device("cuda"), n) / 1e9
                                              for _ in range(args.bench_limits)]

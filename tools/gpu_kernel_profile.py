@@ -171,8 +171,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = _shapes_module()
     from ninfer import Engine, EngineOptions
-    from ninfer.runtime.contract.sampling import SamplingParams
-    from ninfer.runtime.decode_graphs import input_views
+    from ninfer.contracts.sampling import SamplingParams
+    from ninfer.program.graphs import input_views
     from torch.profiler import ProfilerActivity, profile
 
     geometry, artifact = random_artifact(shapes, args.shape, args.layers, args.tokenizer)

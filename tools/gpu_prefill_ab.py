@@ -49,7 +49,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = _shapes_module()
     from ninfer import Engine, EngineOptions
-    from ninfer.runtime.contract.sampling import SamplingParams
+    from ninfer.contracts.sampling import SamplingParams
 
     geometry, artifact = random_artifact(shapes, args.shape, args.layers, args.tokenizer)
     lengths = [int(x) for x in args.lengths.split(",")]

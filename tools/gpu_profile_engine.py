@@ -49,7 +49,7 @@ def build_artifact(args) -> tuple[Path, dict]:
 
 
 def decode_rate(engine, batch: int, tokens: int) -> float:
-    from ninfer.runtime.contract.sampling import SamplingParams
+    from ninfer.contracts.sampling import SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
     prompts = [[(17 * b + i) % 1000 + 10 for i in range(64)] for b in range(batch)]
@@ -112,7 +112,7 @@ def main() -> int:
                     torch.cuda.synchronize()
                     report[f"graph_replay_ms_b{b}"] = e0.elapsed_time(e1) / 200
                 # Sampling alone at B=1 / 8 (greedy), the other fixed part of a step.
-                from ninfer.runtime.contract.program import RowSampling  # noqa: F401
+                from ninfer.contracts.program import RowSampling  # noqa: F401
                 ops = program.ops
                 for b in (1, 8):
                     logits = torch.randn(b, 248320, device="cuda")
@@ -131,7 +131,7 @@ def main() -> int:
     os.environ["NINFER_CUDA_GRAPHS"] = "1"
 
     # Prefill through the Engine (default chunking): one 8k prompt under torch.profiler, after a warm-up.
-    from ninfer.runtime.contract.sampling import SamplingParams
+    from ninfer.contracts.sampling import SamplingParams
     from torch.profiler import ProfilerActivity, profile
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     with Engine.start(artifact, EngineOptions(device="cuda", max_concurrency=1, max_context=args.prefill + 64)) as engine:

@@ -98,10 +98,10 @@ def build_hf(geometry: dict, device: torch.device, seed: int):
 
 def build_program(artifact: Path, device: torch.device, dtype: torch.dtype, ops_mode: str, max_sequences: int):
     from ninfer.artifact import ArtifactReader, load_weights
+    from ninfer.contracts.architecture import ProgramInit, ProgramOptions
+    from ninfer.contracts.features import StartupFeatures
     from ninfer.ops import resolve_ops
     from ninfer.plugins import get_registry
-    from ninfer.runtime.contract.architecture import ProgramInit, ProgramOptions
-    from ninfer.runtime.contract.features import StartupFeatures
 
     reader = ArtifactReader.open(artifact)
     config = reader.component("text").config
@@ -120,8 +120,8 @@ class Driver:
     """Reserve, run, commit every row (greedy), recording each sampled row's logits."""
 
     def __init__(self, program) -> None:
-        from ninfer.runtime.contract.program import RowSampling
-        from ninfer.runtime.contract.sampling import SamplingParams
+        from ninfer.contracts.program import RowSampling
+        from ninfer.contracts.sampling import SamplingParams
 
         self.p = program
         self.greedy = RowSampling(SamplingParams(temperature=0.0), seed=0, step=0)
@@ -135,7 +135,7 @@ class Driver:
         program.forward = recording
 
     def unit(self, decode=(), chunk=None):
-        from ninfer.runtime.contract.program import DecodeRow, ExecutionUnit, PrefillChunk
+        from ninfer.contracts.program import DecodeRow, ExecutionUnit, PrefillChunk
 
         demands = {s: 1 for s in decode}
         if chunk is not None:

@@ -30,7 +30,7 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=8192)
     args = ap.parse_args()
     from ninfer import Engine
-    from ninfer.runtime.contract.sampling import SamplingParams
+    from ninfer.contracts.sampling import SamplingParams
 
     rng = random.Random(7)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)

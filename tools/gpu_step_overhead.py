@@ -75,9 +75,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from ninfer import Engine, EngineOptions
-    from ninfer.runtime.bench.workload import BenchSettings, Workload
-    from ninfer.runtime.contract.sampling import SamplingParams
-    from ninfer.runtime.decode_graphs import _Layout
+    from ninfer.bench.workload import BenchSettings, Workload
+    from ninfer.contracts.sampling import SamplingParams
+    from ninfer.program.graphs import _Layout
 
     opts = EngineOptions(device="cuda", dtype="bfloat16", max_concurrency=8, max_context=4096)
     report: dict = {"artifact": str(args.artifact), "steps": args.steps}

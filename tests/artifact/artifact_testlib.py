@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from ninfer.artifact.format import HEADER_BYTES, PAYLOAD_ALIGN, align_up
-from ninfer.runtime.contract.architecture import ParameterSpec
-from ninfer_convert.writer import ArtifactWriter
+from ninfer.artifact.writer import ArtifactWriter
+from ninfer.contracts.architecture import ParameterSpec
 
 # Entry and part payload capacity 4096 each (the tiny JSON stays under one 4096 page): the 8 KiB
 # embedding straddles three files, and the mtp object lies in parts the text never touches.

@@ -15,7 +15,6 @@ from artifact_testlib import (
     rewrite_directory,
     rewrite_directory_raw,
 )
-
 from ninfer.artifact import ArtifactReader, bind, load_weights
 from ninfer.artifact.errors import (
     ArtifactError,
@@ -48,8 +47,8 @@ from ninfer.artifact.errors import (
     UnsupportedFormatError,
     UnsupportedVersionError,
 )
+from ninfer.contracts.architecture import ParameterSpec
 from ninfer.errors import NInferError, NotSupportedError
-from ninfer.runtime.contract.architecture import ParameterSpec
 
 
 def _open(path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from ninfer.artifact.errors import (
     BadMagicError,
     SchemaError,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from artifact_testlib import TEXT_SPECS, mtp_specs, same_bits
-
 from ninfer.artifact import ArtifactReader, Materializer, bind, resolve_load
 
 

@@ -6,12 +6,11 @@ import json
 import subprocess
 import sys
 
-from artifact_testlib import flip_payload_byte
-
 import ninfer.plugins
+from artifact_testlib import flip_payload_byte
 from ninfer.artifact import ArtifactReader, describe, summarize
 from ninfer.cli.main import main
-from ninfer.runtime.contract.architecture import ArchitectureSpec
+from ninfer.contracts.architecture import ArchitectureSpec
 
 
 def _run(*args) -> subprocess.CompletedProcess:
@@ -79,7 +78,7 @@ def test_info_on_a_bad_file_is_a_one_line_error(tmp_path, capsys):
 def test_config_summary_comes_from_the_plugin_when_installed(tiny, monkeypatch):
     spec = ArchitectureSpec(
         name="TinyForCausalLM", family="tiny", parameter_specs=lambda c, f: [], profile=lambda c, f: None,
-        create_program=lambda init: None,
+        create_program=lambda init: None, frontend="tiny",
         summarize_config=lambda c: {"layers": c["num_hidden_layers"], "width": c["hidden_size"]})
 
     class FakeRegistry:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from artifact_testlib import SMALL_LIMIT, TEXT_SPECS, make_tiny
-
 from ninfer.artifact import ArtifactReader, bind, load_weights, resolve_load
 
 

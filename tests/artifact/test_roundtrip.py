@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 from artifact_testlib import SMALL_LIMIT, TEXT_SPECS, bits_tensor, make_tiny, mtp_specs, same_bits
-
 from ninfer.artifact import ArtifactReader, Materializer, bind, load_weights, resolve_load
 from ninfer.artifact.format import HEADER_BYTES, PART_PAYLOAD_START, PAYLOAD_ALIGN, align_up, part_file_name
-from ninfer.runtime.contract.architecture import ParameterSpec
-from ninfer_convert.writer import ArtifactWriter
+from ninfer.artifact.writer import ArtifactWriter
+from ninfer.contracts.architecture import ParameterSpec
 
 SPECIAL = {
     # NaN with payloads of both signs, +-inf, +-0, smallest subnormal, ordinary values

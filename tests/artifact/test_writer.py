@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 
+import ninfer.artifact.writer as writer_mod
 import pytest
 import torch
 from artifact_testlib import SMALL_LIMIT, make_tiny
-
-import ninfer_convert.writer as writer_mod
 from ninfer.artifact import ArtifactReader
 from ninfer.artifact.errors import (
     PartRangeError,
@@ -19,7 +18,7 @@ from ninfer.artifact.errors import (
     UnsupportedFormatError,
     WriterError,
 )
-from ninfer_convert.writer import ArtifactWriter
+from ninfer.artifact.writer import ArtifactWriter
 
 
 def _small(path, **kw) -> ArtifactWriter:

@@ -7,8 +7,8 @@ with Dk 2, Dv 3, conv kernel 4 (conv_dim 2*2 + 2*3 = 10), MLP 6, rotary 4 * 0.5 
 from __future__ import annotations
 
 import torch
-from ninfer.runtime.bench.report import causal_pairs, decode_step_bytes, prefill_flops
-from ninfer.runtime.contract.features import StartupFeatures
+from ninfer.bench.report import causal_pairs, decode_step_bytes, prefill_flops
+from ninfer.contracts.features import StartupFeatures
 from ninfer_qwen3_5.profile import profile
 
 CONFIG = {
@@ -71,7 +71,7 @@ def test_decode_step_bytes_by_hand():
 
 def test_decode_step_bytes_of_a_moe_by_hand():
     """A MoE step reads the expected distinct routed experts of B uniform top-k routings, E (1 - (1 - k/E)^B)."""
-    from ninfer.runtime.bench.report import decode_weight_bytes, expected_distinct_experts
+    from ninfer.bench.report import decode_weight_bytes, expected_distinct_experts
 
     moe = {**CONFIG, "architectures": ["Qwen3_5MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2,
            "moe_intermediate_size": 3, "shared_expert_intermediate_size": 5}
@@ -90,7 +90,7 @@ def test_remeasure_copy_waits_only_on_a_gpu(monkeypatch):
     """The second copy measurement idles AFTER_SETTLE_S first on a GPU (measured at once after a decode bench, an
     H200 copied ~10% slower than a few seconds later); a CPU run does not wait."""
     import torch
-    from ninfer.runtime.bench import limits as lim
+    from ninfer.bench import limits as lim
 
     slept = []
     monkeypatch.setattr(lim.time, "sleep", slept.append)

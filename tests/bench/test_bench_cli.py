@@ -8,8 +8,8 @@ import json
 import subprocess
 import sys
 
-from ninfer.runtime.bench.report import decode_step_bytes, prefill_flops
-from ninfer.runtime.contract.architecture import ModelProfile
+from ninfer.bench.report import decode_step_bytes, prefill_flops
+from ninfer.contracts.architecture import ModelProfile
 
 DECODE_FIELDS = ("batch", "tokens_per_s", "step_ms", "context_tokens", "bytes_per_step", "achieved_bytes_per_s",
                  "copy_bandwidth_ratio", "ttft_ms", "steps", "short_run_s", "long_run_s")

@@ -4,8 +4,8 @@ however much it varies between runs, never enters the rate."""
 from types import SimpleNamespace
 
 import pytest
-from ninfer.runtime.bench.workload import BenchError, BenchSettings, Workload, _run_batch
-from ninfer.runtime.contract.events import Timings, Usage
+from ninfer.bench.workload import BenchError, BenchSettings, Workload, _run_batch
+from ninfer.contracts.events import Timings, Usage
 
 
 class _Handle:

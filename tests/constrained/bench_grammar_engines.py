@@ -184,11 +184,11 @@ def bench_ninfer_b8(tokenizer_json: Path, schema: str, tokens: list[int], reps_s
     compile on the first, cache hits after), then per decode step the mask fill of all 8 rows
     (``fill_bitmasks``), ``apply_bitmask`` on [8, V] fp32 CPU logits, and preview+commit of each
     row's token; next to it, the reference ``sample`` op on the same logits (what a step costs anyway)."""
-    from ninfer.models.common.qwen import QwenFrontend
+    from ninfer.contracts.constraint import OutputConstraint
+    from ninfer.contracts.frontend import OutputOptions
     from ninfer.ops.reference.sampling import sample
-    from ninfer.runtime.contract.constraint import OutputConstraint
-    from ninfer.runtime.contract.frontend import OutputOptions
-    from ninfer.runtime.token_bitmask import apply_bitmask, fill_bitmasks
+    from ninfer.program.token_bitmask import apply_bitmask, fill_bitmasks
+    from ninfer_qwen3_5.frontend import QwenFrontend
 
     fe = QwenFrontend({"tokenizer.json": tokenizer_json.read_bytes(),
                        "tokenizer_config.json": b'{"eos_token": "<|im_end|>"}'})
@@ -253,7 +253,7 @@ def main() -> None:
     ap.add_argument("--engines", default="xgrammar,llguidance,ninfer")
     args = ap.parse_args()
 
-    from ninfer.models.common.qwen.tokenizer import QwenTokenizer
+    from ninfer_qwen3_5.frontend.tokenizer import QwenTokenizer
 
     torch.set_num_threads(args.threads)
     qt = QwenTokenizer(tokenizer_json_path().read_bytes())

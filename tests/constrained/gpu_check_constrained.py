@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def brute_force(sample, device: str) -> dict:
     from ninfer.ops.reference.sampling import sample as reference_sample
-    from ninfer.runtime.token_bitmask import apply_bitmask, fill_bitmasks
+    from ninfer.program.token_bitmask import apply_bitmask, fill_bitmasks
 
     from constrained.test_masked_sampling import MASKS, SetMask, V, allowed_ids
 
@@ -54,7 +54,7 @@ def brute_force(sample, device: str) -> dict:
 
 
 def apply_timing(device: str, vocab: int = 248077, batch: int = 8, reps: int = 200) -> dict:
-    from ninfer.runtime.token_bitmask import apply_bitmask, words_per_row
+    from ninfer.program.token_bitmask import apply_bitmask, words_per_row
 
     words = torch.randint(-2**31, 2**31 - 1, (batch, words_per_row(vocab)), dtype=torch.int32).pin_memory()
     logits = torch.randn(batch, vocab, device=device)
@@ -74,9 +74,9 @@ def apply_timing(device: str, vocab: int = 248077, batch: int = 8, reps: int = 2
 def engine_check(device: str, dtype: str) -> dict:
     import jsonschema
     from ninfer import Engine
+    from ninfer.contracts.constraint import OutputConstraint
+    from ninfer.contracts.frontend import OutputOptions
     from ninfer.model_source import resolve_model
-    from ninfer.runtime.contract.constraint import OutputConstraint
-    from ninfer.runtime.contract.frontend import OutputOptions
 
     from constrained.test_default_model_constrained import PROMPT, SCHEMA
 

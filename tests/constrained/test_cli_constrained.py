@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 from ninfer.cli import common
 from ninfer.cli.main import build_parser
-from ninfer.runtime.contract.constraint import OutputConstraint
-from ninfer.runtime.contract.errors import InvalidConstraintError
+from ninfer.contracts.constraint import OutputConstraint
+from ninfer.contracts.errors import InvalidConstraintError
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
                                                                               "maximum": 99}},

@@ -10,12 +10,12 @@ import jsonschema
 import pytest
 import torch
 from frontend.conftest import ENDOFTEXT, IM_END, IM_START
-from ninfer.models.common.qwen import QwenFrontend
-from ninfer.models.common.qwen.errors import FrontendError
-from ninfer.runtime.contract.constraint import OutputConstraint
-from ninfer.runtime.contract.errors import InvalidConstraintError, RequestRejected
-from ninfer.runtime.contract.frontend import OutputOptions
-from ninfer.runtime.token_bitmask import unpack_bitmask, words_per_row
+from ninfer.contracts.constraint import OutputConstraint
+from ninfer.contracts.errors import InvalidConstraintError, RequestRejected
+from ninfer.contracts.frontend import OutputOptions
+from ninfer.program.token_bitmask import unpack_bitmask, words_per_row
+from ninfer_qwen3_5.frontend import QwenFrontend
+from ninfer_qwen3_5.frontend.errors import FrontendError
 
 THINK_CLOSE_ID = 248069
 

@@ -16,9 +16,9 @@ import re
 
 import jsonschema
 import pytest
-from ninfer.runtime.contract.constraint import OutputConstraint
-from ninfer.runtime.contract.errors import InvalidConstraintError
-from ninfer.runtime.contract.frontend import OutputOptions
+from ninfer.contracts.constraint import OutputConstraint
+from ninfer.contracts.errors import InvalidConstraintError
+from ninfer.contracts.frontend import OutputOptions
 
 from .conftest import in_language
 

@@ -8,11 +8,11 @@ import json
 import re
 
 import pytest
-from ninfer.models.common.qwen.grammar.ebnf import literal, text_without, tighten_json_strings
-from ninfer.models.common.qwen.grammar.rules import embed, rename_rules
-from ninfer.models.common.qwen.grammar.sources import constraint_ebnf
-from ninfer.runtime.contract.constraint import OutputConstraint
-from ninfer.runtime.contract.errors import InvalidConstraintError
+from ninfer.contracts.constraint import OutputConstraint
+from ninfer.contracts.errors import InvalidConstraintError
+from ninfer_qwen3_5.frontend.grammar.ebnf import literal, text_without, tighten_json_strings
+from ninfer_qwen3_5.frontend.grammar.rules import embed, rename_rules
+from ninfer_qwen3_5.frontend.grammar.sources import constraint_ebnf
 
 from .conftest import in_language
 

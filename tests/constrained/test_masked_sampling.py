@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 from engine.doubles import ToyProgram
+from ninfer.contracts.program import RowSampling, TokenMaskProvider
+from ninfer.contracts.sampling import SamplingParams
 from ninfer.ops.reference.sampling import hash_uniform
-from ninfer.runtime.contract.program import RowSampling, TokenMaskProvider
-from ninfer.runtime.contract.sampling import SamplingParams
-from ninfer.runtime.token_bitmask import apply_bitmask, unpack_bitmask, words_per_row
+from ninfer.program.token_bitmask import apply_bitmask, unpack_bitmask, words_per_row
 
 V = 10
 MASKS = list(range(1, 1 << V))  # every non-empty allowed set, as an int bitset

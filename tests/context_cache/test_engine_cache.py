@@ -9,10 +9,10 @@ import random
 
 import pytest
 from ninfer import Engine, EngineOptions
-from ninfer.runtime.contract.errors import EngineFailure
-from ninfer.runtime.contract.request import GenerationRequest
-from ninfer.runtime.contract.sampling import SamplingParams
-from ninfer.runtime.engine.options import InvalidEngineOptions
+from ninfer.contracts.errors import EngineFailure
+from ninfer.contracts.request import GenerationRequest
+from ninfer.contracts.sampling import SamplingParams
+from ninfer.engine.options import InvalidEngineOptions
 
 from .conftest import settled
 

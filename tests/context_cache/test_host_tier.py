@@ -12,8 +12,8 @@ import random
 
 import pytest
 import torch
-from ninfer.runtime.contract.errors import EngineFailure
-from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.contracts.errors import EngineFailure
+from ninfer.contracts.sampling import SamplingParams
 
 from .conftest import settled
 from .test_engine_cache import conversation_workload, run_conversations, toks
@@ -158,7 +158,7 @@ def test_a_corrupted_host_checkpoint_is_an_engine_failure(make_engine, how):
 
 
 def test_operation_slot_allows_one_transaction_at_a_time():
-    from ninfer.runtime.engine.context_cache.operation_slot import OperationSlot
+    from ninfer.engine.context_cache.operation_slot import OperationSlot
 
     slot = OperationSlot()
     with slot.transaction("demote", "checkpoint 1"):
@@ -172,8 +172,8 @@ def test_operation_slot_allows_one_transaction_at_a_time():
 
 
 def test_kv_pages_detach_and_attach_keep_contents_and_refcounts():
-    from ninfer.core.host_tier import HostTier
-    from ninfer.core.kv_pool import ON_HOST, KVPoolError, PagedKVCache
+    from ninfer.storage.host_tier import HostTier
+    from ninfer.storage.kv_pool import ON_HOST, KVPoolError, PagedKVCache
 
     kv = PagedKVCache([0, 3], num_pages=8, page_size=4, num_kv_heads=1, head_dim=2, dtype=torch.float32,
                       device=torch.device("cpu"))

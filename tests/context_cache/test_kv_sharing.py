@@ -1,10 +1,10 @@
-"""Page refcounts, prefix refs and copy-on-write of shared pages (ninfer.core.kv_pool)."""
+"""Page refcounts, prefix refs and copy-on-write of shared pages (ninfer.storage.kv_pool)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from ninfer.core.kv_pool import KVPoolError, PageAllocator, PagedKVCache
+from ninfer.storage.kv_pool import KVPoolError, PageAllocator, PagedKVCache
 
 
 def make_cache(num_pages: int = 8, page_size: int = 4) -> PagedKVCache:

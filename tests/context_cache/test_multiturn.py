@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.contracts.sampling import SamplingParams
 
 from .conftest import END_THINK, IM_END, IM_START, THINK, settled
 

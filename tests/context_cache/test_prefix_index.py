@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from ninfer.runtime.engine.context_cache.prefix_index import PrefixIndex, PrefixIndexError
+from ninfer.engine.context_cache.prefix_index import PrefixIndex, PrefixIndexError
 
 
 def test_longest_exact_prefix_first():

@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from ninfer.runtime.contract.errors import InvalidRequestError
-from ninfer.runtime.contract.request import GenerationRequest
-from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.contracts.errors import InvalidRequestError
+from ninfer.contracts.request import GenerationRequest
+from ninfer.contracts.sampling import SamplingParams
 
 from .conftest import settled
 from .test_engine_cache import toks
@@ -57,7 +57,7 @@ def test_session_key_validation():
 
 @pytest.mark.parametrize("points", [(0,), (3,), (2, 1), (1, 1), (True,)])
 def test_cache_points_validation(points):
-    from ninfer.runtime.contract.frontend import PreparedPrompt
+    from ninfer.contracts.frontend import PreparedPrompt
 
     with pytest.raises(InvalidRequestError):
         GenerationRequest(prompt=PreparedPrompt((1, 2, 3), cache_points=points)).validate(vocab_size=10, max_context=10)

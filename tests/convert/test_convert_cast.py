@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from convert_synth_ckpt import raw_bytes
-
 from ninfer_convert.cast import cast_chunk, cast_supported
 from ninfer_convert.errors import ConversionError
 

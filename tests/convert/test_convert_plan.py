@@ -13,7 +13,6 @@ from ninfer.artifact.source_mapping import (
     SourceTensor,
     UsePlan,
 )
-
 from ninfer_convert.errors import PlanError
 from ninfer_convert.plan import check_plan
 

@@ -7,7 +7,6 @@ import json
 import pytest
 from convert_synth_ckpt import synth_tensors, tiny_tokenizer_json, write_checkpoint
 from ninfer.artifact import ArtifactReader
-
 from ninfer_convert.cli import main
 from ninfer_convert.convert import convert
 from ninfer_convert.errors import SourceError

@@ -8,10 +8,15 @@ import json
 import pytest
 import torch
 from convert_synth_arch import ARCH
-from convert_synth_ckpt import SPECIAL_BF16_BITS, raw_bytes, synth_tensors, tiny_tokenizer_json, write_checkpoint
+from convert_synth_ckpt import (
+    SPECIAL_BF16_BITS,
+    raw_bytes,
+    synth_tensors,
+    tiny_tokenizer_json,
+    write_checkpoint,
+)
 from ninfer.artifact import ArtifactReader
 from ninfer.artifact.format import FORMATS
-
 from ninfer_convert.convert import convert
 from ninfer_convert.errors import ConversionError, OutputExistsError, PlanError
 

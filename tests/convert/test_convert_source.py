@@ -7,10 +7,9 @@ import json
 import pytest
 import torch
 from convert_synth_ckpt import raw_bytes, synth_tensors, write_checkpoint
-from safetensors import safe_open
-
 from ninfer_convert.errors import SourceError
 from ninfer_convert.source import open_checkpoint
+from safetensors import safe_open
 
 
 def _check_against_safetensors(ckpt, tensors):

@@ -1,6 +1,6 @@
 """Test doubles for the engine: a deterministic toy LM Program and a minimal Frontend.
 
-ToyProgram runs on the real :class:`~ninfer.runtime.sequence_program.SequenceProgram` bookkeeping
+ToyProgram runs on the real :class:`~ninfer.program.base.SequenceProgram` bookkeeping
 (ledgers, a real page allocator and page tables, StateImage slots, PendingBatch rules, penalties and
 the reference ``sample`` op); only the model call is a toy. The toy is built so that scheduling bugs
 change tokens: its next-token logits depend on a recurrent per-slot hash of every processed token
@@ -19,19 +19,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from ninfer.core.kv_pool import PagedKVCache
-from ninfer.core.state_image import StateField, StateImageStorage, StateLayout
-from ninfer.ops.reference.greedy import greedy_tokens
-from ninfer.ops.reference.sampling import apply_penalties, sample
-from ninfer.runtime.contract.frontend import (
+from ninfer.contracts.frontend import (
     OutputDelta,
     OutputFinal,
     OutputOptions,
     OutputPreview,
     PreparedPrompt,
 )
-from ninfer.runtime.contract.sampling import SamplingParams
-from ninfer.runtime.sequence_program import ForwardBatch, SequenceProgram
+from ninfer.contracts.sampling import SamplingParams
+from ninfer.ops.reference.greedy import greedy_tokens
+from ninfer.ops.reference.sampling import apply_penalties, sample
+from ninfer.program.base import ForwardBatch, SequenceProgram
+from ninfer.storage.kv_pool import PagedKVCache
+from ninfer.storage.state_image import StateField, StateImageStorage, StateLayout
 
 MASK = (1 << 62) - 1
 EOS = 1

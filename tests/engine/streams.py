@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ninfer.runtime.contract.events import (
+from ninfer.contracts.events import (
     GenerationDelta,
     GenerationError,
     GenerationResult,

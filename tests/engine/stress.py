@@ -15,9 +15,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ninfer.runtime.contract.errors import QueueFullError
-from ninfer.runtime.contract.events import GenerationDelta, GenerationError, GenerationResult
-from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.contracts.errors import QueueFullError
+from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult
+from ninfer.contracts.sampling import SamplingParams
 
 from .streams import check_stream
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from ninfer import Engine, EngineOptions
-from ninfer.runtime.contract.events import GenerationDelta
-from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.contracts.events import GenerationDelta
+from ninfer.contracts.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu
 
@@ -94,8 +94,8 @@ def test_graph_tokens_reach_the_host_through_the_ring():
     import torch
     from ninfer.ops.reference.greedy import greedy_tokens as reference_greedy
     from ninfer.ops.triton.greedy import greedy_tokens
-    from ninfer.runtime.decode_graphs import RING_ROWS, DecodeGraphs
-    from ninfer.runtime.sequence_program import DecodeRows
+    from ninfer.program.base import DecodeRows
+    from ninfer.program.graphs import RING_ROWS, DecodeGraphs
 
     vocab, dev = 1000, torch.device("cuda")
 

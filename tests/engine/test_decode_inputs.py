@@ -1,5 +1,5 @@
 """Decode rows described on the host (DecodeRows) and the one-copy staging of a decode graph's inputs
-(ninfer.runtime.decode_graphs.stage_inputs / input_views), on the CPU: whatever the batch size, page-table
+(ninfer.program.graphs.stage_inputs / input_views), on the CPU: whatever the batch size, page-table
 width or token source, the static views read back exactly the tensors the eager path builds."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import random
 
 import pytest
 import torch
-from ninfer.runtime import decode_graphs as dg
-from ninfer.runtime.contract.program import ProgramError
-from ninfer.runtime.sequence_program import DecodeRows
+from ninfer.contracts.program import ProgramError
+from ninfer.program import graphs as dg
+from ninfer.program.base import DecodeRows
 
 CPU = torch.device("cpu")
 

@@ -4,10 +4,10 @@ accepting and its worker exits. Request-level problems never take this path."""
 from __future__ import annotations
 
 import pytest
-from ninfer.runtime.contract.errors import EngineFailure
-from ninfer.runtime.contract.events import GenerationError
-from ninfer.runtime.contract.frontend import OutputPreview
-from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.contracts.errors import EngineFailure
+from ninfer.contracts.events import GenerationError
+from ninfer.contracts.frontend import OutputPreview
+from ninfer.contracts.sampling import SamplingParams
 
 from .conftest import worker_threads
 from .doubles import ToyFrontend, ToySession

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from ninfer.runtime.contract.errors import (
+from ninfer.contracts.errors import (
     DeadlineExceededError,
     EngineClosedError,
     InvalidRequestError,
@@ -16,10 +16,10 @@ from ninfer.runtime.contract.errors import (
     QueueFullError,
     QueueTimeoutError,
 )
-from ninfer.runtime.contract.events import GenerationDelta, GenerationError, GenerationResult, GenerationStart
-from ninfer.runtime.contract.request import GenerationRequest
-from ninfer.runtime.contract.sampling import InvalidSamplingParams, SamplingParams
-from ninfer.runtime.engine.options import InvalidEngineOptions
+from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult, GenerationStart
+from ninfer.contracts.request import GenerationRequest
+from ninfer.contracts.sampling import InvalidSamplingParams, SamplingParams
+from ninfer.engine.options import InvalidEngineOptions
 
 from .conftest import worker_threads
 from .streams import check_stream

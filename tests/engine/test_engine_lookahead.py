@@ -11,9 +11,9 @@ import random
 
 import pytest
 from ninfer import Engine, EngineOptions
-from ninfer.runtime.contract.events import GenerationDelta
-from ninfer.runtime.contract.sampling import SamplingParams
-from ninfer.runtime.engine.options import InvalidEngineOptions
+from ninfer.contracts.events import GenerationDelta
+from ninfer.contracts.sampling import SamplingParams
+from ninfer.engine.options import InvalidEngineOptions
 from support.engines import settled
 
 from .streams import check_stream

@@ -1,7 +1,7 @@
 """The engine on a real (tiny, random) Qwen3.5 artifact with the fp32 reference ops.
 
 A request's greedy and seeded tokens must be identical alone, batched with 7 others, with prefill
-chunks of 1, 5 and 64, and under forced preemption (DESIGN.md section 8). Greedy output alone must
+chunks of 1, 5 and 64, and under forced preemption (docs/design.md section 8). Greedy output alone must
 also match transformers, which checks that model construction wired the artifact correctly.
 """
 
@@ -12,8 +12,8 @@ import random
 import pytest
 from ninfer import Engine, EngineOptions
 from ninfer.artifact.errors import ArtifactNotFoundError
-from ninfer.runtime.contract.events import GenerationError
-from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.contracts.events import GenerationError
+from ninfer.contracts.sampling import SamplingParams
 
 from .conftest import IM_END, worker_threads
 from .streams import check_stream

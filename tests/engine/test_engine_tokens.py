@@ -1,5 +1,5 @@
 """A request's tokens do not depend on what it is batched with, on the chunk size, or on preemption
-and Replay (DESIGN.md section 8), checked against the toy LM's independent sequential oracle."""
+and Replay (docs/design.md section 8), checked against the toy LM's independent sequential oracle."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 import random
 
 import pytest
-from ninfer.runtime.contract.events import GenerationDelta
-from ninfer.runtime.contract.frontend import OutputOptions
-from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.contracts.events import GenerationDelta
+from ninfer.contracts.frontend import OutputOptions
+from ninfer.contracts.sampling import SamplingParams
 
 from .doubles import EOS, reference_tokens, token_text
 from .streams import check_stream, delta_text
@@ -182,7 +182,7 @@ def test_output_penalties_survive_replay(make_toy_engine):
 
 
 def test_session_options_merge_request_and_prompt(make_toy_engine):
-    from ninfer.runtime.contract.frontend import PreparedPrompt
+    from ninfer.contracts.frontend import PreparedPrompt
 
     engine, _, frontend = make_toy_engine()
     sp = SamplingParams(temperature=0.0, max_tokens=1, stop_token_ids=(7, 9), ignore_eos=True, seed=0)

@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from ninfer.runtime.contract.errors import QueueTimeoutError
-from ninfer.runtime.contract.events import (
+from ninfer.contracts.errors import QueueTimeoutError
+from ninfer.contracts.events import (
     GenerationDelta,
     GenerationError,
     GenerationResult,
@@ -18,7 +18,7 @@ from ninfer.runtime.contract.events import (
     Timings,
     Usage,
 )
-from ninfer.runtime.engine.handle import GenerationHandle, RequestControl
+from ninfer.engine.handle import GenerationHandle, RequestControl
 
 
 class Counters:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from ninfer.runtime.contract.errors import EngineFailure
-from ninfer.runtime.contract.sampling import SamplingParams
-from ninfer.runtime.engine.handle import RequestControl
-from ninfer.runtime.engine.request_record import RequestRecord, RequestState
-from ninfer.runtime.engine.scheduler import Scheduler
+from ninfer.contracts.errors import EngineFailure
+from ninfer.contracts.sampling import SamplingParams
+from ninfer.engine.handle import RequestControl
+from ninfer.engine.requests import RequestRecord, RequestState
+from ninfer.engine.scheduler import Scheduler
 
 S = RequestState
 

@@ -15,8 +15,8 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from ninfer.models.common.qwen import QwenFrontend
-from ninfer.runtime.contract.frontend import OutputDelta, OutputFinal, OutputOptions, OutputPreview
+from ninfer.contracts.frontend import OutputDelta, OutputFinal, OutputOptions, OutputPreview
+from ninfer_qwen3_5.frontend import QwenFrontend
 
 IM_START, IM_END, ENDOFTEXT = 248045, 248046, 248044
 GENERATION_CONFIG = {"bos_token_id": ENDOFTEXT, "do_sample": True, "eos_token_id": [IM_END, ENDOFTEXT],

@@ -7,9 +7,9 @@ import copy
 import json
 
 import pytest
-from ninfer.models.common.qwen import ChatTemplateError, QwenFrontend
-from ninfer.models.common.qwen.chat_template import ChatTemplate, bundled_template_source
-from ninfer.models.common.qwen.frontend import select_chat_template
+from ninfer_qwen3_5.frontend import ChatTemplateError, QwenFrontend
+from ninfer_qwen3_5.frontend.chat_template import ChatTemplate, bundled_template_source
+from ninfer_qwen3_5.frontend.frontend import select_chat_template
 
 from .conftest import IM_START
 
@@ -191,7 +191,7 @@ def test_sandbox_blocks_attribute_escape():
                                          ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError")])
 def test_a_template_that_fails_is_a_chat_template_error(source, why):
     """An artifact's template may be anything: its own failures are ChatTemplateErrors naming them, never a crash."""
-    from ninfer.models.common.qwen.chat_template import ChatTemplate, ChatTemplateError
+    from ninfer_qwen3_5.frontend.chat_template import ChatTemplate, ChatTemplateError
 
     with pytest.raises(ChatTemplateError, match=why):
         ChatTemplate(source, origin="test template").render(messages=[])
@@ -221,7 +221,7 @@ def test_a_template_that_fails_is_a_chat_template_error(source, why):
 def test_a_template_that_would_run_for_hours_stops_with_a_chat_template_error(source, why):
     """The sandbox stops escapes, not work: each render has a step budget (loop iterations and calls) and bounded
     ``*`` / ``**``; past them the render ends with a ChatTemplateError naming the budget (in about a second)."""
-    from ninfer.models.common.qwen.chat_template import ChatTemplate, ChatTemplateError
+    from ninfer_qwen3_5.frontend.chat_template import ChatTemplate, ChatTemplateError
 
     with pytest.raises(ChatTemplateError, match=why):
         ChatTemplate(source, origin="test template").render(messages=[])
@@ -230,7 +230,7 @@ def test_a_template_that_would_run_for_hours_stops_with_a_chat_template_error(so
 def test_budgeted_loops_keep_their_semantics():
     """Loops run through the budget's guard: loop.index/length/last, else, recursive loops and loop controls are
     unchanged, small products and powers too, and the budget is per render (many renders never add up)."""
-    from ninfer.models.common.qwen.chat_template import RENDER_STEPS, ChatTemplate
+    from ninfer_qwen3_5.frontend.chat_template import RENDER_STEPS, ChatTemplate
 
     cases = {
         "{% for x in [1,2,3] %}{{ loop.index }}/{{ loop.length }}{% if loop.last %}!{% endif %}{% endfor %}":

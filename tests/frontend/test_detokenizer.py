@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from ninfer.models.common.qwen import QwenFrontend
-from ninfer.models.common.qwen.detokenizer import DetokenizerState, IncrementalDetokenizer
-from ninfer.runtime.contract.frontend import OutputOptions
+from ninfer.contracts.frontend import OutputOptions
+from ninfer_qwen3_5.frontend import QwenFrontend
+from ninfer_qwen3_5.frontend.detokenizer import DetokenizerState, IncrementalDetokenizer
 
 from .conftest import stream
 

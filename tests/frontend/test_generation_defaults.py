@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from ninfer.models.common.qwen import FrontendError, QwenFrontend
-from ninfer.models.common.qwen.generation_defaults import GenerationDefaults, apply_request_values
+from ninfer_qwen3_5.frontend import FrontendError, QwenFrontend
+from ninfer_qwen3_5.frontend.generation_defaults import GenerationDefaults, apply_request_values
 
 from .conftest import ENDOFTEXT, IM_END
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from ninfer.models.common.qwen import FrontendError, QwenFrontend, QwenOutputSession
-from ninfer.runtime.contract.frontend import OutputOptions, OutputSession
+from ninfer.contracts.frontend import OutputOptions, OutputSession
+from ninfer_qwen3_5.frontend import FrontendError, QwenFrontend, QwenOutputSession
 
 from .conftest import IM_END, stream
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from ninfer.models.common.qwen import FrontendError, QwenFrontend
-from ninfer.models.common.qwen.stop import StopStringMatcher
-from ninfer.runtime.contract.frontend import OutputOptions
+from ninfer.contracts.frontend import OutputOptions
+from ninfer_qwen3_5.frontend import FrontendError, QwenFrontend
+from ninfer_qwen3_5.frontend.stop import StopStringMatcher
 
 from .conftest import ENDOFTEXT, IM_END, stream
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from ninfer.models.common.qwen import FrontendError, QwenFrontend
-from ninfer.models.common.qwen.tokenizer import QwenTokenizer
+from ninfer_qwen3_5.frontend import FrontendError, QwenFrontend
+from ninfer_qwen3_5.frontend.tokenizer import QwenTokenizer
 
 from .conftest import ENDOFTEXT, IM_END, IM_START
 
@@ -86,7 +86,7 @@ def test_long_text_takes_the_same_ids_and_lets_other_threads_run(frontend: QwenF
     import threading
     import time
 
-    from ninfer.models.common.qwen import tokenizer as qt
+    from ninfer_qwen3_5.frontend import tokenizer as qt
 
     tok = frontend.tokenizer
     rng = random.Random(3)
@@ -105,7 +105,7 @@ def test_long_text_takes_the_same_ids_and_lets_other_threads_run(frontend: QwenF
 
 
 def test_lone_surrogates_are_refused_naming_them(frontend: QwenFrontend):
-    from ninfer.runtime.contract.errors import InvalidRequestError
+    from ninfer.contracts.errors import InvalidRequestError
 
     with pytest.raises(InvalidRequestError, match=r"lone UTF-16 surrogate U\+DC00 at character 3"):
         frontend.tokenizer.encode("abc\udc00 é")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from ninfer.models.common.qwen import QwenFrontend
-from ninfer.models.common.qwen.tool_calls import ToolSchemas, convert_argument, parse_tool_call
-from ninfer.runtime.contract.frontend import OutputOptions
+from ninfer.contracts.frontend import OutputOptions
+from ninfer_qwen3_5.frontend import QwenFrontend
+from ninfer_qwen3_5.frontend.tool_calls import ToolSchemas, convert_argument, parse_tool_call
 
 from .conftest import IM_END, stream
 

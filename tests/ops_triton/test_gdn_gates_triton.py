@@ -9,8 +9,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from ops.conftest import assert_pointwise  # noqa: E402
-from ops.conftest import Pointwise  # noqa: E402
+from ops.conftest import (
+    Pointwise,  # noqa: E402
+    assert_pointwise,  # noqa: E402
+)
 from ops.test_gdn_gates import gates_inputs, gates_oracle  # noqa: E402
 
 from .conftest import DEVICE, reference, triton_ops  # noqa: E402

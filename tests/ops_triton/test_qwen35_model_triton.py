@@ -29,10 +29,10 @@ def qwen_case(tmp_path_factory):
 
 
 def _program(case, ops_kind: str):
+    from ninfer.contracts.architecture import ProgramInit, ProgramOptions
     from ninfer.ops import resolve_ops
     from ninfer.ops.reference.plugin import ninfer_ops as reference_ops
     from ninfer.ops.triton import plugin
-    from ninfer.runtime.contract.architecture import ProgramInit, ProgramOptions
 
     impls = reference_ops()
     if ops_kind == "triton":

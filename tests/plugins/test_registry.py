@@ -11,7 +11,7 @@ import textwrap
 import types
 
 import pytest
-
+from ninfer.contracts.architecture import ArchitectureSpec, ModelProfile
 from ninfer.plugins import (
     PluginConflictError,
     PluginRegistry,
@@ -19,7 +19,6 @@ from ninfer.plugins import (
     UnknownSourceMappingError,
     hookimpl,
 )
-from ninfer.runtime.contract.architecture import ArchitectureSpec, ModelProfile
 
 TOY_PYPROJECT = """
 [build-system]
@@ -40,7 +39,7 @@ where = ["src"]
 
 TOY_PLUGIN = '''
 from ninfer.plugins import hookimpl
-from ninfer.runtime.contract.architecture import ArchitectureSpec, ModelProfile
+from ninfer.contracts.architecture import ArchitectureSpec, ModelProfile
 
 
 def _specs(config, features):
@@ -58,14 +57,14 @@ def _program(init):
 @hookimpl
 def ninfer_architectures():
     return [ArchitectureSpec(name="ToyForCausalLM", family="toy", parameter_specs=_specs, profile=_profile,
-                             create_program=_program, summarize_config=lambda c: dict(c))]
+                             create_program=_program, summarize_config=lambda c: dict(c), frontend="toy")]
 '''
 
 
 def _toy_spec(name: str) -> ArchitectureSpec:
     return ArchitectureSpec(name=name, family="toy", parameter_specs=lambda c, f: [],
                             profile=lambda c, f: ModelProfile(0, 0, 0, 1, 1),
-                            create_program=lambda init: None, summarize_config=lambda c: {})
+                            create_program=lambda init: None, summarize_config=lambda c: {}, frontend="toy")
 
 
 def _plugin_module(name: str, arch: str) -> types.ModuleType:

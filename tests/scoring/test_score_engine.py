@@ -9,10 +9,10 @@ import threading
 
 import pytest
 from ninfer import Engine
+from ninfer.contracts.errors import EngineClosedError
+from ninfer.contracts.program import ProgramCapacity
 from ninfer.errors import NotSupportedError
-from ninfer.runtime.contract.errors import EngineClosedError
-from ninfer.runtime.contract.program import ProgramCapacity
-from ninfer.runtime.scoring import InvalidScoringInput, InvalidScoringOptions, ScoreInput
+from ninfer.scoring import InvalidScoringInput, InvalidScoringOptions, ScoreInput
 
 from .conftest import MAX_POSITIONS, start_scorer
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ninfer.runtime.scoring.windows import InvalidScoringOptions, Window, plan_windows
+from ninfer.scoring.windows import InvalidScoringOptions, Window, plan_windows
 
 
 def check_plan(n: int, context: int, stride: int) -> tuple[Window, ...]:

@@ -29,7 +29,7 @@ SERVERS = ("uvicorn-h11", "uvicorn-httptools", "granian")
 
 
 def _serve(kind: str, port: int) -> None:
-    from ninfer.engine import Engine
+    from ninfer import Engine
     from ninfer.model_source import resolve_model
     from ninfer_serve import Gateway, ServeConfig, create_app
     from ninfer_serve.warmup import warm_up

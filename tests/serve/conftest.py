@@ -34,7 +34,7 @@ def artifact(cache_dir):
 
 @pytest.fixture(scope="session")
 def engine(artifact):
-    from ninfer.engine import Engine
+    from ninfer import Engine
     from ninfer_serve.warmup import warm_up
 
     eng = Engine.start(artifact, device="cpu", dtype="bfloat16", max_concurrency=2, max_context=512,

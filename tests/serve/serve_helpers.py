@@ -13,7 +13,7 @@ MODEL_ID = "qwen3_5-stdlib"  # the embedded default model's metadata.name
 
 
 def scripted_engine(frontend, *, max_concurrency: int = 2, queue_capacity: int = 2, delay: float = 0.0):
-    from ninfer.engine import Engine
+    from ninfer import Engine
     from serve_scripted import ScriptedProgram
 
     program = ScriptedProgram(frontend, max_sequences=max_concurrency)

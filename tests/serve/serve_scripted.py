@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 
 import torch
-from ninfer.core.kv_pool import PagedKVCache
-from ninfer.core.state_image import StateField, StateImageStorage, StateLayout
 from ninfer.ops.reference.greedy import greedy_tokens
 from ninfer.ops.reference.sampling import apply_penalties, sample
-from ninfer.runtime.sequence_program import ForwardBatch, SequenceProgram
+from ninfer.program.base import ForwardBatch, SequenceProgram
+from ninfer.storage.kv_pool import PagedKVCache
+from ninfer.storage.state_image import StateField, StateImageStorage, StateLayout
 
 MARKER = "SCRIPT:"
 TURN_END = "<|im_end|>"

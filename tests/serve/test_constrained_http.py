@@ -11,7 +11,7 @@ import re
 
 import jsonschema
 import pytest
-from ninfer.runtime.contract.constraint import OutputConstraint
+from ninfer.contracts.constraint import OutputConstraint
 from ninfer_serve.constraints import (
     ConstraintFieldError,
     body_constraint,

@@ -261,7 +261,7 @@ def test_a_union_field_lists_its_alternatives(client):
 
 
 def test_an_engine_failure_message_is_not_prefixed_twice():
-    from ninfer.runtime.contract.errors import EngineFailure
+    from ninfer.contracts.errors import EngineFailure
     from ninfer_serve.errors import from_engine_error
 
     prefix = "the engine failed and accepts no requests: "

@@ -1,8 +1,8 @@
-"""Graph calibration at engine start (DESIGN.md section 7, issue 8 item 3): after the decode CUDA graphs are
+"""Graph calibration at engine start (docs/design.md section 7, issue 8 item 3): after the decode CUDA graphs are
 captured, what stays free must keep the 1 GiB headroom; else one corrective rebuild with a smaller automatic
 KV pool, else a MemoryPlanError naming the numbers and the ways out.
 
-On the CPU: the pure decision (``model_startup.calibrate_kv``), the measurement arithmetic with a faked
+On the CPU: the pure decision (``planner.calibrate_kv``), the measurement arithmetic with a faked
 ``torch.cuda`` (``runtime_free_bytes``), the orchestration (``model_construction.start_program``) with a fake
 Program and capture, and the rebuild of a real Program from the same loaded weights through
 ``Engine.start`` (capture and measurement faked). The real capture and measurement on an H200 are in
@@ -17,9 +17,9 @@ import weakref
 import pytest
 import torch
 from ninfer import Engine, EngineOptions
-from ninfer.runtime.contract.memory import format_memory_summary
-from ninfer.runtime.engine import model_construction as mc
-from ninfer.runtime.engine import model_startup as ms
+from ninfer.contracts.memory import format_memory_summary
+from ninfer.engine import model_construction as mc
+from ninfer.planning import planner as ms
 
 MIB = 1 << 20
 GIB = 1 << 30

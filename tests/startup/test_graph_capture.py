@@ -1,4 +1,4 @@
-"""Decode-graph capture at engine start (ninfer.runtime.engine.model_construction._capture_graphs): when it is
+"""Decode-graph capture at engine start (ninfer.engine.model_construction._capture_graphs): when it is
 attempted, and that a failing capture is a ModelConstructionError naming the way out. Runs on the CPU with a
 fake CUDA device decision; the real capture is covered on the GPU by tests/engine/test_decode_graphs_gpu.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ninfer import EngineOptions
-from ninfer.runtime.engine import model_construction as mc
+from ninfer.engine import model_construction as mc
 
 
 class Program:

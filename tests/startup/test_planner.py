@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-from ninfer.runtime.contract.architecture import ModelProfile
-from ninfer.runtime.contract.memory import format_memory_summary
-from ninfer.runtime.engine import model_startup as ms
-from ninfer.runtime.engine.options import EngineOptions, InvalidEngineOptions
+from ninfer.contracts.architecture import ModelProfile
+from ninfer.contracts.memory import format_memory_summary
+from ninfer.engine.options import EngineOptions, InvalidEngineOptions
+from ninfer.planning import planner as ms
 
 MIB = 1 << 20
 # 1 KiB of KV per token (16 KiB pages at page_size 16), 64 KiB of State per lane, 100 MiB of weights.

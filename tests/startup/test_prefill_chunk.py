@@ -7,9 +7,13 @@ from __future__ import annotations
 import pytest
 from ninfer.cli import common
 from ninfer.cli.main import build_parser, main
-from ninfer.runtime.engine import model_startup as ms
-from ninfer.runtime.engine.options import (GENERATION_PREFILL_CHUNK, SCORING_PREFILL_CHUNK, EngineOptions,
-                                           InvalidEngineOptions)
+from ninfer.engine.options import (
+    GENERATION_PREFILL_CHUNK,
+    SCORING_PREFILL_CHUNK,
+    EngineOptions,
+    InvalidEngineOptions,
+)
+from ninfer.planning import planner as ms
 
 from tests.startup.test_planner import PROFILE, budget
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 from ninfer.artifact import ArtifactReader, load_weights
+from ninfer.contracts.architecture import ProgramInit, ProgramOptions
+from ninfer.contracts.features import StartupFeatures
 from ninfer.ops import resolve_ops
+from ninfer.planning.planner import resident_tensor_bytes, weight_source
 from ninfer.plugins import get_registry
-from ninfer.runtime.contract.architecture import ProgramInit, ProgramOptions
-from ninfer.runtime.contract.features import StartupFeatures
-from ninfer.runtime.engine.model_startup import resident_tensor_bytes, weight_source
 
 
 def _storages(root) -> dict[int, int]:

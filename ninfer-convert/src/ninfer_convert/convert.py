@@ -2,7 +2,7 @@
 
 :func:`convert` reads the source headers, asks the architecture plugin's source mapping for a
 :class:`~ninfer.artifact.source_mapping.ConversionPlan`, checks it (:mod:`ninfer_convert.plan`),
-then streams every object into :class:`~ninfer_convert.writer.ArtifactWriter`. Invariants:
+then streams every object into :class:`~ninfer.artifact.writer.ArtifactWriter`. Invariants:
 
 - nothing is published unless every object was written completely: on any failure the writer is
   aborted, and an existing output is refused before any work;
@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 
 from ninfer.artifact.format import DEFAULT_MAX_FILE_BYTES
 from ninfer.artifact.source_mapping import SourceRows, source_name
+from ninfer.artifact.writer import ArtifactWriter
 from ninfer.errors import NInferError
 from ninfer.plugins import PluginRegistry, get_registry
 from tqdm import tqdm
@@ -37,7 +38,6 @@ from ninfer_convert.errors import ConversionError, OutputExistsError, PlanError,
 from ninfer_convert.plan import CheckedObject, CheckedPlan, check_plan
 from ninfer_convert.resources import Resource, collect_resources
 from ninfer_convert.source import CONFIG_NAME, SourceCheckpoint, SourceFile, open_checkpoint
-from ninfer_convert.writer import ArtifactWriter
 
 # Bytes read per step. Large enough that per-call overhead vanishes, small enough that a 2 GB
 # embedding never sits in memory whole. A multiple of every element size (whole elements per cast).

@@ -1,6 +1,6 @@
 """Checks of the ``text`` component's resources: a broken one is refused before anything is written.
 
-Each check mirrors how the runtime loads the resource (``ninfer.models.common.qwen``: the frontend of every
+Each check mirrors how the runtime loads the resource (``ninfer_qwen3_5.frontend``: the frontend of every
 architecture that ships a tokenizer today) and is no stricter than it:
 
 - ``tokenizer.json``: UTF-8 text that ``tokenizers.Tokenizer.from_str`` loads;
@@ -34,7 +34,7 @@ from ninfer_convert.errors import SourceError
 if TYPE_CHECKING:
     from ninfer_convert.resources import Resource
 
-# Read by the runtime from generation_config.json as numbers (ninfer.models.common.qwen.generation_defaults).
+# Read by the runtime from generation_config.json as numbers (ninfer_qwen3_5.frontend.generation_defaults).
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                  "frequency_penalty")
 

@@ -13,7 +13,7 @@ __all__ = ["Engine", "EngineOptions", "__version__"]
 
 def __getattr__(name: str):
     if name in ("Engine", "EngineOptions"):
-        from ninfer import engine
+        from ninfer.engine import engine
 
         return getattr(engine, name)
     raise AttributeError(f"module 'ninfer' has no attribute {name!r}")

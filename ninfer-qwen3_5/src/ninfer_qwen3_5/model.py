@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
-from ninfer.runtime.contract.program import ProgramError
+from ninfer.contracts.program import ProgramError
 
 from ninfer_qwen3_5.config import FULL, Qwen35Config
 from ninfer_qwen3_5.layers.attention import GatedAttention

@@ -35,9 +35,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ninfer.contracts.architecture import ParameterSpec
+from ninfer.contracts.features import StartupFeatures
 from ninfer.errors import NotSupportedError
-from ninfer.runtime.contract.architecture import ParameterSpec
-from ninfer.runtime.contract.features import StartupFeatures
 
 from ninfer_qwen3_5.config import FULL, Qwen35Config
 

@@ -1,9 +1,11 @@
-"""Entry point ``qwen3_5`` (group ``ninfer``): registers the Qwen3.5 architectures and source mappings."""
+"""Entry point ``qwen3_5`` (group ``ninfer``): registers the Qwen3.5 architectures, the Qwen frontend family
+and the source mappings."""
 
 from __future__ import annotations
 
+from ninfer.contracts.architecture import ArchitectureSpec
+from ninfer.contracts.frontend import FrontendSpec
 from ninfer.plugins.hookspecs import hookimpl
-from ninfer.runtime.contract.architecture import ArchitectureSpec
 
 from ninfer_qwen3_5.config import DENSE, MOE
 from ninfer_qwen3_5.default_model import ninfer_default_models  # noqa: F401  (a hookimpl of this plugin)
@@ -17,6 +19,16 @@ def _create_program(init):
     return Qwen35Program(init)
 
 
+def _create_frontend(resources, vocab_size):
+    from ninfer_qwen3_5.frontend.frontend import QwenFrontend  # tokenizers, jinja2: imported when needed
+
+    return QwenFrontend(resources, vocab_size=vocab_size)
+
+
+#: The Qwen frontend family: Qwen3.5 and the Qwen4-Exp plugin (which depends on this distribution) use it.
+QWEN_FRONTEND = FrontendSpec(name="qwen", create=_create_frontend)
+
+
 def architecture_specs() -> list[ArchitectureSpec]:
     return [ArchitectureSpec(name=name, family="qwen3_5", parameter_specs=parameter_specs, profile=profile,
                              create_program=_create_program, summarize_config=summarize_config, frontend="qwen",
@@ -27,6 +39,11 @@ def architecture_specs() -> list[ArchitectureSpec]:
 @hookimpl
 def ninfer_architectures() -> list:
     return architecture_specs()
+
+
+@hookimpl
+def ninfer_frontends() -> list:
+    return [QWEN_FRONTEND]
 
 
 @hookimpl

@@ -22,8 +22,8 @@ from math import prod
 from typing import Any
 
 import torch
-from ninfer.runtime.contract.architecture import ModelProfile
-from ninfer.runtime.contract.features import StartupFeatures
+from ninfer.contracts.architecture import ModelProfile
+from ninfer.contracts.features import StartupFeatures
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.moe import fused_input_rows

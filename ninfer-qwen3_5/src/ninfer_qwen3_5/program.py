@@ -11,12 +11,12 @@ storage of the same layout.
 from __future__ import annotations
 
 import torch
-from ninfer.core.kv_pool import PagedKVCache
-from ninfer.core.state_image import StateImageStorage
-from ninfer.runtime.contract.architecture import ProgramInit
-from ninfer.runtime.contract.program import ProgramError
-from ninfer.runtime.decode_graphs import DecodeGraphs, HostTokens
-from ninfer.runtime.sequence_program import ForwardBatch, SequenceProgram
+from ninfer.contracts.architecture import ProgramInit
+from ninfer.contracts.program import ProgramError
+from ninfer.program.base import ForwardBatch, SequenceProgram
+from ninfer.program.graphs import DecodeGraphs, HostTokens
+from ninfer.storage.kv_pool import PagedKVCache
+from ninfer.storage.state_image import StateImageStorage
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.context import StepContext
@@ -50,7 +50,7 @@ class Qwen35Program(SequenceProgram):
     # -- CUDA graphs -----------------------------------------------------------------------------
     def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
         """Capture the decode-only forward for every batch size ``1..max_batch`` (CUDA only; see
-        :mod:`ninfer.runtime.decode_graphs`). Must run before any sequence exists: capture writes
+        :mod:`ninfer.program.graphs`). Must run before any sequence exists: capture writes
         state slots ``0..max_batch-1`` and KV page 0. Returns the captured sizes."""
         if self._seqs:
             raise ProgramError("decode graphs must be captured before any sequence is opened")

@@ -12,7 +12,7 @@ The native initial state is all zeros (HF starts both from zeros), which StateIm
 from __future__ import annotations
 
 import torch
-from ninfer.core.state_image import StateField, StateLayout
+from ninfer.storage.state_image import StateField, StateLayout
 
 from ninfer_qwen3_5.config import Qwen35Config
 

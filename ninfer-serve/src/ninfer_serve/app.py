@@ -21,7 +21,7 @@ from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
-from ninfer.runtime.contract.errors import InvalidRequestError
+from ninfer.contracts.errors import InvalidRequestError
 
 from ninfer_serve.auth import ApiKeyMiddleware
 from ninfer_serve.disconnect import ClientDisconnected

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ninfer.runtime.contract.constraint import OutputConstraint
-from ninfer.runtime.contract.errors import InvalidConstraintError
+from ninfer.contracts.constraint import OutputConstraint
+from ninfer.contracts.errors import InvalidConstraintError
 
 from ninfer_serve.errors import bad_request
 from ninfer_serve.tool_choice import ToolPolicy

@@ -14,8 +14,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from ninfer.errors import NInferError
-from ninfer.runtime.contract.errors import (
+from ninfer.contracts.errors import (
     DeadlineExceededError,
     EngineClosedError,
     EngineFailure,
@@ -25,6 +24,7 @@ from ninfer.runtime.contract.errors import (
     QueueFullError,
     QueueTimeoutError,
 )
+from ninfer.errors import NInferError
 
 Protocol = Literal["openai", "anthropic"]
 Kind = Literal["invalid_request", "authentication", "not_found", "method_not_allowed", "too_large",

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 from litestar import Request
+from ninfer.contracts.frontend import OutputOptions, PreparedPrompt
+from ninfer.contracts.sampling import SamplingParams
 from ninfer.errors import NInferError
-from ninfer.runtime.contract.frontend import OutputOptions, PreparedPrompt
-from ninfer.runtime.contract.sampling import SamplingParams
 from pydantic import BaseModel
 
 from ninfer_serve import body

@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from litestar import Request
-from ninfer.runtime.contract.events import GenerationDelta, GenerationError, GenerationResult, GenerationStart
-from ninfer.runtime.contract.frontend import OutputDelta, ToolCall
-from ninfer.runtime.contract.program import TokenLogprob
+from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult, GenerationStart
+from ninfer.contracts.frontend import OutputDelta, ToolCall
+from ninfer.contracts.program import TokenLogprob
 
 from ninfer_serve.disconnect import unless_disconnected
 from ninfer_serve.errors import from_engine_error

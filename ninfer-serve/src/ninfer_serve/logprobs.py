@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from ninfer.runtime.contract.program import TokenLogprob
+from ninfer.contracts.program import TokenLogprob
 
 from ninfer_serve.openai_models import ChoiceLogprobs, CompletionLogprobs, TokenLogprobEntry, TopLogprob
 

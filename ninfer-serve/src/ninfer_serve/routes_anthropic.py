@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, Response, post
-from ninfer.runtime.contract.constraint import OutputConstraint
-from ninfer.runtime.contract.frontend import OutputOptions, ToolCall
+from ninfer.contracts.constraint import OutputConstraint
+from ninfer.contracts.frontend import OutputOptions, ToolCall
 
 from ninfer_serve import sampling
 from ninfer_serve.anthropic_models import (

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 
 from litestar import Request, Response, post
-from ninfer.runtime.contract.frontend import OutputOptions
+from ninfer.contracts.frontend import OutputOptions
 
 from ninfer_serve import sampling
 from ninfer_serve.constraints import constrain

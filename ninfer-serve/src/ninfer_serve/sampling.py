@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ninfer.runtime.contract.sampling import InvalidSamplingParams, SamplingParams
+from ninfer.contracts.sampling import InvalidSamplingParams, SamplingParams
 
 from ninfer_serve.errors import ApiError, bad_request, from_engine_error
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
-from ninfer.runtime.contract.frontend import OutputDelta
+from ninfer.contracts.frontend import OutputDelta
 
 Mode = Literal["none", "auto", "required", "named"]
 

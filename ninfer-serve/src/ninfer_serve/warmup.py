@@ -2,7 +2,7 @@
 
 It runs the whole path a chat request takes (template, tokenization, prefill, decode, sampling,
 output session), so first-use costs (lazy imports, allocator growth, kernel selection) are not paid
-by the first client. Per DESIGN.md section 7 it runs with the request-level context cache off
+by the first client. Per docs/design.md section 7 it runs with the request-level context cache off
 (``cache=False``: on a cache-enabled engine it binds no checkpoint and publishes none) and must leave
 nothing behind: afterwards no request is outstanding and no KV page, state slot or checkpoint is held,
 which :func:`warm_up` checks and reports as an error rather than serving from a leaking engine.
@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ninfer.contracts.frontend import OutputOptions
 from ninfer.errors import NInferError
-from ninfer.runtime.contract.frontend import OutputOptions
 
 WARMUP_MESSAGES = ({"role": "user", "content": "Say hello."},)
 

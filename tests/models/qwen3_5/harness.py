@@ -20,17 +20,17 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from ninfer.artifact import ArtifactReader, load_weights  # noqa: E402
-from ninfer.ops import resolve_ops  # noqa: E402
-from ninfer.plugins import get_registry  # noqa: E402
-from ninfer.runtime.contract.architecture import ProgramInit, ProgramOptions  # noqa: E402
-from ninfer.runtime.contract.features import StartupFeatures  # noqa: E402
-from ninfer.runtime.contract.program import (  # noqa: E402
+from ninfer.contracts.architecture import ProgramInit, ProgramOptions  # noqa: E402
+from ninfer.contracts.features import StartupFeatures  # noqa: E402
+from ninfer.contracts.program import (  # noqa: E402
     DecodeRow,
     ExecutionUnit,
     PrefillChunk,
     RowSampling,
 )
-from ninfer.runtime.contract.sampling import SamplingParams  # noqa: E402
+from ninfer.contracts.sampling import SamplingParams  # noqa: E402
+from ninfer.ops import resolve_ops  # noqa: E402
+from ninfer.plugins import get_registry  # noqa: E402
 from support.models import randomize_weights, tiny_text_model  # noqa: E402
 
 GEOMETRY = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

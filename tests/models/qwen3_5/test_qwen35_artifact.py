@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from ninfer.artifact import ArtifactReader, load_weights
-from ninfer.runtime.contract.features import StartupFeatures
+from ninfer.contracts.features import StartupFeatures
 
 
 def test_vision_and_mtp_are_separate_components_never_read_for_text(qwen_case):

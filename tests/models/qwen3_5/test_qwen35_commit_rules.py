@@ -7,7 +7,7 @@ be committed correctly and generation continues exactly as without the refused c
 from __future__ import annotations
 
 import pytest
-from ninfer.runtime.contract.program import (
+from ninfer.contracts.program import (
     DecodeRow,
     ExecutionUnit,
     OutOfSlotsError,

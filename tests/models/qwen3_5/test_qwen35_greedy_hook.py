@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ninfer.runtime.contract.program import DecodeRow, ExecutionUnit, RowSampling
-from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.contracts.program import DecodeRow, ExecutionUnit, RowSampling
+from ninfer.contracts.sampling import SamplingParams
 
 from .harness import GREEDY, Runner, make_program, prompt
 

@@ -1,4 +1,4 @@
-"""Lookahead decode on the Qwen3.5 Program (CPU, fp32 reference ops; ninfer.runtime.lookahead).
+"""Lookahead decode on the Qwen3.5 Program (CPU, fp32 reference ops; ninfer.program.lookahead).
 
 A Program with lookahead spares must produce exactly the tokens and the StateImages of one without,
 whatever the engine asks next: the same rows (adopted), a subset after a release (adopted), a unit
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ninfer.contracts.architecture import ProgramInit, ProgramOptions
+from ninfer.contracts.program import DecodeRow, ExecutionUnit, ProgramError, RowSampling
+from ninfer.contracts.sampling import SamplingParams
 from ninfer.ops import resolve_ops
 from ninfer.plugins import get_registry
-from ninfer.runtime.contract.architecture import ProgramInit, ProgramOptions
-from ninfer.runtime.contract.program import DecodeRow, ExecutionUnit, ProgramError, RowSampling
-from ninfer.runtime.contract.sampling import SamplingParams
 
 from .harness import Runner, make_program, prompt
 

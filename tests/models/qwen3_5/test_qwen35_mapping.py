@@ -9,9 +9,9 @@ import re
 
 import pytest
 from ninfer.artifact.source_mapping import Part, SourceRows, SourceTensor, source_name
+from ninfer.contracts.features import StartupFeatures
 from ninfer.errors import NotSupportedError
 from ninfer.plugins import get_registry
-from ninfer.runtime.contract.features import StartupFeatures
 from ninfer_qwen3_5.config import Qwen35Config, Qwen35ConfigError, compact_text_config
 from ninfer_qwen3_5.mapping import Qwen35SourceMapping
 from ninfer_qwen3_5.parameters import parameter_specs

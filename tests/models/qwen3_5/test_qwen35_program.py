@@ -1,7 +1,7 @@
 """The Qwen3.5 Program's execution invariants (fp32 reference ops, CPU).
 
 A request's tokens must not depend on chunking, batch membership, page size or page placement,
-reservations of other rows, or a pause/Replay (DESIGN.md section 8). Logits are compared with a tight
+reservations of other rows, or a pause/Replay (docs/design.md section 8). Logits are compared with a tight
 tolerance (3e-4: only summation order differs, e.g. a 1-token chunk vs a 16-token chunk of the delta
 rule, or the fused [qkv | z] projection taking another CPU GEMM kernel at M = 1 than at M = 17; the
 random 9-layer "odd" model amplifies fp32 rounding ~1000x, measured max 1.7e-4 there) and greedy tokens
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ninfer.runtime.contract.program import DecodeRow, ExecutionUnit, PrefillChunk, RowSampling
-from ninfer.runtime.contract.sampling import SamplingParams
+from ninfer.contracts.program import DecodeRow, ExecutionUnit, PrefillChunk, RowSampling
+from ninfer.contracts.sampling import SamplingParams
 
 from .harness import Runner, make_program, prompt, split
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ninfer.core import KVPoolError, PagedKVCache, StateField, StateImageError, StateImageStorage, StateLayout
+from ninfer.storage import (
+    KVPoolError,
+    PagedKVCache,
+    StateField,
+    StateImageError,
+    StateImageStorage,
+    StateLayout,
+)
 
 
 def _kv(num_pages=6, page_size=4):

@@ -8,7 +8,7 @@ Loading is three stages, each checking the contract it consumes::
     weights = Materializer(reader).materialize(plan)
 
 or ``load_weights(reader, specs, device)`` for all three. The writer lives in
-``ninfer_convert.writer``; every error is an :class:`ArtifactError` subclass from
+``ninfer.artifact.writer``; every error is an :class:`ArtifactError` subclass from
 :mod:`ninfer.artifact.errors`.
 """
 

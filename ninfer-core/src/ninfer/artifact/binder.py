@@ -1,6 +1,6 @@
 """The binder: logical parameters a selected feature needs -> element ranges of physical parents.
 
-:func:`bind` checks, for every :class:`~ninfer.runtime.contract.architecture.ParameterSpec`:
+:func:`bind` checks, for every :class:`~ninfer.contracts.architecture.ParameterSpec`:
 
 - its component is declared in the artifact (:class:`MissingComponentError` naming it);
 - it has a binding (:class:`MissingBindingError`);
@@ -30,7 +30,7 @@ from ninfer.artifact.errors import (
     MissingComponentError,
 )
 from ninfer.artifact.format import element_count, interpret
-from ninfer.runtime.contract.architecture import ParameterSpec
+from ninfer.contracts.architecture import ParameterSpec
 
 
 @dataclass(frozen=True)

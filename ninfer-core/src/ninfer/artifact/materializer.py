@@ -21,8 +21,8 @@ from ninfer.artifact.binder import bind
 from ninfer.artifact.errors import PlacementError
 from ninfer.artifact.load_plan import LoadPlan, ParentLoad, resolve_load
 from ninfer.artifact.reader import DEFAULT_CHUNK_BYTES, ArtifactReader
+from ninfer.contracts.architecture import ParameterSpec
 from ninfer.errors import NotSupportedError
-from ninfer.runtime.contract.architecture import ParameterSpec
 
 
 class Materializer:

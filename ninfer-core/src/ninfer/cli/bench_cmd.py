@@ -1,6 +1,6 @@
 """``ninfer bench [MODEL]``: decode and prefill speed through the public Engine, each figure also as a
 ratio to the device's copy bandwidth or matmul peak measured in the same run (method:
-:mod:`ninfer.runtime.bench`). Prints a table; ``--output FILE`` writes the full JSON report."""
+:mod:`ninfer.bench`). Prints a table; ``--output FILE`` writes the full JSON report."""
 
 from __future__ import annotations
 
@@ -98,13 +98,12 @@ def command_line(args) -> str:
 
 
 def run(args) -> int:
-    from ninfer import __version__
-    from ninfer.engine import Engine
+    from ninfer import Engine, __version__
+    from ninfer.bench.limits import measure_limits, remeasure_copy
+    from ninfer.bench.report import build_report, format_report
+    from ninfer.bench.workload import BenchError, BenchSettings, Workload
     from ninfer.model_source import resolve_model
-    from ninfer.runtime.bench.limits import measure_limits, remeasure_copy
-    from ninfer.runtime.bench.report import build_report, format_report
-    from ninfer.runtime.bench.workload import BenchError, BenchSettings, Workload
-    from ninfer.runtime.engine.model_startup import artifact_profile
+    from ninfer.planning.planner import artifact_profile
 
     show = not args.quiet
 

@@ -24,9 +24,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ninfer.contracts.errors import EngineClosedError, EngineFailure
+    from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult
     from ninfer.errors import NInferError
-    from ninfer.runtime.contract.errors import EngineClosedError, EngineFailure
-    from ninfer.runtime.contract.events import GenerationDelta, GenerationError, GenerationResult
 
     interactive = sys.stdin.isatty()
     with common.start_engine(args) as engine:

@@ -73,8 +73,8 @@ def engine_options(args: argparse.Namespace):
     """EngineOptions from the shared engine flags; a context-cache or prefill-chunk flag out of range (or a cache
     flag given without --context-cache) is an NInferError naming the flag, raised before any model is resolved or
     loaded."""
+    from ninfer.engine.options import EngineOptions
     from ninfer.errors import NInferError
-    from ninfer.runtime.engine.options import EngineOptions
 
     kw: dict[str, Any] = {}
     for flag in ("max_concurrency", "max_context", "device", "dtype", "prefill_chunk_size"):
@@ -112,7 +112,7 @@ def engine_options(args: argparse.Namespace):
 def start_engine(args: argparse.Namespace):
     """Resolve the model (converting into the cache if needed) and start an Engine, with a progress
     display on stderr unless --quiet."""
-    from ninfer.engine import Engine
+    from ninfer import Engine
     from ninfer.model_source import resolve_model
 
     show = not args.quiet
@@ -160,7 +160,7 @@ def sampling_params(engine, args: argparse.Namespace):
 
 
 def output_options(args: argparse.Namespace, *, chat: bool):
-    from ninfer.runtime.contract.frontend import OutputOptions
+    from ninfer.contracts.frontend import OutputOptions
 
     return OutputOptions(stop=tuple(args.stop or ()), parse_reasoning=chat, parse_tool_calls=chat,
                          constraint=output_constraint(args))
@@ -169,8 +169,8 @@ def output_options(args: argparse.Namespace, *, chat: bool):
 def output_constraint(args: argparse.Namespace):
     """The OutputConstraint the flags ask for (None without one); a file that cannot be read is an
     InvalidConstraintError naming it."""
-    from ninfer.runtime.contract.constraint import OutputConstraint
-    from ninfer.runtime.contract.errors import InvalidConstraintError
+    from ninfer.contracts.constraint import OutputConstraint
+    from ninfer.contracts.errors import InvalidConstraintError
 
     def read(flag: str, path: str) -> str:
         try:

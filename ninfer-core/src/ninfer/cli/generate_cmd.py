@@ -44,7 +44,7 @@ def read_messages(path: Path) -> list[dict]:
 
 
 def run(args) -> int:
-    from ninfer.runtime.contract.events import GenerationDelta, GenerationError, GenerationResult
+    from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult
 
     chat = args.messages is not None or args.chat
     messages = read_messages(args.messages) if args.messages is not None else None

@@ -37,8 +37,8 @@ _MEMORY_FLAGS = ("device", "dtype", "max_concurrency", "max_context", "page_size
 
 
 def _memory_plan(args):
-    from ninfer.runtime.engine.model_startup import plan_artifact
-    from ninfer.runtime.engine.options import EngineOptions
+    from ninfer.engine.options import EngineOptions
+    from ninfer.planning.planner import plan_artifact
 
     options = EngineOptions(**{f: getattr(args, f) for f in _MEMORY_FLAGS if getattr(args, f) is not None})
     return plan_artifact(args.model, options)
@@ -46,8 +46,8 @@ def _memory_plan(args):
 
 def run(args) -> int:
     from ninfer.artifact import ArtifactReader, describe, summarize
+    from ninfer.contracts.memory import format_memory_summary
     from ninfer.errors import NInferError
-    from ninfer.runtime.contract.memory import format_memory_summary
 
     given = [f"--{f.replace('_', '-')}" for f in _MEMORY_FLAGS if getattr(args, f) is not None]
     if given and not args.memory:

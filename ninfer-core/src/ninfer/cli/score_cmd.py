@@ -63,7 +63,7 @@ def _decode(raw: bytes, path: Path, line: int | None = None) -> str:
 
 def read_inputs(path: Path) -> list:
     """The texts of a ``.txt`` or ``.jsonl`` file as ScoreInputs (see the module docstring)."""
-    from ninfer.runtime.scoring.inputs import ScoreInput
+    from ninfer.scoring.inputs import ScoreInput
 
     suffix = path.suffix.lower()
     if suffix not in (".txt", ".jsonl"):
@@ -98,10 +98,10 @@ def read_inputs(path: Path) -> list:
 
 
 def run(args) -> int:
-    from ninfer.engine import Engine
+    from ninfer import Engine
+    from ninfer.engine.options import EngineOptions
     from ninfer.model_source import resolve_model
-    from ninfer.runtime.engine.options import EngineOptions
-    from ninfer.runtime.scoring.windows import check_window_options
+    from ninfer.scoring.windows import check_window_options
 
     # Fail on bad options and input before loading the model.
     check_window_options(args.context if args.context is not None else DEFAULT_CONTEXT,

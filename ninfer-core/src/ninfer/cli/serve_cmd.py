@@ -57,7 +57,7 @@ def run(args) -> int:
     except ImportError as exc:
         print(f"{INSTALL_HINT} ({exc})", file=sys.stderr)
         return 2
-    from ninfer.engine import Engine
+    from ninfer import Engine
     from ninfer.errors import NInferError
     from ninfer.model_source import resolve_model
 
@@ -81,7 +81,7 @@ def run(args) -> int:
             print(f"[ninfer] loaded {model_id} in {time.monotonic() - started:.1f} s "
                   f"(max_concurrency {engine.options.max_concurrency}, max_context {engine.max_context})",
                   file=sys.stderr)
-            from ninfer.runtime.contract.memory import format_memory_summary
+            from ninfer.contracts.memory import format_memory_summary
 
             print(format_memory_summary(engine.memory_summary()), file=sys.stderr)
         if not args.no_warmup:

@@ -18,11 +18,21 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def ninfer_architectures() -> list:  # list[ninfer.runtime.contract.architecture.ArchitectureSpec]
+def ninfer_architectures() -> list:  # list[ninfer.contracts.architecture.ArchitectureSpec]
     """Model architectures this plugin runs, keyed by ``ArchitectureSpec.name``.
 
     The name is ``architectures[0]`` of the artifact's ``text`` component config. Two plugins
     must not register the same name.
+    """
+
+
+@hookspec
+def ninfer_frontends() -> list:  # list[ninfer.contracts.frontend.FrontendSpec]
+    """Frontend families (tokenizer, chat template, output parsing), keyed by ``FrontendSpec.name``.
+
+    An architecture names the family its artifacts are read with (``ArchitectureSpec.frontend``);
+    several architectures may share one family, and a plugin may reuse another plugin's family by
+    depending on its distribution.
     """
 
 
@@ -36,7 +46,7 @@ def ninfer_ops() -> list:  # list[ninfer.ops.registry.OpImpl]
 
 
 @hookspec
-def ninfer_speculative_backends() -> list:  # list[ninfer.runtime.contract.speculative.SpeculativeBackendSpec]
+def ninfer_speculative_backends() -> list:  # list[ninfer.contracts.speculative.SpeculativeBackendSpec]
     """Speculative decoding backends (MTP, DFlash, ...), each for named architectures."""
 
 

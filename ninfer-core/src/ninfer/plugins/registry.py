@@ -135,9 +135,10 @@ class PluginRegistry:
         self.speculative_backends: dict = {}
         self.source_mappings: dict = {}
         self.default_models: dict = {}
+        self.frontends: dict = {}
         registered: dict[str, dict[str, list[str]]] = {name: {} for name in self._meta}
         owners: dict[tuple[str, str], str] = {}
-        for kind in ("architectures", "ops", "speculative_backends", "source_mappings", "default_models"):
+        for kind in ("architectures", "frontends", "ops", "speculative_backends", "source_mappings", "default_models"):
             caller = getattr(self.pm.hook, f"ninfer_{kind}")
             # pluggy returns impls last-registered-first; index in registration order instead.
             for impl in reversed(caller.get_hookimpls()):
@@ -181,6 +182,15 @@ class PluginRegistry:
                 f"no installed plugin provides architecture {name!r} (installed: {known}); "
                 f"install the plugin distribution for it, e.g. 'pip install ninfer-qwen3_5' for Qwen3_5*"
             ) from None
+
+    def frontend(self, name: str):
+        """The :class:`~ninfer.contracts.frontend.FrontendSpec` registered as ``name``."""
+        try:
+            return self.frontends[name]
+        except KeyError:
+            known = ", ".join(sorted(self.frontends)) or "none"
+            raise PluginError(f"no installed plugin provides frontend family {name!r} (installed: {known}); "
+                              f"install the plugin distribution of the architecture that names it") from None
 
     def source_mapping(self, architecture: str):
         try:

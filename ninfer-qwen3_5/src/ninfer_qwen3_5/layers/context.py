@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from ninfer.core.kv_pool import PagedKVCache
-from ninfer.core.state_image import StateImageStorage
+from ninfer.storage.kv_pool import PagedKVCache
+from ninfer.storage.state_image import StateImageStorage
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,124 @@
+"""What an architecture plugin registers: :class:`ArchitectureSpec`.
+
+The engine dispatches on ``ArchitectureSpec.name`` once, at construction; after that it talks to
+the Program it created and to the Frontend, never to the spec again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ninfer.contracts.features import StartupFeatures
+
+
+@dataclass(frozen=True)
+class ParameterSpec:
+    """One logical parameter a selected feature needs.
+
+    ``name`` is the artifact binding name (e.g. ``text/layers/3/attention/qkv``); ``shape`` is its
+    logical shape, derived from config by the architecture (never from the objects); the binder
+    checks the binding covers exactly ``prod(shape)`` elements.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    component: str = "text"
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Address-free sizes the planner needs before any large read (docs/design.md section 7), for one run
+    (activation) dtype and the artifact's stored formats.
+
+    Exact (equal to the nbytes of the tensors the Program allocates): ``weight_bytes`` (resident
+    weights and constants derived from them, tied tensors once), ``converted_weight_bytes`` (the part
+    of them created at construction from stored weights of another dtype, while the stored originals
+    are still held), ``kv_bytes_per_token`` and ``state_bytes_per_sequence``.
+    Estimates of one step's transient workspace: ``activation_bytes_per_token`` (per step token, the
+    widest layer plus the residual stream), ``attention_bytes_per_context_token`` (what one attention
+    call gathers per cached token), ``score_bytes_per_query_key`` (live attention scores).
+    Compute counts (benchmark ratios): ``matmul_params_per_token`` (weight elements one token
+    multiplies: no embedding lookup, no LM head, MoE counts its routed top-k), ``head_params`` (the LM
+    head, multiplied only by rows that sample), ``mixer_flops_per_token`` (context-free sequence mixing,
+    e.g. a linear-attention recurrence) and ``attention_flops_per_query_key`` (over attention layers).
+    Parts of ``weight_bytes`` a decode step reads only in part (benchmark byte counts; 0 = read whole):
+    ``embedding_bytes`` (an input table read one row per token; 0 when it is also the tied LM head) and
+    ``routed_expert_bytes`` (all MoE layers' routed experts, of which a row reads ``experts_per_token`` of
+    ``num_experts`` per layer).
+    """
+
+    weight_bytes: int
+    kv_bytes_per_token: int           # summed over attention layers, K and V
+    state_bytes_per_sequence: int     # one StateImage (all GDN layers, conv + recurrent)
+    vocab_size: int
+    max_position_embeddings: int
+    converted_weight_bytes: int = 0
+    activation_bytes_per_token: int = 0
+    attention_bytes_per_context_token: int = 0
+    score_bytes_per_query_key: int = 0
+    matmul_params_per_token: int = 0
+    head_params: int = 0
+    mixer_flops_per_token: int = 0
+    attention_flops_per_query_key: int = 0
+    embedding_bytes: int = 0
+    routed_expert_bytes: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+
+
+@dataclass(frozen=True)
+class ProgramOptions:
+    """Physical sizing of one Program. Invariant: max_sequences >= the engine's max_concurrency.
+    ``checkpoint_slots``: StateImage slots for context-cache checkpoints (0: no checkpoints).
+    ``lookahead_slots``: extra StateImage slots held as lookahead-decode spares (0: no lookahead;
+    only for a Program whose ``supports_lookahead`` is true, see ``ninfer.program.lookahead``)."""
+
+    device: torch.device
+    dtype: torch.dtype
+    max_sequences: int
+    page_size: int
+    num_pages: int
+    max_context: int
+    checkpoint_slots: int = 0
+    lookahead_slots: int = 0
+
+
+@dataclass(frozen=True)
+class ProgramInit:
+    """Everything ``ArchitectureSpec.create_program`` receives. ``weights`` are read-only views."""
+
+    config: Mapping[str, Any]
+    weights: Mapping[str, torch.Tensor]
+    ops: Any  # ninfer.ops.registry.OpSet
+    options: ProgramOptions
+    features: StartupFeatures = field(default_factory=StartupFeatures)
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """An architecture as registered through the ``ninfer_architectures`` hook.
+
+    - ``parameter_specs(config, features)``: every logical parameter the features bind.
+    - ``profile(config, features, dtype=None, stored_dtypes=None)``: the address-free
+      :class:`ModelProfile` for run dtype ``dtype`` (None: bfloat16) and the artifact's stored dtype
+      of each parameter name (None: every parameter stored in ``dtype``).
+    - ``create_program(init)``: a Program (``ninfer.contracts.program.Program``).
+    - ``summarize_config(config)``: a few lines for ``ninfer info``.
+    - ``frontend``: the name of the frontend family (a ``ninfer_frontends`` registration) the artifact's
+      resources are read with.
+    - ``lookahead``: its Program supports lookahead decode (``SequenceProgram.supports_lookahead``), so
+      the engine may give it ``ProgramOptions.lookahead_slots``.
+    """
+
+    name: str
+    family: str
+    parameter_specs: Callable[[Mapping[str, Any], StartupFeatures], list[ParameterSpec]]
+    profile: Callable[..., ModelProfile]
+    create_program: Callable[[ProgramInit], Any]
+    summarize_config: Callable[[Mapping[str, Any]], dict[str, Any]]
+    frontend: str
+    lookahead: bool = False

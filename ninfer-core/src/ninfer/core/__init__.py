@@ -1,9 +1,0 @@
-"""Core storage primitives shared by every architecture's Program: paged KV pools and StateImage slots."""
-
-from ninfer.core.kv_pool import KVPoolError, PageAllocator, PagedKVCache
-from ninfer.core.state_image import StateField, StateImageError, StateImageStorage, StateLayout
-
-__all__ = [
-    "KVPoolError", "PageAllocator", "PagedKVCache",
-    "StateField", "StateImageError", "StateImageStorage", "StateLayout",
-]

@@ -1,0 +1,349 @@
+"""The public facade: :class:`Engine`. Everything a user touches (Python API, CLI, HTTP) goes through it.
+
+Threads: ``submit``, ``stats``, ``close`` and every handle method may be called from any thread.
+Request state, the Scheduler and the Program belong to the engine worker (see
+:mod:`ninfer.engine.worker`); this facade only validates, enqueues and reads snapshots.
+
+Outstanding capacity: at most ``max_concurrency + queue_capacity`` submitted requests are
+outstanding; a request stops counting once its terminal event is published *and* its handle was
+released (terminal event read, ``release()``, or the handle dropped). Beyond it, submit raises
+QueueFullError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import queue
+import secrets
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ninfer.contracts.errors import EngineClosedError, EngineFailure, QueueFullError
+from ninfer.contracts.events import GenerationResult
+from ninfer.contracts.frontend import Frontend, OutputOptions, PreparedPrompt
+from ninfer.contracts.memory import MemorySummary
+from ninfer.contracts.program import CheckpointProgram, Program
+from ninfer.contracts.request import GenerationRequest
+from ninfer.contracts.sampling import SamplingParams
+from ninfer.engine.handle import GenerationHandle, RequestControl
+from ninfer.engine.options import EngineOptions, InvalidEngineOptions
+from ninfer.engine.requests import RequestRecord
+from ninfer.engine.stats import EngineStats
+from ninfer.engine.worker import WAKE, EngineCore
+from ninfer.errors import NotSupportedError
+
+_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+PromptInput = GenerationRequest | PreparedPrompt | str | Sequence[int]
+
+
+class Engine:
+    """One resident model serving up to ``max_concurrency`` requests at once.
+
+    Build it with :meth:`start` (from a ``.ninfer`` artifact) or :meth:`from_parts` (an existing
+    Program and Frontend). Use it as a context manager or call :meth:`close`.
+
+    The purpose is fixed at start. ``generation`` (default): a worker and scheduler serve
+    :meth:`submit`. ``causal_scoring``: no worker, scheduler or context cache; :meth:`score` runs
+    windows serially on one sequence (max_concurrency is 1) and :meth:`submit` is refused. A
+    generation engine refuses :meth:`score`.
+    """
+
+    def __init__(self, program: Program, frontend: Frontend, options: EngineOptions, *,
+                 info: Mapping[str, Any] | None = None, _owned: Any = None) -> None:
+        options.validate()
+        if options.purpose == "causal_scoring":
+            # Scoring runs one window at a time on one sequence, whatever max_concurrency said.
+            options = dataclasses.replace(options, max_concurrency=1)
+        cap = program.capacity()
+        if cap.total_state_slots < options.max_concurrency:
+            raise InvalidEngineOptions(f"max_concurrency {options.max_concurrency} exceeds the Program's "
+                                       f"{cap.total_state_slots} state slots")
+        if cap.total_pages * cap.page_size < options.max_context:
+            raise InvalidEngineOptions(f"the KV pool holds {cap.total_pages * cap.page_size} tokens, fewer than "
+                                       f"max_context {options.max_context}: one request must always fit")
+        program_max = getattr(program, "max_context", None)
+        if program_max is not None and program_max < options.max_context:
+            raise InvalidEngineOptions(f"max_context {options.max_context} exceeds the Program's {program_max}")
+        if options.context_cache and (not isinstance(program, CheckpointProgram)
+                                      or program.checkpoint_usage().total_slots < 1):
+            raise InvalidEngineOptions("context_cache needs a Program with checkpoint slots (build it with "
+                                       "ProgramOptions.checkpoint_slots >= 1)")
+        if options.context_cache:
+            # Before the worker starts (it is the only caller afterwards); fixed for the engine's life.
+            program.configure_host_tier(options.host_budget_bytes)
+        self._program = program
+        self._frontend = frontend
+        self._options = options
+        self._info = dict(info or {})
+        self._owned = _owned  # keeps model resources alive as long as the engine
+        self._vocab_size = int(program.vocab_size)
+        self._defaults = {k: v for k, v in dict(frontend.sampling_defaults()).items() if k in _SAMPLING_FIELDS}
+        self._tickets = itertools.count()
+        self._outstanding = 0
+        self._submitted = 0
+        self._released: queue.SimpleQueue = queue.SimpleQueue()  # finalizer-safe release notices
+        self._scorer = None
+        if options.purpose == "causal_scoring":
+            from ninfer.scoring.score_core import CausalScoreCore
+
+            self._scorer = CausalScoreCore(
+                program, frontend, max_context=options.max_context, prefill_chunk_size=options.prefill_chunk,
+                device=options.device or str(getattr(program, "device", "unknown")),
+                dtype=options.dtype or str(getattr(program, "dtype", "unknown")).removeprefix("torch."),
+                info=self._info)
+            self._core = None
+            self._scoring_closed = False
+            return
+        self._core = EngineCore(program, options)
+        self._core_closing = False
+        self._core.start()
+        # A forgotten engine still stops its worker (at collection or interpreter exit).
+        self._finalizer = weakref.finalize(self, _stop_core, self._core)
+
+    # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, artifact: str | os.PathLike, options: EngineOptions | None = None, *,
+              progress: Callable[[int, int], None] | None = None, **overrides: Any) -> Engine:
+        """Load a ``.ninfer`` artifact and start serving it. ``overrides`` replace fields of
+        ``options`` (e.g. ``Engine.start(path, max_concurrency=2)``); ``progress(bytes_read, total)``
+        reports weight loading."""
+        from ninfer.engine.model_construction import build_model
+
+        options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
+        model = build_model(artifact, options, progress=progress)
+        return cls(model.program, model.frontend, model.options, info=model.info, _owned=model)
+
+    @classmethod
+    def from_parts(cls, program: Program, frontend: Frontend, options: EngineOptions | None = None,
+                   **overrides: Any) -> Engine:
+        """Serve an already built Program and Frontend (options' KV sizing fields are ignored: the
+        Program's capacity is what it is)."""
+        return cls(program, frontend, dataclasses.replace(options or EngineOptions(), **overrides))
+
+    # -- properties --------------------------------------------------------------------------------
+    @property
+    def frontend(self) -> Frontend:
+        return self._frontend
+
+    @property
+    def options(self) -> EngineOptions:
+        return self._options
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the engine serves (architecture, public name, ...) when built from an artifact."""
+        return dict(self._info)
+
+    def memory_summary(self) -> MemorySummary | None:
+        """Where device memory went at start (weights, KV/State, workspace, headroom; also
+        ``info["memory"]``). None for an engine built with :meth:`from_parts`: nothing was planned."""
+        return getattr(self._owned, "memory", None)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def max_context(self) -> int:
+        return self._options.max_context
+
+    @property
+    def failure(self) -> EngineFailure | None:
+        return self._core.failure if self._core is not None else None
+
+    @property
+    def purpose(self) -> str:
+        return self._options.purpose
+
+    # -- requests ----------------------------------------------------------------------------------
+    def sampling_params(self, **overrides: Any) -> SamplingParams:
+        """The model's sampling defaults (generation_config) with ``overrides`` on top, validated."""
+        return SamplingParams(**{**self._defaults, **overrides}).validate(self._vocab_size)
+
+    def submit(self, request: PromptInput, *, sampling: SamplingParams | None = None,
+               output: OutputOptions | None = None, deadline: float | None = None,
+               timeout_s: float | None = None, request_id: str | None = None,
+               cache: bool | None = None, session: str | None = None) -> GenerationHandle:
+        """Enqueue a request and return its handle.
+
+        ``request`` is a GenerationRequest (the keyword arguments must then be left out), or a prompt:
+        a PreparedPrompt, token ids, or text (prepared with ``Frontend.prepare_text``). ``timeout_s``
+        is a relative deadline. ``cache=False`` keeps the request out of the context cache (see
+        ``GenerationRequest.cache``); ``session`` is a context-cache session key (see
+        ``GenerationRequest.session``). Raises synchronously: InvalidRequestError, PromptTooLongError,
+        InvalidSamplingParams, QueueFullError, EngineClosedError, EngineFailure; NotSupportedError
+        on an engine started for causal scoring.
+        """
+        if self._scorer is not None:
+            raise NotSupportedError("this engine was started with purpose 'causal_scoring': it scores texts "
+                                    "with score() and serves no requests (start another with purpose "
+                                    "'generation')")
+        req = self._as_request(request, sampling, output, deadline, timeout_s, request_id, cache, session)
+        req.validate(vocab_size=self._vocab_size, max_context=self._options.max_context)
+        params = req.sampling if req.sampling is not None else self.sampling_params()
+        if params.seed is None:
+            # Drawn here, once, so a Replay after preemption samples exactly the same tokens.
+            params = dataclasses.replace(params, seed=secrets.randbits(63))
+        out = req.output
+        if params.stop_token_ids or params.ignore_eos:
+            merged = tuple(dict.fromkeys(out.stop_token_ids + tuple(params.stop_token_ids)))
+            out = dataclasses.replace(out, stop_token_ids=merged, ignore_eos=out.ignore_eos or params.ignore_eos)
+        if isinstance(req.prompt, PreparedPrompt) and req.prompt.thinking_open and not out.thinking_open:
+            # The prompt ends inside <think>: the session must start in the reasoning channel.
+            out = dataclasses.replace(out, thinking_open=True)
+        rid = req.request_id or f"req-{uuid.uuid4().hex[:16]}"
+        # Opened on the submitting thread (grammar compilation and the like happen here, not on the
+        # worker); a session holds no engine resources, so a refused request just drops it.
+        session = self._frontend.open_session(out)
+        core, released = self._core, self._released
+        with core.submit_lock:
+            self._check_accepting()
+            self._collect_releases()
+            if self._outstanding >= self._options.outstanding_capacity:
+                raise QueueFullError(f"the engine has {self._outstanding} outstanding requests "
+                                     f"(capacity {self._options.outstanding_capacity})")
+            # The callbacks capture the queues, never the Engine, so a dropped Engine can be collected.
+            # The release callback may run in a GC finalizer: a SimpleQueue put is safe there.
+            control = RequestControl(rid, wake=lambda: core.inbox.put(WAKE),
+                                     on_release=lambda: released.put(None))
+            rec = RequestRecord(ticket=next(self._tickets), request_id=rid, prompt=req.prompt_tokens,
+                                params=params, session=session, control=control,
+                                submit_time=time.monotonic(), deadline=req.deadline,
+                                cache=self._options.context_cache and req.cache,
+                                session_key=req.session if self._options.context_cache else None,
+                                cache_points=req.cache_points)
+            self._outstanding += 1
+            self._submitted += 1
+            core.inbox.put(("submit", rec))
+        return GenerationHandle(control)
+
+    def generate(self, request: PromptInput, *, timeout: float | None = None, **kwargs: Any) -> GenerationResult:
+        """Submit and wait for the result (raises the request's error)."""
+        with self.submit(request, **kwargs) as handle:
+            return handle.result(timeout)
+
+    def _as_request(self, request: PromptInput, sampling, output, deadline, timeout_s, request_id, cache=None,
+                    session=None) -> GenerationRequest:
+        if timeout_s is not None:
+            relative = time.monotonic() + timeout_s
+            deadline = relative if deadline is None else min(deadline, relative)
+        if isinstance(request, GenerationRequest):
+            if any(v is not None for v in (sampling, output, deadline, request_id, cache, session)):
+                raise TypeError("pass either a GenerationRequest or a prompt with keyword arguments, not both")
+            return request
+        prompt = self._frontend.prepare_text(request) if isinstance(request, str) else request
+        return GenerationRequest(prompt=prompt, sampling=sampling, output=output or OutputOptions(),
+                                 deadline=deadline, request_id=request_id, cache=True if cache is None else cache,
+                                 session=session)
+
+    def _check_accepting(self) -> None:
+        status = self._core.status
+        if status == "failed":
+            raise EngineFailure(f"the engine failed and accepts no requests: {self._core.failure}")
+        if status != "running" or self._core_closing:
+            raise EngineClosedError("the engine is closed")
+
+    def _collect_releases(self) -> None:
+        while True:
+            try:
+                self._released.get_nowait()
+            except queue.Empty:
+                return
+            self._outstanding -= 1
+
+    # -- causal scoring ----------------------------------------------------------------------------
+    def score(self, inputs, *, context: int | None = None, stride: int | None = None, logprobs: bool = False,
+              top_logprobs: int = 0, progress=None):
+        """Score texts (or token lists) with the model: per-text and overall NLL and perplexity,
+        optionally per-token log-probabilities (``top_logprobs`` alternatives each). Windows of
+        ``context`` input tokens advance by ``stride`` targets (defaults: max_context and half of it);
+        see :mod:`ninfer.scoring.windows`. ``progress(scored, total)`` is called as target
+        tokens are scored. Returns a :class:`~ninfer.scoring.report.ScoreReport`. Only an
+        engine started with purpose ``causal_scoring`` scores; others raise NotSupportedError.
+        """
+        if self._scorer is None:
+            raise NotSupportedError("score() needs an engine started with purpose 'causal_scoring' "
+                                    "(e.g. Engine.start(path, purpose='causal_scoring')); this one serves generation")
+        if self._scoring_closed:
+            raise EngineClosedError("the engine is closed")
+        return self._scorer.score(inputs, context=context, stride=stride, logprobs=logprobs,
+                                  top_logprobs=top_logprobs, progress=progress)
+
+    # -- observation and shutdown ------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        if self._scorer is not None:
+            return self._scoring_stats()
+        snap = self._core.snapshot
+        with self._core.submit_lock:
+            self._collect_releases()
+            outstanding, submitted = self._outstanding, self._submitted
+        cap = snap.capacity
+        return EngineStats(
+            status=snap.status, queue_depth=snap.queue_depth, running=snap.running, paused=snap.paused,
+            outstanding=outstanding, submitted=submitted,
+            pages_used=cap.total_pages - cap.free_pages, pages_total=cap.total_pages,
+            state_slots_used=cap.total_state_slots - cap.free_state_slots,
+            state_slots_total=cap.total_state_slots, page_size=cap.page_size, **snap.counters,
+            cache_checkpoints=snap.checkpoints.count, cache_device_bytes=snap.checkpoints.device_bytes,
+            cache_host_checkpoints=snap.checkpoints.host_count, cache_host_bytes=snap.checkpoints.host_bytes,
+            cache_host_budget_bytes=snap.checkpoints.host_budget_bytes)
+
+    def clear_context_cache(self, timeout: float | None = None) -> None:
+        """Drop every context-cache checkpoint (done by the worker; waits up to ``timeout``). Stats
+        published after the call reflect it. No-op without a context cache or after close."""
+        if self._scorer is not None or not self._options.context_cache:
+            return
+        done = threading.Event()
+        with self._core.submit_lock:
+            self._check_accepting()
+            self._core.inbox.put(("clear_cache", done))
+        if not done.wait(timeout):
+            raise TimeoutError("the engine worker did not clear the context cache in time")
+        if self._core.failure is not None:
+            raise self._core.failure
+
+    def close(self, *, drain: bool = False, timeout: float | None = None) -> None:
+        """Stop the engine. ``drain``: finish every accepted request first; otherwise unfinished ones
+        end with EngineClosedError. Joins the worker (up to ``timeout``). Idempotent."""
+        if self._scorer is not None:
+            self._scoring_closed = True
+            return
+        with self._core.submit_lock:
+            self._core_closing = True
+            self._core.inbox.put(("close", drain))
+        if threading.current_thread() is not self._core.thread:
+            self._core.thread.join(timeout)
+
+    @property
+    def closed(self) -> bool:
+        if self._scorer is not None:
+            return self._scoring_closed
+        return not self._core.thread.is_alive()
+
+    def _scoring_stats(self) -> EngineStats:
+        cap, sc = self._program.capacity(), self._scorer
+        return EngineStats(
+            status="closed" if self._scoring_closed else "running", queue_depth=0, running=0, paused=0,
+            outstanding=0, submitted=0, pages_used=cap.total_pages - cap.free_pages, pages_total=cap.total_pages,
+            state_slots_used=cap.total_state_slots - cap.free_state_slots, state_slots_total=cap.total_state_slots,
+            page_size=cap.page_size, units=sc.chunks_run, prefill_tokens=sc.tokens_processed)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _stop_core(core: EngineCore) -> None:
+    core.inbox.put(("close", False))
+
+
+__all__ = ["Engine", "EngineOptions", "GenerationHandle"]

@@ -1,0 +1,169 @@
+"""EngineOptions: everything fixed at engine start."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ninfer.contracts.features import Purpose, StartupFeatures
+from ninfer.errors import NInferError, NotSupportedError
+
+MAX_CONCURRENCY_LIMIT = 8
+# Prefill chunk defaults (``EngineOptions.prefill_chunk``). Generation: on the H200 a 35B-A3B-shape 8k prompt
+# (12 layers) takes 130.6 ms in chunks of 2,048, 87.3 ms in 4,096 and 80.8 ms in 8,192 (32k: 651.8 / 490.5 /
+# 457.8 ms): each chunk pays ~60 host launches per layer, so small chunks are host-bound (docs/benchmarks.md,
+# fifteenth session). vLLM and SGLang also default to 8,192-token batches on this class of GPU. Scoring keeps
+# 2,048: each of its chunks materialises [chunk, vocab] fp32 logits (2 GiB at a 248k vocabulary).
+GENERATION_PREFILL_CHUNK = 8192
+SCORING_PREFILL_CHUNK = 2048
+
+
+def _physical_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX: assume a modest machine
+        return 16 << 30
+
+
+class InvalidEngineOptions(NInferError):
+    """An EngineOptions value is out of range; the message names it."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Startup options of one engine. Invariants checked by :meth:`validate`:
+
+    - ``1 <= max_concurrency <= 8``: resident lanes (requests in prefill, Replay or decode).
+    - ``queue_capacity >= 0``: waiting requests beyond the lanes. Outstanding capacity is
+      ``max_concurrency + queue_capacity`` handles (paused and finished-but-unreleased ones count).
+    - ``queue_timeout_s``: None waits forever, else a request still waiting after it is rejected.
+    - ``max_context``: the longest ledger (prompt + output) a request may reach.
+    - KV sizing: ``num_pages`` wins; else ``kv_budget_mib``; else enough pages for every lane to hold
+      ``max_context`` tokens. Either way the pool must hold one full ``max_context`` request.
+    - ``prefill_chunk_size``: the most prompt/Replay tokens one worker cycle processes; None (default):
+      8,192 for generation, 2,048 for causal scoring (:attr:`prefill_chunk` is the resolved value). A
+      larger chunk prefills faster (fewer host launches per token) but delays the decode rows of the same
+      cycle longer: lower it (e.g. 2,048) for smoother inter-token latency under concurrent long prompts.
+    - ``admission_bypass``: how many times later requests may overtake the queue head that does not
+      fit yet (bounded bypass); 0 is strict FIFO.
+    - ``device``: None picks cuda when CUDA is present, else cpu. ``dtype`` (float32, bfloat16,
+      float16): None picks bfloat16 on CUDA and float32 on the CPU (the model casts its weights).
+    - ``purpose``: ``generation`` or ``causal_scoring`` (offline scoring, ``Engine.score``). A scoring
+      engine runs one window at a time: its effective ``max_concurrency`` is 1 (the Program is sized
+      for one sequence), ``max_context`` is the longest scoring window, the queue and admission
+      fields are unused, and it has no context cache.
+    - ``context_cache``: keep checkpoints (StateImage copy + shared KV prefix) of finished prefills
+      and responses, and bind a new request to the longest one that is an exact prefix of its prompt
+      (docs/context-cache.md). ``cache_checkpoint_slots`` (>= 1; None: ``16 + 2 * max_concurrency``)
+      StateImages hold checkpoints; ``cache_checkpoint_interval`` (a multiple of ``page_size``; None:
+      the largest multiple of ``page_size`` not above :attr:`prefill_chunk`, at least one
+      page) is the prefill distance between boundary checkpoints. ``cache_host_mib`` (>= 0; None:
+      min(8 GiB, a quarter of the machine's RAM)) is the Host tier's budget: checkpoints and pause
+      Snapshots demoted from the device (pinned memory on CUDA, allocated on demand); 0 turns the
+      Host tier off (pressure then drops checkpoints, and pauses are Replay only).
+    - ``lookahead`` (lookahead decode, ``ninfer.program.lookahead``): launch the next decode step from
+      the device-side tokens before the host has this step's, so the host's per-step work overlaps the
+      GPU. None: on exactly when decode CUDA graphs are captured (CUDA generation, and the
+      architecture supports it); True forces it on (also on the CPU, where it only costs: for tests);
+      False turns it off. It costs ``max_concurrency`` more StateImage slots of device memory.
+    """
+
+    max_concurrency: int = 4
+    queue_capacity: int = 64
+    queue_timeout_s: float | None = None
+    max_context: int = 4096
+    purpose: Purpose = "generation"
+    device: str | None = None
+    dtype: str | None = None
+    page_size: int = 16
+    num_pages: int | None = None
+    kv_budget_mib: float | None = None
+    prefill_chunk_size: int | None = None
+    context_cache: bool = False
+    cache_checkpoint_slots: int | None = None
+    cache_checkpoint_interval: int | None = None
+    cache_host_mib: float | None = None
+    admission_bypass: int = 2
+    vision: bool = False
+    speculative: str | None = None
+    lookahead: bool | None = None
+
+    def validate(self) -> EngineOptions:
+        def bad(name: str, why: str) -> InvalidEngineOptions:
+            return InvalidEngineOptions(f"invalid engine option {name}={getattr(self, name)!r}: {why}")
+
+        if not 1 <= self.max_concurrency <= MAX_CONCURRENCY_LIMIT:
+            raise bad("max_concurrency", f"must be in 1..{MAX_CONCURRENCY_LIMIT}")
+        if self.queue_capacity < 0:
+            raise bad("queue_capacity", "must be >= 0")
+        if self.queue_timeout_s is not None and not self.queue_timeout_s > 0:
+            raise bad("queue_timeout_s", "must be > 0 or None")
+        if self.max_context < 2:
+            raise bad("max_context", "must be >= 2 (one prompt and one output token)")
+        if self.page_size < 1:
+            raise bad("page_size", "must be >= 1")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise bad("num_pages", "must be >= 1")
+        if self.kv_budget_mib is not None and not self.kv_budget_mib > 0:
+            raise bad("kv_budget_mib", "must be > 0")
+        if self.prefill_chunk_size is not None and self.prefill_chunk_size < 1:
+            raise bad("prefill_chunk_size", "must be >= 1 or None")
+        if self.admission_bypass < 0:
+            raise bad("admission_bypass", "must be >= 0")
+        if self.purpose not in ("generation", "causal_scoring"):
+            raise bad("purpose", "must be 'generation' or 'causal_scoring'")
+        if self.purpose == "causal_scoring" and self.context_cache:
+            raise bad("context_cache", "a causal_scoring engine keeps no context cache")
+        if self.cache_checkpoint_slots is not None and self.cache_checkpoint_slots < 1:
+            raise bad("cache_checkpoint_slots", "must be >= 1 or None")
+        if self.cache_checkpoint_interval is not None and (
+                self.cache_checkpoint_interval < 1 or self.cache_checkpoint_interval % self.page_size):
+            raise bad("cache_checkpoint_interval", f"must be a positive multiple of page_size {self.page_size}")
+        if self.cache_host_mib is not None and not self.cache_host_mib >= 0:
+            raise bad("cache_host_mib", "must be >= 0 or None")
+        if self.purpose == "causal_scoring" and self.lookahead:
+            raise bad("lookahead", "a causal_scoring engine runs no decode steps")
+        if self.vision:
+            raise NotSupportedError("the Vision feature is not supported yet")
+        if self.speculative is not None:
+            raise NotSupportedError(f"speculative backend {self.speculative!r} is not supported yet")
+        return self
+
+    @property
+    def prefill_chunk(self) -> int:
+        """The most prompt/Replay tokens one worker cycle (or one scoring chunk) processes:
+        ``prefill_chunk_size``, else the purpose's default."""
+        if self.prefill_chunk_size is not None:
+            return self.prefill_chunk_size
+        return SCORING_PREFILL_CHUNK if self.purpose == "causal_scoring" else GENERATION_PREFILL_CHUNK
+
+    @property
+    def checkpoint_slots(self) -> int:
+        """StateImage slots the Program needs for checkpoints (0 without the context cache)."""
+        if not self.context_cache:
+            return 0
+        return self.cache_checkpoint_slots or 16 + 2 * self.max_concurrency
+
+    @property
+    def checkpoint_interval(self) -> int:
+        if self.cache_checkpoint_interval is not None:
+            return self.cache_checkpoint_interval
+        # Boundaries at chunk ends cut no prefill chunk short (on the H200, 256-token boundaries made a 32k
+        # prompt's prefill 9.2 s instead of 2 s, and each boundary keeps a whole StateImage).
+        return max(self.page_size, self.prefill_chunk // self.page_size * self.page_size)
+
+    @property
+    def host_budget_bytes(self) -> int:
+        """The context cache's Host tier budget in bytes (0 without the context cache)."""
+        if not self.context_cache:
+            return 0
+        if self.cache_host_mib is not None:
+            return int(self.cache_host_mib * 2**20)
+        return min(8 << 30, _physical_memory_bytes() // 4)
+
+    @property
+    def outstanding_capacity(self) -> int:
+        return self.max_concurrency + self.queue_capacity
+
+    def features(self) -> StartupFeatures:
+        return StartupFeatures(vision=self.vision, speculative=self.speculative, purpose=self.purpose)

@@ -1,1 +1,0 @@
-"""Pieces several architectures share; ``qwen`` is the Qwen-family Frontend."""

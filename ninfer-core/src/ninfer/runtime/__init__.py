@@ -1,1 +1,0 @@
-"""Runtime: contracts between Engine, Scheduler, Program and Frontend, and the engine itself."""

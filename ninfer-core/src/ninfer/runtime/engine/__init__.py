@@ -1,1 +1,0 @@
-"""The engine core: worker loop, request records, scheduler, handles, statistics, model construction."""
