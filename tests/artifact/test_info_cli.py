@@ -89,3 +89,24 @@ def test_config_summary_comes_from_the_plugin_when_installed(tiny, monkeypatch):
         out = describe(r)
     assert "config [plugin architecture TinyForCausalLM]: layers=1, width=8" in out
     assert "config [raw config]: (no key fields)" in out   # TinyMTP has no plugin: raw fields
+
+
+def test_info_without_a_model_describes_the_default_model(default_model_cache, default_artifact, tmp_path,
+                                                          monkeypatch, capsys):
+    """Like ``ninfer generate``, ``ninfer info`` with no model resolves the default model (here from a cache
+    that already holds it); a bad command line fails before anything is resolved or converted."""
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(default_model_cache))
+    with ArtifactReader.open(default_artifact) as r:
+        artifact_id = r.artifact_id
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"artifact:    {default_artifact}\n") and f"artifact id: {artifact_id}" in out
+    assert main(["info", "--json", "--memory", "--device", "cpu"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["path"] == str(default_artifact) and data["memory"]["device"] == "cpu"
+
+    empty = tmp_path / "empty-cache"
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(empty))
+    assert main(["info", "--num-pages", "3"]) == 2
+    assert "memory plan options, which need --memory" in capsys.readouterr().err
+    assert not empty.exists()

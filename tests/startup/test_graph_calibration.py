@@ -2,7 +2,7 @@
 captured, what stays free must keep the 1 GiB headroom; else one corrective rebuild with a smaller automatic
 KV pool, else a MemoryPlanError naming the numbers and the ways out.
 
-On the CPU: the pure decision (``planner.calibrate_kv``), the measurement arithmetic with a faked
+On the CPU: the pure decision (``planning.calibration.calibrate_kv``), the measurement arithmetic with a faked
 ``torch.cuda`` (``runtime_free_bytes``), the orchestration (``model_construction.start_program``) with a fake
 Program and capture, and the rebuild of a real Program from the same loaded weights through
 ``Engine.start`` (capture and measurement faked). The real capture and measurement on an H200 are in
@@ -19,7 +19,13 @@ import torch
 from ninfer import Engine, EngineOptions
 from ninfer.contracts.memory import format_memory_summary
 from ninfer.engine import model_construction as mc
-from ninfer.planning import planner as ms
+from ninfer.planning import budget as mb
+from ninfer.planning import calibration as cal
+from ninfer.planning import memory as mm
+from ninfer.planning import planner, resolution
+from ninfer.planning.planner import plan
+
+from tests.startup.test_planner import PROFILE
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -27,24 +33,24 @@ GIB = 1 << 30
 
 # -- the decision ----------------------------------------------------------------------------------
 def decide(free_mib: float, *, page_mib: float = 2, pages: int = 1000, min_pages: int = 256, shrinkable=True):
-    return ms.calibrate_kv(free_bytes=int(free_mib * MIB), headroom_bytes=GIB, page_bytes=int(page_mib * MIB),
+    return cal.calibrate_kv(free_bytes=int(free_mib * MIB), headroom_bytes=GIB, page_bytes=int(page_mib * MIB),
                            num_pages=pages, min_pages=min_pages, shrinkable=shrinkable)
 
 
 def test_enough_headroom_keeps_the_pool():
-    assert decide(1024) == ms.KVCalibration("keep", 1000)
-    assert decide(50_000) == ms.KVCalibration("keep", 1000)
+    assert decide(1024) == cal.KVCalibration("keep", 1000)
+    assert decide(50_000) == cal.KVCalibration("keep", 1000)
     assert decide(1024, shrinkable=False).action == "keep"       # an explicit pool that fits is fine
 
 
 def test_a_deficit_shrinks_by_whole_pages_plus_the_margin():
     # 100 MiB short: margin max(16 MiB, 100/16 MiB) = 16 MiB; 116 MiB / 2 MiB = 58 pages.
-    assert ms.calibration_margin(100 * MIB) == 16 * MIB
-    assert decide(1024 - 100) == ms.KVCalibration("shrink", 942, decide(1024 - 100).reason)
+    assert cal.calibration_margin(100 * MIB) == 16 * MIB
+    assert decide(1024 - 100) == cal.KVCalibration("shrink", 942, decide(1024 - 100).reason)
     # 1 byte short still costs the margin: 16 MiB + 1 byte is 9 pages of 2 MiB.
     assert decide(1024 - 1 / MIB).num_pages == 1000 - 9
     # 800 MiB short: margin 50 MiB; 850 MiB / 3 MiB = 283.3 -> 284 pages.
-    assert ms.calibration_margin(800 * MIB) == 50 * MIB
+    assert cal.calibration_margin(800 * MIB) == 50 * MIB
     d = decide(1024 - 800, page_mib=3)
     assert (d.action, d.num_pages) == ("shrink", 716)
     assert d.reason == "224.0 MiB stays free after graph capture, 800.0 MiB short of the 1,024.0 MiB headroom"
@@ -56,7 +62,7 @@ def test_below_one_request_or_an_explicit_pool_fails_with_the_numbers():
     d = decide(1024 - 100, pages=256 + 57)
     assert (d.action, d.num_pages) == ("fail", 313)
     for part in ("shrink by 58 pages of 2.0 MiB", "from 313 to 255", "below the 256 pages one max_context",
-                 "--max-context or --max-concurrency", "NINFER_CUDA_GRAPHS=0", ms.BUDGET_ENV):
+                 "--max-context or --max-concurrency", "NINFER_CUDA_GRAPHS=0", mb.BUDGET_ENV):
         assert part in d.reason, part
     d = decide(1024 - 100, shrinkable=False)
     assert d.action == "fail" and "1000 pages was sized explicitly" in d.reason and "--num-pages" in d.reason
@@ -82,18 +88,18 @@ def fake_cuda(monkeypatch):
 
 def test_free_bytes_honour_the_budget_cap_like_device_budget(fake_cuda):
     dev = torch.device("cuda")
-    probe = ms.StartupProbe(dev)
+    probe = cal.StartupProbe(dev)
     assert probe.free_bytes == 80 * GIB
     fake_cuda["free"] = 77 * GIB                    # the engine now holds 3 GiB
-    uncapped = ms.DeviceBudget("cuda", 80 * GIB, GIB, "free")
-    capped = ms.DeviceBudget("cuda", 4 * GIB, GIB, "NINFER_VRAM_BUDGET_MIB=4096")
-    assert ms.runtime_free_bytes(dev, uncapped, probe, pending_bytes=0, released_bytes=0) == 77 * GIB
+    uncapped = mb.DeviceBudget("cuda", 80 * GIB, GIB, "free")
+    capped = mb.DeviceBudget("cuda", 4 * GIB, GIB, "NINFER_VRAM_BUDGET_MIB=4096")
+    assert cal.runtime_free_bytes(dev, uncapped, probe, pending_bytes=0, released_bytes=0) == 77 * GIB
     # The cap: 4 GiB - 3 GiB held; plus what construction frees, minus the workspace still to come.
-    assert ms.runtime_free_bytes(dev, capped, probe, pending_bytes=300 * MIB, released_bytes=200 * MIB) \
+    assert cal.runtime_free_bytes(dev, capped, probe, pending_bytes=300 * MIB, released_bytes=200 * MIB) \
         == GIB - 100 * MIB
     # Real free memory is the other cap (another process took memory meanwhile).
     fake_cuda["free"] = 512 * MIB
-    assert ms.runtime_free_bytes(dev, uncapped, probe, pending_bytes=0, released_bytes=0) == 512 * MIB
+    assert cal.runtime_free_bytes(dev, uncapped, probe, pending_bytes=0, released_bytes=0) == 512 * MIB
     assert fake_cuda["empty_cache"] == 3            # the allocator's unused cache is returned first
 
 
@@ -103,15 +109,15 @@ def test_released_weight_bytes_are_the_originals_the_program_does_not_keep():
     kept, cast_from = parent[:400], torch.zeros(300, dtype=torch.bfloat16)
     weights = {"a": kept, "b": parent[400:], "c": cast_from}
     program = {"a": kept, "c": cast_from.float()}      # b shares a's parent, so the parent stays
-    assert ms.released_weight_bytes(weights, program, dev) == 600
-    assert ms.released_weight_bytes(weights, {}, dev) == 2600
-    assert ms.released_weight_bytes(weights, weights, dev) == 0
-    assert ms.released_weight_bytes(weights, {}, torch.device("meta")) == 0   # other devices do not count
+    assert cal.released_weight_bytes(weights, program, dev) == 600
+    assert cal.released_weight_bytes(weights, {}, dev) == 2600
+    assert cal.released_weight_bytes(weights, weights, dev) == 0
+    assert cal.released_weight_bytes(weights, {}, torch.device("meta")) == 0   # other devices do not count
 
 
 # -- the orchestration, with a fake Program ----------------------------------------------------------
 PAGE = 2 * MIB
-PLAN = ms.StartupPlan(budget=ms.DeviceBudget("cuda", 20 * GIB, GIB, "test"), max_context=4096, page_size=16,
+PLAN = mm.MemoryPlan(budget=mb.DeviceBudget("cuda", 20 * GIB, GIB, "test"), max_context=4096, page_size=16,
                       num_pages=1000, state_slots=4, weights_bytes=GIB, kv_bytes=1000 * PAGE, state_bytes=MIB,
                       workspace_bytes=64 * MIB, startup_peak_bytes=3 * GIB, kv_candidate="fit to budget",
                       graph_bytes=50 * MIB, page_bytes=PAGE)
@@ -153,13 +159,19 @@ def harness(fake_cuda, monkeypatch):
 
     monkeypatch.setattr(mc, "runtime_free_bytes", measure)
     h["make"] = make
-    h["probe"] = ms.StartupProbe(torch.device("cuda"))
+    h["probe"] = cal.StartupProbe(torch.device("cuda"))
     return h
 
 
-def start(h, plan=PLAN, **options):
-    return mc.start_program(h["make"], plan, EngineOptions(max_concurrency=4, **options), torch.device("cuda"),
-                            h["probe"], released_bytes=lambda p: 7 * MIB)
+def resolved(graph_batches: int = 4) -> resolution.ResolvedOptions:
+    """Options resolved for the fake CUDA device, graphs for batch sizes 1..``graph_batches``."""
+    return resolution.ResolvedOptions(options=EngineOptions(max_concurrency=4), device=torch.device("cuda"),
+                                      dtype=torch.bfloat16, explicit_pages=None, graph_batches=graph_batches,
+                                      lookahead_slots=0)
+
+
+def start(h, memory=PLAN, options=None):
+    return mc.start_program(h["make"], memory, options or resolved(), h["probe"], released_bytes=lambda p: 7 * MIB)
 
 
 def test_enough_headroom_keeps_the_first_build(harness):
@@ -200,7 +212,7 @@ def test_a_short_headroom_rebuilds_once_with_fewer_pages(harness):
 
 def test_still_short_after_the_rebuild_fails(harness):
     harness["free"] = lambda pages: GIB - 100 * MIB                 # shrinking does not help
-    with pytest.raises(ms.MemoryPlanError) as e:
+    with pytest.raises(mb.MemoryPlanError) as e:
         start(harness)
     msg = str(e.value)
     assert "still short after one corrective rebuild (1000 -> 942 KV pages)" in msg
@@ -210,22 +222,25 @@ def test_still_short_after_the_rebuild_fails(harness):
 
 def test_an_explicit_pool_or_one_that_cannot_shrink_fails_without_a_rebuild(harness):
     harness["free"] = lambda pages: GIB - 100 * MIB
-    with pytest.raises(ms.MemoryPlanError, match="sized explicitly") as e:
+    with pytest.raises(mb.MemoryPlanError, match="sized explicitly") as e:
         start(harness, dataclasses.replace(PLAN, kv_candidate="explicit num_pages"))
     assert "grew reserved memory by 300.0 MiB (planned 50.0 MiB)" in str(e.value)
-    with pytest.raises(ms.MemoryPlanError, match="below the 256 pages one max_context request needs"):
+    with pytest.raises(mb.MemoryPlanError, match="below the 256 pages one max_context request needs"):
         start(harness, PLAN.with_num_pages(300))
     assert [pages for pages, _ in harness["built"]] == [1000, 300]
 
 
 def test_no_graphs_no_calibration(harness, monkeypatch):
+    """Without planned graphs (here NINFER_CUDA_GRAPHS=0, resolved for the fake CUDA device) nothing is
+    captured or measured, however little would stay free."""
     harness["free"] = lambda pages: 0
     monkeypatch.setenv(mc.GRAPHS_ENV, "0")
-    s = start(harness)
+    off = resolution.resolve_options(EngineOptions(max_concurrency=4), device=torch.device("cuda"),
+                                     dtype=torch.bfloat16, profile=PROFILE, lookahead_supported=True)
+    assert (off.graph_batches, off.lookahead_slots) == (0, 0)
+    s = start(harness, options=off)
     assert (s.num_pages, s.graph_sizes, harness["measured"]) == (1000, (), [])
-    monkeypatch.delenv(mc.GRAPHS_ENV)
-    s = mc.start_program(harness["make"], PLAN, EngineOptions(), torch.device("cpu"), harness["probe"])
-    assert (s.num_pages, s.graph_sizes, harness["measured"]) == (1000, (), [])
+    assert [pages for pages, _ in harness["built"]] == [1000]
 
 
 # -- a real Program rebuilt from the same weights (capture and measurement faked) ------------------
@@ -248,24 +263,24 @@ def test_engine_start_rebuilds_a_real_program_from_the_same_weights(default_arti
         return budget.headroom_bytes - (3 * page if len(calls) == 1 else 0)
 
     plan_page_bytes = []
-    real_plan = ms.plan_startup
+    real_plan = planner.plan_memory
 
-    def plan_startup(*a, **k):
-        plan = real_plan(*a, **k)
-        plan_page_bytes.append(plan.page_bytes // 16)
-        return plan
+    def plan_memory(*a, **k):
+        memory = real_plan(*a, **k)
+        plan_page_bytes.append(memory.page_bytes // 16)
+        return memory
 
     captures = []
 
-    def capture(program, options, device):
+    def capture(program, max_batch, device):
         captures.append(program.kv.num_pages)
         return (1, 2), 5 * MIB
 
-    monkeypatch.setattr(mc, "plan_startup", plan_startup)
-    monkeypatch.setattr(mc, "graph_batches", lambda device, options: options.max_concurrency)
+    monkeypatch.setattr(planner, "plan_memory", plan_memory)
+    monkeypatch.setattr(resolution, "graph_batches", lambda device, options: options.max_concurrency)
     monkeypatch.setattr(mc, "_capture_graphs", capture)
     monkeypatch.setattr(mc, "runtime_free_bytes", measure)
-    monkeypatch.setattr(ms, "calibration_margin", lambda deficit: 0)
+    monkeypatch.setattr(cal, "calibration_margin", lambda deficit: 0)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 0)
     with Engine.start(default_artifact, device="cpu", dtype="float32", max_concurrency=2, max_context=512) as engine:
@@ -289,7 +304,7 @@ def test_the_rebuild_frees_the_first_build_on_the_gpu(default_artifact, monkeypa
     """Real capture, drop and recapture: the first measurement is made 1 MiB short (margin 0: 64 pages of
     16 KiB fewer), the second is the real one and must keep the headroom. Dropping the first graphs frees
     most of their pool, and what start left reserved does not include the first build's KV pool."""
-    real = ms.runtime_free_bytes
+    real = cal.runtime_free_bytes
     calls = []
 
     def first_short(device, budget, probe, **kw):
@@ -297,10 +312,10 @@ def test_the_rebuild_frees_the_first_build_on_the_gpu(default_artifact, monkeypa
         calls.append(free)
         return budget.headroom_bytes - MIB if len(calls) == 1 else free
 
-    monkeypatch.delenv(ms.BUDGET_ENV, raising=False)
+    monkeypatch.delenv(mb.BUDGET_ENV, raising=False)
     monkeypatch.delenv(mc.GRAPHS_ENV, raising=False)
     monkeypatch.setattr(mc, "runtime_free_bytes", first_short)
-    monkeypatch.setattr(ms, "calibration_margin", lambda deficit: 0)
+    monkeypatch.setattr(cal, "calibration_margin", lambda deficit: 0)
     with Engine.start(default_artifact, EngineOptions(device="cuda", max_concurrency=8, max_context=4096)) as engine:
         m = engine.memory_summary()
         assert len(calls) == 2 and calls[1] >= m.headroom_bytes
@@ -325,11 +340,12 @@ def test_a_budget_without_room_for_the_graphs_fails_on_the_gpu(default_artifact,
     default model's real graph pool is too small to be sure of: since the decode GEMVs left cuBLAS (whose
     workspace the pool used to hold) it fit in the allocator's slack on the H200."""
     monkeypatch.delenv(mc.GRAPHS_ENV, raising=False)
-    monkeypatch.setattr(ms, "graph_pool_bytes", lambda profile, max_batch, max_context: 0)
+    monkeypatch.setattr(mm, "graph_pool_bytes", lambda profile, max_batch, max_context: 0)
     opts = EngineOptions(device="cuda", max_concurrency=8, max_context=4096)
-    plan = ms.plan_artifact(default_artifact, opts, env={})
-    fixed = max(plan.weights_bytes + plan.state_bytes + plan.workspace_bytes, plan.startup_peak_bytes - plan.kv_bytes)
-    real = ms.runtime_free_bytes
+    planned = plan(default_artifact, opts, env={}).summary()
+    fixed = max(planned.weights_bytes + planned.state_bytes + planned.workspace_bytes,
+                planned.startup_peak_bytes - planned.kv_bytes)
+    real = cal.runtime_free_bytes
     measured = []
 
     def short_of_headroom(device, budget, probe, **kw):
@@ -338,9 +354,9 @@ def test_a_budget_without_room_for_the_graphs_fails_on_the_gpu(default_artifact,
 
     monkeypatch.setattr(mc, "runtime_free_bytes", short_of_headroom)
     room = (256 + 2) * 16 * 1024
-    monkeypatch.setenv(ms.BUDGET_ENV, f"{(fixed + room + GIB) / MIB + 0.001:.4f}")
-    assert ms.plan_artifact(default_artifact, opts).num_pages == 258
-    with pytest.raises(ms.MemoryPlanError, match="stays free after graph capture") as e:
+    monkeypatch.setenv(mb.BUDGET_ENV, f"{(fixed + room + GIB) / MIB + 0.001:.4f}")
+    assert plan(default_artifact, opts).summary().num_pages == 258
+    with pytest.raises(mb.MemoryPlanError, match="stays free after graph capture") as e:
         Engine.start(default_artifact, opts)
     assert "below the 256 pages one max_context request needs" in str(e.value)
     assert "NINFER_CUDA_GRAPHS=0" in str(e.value) and len(measured) == 1

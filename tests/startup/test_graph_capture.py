@@ -1,6 +1,7 @@
-"""Decode-graph capture at engine start (ninfer.engine.model_construction._capture_graphs): when it is
-attempted, and that a failing capture is a ModelConstructionError naming the way out. Runs on the CPU with a
-fake CUDA device decision; the real capture is covered on the GPU by tests/engine/test_decode_graphs_gpu.py."""
+"""Decode-graph capture at engine start: when it is planned (``planning.resolution.graph_batches``), what
+``model_construction._capture_graphs`` does with that, and that a failing capture is a ModelConstructionError
+naming the way out. Runs on the CPU with a fake CUDA device decision; the real capture is covered on the GPU by
+tests/engine/test_decode_graphs_gpu.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 from ninfer import EngineOptions
 from ninfer.engine import model_construction as mc
+from ninfer.planning import resolution
 
 
 class Program:
@@ -22,13 +24,20 @@ class Program:
         return tuple(range(1, max_batch + 1))
 
 
-def test_no_capture_off_cuda_for_scoring_or_when_turned_off(monkeypatch):
+def test_graphs_are_planned_on_cuda_for_generation_unless_turned_off(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv(resolution.GRAPHS_ENV, raising=False)
+    assert resolution.graph_batches(cuda, EngineOptions(max_concurrency=3)) == 3
+    assert resolution.graph_batches(cpu, EngineOptions(max_concurrency=3)) == 0
+    assert resolution.graph_batches(cuda, EngineOptions(purpose="causal_scoring")) == 0
+    monkeypatch.setenv(resolution.GRAPHS_ENV, "0")
+    assert resolution.graph_batches(cuda, EngineOptions()) == 0
+
+
+def test_no_capture_when_none_is_planned_or_the_program_has_none():
     p = Program()
-    assert mc._capture_graphs(p, EngineOptions(), torch.device("cpu")) == ((), 0)
-    assert mc._capture_graphs(p, EngineOptions(purpose="causal_scoring"), torch.device("cuda")) == ((), 0)
-    monkeypatch.setenv(mc.GRAPHS_ENV, "0")
-    assert mc._capture_graphs(p, EngineOptions(), torch.device("cuda")) == ((), 0)
-    assert mc._capture_graphs(object(), EngineOptions(), torch.device("cpu")) == ((), 0)  # no capture method
+    assert mc._capture_graphs(p, 0, torch.device("cuda")) == ((), 0)
+    assert mc._capture_graphs(object(), 4, torch.device("cuda")) == ((), 0)  # no capture method
     assert p.asked == []
 
 
@@ -36,8 +45,8 @@ def test_a_failing_capture_names_the_switch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 0)
     with pytest.raises(mc.ModelConstructionError, match="NINFER_CUDA_GRAPHS=0 starts without them") as e:
-        mc._capture_graphs(Program(fail=True), EngineOptions(max_concurrency=3), torch.device("cuda"))
+        mc._capture_graphs(Program(fail=True), 3, torch.device("cuda"))
     assert "batch sizes 1..3" in str(e.value) and "out of memory" in str(e.value)
     p = Program()
-    assert mc._capture_graphs(p, EngineOptions(max_concurrency=3), torch.device("cuda")) == ((1, 2, 3), 0)
+    assert mc._capture_graphs(p, 3, torch.device("cuda")) == ((1, 2, 3), 0)
     assert p.asked == [3]

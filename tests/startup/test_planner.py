@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,7 +11,10 @@ import torch
 from ninfer.contracts.architecture import ModelProfile
 from ninfer.contracts.memory import format_memory_summary
 from ninfer.engine.options import EngineOptions, InvalidEngineOptions
-from ninfer.planning import planner as ms
+from ninfer.planning import budget as mb
+from ninfer.planning import memory as mm
+from ninfer.planning.planner import plan
+from ninfer.planning.resolution import ResolvedOptions, resolve_options
 
 MIB = 1 << 20
 # 1 KiB of KV per token (16 KiB pages at page_size 16), 64 KiB of State per lane, 100 MiB of weights.
@@ -21,25 +25,36 @@ PROFILE = ModelProfile(weight_bytes=100 * MIB, kv_bytes_per_token=1024, state_by
 OPTS = EngineOptions(max_concurrency=4, max_context=4096, page_size=16, prefill_chunk_size=512)
 
 
-def budget(mib: float, headroom_mib: float = 0) -> ms.DeviceBudget:
-    return ms.DeviceBudget("cpu", int(mib * MIB), int(headroom_mib * MIB), "test")
+def budget(mib: float, headroom_mib: float = 0) -> mb.DeviceBudget:
+    return mb.DeviceBudget("cpu", int(mib * MIB), int(headroom_mib * MIB), "test")
+
+
+def resolve(opts: EngineOptions = OPTS, **fields) -> ResolvedOptions:
+    """``opts`` resolved for PROFILE on the CPU, with ``fields`` of the result replaced (e.g. graph_batches)."""
+    resolved = resolve_options(opts, device=torch.device("cpu"), dtype=torch.float32, profile=PROFILE,
+                               lookahead_supported=False)
+    return dataclasses.replace(resolved, **fields)
+
+
+def plan_memory(opts: EngineOptions, b: mb.DeviceBudget, *, load_bytes: int, **fields) -> mm.MemoryPlan:
+    return mm.plan_memory(resolve(opts, **fields), PROFILE, b, load_bytes=load_bytes)
 
 
 def test_workspace_estimate_by_hand():
     # 516 step tokens x 2048 + 4096 x 64 + min(516 x 4096 x 32, 128 MiB) + 4 rows x 1000 x 24
-    got = ms.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
+    got = mm.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
     assert got == 516 * 2048 + 4096 * 64 + 516 * 4096 * 32 + 4 * 1000 * 24
     # A long context hits the reference attention's score block cap ...
-    capped = ms.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=1 << 20)
-    assert capped == 516 * 2048 + (1 << 20) * 64 + ms.SCORE_BLOCK_BYTES + 4 * 1000 * 24
+    capped = mm.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=1 << 20)
+    assert capped == 516 * 2048 + (1 << 20) * 64 + mm.SCORE_BLOCK_BYTES + 4 * 1000 * 24
     # ... unless one query row alone exceeds it.
     one_row = (1 << 23) * 32
-    huge = ms.workspace_bytes(PROFILE, step_tokens=2, logit_rows=1, max_context=1 << 23)
+    huge = mm.workspace_bytes(PROFILE, step_tokens=2, logit_rows=1, max_context=1 << 23)
     assert huge == 2 * 2048 + (1 << 23) * 64 + one_row + 1000 * 24
 
 
 def test_every_lane_when_the_budget_allows():
-    plan = ms.plan_startup(OPTS, PROFILE, 4096, budget(4096, 1024), load_bytes=50 * MIB)
+    plan = plan_memory(OPTS, budget(4096, 1024), load_bytes=50 * MIB)
     assert plan.kv_candidate == "every lane at max_context"
     assert plan.num_pages == 4 * 256 and plan.kv_bytes == 4 * 4096 * 1024
     assert plan.state_bytes == 4 * 64 * 1024 and plan.state_slots == 4
@@ -48,73 +63,73 @@ def test_every_lane_when_the_budget_allows():
 
 
 def test_fit_to_budget_takes_the_most_pages_that_fit():
-    work = ms.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
+    work = mm.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
     fixed = PROFILE.weight_bytes + 4 * 64 * 1024 + work
     b = budget(fixed / MIB + 10 + 8, 10)      # 8 MiB of room: 512 pages of 16 KiB
-    plan = ms.plan_startup(OPTS, PROFILE, 4096, b, load_bytes=50 * MIB)
+    plan = plan_memory(OPTS, b, load_bytes=50 * MIB)
     assert plan.kv_candidate == "fit to budget" and plan.num_pages == 512
     assert plan.runtime_bytes + b.headroom_bytes <= b.budget_bytes
     # The startup peak binds when the stored weights are large: it shrinks the room the same way.
-    peak_bound = ms.plan_startup(OPTS, PROFILE, 4096, b, load_bytes=fixed - 10 * MIB - 4 * 64 * 1024 + 4 * MIB)
+    peak_bound = plan_memory(OPTS, b, load_bytes=fixed - 10 * MIB - 4 * 64 * 1024 + 4 * MIB)
     assert peak_bound.num_pages == 256
     assert peak_bound.startup_peak_bytes + b.headroom_bytes <= b.budget_bytes
 
 
 def test_one_request_must_fit_or_the_error_names_the_numbers():
-    work = ms.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
+    work = mm.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
     fixed = PROFILE.weight_bytes + 4 * 64 * 1024 + work
     b = budget(fixed / MIB + 3, 0)            # 3 MiB of room, one request needs 4 MiB
-    with pytest.raises(ms.MemoryPlanError) as e:
-        ms.plan_startup(OPTS, PROFILE, 4096, b, load_bytes=0)
+    with pytest.raises(mb.MemoryPlanError) as e:
+        plan_memory(OPTS, b, load_bytes=0)
     msg = str(e.value)
     assert "cannot fit one request of max_context 4096" in msg and "256 KV pages x 16 tokens = 4.0 MiB" in msg
     assert "leaves 3.0 MiB for KV" in msg and "weights 100.0 MiB" in msg and "(4 lanes" in msg
     # Fewer lanes free State and workspace, and then it fits (exactly one request).
-    one = ms.plan_startup(EngineOptions(max_concurrency=1, max_context=4096, prefill_chunk_size=512), PROFILE, 4096, budget(fixed / MIB + 4),
-                          load_bytes=0)
+    one = plan_memory(EngineOptions(max_concurrency=1, max_context=4096, prefill_chunk_size=512),
+                      budget(fixed / MIB + 4), load_bytes=0)
     assert one.num_pages >= 256
 
 
 def test_explicit_pages_are_checked_not_changed():
-    plan = ms.plan_startup(OPTS, PROFILE, 4096, budget(4096), load_bytes=0, num_pages=300)
+    plan = plan_memory(OPTS, budget(4096), load_bytes=0, explicit_pages=300)
     assert plan.num_pages == 300 and plan.kv_candidate == "explicit kv_budget_mib"
-    with pytest.raises(ms.MemoryPlanError, match="the KV pool of 100000 pages"):
-        ms.plan_startup(OPTS, PROFILE, 4096, budget(1024), load_bytes=0, num_pages=100_000)
+    with pytest.raises(mb.MemoryPlanError, match="the KV pool of 100000 pages"):
+        plan_memory(OPTS, budget(1024), load_bytes=0, explicit_pages=100_000)
 
 
 def test_cpu_budget_rules():
-    b = ms.device_budget(torch.device("cpu"), env={})
-    phys = ms.physical_memory_bytes()
-    assert b.budget_bytes == int(phys * ms.CPU_BUDGET_FRACTION)
-    assert b.headroom_bytes == int(b.budget_bytes * ms.CPU_HEADROOM_FRACTION)
-    b = ms.device_budget(torch.device("cpu"), env={ms.BUDGET_ENV: "512"})
+    b = mb.device_budget(torch.device("cpu"), env={})
+    phys = mb.physical_memory_bytes()
+    assert b.budget_bytes == int(phys * mb.CPU_BUDGET_FRACTION)
+    assert b.headroom_bytes == int(b.budget_bytes * mb.CPU_HEADROOM_FRACTION)
+    b = mb.device_budget(torch.device("cpu"), env={mb.BUDGET_ENV: "512"})
     assert (b.budget_bytes, b.headroom_bytes) == (512 * MIB, int(512 * MIB * 0.1))
     for bad in ("0", "-3", "lots"):
-        with pytest.raises(InvalidEngineOptions, match=ms.BUDGET_ENV):
-            ms.device_budget(torch.device("cpu"), env={ms.BUDGET_ENV: bad})
+        with pytest.raises(InvalidEngineOptions, match=mb.BUDGET_ENV):
+            mb.device_budget(torch.device("cpu"), env={mb.BUDGET_ENV: bad})
 
 
 def test_cuda_budget_is_free_memory_capped_by_the_env(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 << 30, 140 << 30))
-    b = ms.device_budget(torch.device("cuda"), env={})
+    b = mb.device_budget(torch.device("cuda"), env={})
     assert (b.budget_bytes, b.headroom_bytes) == (80 << 30, 1 << 30)
-    b = ms.device_budget(torch.device("cuda"), env={ms.BUDGET_ENV: "4096"})
+    b = mb.device_budget(torch.device("cuda"), env={mb.BUDGET_ENV: "4096"})
     assert b.budget_bytes == 4 << 30 and b.headroom_bytes == 1 << 30
-    b = ms.device_budget(torch.device("cuda"), env={ms.BUDGET_ENV: str(200 * 1024)})
+    b = mb.device_budget(torch.device("cuda"), env={mb.BUDGET_ENV: str(200 * 1024)})
     assert b.budget_bytes == 80 << 30          # real free memory is the other cap
 
 
 def test_engine_start_shrinks_kv_under_a_budget_and_refuses_below_one_request(default_artifact, monkeypatch):
     from ninfer import Engine
 
-    plan = ms.plan_artifact(default_artifact, EngineOptions(device="cpu", max_concurrency=4, max_context=1024))
-    assert plan.kv_candidate == "every lane at max_context" and plan.num_pages == 4 * 64
+    planned = plan(default_artifact, EngineOptions(device="cpu", max_concurrency=4, max_context=1024)).summary()
+    assert planned.kv_candidate == "every lane at max_context" and planned.num_pages == 4 * 64
     # A budget with room for ~2.5 requests: the pool shrinks to what fits, never below one request.
-    fixed = max(plan.weights_bytes + plan.state_bytes + plan.workspace_bytes,
-                plan.startup_peak_bytes - plan.kv_bytes)
-    room = plan.kv_bytes * 5 // 8
+    fixed = max(planned.weights_bytes + planned.state_bytes + planned.workspace_bytes,
+                planned.startup_peak_bytes - planned.kv_bytes)
+    room = planned.kv_bytes * 5 // 8
     mib = (fixed + room) / 0.9 / MIB + 0.01
-    monkeypatch.setenv(ms.BUDGET_ENV, f"{mib:.3f}")
+    monkeypatch.setenv(mb.BUDGET_ENV, f"{mib:.3f}")
     with Engine.start(default_artifact, device="cpu", max_concurrency=4, max_context=1024) as engine:
         m = engine.memory_summary()
         assert m.kv_candidate == "fit to budget" and 64 <= m.num_pages < 4 * 64
@@ -122,15 +137,15 @@ def test_engine_start_shrinks_kv_under_a_budget_and_refuses_below_one_request(de
         assert engine.stats().pages_total == m.num_pages
         out = engine.generate(list(range(10, 30)), sampling=engine.sampling_params(temperature=0.0, max_tokens=4))
         assert out.usage.completion_tokens == 4
-    monkeypatch.setenv(ms.BUDGET_ENV, "40")
-    with pytest.raises(ms.MemoryPlanError, match="cannot fit one request of max_context 1024"):
+    monkeypatch.setenv(mb.BUDGET_ENV, "40")
+    with pytest.raises(mb.MemoryPlanError, match="cannot fit one request of max_context 1024"):
         Engine.start(default_artifact, device="cpu", max_concurrency=4, max_context=1024)
 
 
 def test_info_memory_prints_the_plan_without_loading(default_artifact, capsys, monkeypatch):
     from ninfer.cli.main import main
 
-    monkeypatch.delenv(ms.BUDGET_ENV, raising=False)
+    monkeypatch.delenv(mb.BUDGET_ENV, raising=False)
     assert main(["info", str(default_artifact), "--memory", "--device", "cpu", "--max-concurrency", "2",
                  "--max-context", "512"]) == 0
     out = capsys.readouterr().out
@@ -141,13 +156,13 @@ def test_info_memory_prints_the_plan_without_loading(default_artifact, capsys, m
     mem = data["memory"]
     assert mem["dtype"] == "bfloat16" and mem["measured"] is False
     assert mem["kv_state_bytes"] == mem["kv_bytes"] + mem["state_bytes"]
-    monkeypatch.setenv(ms.BUDGET_ENV, "1")
+    monkeypatch.setenv(mb.BUDGET_ENV, "1")
     assert main(["info", str(default_artifact), "--memory", "--device", "cpu"]) == 2
     assert "cannot fit one request" in capsys.readouterr().err
 
 
 def test_format_memory_summary_names_every_part():
-    plan = ms.plan_startup(OPTS, PROFILE, 4096, budget(4096, 1024), load_bytes=50 * MIB)
+    plan = plan_memory(OPTS, budget(4096, 1024), load_bytes=50 * MIB)
     text = format_memory_summary(plan.summary(torch.bfloat16))
     for label in ("budget", "weights", "KV", "State", "workspace", "graphs", "headroom", "startup peak",
                   "startup retained", "runtime reserved", "max_context"):
@@ -158,13 +173,13 @@ def test_format_memory_summary_names_every_part():
 def test_decode_graphs_are_planned_before_the_kv_capacity():
     """With graphs for B = 1..4 the plan reserves their pool estimate (the decode step of 4 rows) and the
     "fit to budget" KV shrinks by exactly that many pages' worth; the summary carries the estimate."""
-    est = ms.graph_pool_bytes(PROFILE, 4, 4096)
-    assert est == ms.workspace_bytes(PROFILE, step_tokens=4, logit_rows=4, max_context=4096) > 0
-    assert ms.graph_pool_bytes(PROFILE, 0, 4096) == 0
-    work = ms.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
+    est = mm.graph_pool_bytes(PROFILE, 4, 4096)
+    assert est == mm.workspace_bytes(PROFILE, step_tokens=4, logit_rows=4, max_context=4096) > 0
+    assert mm.graph_pool_bytes(PROFILE, 0, 4096) == 0
+    work = mm.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
     b = budget((PROFILE.weight_bytes + 4 * 64 * 1024 + work) / MIB + 10 + 8, 10)  # 8 MiB of room for KV
-    without = ms.plan_startup(OPTS, PROFILE, 4096, b, load_bytes=0)
-    with_graphs = ms.plan_startup(OPTS, PROFILE, 4096, b, load_bytes=0, graph_batches=4)
+    without = plan_memory(OPTS, b, load_bytes=0)
+    with_graphs = plan_memory(OPTS, b, load_bytes=0, graph_batches=4)
     page_bytes = OPTS.page_size * PROFILE.kv_bytes_per_token
     assert without.kv_candidate == with_graphs.kv_candidate == "fit to budget"
     assert without.num_pages - with_graphs.num_pages in (est // page_bytes, -(-est // page_bytes))
@@ -180,9 +195,9 @@ def test_lookahead_spares_are_planned_like_the_engine_builds_them(default_artifa
     --memory`` and the engine alike), capacity() does not, and forcing it on for the CPU builds them."""
     from ninfer import Engine
 
-    off = ms.plan_artifact(default_artifact, EngineOptions(device="cpu", max_concurrency=3, lookahead=False))
-    on = ms.plan_artifact(default_artifact, EngineOptions(device="cpu", max_concurrency=3, lookahead=True))
-    auto = ms.plan_artifact(default_artifact, EngineOptions(device="cpu", max_concurrency=3))
+    off = plan(default_artifact, EngineOptions(device="cpu", max_concurrency=3, lookahead=False)).summary()
+    on = plan(default_artifact, EngineOptions(device="cpu", max_concurrency=3, lookahead=True)).summary()
+    auto = plan(default_artifact, EngineOptions(device="cpu", max_concurrency=3)).summary()
     assert auto.state_bytes == off.state_bytes  # auto: only with CUDA graphs
     assert on.state_bytes == off.state_bytes * 2  # 3 lanes + 3 spares, no checkpoints
     with Engine.start(default_artifact, device="cpu", max_concurrency=3, lookahead=True) as engine:

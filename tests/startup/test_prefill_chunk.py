@@ -13,9 +13,8 @@ from ninfer.engine.options import (
     EngineOptions,
     InvalidEngineOptions,
 )
-from ninfer.planning import planner as ms
 
-from tests.startup.test_planner import PROFILE, budget
+from tests.startup.test_planner import budget, plan_memory
 
 
 def test_default_chunk_depends_on_purpose():
@@ -40,14 +39,14 @@ def test_planner_workspace_uses_the_chunk_a_request_can_have():
     # the one of an explicit 1024-token chunk, not of 8192.
     def work(**kw):
         opts = EngineOptions(max_concurrency=2, max_context=1024, **kw)
-        return ms.plan_startup(opts, PROFILE, 1024, budget(4096), load_bytes=0).workspace_bytes
+        return plan_memory(opts, budget(4096), load_bytes=0).workspace_bytes
 
     assert work() == work(prefill_chunk_size=1024) == work(prefill_chunk_size=4096)
     assert work(prefill_chunk_size=256) < work(prefill_chunk_size=512) < work()
     # scoring: its [chunk, vocab] logits are part of the workspace, which its smaller default keeps down
     def score_work(**kw):
         opts = EngineOptions(purpose="causal_scoring", max_concurrency=1, max_context=8192, **kw)
-        return ms.plan_startup(opts, PROFILE, 8192, budget(4096), load_bytes=0).workspace_bytes
+        return plan_memory(opts, budget(4096), load_bytes=0).workspace_bytes
 
     assert score_work() == score_work(prefill_chunk_size=2048) < score_work(prefill_chunk_size=8192)
 

@@ -14,7 +14,8 @@ from ninfer.artifact import ArtifactReader, load_weights
 from ninfer.contracts.architecture import ProgramInit, ProgramOptions
 from ninfer.contracts.features import StartupFeatures
 from ninfer.ops import resolve_ops
-from ninfer.planning.planner import resident_tensor_bytes, weight_source
+from ninfer.planning.calibration import resident_tensor_bytes
+from ninfer.planning.planner import weight_source
 from ninfer.plugins import get_registry
 
 

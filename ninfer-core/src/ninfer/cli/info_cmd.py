@@ -1,4 +1,7 @@
-"""``ninfer info MODEL.ninfer``: components, config summary, objects, files and metadata of an artifact.
+"""``ninfer info [MODEL.ninfer]``: components, config summary, objects, files and metadata of an artifact.
+
+With no model named it describes the default model, resolved as ``ninfer generate`` resolves it
+(``ninfer.model_source.resolve_model(None)``: converted into the cache once).
 
 Reads the directory only; ``--verify`` additionally streams every object and checks its checksum
 (opening every part), failing with the artifact error that names the first bad object or file.
@@ -9,13 +12,15 @@ workspace, headroom under the device budget), computed from the profile without 
 from __future__ import annotations
 
 import json
+import sys
 
 
 def register(sub) -> None:
     p = sub.add_parser("info", help="describe a .ninfer artifact",
                        description="Describe a V3 .ninfer artifact: components and config summary, objects "
                                    "and bytes per component and per format, files, metadata, artifact id.")
-    p.add_argument("model", metavar="MODEL.ninfer", help="the artifact's entry file")
+    p.add_argument("model", metavar="MODEL.ninfer", nargs="?", default=None,
+                   help="the artifact's entry file (default: the embedded default model)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--verify", action="store_true", help="also read every object and check its checksum")
     p.add_argument("--memory", action="store_true",
@@ -36,12 +41,12 @@ _MEMORY_FLAGS = ("device", "dtype", "max_concurrency", "max_context", "page_size
                  "prefill_chunk_size")
 
 
-def _memory_plan(args):
+def _memory_plan(artifact, args):
     from ninfer.engine.options import EngineOptions
-    from ninfer.planning.planner import plan_artifact
+    from ninfer.planning.planner import plan
 
     options = EngineOptions(**{f: getattr(args, f) for f in _MEMORY_FLAGS if getattr(args, f) is not None})
-    return plan_artifact(args.model, options)
+    return plan(artifact, options).summary()
 
 
 def run(args) -> int:
@@ -53,8 +58,14 @@ def run(args) -> int:
     if given and not args.memory:
         # The plan options do nothing alone; silently ignoring them would look like a plan was made.
         raise NInferError(f"{', '.join(given)}: memory plan options, which need --memory")
-    memory = _memory_plan(args) if args.memory else None
-    with ArtifactReader.open(args.model) as reader:
+    if args.model is None:  # after the flag check: a bad command line converts nothing
+        from ninfer.model_source import resolve_model
+
+        artifact = resolve_model(None, progress=sys.stderr.isatty())
+    else:
+        artifact = args.model
+    memory = _memory_plan(artifact, args) if args.memory else None
+    with ArtifactReader.open(artifact) as reader:
         if args.verify:
             for obj in reader.directory.objects:
                 reader.verify_object(obj.id)

@@ -57,10 +57,8 @@ class Engine:
 
     def __init__(self, program: Program, frontend: Frontend, options: EngineOptions, *,
                  info: Mapping[str, Any] | None = None, _owned: Any = None) -> None:
+        # Resolved by start (the plan's options) or from_parts (the purpose rules): no rule is applied here.
         options.validate()
-        if options.purpose == "causal_scoring":
-            # Scoring runs one window at a time on one sequence, whatever max_concurrency said.
-            options = dataclasses.replace(options, max_concurrency=1)
         cap = program.capacity()
         if cap.total_state_slots < options.max_concurrency:
             raise InvalidEngineOptions(f"max_concurrency {options.max_concurrency} exceeds the Program's "
@@ -124,8 +122,9 @@ class Engine:
     def from_parts(cls, program: Program, frontend: Frontend, options: EngineOptions | None = None,
                    **overrides: Any) -> Engine:
         """Serve an already built Program and Frontend (options' KV sizing fields are ignored: the
-        Program's capacity is what it is)."""
-        return cls(program, frontend, dataclasses.replace(options or EngineOptions(), **overrides))
+        Program's capacity is what it is). The purpose's rules apply (``EngineOptions.for_purpose``)."""
+        options = dataclasses.replace(options or EngineOptions(), **overrides).validate().for_purpose()
+        return cls(program, frontend, options)
 
     # -- properties --------------------------------------------------------------------------------
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -49,9 +50,9 @@ class EngineOptions:
     - ``device``: None picks cuda when CUDA is present, else cpu. ``dtype`` (float32, bfloat16,
       float16): None picks bfloat16 on CUDA and float32 on the CPU (the model casts its weights).
     - ``purpose``: ``generation`` or ``causal_scoring`` (offline scoring, ``Engine.score``). A scoring
-      engine runs one window at a time: its effective ``max_concurrency`` is 1 (the Program is sized
-      for one sequence), ``max_context`` is the longest scoring window, the queue and admission
-      fields are unused, and it has no context cache.
+      engine runs one window at a time: its effective ``max_concurrency`` is 1 (:meth:`for_purpose`;
+      the Program is sized for one sequence), ``max_context`` is the longest scoring window, the queue
+      and admission fields are unused, and it has no context cache.
     - ``context_cache``: keep checkpoints (StateImage copy + shared KV prefix) of finished prefills
       and responses, and bind a new request to the longest one that is an exact prefix of its prompt
       (docs/context-cache.md). ``cache_checkpoint_slots`` (>= 1; None: ``16 + 2 * max_concurrency``)
@@ -127,6 +128,15 @@ class EngineOptions:
             raise NotSupportedError("the Vision feature is not supported yet")
         if self.speculative is not None:
             raise NotSupportedError(f"speculative backend {self.speculative!r} is not supported yet")
+        return self
+
+    def for_purpose(self) -> EngineOptions:
+        """These options under their purpose's rules, defined here only: a ``causal_scoring`` engine runs one
+        window at a time on one sequence, so its ``max_concurrency`` is 1 whatever was asked (its Program
+        is sized for that one sequence). Applied once when options are resolved for an artifact
+        (``ninfer.planning.resolution``) and by ``Engine.from_parts``; idempotent."""
+        if self.purpose == "causal_scoring" and self.max_concurrency != 1:
+            return dataclasses.replace(self, max_concurrency=1)
         return self
 
     @property
