@@ -94,7 +94,7 @@ def check_gdn_recurrent_out_slots(step, device, dtype, hk, hv, dk, dv, gen):
 def gdn_decode_case(gen, device, dtype, bsz, hk, hv, dk, dv, k=4):
     """Inputs of ``gdn_decode`` as the model passes them: mixed, z, a, b are column views of one fused
     projection row [mixed | z | b | a | pad]; states of bsz + 3 slots (at least 7); rows read permuted slots."""
-    from ninfer.ops.contracts import GDNDecodeParams
+    from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
 
     slots_total = max(7, bsz + 3)
 
@@ -180,22 +180,22 @@ def check_gdn_strong_decay_split(prefill, device, gen, out_crit, state_crit):
 
 
 def check_add_rms_norm(ops, device, dtype, hidden, gen, crit, eps):
-    """add_rms_norm on 9 rows: the new residual is x + res rounded once to dtype (bit-exact), the output
+    """add_rms_norm_unit_offset on 9 rows: the new residual is x + res rounded once to dtype (bit-exact), the output
     within crit of the oracle over it, the inputs untouched. Returns (x, res, w, y, new_res)."""
     x = randn(gen, 9, hidden, dtype=dtype, device=device)
     res = randn(gen, 9, hidden, dtype=dtype, device=device, scale=4.0)
     w = randn(gen, hidden, dtype=dtype, device=device, scale=0.3)
     x0, r0 = x.clone(), res.clone()
-    y, new_res = ops.add_rms_norm(x, res, w, eps)
+    y, new_res = ops.add_rms_norm_unit_offset(x, res, w, eps)
     expected_res = (f64(x) + f64(res)).to(dtype)  # exact in fp64, then the one rounding
-    assert_bits(new_res.cpu(), expected_res, "add_rms_norm residual")
-    assert_pointwise(y, rms_oracle(expected_res, w), crit, f"add_rms_norm {dtype}")
+    assert_bits(new_res.cpu(), expected_res, "add_rms_norm_unit_offset residual")
+    assert_pointwise(y, rms_oracle(expected_res, w), crit, f"add_rms_norm_unit_offset {dtype}")
     assert torch.equal(x, x0) and torch.equal(res, r0), "inputs must not be modified"
     return x, res, w, y, new_res
 
 
 def check_add_rms_norm_linear(ops, device, dtype, rows, hidden, n_out, gen, norm_crit, linear_crit, eps):
-    """add_rms_norm_linear: the new residual bit-exact (x + res, one rounding), the normed rows within
+    """add_rms_norm_unit_offset_linear: the new residual bit-exact (x + res, one rounding), the normed rows within
     norm_crit of the oracle over it, y within linear_crit of the fp64 product of the *returned* normed rows (the
     block's later projections read those), the inputs untouched."""
     x = randn(gen, rows, hidden, dtype=dtype, device=device)
@@ -203,12 +203,12 @@ def check_add_rms_norm_linear(ops, device, dtype, rows, hidden, n_out, gen, norm
     w = randn(gen, hidden, dtype=dtype, device=device, scale=0.3)
     weight = randn(gen, n_out, hidden, dtype=dtype, device=device, scale=hidden ** -0.5)
     x0, r0 = x.clone(), res.clone()
-    y, h, new_res = ops.add_rms_norm_linear(x, res, w, eps, weight)
+    y, h, new_res = ops.add_rms_norm_unit_offset_linear(x, res, w, eps, weight)
     assert y.shape == (rows, n_out) and h.shape == new_res.shape == (rows, hidden) and y.dtype == dtype
     expected_res = (f64(x) + f64(res)).to(dtype)
-    assert_bits(new_res.cpu(), expected_res, "add_rms_norm_linear residual")
-    assert_pointwise(h, rms_oracle(expected_res, w), norm_crit, f"add_rms_norm_linear normed {dtype}")
-    assert_normwise(y, f64(h) @ f64(weight).T, linear_crit, f"add_rms_norm_linear output {dtype}")
+    assert_bits(new_res.cpu(), expected_res, "add_rms_norm_unit_offset_linear residual")
+    assert_pointwise(h, rms_oracle(expected_res, w), norm_crit, f"add_rms_norm_unit_offset_linear normed {dtype}")
+    assert_normwise(y, f64(h) @ f64(weight).T, linear_crit, f"add_rms_norm_unit_offset_linear output {dtype}")
     assert torch.equal(x, x0) and torch.equal(res, r0), "inputs must not be modified"
     return x, res, w, weight, y, h, new_res
 

@@ -1,8 +1,8 @@
-"""rms_norm / add_rms_norm / add_rms_norm_linear / gated_rms_norm against fp64 oracles with the contract's declared casts.
+"""rms_norm_unit_offset / add_rms_norm_unit_offset / add_rms_norm_unit_offset_linear / gated_rms_norm against fp64 oracles with the contract's declared casts.
 
 Criteria (pointwise, |err| <= rtol |ref| + atol max|ref|):
 - fp32: rtol 4e-6, atol 1e-6 -- fp32 mean of squares and a few products.
-- bf16 (rms_norm, add_rms_norm): rtol 2^-8 -- the single output rounding (<= 2^-9) with margin.
+- bf16 (rms_norm_unit_offset, add_rms_norm_unit_offset): rtol 2^-8 -- the single output rounding (<= 2^-9) with margin.
 - bf16 gated_rms_norm: rtol 2^-7 -- the oracle applies the declared cast of the normalised value, but the
   model-faithful bf16 product n * weight adds one more bf16 rounding before the final one.
 """
@@ -25,9 +25,9 @@ def test_rms_norm_zero_centred(device, dtype, gen):
     ops = reference_ops(device, dtype)
     x = randn(gen, 4, 3, 96, dtype=dtype, device=device, scale=2.5)
     w = randn(gen, 96, dtype=dtype, device=device, scale=0.3)
-    out = ops.rms_norm(x, w, EPS)
+    out = ops.rms_norm_unit_offset(x, w, EPS)
     assert out.dtype == dtype
-    assert_pointwise(out, rms_oracle(x, w), CRIT[dtype], f"rms_norm {dtype}")
+    assert_pointwise(out, rms_oracle(x, w), CRIT[dtype], f"rms_norm_unit_offset {dtype}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -76,18 +76,18 @@ def test_add_rms_norm_linear(device, dtype, gen):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm_swiglu_is_the_composition(device, dtype, gen):
-    # By definition (contract): add_rms_norm_linear, then silu_and_mul of its output -- bit for bit; a gate_up
+    # By definition (contract): add_rms_norm_unit_offset_linear, then silu_and_mul of its output -- bit for bit; a gate_up
     # with an odd number of rows is an error naming the op.
     ops = reference_ops(device, dtype)
     x = randn(gen, 3, 64, dtype=dtype, device=device)
     res = randn(gen, 3, 64, dtype=dtype, device=device)
     w = randn(gen, 64, dtype=dtype, device=device, scale=0.3)
     gate_up = randn(gen, 2 * 24, 64, dtype=dtype, device=device, scale=0.125)
-    act, h, new_res = ops.add_rms_norm_swiglu(x, res, w, EPS, gate_up)
-    y, h2, res2 = ops.add_rms_norm_linear(x, res, w, EPS, gate_up)
+    act, h, new_res = ops.add_rms_norm_unit_offset_swiglu(x, res, w, EPS, gate_up)
+    y, h2, res2 = ops.add_rms_norm_unit_offset_linear(x, res, w, EPS, gate_up)
     assert torch.equal(act, ops.silu_and_mul(y)) and torch.equal(h, h2) and torch.equal(new_res, res2)
-    with pytest.raises(ValueError, match="add_rms_norm_swiglu"):
-        ops.add_rms_norm_swiglu(x, res, w, EPS, gate_up[:-1])
+    with pytest.raises(ValueError, match="add_rms_norm_unit_offset_swiglu"):
+        ops.add_rms_norm_unit_offset_swiglu(x, res, w, EPS, gate_up[:-1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -96,10 +96,10 @@ def test_embed_rms_norm_is_the_gather_then_rms_norm(device, dtype, gen):
     table = randn(gen, 50, 96, dtype=dtype, device=device, scale=2.5)
     w = randn(gen, 96, dtype=dtype, device=device, scale=0.3)
     tokens = torch.tensor([3, 49, 0, 3, 17], device=device)
-    normed, rows = ops.embed_rms_norm(tokens, table, w, EPS)
+    normed, rows = ops.embed_rms_norm_unit_offset(tokens, table, w, EPS)
     assert torch.equal(rows, table[tokens]) and rows.data_ptr() != table.data_ptr()
     assert normed.dtype == dtype
-    assert_pointwise(normed, rms_oracle(table[tokens], w), CRIT[dtype], f"embed_rms_norm {dtype}")
+    assert_pointwise(normed, rms_oracle(table[tokens], w), CRIT[dtype], f"embed_rms_norm_unit_offset {dtype}")
     if device == "cpu":   # on CUDA torch's index_select checks ids with a device-side assert instead
         with pytest.raises(IndexError):
-            ops.embed_rms_norm(torch.tensor([50], device=device), table, w, EPS)
+            ops.embed_rms_norm_unit_offset(torch.tensor([50], device=device), table, w, EPS)

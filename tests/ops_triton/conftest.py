@@ -1,11 +1,13 @@
 """Mechanics for the Triton kernel suite: where the kernels run and how their OpSet is built.
 
-With a CUDA device the kernels run compiled on "cuda" and are reached through the real plugin hook
-(``ninfer.ops.triton.plugin.ninfer_ops`` + ``resolve_ops``: the registration is exercised, and the GPU box
-has no installed entry points). Without one, ``TRITON_INTERPRET=1`` is set here, before any test module
-imports triton, and the same kernels run on CPU tensors through triton's interpreter at tiny sizes; the
-plugin then (correctly) registers nothing, so the OpSet is built from its implementation list moved to
-"cpu". Test modules skip cleanly when triton is not installed (module-level ``pytest.importorskip``).
+Kernels come from core (``ninfer.ops.triton``) and from the Qwen3.5 plugin (``ninfer_qwen3_5.ops.triton``, the ops
+only its models call), each with its reference implementations. With a CUDA device the kernels run compiled on
+"cuda" and are collected as the registration hooks collect them (core's ``triton_ops`` plugin and the Qwen3.5
+plugin's ``ops.registration``, then ``resolve_ops``: the GPU box has no installed entry points).
+Without one, ``TRITON_INTERPRET=1`` is set here, before any test module imports triton, and the same kernels run
+on CPU tensors through triton's interpreter at tiny sizes; the hooks then (correctly) register no kernel, so the
+OpSet is built from the implementation lists moved to "cpu". Test modules skip cleanly when triton is not
+installed (module-level ``pytest.importorskip``).
 
 Oracles and criteria come from the reference suite (tests/ops): the kernels must pass the tests the torch
 reference passes, on the same fp64 oracles.
@@ -26,26 +28,38 @@ if not CUDA:
 DEVICE = "cuda" if CUDA else "cpu"
 
 
+def reference_impls() -> list:
+    """Every torch reference implementation: core's and the Qwen3.5 plugin's."""
+    from ninfer.ops.reference.plugin import ninfer_ops as core_reference
+    from ninfer_qwen3_5.ops.registration import reference_op_impls
+
+    return core_reference() + reference_op_impls()
+
+
+def kernel_impls() -> list:
+    """Every Triton implementation (core's and the plugin's), on DEVICE."""
+    from ninfer.ops.triton import plugin
+    from ninfer_qwen3_5.ops import registration
+
+    kernels = plugin.triton_op_impls() + registration.triton_op_impls()
+    if CUDA:
+        # What the hooks register here: both return their kernels exactly when available() holds.
+        assert plugin.available(), "CUDA present, yet the triton hooks would register no kernel"
+        return kernels
+    return [dataclasses.replace(i, devices=frozenset({"cpu"})) for i in kernels]
+
+
 def triton_ops(dtype: torch.dtype):
     """The OpSet the engine would get on DEVICE, with the Triton kernels taking precedence."""
     from ninfer.ops import resolve_ops
-    from ninfer.ops.reference.plugin import ninfer_ops as reference_ops
-    from ninfer.ops.triton import plugin
 
-    if CUDA:
-        impls = plugin.ninfer_ops()
-        assert impls, "CUDA and triton present, yet the triton plugin registered nothing"
-    else:
-        impls = [dataclasses.replace(i, devices=frozenset({"cpu"})) for i in plugin.triton_op_impls()]
-    ops = resolve_ops(reference_ops() + impls, DEVICE, dtype, force="")
-    return ops
+    return resolve_ops(reference_impls() + kernel_impls(), DEVICE, dtype, force="")
 
 
 def reference(dtype: torch.dtype):
     from ninfer.ops import resolve_ops
-    from ninfer.ops.reference.plugin import ninfer_ops as reference_ops
 
-    return resolve_ops(reference_ops(), DEVICE, dtype, force="reference")
+    return resolve_ops(reference_impls(), DEVICE, dtype, force="reference")
 
 
 @pytest.fixture

@@ -92,7 +92,7 @@ def test_one_kernel_equals_the_two_kernel_path(dtype, bsz, hk, hv, dk, dv, gen):
     output and GDN states within the step's criteria (the compiler may contract the conv's taps differently in
     the two kernels); the ticket counters are back at zero after every launch (each (slot, key head) elected
     exactly one writer of the q/k conv state)."""
-    from ninfer.ops.triton import gdn_decode as gd
+    from ninfer_qwen3_5.ops.triton import gdn_decode as gd
 
     (mixed, z, a, b, p), conv_states, states, slots = gdn_decode_case(gen, DEVICE, dtype, bsz, hk, hv, dk, dv)
     conv2, states2 = conv_states.clone(), states.clone()

@@ -26,8 +26,8 @@ if not _CUDA:
 pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from ninfer.ops.reference import gdn as ref  # noqa: E402
-from ninfer.ops.triton import gdn as tg  # noqa: E402
+from ninfer_qwen3_5.ops.reference import gdn as ref  # noqa: E402
+from ninfer_qwen3_5.ops.triton import gdn as tg  # noqa: E402
 from ops.conftest import Normwise, assert_normwise, rand, randn  # noqa: E402
 from ops.oracles import gdn_inputs, gdn_oracle  # noqa: E402
 from ops.shared_checks import (  # noqa: E402
@@ -44,7 +44,7 @@ if not _CUDA and type(tg._gdn_step_kernel).__name__ != "InterpretedFunction":
     tg = importlib.reload(tg)
 
 DEVICE = "cuda" if _CUDA else "cpu"
-# Compiled 16-bit prefill runs its dots in tf32 (see ninfer.ops.triton.gdn); the interpreter multiplies in fp32.
+# Compiled 16-bit prefill runs its dots in tf32 (see ninfer_qwen3_5.ops.triton.gdn); the interpreter multiplies in fp32.
 STATE_16 = Normwise(2e-3, 1e-2) if _CUDA else STATE  # H200, tf32: 1.07e-3 to 1.21e-3 measured (T = 63..1000)
 
 
@@ -196,10 +196,10 @@ def test_ops_are_registered_for_cuda_only():
 
 
 def test_resolved_through_the_plugin():
-    # The engine reaches these kernels through the triton plugin (on CPU the conftest moves them to "cpu").
+    # The engine reaches these kernels through the Qwen plugin's hook (on CPU the conftest moves them to "cpu").
     from .conftest import triton_ops
 
     ops = triton_ops(torch.bfloat16)
     for name in ("gdn_chunk_prefill", "gdn_recurrent_step"):
         impl = ops.implementation(name)
-        assert impl.name == "triton" and impl.fn.__module__ == "ninfer.ops.triton.gdn", name
+        assert impl.name == "triton" and impl.fn.__module__ == "ninfer_qwen3_5.ops.triton.gdn", name

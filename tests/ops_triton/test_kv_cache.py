@@ -101,7 +101,7 @@ def test_out_of_range_slot_is_dropped_when_the_check_is_skipped(gen, monkeypatch
     # (-1 would otherwise land on the last page) and still writes the good ones.
     from ninfer.ops.triton import kv_cache
 
-    monkeypatch.setattr(kv_cache, "_capturing", lambda device: True)
+    monkeypatch.setattr(kv_cache, "capturing", lambda device: True)
     ops = triton_ops(torch.float32)
     k_pool = randn(gen, 2, 4, 1, 2, device=DEVICE)
     v_pool = randn(gen, 2, 4, 1, 2, device=DEVICE)

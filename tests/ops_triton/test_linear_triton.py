@@ -110,8 +110,8 @@ def test_logits_are_linear_as_fp32(dtype, rows, gen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,hidden,n_out", [(1, 64, 24), (2, 48, 33), (8, 40, 9), (9, 64, 16)])
 def test_add_rms_norm_linear(dtype, rows, hidden, n_out, gen):
-    """The GEMV with the norm prologue (one row; more rows take add_rms_norm + linear) against the reference
-    suite's check; its residual equals the Triton add_rms_norm's bit for bit, its normed rows within one
+    """The GEMV with the norm prologue (one row; more rows take add_rms_norm_unit_offset + linear) against the reference
+    suite's check; its residual equals the Triton add_rms_norm_unit_offset's bit for bit, its normed rows within one
     bf16 ulp (the norm's reduction order differs)."""
     from ninfer.ops.triton.linear import use_gemv
     from ops.shared_checks import check_add_rms_norm_linear
@@ -119,11 +119,11 @@ def test_add_rms_norm_linear(dtype, rows, hidden, n_out, gen):
     from ops.test_norm import EPS
 
     ops = triton_ops(dtype)
-    assert ops.implementation("add_rms_norm_linear").name == "triton"
+    assert ops.implementation("add_rms_norm_unit_offset_linear").name == "triton"
     x, res, w, weight, y, h, new_res = check_add_rms_norm_linear(ops, DEVICE, dtype, rows, hidden, n_out, gen,
                                                                  NORM_CRIT[dtype], CRIT[dtype], EPS)
     assert use_gemv(x, weight) == (rows <= 8)   # the plain GEMV's range; the fused one is rows == 1
-    h_sep, res_sep = ops.add_rms_norm(x, res, w, EPS)
+    h_sep, res_sep = ops.add_rms_norm_unit_offset(x, res, w, EPS)
     assert torch.equal(new_res, res_sep)
     assert (h.float() - h_sep.float()).abs().max() <= h_sep.float().abs().max() * 2 ** -7
 
@@ -132,7 +132,7 @@ def test_add_rms_norm_linear(dtype, rows, hidden, n_out, gen):
 @pytest.mark.parametrize("block_n", [2, 4])
 def test_norm_prologue_kernel_rows_and_block_sizes(rows, block_n, gen):
     """The prologue kernel itself (the op takes it for one row) at several rows and row blocks: every program
-    forms the same normed rows, and program 0's stored copies equal the unfused add_rms_norm's residual."""
+    forms the same normed rows, and program 0's stored copies equal the unfused add_rms_norm_unit_offset's residual."""
     from ninfer.ops.triton import linear as mod
     from ninfer.ops.triton import norm
 
@@ -142,7 +142,7 @@ def test_norm_prologue_kernel_rows_and_block_sizes(rows, block_n, gen):
     weight = randn(gen, 12, 64, dtype=torch.bfloat16, device=DEVICE, scale=0.125)
     h, ro = torch.empty_like(x), torch.empty_like(x)
     y = mod.gemv(x, weight, norm=(res, w, 1e-6, h, ro), block_n=block_n)
-    h_sep, res_sep = norm.add_rms_norm(x, res, w, 1e-6)
+    h_sep, res_sep = norm.add_rms_norm_unit_offset(x, res, w, 1e-6)
     assert torch.equal(ro, res_sep)
     assert (h.float() - h_sep.float()).abs().max() <= h_sep.float().abs().max() * 2 ** -7
     assert torch.equal(y, mod.gemv(h, weight, block_n=block_n))   # y is the GEMV of the normed rows it stored
@@ -152,29 +152,29 @@ def test_add_rms_norm_linear_rejects_mismatched_shapes(gen):
     ops = triton_ops(torch.float32)
     x = randn(gen, 2, 64, device=DEVICE)
     with pytest.raises(ValueError, match="residual"):
-        ops.add_rms_norm_linear(x, x[:1], torch.zeros(64, device=DEVICE), 1e-6, randn(gen, 8, 64, device=DEVICE))
+        ops.add_rms_norm_unit_offset_linear(x, x[:1], torch.zeros(64, device=DEVICE), 1e-6, randn(gen, 8, 64, device=DEVICE))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,hidden,inter", [(1, 64, 24), (1, 48, 33), (2, 64, 16)])
 def test_add_rms_norm_swiglu(dtype, rows, hidden, inter, gen):
     """One row: the GEMV computes gate row n and up row I + n and stores silu(g) * u (each dot rounded first);
-    more rows: add_rms_norm_linear + silu_and_mul. Against the Triton composition: the residual bit for bit, the
+    more rows: add_rms_norm_unit_offset_linear + silu_and_mul. Against the Triton composition: the residual bit for bit, the
     activation within linear's criteria of silu_and_mul over the composition's (bitwise when the dots agree)."""
     from ninfer.ops.triton.linear import gemv
 
     ops = triton_ops(dtype)
-    assert ops.implementation("add_rms_norm_swiglu").name == "triton"
+    assert ops.implementation("add_rms_norm_unit_offset_swiglu").name == "triton"
     x = randn(gen, rows, hidden, dtype=dtype, device=DEVICE)
     res = randn(gen, rows, hidden, dtype=dtype, device=DEVICE, scale=4.0)
     w = randn(gen, hidden, dtype=dtype, device=DEVICE, scale=0.3)
     gate_up = randn(gen, 2 * inter, hidden, dtype=dtype, device=DEVICE, scale=hidden ** -0.5)
-    act, h, new_res = ops.add_rms_norm_swiglu(x, res, w, 1e-6, gate_up)
+    act, h, new_res = ops.add_rms_norm_unit_offset_swiglu(x, res, w, 1e-6, gate_up)
     assert act.shape == (rows, inter) and act.dtype == dtype
-    y, h2, res2 = ops.add_rms_norm_linear(x, res, w, 1e-6, gate_up)
+    y, h2, res2 = ops.add_rms_norm_unit_offset_linear(x, res, w, 1e-6, gate_up)
     assert torch.equal(new_res, res2)
     expect = ops.silu_and_mul(y)
-    assert_normwise(act, expect.double(), CRIT[dtype], f"add_rms_norm_swiglu {dtype}")
+    assert_normwise(act, expect.double(), CRIT[dtype], f"add_rms_norm_unit_offset_swiglu {dtype}")
     # The epilogue alone on the normed rows: exactly silu_and_mul of the plain GEMV of the same rows and tiles.
     plain = gemv(h, gate_up, block_n=2)
     assert torch.equal(gemv(h, gate_up, swiglu=True, block_n=2), ops.silu_and_mul(plain))

@@ -1,4 +1,4 @@
-"""Triton rms_norm / add_rms_norm / gated_rms_norm against the reference suite's fp64 oracles and criteria,
+"""Triton rms_norm_unit_offset / add_rms_norm_unit_offset / gated_rms_norm against the reference suite's fp64 oracles and criteria,
 plus the bf16 cast-chain check, wide and non-power-of-two rows, and weight-dtype promotion.
 
 Criteria (from tests/ops/test_norm.py): pointwise fp32 rtol 4e-6 / atol 1e-6; bf16 rtol 2^-8 (gated 2^-7).
@@ -37,13 +37,13 @@ def close_to_reference(out, ref, what):
 @pytest.mark.parametrize("shape", [(4, 3, 96), (5, 1000), (2, 2048)])
 def test_rms_norm(dtype, shape, gen):
     ops = triton_ops(dtype)
-    assert ops.implementation("rms_norm").name == "triton"
+    assert ops.implementation("rms_norm_unit_offset").name == "triton"
     x = randn(gen, *shape, dtype=dtype, device=DEVICE, scale=2.5)
     w = randn(gen, shape[-1], dtype=dtype, device=DEVICE, scale=0.3)
-    out = ops.rms_norm(x, w, EPS)
+    out = ops.rms_norm_unit_offset(x, w, EPS)
     assert out.dtype == dtype and out.shape == x.shape
-    assert_pointwise(out, rms_oracle(x, w), CRIT[dtype], f"rms_norm {dtype} {shape}")
-    close_to_reference(out, reference(dtype).rms_norm(x, w, EPS), "rms_norm vs torch reference")
+    assert_pointwise(out, rms_oracle(x, w), CRIT[dtype], f"rms_norm_unit_offset {dtype} {shape}")
+    close_to_reference(out, reference(dtype).rms_norm_unit_offset(x, w, EPS), "rms_norm_unit_offset vs torch reference")
 
 
 def test_rms_norm_strided_rows(gen):
@@ -52,16 +52,16 @@ def test_rms_norm_strided_rows(gen):
     wide = randn(gen, 6, 3, 40, device=DEVICE)
     x = wide[:, :, 4:36]
     w = randn(gen, 32, device=DEVICE, scale=0.3)
-    assert_pointwise(ops.rms_norm(x, w, EPS), rms_oracle(x, w), CRIT[torch.float32], "strided rms_norm")
+    assert_pointwise(ops.rms_norm_unit_offset(x, w, EPS), rms_oracle(x, w), CRIT[torch.float32], "strided rms_norm_unit_offset")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm(dtype, gen):
     ops = triton_ops(dtype)
     x, res, w, y, new_res = check_add_rms_norm(ops, DEVICE, dtype, 640, gen, CRIT[dtype], EPS)
-    ref_y, ref_res = reference(dtype).add_rms_norm(x, res, w, EPS)
+    ref_y, ref_res = reference(dtype).add_rms_norm_unit_offset(x, res, w, EPS)
     assert_bits(new_res.cpu(), ref_res.cpu(), "residual vs torch reference")
-    close_to_reference(y, ref_y, "add_rms_norm vs torch reference")
+    close_to_reference(y, ref_y, "add_rms_norm_unit_offset vs torch reference")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -113,26 +113,26 @@ def test_gated_rms_norm_bf16_cast_chain_bitwise(gen):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [[7], [3, 49, 0, 3, 17], list(range(40))])
 def test_embed_rms_norm_equals_gather_then_rms_norm_bitwise(dtype, tokens, gen):
-    """One launch: the gathered rows exactly, and normed bit for bit the Triton rms_norm of them (same blocks,
+    """One launch: the gathered rows exactly, and normed bit for bit the Triton rms_norm_unit_offset of them (same blocks,
     same reduction); ids outside the table are clamped instead of faulting the device."""
     ops = triton_ops(dtype)
-    assert ops.implementation("embed_rms_norm").name == "triton"
+    assert ops.implementation("embed_rms_norm_unit_offset").name == "triton"
     table = randn(gen, 50, 96, dtype=dtype, device=DEVICE, scale=2.5)
     w = randn(gen, 96, dtype=dtype, device=DEVICE, scale=0.3)
     ids = torch.tensor(tokens, device=DEVICE)
-    normed, rows = ops.embed_rms_norm(ids, table, w, EPS)
+    normed, rows = ops.embed_rms_norm_unit_offset(ids, table, w, EPS)
     assert torch.equal(rows, table[ids])
-    assert_bits(normed, ops.rms_norm(table[ids], w, EPS), "embed_rms_norm vs rms_norm")
-    close_to_reference(normed, reference(dtype).embed_rms_norm(ids, table, w, EPS)[0], "embed_rms_norm vs reference")
-    bad, _ = ops.embed_rms_norm(torch.tensor([-4, 50, 900], device=DEVICE), table, w, EPS)
-    assert_bits(bad, ops.rms_norm(table[[0, 49, 49]], w, EPS), "clamped ids")
-    assert ops.embed_rms_norm(ids[:0], table, w, EPS)[0].shape == (0, 96)
+    assert_bits(normed, ops.rms_norm_unit_offset(table[ids], w, EPS), "embed_rms_norm_unit_offset vs rms_norm_unit_offset")
+    close_to_reference(normed, reference(dtype).embed_rms_norm_unit_offset(ids, table, w, EPS)[0], "embed_rms_norm_unit_offset vs reference")
+    bad, _ = ops.embed_rms_norm_unit_offset(torch.tensor([-4, 50, 900], device=DEVICE), table, w, EPS)
+    assert_bits(bad, ops.rms_norm_unit_offset(table[[0, 49, 49]], w, EPS), "clamped ids")
+    assert ops.embed_rms_norm_unit_offset(ids[:0], table, w, EPS)[0].shape == (0, 96)
 
 
 def test_embed_rms_norm_rejects_bad_arguments():
     ops = triton_ops(torch.float32)
     table, w = torch.zeros(10, 8, device=DEVICE), torch.zeros(8, device=DEVICE)
     with pytest.raises(ValueError, match="tokens must be int64"):
-        ops.embed_rms_norm(torch.tensor([1], dtype=torch.int32, device=DEVICE), table, w, EPS)
+        ops.embed_rms_norm_unit_offset(torch.tensor([1], dtype=torch.int32, device=DEVICE), table, w, EPS)
     with pytest.raises(ValueError, match="do not match"):
-        ops.embed_rms_norm(torch.tensor([1], device=DEVICE), table, torch.zeros(9, device=DEVICE), EPS)
+        ops.embed_rms_norm_unit_offset(torch.tensor([1], device=DEVICE), table, torch.zeros(9, device=DEVICE), EPS)

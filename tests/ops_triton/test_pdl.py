@@ -29,15 +29,16 @@ def _chain(ops, x, p):
     from ninfer.ops.contracts import SharedExpert
 
     e, s = p["experts"], p["shared"]
-    h = ops.rms_norm(x, p["norm"], 1e-6)
+    h = ops.rms_norm_unit_offset(x, p["norm"], 1e-6)
     proj = ops.linear(h, p["w_in"])
     weights, ids = ops.moe_router(proj[:, :e], 8)
     shared = SharedExpert(projected=proj[:, e:e + 2 * s], down=p["sdown"], gate_logit=proj[:, e + 2 * s])
     out = ops.moe_experts(h, weights, ids, p["gate_up"], p["down"], shared=shared)
-    y, _ = ops.add_rms_norm(out, x, p["norm"], 1e-6)
+    y, _ = ops.add_rms_norm_unit_offset(out, x, p["norm"], 1e-6)
     return ops.linear(y, p["w_out"])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs a CUDA device of compute capability 9.0+")
 @pytest.mark.parametrize("rows", [1, 4])
@@ -86,6 +87,7 @@ def _attention_chain(ops, x, p, kv_lens, tables, slot_mapping, cos, sin):
     return y, ops.greedy_tokens(y)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs a CUDA device of compute capability 9.0+")
 @pytest.mark.parametrize("rows", [1, 3])
@@ -146,13 +148,14 @@ def _gdn_chain(ops, x, p, conv_states, states, slots):
     before gdn_decode writes all four of its inputs), gdn_decode in one launch, the output GEMV."""
     prm, c = p["params"], p["c"]
     rows, hv, dv = x.shape[0], prm.value_heads, prm.value_dim
-    proj = ops.linear(ops.rms_norm(x, p["norm"], 1e-6), p["w_in"])
+    proj = ops.linear(ops.rms_norm_unit_offset(x, p["norm"], 1e-6), p["w_in"])
     mixed, z = proj[:, :c], proj[:, c:c + hv * dv].view(rows, hv, dv)
     b, a = proj[:, c + hv * dv:c + hv * dv + hv], proj[:, c + hv * dv + hv:c + hv * dv + 2 * hv]
     o = ops.gdn_decode(mixed, z, a, b, prm, conv_states, states, slots)
     return ops.linear(o.reshape(rows, hv * dv), p["w_out"])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs a CUDA device of compute capability 9.0+")
 @pytest.mark.parametrize("rows", [1, 3])
@@ -160,8 +163,8 @@ def test_pdl_gdn_graph_equals_plain_launches(monkeypatch, rows):
     """gdn_decode's one launch under PDL (its ticket taken and its states read before the wait) after the GEMV that
     writes its inputs, over 12 steps of evolving GDN and conv states: every output and the final states equal, bit
     for bit, the same chain run eagerly with PDL off. A read of the projection before the wait would race here."""
-    from ninfer.ops.contracts import GDNDecodeParams
     from ninfer.ops.triton import _common
+    from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
 
     g = torch.Generator(device=DEVICE).manual_seed(20 + rows)
     hdim, hk, hv, dk, dv = 1024, 4, 8, 128, 128
@@ -199,10 +202,11 @@ def test_pdl_gdn_graph_equals_plain_launches(monkeypatch, rows):
     assert torch.equal(conv_g, conv_e) and torch.equal(states_g, states_e)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA or not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="needs a CUDA device of compute capability 9.0+")
 def test_pdl_step_head_graph_equals_plain_launches(monkeypatch):
-    """The head of a decode step as the model launches it (twelfth session): embed_rms_norm (the first kernel),
+    """The head of a decode step as the model launches it (twelfth session): embed_rms_norm_unit_offset (the first kernel),
     mrope_cos_sin (its tables computed before its wait, stored after), the first GEMV; replayed under PDL on
     fresh tokens and positions, equal bit for bit to plain launches."""
     from ninfer.ops.triton import _common
@@ -216,7 +220,7 @@ def test_pdl_step_head_graph_equals_plain_launches(monkeypatch):
     ops = triton_ops(torch.bfloat16)
 
     def head(tokens, positions):
-        h, rows = ops.embed_rms_norm(tokens, table, norm, 1e-6)
+        h, rows = ops.embed_rms_norm_unit_offset(tokens, table, norm, 1e-6)
         cos, sin = ops.mrope_cos_sin(positions.unsqueeze(0).expand(3, -1), inv, (11, 11, 10), True)
         return ops.linear(h, w), rows, cos, sin
 

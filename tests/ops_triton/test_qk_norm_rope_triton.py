@@ -1,5 +1,5 @@
 """Triton qk_norm_rope_cache (one kernel for q/k norm, both RoPEs and the KV write) against the composition
-of the Triton ops ``rms_norm`` -> ``rope`` -> ``kv_cache_write``, the reference suite's fp64 oracle and the
+of the Triton ops ``rms_norm_unit_offset`` -> ``rope`` -> ``kv_cache_write``, the reference suite's fp64 oracle and the
 torch reference run in fp32.
 
 Criteria:
@@ -45,8 +45,8 @@ def composed(ops, case: dict):
 
     Returns (q_out, k_out, k_pool, v_pool)."""
     k_pool, v_pool = case["k_pool"].clone(), case["v_pool"].clone()
-    q_out = ops.rope(ops.rms_norm(case["q"], case["q_norm"], case["eps"]), case["cos"], case["sin"])
-    k_out = ops.rope(ops.rms_norm(case["k"], case["k_norm"], case["eps"]), case["cos"], case["sin"])
+    q_out = ops.rope(ops.rms_norm_unit_offset(case["q"], case["q_norm"], case["eps"]), case["cos"], case["sin"])
+    k_out = ops.rope(ops.rms_norm_unit_offset(case["k"], case["k_norm"], case["eps"]), case["cos"], case["sin"])
     ops.kv_cache_write(k_out, case["v"], k_pool, v_pool, case["slot_mapping"])
     return q_out, k_out, k_pool, v_pool
 
@@ -158,7 +158,7 @@ def test_out_of_range_slot_is_dropped_when_the_check_is_skipped(gen, monkeypatch
     # are computed for every token.
     from ninfer.ops.triton import kv_cache
 
-    monkeypatch.setattr(kv_cache, "_capturing", lambda device: True)
+    monkeypatch.setattr(kv_cache, "capturing", lambda device: True)
     ops = triton_ops(torch.float32)
     case = qk_case(gen, DEVICE, torch.float32, 3, 4, 2, 32, 16, page=4)
     capacity = case["k_pool"].shape[0] * 4
@@ -178,9 +178,9 @@ def test_out_of_range_slot_is_dropped_when_the_check_is_skipped(gen, monkeypatch
 @pytest.mark.skipif(not CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("dtype,t_len", [(torch.float32, 1), (torch.bfloat16, 1), (torch.bfloat16, 4)])
 def test_cuda_bit_identical_qwen35_head(dtype, t_len, gen):
-    """Compiled, the kernel reduces each row's sum of squares in the layout of the rms_norm kernel (the same
+    """Compiled, the kernel reduces each row's sum of squares in the layout of the rms_norm_unit_offset kernel (the same
     num_warps), so at one token (a decode row) it equals the five launches bit for bit, and in bf16 at any T
-    (the output rounding absorbs the last fp32 bits). With several fp32 tokens the rms_norm kernel blocks rows
+    (the output rounding absorbs the last fp32 bits). With several fp32 tokens the rms_norm_unit_offset kernel blocks rows
     differently and the fp32 statistic may differ in its last bit (measured on an H200, allowed by the
     contract): the tolerance test bounds that case, so it is not a case here."""
     ops = triton_ops(dtype)

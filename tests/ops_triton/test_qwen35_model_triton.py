@@ -2,15 +2,13 @@
 checkpoints of tests/models/qwen3_5, fp32; on the CPU under TRITON_INTERPRET=1).
 
 The op suites check each kernel alone; this checks the layer plumbing of the paths only the Triton ops take:
-``add_rms_norm_linear``'s fused GEMV for one decode row (its stored normed row and residual feed the rest of the
+``add_rms_norm_unit_offset_linear``'s fused GEMV for one decode row (its stored normed row and residual feed the rest of the
 block and the next block), ``gdn_decode`` on the layers' real column views and slots, the attention projections
 through ``row_groups``, the (M)RoPE table kernel. Criterion: every sampled row's logits within 1e-4 of the
 reference run's (max abs, fp32; the kernels reorder fp32 sums) and the same greedy tokens.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
@@ -20,7 +18,7 @@ pytest.importorskip("transformers")
 
 from models.qwen3_5 import harness as H  # noqa: E402
 
-from .conftest import CUDA, DEVICE  # noqa: E402
+from .conftest import DEVICE, kernel_impls, reference_impls  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +29,8 @@ def qwen_case(tmp_path_factory):
 def _program(case, ops_kind: str):
     from ninfer.contracts.architecture import ProgramInit, ProgramOptions
     from ninfer.ops import resolve_ops
-    from ninfer.ops.reference.plugin import ninfer_ops as reference_ops
-    from ninfer.ops.triton import plugin
 
-    impls = reference_ops()
-    if ops_kind == "triton":
-        extra = plugin.ninfer_ops() if CUDA else [dataclasses.replace(i, devices=frozenset({"cpu"}))
-                                                  for i in plugin.triton_op_impls()]
-        impls = impls + extra
+    impls = reference_impls() + (kernel_impls() if ops_kind == "triton" else [])
     ops = resolve_ops(impls, DEVICE, torch.float32, force="reference" if ops_kind == "reference" else "")
     options = ProgramOptions(device=torch.device(DEVICE), dtype=torch.float32, max_sequences=4, page_size=4,
                              num_pages=128, max_context=256)
@@ -63,7 +55,7 @@ def test_model_on_triton_ops_matches_reference_ops(qwen_case, name):
     case = qwen_case(name)
     triton_program = _program(case, "triton")
     described = triton_program.model.ops.describe()
-    for op in ("add_rms_norm_linear", "gdn_decode", "mrope_cos_sin", "linear"):
+    for op in ("add_rms_norm_unit_offset_linear", "gdn_decode", "mrope_cos_sin", "linear"):
         assert described[op] == "triton", described
     ref_logits, ref_tokens = _run(_program(case, "reference"))
     tri_logits, tri_tokens = _run(triton_program)

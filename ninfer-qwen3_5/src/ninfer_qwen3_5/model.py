@@ -1,8 +1,9 @@
 """The Qwen3.5 text model: embedding, the hybrid decoder stack, final norm and LM head.
 
-Pre-norm residual stream (reference doc section 3): ``x += mixer(norm(x)); x += mlp(norm(x))``, the
-residual adds fused into ``add_rms_norm``, which each block runs as part of its first projection
-(``add_rms_norm_linear`` via :class:`~ninfer_qwen3_5.layers.fused.NormInput`). Only the rows that sample
+Pre-norm residual stream (reference doc section 3): ``x += mixer(norm(x)); x += mlp(norm(x))`` with Qwen3.5's
+zero-centred RMSNorm (core's ``rms_norm_unit_offset``: the checkpoint stores the scale's offset from 1), the residual
+adds fused into ``add_rms_norm_unit_offset``, which each block runs as part of its first projection
+(``add_rms_norm_unit_offset_linear`` via :class:`~ninfer_qwen3_5.layers.fused.NormInput`). Only the rows that sample
 (each decode row, the chunk's last token) go through the final norm and the LM head. Positions are text
 positions (the computed index); MRoPE cos/sin are built from three identical rows, as HF does for text.
 
@@ -102,7 +103,7 @@ class Qwen35Model:
         # The embedding rows and the first block's pre-norm in one op; then the rotary tables, whose kernel
         # computes them while the embedding's finishes (PDL), and the first projection.
         first = self.layers[0].input_norm
-        normed, residual = ops.embed_rms_norm(tokens, self.embed, first, eps)
+        normed, residual = ops.embed_rms_norm_unit_offset(tokens, self.embed, first, eps)
         cos, sin = self.rotary(ctx.positions)
         ctx = replace(ctx, cos=cos, sin=sin)
         out = None   # the first layer's input is the embedding itself, normed already
@@ -112,5 +113,5 @@ class Qwen35Model:
             out, residual = layer.mlp(NormInput(out, residual, layer.post_norm, eps))
         if logit_rows is not None:
             out, residual = out.index_select(0, logit_rows), residual.index_select(0, logit_rows)
-        h, _ = ops.add_rms_norm(out, residual, self.norm, eps)
+        h, _ = ops.add_rms_norm_unit_offset(out, residual, self.norm, eps)
         return ops.logits(h, self.lm_head)

@@ -1,5 +1,5 @@
-"""Entry point ``qwen3_5`` (group ``ninfer``): registers the Qwen3.5 architectures, the Qwen frontend family
-and the source mappings."""
+"""Entry point ``qwen3_5`` (group ``ninfer``): registers the Qwen3.5 architectures, the Qwen frontend family,
+the source mappings, and the ops only Qwen3.5 calls (their contracts and implementations, :mod:`.ops`)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,20 @@ def ninfer_architectures() -> list:
 @hookimpl
 def ninfer_frontends() -> list:
     return [QWEN_FRONTEND]
+
+
+@hookimpl
+def ninfer_op_contracts() -> list:
+    from ninfer_qwen3_5.ops.registration import op_contracts
+
+    return op_contracts()
+
+
+@hookimpl
+def ninfer_ops() -> list:
+    from ninfer_qwen3_5.ops.registration import op_impls  # torch (and triton) heavy: imported when indexed
+
+    return op_impls()
 
 
 @hookimpl

@@ -59,12 +59,13 @@ def project(ops, h: torch.Tensor, groups: Sequence[RowGroup]) -> list[torch.Tens
 
 @dataclass(frozen=True)
 class NormInput:
-    """A block's input before its pre-norm: ``h = rms_norm(x + residual)`` (``x`` None: ``rms_norm(residual)``,
-    the first layer, whose h the model may have formed already with the embedding: ``normed``). The block forms
-    h with its first projection (:func:`norm_project`, one ``add_rms_norm_linear``), so at decode the norm is no
-    launch of its own. Blocks return ``(out, residual)`` with the new residual stream, which the next block's
-    NormInput adds ``out`` to. Invariant: ``normed`` is given only with ``x`` None, and equals
-    ``rms_norm(residual, weight, eps)``."""
+    """A block's input before its pre-norm: ``h = rms_norm_unit_offset(x + residual)`` (``x`` None:
+    ``rms_norm_unit_offset(residual)``, the first layer, whose h the model may have formed already with the
+    embedding: ``normed``). The block forms h with its first projection (:func:`norm_project`, one
+    ``add_rms_norm_unit_offset_linear``), so at decode the norm is no launch of its own. Blocks return
+    ``(out, residual)`` with the new residual stream, which the next block's NormInput adds ``out`` to.
+    Invariant: ``normed`` is given only with ``x`` None, and equals
+    ``rms_norm_unit_offset(residual, weight, eps)``."""
 
     x: torch.Tensor | None
     residual: torch.Tensor
@@ -77,9 +78,9 @@ def norm_project(ops, inp: NormInput, groups: Sequence[RowGroup]
                  ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
     """``(project(ops, h, groups), h, new residual)`` for ``h`` the block's normed input."""
     if inp.x is None:
-        h = inp.normed if inp.normed is not None else ops.rms_norm(inp.residual, inp.weight, inp.eps)
+        h = inp.normed if inp.normed is not None else ops.rms_norm_unit_offset(inp.residual, inp.weight, inp.eps)
         return project(ops, h, groups), h, inp.residual
     first, rest = groups[0], groups[1:]
-    y, h, residual = ops.add_rms_norm_linear(inp.x, inp.residual, inp.weight, inp.eps, first.weight)
+    y, h, residual = ops.add_rms_norm_unit_offset_linear(inp.x, inp.residual, inp.weight, inp.eps, first.weight)
     outs = list(y.split(first.sizes, dim=-1)) if len(first.sizes) > 1 else [y]
     return outs + project(ops, h, rest), h, residual

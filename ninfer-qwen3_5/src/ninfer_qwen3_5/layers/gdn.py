@@ -15,11 +15,11 @@ row-strided inputs, so a decode step copies nothing between the GEMMs and the ke
 from __future__ import annotations
 
 import torch
-from ninfer.ops.contracts import GDNDecodeParams
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput, norm_project, row_groups
+from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
 from ninfer_qwen3_5.state import conv_field, recurrent_field
 
 

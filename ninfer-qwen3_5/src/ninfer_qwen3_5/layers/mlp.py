@@ -17,7 +17,8 @@ class DenseMLP:
         ops = self.ops
         if inp.x is not None:
             # Pre-norm, gate/up and SwiGLU as one op: at decode one GEMV that stores the activation.
-            act, _, residual = ops.add_rms_norm_swiglu(inp.x, inp.residual, inp.weight, inp.eps, self.w_gate_up)
+            act, _, residual = ops.add_rms_norm_unit_offset_swiglu(inp.x, inp.residual, inp.weight, inp.eps,
+                                                                   self.w_gate_up)
             return ops.linear(act, self.w_down), residual
         (gate_up,), _, residual = norm_project(ops, inp, self.in_groups)
         return ops.linear(ops.silu_and_mul(gate_up), self.w_down), residual

@@ -1,4 +1,4 @@
-"""Torch reference MoE ops of Qwen3.5-MoE: the top-k router and the routed experts.
+"""Torch reference MoE ops: the softmax top-k router and the routed SwiGLU experts (+ an optional shared expert).
 
 Invariants:
 - ``moe_router``: p = softmax(fp32(logits)) over all E experts; ids = the top_k largest p (descending);

@@ -1,26 +1,25 @@
-"""Core default plugin: registers the torch reference ops.
+"""Core default plugin ``reference_ops``: registers core's op contracts and their torch reference ops.
 
-Every module of :mod:`ninfer.ops.reference` that defines a module-level ``OPS`` list of
-:class:`~ninfer.ops.registry.OpImpl` contributes it; adding an op means adding a module (or an
-entry to a module's ``OPS``), never editing this file.
+The contracts are :data:`ninfer.ops.contracts.CORE_CONTRACTS` (the architecture-independent ops); the
+implementations are the ``OPS`` lists of every module of :mod:`ninfer.ops.reference`
+(:func:`~ninfer.ops.discovery.package_ops`), so adding an op means adding a module (or an entry to a module's
+``OPS``), never editing this file.
 """
 
 from __future__ import annotations
-
-import importlib
-import pkgutil
 
 from ninfer.plugins.hookspecs import hookimpl
 
 
 @hookimpl
-def ninfer_ops() -> list:
-    import ninfer.ops.reference as package
+def ninfer_op_contracts() -> list:
+    from ninfer.ops.contracts import CORE_CONTRACTS
 
-    found = []
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if info.name == "plugin":
-            continue
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        found.extend(getattr(module, "OPS", []))
-    return found
+    return list(CORE_CONTRACTS)
+
+
+@hookimpl
+def ninfer_ops() -> list:
+    from ninfer.ops.discovery import package_ops
+
+    return package_ops("ninfer.ops.reference")

@@ -15,6 +15,10 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 KERNEL_DTYPES = frozenset({torch.float32, torch.bfloat16, torch.float16})
 
+# The triton element type of each kernel dtype (a constexpr argument when a kernel must round to a dtype that is
+# none of its pointers').
+TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
 # Programmatic dependent launch (Hopper and later): NINFER_PDL=0 turns it off (read once, like INTERPRET).
 PDL_ENABLED = os.environ.get("NINFER_PDL", "1") != "0"
 
@@ -94,11 +98,11 @@ def pdl_wait(PDL: tl.constexpr):
       of the previous one has released it, so while kernel N+1 runs ahead of its wait, N has passed its own wait:
       launches N-1 and earlier have completed, and only N's work after its wait can still be running.
     - Hence before ``pdl_wait`` a kernel writes nothing (but memory only its own launches touch, ordered among them
-      by this protocol: ``gdn_decode``'s ticket counters) and reads only what the previous launch does not write:
-      weights (no kernel writes them), or outputs of launches before the previous one (the MoE down kernel reads
-      the router's ids there: the gate/up kernel runs in between; ``gdn_decode``'s step kernel reads its state and
-      z there), or step inputs the host copied in before the step (state slot ids). A wrapper that converts such an
-      input with a kernel of its own launches the kernel that reads it without PDL.
+      by this protocol, e.g. per-slot ticket counters of its own) and reads only what the previous launch does not
+      write: weights (no kernel writes them), or outputs of launches before the previous one (the MoE down kernel
+      reads the router's ids there: the gate/up kernel runs in between), or step inputs the host copied in before
+      the step (state slot ids). A wrapper that converts such an input with a kernel of its own launches the kernel
+      that reads it without PDL.
     """
     if PDL:
         tl.extra.cuda.gdc_wait()

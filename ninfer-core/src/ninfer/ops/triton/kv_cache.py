@@ -46,7 +46,8 @@ def _kv_write_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, slot_ptr, capacity,
              + offs_d[None, :] * stride_vpd, cast(v, vp_ptr.dtype.element_ty, INTERP), mask=store_mask)
 
 
-def _capturing(device: torch.device) -> bool:
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s stream (then the range check, a sync, is skipped)."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
@@ -60,7 +61,7 @@ def kv_cache_write(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_poo
     if t_len == 0:
         return
     slots = slot_mapping.to(device=k_pool.device, dtype=torch.int64)
-    if not _capturing(k_pool.device) and bool(((slots < 0) | (slots >= capacity)).any()):
+    if not capturing(k_pool.device) and bool(((slots < 0) | (slots >= capacity)).any()):
         raise IndexError(f"kv_cache_write: slot_mapping outside [0, {capacity})")
     _kv_write_kernel[(t_len,)](
         k, v, k_pool, v_pool, slots, capacity, *k.stride(), *v.stride(), *k_pool.stride(), *v_pool.stride(),

@@ -8,15 +8,15 @@ Why: with one to a few rows a GEMM is a weight stream, and what decides its spee
 cuBLAS picks split-K kernels plus a reduce kernel for the narrow ones (the MoE router + shared-expert projection,
 ~5 MB) and reaches ~80% of HBM bandwidth on the large ones (tools/gpu_gemv_sweep.py, docs/benchmarks.md). Here each
 program owns BN output features and streams their rows in ``[BN, BK]`` tiles, BK = min(K, 4096): one tile for every
-Qwen3.5 projection but the 9B MLP's down projection, so no load waits on arithmetic, and thousands of such
-programs keep the memory system full. The first tile is requested before the PDL wait (:func:`~ninfer.ops.triton.
+projection with at most 4096 inputs, so no load waits on arithmetic, and thousands of such programs keep the memory
+system full. The first tile is requested before the PDL wait (:func:`~ninfer.ops.triton.
 _common.pdl_wait`), so it streams while the previous kernel finishes; later tiles are prefetched one ahead.
 
 Per row ``m`` of x the program reduces ``w * x[m]`` over each tile in fp32 and sums the tiles in K order: a row's
 result does not depend on the other rows of the call, nor on M (rows are independent for a given weight).
 
-``add_rms_norm_linear`` is the same kernel with a prologue (``NORM``): after the PDL wait every program forms the
-block's pre-norm of the row from x, the residual and the norm weight (one tile: K <= 4096) and multiplies its
+``add_rms_norm_unit_offset_linear`` is the same kernel with a prologue (``NORM``): after the PDL wait every program
+forms the block's pre-norm of the row from x, the residual and the norm weight (one tile: K <= 4096) and multiplies its
 weight tile by that; program 0 stores the normed row and the new residual for the rest of the block. The norm's
 launch (2-3 us at decode, twice per layer) is gone; what it adds is a few KB per program read from L2, which is
 why it is taken for one row only (:data:`_NORM_BN`).
@@ -39,16 +39,16 @@ from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, next_pow2,
 # Widest K tile (elements): [2, 4096] bf16 tiles are 16 KB, 64 weight elements per thread at 4 warps.
 _TILE = 4096
 # Each row costs a multiply-reduce of every weight tile on the CUDA cores, so with more rows cuBLAS's tensor-core
-# kernels win: measured on an H200 (tools/gpu_gemv_sweep.py), the GEMV is faster for one row at every Qwen3.5
-# shape, and for M rows while M * weight bytes stays under ~48 MB (M=2 up to 16.8 MB weights, M=8 at 5.2 MB).
+# kernels win: measured on an H200 (tools/gpu_gemv_sweep.py), the GEMV is faster for one row at every model shape
+# measured, and for M rows while M * weight bytes stays under ~48 MB.
 MAX_ROWS = 8
 MAX_ROW_BYTES = 48 << 20
-# add_rms_norm_linear takes the fused kernel for one row only, with 4 output rows per program (halving the programs
-# that each re-form the norm): measured on an H200 (tools/gpu_decode_fusion_sweep.py), one row at BN=4 beats
-# add_rms_norm + GEMV at every Qwen3.5 shape (35B GDN input 14.2 vs 14.6 us, MoE input 2.8 vs 3.8 us), BN=2 does
-# not (15.8 us), and eight rows lose (MoE input 9.3 vs 7.9 us).
+# add_rms_norm_unit_offset_linear takes the fused kernel for one row only, with 4 output rows per program (halving
+# the programs that each re-form the norm): measured on an H200 (tools/gpu_decode_fusion_sweep.py), one row at BN=4
+# beats the separate norm + GEMV at every model shape measured, BN=2 does not, and eight rows lose.
 _NORM_BN = 4
-# add_rms_norm_swiglu's rows per program: 2 gate + 2 up rows, the registers (and program count) of _NORM_BN.
+# add_rms_norm_unit_offset_swiglu's rows per program: 2 gate + 2 up rows, the registers (and program count) of
+# _NORM_BN.
 _SWIGLU_BN = 2
 
 
@@ -88,8 +88,9 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K
             else:
                 xm = tl.load(x_row, mask=kk < K, other=0.0).to(tl.float32)
             if NORM:
-                # add_rms_norm of row m (its roundings: the sum to x.dtype, the normed value to x.dtype), formed
-                # by every program from the whole row; program 0 stores both for the rest of the block.
+                # add_rms_norm_unit_offset of row m (its roundings: the sum to x.dtype, the normed value to
+                # x.dtype), formed by every program from the whole row; program 0 stores both for the rest of the
+                # block.
                 rm = tl.load(r_ptr + tl.minimum(M - 1, m) * sr_m + kk, mask=kk < K, other=0.0).to(tl.float32)
                 res = cast(xm + rm, ro_ptr.dtype.element_ty, INTERP)
                 rf = res.to(tl.float32)
@@ -135,8 +136,8 @@ def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, s
          block_n: int | None = None, warps: int = 4, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x2[M, K] @ weight[N, K].T`` with the kernel (``block_n``/``warps``: launch-shape overrides for sweeps).
     ``norm = (residual2, norm_weight, eps, normed_out, residual_out)``: x2 is first replaced by
-    add_rms_norm(x2, residual2) (K must fit one tile), whose two results program 0 stores to the given [M, K]
-    outputs. ``swiglu``: weight is ``[2I, K]`` (gate rows, then up rows) and the result ``silu_and_mul`` of the
+    add_rms_norm_unit_offset(x2, residual2) (K must fit one tile), whose two results program 0 stores to the given
+    [M, K] outputs. ``swiglu``: weight is ``[2I, K]`` (gate rows, then up rows) and the result ``silu_and_mul`` of the
     product, ``[M, I]`` (K must fit one tile). ``out_dtype`` (default x's): the dtype stored, after rounding to x's."""
     m, k = x2.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
@@ -171,8 +172,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``linear(x, weight).float()``: for rows the GEMV takes, one kernel storing fp32 (measured on an H200 at the
-    1 GB Qwen3.5-35B-A3B LM head, one row: 224 us against cuBLAS's 245 us, tools/gpu_gemv_sweep.py)."""
+    """``linear(x, weight).float()``: for rows the GEMV takes, one kernel storing fp32 (at one row faster than
+    cuBLAS even for a 1 GB LM head, tools/gpu_gemv_sweep.py)."""
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"logits: x has {x.shape[-1]} input features, weight expects {weight.shape[-1]}")
     if not use_gemv(x, weight):
@@ -183,19 +184,19 @@ def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return gemv(x2, weight, out_dtype=torch.float32).view(*x.shape[:-1], weight.shape[0])
 
 
-def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                        weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def add_rms_norm_unit_offset_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                                    weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(linear(normed, weight), normed, new_residual)``: for one row, where the GEMV applies and the row fits
-    one tile, one GEMV whose programs each form the row's add_rms_norm (a few KB from L2); else the Triton
-    add_rms_norm followed by :func:`linear`."""
+    one tile, one GEMV whose programs each form the row's add_rms_norm_unit_offset (a few KB from L2); else the
+    Triton add_rms_norm_unit_offset followed by :func:`linear`."""
     n_in = x.shape[-1]
     if residual.shape != x.shape or norm_weight.shape != (n_in,):
-        raise ValueError(f"add_rms_norm_linear: x {tuple(x.shape)}, residual {tuple(residual.shape)}, norm weight "
-                         f"{tuple(norm_weight.shape)}")
+        raise ValueError(f"add_rms_norm_unit_offset_linear: x {tuple(x.shape)}, residual {tuple(residual.shape)}, "
+                         f"norm weight {tuple(norm_weight.shape)}")
     rows = x.numel() // n_in if n_in else 0
     if not (rows == 1 and use_gemv(x, weight) and n_in <= _TILE and residual.dtype == x.dtype
             and residual.stride(-1) == 1):
-        normed, new_residual = _norm.add_rms_norm(x, residual, norm_weight, eps)
+        normed, new_residual = _norm.add_rms_norm_unit_offset(x, residual, norm_weight, eps)
         return linear(normed, weight), normed, new_residual
     x2, r2 = x.reshape(-1, n_in), residual.reshape(-1, n_in)
     normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
@@ -205,18 +206,19 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
     return y.view(*lead, weight.shape[0]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
 
 
-def add_rms_norm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                        gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def add_rms_norm_unit_offset_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                                    gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(silu_and_mul(linear(normed, gate_up)), normed, new_residual)``: for one row where the fused
-    add_rms_norm_linear applies, one GEMV whose programs each compute gate row n and up row I + n and store the
-    activation (no [1, 2I] intermediate, no silu_and_mul launch); else add_rms_norm_linear then silu_and_mul."""
+    add_rms_norm_unit_offset_linear applies, one GEMV whose programs each compute gate row n and up row I + n and
+    store the activation (no [1, 2I] intermediate, no silu_and_mul launch); else
+    add_rms_norm_unit_offset_linear then silu_and_mul."""
     n_in = x.shape[-1]
     if gate_up.shape[0] % 2:
-        raise ValueError(f"add_rms_norm_swiglu: gate_up has {gate_up.shape[0]} rows, not [2I, N]")
+        raise ValueError(f"add_rms_norm_unit_offset_swiglu: gate_up has {gate_up.shape[0]} rows, not [2I, N]")
     rows = x.numel() // n_in if n_in else 0
     if not (rows == 1 and residual.shape == x.shape and norm_weight.shape == (n_in,) and use_gemv(x, gate_up)
             and n_in <= _TILE and residual.dtype == x.dtype and residual.stride(-1) == 1):
-        y, normed, new_residual = add_rms_norm_linear(x, residual, norm_weight, eps, gate_up)
+        y, normed, new_residual = add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, gate_up)
         return _activation.silu_and_mul(y), normed, new_residual
     x2, r2 = x.reshape(-1, n_in), residual.reshape(-1, n_in)
     normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
@@ -231,7 +233,7 @@ OPS = [OpImpl(op="linear", name="triton", fn=linear, devices=frozenset({"cuda"})
               priority=10),
        OpImpl(op="logits", name="triton", fn=logits, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
               priority=10),
-       OpImpl(op="add_rms_norm_linear", name="triton", fn=add_rms_norm_linear, devices=frozenset({"cuda"}),
-              dtypes=KERNEL_DTYPES, priority=10),
-       OpImpl(op="add_rms_norm_swiglu", name="triton", fn=add_rms_norm_swiglu, devices=frozenset({"cuda"}),
-              dtypes=KERNEL_DTYPES, priority=10)]
+       OpImpl(op="add_rms_norm_unit_offset_linear", name="triton", fn=add_rms_norm_unit_offset_linear,
+              devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES, priority=10),
+       OpImpl(op="add_rms_norm_unit_offset_swiglu", name="triton", fn=add_rms_norm_unit_offset_swiglu,
+              devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES, priority=10)]

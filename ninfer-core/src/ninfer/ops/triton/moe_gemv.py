@@ -33,7 +33,7 @@ MAX_PAIRS = 128
 # K tile of the gate/up GEMV: [BN, 512] weight tiles (8 KB each at BN = 8) keep enough bytes in flight per SM;
 # 128-wide tiles reached only ~50% of HBM bandwidth on an H200.
 _BK_GATE_UP = 512
-# Largest down-projection row held as one tile (the expert width I; Qwen3.5-MoE: 512).
+# Largest down-projection row held as one tile (the expert width I; fine-grained MoE models use 512-1024).
 _BK_DOWN_MAX = 1024
 # Elements of one [BN, BK] fp32 accumulator tile (4 warps: 32 registers per thread).
 _TILE = 4096
@@ -84,10 +84,9 @@ def _down_gemv_kernel(act_ptr, w_ptr, ids_ptr, rw_ptr, out_ptr, sp_ptr, sd_ptr, 
                       TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ONE_TILE: tl.constexpr,
                       HAS_SHARED: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
-    # The k experts are unrolled and, when a row of the down matrix fits one tile (ONE_TILE: NI <= BK, the
-    # Qwen3.5-MoE case), each is a single load: the k independent loads are all in flight at once, which is
-    # what a bandwidth-bound GEMV with one token needs (a K loop per expert serialised them: 18% of HBM
-    # bandwidth measured on an H200 before).
+    # The k experts are unrolled and, when a row of the down matrix fits one tile (ONE_TILE: NI <= BK), each is a
+    # single load: the k independent loads are all in flight at once, which is what a bandwidth-bound GEMV with
+    # one token needs (a K loop per expert serialises them).
     t = tl.program_id(0)
     n = tl.program_id(1) * BN + tl.arange(0, BN)
     nm = n < H

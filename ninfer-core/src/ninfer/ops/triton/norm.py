@@ -1,12 +1,13 @@
-"""Triton RMSNorm variants of Qwen3.5: ``rms_norm``, ``embed_rms_norm``, ``add_rms_norm``, ``gated_rms_norm``.
+"""Triton unit-offset RMSNorms (weight = the scale's offset from 1) and the embedding gather fused with one.
+
+Ops: ``rms_norm_unit_offset``, ``embed_rms_norm_unit_offset``, ``add_rms_norm_unit_offset``.
 
 Invariants (those of :mod:`ninfer.ops.reference.norm`, kept cast for cast):
-- Statistics in fp32: ``inv = rsqrt(sum(x^2) / N + eps)`` per row of the last dim.
-- ``rms_norm``: ``(x * inv) * (1 + w)`` in fp32, one rounding to x.dtype.
-- ``add_rms_norm``: the residual sum is rounded to x.dtype first and *that* value is normalised, so the
-  residual stream equals an unfused add and the output equals rms_norm of it.
-- ``gated_rms_norm``: ``n = x * inv`` rounded to x.dtype; ``n * w`` rounded to torch's promoted dtype of
-  (x, w) (bf16 * bf16 stays bf16, as in the model's module); times ``silu(fp32 gate)``; rounded to x.dtype.
+- Statistics in fp32: ``inv = rsqrt(sum(x^2) / N + eps)`` per row of the last dim (:func:`inv_rms`, shared with
+  the kernels of other RMSNorm variants and fused norms, so they reduce a row alike).
+- ``rms_norm_unit_offset``: ``(x * inv) * (1 + w)`` in fp32, one rounding to x.dtype.
+- ``add_rms_norm_unit_offset``: the residual sum is rounded to x.dtype first and *that* value is normalised, so
+  the residual stream equals an unfused add and the output equals the norm of it.
 - A row is held whole in registers (BLOCK_N = next power of two >= N), several rows per program when N is
   small; rows never interact, so results do not depend on how rows are grouped.
 """
@@ -20,16 +21,15 @@ import triton.language as tl
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2, pdl, pdl_wait
 
-_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
-
-def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+def as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     """[M, N] view (a copy only if the layout cannot be viewed) with a unit last-dim stride."""
     t2 = t.reshape(-1, n)
     return t2 if t2.stride(-1) == 1 or n == 1 else t2.contiguous()
 
 
-def _config(n: int) -> dict:
+def row_config(n: int) -> dict:
+    """Launch shape for rows of N elements held whole in registers: BLOCK_M rows of BLOCK_N per program, warps."""
     block_n = next_pow2(n)
     block_m = max(1, min(64, 4096 // block_n))
     elems = block_m * block_n
@@ -37,15 +37,16 @@ def _config(n: int) -> dict:
 
 
 @triton.jit
-def _inv_rms(xf, N: tl.constexpr, eps):
+def inv_rms(xf, N: tl.constexpr, eps):
+    """``rsqrt(sum(x^2) / N + eps)`` per row of fp32 values ``xf[rows, BLOCK]`` (masked columns 0)."""
     return tl.rsqrt(tl.sum(xf * xf, 1) / N + eps)
 
 
 @triton.jit
-def zc_norm_rows(xf, inv, w):
-    """``rms_norm`` of fp32 values ``xf[rows, B]`` given each row's ``inv`` (:func:`_inv_rms`) and the
-    weight's fp32 values ``w[B]``: ``(x * inv) * (1 + w)`` in fp32, before the one rounding to x.dtype
-    (shared with ``qk_norm_rope_cache``, which normalises a row in pieces with one ``inv``)."""
+def unit_offset_norm_rows(xf, inv, w):
+    """``rms_norm_unit_offset`` of fp32 values ``xf[rows, B]`` given each row's ``inv`` (:func:`inv_rms`) and the
+    weight's fp32 values ``w[B]``: ``(x * inv) * (1 + w)`` in fp32, before the one rounding to x.dtype (shared
+    with fused kernels that normalise a row in pieces with one ``inv``)."""
     return (xf * inv[:, None]) * (1.0 + w[None, :])
 
 
@@ -59,7 +60,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.cons
     rows64 = rows.to(tl.int64)
     xf = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = zc_norm_rows(xf, _inv_rms(xf, N, eps), w)
+    y = unit_offset_norm_rows(xf, inv_rms(xf, N, eps), w)
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 
@@ -68,7 +69,8 @@ def _embed_rms_norm_kernel(tok_ptr, table_ptr, w_ptr, y_ptr, rows_ptr, M, V, eps
                            N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr,
                            PDL: tl.constexpr):
     # The rows are gathered by token id and normalised as _rms_norm_kernel normalises them (same blocks, same
-    # reduction): normed is bit for bit rms_norm(table[tokens]). The norm weight is a parameter: read before the wait.
+    # reduction): normed is bit for bit rms_norm_unit_offset(table[tokens]). The norm weight is a parameter: read
+    # before the wait.
     cols = tl.arange(0, BLOCK_N)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
     pdl_wait(PDL)
@@ -81,7 +83,7 @@ def _embed_rms_norm_kernel(tok_ptr, table_ptr, w_ptr, y_ptr, rows_ptr, M, V, eps
     x = tl.load(table_ptr + tok[:, None] * stride_t + cols[None, :], mask=mask, other=0.0)
     tl.store(rows_ptr + rows64[:, None] * stride_r + cols[None, :], x, mask=mask)
     xf = x.to(tl.float32)
-    y = zc_norm_rows(xf, _inv_rms(xf, N, eps), w)
+    y = unit_offset_norm_rows(xf, inv_rms(xf, N, eps), w)
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 
@@ -99,63 +101,36 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, M, eps, stride_x, 
     tl.store(res_ptr + rows64[:, None] * stride_res + cols[None, :], res, mask=mask)
     xf = res.to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = zc_norm_rows(xf, _inv_rms(xf, N, eps), w)
+    y = unit_offset_norm_rows(xf, inv_rms(xf, N, eps), w)
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 
-@triton.jit
-def gated_norm_rows(xf, g, w, eps, N: tl.constexpr, X_DTYPE: tl.constexpr, NW_DTYPE: tl.constexpr,
-                    INTERP: tl.constexpr):
-    """``gated_rms_norm`` of [rows, BLOCK_N] fp32 values of x (X_DTYPE) and gate g (masked columns 0), in fp32
-    with the contract's two roundings (shared with ``gdn_decode``)."""
-    n = cast(xf * _inv_rms(xf, N, eps)[:, None], X_DTYPE, INTERP).to(tl.float32)
-    nw = cast(n * w[None, :], NW_DTYPE, INTERP).to(tl.float32)
-    return nw * (g / (1.0 + tl.exp(-g)))
-
-
-@triton.jit
-def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, GH, stride_g0, stride_g1, stride_y,
-                           N: tl.constexpr, NW_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           INTERP: tl.constexpr, PDL: tl.constexpr):
-    pdl_wait(PDL)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    rows64 = rows.to(tl.int64)
-    xf = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    # Gate row r is head r % GH of token r // GH: a [T, H, N] gate may be a column view of a wider projection.
-    g_rows = (rows64 // GH) * stride_g0 + (rows64 % GH) * stride_g1
-    g = tl.load(g_ptr + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = gated_norm_rows(xf, g, w, eps, N, y_ptr.dtype.element_ty, NW_DTYPE, INTERP)
-    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Zero-centred RMSNorm over the last dim; ``weight[N]`` is the offset from 1."""
+def rms_norm_unit_offset(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim scaled by ``1 + weight``; ``weight[N]`` is the offset from 1."""
     launch_ok(x)
     n = x.shape[-1]
-    x2 = _rows(x, n)
+    x2 = as_rows(x, n)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     m = x2.shape[0]
     if m:
-        cfg = _config(n)
+        cfg = row_config(n)
         _rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
             x2, weight.contiguous(), y, m, eps, x2.stride(0), y.stride(0), N=n, BLOCK_M=cfg["BLOCK_M"],
             BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET, num_warps=cfg["num_warps"], **pdl(x2))
     return y.view(x.shape)
 
 
-def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
-                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rms_norm(rows), rows)`` for ``rows = table[tokens]``, one launch (the reference's gather + norm)."""
+def embed_rms_norm_unit_offset(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
+                               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm_unit_offset(rows), rows)`` for ``rows = table[tokens]``, one launch (the reference's gather +
+    norm)."""
     launch_ok(table)
     if tokens.dim() != 1 or tokens.dtype != torch.int64 or tokens.device != table.device:
-        raise ValueError(f"embed_rms_norm: tokens must be int64 [T] on {table.device}, got {tokens.dtype} "
-                         f"{tuple(tokens.shape)} on {tokens.device}")
+        raise ValueError(f"embed_rms_norm_unit_offset: tokens must be int64 [T] on {table.device}, got "
+                         f"{tokens.dtype} {tuple(tokens.shape)} on {tokens.device}")
     if table.dim() != 2 or weight.shape != (table.shape[1],):
-        raise ValueError(f"embed_rms_norm: table {tuple(table.shape)} and norm weight {tuple(weight.shape)} do not "
-                         "match ([V, N] and [N])")
+        raise ValueError(f"embed_rms_norm_unit_offset: table {tuple(table.shape)} and norm weight "
+                         f"{tuple(weight.shape)} do not match ([V, N] and [N])")
     m, n = tokens.shape[0], table.shape[1]
     y = torch.empty((m, n), dtype=table.dtype, device=table.device)
     rows = torch.empty((m, n), dtype=table.dtype, device=table.device)
@@ -165,7 +140,7 @@ def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tens
         # The kernel reads the norm weight before its PDL wait: a weight the wrapper just copied was written by the
         # launch right before, so then no PDL.
         launch = pdl(table2) if w is weight else {"PDL": False}
-        cfg = _config(n)
+        cfg = row_config(n)
         _embed_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
             tokens, table2, w, y, rows, m, table.shape[0], eps, table2.stride(0), y.stride(0),
             rows.stride(0), N=n, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET,
@@ -173,53 +148,28 @@ def embed_rms_norm(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tens
     return y, rows
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns ``(rms_norm(x + residual), x + residual)``; inputs are not modified."""
+def add_rms_norm_unit_offset(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(rms_norm_unit_offset(x + residual), x + residual)``; inputs are not modified."""
     launch_ok(x)
     n = x.shape[-1]
-    x2, r2 = _rows(x, n), _rows(residual, n)
+    x2, r2 = as_rows(x, n), as_rows(residual, n)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     res = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     m = x2.shape[0]
     if m:
-        cfg = _config(n)
+        cfg = row_config(n)
         _add_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
             x2, r2, weight.contiguous(), y, res, m, eps, x2.stride(0), r2.stride(0), y.stride(0), res.stride(0),
             N=n, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET, num_warps=cfg["num_warps"], **pdl(x2))
     return y.view(x.shape), res.view(x.shape)
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``(cast_x(norm(x)) * weight) * silu(fp32(gate))`` cast to x.dtype; norm over the last dim."""
-    launch_ok(x)
-    n = x.shape[-1]
-    x2 = _rows(x, n)
-    if gate.dim() == 3 and gate.stride(-1) == 1 and tuple(gate.shape) == tuple(x.shape):
-        # [T, H, N] read in place by (token, head) strides: the GDN's z is a column view of the input
-        # projection, which reshape could only flatten with a copy.
-        g2, gh, sg0, sg1 = gate, gate.shape[1], gate.stride(0), gate.stride(1)
-    else:
-        g2 = _rows(gate, n)
-        gh, sg0, sg1 = 1, g2.stride(0), 0
-    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    m = x2.shape[0]
-    if m:
-        cfg = _config(n)
-        nw_dtype = _TL_DTYPE[torch.promote_types(x.dtype, weight.dtype)]
-        _gated_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
-            x2, g2, weight.contiguous(), y, m, eps, x2.stride(0), max(gh, 1), sg0, sg1, y.stride(0), N=n,
-            NW_DTYPE=nw_dtype, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET,
-            num_warps=cfg["num_warps"], **pdl(x2))
-    return y.view(x.shape)
-
-
 OPS = [
-    OpImpl(op="rms_norm", name="triton", fn=rms_norm, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES, priority=10),
-    OpImpl(op="embed_rms_norm", name="triton", fn=embed_rms_norm, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
-           priority=10),
-    OpImpl(op="add_rms_norm", name="triton", fn=add_rms_norm, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
-           priority=10),
-    OpImpl(op="gated_rms_norm", name="triton", fn=gated_rms_norm, devices=frozenset({"cuda"}),
+    OpImpl(op="rms_norm_unit_offset", name="triton", fn=rms_norm_unit_offset, devices=frozenset({"cuda"}),
+           dtypes=KERNEL_DTYPES, priority=10),
+    OpImpl(op="embed_rms_norm_unit_offset", name="triton", fn=embed_rms_norm_unit_offset, devices=frozenset({"cuda"}),
+           dtypes=KERNEL_DTYPES, priority=10),
+    OpImpl(op="add_rms_norm_unit_offset", name="triton", fn=add_rms_norm_unit_offset, devices=frozenset({"cuda"}),
            dtypes=KERNEL_DTYPES, priority=10),
 ]

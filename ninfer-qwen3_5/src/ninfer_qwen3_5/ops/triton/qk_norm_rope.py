@@ -1,7 +1,7 @@
-"""Triton ``qk_norm_rope_cache``: a gated-attention layer's q/k RMSNorms, both RoPEs and the KV write in one
-launch.
+"""Triton ``qk_norm_rope_cache``: a Qwen3.5 gated-attention layer's zero-centred q/k RMSNorms, both RoPEs and the
+KV write in one launch.
 
-Why: at decode the unfused step is five launches (``rms_norm`` of q and of k, ``rope`` of each, then
+Why: at decode the unfused step is five launches (``rms_norm_unit_offset`` of q and of k, ``rope`` of each, then
 ``kv_cache_write``), each ~1.5 us on an H200 for a few KB of data: launch gaps, not bandwidth, are the cost.
 This module does all of it in one kernel.
 
@@ -13,8 +13,9 @@ Layout: grid ``(T, Hq + Hkv)``, one program per (token, head); a head row is hel
   store the same rounded k values, and the raw v row, at ``slot_mapping[t]`` of the pools
   ``[P, page, Hkv, D]`` (page ``slot // page``, offset ``slot % page``, int64 addressing, any pool strides).
 
-Invariants (the composition ``rope(rms_norm(x, w, eps), cos, sin)`` then ``kv_cache_write``, cast for cast):
-- Norm: ``(x * inv) * (1 + w)`` in fp32 (``norm.zc_norm_rows``, the Triton ``rms_norm``'s expression),
+Invariants (the composition ``rope(rms_norm_unit_offset(x, w, eps), cos, sin)`` then ``kv_cache_write``, cast
+for cast; all three are core's ops, whose Triton helpers this kernel shares):
+- Norm: ``(x * inv) * (1 + w)`` in fp32 (``norm.unit_offset_norm_rows``, the Triton norm's expression),
   rounded once to x.dtype (``_common.cast``: round to nearest even on every backend); elementwise, so a row
   normalised in pieces has the values it has whole.
 - RoPE: the rounded normed values widened to fp32, ``rope.rotate_half`` (the rope kernel's expression, so the
@@ -25,7 +26,7 @@ Invariants (the composition ``rope(rms_norm(x, w, eps), cos, sin)`` then ``kv_ca
 - Relation to the composition of the Triton ops: the same arithmetic; the one possible difference is the
   order of the fp32 sum of squares (a [1, D] tile here, the norm kernel's [BLOCK_M, D] tile there), which
   the contract allows. Under the interpreter (numpy sums each row in one order) the results are bit-identical.
-  On the GPU the kernel runs with the norm kernel's num_warps (``norm._config``), so a row is reduced in the
+  On the GPU the kernel runs with the norm kernel's num_warps (``norm.row_config``), so a row is reduced in the
   same layout (threads x warps along the row; compared in the sm_90 TTGIR for D = 256 and 32): bit-identical
   results are expected there too (asserted by a GPU test for the Qwen3.5 head).
 - Out-of-range slots as in ``kv_cache_write``: the host checks the range first and raises ``IndexError``
@@ -37,7 +38,7 @@ Invariants (the composition ``rope(rms_norm(x, w, eps), cos, sin)`` then ``kv_ca
   contiguous last dim; q_out and k_out are new contiguous tensors of q's and k's dtypes.
 
 Shapes are validated (``ValueError`` naming the mismatch). Fallback to the composition of the Triton ops
-(``rms_norm``, ``rope``, ``kv_cache_write``): R odd or R > D (rope then raises its error), R == 0 (nothing to
+(``rms_norm_unit_offset``, ``rope``, ``kv_cache_write``): R odd or R > D (rope then raises its error), R == 0 (nothing to
 rotate), or a q/k/v whose last dim is not contiguous.
 """
 
@@ -46,13 +47,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import kv_cache as _kv
 from ninfer.ops.triton import norm as _norm
 from ninfer.ops.triton import rope as _rope
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2, pdl, pdl_wait
-from ninfer.ops.triton.norm import _inv_rms, zc_norm_rows
+from ninfer.ops.triton.norm import inv_rms, unit_offset_norm_rows
 from ninfer.ops.triton.rope import rotate_half
 
 
@@ -72,13 +72,13 @@ def _norm_rope_head(xb, ob, w1, w2, wr, c1, c2, s1, s2, j, jm, r, rm, eps, D: tl
     stored pieces (rounded to ob's dtype) as [1, BLOCK] tensors."""
     dt = ob.dtype.element_ty
     cols = tl.arange(0, BLOCK_D)[None, :]
-    inv = _inv_rms(tl.load(xb + cols, mask=cols < D, other=0.0).to(tl.float32), D, eps)
+    inv = inv_rms(tl.load(xb + cols, mask=cols < D, other=0.0).to(tl.float32), D, eps)
     x1 = tl.load(xb + j[None, :], mask=jm[None, :], other=0.0).to(tl.float32)
     x2 = tl.load(xb + HALF + j[None, :], mask=jm[None, :], other=0.0).to(tl.float32)
     xr = tl.load(xb + r[None, :], mask=rm[None, :], other=0.0).to(tl.float32)
-    n1 = cast(zc_norm_rows(x1, inv, w1), dt, INTERP).to(tl.float32)
-    n2 = cast(zc_norm_rows(x2, inv, w2), dt, INTERP).to(tl.float32)
-    yr = cast(zc_norm_rows(xr, inv, wr), dt, INTERP)  # pass-through dims: the rounded normed values
+    n1 = cast(unit_offset_norm_rows(x1, inv, w1), dt, INTERP).to(tl.float32)
+    n2 = cast(unit_offset_norm_rows(x2, inv, w2), dt, INTERP).to(tl.float32)
+    yr = cast(unit_offset_norm_rows(xr, inv, wr), dt, INTERP)  # pass-through dims: the rounded normed values
     y1, y2 = rotate_half(n1, n2, c1[None, :], c2[None, :], s1[None, :], s2[None, :])
     y1 = cast(y1, dt, INTERP)
     y2 = cast(y2, dt, INTERP)
@@ -175,8 +175,8 @@ def _check_shapes(q, k, v, q_norm, k_norm, cos, sin, k_pool, v_pool, slot_mappin
 
 def _composed(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slot_mapping):
     """The contract's definition on the Triton ops: five launches."""
-    q_out = _rope.rope(_norm.rms_norm(q, q_norm, eps), cos, sin)
-    k_out = _rope.rope(_norm.rms_norm(k, k_norm, eps), cos, sin)
+    q_out = _rope.rope(_norm.rms_norm_unit_offset(q, q_norm, eps), cos, sin)
+    k_out = _rope.rope(_norm.rms_norm_unit_offset(k, k_norm, eps), cos, sin)
     _kv.kv_cache_write(k_out, v, k_pool, v_pool, slot_mapping)
     return q_out, k_out
 
@@ -200,7 +200,7 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm
     page = k_pool.shape[1]
     capacity = k_pool.shape[0] * page
     slots = slot_mapping.to(device=k_pool.device, dtype=torch.int64)
-    if hkv and not _kv._capturing(k_pool.device) and bool(((slots < 0) | (slots >= capacity)).any()):
+    if hkv and not _kv.capturing(k_pool.device) and bool(((slots < 0) | (slots >= capacity)).any()):
         raise IndexError(f"qk_norm_rope_cache: slot_mapping outside [0, {capacity})")
     if cos.stride(-1) != 1:
         cos = cos.contiguous()
@@ -213,7 +213,7 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), q_norm.stride(0),
         k_norm.stride(0), cos.stride(0), sin.stride(0), *k_pool.stride(), *v_pool.stride(),
         HQ=hq, HKV=hkv, D=d, HALF=half, PAGE=page, BLOCK_D=block_d, BLOCK_HALF=next_pow2(half),
-        BLOCK_REST=next_pow2(d - rot), INTERP=INTERPRET, num_warps=_norm._config(d)["num_warps"], **pdl(q))
+        BLOCK_REST=next_pow2(d - rot), INTERP=INTERPRET, num_warps=_norm.row_config(d)["num_warps"], **pdl(q))
     return q_out, k_out
 
 

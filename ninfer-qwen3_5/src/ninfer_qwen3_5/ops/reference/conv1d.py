@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from ninfer.ops.registry import OpImpl
 
 

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from ninfer.ops.contracts import GDNDecodeParams
-from ninfer.ops.reference.conv1d import causal_conv1d_update
-from ninfer.ops.reference.norm import gated_rms_norm
 from ninfer.ops.registry import OpImpl
+
+from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
+from ninfer_qwen3_5.ops.reference.conv1d import causal_conv1d_update
+from ninfer_qwen3_5.ops.reference.gated_norm import gated_rms_norm
 
 CHUNK = 64
 # Chunks whose intra-chunk matrices are materialised at once; bounds memory to

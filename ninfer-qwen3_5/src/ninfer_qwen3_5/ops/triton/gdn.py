@@ -1,6 +1,6 @@
 """Triton Gated DeltaNet ops: ``gdn_recurrent_step`` (fused decode) and ``gdn_chunk_prefill`` (chunked prefill).
 
-Same contracts and recurrence as :mod:`ninfer.ops.reference.gdn` (read its docstring for the chunked algebra):
+Same contracts and recurrence as :mod:`ninfer_qwen3_5.ops.reference.gdn` (read its docstring for the chunked algebra):
 per value head j with key head j // (Hv / Hk), q and k L2-normalised in fp32 (eps 1e-6 inside the rsqrt), q
 scaled, then  S <- e^g S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q.
 
@@ -44,7 +44,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton._common import pdl, pdl_wait
 

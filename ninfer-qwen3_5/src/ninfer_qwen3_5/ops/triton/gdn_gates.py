@@ -1,6 +1,6 @@
 """Triton ``gdn_gates``: the GDN layer's two per-token gates in one elementwise kernel.
 
-Same contract as :func:`ninfer.ops.reference.gdn.gdn_gates`: ``g = neg_a * softplus(a + dt_bias)`` (softplus
+Same contract as :func:`ninfer_qwen3_5.ops.reference.gdn.gdn_gates`: ``g = neg_a * softplus(a + dt_bias)`` (softplus
 passes x through above 20, as torch's does) and ``beta = sigmoid(b)``, both fp32 [T, Hv]. The reference is six
 torch kernels (two casts, add, softplus, multiply, sigmoid) of a few hundred bytes each at decode: pure launch
 gaps inside the decode graph, once per GDN layer. a and b may be row-strided views of one fused projection.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, next_pow2, pdl, pdl_wait
 

@@ -1,17 +1,16 @@
-"""Torch reference ``qk_norm_rope_cache``: a gated-attention layer's per-head q/k norms, RoPE and KV write.
+"""Torch reference ``qk_norm_rope_cache``: a Qwen3.5 gated-attention layer's q/k norms, RoPE and KV write.
 
-By definition (contract) the composition ``rms_norm`` -> ``rope`` for q and for k, then ``kv_cache_write`` of the
-normed, rotated k and the raw v; the reference composes the three reference ops, so its values are theirs bit for
-bit. Implementations that fuse it (one kernel per decode step instead of five launches) must match these values up
-to the norm's reduction order.
+By definition (contract) the composition of core's ``rms_norm_unit_offset`` (the zero-centred q/k norms) ->
+``rope`` for q and for k, then ``kv_cache_write`` of the normed, rotated k and the raw v; the reference composes
+the three core reference ops, so its values are theirs bit for bit. Implementations that fuse it (one kernel per
+decode step instead of five launches) must match these values up to the norm's reduction order.
 """
 
 from __future__ import annotations
 
 import torch
-
 from ninfer.ops.reference.kv_cache import kv_cache_write
-from ninfer.ops.reference.norm import rms_norm
+from ninfer.ops.reference.norm import rms_norm_unit_offset
 from ninfer.ops.reference.rope import rope
 from ninfer.ops.registry import OpImpl
 
@@ -20,8 +19,8 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm
                        eps: float, cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                        slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q_out, k_out)``; k_out and v are stored at ``slot_mapping`` in the pools (in place)."""
-    q_out = rope(rms_norm(q, q_norm, eps), cos, sin)
-    k_out = rope(rms_norm(k, k_norm, eps), cos, sin)
+    q_out = rope(rms_norm_unit_offset(q, q_norm, eps), cos, sin)
+    k_out = rope(rms_norm_unit_offset(k, k_norm, eps), cos, sin)
     kv_cache_write(k_out, v, k_pool, v_pool, slot_mapping)
     return q_out, k_out
 

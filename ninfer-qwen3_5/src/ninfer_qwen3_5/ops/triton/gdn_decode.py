@@ -10,8 +10,8 @@ channels it reads: its key head's q and k channels and its own v channels (the s
 layer's previous step). After the wait, everything the input projection (the previous launch) wrote: x for those
 channels, z, a and b. Then the conv + SiLU (rounded to x.dtype, as
 ``causal_conv1d_update`` returns it), the head's gates, the recurrence
-(:func:`~ninfer.ops.triton.gdn.recurrent_update`), o rounded to x.dtype, and the gated RMSNorm over the head
-(:func:`~ninfer.ops.triton.norm.gated_norm_rows`). A program owns a whole head because the norm is over Dv.
+(:func:`~ninfer_qwen3_5.ops.triton.gdn.recurrent_update`), o rounded to x.dtype, and the gated RMSNorm over the head
+(:func:`~ninfer_qwen3_5.ops.triton.gated_norm.gated_norm_rows`). A program owns a whole head because the norm is over Dv.
 
 The q/k conv channels of a key head feed its R value heads, and the conv state is updated in place: the R programs
 all compute the same q/k conv outputs, and the rolled q/k state may only be written once all R have read the old
@@ -50,14 +50,23 @@ import logging
 import torch
 import triton
 import triton.language as tl
-
-from ninfer.ops.contracts import GDNDecodeParams
 from ninfer.ops.registry import OpImpl
-from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2, pdl, pdl_wait
-from ninfer.ops.triton.conv1d import conv_update_finish, conv_update_prologue
-from ninfer.ops.triton.gdn import recurrent_update
-from ninfer.ops.triton.gdn_gates import gates_math, gates_row
-from ninfer.ops.triton.norm import _TL_DTYPE, gated_norm_rows
+from ninfer.ops.triton._common import (
+    INTERPRET,
+    KERNEL_DTYPES,
+    TL_DTYPE,
+    cast,
+    launch_ok,
+    next_pow2,
+    pdl,
+    pdl_wait,
+)
+
+from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
+from ninfer_qwen3_5.ops.triton.conv1d import conv_update_finish, conv_update_prologue
+from ninfer_qwen3_5.ops.triton.gated_norm import gated_norm_rows
+from ninfer_qwen3_5.ops.triton.gdn import recurrent_update
+from ninfer_qwen3_5.ops.triton.gdn_gates import gates_math, gates_row
 
 # Channels per conv program (the conv reads ~C * K * 2 bytes of taps; 8192 channels at 256 = 32 programs/row).
 _BLOCK_C = 256
@@ -287,7 +296,7 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     slots, out_slots = slot_ids, out_ids
     neg_a, dt_bias = p.neg_a.float().contiguous(), p.dt_bias.float().contiguous()
     k = p.conv_weight.shape[-1]
-    nw_dtype = _TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
+    nw_dtype = TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)]
     nw = p.norm_weight.contiguous()
     tickets, fresh = _tickets(conv_states, hk, hv) if one_kernel and k == 4 else (None, False)
     if tickets is not None:

@@ -1,7 +1,7 @@
 """Triton ``causal_conv1d_update``: one decode token per row of the depthwise causal conv + SiLU, the state
 updated in place in ``conv_states[slots[b]]``.
 
-Invariants (those of :mod:`ninfer.ops.reference.conv1d`):
+Invariants (those of :mod:`ninfer_qwen3_5.ops.reference.conv1d`):
 - window = [state[slot] (cast to x.dtype) | x] along the K taps; ``y = silu(sum_j w[c, j] * window[c, j])``
   in fp32, one rounding to x.dtype.
 - The new state is window[:, 1:] cast to the state's dtype (an exact copy when the dtypes agree), written to
@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2, pdl, pdl_wait
 
