@@ -1,5 +1,6 @@
 """The grammar text NInfer writes: literals, "text without a marker", rule renaming, JSON string tightening,
-and each constraint kind's language (checked on a byte vocabulary, against Python oracles)."""
+each constraint kind's language (checked on a byte vocabulary, against Python oracles), and the compiler's use
+of the frontend's GrammarSource."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import json
 import re
 
 import pytest
+from ninfer.constrained import Advance, ConstraintMatcher, GrammarCompiler
+from ninfer.constrained.ebnf import literal, text_without, tighten_json_strings
+from ninfer.constrained.grammars import text_constraint_ebnf
+from ninfer.constrained.rules import embed, rename_rules
 from ninfer.contracts.constraint import OutputConstraint
 from ninfer.contracts.errors import InvalidConstraintError
-from ninfer_qwen3_5.frontend.grammar.ebnf import literal, text_without, tighten_json_strings
-from ninfer_qwen3_5.frontend.grammar.rules import embed, rename_rules
 from ninfer_qwen3_5.frontend.grammar.sources import constraint_ebnf
 
 from .conftest import in_language
@@ -64,7 +67,7 @@ def test_tighten_json_strings_bans_control_characters_and_extras(byte_compiler):
 
 
 def test_choice_language(byte_compiler):
-    ebnf = constraint_ebnf(OutputConstraint.choice(["yes", "no", 'a "quoted"\nline']))
+    ebnf = text_constraint_ebnf(OutputConstraint.choice(["yes", "no", 'a "quoted"\nline']))
     for s in ["yes", "no", 'a "quoted"\nline']:
         assert in_language(byte_compiler, ebnf, s)
     for s in ["", "ye", "yesno", "No"]:
@@ -73,7 +76,7 @@ def test_choice_language(byte_compiler):
 
 def test_regex_language_matches_python_fullmatch(byte_compiler):
     pattern = r"[a-c]{2,3}-\d{1,2}(x|yz)?"
-    ebnf = constraint_ebnf(OutputConstraint.regex(pattern))
+    ebnf = text_constraint_ebnf(OutputConstraint.regex(pattern))
     for s in ["ab-1", "abc-12x", "aa-0yz", "ab-", "abcd-1", "ab-123", "ab-1y", "ab-1yz", "ba-9x"]:
         assert in_language(byte_compiler, ebnf, s) == bool(re.fullmatch(pattern, s)), s
 
@@ -83,7 +86,7 @@ def test_json_schema_language_rejects_what_jsonschema_rejects(byte_compiler):
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9},
                                                "s": {"type": "string", "maxLength": 3}},
               "required": ["n"], "additionalProperties": False}
-    ebnf = constraint_ebnf(OutputConstraint.json_schema(schema))
+    ebnf = text_constraint_ebnf(OutputConstraint.json_schema(schema))
     for value in [{"n": 1}, {"n": 9, "s": "abc"}, {"n": 0}, {"n": 10}, {"s": "a"}, {"n": 2, "s": "abcd"},
                   {"n": 2, "x": 1}]:
         text = json.dumps(value)
@@ -110,17 +113,49 @@ def test_thinking_wrapper_allows_free_reasoning_then_the_body(byte_compiler):
     (OutputConstraint.json_schema({"type": "integer", "minimum": 5, "maximum": 3}), "minimum"),
     (OutputConstraint.json_schema({"$ref": "#/$defs/missing"}), "missing"),
 ])
-def test_a_constraint_that_does_not_compile_names_the_problem(constraint, problem):
+@pytest.mark.parametrize("source", [text_constraint_ebnf, constraint_ebnf], ids=["core", "qwen"])
+def test_a_constraint_that_does_not_compile_names_the_problem(constraint, problem, source):
     with pytest.raises(InvalidConstraintError, match=re.escape(problem)) as info:
-        constraint_ebnf(constraint)
+        source(constraint)
     assert "/project/" not in str(info.value)  # the engine's source locations are stripped
+
+
+def test_a_tools_constraint_is_not_a_text_constraint():
+    tools = ({"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}},)
+    with pytest.raises(InvalidConstraintError, match="tool-call format"):
+        text_constraint_ebnf(OutputConstraint.tools("required"))
+    assert "<tool_call>" in constraint_ebnf(OutputConstraint.tools("required"), tools)  # the frontend writes it
+
+
+def test_the_compiler_compiles_what_the_frontends_source_writes():
+    """Core's compiler knows no output format: a source that maps every constraint to "ab" gives grammars of
+    exactly "ab", and the cache key reads the tools only for a tools constraint."""
+    calls = []
+
+    def source(constraint, tools, *, thinking_open):
+        calls.append((constraint.kind, tuple(tools), thinking_open))
+        return 'root ::= "ab"\n'
+
+    compiler = GrammarCompiler([bytes([i]) for i in range(256)] + [b""], frozenset({256}), 257, [256],
+                               source=source)
+    compiled = compiler.compile(OutputConstraint.regex("[0-9]+"))
+    assert ConstraintMatcher(compiled, [256]).advance([*b"ab", 256]) == Advance(3, True)
+    assert ConstraintMatcher(compiled, [256]).advance([*b"12"]).rejected == ord("1")
+    tool = {"type": "function", "function": {"name": "f"}}
+    compiler.compile(OutputConstraint.regex("[0-9]+"), [tool])  # tools do not change a regex's grammar
+    compiler.compile(OutputConstraint.regex("[0-9]+"), thinking_open=True)
+    compiler.compile(OutputConstraint.tools("required"), [tool])
+    compiler.compile(OutputConstraint.tools("required"), [tool, tool])
+    assert calls == [("regex", (), False), ("regex", (), True), ("tools", (tool,), False),
+                     ("tools", (tool, tool), False)]
+    assert compiler.compiles == 4 and compiler.cached == 4
 
 
 def test_a_regex_error_found_in_xgrammars_generated_grammar_has_no_grammar_location():
     # xgrammar checks a {m,n} bound in the EBNF it generates from the regex: its line/column point into text the
     # user never wrote, so they are dropped and the regex itself is named.
     with pytest.raises(InvalidConstraintError) as info:
-        constraint_ebnf(OutputConstraint.regex("a{2,1}"))
+        text_constraint_ebnf(OutputConstraint.regex("a{2,1}"))
     assert str(info.value) == "the regex 'a{2,1}' does not compile: Lower bound is larger than upper bound: 2 > 1"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from convert_synth_ckpt import raw_bytes
-from ninfer_convert.cast import cast_chunk, cast_supported
-from ninfer_convert.errors import ConversionError
+from ninfer.conversion.cast import cast_chunk, cast_supported
+from ninfer.conversion.errors import ConversionError
 
 
 def _cast(t: torch.Tensor, dtype: str, fmt: str) -> bytes:

@@ -10,8 +10,8 @@ import pytest
 from convert_synth_ckpt import synth_tensors, tiny_tokenizer_json, write_checkpoint
 from ninfer.artifact import ArtifactReader
 from ninfer.artifact.format import HEADER_BYTES, PAYLOAD_ALIGN, align_up
+from ninfer.conversion import convert
 from ninfer_convert.cli import main
-from ninfer_convert.convert import convert
 from ninfer_convert.verify import verify_artifact
 
 

@@ -18,7 +18,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     import convert_synth_arch
     from ninfer.plugins import PluginRegistry
-    from ninfer_convert.convert import convert
+    from ninfer.conversion import convert
 
     def rss_kib():
         with open("/proc/self/statm") as f:

@@ -13,8 +13,8 @@ from ninfer.artifact.source_mapping import (
     SourceTensor,
     UsePlan,
 )
-from ninfer_convert.errors import PlanError
-from ninfer_convert.plan import check_plan
+from ninfer.conversion.errors import PlanError
+from ninfer.conversion.plan import check_plan
 
 TEXT = ComponentPlan("text", {"architectures": ["X"]})
 TENSORS = {

@@ -7,9 +7,9 @@ import json
 import pytest
 from convert_synth_ckpt import synth_tensors, tiny_tokenizer_json, write_checkpoint
 from ninfer.artifact import ArtifactReader
+from ninfer.conversion import convert
+from ninfer.conversion.errors import SourceError
 from ninfer_convert.cli import main
-from ninfer_convert.convert import convert
-from ninfer_convert.errors import SourceError
 
 # A chat template written the way HF templates are: loop controls, tojson, raise_exception.
 GOOD_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'x' %}{{ raise_exception('no') }}{% endif %}"
@@ -141,7 +141,7 @@ def test_the_default_of_named_templates_is_checked(tmp_path, registry):
 
 
 def test_cli_prints_one_line_and_exits_1(tmp_path, capsys, monkeypatch, registry):
-    monkeypatch.setattr("ninfer_convert.convert.get_registry", lambda: registry)
+    monkeypatch.setattr("ninfer.conversion.pipeline.get_registry", lambda: registry)
     files = {**_good_files(), "generation_config.json": "[]"}
     src = write_checkpoint(tmp_path / "ck", synth_tensors(layers=1), files=files)
     out = tmp_path / "m.ninfer"

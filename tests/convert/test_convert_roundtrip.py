@@ -17,8 +17,8 @@ from convert_synth_ckpt import (
 )
 from ninfer.artifact import ArtifactReader
 from ninfer.artifact.format import FORMATS
-from ninfer_convert.convert import convert
-from ninfer_convert.errors import ConversionError, OutputExistsError, PlanError
+from ninfer.conversion import convert
+from ninfer.conversion.errors import ConversionError, OutputExistsError, PlanError
 
 LAYERS = 2
 # artifact object -> source tensor, for the objects planned from a single tensor
@@ -128,7 +128,7 @@ def test_provenance_metadata_and_ignored_tensors(tmp_path, registry, full_ckpt):
         files = {f["name"]: f["bytes"] for f in prov["source"]["files"]}
         expected = {p.name: p.stat().st_size for p in src.iterdir()}
         assert files == expected  # config, index, the three shards
-        assert prov["converter"] == {"name": "ninfer-convert", "version": md.version("ninfer-convert")}
+        assert prov["converter"] == {"name": "ninfer-core", "version": md.version("ninfer-core")}
         assert prov["source_mapping"] == "synth-mapping"
         assert prov["ignored"] == {"model.rotary_emb.inv_freq": "recomputed from rope_theta"}
         assert prov["casts"] == []

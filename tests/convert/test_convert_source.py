@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 from convert_synth_ckpt import raw_bytes, synth_tensors, write_checkpoint
-from ninfer_convert.errors import SourceError
-from ninfer_convert.source import open_checkpoint
+from ninfer.conversion.errors import SourceError
+from ninfer.conversion.source import open_checkpoint
 from safetensors import safe_open
 
 

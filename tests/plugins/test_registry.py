@@ -150,8 +150,10 @@ def test_plugins_command_prints_table(toy_site):
 
 def test_unknown_architecture_names_it():
     reg = PluginRegistry(load_entry_points=False)
-    with pytest.raises(UnknownArchitectureError, match="'NoSuchForCausalLM'"):
+    with pytest.raises(UnknownArchitectureError, match="'NoSuchForCausalLM'") as err:
         reg.architecture("NoSuchForCausalLM")
+    assert "install the plugin distribution that provides it" in str(err.value)
+    assert "qwen" not in str(err.value).lower()  # core suggests no particular plugin
     with pytest.raises(UnknownSourceMappingError, match="'NoSuchForCausalLM'"):
         reg.source_mapping("NoSuchForCausalLM")
 
@@ -183,6 +185,35 @@ def test_two_plugins_claiming_one_architecture_conflict():
         PluginRegistry(load_entry_points=False, extra_plugins=(a, b))
 
 
-def test_real_entry_points_include_qwen3_5():
+def test_real_entry_points_include_qwen3_5_and_serve():
     reg = PluginRegistry()
-    assert "qwen3_5" in {i.name for i in reg.plugins()}
+    infos = {i.name: i for i in reg.plugins()}
+    assert "qwen3_5" in infos
+    assert infos["serve"].distribution == "ninfer-serve" and infos["serve"].registered == {"cli_commands": ("serve",)}
+
+
+def test_the_first_registered_default_model_is_the_default(tmp_path):
+    """Items are indexed in registration order (pluggy calls hooks in the reverse one)."""
+    from ninfer.model_source import DefaultModel, default_model
+
+    def shipping(name: str) -> types.ModuleType:
+        module = types.ModuleType(name)
+
+        @hookimpl
+        def ninfer_default_models():
+            return [DefaultModel(name, tmp_path / name)]
+
+        module.ninfer_default_models = ninfer_default_models
+        return module
+
+    reg = PluginRegistry(load_entry_points=False, extra_plugins=(shipping("first"), shipping("second")))
+    assert list(reg.default_models) == ["first", "second"]
+    assert default_model(reg).name == "first"
+
+
+def test_no_default_model_names_no_particular_plugin():
+    from ninfer.model_source import ModelSourceError, default_model
+
+    with pytest.raises(ModelSourceError, match="no installed plugin ships a default model") as err:
+        default_model(PluginRegistry(load_entry_points=False))
+    assert "qwen" not in str(err.value).lower()

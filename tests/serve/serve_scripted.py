@@ -15,7 +15,8 @@ import time
 import torch
 from ninfer.ops.reference.greedy import greedy_tokens
 from ninfer.ops.reference.sampling import apply_penalties, sample
-from ninfer.program.base import ForwardBatch, SequenceProgram
+from ninfer.program.base import SequenceProgram
+from ninfer.program.batch import ForwardBatch
 from ninfer.storage.kv_pool import PagedKVCache
 from ninfer.storage.state_image import StateField, StateImageStorage, StateLayout
 

@@ -1,7 +1,9 @@
-"""``ninfer serve`` wiring (lazy import, clear errors), the warm-up's guarantees, and /metrics."""
+"""``ninfer serve`` wiring (a plugin command, no HTTP stack until it runs, clear errors), the warm-up's
+guarantees, and /metrics."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -10,19 +12,22 @@ from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import MODEL_ID, chat, client_for, scripted_engine, sse_json, wait_idle
 
 
-def test_core_does_not_import_the_server_until_serve_runs():
+def test_serve_is_a_plugin_command_that_imports_no_http_stack_until_it_runs():
     code = ("import sys; from ninfer.cli.main import build_parser; p = build_parser(); "
             "a = p.parse_args(['serve', '--port', '9', '--model-id', 'm']); "
-            "print('ninfer_serve' in sys.modules, a.port, a.model_id, a.host)")
+            "print('ninfer_serve.plugin' in sys.modules, "
+            "any(m in sys.modules for m in ('litestar', 'uvicorn', 'ninfer_serve.app')), a.port, a.model_id, a.host)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["False", "9", "m", "127.0.0.1"], out.stderr
+    assert out.stdout.split() == ["True", "False", "9", "m", "127.0.0.1"], out.stderr
 
 
-def test_missing_distribution_names_the_package():
-    code = ("import sys; sys.modules['ninfer_serve'] = None; from ninfer.cli.main import main; "
-            "sys.exit(main(['serve']))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "pip install ninfer-serve" in out.stderr
+def test_serve_left_out_of_the_plugins_names_the_package():
+    code = "import sys; from ninfer.cli.main import main; sys.exit(main(['serve', '--port', '9']))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, NINFER_PLUGINS="qwen3_5"))
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("ninfer serve: error: 'ninfer serve' comes from the ninfer-serve distribution")
+    assert "NINFER_PLUGINS='qwen3_5'" in out.stderr
 
 
 def test_bad_flags_are_clear_errors(capsys):

@@ -53,7 +53,7 @@ def _verify_parser() -> argparse.ArgumentParser:
 
 def _run_convert(argv: Sequence[str]) -> int:
     args = _convert_parser().parse_args(argv)
-    from ninfer_convert.convert import convert  # heavy imports only once the arguments parse
+    from ninfer.conversion import convert  # heavy imports only once the arguments parse
 
     result = convert(args.source, args.output, name=args.name, max_file_bytes=args.max_file_bytes,
                      progress=False if args.quiet else None)

@@ -14,9 +14,12 @@ from pathlib import Path
 
 from ninfer.artifact import ArtifactReader
 from ninfer.artifact.errors import ArtifactError
+from ninfer.errors import NInferError
 from tqdm import tqdm
 
-from ninfer_convert.errors import VerificationError
+
+class VerificationError(NInferError):
+    """An artifact failed verification (checksum mismatch or unreadable object)."""
 
 
 @dataclass(frozen=True)

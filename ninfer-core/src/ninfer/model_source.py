@@ -1,7 +1,7 @@
 """Resolve what a user names as MODEL into a ``.ninfer`` artifact path.
 
 - a ``.ninfer`` file: used as is;
-- a Hugging Face checkpoint folder (has ``config.json``): converted once with ``ninfer-convert`` into
+- a Hugging Face checkpoint folder (has ``config.json``): converted once (:mod:`ninfer.conversion`) into
   the cache and reused while the folder's contents are unchanged;
 - nothing: the default model a plugin ships (``ninfer_default_models`` hook), converted the same way.
 
@@ -59,8 +59,8 @@ def default_model(registry=None) -> DefaultModel:
     models = list((registry or get_registry()).default_models.values())
     if not models:
         raise ModelSourceError("no model was named and no installed plugin ships a default model; "
-                               "name a .ninfer artifact or a Hugging Face folder, or "
-                               "'pip install ninfer-qwen3_5' for the embedded default model")
+                               "name a .ninfer artifact or a Hugging Face folder, or install an architecture "
+                               "plugin that ships one ('ninfer plugins' lists each plugin's default_models)")
     return models[0]
 
 
@@ -84,11 +84,7 @@ def _converted(source: Path, name: str, *, registry, progress: bool) -> Path:
     target = target_dir / f"{name}-{source_digest(source)}.ninfer"
     if target.is_file():
         return target
-    try:
-        from ninfer_convert.convert import convert
-    except ImportError as exc:
-        raise ModelSourceError(f"converting {source} needs ninfer-convert: pip install ninfer-convert") from exc
-    from ninfer_convert.errors import OutputExistsError
+    from ninfer.conversion import OutputExistsError, convert  # torch and the writer: only when converting
 
     target_dir.mkdir(parents=True, exist_ok=True)
     try:

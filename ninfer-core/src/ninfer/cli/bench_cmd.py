@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ninfer.cli import common
+from ninfer.cli.command import CliCommand
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -28,13 +29,7 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def register(sub) -> None:
-    p = sub.add_parser("bench", help="measure decode and prefill speed against the device's limits",
-                       description="Benchmark a model through the public Engine: decode tok/s at each batch, "
-                                   "prefill tok/s and time to first token at each prompt length (capped to the "
-                                   "model's context), each as a ratio to the copy bandwidth / matmul peak measured "
-                                   "in the same run. Synthetic prompts of seeded random token ids; warm-up "
-                                   "excluded; medians.")
+def add_arguments(p) -> None:
     common.add_model_args(p)
     g = p.add_argument_group("workload")
     g.add_argument("--batches", type=_ints, default=(1, 2, 4, 8), metavar="B,...", help="decode batch sizes")
@@ -55,7 +50,6 @@ def register(sub) -> None:
     lim.add_argument("--matmul-size", type=int, default=None, metavar="N",
                      help="matmul n (default: 8192 on CUDA, 1024 on the CPU)")
     p.add_argument("--output", type=Path, default=None, metavar="FILE", help="write the JSON report here")
-    p.set_defaults(func=run)
 
 
 def _git_commit() -> str | None:
@@ -194,3 +188,12 @@ def run(args) -> int:
         args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         say(f"report written to {args.output}")
     return 0
+
+
+COMMAND = CliCommand(
+    name="bench", help="measure decode and prefill speed against the device's limits", add_arguments=add_arguments,
+    run=run,
+    description="Benchmark a model through the public Engine: decode tok/s at each batch, prefill tok/s and time "
+                "to first token at each prompt length (capped to the model's context), each as a ratio to the copy "
+                "bandwidth / matmul peak measured in the same run. Synthetic prompts of seeded random token ids; "
+                "warm-up excluded; medians.")

@@ -11,16 +11,15 @@ from __future__ import annotations
 import sys
 
 from ninfer.cli import common
+from ninfer.cli.command import CliCommand
 
 HELP = "commands: /reset (forget the conversation), /exit (leave)"
 
 
-def register(sub) -> None:
-    p = sub.add_parser("chat", help="interactive multi-turn chat", description=__doc__.split("\n\n")[0])
+def add_arguments(p) -> None:
     common.add_model_args(p)
     p.add_argument("--system", default=None, help="a system message for the conversation")
     common.add_sampling_args(p, max_tokens_default=512)
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:
@@ -105,3 +104,7 @@ def _stream(deltas) -> None:
         out = sys.stderr if d.channel == "reasoning" else sys.stdout
         out.write(d.text)
         out.flush()
+
+
+COMMAND = CliCommand(name="chat", help="interactive multi-turn chat", add_arguments=add_arguments, run=run,
+                     description=__doc__.split("\n\n")[0])

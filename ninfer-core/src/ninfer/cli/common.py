@@ -1,7 +1,8 @@
 """Flags shared by the model-running subcommands, and building an Engine from them.
 
 Every subcommand reaches the model through the public :class:`ninfer.Engine`; this module only turns
-flags into EngineOptions / SamplingParams / OutputOptions.
+flags into EngineOptions / SamplingParams / OutputOptions. A plugin's command uses it too (``ninfer serve``
+declares the engine flags with :func:`add_model_args` and builds its options with :func:`engine_options`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ninfer.cli import common
+from ninfer.cli.command import CliCommand
 from ninfer.errors import NInferError
 
 
@@ -15,18 +16,13 @@ class InvalidMessagesError(NInferError):
     """The --messages file is not a JSON list of chat messages."""
 
 
-def register(sub) -> None:
-    p = sub.add_parser("generate", help="generate one completion",
-                       description="Generate one completion. --prompt TEXT continues raw text; --chat renders "
-                                   "it as one user message with the chat template; --messages FILE renders a "
-                                   "JSON list of chat messages.")
+def add_arguments(p) -> None:
     common.add_model_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--messages", type=Path, metavar="FILE", help="a JSON list of {role, content} messages")
     p.add_argument("--chat", action="store_true", help="treat --prompt as a user message (chat template)")
     common.add_sampling_args(p, max_tokens_default=128)
-    p.set_defaults(func=run)
 
 
 def read_messages(path: Path) -> list[dict]:
@@ -95,3 +91,9 @@ def _print_stats(result) -> None:
     ttft = f"{t.ttft_s * 1000:.0f} ms" if t.ttft_s is not None else "n/a"
     print(f"[ninfer] {result.usage.prompt_tokens} prompt + {n} generated tokens, finish={result.finish_reason}, "
           f"ttft {ttft}, decode {rate}", file=sys.stderr)
+
+
+COMMAND = CliCommand(
+    name="generate", help="generate one completion", add_arguments=add_arguments, run=run,
+    description="Generate one completion. --prompt TEXT continues raw text; --chat renders it as one user message "
+                "with the chat template; --messages FILE renders a JSON list of chat messages.")

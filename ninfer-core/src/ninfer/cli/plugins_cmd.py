@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 
+from ninfer.cli.command import CliCommand
 
-def register(sub) -> None:
-    p = sub.add_parser("plugins", help="list loaded plugins and what each registered",
-                       description="List every loaded plugin (core defaults and 'ninfer' entry points) "
-                                   "with its distribution, version and registrations. NINFER_PLUGINS "
-                                   "(comma list of entry-point names) restricts which entry points load.")
+
+def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:
@@ -32,3 +29,10 @@ def run(args) -> int:
         for kind, names in sorted(info.registered.items()):
             print(f"    {kind}: {', '.join(names)}")
     return 0
+
+
+COMMAND = CliCommand(
+    name="plugins", help="list loaded plugins and what each registered", add_arguments=add_arguments, run=run,
+    description="List every loaded plugin (core defaults and 'ninfer' entry points) with its distribution, "
+                "version and registrations. NINFER_PLUGINS (comma list of entry-point names) restricts which "
+                "entry points load.")

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from ninfer.cli.command import CliCommand
 from ninfer.errors import NInferError
 
 DEFAULT_CONTEXT = 4096
@@ -24,11 +25,7 @@ class ScoreInputFileError(NInferError):
     """The --input file cannot be read as scoring input (the message names file, line and problem)."""
 
 
-def register(sub) -> None:
-    p = sub.add_parser("score", help="perplexity and per-token log-probabilities of texts",
-                       description="Score texts with the model: fixed windows of --context input tokens that "
-                                   "advance by --stride scored tokens, every token after a text's first scored "
-                                   "exactly once, each window from an empty state. Writes a JSON report.")
+def add_arguments(p) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="a .ninfer artifact or a Hugging Face folder (converted once into the cache); "
                         "default: the embedded default model")
@@ -49,7 +46,6 @@ def register(sub) -> None:
     g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="N",
                    help="tokens per model call (bounds the [N, vocab] logits held at once)")
     g.add_argument("--quiet", action="store_true", help="no progress display and no summary")
-    p.set_defaults(func=run)
 
 
 def _decode(raw: bytes, path: Path, line: int | None = None) -> str:
@@ -146,3 +142,10 @@ def _score(engine, items, args, show: bool):
 
         return engine.score(items, context=args.context, stride=args.stride, logprobs=args.logprobs,
                             top_logprobs=args.top_logprobs, progress=progress)
+
+
+COMMAND = CliCommand(
+    name="score", help="perplexity and per-token log-probabilities of texts", add_arguments=add_arguments, run=run,
+    description="Score texts with the model: fixed windows of --context input tokens that advance by --stride "
+                "scored tokens, every token after a text's first scored exactly once, each window from an empty "
+                "state. Writes a JSON report.")

@@ -37,6 +37,16 @@ def ninfer_frontends() -> list:  # list[ninfer.contracts.frontend.FrontendSpec]
 
 
 @hookspec
+def ninfer_op_contracts() -> list:  # list[ninfer.ops.contracts.OpContract]
+    """Op contracts (name, signature, semantics) this plugin defines, keyed by ``OpContract.name``.
+
+    Core registers the generic ones (linear, norms, attention, sampling, ...); an architecture plugin
+    registers the ops only its models call. An implementation (``ninfer_ops``) must target a
+    registered contract. Two plugins must not register the same name.
+    """
+
+
+@hookspec
 def ninfer_ops() -> list:  # list[ninfer.ops.registry.OpImpl]
     """Implementations of op contracts (see :mod:`ninfer.ops.contracts`).
 
@@ -60,3 +70,10 @@ def ninfer_source_mappings() -> list:  # list[ninfer.artifact.source_mapping.Sou
 def ninfer_default_models() -> list:  # list[ninfer.model_source.DefaultModel]
     """Models a plugin ships inside its distribution (Hugging Face folders), used when the user names
     no model. The first registered one is the default; ``ninfer plugins`` lists them all."""
+
+
+@hookspec
+def ninfer_cli_commands() -> list:  # list[ninfer.cli.command.CliCommand]
+    """Subcommands of the ``ninfer`` command (``ninfer serve`` comes from ninfer-serve this way), keyed by
+    ``CliCommand.name``. Two plugins must not register the same name."""
+

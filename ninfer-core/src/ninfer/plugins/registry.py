@@ -3,8 +3,8 @@
 Invariants:
 - Core default plugins (``DEFAULT_PLUGINS``) are always registered; ``NINFER_PLUGINS`` filters
   only entry points (a comma list of entry-point names; unset or empty means all).
-- A name (architecture, speculative backend, source mapping) is registered by at most one plugin;
-  a clash is a :class:`PluginConflictError` naming both plugins.
+- A name (architecture, frontend, op contract, speculative backend, source mapping, CLI command) is
+  registered by at most one plugin; a clash is a :class:`PluginConflictError` naming both plugins.
 - Uninstalling a plugin distribution removes exactly what it registered: nothing is cached on disk.
 """
 
@@ -26,7 +26,8 @@ ENV_FILTER = "NINFER_PLUGINS"
 
 # Core features, registered as plugins exactly like third-party ones (module paths inside ninfer).
 DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (("reference_ops", "ninfer.ops.reference.plugin"),
-                                                  ("triton_ops", "ninfer.ops.triton.plugin"))
+                                                  ("triton_ops", "ninfer.ops.triton.plugin"),
+                                                  ("core_commands", "ninfer.cli.plugin"))
 
 
 class PluginError(NInferError):
@@ -51,7 +52,8 @@ class PlannedArchitectureError(UnknownArchitectureError, UnknownSourceMappingErr
 
 
 # Architecture names (``architectures[0]`` of a Hugging Face config) the design plans but no distribution
-# implements yet: asking for one says so, instead of suggesting a plugin that does not exist.
+# implements yet: asking for one says so, instead of suggesting a plugin that does not exist. Data kept in step
+# with the README's "Not yet supported"; an entry goes when its distribution ships.
 PLANNED_ARCHITECTURES: dict[str, str] = {
     "Qwen4ExpForCausalLM": "Qwen4-Exp (planned distribution: ninfer-qwen4exp)",
     "Qwen4ExpForConditionalGeneration": "Qwen4-Exp (planned distribution: ninfer-qwen4exp)",
@@ -136,12 +138,16 @@ class PluginRegistry:
         self.source_mappings: dict = {}
         self.default_models: dict = {}
         self.frontends: dict = {}
+        self.op_contracts: dict = {}
+        self.cli_commands: dict = {}
         registered: dict[str, dict[str, list[str]]] = {name: {} for name in self._meta}
         owners: dict[tuple[str, str], str] = {}
-        for kind in ("architectures", "frontends", "ops", "speculative_backends", "source_mappings", "default_models"):
+        for kind in ("architectures", "frontends", "op_contracts", "ops", "speculative_backends", "source_mappings",
+                     "default_models", "cli_commands"):
             caller = getattr(self.pm.hook, f"ninfer_{kind}")
-            # pluggy returns impls last-registered-first; index in registration order instead.
-            for impl in reversed(caller.get_hookimpls()):
+            # get_hookimpls() lists impls in registration order (pluggy *calls* them last-registered-first):
+            # items are indexed in that order, so core's defaults come first and the first default model wins.
+            for impl in caller.get_hookimpls():
                 owner = impl.plugin_name
                 try:
                     items = list(impl.function() or [])
@@ -180,7 +186,7 @@ class PluginRegistry:
             known = ", ".join(sorted(self.architectures)) or "none"
             raise UnknownArchitectureError(
                 f"no installed plugin provides architecture {name!r} (installed: {known}); "
-                f"install the plugin distribution for it, e.g. 'pip install ninfer-qwen3_5' for Qwen3_5*"
+                f"install the plugin distribution that provides it ('ninfer plugins' lists the loaded plugins)"
             ) from None
 
     def frontend(self, name: str):

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ninfer.constrained import ConstraintMatcher, GrammarCompiler
 from ninfer.contracts.errors import InvalidConstraintError
 from ninfer.contracts.frontend import OutputOptions, PreparedPrompt
 
@@ -23,7 +24,7 @@ from ninfer_qwen3_5.frontend.chat_template import BUNDLED_TEMPLATE, ChatTemplate
 from ninfer_qwen3_5.frontend.detokenizer import IncrementalDetokenizer
 from ninfer_qwen3_5.frontend.errors import FrontendError
 from ninfer_qwen3_5.frontend.generation_defaults import GenerationDefaults
-from ninfer_qwen3_5.frontend.grammar import ConstraintMatcher, GrammarCompiler
+from ninfer_qwen3_5.frontend.grammar import constraint_ebnf
 from ninfer_qwen3_5.frontend.output_session import QwenOutputSession
 from ninfer_qwen3_5.frontend.prompt import (
     TURN_START,
@@ -143,7 +144,8 @@ class QwenFrontend:
                 tb = self.tokenizer.token_bytes
                 control = frozenset(i for i in self.tokenizer.special_token_ids if tb[i] not in _OUTPUT_MARKERS)
                 try:
-                    self._grammar = GrammarCompiler(tb, control, self.vocab_size, self.eos_token_ids)
+                    self._grammar = GrammarCompiler(tb, control, self.vocab_size, self.eos_token_ids,
+                                                    source=constraint_ebnf)
                 except ImportError as exc:
                     raise InvalidConstraintError(f"constrained decoding needs the xgrammar package: {exc}") from exc
             return self._grammar

@@ -17,7 +17,7 @@ Invariants:
 - Tool-call ids are ``call_<session prefix>_<n>``: deterministic within the session, so previews are
   reproducible.
 - A constrained session (``matcher`` set) advances its matcher in ``preview`` provisionally and keeps
-  the advance only in ``commit`` (:mod:`grammar.matcher`); ``token_mask`` gives the engine the allowed
+  the advance only in ``commit`` (:mod:`ninfer.constrained.matcher`); ``token_mask`` gives the engine the allowed
   tokens after the committed output. A stop token the grammar accepted ends the output with
   ``"stop"`` even under ``ignore_eos`` (the grammar reached its end); a token the grammar does not
   allow means the mask was not applied: a FrontendError (an engine failure), never invalid output.
@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from ninfer.constrained.matcher import ConstraintMatcher
 from ninfer.contracts.frontend import (
     OutputDelta,
     OutputFinal,
@@ -40,7 +41,6 @@ from ninfer.contracts.frontend import (
 
 from ninfer_qwen3_5.frontend.detokenizer import DetokenizerState, IncrementalDetokenizer
 from ninfer_qwen3_5.frontend.errors import FrontendError
-from ninfer_qwen3_5.frontend.grammar.matcher import ConstraintMatcher
 from ninfer_qwen3_5.frontend.reasoning import Piece, ReasoningSplitter
 from ninfer_qwen3_5.frontend.stop import StopStringMatcher
 from ninfer_qwen3_5.frontend.tool_calls import ParsedToolCall, ToolCallExtractor, ToolSchemas

@@ -1,13 +1,9 @@
-"""Constrained decoding for Qwen frontends (GBNF, JSON, JSON Schema, choice, regex, tool calls).
+"""The Qwen output format's grammars for constrained decoding (the engine is core's :mod:`ninfer.constrained`).
 
-The engine is xgrammar (docs/constrained.md says why, with the measurements). The pieces:
-:mod:`sources` turns an OutputConstraint into one EBNF grammar (:mod:`tool_grammar` for tool calls,
-:mod:`ebnf` and :mod:`rules` to write and compose grammar text); :mod:`compiler` compiles it against the
-vocabulary with a cache shared by all requests; :mod:`matcher` is the per-request matcher the
-OutputSession previews and commits, and the mask provider sampling reads.
+:mod:`sources` turns an OutputConstraint into one EBNF grammar (the frontend's GrammarSource), with
+:mod:`tool_grammar` for the XML tool-call format.
 """
 
-from ninfer_qwen3_5.frontend.grammar.compiler import GrammarCompiler
-from ninfer_qwen3_5.frontend.grammar.matcher import Advance, ConstraintMatcher
+from ninfer_qwen3_5.frontend.grammar.sources import constraint_ebnf
 
-__all__ = ["Advance", "ConstraintMatcher", "GrammarCompiler"]
+__all__ = ["constraint_ebnf"]

@@ -26,14 +26,13 @@ parsed call's arguments validate against the tool's parameters schema. Hence:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ninfer.constrained.ebnf import literal
+from ninfer.constrained.rules import embed
 from ninfer.contracts.errors import InvalidConstraintError
 
-from ninfer_qwen3_5.frontend.grammar.ebnf import literal
-from ninfer_qwen3_5.frontend.grammar.rules import embed
 from ninfer_qwen3_5.frontend.tool_calls import _schema_types
 
 # (schema, what) -> EBNF text with a root rule; raises InvalidConstraintError.
@@ -153,9 +152,4 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], tool_choice: str, para
     return "\n".join([head, "call ::= " + " | ".join(calls), *rules]) + "\n"
 
 
-def tools_key(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The tools as canonical text (a cache key part): key order kept, it is the parameter order."""
-    return json.dumps(list(tools), ensure_ascii=False, default=str)
-
-
-__all__ = ["tool_call_grammar", "tools_key"]
+__all__ = ["tool_call_grammar"]

@@ -1,8 +1,10 @@
 """Compiling constraints against one vocabulary, with a cache shared by every request of a Frontend.
 
-:class:`GrammarCompiler` is built once per Frontend (lazily, at the first constrained request: the
-vocabulary index costs about 0.3 s on the 248k-token Qwen3.5 vocabulary) and is thread-safe:
-``submit`` calls it on the submitting threads, never on the engine worker.
+:class:`GrammarCompiler` is built once per Frontend (lazily, at the first constrained request: indexing a
+large vocabulary takes a noticeable fraction of a second) and is thread-safe: ``submit`` calls it on the
+submitting threads, never on the engine worker. The grammar text comes from the frontend's
+:class:`GrammarSource` (its output format decides, e.g., what a tool call looks like); the compiler only
+caches and compiles it.
 
 Vocabulary adaptation: token ``i`` spells ``token_bytes[i]`` (the detokenizer's exact bytes, so the
 grammar sees what the OutputSession will decode). Special tokens (``<|im_end|>``...) spell nothing for
@@ -18,18 +20,36 @@ cached (the error is raised to every waiter of that compile).
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
+from ninfer.constrained.grammars import clean_error
 from ninfer.contracts.constraint import OutputConstraint
 from ninfer.contracts.errors import InvalidConstraintError
 
-from ninfer_qwen3_5.frontend.grammar.sources import clean_error, constraint_ebnf
-from ninfer_qwen3_5.frontend.grammar.tool_grammar import tools_key
-
 DEFAULT_CACHE_BYTES = 256 << 20
+
+
+class GrammarSource(Protocol):
+    """A frontend's grammar writer: the EBNF text (GBNF syntax, root rule ``root``) of a request's constraint.
+
+    Invariants the cache relies on: the text depends only on ``constraint``, on ``tools`` when
+    ``constraint.kind == "tools"`` and on ``thinking_open`` (the output starts inside the model's
+    reasoning); a constraint it cannot express raises
+    :class:`~ninfer.contracts.errors.InvalidConstraintError`.
+    :func:`~ninfer.constrained.grammars.text_constraint_ebnf` writes every kind but ``tools``.
+    """
+
+    def __call__(self, constraint: OutputConstraint, tools: Sequence[Mapping[str, Any]], *,
+                 thinking_open: bool) -> str: ...
+
+
+def tools_key(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The tools as canonical text (a cache key part): key order kept, it is the parameter order."""
+    return json.dumps(list(tools), ensure_ascii=False, default=str)
 
 
 class _InFlight:
@@ -40,10 +60,11 @@ class _InFlight:
 
 
 class GrammarCompiler:
-    """Compiles :class:`OutputConstraint` values for one vocabulary (see the module docstring)."""
+    """Compiles :class:`OutputConstraint` values for one vocabulary (see the module docstring), with the
+    grammar text ``source`` writes."""
 
     def __init__(self, token_bytes: Sequence[bytes], special_token_ids: frozenset[int], vocab_size: int,
-                 eos_token_ids: Sequence[int], *, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 eos_token_ids: Sequence[int], *, source: GrammarSource, cache_bytes: int = DEFAULT_CACHE_BYTES,
                  max_concurrent: int = 2, threads_per_compile: int = 1) -> None:
         import xgrammar as xgr
 
@@ -51,6 +72,7 @@ class GrammarCompiler:
             raise ValueError(f"vocab_size {vocab_size} < the tokenizer's {len(token_bytes)} tokens")
         encoded = [b"" if i in special_token_ids else b for i, b in enumerate(token_bytes)]
         self.vocab_size = vocab_size
+        self._source = source
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self._info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab_size,
                                        stop_token_ids=list(self.eos_token_ids))
@@ -104,7 +126,7 @@ class GrammarCompiler:
     def _compile(self, constraint: OutputConstraint, tools: Sequence[Mapping[str, Any]], thinking_open: bool):
         import xgrammar as xgr
 
-        ebnf = constraint_ebnf(constraint, tools, thinking_open=thinking_open)
+        ebnf = self._source(constraint, tools, thinking_open=thinking_open)
         try:
             compiled = self._compiler.compile_grammar(xgr.Grammar.from_ebnf(ebnf))
         except Exception as exc:
@@ -130,4 +152,4 @@ class GrammarCompiler:
             return len(self._cache)
 
 
-__all__ = ["DEFAULT_CACHE_BYTES", "GrammarCompiler"]
+__all__ = ["DEFAULT_CACHE_BYTES", "GrammarCompiler", "GrammarSource", "tools_key"]

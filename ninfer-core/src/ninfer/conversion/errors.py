@@ -1,7 +1,7 @@
 """The converter's error types, all :class:`ninfer.errors.NInferError` subclasses.
 
 Every message names the thing at fault: the source folder and the missing file, the source
-tensor, the planned object or binding, or the artifact object whose checksum failed.
+tensor, or the planned object or binding.
 """
 
 from __future__ import annotations
@@ -23,7 +23,3 @@ class PlanError(ConversionError):
 
 class OutputExistsError(ConversionError):
     """The output path already exists; the converter never overwrites."""
-
-
-class VerificationError(NInferError):
-    """An artifact failed verification (checksum mismatch or unreadable object)."""

@@ -1,7 +1,7 @@
 """Checks of the ``text`` component's resources: a broken one is refused before anything is written.
 
-Each check mirrors how the runtime loads the resource (``ninfer_qwen3_5.frontend``: the frontend of every
-architecture that ships a tokenizer today) and is no stricter than it:
+Each check mirrors how a frontend loads the Hugging Face resource (the ``tokenizers`` library, JSON configs,
+a sandboxed Jinja chat template) and is no stricter than that:
 
 - ``tokenizer.json``: UTF-8 text that ``tokenizers.Tokenizer.from_str`` loads;
 - ``tokenizer_config.json``, ``generation_config.json``: JSON (``json.loads`` of the bytes) holding an
@@ -13,7 +13,7 @@ architecture that ships a tokenizer today) and is no stricter than it:
   ``default`` entry of a named-template list in ``tokenizer_config.json``): UTF-8 text that compiles in
   the runtime's sandboxed Jinja environment. Only compiled, never rendered.
 
-Every failure is a :class:`~ninfer_convert.errors.SourceError` with a one-line message naming the file.
+Every failure is a :class:`~ninfer.conversion.errors.SourceError` with a one-line message naming the file.
 Vision resources are stored unchecked (no runtime reads them yet).
 """
 
@@ -29,12 +29,12 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from ninfer_convert.errors import SourceError
+from ninfer.conversion.errors import SourceError
 
 if TYPE_CHECKING:
-    from ninfer_convert.resources import Resource
+    from ninfer.conversion.resources import Resource
 
-# Read by the runtime from generation_config.json as numbers (ninfer_qwen3_5.frontend.generation_defaults).
+# Read by the frontends from generation_config.json as numbers (the request sampling defaults).
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                  "frequency_penalty")
 
@@ -140,9 +140,9 @@ def _check_generation_config(gen: Mapping[str, Any], where: str, tokenizer: Toke
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    """The runtime's template environment as far as compiling goes (``chat_template._environment``: the same
-    sandbox, options and extension; the runtime's subclass only adds render-time budgets, and its filters and
-    globals only matter when rendering). Not imported: that package pulls in the whole Qwen frontend."""
+    """The chat-template environment of Hugging Face checkpoints as far as compiling goes: the sandbox, options
+    and extension a frontend renders with (a frontend may add render-time budgets, filters and globals, which
+    only matter when rendering)."""
     return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
 
 

@@ -25,8 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ninfer.artifact.source_mapping import SourceTensor
-
-from ninfer_convert.errors import SourceError
+from ninfer.conversion.errors import SourceError
 
 INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"

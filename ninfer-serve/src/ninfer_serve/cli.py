@@ -1,7 +1,7 @@
-"""``ninfer serve``: the OpenAI- and Anthropic-compatible HTTP server (the ``ninfer-serve`` distribution).
+"""``ninfer serve``: the OpenAI- and Anthropic-compatible HTTP server, as a ``ninfer`` subcommand.
 
-The server is an optional distribution: this module imports ``ninfer_serve`` only when the command
-runs, so core never depends on it, and a missing install is one clear line naming the package.
+Registered through the ``ninfer_cli_commands`` hook (:mod:`ninfer_serve.plugin`). The arguments are declared
+for every ``ninfer`` invocation, so the HTTP stack (litestar, uvicorn) is imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -12,14 +12,11 @@ import sys
 import time
 
 from ninfer.cli import common
+from ninfer.cli.command import CliCommand
+from ninfer.errors import NInferError
 
-INSTALL_HINT = "ninfer serve needs the HTTP server distribution: pip install ninfer-serve"
 
-
-def register(sub) -> None:
-    p = sub.add_parser("serve", help="serve a model over HTTP (OpenAI and Anthropic APIs)",
-                       description="Serve one model over HTTP: OpenAI Chat Completions / Completions / Models, "
-                                   "Anthropic Messages, /tokenize, /health and Prometheus /metrics.")
+def add_arguments(p) -> None:
     common.add_model_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -39,28 +36,14 @@ def register(sub) -> None:
                    help="how long in-flight requests may finish after SIGTERM (default 30)")
     g.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up request")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
-    p.set_defaults(func=run)
 
 
 def _positive(name: str, value: float | None) -> None:
-    from ninfer.errors import NInferError
-
     if value is not None and not value > 0:
         raise NInferError(f"--{name} must be > 0, got {value}")
 
 
 def run(args) -> int:
-    try:
-        from ninfer_serve.config import ServeConfig
-        from ninfer_serve.server import serve
-        from ninfer_serve.warmup import warm_up
-    except ImportError as exc:
-        print(f"{INSTALL_HINT} ({exc})", file=sys.stderr)
-        return 2
-    from ninfer import Engine
-    from ninfer.errors import NInferError
-    from ninfer.model_source import resolve_model
-
     if not 0 < args.port < 65536:
         raise NInferError(f"--port must be in 1..65535, got {args.port}")
     for name in ("keepalive", "max_body_mib", "shutdown_timeout", "queue_timeout"):
@@ -72,6 +55,15 @@ def run(args) -> int:
         options = dataclasses.replace(options, queue_capacity=args.queue_capacity)
     if args.queue_timeout is not None:
         options = dataclasses.replace(options, queue_timeout_s=args.queue_timeout)
+
+    from ninfer import Engine
+    from ninfer.contracts.memory import format_memory_summary
+    from ninfer.model_source import resolve_model
+
+    from ninfer_serve.config import ServeConfig
+    from ninfer_serve.server import serve
+    from ninfer_serve.warmup import warm_up
+
     started = time.monotonic()
     artifact = resolve_model(args.model, progress=not args.quiet and sys.stderr.isatty())
     engine = Engine.start(artifact, options)
@@ -81,8 +73,6 @@ def run(args) -> int:
             print(f"[ninfer] loaded {model_id} in {time.monotonic() - started:.1f} s "
                   f"(max_concurrency {engine.options.max_concurrency}, max_context {engine.max_context})",
                   file=sys.stderr)
-            from ninfer.contracts.memory import format_memory_summary
-
             print(format_memory_summary(engine.memory_summary()), file=sys.stderr)
         if not args.no_warmup:
             took = warm_up(engine)
@@ -97,3 +87,9 @@ def run(args) -> int:
     finally:
         engine.close()
     return 0
+
+
+COMMAND = CliCommand(
+    name="serve", help="serve a model over HTTP (OpenAI and Anthropic APIs)", add_arguments=add_arguments, run=run,
+    description="Serve one model over HTTP: OpenAI Chat Completions / Completions / Models, Anthropic Messages, "
+                "/tokenize, /health and Prometheus /metrics.")

@@ -35,9 +35,8 @@ from ninfer.artifact.source_mapping import (
     SourceTensor,
     source_name,
 )
-
-from ninfer_convert.cast import cast_supported
-from ninfer_convert.errors import PlanError
+from ninfer.conversion.cast import cast_supported
+from ninfer.conversion.errors import PlanError
 
 # Storage format of a value-preserving import, by safetensors dtype.
 PRESERVED_FORMAT: Mapping[str, str] = MappingProxyType(

@@ -10,8 +10,8 @@ Invariants of :func:`collect_resources`:
   none: then it is the ``chat_template`` string of ``chat_template.json`` or, failing that, of
   ``tokenizer_config.json``, UTF-8 encoded (``derived_from`` names the file);
 - object ids are ``resource/<component>/<role>`` and every resource has at least one byte;
-- the ``text`` resources load the way the runtime loads them (:mod:`ninfer_convert.resource_checks`):
-  a broken one is a :class:`~ninfer_convert.errors.SourceError` naming the file, before anything is written.
+- the ``text`` resources load the way the runtime loads them (:mod:`ninfer.conversion.resource_checks`):
+  a broken one is a :class:`~ninfer.conversion.errors.SourceError` naming the file, before anything is written.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from ninfer_convert.errors import SourceError
-from ninfer_convert.resource_checks import check_text_resources
+from ninfer.conversion.errors import SourceError
+from ninfer.conversion.resource_checks import check_text_resources
 
 TEXT_ROLES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 VISION_ROLES = ("preprocessor_config.json", "video_preprocessor_config.json")

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from ninfer_convert.errors import ConversionError
+from ninfer.conversion.errors import ConversionError
 
 ROUNDING = "round-to-nearest-even (torch.Tensor.to)"
 
