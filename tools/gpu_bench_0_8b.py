@@ -41,7 +41,7 @@ def main() -> int:
     spec = importlib.util.spec_from_file_location("gpu_check", HERE / "gpu_qwen3_5_check.py")
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
-    from ninfer_convert.convert import convert
+    from ninfer.conversion import convert
 
     device = torch.device(args.device)
     work = Path(tempfile.mkdtemp())

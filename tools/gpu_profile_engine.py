@@ -32,7 +32,7 @@ def build_artifact(args) -> tuple[Path, dict]:
     spec = importlib.util.spec_from_file_location("gpu_check", HERE / "gpu_qwen3_5_check.py")
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
-    from ninfer_convert.convert import convert
+    from ninfer.conversion import convert
 
     work = Path(tempfile.mkdtemp())
     geometry = dict(check.GEOMETRIES["0.8b"], num_hidden_layers=args.layers, vocab_size=248320)

@@ -182,7 +182,7 @@ def logit_error(x: torch.Tensor, ref: torch.Tensor) -> dict:
 
 # -- measurements --------------------------------------------------------------------------------
 def check_numerics(name: str, geometry: dict, device: torch.device, work: Path, args) -> dict:
-    from ninfer_convert.convert import convert
+    from ninfer.conversion import convert
 
     hf32 = build_hf(geometry, device, seed=args.seed)
     src, artifact = work / name, work / f"{name}.ninfer"

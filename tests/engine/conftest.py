@@ -53,7 +53,7 @@ IM_END, ENDOFTEXT = 258, 256
 
 def _tiny_qwen(root: Path, dtype_name: str) -> Path:
     """A random Qwen3_5ForCausalLM (4 layers: 3 GDN + 1 attention) built with transformers in
-    ``dtype_name``, saved with save_pretrained and converted with ninfer_convert."""
+    ``dtype_name``, saved with save_pretrained and converted with ninfer.conversion."""
     pytest.importorskip("transformers")
     return build_tiny_qwen(root, TINY_CONFIG, seed=1234, std=0.25, dtype_name=dtype_name)
 

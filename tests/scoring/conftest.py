@@ -1,5 +1,5 @@
 """Fixtures of the causal-scoring tests: tiny random Qwen3.5 checkpoints (dense and MoE) built with
-transformers, with a byte-level tokenizer, converted with ninfer_convert.
+transformers, with a byte-level tokenizer, converted with ninfer.conversion.
 
 Each model is built once per session. Its HF twin (the same weights, fp32, CPU) is the oracle.
 ``max_position_embeddings`` is small (96) so "context beyond the model's positions" is cheap to test.
@@ -33,7 +33,7 @@ class ScoringModel:
 
 
 def _build(root: Path, kind: str) -> ScoringModel:
-    from ninfer_convert.convert import convert
+    from ninfer.conversion import convert
 
     model = tiny_text_model(kind, KINDS[kind], seed=11 if kind == "dense" else 12, eos_token_id=258)
     folder = root / kind

@@ -12,7 +12,7 @@ import pytest
 def tiny_moe_artifact(tmp_path_factory) -> Path:
     torch = pytest.importorskip("torch")
     tf = pytest.importorskip("transformers")
-    from ninfer_convert.convert import convert
+    from ninfer.conversion import convert
 
     root = tmp_path_factory.mktemp("tiny_moe")
     cfg = tf.Qwen3_5MoeTextConfig(

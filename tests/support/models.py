@@ -98,10 +98,10 @@ def tiny_text_model(kind: str, text: dict, seed: int, **config):
 def tiny_qwen_artifact(root: Path, config: dict, *, seed: int, std: float, dtype_name: str = "float32") -> Path:
     """A random Qwen3_5ForCausalLM from ``config`` (matrices drawn N(0, std): the default 0.02 init gives
     near-uniform logits), with the byte tokenizer and EOS <|im_end|>, saved in ``dtype_name`` and converted
-    with ninfer_convert to ``root/tiny.ninfer``."""
+    with ninfer.conversion to ``root/tiny.ninfer``."""
     import torch
     import transformers
-    from ninfer_convert.convert import convert
+    from ninfer.conversion import convert
 
     folder = root / "hf"
     folder.mkdir()

@@ -2,7 +2,7 @@
 
 ``conftest.py`` exposes the session fixture ``qwen_case``. Each case is built once (lazily): an HF model with non-trivial random weights (norm
 weights, A_log and dt_bias re-drawn so that zero/one initialisations cannot hide a bug), saved with
-``save_pretrained``, converted by ``ninfer_convert.convert``, read with ``ArtifactReader`` and
+``save_pretrained``, converted by ``ninfer.conversion.convert``, read with ``ArtifactReader`` and
 ``load_weights``. Tests build Programs from a case with :func:`make_program` and drive them with
 :class:`Runner` the way the engine does (reserve, run, commit every row).
 """
@@ -130,7 +130,7 @@ class Cases:
         return self._built[name]
 
     def _build(self, name: str) -> Case:
-        from ninfer_convert.convert import convert
+        from ninfer.conversion import convert
 
         case = CASES[name]
         hf = _build_hf(case, seed=sorted(CASES).index(name) + 1)

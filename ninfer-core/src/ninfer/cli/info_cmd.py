@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 import sys
 
+from ninfer.cli.command import CliCommand
 
-def register(sub) -> None:
-    p = sub.add_parser("info", help="describe a .ninfer artifact",
-                       description="Describe a V3 .ninfer artifact: components and config summary, objects "
-                                   "and bytes per component and per format, files, metadata, artifact id.")
+
+def add_arguments(p) -> None:
     p.add_argument("model", metavar="MODEL.ninfer", nargs="?", default=None,
                    help="the artifact's entry file (default: the embedded default model)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -34,7 +33,6 @@ def register(sub) -> None:
     g.add_argument("--num-pages", type=int, default=None, metavar="N")
     g.add_argument("--kv-budget-mib", type=float, default=None, metavar="MIB")
     g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="TOKENS")
-    p.set_defaults(func=run)
 
 
 _MEMORY_FLAGS = ("device", "dtype", "max_concurrency", "max_context", "page_size", "num_pages", "kv_budget_mib",
@@ -83,3 +81,9 @@ def run(args) -> int:
             if memory is not None:
                 print(format_memory_summary(memory))
     return 0
+
+
+COMMAND = CliCommand(
+    name="info", help="describe a .ninfer artifact", add_arguments=add_arguments, run=run,
+    description="Describe a V3 .ninfer artifact: components and config summary, objects and bytes per component "
+                "and per format, files, metadata, artifact id.")

@@ -8,25 +8,7 @@ from ninfer.cli.command import CliCommand
 from ninfer.plugins.hookspecs import hookimpl
 
 
-class _OwnParser:
-    """The subparsers stand-in ``info_cmd.register`` declares its arguments through: it hands over the parser
-    the dispatcher already made for ``info`` (whose help and description :data:`INFO` carries)."""
-
-    def __init__(self, parser) -> None:
-        self._parser = parser
-
-    def add_parser(self, name: str, **_options):
-        return self._parser
-
-
-INFO = CliCommand(
-    name="info", help="describe a .ninfer artifact", run=info_cmd.run,
-    add_arguments=lambda parser: info_cmd.register(_OwnParser(parser)),
-    description="Describe a V3 .ninfer artifact: components and config summary, objects and bytes per component "
-                "and per format, files, metadata, artifact id.")
-
-
 @hookimpl
 def ninfer_cli_commands() -> list[CliCommand]:
-    return [generate_cmd.COMMAND, chat_cmd.COMMAND, INFO, plugins_cmd.COMMAND, score_cmd.COMMAND,
-            bench_cmd.COMMAND]
+    return [generate_cmd.COMMAND, chat_cmd.COMMAND, info_cmd.COMMAND, plugins_cmd.COMMAND,
+            score_cmd.COMMAND, bench_cmd.COMMAND]
