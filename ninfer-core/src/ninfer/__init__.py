@@ -1,4 +1,4 @@
-"""NInfer: a single-GPU inference engine for the Qwen hybrid architectures.
+"""NInfer: a single-GPU LLM inference engine; architectures arrive as plugins (``ninfer plugins`` lists them).
 
 Everything a user touches goes through :class:`ninfer.Engine`. ``Engine`` and ``EngineOptions`` are
 imported lazily (PEP 562), so ``import ninfer`` stays light (no torch import until they are used).

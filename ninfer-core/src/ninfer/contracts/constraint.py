@@ -15,7 +15,7 @@ to build one):
   is the order the output writes them);
 - ``choice``: ``choices`` are the allowed outputs, verbatim;
 - ``regex``: ``text`` is a regular expression the whole output must match;
-- ``tools``: the output is exactly one Qwen XML tool call (``parallel``: one or more) of a tool in
+- ``tools``: the output is exactly one tool call in the frontend's tool-call format (``parallel``: one or more) of a tool in
   ``OutputOptions.tools``, whose arguments satisfy that tool's parameter schema; ``tool_choice`` is
   ``"required"`` (any tool) or a tool name.
 

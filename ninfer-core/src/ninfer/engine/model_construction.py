@@ -13,7 +13,7 @@ one corrective rebuild: it drops the graphs and the Program, shrinks an automati
 (``planning.calibration.calibrate_kv``), builds the Program again from the same loaded weights and captures
 again; still short, or a pool that cannot shrink, is a MemoryPlanError. Each build gets its own copy of
 the weights mapping (``create_program`` may rearrange its dict; the tensors are read-only views by the
-ProgramInit contract, and Qwen3.5 casts into new tensors, never in place), so the rebuild sees the
+ProgramInit contract: a Program that casts makes new tensors, never in place), so the rebuild sees the
 weights as loaded.
 
 Only the selected features' parameters are read. The reader is closed before returning: the weights

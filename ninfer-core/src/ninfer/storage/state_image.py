@@ -8,7 +8,7 @@ or a Host replica is one copy of that range, in the same layout).
 Invariants:
 - Field offsets are aligned to ``StateLayout.alignment`` bytes and fields never overlap.
 - A slot is either free or owned by exactly one holder; :meth:`StateImageStorage.allocate` hands out
-  a slot whose image is native-initialised (all zeros: the Qwen GDN initial conv and recurrent state).
+  a slot whose image is native-initialised (all zeros, every field: an architecture whose initial state is not zero cannot use this storage as is).
 - Reserve (allocate), native init, and writes by ops are distinct actions; init happens only here.
 """
 
