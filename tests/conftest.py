@@ -1,11 +1,10 @@
-"""Suite-wide test policy: ``gpu`` tests skip without CUDA, ``slow`` tests run only with NINFER_SLOW_TESTS=1.
+"""Suite-wide test policy: ``gpu`` tests skip without CUDA (tools/gpu_tests.sh runs them on a GPU machine).
 
-Skipping is decided here, once, so individual tests never call pytest.skip for these reasons.
+Skipping is decided here, once, so individual tests never call pytest.skip for that reason.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -27,15 +26,12 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    has_cuda = _cuda_available()
-    run_slow = os.environ.get("NINFER_SLOW_TESTS") == "1"
+    if _cuda_available():
+        return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
-    skip_slow = pytest.mark.skip(reason="slow test: set NINFER_SLOW_TESTS=1 to run")
     for item in items:
-        if "gpu" in item.keywords and not has_cuda:
+        if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
-        if "slow" in item.keywords and not run_slow:
-            item.add_marker(skip_slow)
 
 
 @pytest.fixture(scope="session")

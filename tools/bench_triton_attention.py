@@ -23,12 +23,14 @@ import traceback
 
 import torch
 from ninfer.ops.reference import attention as ref_attn
-from ninfer.ops.reference import conv1d as ref_conv
 from ninfer.ops.reference import kv_cache as ref_kv
 from ninfer.ops.reference import norm as ref_norm
 from ninfer.ops.reference import rope as ref_rope
 from ninfer.ops.reference import sampling as ref_sampling
-from ninfer.ops.triton import attention, conv1d, kv_cache, norm, rope, sampling
+from ninfer.ops.triton import attention, kv_cache, norm, rope, sampling
+from ninfer_qwen3_5.ops.reference import conv1d as ref_conv
+from ninfer_qwen3_5.ops.reference import gated_norm as ref_gated_norm
+from ninfer_qwen3_5.ops.triton import conv1d, gated_norm
 from triton.testing import do_bench
 
 ROWS: list[dict] = []
@@ -193,15 +195,15 @@ def bench_small_ops():
         x = torch.randn(t_len, 1024, dtype=bf, device=DEV)
         r = torch.randn(t_len, 1024, dtype=bf, device=DEV)
         w = torch.randn(1024, dtype=bf, device=DEV) * 0.1
-        row(f"rms_norm[{t_len},1024]", lambda: norm.rms_norm(x, w, 1e-6), lambda: ref_norm.rms_norm(x, w, 1e-6),
-            2 * x.numel() * 2)
-        row(f"add_rms_norm[{t_len},1024]", lambda: norm.add_rms_norm(x, r, w, 1e-6),
-            lambda: ref_norm.add_rms_norm(x, r, w, 1e-6), 4 * x.numel() * 2)
+        row(f"rms_norm_unit_offset[{t_len},1024]", lambda: norm.rms_norm_unit_offset(x, w, 1e-6),
+            lambda: ref_norm.rms_norm_unit_offset(x, w, 1e-6), 2 * x.numel() * 2)
+        row(f"add_rms_norm_unit_offset[{t_len},1024]", lambda: norm.add_rms_norm_unit_offset(x, r, w, 1e-6),
+            lambda: ref_norm.add_rms_norm_unit_offset(x, r, w, 1e-6), 4 * x.numel() * 2)
         xg = torch.randn(t_len, 16, 128, dtype=bf, device=DEV)
         g = torch.randn(t_len, 16, 128, dtype=bf, device=DEV)
         wg = torch.randn(128, dtype=bf, device=DEV)
-        row(f"gated_rms_norm[{t_len},16,128]", lambda: norm.gated_rms_norm(xg, g, wg, 1e-6),
-            lambda: ref_norm.gated_rms_norm(xg, g, wg, 1e-6), 3 * xg.numel() * 2)
+        row(f"gated_rms_norm[{t_len},16,128]", lambda: gated_norm.gated_rms_norm(xg, g, wg, 1e-6),
+            lambda: ref_gated_norm.gated_rms_norm(xg, g, wg, 1e-6), 3 * xg.numel() * 2)
         q = torch.randn(t_len, 8, 256, dtype=bf, device=DEV)
         cos, sin = torch.randn(t_len, 64, device=DEV), torch.randn(t_len, 64, device=DEV)
         row(f"rope[{t_len},8,256]R64", lambda: rope.rope(q, cos, sin), lambda: ref_rope.rope(q, cos, sin),

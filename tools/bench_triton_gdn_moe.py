@@ -18,10 +18,10 @@ import time
 
 import torch
 import triton
-from ninfer.ops.reference import gdn as rgdn
 from ninfer.ops.reference import moe as rmoe
-from ninfer.ops.triton import gdn as tgdn
 from ninfer.ops.triton import moe as tmoe
+from ninfer_qwen3_5.ops.reference import gdn as rgdn
+from ninfer_qwen3_5.ops.triton import gdn as tgdn
 from triton.testing import do_bench
 
 ROWS: list[dict] = []

@@ -59,7 +59,7 @@ def main() -> int:
                        for k, (path, start, prompt, expected) in enumerate(windows[batch_start: batch_start + 8])]
             for index, path, start, prompt, expected, handle in handles:
                 got = list(handle.result().token_ids)
-                match = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), len(expected))
+                match = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b), len(expected))
                 print(f"{path.relative_to(lib)}@{start}: {match}/{len(expected)} tokens reproduced", file=sys.stderr)
                 if best is None or match > best[0]:
                     best = (match, index, path, start, prompt, expected)

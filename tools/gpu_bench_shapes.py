@@ -9,9 +9,10 @@ Phases (each timed and printed; a summary JSON goes under ``--out``):
    dt_bias U(-1, 1), GDN gated-norm weights U(0.5, 1.5), other 1-d weights U(-0.5, 0.5), matrices
    N(0, 1/fan_in);
 2. write the NInfer artifact. Default route ``memory``: the plugin's source mapping plans the conversion
-   from the model's state_dict and ninfer-convert's writer streams the bytes from device memory (through a
-   pinned staging buffer); no Hugging Face folder is written, so the disk holds one copy. Route ``disk``
-   (also the automatic fallback if ``memory`` fails): save_pretrained, ninfer-convert, delete the source.
+   from the model's state_dict and the conversion pipeline (``ninfer.conversion``) writes the bytes from
+   device memory (through a pinned staging buffer); no Hugging Face folder is written, so the disk holds one
+   copy. Route ``disk`` (also the automatic fallback if ``memory`` fails): save_pretrained, convert, delete
+   the source.
    Both add the frontend resources of tools/gpu_bench_0_8b.py (``--tokenizer`` tokenizer.json, our EOS
    tokenizer_config, Qwen's generation_config EOS ids);
 3. ``ninfer bench ART --batches 1,2,4,8 --prefill-lengths 1024,8192,32768`` in a subprocess (the
@@ -277,12 +278,12 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str) -> dict:
     import torch
     from ninfer.artifact.source_mapping import SourceRows, SourceTensor
     from ninfer.artifact.writer import ArtifactWriter
+    from ninfer.conversion import pipeline as cv
+    from ninfer.conversion.cast import cast_chunk
+    from ninfer.conversion.plan import check_plan
+    from ninfer.conversion.resources import collect_resources
+    from ninfer.conversion.source import SourceCheckpoint, TensorLocation
     from ninfer.plugins import get_registry
-    from ninfer_convert import convert as cv
-    from ninfer_convert.cast import cast_chunk
-    from ninfer_convert.plan import check_plan
-    from ninfer_convert.resources import collect_resources
-    from ninfer_convert.source import SourceCheckpoint, TensorLocation
 
     model.config.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
@@ -328,7 +329,7 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str) -> dict:
 
 
 def convert_on_disk(model, folder: Path, artifact: Path, name: str) -> dict:
-    from ninfer_convert.convert import convert
+    from ninfer.conversion import convert
 
     src = folder / "hf"
     src.mkdir()

