@@ -1,4 +1,5 @@
-"""Scheduler policy in isolation: FIFO with bounded bypass, chunk rotation, protected resume, victims."""
+"""The scheduler's order rules in isolation (RequestQueues): FIFO with bounded bypass, chunk rotation,
+protected resume, victims; and the request record's lifecycle."""
 
 from __future__ import annotations
 
@@ -6,13 +7,11 @@ import pytest
 from ninfer.contracts.errors import EngineFailure
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.engine.handle import RequestControl
+from ninfer.engine.queues import RequestQueues
 from ninfer.engine.requests import RequestRecord, RequestState
-from ninfer.engine.scheduler import Scheduler
-
-S = RequestState
 
 
-def rec(ticket: int, state: RequestState = S.WAITING, prompt: int = 3, output: int = 0) -> RequestRecord:
+def rec(ticket: int, state: RequestState = RequestState.WAITING, prompt: int = 3, output: int = 0) -> RequestRecord:
     r = RequestRecord(ticket=ticket, request_id=f"r{ticket}", prompt=tuple(range(2, 2 + prompt)),
                       params=SamplingParams(seed=ticket), session=None,  # type: ignore[arg-type]
                       control=RequestControl(f"r{ticket}", lambda: None, lambda: None), submit_time=0.0,
@@ -23,7 +22,7 @@ def rec(ticket: int, state: RequestState = S.WAITING, prompt: int = 3, output: i
 
 
 def test_admission_is_fifo_with_bounded_bypass():
-    s = Scheduler(lanes=4, bypass_limit=2)
+    s = RequestQueues(max_running=4, bypass_limit=2)
     waiting = [rec(t) for t in (3, 1, 2, 4, 5)]
     for r in waiting:
         s.enqueue(r)
@@ -32,29 +31,29 @@ def test_admission_is_fifo_with_bounded_bypass():
     # The head does not fit; two later ones are admitted ahead of it: the allowance is used up.
     for t in (2, 3):
         r = next(x for x in s.waiting if x.ticket == t)
-        r.state = S.PREFILL
+        r.state = RequestState.PREFILL
         s.add_resident(r)
         s.note_bypass()
     assert [r.ticket for r in s.admission_order()] == [1]
     # Once the head is admitted the next head gets a fresh allowance.
     head = s.waiting[0]
-    head.state = S.PREFILL
+    head.state = RequestState.PREFILL
     s.add_resident(head)
     assert [r.ticket for r in s.admission_order()] == [4, 5]
-    assert s.free_lanes == 1  # the worker stops trying when the lanes are full
+    assert not s.full and len(s.residents) == s.max_running - 1  # one running place left
 
 
 def test_strict_fifo_when_bypass_limit_is_zero():
-    s = Scheduler(lanes=2, bypass_limit=0)
+    s = RequestQueues(max_running=2, bypass_limit=0)
     for t in range(3):
         s.enqueue(rec(t))
     assert [r.ticket for r in s.admission_order()] == [0]
 
 
 def test_no_fresh_admission_while_a_request_is_paused():
-    s = Scheduler(lanes=2, bypass_limit=2)
+    s = RequestQueues(max_running=2, bypass_limit=2)
     s.enqueue(rec(5))
-    p = rec(1, S.PREFILL)
+    p = rec(1, RequestState.PREFILL)
     s.add_resident(p)
     s.pause(p)
     assert s.admission_order() == []
@@ -62,13 +61,13 @@ def test_no_fresh_admission_while_a_request_is_paused():
 
 
 def test_one_protected_resume_at_a_time():
-    s = Scheduler(lanes=3, bypass_limit=0)
-    a, b = rec(1, S.DECODE_READY), rec(2, S.DECODE_READY)
+    s = RequestQueues(max_running=3, bypass_limit=0)
+    a, b = rec(1, RequestState.DECODE_READY), rec(2, RequestState.DECODE_READY)
     for r in (a, b):
         s.add_resident(r)
         s.pause(r)
     assert s.resume_candidate() is a  # oldest first
-    a.state, a.protected = S.REPLAY, True
+    a.state, a.protected = RequestState.REPLAY, True
     s.add_resident(a)
     assert s.resume_candidate() is None  # a still protected
     a.protected = False
@@ -76,8 +75,8 @@ def test_one_protected_resume_at_a_time():
 
 
 def test_chunk_rotation_and_protected_first():
-    s = Scheduler(lanes=4, bypass_limit=0)
-    rs = [rec(t, S.PREFILL) for t in range(3)] + [rec(3, S.DECODE_READY)]
+    s = RequestQueues(max_running=4, bypass_limit=0)
+    rs = [rec(t, RequestState.PREFILL) for t in range(3)] + [rec(3, RequestState.DECODE_READY)]
     for r in rs:
         s.add_resident(r)
     order = []
@@ -92,8 +91,8 @@ def test_chunk_rotation_and_protected_first():
 
 
 def test_victim_is_youngest_unprotected_resident():
-    s = Scheduler(lanes=4, bypass_limit=0)
-    rs = [rec(t, S.DECODE_READY) for t in (4, 7, 2)]
+    s = RequestQueues(max_running=4, bypass_limit=0)
+    rs = [rec(t, RequestState.DECODE_READY) for t in (4, 7, 2)]
     for r in rs:
         s.add_resident(r)
     assert s.victim().ticket == 7
@@ -103,15 +102,15 @@ def test_victim_is_youngest_unprotected_resident():
 
 def test_record_rejects_illegal_transitions():
     r = rec(0)
-    r.move(S.MATERIALIZING)
-    r.move(S.PREFILL)
+    r.move(RequestState.MATERIALIZING)
+    r.move(RequestState.PREFILL)
     with pytest.raises(EngineFailure, match="illegal transition prefill -> waiting"):
-        r.move(S.WAITING)
-    r.move(S.PAUSING)
-    r.move(S.PAUSED)
-    r.move(S.SETTLED)
+        r.move(RequestState.WAITING)
+    r.move(RequestState.PAUSING)
+    r.move(RequestState.PAUSED)
+    r.move(RequestState.SETTLED)
     with pytest.raises(EngineFailure):
-        r.move(S.MATERIALIZING)
+        r.move(RequestState.MATERIALIZING)
 
 
 def test_remaining_budget_is_the_tighter_of_max_tokens_and_context():

@@ -39,18 +39,19 @@ class RequestState(enum.Enum):
     SETTLED = "settled"
 
 
-S = RequestState
-RESIDENT_STATES = frozenset({S.PREFILL, S.REPLAY, S.DECODE_READY})
+RESIDENT_STATES = frozenset({RequestState.PREFILL, RequestState.REPLAY, RequestState.DECODE_READY})
 _TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
-    S.WAITING: frozenset({S.MATERIALIZING, S.SETTLED}),
-    S.MATERIALIZING: frozenset({S.PREFILL, S.REPLAY, S.WAITING, S.PAUSED, S.SETTLED}),
-    S.PREFILL: frozenset({S.DECODE_READY, S.MODEL_FINISHED, S.PAUSING, S.SETTLED}),
-    S.REPLAY: frozenset({S.DECODE_READY, S.PAUSING, S.SETTLED}),
-    S.DECODE_READY: frozenset({S.MODEL_FINISHED, S.PAUSING, S.SETTLED}),
-    S.MODEL_FINISHED: frozenset({S.SETTLED}),
-    S.PAUSING: frozenset({S.PAUSED}),
-    S.PAUSED: frozenset({S.MATERIALIZING, S.SETTLED}),
-    S.SETTLED: frozenset(),
+    RequestState.WAITING: frozenset({RequestState.MATERIALIZING, RequestState.SETTLED}),
+    RequestState.MATERIALIZING: frozenset({RequestState.PREFILL, RequestState.REPLAY, RequestState.WAITING,
+                                           RequestState.PAUSED, RequestState.SETTLED}),
+    RequestState.PREFILL: frozenset({RequestState.DECODE_READY, RequestState.MODEL_FINISHED, RequestState.PAUSING,
+                                     RequestState.SETTLED}),
+    RequestState.REPLAY: frozenset({RequestState.DECODE_READY, RequestState.PAUSING, RequestState.SETTLED}),
+    RequestState.DECODE_READY: frozenset({RequestState.MODEL_FINISHED, RequestState.PAUSING, RequestState.SETTLED}),
+    RequestState.MODEL_FINISHED: frozenset({RequestState.SETTLED}),
+    RequestState.PAUSING: frozenset({RequestState.PAUSED}),
+    RequestState.PAUSED: frozenset({RequestState.MATERIALIZING, RequestState.SETTLED}),
+    RequestState.SETTLED: frozenset(),
 }
 
 
@@ -66,12 +67,12 @@ class RequestRecord:
     control: RequestControl
     submit_time: float
     deadline: float | None
-    state: RequestState = S.WAITING
+    state: RequestState = RequestState.WAITING
     seq: SeqId | None = None
     output_tokens: list[int] = field(default_factory=list)
     resume: ResumeState | None = None  # while PAUSED: a Snapshot (revocable) or Replay
     started: bool = False
-    protected: bool = False          # in protected resume: its permit is held until its first new token
+    protected: bool = False          # in protected resume: its reservation is held until its first new token
     admit_time: float | None = None
     first_token_time: float | None = None
     finish_reason: str | None = None
@@ -109,6 +110,6 @@ class RequestRecord:
     def rebuild_target(self) -> int:
         """How many ledger tokens must be computed before this resident is decode-ready: a fresh
         prefill computes the whole prompt (its last chunk samples), a Replay all but the last token."""
-        if self.state is S.REPLAY:
+        if self.state is RequestState.REPLAY:
             return self.ledger_length - 1
         return len(self.prompt)

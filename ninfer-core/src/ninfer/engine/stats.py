@@ -1,7 +1,7 @@
 """Engine statistics: counters the worker keeps and the snapshot any thread may read.
 
 The worker is the only writer of :class:`EngineCounters` and the only caller of ``Program.capacity``;
-after each cycle it publishes an immutable :class:`EngineStats` (one reference store, atomic under
+after each step it publishes an immutable :class:`EngineStats` (one reference store, atomic under
 the GIL), so ``Engine.stats()`` never touches worker state from another thread.
 """
 
@@ -49,7 +49,7 @@ class EngineCounters:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """One consistent view after a worker cycle (``outstanding`` and ``submitted`` are live)."""
+    """One consistent view after a worker step (``outstanding`` and ``submitted`` are live)."""
 
     status: EngineStatus
     queue_depth: int

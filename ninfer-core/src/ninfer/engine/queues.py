@@ -1,0 +1,119 @@
+"""RequestQueues: the scheduler's three queues and the order rules that pick from them. No Program calls.
+
+Membership (each queue in ticket, that is submission, order):
+
+- ``waiting``: submitted, not admitted yet.
+- ``residents``: requests that hold a Program sequence (PREFILL, REPLAY, DECODE_READY); at most
+  ``max_running`` of them (``EngineOptions.max_concurrency``).
+- ``paused``: preempted requests; they resume before any fresh admission.
+
+Order rules (docs/design.md sections 4 and 5):
+- Admission is FIFO with a bounded bypass: when the queue head does not fit yet, at most
+  ``bypass_limit`` later requests may be admitted before it; then admission waits for the head.
+- At most one protected resume at a time; it gets the step's chunk first.
+- Other prefill/Replay chunks rotate among residents in ticket order, one chunk per step.
+- The preemption victim is the youngest (highest ticket) resident that is not protected.
+"""
+
+from __future__ import annotations
+
+from ninfer.engine.requests import RequestRecord, RequestState
+
+
+class RequestQueues:
+    def __init__(self, max_running: int, bypass_limit: int) -> None:
+        self.max_running = max_running
+        self.bypass_limit = bypass_limit
+        self.waiting: list[RequestRecord] = []
+        self.residents: list[RequestRecord] = []
+        self.paused: list[RequestRecord] = []
+        self._bypassed_head: int | None = None  # ticket of the head that was overtaken
+        self._bypass_count = 0
+        self._last_chunk_ticket = -1           # rotation cursor: the ticket that had the last chunk
+
+    # -- membership -----------------------------------------------------------------------------
+    def enqueue(self, rec: RequestRecord) -> None:
+        _insert_by_ticket(self.waiting, rec)
+
+    def add_resident(self, rec: RequestRecord) -> None:
+        if self.full:
+            raise RuntimeError("every running place is taken")  # the scheduler checks ``full`` first
+        if rec in self.waiting:
+            self.waiting.remove(rec)
+        if rec in self.paused:
+            self.paused.remove(rec)
+        _insert_by_ticket(self.residents, rec)
+
+    def pause(self, rec: RequestRecord) -> None:
+        self.residents.remove(rec)
+        _insert_by_ticket(self.paused, rec)
+
+    def remove(self, rec: RequestRecord) -> None:
+        for group in (self.waiting, self.residents, self.paused):
+            if rec in group:
+                group.remove(rec)
+
+    @property
+    def full(self) -> bool:
+        """Every running place is taken: nothing more may become resident now."""
+        return len(self.residents) >= self.max_running
+
+    def protected(self) -> RequestRecord | None:
+        for rec in self.residents:
+            if rec.protected:
+                return rec
+        return None
+
+    # -- admission --------------------------------------------------------------------------------
+    def resume_candidate(self) -> RequestRecord | None:
+        """The oldest paused request, when a running place is free and no other resume is protected."""
+        if not self.paused or self.full or self.protected() is not None:
+            return None
+        return self.paused[0]
+
+    def admission_order(self) -> list[RequestRecord]:
+        """Waiting requests that may be tried now, in order: the head, then at most the remaining
+        bypass allowance of later ones. Fresh admission waits while any request is paused (paused
+        ones are older and resume first). The caller reports a bypass with :meth:`note_bypass`."""
+        if self.paused or self.full or not self.waiting:
+            return []
+        head = self.waiting[0]
+        if self._bypassed_head != head.ticket:
+            self._bypassed_head, self._bypass_count = head.ticket, 0
+        allowed = max(0, self.bypass_limit - self._bypass_count)
+        return self.waiting[:1 + allowed]
+
+    def note_bypass(self) -> None:
+        """A later request was admitted ahead of the waiting head."""
+        self._bypass_count += 1
+
+    # -- the step's work --------------------------------------------------------------------------
+    def decode_rows(self) -> list[RequestRecord]:
+        return [r for r in self.residents if r.state is RequestState.DECODE_READY]
+
+    def chunk_candidates(self) -> list[RequestRecord]:
+        """Residents needing prefill/Replay, best first: the protected resume, then rotation in
+        ticket order starting after the resident that had the previous chunk."""
+        building = [r for r in self.residents if r.state in (RequestState.PREFILL, RequestState.REPLAY)]
+        protected = [r for r in building if r.protected]
+        rest = [r for r in building if not r.protected]
+        after = [r for r in rest if r.ticket > self._last_chunk_ticket]
+        before = [r for r in rest if r.ticket <= self._last_chunk_ticket]
+        return protected + after + before
+
+    def note_chunk(self, rec: RequestRecord) -> None:
+        self._last_chunk_ticket = rec.ticket
+
+    def victim(self) -> RequestRecord | None:
+        """The youngest non-protected resident (may be the row that needs the resources itself)."""
+        for rec in reversed(self.residents):
+            if not rec.protected:
+                return rec
+        return None
+
+
+def _insert_by_ticket(group: list[RequestRecord], rec: RequestRecord) -> None:
+    i = len(group)
+    while i > 0 and group[i - 1].ticket > rec.ticket:
+        i -= 1
+    group.insert(i, rec)
