@@ -1,6 +1,6 @@
-"""Decode rows described on the host (DecodeRows) and the one-copy staging of a decode graph's inputs
-(ninfer.program.graphs.stage_inputs / input_views), on the CPU: whatever the batch size, page-table
-width or token source, the static views read back exactly the tensors the eager path builds."""
+"""Decode rows described on the host (ninfer.program.batch.DecodeRows) and the one-copy staging of a decode
+graph's inputs (ninfer.program.graphs.stage_inputs / input_views), on the CPU: whatever the batch size,
+page-table width or token source, the static views read back exactly the tensors the eager path builds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from ninfer.contracts.program import ProgramError
 from ninfer.program import graphs as dg
-from ninfer.program.base import DecodeRows
+from ninfer.program.batch import DecodeRows, HostTokens
 
 CPU = torch.device("cpu")
 
@@ -112,10 +112,10 @@ def test_host_tokens_are_kept_before_their_ring_row_is_reused():
     same row again) a rewrite of the row no longer changes what it answers."""
     ring = torch.zeros((dg.RING_ROWS, 4), dtype=torch.int64)
     ring[1, :3] = torch.tensor([7, 8, 9])
-    t = dg.HostTokens(ring[1, :3], _Done())
+    t = HostTokens(ring[1, :3], _Done())
     t.keep()
     ring[1] = -5                                      # a later replay's tokens in the same row
     assert t.values() == [7, 8, 9] and t.values() == [7, 8, 9]
     ring[2, :2] = torch.tensor([4, 5])
-    late = dg.HostTokens(ring[2, :2], _Done())
+    late = HostTokens(ring[2, :2], _Done())
     assert late.values() == [4, 5]                    # read before any reuse: the row itself

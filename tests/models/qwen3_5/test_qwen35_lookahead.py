@@ -183,14 +183,20 @@ def test_abort_drops_it(dense):
         prog.run(ExecutionUnit(decode=(DecodeRow(a, d.sampling(a)),)))
 
 
-def test_only_a_supporting_program_takes_spares(dense):
+def test_lookahead_is_declared_once_by_the_architecture(dense):
+    """The ArchitectureSpec is the one declaration: startup sizes spares from it (and refuses a forced
+    lookahead without it); the Program takes the spares it is given, outside capacity()."""
+    from ninfer import EngineOptions
+    from ninfer.engine.options import InvalidEngineOptions
+    from ninfer.planning.resolution import lookahead_slots
     from ninfer_qwen3_5.program import Qwen35Program
 
-    class NoLookahead(Qwen35Program):
-        supports_lookahead = False
-
-    with pytest.raises(ProgramError, match="does not support lookahead"):
-        NoLookahead(base_init(dense, lookahead_slots=1))
+    assert dense.spec.lookahead is True
+    cpu, forced = torch.device("cpu"), EngineOptions(max_concurrency=2, lookahead=True)
+    assert lookahead_slots(cpu, forced, dense.spec.lookahead) == 2
+    with pytest.raises(InvalidEngineOptions, match="does not support lookahead"):
+        lookahead_slots(cpu, forced, False)
+    assert lookahead_slots(cpu, EngineOptions(max_concurrency=2), False) == 0
     assert Qwen35Program(base_init(dense, lookahead_slots=1)).capacity().total_state_slots == 2
 
 

@@ -75,7 +75,8 @@ class ProgramOptions:
     """Physical sizing of one Program. Invariant: max_sequences >= the engine's max_concurrency.
     ``checkpoint_slots``: StateImage slots for context-cache checkpoints (0: no checkpoints).
     ``lookahead_slots``: extra StateImage slots held as lookahead-decode spares (0: no lookahead;
-    only for a Program whose ``supports_lookahead`` is true, see ``ninfer.program.lookahead``)."""
+    given only to an architecture that declares ``ArchitectureSpec.lookahead``, see
+    ``ninfer.program.lookahead``)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -106,12 +107,15 @@ class ArchitectureSpec:
     - ``profile(config, features, dtype=None, stored_dtypes=None)``: the address-free
       :class:`ModelProfile` for run dtype ``dtype`` (None: bfloat16) and the artifact's stored dtype
       of each parameter name (None: every parameter stored in ``dtype``).
-    - ``create_program(init)``: a Program (``ninfer.contracts.program.Program``).
+    - ``create_program(init)``: a Program (``ninfer.contracts.program.Program``; an architecture subclasses
+      ``ninfer.program.model.ModelProgram``).
     - ``summarize_config(config)``: a few lines for ``ninfer info``.
     - ``frontend``: the name of the frontend family (a ``ninfer_frontends`` registration) the artifact's
       resources are read with.
-    - ``lookahead``: its Program supports lookahead decode (``SequenceProgram.supports_lookahead``), so
-      the engine may give it ``ProgramOptions.lookahead_slots``.
+    - ``lookahead``: the one declaration of lookahead decode support (``ninfer.program.lookahead``): its
+      Program's decode forward reads each row's state from ``decode_slots`` and rewrites every StateImage
+      field of ``decode_out_slots``. Only then does the engine give it ``ProgramOptions.lookahead_slots``
+      (and plan their memory).
     """
 
     name: str

@@ -213,12 +213,37 @@ class CheckpointUsage:
     host_budget_bytes: int = 0
 
 
+@dataclass
+class LookaheadStats:
+    """Monotone counts a Program keeps of its lookahead decode steps (``ninfer.program.lookahead``):
+    launched ahead, adopted by the next unit, dropped. All zero for a Program given no lookahead slots."""
+
+    launched: int = 0
+    adopted: int = 0
+    dropped: int = 0
+
+
 @runtime_checkable
 class Program(Protocol):
-    """See the module docstring for the ledger and commit rules."""
+    """See the module docstring for the ledger and commit rules.
+
+    Every member is required (``ninfer.program.base.SequenceProgram`` implements them all); a Program
+    without decode graphs answers ``capture_decode_graphs`` with ``()`` and makes ``close_graphs`` a no-op.
+    """
 
     page_size: int
     vocab_size: int
+    max_context: int             # the longest ledger a sequence may have (prompt and output together)
+    device: torch.device         # where its KV pages, StateImages and logits live
+    dtype: torch.dtype | None    # its activation dtype (None: it has none, e.g. a test double)
+    lookahead_stats: LookaheadStats
+
+    def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
+        """Capture decode CUDA graphs for batch sizes ``1..max_batch`` and return the sizes captured (``()``:
+        none). Only before any sequence is opened (capture writes state slots and KV pages)."""
+
+    def close_graphs(self) -> None:
+        """Drop the decode graphs and their memory pool (the Program then runs decode eagerly)."""
 
     def capacity(self) -> ProgramCapacity: ...
 
@@ -308,3 +333,16 @@ class CheckpointProgram(Program, Protocol):
         checkpoint to Host (a pause exists to free device pages), returning a SnapshotState; a
         Replay state when there is no free checkpoint slot, not enough Host budget, or nothing
         restorable (nothing computed, or the state covers the whole ledger)."""
+
+
+@runtime_checkable
+class ScoringProgram(Program, Protocol):
+    """A Program that can run causal scoring (the engine's ``causal_scoring`` purpose)."""
+
+    def score_chunk(self, seq: SeqId, num_tokens: int, *, logits: bool = True) -> torch.Tensor | None:
+        """Run the next ``num_tokens`` ledger tokens of ``seq`` outside the commit protocol (no sampling, no
+        PendingBatch) and advance ``computed`` by them. Returns fp32 logits ``[num_tokens, vocab]``, row ``j``
+        the distribution of the ledger token after ``computed + j`` (None, skipping the LM head, with
+        ``logits=False``). Requires what a prefill chunk does (no unconsumed PendingBatch, not stale, KV
+        reserved up to the chunk's end); the chunk may reach the ledger's end, which leaves the sequence
+        stale (only pause and release remain), as does a failing forward."""

@@ -12,16 +12,16 @@ Invariants:
 - Tokens, positions, state slots (read and written), KV lengths, page tables and KV slot mappings are graph *inputs*
   (static buffers overwritten before each replay), never graph keys: any sequences, any pages.
 - All inputs live in one static int64 buffer (:class:`_Layout`), so a step's inputs reach the device in *one*
-  host-to-device copy from the rows' host description (:class:`~ninfer.program.base.DecodeRows`),
-  not a copy per tensor: every stream operation between two replays costs ~2 us of GPU time at B=1.
+  host-to-device copy from the rows' host description (:class:`~ninfer.program.batch.DecodeRows`),
+  not a copy per tensor: every stream operation between two replays costs GPU time that matters at small B.
 - With a ``greedy`` op, each graph also computes ``greedy_tokens`` of its logits into the static token input
   itself, so the next step of the same rows, if greedy, finds its tokens already in place. Rows that sample
   otherwise ignore it (one small kernel).
 - When that op is ``host_capturable``, the graph also stores its greedy tokens into row ``k`` of a pinned host
   ring of :data:`RING_ROWS` rows, ``k`` a graph input (the replay count modulo the rows): the tokens reach the
-  host when the replay completes (:class:`HostTokens`, an event recorded after the replay), and a greedy decode
-  step queues one input copy and the replay, no copy back (which cost ~10 us of GPU time per step on an H200,
-  tools/gpu_step_overhead.py). A ring row is read into host memory (:meth:`HostTokens.keep`) before a later
+  host when the replay completes (:class:`~ninfer.program.batch.HostTokens`, an event recorded after the replay),
+  and a greedy decode step queues one input copy and the replay, no copy back (tools/gpu_step_overhead.py
+  measures what that saves). A ring row is read into host memory (:meth:`HostTokens.keep`) before a later
   replay may rewrite it, so a reader never sees a later step's tokens, however late it reads.
 - Capture runs the forward eagerly first (compiling kernels) and then records it. Both write KV and
   state: capture must happen while no sequence holds a state slot or a KV page (at Program
@@ -36,12 +36,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from ninfer.program.base import DecodeRows
+from ninfer.program.batch import DecodeRows, HostTokens
 
 # forward(tokens, positions, slots, out_slots, kv_lens, page_tables, slot_mapping) -> fp32 logits [B, V]
 DecodeForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
@@ -55,30 +53,6 @@ _SPAN_LIMIT = 1 << 16
 # Rows of the pinned host ring the graphs store their greedy tokens into. A lookahead step's tokens are read one
 # replay later, so two rows would do; the rest is slack (a row is kept before reuse whatever the count).
 RING_ROWS = 4
-
-
-class HostTokens:
-    """One replay's greedy tokens on their way to the host: ``ring[row, :b]`` (pinned, written by the graph's
-    greedy kernel) once ``ready`` (an event recorded after the replay) has completed.
-
-    Invariant: :meth:`values` always answers the tokens of *this* replay. The owner (DecodeGraphs) calls
-    :meth:`keep` before it replays a graph into the same ring row again; keep waits for this replay and copies
-    the row out, so later readers get the copy."""
-
-    def __init__(self, ring_row: torch.Tensor, ready: torch.cuda.Event) -> None:
-        self._row = ring_row
-        self._ready = ready
-        self._kept: list[int] | None = None
-
-    def keep(self) -> None:
-        if self._kept is None:
-            self._ready.synchronize()
-            self._kept = [int(t) for t in self._row.tolist()]
-
-    def values(self) -> list[int]:
-        """The tokens (waits for the replay, not for anything queued after it)."""
-        self.keep()
-        return list(self._kept)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The core calls the Program serially, one window at a time (see :mod:`.windows`): each window opens a
 fresh sequence (an empty State and Main KV), reserves KV for its inputs, runs them in chunks of at
-most ``prefill_chunk_size`` tokens through :meth:`SequenceProgram.score_chunk`, and releases the
+most ``prefill_chunk_size`` tokens through :meth:`ScoringProgram.score_chunk`, and releases the
 sequence, so no history crosses windows or texts. There is no worker, scheduler, request or
 context cache; one lock makes concurrent ``score`` calls take turns.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ninfer.contracts.program import TokenLogprob
+from ninfer.contracts.program import ScoringProgram, TokenLogprob
 from ninfer.errors import NInferError, NotSupportedError
 from ninfer.scoring.inputs import normalize_inputs, tokenize
 from ninfer.scoring.report import ScoreReport, ScoreSettings, TextScore
@@ -53,15 +53,16 @@ def _program_logprobs(program):
 
 
 class CausalScoreCore:
-    """Serial window scoring over one Program (needs ``score_chunk``, see the module docstring).
+    """Serial window scoring over one :class:`~ninfer.contracts.program.ScoringProgram` (module docstring).
 
     ``max_context`` bounds ``context``: the Program's KV pool must hold one window of it.
     """
 
-    def __init__(self, program, frontend, *, max_context: int, prefill_chunk_size: int, device: str, dtype: str,
-                 info: Mapping[str, Any] | None = None) -> None:
-        if not callable(getattr(program, "score_chunk", None)):
-            raise NotSupportedError(f"{type(program).__name__} cannot score: it has no score_chunk")
+    def __init__(self, program: ScoringProgram, frontend, *, max_context: int, prefill_chunk_size: int, device: str,
+                 dtype: str, info: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(program, ScoringProgram):
+            raise NotSupportedError(f"{type(program).__name__} cannot score: it is not a ScoringProgram "
+                                    f"(score_chunk and the Program members)")
         self._program = program
         # The Program's ops when it has them (token_logprobs: one pass per row on CUDA), else the reference.
         self._token_logprobs = _program_logprobs(program)
