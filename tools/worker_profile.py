@@ -1,7 +1,7 @@
 """Profile the engine worker thread's cycles (diagnostics shared by the engine-cost tools).
 
     with profiled_cycles(engine) as prof:
-        ...   # drive the engine; only the worker's _cycle calls are profiled
+        ...   # drive the engine; only the worker's step calls are profiled
     print(top_functions(prof))
 """
 
@@ -15,9 +15,9 @@ import pstats
 
 @contextlib.contextmanager
 def profiled_cycles(engine):
-    """cProfile enabled around each of the worker's ``_cycle`` calls while the block runs."""
+    """cProfile enabled around each of the worker's ``step`` calls while the block runs."""
     core = engine._core  # noqa: SLF001 (diagnostics)
-    prof, orig = cProfile.Profile(), core._cycle
+    prof, orig = cProfile.Profile(), core.step
 
     def cycle(*a, **k):
         prof.enable()
@@ -26,11 +26,11 @@ def profiled_cycles(engine):
         finally:
             prof.disable()
 
-    core._cycle = cycle
+    core.step = cycle
     try:
         yield prof
     finally:
-        core._cycle = orig
+        core.step = orig
 
 
 def top_functions(prof: cProfile.Profile, own: int = 40, cumulative: int = 0) -> str:

@@ -60,6 +60,8 @@ def test_a_program_without_score_chunk_cannot_score():
     class NoScoring:
         vocab_size = 10
         max_context = 64
+        device = "cpu"
+        dtype = None
 
         def capacity(self):
             return ProgramCapacity(total_pages=16, free_pages=16, total_state_slots=1, free_state_slots=1,

@@ -34,10 +34,9 @@ def test_graphs_are_planned_on_cuda_for_generation_unless_turned_off(monkeypatch
     assert resolution.graph_batches(cuda, EngineOptions()) == 0
 
 
-def test_no_capture_when_none_is_planned_or_the_program_has_none():
+def test_no_capture_when_none_is_planned():
     p = Program()
     assert mc._capture_graphs(p, 0, torch.device("cuda")) == ((), 0)
-    assert mc._capture_graphs(object(), 4, torch.device("cuda")) == ((), 0)  # no capture method
     assert p.asked == []
 
 

@@ -66,9 +66,8 @@ class Engine:
         if cap.total_pages * cap.page_size < options.max_context:
             raise InvalidEngineOptions(f"the KV pool holds {cap.total_pages * cap.page_size} tokens, fewer than "
                                        f"max_context {options.max_context}: one request must always fit")
-        program_max = getattr(program, "max_context", None)
-        if program_max is not None and program_max < options.max_context:
-            raise InvalidEngineOptions(f"max_context {options.max_context} exceeds the Program's {program_max}")
+        if program.max_context < options.max_context:
+            raise InvalidEngineOptions(f"max_context {options.max_context} exceeds the Program's {program.max_context}")
         if options.context_cache and (not isinstance(program, CheckpointProgram)
                                       or program.checkpoint_usage().total_slots < 1):
             raise InvalidEngineOptions("context_cache needs a Program with checkpoint slots (build it with "
@@ -93,8 +92,8 @@ class Engine:
 
             self._scorer = CausalScoreCore(
                 program, frontend, max_context=options.max_context, prefill_chunk_size=options.prefill_chunk,
-                device=options.device or str(getattr(program, "device", "unknown")),
-                dtype=options.dtype or str(getattr(program, "dtype", "unknown")).removeprefix("torch."),
+                device=options.device or str(program.device),
+                dtype=options.dtype or str(program.dtype or "unknown").removeprefix("torch."),
                 info=self._info)
             self._core = None
             self._scoring_closed = False

@@ -73,12 +73,11 @@ def _capture_graphs(program: Program, max_batch: int, device: torch.device) -> t
     """Decode CUDA graphs for B = 1..``max_batch`` (docs/design.md section 7;
     ``ResolvedOptions.graph_batches``, 0: none) when the Program supports them. Returns the captured sizes and the growth of the allocator's
     reserved bytes they caused (their memory pool, which the plan reserved an estimate for)."""
-    capture = getattr(program, "capture_decode_graphs", None)
-    if max_batch == 0 or capture is None:
+    if max_batch == 0:
         return (), 0
     before = _reserved(device)  # after returning the unused cache: capture cannot hide in cached blocks
     try:
-        sizes = tuple(capture(max_batch))
+        sizes = tuple(program.capture_decode_graphs(max_batch))
     except Exception as exc:  # the engine cannot serve what it planned: say how to start without graphs
         raise ModelConstructionError(f"capturing decode CUDA graphs for batch sizes 1..{max_batch} "
                                      f"failed ({type(exc).__name__}: {exc}); {GRAPHS_ENV}=0 starts without "
@@ -90,8 +89,10 @@ def _capture_graphs(program: Program, max_batch: int, device: torch.device) -> t
 
 
 def _reserved(device: torch.device) -> int:
-    """The caching allocator's reserved bytes after a sync and returning its unused cache."""
+    """The caching allocator's reserved bytes after a sync and returning its unused cache (after a collection:
+    a graph pool kept alive only by a reference cycle would otherwise be freed inside the next measurement)."""
     torch.cuda.synchronize(device)
+    gc.collect()
     torch.cuda.empty_cache()
     return torch.cuda.memory_reserved(device)
 
@@ -116,9 +117,7 @@ class StartedProgram:
 
 def _drop_graphs(program: Program, device: torch.device, base: int) -> int:
     """Drop ``program``'s decode graphs; returns the reserved bytes still above ``base`` afterwards."""
-    close = getattr(program, "close_graphs", None)
-    if close is not None:
-        close()
+    program.close_graphs()
     gc.collect()
     return max(0, _reserved(device) - base)
 

@@ -295,10 +295,8 @@ class EngineCore:
                                      snap.checkpoints)
 
     def _publish_snapshot(self) -> None:
-        la = getattr(self.program, "lookahead_stats", None)  # only a SequenceProgram keeps them
-        if la is not None:
-            n = self.counters
-            n.lookahead_launched, n.lookahead_adopted, n.lookahead_dropped = la.launched, la.adopted, la.dropped
+        la, n = self.program.lookahead_stats, self.counters
+        n.lookahead_launched, n.lookahead_adopted, n.lookahead_dropped = la.launched, la.adopted, la.dropped
         if self.cache is not None:
             c, n = self.cache.counters(), self.counters
             n.cache_captures, n.cache_evictions, n.cache_host_evictions = c.captures, c.evictions, c.host_evictions
