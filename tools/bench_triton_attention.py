@@ -3,12 +3,13 @@
 Usage (device): PYTHONPATH=ninfer-core/src python3 tools/bench_triton_attention.py [--out DIR] [--quick]
 Writes bench_attention.json under --out and prints a table last.
 
-Method (METHOD.md): the copy ceiling is measured first (device-to-device copy, bytes read + written); decode
-attention is timed as CUDA-graph replays of N calls that rotate over N disjoint KV sets (fragmented page
-tables, random bf16 data, never zeros), N chosen so the sets together exceed the 60 MB L2 several times, so
-the figure is HBM bandwidth, not cache. Bytes counted = the KV actually read (B * ctx * Hkv * D * 2 tensors *
-2 bytes); q/out/partials are not counted. Eager single-call medians (do_bench) include launch overhead and
-are reported beside. The torch reference op is timed eagerly (it syncs, so it cannot be captured).
+Method (that of ``ninfer bench``, docs/benchmarks.md): the copy ceiling is measured first (device-to-device
+copy, bytes read + written); decode attention is timed as CUDA-graph replays of N calls that rotate over N
+disjoint KV sets (fragmented page tables, random bf16 data, never zeros), N chosen so the sets together exceed
+the 60 MB L2 several times, so the figure is HBM bandwidth, not cache. Bytes counted = the KV actually read
+(B * ctx * Hkv * D * 2 tensors * 2 bytes); q/out/partials are not counted. Eager single-call medians
+(do_bench) include launch overhead and are reported beside. The torch reference op is timed eagerly (it
+syncs, so it cannot be captured).
 """
 
 # ruff: noqa: B023  -- the timed lambdas close over loop variables on purpose: each runs inside its own iteration.

@@ -4,8 +4,8 @@ Usage (device): PYTHONPATH=ninfer-core/src python3 tools/bench_triton_gdn_moe.py
 Prints a table last; writes bench.json under --out. Inputs are random (never zeros); decode-type timings
 replay a CUDA graph of many calls that rotate over more state/weights than the 60 MB L2 holds, which also
 proves the ops capture (no host sync). ``--only gdn_scan_pipeline`` (not in the default set) sweeps the GDN
-scan kernel's num_stages / warps / Dv tile at the 9B and 35B-A3B GDN shape (a prefill bound: docs/benchmarks.md,
-fourteenth session).
+scan kernel's num_stages / warps / Dv tile at the 9B and 35B-A3B GDN shape (a prefill bound:
+docs/dev/perf-log.md).
 """
 
 # ruff: noqa: B023  (timing lambdas are called inside the loop iteration that defines them)

@@ -5,7 +5,7 @@
 forward that returns preset logits, so the wall time of a decode step is the host work of the engine worker
 (scheduling, ``_prepare``, sampling, the Frontend preview, commit, events) and nothing else. The Frontend
 is the default model's real one. On a GPU that host work is serial with the model's graph replay, so it
-is part of every decode step (see docs/benchmarks.md); this measures it on the CPU, where it can be
+is part of every decode step (see docs/dev/perf-log.md); this measures it on the CPU, where it can be
 optimised without a GPU.
 
     python3 tools/engine_overhead_bench.py [--vocab 6144] [--steps 512]

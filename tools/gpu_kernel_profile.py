@@ -198,8 +198,8 @@ def main() -> int:
             print(f"B={b} graph inputs: " + ", ".join(f"{n}={v.tolist() if v.dim() == 1 else v[:, :8].tolist()}"
                                                      for n, v in zip(names, views, strict=True)), flush=True)
             # All graphs share one input buffer: if the Engine never ran batch b as one decode step (its requests
-            # did not overlap), b's inputs are other graphs' values (on b33076c this replayed garbage slot ids:
-            # an illegal memory access). Then replay on the capture's valid inputs (position 0, one KV token).
+            # did not overlap), b's inputs are other graphs' values (garbage slot ids make the replay an
+            # illegal memory access). Then replay on the capture's valid inputs (position 0, one KV token).
             _, positions, slots, out_slots, kv_lens, _, _ = views
             limit = opts.max_context
             sane = (bool(((positions >= 0) & (positions < limit)).all()) and bool(((kv_lens >= 1) & (kv_lens <= limit)).all())

@@ -9,7 +9,7 @@
 # pyproject.toml files that the device image lacks (less NOT_FOR_THE_DEVICE), and their own requirements,
 # recursively, for the device's Python (3.12, CPython, manylinux x86_64). Each is pinned to the version installed
 # here when that satisfies its requirement (the versions the CPU suite runs with), else the newest that does.
-# Packages the device image already has (DEVICE_HAS below, from the device tool's KINDS.md package list) are not
+# Packages the device image already has (DEVICE_HAS below, the image's package list) are not
 # downloaded, except as a fallback: a small pure-Python wheel of one that a downloaded package requires with a
 # version bound, so that an older copy on the device can be upgraded from the carried folder instead of failing
 # the install. DIR/requirements.txt lists the top-level pins that tools/gpu_tests.sh installs; DIR/MANIFEST.txt
@@ -32,13 +32,13 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 dest = Path(sys.argv[1])
-PYTHON = ("3.12", "3.12.3")        # the device's python3 (KINDS.md: /opt/torch/.venv, Python 3.12.3)
+PYTHON = ("3.12", "3.12.3")        # the device's python3 (/opt/torch/.venv, Python 3.12.3)
 PLATFORMS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64"] + [
     f"manylinux_2_{n}_x86_64" for n in range(5, 40)]   # pip matches a platform tag exactly: name them all
 MARKERS = {"python_version": PYTHON[0], "python_full_version": PYTHON[1], "sys_platform": "linux",
            "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
            "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
-# The device image's Python packages (device tool KINDS.md, read 2026-11-17): present, never downloaded as needed.
+# The device image's Python packages (as listed for the image on 2026-11-17): present, never downloaded as needed.
 DEVICE_HAS = set(map(canonicalize_name, """
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
 charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder

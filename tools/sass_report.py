@@ -5,7 +5,7 @@ Triton compiles for a target it is told about (``GPUTarget("cuda", 90, 32)``) wi
 ``cuobjdump``. For each kernel, at the 35B-A3B decode shapes with the launch's constexprs and num_warps, this prints:
 registers, stack (spills), shared memory, instruction counts of the memory, shuffle/reduction and barrier kinds,
 the blocked layouts, and the *issue order* of loads against the math (``LDGx64 HMMAx16 ...``, runs compressed).
-The order is what found the ninth session's latency cuts: a load issued after math it does not depend on is a
+The order is what shows latency to cut: a load issued after math it does not depend on is a
 second memory round trip in a row (V after the QK dot, a slot id after the recurrence, the gates' loads after the
 conv's stores). Device time is the scarce thing; this costs none.
 

@@ -31,10 +31,9 @@ class DeviceLimits:
     """Measured ceilings. Invariant: every rate is > 0 (a measurement that timed 0 s raises).
 
     ``copy_bytes_per_s`` is measured before the workload, on an empty device; ``copy_bytes_per_s_after`` (None
-    until :func:`remeasure_copy`) is the same copy after it, the engine closed and the GPU idle a few seconds. On
-    an H200 the two differed by ~2% (4,205 and 4,111 GB/s around three decode benches, each within 0.4% over fresh
-    buffer pairs, tools/gpu_copy_ceiling.py): the ceiling drifts with what the device just ran, so a figure near a
-    target is given against both."""
+    until :func:`remeasure_copy`) is the same copy after it, the engine closed and the GPU idle a few seconds. The
+    ceiling drifts with what the device just ran (tools/gpu_copy_ceiling.py measures it; docs/dev/perf-log.md), so a
+    figure near a target is given against both."""
 
     device: str
     copy_buffer_bytes: int
@@ -105,7 +104,7 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, n: int, *, rep
 
 def measure_limits(device: torch.device, dtype: torch.dtype, *, copy_bytes: int | None = None,
                    matmul_n: int | None = None, repeats: int = 10) -> DeviceLimits:
-    """Both ceilings; sizes default to ones that fill an H200 (CUDA) or dwarf CPU caches. Buffers are freed
+    """Both ceilings; sizes default to ones that dwarf a large GPU's L2 (CUDA) or the CPU caches. Buffers are freed
     (and the CUDA cache emptied) before returning, so the engine started next sees the memory."""
     cuda = device.type == "cuda"
     copy_bytes = copy_bytes or (CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES)
@@ -118,9 +117,9 @@ def measure_limits(device: torch.device, dtype: torch.dtype, *, copy_bytes: int 
                         matmul_dtype=str(dtype).removeprefix("torch."), matmul_flops_per_s=peak)
 
 
-# Idle time before the copy is measured again on a GPU. Right after a 35B-A3B decode bench an H200 copied at
-# 3.75 TB/s, 1 s later at 4.13, 3 s later at 4.17 (before the bench: 4.18; thirteenth session,
-# docs/benchmarks.md): measured at once, the second figure was ~10% low and inflated every "(after)" share.
+# Idle time before the copy is measured again on a GPU. Right after a decode bench the GPU copies markedly slower
+# for about a second, which would inflate every "(after)" share; a few seconds idle restores the ceiling
+# (docs/dev/perf-log.md, corrections).
 AFTER_SETTLE_S = 3.0
 
 

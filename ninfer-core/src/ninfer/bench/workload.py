@@ -11,8 +11,8 @@ its ``max_tokens`` (checked: a short result is an error, never a silent figure).
   result (the engine's per-request timings, both from submit); the difference of the two spans is
   ``steps`` decode steps at full batch B (the ragged tail is the same in both runs and cancels), so the
   rate is ``B * steps / (T_long - T_short)``. Spans start after every prefill, so the host-bound prefill of
-  B prompts -- tens of milliseconds with a run-to-run spread of the same order at B = 8 -- does not enter
-  the difference (wall-time differences did, and read B=8 rates 50% apart between runs).
+  B prompts, whose run-to-run spread is of the order of the decode span itself, does not enter the difference
+  (a difference of wall times would carry that spread; docs/dev/perf-log.md, corrections).
 
 Warm-up runs (same shapes) come first and are excluded; each figure is the median of ``repeats`` runs.
 """

@@ -10,11 +10,10 @@ from ninfer.contracts.features import Purpose, StartupFeatures
 from ninfer.errors import NInferError, NotSupportedError
 
 MAX_CONCURRENCY_LIMIT = 8
-# Prefill chunk defaults (``EngineOptions.prefill_chunk``). Generation: on the H200 a 35B-A3B-shape 8k prompt
-# (12 layers) takes 130.6 ms in chunks of 2,048, 87.3 ms in 4,096 and 80.8 ms in 8,192 (32k: 651.8 / 490.5 /
-# 457.8 ms): each chunk pays ~60 host launches per layer, so small chunks are host-bound (docs/benchmarks.md,
-# fifteenth session). vLLM and SGLang also default to 8,192-token batches on this class of GPU. Scoring keeps
-# 2,048: each of its chunks materialises [chunk, vocab] fp32 logits (2 GiB at a 248k vocabulary).
+# Prefill chunk defaults (``EngineOptions.prefill_chunk``). Generation: each chunk pays tens of host launches per
+# layer, so small chunks leave a large GPU host-bound; 8,192 was the fastest size measured, with little gain over
+# 4,096 (the sweep is in docs/dev/perf-log.md). vLLM and SGLang also default to 8,192-token batches on this class
+# of GPU. Scoring keeps 2,048: each of its chunks materialises [chunk, vocab] fp32 logits (2 GiB at a 248k vocabulary).
 GENERATION_PREFILL_CHUNK = 8192
 SCORING_PREFILL_CHUNK = 2048
 
@@ -158,8 +157,8 @@ class EngineOptions:
     def checkpoint_interval(self) -> int:
         if self.cache_checkpoint_interval is not None:
             return self.cache_checkpoint_interval
-        # Boundaries at chunk ends cut no prefill chunk short (on the H200, 256-token boundaries made a 32k
-        # prompt's prefill 9.2 s instead of 2 s, and each boundary keeps a whole StateImage).
+        # Boundaries at chunk ends cut no prefill chunk short (a boundary inside a chunk splits it, and short
+        # chunks are host-bound), and each boundary keeps a whole StateImage.
         return max(self.page_size, self.prefill_chunk // self.page_size * self.page_size)
 
     @property

@@ -73,7 +73,7 @@ class QwenTokenizer:
             _check_unicode(text)
         if len(text) > _LONG_TEXT:
             # Same ids; encode_batch releases the GIL while it works, encode holds it: a multi-MB prompt tokenised on
-            # the server's worker thread froze every other request (/health waited 40 s behind a 30 MB prompt).
+            # the server's worker thread would freeze every other request, /health included, until it finished.
             return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tok.encode(text, add_special_tokens=False).ids
 

@@ -20,8 +20,8 @@ from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.fused import NormInput, norm_project, row_groups
 
 # The fused input GEMM's rows are padded with zero rows to a multiple of this: its [T, rows] output's row stride
-# must be 16-byte aligned for cuBLAS's vectorised kernels. Unpadded (E + 2Is + 1 = 1281 at 35B-A3B), prefill took
-# an align-1 sm_75 kernel on an H200: 2.2 ms of a 32.7 ms 4-layer 8k-token prefill (docs/benchmarks.md).
+# must be 16-byte aligned for cuBLAS's vectorised kernels. Unpadded (E + 2Is + 1 = 1281 at 35B-A3B), cuBLAS
+# falls back to a slow unaligned kernel that was a visible share of a prefill (docs/dev/perf-log.md).
 ROW_ALIGN = 8
 
 

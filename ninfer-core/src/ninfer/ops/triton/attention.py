@@ -36,8 +36,8 @@ _NEG = tl.constexpr(-1.0e30)  # a global read inside kernels must be a constexpr
 # Decode split-K policy (module constants, so a row's partition never depends on the launch):
 # a row of n KV tiles is cut into min(MAX_SPLITS, ceil(n_tokens / MIN_SPLIT_TOKENS)) splits of equal tile
 # counts. MIN_SPLIT_TOKENS is one bf16 D=256 tile: at short contexts a decode step is latency-bound, and one tile
-# per program was fastest on an H200 (B=1, 1k tokens: 210 GB/s vs 159 at 128 tokens; equal at 8k and 32k,
-# tools/bench_triton_attention.py --decode-only); MAX_SPLITS bounds the fp32 partial buffer
+# per program puts the most programs in flight, which short rows need and long ones do not mind
+# (tools/bench_triton_attention.py --decode-only measures it); MAX_SPLITS bounds the fp32 partial buffer
 # (B * Hq * MAX_SPLITS * D * 4 bytes) and the combine's loop.
 MIN_SPLIT_TOKENS = 32
 MAX_SPLITS = 64

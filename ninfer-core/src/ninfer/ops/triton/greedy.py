@@ -24,9 +24,8 @@ Invariants:
 - No host sync; the workspace is ``torch.empty`` per call: the call is CUDA-graph capturable.
 - ``host = (ring, row)``: the final kernel also stores each token into ``ring[row[0], b]``. On CUDA ``ring``
   is pinned host memory, which the kernel writes directly (UVA): a decode graph's tokens reach the host when
-  the replay completes, with no device-to-host copy queued between replays (that copy cost ~10 us of GPU time
-  per step on an H200, measured with tools/gpu_step_overhead.py). ``row`` is read on the device, so it can be a
-  graph input.
+  the replay completes, with no device-to-host copy queued between replays (such a copy is GPU time on every
+  step; tools/gpu_step_overhead.py measures it). ``row`` is read on the device, so it can be a graph input.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ a large weight, mixed dtypes -- is the reference's ``F.linear``.
 
 Why: with one to a few rows a GEMM is a weight stream, and what decides its speed is how many bytes are in flight.
 cuBLAS picks split-K kernels plus a reduce kernel for the narrow ones (the MoE router + shared-expert projection,
-~5 MB) and reaches ~80% of HBM bandwidth on the large ones (tools/gpu_gemv_sweep.py, docs/benchmarks.md). Here each
+~5 MB) and leaves HBM bandwidth unused on the large ones (tools/gpu_gemv_sweep.py, docs/dev/perf-log.md). Here each
 program owns BN output features and streams their rows in ``[BN, BK]`` tiles, BK = min(K, 4096): one tile for every
 projection with at most 4096 inputs, so no load waits on arithmetic, and thousands of such programs keep the memory
 system full. The first tile is requested before the PDL wait (:func:`~ninfer.ops.triton.
@@ -18,11 +18,11 @@ result does not depend on the other rows of the call, nor on M (rows are indepen
 ``add_rms_norm_unit_offset_linear`` is the same kernel with a prologue (``NORM``): after the PDL wait every program
 forms the block's pre-norm of the row from x, the residual and the norm weight (one tile: K <= 4096) and multiplies its
 weight tile by that; program 0 stores the normed row and the new residual for the rest of the block. The norm's
-launch (2-3 us at decode, twice per layer) is gone; what it adds is a few KB per program read from L2, which is
+launch (a launch gap at decode, twice per layer) is gone; what it adds is a few KB per program read from L2, which is
 why it is taken for one row only (:data:`_NORM_BN`).
 
 ``logits`` (the LM head) is the same kernel storing fp32: each dot is rounded to x's dtype first, so the values are
-``linear(x, w).float()``'s without the [T, V] cast launch (4-5 us on the 248k vocabulary)."""
+``linear(x, w).float()``'s without the [T, V] cast launch (one more pass over the largest output of the step)."""
 
 from __future__ import annotations
 
@@ -39,13 +39,13 @@ from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, next_pow2,
 # Widest K tile (elements): [2, 4096] bf16 tiles are 16 KB, 64 weight elements per thread at 4 warps.
 _TILE = 4096
 # Each row costs a multiply-reduce of every weight tile on the CUDA cores, so with more rows cuBLAS's tensor-core
-# kernels win: measured on an H200 (tools/gpu_gemv_sweep.py), the GEMV is faster for one row at every model shape
-# measured, and for M rows while M * weight bytes stays under ~48 MB.
+# kernels win. tools/gpu_gemv_sweep.py finds the crossover: the GEMV is faster for one row at every model shape,
+# and for M rows while M * weight bytes stays under MAX_ROW_BYTES.
 MAX_ROWS = 8
 MAX_ROW_BYTES = 48 << 20
 # add_rms_norm_unit_offset_linear takes the fused kernel for one row only, with 4 output rows per program (halving
-# the programs that each re-form the norm): measured on an H200 (tools/gpu_decode_fusion_sweep.py), one row at BN=4
-# beats the separate norm + GEMV at every model shape measured, BN=2 does not, and eight rows lose.
+# the programs that each re-form the norm): per tools/gpu_decode_fusion_sweep.py, one row at BN=4 beats the
+# separate norm + GEMV at every model shape, BN=2 does not, and eight rows lose.
 _NORM_BN = 4
 # add_rms_norm_unit_offset_swiglu's rows per program: 2 gate + 2 up rows, the registers (and program count) of
 # _NORM_BN.

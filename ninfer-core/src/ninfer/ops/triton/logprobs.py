@@ -2,9 +2,10 @@
 
 Invariants (the contract's, plus): one program per row reads the row once in blocks of ``BLOCK_V`` and keeps
 a running maximum and a rescaled running sum in fp32, so no [N, V] temporary is made (the torch reference
-materialises several: on the H200 its logsumexp over 8k x 248k fp32 logits took 27 ms of a 74 ms scoring
-window). Any float dtype and row stride are read in place. The target is checked on the host first (one sync),
-as the reference does. The result differs from the reference only by the order of the fp32 sum.
+materialises several, and over a scoring window's [8k, 248k] fp32 logits those passes are a large share of
+the scoring time; docs/dev/perf-log.md). Any float dtype and row stride are read in place. The target is
+checked on the host first (one sync), as the reference does. The result differs from the reference only by
+the order of the fp32 sum.
 """
 
 from __future__ import annotations

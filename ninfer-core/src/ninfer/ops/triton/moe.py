@@ -57,7 +57,7 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, act_ptr, pair_ptr, bexp_ptr,
         n_in = n % NI  # wrapped columns keep the weight loads in bounds unmasked; only the store is masked
         kk = tl.arange(0, BK)
         # Pointer tiles built once and advanced by BK: recomputing them per step costs 64-bit registers
-        # per element and spilled in an earlier version.
+        # per element, enough to spill.
         a_ptrs = x_ptr + tok[:, None] * sx_t + kk[None, :]
         # Weight tiles are loaded as [BN, BK] (rows of the [2I, H] matrix, K contiguous: 16-byte loads) and
         # transposed for the dot; a [BK, BN] pointer tile compiled to 2-byte loads.

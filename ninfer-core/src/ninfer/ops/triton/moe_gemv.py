@@ -2,7 +2,8 @@
 
 For a handful of tokens (T * k <= :data:`MAX_PAIRS`) the grouped path of :mod:`ninfer.ops.triton.moe` is
 launch-bound: sorting the pairs by expert, padding to row blocks and the final sum are ~12 small kernels per
-MoE layer, each a launch gap inside a decode CUDA graph, for ~50 MB of expert weights that stream in ~12 us.
+MoE layer, each a launch gap inside a decode CUDA graph, around a weight stream (~50 MB of experts) that takes
+about as long as a few launches.
 Here each (token, choice) pair reads its expert's rows directly:
 
 1. ``_gate_up_gemv_kernel``, grid (T*k, I / BN): act[p] = round(silu(gate_e x_t) * up_e x_t) for pair
@@ -31,7 +32,7 @@ from ninfer.ops.triton._common import pdl, pdl_wait
 # Pair count up to which moe_experts takes this path (T <= 16 at k = 8: every decode batch of the engine).
 MAX_PAIRS = 128
 # K tile of the gate/up GEMV: [BN, 512] weight tiles (8 KB each at BN = 8) keep enough bytes in flight per SM;
-# 128-wide tiles reached only ~50% of HBM bandwidth on an H200.
+# 128-wide tiles keep too few bytes in flight to saturate HBM (tools/gpu_moe_gemv_sweep.py).
 _BK_GATE_UP = 512
 # Largest down-projection row held as one tile (the expert width I; fine-grained MoE models use 512-1024).
 _BK_DOWN_MAX = 1024
@@ -209,8 +210,8 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
     kw1 = {} if interp else {"num_warps": tune.get("warps1", 4)}
     kw2 = {} if interp else {"num_warps": tune.get("warps2", 4)}
     act = torch.empty((t_len * top_k, inter), dtype=x.dtype, device=x.device)
-    # A [BN, BK] fp32 accumulator per operand: BN * BK <= _TILE keeps it in registers (B=8 spilled with
-    # BN = 32 x BK = 512 on an H200: 4x slower than B=1).
+    # A [BN, BK] fp32 accumulator per operand: BN * BK <= _TILE keeps it in registers (BN = 32 x BK = 512
+    # spills, and a spilling kernel is several times slower).
     bk1 = tune.get("bk1") or min(_BK_GATE_UP, triton.next_power_of_2(hidden))
     bn1 = tune.get("bn1") or min(_block_n(t_len * top_k, inter, sms), max(1, _TILE // bk1))
     _gate_up_gemv_kernel[(t_len * top_k, triton.cdiv(inter, bn1))](

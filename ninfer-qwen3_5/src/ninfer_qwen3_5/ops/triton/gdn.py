@@ -9,11 +9,11 @@ Invariants:
   units): the state stays within 2e-6 (normwise) of the fp64 recurrence, which tf32 (~3e-4) cannot give -- the
   fp32 path is the oracle setting. With 16-bit inputs the chunked prefill's dots use ``_DOT_PRECISION_16`` =
   "tf32" (tensor cores): the inputs themselves carry bf16's 2^-9 rounding, the model's every other op rounds
-  to bf16, and on the H200 the FMA dots made the prefill kernels the largest item of a 9B-shape 8k prefill.
+  to bf16, and FMA dots made the prefill kernels the largest item of a long prefill (docs/dev/perf-log.md).
   The exception is the 16x16 merge dots of the chunk inverse (always "ieee": the inverse stays fp32-accurate
   at any input dtype; they are a small part of the prep kernel's work).
-  The decode step keeps "ieee" (it is memory-bound). (A "tf32x3" build hit an illegal memory access under
-  Triton 3.6 on an H200 and was not pursued.)
+  The decode step keeps "ieee" (it is memory-bound). ("tf32x3" is not offered: its build hit an illegal memory
+  access under Triton 3.6.)
 - States are read and written in place (``state`` / ``states[slots[b]]``), except that a decode step writes
   ``states[out_slots[b]]`` when given (lookahead decode); other slots are never touched.
 - No host synchronisation: grids and scratch sizes depend only on shapes, the decode slot ids are read on the
@@ -238,7 +238,7 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
     beta = tl.load(b_ptr + t * sb_t + h * sb_h, mask=tm, other=0.0).to(tl.float32)
     # G_t in fp64: a parallel fp32 scan rounds G_t and G_s through different partial sums, so G_t - G_s (and
     # e^{G_t - G_s}) near the diagonal carried errors of ~ulp(|G|) -- 6e-5 relative in the state at gates
-    # of -30/token (seen on an H200) -- while the terms that dominate are exactly those near the diagonal.
+    # of -30/token -- while the terms that dominate are exactly those near the diagonal.
     # In fp64 every difference is exact to fp32 rounding of the true segment sum. [64] and [64, 64] fp64 ops:
     # negligible cost.
     cum64 = tl.cumsum(g.to(tl.float64), 0)                                   # G_t
@@ -375,9 +375,8 @@ def gdn_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     if bsz == 0:
         return o
     bk = _pow2(dk, 2)
-    # A [Dk, BV] state tile per program. Measured on an H200 (graph replay, states rotating through 256 MB):
-    # with few rows a narrow tile puts more programs in flight (B=1, Hv=16: BV=16 3.5 us vs BV=64 4.2 us);
-    # with many, a wide tile moves more bytes per program (B=8: 7.1 vs 7.9 us; B=64: 3.4 vs 1.9 TB/s).
+    # A [Dk, BV] state tile per program: with few rows a narrow tile puts more programs in flight; with many, a
+    # wide tile moves more bytes per program (tools/bench_triton_gdn_moe.py sweeps block_v).
     bv = block_v or (64 if bsz * hv >= 64 else 16)
     bv = min(bv, _pow2(dv, 2))
     grid = (bsz, hv, triton.cdiv(dv, bv))

@@ -1,8 +1,8 @@
 """Triton ``gdn_decode``: a Gated DeltaNet layer's decode step after its input projection, in one launch.
 
 The composition it replaces (``gdn_gates`` -> ``causal_conv1d_update`` -> ``gdn_recurrent_step`` ->
-``gated_rms_norm``) is four launches of 1-4 us each per GDN layer per step, nearly all of it launch and
-dependency latency: the whole step moves ~4 MB (the recurrent state, read and written) at the 35B-A3B shape.
+``gated_rms_norm``) is four launches per GDN layer per step whose time is nearly all launch and dependency
+latency: the whole step moves ~4 MB (the recurrent state, read and written) at the 35B-A3B shape.
 
 ``_decode_kernel`` (conv width 4, every Qwen3.5 model) -- program (row, value head h). Before the PDL wait it loads
 its whole [Dk, Dv] state, the parameters (norm weight, gate constants) and the conv taps and old conv inputs of the
@@ -22,9 +22,9 @@ launches every count is a multiple of R; a launch's increments all precede the n
 only once every program of the previous one passed its wait), and the late subtraction commutes with them. The
 counters (``_tickets``) are made once per conv-state pool size, head layout and device, by an eager call (the decode
 graphs' warm-up; a call that would have to make them inside a graph capture warns and takes the two-launch path),
-and shared by the GDN layers, whose launches are stream-ordered. On an H200 the one launch takes 4.0 us per
-35B-A3B layer at B=1 against 6.5 for the two below (``tools/gpu_decode_fusion_sweep.py --gdn-only``), and the
-35B-A3B B=1 step gained 2.3% (docs/benchmarks.md).
+and shared by the GDN layers, whose launches are stream-ordered. One launch instead of the two below: at decode the
+launches, not the bytes, are the cost (``tools/gpu_decode_fusion_sweep.py --gdn-only`` compares them; the
+end-to-end gain is in docs/dev/perf-log.md).
 
 Other conv widths take the two-launch path (``one_kernel=False`` forces it, for comparisons):
 1. ``_conv_gates_kernel`` -- program (row, block of channels): the causal conv + SiLU of its channels (the
@@ -268,8 +268,8 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
                conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
                out_slots: torch.Tensor | None = None, *, step_warps: int = 4, one_kernel: bool = True) -> torch.Tensor:
     """``o[B, Hv, Dv]``: gates, conv, recurrent step and gated norm of B decode rows (contract ``gdn_decode``).
-    ``step_warps``: the (step) kernel's warps (a launch-shape override for sweeps; 4 measured fastest on an H200,
-    tools/gpu_decode_fusion_sweep.py: one kernel B=1 4.0 us vs 9.1 at 8 warps, B=8 12.4 vs 34.1).
+    ``step_warps``: the (step) kernel's warps (a launch-shape override for sweeps; the default 4 is the fastest
+    tools/gpu_decode_fusion_sweep.py finds, at one row and at eight).
     ``one_kernel=False`` takes the two-launch path even at conv width 4 (for comparisons)."""
     launch_ok(mixed)
     p = params

@@ -2,7 +2,7 @@
 KV write in one launch.
 
 Why: at decode the unfused step is five launches (``rms_norm_unit_offset`` of q and of k, ``rope`` of each, then
-``kv_cache_write``), each ~1.5 us on an H200 for a few KB of data: launch gaps, not bandwidth, are the cost.
+``kv_cache_write``), each a whole launch for a few KB of data: launch gaps, not bandwidth, are the cost.
 This module does all of it in one kernel.
 
 Layout: grid ``(T, Hq + Hkv)``, one program per (token, head); a head row is held in registers.
