@@ -10,9 +10,9 @@ import random
 import pytest
 from ninfer import Engine, EngineOptions
 from ninfer.contracts.errors import EngineFailure
+from ninfer.contracts.options import InvalidEngineOptions
 from ninfer.contracts.request import GenerationRequest
 from ninfer.contracts.sampling import SamplingParams
-from ninfer.engine.options import InvalidEngineOptions
 
 from .conftest import settled
 

@@ -17,9 +17,9 @@ from ninfer.contracts.errors import (
     QueueTimeoutError,
 )
 from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult, GenerationStart
+from ninfer.contracts.options import InvalidEngineOptions
 from ninfer.contracts.request import GenerationRequest
 from ninfer.contracts.sampling import InvalidSamplingParams, SamplingParams
-from ninfer.engine.options import InvalidEngineOptions
 
 from .conftest import worker_threads
 from .streams import check_stream

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ninfer.contracts.options import EngineOptions
 from ninfer.contracts.program import ExecutionUnit, PrefillChunk, ProgramError, RowSampling
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.engine.model_construction import build_model
-from ninfer.engine.options import EngineOptions
 
 TOKENS = [5, 80, 17, 200, 33, 33, 9, 120, 64, 7]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from ninfer.contracts.architecture import ModelProfile
 from ninfer.contracts.memory import format_memory_summary
-from ninfer.engine.options import EngineOptions, InvalidEngineOptions
+from ninfer.contracts.options import EngineOptions, InvalidEngineOptions
 from ninfer.planning import budget as mb
 from ninfer.planning import memory as mm
 from ninfer.planning.planner import plan

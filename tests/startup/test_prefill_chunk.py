@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from ninfer.cli import common
 from ninfer.cli.main import build_parser, main
-from ninfer.engine.options import (
+from ninfer.contracts.options import (
     GENERATION_PREFILL_CHUNK,
     SCORING_PREFILL_CHUNK,
     EngineOptions,

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 from ninfer import Engine
-from ninfer.engine.options import EngineOptions, InvalidEngineOptions
+from ninfer.contracts.options import EngineOptions, InvalidEngineOptions
 from ninfer.planning import resolution
 from ninfer.planning.budget import BUDGET_ENV
 from ninfer.planning.planner import plan

@@ -187,7 +187,7 @@ def test_lookahead_is_declared_once_by_the_architecture(dense):
     """The ArchitectureSpec is the one declaration: startup sizes spares from it (and refuses a forced
     lookahead without it); the Program takes the spares it is given, outside capacity()."""
     from ninfer import EngineOptions
-    from ninfer.engine.options import InvalidEngineOptions
+    from ninfer.contracts.options import InvalidEngineOptions
     from ninfer.planning.resolution import lookahead_slots
     from ninfer_qwen3_5.program import Qwen35Program
 

@@ -74,7 +74,7 @@ def engine_options(args: argparse.Namespace):
     """EngineOptions from the shared engine flags; a context-cache or prefill-chunk flag out of range (or a cache
     flag given without --context-cache) is an NInferError naming the flag, raised before any model is resolved or
     loaded."""
-    from ninfer.engine.options import EngineOptions
+    from ninfer.contracts.options import EngineOptions
     from ninfer.errors import NInferError
 
     kw: dict[str, Any] = {}

@@ -40,7 +40,7 @@ _MEMORY_FLAGS = ("device", "dtype", "max_concurrency", "max_context", "page_size
 
 
 def _memory_plan(artifact, args):
-    from ninfer.engine.options import EngineOptions
+    from ninfer.contracts.options import EngineOptions
     from ninfer.planning.planner import plan
 
     options = EngineOptions(**{f: getattr(args, f) for f in _MEMORY_FLAGS if getattr(args, f) is not None})

@@ -95,7 +95,7 @@ def read_inputs(path: Path) -> list:
 
 def run(args) -> int:
     from ninfer import Engine
-    from ninfer.engine.options import EngineOptions
+    from ninfer.contracts.options import EngineOptions
     from ninfer.model_source import resolve_model
     from ninfer.scoring.windows import check_window_options
 

@@ -28,11 +28,11 @@ from ninfer.contracts.errors import EngineClosedError, EngineFailure, QueueFullE
 from ninfer.contracts.events import GenerationResult
 from ninfer.contracts.frontend import Frontend, OutputOptions, PreparedPrompt
 from ninfer.contracts.memory import MemorySummary
+from ninfer.contracts.options import EngineOptions, InvalidEngineOptions
 from ninfer.contracts.program import CheckpointProgram, Program
 from ninfer.contracts.request import GenerationRequest
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.engine.handle import GenerationHandle, RequestControl
-from ninfer.engine.options import EngineOptions, InvalidEngineOptions
 from ninfer.engine.requests import RequestRecord
 from ninfer.engine.stats import EngineStats
 from ninfer.engine.worker import WAKE, EngineCore

@@ -35,8 +35,8 @@ import torch
 from ninfer.contracts.architecture import ProgramInit
 from ninfer.contracts.frontend import Frontend
 from ninfer.contracts.memory import MemorySummary
+from ninfer.contracts.options import EngineOptions
 from ninfer.contracts.program import Program
-from ninfer.engine.options import EngineOptions
 from ninfer.errors import NInferError
 from ninfer.planning.budget import MemoryPlanError
 from ninfer.planning.calibration import (

@@ -45,12 +45,12 @@ from ninfer.contracts.events import (
     Timings,
     Usage,
 )
+from ninfer.contracts.options import EngineOptions
 from ninfer.contracts.program import CheckpointUsage, Program, ProgramCapacity
 from ninfer.engine.commit import RowCommit, commit_unit
 from ninfer.engine.context_cache.cache import ContextCache
 from ninfer.engine.context_cache.capture import CheckpointCapture
 from ninfer.engine.context_cache.operation_slot import OperationSlot
-from ninfer.engine.options import EngineOptions
 from ninfer.engine.queues import RequestQueues
 from ninfer.engine.requests import RequestRecord, RequestState
 from ninfer.engine.scheduler import Scheduler

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ninfer.engine.options import InvalidEngineOptions
+from ninfer.contracts.options import InvalidEngineOptions
 from ninfer.errors import NInferError
 
 MIB = 1 << 20

@@ -26,7 +26,7 @@ import torch
 from ninfer.artifact import ArtifactReader
 from ninfer.contracts.architecture import ArchitectureSpec, ModelProfile, ParameterSpec
 from ninfer.contracts.memory import MemorySummary
-from ninfer.engine.options import EngineOptions
+from ninfer.contracts.options import EngineOptions
 from ninfer.planning.budget import device_budget
 from ninfer.planning.memory import MemoryPlan, plan_memory
 from ninfer.planning.resolution import ResolvedOptions, resolve_device, resolve_dtype, resolve_options

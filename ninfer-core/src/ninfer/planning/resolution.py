@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.contracts.architecture import ModelProfile, ProgramOptions
-from ninfer.engine.options import EngineOptions, InvalidEngineOptions
+from ninfer.contracts.options import EngineOptions, InvalidEngineOptions
 
 GRAPHS_ENV = "NINFER_CUDA_GRAPHS"
 
