@@ -1,0 +1,47 @@
+"""The import layering of every distribution, checked with import-linter (contracts in ``.importlinter``).
+
+Core layers, lowest first: errors <- contracts, plugins <- storage, ops, artifact <- program, planning,
+constrained <- engine <- scoring, bench <- model_source <- cli. Core never imports a plugin distribution,
+and no package has an import cycle among its sub-packages or modules.
+"""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+
+import pytest
+
+importlinter_cli = pytest.importorskip("importlinter.cli")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_import_linter_contracts_are_kept(capsys):
+    code = importlinter_cli.lint_imports(config_filename=str(ROOT / ".importlinter"), no_cache=True, no_logo=True)
+    out = capsys.readouterr().out
+    assert code == 0, out
+
+
+def _core_layers() -> set[str]:
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / ".importlinter", encoding="utf-8")
+    lines = parser["importlinter:contract:core-layers"]["layers"].split("\n")
+    return {name.strip() for line in lines for name in line.split("|") if name.strip()}
+
+
+def test_the_contracts_cover_every_core_package():
+    """A new top-level package or module of ``ninfer`` must be placed in a layer (else nothing checks its imports)."""
+    core = ROOT / "ninfer-core" / "src" / "ninfer"
+    names = sorted(p.stem for p in core.iterdir()
+                   if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__"))
+    missing = [name for name in names if name not in _core_layers()]
+    assert not missing, f"ninfer.{{{', '.join(missing)}}} in no import-linter layer"
+
+
+def test_no_core_module_is_over_500_lines():
+    """One concept per module: a module past ~500 lines is doing more than one thing."""
+    core = ROOT / "ninfer-core" / "src" / "ninfer"
+    long = {str(p.relative_to(core)): n for p in core.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert not long, f"ninfer-core modules over 500 lines: {long}"
