@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
 def default_model_cache(tmp_path_factory) -> Path:
     """A private NINFER_CACHE_DIR holding the embedded default model, converted once per session (for
     subprocesses that resolve the default model themselves)."""
-    from support.models import default_model_in
+    from ninfer.testing import default_model_in
 
     cache = tmp_path_factory.mktemp("ninfer-cache")
     default_model_in(cache)
@@ -48,6 +48,6 @@ def default_model_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def default_artifact(default_model_cache) -> Path:
     """The embedded default model's artifact in ``default_model_cache``."""
-    from support.models import default_model_in
+    from ninfer.testing import default_model_in
 
     return default_model_in(default_model_cache)  # already converted: only the lookup

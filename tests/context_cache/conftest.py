@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.engines import settled  # noqa: F401 (the package's tests import it from here)
+from ninfer.testing import settled  # noqa: F401 (the package's tests import it from here)
 from support.fixtures import single_torch_thread  # noqa: F401 (autouse for this package)
 from support.models import tiny_qwen_artifact
 

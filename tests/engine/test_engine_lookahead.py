@@ -12,9 +12,9 @@ import random
 import pytest
 from ninfer import Engine, EngineOptions
 from ninfer.contracts.events import GenerationDelta
+from ninfer.contracts.options import InvalidEngineOptions
 from ninfer.contracts.sampling import SamplingParams
-from ninfer.engine.options import InvalidEngineOptions
-from support.engines import settled
+from ninfer.testing import settled
 
 from .streams import check_stream
 from .stress import stress_until_closed

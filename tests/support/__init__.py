@@ -1,2 +1,3 @@
-"""Plain helpers shared by several test packages (imported as ``support.<module>``: tests/ is on sys.path
-through the root conftest). Fixtures over them live in tests/conftest.py."""
+"""The Qwen3.5 builders and pytest fixtures shared by several test packages (imported as ``support.<module>``:
+tests/ is on sys.path through the root conftest). Generic helpers (default model, byte tokenizer, random
+weights, Programs, profiles, engines) are the installable ``ninfer.testing``."""

@@ -1,5 +1,6 @@
-"""The models tests run on: the embedded default model converted into a private cache, and tiny random
-Qwen3.5 checkpoints built with transformers (byte-level tokenizer, well-conditioned random weights).
+"""The Qwen3.5 checkpoints tests run on: tiny random Qwen3.5 models built with transformers, with the byte-level
+tokenizer the Qwen frontend reads (ChatML specials and Qwen's think/tool-call tags) and well-conditioned random
+weights. The generic helpers they use are ``ninfer.testing``'s.
 
 Plain functions, so that session fixtures (tests/conftest.py) and per-package builders share one copy.
 """
@@ -7,76 +8,42 @@ Plain functions, so that session fixtures (tests/conftest.py) and per-package bu
 from __future__ import annotations
 
 import json
-import math
-import os
 import sys
 from pathlib import Path
+
+import torch
+from ninfer.testing import CHATML_SPECIALS
+from ninfer.testing import randomize_weights as randomize_any
+from ninfer.testing import write_byte_tokenizer as write_any_byte_tokenizer
 
 # transformers prefers flash-linear-attention / causal-conv1d for Qwen3.5 when importable; neither runs on
 # CPU tensors, and the tests' oracle is transformers' own torch path.
 sys.modules.setdefault("fla", None)
 sys.modules.setdefault("causal_conv1d", None)
 
-BYTE_VOCAB_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+BYTE_VOCAB_SPECIALS = CHATML_SPECIALS
 BYTE_VOCAB_ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
 
-def default_model_in(cache: Path) -> Path:
-    """Converts the embedded default model into ``cache`` (as NINFER_CACHE_DIR) and returns its artifact.
-
-    NINFER_CACHE_DIR is set only for the conversion and restored after, so the user's cache is never
-    touched and no other test sees the variable change.
-    """
-    from ninfer.model_source import resolve_model
-
-    old = os.environ.get("NINFER_CACHE_DIR")
-    os.environ["NINFER_CACHE_DIR"] = str(cache)
-    try:
-        return resolve_model(None)
-    finally:
-        if old is None:
-            os.environ.pop("NINFER_CACHE_DIR")
-        else:
-            os.environ["NINFER_CACHE_DIR"] = old
-
-
 def write_byte_tokenizer(folder: Path) -> None:
-    """Byte-level BPE with no merges: one token per byte (ids 0..255), then the Qwen specials (256..258:
-    <|endoftext|>, <|im_start|>, <|im_end|>, the EOS) and the think/tool-call tags (259..262)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    """One token per byte (ids 0..255), then the ChatML specials (256..258: <|endoftext|>, <|im_start|>,
+    <|im_end|>, the EOS) and the think/tool-call tags (259..262)."""
+    write_any_byte_tokenizer(folder, specials=BYTE_VOCAB_SPECIALS, added=BYTE_VOCAB_ADDED, eos="<|im_end|>")
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in BYTE_VOCAB_SPECIALS])
-    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in BYTE_VOCAB_ADDED])
-    assert tok.token_to_id("<|im_end|>") == 258
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>",
-                                                              "pad_token": "<|endoftext|>"}))
+
+# Qwen3.5's GDN parameters: larger decay rates make the tiny models ill-conditioned (HF fp32 itself then drifts
+# 1e-2 from fp64); the plain GDN output norm scales around 1.
+_QWEN_DRAWS = {
+    "A_log": lambda shape, g: torch.log(torch.empty(shape).uniform_(0.1, 2.0, generator=g)),
+    "dt_bias": lambda shape, g: torch.empty(shape).uniform_(-1.0, 1.0, generator=g),
+    "linear_attn.norm.weight": lambda shape, g: torch.empty(shape).uniform_(0.5, 1.5, generator=g),
+}
 
 
 def randomize_weights(model, seed: int) -> None:
     """Weights with O(1) logits: matrices N(0, 1/fan_in), zero-centred norms U(-0.5, 0.5), the plain GDN
-    output norm U(0.5, 1.5), A_log = log U(0.1, 2), dt_bias U(-1, 1). Zero/one initialisations would hide
-    bugs; larger decay rates make the tiny models ill-conditioned (HF fp32 itself then drifts 1e-2 from
-    fp64)."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.log(torch.empty(p.shape).uniform_(0.1, 2.0, generator=g)))
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.empty(p.shape).uniform_(-1.0, 1.0, generator=g))
-            elif name.endswith("linear_attn.norm.weight"):
-                p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=g))
-            elif p.ndim == 1:
-                p.copy_(torch.empty(p.shape).uniform_(-0.5, 0.5, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+    output norm U(0.5, 1.5), A_log = log U(0.1, 2), dt_bias U(-1, 1) (``ninfer.testing.randomize_weights``)."""
+    randomize_any(model, seed, draws=_QWEN_DRAWS)
 
 
 def tiny_text_model(kind: str, text: dict, seed: int, **config):
@@ -94,12 +61,10 @@ def tiny_text_model(kind: str, text: dict, seed: int, **config):
     return model.float().eval()
 
 
-
 def tiny_qwen_artifact(root: Path, config: dict, *, seed: int, std: float, dtype_name: str = "float32") -> Path:
     """A random Qwen3_5ForCausalLM from ``config`` (matrices drawn N(0, std): the default 0.02 init gives
     near-uniform logits), with the byte tokenizer and EOS <|im_end|>, saved in ``dtype_name`` and converted
     with ninfer.conversion to ``root/tiny.ninfer``."""
-    import torch
     import transformers
     from ninfer.conversion import convert
 

@@ -1,0 +1,1 @@
+"""ninfer-llama-mini: the worked example of docs/plugins.md, a plain pure-attention decoder as a NInfer plugin."""
