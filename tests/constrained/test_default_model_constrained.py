@@ -183,7 +183,7 @@ def test_constrained_requests_survive_preemption_and_replay(default_artifact, en
 
     requests = _mixed(engine) * 2
     alone = [_tokens(engine, [r])[0] for r in requests[:5]] * 2
-    # 8 lanes over 20 pages of 8 tokens: the lanes cannot all grow, so some are paused and replayed;
+    # 8 running requests over 20 pages of 8 tokens: they cannot all grow, so some are paused and replayed;
     # a replayed request's matcher keeps its committed state (Replay never touches it).
     with Engine.start(default_artifact, device="cpu", dtype="float32", max_concurrency=8, prefill_chunk_size=16,
                       page_size=8, num_pages=20, max_context=160) as tight:

@@ -44,7 +44,7 @@ def assert_nothing_left(engine):
 def test_random_multi_turn_under_device_and_host_pressure_equals_cold(make_engine, seed):
     plans = conversation_workload(seed, conversations=6, turns=3, max_out=40 + 10 * seed)
     cold = run_conversations(make_engine(**COMMON, max_concurrency=4), plans)
-    # 20 pages of 16 tokens for 4 lanes, 6 checkpoint slots, a Host budget of ~2.5 checkpoint images:
+    # 20 pages of 16 tokens for 4 running requests, 6 checkpoint slots, a Host budget of ~2.5 checkpoint images:
     # checkpoints are demoted and evicted from Host, hits restore, pauses keep Snapshots that younger
     # pauses and page pressure revoke, and those requests replay.
     engine = make_engine(**COMMON, max_concurrency=4, num_pages=20, context_cache=True, cache_checkpoint_interval=16,

@@ -51,7 +51,7 @@ def test_8k_second_turn_reuses_turn_one(make_engine, mode):
     system = turn("system", body(rng, 300))
     turn1 = system + turn("user", body(rng, 7900)) + generation_prompt(mode)
     assert len(turn1) > 8192
-    # Two lanes' worth of pages, so the cold run below fits beside the cached turn 1.
+    # Two requests' worth of pages, so the cold run below fits beside the cached turn 1.
     engine = make_engine(max_context=9000, max_concurrency=2, prefill_chunk_size=512, context_cache=True,
                          cache_checkpoint_slots=8)
     r1 = engine.generate(turn1, sampling=GREEDY)

@@ -67,7 +67,7 @@ def test_batched_with_seven_others_and_chunked_prefill(default_artifact, chunk):
 
 
 def test_under_forced_preemption(default_artifact):
-    # 8 lanes over a pool of 24 pages of 8 tokens: the lanes cannot all grow, so the youngest are
+    # 8 running requests over a pool of 24 pages of 8 tokens: they cannot all grow, so the youngest are
     # paused (Replay) and resumed while the fixture request runs.
     with _start(default_artifact, max_concurrency=8, prefill_chunk_size=16, page_size=8, num_pages=24,
                 max_context=192) as engine:

@@ -63,12 +63,12 @@ def test_graphs_equal_eager_bitwise(tiny_qwen_artifact, monkeypatch, dtype):
         assert engine.info["cuda_graphs"] == []
         assert engine.memory_summary().graph_final_growth_bytes == 0
         eager = [run(engine, False), run(engine, True)]
-    # Six requests over four lanes: batches of 4, 3, 2 and 1 all replay their own graph.
+    # Six requests, four running at once: batches of 4, 3, 2 and 1 all replay their own graph.
     assert graphed == eager
 
 
 def test_graph_replay_is_independent_of_pages_and_slots(tiny_qwen_artifact):
-    """The same prompt decoded in different lanes, pages and batch neighbours gives the same tokens."""
+    """The same prompt decoded in different slots, pages and batch neighbours gives the same tokens."""
     sp = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     with start(tiny_qwen_artifact, "float32", num_pages=200) as engine:
         alone = engine.generate(PROMPTS[5], sampling=sp).token_ids

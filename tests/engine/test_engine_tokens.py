@@ -80,7 +80,7 @@ def test_decode_batch_is_compact_and_one_chunk_per_unit(make_toy_engine):
     for h in handles:
         h.result(timeout=60)
     engine.close()
-    # Each unit: B decode rows (B <= lanes, never padded) and at most one chunk of <= 3 tokens.
+    # Each unit: B decode rows (B <= max_concurrency, never padded) and at most one chunk of <= 3 tokens.
     assert all(0 <= b <= 4 and 0 <= c <= 3 and (b or c) for b, c in program.units)
 
 

@@ -2,7 +2,7 @@
 
 Every client must get a correct, complete answer: with greedy decoding in fp32, each answer must equal
 the answer the same request gets when it is sent alone, before any concurrency. Requests beyond the 4
-lanes wait in the queue; none may be refused, cut short or mixed up with another.
+running at once wait in the queue; none may be refused, cut short or mixed up with another.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Client disconnects cancel their request in the engine and free its capacity; a full engine
 answers 429 while the running request is unharmed; idle streams get keep-alives.
 
-Requests are driven through raw ASGI (serve_helpers.AsgiCall) against a one-lane, no-queue scripted
+Requests are driven through raw ASGI (serve_helpers.AsgiCall) against a one-request-at-a-time, no-queue scripted
 engine whose forwards are slowed, so "running", "full" and "free again" are exact engine states.
 """
 
@@ -16,7 +16,7 @@ from serve_helpers import MODEL_ID, AsgiCall, chat, scripted_engine, wait_idle
 
 
 @pytest.fixture
-def one_lane(engine):
+def one_at_a_time(engine):
     eng = scripted_engine(engine.frontend, max_concurrency=1, queue_capacity=0, delay=0.01)
     yield eng
     eng.close()
@@ -38,22 +38,22 @@ LONG = chat("filler", max_tokens=400, ignore_eos=True)
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_disconnect_cancels_and_frees_capacity(one_lane, stream):
-    app, gw = app_for(one_lane)
+def test_disconnect_cancels_and_frees_capacity(one_at_a_time, stream):
+    app, gw = app_for(one_at_a_time)
 
     async def scenario():
         call = AsgiCall(app, "/v1/chat/completions", {**LONG, "stream": stream}).start()
         if stream:
             assert await call.status() == 200
             assert (await call.chunk()).startswith(b"data: ")
-        await wait_running(one_lane)
-        # The lane is taken: another request is refused now.
+        await wait_running(one_at_a_time)
+        # The one running place is taken: another request is refused now.
         other = AsgiCall(app, "/v1/chat/completions", chat("SCRIPT:x")).start()
         assert await other.status() == 429
         await other.rest()
-        before = one_lane.stats()
+        before = one_at_a_time.stats()
         await call.disconnect()
-        stats = wait_idle(one_lane)
+        stats = wait_idle(one_at_a_time)
         assert stats.cancelled == before.cancelled + 1
         assert stats.completion_tokens < before.completion_tokens + 400  # it did not run to the end
         again = AsgiCall(app, "/v1/chat/completions", chat("SCRIPT:served", chat_template_kwargs={
@@ -67,30 +67,30 @@ def test_disconnect_cancels_and_frees_capacity(one_lane, stream):
     assert 'ninfer_requests_total{endpoint="/v1/chat/completions",outcome="rejected"} 1.0' in text
 
 
-def test_anthropic_stream_disconnect(one_lane):
-    app, _ = app_for(one_lane)
+def test_anthropic_stream_disconnect(one_at_a_time):
+    app, _ = app_for(one_at_a_time)
 
     async def scenario():
         call = AsgiCall(app, "/v1/messages", {"model": MODEL_ID, "max_tokens": 400, "stream": True,
                                               "messages": [{"role": "user", "content": "filler"}]}).start()
         assert await call.status() == 200
         assert b"message_start" in await call.chunk()
-        await wait_running(one_lane)
+        await wait_running(one_at_a_time)
         await call.disconnect()
-        wait_idle(one_lane)
+        wait_idle(one_at_a_time)
 
     asyncio.run(scenario())
-    assert one_lane.stats().cancelled == 1
+    assert one_at_a_time.stats().cancelled == 1
 
 
-def test_running_stream_unharmed_by_refusals_and_errors(one_lane):
-    app, _ = app_for(one_lane)
+def test_running_stream_unharmed_by_refusals_and_errors(one_at_a_time):
+    app, _ = app_for(one_at_a_time)
 
     async def scenario():
         call = AsgiCall(app, "/v1/completions", {"prompt": "filler", "max_tokens": 30, "ignore_eos": True,
                                                  "stream": True}).start()
         assert await call.status() == 200
-        await wait_running(one_lane)
+        await wait_running(one_at_a_time)
         for payload in ({"prompt": "x"}, {"prompt": 5}, {"prompt": "x", "model": "nope"}):
             other = AsgiCall(app, "/v1/completions", payload).start()
             assert await other.status() in (400, 404, 429)
@@ -100,7 +100,7 @@ def test_running_stream_unharmed_by_refusals_and_errors(one_lane):
         assert body.count('"text":" a"') == 30
 
     asyncio.run(scenario())
-    wait_idle(one_lane)
+    wait_idle(one_at_a_time)
 
 
 def test_idle_stream_gets_keepalives(engine):

@@ -17,7 +17,7 @@ from ninfer.planning.planner import plan
 from ninfer.planning.resolution import ResolvedOptions, resolve_options
 
 MIB = 1 << 20
-# 1 KiB of KV per token (16 KiB pages at page_size 16), 64 KiB of State per lane, 100 MiB of weights.
+# 1 KiB of KV per token (16 KiB pages at page_size 16), 64 KiB of State per sequence, 100 MiB of weights.
 PROFILE = ModelProfile(weight_bytes=100 * MIB, kv_bytes_per_token=1024, state_bytes_per_sequence=64 * 1024,
                        vocab_size=1000, max_position_embeddings=8192, converted_weight_bytes=10 * MIB,
                        activation_bytes_per_token=2048, attention_bytes_per_context_token=64,
@@ -55,7 +55,7 @@ def test_workspace_estimate_by_hand():
 
 def test_every_lane_when_the_budget_allows():
     plan = plan_memory(OPTS, budget(4096, 1024), load_bytes=50 * MIB)
-    assert plan.kv_candidate == "every lane at max_context"
+    assert plan.kv_candidate == "every running request at max_context"
     assert plan.num_pages == 4 * 256 and plan.kv_bytes == 4 * 4096 * 1024
     assert plan.state_bytes == 4 * 64 * 1024 and plan.state_slots == 4
     assert max(plan.runtime_bytes, plan.startup_peak_bytes) + plan.budget.headroom_bytes <= plan.budget.budget_bytes
@@ -83,8 +83,8 @@ def test_one_request_must_fit_or_the_error_names_the_numbers():
         plan_memory(OPTS, b, load_bytes=0)
     msg = str(e.value)
     assert "cannot fit one request of max_context 4096" in msg and "256 KV pages x 16 tokens = 4.0 MiB" in msg
-    assert "leaves 3.0 MiB for KV" in msg and "weights 100.0 MiB" in msg and "(4 lanes" in msg
-    # Fewer lanes free State and workspace, and then it fits (exactly one request).
+    assert "leaves 3.0 MiB for KV" in msg and "weights 100.0 MiB" in msg and "(4 running requests" in msg
+    # Fewer running requests free State and workspace, and then it fits (exactly one request).
     one = plan_memory(EngineOptions(max_concurrency=1, max_context=4096, prefill_chunk_size=512),
                       budget(fixed / MIB + 4), load_bytes=0)
     assert one.num_pages >= 256
@@ -123,7 +123,7 @@ def test_engine_start_shrinks_kv_under_a_budget_and_refuses_below_one_request(de
     from ninfer import Engine
 
     planned = plan(default_artifact, EngineOptions(device="cpu", max_concurrency=4, max_context=1024)).summary()
-    assert planned.kv_candidate == "every lane at max_context" and planned.num_pages == 4 * 64
+    assert planned.kv_candidate == "every running request at max_context" and planned.num_pages == 4 * 64
     # A budget with room for ~2.5 requests: the pool shrinks to what fits, never below one request.
     fixed = max(planned.weights_bytes + planned.state_bytes + planned.workspace_bytes,
                 planned.startup_peak_bytes - planned.kv_bytes)
@@ -150,7 +150,7 @@ def test_info_memory_prints_the_plan_without_loading(default_artifact, capsys, m
                  "--max-context", "512"]) == 0
     out = capsys.readouterr().out
     assert "memory (cpu, float32; planned, no weights loaded):" in out
-    assert "KV                " in out and "64 pages x 16 tokens = 1,024 tokens; every lane at max_context" in out
+    assert "KV                " in out and "64 pages x 16 tokens = 1,024 tokens; every running request at max_context" in out
     assert main(["info", str(default_artifact), "--memory", "--json", "--dtype", "bfloat16", "--device", "cpu"]) == 0
     data = json.loads(capsys.readouterr().out)
     mem = data["memory"]
@@ -199,7 +199,7 @@ def test_lookahead_spares_are_planned_like_the_engine_builds_them(default_artifa
     on = plan(default_artifact, EngineOptions(device="cpu", max_concurrency=3, lookahead=True)).summary()
     auto = plan(default_artifact, EngineOptions(device="cpu", max_concurrency=3)).summary()
     assert auto.state_bytes == off.state_bytes  # auto: only with CUDA graphs
-    assert on.state_bytes == off.state_bytes * 2  # 3 lanes + 3 spares, no checkpoints
+    assert on.state_bytes == off.state_bytes * 2  # 3 sequences + 3 spares, no checkpoints
     with Engine.start(default_artifact, device="cpu", max_concurrency=3, lookahead=True) as engine:
         assert engine.memory_summary().state_bytes == on.state_bytes
         program = engine._program

@@ -38,7 +38,7 @@ def _storages(root) -> dict[int, int]:
     return out
 
 
-def _build(artifact, dtype, *, num_pages=12, page_size=8, lanes=3):
+def _build(artifact, dtype, *, num_pages=12, page_size=8, sequences=3):
     features = StartupFeatures()
     with ArtifactReader.open(artifact) as reader:
         config = reader.component("text").config
@@ -48,7 +48,7 @@ def _build(artifact, dtype, *, num_pages=12, page_size=8, lanes=3):
         weights = load_weights(reader, specs, "cpu")
     profile = spec.profile(config, features, dtype=dtype, stored_dtypes=source.stored_dtypes)
     ops = resolve_ops(get_registry().ops, "cpu", dtype, force="reference")
-    options = ProgramOptions(device=torch.device("cpu"), dtype=dtype, max_sequences=lanes, page_size=page_size,
+    options = ProgramOptions(device=torch.device("cpu"), dtype=dtype, max_sequences=sequences, page_size=page_size,
                              num_pages=num_pages, max_context=num_pages * page_size)
     program = spec.create_program(ProgramInit(config=config, weights=weights, ops=ops, options=options,
                                               features=features))
@@ -108,6 +108,6 @@ def test_engine_memory_summary_matches_the_program(default_artifact):
         # CPU: what start left held is exactly the Program's weights, KV and State.
         assert m.startup_retained_bytes == m.weights_bytes + m.kv_bytes + m.state_bytes
         assert m.runtime_reservation_bytes == m.kv_bytes + m.state_bytes
-        assert m.kv_candidate == "every lane at max_context" and m.num_pages == 2 * 256 // 16
+        assert m.kv_candidate == "every running request at max_context" and m.num_pages == 2 * 256 // 16
         assert (m.graph_calibration_growth_bytes, m.graph_retained_after_release_bytes,
                 m.graph_rebuild_estimate_bytes, m.graph_final_growth_bytes) == (0, 0, 0, 0)

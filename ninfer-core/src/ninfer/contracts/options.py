@@ -33,17 +33,17 @@ class InvalidEngineOptions(NInferError):
 class EngineOptions:
     """Startup options of one engine. Invariants checked by :meth:`validate`:
 
-    - ``1 <= max_concurrency <= 8``: resident lanes (requests in prefill, Replay or decode).
-    - ``queue_capacity >= 0``: waiting requests beyond the lanes. Outstanding capacity is
+    - ``1 <= max_concurrency <= 8``: requests running at once (in prefill, Replay or decode).
+    - ``queue_capacity >= 0``: waiting requests beyond those running. Outstanding capacity is
       ``max_concurrency + queue_capacity`` handles (paused and finished-but-unreleased ones count).
     - ``queue_timeout_s``: None waits forever, else a request still waiting after it is rejected.
     - ``max_context``: the longest ledger (prompt + output) a request may reach.
-    - KV sizing: ``num_pages`` wins; else ``kv_budget_mib``; else enough pages for every lane to hold
+    - KV sizing: ``num_pages`` wins; else ``kv_budget_mib``; else enough pages for every running request to hold
       ``max_context`` tokens. Either way the pool must hold one full ``max_context`` request.
-    - ``prefill_chunk_size``: the most prompt/Replay tokens one worker cycle processes; None (default):
+    - ``prefill_chunk_size``: the most prompt/Replay tokens one engine step processes; None (default):
       8,192 for generation, 2,048 for causal scoring (:attr:`prefill_chunk` is the resolved value). A
       larger chunk prefills faster (fewer host launches per token) but delays the decode rows of the same
-      cycle longer: lower it (e.g. 2,048) for smoother inter-token latency under concurrent long prompts.
+      step longer: lower it (e.g. 2,048) for smoother inter-token latency under concurrent long prompts.
     - ``admission_bypass``: how many times later requests may overtake the queue head that does not
       fit yet (bounded bypass); 0 is strict FIFO.
     - ``device``: None picks cuda when CUDA is present, else cpu. ``dtype`` (float32, bfloat16,
@@ -140,7 +140,7 @@ class EngineOptions:
 
     @property
     def prefill_chunk(self) -> int:
-        """The most prompt/Replay tokens one worker cycle (or one scoring chunk) processes:
+        """The most prompt/Replay tokens one engine step (or one scoring chunk) processes:
         ``prefill_chunk_size``, else the purpose's default."""
         if self.prefill_chunk_size is not None:
             return self.prefill_chunk_size

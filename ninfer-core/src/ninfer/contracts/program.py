@@ -94,7 +94,7 @@ class PrefillChunk:
 
 @dataclass(frozen=True)
 class ExecutionUnit:
-    """One worker cycle's model call: a compact decode batch of the actual B plus at most one chunk."""
+    """One engine step's model call: a compact decode batch of the actual B plus at most one chunk."""
 
     decode: tuple[DecodeRow, ...] = ()
     chunk: PrefillChunk | None = None

@@ -1,11 +1,11 @@
 """The memory plan (docs/design.md section 7): workspace estimate, KV candidates, :class:`MemoryPlan`.
 
-With S = the StateImages of every lane, checkpoint slot and lookahead spare, W = the workspace
+With S = the StateImages of every running request, checkpoint slot and lookahead spare, W = the workspace
 estimate and G = the decode graphs' pool estimate:
 
 - runtime bytes = weights + KV + S + W + G; startup peak = loaded stored weights + converted copies +
   KV + S (the stored originals are held until construction ends). Both + headroom must fit the budget.
-- KV candidates, largest first: ``every lane at max_context`` (``max_concurrency * ceil(max_context /
+- KV candidates, largest first: ``every running request at max_context`` (``max_concurrency * ceil(max_context /
   page_size)`` pages: without a context cache no page beyond that can ever be used), else ``fit to
   budget`` (the most pages the room holds). An explicitly sized pool (``num_pages`` / ``kv_budget_mib``)
   is taken as given and checked against the same room.
@@ -115,14 +115,14 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
     (checked, not changed); None lets the candidates choose. ``load_bytes``: what the weight loader holds
     at once (``WeightSource.load_bytes``)."""
     options = resolved.options
-    ps, lanes, max_context = options.page_size, options.max_concurrency, options.max_context
+    ps, running, max_context = options.page_size, options.max_concurrency, options.max_context
     lookahead = resolved.lookahead_slots
     scoring = options.purpose == "causal_scoring"
     chunk = min(options.prefill_chunk, max_context)  # no prefill chunk is longer than a request
-    work = workspace_bytes(profile, step_tokens=chunk + lanes, logit_rows=lanes + (chunk if scoring else 0),
+    work = workspace_bytes(profile, step_tokens=chunk + running, logit_rows=running + (chunk if scoring else 0),
                            max_context=max_context)
     # + context-cache checkpoints + lookahead spares
-    state = (lanes + options.checkpoint_slots + lookahead) * profile.state_bytes_per_sequence
+    state = (running + options.checkpoint_slots + lookahead) * profile.state_bytes_per_sequence
     graphs = graph_pool_bytes(profile, resolved.graph_batches, max_context)
     runtime_fixed = profile.weight_bytes + state + work + graphs
     startup_fixed = load_bytes + profile.converted_weight_bytes + state
@@ -132,7 +132,7 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
 
     def why() -> str:
         return (f"budget {mib(budget.budget_bytes)} [{budget.source}] - headroom {mib(budget.headroom_bytes)} "
-                f"- max(runtime: weights {mib(profile.weight_bytes)} + State {mib(state)} ({lanes} lanes + "
+                f"- max(runtime: weights {mib(profile.weight_bytes)} + State {mib(state)} ({running} running requests + "
                 f"{options.checkpoint_slots} checkpoints + {lookahead} lookahead) + workspace {mib(work)} "
                 f"+ graphs {mib(graphs)}, startup: stored weights {mib(load_bytes)} + converted "
                 f"{mib(profile.converted_weight_bytes)} + State {mib(state)}) leaves {mib(room)} for KV")
@@ -144,10 +144,10 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
             raise MemoryPlanError(f"the KV pool of {pages} pages x {ps} tokens ({mib(pages * page_bytes)}) does not "
                                   f"fit: {why()}")
     else:
-        every_lane = lanes * one_request
-        fit = every_lane if page_bytes == 0 else max(0, room) // page_bytes
-        if fit >= every_lane:
-            pages, candidate = every_lane, "every lane at max_context"
+        every_request = running * one_request
+        fit = every_request if page_bytes == 0 else max(0, room) // page_bytes
+        if fit >= every_request:
+            pages, candidate = every_request, "every running request at max_context"
         else:
             pages, candidate = fit, "fit to budget"
     if pages < one_request:
@@ -156,7 +156,7 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
             f"{mib(one_request * page_bytes)}, but {why()}; lower max_context or max_concurrency, or raise "
             f"{BUDGET_ENV} / free device memory")
     kv = pages * page_bytes
-    return MemoryPlan(budget=budget, max_context=max_context, page_size=ps, num_pages=pages, state_slots=lanes,
+    return MemoryPlan(budget=budget, max_context=max_context, page_size=ps, num_pages=pages, state_slots=running,
                       weights_bytes=profile.weight_bytes, kv_bytes=kv, state_bytes=state, workspace_bytes=work,
                       startup_peak_bytes=startup_fixed + kv, kv_candidate=candidate, graph_bytes=graphs,
                       page_bytes=page_bytes)

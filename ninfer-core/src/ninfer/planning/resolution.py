@@ -4,7 +4,7 @@ Every default and rule an engine applies to its options is applied here, and eve
 memory plan, Program construction, graph capture, the Engine) reads the result instead of deriving it
 again:
 
-- the purpose rules (:meth:`EngineOptions.for_purpose`: a causal_scoring engine has one lane);
+- the purpose rules (:meth:`EngineOptions.for_purpose`: a causal_scoring engine runs one request at a time);
 - the device (:func:`resolve_device`) and the activation dtype (:func:`resolve_dtype`);
 - ``max_context`` capped at the model's positions;
 - the prefill chunk (``EngineOptions.prefill_chunk``: the explicit value or the purpose's default);
