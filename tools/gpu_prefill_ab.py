@@ -4,7 +4,7 @@ projections as one GEMM or as the older two, and the KV pool size, each measured
 
 For each variant: an Engine from the same converted artifact, a few decode requests first (so a lookahead
 is outstanding when the prefill arrives, as in ``ninfer bench``), then ``--repeats`` single-token
-generations of ``--lengths`` prompts; the median TTFT per length. The last variant's worker cycles of one
+generations of ``--lengths`` prompts; the median TTFT per length. The last variant's engine steps of one
 prefill are profiled with cProfile (host hot spots).
 
     python3 tools/gpu_prefill_ab.py --shape 35b-a3b --layers 4 --tokenizer /tmp/tok.json --out $OUT

@@ -92,7 +92,7 @@ def main() -> int:
             report[f"{key}_b1_tok_s"] = decode_rate(engine, 1, 256)
             report[f"{key}_b8_tok_s"] = decode_rate(engine, 8, 128)
             if graphs == "1":
-                # The worker thread's own profile: wrap its cycle with a profiler for one B=1 run.
+                # The worker thread's own profile: wrap its step with a profiler for one B=1 run.
                 with profiled_cycles(engine) as prof:
                     report["graphs_b1_tok_s_profiled"] = decode_rate(engine, 1, 256)
                 (args.out / "profile_worker_b1.txt").write_text(top_functions(prof, own=40, cumulative=50))

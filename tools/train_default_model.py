@@ -65,7 +65,7 @@ import default_model_corpus as corpus  # noqa: E402
 
 DEFAULT_WORK = REPO / ".default_model_work"
 DEFAULT_OUT = REPO / "ninfer-qwen3_5/src/ninfer_qwen3_5/default_model/qwen3_5-stdlib"
-CHAT_TEMPLATE = REPO / "ninfer-core/src/ninfer/models/common/qwen/templates/qwen3_5.jinja"
+CHAT_TEMPLATE = REPO / "ninfer-qwen3_5/src/ninfer_qwen3_5/frontend/templates/qwen3_5.jinja"
 
 # Special tokens in Qwen3.5's relative order, appended after the learned BPE
 # vocabulary as Qwen does. The second field says whether the token is

@@ -117,3 +117,13 @@ def test_a_plugin_that_fails_to_load_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli_main, "get_registry", broken)
     assert cli_main.main(["plugins"]) == 2
     assert capsys.readouterr().err == "ninfer: error: plugin entry point 'x' (x.plugin) failed to load: boom\n"
+
+
+def test_version_loads_no_plugin(monkeypatch, capsys):
+    """``ninfer --version`` answers before the registry (whose plugins import torch) is built."""
+    def refuse():
+        raise AssertionError("--version built the plugin registry")
+
+    monkeypatch.setattr(cli_main, "get_registry", refuse)
+    assert cli_main.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"ninfer {cli_main.__version__}"

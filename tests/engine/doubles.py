@@ -194,6 +194,9 @@ class ToySession:
         self.finished: str | None = None
         self.preview_calls = 0
 
+    def token_mask(self) -> None:  # never constrained
+        return None
+
     def preview(self, tokens: Sequence[int]) -> OutputPreview:
         assert self.finished is None, "preview after finish"
         self.preview_calls += 1

@@ -28,7 +28,7 @@ def client_for(engine, **config) -> TestClient:
 
 
 def wait_idle(engine, timeout: float = 10.0):
-    """Wait until the engine holds no request (stats are published after each worker cycle)."""
+    """Wait until the engine holds no request (stats are published after each engine step)."""
     end = time.monotonic() + timeout
     while True:
         s = engine.stats()

@@ -33,7 +33,7 @@ def warm_up(engine: Any, *, max_tokens: int = 4, timeout_s: float = 300.0) -> fl
                              request_id="ninfer-serve-warmup", cache=False)
     if not result.token_ids:
         raise WarmupError("the warm-up request produced no token")
-    # The worker publishes stats after the cycle that settled the request; wait for that snapshot.
+    # The worker publishes stats after the step that settled the request; wait for that snapshot.
     deadline = time.monotonic() + 5.0
     while True:
         s = engine.stats()

@@ -29,7 +29,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="activation dtype (default: bfloat16 on CUDA, float32 on CPU)")
     g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="TOKENS",
-                   help="most prompt tokens one engine cycle prefills (default 8192); lower it for smoother "
+                   help="most prompt tokens one engine step prefills (default 8192); lower it for smoother "
                         "streaming of other requests while a long prompt prefills")
     g.add_argument("--lookahead", choices=("auto", "on", "off"), default="auto",
                    help="lookahead decode: launch the next decode step before this one's tokens reach the host "

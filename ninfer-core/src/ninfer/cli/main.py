@@ -67,6 +67,9 @@ def missing_command_message(name: str) -> str:
 
 
 def main(argv: list[str] | None = None, *, registry: PluginRegistry | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # answered without loading any plugin
+        print(f"ninfer {__version__}")
+        return 0
     try:
         registry = registry if registry is not None else get_registry()
     except NInferError as exc:  # a plugin that fails to load names itself

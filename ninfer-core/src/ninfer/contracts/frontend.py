@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ninfer.contracts.constraint import OutputConstraint
+
+if TYPE_CHECKING:
+    from ninfer.contracts.program import TokenMaskProvider
 
 Channel = Literal["content", "reasoning"]
 
@@ -95,11 +98,13 @@ class OutputOptions:
 
 @runtime_checkable
 class OutputSession(Protocol):
-    """A session of a constrained request also has ``token_mask() -> TokenMaskProvider | None`` (see
-    :mod:`ninfer.contracts.program`): the allowed tokens of its next sampled token, following
-    everything committed. The engine reads it with ``getattr``, so unconstrained sessions need not
-    define it. ``preview`` of a constrained session advances its matcher provisionally, ``commit``
-    keeps that advance, and a newer preview (or ``token_mask``) first drops an uncommitted one."""
+    """One request's interpretation of model output, with preview/commit. ``preview`` of a constrained
+    session advances its matcher provisionally, ``commit`` keeps that advance, and a newer preview (or
+    ``token_mask``) first drops an uncommitted one."""
+
+    def token_mask(self) -> TokenMaskProvider | None:
+        """The allowed tokens of the next sampled token, following everything committed (see
+        :class:`~ninfer.contracts.program.TokenMaskProvider`); None for an unconstrained session."""
 
     def preview(self, tokens: Sequence[int]) -> OutputPreview:
         """Interpret ``tokens`` following everything committed so far; pure (no state change)."""

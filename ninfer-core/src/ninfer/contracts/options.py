@@ -133,7 +133,7 @@ class EngineOptions:
         """These options under their purpose's rules, defined here only: a ``causal_scoring`` engine runs one
         window at a time on one sequence, so its ``max_concurrency`` is 1 whatever was asked (its Program
         is sized for that one sequence). Applied once when options are resolved for an artifact
-        (``ninfer.planning.resolution``) and by ``Engine.from_parts``; idempotent."""
+        (``ninfer.planning.resolution``) and again by the Engine itself; idempotent."""
         if self.purpose == "causal_scoring" and self.max_concurrency != 1:
             return dataclasses.replace(self, max_concurrency=1)
         return self

@@ -14,16 +14,17 @@ decode (its last token is already known and was published before the pause).
 Commit protocol: :meth:`Program.run` returns a :class:`PendingBatch` of provisional tokens that is
 not yet part of any ledger. The engine previews every row through the Frontend, then calls
 :meth:`Program.commit` exactly once with the accepted count of every row (or :meth:`abort_pending`).
-Rules, enforced by the Program (a violation raises :class:`PendingBatchError`, an engine failure):
-``0 <= accepted <= produced``; a row not finishing and not cancelled accepts all it produced;
-``accepted == 0`` only for cancelled rows; every row of the batch appears exactly once.
+The Program enforces (a violation raises :class:`PendingBatchError`, an engine failure)
+``0 <= accepted <= produced`` and that every row of the batch appears exactly once. The engine decides
+the counts (``ninfer.engine.commit``) by the rest of the rules: a row not finishing and not cancelled
+accepts all it produced; ``accepted == 0`` only for cancelled rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.errors import NInferError
@@ -337,7 +338,13 @@ class CheckpointProgram(Program, Protocol):
 
 @runtime_checkable
 class ScoringProgram(Program, Protocol):
-    """A Program that can run causal scoring (the engine's ``causal_scoring`` purpose)."""
+    """A Program that can run causal scoring (the engine's ``causal_scoring`` purpose).
+
+    ``ops`` is the op set its model calls (``ninfer.ops.registry.OpSet``); scoring computes token
+    log-probabilities with its ``token_logprobs`` (the torch reference when the set has no implementation
+    for the device and dtype)."""
+
+    ops: Any
 
     def score_chunk(self, seq: SeqId, num_tokens: int, *, logits: bool = True) -> torch.Tensor | None:
         """Run the next ``num_tokens`` ledger tokens of ``seq`` outside the commit protocol (no sampling, no

@@ -57,8 +57,8 @@ class Engine:
 
     def __init__(self, program: Program, frontend: Frontend, options: EngineOptions, *,
                  info: Mapping[str, Any] | None = None, _owned: Any = None) -> None:
-        # Resolved by start (the plan's options) or from_parts (the purpose rules): no rule is applied here.
-        options.validate()
+        # start passes the plan's options, already resolved; the purpose rules are idempotent.
+        options = options.validate().for_purpose()
         cap = program.capacity()
         if cap.total_state_slots < options.max_concurrency:
             raise InvalidEngineOptions(f"max_concurrency {options.max_concurrency} exceeds the Program's "

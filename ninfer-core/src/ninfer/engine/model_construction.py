@@ -71,8 +71,9 @@ class ModelInstance:
 
 def _capture_graphs(program: Program, max_batch: int, device: torch.device) -> tuple[tuple[int, ...], int]:
     """Decode CUDA graphs for B = 1..``max_batch`` (docs/design.md section 7;
-    ``ResolvedOptions.graph_batches``, 0: none) when the Program supports them. Returns the captured sizes and the growth of the allocator's
-    reserved bytes they caused (their memory pool, which the plan reserved an estimate for)."""
+    ``ResolvedOptions.graph_batches``, 0: none). Returns the captured sizes (none when the Program's
+    architecture captures none) and the growth of the allocator's reserved bytes they caused (their memory
+    pool, which the plan reserved an estimate for)."""
     if max_batch == 0:
         return (), 0
     before = _reserved(device)  # after returning the unused cache: capture cannot hide in cached blocks

@@ -39,7 +39,6 @@ class RequestState(enum.Enum):
     SETTLED = "settled"
 
 
-RESIDENT_STATES = frozenset({RequestState.PREFILL, RequestState.REPLAY, RequestState.DECODE_READY})
 _TRANSITIONS: dict[RequestState, frozenset[RequestState]] = {
     RequestState.WAITING: frozenset({RequestState.MATERIALIZING, RequestState.SETTLED}),
     RequestState.MATERIALIZING: frozenset({RequestState.PREFILL, RequestState.REPLAY, RequestState.WAITING,
@@ -103,8 +102,7 @@ class RequestRecord:
     def row_sampling(self) -> RowSampling:
         """The next sampled token's parameters; a constrained session adds its allowed-token mask,
         which follows its committed output (the matcher's state survives pause and Replay)."""
-        token_mask = getattr(self.session, "token_mask", None)
-        mask = token_mask() if token_mask is not None else None
+        mask = self.session.token_mask()
         return RowSampling(self.params, self.seed, len(self.output_tokens), mask)
 
     def rebuild_target(self) -> int:

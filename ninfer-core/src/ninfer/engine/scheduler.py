@@ -15,9 +15,10 @@
 
 Who decides what: the Scheduler decides order (:class:`RequestQueues` holds the queues and their
 order rules), the ContextCache decides retention, the Program decides physical feasibility. The
-Scheduler calls the Program only for feasibility and reservations (``capacity``, ``computed``,
-``reserve_units``) and through :class:`SequenceTable` to open and pause sequences; it never runs
-or commits a unit.
+Scheduler calls the Program for feasibility and reservations (``capacity``, ``computed``,
+``reserve_units``), through :class:`SequenceTable` to open, pause and release sequences, and through
+the ContextCache for the checkpoint moves placement and reclaiming need (restore, demote, drop, revoke
+a Snapshot); it never runs or commits a unit.
 """
 
 from __future__ import annotations

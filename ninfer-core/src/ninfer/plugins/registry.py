@@ -189,15 +189,6 @@ class PluginRegistry:
                 f"install the plugin distribution that provides it ('ninfer plugins' lists the loaded plugins)"
             ) from None
 
-    def frontend(self, name: str):
-        """The :class:`~ninfer.contracts.frontend.FrontendSpec` registered as ``name``."""
-        try:
-            return self.frontends[name]
-        except KeyError:
-            known = ", ".join(sorted(self.frontends)) or "none"
-            raise PluginError(f"no installed plugin provides frontend family {name!r} (installed: {known}); "
-                              f"install the plugin distribution of the architecture that names it") from None
-
     def source_mapping(self, architecture: str):
         try:
             return self.source_mappings[architecture]

@@ -27,6 +27,7 @@ import torch
 
 from ninfer.contracts.program import ScoringProgram, TokenLogprob
 from ninfer.errors import NInferError, NotSupportedError
+from ninfer.ops.registry import OpError
 from ninfer.scoring.inputs import normalize_inputs, tokenize
 from ninfer.scoring.report import ScoreReport, ScoreSettings, TextScore
 from ninfer.scoring.windows import InvalidScoringOptions, Window, check_window_options, plan_windows
@@ -48,7 +49,7 @@ def _reference_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> tuple[to
 def _program_logprobs(program):
     try:
         return program.ops.token_logprobs
-    except Exception:  # a Program without an OpSet (or without the op): the torch reference
+    except OpError:  # no implementation for this device and dtype: the torch reference
         return _reference_logprobs
 
 

@@ -20,8 +20,8 @@ def greedy_tokens(engine, prompts: Sequence[Sequence[int]], max_tokens: int) -> 
 
 
 def settled(engine, *, wait_s: float = 10.0):
-    """The engine's stats once the worker has published the cycle that settled every request (a result is
-    delivered before that cycle's snapshot); the latest stats after ``wait_s`` seconds otherwise, for the
+    """The engine's stats once the worker has published the step that settled every request (a result is
+    delivered before that step's snapshot); the latest stats after ``wait_s`` seconds otherwise, for the
     caller's assertion to report."""
     deadline = time.monotonic() + wait_s
     while True:

@@ -53,7 +53,6 @@ from ninfer.contracts.errors import EngineFailure
 from ninfer.contracts.program import (
     CheckpointHandle,
     CheckpointProgram,
-    ReplayState,
     ResumeState,
     SeqId,
     SnapshotState,
@@ -355,4 +354,4 @@ class ContextCache:
             self.program.drop_checkpoint(entry.handle)
 
 
-__all__ = ["CacheCounters", "CacheEntry", "ReplayState", "ContextCache", "SnapshotState"]
+__all__ = ["CacheCounters", "CacheEntry", "ContextCache"]
