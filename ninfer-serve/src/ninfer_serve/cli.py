@@ -35,7 +35,8 @@ def add_arguments(p) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="how long in-flight requests may finish after SIGTERM (default 30)")
     g.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up request")
-    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                   help="server log level; at info and debug every request gets an access-log line (default info)")
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -56,6 +57,17 @@ def run(args) -> int:
     if args.queue_timeout is not None:
         options = dataclasses.replace(options, queue_timeout_s=args.queue_timeout)
 
+    from ninfer_serve.listen import reserve_address
+
+    # Before anything slow: an address in use fails now, not after the model has loaded.
+    sock = reserve_address(args.host, args.port)
+    try:
+        return _serve(args, options, sock)
+    finally:
+        sock.close()
+
+
+def _serve(args, options, sock) -> int:
     from ninfer import Engine
     from ninfer.contracts.memory import format_memory_summary
     from ninfer.model_source import resolve_model
@@ -80,10 +92,13 @@ def run(args) -> int:
                 print(f"[ninfer] warm-up done in {took:.2f} s", file=sys.stderr)
         config = ServeConfig(model_id=model_id, api_key=args.api_key, keepalive_s=args.keepalive,
                              max_body_bytes=int(args.max_body_mib * 2**20))
-        if not args.quiet:
-            print(f"[ninfer] serving {model_id!r} on http://{args.host}:{args.port}", file=sys.stderr)
+
+        def ready() -> None:  # the server accepts connections now
+            if not args.quiet:
+                print(f"[ninfer] serving {model_id!r} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+
         serve(engine, config, host=args.host, port=args.port, log_level=args.log_level,
-              shutdown_timeout_s=args.shutdown_timeout)
+              shutdown_timeout_s=args.shutdown_timeout, sock=sock, on_ready=ready)
     finally:
         engine.close()
     return 0

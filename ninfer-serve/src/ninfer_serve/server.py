@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -25,12 +26,30 @@ from ninfer_serve.gateway import Gateway
 log = logging.getLogger("ninfer.serve")
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, telling the gateway about a shutdown signal before connections drain."""
+def log_config(level: str) -> dict[str, Any]:
+    """Every server log line (uvicorn's, the access log, NInfer's) on stderr with a timestamp and a level."""
+    handler = {"class": "logging.StreamHandler", "formatter": "timestamped", "stream": "ext://sys.stderr"}
+    logger = {"handlers": ["stderr"], "level": level.upper(), "propagate": False}
+    return {"version": 1, "disable_existing_loggers": False,
+            "formatters": {"timestamped": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+            "handlers": {"stderr": handler},
+            "loggers": {"uvicorn": logger, "uvicorn.error": {"level": level.upper()},
+                        "uvicorn.access": logger, "ninfer": logger}}
 
-    def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the gateway about a shutdown signal before connections drain, and the caller
+    when it answers."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway, on_ready: Callable[[], None] | None) -> None:
         super().__init__(config)
         self._gateway = gateway
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self._on_ready is not None:
+            self._on_ready()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self._gateway.begin_shutdown()
@@ -53,12 +72,20 @@ class _Server(uvicorn.Server):
 
 
 def serve(engine: Any, config: ServeConfig, *, host: str = "127.0.0.1", port: int = 8080,
-          log_level: str = "info", shutdown_timeout_s: float = 30.0, access_log: bool = False) -> None:
-    """Serve ``engine`` until a shutdown signal; the caller closes the engine afterwards."""
+          log_level: str = "info", shutdown_timeout_s: float = 30.0, access_log: bool | None = None,
+          sock: socket.socket | None = None, on_ready: Callable[[], None] | None = None) -> None:
+    """Serve ``engine`` until a shutdown signal; the caller closes the engine afterwards.
+
+    ``sock``: an address already bound (:func:`ninfer_serve.listen.reserve_address`), else ``host:port`` is
+    bound now. ``on_ready`` is called once the server accepts connections. ``access_log`` (default: at
+    ``log_level`` info or debug) logs one line per request."""
     gateway = Gateway(engine, config)
     app = create_app(gateway)
+    if access_log is None:
+        access_log = log_level in ("info", "debug", "trace")
     uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
-                               lifespan="off", timeout_graceful_shutdown=shutdown_timeout_s,
+                               log_config=log_config(log_level), lifespan="off",
+                               timeout_graceful_shutdown=shutdown_timeout_s,
                                # Requests are long-lived streams; idle keep-alive sockets are cheap.
                                timeout_keep_alive=30, server_header=False)
-    _Server(uv_config, gateway).run()
+    _Server(uv_config, gateway, on_ready).run(sockets=None if sock is None else [sock])
