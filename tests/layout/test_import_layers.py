@@ -1,8 +1,8 @@
 """The import layering of every distribution, checked with import-linter (contracts in ``.importlinter``).
 
 Core layers, lowest first: errors <- contracts, plugins <- storage, ops, artifact <- program, planning,
-constrained <- engine <- scoring, bench <- model_source <- cli. Core never imports a plugin distribution,
-and no package has an import cycle among its sub-packages or modules.
+constrained, conversion <- model_source <- scoring <- engine <- bench <- cli, testing. Core never imports a plugin
+distribution, and no package has an import cycle among its sub-packages or modules.
 """
 
 from __future__ import annotations

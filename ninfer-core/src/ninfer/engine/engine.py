@@ -22,9 +22,10 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from ninfer.contracts.errors import EngineClosedError, EngineFailure, QueueFullError
+from ninfer.contracts.errors import EngineClosedError, EngineFailure, InvalidRequestError, QueueFullError
 from ninfer.contracts.events import GenerationResult
 from ninfer.contracts.frontend import Frontend, OutputOptions, PreparedPrompt
 from ninfer.contracts.memory import MemorySummary
@@ -38,7 +39,8 @@ from ninfer.engine.stats import EngineStats
 from ninfer.engine.worker import WAKE, EngineCore
 from ninfer.errors import NotSupportedError
 
-_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+_SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+_REQUEST_KEYWORDS = ("sampling", "output", "deadline", "timeout_s", "request_id", "cache", "session")
 
 PromptInput = GenerationRequest | PreparedPrompt | str | Sequence[int]
 
@@ -46,8 +48,8 @@ PromptInput = GenerationRequest | PreparedPrompt | str | Sequence[int]
 class Engine:
     """One resident model serving up to ``max_concurrency`` requests at once.
 
-    Build it with :meth:`start` (from a ``.ninfer`` artifact) or :meth:`from_parts` (an existing
-    Program and Frontend). Use it as a context manager or call :meth:`close`.
+    Build it with :meth:`start` (a model: an artifact, a checkpoint folder or the default model) or
+    :meth:`from_parts` (an existing Program and Frontend). Use it as a context manager or call :meth:`close`.
 
     The purpose is fixed at start. ``generation`` (default): a worker and scheduler serve
     :meth:`submit`. ``causal_scoring``: no worker, scheduler or context cache; :meth:`score` runs
@@ -106,16 +108,22 @@ class Engine:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def start(cls, artifact: str | os.PathLike, options: EngineOptions | None = None, *,
+    def start(cls, model: str | os.PathLike | None = None, options: EngineOptions | None = None, *,
               progress: Callable[[int, int], None] | None = None, **overrides: Any) -> Engine:
-        """Load a ``.ninfer`` artifact and start serving it. ``overrides`` replace fields of
-        ``options`` (e.g. ``Engine.start(path, max_concurrency=2)``); ``progress(bytes_read, total)``
-        reports weight loading."""
+        """Load a model and start serving it.
+
+        ``model``: None (the default) is the default model an installed plugin ships; a folder is a
+        Hugging Face checkpoint; both are converted once into the cache (:mod:`ninfer.model_source`).
+        Anything else is opened as a ``.ninfer`` artifact (a missing one raises ArtifactNotFoundError).
+        ``overrides`` replace fields of ``options`` (e.g. ``Engine.start(path, max_concurrency=2)``) and
+        are validated before any conversion; ``progress(bytes_read, total)`` reports weight loading."""
         from ninfer.engine.model_construction import build_model
+        from ninfer.model_source import resolve_model
 
         options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
-        model = build_model(artifact, options, progress=progress)
-        return cls(model.program, model.frontend, model.options, info=model.info, _owned=model)
+        artifact = resolve_model(model) if model is None or Path(model).is_dir() else model
+        built = build_model(artifact, options, progress=progress)
+        return cls(built.program, built.frontend, built.options, info=built.info, _owned=built)
 
     @classmethod
     def from_parts(cls, program: Program, frontend: Frontend, options: EngineOptions | None = None,
@@ -168,21 +176,25 @@ class Engine:
     def submit(self, request: PromptInput, *, sampling: SamplingParams | None = None,
                output: OutputOptions | None = None, deadline: float | None = None,
                timeout_s: float | None = None, request_id: str | None = None,
-               cache: bool | None = None, session: str | None = None) -> GenerationHandle:
+               cache: bool | None = None, session: str | None = None, **sampling_fields: Any) -> GenerationHandle:
         """Enqueue a request and return its handle.
 
         ``request`` is a GenerationRequest (the keyword arguments must then be left out), or a prompt:
-        a PreparedPrompt, token ids, or text (prepared with ``Frontend.prepare_text``). ``timeout_s``
-        is a relative deadline. ``cache=False`` keeps the request out of the context cache (see
-        ``GenerationRequest.cache``); ``session`` is a context-cache session key (see
-        ``GenerationRequest.session``). Raises synchronously: InvalidRequestError, PromptTooLongError,
-        InvalidSamplingParams, QueueFullError, EngineClosedError, EngineFailure; NotSupportedError
-        on an engine started for causal scoring.
+        a PreparedPrompt, token ids, or text (prepared with ``Frontend.prepare_text``); a list of chat
+        messages is refused (InvalidRequestError pointing to :meth:`chat`). Sampling is either
+        ``sampling=SamplingParams(...)`` or SamplingParams fields as keywords (``temperature=0.7,
+        max_tokens=64``) laid over the model's defaults (:meth:`sampling_params`); neither: the model's
+        defaults. An unknown keyword raises TypeError naming it. ``timeout_s`` is a relative deadline.
+        ``cache=False`` keeps the request out of the context cache (see ``GenerationRequest.cache``);
+        ``session`` is a context-cache session key (see ``GenerationRequest.session``). Raises
+        synchronously: InvalidRequestError, PromptTooLongError, InvalidSamplingParams, QueueFullError,
+        EngineClosedError, EngineFailure; NotSupportedError on an engine started for causal scoring.
         """
         if self._scorer is not None:
             raise NotSupportedError("this engine was started with purpose 'causal_scoring': it scores texts "
                                     "with score() and serves no requests (start another with purpose "
                                     "'generation')")
+        sampling = self._keyword_sampling(sampling, sampling_fields)
         req = self._as_request(request, sampling, output, deadline, timeout_s, request_id, cache, session)
         req.validate(vocab_size=self._vocab_size, max_context=self._options.max_context)
         params = req.sampling if req.sampling is not None else self.sampling_params()
@@ -223,9 +235,44 @@ class Engine:
         return GenerationHandle(control)
 
     def generate(self, request: PromptInput, *, timeout: float | None = None, **kwargs: Any) -> GenerationResult:
-        """Submit and wait for the result (raises the request's error)."""
+        """Submit and wait for the result (raises the request's error). ``kwargs`` are :meth:`submit`'s,
+        sampling keywords included (``engine.generate("Hi", max_tokens=32, temperature=0)``); ``timeout``
+        bounds the wait in seconds (None: no bound)."""
         with self.submit(request, **kwargs) as handle:
             return handle.result(timeout)
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = (),
+             enable_thinking: bool = True, template_kwargs: Mapping[str, Any] | None = None,
+             output: OutputOptions | None = None, timeout: float | None = None, **kwargs: Any) -> GenerationResult:
+        """Render ``messages`` with the model's chat template (``Frontend.prepare_chat``), generate and
+        return the result; ``result.output`` is the parsed answer (``content``, ``reasoning``,
+        ``tool_calls``). ``tools`` (JSON-schema function specs) go into the template and, unless ``output``
+        names its own, to the tool-call parser. ``enable_thinking`` (default True) lets the model reason
+        first; ``template_kwargs`` are further template variables. ``output`` defaults to
+        ``OutputOptions()`` (reasoning and tool calls parsed). ``timeout`` and ``kwargs`` are as in
+        :meth:`generate`. Anything but a non-empty list of messages with a ``role`` is an
+        InvalidRequestError (a plain text prompt goes to :meth:`generate`)."""
+        _check_messages(messages)
+        prompt = self._frontend.prepare_chat(list(messages), tools=tuple(tools), enable_thinking=enable_thinking,
+                                             **dict(template_kwargs or {}))
+        out = output if output is not None else OutputOptions()
+        if tools and not out.tools:
+            out = dataclasses.replace(out, tools=tuple(tools))
+        return self.generate(prompt, timeout=timeout, output=out, **kwargs)
+
+    def _keyword_sampling(self, sampling: SamplingParams | None, fields: Mapping[str, Any]) -> SamplingParams | None:
+        if not fields:
+            return sampling
+        unknown = [k for k in fields if k not in _SAMPLING_FIELDS]
+        if unknown:
+            raise TypeError(f"unknown keyword argument{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(map(repr, unknown))}: the sampling keywords are SamplingParams' fields "
+                            f"({', '.join(_SAMPLING_FIELDS)}) and the request keywords are "
+                            f"{', '.join(_REQUEST_KEYWORDS)} (stop strings: output=OutputOptions(stop=...))")
+        if sampling is not None:
+            raise TypeError(f"pass either sampling=SamplingParams(...) or sampling keywords "
+                            f"({', '.join(fields)}), not both")
+        return self.sampling_params(**fields)
 
     def _as_request(self, request: PromptInput, sampling, output, deadline, timeout_s, request_id, cache=None,
                     session=None) -> GenerationRequest:
@@ -236,6 +283,10 @@ class Engine:
             if any(v is not None for v in (sampling, output, deadline, request_id, cache, session)):
                 raise TypeError("pass either a GenerationRequest or a prompt with keyword arguments, not both")
             return request
+        if _looks_like_messages(request):
+            raise InvalidRequestError("the prompt is a list of chat messages: use engine.chat(messages, ...), which "
+                                      "renders the model's chat template, or pass "
+                                      "engine.frontend.prepare_chat(messages) as the prompt")
         prompt = self._frontend.prepare_text(request) if isinstance(request, str) else request
         return GenerationRequest(prompt=prompt, sampling=sampling, output=output or OutputOptions(),
                                  deadline=deadline, request_id=request_id, cache=True if cache is None else cache,
@@ -338,6 +389,26 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _looks_like_messages(prompt: Any) -> bool:
+    """A chat message (a mapping) or a sequence holding one, where a prompt was expected."""
+    if isinstance(prompt, Mapping):
+        return True
+    return (isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes))
+            and any(isinstance(item, Mapping) for item in prompt))
+
+
+def _check_messages(messages: Any) -> None:
+    if isinstance(messages, (str, bytes)):
+        raise InvalidRequestError("chat() takes a list of messages such as [{'role': 'user', 'content': 'Hi'}]; "
+                                  "a plain text prompt goes to generate()")
+    if isinstance(messages, Mapping) or not isinstance(messages, Sequence) or not messages:
+        raise InvalidRequestError(f"chat() takes a non-empty list of messages such as "
+                                  f"[{{'role': 'user', 'content': 'Hi'}}], got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or "role" not in m:
+            raise InvalidRequestError(f"message {i} must be a mapping with a 'role' (and 'content'), got {m!r:.80}")
 
 
 def _stop_core(core: EngineCore) -> None:
