@@ -178,4 +178,4 @@ def test_models_endpoints(client, engine):
     assert body["data"][0]["max_model_len"] == engine.max_context == 512
     assert client.get(f"/v1/models/{MODEL_ID}").json()["id"] == MODEL_ID
     r = client.get("/v1/models/other")
-    assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"

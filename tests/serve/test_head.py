@@ -53,7 +53,7 @@ def test_head_on_an_unknown_model_is_404(client, path):
 
 
 def test_head_on_an_unknown_path_is_404(client):
-    same_as_get(client, "/no/such/path", 404, same_length=False)  # the message says 'no route for HEAD ...'
+    same_as_get(client, "/no/such/path", 404, same_length=False)  # the message names the method
 
 
 @pytest.mark.parametrize("path", POST_ONLY)

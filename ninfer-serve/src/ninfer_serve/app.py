@@ -3,7 +3,8 @@
 :func:`create_app` takes an already started :class:`Gateway` (the server module builds the engine,
 warms it up and owns its lifetime), so tests can serve one engine through several apps. Every error
 leaves through one exception handler that writes it in the request's protocol shape; an unexpected
-exception is logged with its traceback and answered with a generic 500, never a traceback.
+exception is logged with its traceback and answered with a generic 500, never a traceback. A request
+no route matches is a 404 saying the endpoint is not supported and listing those that are.
 
 ``HEAD``: the GET routes accept it and run their GET handler (routes_system); :func:`drop_head_body`,
 a before-send hook that sees every response the app sends (errors and unrouted requests included),
@@ -15,6 +16,7 @@ HEAD on a POST-only route is still a 405 (with ``Allow``), just without the erro
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from litestar import Litestar, Request, Response
@@ -38,6 +40,15 @@ log = logging.getLogger("ninfer.serve")
 GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
 
 
+def supported_endpoints(app: Litestar) -> list[str]:
+    """``METHOD /path`` of every route (HEAD and OPTIONS, which follow GET and any route, left out)."""
+    out = []
+    for route in app.routes:
+        path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)   # "{model_id:path}" -> "{model_id}"
+        out += [f"{m} {path}" for m in sorted(route.methods - {"HEAD", "OPTIONS"})]
+    return out
+
+
 def outcome_of(status: int) -> str:
     if status in (429, 503):
         return "rejected"
@@ -55,7 +66,14 @@ def _handler(request: Request, exc: Exception) -> Response:
     elif isinstance(exc, HTTPException):
         detail = exc.detail if isinstance(exc.detail, str) and exc.detail else "request refused"
         if exc.status_code == 404:
-            detail = f"no route for {request.method} {path}"
+            detail = (f"{request.method} {path} is not supported by NInfer; the endpoints it serves are "
+                      f"{', '.join(supported_endpoints(request.app))} (docs/http.md)")
+        elif exc.status_code == 405:
+            # OPTIONS is answered on every route: not worth naming. No request method in the text: a HEAD's
+            # length must stay the GET's.
+            allow = (exc.headers or {}).get("allow", "")
+            allowed = ", ".join(sorted({m.strip() for m in allow.split(",")} - {"", "OPTIONS"}))
+            detail = f"this method is not supported on {path}: it accepts {allowed or 'other methods'}"
         elif exc.status_code == 413:
             detail = (f"the request body is larger than this server's limit of "
                       f"{gw.config.max_body_bytes / 2**20:g} MiB (--max-body-mib)")

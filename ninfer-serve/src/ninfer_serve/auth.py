@@ -13,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ninfer_serve.errors import ApiError, error_body, protocol_of
+from ninfer_serve.errors import INVALID_API_KEY, ApiError, error_body, protocol_of
 
 OPEN_PATHS = frozenset({"/health"})
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
@@ -48,7 +48,8 @@ class ApiKeyMiddleware:
         path = scope["path"]
         self._on_refused(path)
         why = "missing API key" if key is None else "invalid API key"
-        err = ApiError("authentication", f"{why}: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
+        err = ApiError("authentication", f"{why}: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+                       code=INVALID_API_KEY)
         payload = json.dumps(error_body(err, protocol_of(path))).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),

@@ -4,7 +4,8 @@ that name the problem (the JSON error position, or the field path and what is wr
 Unknown fields: like vLLM's OpenAI server, the protocol models accept fields they do not define and
 ignore them, logging a warning that names them (a client sending a newer API's field keeps working).
 Fields the APIs define but this server cannot honour are declared in the models and rejected there
-with a message naming them, so nothing a client relies on is silently dropped.
+with a message naming them (an :class:`~ninfer_serve.errors.UnsupportedValue`, so the OpenAI body's
+``code`` is ``unsupported_value``), so nothing a client relies on is silently dropped.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ninfer_serve.errors import bad_request
+from ninfer_serve.errors import UNSUPPORTED_VALUE, UnsupportedValue, bad_request
 
 log = logging.getLogger("ninfer.serve")
 
@@ -91,7 +92,8 @@ def validate(model: type[M], raw: bytes) -> M:
         others = len(errors) - len(same)
         more = f" (and {others} more problems)" if others else ""
         where = f"field '{path}'" if path else "request body"
-        raise bad_request(f"invalid {where}: {'; or: '.join(msgs)}{more}", param=path) from None
+        code = UNSUPPORTED_VALUE if isinstance(first.get("ctx", {}).get("error"), UnsupportedValue) else None
+        raise bad_request(f"invalid {where}: {'; or: '.join(msgs)}{more}", param=path, code=code) from None
     extra = sorted(set(parsed.model_extra or ()) - getattr(model, "READ_FROM_EXTRA", frozenset()))
     if extra:
         log.warning("%s: ignoring unknown request fields %s", model.__name__, ", ".join(extra))

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ninfer_serve.errors import bad_request
+from ninfer_serve.errors import UNSUPPORTED_VALUE, bad_request
 from ninfer_serve.openai_models import ChatMessage, ChatTool, ContentPart
 from ninfer_serve.tool_choice import ToolPolicy
 
@@ -28,7 +28,7 @@ def text_of(content: str | Sequence[ContentPart] | None, where: str) -> str | No
     for j, part in enumerate(content):
         if part.type != "text":
             raise bad_request(f"content parts of type {part.type!r} are not supported: this server serves text "
-                              "only", param=f"{where}[{j}].type")
+                              "only", param=f"{where}[{j}].type", code=UNSUPPORTED_VALUE)
         if part.text is None:
             raise bad_request("a text content part needs 'text'", param=f"{where}[{j}].text")
         parts.append(part.text)
@@ -81,16 +81,28 @@ def openai_tools(tools: Sequence[ChatTool] | None) -> list[dict[str, Any]]:
     return [t.model_dump(mode="json", exclude_none=True) for t in tools or ()]
 
 
+# The model has no reasoning budget, so effort is thinking on or off: every level that asks for reasoning turns
+# it on (max_tokens bounds reasoning and answer together); "minimal" asks for next to none, which only off gives.
+_THINKING_OF_EFFORT = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
+
+
+def thinking_of_effort(effort: str | None) -> bool | None:
+    """OpenAI's ``reasoning_effort`` (already validated by the request model) as ``enable_thinking``;
+    None when the request leaves it out."""
+    return None if effort is None else _THINKING_OF_EFFORT[effort]
+
+
 @dataclass(frozen=True)
 class TemplateOptions:
     enable_thinking: bool
     kwargs: Mapping[str, Any]
 
 
-def template_options(kwargs: Mapping[str, Any] | None, *, field: str,
-                     enable_thinking: bool | None = None) -> TemplateOptions:
+def template_options(kwargs: Mapping[str, Any] | None, *, field: str, enable_thinking: bool | None = None,
+                     switch: str | None = None) -> TemplateOptions:
     """``enable_thinking`` comes from the kwargs (``chat_template_kwargs.enable_thinking``) or the
-    protocol's own switch; the model's default (on) otherwise."""
+    protocol's own switch (named ``switch``, e.g. ``reasoning_effort``); the model's default (on) otherwise.
+    Both given and disagreeing is a 400 naming the switch."""
     rest = dict(kwargs or {})
     bad = sorted(RESERVED_TEMPLATE_KEYS & rest.keys())
     if bad:
@@ -100,6 +112,9 @@ def template_options(kwargs: Mapping[str, Any] | None, *, field: str,
         value = rest.pop("enable_thinking")
         if not isinstance(value, bool):
             raise bad_request("enable_thinking must be true or false", param=f"{field}.enable_thinking")
+        if enable_thinking is not None and value != enable_thinking:
+            raise bad_request(f"{switch} turns thinking {'on' if enable_thinking else 'off'} but "
+                              f"{field}.enable_thinking is {str(value).lower()}: set one of them", param=switch)
         enable_thinking = value
     return TemplateOptions(True if enable_thinking is None else enable_thinking, rest)
 

@@ -1,9 +1,10 @@
 """Errors of the HTTP gateway, and how each protocol writes them.
 
 One exception, :class:`ApiError`, carries a protocol-neutral ``kind`` (and the HTTP status that goes
-with it); :func:`openai_body` and :func:`anthropic_body` render it in the shape each API's clients
-parse. The protocol of a failing request is decided by its path (:func:`protocol_of`), so even a
-request that fails before routing (bad key, unknown path) gets the shape its client expects.
+with it) and, where OpenAI defines one, a machine-readable ``code`` (``context_length_exceeded``,
+``model_not_found``, ...); :func:`openai_body` and :func:`anthropic_body` render it in the shape each
+API's clients parse. The protocol of a failing request is decided by its path (:func:`protocol_of`), so
+even a request that fails before routing (bad key, unknown path) gets the shape its client expects.
 
 Engine exceptions map here and nowhere else (:func:`from_engine_error`), so every endpoint reports
 the same condition with the same status: a full queue is 429 everywhere, a closing engine 503.
@@ -36,9 +37,27 @@ STATUS: dict[str, int] = {
 }
 _KIND_OF_STATUS = {v: k for k, v in STATUS.items()}
 
-# vLLM's OpenAI server names the error type after the exception class and puts the status in ``code``;
-# the openai client dispatches on the status alone, so these names are for humans and logs.
+# The ``type`` OpenAI's API sends for each condition (a wrong key and an unknown model are invalid requests
+# there too; a rate limit's type is what is limited, here requests). OpenAI has no request timeout of its
+# own: "timeout_error" is this server's. Libraries branch on ``type`` and ``code``; the openai client picks
+# its exception class by the status alone.
 _OPENAI_TYPE = {
+    "invalid_request": "invalid_request_error", "authentication": "invalid_request_error",
+    "not_found": "invalid_request_error", "method_not_allowed": "invalid_request_error",
+    "timeout": "timeout_error",
+    "too_large": "invalid_request_error", "rate_limit": "requests", "internal": "server_error",
+    "unavailable": "server_error",
+}
+# OpenAI's ``code`` values this server sends; every other error has a null code, as most of OpenAI's do.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"   # how client libraries recognise context overflow
+MODEL_NOT_FOUND = "model_not_found"
+INVALID_API_KEY = "invalid_api_key"
+RATE_LIMITED = "rate_limit_exceeded"
+UNSUPPORTED_VALUE = "unsupported_value"
+
+# vLLM's OpenAI server names the error after the exception class and puts the status in ``code``; with ``type``
+# and ``code`` now OpenAI's, those two values are kept as ``status_type`` and ``status``.
+_VLLM_TYPE = {
     "invalid_request": "BadRequestError", "authentication": "AuthenticationError", "not_found": "NotFoundError",
     "method_not_allowed": "MethodNotAllowedError", "timeout": "RequestTimeoutError",
     "too_large": "RequestTooLargeError", "rate_limit": "RateLimitError", "internal": "InternalServerError",
@@ -55,13 +74,15 @@ _ANTHROPIC_TYPE = {
 
 class ApiError(Exception):
     """A request that cannot be served, with what the client should be told. ``param`` names the
-    request field at fault (dotted path with list indices, e.g. ``messages[2].content``)."""
+    request field at fault (dotted path with list indices, e.g. ``messages[2].content``); ``code`` is
+    OpenAI's machine-readable code of the condition (one of the constants above), or None."""
 
-    def __init__(self, kind: Kind, message: str, *, param: str | None = None) -> None:
+    def __init__(self, kind: Kind, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.kind: Kind = kind
         self.message = message
         self.param = param
+        self.code = code
 
     @property
     def status(self) -> int:
@@ -73,8 +94,22 @@ class ApiError(Exception):
         return cls(kind, message)  # type: ignore[arg-type]
 
 
-def bad_request(message: str, param: str | None = None) -> ApiError:
-    return ApiError("invalid_request", message, param=param)
+def bad_request(message: str, param: str | None = None, *, code: str | None = None) -> ApiError:
+    return ApiError("invalid_request", message, param=param, code=code)
+
+
+class UnsupportedValue(ValueError):
+    """Raised by a request model's validator for a value the API defines but this server cannot honour
+    (``n`` > 1, ``suffix``, audio): the 400 then carries OpenAI's code ``unsupported_value``."""
+
+
+# What the messages call the context limit, so an operator knows which server option raises it.
+CONTEXT_SETTING = "the server's --max-context"
+
+
+def context_length_error(message: str, param: str | None) -> ApiError:
+    """The 400 of a request that does not fit the context; ``message`` names :data:`CONTEXT_SETTING`."""
+    return bad_request(message, param=param, code=CONTEXT_LENGTH_EXCEEDED)
 
 
 def protocol_of(path: str) -> Protocol:
@@ -87,8 +122,10 @@ def _text(s: str | None) -> str | None:
 
 
 def openai_body(err: ApiError) -> dict:
+    """OpenAI's ``{"error": {"message", "type", "param", "code"}}`` (``code`` a string or null) plus vLLM's
+    values: ``status`` (the HTTP status, vLLM's ``code``) and ``status_type`` (vLLM's ``type``)."""
     return {"error": {"message": _text(err.message), "type": _OPENAI_TYPE[err.kind], "param": _text(err.param),
-                      "code": err.status}}
+                      "code": err.code, "status": err.status, "status_type": _VLLM_TYPE[err.kind]}}
 
 
 def anthropic_body(err: ApiError) -> dict:
@@ -109,13 +146,14 @@ def from_engine_error(exc: BaseException, *, prompt_param: str = "messages", at_
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, QueueFullError):
-        return ApiError("rate_limit", f"the server is at capacity, retry later ({exc})")
+        return ApiError("rate_limit", f"the server is at capacity, retry later ({exc})", code=RATE_LIMITED)
     if isinstance(exc, QueueTimeoutError):
-        return ApiError("rate_limit", f"the request waited too long for a free slot, retry later ({exc})")
+        return ApiError("rate_limit", f"the request waited too long for a free slot, retry later ({exc})",
+                        code=RATE_LIMITED)
     if isinstance(exc, DeadlineExceededError):
         return ApiError("timeout", str(exc))
     if isinstance(exc, PromptTooLongError):
-        return ApiError("invalid_request", str(exc), param=prompt_param)
+        return context_length_error(f"{exc} ({CONTEXT_SETTING})", prompt_param)
     if isinstance(exc, InvalidSamplingParams):
         m = _SAMPLING_FIELD.search(str(exc))
         return ApiError("invalid_request", str(exc), param=m.group(1) if m else None)

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from ninfer_serve import body
 from ninfer_serve.config import ServeConfig
-from ninfer_serve.errors import ApiError, bad_request, from_engine_error
+from ninfer_serve.errors import MODEL_NOT_FOUND, ApiError, bad_request, from_engine_error
 from ninfer_serve.generation import Generation
 from ninfer_serve.metrics import ServerMetrics
 from ninfer_serve.tool_choice import DeltaTransform
@@ -82,7 +82,7 @@ class Gateway:
         """vLLM's rule: the model may be left out; when given it must be the served one."""
         if requested is not None and requested != self.model_id:
             raise ApiError("not_found", f"the model '{requested}' does not exist; this server serves "
-                                        f"'{self.model_id}'", param="model")
+                                        f"'{self.model_id}'", param="model", code=MODEL_NOT_FOUND)
 
     # -- prompts -----------------------------------------------------------------------------------
     async def prepare(self, fn: Callable[[], T], *, param: str) -> T:

@@ -7,7 +7,8 @@ pass: ``n`` > 1, a non-zero ``logit_bias``, audio output, and
 json_object, json_schema) and vLLM's ``guided_*`` fields become output constraints
 (:mod:`ninfer_serve.constraints`). vLLM extensions that map onto
 the engine (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
-``chat_template_kwargs``) are supported. ``prompt_cache_key`` (OpenAI's cache-routing key) is the
+``chat_template_kwargs``) are supported. ``reasoning_effort`` turns thinking off (``none``, ``minimal``)
+or on (the other levels), never ignored. ``prompt_cache_key`` (OpenAI's cache-routing key) is the
 engine's context-cache session key.
 """
 
@@ -27,9 +28,12 @@ from pydantic import (
 )
 
 from ninfer_serve.constraints import EXTRA_FIELDS
+from ninfer_serve.errors import UnsupportedValue
 
 INT64 = 2**63
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+# OpenAI's reasoning_effort levels; chat_input.thinking_of_effort maps each to thinking on or off.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
 
 class Lenient(BaseModel):
@@ -92,7 +96,8 @@ class SamplingFields(Lenient):
     @classmethod
     def _one_choice(cls, v: int) -> int:
         if v != 1:
-            raise ValueError(f"n={v} is not supported: this server returns exactly one choice per request (n=1)")
+            raise UnsupportedValue(f"n={v} is not supported: this server returns exactly one choice per request "
+                                   "(n=1)")
         return v
 
     @field_validator("stop")
@@ -111,7 +116,7 @@ class SamplingFields(Lenient):
     @classmethod
     def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         if v and any(b != 0 for b in v.values()):
-            raise ValueError("non-zero logit_bias is not supported")
+            raise UnsupportedValue("non-zero logit_bias is not supported")
         return v
 
     @property
@@ -189,21 +194,23 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
 
     @field_validator("modalities")
     @classmethod
     def _text_only(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None and any(m != "text" for m in v):
-            raise ValueError("only the 'text' modality is supported")
+        other = [m for m in v or () if m != "text"]
+        if other:
+            raise UnsupportedValue(f"the modality {other[0]!r} is not supported: this server outputs text only")
         return v
 
     @field_validator("audio")
     @classmethod
     def _no_audio(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         if v is not None:
-            raise ValueError("audio output is not supported")
+            raise UnsupportedValue("audio output is not supported")
         return v
 
 
@@ -220,14 +227,14 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _no_suffix(cls, v: str | None) -> str | None:
         if v:
-            raise ValueError("suffix (fill-in-the-middle) is not supported")
+            raise UnsupportedValue("suffix (fill-in-the-middle) is not supported")
         return v
 
     @field_validator("best_of")
     @classmethod
     def _best_of(cls, v: int | None) -> int | None:
         if v is not None and v != 1:
-            raise ValueError(f"best_of={v} is not supported (only 1)")
+            raise UnsupportedValue(f"best_of={v} is not supported (only 1)")
         return v
 
 

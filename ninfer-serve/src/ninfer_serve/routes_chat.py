@@ -23,6 +23,7 @@ from ninfer_serve.chat_input import (
     openai_messages,
     openai_tools,
     template_options,
+    thinking_of_effort,
     tool_policy,
 )
 from ninfer_serve.constraints import constrain
@@ -100,7 +101,8 @@ async def chat_completions(request: Request) -> Response:
         policy = tool_policy(tools, "named", req.tool_choice.function.name,
                              parallel=req.parallel_tool_calls is not False)
     constraint = constrain(policy, response_format=req.response_format, extra=req.model_extra)
-    options = template_options(req.chat_template_kwargs, field="chat_template_kwargs")
+    options = template_options(req.chat_template_kwargs, field="chat_template_kwargs",
+                               enable_thinking=thinking_of_effort(req.reasoning_effort), switch="reasoning_effort")
     prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options),
                               param="messages")
 

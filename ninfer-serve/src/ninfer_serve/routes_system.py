@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from litestar import HttpMethod, Request, Response, route
 
-from ninfer_serve.errors import ApiError
+from ninfer_serve.errors import MODEL_NOT_FOUND, ApiError
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.metrics import CONTENT_TYPE
 from ninfer_serve.openai_models import ModelCard, ModelList
@@ -48,5 +48,5 @@ async def get_model(request: Request) -> Response:
     name = str(request.path_params["model_id"]).lstrip("/")
     if name != gw.model_id:
         raise ApiError("not_found", f"the model '{name}' does not exist; this server serves '{gw.model_id}'",
-                       param="model")
+                       param="model", code=MODEL_NOT_FOUND)
     return Response(_card(gw).model_dump_json().encode(), media_type="application/json")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from litestar import Request, Response, post
 
-from ninfer_serve.chat_input import openai_messages, openai_tools, template_options
+from ninfer_serve.chat_input import openai_messages, openai_tools, template_options, thinking_of_effort
 from ninfer_serve.errors import bad_request
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.logprobs import TokenText
@@ -23,7 +23,9 @@ async def tokenize(request: Request) -> Response:
     if req.messages is not None:
         messages = openai_messages(req.messages)
         tools = openai_tools(req.tools)
-        options = template_options(req.chat_template_kwargs, field="chat_template_kwargs")
+        options = template_options(req.chat_template_kwargs, field="chat_template_kwargs",
+                                   enable_thinking=thinking_of_effort(req.reasoning_effort),
+                                   switch="reasoning_effort")
         ids = await gw.prepare(lambda: list(gw.frontend.prepare_chat(
             messages, tools=tools, enable_thinking=options.enable_thinking,
             add_generation_prompt=req.add_generation_prompt, **options.kwargs).token_ids), param="messages")

@@ -1,7 +1,8 @@
 """Protocol sampling fields -> the engine's SamplingParams, and the output-length policy.
 
 Output length follows vLLM: a request's ``max_tokens`` must fit in the context left after its prompt
-(a larger value is a 400 naming the field rather than a silently shorter answer); a request without
+(a larger value is a 400 naming the field, with OpenAI's code ``context_length_exceeded``, rather than a
+silently shorter answer); a request without
 one may use all of that room. Values a request leaves out take the model's generation_config defaults
 (``Engine.sampling_params``).
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 from ninfer.contracts.sampling import InvalidSamplingParams, SamplingParams
 
-from ninfer_serve.errors import ApiError, bad_request, from_engine_error
+from ninfer_serve.errors import CONTEXT_SETTING, ApiError, context_length_error, from_engine_error
 
 INT63 = 2**63
 
@@ -25,16 +26,17 @@ def output_budget(requested: int | None, *, prompt_tokens: int, max_context: int
     which the error then says, rather than blaming a value the client never sent."""
     room = max_context - prompt_tokens
     if room < 1:
-        raise bad_request(f"this model's maximum context length is {max_context} tokens, but the prompt has "
-                          f"{prompt_tokens} tokens, which leaves no room for output", param=prompt_field)
+        raise context_length_error(f"this model's maximum context length is {max_context} tokens "
+                                   f"({CONTEXT_SETTING}), but the prompt has {prompt_tokens} tokens, which leaves "
+                                   "no room for output", prompt_field)
     if requested is None:
         return room
     if requested > room:
         what = (f"the default '{field}' of {requested} (the request did not set it) is too large"
                 if defaulted else f"'{field}' is too large: {requested}")
-        raise bad_request(f"{what[0].upper()}{what[1:]}. This model's maximum context length is "
-                          f"{max_context} tokens and the prompt has {prompt_tokens} tokens "
-                          f"({requested} > {max_context} - {prompt_tokens})", param=field)
+        raise context_length_error(f"{what[0].upper()}{what[1:]}. This model's maximum context length is "
+                                   f"{max_context} tokens ({CONTEXT_SETTING}) and the prompt has {prompt_tokens} "
+                                   f"tokens ({requested} > {max_context} - {prompt_tokens})", field)
     return requested
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, StrictInt, model_validator
 
-from ninfer_serve.openai_models import ChatMessage, ChatTool, Lenient
+from ninfer_serve.openai_models import ChatMessage, ChatTool, Lenient, ReasoningEffort
 
 
 class TokenizeRequest(Lenient):
@@ -19,6 +19,7 @@ class TokenizeRequest(Lenient):
     tools: list[ChatTool] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     return_token_strs: bool = False
 
     @model_validator(mode="after")
