@@ -5,6 +5,9 @@
   the cache and reused while the folder's contents are unchanged;
 - nothing: the default model a plugin ships (``ninfer_default_models`` hook), converted the same way.
 
+A conversion says so on stderr first (one line naming the model and the cache path; ``quiet`` leaves it out),
+since the first run with the default model spends that time converting, not loading.
+
 The cache key is a digest of every file's name, size and bytes in the source folder, so a changed
 source is rebuilt and an unchanged one is never converted twice. Conversion writes to a temporary
 name and publishes atomically (the writer never overwrites), so concurrent first runs are safe.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,28 +68,33 @@ def default_model(registry=None) -> DefaultModel:
     return models[0]
 
 
-def resolve_model(model: str | os.PathLike | None, *, registry=None, progress: bool = False) -> Path:
-    """The artifact path for ``model`` (see the module docstring), converting into the cache if needed."""
+def resolve_model(model: str | os.PathLike | None, *, registry=None, progress: bool = False,
+                  quiet: bool = False) -> Path:
+    """The artifact path for ``model`` (see the module docstring), converting into the cache if needed (saying
+    so on stderr unless ``quiet``)."""
     if model is None:
         chosen = default_model(registry)
-        return _converted(chosen.source, chosen.name, registry=registry, progress=progress)
+        return _converted(chosen.source, chosen.name, f"the default model {chosen.name}", registry=registry,
+                          progress=progress, quiet=quiet)
     path = Path(model)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelSourceError(f"{path} is a folder without config.json: not a Hugging Face checkpoint")
-        return _converted(path, path.name, registry=registry, progress=progress)
+        return _converted(path, path.name, str(path), registry=registry, progress=progress, quiet=quiet)
     if path.is_file():
         return path
     raise ModelSourceError(f"model {str(model)!r} not found: give a .ninfer artifact or a Hugging Face folder")
 
 
-def _converted(source: Path, name: str, *, registry, progress: bool) -> Path:
+def _converted(source: Path, name: str, what: str, *, registry, progress: bool, quiet: bool) -> Path:
     target_dir = cache_dir() / "artifacts"
     target = target_dir / f"{name}-{source_digest(source)}.ninfer"
     if target.is_file():
         return target
     from ninfer.conversion import OutputExistsError, convert  # torch and the writer: only when converting
 
+    if not quiet:
+        print(f"[ninfer] converting {what} (once) into {target}", file=sys.stderr, flush=True)
     target_dir.mkdir(parents=True, exist_ok=True)
     try:
         convert(source, target, name=name, registry=registry, progress=progress)

@@ -77,7 +77,7 @@ def _serve(args, options, sock) -> int:
     from ninfer_serve.warmup import warm_up
 
     started = time.monotonic()
-    artifact = resolve_model(args.model, progress=not args.quiet and sys.stderr.isatty())
+    artifact = resolve_model(args.model, progress=not args.quiet and sys.stderr.isatty(), quiet=args.quiet)
     engine = Engine.start(artifact, options)
     try:
         model_id = args.model_id or engine.info.get("name") or artifact.stem

@@ -35,13 +35,14 @@ def add_arguments(p) -> None:
     g.add_argument("--batches", type=_ints, default=(1, 2, 4, 8), metavar="B,...", help="decode batch sizes")
     g.add_argument("--prefill-lengths", type=_ints, default=(1024, 8192, 32768), metavar="N,...",
                    help="prefill prompt lengths in tokens")
-    g.add_argument("--decode-prompt-tokens", type=int, default=128, metavar="N")
+    g.add_argument("--decode-prompt-tokens", type=int, default=128, metavar="N",
+                   help="prompt length of the decode runs")
     g.add_argument("--decode-base-tokens", type=int, default=8, metavar="N",
                    help="output tokens of the short decode run (cancelled by the difference)")
     g.add_argument("--decode-steps", type=int, default=64, metavar="N", help="measured decode steps")
-    g.add_argument("--repeats", type=int, default=3, metavar="N")
-    g.add_argument("--warmup", type=int, default=1, metavar="N")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--repeats", type=int, default=3, metavar="N", help="measured repeats")
+    g.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up runs (excluded)")
+    g.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the synthetic prompts, >= 0")
     g.add_argument("--no-decode", action="store_true", help="skip the decode runs")
     g.add_argument("--no-prefill", action="store_true", help="skip the prefill runs")
     lim = p.add_argument_group("limits")
@@ -132,7 +133,7 @@ def run(args) -> int:
     options = dataclasses.replace(options, **overrides)
     if batches and max(batches) > options.max_concurrency:  # before any measurement or loading
         raise BenchError(f"batch {max(batches)} exceeds the engine's max_concurrency {options.max_concurrency}")
-    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty())
+    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty(), quiet=not show)
     planned = artifact_profile(artifact, options)
     # Limits first, on an empty device: the engine's KV pool may take the memory the buffers need.
     say(f"measuring copy bandwidth and matmul peak on {planned.device}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from ninfer.cli import common
+from ninfer.cli import checks, common
 from ninfer.cli.command import CliCommand
 
 HELP = "commands: /reset (forget the conversation), /exit (leave)"
@@ -28,7 +28,10 @@ def run(args) -> int:
     from ninfer.errors import NInferError
 
     interactive = sys.stdin.isatty()
+    checks.check_sampling_flags(args)  # before the model is resolved or loaded
     with common.start_engine(args) as engine:
+        # A --max-tokens no turn could fit fails now, not at the first message.
+        checks.check_max_tokens_fits(args.max_tokens, max_context=engine.max_context)
         history: list[dict] = _fresh(args)
         if interactive:
             print(HELP, file=sys.stderr)
@@ -57,13 +60,15 @@ def run(args) -> int:
             history.append({"role": "user", "content": text})
             try:
                 prompt = engine.frontend.prepare_chat(history, enable_thinking=not args.no_thinking)
-                handle = engine.submit(prompt, sampling=common.sampling_params(engine, args),
+                budget = checks.output_budget(args.max_tokens, args.max_tokens_default,
+                                              prompt_tokens=len(prompt.token_ids), max_context=engine.max_context)
+                handle = engine.submit(prompt, sampling=common.sampling_params(engine, args, max_tokens=budget),
                                        output=common.output_options(args, chat=True))
             except NInferError as exc:
                 if isinstance(exc, EngineFailure | EngineClosedError):
                     raise
-                # This turn cannot run (too long for the context, text the tokenizer refuses...): the session
-                # goes on without it.
+                # This turn cannot run (too long for the context or for --max-tokens, text the tokenizer
+                # refuses...): the session goes on without it.
                 history.pop()
                 print(f"[ninfer] error: {exc}", file=sys.stderr)
                 continue
@@ -107,4 +112,6 @@ def _stream(deltas) -> None:
 
 
 COMMAND = CliCommand(name="chat", help="interactive multi-turn chat", add_arguments=add_arguments, run=run,
-                     description=__doc__.split("\n\n")[0])
+                     description="An interactive multi-turn chat with streaming: one user message per line, from a "
+                                 "terminal or piped stdin; /reset forgets the conversation, /exit (or end of input) "
+                                 "leaves.")

@@ -17,14 +17,35 @@ SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"
                   "frequency_penalty", "seed")
 
 
+def add_model_arg(p: argparse.ArgumentParser, *, metavar: str = "MODEL",
+                  help: str = "a .ninfer artifact or a Hugging Face folder (converted once into the cache); "
+                              "default: the default model of the first plugin that ships one") -> None:
+    """MODEL, as a positional argument or ``-m/--model`` (llama.cpp's spelling); :func:`merge_model_flag`
+    folds the flag into ``args.model`` after parsing."""
+    p.add_argument("model", nargs="?", default=None, metavar=metavar, help=help)
+    p.add_argument("-m", "--model", dest="model_flag", default=None, metavar=metavar,
+                   help="the same as the positional MODEL")
+
+
+def merge_model_flag(args: argparse.Namespace) -> None:
+    """``args.model`` from ``-m/--model`` when it was given; naming the model twice is an NInferError."""
+    from ninfer.errors import NInferError
+
+    flag = getattr(args, "model_flag", None)
+    if flag is None:
+        return
+    if getattr(args, "model", None) is not None:
+        raise NInferError(f"the model is named twice: MODEL {args.model!r} and -m/--model {flag!r}; give one")
+    args.model = flag
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None,
-                   help="a .ninfer artifact or a Hugging Face folder (converted once into the cache); "
-                        "default: the embedded default model")
+    add_model_arg(p)
     g = p.add_argument_group("engine")
-    g.add_argument("--max-concurrency", type=int, default=None, metavar="N", help="resident requests, 1..8")
+    g.add_argument("--max-concurrency", type=int, default=None, metavar="N",
+                   help="resident requests, 1..8 (default 4)")
     g.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
-                   help="longest prompt + output of one request")
+                   help="longest prompt + output of one request (default 4096, capped by the model)")
     g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when present)")
     g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="activation dtype (default: bfloat16 on CUDA, float32 on CPU)")
@@ -47,19 +68,28 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "(16 tokens; default: the largest such multiple not above the prefill chunk size)")
 
 
-def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int | None = None) -> None:
+def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int) -> None:
+    """The sampling and constrained-output flags. ``--max-tokens`` stays None unless given (an explicit value
+    that does not fit the context is an error, the default is lowered to the room left: checks.output_budget);
+    ``args.max_tokens_default`` holds the command's default."""
+    p.set_defaults(max_tokens_default=max_tokens_default)
     g = p.add_argument_group("sampling (defaults: the model's generation_config)")
-    g.add_argument("--max-tokens", type=int, default=max_tokens_default, metavar="N")
-    g.add_argument("--temperature", type=float, default=None, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--min-p", type=float, default=None)
-    g.add_argument("--repetition-penalty", type=float, default=None)
-    g.add_argument("--presence-penalty", type=float, default=None)
-    g.add_argument("--frequency-penalty", type=float, default=None)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("-n", "--max-tokens", type=int, default=None, metavar="N",
+                   help=f"output tokens at most; prompt + N must fit --max-context (default {max_tokens_default}, "
+                        "lowered to the room the prompt leaves)")
+    g.add_argument("-t", "--temperature", type=float, default=None, metavar="T", help=">= 0; 0 = greedy")
+    g.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus mass in (0, 1]; 1 = off")
+    g.add_argument("--top-k", type=int, default=None, metavar="K", help="most likely tokens kept, >= 0; 0 = off")
+    g.add_argument("--min-p", type=float, default=None, metavar="P",
+                   help="drop tokens below P times the top probability, in [0, 1]; 0 = off")
+    g.add_argument("--repetition-penalty", type=float, default=None, metavar="X",
+                   help="> 0; 1 = off (vLLM semantics)")
+    g.add_argument("--presence-penalty", type=float, default=None, metavar="X", help="in [-2, 2]; 0 = off")
+    g.add_argument("--frequency-penalty", type=float, default=None, metavar="X", help="in [-2, 2]; 0 = off")
+    g.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="per-request seed in [0, 2**63): the same seed gives the same tokens (default: random)")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
-    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     g.add_argument("--no-thinking", action="store_true", help="render the chat prompt with enable_thinking=false")
     c = p.add_argument_group("constrained output (at most one; a chat answer is constrained after its reasoning)")
     one = c.add_mutually_exclusive_group()
@@ -71,9 +101,10 @@ def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int | N
 
 
 def engine_options(args: argparse.Namespace):
-    """EngineOptions from the shared engine flags; a context-cache or prefill-chunk flag out of range (or a cache
-    flag given without --context-cache) is an NInferError naming the flag, raised before any model is resolved or
-    loaded."""
+    """EngineOptions from the shared engine flags; a size, context-cache or prefill-chunk flag out of range (or a
+    cache flag given without --context-cache) is an NInferError naming the flag, raised before any model is resolved
+    or loaded."""
+    from ninfer.cli.checks import check_engine_flags
     from ninfer.contracts.options import EngineOptions
     from ninfer.errors import NInferError
 
@@ -101,6 +132,7 @@ def engine_options(args: argparse.Namespace):
     if interval is not None and (interval < 1 or interval % page_size):
         raise NInferError(f"--cache-checkpoint-interval must be a positive multiple of the page size "
                           f"{page_size}, got {interval}")
+    check_engine_flags(args)  # after the specific checks above, whose messages say more
     if cache:
         kw["context_cache"] = True
         if host_mib is not None:
@@ -120,7 +152,7 @@ def start_engine(args: argparse.Namespace):
     options = engine_options(args)  # bad flags fail before the model is resolved or converted
     started = time.monotonic()
     # Conversion (first use of a folder) shows its own byte bar; loading shows one over weight bytes.
-    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty())
+    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty(), quiet=not show)
     bar = _LoadBar(artifact.name) if show else None
     try:
         engine = Engine.start(artifact, options, progress=bar.update if bar else None)
@@ -151,10 +183,10 @@ class _LoadBar:
         self._bar.close()
 
 
-def sampling_params(engine, args: argparse.Namespace):
-    overrides = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k, None) is not None}
-    if getattr(args, "max_tokens", None) is not None:
-        overrides["max_tokens"] = args.max_tokens
+def sampling_params(engine, args: argparse.Namespace, *, max_tokens: int):
+    """SamplingParams from the flags; ``max_tokens``: the budget checks.output_budget gave this request."""
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k, None) is not None}
+    overrides["max_tokens"] = max_tokens
     if getattr(args, "ignore_eos", False):
         overrides["ignore_eos"] = True
     return engine.sampling_params(**overrides)

@@ -1,5 +1,10 @@
 """``ninfer generate``: one completion. Content goes to stdout as it streams; reasoning and statistics
-go to stderr, so ``ninfer generate ... > out.txt`` captures only the answer."""
+go to stderr, so ``ninfer generate ... > out.txt`` captures only the answer.
+
+The prompt is ``--prompt TEXT``, ``--prompt -`` (stdin), or stdin itself when neither ``--prompt`` nor
+``--messages`` is given and stdin is not a terminal. It is used verbatim: ``\n`` in TEXT stays a backslash and
+an ``n`` (a shell's ``$'...'`` quoting writes a newline), as text read from stdin keeps its final newline.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ninfer.cli import common
+from ninfer.cli import checks, common
 from ninfer.cli.command import CliCommand
 from ninfer.errors import NInferError
 
@@ -18,11 +23,30 @@ class InvalidMessagesError(NInferError):
 
 def add_arguments(p) -> None:
     common.add_model_args(p)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="the prompt text")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("-p", "--prompt", metavar="TEXT",
+                     help="the prompt, verbatim (no escapes: write a newline with the shell, e.g. $'a\\nb'); "
+                          "'-' reads it from stdin, as does a piped stdin without --prompt or --messages")
     src.add_argument("--messages", type=Path, metavar="FILE", help="a JSON list of {role, content} messages")
     p.add_argument("--chat", action="store_true", help="treat --prompt as a user message (chat template)")
     common.add_sampling_args(p, max_tokens_default=128)
+
+
+def prompt_text(args, stdin=None) -> str | None:
+    """The --prompt text (None with --messages): verbatim, from ``stdin`` for ``-`` or, without --prompt, when
+    stdin is not a terminal. No prompt at all, or an empty one from stdin, is an NInferError."""
+    stdin = sys.stdin if stdin is None else stdin
+    if args.messages is not None:
+        return None
+    if args.prompt is not None and args.prompt != "-":
+        return args.prompt
+    if args.prompt is None and stdin.isatty():
+        raise NInferError("no prompt: give --prompt TEXT, --prompt - (read stdin), --messages FILE, or pipe the "
+                          "prompt into stdin")
+    text = stdin.read()
+    if not text:
+        raise NInferError("the prompt read from stdin is empty")
+    return text
 
 
 def read_messages(path: Path) -> list[dict]:
@@ -43,17 +67,20 @@ def run(args) -> int:
     from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult
 
     chat = args.messages is not None or args.chat
+    checks.check_sampling_flags(args)  # like every input below: before the model is resolved or loaded
     messages = read_messages(args.messages) if args.messages is not None else None
+    text = prompt_text(args)
     with common.start_engine(args) as engine:
         fe = engine.frontend
         if messages is not None:
             prompt = fe.prepare_chat(messages, enable_thinking=not args.no_thinking)
         elif args.chat:
-            prompt = fe.prepare_chat([{"role": "user", "content": args.prompt}],
-                                     enable_thinking=not args.no_thinking)
+            prompt = fe.prepare_chat([{"role": "user", "content": text}], enable_thinking=not args.no_thinking)
         else:
-            prompt = fe.prepare_text(args.prompt)
-        handle = engine.submit(prompt, sampling=common.sampling_params(engine, args),
+            prompt = fe.prepare_text(text)
+        budget = checks.output_budget(args.max_tokens, args.max_tokens_default, prompt_tokens=len(prompt.token_ids),
+                                      max_context=engine.max_context)
+        handle = engine.submit(prompt, sampling=common.sampling_params(engine, args, max_tokens=budget),
                                output=common.output_options(args, chat=chat))
         result = None
         for event in handle:
@@ -95,5 +122,6 @@ def _print_stats(result) -> None:
 
 COMMAND = CliCommand(
     name="generate", help="generate one completion", add_arguments=add_arguments, run=run,
-    description="Generate one completion. --prompt TEXT continues raw text; --chat renders it as one user message "
-                "with the chat template; --messages FILE renders a JSON list of chat messages.")
+    description="Generate one completion. --prompt TEXT continues raw text (--prompt - or a piped stdin: read "
+                "stdin); --chat renders it as one user message with the chat template; --messages FILE renders a "
+                "JSON list of chat messages.")

@@ -14,25 +14,29 @@ from __future__ import annotations
 import json
 import sys
 
+from ninfer.cli import checks, common
 from ninfer.cli.command import CliCommand
 
 
 def add_arguments(p) -> None:
-    p.add_argument("model", metavar="MODEL.ninfer", nargs="?", default=None,
-                   help="the artifact's entry file (default: the embedded default model)")
+    common.add_model_arg(p, metavar="MODEL.ninfer",
+                         help="the artifact's entry file (default: the default model, converted once)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--verify", action="store_true", help="also read every object and check its checksum")
     p.add_argument("--memory", action="store_true",
                    help="also plan device memory for the options below, without loading weights")
     g = p.add_argument_group("memory plan options (with --memory; defaults: the engine's)")
     g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when present)")
-    g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
-    g.add_argument("--max-concurrency", type=int, default=None, metavar="N")
-    g.add_argument("--max-context", type=int, default=None, metavar="TOKENS")
-    g.add_argument("--page-size", type=int, default=None, metavar="TOKENS")
-    g.add_argument("--num-pages", type=int, default=None, metavar="N")
-    g.add_argument("--kv-budget-mib", type=float, default=None, metavar="MIB")
-    g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="TOKENS")
+    g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                   help="activation dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    g.add_argument("--max-concurrency", type=int, default=None, metavar="N", help="resident requests, 1..8")
+    g.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+                   help="longest prompt + output of one request")
+    g.add_argument("--page-size", type=int, default=None, metavar="TOKENS", help="tokens per KV page")
+    g.add_argument("--num-pages", type=int, default=None, metavar="N", help="KV pages (default: fit the budget)")
+    g.add_argument("--kv-budget-mib", type=float, default=None, metavar="MIB", help="device MiB for KV pages")
+    g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="TOKENS",
+                   help="most prompt tokens one engine step prefills")
 
 
 _MEMORY_FLAGS = ("device", "dtype", "max_concurrency", "max_context", "page_size", "num_pages", "kv_budget_mib",
@@ -56,6 +60,7 @@ def run(args) -> int:
     if given and not args.memory:
         # The plan options do nothing alone; silently ignoring them would look like a plan was made.
         raise NInferError(f"{', '.join(given)}: memory plan options, which need --memory")
+    checks.check_engine_flags(args, fields=tuple(f for f in _MEMORY_FLAGS if f not in ("device", "dtype")))
     if args.model is None:  # after the flag check: a bad command line converts nothing
         from ninfer.model_source import resolve_model
 

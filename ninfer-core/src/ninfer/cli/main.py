@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from ninfer import __version__
+from ninfer.cli.common import merge_model_flag
+from ninfer.cli.help_format import HelpFormatter
 from ninfer.errors import NInferError
 from ninfer.plugins import PluginRegistry, get_registry
 from ninfer.plugins.registry import ENV_FILTER
@@ -33,13 +35,15 @@ def build_parser(registry: PluginRegistry | None = None) -> argparse.ArgumentPar
     one)."""
     registry = registry if registry is not None else get_registry()
     parser = argparse.ArgumentParser(
-        prog="ninfer", description="NInfer: single-GPU LLM inference; the architectures come from plugins "
-                                   "('ninfer plugins' lists them).")
+        prog="ninfer", formatter_class=HelpFormatter,
+        description="NInfer: single-GPU LLM inference; the architectures come from plugins ('ninfer plugins' lists "
+                    "them).")
     parser.add_argument("--version", action="version", version=f"ninfer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for command in registry.cli_commands.values():
-        command.add_arguments(sub.add_parser(command.name, help=command.help, description=command.description))
+        command.add_arguments(sub.add_parser(command.name, help=command.help, description=command.description,
+                                             formatter_class=HelpFormatter))
     for name, (distribution, help_text) in OPTIONAL_COMMANDS.items():
         if name not in registry.cli_commands:
             # Takes any arguments: running it only reports what is missing.
@@ -84,6 +88,7 @@ def main(argv: list[str] | None = None, *, registry: PluginRegistry | None = Non
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        merge_model_flag(args)
         return int(command.run(args) or 0)
     except NInferError as exc:
         print(f"ninfer {args.command}: error: {exc}", file=sys.stderr)

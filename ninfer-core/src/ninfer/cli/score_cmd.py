@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from ninfer.cli import checks, common
 from ninfer.cli.command import CliCommand
 from ninfer.errors import NInferError
 
@@ -26,9 +27,7 @@ class ScoreInputFileError(NInferError):
 
 
 def add_arguments(p) -> None:
-    p.add_argument("model", nargs="?", default=None,
-                   help="a .ninfer artifact or a Hugging Face folder (converted once into the cache); "
-                        "default: the embedded default model")
+    common.add_model_arg(p)
     p.add_argument("--input", required=True, type=Path, metavar="FILE",
                    help=".txt (one text: the whole file) or .jsonl (one {\"text\": ..., \"id\": ...} per line)")
     p.add_argument("--output", required=True, type=Path, metavar="REPORT.json", help="where the JSON report goes")
@@ -102,10 +101,13 @@ def run(args) -> int:
     # Fail on bad options and input before loading the model.
     check_window_options(args.context if args.context is not None else DEFAULT_CONTEXT,
                          args.stride if args.stride is not None else 1)
+    checks.check_engine_flags(args)
+    if args.top_logprobs < 0:
+        raise NInferError(f"--top-logprobs must be >= 0, got {args.top_logprobs}")
     items = read_inputs(args.input)
     show = not args.quiet
     started = time.monotonic()
-    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty())
+    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty(), quiet=not show)
     kw = {k: getattr(args, k) for k in ("device", "dtype", "prefill_chunk_size") if getattr(args, k) is not None}
     # max_context sizes the KV for one window (EngineOptions needs >= 2 even for a 1-token context).
     options = EngineOptions(purpose="causal_scoring", max_context=max(2, args.context or DEFAULT_CONTEXT), **kw)
