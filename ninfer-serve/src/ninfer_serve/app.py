@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from litestar import Litestar, Request, Response
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.middleware import DefineMiddleware
@@ -109,6 +110,9 @@ def create_app(gateway: Gateway) -> Litestar:
         before_send=[drop_head_body],
         state=State({"gateway": gateway}),
         request_max_body_size=gateway.config.max_body_bytes,
+        # Off unless origins are given; a preflight is answered before the API-key check (it carries no key).
+        cors_config=(CORSConfig(allow_origins=list(gateway.config.allowed_origins), allow_methods=["*"],
+                                allow_headers=["*"]) if gateway.config.allowed_origins else None),
         openapi_config=None,
         logging_config=None,
         debug=False,

@@ -35,8 +35,25 @@ def add_arguments(p) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="how long in-flight requests may finish after SIGTERM (default 30)")
     g.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up request")
+    g.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
+                   help="turn CORS on for these browser origins, comma-separated (e.g. http://localhost:3000, "
+                        "or * for any); off when not given")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="server log level; at info and debug every request gets an access-log line (default info)")
+
+
+def allowed_origins(raw: str | None) -> tuple[str, ...]:
+    """``--allowed-origins``: ``*`` or comma-separated ``scheme://host[:port]`` origins; anything else is an
+    error naming the value."""
+    if raw is None:
+        return ()
+    origins = tuple(part.strip() for part in raw.split(",") if part.strip())
+    bad = [o for o in origins if o != "*" and (not o.startswith(("http://", "https://")) or o.rstrip("/") != o
+                                              or "/" in o.split("://", 1)[1])]
+    if not origins or bad:
+        raise NInferError(f"--allowed-origins {raw!r}: expected '*' or comma-separated origins like "
+                          f"http://localhost:3000 (scheme and host, no path)")
+    return origins
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -51,6 +68,7 @@ def run(args) -> int:
         _positive(name.replace("_", "-"), getattr(args, name))
     if args.api_key is not None and not args.api_key.strip():
         raise NInferError("--api-key is empty")
+    origins = allowed_origins(args.allowed_origins)
     options = common.engine_options(args)
     if args.queue_capacity is not None:
         options = dataclasses.replace(options, queue_capacity=args.queue_capacity)
@@ -62,12 +80,12 @@ def run(args) -> int:
     # Before anything slow: an address in use fails now, not after the model has loaded.
     sock = reserve_address(args.host, args.port)
     try:
-        return _serve(args, options, sock)
+        return _serve(args, options, sock, origins)
     finally:
         sock.close()
 
 
-def _serve(args, options, sock) -> int:
+def _serve(args, options, sock, origins: tuple[str, ...]) -> int:
     from ninfer import Engine
     from ninfer.contracts.memory import format_memory_summary
     from ninfer.model_source import resolve_model
@@ -91,7 +109,7 @@ def _serve(args, options, sock) -> int:
             if not args.quiet:
                 print(f"[ninfer] warm-up done in {took:.2f} s", file=sys.stderr)
         config = ServeConfig(model_id=model_id, api_key=args.api_key, keepalive_s=args.keepalive,
-                             max_body_bytes=int(args.max_body_mib * 2**20))
+                             max_body_bytes=int(args.max_body_mib * 2**20), allowed_origins=origins)
 
         def ready() -> None:  # the server accepts connections now
             if not args.quiet:
