@@ -6,6 +6,11 @@ a last choice chunk carrying ``finish_reason``, with ``stream_options.include_us
 with empty ``choices`` and the usage (every earlier chunk then has ``"usage": null``), then
 ``data: [DONE]``. An error after the stream started is sent as ``data: {"error": ...}`` before
 ``[DONE]``.
+
+A forced tool call (``tool_choice`` required or named) answers with ``tool_calls`` only: ``content`` is
+null (JSON) and no content delta is streamed. When ``max_tokens`` cuts the call, ``finish_reason`` is
+``length`` and the incomplete call is not reported (``tool_calls`` empty, ``content`` null, no markup
+streamed); see :mod:`ninfer_serve.tool_choice`.
 """
 
 from __future__ import annotations
@@ -127,10 +132,11 @@ async def chat_completions(request: Request) -> Response:
         return event_stream(openai_events(stream, f"chat completion stream {gen.request_id}"), gen, headers=headers)
     got = await collect_response(request, gen)
     text = got.text
+    content = text if text or not (got.tool_calls or policy.forces_call) else None
     completion = ChatCompletion(
         id=gen.request_id, created=int(time.time()), model=gw.model_id, usage=usage_of(got.outcome),
         choices=[ChatChoice(
-            message=AssistantMessage(content=text if text or not got.tool_calls else None,
+            message=AssistantMessage(content=content,
                                      reasoning_content=got.reasoning_text or None,
                                      tool_calls=[tool_call_out(c) for c in got.tool_calls]),
             logprobs=chat_logprobs(got.logprobs, TokenText(gw.frontend), top) if req.logprobs else None,

@@ -6,7 +6,10 @@
 - ``required`` / named (Chat Completions, and Anthropic's any / tool): the request carries a tools
   constraint (:func:`ninfer_serve.constraints.constrain`): the output is a tool call whose arguments
   satisfy the tool's schema, after the reasoning if thinking is on; the session parses the call as in
-  ``auto``.
+  ``auto``. The answer has no content: a complete call is a parsed ``tool_calls`` entry, and a call
+  cut short (``max_tokens``) is dropped by the session, so the response has finish reason ``length``,
+  no call and no raw ``<tool_call>`` markup in its content. As in OpenAI, a complete call forced by
+  name finishes with ``stop``, one forced by ``required`` with ``tool_calls``.
 - ``parallel_tool_calls: false`` (Anthropic ``disable_parallel_tool_use``) keeps only the first call
   (:class:`FirstToolCallOnly`).
 """
@@ -31,6 +34,11 @@ class ToolPolicy:
     @property
     def session_parses_calls(self) -> bool:
         return self.mode != "none"
+
+    @property
+    def forces_call(self) -> bool:
+        """The output is a tool call (a tools constraint): there is no content to answer with."""
+        return self.mode in ("required", "named")
 
 
 class DeltaTransform(Protocol):

@@ -13,7 +13,10 @@ Invariants:
   the token that completed it; text from the stop string on is never published. Tokens after a stop
   are not accepted.
 - Everything published, in order, plus what ``finish`` flushes, equals the whole output's text split
-  into channels (the stages only hold text back, never reorder or duplicate it).
+  into channels (the stages only hold text back, never reorder or duplicate it). One exception: under a
+  ``tools`` constraint (a forced call) the content channel holds only calls, so a call the output cut
+  short (``max_tokens``, a stop string) is dropped at ``finish``: no raw ``<tool_call>`` markup is ever
+  published as content, and only complete calls are published.
 - Tool-call ids are ``call_<session prefix>_<n>``: deterministic within the session, so previews are
   reproducible.
 - A constrained session (``matcher`` set) advances its matcher in ``preview`` provisionally and keeps
@@ -228,7 +231,8 @@ class QwenOutputSession:
             state, more = self._route_pieces(state, state.reasoning.flush())
             events.extend(more)
         if state.tools is not None:
-            state, more = self._calls_to_events(state, state.tools.flush())
+            forced = self.options.constraint is not None and self.options.constraint.kind == "tools"
+            state, more = self._calls_to_events(state, state.tools.flush(calls_only=forced))
             events.extend(more)
         flushed = _merge(events)
         self._record(flushed)

@@ -23,7 +23,8 @@ string as is. A value no listed type accepts, a parameter the schema does not li
 the request's tools all keep the raw string.
 
 Streaming (``ToolCallExtractor``): content before a call is published as it comes, a call is published
-only once complete. Whitespace adjacent to a tool call is dropped (the template renders
+only once complete; a forced call (``flush(calls_only=True)``) cut short publishes nothing. Whitespace
+adjacent to a tool call is dropped (the template renders
 ``content\\n\\n<tool_call>...</tool_call>\\n<tool_call>...``), so trailing content whitespace is held back
 until later text shows it is not followed by a call.
 """
@@ -244,13 +245,19 @@ class ToolCallExtractor:
         after_call = self.after_call and not published
         return self._with(held=window[body_end:], after_call=after_call), (published,), None
 
-    def flush(self) -> tuple[Item, ...]:
+    def flush(self, *, calls_only: bool = False) -> tuple[Item, ...]:
         """End of output: an unterminated call is accepted if its function block is complete (the output
         stopped right before ``</tool_call>``), else published as content; held content is published,
-        except whitespace after a call."""
+        except whitespace after a call.
+
+        ``calls_only`` (a forced tool call: the output's grammar allows nothing but calls): what is held
+        can only be a call cut short (or a partial ``<tool_call>``), so the incomplete call is dropped and
+        no markup is published as content; a call whose function block is complete is still accepted."""
         if self.in_call:
             body = self.held[: len(self.held) - partial_marker_len(self.held, (CALL_CLOSE,))]
             call = parse_tool_call(body, self.schemas)
-            return (call,) if call is not None else (self.gap + CALL_OPEN + self.held,)
+            if call is not None:
+                return (call,)
+            return () if calls_only else (self.gap + CALL_OPEN + self.held,)
         tail = self.held.lstrip() if self.after_call else self.held
-        return (tail,) if tail else ()
+        return (tail,) if tail and not calls_only else ()
