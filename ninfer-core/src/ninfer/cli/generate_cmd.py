@@ -1,5 +1,7 @@
-"""``ninfer generate``: one completion. Content goes to stdout as it streams; reasoning and statistics
-go to stderr, so ``ninfer generate ... > out.txt`` captures only the answer.
+"""``ninfer generate``: one completion. Content goes to stdout as it streams; statistics go to stderr.
+Reasoning (``--chat`` and ``--messages``) is set apart from the answer by :mod:`ninfer.cli.render`: dimmed
+on a terminal, on stderr when stdout is redirected (so ``ninfer generate ... > out.txt`` captures only the
+answer), or in the file between ``<think>`` lines with ``--show-thinking``.
 
 The prompt is ``--prompt TEXT``, ``--prompt -`` (stdin), or stdin itself when neither ``--prompt`` nor
 ``--messages`` is given and stdin is not a terminal. It is used verbatim: ``\n`` in TEXT stays a backslash and
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from ninfer.cli import checks, common
 from ninfer.cli.command import CliCommand
+from ninfer.cli.render import TurnDisplay
 from ninfer.errors import NInferError
 
 
@@ -29,6 +32,9 @@ def add_arguments(p) -> None:
                           "'-' reads it from stdin, as does a piped stdin without --prompt or --messages")
     src.add_argument("--messages", type=Path, metavar="FILE", help="a JSON list of {role, content} messages")
     p.add_argument("--chat", action="store_true", help="treat --prompt as a user message (chat template)")
+    p.add_argument("--show-thinking", action="store_true",
+                   help="with stdout redirected, write the reasoning to stdout too, between <think> and "
+                        "</think> lines (on a terminal it is always shown, dimmed)")
     common.add_sampling_args(p, max_tokens_default=128)
 
 
@@ -82,32 +88,24 @@ def run(args) -> int:
                                       max_context=engine.max_context)
         handle = engine.submit(prompt, sampling=common.sampling_params(engine, args, max_tokens=budget),
                                output=common.output_options(args, chat=chat))
+        display = TurnDisplay(sys.stdout, sys.stderr, show_thinking=args.show_thinking)
         result = None
-        for event in handle:
-            if isinstance(event, GenerationDelta):
-                _print_deltas(event.deltas)
-            elif isinstance(event, GenerationResult):
-                result = event  # its flushed text already came as the last delta
-            elif isinstance(event, GenerationError):
-                raise event.error
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        try:
+            for event in handle:
+                if isinstance(event, GenerationDelta):
+                    display.show(event.deltas)
+                elif isinstance(event, GenerationResult):
+                    result = event  # its flushed text already came as the last delta
+                elif isinstance(event, GenerationError):
+                    raise event.error
+        finally:  # also on an error or Ctrl-C: no dimmed terminal and no message glued to a partial line
+            display.finish(result.finish_reason if result is not None else None, max_tokens=budget)
         if result is not None and result.output is not None:
             for call in result.output.tool_calls:
                 print(json.dumps({"tool_call": call.name, "arguments": dict(call.arguments)}))
         if result is not None and not args.quiet:
             _print_stats(result)
     return 0
-
-
-def _print_deltas(deltas) -> None:
-    for d in deltas:
-        if d.channel == "reasoning":
-            sys.stderr.write(d.text)
-            sys.stderr.flush()
-        else:
-            sys.stdout.write(d.text)
-            sys.stdout.flush()
 
 
 def _print_stats(result) -> None:
