@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_import_linter_contracts_are_kept():
     # In a subprocess: import-linter configures logging (dictConfig), which would disable the loggers of
-    # every module imported so far for the rest of the session.
+    # every module imported so far for the rest of the test run.
     script = ("import sys; from importlinter.cli import lint_imports; "
               f"sys.exit(lint_imports(config_filename={str(ROOT / '.importlinter')!r}, no_cache=True, no_logo=True))")
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ninfer.cli import chat_input, checks, common
 from ninfer.cli.command import CliCommand
-from ninfer.cli.render import TurnDisplay
+from ninfer.cli.render import TurnDisplay, stream_turn
 
 HELP = ('commands: /help, /system [TEXT] (show or set the system message), /reset (forget the conversation), '
         '/save FILE (write the conversation as JSON messages), /exit or /bye (leave, as Ctrl-D does); '
@@ -87,7 +87,6 @@ def _command(text: str, conv: _Conversation) -> bool:
 
 def run(args) -> int:
     from ninfer.contracts.errors import EngineClosedError, EngineFailure
-    from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult
     from ninfer.errors import NInferError
 
     interactive = sys.stdin.isatty()
@@ -125,27 +124,19 @@ def run(args) -> int:
                 if isinstance(exc, EngineFailure | EngineClosedError):
                     raise
                 # This turn cannot run (too long for the context or for --max-tokens, text the tokenizer
-                # refuses...): the session goes on without it.
+                # refuses...): the chat goes on without it.
                 conv.messages.pop()
                 print(f"[ninfer] error: {exc}", file=sys.stderr)
                 continue
             display = TurnDisplay(sys.stdout, sys.stderr, show_thinking=args.show_thinking)
-            result = None
             try:
-                for event in handle:
-                    if isinstance(event, GenerationDelta):
-                        display.show(event.deltas)
-                    elif isinstance(event, GenerationResult):
-                        result = event  # its flushed text already came as the last delta
-                    elif isinstance(event, GenerationError):
-                        display.finish()
-                        print(f"[ninfer] error: {event.error}", file=sys.stderr)
+                result, error = stream_turn(handle, display, max_tokens=budget)
             except KeyboardInterrupt:
                 handle.cancel()
-                display.finish()
                 print("[ninfer] cancelled", file=sys.stderr)
-            else:
-                display.finish(result.finish_reason if result is not None else None, max_tokens=budget)
+                result, error = None, None
+            if error is not None:
+                print(f"[ninfer] error: {error}", file=sys.stderr)
             if result is None or result.output is None:
                 conv.messages.pop()  # the turn failed: do not keep a question without an answer
                 continue

@@ -59,15 +59,12 @@ class TerminalLines:
 
         # A cache folder the chat cannot write costs the history, not the chat (FileHistory writes each entry
         # as it is sent, so this is checked before the first prompt).
-        history = InMemoryHistory()
         try:
             history_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(history_path, "a", encoding="utf-8"):
-                pass
-        except OSError:
-            pass
-        else:
+            history_path.touch(exist_ok=True)
             history = FileHistory(str(history_path))
+        except OSError:
+            history = InMemoryHistory()
         self._session = PromptSession(history=history, output=create_output(stdout=sys.stderr))
 
     def read(self, continuation: bool = False) -> str | None:

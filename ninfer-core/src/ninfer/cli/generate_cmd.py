@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ninfer.cli import checks, common
 from ninfer.cli.command import CliCommand
-from ninfer.cli.render import TurnDisplay
+from ninfer.cli.render import TurnDisplay, stream_turn
 from ninfer.errors import NInferError
 
 
@@ -70,7 +70,6 @@ def read_messages(path: Path) -> list[dict]:
 
 
 def run(args) -> int:
-    from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult
 
     chat = args.messages is not None or args.chat
     checks.check_sampling_flags(args)  # like every input below: before the model is resolved or loaded
@@ -89,17 +88,9 @@ def run(args) -> int:
         handle = engine.submit(prompt, sampling=common.sampling_params(engine, args, max_tokens=budget),
                                output=common.output_options(args, chat=chat))
         display = TurnDisplay(sys.stdout, sys.stderr, show_thinking=args.show_thinking)
-        result = None
-        try:
-            for event in handle:
-                if isinstance(event, GenerationDelta):
-                    display.show(event.deltas)
-                elif isinstance(event, GenerationResult):
-                    result = event  # its flushed text already came as the last delta
-                elif isinstance(event, GenerationError):
-                    raise event.error
-        finally:  # also on an error or Ctrl-C: no dimmed terminal and no message glued to a partial line
-            display.finish(result.finish_reason if result is not None else None, max_tokens=budget)
+        result, error = stream_turn(handle, display, max_tokens=budget)
+        if error is not None:
+            raise error
         if result is not None and result.output is not None:
             for call in result.output.tool_calls:
                 print(json.dumps({"tool_call": call.name, "arguments": dict(call.arguments)}))

@@ -120,3 +120,24 @@ class TurnDisplay:
             budget = f"--max-tokens {max_tokens}" if max_tokens is not None else "--max-tokens"
             self._err.write(f"[ninfer] the token budget ({budget}) ended inside the reasoning, so there is no "
                             "answer: raise -n/--max-tokens, or pass --no-thinking\n")
+
+
+def stream_turn(handle, display: TurnDisplay, *, max_tokens: int | None = None):
+    """Show one request's events through ``display``: returns ``(result, error)``, its GenerationResult or the
+    error its stream ended with (the caller decides whether that ends the command). The display is finished
+    in every case, also when Ctrl-C interrupts the loop (KeyboardInterrupt propagates)."""
+    from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult
+
+    result = error = None
+    try:
+        for event in handle:
+            if isinstance(event, GenerationDelta):
+                display.show(event.deltas)
+            elif isinstance(event, GenerationResult):
+                result = event  # its flushed text already came as the last delta
+            elif isinstance(event, GenerationError):
+                error = event.error
+    finally:  # no dimmed terminal and no message glued to a partial line, whatever ended the turn
+        display.finish(result.finish_reason if result is not None else None, max_tokens=max_tokens)
+    return result, error
+
