@@ -13,17 +13,9 @@ import sys
 import pytest
 from ninfer.cli.chat_input import PipedLines, read_message
 
-from tests.cli.test_cli import _read_until
+from tests.cli.pty_reader import PtyReader
 
 CHAT = ("chat", "-t", "0", "-n", "8", "--no-thinking")
-
-
-def _read_until_after(fd: int, first: bytes, then: bytes, timeout: float) -> bytes:
-    """Terminal output up to the first ``then`` that follows a ``first``."""
-    buf = _read_until(fd, first, timeout)
-    while then not in buf[buf.index(first) + len(first):]:
-        buf += _read_until(fd, then, timeout)
-    return buf
 
 
 @pytest.mark.parametrize("script, expected", [
@@ -82,20 +74,22 @@ def test_terminal_prompt_ctrl_c_paste_history_ctrl_d(cli_env, private_cache, tmp
     proc = subprocess.Popen([sys.executable, "-m", "ninfer.cli.main", *CHAT], stdin=slave, stdout=slave,
                             stderr=slave, env=env, close_fds=True)
     os.close(slave)
+    terminal = PtyReader(master)
     try:
-        _read_until(master, b">>> ", 240)
+        terminal.read_until(b">>> ", 240)
         os.write(master, b"half typed\x03")  # Ctrl-C at the prompt: the line goes, the chat stays
-        _read_until(master, b">>> ", 60)
+        terminal.read_until(b">>> ", 60)
         os.write(master, f"/save {saved_empty}\r".encode())
-        _read_until(master, b"saved 0 messages", 60)
-        _read_until(master, b">>> ", 60)
+        terminal.read_until(b"saved 0 messages", 60)
+        terminal.read_until(b">>> ", 60)
         # A bracketed paste holding a newline is one message, sent by Enter.
         os.write(master, b"\x1b[200~What does `len` do?\nAnd `os.sep`?\x1b[201~")
         os.write(master, b"\r")
-        _read_until_after(master, b"\x1b[?2004l", b">>> ", 240)  # the prompt closed, the answer came, a new prompt
+        terminal.read_until(b"\x1b[?2004l", 240)
+        terminal.read_until(b">>> ", 240)  # the prompt closed, the answer came, a new prompt
         os.write(master, f"/save {saved}\r".encode())
-        _read_until(master, b"saved 2 messages", 60)
-        _read_until(master, b">>> ", 60)
+        terminal.read_until(b"saved 2 messages", 60)
+        terminal.read_until(b">>> ", 60)
         os.write(master, b"\x04")  # Ctrl-D on an empty line leaves
         assert proc.wait(timeout=60) == 0
     finally:

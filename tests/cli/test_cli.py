@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import pty
-import select
 import subprocess
 import sys
-import time
 
 import pytest
+
+from tests.cli.pty_reader import PtyReader
 
 SUBCOMMANDS = ("generate", "chat", "serve", "score", "bench", "info", "plugins")
 
@@ -109,35 +109,18 @@ def test_chat_unknown_command_is_reported(run_cli):
     assert "unknown command '/frobnicate'" in out.stderr
 
 
-def _read_until(fd: int, needle: bytes, timeout: float) -> bytes:
-    buf, end = b"", time.monotonic() + timeout
-    while needle not in buf:
-        left = end - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"timed out waiting for {needle!r}; got {buf[-500:]!r}")
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            buf += chunk
-    return buf
-
-
 def test_chat_through_a_pseudo_terminal(cli_env):
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "ninfer.cli.main", "chat", "--temperature", "0",
                              "--max-tokens", "16", "--no-thinking"],
                             stdin=slave, stdout=slave, stderr=slave, env=cli_env, close_fds=True)
     os.close(slave)
+    terminal = PtyReader(master)
     try:
-        seen = _read_until(master, b">>> ", 240)
+        seen = terminal.read_until(b">>> ", 240)
         assert b"/reset" in seen  # the interactive help line
         os.write(master, b"What does `len` do?\n")
-        _read_until(master, b">>> ", 240)
+        terminal.read_until(b">>> ", 240)
         os.write(master, b"/exit\n")
         assert proc.wait(timeout=60) == 0
     finally:

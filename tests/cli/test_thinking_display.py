@@ -16,7 +16,7 @@ import sys
 from ninfer.cli.render import DIM, RESET, THINKING_CLOSE, THINKING_OPEN, TurnDisplay
 from ninfer.contracts.frontend import OutputDelta
 
-from tests.cli.test_cli import _read_until
+from tests.cli.pty_reader import PtyReader
 
 ARGS = ("generate", "--chat", "-p", "What is 2+2?", "-t", "0")
 
@@ -66,8 +66,9 @@ def test_on_a_terminal_reasoning_is_dimmed_between_markers(cli_env):
                             stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=cli_env, close_fds=True)
     os.close(slave)
     try:
-        seen = _read_until(master, b"generated tokens", 240)
-        seen += _read_until(master, b"\n", 60)
+        terminal = PtyReader(master)
+        seen = terminal.read_until(b"generated tokens", 240)
+        seen += terminal.read_until(b"\n", 60)
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
