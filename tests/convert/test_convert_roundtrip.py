@@ -121,7 +121,7 @@ def test_provenance_metadata_and_ignored_tensors(tmp_path, registry, full_ckpt):
     assert result.ignored == ("model.rotary_emb.inv_freq",)
     with ArtifactReader.open(result.paths[0]) as r:
         d = r.directory
-        assert d.metadata == {"name": ARCH}
+        assert d.metadata == {"name": "synth-ckpt"}  # the source folder's name, never the architecture class
         prov = d.provenance
         assert prov["source"]["folder"] == "synth-ckpt"
         assert prov["source"]["architecture"] == ARCH

@@ -28,12 +28,17 @@ def client_for(engine, **config) -> TestClient:
 
 
 def wait_idle(engine, timeout: float = 10.0):
-    """Wait until the engine holds no request (stats are published after each engine step)."""
+    """Wait until the engine holds no request (stats are published after each engine step), then drop the
+    context cache's checkpoints (on by default) and check that nothing at all is held: no request, KV page
+    or state slot leaked outside the cache."""
     end = time.monotonic() + timeout
     while True:
         s = engine.stats()
-        if s.outstanding == 0 and s.running == 0 and s.pages_used == 0 and s.state_slots_used == 0:
-            return s
+        if s.outstanding == 0 and s.running == 0 and s.state_slots_used == 0:
+            engine.clear_context_cache(timeout=timeout)
+            s = engine.stats()
+            if s.pages_used == 0 and s.cache_checkpoints == 0:
+                return s
         if time.monotonic() > end:
             raise AssertionError(f"engine still holds requests: {s}")
         time.sleep(0.01)

@@ -274,7 +274,8 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     reasoning_content: str | None = None
-    tool_calls: list[ToolCallOut] = []
+    # Left out when the answer calls no tool, as OpenAI's API does (an empty list there is vLLM's habit).
+    tool_calls: list[ToolCallOut] = Field(default_factory=list, exclude_if=lambda calls: not calls)
     refusal: None = None
 
 

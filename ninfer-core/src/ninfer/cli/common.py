@@ -18,7 +18,9 @@ SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"
 
 
 def add_model_arg(p: argparse.ArgumentParser, *, metavar: str = "MODEL",
-                  help: str = "a .ninfer artifact or a Hugging Face folder (converted once into the cache); "
+                  help: str = "a .ninfer artifact, a Hugging Face folder, a shipped default model's name "
+                              "('ninfer plugins'), or a Hugging Face repo id owner/name[@revision] (from the Hugging "
+                              "Face cache, else downloaded); all but an artifact are converted once into the cache; "
                               "default: the default model of the first plugin that ships one") -> None:
     """MODEL, as a positional argument or ``-m/--model`` (llama.cpp's spelling); :func:`merge_model_flag`
     folds the flag into ``args.model`` after parsing."""

@@ -1,7 +1,7 @@
 """``ninfer info [MODEL.ninfer]``: components, config summary, objects, files and metadata of an artifact.
 
-With no model named it describes the default model, resolved as ``ninfer generate`` resolves it
-(``ninfer.model_source.resolve_model(None)``: converted into the cache once).
+MODEL is resolved as ``ninfer generate`` resolves it (``ninfer.model_source.resolve_model``): an artifact as
+is; no model, a folder, a default model's name or a Hugging Face repo id converted into the cache once.
 
 Reads the directory only; ``--verify`` additionally streams every object and checks its checksum
 (opening every part), failing with the artifact error that names the first bad object or file.
@@ -12,6 +12,7 @@ workspace, headroom under the device budget), computed from the profile without 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from ninfer.cli import checks, common
@@ -20,7 +21,8 @@ from ninfer.cli.command import CliCommand
 
 def add_arguments(p) -> None:
     common.add_model_arg(p, metavar="MODEL.ninfer",
-                         help="the artifact's entry file (default: the default model, converted once)")
+                         help="the artifact's entry file, or a model named as for generate (converted once; "
+                              "default: the default model)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--verify", action="store_true", help="also read every object and check its checksum")
     p.add_argument("--memory", action="store_true",
@@ -61,12 +63,14 @@ def run(args) -> int:
         # The plan options do nothing alone; silently ignoring them would look like a plan was made.
         raise NInferError(f"{', '.join(given)}: memory plan options, which need --memory")
     checks.check_engine_flags(args, fields=tuple(f for f in _MEMORY_FLAGS if f not in ("device", "dtype")))
-    if args.model is None:  # after the flag check: a bad command line converts nothing
-        from ninfer.model_source import resolve_model
+    # After the flag check: a bad command line converts nothing.
+    from ninfer.model_source import resolve_model
 
-        artifact = resolve_model(None, progress=sys.stderr.isatty())
+    model = args.model
+    if model is not None and (os.path.isfile(model) or model.endswith(".ninfer")):
+        artifact = model  # the artifact reader names what is wrong with a missing or odd file
     else:
-        artifact = args.model
+        artifact = resolve_model(model, progress=sys.stderr.isatty())
     memory = _memory_plan(artifact, args) if args.memory else None
     with ArtifactReader.open(artifact) as reader:
         if args.verify:

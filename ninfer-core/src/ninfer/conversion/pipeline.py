@@ -73,7 +73,8 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
             progress: bool | None = None) -> ConversionResult:
     """Convert the checkpoint folder ``source`` into the artifact ``output`` (plus parts if needed).
 
-    ``name`` sets ``metadata.name`` (default: ``architectures[0]``). ``registry`` supplies the
+    ``name`` sets ``metadata.name`` (default: the source folder's name, as a user calls the model; never the
+    architecture class). ``registry`` supplies the
     source mappings (default: the process-wide :func:`ninfer.plugins.get_registry`). ``progress``
     shows a byte progress bar on stderr: ``None`` means only when stderr is a terminal.
     """
@@ -99,7 +100,7 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
 
     writer = ArtifactWriter(output, max_file_bytes=max_file_bytes)
     try:
-        _declare(writer, checked, resources, ckpt, mapping.name, name or ckpt.architecture)
+        _declare(writer, checked, resources, ckpt, mapping.name, name or Path(ckpt.folder).resolve().name)
         writer.begin_payload()
         total = sum(_source_span(ckpt, s)[1] for o in checked.objects for s in o.sources)
         show = sys.stderr.isatty() if progress is None else progress

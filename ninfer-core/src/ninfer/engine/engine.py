@@ -114,16 +114,19 @@ class Engine:
               progress: Callable[[int, int], None] | None = None, **overrides: Any) -> Engine:
         """Load a model and start serving it.
 
-        ``model``: None (the default) is the default model an installed plugin ships; a folder is a
-        Hugging Face checkpoint; both are converted once into the cache (:mod:`ninfer.model_source`).
-        Anything else is opened as a ``.ninfer`` artifact (a missing one raises ArtifactNotFoundError).
+        ``model``: a ``.ninfer`` artifact (a missing one raises ArtifactNotFoundError); None (the default)
+        is the default model an installed plugin ships; a folder is a Hugging Face checkpoint; a shipped
+        default model's name or a Hugging Face repo id (``owner/name[@revision]``, from the Hugging Face
+        cache, else downloaded) names one too. All but an artifact are converted once into the cache
+        (:mod:`ninfer.model_source`).
         ``overrides`` replace fields of ``options`` (e.g. ``Engine.start(path, max_concurrency=2)``) and
         are validated before any conversion; ``progress(bytes_read, total)`` reports weight loading."""
         from ninfer.engine.model_construction import build_model
         from ninfer.model_source import resolve_model
 
         options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
-        artifact = resolve_model(model) if model is None or Path(model).is_dir() else model
+        named_artifact = model is not None and (Path(model).is_file() or os.fspath(model).endswith(".ninfer"))
+        artifact = model if named_artifact else resolve_model(model)
         built = build_model(artifact, options, progress=progress)
         return cls(built.program, built.frontend, built.options, info=built.info, _owned=built)
 

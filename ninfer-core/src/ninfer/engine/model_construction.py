@@ -28,6 +28,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -218,7 +219,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
                             released_bytes=lambda p: released_weight_bytes(weights, p, device))
     program, num_pages = started.program, started.num_pages
     effective = resolved.engine_options(num_pages)
-    info = {"architecture": spec.name, "name": metadata.get("name") or spec.name, "artifact_id": artifact_id,
+    info = {"architecture": spec.name, "name": metadata.get("name") or Path(artifact).stem, "artifact_id": artifact_id,
             "device": effective.device, "dtype": effective.dtype, "num_pages": num_pages,
             "page_size": effective.page_size, "max_context": max_context,
             "max_position_embeddings": profile.max_position_embeddings, "ops": ops.describe(),
