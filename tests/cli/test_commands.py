@@ -12,7 +12,7 @@ from ninfer.cli.command import CliCommand
 from ninfer.errors import NInferError
 from ninfer.plugins import PluginConflictError, PluginRegistry, hookimpl
 
-CORE_COMMANDS = ["generate", "chat", "info", "plugins", "score", "bench"]
+CORE_COMMANDS = ["generate", "chat", "info", "plugins", "score", "bench", "list", "rm"]
 
 
 def _plugin(name: str, *commands: CliCommand) -> types.ModuleType:
