@@ -13,7 +13,9 @@ from ninfer.errors import NInferError
 
 # the commands that share the engine flags (common.add_model_args), with their required arguments
 COMMANDS = {"generate": ("--prompt", "x"), "chat": (), "serve": (), "bench": ()}
-CACHE_FLAGS = ("--context-cache", "--cache-host-mib", "--cache-checkpoint-interval")
+CACHE_FLAGS = ("--context-cache", "--no-context-cache", "--cache-host-mib", "--cache-checkpoint-interval")
+# on by default where a later request can start from an earlier one's checkpoint
+DEFAULT_ON = {"generate": False, "chat": True, "serve": True, "bench": False}
 
 
 def _options(command: str, *flags: str):
@@ -31,9 +33,12 @@ def test_cache_flags_build_engine_options(command):
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_cache_off_by_default_and_defaults_left_to_the_engine(command):
-    off = _options(command)
-    assert off.context_cache is False and off.cache_host_mib is None and off.cache_checkpoint_interval is None
+def test_cache_default_per_command_and_defaults_left_to_the_engine(command):
+    default = _options(command)
+    assert default.context_cache is DEFAULT_ON[command]
+    assert default.cache_host_mib is None and default.cache_checkpoint_interval is None
+    off = _options(command, "--no-context-cache")
+    assert off.context_cache is False and off.checkpoint_slots == 0 and off.host_budget_bytes == 0
     on = _options(command, "--context-cache", "--max-concurrency", "2")
     assert on.context_cache is True and on.max_concurrency == 2
     assert on.cache_host_mib is None and on.cache_checkpoint_interval is None
@@ -47,6 +52,7 @@ def test_cache_flags_are_in_help(command):
     help_text = sub.choices[command].format_help()
     for flag in CACHE_FLAGS:
         assert flag in help_text, f"{command} lacks {flag}"
+    assert f"(default: {'on' if DEFAULT_ON[command] else 'off'})" in " ".join(help_text.split())
 
 
 def test_score_has_no_context_cache_flags(capsys):
@@ -58,8 +64,9 @@ def test_score_has_no_context_cache_flags(capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (("--cache-host-mib", "8"), "--cache-host-mib needs --context-cache"),
-    (("--cache-checkpoint-interval", "64"), "--cache-checkpoint-interval needs --context-cache"),
+    (("--cache-host-mib", "8"), "--cache-host-mib needs the context cache, which is off here"),
+    (("--cache-checkpoint-interval", "64"), "--cache-checkpoint-interval needs the context cache"),
+    (("--context-cache", "--no-context-cache", "--cache-host-mib", "8"), "--cache-host-mib needs the context cache"),
     (("--context-cache", "--cache-host-mib", "-1"), "--cache-host-mib must be a finite number >= 0"),
     (("--context-cache", "--cache-host-mib", "nan"), "--cache-host-mib must be a finite number >= 0"),
     (("--context-cache", "--cache-host-mib", "inf"), "--cache-host-mib must be a finite number >= 0"),
@@ -102,10 +109,11 @@ def test_generate_with_context_cache_matches_the_cold_run(run_cli):
     assert "generated tokens" in cached.stderr
 
 
-def test_start_engine_turns_the_context_cache_on(default_artifact):
-    args = build_parser().parse_args(["generate", str(default_artifact), "--prompt", "x", "--quiet",
-                                      "--context-cache", "--cache-host-mib", "0", "--max-concurrency", "1",
-                                      "--max-context", "256"])
+@pytest.mark.parametrize("command", (("generate", "--prompt", "x", "--context-cache"), ("chat",), ("serve",)))
+def test_start_engine_turns_the_context_cache_on(default_artifact, command):
+    # chat and serve: on by default; generate: with --context-cache
+    args = build_parser().parse_args([command[0], str(default_artifact), *command[1:], "--quiet",
+                                      "--cache-host-mib", "0", "--max-concurrency", "1", "--max-context", "256"])
     with common.start_engine(args) as engine:
         assert engine.options.context_cache and engine.options.host_budget_bytes == 0
         prompt = list(engine.frontend.prepare_text("import os\nimport sys\n\n\ndef main():\n").token_ids)

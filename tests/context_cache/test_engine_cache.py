@@ -159,8 +159,18 @@ def test_options(make_engine, long_tiny_artifact):
         EngineOptions(context_cache=True, cache_checkpoint_slots=0).validate()
     assert EngineOptions(page_size=16, prefill_chunk_size=100).checkpoint_interval == 96
     assert EngineOptions(context_cache=True, max_concurrency=2).checkpoint_slots == 20
-    assert EngineOptions().checkpoint_slots == 0
-    plain = make_engine(max_context=64, max_concurrency=1)
+    assert EngineOptions().checkpoint_slots == 16 + 2 * 4  # on by default for generation
+    assert EngineOptions(context_cache=False).checkpoint_slots == 0
+    assert EngineOptions(purpose="causal_scoring").checkpoint_slots == 0
+    with pytest.raises(InvalidEngineOptions, match="causal_scoring engine keeps no context cache"):
+        EngineOptions(purpose="causal_scoring", context_cache=True).validate()
+    default = make_engine(max_context=64, max_concurrency=1)
+    assert default.options.context_cache is True and default.stats().cache_checkpoints == 0
+    plain = make_engine(max_context=64, max_concurrency=1, context_cache=False)
+    assert plain._program.checkpoint_states is None
+    # The default on a Program without checkpoint slots is off; asking for it there is an error.
+    assert Engine.from_parts(plain._program, plain.frontend, max_context=64, max_concurrency=1).options.context_cache \
+        is False
     with pytest.raises(InvalidEngineOptions):  # a Program built without checkpoint slots
         Engine.from_parts(plain._program, plain.frontend, EngineOptions(max_context=64, max_concurrency=1,
                                                                         context_cache=True))

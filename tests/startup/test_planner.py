@@ -22,7 +22,8 @@ PROFILE = ModelProfile(weight_bytes=100 * MIB, kv_bytes_per_token=1024, state_by
                        vocab_size=1000, max_position_embeddings=8192, converted_weight_bytes=10 * MIB,
                        activation_bytes_per_token=2048, attention_bytes_per_context_token=64,
                        score_bytes_per_query_key=32)
-OPTS = EngineOptions(max_concurrency=4, max_context=4096, page_size=16, prefill_chunk_size=512)
+# The arithmetic tests plan without the context cache; test_the_default_context_cache_is_planned adds it.
+OPTS = EngineOptions(max_concurrency=4, max_context=4096, page_size=16, prefill_chunk_size=512, context_cache=False)
 
 
 def budget(mib: float, headroom_mib: float = 0) -> mb.DeviceBudget:
@@ -62,6 +63,21 @@ def test_every_lane_when_the_budget_allows():
     assert plan.startup_peak_bytes == 50 * MIB + 10 * MIB + plan.state_bytes + plan.kv_bytes
 
 
+def test_the_default_context_cache_is_planned():
+    """A generation engine keeps a context cache by default: the plan holds its checkpoint StateImages
+    (16 + 2 x max_concurrency) beside the running requests' and sizes the KV after them; scoring plans none."""
+    default = dataclasses.replace(OPTS, context_cache=None)
+    on = plan_memory(default, budget(4096, 1024), load_bytes=50 * MIB)
+    off = plan_memory(OPTS, budget(4096, 1024), load_bytes=50 * MIB)
+    assert on.state_bytes == (4 + 24) * 64 * 1024 and off.state_bytes == 4 * 64 * 1024
+    work = mm.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
+    b = budget((PROFILE.weight_bytes + 4 * 64 * 1024 + work) / MIB + 10 + 8, 10)  # 8 MiB for KV without the cache
+    tight_on, tight_off = (plan_memory(o, b, load_bytes=50 * MIB) for o in (default, OPTS))
+    assert tight_off.num_pages == 512 and tight_on.num_pages == 512 - 24 * 64 * 1024 // (16 * 1024)
+    scoring = dataclasses.replace(OPTS, context_cache=None, purpose="causal_scoring")
+    assert plan_memory(scoring, budget(4096, 1024), load_bytes=50 * MIB).state_bytes == 64 * 1024
+
+
 def test_fit_to_budget_takes_the_most_pages_that_fit():
     work = mm.workspace_bytes(PROFILE, step_tokens=516, logit_rows=4, max_context=4096)
     fixed = PROFILE.weight_bytes + 4 * 64 * 1024 + work
@@ -85,7 +101,7 @@ def test_one_request_must_fit_or_the_error_names_the_numbers():
     assert "cannot fit one request of max_context 4096" in msg and "256 KV pages x 16 tokens = 4.0 MiB" in msg
     assert "leaves 3.0 MiB for KV" in msg and "weights 100.0 MiB" in msg and "(4 running requests" in msg
     # Fewer running requests free State and workspace, and then it fits (exactly one request).
-    one = plan_memory(EngineOptions(max_concurrency=1, max_context=4096, prefill_chunk_size=512),
+    one = plan_memory(EngineOptions(max_concurrency=1, max_context=4096, prefill_chunk_size=512, context_cache=False),
                       budget(fixed / MIB + 4), load_bytes=0)
     assert one.num_pages >= 256
 
@@ -195,12 +211,15 @@ def test_lookahead_spares_are_planned_like_the_engine_builds_them(default_artifa
     --memory`` and the engine alike), capacity() does not, and forcing it on for the CPU builds them."""
     from ninfer import Engine
 
-    off = plan(default_artifact, EngineOptions(device="cpu", max_concurrency=3, lookahead=False)).summary()
-    on = plan(default_artifact, EngineOptions(device="cpu", max_concurrency=3, lookahead=True)).summary()
-    auto = plan(default_artifact, EngineOptions(device="cpu", max_concurrency=3)).summary()
+    def opts(**kw):
+        return EngineOptions(device="cpu", max_concurrency=3, context_cache=False, **kw)
+
+    off = plan(default_artifact, opts(lookahead=False)).summary()
+    on = plan(default_artifact, opts(lookahead=True)).summary()
+    auto = plan(default_artifact, opts()).summary()
     assert auto.state_bytes == off.state_bytes  # auto: only with CUDA graphs
     assert on.state_bytes == off.state_bytes * 2  # 3 sequences + 3 spares, no checkpoints
-    with Engine.start(default_artifact, device="cpu", max_concurrency=3, lookahead=True) as engine:
+    with Engine.start(default_artifact, opts(lookahead=True)) as engine:
         assert engine.memory_summary().state_bytes == on.state_bytes
         program = engine._program
         assert program.states.num_slots == 6 and program.capacity().total_state_slots == 3

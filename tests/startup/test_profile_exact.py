@@ -103,7 +103,10 @@ def test_engine_memory_summary_matches_the_program(default_artifact):
         assert m is not None and m.measured
         assert engine.info["memory"] == m.as_dict()
         assert m.kv_bytes == resident_tensor_bytes(program.kv)
-        assert m.state_bytes == resident_tensor_bytes(program.states)
+        # The running requests' StateImages and the default context cache's checkpoint StateImages.
+        checkpoints = program.checkpoint_states
+        assert checkpoints is not None and checkpoints.num_slots == 16 + 2 * 2
+        assert m.state_bytes == resident_tensor_bytes(program.states) + resident_tensor_bytes(checkpoints)
         assert m.weights_bytes == resident_tensor_bytes(program.model)
         # CPU: what start left held is exactly the Program's weights, KV and State.
         assert m.startup_retained_bytes == m.weights_bytes + m.kv_bytes + m.state_bytes

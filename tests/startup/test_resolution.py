@@ -28,7 +28,9 @@ def test_the_purpose_rule_is_one_idempotent_method():
     scoring = EngineOptions(purpose="causal_scoring", max_concurrency=4)
     assert scoring.for_purpose().max_concurrency == 1
     assert scoring.for_purpose().for_purpose() == scoring.for_purpose()
-    generation = EngineOptions(max_concurrency=4)
+    assert scoring.for_purpose().context_cache is False  # the default: scoring keeps no context cache
+    generation = EngineOptions(max_concurrency=4).for_purpose()
+    assert generation.context_cache is True  # the default: on for generation
     assert generation.for_purpose() is generation
 
 

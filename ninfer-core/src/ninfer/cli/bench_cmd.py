@@ -30,7 +30,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p) -> None:
-    common.add_model_args(p)
+    common.add_model_args(p, context_cache_default=False)  # repeated prompts must be computed, not found
     g = p.add_argument_group("workload")
     g.add_argument("--batches", type=_ints, default=(1, 2, 4, 8), metavar="B,...", help="decode batch sizes")
     g.add_argument("--prefill-lengths", type=_ints, default=(1024, 8192, 32768), metavar="N,...",

@@ -39,7 +39,10 @@ def merge_model_flag(args: argparse.Namespace) -> None:
     args.model = flag
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = True) -> None:
+    """MODEL and the engine flags. ``context_cache_default``: whether the context cache is on unless
+    ``--context-cache``/``--no-context-cache`` says otherwise (off for a benchmark, whose repeated prompts
+    must be computed)."""
     add_model_arg(p)
     g = p.add_argument_group("engine")
     g.add_argument("--max-concurrency", type=int, default=None, metavar="N",
@@ -57,9 +60,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "(auto: with CUDA graphs)")
     g.add_argument("--quiet", action="store_true", help="no progress display and no statistics")
     c = p.add_argument_group("context cache (docs/context-cache.md)")
-    c.add_argument("--context-cache", action="store_true",
+    p.set_defaults(context_cache_default=context_cache_default)
+    # default None: argparse would otherwise append its own "(default: True)" to the help.
+    c.add_argument("--context-cache", action=argparse.BooleanOptionalAction, default=None,
                    help="keep checkpoints of finished prefills and responses and start a request from the "
-                        "longest one that is an exact prefix of its prompt")
+                        "longest one that is an exact prefix of its prompt; --no-context-cache turns it off "
+                        f"(default: {'on' if context_cache_default else 'off'})")
     c.add_argument("--cache-host-mib", type=float, default=None, metavar="MIB",
                    help="Host tier budget for checkpoints and pause Snapshots demoted from the device, >= 0; "
                         "0 turns the Host tier off (default: min(8 GiB, a quarter of the RAM))")
@@ -116,12 +122,15 @@ def engine_options(args: argparse.Namespace):
     lookahead = getattr(args, "lookahead", "auto")
     if lookahead != "auto":
         kw["lookahead"] = lookahead == "on"
-    cache = bool(getattr(args, "context_cache", False))
+    cache = getattr(args, "context_cache", None)
+    if cache is None:
+        cache = getattr(args, "context_cache_default", True)
     host_mib = getattr(args, "cache_host_mib", None)
     interval = getattr(args, "cache_checkpoint_interval", None)
     for flag, value in (("--cache-host-mib", host_mib), ("--cache-checkpoint-interval", interval)):
         if value is not None and not cache:
-            raise NInferError(f"{flag} needs --context-cache (without it the engine keeps no context cache)")
+            raise NInferError(f"{flag} needs the context cache, which is off here (--no-context-cache, or "
+                              f"a command that runs without it unless --context-cache)")
     if host_mib is not None and not (math.isfinite(host_mib) and host_mib >= 0):
         raise NInferError(f"--cache-host-mib must be a finite number >= 0 (0 turns the Host tier off), "
                           f"got {host_mib}")
@@ -133,8 +142,8 @@ def engine_options(args: argparse.Namespace):
         raise NInferError(f"--cache-checkpoint-interval must be a positive multiple of the page size "
                           f"{page_size}, got {interval}")
     check_engine_flags(args)  # after the specific checks above, whose messages say more
+    kw["context_cache"] = cache
     if cache:
-        kw["context_cache"] = True
         if host_mib is not None:
             kw["cache_host_mib"] = host_mib
         if interval is not None:

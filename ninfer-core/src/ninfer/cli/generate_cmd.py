@@ -25,7 +25,7 @@ class InvalidMessagesError(NInferError):
 
 
 def add_arguments(p) -> None:
-    common.add_model_args(p)
+    common.add_model_args(p, context_cache_default=False)  # one request per process: nothing could hit it
     src = p.add_mutually_exclusive_group()
     src.add_argument("-p", "--prompt", metavar="TEXT",
                      help="the prompt, verbatim (no escapes: write a newline with the shell, e.g. $'a\\nb'); "

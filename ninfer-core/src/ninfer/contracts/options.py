@@ -54,7 +54,10 @@ class EngineOptions:
       and admission fields are unused, and it has no context cache.
     - ``context_cache``: keep checkpoints (StateImage copy + shared KV prefix) of finished prefills
       and responses, and bind a new request to the longest one that is an exact prefix of its prompt
-      (docs/context-cache.md). ``cache_checkpoint_slots`` (>= 1; None: ``16 + 2 * max_concurrency``)
+      (docs/context-cache.md). None (default): on for ``generation``, off for ``causal_scoring``
+      (:attr:`uses_context_cache` is the resolved value; :meth:`for_purpose` writes it in); True on a
+      causal_scoring engine is an error. An Engine built by hand on a Program without checkpoint slots
+      turns the default off; an explicit True there is an error. ``cache_checkpoint_slots`` (>= 1; None: ``16 + 2 * max_concurrency``)
       StateImages hold checkpoints; ``cache_checkpoint_interval`` (a multiple of ``page_size``; None:
       the largest multiple of ``page_size`` not above :attr:`prefill_chunk`, at least one
       page) is the prefill distance between boundary checkpoints. ``cache_host_mib`` (>= 0; None:
@@ -79,7 +82,7 @@ class EngineOptions:
     num_pages: int | None = None
     kv_budget_mib: float | None = None
     prefill_chunk_size: int | None = None
-    context_cache: bool = False
+    context_cache: bool | None = None
     cache_checkpoint_slots: int | None = None
     cache_checkpoint_interval: int | None = None
     cache_host_mib: float | None = None
@@ -132,11 +135,23 @@ class EngineOptions:
     def for_purpose(self) -> EngineOptions:
         """These options under their purpose's rules, defined here only: a ``causal_scoring`` engine runs one
         window at a time on one sequence, so its ``max_concurrency`` is 1 whatever was asked (its Program
-        is sized for that one sequence). Applied once when options are resolved for an artifact
+        is sized for that one sequence), and the default ``context_cache`` (None) becomes
+        :attr:`uses_context_cache`. Applied once when options are resolved for an artifact
         (``ninfer.planning.resolution``) and again by the Engine itself; idempotent."""
+        resolved = self
+        if self.context_cache is None:
+            resolved = dataclasses.replace(resolved, context_cache=self.uses_context_cache)
         if self.purpose == "causal_scoring" and self.max_concurrency != 1:
-            return dataclasses.replace(self, max_concurrency=1)
-        return self
+            resolved = dataclasses.replace(resolved, max_concurrency=1)
+        return resolved
+
+    @property
+    def uses_context_cache(self) -> bool:
+        """Whether the engine keeps a context cache: ``context_cache``, or by default on for generation
+        and off for causal scoring."""
+        if self.context_cache is None:
+            return self.purpose == "generation"
+        return self.context_cache
 
     @property
     def prefill_chunk(self) -> int:
@@ -149,7 +164,7 @@ class EngineOptions:
     @property
     def checkpoint_slots(self) -> int:
         """StateImage slots the Program needs for checkpoints (0 without the context cache)."""
-        if not self.context_cache:
+        if not self.uses_context_cache:
             return 0
         return self.cache_checkpoint_slots or 16 + 2 * self.max_concurrency
 
@@ -164,7 +179,7 @@ class EngineOptions:
     @property
     def host_budget_bytes(self) -> int:
         """The context cache's Host tier budget in bytes (0 without the context cache)."""
-        if not self.context_cache:
+        if not self.uses_context_cache:
             return 0
         if self.cache_host_mib is not None:
             return int(self.cache_host_mib * 2**20)

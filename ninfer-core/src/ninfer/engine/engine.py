@@ -60,7 +60,10 @@ class Engine:
     def __init__(self, program: Program, frontend: Frontend, options: EngineOptions, *,
                  info: Mapping[str, Any] | None = None, _owned: Any = None) -> None:
         # start passes the plan's options, already resolved; the purpose rules are idempotent.
-        options = options.validate().for_purpose()
+        options = options.validate()
+        if options.context_cache is None and not _has_checkpoint_slots(program):
+            options = dataclasses.replace(options, context_cache=False)  # the default, on a Program without them
+        options = options.for_purpose()
         cap = program.capacity()
         if cap.total_state_slots < options.max_concurrency:
             raise InvalidEngineOptions(f"max_concurrency {options.max_concurrency} exceeds the Program's "
@@ -70,8 +73,7 @@ class Engine:
                                        f"max_context {options.max_context}: one request must always fit")
         if program.max_context < options.max_context:
             raise InvalidEngineOptions(f"max_context {options.max_context} exceeds the Program's {program.max_context}")
-        if options.context_cache and (not isinstance(program, CheckpointProgram)
-                                      or program.checkpoint_usage().total_slots < 1):
+        if options.context_cache and not _has_checkpoint_slots(program):
             raise InvalidEngineOptions("context_cache needs a Program with checkpoint slots (build it with "
                                        "ProgramOptions.checkpoint_slots >= 1)")
         if options.context_cache:
@@ -129,8 +131,9 @@ class Engine:
     def from_parts(cls, program: Program, frontend: Frontend, options: EngineOptions | None = None,
                    **overrides: Any) -> Engine:
         """Serve an already built Program and Frontend (options' KV sizing fields are ignored: the
-        Program's capacity is what it is). The purpose's rules apply (``EngineOptions.for_purpose``)."""
-        options = dataclasses.replace(options or EngineOptions(), **overrides).validate().for_purpose()
+        Program's capacity is what it is). The purpose's rules apply (``EngineOptions.for_purpose``); the
+        default context cache is on when the Program has checkpoint slots."""
+        options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
         return cls(program, frontend, options)
 
     # -- properties --------------------------------------------------------------------------------
@@ -389,6 +392,10 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _has_checkpoint_slots(program: Program) -> bool:
+    return isinstance(program, CheckpointProgram) and program.checkpoint_usage().total_slots >= 1
 
 
 def _looks_like_messages(prompt: Any) -> bool:
