@@ -195,7 +195,7 @@ def test_logprobs_are_the_model_distribution(dense):
     s = run.open(prompt(5, 5))
     params = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=2)
     prog.reserve_units({s: 5})
-    pending = prog.run(ExecutionUnit(chunk=PrefillChunk(s, 5, RowSampling(params, 0, 0))))
+    pending = prog.run(ExecutionUnit(chunks=(PrefillChunk(s, 5, RowSampling(params, 0, 0)),)))
     logits = run._last[0]
     expect = torch.log_softmax(logits, -1)
     lp = pending.rows[0].logprobs[0]

@@ -10,8 +10,9 @@ Membership (each queue in ticket, that is submission, order):
 Order rules (docs/design.md sections 4 and 5):
 - Admission is FIFO with a bounded bypass: when the queue head does not fit yet, at most
   ``bypass_limit`` later requests may be admitted before it; then admission waits for the head.
-- At most one protected resume at a time; it gets the step's chunk first.
-- Other prefill/Replay chunks rotate among residents in ticket order, one chunk per step.
+- At most one protected resume at a time; its chunk comes first in a step.
+- Other prefill/Replay chunks rotate among residents in ticket order: a step's chunks are taken from
+  the resident after the last one that had a chunk (a step may run several, within its token budget).
 - The preemption victim is the youngest (highest ticket) resident that is not protected.
 """
 
@@ -102,6 +103,7 @@ class RequestQueues:
         return protected + after + before
 
     def note_chunk(self, rec: RequestRecord) -> None:
+        """``rec`` got a chunk in this step (called for each, in order): the rotation continues after it."""
         self._last_chunk_ticket = rec.ticket
 
     def victim(self) -> RequestRecord | None:
