@@ -65,6 +65,22 @@ def test_flag_reaches_engine_options(command, required):
 
 @pytest.mark.parametrize("command, required", [("generate", ("--prompt", "x")), ("chat", ()), ("serve", ()),
                                                 ("bench", ())])
+def test_step_budget_flag_reaches_engine_options(command, required):
+    parser = build_parser()
+    default = common.engine_options(parser.parse_args([command, *required]))
+    assert default.max_step_tokens is None and default.step_tokens == 2048
+    set_ = common.engine_options(parser.parse_args([command, *required, "--max-step-tokens", "300"]))
+    assert set_.max_step_tokens == 300 and set_.step_tokens == 300
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True])
+def test_bad_step_budget_is_refused_by_name(bad):
+    with pytest.raises(InvalidEngineOptions, match="max_step_tokens"):
+        EngineOptions(max_step_tokens=bad).validate()
+
+
+@pytest.mark.parametrize("command, required", [("generate", ("--prompt", "x")), ("chat", ()), ("serve", ()),
+                                                ("bench", ())])
 @pytest.mark.parametrize("bad", ["0", "-8"])
 def test_bad_flag_fails_by_name_before_loading(command, required, bad, capsys, tmp_path):
     # a model path that does not exist: the flag's error must come first (nothing resolved or loaded)

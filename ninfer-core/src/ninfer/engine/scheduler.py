@@ -12,13 +12,13 @@
    (possibly itself), and all rows reserve again;
 4. chunks, within the step's chunk budget: ``prefill_chunk`` tokens, and with decode rows at most
    ``max_step_tokens`` less one token per decode row (but at least 1, so prefill never stops). Chunk
-   candidates are taken in order (the protected resume first, then rotation in ticket order after the
-   last request that had a chunk), each getting ``min(budget left, what it has left to compute)``
-   tokens cut at its next checkpoint boundary (so at least one token), until the budget is spent or
-   the candidates run out. A candidate reserves its pages, reclaiming cache entries
-   first; one that still does not fit is skipped while anything else runs, and when nothing would run
-   the youngest resident is preempted. Rotation gives every candidate a chunk within as many steps as
-   there are candidates, so no request starves; a long prompt is chunked across steps.
+   candidates are taken in order (the protected resume first, then the others least recently served
+   first, :meth:`RequestQueues.chunk_candidates`), each getting ``min(budget left, what it has left
+   to compute)`` tokens cut at its next checkpoint boundary (so at least one token), until the budget
+   is spent or the candidates run out. A candidate reserves its pages, reclaiming cache entries first;
+   one that still does not fit is skipped while anything else runs, and when nothing would run the
+   youngest resident is preempted. The rotation gives every candidate whose pages fit a chunk within
+   ``max_concurrency`` steps, so no request starves; a long prompt is chunked across steps.
 
 Who decides what: the Scheduler decides order (:class:`RequestQueues` holds the queues and their
 order rules), the ContextCache decides retention, the Program decides physical feasibility. The
