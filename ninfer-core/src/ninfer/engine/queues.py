@@ -14,7 +14,7 @@ Order rules (docs/design.md sections 4 and 5):
 - Other prefill/Replay chunks rotate among residents, least recently served first (a resident counts as
   served when it became resident; ties in ticket order); a step may run several, within its token
   budget. No resident joins the queue ahead of a waiting one, so each waits at most ``max_running - 1``
-  steps in which a chunk ran.
+  steps in which another non-protected chunk ran first.
 - The preemption victim is the youngest (highest ticket) resident that is not protected.
 """
 

@@ -17,8 +17,9 @@
    to compute)`` tokens cut at its next checkpoint boundary (so at least one token), until the budget
    is spent or the candidates run out. A candidate reserves its pages, reclaiming cache entries first;
    one that still does not fit is skipped while anything else runs, and when nothing would run the
-   youngest resident is preempted. The rotation gives every candidate whose pages fit a chunk within
-   ``max_concurrency`` steps, so no request starves; a long prompt is chunked across steps.
+   youngest resident is preempted. Apart from the steps a protected resume's rebuild fills, the rotation
+   gives every candidate whose pages fit a chunk within ``max_concurrency`` steps, so no request
+   starves; a long prompt is chunked across steps.
 
 Who decides what: the Scheduler decides order (:class:`RequestQueues` holds the queues and their
 order rules), the ContextCache decides retention, the Program decides physical feasibility. The
