@@ -142,8 +142,8 @@ class Driver:
             demands[chunk[0]] = chunk[1]
         if not all(self.p.reserve_units(demands).values()):
             raise RuntimeError("KV pages ran out")
-        ch = None if chunk is None else PrefillChunk(chunk[0], chunk[1], self.greedy)
-        pending = self.p.run(ExecutionUnit(decode=tuple(DecodeRow(s, self.greedy) for s in decode), chunk=ch))
+        ch = () if chunk is None else (PrefillChunk(chunk[0], chunk[1], self.greedy),)
+        pending = self.p.run(ExecutionUnit(decode=tuple(DecodeRow(s, self.greedy) for s in decode), chunks=ch))
         self.p.commit(pending, {r.seq: 1 for r in pending.rows})
         return {r.seq: r.tokens[0] for r in pending.rows}
 

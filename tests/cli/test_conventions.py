@@ -100,7 +100,8 @@ BAD_VALUES = [("-t", "-1", "--temperature"), ("--temperature", "nan", "--tempera
               ("--repetition-penalty", "0", "--repetition-penalty"), ("--presence-penalty", "3", "--presence-penalty"),
               ("--frequency-penalty", "-3", "--frequency-penalty"), ("--seed", "-1", "--seed"),
               ("-n", "0", "--max-tokens"), ("--max-concurrency", "9", "--max-concurrency"),
-              ("--max-context", "1", "--max-context"), ("--prefill-chunk-size", "0", "--prefill-chunk-size")]
+              ("--max-context", "1", "--max-context"), ("--prefill-chunk-size", "0", "--prefill-chunk-size"),
+              ("--max-step-tokens", "0", "--max-step-tokens")]
 
 
 @pytest.mark.parametrize("command", ("generate", "chat"))

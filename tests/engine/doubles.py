@@ -68,7 +68,7 @@ class ToyProgram(SequenceProgram):
                                    torch.device("cpu"))
         super().__init__(vocab_size=vocab_size, kv=kv, states=states, ops=ToyOps(), device=torch.device("cpu"),
                          max_context=max_context)
-        self.units: list[tuple[int, int]] = []  # (decode rows, chunk tokens) of every forward
+        self.units: list[tuple[int, tuple[int, ...]]] = []  # (decode rows, each chunk's tokens) of every forward
         self.fail_on: str | None = None
         # Test controls: ``gate`` (set = open) holds the worker inside forward; ``entered`` is set when
         # a forward starts; ``delay`` slows every forward; ``close_gate_on_pause`` holds the first
@@ -109,14 +109,13 @@ class ToyProgram(SequenceProgram):
                 slot = int(d.slots[b])
                 self._step(h, k_pool, v_pool, slot, int(d.tokens[b]), int(d.positions[b]), int(d.slot_mapping[b]))
                 out.append(self._logits(h, k_pool, v_pool, slot, d.page_tables[b], int(d.kv_lens[b])))
-        c = batch.chunk
-        if c is not None:
-            for i in range(c.tokens.numel()):
+        for c in batch.chunks:
+            for i in range(c.num_tokens):
                 self._step(h, k_pool, v_pool, c.slot, int(c.tokens[i]), int(c.positions[i]), int(c.slot_mapping[i]))
             if c.want_logits:
                 out.append(self._logits(h, k_pool, v_pool, c.slot, c.page_table[0], c.kv_len))
         self.units.append((0 if batch.decode is None else len(batch.decode.seqs),
-                           0 if c is None else c.tokens.numel()))
+                           tuple(c.num_tokens for c in batch.chunks)))
         return torch.stack(out) if out else torch.empty((0, self.vocab_size))
 
     @staticmethod

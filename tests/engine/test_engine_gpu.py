@@ -30,3 +30,18 @@ def test_cuda_bf16_stress_frees_everything(tiny_qwen_artifact_bf16):
                    num_pages=20)
     assert engine.info["dtype"] == "bfloat16"  # taken from the artifact's weights
     stress_until_closed(engine, n=300, vocab=(0, 256), max_prompt=24, max_tokens=6, seed=9)
+
+
+def test_cuda_fp32_multi_prefill_burst_equals_alone(tiny_qwen_artifact):
+    """Several prefills per step on the CUDA ops, decode graphs and lookahead (issue 30): a burst of 8 mixed
+    prompts, chunked across steps by a small step budget, gives each request's tokens alone."""
+    from .test_multi_prefill import burst, qwen_work
+
+    work = qwen_work([40, 3, 33, 9, 50, 2, 21, 28], seed=7)
+    with start(tiny_qwen_artifact, "float32", max_concurrency=1, prefill_chunk_size=64,
+               context_cache=False) as engine:
+        alone = [engine.generate(p, sampling=sp).token_ids for p, sp in work]
+    with start(tiny_qwen_artifact, "float32", max_concurrency=8, prefill_chunk_size=16,
+               max_step_tokens=12) as engine:
+        assert burst(engine, engine._program, work) == alone  # noqa: SLF001
+        assert engine.stats().max_unit_chunks >= 2

@@ -39,14 +39,15 @@ def _program(case, ops_kind: str):
 
 
 def _run(program) -> tuple[dict[int, list[torch.Tensor]], list[dict[int, int]]]:
-    """Two sequences: prefill one, decode it alone (one row: the fused paths), prefill the second beside a
-    decode row of the first (a mixed unit), then decode both together (two rows)."""
+    """Three sequences: prefill one, decode it alone (one row: the fused paths), prefill the second and the
+    third in one unit beside a decode row of the first (a mixed unit of two chunks), then decode all three
+    together (three rows)."""
     r = H.Runner(program)
-    a, b = r.open(H.prompt(1, 9)), r.open(H.prompt(2, 7))
+    a, b, c = r.open(H.prompt(1, 9)), r.open(H.prompt(2, 7)), r.open(H.prompt(3, 5))
     tokens = [{a: r.prefill(a)}]
     tokens += [r.unit(decode=[a]) for _ in range(2)]
-    tokens.append(r.unit(decode=[a], chunk=(b, 7)))
-    tokens += [r.unit(decode=[a, b]) for _ in range(2)]
+    tokens.append(r.unit(decode=[a], chunks=[(b, 7), (c, 5)]))
+    tokens += [r.unit(decode=[a, b, c]) for _ in range(2)]
     return r.logits, tokens
 
 

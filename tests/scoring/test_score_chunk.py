@@ -42,7 +42,7 @@ def test_logits_equal_what_sampling_sees(program):
     program.release(seq)
     seq = fresh(program)
     sampling = RowSampling(SamplingParams(temperature=0.0, logprobs=True), seed=0, step=0)
-    pending = program.run(ExecutionUnit(chunk=PrefillChunk(seq, len(TOKENS), sampling)))
+    pending = program.run(ExecutionUnit(chunks=(PrefillChunk(seq, len(TOKENS), sampling),)))
     (row,) = pending.rows
     program.abort_pending(pending)
     program.release(seq)
@@ -82,7 +82,7 @@ def test_preconditions(program):
 def test_refused_while_a_pending_batch_is_unconsumed(program):
     seq = fresh(program)
     sampling = RowSampling(SamplingParams(temperature=0.0), seed=0, step=0)
-    pending = program.run(ExecutionUnit(chunk=PrefillChunk(seq, len(TOKENS), sampling)))
+    pending = program.run(ExecutionUnit(chunks=(PrefillChunk(seq, len(TOKENS), sampling),)))
     with pytest.raises(ProgramError, match="unconsumed pending batch"):
         program.score_chunk(seq, 1)
     program.abort_pending(pending)

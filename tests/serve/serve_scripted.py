@@ -69,7 +69,7 @@ class ScriptedProgram(SequenceProgram):
         if batch.decode is not None:
             for b, sid in enumerate(batch.decode.seqs):
                 out.append(self._logits(sid, int(batch.decode.positions[b]) + 1))
-        c = batch.chunk
-        if c is not None and c.want_logits:
-            out.append(self._logits(c.seq, c.kv_len))
+        for c in batch.chunks:
+            if c.want_logits:
+                out.append(self._logits(c.seq, c.kv_len))
         return torch.stack(out) if out else torch.empty((0, self.vocab_size))

@@ -35,14 +35,16 @@ def test_bad_chunk_is_refused_by_name(bad):
 
 
 def test_planner_workspace_uses_the_chunk_a_request_can_have():
-    # max_context 1024 < the default chunk: no cycle prefills more than 1024 tokens, so the workspace is
-    # the one of an explicit 1024-token chunk, not of 8192.
+    # max_context 1024 < the default chunk: a step prefills chunks of at most the 2 running requests, each
+    # under 1024 tokens, so the workspace is the one of an explicit 2048-token chunk, not of 8192.
     def work(**kw):
         opts = EngineOptions(max_concurrency=2, max_context=1024, **kw)
         return plan_memory(opts, budget(4096), load_bytes=0).workspace_bytes
 
-    assert work() == work(prefill_chunk_size=1024) == work(prefill_chunk_size=4096)
-    assert work(prefill_chunk_size=256) < work(prefill_chunk_size=512) < work()
+    assert work() == work(prefill_chunk_size=2048) == work(prefill_chunk_size=4096)
+    assert work(prefill_chunk_size=512) < work(prefill_chunk_size=1024) < work()
+    # the step budget while decoding never enlarges a step beyond the prefill chunk
+    assert work(prefill_chunk_size=512, max_step_tokens=4096) == work(prefill_chunk_size=512)
     # scoring: its [chunk, vocab] logits are part of the workspace, which its smaller default keeps down
     def score_work(**kw):
         opts = EngineOptions(purpose="causal_scoring", max_concurrency=1, max_context=8192, **kw)
@@ -59,6 +61,22 @@ def test_flag_reaches_engine_options(command, required):
     assert default.prefill_chunk_size is None and default.prefill_chunk == 8192
     set_ = common.engine_options(parser.parse_args([command, *required, "--prefill-chunk-size", "512"]))
     assert set_.prefill_chunk_size == 512 and set_.prefill_chunk == 512
+
+
+@pytest.mark.parametrize("command, required", [("generate", ("--prompt", "x")), ("chat", ()), ("serve", ()),
+                                                ("bench", ())])
+def test_step_budget_flag_reaches_engine_options(command, required):
+    parser = build_parser()
+    default = common.engine_options(parser.parse_args([command, *required]))
+    assert default.max_step_tokens is None and default.step_tokens == 2048
+    set_ = common.engine_options(parser.parse_args([command, *required, "--max-step-tokens", "300"]))
+    assert set_.max_step_tokens == 300 and set_.step_tokens == 300
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True])
+def test_bad_step_budget_is_refused_by_name(bad):
+    with pytest.raises(InvalidEngineOptions, match="max_step_tokens"):
+        EngineOptions(max_step_tokens=bad).validate()
 
 
 @pytest.mark.parametrize("command, required", [("generate", ("--prompt", "x")), ("chat", ()), ("serve", ()),

@@ -1,9 +1,10 @@
 """The Qwen3.5 Program: its declared layout and one varlen model call per unit, on the ModelProgram base.
 
-The base packs a unit's decode rows (one token each) and its optional chunk into one token sequence,
-decode rows first (:class:`~ninfer.program.batch.PackedBatch`), and captures and replays the decode
-graphs; this call runs it through the model once: projections, norms and MLPs see all N tokens, the
-GDN and attention cores split decode rows from the chunk (see ``layers``). Physical resources,
+The base packs a unit's decode rows (one token each) and its chunks (of other sequences) into one token
+sequence, decode rows first (:class:`~ninfer.program.batch.PackedBatch`), and captures and replays the
+decode graphs; this call runs it through the model once: projections, norms, MLPs and the LM head see all
+N tokens, the attention core runs the decode rows and then every chunk in one varlen call, and the GDN
+core runs the decode rows, then each chunk on its own slot (see ``layers``). Physical resources,
 declared in :func:`model_layout`: one paged KV pool per full-attention layer and one StateImage per
 sequence with the layout of :mod:`ninfer_qwen3_5.state` (so the context cache's checkpoints too).
 
@@ -42,6 +43,7 @@ class Qwen35Program(ModelProgram):
             num_decode=batch.num_decode, num_chunk=batch.num_chunk, positions=batch.positions, cos=None, sin=None,
             slot_mapping=batch.slot_mapping, decode_slots=batch.decode_slots, decode_out_slots=batch.decode_out_slots,
             decode_kv_lens=batch.decode_kv_lens, decode_page_tables=batch.decode_page_tables,
-            chunk_slot=batch.chunk_slot, chunk_cu_q=batch.chunk_cu_q, chunk_kv_lens=batch.chunk_kv_lens,
-            chunk_page_table=batch.chunk_page_table, kv=self.kv, states=self.states)
+            chunk_slots=batch.chunk_slots, chunk_lens=batch.chunk_lens, chunk_cu_q=batch.chunk_cu_q,
+            chunk_kv_lens=batch.chunk_kv_lens, chunk_page_tables=batch.chunk_page_tables, kv=self.kv,
+            states=self.states)
         return self.model.forward(batch.tokens, ctx, batch.logit_rows)

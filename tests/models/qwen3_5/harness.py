@@ -186,20 +186,21 @@ class Runner:
     def open(self, tokens, prompt_length=None) -> int:
         return self.p.open_sequence(list(tokens), prompt_length=prompt_length)
 
-    def unit(self, decode=(), chunk=None, sampling=None) -> dict[int, int]:
-        """Run one unit; ``decode`` seq ids (greedy unless ``sampling[seq]``), ``chunk`` (seq, n)."""
+    def unit(self, decode=(), chunk=None, sampling=None, chunks=()) -> dict[int, int]:
+        """Run one unit; ``decode`` seq ids (greedy unless ``sampling[seq]``), ``chunk`` (seq, n) and/or
+        ``chunks`` [(seq, n), ...] (in that order after ``chunk``)."""
         sampling = sampling or {}
+        parts = ([chunk] if chunk is not None else []) + list(chunks)
         demands = {s: 1 for s in decode}
-        if chunk is not None:
-            demands[chunk[0]] = chunk[1]
+        for seq, n in parts:
+            demands[seq] = n
         assert all(self.p.reserve_units(demands).values())
-        ch = None
-        if chunk is not None:
-            seq, n = chunk
+        units = []
+        for seq, n in parts:
             ends = self.p.computed(seq) + n == self.p.ledger_length(seq)
-            ch = PrefillChunk(seq, n, self.row_sampling(seq, sampling) if ends else None)
+            units.append(PrefillChunk(seq, n, self.row_sampling(seq, sampling) if ends else None))
         pending = self.p.run(ExecutionUnit(
-            decode=tuple(DecodeRow(s, self.row_sampling(s, sampling)) for s in decode), chunk=ch))
+            decode=tuple(DecodeRow(s, self.row_sampling(s, sampling)) for s in decode), chunks=tuple(units)))
         if self.record:
             for i, row in enumerate(pending.rows):
                 self.logits.setdefault(row.seq, []).append(self._last[i].clone())

@@ -114,18 +114,18 @@ def test_unit_shape_violations(dense):
     run = Runner(prog)
     s = run.open(prompt(1, 6))
     with pytest.raises(ProgramError, match="reserved"):
-        prog.run(ExecutionUnit(chunk=PrefillChunk(s, 6, GREEDY)))          # no KV reserved
+        prog.run(ExecutionUnit(chunks=(PrefillChunk(s, 6, GREEDY),)))          # no KV reserved
     prog.reserve_units({s: 6})
     with pytest.raises(ProgramError, match="sampling"):
-        prog.run(ExecutionUnit(chunk=PrefillChunk(s, 3, GREEDY)))          # sampling before the end
+        prog.run(ExecutionUnit(chunks=(PrefillChunk(s, 3, GREEDY),)))          # sampling before the end
     with pytest.raises(ProgramError, match="sampling"):
-        prog.run(ExecutionUnit(chunk=PrefillChunk(s, 6)))                  # no sampling at the end
+        prog.run(ExecutionUnit(chunks=(PrefillChunk(s, 6),)))                  # no sampling at the end
     with pytest.raises(ProgramError, match="exceed"):
-        prog.run(ExecutionUnit(chunk=PrefillChunk(s, 7, GREEDY)))
+        prog.run(ExecutionUnit(chunks=(PrefillChunk(s, 7, GREEDY),)))
     with pytest.raises(ProgramError, match="decode-ready"):
         prog.run(ExecutionUnit(decode=(DecodeRow(s, GREEDY),)))
     with pytest.raises(ProgramError, match="twice"):
-        prog.run(ExecutionUnit(decode=(DecodeRow(s, GREEDY),), chunk=PrefillChunk(s, 6, GREEDY)))
+        prog.run(ExecutionUnit(decode=(DecodeRow(s, GREEDY),), chunks=(PrefillChunk(s, 6, GREEDY),)))
     with pytest.raises(ProgramError):
         prog.run(ExecutionUnit())
     assert prog.computed(s) == 0                        # nothing ran

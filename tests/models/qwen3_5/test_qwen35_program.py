@@ -80,6 +80,31 @@ def test_batch_of_four_equals_each_alone(dense, baseline):
         assert _close(run.logits[s], baseline[n][1])
 
 
+def test_several_chunks_in_one_unit_equal_each_alone(dense, baseline):
+    """Chunks of several sequences packed into one unit with decode rows (issue 30): every sequence's
+    tokens and logits are those of its whole-prompt run alone; the sampling rows come out as the decode
+    rows, then each chunk that reaches its ledger's end, in unit order."""
+    lengths = (5, 9, 2, 14)
+    run = Runner(make_program(dense))
+    a, b, c, d = (run.open(prompt(n, n)) for n in lengths)
+    toks: dict[int, list[int]] = {s: [] for s in (a, b, c, d)}
+    plan = [([], [(a, 3), (b, 4), (c, 2)]),          # c samples
+            ([c], [(a, 2), (b, 5), (d, 6)]),         # a and b sample, d does not
+            ([c, a, b], [(d, 8)])]                   # d samples
+    for decode, chunks in plan:
+        out = run.unit(decode=decode, chunks=chunks)
+        ended = [s for s, n in chunks if run.p.computed(s) == run.p.ledger_length(s) - 1]
+        assert list(out) == list(decode) + ended
+        for k, t in out.items():
+            toks[k].append(t)
+    while any(len(t) < STEPS for t in toks.values()):
+        for k, t in run.unit(decode=[s for s in toks if len(toks[s]) < STEPS]).items():
+            toks[k].append(t)
+    for s, n in zip((a, b, c, d), lengths, strict=True):
+        assert toks[s] == baseline[n][0], f"prompt of length {n}"
+        assert _close(run.logits[s], baseline[n][1])
+
+
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_page_sizes_and_fragmented_pages_give_identical_results(dense, baseline, page_size):
     prog = make_program(dense, page_size=page_size, num_pages=512 // page_size, max_sequences=4)
@@ -195,7 +220,7 @@ def test_logprobs_are_the_model_distribution(dense):
     s = run.open(prompt(5, 5))
     params = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=2)
     prog.reserve_units({s: 5})
-    pending = prog.run(ExecutionUnit(chunk=PrefillChunk(s, 5, RowSampling(params, 0, 0))))
+    pending = prog.run(ExecutionUnit(chunks=(PrefillChunk(s, 5, RowSampling(params, 0, 0)),)))
     logits = run._last[0]
     expect = torch.log_softmax(logits, -1)
     lp = pending.rows[0].logprobs[0]

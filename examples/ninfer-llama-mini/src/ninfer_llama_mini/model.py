@@ -6,9 +6,9 @@ float weight stored in another dtype to the run dtype once, here, at constructio
 head is cast once, with the embedding). Nothing is cast in the forward.
 
 One call sees a :class:`~ninfer.program.batch.PackedBatch` of N tokens: the decode rows first, one token
-each, then at most one prefill chunk of one sequence. Every token's K and V are written to its flat KV slot
+each, then the prefill chunks, each of one sequence. Every token's K and V are written to its flat KV slot
 (``slot_mapping``); the decode rows then attend with ``paged_decode_attention`` (their page tables and KV
-lengths), the chunk with ``paged_attention`` (causal over its cached prefix and itself).
+lengths), the chunks with one varlen ``paged_attention`` (each causal over its cached prefix and itself).
 """
 
 from __future__ import annotations
@@ -97,6 +97,6 @@ class LlamaMiniModel:
                                                    batch.decode_page_tables, self.scale))
         if batch.num_chunk:
             outs.append(ops.paged_attention(q[b:], k_pool, v_pool, batch.chunk_cu_q, batch.chunk_kv_lens,
-                                            batch.chunk_page_table, self.scale))
+                                            batch.chunk_page_tables, self.scale))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
         return ops.linear(o.reshape(n, cfg.num_heads * cfg.head_dim), layer.out)

@@ -82,7 +82,8 @@ def command_line(args) -> str:
              ("prefill_lengths", ",".join(map(str, args.prefill_lengths))),
              ("decode_prompt_tokens", args.decode_prompt_tokens), ("decode_base_tokens", args.decode_base_tokens),
              ("decode_steps", args.decode_steps), ("repeats", args.repeats), ("warmup", args.warmup),
-             ("seed", args.seed), ("prefill_chunk_size", args.prefill_chunk_size), ("copy_mib", args.copy_mib),
+             ("seed", args.seed), ("prefill_chunk_size", args.prefill_chunk_size),
+             ("max_step_tokens", getattr(args, "max_step_tokens", None)), ("copy_mib", args.copy_mib),
              ("matmul_size", args.matmul_size), ("cache_host_mib", getattr(args, "cache_host_mib", None)),
              ("cache_checkpoint_interval", getattr(args, "cache_checkpoint_interval", None)),
              ("lookahead", getattr(args, "lookahead", "auto"))]

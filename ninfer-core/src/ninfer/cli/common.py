@@ -55,8 +55,11 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
     g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="activation dtype (default: bfloat16 on CUDA, float32 on CPU)")
     g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="TOKENS",
-                   help="most prompt tokens one engine step prefills (default 8192); lower it for smoother "
-                        "streaming of other requests while a long prompt prefills")
+                   help="most prompt tokens one engine step prefills (default 8192)")
+    g.add_argument("--max-step-tokens", type=int, default=None, metavar="TOKENS",
+                   help="most tokens one engine step computes while other requests stream (their decode rows "
+                        "plus prompt chunks; default 2048): smaller keeps streams smoother while prompts "
+                        "arrive, larger gives new prompts a faster first token (batch jobs)")
     g.add_argument("--lookahead", choices=("auto", "on", "off"), default="auto",
                    help="lookahead decode: launch the next decode step before this one's tokens reach the host "
                         "(auto: with CUDA graphs)")
@@ -109,15 +112,15 @@ def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int) ->
 
 
 def engine_options(args: argparse.Namespace):
-    """EngineOptions from the shared engine flags; a size, context-cache or prefill-chunk flag out of range (or a
-    cache flag given without --context-cache) is an NInferError naming the flag, raised before any model is resolved
-    or loaded."""
+    """EngineOptions from the shared engine flags; a size, step-budget, context-cache or prefill-chunk flag out of
+    range (or a cache flag given without --context-cache) is an NInferError naming the flag, raised before any
+    model is resolved or loaded."""
     from ninfer.cli.checks import check_engine_flags
     from ninfer.contracts.options import EngineOptions
     from ninfer.errors import NInferError
 
     kw: dict[str, Any] = {}
-    for flag in ("max_concurrency", "max_context", "device", "dtype", "prefill_chunk_size"):
+    for flag in ("max_concurrency", "max_context", "device", "dtype", "prefill_chunk_size", "max_step_tokens"):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value

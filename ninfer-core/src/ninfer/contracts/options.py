@@ -16,6 +16,11 @@ MAX_CONCURRENCY_LIMIT = 8
 # of GPU. Scoring keeps 2,048: each of its chunks materialises [chunk, vocab] fp32 logits (2 GiB at a 248k vocabulary).
 GENERATION_PREFILL_CHUNK = 8192
 SCORING_PREFILL_CHUNK = 2048
+# Step token budget default (``EngineOptions.max_step_tokens``): while streams are decoding, every step's tokens
+# (decode rows + prefill chunks) delay their next token, so this bounds a running stream's inter-token stall
+# while prompts prefill; a larger budget prefills faster (better TTFT) and stalls longer. A starting value, to
+# be re-chosen by measurement on the target GPU.
+DEFAULT_MAX_STEP_TOKENS = 2048
 
 
 def _physical_memory_bytes() -> int:
@@ -40,10 +45,18 @@ class EngineOptions:
     - ``max_context``: the longest ledger (prompt + output) a request may reach.
     - KV sizing: ``num_pages`` wins; else ``kv_budget_mib``; else enough pages for every running request to hold
       ``max_context`` tokens. Either way the pool must hold one full ``max_context`` request.
-    - ``prefill_chunk_size``: the most prompt/Replay tokens one engine step processes; None (default):
-      8,192 for generation, 2,048 for causal scoring (:attr:`prefill_chunk` is the resolved value). A
-      larger chunk prefills faster (fewer host launches per token) but delays the decode rows of the same
-      step longer: lower it (e.g. 2,048) for smoother inter-token latency under concurrent long prompts.
+    - ``prefill_chunk_size``: the most prompt/Replay tokens one engine step processes (its chunks of one or
+      several requests together); None (default): 8,192 for generation, 2,048 for causal scoring
+      (:attr:`prefill_chunk` is the resolved value). A larger value prefills faster (fewer host launches
+      per token); while decode rows run, ``max_step_tokens`` bounds a step further.
+    - ``max_step_tokens`` (>= 1): the most tokens one engine step computes while decode rows are running:
+      its decode rows (one token each) plus prefill/Replay chunks of as many other requests as fit (a long
+      prompt is chunked across steps). A step with no decode row may use ``prefill_chunk`` tokens (nothing
+      is stalled then). None (default): 2,048 (:attr:`step_tokens` is the resolved value). Smaller:
+      shorter stalls of running streams while prompts arrive, slower TTFT for bursts and long prompts;
+      larger favours TTFT (batch jobs): ``prefill_chunk + max_concurrency`` or more gives prefill the whole
+      ``prefill_chunk`` beside running decode rows, as before this option. When the decode rows alone fill
+      the budget, a chunk still gets one token a step, so prefill never stops.
     - ``admission_bypass``: how many times later requests may overtake the queue head that does not
       fit yet (bounded bypass); 0 is strict FIFO.
     - ``device``: None picks cuda when CUDA is present, else cpu. ``dtype`` (float32, bfloat16,
@@ -82,6 +95,7 @@ class EngineOptions:
     num_pages: int | None = None
     kv_budget_mib: float | None = None
     prefill_chunk_size: int | None = None
+    max_step_tokens: int | None = None
     context_cache: bool | None = None
     cache_checkpoint_slots: int | None = None
     cache_checkpoint_interval: int | None = None
@@ -111,6 +125,10 @@ class EngineOptions:
             raise bad("kv_budget_mib", "must be > 0")
         if self.prefill_chunk_size is not None and self.prefill_chunk_size < 1:
             raise bad("prefill_chunk_size", "must be >= 1 or None")
+        if self.max_step_tokens is not None and (isinstance(self.max_step_tokens, bool)
+                                                 or not isinstance(self.max_step_tokens, int)
+                                                 or self.max_step_tokens < 1):
+            raise bad("max_step_tokens", "must be an int >= 1 or None")
         if self.admission_bypass < 0:
             raise bad("admission_bypass", "must be >= 0")
         if self.purpose not in ("generation", "causal_scoring"):
@@ -160,6 +178,11 @@ class EngineOptions:
         if self.prefill_chunk_size is not None:
             return self.prefill_chunk_size
         return SCORING_PREFILL_CHUNK if self.purpose == "causal_scoring" else GENERATION_PREFILL_CHUNK
+
+    @property
+    def step_tokens(self) -> int:
+        """The most tokens a step computes while decode rows run: ``max_step_tokens``, else the default."""
+        return DEFAULT_MAX_STEP_TOKENS if self.max_step_tokens is None else self.max_step_tokens
 
     @property
     def checkpoint_slots(self) -> int:

@@ -95,10 +95,13 @@ class PrefillChunk:
 
 @dataclass(frozen=True)
 class ExecutionUnit:
-    """One engine step's model call: a compact decode batch of the actual B plus at most one chunk."""
+    """One engine step's model call: a compact decode batch of the actual B plus prefill/Replay chunks of
+    other sequences, all in one forward. A sequence appears at most once in a unit (as a decode row or as
+    one chunk). Sampling rows, in order: every decode row, then each chunk that samples (reaches its
+    ledger's end), in ``chunks`` order; a PendingBatch's rows follow that order."""
 
     decode: tuple[DecodeRow, ...] = ()
-    chunk: PrefillChunk | None = None
+    chunks: tuple[PrefillChunk, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -264,9 +267,9 @@ class Program(Protocol):
     def computed(self, seq: SeqId) -> int: ...
 
     def run(self, unit: ExecutionUnit) -> PendingBatch:
-        """Execute one unit. Decode rows must be decode-ready and reserved for 1 token; the chunk's
-        sequence must be reserved for ``num_tokens``. Rows of the result: every decode row, then the
-        chunk's sequence if it sampled."""
+        """Execute one unit. Decode rows must be decode-ready and reserved for 1 token; each chunk's
+        sequence must be reserved for its ``num_tokens``. Rows of the result: every decode row, then
+        each chunk's sequence that sampled, in the unit's order."""
 
     def commit(self, pending: PendingBatch, accepted: Mapping[SeqId, int]) -> None:
         """Append each row's accepted tokens to its ledger. Consumes ``pending``."""

@@ -114,11 +114,12 @@ def commit_unit(unit: ScheduledUnit, pending: PendingBatch, program: Program, se
         want_lp = d.rec.params.logprobs or d.rec.params.top_logprobs > 0
         lps = d.row.logprobs[: d.accepted] if want_lp and d.row.logprobs is not None else None
         d.rec.control.channel.push(GenerationDelta(d.rec.request_id, d.tokens, tuple(d.preview.deltas), lps))
-    chunk = unit.chunk
-    if chunk is not None and chunk.rec.state is RequestState.REPLAY and chunk.rec.seq is not None:
-        # A Replay chunk never samples: the rebuild is done when it reached all but the last token.
-        if program.computed(chunk.rec.seq) == chunk.rec.rebuild_target():
-            chunk.rec.move(RequestState.DECODE_READY)
+    for chunk in unit.chunks:
+        rec = chunk.rec
+        if rec.state is RequestState.REPLAY and rec.seq is not None:
+            # A Replay chunk never samples: the rebuild is done when it reached all but the last token.
+            if program.computed(rec.seq) == rec.rebuild_target():
+                rec.move(RequestState.DECODE_READY)
     return [d for d in decisions if d.finish is not None]
 
 

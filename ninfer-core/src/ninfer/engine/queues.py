@@ -10,8 +10,11 @@ Membership (each queue in ticket, that is submission, order):
 Order rules (docs/design.md sections 4 and 5):
 - Admission is FIFO with a bounded bypass: when the queue head does not fit yet, at most
   ``bypass_limit`` later requests may be admitted before it; then admission waits for the head.
-- At most one protected resume at a time; it gets the step's chunk first.
-- Other prefill/Replay chunks rotate among residents in ticket order, one chunk per step.
+- At most one protected resume at a time; its chunk comes first in a step.
+- Other prefill/Replay chunks rotate among residents, least recently served first (a resident counts as
+  served when it became resident; ties in ticket order); a step may run several, within its token
+  budget. No resident joins the queue ahead of a waiting one, so each waits at most ``max_running - 1``
+  steps in which another non-protected chunk ran first.
 - The preemption victim is the youngest (highest ticket) resident that is not protected.
 """
 
@@ -29,7 +32,8 @@ class RequestQueues:
         self.paused: list[RequestRecord] = []
         self._bypassed_head: int | None = None  # ticket of the head that was overtaken
         self._bypass_count = 0
-        self._last_chunk_ticket = -1           # rotation cursor: the ticket that had the last chunk
+        self._chunk_clock = 0                  # chunks given so far
+        self._served: dict[int, int] = {}      # resident ticket -> the clock at its last chunk (or its arrival)
 
     # -- membership -----------------------------------------------------------------------------
     def enqueue(self, rec: RequestRecord) -> None:
@@ -43,15 +47,18 @@ class RequestQueues:
         if rec in self.paused:
             self.paused.remove(rec)
         _insert_by_ticket(self.residents, rec)
+        self._served[rec.ticket] = self._chunk_clock
 
     def pause(self, rec: RequestRecord) -> None:
         self.residents.remove(rec)
+        self._served.pop(rec.ticket, None)
         _insert_by_ticket(self.paused, rec)
 
     def remove(self, rec: RequestRecord) -> None:
         for group in (self.waiting, self.residents, self.paused):
             if rec in group:
                 group.remove(rec)
+        self._served.pop(rec.ticket, None)
 
     @property
     def full(self) -> bool:
@@ -92,17 +99,18 @@ class RequestQueues:
         return [r for r in self.residents if r.state is RequestState.DECODE_READY]
 
     def chunk_candidates(self) -> list[RequestRecord]:
-        """Residents needing prefill/Replay, best first: the protected resume, then rotation in
-        ticket order starting after the resident that had the previous chunk."""
+        """Residents needing prefill/Replay, best first: the protected resume, then the others least
+        recently served first (ties in ticket order)."""
         building = [r for r in self.residents if r.state in (RequestState.PREFILL, RequestState.REPLAY)]
         protected = [r for r in building if r.protected]
         rest = [r for r in building if not r.protected]
-        after = [r for r in rest if r.ticket > self._last_chunk_ticket]
-        before = [r for r in rest if r.ticket <= self._last_chunk_ticket]
-        return protected + after + before
+        rest.sort(key=lambda r: (self._served[r.ticket], r.ticket))
+        return protected + rest
 
     def note_chunk(self, rec: RequestRecord) -> None:
-        self._last_chunk_ticket = rec.ticket
+        """``rec`` got a chunk (called for each, in order): it goes to the back of the rotation."""
+        self._chunk_clock += 1
+        self._served[rec.ticket] = self._chunk_clock
 
     def victim(self) -> RequestRecord | None:
         """The youngest non-protected resident (may be the row that needs the resources itself)."""

@@ -9,9 +9,17 @@
    places, each opened from its longest usable context-cache checkpoint (:mod:`ninfer.engine.admission`);
 3. reservations: every decode-ready resident reserves one token; a decode row that cannot get its
    KV page first reclaims context-cache entries, then preempts the youngest non-protected resident
-   (possibly itself), and all rows reserve again. One chunk (the protected resume first, then
-   rotation in ticket order) reserves its tokens, reclaiming cache entries first; a chunk that
-   still does not fit is skipped while decode rows progress, and preempts the youngest otherwise.
+   (possibly itself), and all rows reserve again;
+4. chunks, within the step's chunk budget: ``prefill_chunk`` tokens, and with decode rows at most
+   ``max_step_tokens`` less one token per decode row (but at least 1, so prefill never stops). Chunk
+   candidates are taken in order (the protected resume first, then the others least recently served
+   first, :meth:`RequestQueues.chunk_candidates`), each getting ``min(budget left, what it has left
+   to compute)`` tokens cut at its next checkpoint boundary (so at least one token), until the budget
+   is spent or the candidates run out. A candidate reserves its pages, reclaiming cache entries first;
+   one that still does not fit is skipped while anything else runs, and when nothing would run the
+   youngest resident is preempted. Apart from the steps a protected resume's rebuild fills, the rotation
+   gives every candidate whose pages fit a chunk within ``max_concurrency`` steps, so no request
+   starves; a long prompt is chunked across steps.
 
 Who decides what: the Scheduler decides order (:class:`RequestQueues` holds the queues and their
 order rules), the ContextCache decides retention, the Program decides physical feasibility. The
@@ -52,26 +60,31 @@ class ScheduledChunk:
 
 @dataclass(frozen=True)
 class ScheduledUnit:
-    """One step's work, its reservations held: decode rows (one token each) and at most one chunk.
-    Never empty. Rows sample in order: the decode rows, then the chunk when it samples."""
+    """One step's work, its reservations held: decode rows (one token each) and chunks of other
+    requests (each request at most once). Never empty. Rows sample in order: the decode rows, then
+    each chunk that samples, in ``chunks`` order."""
 
     decode: tuple[RequestRecord, ...]
-    chunk: ScheduledChunk | None
+    chunks: tuple[ScheduledChunk, ...] = ()
+
+    @property
+    def tokens(self) -> int:
+        """The tokens the unit computes: one per decode row plus every chunk's."""
+        return len(self.decode) + sum(c.tokens for c in self.chunks)
 
     def execution_unit(self) -> ExecutionUnit:
         """The Program's unit. Reads each sampling row's parameters now: a constrained request's
         token mask follows its committed output."""
-        chunk = None
-        if self.chunk is not None:
-            rec = self.chunk.rec
-            assert rec.seq is not None
-            chunk = PrefillChunk(rec.seq, self.chunk.tokens, rec.row_sampling() if self.chunk.samples else None)
-        return ExecutionUnit(decode=tuple(DecodeRow(r.seq, r.row_sampling()) for r in self.decode), chunk=chunk)
+        chunks = []
+        for c in self.chunks:
+            assert c.rec.seq is not None
+            chunks.append(PrefillChunk(c.rec.seq, c.tokens, c.rec.row_sampling() if c.samples else None))
+        return ExecutionUnit(decode=tuple(DecodeRow(r.seq, r.row_sampling()) for r in self.decode),
+                             chunks=tuple(chunks))
 
     def sampling_seqs(self) -> list[SeqId | None]:
         """The sequences of the rows the unit samples, in PendingBatch row order."""
-        chunk = [self.chunk.rec.seq] if self.chunk is not None and self.chunk.samples else []
-        return [r.seq for r in self.decode] + chunk
+        return [r.seq for r in self.decode] + [c.rec.seq for c in self.chunks if c.samples]
 
 
 class Scheduler:
@@ -80,13 +93,14 @@ class Scheduler:
 
     def __init__(self, program: Program, queues: RequestQueues, sequences: SequenceTable,
                  cache: ContextCache | None, capture: CheckpointCapture, counters: EngineCounters, *,
-                 prefill_chunk: int, on_admit: Callable[[RequestRecord], None]) -> None:
+                 prefill_chunk: int, step_tokens: int, on_admit: Callable[[RequestRecord], None]) -> None:
         self.program = program
         self.queues = queues
         self.sequences = sequences
         self.capture = capture
         self.counters = counters
         self.prefill_chunk = prefill_chunk
+        self.step_tokens = step_tokens  # the step budget while decode rows run (EngineOptions.step_tokens)
         self.on_admit = on_admit
         self.admission = Admission(program, cache, sequences, queues, counters)
         # Admissions, resumes and preemptions so far: a step that ran nothing but changed these
@@ -141,39 +155,49 @@ class Scheduler:
                     self._preempt("a decode row needs a KV page")
                 continue
             candidates = self.queues.chunk_candidates()
-            chunk = self._reserve_chunk(candidates)
-            if chunk is None and candidates and not decode:
+            chunks = self._reserve_chunks(candidates, len(decode))
+            if not chunks and candidates and not decode:
                 # Nothing else would run and nothing would free pages: preempt the youngest.
                 self._preempt("no prefill chunk fits")
                 continue
-            if chunk is None:
-                return ScheduledUnit(tuple(decode), None) if decode else None
-            self.queues.note_chunk(chunk.rec)
-            if chunk.rec.state is RequestState.PREFILL and not chunk.rec.protected:
-                self.counters.prefill_tokens += chunk.tokens
-            else:
-                self.counters.replay_tokens += chunk.tokens
-            return ScheduledUnit(tuple(decode), chunk)
+            if not chunks and not decode:
+                return None
+            for c in chunks:
+                if c.rec.state is RequestState.PREFILL and not c.rec.protected:
+                    self.counters.prefill_tokens += c.tokens
+                else:
+                    self.counters.replay_tokens += c.tokens
+            self.counters.chunks += len(chunks)
+            self.counters.max_unit_chunks = max(self.counters.max_unit_chunks, len(chunks))
+            return ScheduledUnit(tuple(decode), tuple(chunks))
 
-    def _reserve_chunk(self, candidates: list[RequestRecord]) -> ScheduledChunk | None:
-        """The first candidate whose next chunk can reserve its pages (reclaiming cache entries
-        first), or None."""
+    def _reserve_chunks(self, candidates: list[RequestRecord], decode_rows: int) -> list[ScheduledChunk]:
+        """The chunks of the candidates, in order, that fit the step's token budget and can reserve
+        their pages (reclaiming cache entries first); see the module docstring."""
+        budget = self.prefill_chunk
+        if decode_rows:  # the decode rows wait for the whole step: bound it, but prefill never stops
+            budget = max(1, min(budget, self.step_tokens - decode_rows))
+        chosen: list[ScheduledChunk] = []
         for rec in candidates:
+            if budget < 1:
+                break
             assert rec.seq is not None
             computed = self.program.computed(rec.seq)
-            n = min(self.prefill_chunk, rec.rebuild_target() - computed)
-            if n < 1:
+            left = rec.rebuild_target() - computed
+            if left < 1:
                 raise EngineFailure(f"request {rec.request_id} is {rec.state.value} with nothing left to "
                                     f"compute")
-            n = self.capture.chunk_tokens(rec, computed, n)
+            n = self.capture.chunk_tokens(rec, computed, min(budget, left))
             ok = self.program.reserve_units({rec.seq: n})[rec.seq]
             while not ok and self.admission.reclaim():
                 ok = self.program.reserve_units({rec.seq: n})[rec.seq]
             if ok:
-                return ScheduledChunk(rec, n, samples=computed + n == rec.ledger_length)
-            if rec.protected:
+                chosen.append(ScheduledChunk(rec, n, samples=computed + n == rec.ledger_length))
+                self.queues.note_chunk(rec)
+                budget -= n
+            elif rec.protected:
                 raise EngineFailure(f"request {rec.request_id} lost its resume reservation")
-        return None
+        return chosen
 
     def _preempt(self, why: str) -> None:
         """Pause the youngest non-protected resident (a Snapshot when the context cache can keep

@@ -15,7 +15,7 @@ EngineStatus = Literal["running", "closing", "closed", "failed"]
 
 @dataclass
 class EngineCounters:
-    """Monotone totals since start (worker-owned)."""
+    """Monotone totals (and high-water marks) since start (worker-owned)."""
 
     admitted: int = 0
     finished: int = 0           # GenerationResult with stop or length
@@ -28,6 +28,8 @@ class EngineCounters:
     decode_tokens: int = 0      # decode rows run
     prefill_tokens: int = 0     # fresh prompt tokens computed
     replay_tokens: int = 0      # ledger tokens recomputed after a pause
+    chunks: int = 0             # prefill/Replay chunks run (several may share a unit)
+    max_unit_chunks: int = 0    # the most chunks one unit ran
     completion_tokens: int = 0  # accepted output tokens
     cache_lookups: int = 0      # context cache: admissions that looked for a checkpoint
     cache_hits: int = 0         # admissions bound to a checkpoint
@@ -73,6 +75,8 @@ class EngineStats:
     decode_tokens: int = 0
     prefill_tokens: int = 0
     replay_tokens: int = 0
+    chunks: int = 0
+    max_unit_chunks: int = 0
     completion_tokens: int = 0
     cache_lookups: int = 0
     cache_hits: int = 0

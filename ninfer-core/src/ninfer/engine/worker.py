@@ -8,7 +8,8 @@ the per-request cancellation flag, and response channels.
 One engine step (:meth:`EngineCore.step`, docs/design.md section 5): settle cancelled, expired
 (deadline) and timed-out (queue) requests; ``Scheduler.schedule`` resumes, admits and reserves the
 unit (:mod:`ninfer.engine.scheduler`); ``Program.run`` runs it (a compact decode batch of the actual
-B plus at most one chunk); the ContextCache checkpoints a chunk that ended at a capture point
+B plus the chunks that fit the step's token budget); the ContextCache checkpoints each chunk that ended
+at a capture point
 (:mod:`ninfer.engine.context_cache.capture`); :func:`~ninfer.engine.commit.commit_unit` commits the
 PendingBatch and publishes the output; finished requests are settled. After each step the worker
 publishes a :class:`CoreSnapshot` for ``Engine.stats()``; it sleeps only after a step that changed
@@ -96,7 +97,8 @@ class EngineCore:
         self.sequences = SequenceTable(program, self.cache, self.ops)
         self.queues = RequestQueues(options.max_concurrency, options.admission_bypass)
         self.scheduler = Scheduler(program, self.queues, self.sequences, self.cache, self.capture, self.counters,
-                                   prefill_chunk=options.prefill_chunk, on_admit=self._started)
+                                   prefill_chunk=options.prefill_chunk, step_tokens=options.step_tokens,
+                                   on_admit=self._started)
         self._close_drain: bool | None = None  # None: no close asked; else whether to drain first
         self.snapshot = CoreSnapshot("running", 0, 0, 0, cap, counter_values(self.counters))
         self.thread = threading.Thread(target=self._run, name="ninfer-engine-worker", daemon=True)
@@ -127,8 +129,8 @@ class EngineCore:
         if unit is None:
             return settled or self.scheduler.membership_changes != changes
         pending = self.program.run(unit.execution_unit())
-        if unit.chunk is not None:  # before the commit, so a request finishing on this unit is checkpointed
-            self.capture.after_chunk(unit.chunk.rec)
+        for chunk in unit.chunks:  # before the commit, so a request finishing on this unit is checkpointed
+            self.capture.after_chunk(chunk.rec)
         finished = commit_unit(unit, pending, self.program, self.sequences, self.counters, self.max_context)
         self._settle_finished(finished)
         return True

@@ -119,7 +119,11 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
     lookahead = resolved.lookahead_slots
     scoring = options.purpose == "causal_scoring"
     chunk = min(options.prefill_chunk, max_context)  # no prefill chunk is longer than a request
-    work = workspace_bytes(profile, step_tokens=chunk + running, logit_rows=running + (chunk if scoring else 0),
+    # The largest step: chunks of up to ``running`` requests, prefill_chunk tokens together, plus a decode row for
+    # every other running request. Each resident is one decode row or one chunk, so at most ``running`` rows
+    # sample (a scoring engine's one chunk samples every token).
+    step = chunk if scoring else min(options.prefill_chunk, running * chunk)
+    work = workspace_bytes(profile, step_tokens=step + running, logit_rows=running + (chunk if scoring else 0),
                            max_context=max_context)
     # + context-cache checkpoints + lookahead spares
     state = (running + options.checkpoint_slots + lookahead) * profile.state_bytes_per_sequence

@@ -3,8 +3,8 @@
 :class:`SequenceProgram` implements the :class:`~ninfer.contracts.program.Program` and
 :class:`~ninfer.contracts.program.CheckpointProgram` protocols except the model call, over a
 :class:`PagedKVCache` and a :class:`StateImageStorage`. Its :meth:`SequenceProgram.forward`
-receives a :class:`~ninfer.program.batch.ForwardBatch` (decode rows and at most one chunk, already
-addressed into the KV pages and StateImage slots) and returns the logits of the rows that sample.
+receives a :class:`~ninfer.program.batch.ForwardBatch` (decode rows and chunks of other sequences,
+already addressed into the KV pages and StateImage slots) and returns the logits of the rows that sample.
 An architecture subclasses :class:`~ninfer.program.model.ModelProgram`, which implements that
 forward from the architecture's model call; a test double may override ``forward`` itself.
 
@@ -18,7 +18,7 @@ and :meth:`release`.
 Invariants enforced here (violations raise before anything is mutated):
 - A sequence is in at most one unconsumed PendingBatch; pause/release/run wait for it to be consumed.
 - A PendingBatch is consumed exactly once, with every member row named exactly once and
-  ``0 <= accepted <= produced``; a row may not be both a decode row and the chunk of one unit.
+  ``0 <= accepted <= produced``; a sequence is at most one decode row or one chunk of a unit.
 - KV pages for a token exist before the token is run (reserve_units), and are freed only by
   pause/release; a token is only written into a page its sequence holds alone (reserve_units
   copies a shared page first, run/score_chunk refuse otherwise).
@@ -95,8 +95,8 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
     @abstractmethod
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Run the model over ``batch``, updating KV pools and state slots in place. Returns fp32
-        logits ``[batch.num_logit_rows, vocab]``: decode rows in order, then the chunk's last token
-        (every chunk token, in order, when ``chunk.all_logits``)."""
+        logits ``[batch.num_logit_rows, vocab]``: decode rows in order, then the last token of each
+        chunk that wants logits, in chunk order (every token of the one ``all_logits`` chunk, in order)."""
 
     def precomputed_greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
         """``greedy_tokens(logits)`` when the forward that returned this very tensor already computed it
@@ -203,8 +203,8 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
             raise
         for row in unit.decode:
             self._seqs[row.seq].computed += 1
-        if unit.chunk is not None:
-            self._seqs[unit.chunk.seq].computed += unit.chunk.num_tokens
+        for c in unit.chunks:
+            self._seqs[c.seq].computed += c.num_tokens
         if ahead:
             tokens, logprobs = self._finish_ahead(sampling, drawn)
         return self._new_pending(sampling, tokens, logprobs)
@@ -263,7 +263,7 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
                                f"(or a page there is shared)")
         chunk = self._chunk_rows(seq, s, end, want_logits=False, all_logits=logits)
         try:
-            out = self.forward(ForwardBatch(decode=None, chunk=chunk))
+            out = self.forward(ForwardBatch(decode=None, chunks=(chunk,)))
             if logits and (out is None or tuple(out.shape) != (num_tokens, self.vocab_size)):
                 raise ProgramError(f"forward returned logits of shape {None if out is None else tuple(out.shape)}, "
                                    f"expected {(num_tokens, self.vocab_size)}")
@@ -324,11 +324,11 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
 
     @staticmethod
     def _members(unit: ExecutionUnit) -> list[SeqId]:
-        return [r.seq for r in unit.decode] + ([unit.chunk.seq] if unit.chunk is not None else [])
+        return [r.seq for r in unit.decode] + [c.seq for c in unit.chunks]
 
     def _prepare(self, unit: ExecutionUnit) -> tuple[ForwardBatch, list[tuple[SeqId, RowSampling]]]:
-        """The unit's ForwardBatch and its sampling rows (decode rows, then the chunk if it samples),
-        after checking every precondition (nothing is mutated)."""
+        """The unit's ForwardBatch and its sampling rows (decode rows, then each chunk that samples, in
+        order), after checking every precondition (nothing is mutated)."""
         members = self._members(unit)
         if not members:
             raise ProgramError("an execution unit needs at least one decode row or a chunk")
@@ -356,13 +356,12 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
                 state_out_slots=tuple(slots),
                 kv_slots=tuple(self.kv.slot_mapping(sq, p, p + 1)[0] for sq, p in zip(seqs, pos, strict=True)),
                 pages=tuple(self.kv.page_rows(seqs, [p + 1 for p in pos])), token_ids=tuple(toks))
-        chunk = None
-        if unit.chunk is not None:
-            c = unit.chunk
+        chunks = []
+        for c in unit.chunks:
             s = self._ready(c.seq, "chunk")
             n = c.num_tokens
-            end = s.computed + n
-            if not isinstance(n, int) or n < 1 or end > len(s.ledger):
+            end = s.computed + n if isinstance(n, int) and not isinstance(n, bool) else None
+            if end is None or n < 1 or end > len(s.ledger):
                 raise ProgramError(f"chunk of sequence {c.seq}: {n!r} tokens from {s.computed} exceed its "
                                    f"ledger of {len(s.ledger)}")
             reaches_end = end == len(s.ledger)
@@ -374,19 +373,16 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
                                    f"(or a page there is shared)")
             if reaches_end:
                 sampling.append((c.seq, c.sampling))
-            chunk = self._chunk_rows(c.seq, s, end, want_logits=reaches_end)
-        return ForwardBatch(decode=decode, chunk=chunk), sampling
+            chunks.append(self._chunk_rows(c.seq, s, end, want_logits=reaches_end))
+        return ForwardBatch(decode=decode, chunks=tuple(chunks)), sampling
 
     def _chunk_rows(self, seq: SeqId, s: SequenceRecord, end: int, *, want_logits: bool,
                     all_logits: bool = False) -> ChunkRows:
-        """Ledger tokens ``[computed, end)`` of ``seq`` on the device."""
-        dev = self.device
+        """Ledger tokens ``[computed, end)`` of ``seq``, described on the host."""
         return ChunkRows(
-            seq=seq, tokens=torch.tensor(s.ledger[s.computed:end], dtype=torch.int64).to(dev),
-            positions=torch.arange(s.computed, end, dtype=torch.int64).to(dev),
-            slot=s.slot, start=s.computed, kv_len=end, page_table=self.kv.page_table_tensor([seq], [end]),
-            slot_mapping=torch.tensor(self.kv.slot_mapping(seq, s.computed, end), dtype=torch.int64).to(dev),
-            want_logits=want_logits, all_logits=all_logits)
+            seq=seq, device=self.device, slot=s.slot, start=s.computed, token_ids=tuple(s.ledger[s.computed:end]),
+            kv_slots=tuple(self.kv.slot_mapping(seq, s.computed, end)),
+            pages=tuple(self.kv.page_rows([seq], [end])[0]), want_logits=want_logits, all_logits=all_logits)
 
     def _sample(self, logits: torch.Tensor, rows: list[tuple[SeqId, RowSampling]]
                 ) -> tuple[list[int], list[TokenLogprob | None]]:

@@ -5,15 +5,16 @@ A leaf module (it imports nothing else from :mod:`ninfer.program`), shared by th
 decode (:mod:`~ninfer.program.lookahead`).
 
 - :class:`ForwardBatch`: the unit as the bookkeeping prepared it: :class:`DecodeRows` (B decode rows,
-  one token each, described on the host) and at most one :class:`ChunkRows` (T ledger tokens of one
-  sequence, already on the device).
-- :class:`PackedBatch`: the same unit laid out as one token sequence of N = B + T tokens, decode rows
-  first, then the chunk: what an architecture's model call reads (:func:`pack_batch` builds it).
+  one token each) and :class:`ChunkRows` (each T_c ledger tokens of one sequence), all described on the host.
+- :class:`PackedBatch`: the same unit laid out as one token sequence of N = B + T tokens (T the chunks'
+  tokens together), decode rows first, then the chunks in unit order: what an architecture's model call
+  reads (:func:`pack_batch` builds it).
 
 Invariants: a decode row's token is at position ``at[b]`` and its KV length is ``at[b] + 1``; a
-chunk covers ledger tokens ``[start, start + T)`` and its KV length is ``start + T``; the logits a
-call returns are those of :attr:`ForwardBatch.num_logit_rows` rows, decode rows in order, then the
-chunk's last token (every chunk token, in order, when ``all_logits``).
+chunk covers ledger tokens ``[start, start + T_c)`` and its KV length is ``start + T_c``; a sequence is
+in at most one row or chunk of a batch; the logits a call returns are those of
+:attr:`ForwardBatch.num_logit_rows` rows: decode rows in order, then the last token of each chunk that
+samples, in chunk order (every chunk token, in order, for the one chunk of an ``all_logits`` batch).
 """
 
 from __future__ import annotations
@@ -147,50 +148,90 @@ class DecodeRows:
 
 @dataclass(frozen=True)
 class ChunkRows:
-    """Ledger tokens ``[start, start + T)`` of one sequence. ``want_logits``: the chunk samples, so
-    the forward must return the logits of its last token. ``all_logits`` (causal scoring, see
-    :meth:`~ninfer.program.base.SequenceProgram.score_chunk`): the forward returns the logits of every
-    chunk token, in order, instead (it implies the last token's)."""
+    """Ledger tokens ``[start, start + T)`` of one sequence, described on the host: ``token_ids`` the
+    tokens, ``kv_slots`` the flat KV slot of each, ``pages`` the sequence's pages covering ``start + T``
+    tokens. ``want_logits``: the chunk samples, so the forward must return the logits of its last token.
+    ``all_logits`` (causal scoring, see :meth:`~ninfer.program.base.SequenceProgram.score_chunk`): the
+    forward returns the logits of every chunk token, in order, instead (it implies the last token's).
+
+    The device tensors (``tokens``, ``positions``, ``slot_mapping``, ``page_table``) are made on first
+    use; :func:`pack_batch` reads the host description instead and copies a whole batch's metadata at once."""
 
     seq: SeqId
-    tokens: torch.Tensor        # int64 [T]
-    positions: torch.Tensor     # int64 [T]
+    device: torch.device
     slot: int
     start: int
-    kv_len: int                 # start + T
-    page_table: torch.Tensor    # int32 [1, maxp]
-    slot_mapping: torch.Tensor  # int64 [T]
+    token_ids: tuple[int, ...]
+    kv_slots: tuple[int, ...]
+    pages: tuple[int, ...]
     want_logits: bool
     all_logits: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.token_ids or len(self.kv_slots) != len(self.token_ids):
+            raise ProgramError(f"chunk of sequence {self.seq} needs at least one token and one KV slot per token "
+                               f"(got {len(self.token_ids)} tokens, {len(self.kv_slots)} slots)")
+
+    @property
+    def num_tokens(self) -> int:  # T
+        return len(self.token_ids)
+
+    @property
+    def kv_len(self) -> int:      # start + T
+        return self.start + len(self.token_ids)
+
+    @cached_property
+    def tokens(self) -> torch.Tensor:        # int64 [T]
+        return to_device(list(self.token_ids), torch.int64, self.device)
+
+    @cached_property
+    def positions(self) -> torch.Tensor:     # int64 [T]
+        return torch.arange(self.start, self.kv_len, dtype=torch.int64, device=self.device)
+
+    @cached_property
+    def slot_mapping(self) -> torch.Tensor:  # int64 [T]
+        return to_device(list(self.kv_slots), torch.int64, self.device)
+
+    @cached_property
+    def page_table(self) -> torch.Tensor:    # int32 [1, P]
+        return to_device([list(self.pages) or [0]], torch.int32, self.device)
 
 
 @dataclass(frozen=True)
 class ForwardBatch:
-    """One unit's model call: decode rows, at most one chunk, at least one of the two."""
+    """One unit's model call: decode rows and chunks of other sequences (at least one row or chunk).
+    Logit rows, in order: the decode rows, then the last token of each chunk that wants logits (every
+    token of an ``all_logits`` chunk, which is then the batch's only chunk)."""
 
     decode: DecodeRows | None
-    chunk: ChunkRows | None
+    chunks: tuple[ChunkRows, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.decode is None and not self.chunks:
+            raise ProgramError("a forward batch needs decode rows or a chunk")
+        if any(c.all_logits for c in self.chunks) and len(self.chunks) != 1:
+            raise ProgramError("a chunk that returns every token's logits (causal scoring) runs alone")
 
     @property
     def num_logit_rows(self) -> int:
         b = len(self.decode.seqs) if self.decode is not None else 0
-        if self.chunk is not None and self.chunk.all_logits:
-            return b + int(self.chunk.tokens.shape[0])
-        return b + (1 if self.chunk is not None and self.chunk.want_logits else 0)
+        return b + sum(c.num_tokens if c.all_logits else int(c.want_logits) for c in self.chunks)
 
 
 @dataclass(frozen=True)
 class PackedBatch:
     """One model call's N = B + T tokens as one sequence: the B decode rows (one token each) first, then
-    the chunk's T tokens (one sequence), so token ``i < B`` is decode row ``i`` and ``i >= B`` the chunk.
+    the C chunks in unit order (chunk ``c`` is ``chunk_lens[c]`` consecutive tokens of one sequence; T is
+    their sum), so token ``i < B`` is decode row ``i`` and chunk ``c`` starts at ``B + chunk_cu_q[c]``.
 
-    Every tensor is on the Program's device. The ``decode_*`` fields are None when B == 0 and the
-    ``chunk_*`` fields when T == 0. A decode-only batch (T == 0, ``logit_rows`` None) is built from a
-    decode graph's static inputs too: the model call must then be graph-capturable (no host tensors,
-    no synchronisation)."""
+    Every tensor is on the Program's device; ``chunk_slots`` and ``chunk_lens`` are host tuples, so a model
+    can slice per chunk without a device synchronisation. The ``decode_*`` fields are None when B == 0
+    and the tensor ``chunk_*`` fields when C == 0. A decode-only batch (C == 0, ``logit_rows`` None) is
+    built from a decode graph's static inputs too: the model call must then be graph-capturable (no host
+    tensors, no synchronisation)."""
 
     num_decode: int                          # B
-    num_chunk: int                           # T
+    num_chunk: int                           # T: the chunks' tokens together
     tokens: torch.Tensor                     # int64 [N]
     positions: torch.Tensor                  # int64 [N]: each token's position (its computed index)
     slot_mapping: torch.Tensor               # int64 [N]: the flat KV slot each token's K/V is written to
@@ -199,12 +240,17 @@ class PackedBatch:
                                              # except in a lookahead step, which writes spare slots)
     decode_kv_lens: torch.Tensor | None      # int32 [B]: each row's KV length (position + 1)
     decode_page_tables: torch.Tensor | None  # int32 [B, W]: each row's pages (entries past a row's own unread)
-    chunk_slot: int | None                   # the chunk sequence's StateImage slot
-    chunk_cu_q: torch.Tensor | None          # int32 [2] = [0, T]
-    chunk_kv_lens: torch.Tensor | None       # int32 [1] = [start + T]
-    chunk_page_table: torch.Tensor | None    # int32 [1, P]: the chunk sequence's pages
+    chunk_slots: tuple[int, ...]             # C host ints: each chunk sequence's StateImage slot
+    chunk_lens: tuple[int, ...]              # C host ints: each chunk's token count (sum T)
+    chunk_cu_q: torch.Tensor | None          # int32 [C + 1]: chunk token offsets within the T chunk tokens
+    chunk_kv_lens: torch.Tensor | None       # int32 [C]: each chunk's start + length
+    chunk_page_tables: torch.Tensor | None   # int32 [C, P]: each chunk sequence's pages (padded with 0, unread)
     logit_rows: torch.Tensor | None          # int64 [R]: the tokens whose logits are returned, in order
                                              # (None: every token)
+
+    @property
+    def num_chunks(self) -> int:             # C
+        return len(self.chunk_lens)
 
     @classmethod
     def decode_only(cls, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -213,30 +259,79 @@ class PackedBatch:
         """B decode rows, every row's logits returned (a decode graph's inputs, in its order)."""
         return cls(num_decode=int(tokens.shape[0]), num_chunk=0, tokens=tokens, positions=positions,
                    slot_mapping=slot_mapping, decode_slots=slots, decode_out_slots=out_slots, decode_kv_lens=kv_lens,
-                   decode_page_tables=page_tables, chunk_slot=None, chunk_cu_q=None, chunk_kv_lens=None,
-                   chunk_page_table=None, logit_rows=None)
+                   decode_page_tables=page_tables, chunk_slots=(), chunk_lens=(), chunk_cu_q=None,
+                   chunk_kv_lens=None, chunk_page_tables=None, logit_rows=None)
 
 
 def pack_batch(batch: ForwardBatch, device: torch.device) -> PackedBatch:
     """``batch`` laid out as one token sequence (see :class:`PackedBatch`). A decode-only batch returns
-    every row's logits; otherwise ``logit_rows`` picks the decode rows, then the chunk's last token (every
-    chunk token with ``all_logits``, causal scoring: each predicts the next one)."""
-    d, c = batch.decode, batch.chunk
-    if c is None:
+    every row's logits; otherwise ``logit_rows`` picks the decode rows, then the last token of each chunk
+    that wants logits (every chunk token with ``all_logits``, causal scoring: each predicts the next one).
+
+    The metadata of the decode rows and chunks reaches the device in two copies (pinned and non-blocking
+    on CUDA): one int64 buffer (tokens, positions, KV slots, logit rows, decode state slots) and one int32
+    buffer (KV lengths, page tables, chunk offsets)."""
+    d, chunks = batch.decode, batch.chunks
+    if not chunks:
         return PackedBatch.decode_only(d.tokens, d.positions, d.slots, d.out_slots, d.kv_lens, d.page_tables,
                                        d.slot_mapping)
     b = len(d.seqs) if d is not None else 0
-    t = int(c.tokens.shape[0])
-    parts = [x for x in (d, c) if x is not None]  # decode rows first, then the chunk
-    if c.all_logits:
-        rows = list(range(b + t))
-    else:
-        rows = list(range(b)) + ([b + t - 1] if c.want_logits else [])
+    lens = tuple(c.num_tokens for c in chunks)
+    n = b + sum(lens)
+    rows = list(range(b))
+    at = b
+    for c in chunks:
+        if c.all_logits:
+            rows.extend(range(at, at + c.num_tokens))
+        elif c.want_logits:
+            rows.append(at + c.num_tokens - 1)
+        at += c.num_tokens
+    if d is not None and d.token_ids is None:
+        # Only a lookahead step draws its tokens on the device, and it has no chunk.
+        raise ProgramError("a batch with chunks takes its decode rows' tokens from the host")
+    # int64: tokens, positions, KV slots [N each], logit rows [R], decode slots and out slots [B each].
+    wide: list[int] = list(d.token_ids) if d is not None else []
+    for c in chunks:
+        wide.extend(c.token_ids)
+    wide.extend(d.at if d is not None else ())
+    for c in chunks:
+        wide.extend(range(c.start, c.kv_len))
+    wide.extend(d.kv_slots if d is not None else ())
+    for c in chunks:
+        wide.extend(c.kv_slots)
+    wide.extend(rows)
+    if d is not None:
+        wide.extend(d.state_slots)
+        wide.extend(d.state_out_slots)
+    # int32: chunk offsets [C + 1], chunk KV lengths [C], chunk page tables [C, P], decode KV lengths [B],
+    # decode page tables [B, W].
+    cu = [0]
+    for t in lens:
+        cu.append(cu[-1] + t)
+    p = max(1, max(len(c.pages) for c in chunks))
+    narrow = cu + [c.kv_len for c in chunks]
+    for c in chunks:
+        narrow.extend(c.pages)
+        narrow.extend([0] * (p - len(c.pages)))   # never read: kernels stop at each row's kv length
+    w = 0
+    if d is not None:
+        w = max(1, max((len(x) for x in d.pages), default=1))
+        narrow.extend(a + 1 for a in d.at)
+        for x in d.pages:
+            narrow.extend(x)
+            narrow.extend([0] * (w - len(x)))
+    big = to_device(wide, torch.int64, device)
+    small = to_device(narrow, torch.int32, device)
+    r, c_n = len(rows), len(chunks)
+    tables = 2 * c_n + 1 + c_n * p   # where the decode rows' part of ``small`` starts
+    decode_fields = (None, None, None, None)
+    if d is not None:
+        o = 3 * n + r
+        decode_fields = (big[o:o + b], big[o + b:o + 2 * b], small[tables:tables + b],
+                         small[tables + b:].view(b, w))
     return PackedBatch(
-        num_decode=b, num_chunk=t, tokens=torch.cat([x.tokens for x in parts]),
-        positions=torch.cat([x.positions for x in parts]), slot_mapping=torch.cat([x.slot_mapping for x in parts]),
-        decode_slots=d.slots if d else None, decode_out_slots=d.out_slots if d else None,
-        decode_kv_lens=d.kv_lens if d else None, decode_page_tables=d.page_tables if d else None,
-        chunk_slot=c.slot, chunk_cu_q=torch.tensor([0, t], dtype=torch.int32, device=device),
-        chunk_kv_lens=torch.tensor([c.kv_len], dtype=torch.int32, device=device), chunk_page_table=c.page_table,
-        logit_rows=torch.tensor(rows, dtype=torch.int64, device=device))
+        num_decode=b, num_chunk=n - b, tokens=big[:n], positions=big[n:2 * n], slot_mapping=big[2 * n:3 * n],
+        decode_slots=decode_fields[0], decode_out_slots=decode_fields[1], decode_kv_lens=decode_fields[2],
+        decode_page_tables=decode_fields[3], chunk_slots=tuple(c.slot for c in chunks), chunk_lens=lens,
+        chunk_cu_q=small[:c_n + 1], chunk_kv_lens=small[c_n + 1:2 * c_n + 1],
+        chunk_page_tables=small[2 * c_n + 1:tables].view(c_n, p), logit_rows=big[3 * n:3 * n + r])

@@ -13,8 +13,8 @@ Invariants (enforced by :class:`LookaheadDecode`, a mixin of SequenceProgram):
   writes the new state into a *spare* slot (``DecodeRows.out_slots``); it writes the KV of position
   ``computed`` (the row's next token) into a page the row holds alone; ``computed`` and the ledger are
   untouched. Dropping it costs only its GPU time.
-- Adoption (in ``run``) requires a decode-only unit whose rows are the lookahead's rows or an in-order
-  subset of them, and per row: not pending, stale or damaged; the last ledger token is the one the
+- Adoption (in ``run``) requires a decode-only unit (no chunk) whose rows are the lookahead's rows or an
+  in-order subset of them, and per row: not pending, stale or damaged; the last ledger token is the one the
   lookahead consumed at the same position (the accepted token of the previous batch); the row's KV
   page there is still its own; its RowSampling equals the predicted one (same params and seed,
   step + 1, no mask). Adopting swaps the row's slot with its spare and advances ``computed`` by one:
@@ -174,7 +174,7 @@ class LookaheadDecode:
         return DeviceTokens(tokens, lp, want, host=self.precomputed_host_tokens(tokens))
 
     def _may_look_ahead(self, unit: ExecutionUnit) -> bool:
-        return (bool(unit.decode) and unit.chunk is None and len(unit.decode) <= len(self._spares)
+        return (bool(unit.decode) and not unit.chunks and len(unit.decode) <= len(self._spares)
                 and all(lookahead_eligible(r.sampling) for r in unit.decode))
 
     def _launch_lookahead(self, sampling: list[tuple[SeqId, RowSampling]], tokens: torch.Tensor) -> None:
@@ -202,7 +202,7 @@ class LookaheadDecode:
                 state_slots=tuple(self._seqs[sid].slot for sid in seqs), state_out_slots=tuple(spares),
                 kv_slots=tuple(self.kv.slot_mapping(sid, m, m + 1)[0] for sid, m in zip(seqs, positions, strict=True)),
                 pages=tuple(self.kv.page_rows(seqs, [m + 1 for m in positions])), device_tokens=tokens)
-            logits = self.forward(ForwardBatch(decode=rows, chunk=None))
+            logits = self.forward(ForwardBatch(decode=rows))
             nxt = [(sid, predicted(rs)) for sid, rs in sampling]
             drawn = self._draw_on_device(logits, nxt)
         except Exception:
@@ -216,7 +216,7 @@ class LookaheadDecode:
     def _adoptable(self, la: Lookahead, unit: ExecutionUnit) -> list[int] | None:
         """The lookahead rows (indices, in order) that ``unit`` asks for, or None when it asks for
         anything else (see the module docstring for the rule)."""
-        if la.inputs is None or unit.chunk is not None or not unit.decode:
+        if la.inputs is None or unit.chunks or not unit.decode:
             return None
         index = {sid: j for j, sid in enumerate(la.seqs) if sid is not None}
         keep: list[int] = []

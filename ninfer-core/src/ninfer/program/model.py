@@ -6,7 +6,7 @@
 - its model call, :meth:`ModelProgram.forward_packed`, over a :class:`~ninfer.program.batch.PackedBatch`.
 
 Everything else is here or in :class:`~ninfer.program.base.SequenceProgram`: packing a unit's decode
-rows and chunk into one token sequence (:func:`~ninfer.program.batch.pack_batch`), the decode CUDA
+rows and chunks into one token sequence (:func:`~ninfer.program.batch.pack_batch`), the decode CUDA
 graphs (:mod:`~ninfer.program.graphs`) and the choice between replaying one and the eager call.
 
 Invariants:
@@ -15,7 +15,7 @@ Invariants:
   the host. Decode graphs capture exactly that call, so the eager and the graphed decode step run the
   same kernels on the same inputs.
 - A decode-only unit replays the graph of its exact batch size when one was captured, else runs
-  eagerly; a unit with a chunk always runs eagerly.
+  eagerly; a unit with chunks always runs eagerly.
 - Lookahead decode (``ProgramOptions.lookahead_slots``, given only when ``ArchitectureSpec.lookahead``
   is declared): ``forward_packed`` reads each decode row's state from ``decode_slots`` and writes every
   StateImage field of ``decode_out_slots``.
@@ -88,7 +88,7 @@ class ModelProgram(SequenceProgram):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         d = batch.decode
-        if batch.chunk is None:
+        if not batch.chunks:
             if self.graphs is not None and self.graphs.has(len(d.seqs)):
                 return self.graphs.run(d)
             return self._decode_forward(d.tokens, d.positions, d.slots, d.out_slots, d.kv_lens, d.page_tables,

@@ -2,8 +2,9 @@
 
 q and gate come from the de-interleaved ``attention/query`` / ``attention/gate`` bindings; q_norm and
 k_norm (zero-centred, per head) precede partial NeoX RoPE; K (normed, rotated) and raw V are written
-to the paged pools for every token of the call (all of it one ``qk_norm_rope_cache``), then decode rows use ``paged_decode_attention`` and
-the chunk ``paged_attention`` (causal over its cached prefix). Output: ``attn * sigmoid(gate)``
+to the paged pools for every token of the call (all of it one ``qk_norm_rope_cache``), then decode rows use
+``paged_decode_attention`` and the chunks one varlen ``paged_attention`` (each causal over its own cached
+prefix). Output: ``attn * sigmoid(gate)``
 (in a decode-only unit applied by ``paged_decode_attention`` itself).
 """
 
@@ -45,6 +46,6 @@ class GatedAttention:
                                                    ctx.decode_page_tables, self.scale))
         if ctx.num_chunk:
             outs.append(ops.paged_attention(q[b_rows:].contiguous(), k_pool, v_pool, ctx.chunk_cu_q,
-                                            ctx.chunk_kv_lens, ctx.chunk_page_table, self.scale))
+                                            ctx.chunk_kv_lens, ctx.chunk_page_tables, self.scale))
         o = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, self.nq * self.d)
         return ops.linear(o * torch.sigmoid(gate), self.w_out), residual

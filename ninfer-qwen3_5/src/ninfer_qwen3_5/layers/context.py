@@ -1,7 +1,8 @@
 """What every layer of one model call sees: the token layout, rotary tables, KV and state addressing.
 
-Token layout of a call (N tokens): the B decode rows first (one token each), then the chunk's T
-tokens (one sequence), so ``x[:B]`` are decode tokens and ``x[B:]`` the chunk.
+Token layout of a call (N tokens): the B decode rows first (one token each), then the C chunks in unit
+order (chunk ``c`` is ``chunk_lens[c]`` consecutive tokens of one sequence, T tokens together), so
+``x[:B]`` are decode tokens and ``x[B:]`` the chunks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ninfer.storage.state_image import StateImageStorage
 @dataclass(frozen=True)
 class StepContext:
     num_decode: int                         # B
-    num_chunk: int                          # T (0 without a chunk)
+    num_chunk: int                          # T: the chunks' tokens together (0 without a chunk)
     positions: torch.Tensor                 # int64 [N]: text positions (the computed index)
     cos: torch.Tensor | None                # fp32 [N, R]: the model fills these after the embedding (so the
     sin: torch.Tensor | None                # table kernel overlaps the embedding's under PDL); None before
@@ -26,9 +27,10 @@ class StepContext:
                                             # in a lookahead step, which writes spare slots)
     decode_kv_lens: torch.Tensor | None     # int32 [B]
     decode_page_tables: torch.Tensor | None # int32 [B, maxp]
-    chunk_slot: int | None                  # StateImage slot of the chunk's sequence
-    chunk_cu_q: torch.Tensor | None         # int32 [2] = [0, T]
-    chunk_kv_lens: torch.Tensor | None      # int32 [1] = [start + T]
-    chunk_page_table: torch.Tensor | None   # int32 [1, maxp]
+    chunk_slots: tuple[int, ...]            # C host ints: StateImage slot of each chunk's sequence
+    chunk_lens: tuple[int, ...]             # C host ints: each chunk's token count
+    chunk_cu_q: torch.Tensor | None         # int32 [C + 1]: chunk offsets within the T chunk tokens
+    chunk_kv_lens: torch.Tensor | None      # int32 [C]: each chunk's start + length
+    chunk_page_tables: torch.Tensor | None  # int32 [C, maxp]
     kv: PagedKVCache
     states: StateImageStorage

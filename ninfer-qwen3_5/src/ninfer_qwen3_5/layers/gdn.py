@@ -2,9 +2,10 @@
 
 Decode rows (``x[:B]``) step their StateImage slots with one ``gdn_decode`` (gates, conv update, recurrent
 step and gated norm; reading ``decode_slots``, writing ``decode_out_slots``: every field of the Qwen3.5
-StateImage is rewritten by a decode step, which lookahead decode relies on); the chunk (``x[B:]``) continues
-its slot's state with ``gdn_gates``, ``causal_conv1d_prefill``, ``gdn_chunk_prefill`` (in place) and
-``gated_rms_norm``. Gates are fp32 (``gdn_gates``):
+StateImage is rewritten by a decode step, which lookahead decode relies on); each chunk (its slice of
+``x[B:]``) continues its own slot's state with ``gdn_gates``, ``causal_conv1d_prefill`` and
+``gdn_chunk_prefill`` (in place), one chunk after another (the slices are host offsets: no device sync);
+``gated_rms_norm`` then runs once over every chunk token. Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
 
 The four input projections run as one GEMM per run of row-adjacent weights (:mod:`.fused`: all four in
@@ -53,18 +54,22 @@ class GatedDeltaNet:
             outs.append(ops.gdn_decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], self.decode_params,
                                        conv_states, rec, ctx.decode_slots, ctx.decode_out_slots))
         if ctx.num_chunk:
-            outs.append(self._chunk(qkv[b_rows:], z[b_rows:], a[b_rows:], b[b_rows:], conv_states[ctx.chunk_slot],
-                                    rec[ctx.chunk_slot]))
+            cores, at = [], b_rows
+            for slot, t in zip(ctx.chunk_slots, ctx.chunk_lens, strict=True):
+                cores.append(self._chunk(qkv[at:at + t], a[at:at + t], b[at:at + t], conv_states[slot], rec[slot]))
+                at += t
+            o = cores[0] if len(cores) == 1 else torch.cat(cores)
+            outs.append(ops.gated_rms_norm(o, z[b_rows:], self.w_norm, self.eps))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
         return ops.linear(o.reshape(n, self.value_dim), self.w_out), residual
 
-    def _chunk(self, qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-               conv_state: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """One sequence's prefill chunk, continuing (and updating) its slot's conv and recurrent state."""
+    def _chunk(self, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_state: torch.Tensor,
+               state: torch.Tensor) -> torch.Tensor:
+        """One sequence's prefill chunk, continuing (and updating) its slot's conv and recurrent state;
+        the core output before the gated norm."""
         ops, n = self.ops, qkv.shape[0]
         g, beta = ops.gdn_gates(a, b, self.neg_a, self.dt_bias)
         y = ops.causal_conv1d_prefill(qkv, self.w_conv, conv_state)
         q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        o = ops.gdn_chunk_prefill(q.reshape(n, self.hk, self.dk), k.reshape(n, self.hk, self.dk),
-                                  v.reshape(n, self.hv, self.dv), g, beta, state, self.scale)
-        return ops.gated_rms_norm(o, z, self.w_norm, self.eps)
+        return ops.gdn_chunk_prefill(q.reshape(n, self.hk, self.dk), k.reshape(n, self.hk, self.dk),
+                                     v.reshape(n, self.hv, self.dv), g, beta, state, self.scale)
