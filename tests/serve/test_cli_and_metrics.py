@@ -87,3 +87,4 @@ def test_metrics_exposition(scripted):
                         ("ninfer_state_usage_ratio", 0)):
         assert v(gauge) == want, gauge
     assert v("ninfer_kv_pages_total") > 0 and "ninfer_preemptions_total" in text
+    assert v("ninfer_chunks_total") >= 1 and v("ninfer_max_step_chunks") >= 1  # the prompts were prefilled

@@ -50,6 +50,8 @@ class EngineCollector(Collector):
         yield gauge("state_slots_total", "recurrent-state slots", s.state_slots_total)
         yield gauge("state_usage_ratio", "fraction of recurrent-state slots in use",
                     s.state_slots_used / s.state_slots_total if s.state_slots_total else 0.0)
+        yield gauge("max_step_chunks", "the most prefill/Replay chunks one engine step has run",
+                    getattr(s, "max_unit_chunks", 0))
         yield gauge("context_cache_checkpoints", "context-cache checkpoints held", getattr(s, "cache_checkpoints", 0))
         yield gauge("context_cache_device_bytes", "device bytes held by the context cache (StateImages + KV pages "
                     "only it references)", getattr(s, "cache_device_bytes", 0))
@@ -72,7 +74,8 @@ class EngineCollector(Collector):
                           ("lookahead_launched", "decode steps launched before the previous step's tokens reached "
                                                  "the host (lookahead decode)"),
                           ("lookahead_adopted", "lookahead decode steps the next unit used"),
-                          ("lookahead_dropped", "lookahead decode steps dropped (the next unit asked for other work)")):
+                          ("lookahead_dropped", "lookahead decode steps dropped (the next unit asked for other work)"),
+                          ("chunks", "prefill and Replay chunks run (several requests' chunks may share one step)")):
             yield CounterMetricFamily(f"ninfer_{name}", doc, value=getattr(s, name, 0))
         for name, doc in (("preemptions", "requests paused to free capacity"),
                           ("prefill_tokens", "prompt tokens computed by the engine"),
