@@ -112,7 +112,9 @@ def rejection_acceptance(p: torch.Tensor, drafts: torch.Tensor, noise: torch.Ten
       committed token is the very token a non-speculative draw from ``p_i`` with the same noise gives.
 
     Positions past ``n`` read nothing, so a caller that keys noise on the token's step may reuse those
-    steps' draws later."""
+    steps' draws later. With ``q`` None the rule never reads the drafter's distribution, so it is exact for
+    any drafter (a sampling one just gets fewer drafts accepted). Scores are computed in fp64 over
+    ``[R, k + 1, V]`` with ``q`` None and over ``[R, V]`` with ``q``."""
     k = _check_drafts(drafts, num_drafts)
     rows = drafts.shape[0]
     _check_shape("p", p, (rows, k + 1), extra=1)
