@@ -49,6 +49,28 @@ def check_engine_flags(args: argparse.Namespace, fields: tuple[str, ...] = ENGIN
             _check(dest, value, lambda v, d=dest: EngineOptions(**{d: v}).validate())
 
 
+def speculative_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The EngineOptions fields of ``--speculative`` (``none``: off) and ``--num-speculative-tokens``, checked
+    like the engine checks them (``EngineOptions.validate``, then the registered backends:
+    ``ninfer.planning.resolution.check_speculative``); raises an NInferError naming the flag."""
+    from ninfer.contracts.options import EngineOptions
+    from ninfer.planning.resolution import check_speculative
+
+    name = getattr(args, "speculative", None)
+    name = None if name is None or name.strip().lower() == "none" else name
+    k = getattr(args, "num_speculative_tokens", None)
+    if k is not None:
+        _check("num_speculative_tokens", k,
+               lambda v: EngineOptions(speculative=name or "any", num_speculative_tokens=v).validate())
+        if name is None:
+            raise NInferError(f"{flag_name('num_speculative_tokens')} {k}: needs --speculative NAME (without a "
+                              f"backend nothing is drafted)")
+    if name is None:
+        return {}
+    _check("speculative", name, lambda v: check_speculative(EngineOptions(speculative=v, num_speculative_tokens=k)))
+    return {"speculative": name, "num_speculative_tokens": k}
+
+
 def _check(dest: str, value: Any, validate) -> None:
     try:
         validate(value)

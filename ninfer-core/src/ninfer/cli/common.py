@@ -63,6 +63,11 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
     g.add_argument("--lookahead", choices=("auto", "on", "off"), default="auto",
                    help="lookahead decode: launch the next decode step before this one's tokens reach the host "
                         "(auto: with CUDA graphs)")
+    g.add_argument("--speculative", default=None, metavar="NAME",
+                   help="speculative decoding backend: none (default) or one a plugin registers ('ninfer plugins' "
+                        "lists them); not supported yet: a backend name fails before the model loads")
+    g.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                   help="tokens drafted per step, 1..8 (default: the backend's); needs --speculative")
     g.add_argument("--quiet", action="store_true", help="no progress display and no statistics")
     c = p.add_argument_group("context cache (docs/context-cache.md)")
     p.set_defaults(context_cache_default=context_cache_default)
@@ -112,10 +117,11 @@ def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int) ->
 
 
 def engine_options(args: argparse.Namespace):
-    """EngineOptions from the shared engine flags; a size, step-budget, context-cache or prefill-chunk flag out of
-    range (or a cache flag given without --context-cache) is an NInferError naming the flag, raised before any
-    model is resolved or loaded."""
-    from ninfer.cli.checks import check_engine_flags
+    """EngineOptions from the shared engine flags; a size, step-budget, context-cache, prefill-chunk or speculative
+    flag out of range (or a cache flag given without --context-cache, --num-speculative-tokens without
+    --speculative, a speculative backend, which is not supported yet) is an NInferError naming the flag, raised
+    before any model is resolved or loaded."""
+    from ninfer.cli.checks import check_engine_flags, speculative_options
     from ninfer.contracts.options import EngineOptions
     from ninfer.errors import NInferError
 
@@ -147,6 +153,7 @@ def engine_options(args: argparse.Namespace):
         raise NInferError(f"--cache-checkpoint-interval must be a positive multiple of the page size "
                           f"{page_size}, got {interval}")
     check_engine_flags(args)  # after the specific checks above, whose messages say more
+    kw.update(speculative_options(args))
     kw["context_cache"] = cache
     if cache:
         if host_mib is not None:

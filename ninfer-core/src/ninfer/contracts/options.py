@@ -10,6 +10,8 @@ from ninfer.contracts.features import Purpose, StartupFeatures
 from ninfer.errors import NInferError, NotSupportedError
 
 MAX_CONCURRENCY_LIMIT = 8
+#: The most tokens a speculative step may draft per row (``EngineOptions.num_speculative_tokens``).
+MAX_SPECULATIVE_TOKENS = 8
 # Prefill chunk defaults (``EngineOptions.prefill_chunk``). Generation: each chunk pays tens of host launches per
 # layer, so small chunks leave a large GPU host-bound; 8,192 was the fastest size measured, with little gain over
 # 4,096 (the sweep is in docs/dev/perf-log.md). vLLM and SGLang also default to 8,192-token batches on this class
@@ -82,6 +84,13 @@ class EngineOptions:
       GPU. None: on exactly when decode CUDA graphs are captured (CUDA generation, and the
       architecture supports it); True forces it on (also on the CPU, where it only costs: for tests);
       False turns it off. It costs ``max_concurrency`` more StateImage slots of device memory.
+    - ``speculative``: None (default, off) or the name of a registered speculative decoding backend
+      (``ninfer_speculative_backends``, e.g. ``"mtp"``); a generation engine only. ``num_speculative_tokens``
+      (``1..8``): tokens drafted per row and step; None: the backend's default; given without
+      ``speculative`` it is an error. The name is checked against the registered backends when options
+      are resolved (``ninfer.planning.resolution.check_speculative``, also at ``Engine.start`` before any
+      conversion): an unregistered name is an InvalidEngineOptions listing the registered ones, and a
+      registered one a NotSupportedError, because the engine does not run speculative steps yet.
     """
 
     max_concurrency: int = 4
@@ -103,6 +112,7 @@ class EngineOptions:
     admission_bypass: int = 2
     vision: bool = False
     speculative: str | None = None
+    num_speculative_tokens: int | None = None
     lookahead: bool | None = None
 
     def validate(self) -> EngineOptions:
@@ -144,10 +154,20 @@ class EngineOptions:
             raise bad("cache_host_mib", "must be >= 0 or None")
         if self.purpose == "causal_scoring" and self.lookahead:
             raise bad("lookahead", "a causal_scoring engine runs no decode steps")
+        if self.speculative is not None and (not isinstance(self.speculative, str) or not self.speculative):
+            raise bad("speculative", "must be a speculative backend name or None")
+        if self.num_speculative_tokens is not None:
+            k = self.num_speculative_tokens
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+                raise bad("num_speculative_tokens", f"must be an int in 1..{MAX_SPECULATIVE_TOKENS} or None")
+            if self.speculative is None:
+                raise bad("num_speculative_tokens", "needs speculative (a backend name): nothing is drafted without it")
+        if self.purpose == "causal_scoring" and self.speculative is not None:
+            raise bad("speculative", "a causal_scoring engine runs no decode steps")
         if self.vision:
             raise NotSupportedError("the Vision feature is not supported yet")
-        if self.speculative is not None:
-            raise NotSupportedError(f"speculative backend {self.speculative!r} is not supported yet")
+        # The speculative name is checked against the registered backends at resolution: this layer sits
+        # beside the plugin registry and does not import it.
         return self
 
     def for_purpose(self) -> EngineOptions:

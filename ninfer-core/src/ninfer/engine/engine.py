@@ -60,7 +60,10 @@ class Engine:
     def __init__(self, program: Program, frontend: Frontend, options: EngineOptions, *,
                  info: Mapping[str, Any] | None = None, _owned: Any = None) -> None:
         # start passes the plan's options, already resolved; the purpose rules are idempotent.
+        from ninfer.planning.resolution import check_speculative  # imports torch: not at module import
+
         options = options.validate()
+        check_speculative(options)
         if options.context_cache is None and not _has_checkpoint_slots(program):
             options = dataclasses.replace(options, context_cache=False)  # the default, on a Program without them
         options = options.for_purpose()
@@ -123,8 +126,10 @@ class Engine:
         are validated before any conversion; ``progress(bytes_read, total)`` reports weight loading."""
         from ninfer.engine.model_construction import build_model
         from ninfer.model_source import resolve_model
+        from ninfer.planning.resolution import check_speculative
 
         options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
+        check_speculative(options)  # before any conversion, like the other options
         named_artifact = model is not None and (Path(model).is_file() or os.fspath(model).endswith(".ninfer"))
         artifact = model if named_artifact else resolve_model(model)
         built = build_model(artifact, options, progress=progress)

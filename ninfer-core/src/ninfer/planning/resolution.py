@@ -9,7 +9,8 @@ again:
 - ``max_context`` capped at the model's positions;
 - the prefill chunk (``EngineOptions.prefill_chunk``: the explicit value or the purpose's default);
 - an explicitly sized KV pool (:func:`explicit_pages`: ``num_pages``, else ``kv_budget_mib`` worth);
-- the decode CUDA graph sizes (:func:`graph_batches`) and the lookahead spares (:func:`lookahead_slots`).
+- the decode CUDA graph sizes (:func:`graph_batches`) and the lookahead spares (:func:`lookahead_slots`);
+- the speculative backend named against the registered ones (:func:`check_speculative`).
 
 The device and dtype come first because the model's profile (which the cap and the explicit pool need)
 is computed for them; :func:`resolve_options` then takes that profile.
@@ -19,12 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ninfer.contracts.architecture import ModelProfile, ProgramOptions
 from ninfer.contracts.options import EngineOptions, InvalidEngineOptions
+from ninfer.errors import NotSupportedError
 
 GRAPHS_ENV = "NINFER_CUDA_GRAPHS"
 
@@ -109,6 +113,25 @@ def lookahead_slots(device: torch.device, options: EngineOptions, supported: boo
     return 0
 
 
+def check_speculative(options: EngineOptions, backends: Mapping[str, Any] | None = None) -> None:
+    """``options.speculative`` against the registered speculative backends (``backends``: name ->
+    SpeculativeBackendSpec; None: the plugin registry's). None passes. An unregistered name is an
+    InvalidEngineOptions listing the registered ones; a registered one is a NotSupportedError: the engine
+    does not run speculative steps yet. Reads no artifact, so callers run it before any conversion."""
+    name = options.speculative
+    if name is None:
+        return
+    if backends is None:
+        from ninfer.plugins import get_registry
+
+        backends = get_registry().speculative_backends
+    if name not in backends:
+        known = ", ".join(sorted(backends)) or "none"
+        raise InvalidEngineOptions(f"invalid engine option speculative={name!r}: no installed plugin registers this "
+                                   f"speculative backend (registered: {known}; 'ninfer plugins' lists them)")
+    raise NotSupportedError(f"speculative decoding with backend {name!r} is not wired into the engine yet")
+
+
 @dataclass(frozen=True)
 class ResolvedOptions:
     """EngineOptions with every rule of the module docstring applied for one artifact.
@@ -144,6 +167,7 @@ def resolve_options(options: EngineOptions, *, device: torch.device, dtype: torc
     """Resolve validated ``options`` (module docstring) for a model with ``profile`` on ``device`` in
     ``dtype`` (from :func:`resolve_device` / :func:`resolve_dtype`); ``lookahead_supported``: the
     architecture's Program supports lookahead decode (``ArchitectureSpec.lookahead``)."""
+    check_speculative(options)
     options = options.for_purpose()
     max_context = options.max_context
     if profile.max_position_embeddings:

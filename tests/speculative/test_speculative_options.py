@@ -1,0 +1,133 @@
+"""The speculative startup options: EngineOptions.speculative / num_speculative_tokens, their check against the
+registered backends (ninfer.planning.resolution.check_speculative) on every way an engine starts, and the CLI's
+--speculative / --num-speculative-tokens, all refused before a model is resolved while the engine does not run
+speculative steps yet."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from ninfer import Engine
+from ninfer.cli.main import main
+from ninfer.contracts.options import MAX_SPECULATIVE_TOKENS, EngineOptions, InvalidEngineOptions
+from ninfer.contracts.speculative import SpeculativeBackendSpec
+from ninfer.errors import NotSupportedError
+from ninfer.planning.resolution import check_speculative, resolve_options
+
+from tests.startup.test_planner import PROFILE
+
+MTP = SpeculativeBackendSpec(name="mtp", architectures=("Toy",), component="mtp", create=lambda init: None)
+
+
+@pytest.fixture
+def mtp_registered(monkeypatch):
+    """The plugin registry as seen by the speculative check, with one backend ``mtp`` registered."""
+    monkeypatch.setattr("ninfer.plugins.get_registry", lambda: SimpleNamespace(speculative_backends={"mtp": MTP}))
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("the model was resolved before the speculative options were checked")
+
+
+@pytest.mark.parametrize("k", [1, MAX_SPECULATIVE_TOKENS, None])
+def test_valid_values_pass_validation(k):
+    options = EngineOptions(speculative="mtp", num_speculative_tokens=k)
+    assert options.validate() is options
+    assert options.features().speculative == "mtp"
+
+
+@pytest.mark.parametrize("k", [0, MAX_SPECULATIVE_TOKENS + 1, -1, True, 2.0, "3"])
+def test_num_speculative_tokens_out_of_range_is_named(k):
+    with pytest.raises(InvalidEngineOptions, match=r"num_speculative_tokens=.*must be an int in 1\.\.8 or None"):
+        EngineOptions(speculative="mtp", num_speculative_tokens=k).validate()
+
+
+def test_num_speculative_tokens_needs_a_backend():
+    with pytest.raises(InvalidEngineOptions, match=r"num_speculative_tokens=2: needs speculative"):
+        EngineOptions(num_speculative_tokens=2).validate()
+
+
+@pytest.mark.parametrize("name", ["", 3])
+def test_speculative_must_be_a_name(name):
+    with pytest.raises(InvalidEngineOptions, match="speculative=.*must be a speculative backend name"):
+        EngineOptions(speculative=name).validate()
+
+
+def test_causal_scoring_runs_no_speculation():
+    with pytest.raises(InvalidEngineOptions, match="speculative='mtp': a causal_scoring engine runs no decode"):
+        EngineOptions(purpose="causal_scoring", speculative="mtp").validate()
+
+
+def test_check_names_the_registered_backends():
+    check_speculative(EngineOptions())  # off: nothing to check
+    backends = {"mtp": MTP, "dflash": MTP}
+    with pytest.raises(InvalidEngineOptions, match=r"speculative='eagle'.*registered: dflash, mtp"):
+        check_speculative(EngineOptions(speculative="eagle"), backends)
+    with pytest.raises(InvalidEngineOptions, match=r"registered: none"):
+        check_speculative(EngineOptions(speculative="mtp"), {})
+    with pytest.raises(NotSupportedError, match="backend 'mtp' is not wired into the engine yet"):
+        check_speculative(EngineOptions(speculative="mtp"), backends)
+
+
+def test_the_check_reads_the_plugin_registry(mtp_registered):
+    with pytest.raises(NotSupportedError, match="'mtp' is not wired"):
+        check_speculative(EngineOptions(speculative="mtp"))
+    with pytest.raises(InvalidEngineOptions, match="registered: mtp"):
+        check_speculative(EngineOptions(speculative="eagle"))
+
+
+def test_every_engine_start_refuses_before_the_model(mtp_registered, monkeypatch):
+    monkeypatch.setattr("ninfer.model_source.resolve_model", _no_model)
+    with pytest.raises(NotSupportedError, match="'mtp' is not wired"):
+        Engine.start(speculative="mtp", num_speculative_tokens=3)
+    with pytest.raises(InvalidEngineOptions, match="registered: mtp"):
+        Engine.start(speculative="eagle")
+    # from_parts checks before it touches the Program or the Frontend.
+    with pytest.raises(NotSupportedError, match="'mtp' is not wired"):
+        Engine.from_parts(object(), object(), speculative="mtp")
+    # Planning (``ninfer info --memory``, ``plan``) resolves the options and checks too.
+    with pytest.raises(NotSupportedError, match="'mtp' is not wired"):
+        resolve_options(EngineOptions(speculative="mtp"), device=torch.device("cpu"), dtype=torch.float32,
+                        profile=PROFILE, lookahead_supported=False)
+
+
+# --- the CLI flags ------------------------------------------------------------------------------------------------
+
+COMMANDS = [("generate", "-p", "x"), ("chat",), ("bench",), ("serve",)]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("flags, error", [
+    (("--speculative", "mtp"), "--speculative mtp: speculative decoding with backend 'mtp' is not wired into the "
+                               "engine yet"),
+    (("--speculative", "eagle"), "--speculative eagle: invalid engine option speculative='eagle': no installed "
+                                 "plugin registers this speculative backend (registered: mtp;"),
+    (("--num-speculative-tokens", "3"), "--num-speculative-tokens 3: needs --speculative NAME"),
+    (("--speculative", "none", "--num-speculative-tokens", "2"), "--num-speculative-tokens 2: needs --speculative"),
+    (("--speculative", "mtp", "--num-speculative-tokens", "9"), "--num-speculative-tokens 9: invalid engine option "
+                                                                "num_speculative_tokens=9: must be an int in 1..8"),
+])
+def test_flags_fail_before_the_model(command, flags, error, mtp_registered, monkeypatch, capsys):
+    monkeypatch.setattr("ninfer.model_source.resolve_model", _no_model)
+    assert main([*command, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ninfer {command[0]}: error: {error}") and err.count("\n") == 1, err
+
+
+def test_none_is_off(monkeypatch):
+    from ninfer.cli import common
+    from ninfer.cli.main import build_parser
+
+    parsed = build_parser().parse_args(["generate", "-p", "x", "--speculative", "none"])
+    options = common.engine_options(parsed)
+    assert (options.speculative, options.num_speculative_tokens) == (None, None)
+    assert common.engine_options(build_parser().parse_args(["generate", "-p", "x"])).speculative is None
+
+
+def test_score_has_no_speculative_flags(capsys, monkeypatch):
+    monkeypatch.setattr("ninfer.model_source.resolve_model", _no_model)
+    for flag in ("--speculative", "--num-speculative-tokens"):
+        with pytest.raises(SystemExit) as exited:
+            main(["score", "--input", "a.txt", "--output", "r.json", flag, "2"])
+        assert exited.value.code == 2
+        assert "error: unrecognized arguments: " + flag in capsys.readouterr().err
