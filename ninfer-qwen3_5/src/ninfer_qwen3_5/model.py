@@ -96,9 +96,14 @@ class Qwen35Model:
         pos3 = positions.unsqueeze(0).expand(3, -1)   # a view: both implementations read strided positions
         return self.ops.mrope_cos_sin(pos3, self.inv_freq, self.sections, True)
 
-    def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None,
+                return_hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token). ``ctx`` comes
-        without rotary tables; they are built here, after the embedding."""
+        without rotary tables; they are built here, after the embedding.
+
+        ``return_hidden``: return ``(logits, hidden)`` instead, ``hidden`` ``[len(logit_rows), H]`` the final-normed
+        hidden states the logits are the LM head of (in the activation dtype): what an MTP drafter reads as
+        ``h_t`` (:mod:`ninfer_qwen3_5.mtp`). The computation is the same either way."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
         # The embedding rows and the first block's pre-norm in one op; then the rotary tables, whose kernel
         # computes them while the embedding's finishes (PDL), and the first projection.
@@ -114,4 +119,5 @@ class Qwen35Model:
         if logit_rows is not None:
             out, residual = out.index_select(0, logit_rows), residual.index_select(0, logit_rows)
         h, _ = ops.add_rms_norm_unit_offset(out, residual, self.norm, eps)
-        return ops.logits(h, self.lm_head)
+        logits = ops.logits(h, self.lm_head)
+        return (logits, h) if return_hidden else logits
