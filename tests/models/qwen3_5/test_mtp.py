@@ -36,6 +36,7 @@ from ninfer_qwen3_5.mtp import (
     load_mtp_weights,
     mtp_kv_layer,
     mtp_num_layers,
+    mtp_parameter_specs,
     mtp_step_context,
 )
 from ninfer_qwen3_5.state import state_layout
@@ -156,11 +157,12 @@ class Store:
                                num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=F32, device=CPU)
         self.states = StateImageStorage(state_layout(cfg, F32), slots, CPU)
 
-    def target_prefill(self, seq: int, tokens: list[int], reserve: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Our target over ``tokens`` in one chunk (sequence ``seq`` uses StateImage slot ``seq``): every
-        position's (logits, final-normed hidden); pages for ``reserve`` more tokens."""
-        assert self.kv.ensure(seq, len(tokens) + reserve, write_from=0)
-        ctx = mtp_step_context(self.kv, chunks=[(seq, 0, len(tokens))], device=CPU)
+    def target_prefill(self, seq: int, tokens: list[int], reserve: int = 0, start: int = 0
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Our target over ``tokens`` (positions from ``start``) in one chunk (sequence ``seq`` uses StateImage
+        slot ``seq``): every position's (logits, final-normed hidden); pages for ``reserve`` more tokens."""
+        assert self.kv.ensure(seq, start + len(tokens) + reserve, write_from=start)
+        ctx = mtp_step_context(self.kv, chunks=[(seq, start, len(tokens))], device=CPU)
         ctx = replace(ctx, chunk_slots=(seq,), states=self.states)
         return self.w.model.forward(torch.tensor(tokens), ctx, None, return_hidden=True)
 
@@ -276,6 +278,29 @@ def test_draft_k3_equals_the_autoregressive_oracle(world):
         torch.testing.assert_close(draft.logits[r], ref_logits, atol=ATOL, rtol=RTOL)
 
 
+def test_next_draft_after_a_partial_accept_overwrites_the_provisional_kv(world):
+    """Draft k=3 from position p (provisional MTP K/V at p+1, p+2), verify [x, d1, d2, d3] with the target,
+    accept one draft: the next draft (start p+1, length 2: tokens d1 and the bonus, the verify's hidden states)
+    equals the oracle run from scratch over the committed sequence."""
+    w, k = world, 3
+    store = Store(w)
+    ids = _prompt(w, 9, 48)
+    p = len(ids) - 1
+    logits, hidden = store.target_prefill(0, ids, reserve=k + 1)
+    sampled = int(logits[-1].argmax())
+    store.mtp(w.head, ids[1:], hidden[:-1], chunks=[(0, 0, p)])
+    first = w.head.draft(store.kv, [DraftRow(0, p, 1)], torch.tensor([sampled]), hidden[-1:], k)
+    d = first.tokens[0].tolist()
+    verify_logits, verify_hidden = store.target_prefill(0, [sampled, *d], reserve=k + 1, start=p + 1)
+    # Accept exactly d1 (whatever the target says) with the target's argmax after it as the bonus.
+    bonus = int(verify_logits[1].argmax())
+    committed = [*ids, sampled, d[0]]
+    second = w.head.draft(store.kv, [DraftRow(0, p + 1, 2)], torch.tensor([d[0], bonus]), verify_hidden[:2], k)
+    ref_toks, ref_logits = _oracle_draft(w, _hf_hidden(w, committed)[1], committed, bonus, k)
+    assert second.tokens[0].tolist() == ref_toks
+    torch.testing.assert_close(second.logits[0], ref_logits, atol=ATOL, rtol=RTOL)
+
+
 def _heldout_tokens(n: int) -> list[int]:
     """The first ``n`` tokens of ``fractions.py`` of this interpreter's standard library (a module held out of
     the default model's training corpus, docs/default-model.md)."""
@@ -309,6 +334,32 @@ def test_trained_head_agrees_with_the_main_head_and_a_swapped_fc_does_not(defaul
     print(f"MTP greedy agreement on fractions.py[:512]: {agree:.3f}; fc halves swapped: {wrong:.3f}")
     assert agree >= 0.25, agree
     assert wrong <= agree - 0.15, (agree, wrong)
+
+
+def test_mtp_specs_load_with_the_text_specs_in_one_binding(default_world, tmp_path):
+    """The wiring path: ``parameter_specs`` plus :func:`mtp_parameter_specs` of the same text config bind in one
+    ``load_weights`` call, and a head built from that one weights map equals the one from the component."""
+    from ninfer.conversion import convert
+
+    artifact = tmp_path / "default.ninfer"
+    convert(_default_folder(), artifact, progress=False)
+    reader = ArtifactReader.open(artifact)
+    config = reader.component("text").config
+    specs = get_registry().architecture(config["architectures"][0]).parameter_specs(config, StartupFeatures())
+    mtp_specs = mtp_parameter_specs(config)
+    assert mtp_specs == mtp_parameter_specs(config, reader.component("mtp").config)
+    assert {s.component for s in mtp_specs} == {"mtp"}
+    weights = load_weights(reader, [*specs, *mtp_specs], "cpu")
+    w = default_world
+    assert all(torch.equal(weights[n], t) for n, t in w.mtp_weights.items())
+    head = Qwen35MTPHead(w.cfg, config, weights, w.model.embed, w.model.lm_head, w.ops, CPU, F32)
+    ids = _prompt(w, 8, 10)
+    a, b = Store(w), Store(w)
+    _, hidden = a.target_prefill(0, ids)
+    assert b.kv.ensure(0, len(ids), write_from=0)
+    ours = a.mtp(head, ids[1:], hidden[:-1], chunks=[(0, 0, len(ids) - 1)])
+    ref = b.mtp(w.head, ids[1:], hidden[:-1], chunks=[(0, 0, len(ids) - 1)])
+    assert torch.equal(ours.logits, ref.logits)
 
 
 def test_bad_inputs_name_the_problem(default_world, tmp_path):

@@ -80,7 +80,9 @@ class Qwen35MTPHead:
 
     ``weights``: the ``mtp`` component's parameters (:func:`~ninfer_qwen3_5.mtp.weights.load_mtp_weights`);
     ``embed`` / ``lm_head``: the target's (already prepared) ``text/embed`` and ``text/lm_head`` tensors, shared,
-    never copied. ``mtp_config``: the component's config (one layer, shared embeddings).
+    never copied. ``mtp_config``: the component's config, or the compact text config, which carries the same
+    ``mtp_*`` keys (one layer, shared embeddings). ``weights`` may hold other parameters too (e.g. the whole
+    ``ProgramInit.weights`` once ``parameter_specs`` adds the MTP specs): only ``mtp/*`` names are read.
     """
 
     def __init__(self, cfg: Qwen35Config, mtp_config: Mapping, weights: Mapping[str, torch.Tensor],

@@ -37,10 +37,13 @@ def mtp_num_layers(mtp_config: Mapping[str, Any]) -> int:
     return 1
 
 
-def mtp_parameter_specs(text_config: Mapping[str, Any], mtp_config: Mapping[str, Any]) -> list[ParameterSpec]:
-    """Every parameter of the ``mtp`` component (component ``"mtp"``), shapes from the text config."""
+def mtp_parameter_specs(text_config: Mapping[str, Any], mtp_config: Mapping[str, Any] | None = None
+                        ) -> list[ParameterSpec]:
+    """Every parameter of the ``mtp`` component (component ``"mtp"``), shapes from the text config.
+    ``mtp_config`` None: the text config's own ``mtp_*`` keys (the converter copies them into the compact text
+    config too, so ``parameter_specs`` can add these specs from the one config it is given)."""
     cfg = Qwen35Config.from_compact(text_config)
-    shapes = mtp_shapes(cfg, mtp_num_layers(mtp_config))
+    shapes = mtp_shapes(cfg, mtp_num_layers(text_config if mtp_config is None else mtp_config))
     return [ParameterSpec(name=n, shape=s, component=COMPONENT) for n, s in shapes.items()]
 
 
