@@ -164,7 +164,7 @@ class Store:
         assert self.kv.ensure(seq, start + len(tokens) + reserve, write_from=start)
         ctx = mtp_step_context(self.kv, chunks=[(seq, start, len(tokens))], device=CPU)
         ctx = replace(ctx, chunk_slots=(seq,), states=self.states)
-        return self.w.model.forward(torch.tensor(tokens), ctx, None, return_hidden=True)
+        return self.w.model.forward(torch.tensor(tokens), ctx, None, return_hidden="all")
 
     def mtp(self, head: Qwen35MTPHead, tokens_next, hidden, *, decode=(), chunks=()):
         ctx = mtp_step_context(self.kv, decode=decode, chunks=chunks, device=CPU)
@@ -227,20 +227,25 @@ def test_target_hidden_and_mtp_prefill_and_decode_match_the_oracle(world):
 
 
 def test_model_returns_logits_alone_by_default(default_world):
-    """``return_hidden`` adds the hidden states the logits are the head of; the logits are the same bits."""
+    """``return_hidden`` adds the final-normed hidden states ("rows": of the logit rows, "all": of every token);
+    the logits are the same bits as the default path's."""
     w = default_world
     ids = _prompt(w, 4, 16)
     rows = torch.tensor([3, len(ids) - 1])
     outs = []
-    for return_hidden in (False, True):
+    for return_hidden in (None, "rows", "all"):
         store = Store(w)
         assert store.kv.ensure(0, len(ids), write_from=0)
         ctx = replace(mtp_step_context(store.kv, chunks=[(0, 0, len(ids))], device=CPU), chunk_slots=(0,),
                       states=store.states)
         outs.append(w.model.forward(torch.tensor(ids), ctx, rows, return_hidden=return_hidden))
-    alone, (logits, hidden) = outs
-    assert isinstance(alone, torch.Tensor) and torch.equal(alone, logits)
+    alone, (logits, hidden), (logits_all, hidden_all) = outs
+    assert isinstance(alone, torch.Tensor) and torch.equal(alone, logits) and torch.equal(alone, logits_all)
+    assert hidden.shape == (2, w.cfg.hidden_size) and hidden_all.shape == (len(ids), w.cfg.hidden_size)
+    assert torch.equal(hidden_all[rows], hidden)
     assert torch.equal(w.ops.logits(hidden, w.model.lm_head), logits)
+    with pytest.raises(ProgramError, match="return_hidden"):
+        w.model.forward(torch.tensor(ids), ctx, rows, return_hidden=True)
 
 
 def _oracle_draft(w: World, hf_h: torch.Tensor, ids: list[int], sampled: int, k: int):
