@@ -84,3 +84,20 @@ def tiny_qwen_artifact(root: Path, config: dict, *, seed: int, std: float, dtype
     artifact = root / "tiny.ninfer"
     convert(folder, artifact, progress=False)
     return artifact
+
+
+def add_mtp_tensors(folder: Path, mtp: torch.nn.Module) -> None:
+    """Store ``mtp``'s state dict (an MTP module whose attribute names are the checkpoint's, e.g. the training
+    script's ``Qwen3_5MTP``) as the saved checkpoint's ``mtp.*`` tensors, and declare one MTP layer with shared
+    embeddings in its config (in ``text_config`` when the config nests one)."""
+    from safetensors.torch import load_file, save_file
+
+    st = folder / "model.safetensors"
+    tensors = load_file(st)
+    tensors.update({f"mtp.{k}": v.detach().clone().contiguous() for k, v in mtp.state_dict().items()})
+    save_file(tensors, st, metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    text["mtp_num_hidden_layers"] = 1
+    text["mtp_use_dedicated_embeddings"] = False
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -96,9 +96,18 @@ class Qwen35Model:
         pos3 = positions.unsqueeze(0).expand(3, -1)   # a view: both implementations read strided positions
         return self.ops.mrope_cos_sin(pos3, self.inv_freq, self.sections, True)
 
-    def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None,
+                return_hidden: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token). ``ctx`` comes
-        without rotary tables; they are built here, after the embedding."""
+        without rotary tables; they are built here, after the embedding.
+
+        ``return_hidden`` (default None: the logits alone, the hot path untouched): return ``(logits, hidden)``
+        with ``hidden`` the final-normed hidden states (activation dtype) the LM head reads, what an MTP
+        drafter takes as ``h_t`` (:mod:`ninfer_qwen3_5.mtp`): ``"rows"``: ``[len(logit_rows), H]``, those of the
+        logit rows; ``"all"``: ``[N, H]``, every token's (the final norm then runs over all N rows; the logits
+        are still those of ``logit_rows``)."""
+        if return_hidden not in (None, "rows", "all"):
+            raise ProgramError(f"return_hidden must be None, 'rows' or 'all', got {return_hidden!r}")
         ops, eps = self.ops, self.cfg.rms_norm_eps
         # The embedding rows and the first block's pre-norm in one op; then the rotary tables, whose kernel
         # computes them while the embedding's finishes (PDL), and the first projection.
@@ -111,7 +120,12 @@ class Qwen35Model:
             inp = NormInput(out, residual, layer.input_norm, eps, normed if i == 0 else None)
             out, residual = layer.mixer(inp, ctx)
             out, residual = layer.mlp(NormInput(out, residual, layer.post_norm, eps))
+        if return_hidden == "all":
+            h_all, _ = ops.add_rms_norm_unit_offset(out, residual, self.norm, eps)
+            h = h_all if logit_rows is None else h_all.index_select(0, logit_rows)
+            return ops.logits(h, self.lm_head), h_all
         if logit_rows is not None:
             out, residual = out.index_select(0, logit_rows), residual.index_select(0, logit_rows)
         h, _ = ops.add_rms_norm_unit_offset(out, residual, self.norm, eps)
-        return ops.logits(h, self.lm_head)
+        logits = ops.logits(h, self.lm_head)
+        return (logits, h) if return_hidden else logits
