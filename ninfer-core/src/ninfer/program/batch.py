@@ -219,7 +219,8 @@ class ChunkRows:
 class ForwardBatch:
     """One unit's model call: decode rows and chunks of other sequences (at least one row or chunk).
     Logit rows, in order: the decode rows, then the last token of each chunk that wants logits (every
-    token of an ``all_logits`` chunk, which is then the batch's only chunk)."""
+    token of an ``all_logits`` chunk, which is then the batch's only chunk, and every token of each verify
+    chunk)."""
 
     decode: DecodeRows | None
     chunks: tuple[ChunkRows, ...] = ()
