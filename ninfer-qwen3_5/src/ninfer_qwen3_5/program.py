@@ -8,6 +8,10 @@ core runs the decode rows, then each chunk on its own slot (see ``layers``). Phy
 declared in :func:`model_layout`: one paged KV pool per full-attention layer and one StateImage per
 sequence with the layout of :mod:`ninfer_qwen3_5.state` (so the context cache's checkpoints too).
 
+Speculative verify (:mod:`ninfer_qwen3_5.speculative_state`): :meth:`Qwen35Program.configure_speculation`
+allocates the snapshot storage; a batch with verify chunks stages each verify row's live image into its first
+snapshot, then runs the one model call; :meth:`Qwen35Program.select_snapshot` commits a row's accepted inputs.
+
 A decode step rewrites every field of the StateImage (each GDN layer's conv window and recurrent
 state) in ``decode_out_slots``, so this architecture declares lookahead decode (``plugin.py``).
 """
@@ -16,12 +20,14 @@ from __future__ import annotations
 
 import torch
 from ninfer.contracts.architecture import ProgramInit
+from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import PackedBatch
 from ninfer.program.model import KVGeometry, ModelLayout, ModelProgram
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.model import Qwen35Model
+from ninfer_qwen3_5.speculative_state import SpeculativeSnapshots, verify_plan
 from ninfer_qwen3_5.state import state_layout
 
 
@@ -37,13 +43,42 @@ class Qwen35Program(ModelProgram):
         super().__init__(init, model_layout(cfg, init.options.dtype))
         self.cfg = cfg
         self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype)
+        self.snapshots: SpeculativeSnapshots | None = None
+
+    def configure_speculation(self, max_rows: int, max_inputs: int) -> SpeculativeSnapshots:
+        """Allocate the verify snapshots: up to ``max_rows`` speculating rows of up to ``max_inputs`` (k + 1)
+        inputs each, ``max_rows * max_inputs`` StateImages of this Program's layout."""
+        if self.snapshots is not None:
+            raise ProgramError("speculation is configured already")
+        self.snapshots = SpeculativeSnapshots(self.layout.state, max_rows, max_inputs, self.device)
+        return self.snapshots
+
+    def select_snapshot(self, row_slot: int, num_inputs: int) -> None:
+        """Commit ``num_inputs`` accepted inputs of the verify row whose live StateImage slot is ``row_slot``
+        (:meth:`SpeculativeSnapshots.select`)."""
+        if self.snapshots is None:
+            raise ProgramError("speculation is not configured")
+        self.snapshots.select(self.states, row_slot, num_inputs)
 
     def forward_packed(self, batch: PackedBatch) -> torch.Tensor:
-        ctx = StepContext(
+        return self.model.forward(batch.tokens, self.step_context(batch), batch.logit_rows)
+
+    def step_context(self, batch: PackedBatch) -> StepContext:
+        """What every layer sees of ``batch`` (rotary tables not yet built). A batch with verify chunks first
+        stages each verify row's live image into its first snapshot (the GDN steps start from there)."""
+        verify = None
+        if batch.has_verify:
+            snaps = self.snapshots
+            if snaps is None:
+                raise ProgramError("a verify chunk needs speculation configured (configure_speculation)")
+            verify = verify_plan(batch, snaps.storage.num_slots, self.device)
+            for slot, snapshot_slots in zip(batch.chunk_slots, batch.chunk_snapshots, strict=True):
+                if snapshot_slots is not None:
+                    snaps.stage(self.states, slot, snapshot_slots[0])
+        return StepContext(
             num_decode=batch.num_decode, num_chunk=batch.num_chunk, positions=batch.positions, cos=None, sin=None,
             slot_mapping=batch.slot_mapping, decode_slots=batch.decode_slots, decode_out_slots=batch.decode_out_slots,
             decode_kv_lens=batch.decode_kv_lens, decode_page_tables=batch.decode_page_tables,
             chunk_slots=batch.chunk_slots, chunk_lens=batch.chunk_lens, chunk_cu_q=batch.chunk_cu_q,
             chunk_kv_lens=batch.chunk_kv_lens, chunk_page_tables=batch.chunk_page_tables, kv=self.kv,
-            states=self.states)
-        return self.model.forward(batch.tokens, ctx, batch.logit_rows)
+            states=self.states, verify=verify, snapshots=None if verify is None else self.snapshots.storage)

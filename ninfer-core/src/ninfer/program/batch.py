@@ -14,7 +14,8 @@ Invariants: a decode row's token is at position ``at[b]`` and its KV length is `
 chunk covers ledger tokens ``[start, start + T_c)`` and its KV length is ``start + T_c``; a sequence is
 in at most one row or chunk of a batch; the logits a call returns are those of
 :attr:`ForwardBatch.num_logit_rows` rows: decode rows in order, then the last token of each chunk that
-samples, in chunk order (every chunk token, in order, for the one chunk of an ``all_logits`` batch).
+samples, in chunk order (every chunk token, in order, for the one chunk of an ``all_logits`` batch, and
+for every speculative verify chunk: one with ``snapshot_slots``).
 """
 
 from __future__ import annotations
@@ -154,6 +155,12 @@ class ChunkRows:
     ``all_logits`` (causal scoring, see :meth:`~ninfer.program.base.SequenceProgram.score_chunk`): the
     forward returns the logits of every chunk token, in order, instead (it implies the last token's).
 
+    ``snapshot_slots`` (speculative verify: ``token_ids`` are a row's last token and its drafts): one slot
+    of the architecture's speculative snapshot storage per token; the forward returns every token's
+    logits, leaves the StateImage ``slot`` unchanged and stores the state after token ``j`` in
+    ``snapshot_slots[j]`` (the architecture's snapshot storage defines what that state is). Such a chunk
+    may share its batch with decode rows and other chunks; it never has ``all_logits``.
+
     The device tensors (``tokens``, ``positions``, ``slot_mapping``, ``page_table``) are made on first
     use; :func:`pack_batch` reads the host description instead and copies a whole batch's metadata at once."""
 
@@ -166,11 +173,22 @@ class ChunkRows:
     pages: tuple[int, ...]
     want_logits: bool
     all_logits: bool = False
+    snapshot_slots: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids or len(self.kv_slots) != len(self.token_ids):
             raise ProgramError(f"chunk of sequence {self.seq} needs at least one token and one KV slot per token "
                                f"(got {len(self.token_ids)} tokens, {len(self.kv_slots)} slots)")
+        if self.snapshot_slots is not None:
+            if len(self.snapshot_slots) != len(self.token_ids) or len(set(self.snapshot_slots)) != len(self.token_ids):
+                raise ProgramError(f"verify chunk of sequence {self.seq} needs one distinct snapshot slot per token "
+                                   f"(got {len(self.snapshot_slots)} for {len(self.token_ids)} tokens)")
+            if self.all_logits:
+                raise ProgramError(f"verify chunk of sequence {self.seq} cannot also be a scoring chunk")
+
+    @property
+    def verify(self) -> bool:     # a speculative verify chunk: every token's logits, state to snapshots
+        return self.snapshot_slots is not None
 
     @property
     def num_tokens(self) -> int:  # T
@@ -201,7 +219,8 @@ class ChunkRows:
 class ForwardBatch:
     """One unit's model call: decode rows and chunks of other sequences (at least one row or chunk).
     Logit rows, in order: the decode rows, then the last token of each chunk that wants logits (every
-    token of an ``all_logits`` chunk, which is then the batch's only chunk)."""
+    token of an ``all_logits`` chunk, which is then the batch's only chunk, and every token of each verify
+    chunk)."""
 
     decode: DecodeRows | None
     chunks: tuple[ChunkRows, ...] = ()
@@ -215,7 +234,7 @@ class ForwardBatch:
     @property
     def num_logit_rows(self) -> int:
         b = len(self.decode.seqs) if self.decode is not None else 0
-        return b + sum(c.num_tokens if c.all_logits else int(c.want_logits) for c in self.chunks)
+        return b + sum(c.num_tokens if c.all_logits or c.verify else int(c.want_logits) for c in self.chunks)
 
 
 @dataclass(frozen=True)
@@ -228,7 +247,11 @@ class PackedBatch:
     can slice per chunk without a device synchronisation. The ``decode_*`` fields are None when B == 0
     and the tensor ``chunk_*`` fields when C == 0. A decode-only batch (C == 0, ``logit_rows`` None) is
     built from a decode graph's static inputs too: the model call must then be graph-capturable (no host
-    tensors, no synchronisation)."""
+    tensors, no synchronisation).
+
+    ``chunk_snapshots`` (host): empty when no chunk is a speculative verify chunk; otherwise one entry per
+    chunk, None for an ordinary chunk and, for a verify chunk, its ``ChunkRows.snapshot_slots`` (one per
+    token; its logit rows are every token of it, and its state slot ``chunk_slots[c]`` is only read)."""
 
     num_decode: int                          # B
     num_chunk: int                           # T: the chunks' tokens together
@@ -247,6 +270,11 @@ class PackedBatch:
     chunk_page_tables: torch.Tensor | None   # int32 [C, P]: each chunk sequence's pages (padded with 0, unread)
     logit_rows: torch.Tensor | None          # int64 [R]: the tokens whose logits are returned, in order
                                              # (None: every token)
+    chunk_snapshots: tuple[tuple[int, ...] | None, ...] = ()   # C host entries when a chunk verifies, else ()
+
+    @property
+    def has_verify(self) -> bool:
+        return any(s is not None for s in self.chunk_snapshots)
 
     @property
     def num_chunks(self) -> int:             # C
@@ -266,7 +294,8 @@ class PackedBatch:
 def pack_batch(batch: ForwardBatch, device: torch.device) -> PackedBatch:
     """``batch`` laid out as one token sequence (see :class:`PackedBatch`). A decode-only batch returns
     every row's logits; otherwise ``logit_rows`` picks the decode rows, then the last token of each chunk
-    that wants logits (every chunk token with ``all_logits``, causal scoring: each predicts the next one).
+    that wants logits (every chunk token with ``all_logits``, causal scoring: each predicts the next one,
+    and of a verify chunk).
 
     The metadata of the decode rows and chunks reaches the device in two copies (pinned and non-blocking
     on CUDA): one int64 buffer (tokens, positions, KV slots, logit rows, decode state slots) and one int32
@@ -281,7 +310,7 @@ def pack_batch(batch: ForwardBatch, device: torch.device) -> PackedBatch:
     rows = list(range(b))
     at = b
     for c in chunks:
-        if c.all_logits:
+        if c.all_logits or c.verify:
             rows.extend(range(at, at + c.num_tokens))
         elif c.want_logits:
             rows.append(at + c.num_tokens - 1)
@@ -334,4 +363,5 @@ def pack_batch(batch: ForwardBatch, device: torch.device) -> PackedBatch:
         decode_slots=decode_fields[0], decode_out_slots=decode_fields[1], decode_kv_lens=decode_fields[2],
         decode_page_tables=decode_fields[3], chunk_slots=tuple(c.slot for c in chunks), chunk_lens=lens,
         chunk_cu_q=small[:c_n + 1], chunk_kv_lens=small[c_n + 1:2 * c_n + 1],
-        chunk_page_tables=small[2 * c_n + 1:tables].view(c_n, p), logit_rows=big[3 * n:3 * n + r])
+        chunk_page_tables=small[2 * c_n + 1:tables].view(c_n, p), logit_rows=big[3 * n:3 * n + r],
+        chunk_snapshots=tuple(c.snapshot_slots for c in chunks) if any(c.verify for c in chunks) else ())

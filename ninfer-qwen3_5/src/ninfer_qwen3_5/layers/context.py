@@ -3,6 +3,9 @@
 Token layout of a call (N tokens): the B decode rows first (one token each), then the C chunks in unit
 order (chunk ``c`` is ``chunk_lens[c]`` consecutive tokens of one sequence, T tokens together), so
 ``x[:B]`` are decode tokens and ``x[B:]`` the chunks.
+
+A call with speculative verify chunks (see :mod:`ninfer_qwen3_5.speculative_state`) carries ``verify``, how
+the GDN layers step them, and ``snapshots``, the storage their per-token states go to; both None otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from ninfer.storage.kv_pool import PagedKVCache
 from ninfer.storage.state_image import StateImageStorage
+
+from ninfer_qwen3_5.speculative_state import VerifyPlan
 
 
 @dataclass(frozen=True)
@@ -34,3 +39,5 @@ class StepContext:
     chunk_page_tables: torch.Tensor | None  # int32 [C, maxp]
     kv: PagedKVCache
     states: StateImageStorage
+    verify: VerifyPlan | None = None        # the verify chunks' GDN steps and the ordinary chunks (host)
+    snapshots: StateImageStorage | None = None   # the verify snapshots (given with ``verify``)

@@ -8,6 +8,11 @@ StateImage is rewritten by a decode step, which lookahead decode relies on); eac
 ``gated_rms_norm`` then runs once over every chunk token. Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
 
+A call with speculative verify chunks (``ctx.verify``) runs them as successive decode steps instead: token
+``j`` of every verify row in one ``gdn_decode`` against the snapshot storage, reading snapshot ``j - 1`` (step
+0: snapshot 0, the staged live image) and writing snapshot ``j``; the live slots are not touched (see
+:mod:`ninfer_qwen3_5.speculative_state`). Its ordinary chunks run as above, each with its own gated norm.
+
 The four input projections run as one GEMM per run of row-adjacent weights (:mod:`.fused`: all four in
 the converter's layout, one ``gdn/in_proj`` parent), and q/k/v, z, a, b stay column views of the output: the ops take
 row-strided inputs, so a decode step copies nothing between the GEMMs and the kernels.
@@ -49,6 +54,9 @@ class GatedDeltaNet:
         (qkv, z, b, a), _, residual = norm_project(ops, inp, self.in_groups)
         z = z.reshape(n, self.hv, self.dv)
         conv_states, rec = ctx.states.field(self.conv_name), ctx.states.field(self.rec_name)
+        if ctx.verify is not None:
+            o = self._verify(qkv, z, a, b, ctx, conv_states, rec)
+            return ops.linear(o.reshape(n, self.value_dim), self.w_out), residual
         outs = []
         if b_rows:
             outs.append(ops.gdn_decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], self.decode_params,
@@ -62,6 +70,25 @@ class GatedDeltaNet:
             outs.append(ops.gated_rms_norm(o, z[b_rows:], self.w_norm, self.eps))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
         return ops.linear(o.reshape(n, self.value_dim), self.w_out), residual
+
+    def _verify(self, qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ctx: StepContext,
+                conv_states: torch.Tensor, rec: torch.Tensor) -> torch.Tensor:
+        """The core output ``[N, Hv, Dv]`` (after the gated norm) of a call with verify chunks."""
+        ops, b_rows = self.ops, ctx.num_decode
+        o = torch.empty(z.shape, dtype=qkv.dtype, device=qkv.device)
+        if b_rows:
+            o[:b_rows] = ops.gdn_decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], self.decode_params,
+                                        conv_states, rec, ctx.decode_slots, ctx.decode_out_slots)
+        for at, t, slot in ctx.verify.chunks:
+            core = self._chunk(qkv[at:at + t], a[at:at + t], b[at:at + t], conv_states[slot], rec[slot])
+            o[at:at + t] = ops.gated_rms_norm(core, z[at:at + t], self.w_norm, self.eps)
+        snap_conv, snap_rec = ctx.snapshots.field(self.conv_name), ctx.snapshots.field(self.rec_name)
+        # One decode step per verify token index: token j of every row after token j - 1 of it.
+        for step in ctx.verify.steps:
+            r = step.rows
+            o[r] = ops.gdn_decode(qkv[r], z[r], a[r], b[r], self.decode_params, snap_conv, snap_rec,
+                                  step.in_slots, step.out_slots)
+        return o
 
     def _chunk(self, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_state: torch.Tensor,
                state: torch.Tensor) -> torch.Tensor:
