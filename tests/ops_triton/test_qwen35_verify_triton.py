@@ -88,7 +88,10 @@ def _run(prog) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return logits, snapshots
 
 
-@pytest.mark.parametrize("name", ["dense", "moe"])
+# The verify plumbing (GDN layers, attention) is the same in both; only their MLPs differ. Under the
+# interpreter each case takes minutes on a 2-core CPU, so the MoE case runs where the kernels compile.
+@pytest.mark.parametrize("name", ["dense", pytest.param("moe", marks=pytest.mark.skipif(
+    DEVICE != "cuda", reason="the MoE case runs on a CUDA device (the dense one covers the plumbing here)"))])
 def test_verify_on_triton_ops_matches_reference_ops(qwen_case, name):
     case = qwen_case(name)
     triton_program = _program(case, "triton")
