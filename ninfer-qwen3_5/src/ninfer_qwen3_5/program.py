@@ -12,38 +12,78 @@ Speculative verify (:mod:`ninfer_qwen3_5.speculative_state`): :meth:`Qwen35Progr
 allocates the snapshot storage; a batch with verify chunks stages each verify row's live image into its first
 snapshot, then runs the one model call; :meth:`Qwen35Program.select_snapshot` commits a row's accepted inputs.
 
+Speculative decoding (``ProgramOptions.speculative_tokens = k > 0``, :mod:`ninfer_qwen3_5.speculative_decode`):
+the Program also builds the MTP head (its ``mtp/*`` parameters must be in ``ProgramInit.weights``), declares
+the MTP layer's KV pool in its layout, configures the verify snapshots for ``max_sequences`` rows of ``k + 1``
+inputs, and runs every unit through :class:`~ninfer_qwen3_5.speculative_decode.MTPDecoding` (eagerly, with the
+target's hidden states; no decode graphs, no lookahead). With ``k = 0`` none of this exists.
+
 A decode step rewrites every field of the StateImage (each GDN layer's conv window and recurrent
 state) in ``decode_out_slots``, so this architecture declares lookahead decode (``plugin.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from ninfer.contracts.architecture import ProgramInit
-from ninfer.contracts.program import ProgramError
+from ninfer.contracts.program import ExecutionUnit, PendingBatch, ProgramError, SeqId
 from ninfer.program.batch import PackedBatch
 from ninfer.program.model import KVGeometry, ModelLayout, ModelProgram
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.model import Qwen35Model
+from ninfer_qwen3_5.mtp import Qwen35MTPHead, mtp_kv_layer
+from ninfer_qwen3_5.speculative_decode import MTPDecoding
 from ninfer_qwen3_5.speculative_state import SpeculativeSnapshots, verify_plan
 from ninfer_qwen3_5.state import state_layout
 
 
-def model_layout(cfg: Qwen35Config, dtype: torch.dtype) -> ModelLayout:
+def model_layout(cfg: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False) -> ModelLayout:
+    """The Program's layout; ``mtp``: one more KV pool, the MTP layer's (:func:`~ninfer_qwen3_5.mtp.mtp_kv_layer`)."""
+    layers = tuple(cfg.attention_layers) + ((mtp_kv_layer(cfg),) if mtp else ())
     return ModelLayout(vocab_size=cfg.vocab_size, max_positions=cfg.max_position_embeddings,
-                       kv=KVGeometry(tuple(cfg.attention_layers), cfg.num_kv_heads, cfg.head_dim),
-                       state=state_layout(cfg, dtype))
+                       kv=KVGeometry(layers, cfg.num_kv_heads, cfg.head_dim), state=state_layout(cfg, dtype))
 
 
 class Qwen35Program(ModelProgram):
     def __init__(self, init: ProgramInit) -> None:
         cfg = Qwen35Config.from_compact(init.config)
-        super().__init__(init, model_layout(cfg, init.options.dtype))
+        k = init.options.speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ProgramError(f"ProgramOptions.speculative_tokens must be an int >= 0, got {k!r}")
+        super().__init__(init, model_layout(cfg, init.options.dtype, mtp=k > 0))
         self.cfg = cfg
         self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype)
         self.snapshots: SpeculativeSnapshots | None = None
+        self.speculation: MTPDecoding | None = None
+        if k:
+            head = Qwen35MTPHead(cfg, init.config, init.weights, self.model.embed, self.model.lm_head, init.ops,
+                                 self.device, init.options.dtype)
+            self.configure_speculation(init.options.max_sequences, k + 1)
+            self.speculation = MTPDecoding(self, head, k)
+
+    def run(self, unit: ExecutionUnit) -> PendingBatch:
+        if self.speculation is None:
+            return super().run(unit)
+        return self.speculation.run(unit)
+
+    def _commit_inputs(self, pending: PendingBatch, accepted: Mapping[SeqId, int]) -> None:
+        if self.speculation is not None:
+            self.speculation.commit_inputs(pending, accepted)
+
+    def abort_pending(self, pending: PendingBatch) -> None:
+        self._check_outstanding(pending)
+        if self.speculation is not None:
+            self.speculation.abort(pending)
+        super().abort_pending(pending)
+
+    def _free(self, seq: SeqId, s) -> None:
+        if self.speculation is not None:
+            self.speculation.forget(seq)
+        super()._free(seq, s)
 
     def configure_speculation(self, max_rows: int, max_inputs: int) -> SpeculativeSnapshots:
         """Allocate the verify snapshots: up to ``max_rows`` speculating rows of up to ``max_inputs`` (k + 1)

@@ -76,7 +76,9 @@ class ProgramOptions:
     ``checkpoint_slots``: StateImage slots for context-cache checkpoints (0: no checkpoints).
     ``lookahead_slots``: extra StateImage slots held as lookahead-decode spares (0: no lookahead;
     given only to an architecture that declares ``ArchitectureSpec.lookahead``, see
-    ``ninfer.program.lookahead``)."""
+    ``ninfer.program.lookahead``). ``speculative_tokens``: the most drafts a speculative decode row may
+    verify (``DecodeRow.drafts``; 0: the Program does not speculate and is built exactly as without it);
+    only an architecture with a drafter accepts more than 0."""
 
     device: torch.device
     dtype: torch.dtype
@@ -86,6 +88,7 @@ class ProgramOptions:
     max_context: int
     checkpoint_slots: int = 0
     lookahead_slots: int = 0
+    speculative_tokens: int = 0
 
 
 @dataclass(frozen=True)

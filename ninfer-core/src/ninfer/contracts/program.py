@@ -79,8 +79,15 @@ class RowSampling:
 
 @dataclass(frozen=True)
 class DecodeRow:
+    """One decode step of ``seq``. ``drafts`` (speculative decoding): the most drafted tokens this row may
+    verify in this step (0: a plain decode step). Only a Program built with
+    ``ProgramOptions.speculative_tokens >= drafts`` accepts ``drafts > 0`` (others raise ProgramError); the
+    row must then be reserved for ``drafts + 1`` tokens, and its PendingRow holds between 1 and
+    ``drafts + 1`` tokens."""
+
     seq: SeqId
     sampling: RowSampling
+    drafts: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,9 @@ class TokenLogprob:
 
 @dataclass(frozen=True)
 class PendingRow:
+    """One sampling row's provisional tokens: one, or up to ``drafts + 1`` for a speculative decode row
+    (the accepted drafts, then the target's own token); committing ``a`` of them keeps the first ``a``."""
+
     seq: SeqId
     tokens: tuple[int, ...]                      # provisional tokens; produced extent = len(tokens)
     logprobs: tuple[TokenLogprob, ...] | None = None
@@ -267,7 +277,8 @@ class Program(Protocol):
     def computed(self, seq: SeqId) -> int: ...
 
     def run(self, unit: ExecutionUnit) -> PendingBatch:
-        """Execute one unit. Decode rows must be decode-ready and reserved for 1 token; each chunk's
+        """Execute one unit. Decode rows must be decode-ready and reserved for 1 token (``drafts + 1`` for a
+        speculative row, see :class:`DecodeRow`); each chunk's
         sequence must be reserved for its ``num_tokens``. Rows of the result: every decode row, then
         each chunk's sequence that sampled, in the unit's order."""
 

@@ -178,6 +178,7 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
 
     # -- execution -------------------------------------------------------------------------------
     def run(self, unit: ExecutionUnit) -> PendingBatch:
+        self._refuse_drafts(unit)
         la, self._lookahead = self._lookahead, None
         if la is not None:
             keep = self._adoptable(la, unit)
@@ -222,6 +223,7 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
             if isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= len(r.tokens):
                 raise PendingBatchError(f"sequence {r.seq} accepted {a!r} of {len(r.tokens)} produced tokens "
                                         f"in batch {pending.batch_id}; must be an int in [0, produced]")
+        self._commit_inputs(pending, accepted)
         for r in pending.rows:
             s = self._seqs[r.seq]
             a = accepted[r.seq]
@@ -231,6 +233,11 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
             if s.computed != len(s.ledger) - 1:
                 s.stale = True
         self._consume(pending)
+
+    def _commit_inputs(self, pending: PendingBatch, accepted: Mapping[SeqId, int]) -> None:
+        """Hook of :meth:`commit`, after its checks and before the ledgers grow: a Program whose rows did not
+        advance ``computed`` in :meth:`run` (a speculative verify row) advances it here by the accepted
+        inputs. Nothing to do here: every input of a plain unit was counted when it ran."""
 
     def abort_pending(self, pending: PendingBatch) -> None:
         self._check_outstanding(pending)
@@ -308,14 +315,27 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
 
     def _new_pending(self, sampling: list[tuple[SeqId, RowSampling]], tokens: list[int],
                      logprobs: list[TokenLogprob | None]) -> PendingBatch:
+        return self._pending_of([
+            PendingRow(seq=sid, tokens=(tok,), logprobs=None if lp is None else (lp,))
+            for (sid, _), tok, lp in zip(sampling, tokens, logprobs, strict=True)])
+
+    def _pending_of(self, rows: list[PendingRow]) -> PendingBatch:
+        """A new outstanding PendingBatch of ``rows`` (each row's sequence marked pending on it)."""
         bid = next(self._batch_ids)
-        rows = []
-        for (sid, _), tok, lp in zip(sampling, tokens, logprobs, strict=True):
-            self._seqs[sid].pending = bid
-            rows.append(PendingRow(seq=sid, tokens=(tok,), logprobs=None if lp is None else (lp,)))
+        for r in rows:
+            self._seqs[r.seq].pending = bid
         pending = PendingBatch(batch_id=bid, rows=tuple(rows))
         self._outstanding[bid] = pending
         return pending
+
+    @staticmethod
+    def _refuse_drafts(unit: ExecutionUnit) -> None:
+        """This bookkeeping runs plain decode steps only: a speculative row (``DecodeRow.drafts``) is refused
+        before anything happens (an architecture that speculates overrides :meth:`run`)."""
+        for row in unit.decode:
+            if row.drafts != 0:
+                raise ProgramError(f"decode row of sequence {row.seq} asks to verify {row.drafts!r} drafts, but "
+                                   f"this Program does not speculate (ProgramOptions.speculative_tokens is 0)")
 
     def _damage(self, seqs: Sequence[SeqId]) -> None:
         for sid in seqs:

@@ -174,8 +174,9 @@ class LookaheadDecode:
         return DeviceTokens(tokens, lp, want, host=self.precomputed_host_tokens(tokens))
 
     def _may_look_ahead(self, unit: ExecutionUnit) -> bool:
+        # A speculative row (drafts > 0) commits a variable number of tokens: nothing to run ahead of.
         return (bool(unit.decode) and not unit.chunks and len(unit.decode) <= len(self._spares)
-                and all(lookahead_eligible(r.sampling) for r in unit.decode))
+                and all(r.drafts == 0 and lookahead_eligible(r.sampling) for r in unit.decode))
 
     def _launch_lookahead(self, sampling: list[tuple[SeqId, RowSampling]], tokens: torch.Tensor) -> None:
         """Queue the next decode step of these rows (their ``computed`` already counts the step that

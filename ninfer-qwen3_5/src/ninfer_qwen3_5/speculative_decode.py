@@ -1,0 +1,302 @@
+"""MTP speculative decoding inside the Qwen3.5 Program: drafting, one verify forward, acceptance, commit.
+
+A Program built with ``ProgramOptions.speculative_tokens = k > 0`` runs every unit through
+:meth:`MTPDecoding.run` (a Program built without it never reaches this module). A decode row with
+``DecodeRow.drafts = n > 0`` drafts ``n`` tokens with the MTP head (:mod:`ninfer_qwen3_5.mtp`, greedy) and
+verifies ``[t_last, d_1..d_n]`` as a verify chunk (:mod:`ninfer_qwen3_5.speculative_state`) in the same one
+forward as the unit's plain decode rows and prefill chunks; every call returns the target's final-normed
+hidden states, which feed the MTP head.
+
+Acceptance: the target's logits at verify position ``i`` are transformed exactly as plain sampling transforms
+a decode row's (:mod:`ninfer.program.sampling`: penalties over the ledger extended by ``d_1..d_i``, then the
+``sample`` op with the request's seed and step ``step + i``, or ``greedy_tokens`` when every row is greedy),
+giving the token ``x_i`` plain decoding would emit there. The row keeps the drafts while ``d_{i+1} == x_i``
+and then adds ``x_n`` (:func:`~ninfer.program.speculation.greedy_acceptance` over the tokens ``x``). At
+temperature 0 that is the greedy rule; with sampling it is
+:func:`~ninfer.program.speculation.rejection_acceptance` with ``q=None`` (a deterministic drafter), its
+Gumbel draws being the ``sample`` op's own: a seeded request commits the very tokens plain sampling would.
+Constrained rows (a token mask) and rows asking for logprobs may not draft (ProgramError).
+
+MTP bookkeeping, per sequence (:class:`Frontier`): ``done``, the MTP pool's final positions ``[0, done)``,
+and ``hidden``, the target's hidden states of positions ``[done, computed)`` not yet fed to the MTP layer.
+Invariant: ``done <= computed``, and the MTP K/V of position ``t < done`` was computed from the target's
+hidden state at ``t`` and the committed token ``x_{t+1}`` (a sequence opened from a checkpoint starts at
+``done = computed``: the checkpoint's MTP K/V below it are whatever its origin wrote, which only changes
+how many drafts are accepted, never which tokens are committed).
+
+- A prefill chunk appends its positions' hidden states, then the MTP layer runs at once over every
+  position whose next token is in the ledger (all of a non-final chunk; all but the last of a final one).
+- A plain decode row appends its one hidden state (its next token is still provisional).
+- A drafting row first feeds the MTP layer positions ``[done, computed)`` (their next tokens are all in the
+  ledger now), whose last output drafts ``d_1``; it needs ``done < computed`` (a row without a pending hidden
+  state, right after a checkpoint open, decodes plainly that step). Its frontier is settled at commit: with
+  ``a >= 1`` accepted tokens, ``done = computed_before`` and ``hidden`` = the verify's hidden states of its
+  first ``a`` inputs (``t_last, d_1..d_{a-1}``, the committed ones); with ``a = 0`` (or an abort) it is left
+  as it was, so the next draft recomputes the same positions. The MTP K/V past ``done`` written by a draft
+  are provisional and are overwritten before anything reads them.
+
+Commit of a verify row accepting ``a`` tokens: ``computed += a`` and snapshot ``a - 1`` becomes the live
+StateImage (``select_snapshot``; ``a = 0`` keeps it, and the row stays decode-ready). One verify may be
+outstanding at a time (its snapshots are reused by the next).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from ninfer.contracts.program import (
+    DecodeRow,
+    ExecutionUnit,
+    PendingBatch,
+    PendingRow,
+    ProgramError,
+    RowSampling,
+    SeqId,
+)
+from ninfer.program.batch import ForwardBatch, pack_batch
+from ninfer.program.sampling import draw, penalize, wants_logprobs
+from ninfer.program.speculation import greedy_acceptance
+
+from ninfer_qwen3_5.mtp import DraftRow, Qwen35MTPHead, mtp_step_context
+from ninfer_qwen3_5.speculative_state import verify_chunk_rows
+
+
+@dataclass
+class Frontier:
+    """A sequence's MTP progress (module docstring): MTP positions ``[0, done)`` are final; ``hidden``
+    ``[computed - done, H]`` holds the target's hidden states of positions ``[done, computed)`` (None: none)."""
+
+    done: int
+    hidden: torch.Tensor | None = None
+
+    def pending(self) -> int:
+        return 0 if self.hidden is None else int(self.hidden.shape[0])
+
+    def append(self, h: torch.Tensor) -> None:
+        self.hidden = h if self.hidden is None else torch.cat((self.hidden, h))
+
+    def consume(self, n: int) -> None:
+        self.done += n
+        self.hidden = None if n >= self.pending() else self.hidden[n:]
+
+
+@dataclass(frozen=True)
+class _Verify:
+    """A verify row awaiting commit: the hidden states of its inputs ``[n + 1, H]`` and ``computed`` when it ran."""
+
+    hidden: torch.Tensor
+    start: int
+
+
+class MTPDecoding:
+    """The speculative side of a Qwen3.5 Program (``program``) drafting up to ``k`` tokens per row with
+    ``head``. See the module docstring for the rules it keeps."""
+
+    def __init__(self, program, head: Qwen35MTPHead, k: int) -> None:
+        self.p, self.head, self.k = program, head, k
+        self.frontiers: dict[SeqId, Frontier] = {}
+        self._verify: dict[SeqId, _Verify] = {}
+        self._verify_batch: int | None = None
+        #: Monotone counts: verify rows run, drafts they verified, drafts accepted (by the acceptance rule).
+        self.verified = self.drafted = self.accepted = 0
+
+    # -- run -------------------------------------------------------------------------------------
+    def run(self, unit: ExecutionUnit) -> PendingBatch:
+        p = self.p
+        members = p._members(unit)
+        if len(set(members)) != len(members):
+            raise ProgramError(f"a sequence appears twice in one execution unit: {members}")
+        verify: list[tuple[DecodeRow, int]] = []
+        plain: list[DecodeRow] = []
+        for row in unit.decode:
+            n = row.drafts
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.k:
+                raise ProgramError(f"decode row of sequence {row.seq} asks for {n!r} drafts; this Program "
+                                   f"verifies 0..{self.k} (ProgramOptions.speculative_tokens)")
+            if n == 0:
+                plain.append(row)
+                continue
+            if row.sampling.mask is not None or wants_logprobs(row.sampling):
+                raise ProgramError(f"decode row of sequence {row.seq}: a constrained row or one asking for "
+                                   f"logprobs cannot draft (drafts must be 0)")
+            s = p._ready(row.seq, "decode")
+            if s.computed != len(s.ledger) - 1:
+                raise ProgramError(f"decode sequence {row.seq} is not decode-ready "
+                                   f"(computed {s.computed}, ledger {len(s.ledger)})")
+            if self._frontier(row.seq).pending() == 0:
+                plain.append(DecodeRow(row.seq, row.sampling))   # nothing to draft from: decode plainly
+                continue
+            if not p.kv.writable(row.seq, s.computed, s.computed + n + 1):
+                raise ProgramError(f"speculative sequence {row.seq} has no KV reserved for {n + 1} tokens "
+                                   f"(or a page there is shared)")
+            verify.append((row, n))
+        if verify and self._verify_batch is not None:
+            raise ProgramError(f"pending batch {self._verify_batch} still holds verify rows: commit or abort it "
+                               f"before the next speculative step")
+        rest = ExecutionUnit(decode=tuple(DecodeRow(r.seq, r.sampling) for r in plain), chunks=unit.chunks)
+        batch, sampling = p._prepare(rest) if (rest.decode or rest.chunks) else (None, [])
+        for sid in members:
+            self._frontier(sid)
+        try:
+            with torch.inference_mode():
+                return self._execute(unit, batch, sampling, verify)
+        except Exception:
+            p._damage(members)
+            raise
+
+    def _execute(self, unit: ExecutionUnit, batch: ForwardBatch | None, sampling, verify) -> PendingBatch:
+        p = self.p
+        drafts = self._draft(verify)
+        seqs = [row.seq for row, _ in verify]
+        snaps = p.snapshots.assign([p.state_slot(sid) for sid in seqs], [n + 1 for _, n in verify])
+        chunks = tuple(verify_chunk_rows(p, row.seq, p.computed(row.seq), [p.ledger(row.seq)[-1], *d], sn)
+                       for (row, _), d, sn in zip(verify, drafts, snaps, strict=True))
+        fb = ForwardBatch(decode=batch.decode if batch is not None else None,
+                          chunks=(batch.chunks if batch is not None else ()) + chunks)
+        packed = pack_batch(fb, p.device)
+        logits, hidden = p.model.forward(packed.tokens, p.step_context(packed), packed.logit_rows,
+                                         return_hidden="all")
+        m = len(sampling)
+        tokens, logprobs = p._sample(logits[:m], sampling) if m else ([], [])
+        committed = self._accept(logits[m:], verify, drafts) if verify else []
+        # Every forward succeeded: advance the plain rows, keep the hidden states.
+        at = 0
+        for sid in (fb.decode.seqs if fb.decode is not None else ()):
+            p._seqs[sid].computed += 1
+            self.frontiers[sid].append(hidden[at:at + 1])
+            at += 1
+        caught_up = []
+        for c in fb.chunks:
+            if c.verify:
+                self._verify[c.seq] = _Verify(hidden[at:at + c.num_tokens], c.start)
+            else:
+                p._seqs[c.seq].computed += c.num_tokens
+                self.frontiers[c.seq].append(hidden[at:at + c.num_tokens])
+                caught_up.append(c.seq)
+            at += c.num_tokens
+        self._catch_up(caught_up)
+        out = {sid: (tok, lp) for (sid, _), tok, lp in zip(sampling, tokens, logprobs, strict=True)}
+        for (row, _), toks in zip(verify, committed, strict=True):
+            out[row.seq] = (toks, None)
+        decoding = {r.seq for r in unit.decode}
+        order = [r.seq for r in unit.decode] + [sid for sid, _ in sampling if sid not in decoding]
+        rows = []
+        for sid in order:
+            toks, lp = out[sid]
+            if isinstance(toks, int):
+                rows.append(PendingRow(seq=sid, tokens=(toks,), logprobs=None if lp is None else (lp,)))
+            else:
+                rows.append(PendingRow(seq=sid, tokens=tuple(toks)))
+        pending = p._pending_of(rows)
+        if verify:
+            self._verify_batch = pending.batch_id
+        return pending
+
+    def _draft(self, verify: list[tuple[DecodeRow, int]]) -> list[list[int]]:
+        """Each verify row's drafts (host lists), one MTP draft call per distinct draft count."""
+        p = self.p
+        out: dict[SeqId, list[int]] = {}
+        for n in sorted({n for _, n in verify}):
+            group = [row.seq for row, m in verify if m == n]
+            rows, toks, hid = [], [], []
+            for sid in group:
+                f, s = self.frontiers[sid], p._seqs[sid]
+                rows.append(DraftRow(sid, f.done, f.pending()))
+                toks.extend(s.ledger[f.done + 1:s.computed + 1])
+                hid.append(f.hidden)
+            d = self.head.draft(p.kv, rows, torch.tensor(toks, dtype=torch.int64, device=p.device),
+                                torch.cat(hid), n)
+            for sid, ds in zip(group, d.tokens.tolist(), strict=True):
+                out[sid] = ds
+        return [out[row.seq] for row, _ in verify]
+
+    def _accept(self, logits: torch.Tensor, verify, drafts: list[list[int]]) -> list[list[int]]:
+        """The committed tokens of each verify row (module docstring: plain sampling's token at each
+        position, kept while the drafts agree)."""
+        p = self.p
+        rows: list[tuple[tuple[SeqId, int], RowSampling]] = []
+        for row, n in verify:
+            rs = row.sampling
+            rows.extend(((row.seq, i), RowSampling(rs.params, rs.seed, rs.step + i)) for i in range(n + 1))
+        extended = {(row.seq, i): list(p.ledger(row.seq)) + d[:i]
+                    for (row, n), d in zip(verify, drafts, strict=True) for i in range(n + 1)}
+        prompt = {row.seq: p._seqs[row.seq].prompt_length for row, _ in verify}
+
+        def history(key):
+            return extended[key], prompt[key[0]]
+
+        processed = penalize(logits.float(), rows, history, p.ops, p.vocab_size)
+        x = draw(processed, rows, p.ops, p.vocab_size, lambda _: None)
+        width = max(n for _, n in verify)
+        dr = torch.zeros((len(verify), width), dtype=torch.int64, device=x.device)
+        xs = torch.zeros((len(verify), width + 1), dtype=torch.int64, device=x.device)
+        at = 0
+        for r, ((_, n), d) in enumerate(zip(verify, drafts, strict=True)):
+            dr[r, :n] = torch.tensor(d, dtype=torch.int64)
+            xs[r, :n + 1] = x[at:at + n + 1]
+            at += n + 1
+        num = torch.tensor([n for _, n in verify], dtype=torch.int64, device=x.device)
+        acc = greedy_acceptance(dr, xs, num)
+        committed = acc.to_host()
+        self.verified += len(verify)
+        self.drafted += sum(n for _, n in verify)
+        self.accepted += sum(len(t) - 1 for t in committed)
+        return committed
+
+    def _catch_up(self, seqs: list[SeqId]) -> None:
+        """Feed the MTP layer every position of ``seqs`` whose next token is in the ledger (one call)."""
+        p = self.p
+        parts = []
+        for sid in seqs:
+            f, s = self.frontiers[sid], p._seqs[sid]
+            n = min(s.computed, len(s.ledger) - 1) - f.done
+            if n > 0:
+                parts.append((sid, f, n))
+        if not parts:
+            return
+        toks = [t for sid, f, n in parts for t in p._seqs[sid].ledger[f.done + 1:f.done + n + 1]]
+        hidden = torch.cat([f.hidden[:n] for _, f, n in parts])
+        ctx = mtp_step_context(p.kv, chunks=[(sid, f.done, n) for sid, f, n in parts], device=p.device)
+        self.head.forward(torch.tensor(toks, dtype=torch.int64, device=p.device), hidden, ctx,
+                          torch.zeros(0, dtype=torch.int64, device=p.device))
+        for _, f, n in parts:
+            f.consume(n)
+
+    # -- commit ----------------------------------------------------------------------------------
+    def commit_inputs(self, pending: PendingBatch, accepted: Mapping[SeqId, int]) -> None:
+        """Before the ledgers grow: each verify row of ``pending`` takes its accepted inputs (module docstring)."""
+        if self._verify_batch != pending.batch_id:
+            return
+        p = self.p
+        for r in pending.rows:
+            v = self._verify.pop(r.seq, None)
+            if v is None:
+                continue
+            a = accepted[r.seq]
+            p.select_snapshot(p.state_slot(r.seq), a)
+            p._seqs[r.seq].computed += a
+            if a:
+                f = self.frontiers[r.seq]
+                f.done, f.hidden = v.start, v.hidden[:a]
+        self._verify_batch = None
+
+    def abort(self, pending: PendingBatch) -> None:
+        """Drop ``pending``'s verify rows (their live state was never written; the frontier stays)."""
+        if self._verify_batch != pending.batch_id:
+            return
+        for r in pending.rows:
+            self._verify.pop(r.seq, None)
+        self._verify_batch = None
+
+    def forget(self, seq: SeqId) -> None:
+        self.frontiers.pop(seq, None)
+        self._verify.pop(seq, None)
+
+    def _frontier(self, seq: SeqId) -> Frontier:
+        f = self.frontiers.get(seq)
+        if f is None:
+            f = self.frontiers[seq] = Frontier(done=self.p.computed(seq))
+        return f
+
