@@ -80,6 +80,16 @@ class Qwen35Program(ModelProgram):
             self.speculation.abort(pending)
         super().abort_pending(pending)
 
+    def score_chunk(self, seq: SeqId, num_tokens: int, *, logits: bool = True) -> torch.Tensor | None:
+        if self.speculation is not None:
+            self.speculation.forget(seq)   # scoring keeps no hidden states: the MTP frontier restarts after it
+        return super().score_chunk(seq, num_tokens, logits=logits)
+
+    def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
+        if self.speculation is not None:
+            return ()   # every speculative unit runs eagerly (it needs the hidden states)
+        return super().capture_decode_graphs(max_batch)
+
     def _free(self, seq: SeqId, s) -> None:
         if self.speculation is not None:
             self.speculation.forget(seq)

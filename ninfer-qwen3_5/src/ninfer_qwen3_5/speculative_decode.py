@@ -34,6 +34,9 @@ how many drafts are accepted, never which tokens are committed).
   first ``a`` inputs (``t_last, d_1..d_{a-1}``, the committed ones); with ``a = 0`` (or an abort) it is left
   as it was, so the next draft recomputes the same positions. The MTP K/V past ``done`` written by a draft
   are provisional and are overwritten before anything reads them.
+- The MTP pool shares the target's page tables, so MTP K/V of a position below ``computed`` may be written
+  into a page a checkpoint shares; the target's pools are never written there, and the MTP entries only move
+  the acceptance rate of a sequence later opened from that checkpoint, never its tokens.
 
 Commit of a verify row accepting ``a`` tokens: ``computed += a`` and snapshot ``a - 1`` becomes the live
 StateImage (``select_snapshot``; ``a = 0`` keeps it, and the row stays decode-ready). One verify may be
@@ -75,11 +78,12 @@ class Frontier:
         return 0 if self.hidden is None else int(self.hidden.shape[0])
 
     def append(self, h: torch.Tensor) -> None:
-        self.hidden = h if self.hidden is None else torch.cat((self.hidden, h))
+        # Copies, never views: a view of one forward's [N, H] hidden states would keep all of it alive.
+        self.hidden = h.clone() if self.hidden is None else torch.cat((self.hidden, h))
 
     def consume(self, n: int) -> None:
         self.done += n
-        self.hidden = None if n >= self.pending() else self.hidden[n:]
+        self.hidden = None if n >= self.pending() else self.hidden[n:].clone()
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,7 @@ class MTPDecoding:
         drafts = self._draft(verify)
         seqs = [row.seq for row, _ in verify]
         snaps = p.snapshots.assign([p.state_slot(sid) for sid in seqs], [n + 1 for _, n in verify])
-        chunks = tuple(verify_chunk_rows(p, row.seq, p.computed(row.seq), [p.ledger(row.seq)[-1], *d], sn)
+        chunks = tuple(verify_chunk_rows(p, row.seq, p.computed(row.seq), [p._seqs[row.seq].ledger[-1], *d], sn)
                        for (row, _), d, sn in zip(verify, drafts, snaps, strict=True))
         fb = ForwardBatch(decode=batch.decode if batch is not None else None,
                           chunks=(batch.chunks if batch is not None else ()) + chunks)
@@ -203,6 +207,9 @@ class MTPDecoding:
             rows, toks, hid = [], [], []
             for sid in group:
                 f, s = self.frontiers[sid], p._seqs[sid]
+                if f.done + f.pending() != s.computed:
+                    raise ProgramError(f"sequence {sid}: MTP frontier at {f.done} with {f.pending()} hidden states "
+                                       f"does not reach computed {s.computed}")
                 rows.append(DraftRow(sid, f.done, f.pending()))
                 toks.extend(s.ledger[f.done + 1:s.computed + 1])
                 hid.append(f.hidden)
@@ -220,12 +227,12 @@ class MTPDecoding:
         for row, n in verify:
             rs = row.sampling
             rows.extend(((row.seq, i), RowSampling(rs.params, rs.seed, rs.step + i)) for i in range(n + 1))
-        extended = {(row.seq, i): list(p.ledger(row.seq)) + d[:i]
-                    for (row, n), d in zip(verify, drafts, strict=True) for i in range(n + 1)}
-        prompt = {row.seq: p._seqs[row.seq].prompt_length for row, _ in verify}
+        drafted = {row.seq: d for (row, _), d in zip(verify, drafts, strict=True)}
 
-        def history(key):
-            return extended[key], prompt[key[0]]
+        def history(key):   # the ledger position i would see: the committed tokens, then d_1..d_i
+            sid, i = key
+            s = p._seqs[sid]
+            return list(s.ledger) + drafted[sid][:i], s.prompt_length
 
         processed = penalize(logits.float(), rows, history, p.ops, p.vocab_size)
         x = draw(processed, rows, p.ops, p.vocab_size, lambda _: None)
@@ -279,7 +286,7 @@ class MTPDecoding:
             p._seqs[r.seq].computed += a
             if a:
                 f = self.frontiers[r.seq]
-                f.done, f.hidden = v.start, v.hidden[:a]
+                f.done, f.hidden = v.start, v.hidden[:a].clone()
         self._verify_batch = None
 
     def abort(self, pending: PendingBatch) -> None:
@@ -291,6 +298,8 @@ class MTPDecoding:
         self._verify_batch = None
 
     def forget(self, seq: SeqId) -> None:
+        """Drop ``seq``'s MTP bookkeeping (released, paused, or advanced outside :meth:`run`: a later run starts
+        it afresh at ``done = computed``)."""
         self.frontiers.pop(seq, None)
         self._verify.pop(seq, None)
 
