@@ -88,10 +88,10 @@ def default_world(tmp_path_factory) -> World:
     return _world("default", tmp_path_factory)
 
 
-def program(w: World, k: int):
+def program(w: World, k: int, checkpoint_slots: int = 0):
     ops = resolve_ops(get_registry().ops, "cpu", torch.float32, force="reference")
     options = ProgramOptions(device=torch.device("cpu"), dtype=torch.float32, max_sequences=4, page_size=8,
-                             num_pages=192, max_context=512, speculative_tokens=k)
+                             num_pages=192, max_context=512, speculative_tokens=k, checkpoint_slots=checkpoint_slots)
     return w.spec.create_program(ProgramInit(config=w.config, weights=w.weights, ops=ops, options=options))
 
 
@@ -290,3 +290,36 @@ def test_a_speculating_program_refuses_rows_it_cannot_verify(default_world):
     assert 1 <= len(pending.rows[0].tokens) <= 3
     prog.commit(pending, {seq: len(pending.rows[0].tokens)})
     assert prog.computed(seq) == prog.ledger_length(seq) - 1
+
+
+def decode_loop(prog, seq: int, steps: int, k: int) -> list[int]:
+    """``steps`` tokens of a decode-ready ``seq``, every row drafting up to ``k`` and committed whole."""
+    out: list[int] = []
+    while len(out) < steps:
+        n = min(k, steps - len(out) - 1)
+        assert all(prog.reserve_units({seq: n + 1}).values())
+        pending = prog.run(ExecutionUnit(decode=(DecodeRow(seq, RowSampling(GREEDY, 0, len(out)), drafts=n),)))
+        toks = pending.rows[0].tokens
+        prog.commit(pending, {seq: len(toks)})
+        out.extend(toks)
+    return out
+
+
+def test_a_sequence_opened_from_a_checkpoint_speculates_exactly(default_world):
+    w = default_world
+    first = prompts(w)[0]
+    want = plain_cached(w, 48)[0][:25]
+    prog = program(w, 3, checkpoint_slots=2)
+    origin = prog.open_sequence(first)
+    prog.reserve_units({origin: len(first)})
+    pending = prog.run(ExecutionUnit(chunks=(PrefillChunk(origin, len(first), RowSampling(GREEDY, 0, 0)),)))
+    prog.commit(pending, {origin: 1})
+    handle = prog.capture_checkpoint(origin)
+    # Opened decode-ready from the checkpoint: no hidden state to draft from, so its first step decodes plainly
+    # and the MTP frontier starts there; the tokens are plain decoding's.
+    seq = prog.open_sequence_from(handle, first + [want[0]])
+    assert [want[0], *decode_loop(prog, seq, 24, 3)] == want
+    assert prog.speculation.accepted > 0
+    prog.release(seq)
+    prog.release(origin)
+    prog.drop_checkpoint(handle)
