@@ -6,6 +6,8 @@ The converter stores GDN ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b`` and ``in_
 parent. :func:`row_groups` finds such runs and returns one ``[sum rows, in]`` view per run -- no copy, no extra
 memory -- so a decode step launches one GEMV per run instead of one per binding. Weights that are not adjacent
 (another dtype after a cast, a differently converted artifact) simply form runs of one: the result is the same.
+A quantized weight (a :class:`~ninfer.quant.PackedWeight`) is always a run of its own: the ops take it by its
+stored format.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class RowGroup:
 
 
 def _adjacent(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.dim() == b.dim() == 2 and a.dtype == b.dtype and a.device == b.device
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() == 2 and a.dtype == b.dtype and a.device == b.device
             and a.shape[1] == b.shape[1] and a.is_contiguous() and b.is_contiguous()
             and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
             and a.data_ptr() + a.numel() * a.element_size() == b.data_ptr())
