@@ -10,8 +10,7 @@ import struct
 
 import pytest
 import torch
-from ninfer.quant import QuantizationError, encoded_size, packed_view
-from ninfer.quant import fp8_row
+from ninfer.quant import QuantizationError, encoded_size, fp8_row, packed_view
 from ninfer.quant.groupwise import GROUPWISE
 
 BITS = {"q4_g64_fp16": (4, 64), "q5_g64_fp16": (5, 64), "q6_g64_fp16": (6, 64), "q8_g32_fp16": (8, 32)}

@@ -12,8 +12,7 @@ from ninfer.conversion import convert
 from ninfer.ops import resolve_ops
 from ninfer.ops.registry import OpError
 from ninfer.plugins import get_registry
-from ninfer.quant import PackedWeight
-from ninfer.quant import fp8_row
+from ninfer.quant import PackedWeight, fp8_row
 from ninfer.quant.groupwise import GROUPWISE
 from safetensors.torch import load_file, save_file
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from ninfer.artifact import ArtifactReader, bind, load_weights
-from ninfer.artifact.writer import ArtifactWriter
 from ninfer.artifact.errors import BindingError
+from ninfer.artifact.writer import ArtifactWriter
 from ninfer.contracts.architecture import ParameterSpec
 from ninfer.contracts.features import StartupFeatures
 from ninfer.conversion import convert

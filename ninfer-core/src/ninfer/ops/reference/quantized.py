@@ -16,7 +16,6 @@ from dataclasses import replace
 import torch
 
 from ninfer.ops.contracts import SharedExpert
-from ninfer.ops.reference import linear as dense
 from ninfer.ops.reference import moe as dense_moe
 from ninfer.ops.reference import norm as dense_norm
 from ninfer.ops.reference.activation import silu_and_mul
