@@ -152,3 +152,18 @@ def test_views_must_be_whole_rows():
         packed_view(fmt, parent, (4, 64), 32, 96, (1, 64))
     pw = packed_view(fmt, parent, (4, 64), 64, 192, (2, 64))
     assert pw.planes[0].data_ptr() == parent.data_ptr() + 64   # row 1 of the base plane (K pads to 128), no copy
+
+
+@pytest.mark.parametrize("fmt", list(BITS))
+def test_scale_search_never_worse_than_round_to_nearest(fmt):
+    spec = GROUPWISE[fmt]
+    w = torch.randn(16, 256, generator=torch.Generator().manual_seed(4)) ** 3    # heavy tails: clipping pays
+    rtn = spec.decode(*spec.encode(w), 256, torch.float64)
+    b, h, s = spec.encode(w, search=True)
+    found = spec.decode(b, h, s, 256, torch.float64)
+    err = lambda d: ((d - w.double()) ** 2).reshape(16, -1, spec.group).sum(-1)   # noqa: E731
+    assert torch.all(err(found) <= err(rtn) * (1 + 1e-6) + 1e-12)   # per group: f = 1 is a candidate
+    if fmt == "q4_g64_fp16":
+        assert float(err(found).sum()) < 0.9 * float(err(rtn).sum())
+    codes = spec.codes(b, h)
+    assert int(codes.min()) >= spec.qmin and int(codes.max()) <= spec.qmax

@@ -75,6 +75,19 @@ def test_recipe_errors_name_the_problem(checkpoints, tmp_path, body, match):
     assert not out.exists()
 
 
+def test_search_method_is_recorded(checkpoints, tmp_path):
+    out = tmp_path / "m.ninfer"
+    convert(checkpoints["dense"], out, progress=False, quantize="q4+search")
+    with ArtifactReader(out) as r:
+        prov = r.directory.provenance
+    assert prov["quantization"]["method"] == "search"
+    assert {c["rounding"] for c in prov["casts"]} == {"SEARCH_MSE_F16_RECIP"}
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('base = "q4"\nmethod = "gptq"\n')
+    with pytest.raises(RecipeError, match="method 'gptq' is not one of rtn, search"):
+        load_recipe(str(recipe))
+
+
 def test_unknown_preset_and_nvfp4():
     with pytest.raises(RecipeError, match="neither a preset"):
         load_recipe("q3")

@@ -40,7 +40,7 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help=f"largest file of the set in bytes; more payload goes to OUT.part-NNNN files "
                         f"(default {DEFAULT_MAX_FILE_BYTES})")
     p.add_argument("--quantize", metavar="RECIPE",
-                   help="store matmul weights quantized: a preset (fp8, q8, q6, q5, q4, mixed) or a TOML recipe "
+                   help="store matmul weights quantized: a preset (fp8, q8, q6, q5, q4, mixed; +search: scale search) or a TOML recipe "
                         "file (docs/converter.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p

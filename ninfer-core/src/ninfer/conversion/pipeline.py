@@ -119,7 +119,7 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
         show = sys.stderr.isatty() if progress is None else progress
         with tqdm(total=total + sum(r.nbytes for r in resources), unit="B", unit_scale=True,
                   unit_divisor=1024, file=sys.stderr, disable=not show, desc=output.name) as bar:
-            _write_objects(writer, checked, ckpt, bar.update)
+            _write_objects(writer, checked, ckpt, bar.update, recipe is not None and recipe.method == "search")
             for r in resources:
                 writer.write(r.object_id, r.read())
                 bar.update(r.nbytes)
@@ -187,6 +187,7 @@ def _provenance(checked: CheckedPlan, resources: tuple[Resource, ...], ckpt: Sou
         if origin.name not in seen:
             seen.add(origin.name)
             files.append(SourceFile(origin.name, origin, origin.stat().st_size))
+    search = recipe is not None and recipe.method == "search"
     prov: dict[str, Any] = {
         "source": {
             "folder": ckpt.folder.resolve().name,
@@ -196,11 +197,12 @@ def _provenance(checked: CheckedPlan, resources: tuple[Resource, ...], ckpt: Sou
         "converter": {"name": CONVERTER, "version": converter_version()},
         "source_mapping": mapping_name,
         "casts": [{"object": o.id, "from": o.dtype, "to": o.format,
-                   "rounding": encoder_name(o.format) if o.quantized else ROUNDING} for o in checked.casts],
+                   "rounding": encoder_name(o.format, search) if o.quantized else ROUNDING} for o in checked.casts],
         "ignored": dict(checked.plan.ignored),
     }
     if recipe is not None:
-        prov["quantization"] = {"recipe": recipe.name, "rules": [list(r) for r in recipe.rules]}
+        prov["quantization"] = {"recipe": recipe.name, "rules": [list(r) for r in recipe.rules],
+                                "method": recipe.method}
     derived = {r.object_id: r.derived_from for r in resources if r.derived_from is not None}
     if derived:
         prov["derived_resources"] = derived
@@ -208,7 +210,7 @@ def _provenance(checked: CheckedPlan, resources: tuple[Resource, ...], ckpt: Sou
 
 
 def _write_objects(writer: ArtifactWriter, checked: CheckedPlan, ckpt: SourceCheckpoint,
-                   advance: Callable[[int], Any]) -> None:
+                   advance: Callable[[int], Any], search: bool) -> None:
     with contextlib.ExitStack() as stack:
         handles: dict[str, BinaryIO] = {}
 
@@ -223,7 +225,7 @@ def _write_objects(writer: ArtifactWriter, checked: CheckedPlan, ckpt: SourceChe
         for o in checked.objects:
             if o.quantized:
                 write_quantized(lambda data, oid=o.id: writer.write(oid, data), o.id, o.format, o.dtype,
-                                o.shape[-1], spans(o), CHUNK_BYTES, advance)
+                                o.shape[-1], spans(o), CHUNK_BYTES, advance, search)
                 continue
             for src_name, f, offset, nbytes in spans(o):
                 _copy_tensor(writer, o, src_name, f, offset, nbytes, advance)

@@ -21,28 +21,31 @@ from ninfer.conversion.cast import _SOURCE_DTYPE
 from ninfer.conversion.errors import ConversionError, SourceError
 from ninfer.quant import fp8_row
 from ninfer.quant.groupwise import ENCODER as GROUPWISE_ENCODER
-from ninfer.quant.groupwise import GROUPWISE
+from ninfer.quant.groupwise import GROUPWISE, SEARCH_ENCODER
 
 PLANE_ALIGN = 256
 
 
-def encoder_name(fmt: str) -> str:
-    return fp8_row.ENCODER if fmt == fp8_row.FORMAT else GROUPWISE_ENCODER
+def encoder_name(fmt: str, search: bool = False) -> str:
+    if fmt == fp8_row.FORMAT:
+        return fp8_row.ENCODER
+    return SEARCH_ENCODER if search else GROUPWISE_ENCODER
 
 
-def _encode(fmt: str, rows: torch.Tensor, what: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _encode(fmt: str, rows: torch.Tensor, what: str, search: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     if fmt == fp8_row.FORMAT:
         codes, scales = fp8_row.encode(rows, what)
         return codes, [scales]
-    base, high, scales = GROUPWISE[fmt].encode(rows, what)
+    base, high, scales = GROUPWISE[fmt].encode(rows, what, search=search)
     return base, [high, scales]
 
 
 def write_quantized(write: Callable[[Any], None], object_id: str, fmt: str, dtype: str, k: int,
                     spans: Iterable[tuple[str, BinaryIO, int, int]], chunk_bytes: int,
-                    advance: Callable[[int], Any]) -> int:
+                    advance: Callable[[int], Any], search: bool = False) -> int:
     """Encode the rows of ``spans`` (``(source name, file, offset, bytes)``, C order, source ``dtype``, rows of
-    ``k`` elements) into ``fmt`` and ``write`` the object's bytes; returns the bytes written."""
+    ``k`` elements) into ``fmt`` (``search``: the scale-search encoder) and ``write`` the object's bytes;
+    returns the bytes written."""
     torch_dtype = _SOURCE_DTYPE.get(dtype)
     if torch_dtype is None or not torch_dtype.is_floating_point:
         raise ConversionError(f"object {object_id!r}: a {dtype} source cannot be quantized to {fmt}")
@@ -58,7 +61,7 @@ def write_quantized(write: Callable[[Any], None], object_id: str, fmt: str, dtyp
             if f.readinto(buf) != len(buf):
                 raise SourceError(f"source tensor {name!r} ends early in {f.name!r}: the file changed or is truncated")
             rows = torch.frombuffer(buf, dtype=torch_dtype).view(-1, k)
-            first, rest = _encode(fmt, rows, object_id)
+            first, rest = _encode(fmt, rows, object_id, search)
             write(memoryview(first.contiguous().view(torch.uint8).numpy()).cast("B"))
             written += first.numel() * first.element_size()
             sides.append(rest)

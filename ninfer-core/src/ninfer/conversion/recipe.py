@@ -3,7 +3,10 @@
 A recipe is an ordered list of ``(pattern, format)`` rules over logical parameter names (``fnmatch`` globs,
 ``*`` crosses ``/``); the first rule matching a parameter decides, and ``keep`` keeps the source's storage
 format. A named preset (:data:`PRESETS`) or a TOML file (``[formats]`` table of pattern = format, optional
-``base = "<preset>"`` whose rules follow the file's) gives one.
+``base = "<preset>"`` whose rules follow the file's) gives one. ``method`` is the encoder of the groupwise
+formats: ``rtn`` (round to nearest, the default) or ``search`` (per-group scale search,
+:mod:`ninfer.quant.groupwise`); a preset name with ``+search`` (``q4+search``) or ``method = "search"`` in a
+TOML file selects it. fp8 is always round to nearest.
 
 Invariants of :func:`assign`:
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 import fnmatch
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ninfer.artifact.format import FORMATS
@@ -31,6 +34,7 @@ from ninfer.conversion.errors import ConversionError
 from ninfer.quant import QUANTIZED_FORMATS
 
 KEEP = "keep"
+METHODS = ("rtn", "search")
 NOT_YET = frozenset({"nvfp4"})
 
 
@@ -46,6 +50,7 @@ class Recipe:
     name: str
     rules: tuple[tuple[str, str], ...]
     explicit: int = 0
+    method: str = "rtn"
 
 
 _UNIFORM = {"fp8": "fp8_e4m3fn_row_bf16", "q8": "q8_g32_fp16", "q6": "q6_g64_fp16", "q5": "q5_g64_fp16",
@@ -70,9 +75,11 @@ def _check_format(fmt: str, where: str) -> str:
 
 
 def load_recipe(spec: str) -> Recipe:
-    """A preset by name, or a TOML recipe file by path."""
+    """A preset by name (``+search`` appended: the scale-search encoder), or a TOML recipe file by path."""
     if spec in PRESETS:
         return PRESETS[spec]
+    if spec.endswith("+search") and spec[:-len("+search")] in PRESETS:
+        return replace(PRESETS[spec[:-len("+search")]], name=spec, method="search")
     if spec == "nvfp4":
         _check_format(spec, "preset 'nvfp4'")
     path = Path(spec)
@@ -82,9 +89,12 @@ def load_recipe(spec: str) -> Recipe:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise RecipeError(f"recipe {str(path)!r} is not valid TOML: {exc}") from None
-    unknown = sorted(set(doc) - {"base", "formats"})
+    unknown = sorted(set(doc) - {"base", "formats", "method"})
     if unknown:
-        raise RecipeError(f"recipe {str(path)!r}: unknown key {unknown[0]!r} (allowed: base, formats)")
+        raise RecipeError(f"recipe {str(path)!r}: unknown key {unknown[0]!r} (allowed: base, formats, method)")
+    method = doc.get("method", "rtn")
+    if method not in METHODS:
+        raise RecipeError(f"recipe {str(path)!r}: method {method!r} is not one of {', '.join(METHODS)}")
     formats = doc.get("formats", {})
     if not isinstance(formats, dict) or not all(isinstance(v, str) for v in formats.values()):
         raise RecipeError(f"recipe {str(path)!r}: [formats] must map parameter patterns to format names")
@@ -96,7 +106,7 @@ def load_recipe(spec: str) -> Recipe:
         if base not in PRESETS:
             raise RecipeError(f"recipe {str(path)!r}: base {base!r} is not a preset ({', '.join(PRESETS)})")
         rules += PRESETS[base].rules
-    return Recipe(path.name, rules, explicit=own)
+    return Recipe(path.name, rules, explicit=own, method=method)
 
 
 def assign(recipe: Recipe, plan: ConversionPlan, shapes: Mapping[str, Sequence[int]]) -> dict[str, str]:

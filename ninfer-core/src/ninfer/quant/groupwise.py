@@ -11,6 +11,11 @@ nearest even; an amax > 0 whose scale rounds to zero takes the smallest fp16 sub
 ``code = clamp(round_half_even(x * fp32(1 / scale)), qmin, qmax)``; a zero group has scale 0 and codes 0.
 A non-finite weight fails.
 
+Scale-search encoder (``SEARCH_MSE_F16_RECIP``, needs no data beyond the weights): per group, the same
+rounding for each candidate ``scale = fp16(amax * f / qmax)``, ``f`` in :data:`SEARCH_FACTORS` (f = 1 is the
+round-to-nearest scale), keeping the candidate with the least squared reconstruction error (ties: the larger
+f). Codes still clamp to ``[qmin, qmax]``, so a smaller scale trades clipped outliers for finer steps.
+
 Layout: three planes, each row-major over (row, group), each starting at a multiple of 256 bytes:
 ``base`` (32 bytes a group: q8 one two's-complement byte a lane; q4/q5/q6 the low 4 bits of each code, two
 lanes a byte, the even lane in the low nibble), ``high`` (q5: 8 bytes, q6: 16 bytes a group: the code bits
@@ -31,6 +36,8 @@ PLANE_ALIGN = 256
 K_ALIGN = 128
 BASE_BYTES = 32           # per group, every groupwise format
 ENCODER = "RTN_MAXABS_F16_RECIP"
+SEARCH_ENCODER = "SEARCH_MSE_F16_RECIP"
+SEARCH_FACTORS: tuple[float, ...] = tuple(1.0 - 0.02 * i for i in range(16))   # 1.00, 0.98, ..., 0.70
 
 
 def _align(n: int, a: int) -> int:
@@ -78,8 +85,10 @@ class GroupwiseFormat:
         return self.plane_offsets(rows, k)[2]
 
     # -- encoding --------------------------------------------------------------------------------
-    def encode(self, w: torch.Tensor, what: str = "weight") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``w[r, K]`` (any float dtype) -> ``(base[r, gpr*32] u8, high[r, gpr*H] u8, scales[r, gpr] fp16)``."""
+    def encode(self, w: torch.Tensor, what: str = "weight", *, search: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``w[r, K]`` (any float dtype) -> ``(base[r, gpr*32] u8, high[r, gpr*H] u8, scales[r, gpr] fp16)``;
+        ``search`` selects the scale-search encoder instead of round to nearest."""
         if w.dim() != 2:
             raise QuantizationError(f"{what}: the {self.name} encoder takes rows [r, K], got shape {list(w.shape)}")
         x = w.detach().to(torch.float32)
@@ -89,15 +98,28 @@ class GroupwiseFormat:
         gpr = self.groups_per_row(k)
         x = torch.nn.functional.pad(x, (0, gpr * self.group - k)).view(r, gpr, self.group)
         amax = x.abs().amax(dim=-1)
-        raw = amax / self.qmax
-        scale = raw.to(torch.float16)
+        scale, codes = self._round(x, amax, 1.0, what)
+        if search:
+            best = ((codes * scale.float()[..., None] - x) ** 2).sum(-1)
+            for f in SEARCH_FACTORS[1:]:
+                s, c = self._round(x, amax, f, what)
+                err = ((c * s.float()[..., None] - x) ** 2).sum(-1)
+                better = err < best
+                best = torch.where(better, err, best)
+                scale = torch.where(better, s, scale)
+                codes = torch.where(better[..., None], c, codes)
+        return (*self._pack(codes.to(torch.int32)), scale)
+
+    def _round(self, x: torch.Tensor, amax: torch.Tensor, factor: float, what: str
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(fp16 scales, fp32 codes)`` of groups ``x`` for ``scale = fp16(amax * factor / qmax)``."""
+        scale = (amax * factor / self.qmax).to(torch.float16)   # factor 1.0: exactly amax / qmax
         if bool(torch.isinf(scale).any()):
             raise QuantizationError(f"{what}: a group's scale overflows fp16 ({self.name})")
         tiny = torch.tensor(2.0 ** -24, dtype=torch.float16)
         scale = torch.where((amax > 0) & (scale == 0), tiny, scale)
         inv = torch.where(scale > 0, 1.0 / scale.float(), torch.zeros((), dtype=torch.float32))
-        codes = torch.round(x * inv[..., None]).clamp(self.qmin, self.qmax).to(torch.int32)
-        return (*self._pack(codes), scale)
+        return scale, torch.round(x * inv[..., None]).clamp(self.qmin, self.qmax)
 
     def _pack(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r, gpr, g = codes.shape
