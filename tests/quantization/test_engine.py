@@ -81,3 +81,23 @@ def test_op_resolution_is_keyed_by_weight_format():
         gpu.check_formats("linear", ["q8_g32_fp16"])
     with pytest.raises(OpError, match="'linear'.*nvfp4.*'cpu'"):
         cpu.check_formats("linear", ["nvfp4"])
+
+
+def test_packed_row_blocks_of_one_parent_fuse(checkpoints, tmp_path):
+    from ninfer.artifact import ArtifactReader, load_weights
+    from ninfer.contracts.features import StartupFeatures
+    from ninfer_qwen3_5.layers.fused import row_groups
+    from ninfer_qwen3_5.parameters import parameter_specs
+
+    out = tmp_path / "q.ninfer"
+    convert(checkpoints["dense"], out, progress=False, quantize="mixed")
+    with ArtifactReader(out) as r:
+        w = load_weights(r, parameter_specs(r.directory.components["text"].config, StartupFeatures()), "cpu")
+    names = [f"text/layers/0/gdn/{n}" for n in ("qkv", "z", "b", "a")]
+    (group,) = row_groups([w[n] for n in names])
+    assert isinstance(group.weight, PackedWeight) and group.sizes == tuple(w[n].shape[0] for n in names)
+    whole = group.weight.dequantize(torch.float64)
+    assert torch.equal(whole, torch.cat([w[n].dequantize(torch.float64) for n in names]))
+    # different formats or parents stay apart
+    assert len(row_groups([w["text/layers/0/gdn/qkv"], w["text/layers/0/gdn/out"]])) == 2
+    assert len(row_groups([w["text/layers/0/mlp/gate_up"], w["text/layers/0/input_norm"][None, :]])) == 2
