@@ -139,7 +139,8 @@ def assign(recipe: Recipe, plan: ConversionPlan, shapes: Mapping[str, Sequence[i
                 if rule < recipe.explicit:
                     pattern = recipe.rules[rule][0]
                     raise RecipeError(f"recipe {recipe.name!r}: pattern {pattern!r} selects {name!r} (object {oid!r}), "
-                                      f"which is not a matmul weight of its own object; it stays as stored")
+                                      f"which is not a matmul weight, or shares its object with a parameter that is "
+                                      f"not (e.g. a head tied to the embedding); it stays as stored")
                 fmt = KEEP
             if chosen is not None and chosen[1] != fmt:
                 raise RecipeError(f"recipe {recipe.name!r}: object {oid!r} holds {chosen[0]!r} ({chosen[1]}) and "
