@@ -384,10 +384,10 @@ def test_unknown_format_fails_only_when_interpreted(tiny):
 def test_quantized_format_is_known_but_not_supported(tiny):
     def edit(root):
         rec = obj_record(root, "mtp.fc")
-        rec["format"], rec["layout"] = "q4_g64_fp16", "row_split_k128_v1"
+        rec["format"], rec["layout"] = "nvfp4", "block_scale_k16_m128x4_v1"
     rewrite_directory(tiny.path, edit)
     with _open(tiny.path) as r:
-        with pytest.raises(UnsupportedFormatError, match="'mtp.fc'.*q4_g64_fp16") as info:
+        with pytest.raises(UnsupportedFormatError, match="'mtp.fc'.*nvfp4") as info:
             bind(r, mtp_specs())
     assert isinstance(info.value, NotSupportedError) and isinstance(info.value, ArtifactError)
 

@@ -58,12 +58,19 @@ def test_align_and_part_names():
 
 
 def test_format_table():
-    assert SUPPORTED_FORMATS == ("bf16", "fp16", "fp32", "int32")
-    assert {n: (FORMATS[n].element_bytes, FORMATS[n].dtype) for n in SUPPORTED_FORMATS} == {
+    raw = ("bf16", "fp16", "fp32", "int32")
+    quantized = ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16", "fp8_e4m3fn_row_bf16")
+    assert SUPPORTED_FORMATS == raw + quantized
+    assert {n: (FORMATS[n].element_bytes, FORMATS[n].dtype) for n in raw} == {
         "bf16": (2, torch.bfloat16), "fp16": (2, torch.float16), "fp32": (4, torch.float32),
         "int32": (4, torch.int32)}
-    for name in ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16", "nvfp4", "fp8_e4m3fn_row_bf16"):
-        assert name in FORMATS and not FORMATS[name].supported
+    for name in quantized:
+        assert FORMATS[name].quantized and FORMATS[name].dtype == torch.uint8
+    assert "nvfp4" in FORMATS and not FORMATS["nvfp4"].supported
+    # the container's worked sizes: Q4 [7168, 5120], Q5 [2, 130], FP8 [14336, 5120]
+    assert encoded_size("q4_g64_fp16", "row_split_k128_v1", (7168, 5120)) == 19_496_960
+    assert encoded_size("q5_g64_fp16", "row_split_k128_v1", (2, 130)) == 528
+    assert encoded_size("fp8_e4m3fn_row_bf16", "row_scale_v1", (14336, 5120)) == 73_428_992
     assert encoded_size("fp32", "contiguous_le_v1", ()) == 4
     assert encoded_size("bf16", "contiguous_le_v1", (3, 5, 7)) == 210
 

@@ -180,8 +180,8 @@ def test_protocol_errors(tmp_path):
 
 def test_declaration_errors(tmp_path):
     w = ArtifactWriter(tmp_path / "m.ninfer")
-    with pytest.raises(UnsupportedFormatError, match="q4_g64_fp16"):
-        w.declare_tensor("q", (2, 64), "q4_g64_fp16")
+    with pytest.raises(UnsupportedFormatError, match="nvfp4"):
+        w.declare_tensor("q", (128, 64), "nvfp4")
     with pytest.raises(UnknownFormatError, match="bf17"):
         w.declare_tensor("q", (2,), "bf17")
     with pytest.raises(WriterError, match="positive"):

@@ -1,6 +1,6 @@
 """The ``ninfer-convert`` command.
 
-``ninfer-convert SRC OUT [--name NAME] [--max-file-bytes N] [--quiet]`` converts a Hugging Face
+``ninfer-convert SRC OUT [--name NAME] [--max-file-bytes N] [--quantize RECIPE] [--quiet]`` converts a Hugging Face
 checkpoint folder into a V3 artifact; ``ninfer-convert verify FILE`` re-reads and checks every
 object of an artifact. ``verify`` is recognised only as the first argument (a source folder
 literally named ``verify`` is given as ``./verify``). Exit status: 0 success, 1 a NInfer error
@@ -39,6 +39,9 @@ def _convert_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-file-bytes", type=_positive_int, default=DEFAULT_MAX_FILE_BYTES, metavar="N",
                    help=f"largest file of the set in bytes; more payload goes to OUT.part-NNNN files "
                         f"(default {DEFAULT_MAX_FILE_BYTES})")
+    p.add_argument("--quantize", metavar="RECIPE",
+                   help="store matmul weights quantized: a preset (fp8, q8, q6, q5, q4, mixed; +search: scale search) or a TOML recipe "
+                        "file (docs/converter.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -56,12 +59,17 @@ def _run_convert(argv: Sequence[str]) -> int:
     from ninfer.conversion import convert  # heavy imports only once the arguments parse
 
     result = convert(args.source, args.output, name=args.name, max_file_bytes=args.max_file_bytes,
-                     progress=False if args.quiet else None)
+                     progress=False if args.quiet else None, quantize=args.quantize)
     print(f"wrote {result.paths[0]}: {result.objects} tensor objects ({result.tensor_bytes} bytes), "
           f"{len(result.resources)} resources, {len(result.paths)} file(s); architecture "
           f"{result.architecture}, source mapping {result.source_mapping}")
     for extra in result.paths[1:]:
         print(f"  part {extra}")
+    if result.quantized:
+        counts: dict[str, int] = {}
+        for fmt in result.quantized.values():
+            counts[fmt] = counts.get(fmt, 0) + 1
+        print("  quantized objects: " + ", ".join(f"{n} {fmt}" for fmt, n in sorted(counts.items())))
     if result.casts:
         print(f"  cast objects: {', '.join(result.casts)}")
     if result.ignored:

@@ -11,7 +11,9 @@ Parameter preparation: the loader never casts (it hands over the stored encoding
 float weights stored in another float dtype to the activation dtype once, at construction (bf16
 weights run exactly in fp32 on the CPU; fp32 weights round to bf16 on the GPU, as every engine does).
 A_log and dt_bias keep their stored dtype (they are only read in fp32). A non-float weight is an error
-naming the parameter.
+naming the parameter. A quantized weight (:class:`~ninfer.quant.PackedWeight`) is passed on as stored; the
+ops must have an implementation for its format on this device (checked here, an error naming op, format and
+device otherwise).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from ninfer.contracts.program import ProgramError
+from ninfer.quant import PackedWeight
 
 from ninfer_qwen3_5.config import FULL, Qwen35Config
 from ninfer_qwen3_5.layers.attention import GatedAttention
@@ -31,6 +34,9 @@ from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.parameters import layer_prefix, text_shapes
 
+# The ops that read a matmul weight: each must take every quantized format the artifact stores.
+_WEIGHT_OPS = ("linear", "logits", "add_rms_norm_unit_offset_linear", "add_rms_norm_unit_offset_swiglu",
+               "moe_experts")
 # Parameters read only in fp32, so any stored float dtype is fine.
 _ANY_FLOAT = ("gdn/A_log", "gdn/dt_bias")
 
@@ -77,12 +83,19 @@ class Qwen35Model:
         # One cast per shared tensor (tied embed/lm_head stay shared). The loader hands each name its
         # own view object, so sharing is keyed by storage and view geometry, not by id().
         cast: dict[tuple, torch.Tensor] = {}
+        packed: set[str] = set()
         for name, shape in text_shapes(self.cfg).items():
             w = weights.get(name)
             if w is None:
                 raise ProgramError(f"Qwen3.5 weights lack parameter {name!r}")
             if tuple(w.shape) != shape:
                 raise ProgramError(f"parameter {name!r} has shape {tuple(w.shape)}, expected {shape}")
+            if isinstance(w, PackedWeight):
+                if name == "text/embed":
+                    raise ProgramError(f"parameter {name!r} is stored {w.format}; the embedding table must be a "
+                                       f"float format")
+                packed.add(w.format)
+                continue
             if not w.dtype.is_floating_point:
                 raise ProgramError(f"parameter {name!r} is {w.dtype}; Qwen3.5 weights must be floating point")
             if w.dtype != dtype and not name.endswith(_ANY_FLOAT):
@@ -90,6 +103,8 @@ class Qwen35Model:
                 if key not in cast:
                     cast[key] = w.to(dtype)
                 prepared[name] = cast[key]
+        for op in _WEIGHT_OPS if packed else ():
+            self.ops.check_formats(op, sorted(packed))
         return prepared
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,10 @@
 - every object the binding references is interpretable (:class:`UnknownFormatError`,
   :class:`UnknownLayoutError`, :class:`UnsupportedFormatError`) and all share one format;
 - the binding covers exactly ``prod(spec.shape)`` elements (:class:`CoverageError`), and a
-  whole-object binding's object has exactly ``spec.shape`` (:class:`BindingShapeError`).
+  whole-object binding's object has exactly ``spec.shape`` (:class:`BindingShapeError`);
+- a quantized parameter is one block of whole rows of one parent with the parent's K (a row block or an
+  expert slice of a bank), so the loader can hand it over as plane views (:class:`BindingError` otherwise:
+  re-ordering quantized rows is the converter's work).
 
 Only the directory is consulted: binding reads no payload, so objects that no selected spec
 references are never touched.
@@ -51,7 +54,7 @@ class BoundParameter:
     """A parameter resolved to ordered pieces whose elements, concatenated, are its C-order values.
 
     Invariants: ``sum(piece.elements) == prod(shape)``; every piece's parent has format ``format``
-    (torch ``dtype``); adjacent pieces of one parent that touch are merged, so ``is_view`` holds
+    (torch ``dtype``; uint8 for a ``quantized`` format, whose parameter is always one view); adjacent pieces of one parent that touch are merged, so ``is_view`` holds
     exactly when the parameter is one contiguous range of one parent.
     """
 
@@ -61,6 +64,7 @@ class BoundParameter:
     format: str
     dtype: torch.dtype
     pieces: tuple[BoundPiece, ...]
+    quantized: bool = False
 
     @property
     def is_view(self) -> bool:
@@ -135,9 +139,23 @@ def bind(reader, specs: Sequence[ParameterSpec]) -> BoundWeights:
             elif info.name != fmt.name:
                 raise BindingError(f"{where}: binding {spec.name!r} mixes formats {fmt.name!r} and "
                                    f"{info.name!r} (object {piece.object.id!r})")
+        merged = _merge(pieces)
+        if fmt.quantized:
+            _check_rows(where, spec, merged)
         out.append(BoundParameter(spec.name, tuple(spec.shape), spec.component, fmt.name, fmt.dtype,
-                                  _merge(pieces)))
+                                  merged, fmt.quantized))
     return BoundWeights(reader.path, reader.artifact_id, tuple(components), tuple(out))
+
+
+def _check_rows(where: str, spec: ParameterSpec, pieces: tuple[BoundPiece, ...]) -> None:
+    parent = pieces[0].object
+    k = parent.shape[-1]
+    p = pieces[0]
+    if (len(pieces) != 1 or len(spec.shape) < 2 or spec.shape[-1] != k or p.begin % k or p.end % k):
+        raise BindingError(
+            f"{where}: binding {spec.name!r} {list(spec.shape)} of {parent.format} parent {parent.id!r} "
+            f"{list(parent.shape)} is not one block of whole rows with the parent's K = {k}; a quantized "
+            f"parameter must be a row block or an expert slice (re-order rows at conversion)")
 
 
 def _merge(pieces: list[BoundPiece]) -> tuple[BoundPiece, ...]:

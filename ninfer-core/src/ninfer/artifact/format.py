@@ -6,9 +6,10 @@ Invariants (docs/artifact-v3.md):
 - part header = ``NINPRT\\0`` + version byte 3, ``part_index`` (LE u64, its index in the file table),
   the same artifact id; the payload starts at byte 4096;
 - tensor objects start at a multiple of 256 in the logical payload, resources anywhere;
-- loadable formats store raw little-endian words under ``contiguous_le_v1``; the quantized V3
-  formats are known (so a file holding them parses) but interpreting one raises
-  :class:`UnsupportedFormatError`.
+- raw formats store little-endian words under ``contiguous_le_v1``; the quantized formats this engine
+  implements (groupwise q4/q5/q6/q8 under ``row_split_k128_v1``, fp8 row-scaled under ``row_scale_v1``;
+  defined in :mod:`ninfer.quant`) are loaded as their stored bytes; ``nvfp4`` is known (so a file holding it
+  parses) but interpreting it raises :class:`UnsupportedFormatError`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from ninfer.artifact.errors import (
     UnsupportedFormatError,
     UnsupportedVersionError,
 )
+from ninfer.quant import QuantizationError
+from ninfer.quant import encoded_size as quantized_size
 
 VERSION = 3
 ENTRY_MAGIC_STEM = b"NINFER\x00"
@@ -140,8 +143,9 @@ def _check_magic(magic: bytes, stem: bytes, what: str, path) -> None:
 class FormatInfo:
     """One row of the format table.
 
-    ``supported`` formats have ``element_bytes`` and ``dtype`` and store raw words under
-    ``contiguous_le_v1``; the others are named by V3 but not loadable by this engine.
+    ``supported`` raw formats have ``element_bytes`` and ``dtype`` and store raw words under
+    ``contiguous_le_v1``; ``quantized`` supported formats are held as their stored bytes (``dtype`` uint8,
+    ``element_bytes`` None); the others are named by V3 but not loadable by this engine.
     """
 
     name: str
@@ -150,6 +154,7 @@ class FormatInfo:
     element_bytes: int | None = None
     dtype: torch.dtype | None = None
     description: str = ""
+    quantized: bool = False
 
 
 FORMATS: dict[str, FormatInfo] = {f.name: f for f in (
@@ -157,18 +162,20 @@ FORMATS: dict[str, FormatInfo] = {f.name: f for f in (
     FormatInfo("fp16", (LAYOUT_CONTIGUOUS,), True, 2, torch.float16, "IEEE binary16 words"),
     FormatInfo("fp32", (LAYOUT_CONTIGUOUS,), True, 4, torch.float32, "IEEE binary32 words"),
     FormatInfo("int32", (LAYOUT_CONTIGUOUS,), True, 4, torch.int32, "two's complement 32-bit words"),
-    FormatInfo("q4_g64_fp16", (LAYOUT_ROW_SPLIT,), False, description="4-bit codes, group 64, fp16 scale"),
-    FormatInfo("q5_g64_fp16", (LAYOUT_ROW_SPLIT,), False, description="5-bit codes, group 64, fp16 scale"),
-    FormatInfo("q6_g64_fp16", (LAYOUT_ROW_SPLIT,), False, description="6-bit codes, group 64, fp16 scale"),
-    FormatInfo("q8_g32_fp16", (LAYOUT_ROW_SPLIT,), False, description="8-bit codes, group 32, fp16 scale"),
+    FormatInfo("q4_g64_fp16", (LAYOUT_ROW_SPLIT,), True, None, torch.uint8, "4-bit codes, group 64, fp16 scale", True),
+    FormatInfo("q5_g64_fp16", (LAYOUT_ROW_SPLIT,), True, None, torch.uint8, "5-bit codes, group 64, fp16 scale", True),
+    FormatInfo("q6_g64_fp16", (LAYOUT_ROW_SPLIT,), True, None, torch.uint8, "6-bit codes, group 64, fp16 scale", True),
+    FormatInfo("q8_g32_fp16", (LAYOUT_ROW_SPLIT,), True, None, torch.uint8, "8-bit codes, group 32, fp16 scale", True),
     FormatInfo("nvfp4", (LAYOUT_NVFP4,), False, description="E2M1 codes, E4M3 block-16 scales"),
-    FormatInfo("fp8_e4m3fn_row_bf16", (LAYOUT_ROW_SCALE,), False, description="E4M3FN codes, bf16 row scale"),
+    FormatInfo("fp8_e4m3fn_row_bf16", (LAYOUT_ROW_SCALE,), True, None, torch.uint8, "E4M3FN codes, bf16 row scale", True),
 )}
 
 KNOWN_LAYOUTS: frozenset[str] = frozenset(
     {LAYOUT_CONTIGUOUS, LAYOUT_ROW_SPLIT, LAYOUT_NVFP4, LAYOUT_ROW_SCALE})
 
 SUPPORTED_FORMATS: tuple[str, ...] = tuple(name for name, f in FORMATS.items() if f.supported)
+RAW_FORMATS: tuple[str, ...] = tuple(name for name, f in FORMATS.items() if f.supported and not f.quantized)
+QUANTIZED_FORMATS: tuple[str, ...] = tuple(name for name, f in FORMATS.items() if f.quantized)
 
 
 def interpret(format: str, layout: str, *, object_id: str, path=None) -> FormatInfo:
@@ -200,7 +207,13 @@ def is_interpretable(format: str, layout: str) -> bool:
 
 
 def encoded_size(format: str, layout: str, shape: Sequence[int], *, object_id: str = "?") -> int:
-    """Bytes of a loadable (format, layout, shape): elements x element width, no padding."""
+    """Bytes of a loadable (format, layout, shape): elements x element width, no padding, for a raw
+    format; the layout's plane sizes for a quantized one (a shape it cannot hold is a :class:`SchemaError`)."""
     info = interpret(format, layout, object_id=object_id)
+    if info.quantized:
+        try:
+            return quantized_size(format, tuple(shape))
+        except QuantizationError as exc:
+            raise SchemaError(f"object {object_id!r}: {exc}") from None
     assert info.element_bytes is not None
     return element_count(shape) * info.element_bytes

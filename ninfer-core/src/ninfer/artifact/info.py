@@ -4,7 +4,8 @@ Reads only the directory (no payload, no part file is opened). Object ownership 
 objects carry no component: an object belongs to every component that references it, through a
 resource role or through a binding (or use auxiliary) whose name starts with ``<component>/``;
 ``proposal/...`` parameters belong to ``text``. Objects nothing references are listed as
-``(unreferenced)``. The config summary comes from the architecture plugin's
+``(unreferenced)``. Parameter classes are binding names with every layer index replaced by ``*``; each class
+lists the stored formats of its parameters (what a quantization recipe chose). The config summary comes from the architecture plugin's
 ``summarize_config`` when one is installed, otherwise from a fixed list of raw config keys.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from typing import Any
 
@@ -96,6 +98,12 @@ def summarize(reader) -> dict[str, Any]:
         row["objects"] += 1
         row["bytes"] += obj.bytes
     tensors = sum(1 for o in d.objects if o.is_tensor)
+    classes: dict[str, dict[str, int]] = {}
+    for name, binding in d.bindings.items():
+        key = re.sub(r"/\d+(?=/|$)", "/*", name)
+        fmt = "+".join(sorted({d.object_index[oid].format or "?" for oid in binding.object_ids()}))
+        row = classes.setdefault(key, {})
+        row[fmt] = row.get(fmt, 0) + 1
     return {
         "path": str(reader.path),
         "artifact_id": reader.artifact_id,
@@ -106,6 +114,7 @@ def summarize(reader) -> dict[str, Any]:
                     "bytes": sum(o.bytes for o in d.objects)},
         "objects_by_component": by_component,
         "objects_by_format": by_format,
+        "parameter_formats": classes,
         "bindings": len(d.bindings),
         "uses": len(d.uses),
         "metadata": d.metadata,
@@ -155,6 +164,9 @@ def describe(reader) -> str:
     out.append("  by format:")
     for key, row in sorted(s["objects_by_format"].items()):
         out.append(f"    {key}: {row['objects']} objects, {_fmt_bytes(row['bytes'])}")
+    out.append("parameter formats (by class):")
+    for key, row in sorted(s["parameter_formats"].items()):
+        out.append(f"    {key}: " + ", ".join(f"{fmt} x{n}" for fmt, n in sorted(row.items())))
     out.append(f"bindings: {s['bindings']}; uses: {s['uses']}")
     for key in ("metadata", "provenance"):
         if s[key] is not None:

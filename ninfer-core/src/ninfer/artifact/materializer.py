@@ -6,7 +6,9 @@ Invariants:
 - a parameter that is one contiguous range of one parent is a zero-copy view of that tensor,
   reshaped to the parameter's shape; any other binding (e.g. a row de-interleave) is gathered
   into a new tensor on the parameter's device;
-- bytes are never converted: tensors carry the stored format's dtype, words bit-exact.
+- bytes are never converted: tensors carry the stored format's dtype, words bit-exact; a quantized
+  parameter is a :class:`~ninfer.quant.PackedWeight` of plane views of its parent's bytes (never
+  decoded, never repacked).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ninfer.artifact.load_plan import LoadPlan, ParentLoad, resolve_load
 from ninfer.artifact.reader import DEFAULT_CHUNK_BYTES, ArtifactReader
 from ninfer.contracts.architecture import ParameterSpec
 from ninfer.errors import NotSupportedError
+from ninfer.quant import PackedWeight, packed_view
 
 
 class Materializer:
@@ -37,7 +40,7 @@ class Materializer:
         self.verify = verify
         self.progress = progress  # progress(bytes_read, total_bytes), after each parent
 
-    def materialize(self, plan: LoadPlan) -> dict[str, torch.Tensor]:
+    def materialize(self, plan: LoadPlan) -> dict[str, torch.Tensor | PackedWeight]:
         """Tensors by parameter name (see the module docstring for what is a view)."""
         if sys.byteorder != "little":  # contiguous_le_v1 words are little-endian
             raise NotSupportedError("loading .ninfer weights needs a little-endian host")
@@ -55,6 +58,11 @@ class Materializer:
         out: dict[str, torch.Tensor] = {}
         for load in plan.parameters:
             bp = load.parameter
+            if bp.quantized:  # the binder checked: one block of whole rows of one parent
+                p = bp.pieces[0]
+                out[bp.name] = packed_view(bp.format, resident[p.object.id][load.device], p.object.shape,
+                                           p.begin, p.end, bp.shape, bp.name)
+                continue
             slices = [resident[p.object.id][load.device][p.begin:p.end] for p in bp.pieces]
             flat = slices[0] if len(slices) == 1 else torch.cat(slices)
             out[bp.name] = flat.view(bp.shape)

@@ -36,6 +36,7 @@ from ninfer.artifact.format import (
     ARTIFACT_ID_BYTES,
     CHECKSUM_PLACEHOLDER,
     DEFAULT_MAX_FILE_BYTES,
+    FORMATS,
     HEADER_BYTES,
     LAYOUT_CONTIGUOUS,
     MAX_RANK,
@@ -60,6 +61,7 @@ class _Object:
     nbytes: int
     shape: tuple[int, ...] | None = None
     format: str | None = None
+    layout: str = LAYOUT_CONTIGUOUS
     offset: int = -1
     written: int = 0
     hasher: Any = field(default_factory=xxhash.xxh64)
@@ -67,7 +69,7 @@ class _Object:
     def record(self, checksum: str) -> dict[str, Any]:
         if self.kind == "tensor":
             return {"id": self.id, "kind": "tensor", "shape": list(self.shape), "format": self.format,
-                    "layout": LAYOUT_CONTIGUOUS, "offset": self.offset, "bytes": self.nbytes,
+                    "layout": self.layout, "offset": self.offset, "bytes": self.nbytes,
                     "checksum": checksum}
         return {"id": self.id, "kind": "resource", "encoding": RESOURCE_ENCODING, "offset": self.offset,
                 "bytes": self.nbytes, "checksum": checksum}
@@ -202,14 +204,18 @@ class ArtifactWriter:
         self._index[obj.id] = obj
 
     def declare_tensor(self, id: str, shape: tuple[int, ...], format: str) -> None:
+        """A tensor object in ``format``'s layout (raw formats ``contiguous_le_v1``; a quantized format its
+        own; the caller writes the encoded bytes)."""
         self._declaring("declare_tensor")
         shape = tuple(shape)
         if len(shape) > MAX_RANK or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
                                             for d in shape):
             raise WriterError(f"{self.path}: object {id!r} shape {list(shape)} must be at most {MAX_RANK} "
                               f"positive integers")
-        nbytes = encoded_size(format, LAYOUT_CONTIGUOUS, shape, object_id=id)  # rejects other formats
-        self._add_object(_Object(id, "tensor", nbytes, shape=shape, format=format))
+        info = FORMATS.get(format)
+        layout = info.layouts[0] if info is not None else LAYOUT_CONTIGUOUS
+        nbytes = encoded_size(format, layout, shape, object_id=id)  # rejects unknown / unloadable formats
+        self._add_object(_Object(id, "tensor", nbytes, shape=shape, format=format, layout=layout))
 
     def declare_resource(self, id: str, nbytes: int) -> None:
         self._declaring("declare_resource")

@@ -11,6 +11,8 @@ then streams every object into :class:`~ninfer.artifact.writer.ArtifactWriter`. 
   :class:`~ninfer.artifact.source_mapping.SourceRows` source: that row range's bytes);
 - memory stays bounded by one chunk (at most ``CHUNK_BYTES``, and never more than one tensor) of
   source bytes plus, for a cast, that chunk's cast copy: tensors are streamed, never gathered;
+- with a quantization recipe (:mod:`ninfer.conversion.recipe`), the objects it selects are encoded by
+  :mod:`ninfer.conversion.quantize` (whole rows at a time, the same bound);
 - provenance names the source folder, every source file read with its size, the converter version,
   the source mapping, every cast and every ignored tensor with its reason.
 """
@@ -22,8 +24,9 @@ import importlib.metadata as md
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, BinaryIO
 
 from tqdm import tqdm
@@ -34,6 +37,8 @@ from ninfer.artifact.writer import ArtifactWriter
 from ninfer.conversion.cast import ROUNDING, cast_chunk
 from ninfer.conversion.errors import ConversionError, OutputExistsError, PlanError, SourceError
 from ninfer.conversion.plan import CheckedObject, CheckedPlan, check_plan
+from ninfer.conversion.quantize import encoder_name, write_quantized
+from ninfer.conversion.recipe import Recipe, assign, load_recipe
 from ninfer.conversion.resources import Resource, collect_resources
 from ninfer.conversion.source import CONFIG_NAME, SourceCheckpoint, SourceFile, open_checkpoint
 from ninfer.errors import NInferError
@@ -66,17 +71,19 @@ class ConversionResult:
     resources: tuple[str, ...]
     casts: tuple[str, ...]
     ignored: tuple[str, ...]
+    quantized: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def convert(source: str | Path, output: str | Path, *, name: str | None = None,
             max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, registry: PluginRegistry | None = None,
-            progress: bool | None = None) -> ConversionResult:
+            progress: bool | None = None, quantize: str | Recipe | None = None) -> ConversionResult:
     """Convert the checkpoint folder ``source`` into the artifact ``output`` (plus parts if needed).
 
     ``name`` sets ``metadata.name`` (default: the source folder's name, as a user calls the model; never the
     architecture class). ``registry`` supplies the
     source mappings (default: the process-wide :func:`ninfer.plugins.get_registry`). ``progress``
-    shows a byte progress bar on stderr: ``None`` means only when stderr is a terminal.
+    shows a byte progress bar on stderr: ``None`` means only when stderr is a terminal. ``quantize`` is a
+    recipe (a preset name or a TOML file path, :func:`ninfer.conversion.recipe.load_recipe`) or None.
     """
     output = Path(output)
     if os.path.lexists(output):
@@ -93,6 +100,12 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
     registry = registry if registry is not None else get_registry()
     mapping = registry.source_mapping(ckpt.architecture)
     checked = check_plan(_run_mapping(mapping, ckpt), ckpt.tensors)
+    recipe = load_recipe(quantize) if isinstance(quantize, str) else quantize
+    formats: dict[str, str] = {}
+    if recipe is not None:
+        formats = assign(recipe, checked.plan, {o.id: o.shape for o in checked.objects})
+        checked = CheckedPlan(checked.plan, tuple(replace(o, format=formats[o.id], cast=True) if o.id in formats
+                                                  else o for o in checked.objects))
     resources = collect_resources(ckpt.folder, {c.id for c in checked.plan.components})
     clash = {r.object_id for r in resources} & {o.id for o in checked.objects}
     if clash:
@@ -100,13 +113,13 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
 
     writer = ArtifactWriter(output, max_file_bytes=max_file_bytes)
     try:
-        _declare(writer, checked, resources, ckpt, mapping.name, name or Path(ckpt.folder).resolve().name)
+        _declare(writer, checked, resources, ckpt, mapping.name, name or Path(ckpt.folder).resolve().name, recipe)
         writer.begin_payload()
         total = sum(_source_span(ckpt, s)[1] for o in checked.objects for s in o.sources)
         show = sys.stderr.isatty() if progress is None else progress
         with tqdm(total=total + sum(r.nbytes for r in resources), unit="B", unit_scale=True,
                   unit_divisor=1024, file=sys.stderr, disable=not show, desc=output.name) as bar:
-            _write_objects(writer, checked, ckpt, bar.update)
+            _write_objects(writer, checked, ckpt, bar.update, recipe is not None and recipe.method == "search")
             for r in resources:
                 writer.write(r.object_id, r.read())
                 bar.update(r.nbytes)
@@ -123,6 +136,7 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
         resources=tuple(r.object_id for r in resources),
         casts=tuple(o.id for o in checked.casts),
         ignored=tuple(checked.plan.ignored),
+        quantized=MappingProxyType(formats),
     )
 
 
@@ -137,7 +151,7 @@ def _run_mapping(mapping: Any, ckpt: SourceCheckpoint):
 
 
 def _declare(writer: ArtifactWriter, checked: CheckedPlan, resources: tuple[Resource, ...],
-             ckpt: SourceCheckpoint, mapping_name: str, public_name: str) -> None:
+             ckpt: SourceCheckpoint, mapping_name: str, public_name: str, recipe: Recipe | None) -> None:
     """Everything of the directory, in the order the payload will be written."""
     plan = checked.plan
     roles: dict[str, dict[str, str]] = {}
@@ -157,11 +171,11 @@ def _declare(writer: ArtifactWriter, checked: CheckedPlan, resources: tuple[Reso
     for u in plan.uses:
         writer.add_use(u.parameter, u.input, u.activation_policy)
     writer.set_metadata({"name": public_name})
-    writer.set_provenance(_provenance(checked, resources, ckpt, mapping_name))
+    writer.set_provenance(_provenance(checked, resources, ckpt, mapping_name, recipe))
 
 
 def _provenance(checked: CheckedPlan, resources: tuple[Resource, ...], ckpt: SourceCheckpoint,
-                mapping_name: str) -> dict[str, Any]:
+                mapping_name: str, recipe: Recipe | None) -> dict[str, Any]:
     files: list[SourceFile] = [SourceFile(CONFIG_NAME, ckpt.folder / CONFIG_NAME,
                                           (ckpt.folder / CONFIG_NAME).stat().st_size)]
     if ckpt.index is not None:
@@ -173,6 +187,7 @@ def _provenance(checked: CheckedPlan, resources: tuple[Resource, ...], ckpt: Sou
         if origin.name not in seen:
             seen.add(origin.name)
             files.append(SourceFile(origin.name, origin, origin.stat().st_size))
+    search = recipe is not None and recipe.method == "search"
     prov: dict[str, Any] = {
         "source": {
             "folder": ckpt.folder.resolve().name,
@@ -181,10 +196,13 @@ def _provenance(checked: CheckedPlan, resources: tuple[Resource, ...], ckpt: Sou
         },
         "converter": {"name": CONVERTER, "version": converter_version()},
         "source_mapping": mapping_name,
-        "casts": [{"object": o.id, "from": o.dtype, "to": o.format, "rounding": ROUNDING}
-                  for o in checked.casts],
+        "casts": [{"object": o.id, "from": o.dtype, "to": o.format,
+                   "rounding": encoder_name(o.format, search) if o.quantized else ROUNDING} for o in checked.casts],
         "ignored": dict(checked.plan.ignored),
     }
+    if recipe is not None:
+        prov["quantization"] = {"recipe": recipe.name, "rules": [list(r) for r in recipe.rules],
+                                "method": recipe.method}
     derived = {r.object_id: r.derived_from for r in resources if r.derived_from is not None}
     if derived:
         prov["derived_resources"] = derived
@@ -192,17 +210,25 @@ def _provenance(checked: CheckedPlan, resources: tuple[Resource, ...], ckpt: Sou
 
 
 def _write_objects(writer: ArtifactWriter, checked: CheckedPlan, ckpt: SourceCheckpoint,
-                   advance: Callable[[int], Any]) -> None:
+                   advance: Callable[[int], Any], search: bool) -> None:
     with contextlib.ExitStack() as stack:
         handles: dict[str, BinaryIO] = {}
-        for o in checked.objects:
+
+        def spans(o: CheckedObject):
             for src in o.sources:
                 loc = ckpt.locations[source_name(src)]
                 f = handles.get(loc.file)
                 if f is None:
                     f = handles[loc.file] = stack.enter_context(open(ckpt.weight_file(loc.file).path, "rb"))
-                offset, nbytes = _source_span(ckpt, src)
-                _copy_tensor(writer, o, source_name(src), f, offset, nbytes, advance)
+                yield (source_name(src), f, *_source_span(ckpt, src))
+
+        for o in checked.objects:
+            if o.quantized:
+                write_quantized(lambda data, oid=o.id: writer.write(oid, data), o.id, o.format, o.dtype,
+                                o.shape[-1], spans(o), CHUNK_BYTES, advance, search)
+                continue
+            for src_name, f, offset, nbytes in spans(o):
+                _copy_tensor(writer, o, src_name, f, offset, nbytes, advance)
 
 
 def _source_span(ckpt: SourceCheckpoint, src: str | SourceRows) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ninfer.artifact.format import FORMATS, MAX_RANK, SUPPORTED_FORMATS
+from ninfer.artifact.format import FORMATS, MAX_RANK, RAW_FORMATS, encoded_size
 from ninfer.artifact.source_mapping import (
     BindingPlan,
     ConversionPlan,
@@ -43,7 +43,7 @@ PRESERVED_FORMAT: Mapping[str, str] = MappingProxyType(
     {"BF16": "bf16", "F16": "fp16", "F32": "fp32", "I32": "int32"})
 # Storage formats the converter writes: the loadable raw-word formats of the V3 table.
 FORMAT_ITEMSIZE: Mapping[str, int] = MappingProxyType(
-    {name: FORMATS[name].element_bytes for name in SUPPORTED_FORMATS})
+    {name: FORMATS[name].element_bytes for name in RAW_FORMATS})
 ACTIVATION_POLICIES = frozenset({"A16Only", "AllowA8", "AllowA4"})
 
 
@@ -66,7 +66,15 @@ class CheckedObject:
 
     @property
     def nbytes(self) -> int:
-        return self.elements * FORMAT_ITEMSIZE[self.format]
+        return encoded_size(self.format, self.layout, self.shape, object_id=self.id)
+
+    @property
+    def layout(self) -> str:
+        return FORMATS[self.format].layouts[0]
+
+    @property
+    def quantized(self) -> bool:
+        return FORMATS[self.format].quantized
 
 
 @dataclass(frozen=True)

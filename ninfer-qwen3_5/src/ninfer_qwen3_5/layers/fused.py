@@ -6,6 +6,9 @@ The converter stores GDN ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b`` and ``in_
 parent. :func:`row_groups` finds such runs and returns one ``[sum rows, in]`` view per run -- no copy, no extra
 memory -- so a decode step launches one GEMV per run instead of one per binding. Weights that are not adjacent
 (another dtype after a cast, a differently converted artifact) simply form runs of one: the result is the same.
+Quantized weights (:class:`~ninfer.quant.PackedWeight`) of one format whose row blocks are adjacent in every
+plane (row blocks of one stored parent) form runs the same way: the run is one packed weight whose planes are
+views over the rows of all of them; the ops take it by its stored format.
 """
 
 from __future__ import annotations
@@ -14,17 +17,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from ninfer.quant import PackedWeight
 
 
 @dataclass(frozen=True)
 class RowGroup:
     """``weight[sum(sizes), in]``: the rows of consecutive projections, in order."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor | PackedWeight
     sizes: tuple[int, ...]
 
 
-def _adjacent(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _follows(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``b``'s rows start where ``a``'s end, in one storage, both row-contiguous with the same row width."""
+    if a.numel() == 0 and b.numel() == 0:   # a plane the format does not have (q4/q8 high bits)
+        return a.shape[1:] == b.shape[1:]
+    return (a.shape[1:] == b.shape[1:] and a.stride() == b.stride() and a.dtype == b.dtype
+            and a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and (a.shape[0] == 0 or a.data_ptr() + a.shape[0] * a.stride(0) * a.element_size() == b.data_ptr()))
+
+
+def _adjacent(a, b) -> bool:
+    if isinstance(a, PackedWeight) or isinstance(b, PackedWeight):
+        return (isinstance(a, PackedWeight) and isinstance(b, PackedWeight) and a.format == b.format
+                and len(a.shape) == len(b.shape) == 2 and a.shape[1] == b.shape[1]
+                and all(_follows(p, q) for p, q in zip(a.planes, b.planes, strict=True)))
     return (a.dim() == b.dim() == 2 and a.dtype == b.dtype and a.device == b.device
             and a.shape[1] == b.shape[1] and a.is_contiguous() and b.is_contiguous()
             and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
@@ -43,7 +60,13 @@ def row_groups(weights: Sequence[torch.Tensor]) -> list[RowGroup]:
     for run in groups:
         rows = sum(w.shape[0] for w in run)
         head = run[0]
-        view = head if len(run) == 1 else head.as_strided((rows, head.shape[1]), (head.shape[1], 1))
+        if len(run) == 1:
+            view = head
+        elif isinstance(head, PackedWeight):
+            view = PackedWeight(head.format, (rows, head.shape[1]), tuple(
+                p.as_strided((rows, *p.shape[1:]), p.stride()) for p in head.planes))
+        else:
+            view = head.as_strided((rows, head.shape[1]), (head.shape[1], 1))
         out.append(RowGroup(view, tuple(w.shape[0] for w in run)))
     return out
 
