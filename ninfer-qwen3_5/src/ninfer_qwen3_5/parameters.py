@@ -92,11 +92,21 @@ def mtp_shapes(cfg: Qwen35Config, num_layers: int) -> dict[str, tuple[int, ...]]
 
 
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
-    """The parameters the selected features bind. Only Text runs today: Vision and speculative
-    backends are stored in the artifact but refused here until their programs exist."""
+    """The parameters the selected features bind: the ``text`` component, plus the ``mtp`` component's own
+    parameters when ``features.speculative == "mtp"`` (an artifact without that component is refused when
+    they are bound). Vision and other speculative backends are refused here until their programs exist."""
     if features.vision:
         raise NotSupportedError("Qwen3.5 vision is not supported yet (the artifact stores the tower)")
-    if features.speculative is not None:
+    if features.speculative not in (None, "mtp"):
         raise NotSupportedError(f"Qwen3.5 speculative backend {features.speculative!r} is not supported yet")
     cfg = Qwen35Config.from_compact(config)
-    return [ParameterSpec(name=n, shape=s, component="text") for n, s in text_shapes(cfg).items()]
+    specs = [ParameterSpec(name=n, shape=s, component="text") for n, s in text_shapes(cfg).items()]
+    if features.speculative == "mtp":
+        from ninfer_qwen3_5.mtp.weights import mtp_parameter_specs  # it imports this module: not at import
+
+        # The converter copies the head's config keys into the text config; an artifact converted without
+        # the head may lack them: its specs still name the ``mtp`` component, which startup then finds missing.
+        mtp_config = {"mtp_num_hidden_layers": config.get("mtp_num_hidden_layers") or 1,
+                      "mtp_use_dedicated_embeddings": config.get("mtp_use_dedicated_embeddings", False)}
+        specs += mtp_parameter_specs(config, mtp_config)
+    return specs
