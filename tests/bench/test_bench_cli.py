@@ -101,3 +101,17 @@ def test_bench_refuses_a_negative_seed_before_measuring(bench_env):
                          env=bench_env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "--seed must be >= 0, got -1" in run.stderr
     assert "measuring copy bandwidth" not in run.stderr
+
+
+def test_bench_reports_the_mean_accepted_length(bench_env, tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "ninfer.cli.main", "bench", "--device", "cpu", "--max-context", "64",
+           "--batches", "2", "--prefill-lengths", "8", "--decode-prompt-tokens", "8", "--decode-base-tokens", "2",
+           "--decode-steps", "6", "--repeats", "1", "--warmup", "0", "--copy-mib", "16", "--matmul-size", "128",
+           "--speculative", "mtp", "--num-speculative-tokens", "2", "--output", str(out)]
+    run = subprocess.run(cmd, env=bench_env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    spec = json.loads(out.read_text())["engine"]["speculation"]
+    assert spec["backend"] == "mtp" and spec["num_speculative_tokens"] == 2 and spec["verifies"] > 0
+    assert spec["mean_accepted_length"] == 1 + spec["accepted"] / spec["verifies"]
+    assert f"speculative: mtp, 2 drafts per step; {spec['verifies']} verifies" in run.stdout

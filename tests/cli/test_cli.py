@@ -47,6 +47,16 @@ def test_generate_default_model_greedy_is_deterministic(run_cli):
     assert "generated tokens" in first.stderr and "generated tokens" not in first.stdout
 
 
+def test_generate_speculative_mtp_prints_the_plain_output(run_cli):
+    args = ("generate", "--prompt", "import os\nimport", "-t", "0", "-n", "32", "--quiet")
+    plain = run_cli(*args)
+    spec = run_cli(*args, "--speculative", "mtp")
+    spec2 = run_cli(*args, "--speculative", "mtp", "--num-speculative-tokens", "2")
+    for run in (plain, spec, spec2):
+        assert run.returncode == 0, run.stderr
+    assert len(plain.stdout) > 8 and spec.stdout == plain.stdout and spec2.stdout == plain.stdout
+
+
 def test_generate_stop_string_is_not_printed(run_cli):
     plain = run_cli("generate", "--prompt", "import os\nimport", "--temperature", "0", "--max-tokens", "24",
                     "--quiet")

@@ -88,3 +88,6 @@ def test_metrics_exposition(scripted):
         assert v(gauge) == want, gauge
     assert v("ninfer_kv_pages_total") > 0 and "ninfer_preemptions_total" in text
     assert v("ninfer_chunks_total") >= 1 and v("ninfer_max_step_chunks") >= 1  # the prompts were prefilled
+    for name in ("ninfer_spec_drafted_tokens_total", "ninfer_spec_accepted_tokens_total",
+                 "ninfer_spec_verify_steps_total"):
+        assert v(name) == 0, name   # exported, and zero without speculation

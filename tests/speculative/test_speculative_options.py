@@ -1,7 +1,8 @@
 """The speculative startup options: EngineOptions.speculative / num_speculative_tokens, their check against the
 registered backends (ninfer.planning.resolution.check_speculative) on every way an engine starts, and the CLI's
---speculative / --num-speculative-tokens, all refused before a model is resolved while the engine does not run
-speculative steps yet."""
+--speculative / --num-speculative-tokens: a bad value or an unregistered backend is refused before a model is
+resolved; a registered one resolves to ProgramOptions.speculative_tokens (default 3), with no decode graphs and
+no lookahead."""
 
 from types import SimpleNamespace
 
@@ -11,8 +12,7 @@ from ninfer import Engine
 from ninfer.cli.main import main
 from ninfer.contracts.options import MAX_SPECULATIVE_TOKENS, EngineOptions, InvalidEngineOptions
 from ninfer.contracts.speculative import SpeculativeBackendSpec
-from ninfer.errors import NotSupportedError
-from ninfer.planning.resolution import check_speculative, resolve_options
+from ninfer.planning.resolution import DEFAULT_SPECULATIVE_TOKENS, check_speculative, resolve_options
 
 from tests.startup.test_planner import PROFILE
 
@@ -65,30 +65,52 @@ def test_check_names_the_registered_backends():
         check_speculative(EngineOptions(speculative="eagle"), backends)
     with pytest.raises(InvalidEngineOptions, match=r"registered: none"):
         check_speculative(EngineOptions(speculative="mtp"), {})
-    with pytest.raises(NotSupportedError, match="backend 'mtp' is not wired into the engine yet"):
-        check_speculative(EngineOptions(speculative="mtp"), backends)
+    check_speculative(EngineOptions(speculative="mtp"), backends)  # registered: passes
 
 
 def test_the_check_reads_the_plugin_registry(mtp_registered):
-    with pytest.raises(NotSupportedError, match="'mtp' is not wired"):
-        check_speculative(EngineOptions(speculative="mtp"))
+    check_speculative(EngineOptions(speculative="mtp"))
     with pytest.raises(InvalidEngineOptions, match="registered: mtp"):
         check_speculative(EngineOptions(speculative="eagle"))
 
 
-def test_every_engine_start_refuses_before_the_model(mtp_registered, monkeypatch):
+def test_every_engine_start_refuses_an_unknown_backend_before_the_model(mtp_registered, monkeypatch):
     monkeypatch.setattr("ninfer.model_source.resolve_model", _no_model)
-    with pytest.raises(NotSupportedError, match="'mtp' is not wired"):
-        Engine.start(speculative="mtp", num_speculative_tokens=3)
     with pytest.raises(InvalidEngineOptions, match="registered: mtp"):
         Engine.start(speculative="eagle")
     # from_parts checks before it touches the Program or the Frontend.
-    with pytest.raises(NotSupportedError, match="'mtp' is not wired"):
-        Engine.from_parts(object(), object(), speculative="mtp")
-    # Planning (``ninfer info --memory``, ``plan``) resolves the options and checks too.
-    with pytest.raises(NotSupportedError, match="'mtp' is not wired"):
-        resolve_options(EngineOptions(speculative="mtp"), device=torch.device("cpu"), dtype=torch.float32,
+    with pytest.raises(InvalidEngineOptions, match="registered: mtp"):
+        Engine.from_parts(object(), object(), speculative="eagle")
+    with pytest.raises(InvalidEngineOptions, match="registered: mtp"):
+        resolve_options(EngineOptions(speculative="eagle"), device=torch.device("cpu"), dtype=torch.float32,
                         profile=PROFILE, lookahead_supported=False)
+
+
+def _resolve(device="cpu", **kw):
+    return resolve_options(EngineOptions(**kw), device=torch.device(device), dtype=torch.float32, profile=PROFILE,
+                           lookahead_supported=True)
+
+
+@pytest.mark.parametrize("k, want", [(None, DEFAULT_SPECULATIVE_TOKENS), (1, 1), (5, 5)])
+def test_resolution_sets_the_program_drafts(mtp_registered, k, want):
+    r = _resolve(speculative="mtp", num_speculative_tokens=k)
+    assert r.speculative_tokens == want and r.options.num_speculative_tokens == want
+    assert r.program_options(8).speculative_tokens == want
+    assert r.lookahead_slots == 0
+    off = _resolve()
+    assert off.speculative_tokens == 0 and off.program_options(8).speculative_tokens == 0
+    assert off.options.num_speculative_tokens is None
+
+
+def test_speculation_turns_graphs_and_lookahead_off(mtp_registered, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    plain = _resolve(device="cuda")
+    assert plain.graph_batches > 0 and plain.lookahead_slots > 0  # what speculation turns off
+    spec = _resolve(device="cuda", speculative="mtp")
+    assert spec.graph_batches == 0 and spec.lookahead_slots == 0
+    with pytest.raises(InvalidEngineOptions, match=r"lookahead=True: speculative decoding .* runs no lookahead"):
+        _resolve(speculative="mtp", lookahead=True)
 
 
 # --- the CLI flags ------------------------------------------------------------------------------------------------
@@ -98,8 +120,6 @@ COMMANDS = [("generate", "-p", "x"), ("chat",), ("bench",), ("serve",)]
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
 @pytest.mark.parametrize("flags, error", [
-    (("--speculative", "mtp"), "--speculative mtp: speculative decoding with backend 'mtp' is not wired into the "
-                               "engine yet"),
     (("--speculative", "eagle"), "--speculative eagle: invalid engine option speculative='eagle': no installed "
                                  "plugin registers this speculative backend (registered: mtp;"),
     (("--num-speculative-tokens", "3"), "--num-speculative-tokens 3: needs --speculative NAME"),

@@ -231,3 +231,32 @@ def test_info_memory_options_without_memory_are_an_error(default_artifact, capsy
 
     assert main(["info", str(default_artifact), "--num-pages", "3", "--kv-budget-mib", "1"]) == 2
     assert "--num-pages, --kv-budget-mib: memory plan options, which need --memory" in capsys.readouterr().err
+
+
+def test_speculation_adds_snapshots_workspace_and_the_mtp_layer():
+    """The plan of k drafts: (k + 1) snapshot StateImages per running request and a k + 1 token decode row
+    each in the workspace; the profile of a speculative start adds the MTP weights and KV pool."""
+    plain = plan_memory(OPTS, budget(4096, 1024), load_bytes=50 * MIB)
+    spec = plan_memory(OPTS, budget(4096, 1024), load_bytes=50 * MIB, speculative_tokens=3)
+    assert spec.state_bytes - plain.state_bytes == 4 * (3 + 1) * 64 * 1024
+    step = min(512, 4 * 512)
+    assert spec.workspace_bytes - plain.workspace_bytes == (
+        mm.workspace_bytes(PROFILE, step_tokens=step + 4 * 4, logit_rows=4 * 4, max_context=4096)
+        - mm.workspace_bytes(PROFILE, step_tokens=step + 4, logit_rows=4, max_context=4096))
+
+
+def test_a_speculative_profile_counts_the_mtp_head(default_artifact):
+    from ninfer.planning.planner import artifact_profile
+
+    base = EngineOptions(device="cpu", dtype="float32", max_concurrency=2, max_context=256, context_cache=False)
+    plain = artifact_profile(default_artifact, base)
+    spec = artifact_profile(default_artifact, dataclasses.replace(base, speculative="mtp"))
+    mtp = [s for s in spec.parameter_specs if s.component == "mtp"]
+    assert mtp and {s.name for s in spec.parameter_specs} - {s.name for s in plain.parameter_specs} == {
+        s.name for s in mtp}
+    mtp_bytes = sum(torch.Size(s.shape).numel() * 4 for s in mtp)
+    assert spec.profile.weight_bytes - plain.profile.weight_bytes == mtp_bytes
+    layers = plain.config["layer_types"].count("full_attention")   # the MTP layer's pool is one more
+    assert layers and spec.profile.kv_bytes_per_token * layers == plain.profile.kv_bytes_per_token * (layers + 1)
+    assert spec.profile.state_bytes_per_sequence == plain.profile.state_bytes_per_sequence
+    assert spec.options.speculative_tokens == 3 and spec.options.program_options(8).speculative_tokens == 3

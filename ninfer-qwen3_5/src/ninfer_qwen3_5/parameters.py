@@ -91,12 +91,44 @@ def mtp_shapes(cfg: Qwen35Config, num_layers: int) -> dict[str, tuple[int, ...]]
     return out
 
 
+#: The artifact component holding the MTP head (converted from the checkpoint's ``mtp.*`` tensors).
+MTP_COMPONENT = "mtp"
+
+
+def mtp_num_layers(mtp_config: Mapping[str, Any]) -> int:
+    """The MTP layer count of an ``mtp`` component config; only 1 is supported."""
+    n = mtp_config.get("mtp_num_hidden_layers")
+    if n != 1:
+        raise NotSupportedError(f"Qwen3.5 MTP with mtp_num_hidden_layers={n!r} is not supported (only 1)")
+    if mtp_config.get("mtp_use_dedicated_embeddings", False):
+        raise NotSupportedError("Qwen3.5 MTP with dedicated embeddings is not supported (only the shared ones)")
+    return 1
+
+
+def mtp_parameter_specs(text_config: Mapping[str, Any], mtp_config: Mapping[str, Any] | None = None
+                        ) -> list[ParameterSpec]:
+    """Every parameter of the ``mtp`` component (component ``"mtp"``), shapes from the text config.
+    ``mtp_config`` None: the text config's own ``mtp_*`` keys (the converter copies them into the compact text
+    config too, so ``parameter_specs`` can add these specs from the one config it is given)."""
+    cfg = Qwen35Config.from_compact(text_config)
+    shapes = mtp_shapes(cfg, mtp_num_layers(text_config if mtp_config is None else mtp_config))
+    return [ParameterSpec(name=n, shape=s, component=MTP_COMPONENT) for n, s in shapes.items()]
+
+
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
-    """The parameters the selected features bind. Only Text runs today: Vision and speculative
-    backends are stored in the artifact but refused here until their programs exist."""
+    """The parameters the selected features bind: the ``text`` component, plus the ``mtp`` component's own
+    parameters when ``features.speculative == "mtp"`` (an artifact without that component is refused when
+    they are bound). Vision and other speculative backends are refused here until their programs exist."""
     if features.vision:
         raise NotSupportedError("Qwen3.5 vision is not supported yet (the artifact stores the tower)")
-    if features.speculative is not None:
+    if features.speculative not in (None, "mtp"):
         raise NotSupportedError(f"Qwen3.5 speculative backend {features.speculative!r} is not supported yet")
     cfg = Qwen35Config.from_compact(config)
-    return [ParameterSpec(name=n, shape=s, component="text") for n, s in text_shapes(cfg).items()]
+    specs = [ParameterSpec(name=n, shape=s, component="text") for n, s in text_shapes(cfg).items()]
+    if features.speculative == "mtp":
+        # The converter copies the head's config keys into the text config; an artifact converted without
+        # the head may lack them: its specs still name the ``mtp`` component, which startup then finds missing.
+        mtp_config = {"mtp_num_hidden_layers": config.get("mtp_num_hidden_layers") or 1,
+                      "mtp_use_dedicated_embeddings": config.get("mtp_use_dedicated_embeddings", False)}
+        specs += mtp_parameter_specs(config, mtp_config)
+    return specs

@@ -1,10 +1,12 @@
 """Entry point ``qwen3_5`` (group ``ninfer``): registers the Qwen3.5 architectures, the Qwen frontend family,
-the source mappings, and the ops only Qwen3.5 calls (their contracts and implementations, :mod:`.ops`)."""
+the source mappings, the ops only Qwen3.5 calls (their contracts and implementations, :mod:`.ops`) and the
+``mtp`` speculative backend (the checkpoint's own multi-token-prediction head, :mod:`.mtp`)."""
 
 from __future__ import annotations
 
 from ninfer.contracts.architecture import ArchitectureSpec
 from ninfer.contracts.frontend import FrontendSpec
+from ninfer.contracts.speculative import SpeculativeBackendSpec
 from ninfer.plugins.hookspecs import hookimpl
 
 from ninfer_qwen3_5.config import DENSE, MOE
@@ -25,6 +27,20 @@ def _create_frontend(resources, vocab_size):
     return QwenFrontend(resources, vocab_size=vocab_size)
 
 
+def _create_mtp_program(init):
+    """The MTP drafter lives inside the target's Program (it shares its KV pool, StateImages and hidden
+    states): a Qwen3.5 Program built with ``ProgramOptions.speculative_tokens > 0`` builds the head."""
+    from ninfer.contracts.program import ProgramError
+
+    if init.options.speculative_tokens < 1:
+        raise ProgramError("the mtp backend needs ProgramOptions.speculative_tokens >= 1")
+    return _create_program(init)
+
+
+#: The ``mtp`` backend: drafts with the artifact's ``mtp`` component, for both Qwen3.5 architectures.
+MTP_BACKEND = SpeculativeBackendSpec(name="mtp", architectures=(DENSE, MOE), component="mtp",
+                                     create=_create_mtp_program)
+
 #: The Qwen frontend family: Qwen3.5 and the Qwen4-Exp plugin (which depends on this distribution) use it.
 QWEN_FRONTEND = FrontendSpec(name="qwen", create=_create_frontend)
 
@@ -44,6 +60,11 @@ def ninfer_architectures() -> list:
 @hookimpl
 def ninfer_frontends() -> list:
     return [QWEN_FRONTEND]
+
+
+@hookimpl
+def ninfer_speculative_backends() -> list:
+    return [MTP_BACKEND]
 
 
 @hookimpl

@@ -8,7 +8,9 @@ Exact figures mirror what :class:`~ninfer_qwen3_5.program.Qwen35Program` allocat
   frequencies. Converted bytes are those created at construction: casts of weights stored in another
   dtype, the decay rates, the inverse frequencies, and the MoE block's fused input projection
   (router + shared gate_up + shared gate rows concatenated; the stored originals are dropped after).
-- KV: K and V of every full-attention layer, ``Nkv * D`` each per token, run dtype.
+- KV: K and V of every full-attention layer, ``Nkv * D`` each per token, run dtype; with
+  ``speculative == "mtp"`` one more such layer (the MTP layer's own pool), and the weights then include the
+  ``mtp`` component's parameters (:func:`~ninfer_qwen3_5.parameters.parameter_specs` selects them).
 - State: the StateImage of :mod:`ninfer_qwen3_5.state` (conv in the run dtype, recurrent fp32).
 
 The workspace terms are estimates of the torch reference path's temporaries (the planner's headroom
@@ -114,6 +116,7 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
     s = run.itemsize
     weight_bytes, converted = _weights(cfg, config, features, run, stored_dtypes or {})
     n_attn, n_gdn = len(cfg.attention_layers), len(cfg.gdn_layers)
+    n_kv = n_attn + (1 if features.speculative == "mtp" else 0)   # the MTP layer's KV pool
     kd = cfg.num_kv_heads * cfg.head_dim
     # Read in part at decode: the untied input table (one row per token), the routed experts (top-k of E).
     embedding = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * s
@@ -121,7 +124,7 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
                if cfg.is_moe else 0)
     return ModelProfile(
         weight_bytes=weight_bytes,
-        kv_bytes_per_token=n_attn * 2 * kd * s,
+        kv_bytes_per_token=n_kv * 2 * kd * s,
         state_bytes_per_sequence=state_layout(cfg, run).image_bytes,
         vocab_size=cfg.vocab_size,
         max_position_embeddings=cfg.max_position_embeddings,

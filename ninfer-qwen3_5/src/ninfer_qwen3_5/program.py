@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 import torch
 from ninfer.contracts.architecture import ProgramInit
-from ninfer.contracts.program import ExecutionUnit, PendingBatch, ProgramError, SeqId
+from ninfer.contracts.program import ExecutionUnit, PendingBatch, ProgramError, SeqId, SpeculationStats
 from ninfer.program.batch import PackedBatch
 from ninfer.program.model import KVGeometry, ModelLayout, ModelProgram
 
@@ -64,6 +64,13 @@ class Qwen35Program(ModelProgram):
                                  self.device, init.options.dtype)
             self.configure_speculation(init.options.max_sequences, k + 1)
             self.speculation = MTPDecoding(self, head, k)
+
+    @property
+    def speculation_stats(self) -> SpeculationStats:
+        m = self.speculation
+        if m is None:
+            return SpeculationStats()
+        return SpeculationStats(verifies=m.verified, drafted=m.drafted, accepted=m.accepted)
 
     def run(self, unit: ExecutionUnit) -> PendingBatch:
         if self.speculation is None:

@@ -82,6 +82,12 @@ class EngineCollector(Collector):
                           ("engine_cancelled", "requests the engine ended as cancelled")):
             value = getattr(s, "cancelled" if name == "engine_cancelled" else name)
             yield CounterMetricFamily(f"ninfer_{name}", doc, value=value)
+        for name, field, doc in (
+                ("spec_drafted_tokens", "spec_drafted", "tokens drafted and verified by speculative decoding"),
+                ("spec_accepted_tokens", "spec_accepted", "drafted tokens the target accepted"),
+                ("spec_verify_steps", "spec_verifies", "speculative verify rows run (one per speculating "
+                                                        "request per step)")):
+            yield CounterMetricFamily(f"ninfer_{name}", doc, value=getattr(s, field, 0))
 
 
 class ServerMetrics:

@@ -257,5 +257,15 @@ def test_features_beyond_text_are_refused_until_supported():
     compact = compact_text_config(_text_config())
     with pytest.raises(NotSupportedError):
         parameter_specs(compact, StartupFeatures(vision=True))
-    with pytest.raises(NotSupportedError):
-        parameter_specs(compact, StartupFeatures(speculative="mtp"))
+    with pytest.raises(NotSupportedError, match="'dflash' is not supported"):
+        parameter_specs(compact, StartupFeatures(speculative="dflash"))
+
+
+def test_speculative_mtp_adds_the_mtp_component():
+    compact = compact_text_config(_text_config())
+    text = parameter_specs(compact, StartupFeatures())
+    both = parameter_specs(compact, StartupFeatures(speculative="mtp"))
+    assert both[:len(text)] == text
+    mtp = both[len(text):]
+    assert mtp and all(s.component == "mtp" and s.name.startswith("mtp/") for s in mtp)
+    assert {"mtp/fc", "mtp/norm", "mtp/layers/0/attention/query"} <= {s.name for s in mtp}

@@ -113,6 +113,12 @@ def format_report(report: dict[str, Any]) -> str:
         f"buffer){_after(lim)}; matmul {lim['matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s ({lim['matmul_dtype']}, "
         f"n={lim['matmul_n']})",
     ]
+    spec = report["engine"].get("speculation")
+    if spec is not None:
+        mean = spec["mean_accepted_length"]
+        lines += [f"speculative: {spec['backend']}, {spec['num_speculative_tokens']} drafts per step; "
+                  f"{spec['verifies']} verifies, {spec['accepted']} of {spec['drafted']} drafts accepted, "
+                  f"mean accepted length {'-' if mean is None else f'{mean:.2f}'} tokens per verify"]
     if report["decode"]:
         lines += ["",
                   f"decode: prompt {s['decode_prompt_tokens']} + {s['decode_base_tokens']} tokens, then "

@@ -160,6 +160,8 @@ def run(args) -> int:
                            prefill_chunk_size=engine.options.prefill_chunk,
                            lookahead_steps={k: getattr(stats, f"lookahead_{k}") for k in ("launched", "adopted",
                                                                                           "dropped")})
+        if engine.options.speculative is not None:
+            engine_info["speculation"] = speculation_summary(engine.options, stats)
     run_settings = work.settings
     if batches:
         # The same copy again once the engine's memory is free: the ceiling drifts with what the device just ran
@@ -190,6 +192,15 @@ def run(args) -> int:
         args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         say(f"report written to {args.output}")
     return 0
+
+
+def speculation_summary(options, stats) -> dict:
+    """The speculative backend, its drafts per step and what the run's verifies committed: the mean accepted
+    length is the tokens one verify row commits on average (accepted drafts plus the target's own token)."""
+    verifies = stats.spec_verifies
+    return {"backend": options.speculative, "num_speculative_tokens": options.num_speculative_tokens,
+            "verifies": verifies, "drafted": stats.spec_drafted, "accepted": stats.spec_accepted,
+            "mean_accepted_length": (1 + stats.spec_accepted / verifies) if verifies else None}
 
 
 COMMAND = CliCommand(

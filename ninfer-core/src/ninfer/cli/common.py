@@ -65,9 +65,9 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "(auto: with CUDA graphs)")
     g.add_argument("--speculative", default=None, metavar="NAME",
                    help="speculative decoding backend: none (default) or one a plugin registers ('ninfer plugins' "
-                        "lists them); not supported yet: a backend name fails before the model loads")
+                        "lists them), e.g. mtp: the model's own multi-token-prediction head; same output, fewer steps")
     g.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
-                   help="tokens drafted per step, 1..8 (default: the backend's); needs --speculative")
+                   help="tokens drafted per step, 1..8 (default 3); needs --speculative")
     g.add_argument("--quiet", action="store_true", help="no progress display and no statistics")
     c = p.add_argument_group("context cache (docs/context-cache.md)")
     p.set_defaults(context_cache_default=context_cache_default)
@@ -119,7 +119,7 @@ def add_sampling_args(p: argparse.ArgumentParser, *, max_tokens_default: int) ->
 def engine_options(args: argparse.Namespace):
     """EngineOptions from the shared engine flags; a size, step-budget, context-cache, prefill-chunk or speculative
     flag out of range (or a cache flag given without --context-cache, --num-speculative-tokens without
-    --speculative, a speculative backend, which is not supported yet) is an NInferError naming the flag, raised
+    --speculative, an unregistered speculative backend) is an NInferError naming the flag, raised
     before any model is resolved or loaded."""
     from ninfer.cli.checks import check_engine_flags, speculative_options
     from ninfer.contracts.options import EngineOptions

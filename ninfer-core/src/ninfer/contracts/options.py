@@ -86,11 +86,12 @@ class EngineOptions:
       False turns it off. It costs ``max_concurrency`` more StateImage slots of device memory.
     - ``speculative``: None (default, off) or the name of a registered speculative decoding backend
       (``ninfer_speculative_backends``, e.g. ``"mtp"``); a generation engine only. ``num_speculative_tokens``
-      (``1..8``): tokens drafted per row and step; None: the backend's default; given without
-      ``speculative`` it is an error. The name is checked against the registered backends when options
-      are resolved (``ninfer.planning.resolution.check_speculative``, also at ``Engine.start`` before any
-      conversion): an unregistered name is an InvalidEngineOptions listing the registered ones, and a
-      registered one a NotSupportedError, because the engine does not run speculative steps yet.
+      (``1..8``): tokens drafted per row and step; None: 3 (``DEFAULT_SPECULATIVE_TOKENS``, filled in when options
+      are resolved); given without ``speculative`` it is an error. The name is checked against the registered
+      backends when options are resolved (``ninfer.planning.resolution.check_speculative``, also at
+      ``Engine.start`` before any conversion): an unregistered name is an InvalidEngineOptions listing the
+      registered ones. Speculation changes how many tokens a step commits, never which (docs/speculative.md);
+      it turns decode graphs and lookahead off (``lookahead=True`` with it is an error).
     """
 
     max_concurrency: int = 4

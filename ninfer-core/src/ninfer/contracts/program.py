@@ -237,6 +237,18 @@ class LookaheadStats:
     dropped: int = 0
 
 
+@dataclass(frozen=True)
+class SpeculationStats:
+    """Monotone counts of a speculating Program's verify rows (``ProgramOptions.speculative_tokens > 0``):
+    ``verifies`` rows verified, ``drafted`` drafts they verified, ``accepted`` drafts the acceptance rule
+    kept (before the engine cuts a row at a stop or its budget). All zero for a Program that does not
+    speculate."""
+
+    verifies: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
 @runtime_checkable
 class Program(Protocol):
     """See the module docstring for the ledger and commit rules.
@@ -251,6 +263,7 @@ class Program(Protocol):
     device: torch.device         # where its KV pages, StateImages and logits live
     dtype: torch.dtype | None    # its activation dtype (None: it has none, e.g. a test double)
     lookahead_stats: LookaheadStats
+    speculation_stats: SpeculationStats
 
     def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
         """Capture decode CUDA graphs for batch sizes ``1..max_batch`` and return the sizes captured (``()``:

@@ -7,11 +7,15 @@
    rebuild and is held until its first new token);
 2. admission: waiting requests in FIFO order with a bounded bypass take the remaining running
    places, each opened from its longest usable context-cache checkpoint (:mod:`ninfer.engine.admission`);
-3. reservations: every decode-ready resident reserves one token; a decode row that cannot get its
+3. reservations: every decode-ready resident reserves one token, or ``drafts + 1`` when the engine
+   speculates (``speculative_tokens = k > 0``) and the row may: ``drafts = min(k, remaining budget - 1)``
+   (max_tokens and max_context), 0 for a constrained row or one asking for logprobs. A speculating row that
+   cannot get its ``drafts + 1`` falls back to one token (drafts 0); a decode row that cannot get its
    KV page first reclaims context-cache entries, then preempts the youngest non-protected resident
    (possibly itself), and all rows reserve again;
 4. chunks, within the step's chunk budget: ``prefill_chunk`` tokens, and with decode rows at most
-   ``max_step_tokens`` less one token per decode row (but at least 1, so prefill never stops). Chunk
+   ``max_step_tokens`` less the decode rows' tokens (``drafts + 1`` each; but at least 1, so prefill
+   never stops). Chunk
    candidates are taken in order (the protected resume first, then the others least recently served
    first, :meth:`RequestQueues.chunk_candidates`), each getting ``min(budget left, what it has left
    to compute)`` tokens cut at its next checkpoint boundary (so at least one token), until the budget
@@ -60,17 +64,26 @@ class ScheduledChunk:
 
 @dataclass(frozen=True)
 class ScheduledUnit:
-    """One step's work, its reservations held: decode rows (one token each) and chunks of other
-    requests (each request at most once). Never empty. Rows sample in order: the decode rows, then
-    each chunk that samples, in ``chunks`` order."""
+    """One step's work, its reservations held: decode rows and chunks of other requests (each request
+    at most once). Never empty. Rows sample in order: the decode rows, then each chunk that samples, in
+    ``chunks`` order. ``drafts`` (empty: none) gives each decode row's speculative drafts, in ``decode``
+    order; a row is reserved for ``drafts + 1`` tokens."""
 
     decode: tuple[RequestRecord, ...]
     chunks: tuple[ScheduledChunk, ...] = ()
+    drafts: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.drafts and len(self.drafts) != len(self.decode):
+            raise ValueError(f"{len(self.drafts)} draft counts for {len(self.decode)} decode rows")
+
+    def row_drafts(self) -> tuple[int, ...]:
+        return self.drafts or (0,) * len(self.decode)
 
     @property
     def tokens(self) -> int:
-        """The tokens the unit computes: one per decode row plus every chunk's."""
-        return len(self.decode) + sum(c.tokens for c in self.chunks)
+        """The tokens the unit computes: ``drafts + 1`` per decode row plus every chunk's."""
+        return len(self.decode) + sum(self.drafts) + sum(c.tokens for c in self.chunks)
 
     def execution_unit(self) -> ExecutionUnit:
         """The Program's unit. Reads each sampling row's parameters now: a constrained request's
@@ -79,8 +92,12 @@ class ScheduledUnit:
         for c in self.chunks:
             assert c.rec.seq is not None
             chunks.append(PrefillChunk(c.rec.seq, c.tokens, c.rec.row_sampling() if c.samples else None))
-        return ExecutionUnit(decode=tuple(DecodeRow(r.seq, r.row_sampling()) for r in self.decode),
-                             chunks=tuple(chunks))
+        rows = []
+        for r, d in zip(self.decode, self.row_drafts(), strict=True):
+            sampling = r.row_sampling()
+            # A constrained row drafts nothing (one grammar mask per verified position is not built yet).
+            rows.append(DecodeRow(r.seq, sampling, d if sampling.mask is None else 0))
+        return ExecutionUnit(decode=tuple(rows), chunks=tuple(chunks))
 
     def sampling_seqs(self) -> list[SeqId | None]:
         """The sequences of the rows the unit samples, in PendingBatch row order."""
@@ -93,7 +110,8 @@ class Scheduler:
 
     def __init__(self, program: Program, queues: RequestQueues, sequences: SequenceTable,
                  cache: ContextCache | None, capture: CheckpointCapture, counters: EngineCounters, *,
-                 prefill_chunk: int, step_tokens: int, on_admit: Callable[[RequestRecord], None]) -> None:
+                 prefill_chunk: int, step_tokens: int, on_admit: Callable[[RequestRecord], None],
+                 speculative_tokens: int = 0, max_context: int | None = None) -> None:
         self.program = program
         self.queues = queues
         self.sequences = sequences
@@ -102,6 +120,10 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.step_tokens = step_tokens  # the step budget while decode rows run (EngineOptions.step_tokens)
         self.on_admit = on_admit
+        if speculative_tokens and max_context is None:
+            raise ValueError("a speculating Scheduler needs max_context (the drafts' room)")
+        self.speculative_tokens = speculative_tokens  # the most drafts per decode row (0: no speculation)
+        self.max_context = max_context
         self.admission = Admission(program, cache, sequences, queues, counters)
         # Admissions, resumes and preemptions so far: a step that ran nothing but changed these
         # may have made room for more work, so the worker must not sleep after it.
@@ -147,7 +169,13 @@ class Scheduler:
     def _reserve_unit(self) -> ScheduledUnit | None:
         while True:
             decode = self.queues.decode_rows()
-            reserved = self.program.reserve_units({r.seq: 1 for r in decode}) if decode else {}
+            drafts = {r.seq: self._drafts(r) for r in decode}
+            reserved = self.program.reserve_units({r.seq: drafts[r.seq] + 1 for r in decode}) if decode else {}
+            fallback = [r.seq for r in decode if not reserved[r.seq] and drafts[r.seq]]
+            if fallback:  # speculating rows that did not fit try one token before anything is reclaimed
+                for seq in fallback:
+                    drafts[seq] = 0
+                reserved.update(self.program.reserve_units({seq: 1 for seq in fallback}))
             if any(not reserved[r.seq] for r in decode):
                 # A decode row must progress: reclaim cache entries, else free the youngest
                 # non-protected resident; then reserve again.
@@ -155,7 +183,7 @@ class Scheduler:
                     self._preempt("a decode row needs a KV page")
                 continue
             candidates = self.queues.chunk_candidates()
-            chunks = self._reserve_chunks(candidates, len(decode))
+            chunks = self._reserve_chunks(candidates, sum(drafts.values()) + len(decode))
             if not chunks and candidates and not decode:
                 # Nothing else would run and nothing would free pages: preempt the youngest.
                 self._preempt("no prefill chunk fits")
@@ -169,14 +197,26 @@ class Scheduler:
                     self.counters.replay_tokens += c.tokens
             self.counters.chunks += len(chunks)
             self.counters.max_unit_chunks = max(self.counters.max_unit_chunks, len(chunks))
-            return ScheduledUnit(tuple(decode), tuple(chunks))
+            row_drafts = tuple(drafts[r.seq] for r in decode)
+            return ScheduledUnit(tuple(decode), tuple(chunks), row_drafts if any(row_drafts) else ())
 
-    def _reserve_chunks(self, candidates: list[RequestRecord], decode_rows: int) -> list[ScheduledChunk]:
+    def _drafts(self, rec: RequestRecord) -> int:
+        """The drafts ``rec``'s next decode row may verify (module docstring, step 3)."""
+        k = self.speculative_tokens
+        if not k or rec.params.logprobs or rec.params.top_logprobs > 0:
+            return 0
+        assert self.max_context is not None
+        room = rec.remaining(self.max_context) - 1   # the verify commits up to drafts + 1 tokens
+        if room < 1 or rec.session.token_mask() is not None:
+            return 0
+        return min(k, room)
+
+    def _reserve_chunks(self, candidates: list[RequestRecord], decode_tokens: int) -> list[ScheduledChunk]:
         """The chunks of the candidates, in order, that fit the step's token budget and can reserve
         their pages (reclaiming cache entries first); see the module docstring."""
         budget = self.prefill_chunk
-        if decode_rows:  # the decode rows wait for the whole step: bound it, but prefill never stops
-            budget = max(1, min(budget, self.step_tokens - decode_rows))
+        if decode_tokens:  # the decode rows wait for the whole step: bound it, but prefill never stops
+            budget = max(1, min(budget, self.step_tokens - decode_tokens))
         chosen: list[ScheduledChunk] = []
         for rec in candidates:
             if budget < 1:

@@ -47,6 +47,9 @@ class EngineCounters:
     lookahead_launched: int = 0  # decode steps launched ahead (ninfer.program.lookahead; Program-owned)
     lookahead_adopted: int = 0   # of them, adopted by the next unit
     lookahead_dropped: int = 0   # of them, dropped (the next unit asked for other work)
+    spec_verifies: int = 0       # speculative verify rows run (Program-owned, SpeculationStats)
+    spec_drafted: int = 0        # drafts they verified
+    spec_accepted: int = 0       # drafts the acceptance rule kept
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,9 @@ class EngineStats:
     lookahead_launched: int = 0
     lookahead_adopted: int = 0
     lookahead_dropped: int = 0
+    spec_verifies: int = 0
+    spec_drafted: int = 0
+    spec_accepted: int = 0
     cache_checkpoints: int = 0       # live checkpoints now (pause Snapshots included)
     cache_device_bytes: int = 0      # their Device StateImages + KV pages only they hold
     cache_host_checkpoints: int = 0  # of them, those with content on Host

@@ -78,6 +78,8 @@ class CoreSnapshot:
 
 class EngineCore:
     def __init__(self, program: Program, options: EngineOptions) -> None:
+        from ninfer.planning.resolution import speculative_tokens  # imports torch: not at module import
+
         self.program = program
         self.options = options
         self.max_context = options.max_context
@@ -98,7 +100,8 @@ class EngineCore:
         self.queues = RequestQueues(options.max_concurrency, options.admission_bypass)
         self.scheduler = Scheduler(program, self.queues, self.sequences, self.cache, self.capture, self.counters,
                                    prefill_chunk=options.prefill_chunk, step_tokens=options.step_tokens,
-                                   on_admit=self._started)
+                                   on_admit=self._started, speculative_tokens=speculative_tokens(options),
+                                   max_context=options.max_context)
         self._close_drain: bool | None = None  # None: no close asked; else whether to drain first
         self.snapshot = CoreSnapshot("running", 0, 0, 0, cap, counter_values(self.counters))
         self.thread = threading.Thread(target=self._run, name="ninfer-engine-worker", daemon=True)
@@ -299,6 +302,8 @@ class EngineCore:
     def _publish_snapshot(self) -> None:
         la, n = self.program.lookahead_stats, self.counters
         n.lookahead_launched, n.lookahead_adopted, n.lookahead_dropped = la.launched, la.adopted, la.dropped
+        sp = self.program.speculation_stats
+        n.spec_verifies, n.spec_drafted, n.spec_accepted = sp.verifies, sp.drafted, sp.accepted
         if self.cache is not None:
             c, n = self.cache.counters(), self.counters
             n.cache_captures, n.cache_evictions, n.cache_host_evictions = c.captures, c.evictions, c.host_evictions

@@ -1,6 +1,7 @@
 """The memory plan (docs/design.md section 7): workspace estimate, KV candidates, :class:`MemoryPlan`.
 
-With S = the StateImages of every running request, checkpoint slot and lookahead spare, W = the workspace
+With S = the StateImages of every running request, checkpoint slot, lookahead spare and speculative verify
+snapshot (``k + 1`` per running request when the engine drafts ``k`` tokens), W = the workspace
 estimate and G = the decode graphs' pool estimate:
 
 - runtime bytes = weights + KV + S + W + G; startup peak = loaded stored weights + converted copies +
@@ -123,10 +124,14 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
     # every other running request. Each resident is one decode row or one chunk, so at most ``running`` rows
     # sample (a scoring engine's one chunk samples every token).
     step = chunk if scoring else min(options.prefill_chunk, running * chunk)
-    work = workspace_bytes(profile, step_tokens=step + running, logit_rows=running + (chunk if scoring else 0),
+    # A speculating decode row verifies up to k + 1 tokens, each with its logits.
+    per_row = resolved.speculative_tokens + 1
+    work = workspace_bytes(profile, step_tokens=step + running * per_row,
+                           logit_rows=running * per_row + (chunk if scoring else 0),
                            max_context=max_context)
-    # + context-cache checkpoints + lookahead spares
-    state = (running + options.checkpoint_slots + lookahead) * profile.state_bytes_per_sequence
+    # + context-cache checkpoints + lookahead spares + speculative verify snapshots (k + 1 per running request)
+    snapshots = running * (resolved.speculative_tokens + 1) if resolved.speculative_tokens else 0
+    state = (running + options.checkpoint_slots + lookahead + snapshots) * profile.state_bytes_per_sequence
     graphs = graph_pool_bytes(profile, resolved.graph_batches, max_context)
     runtime_fixed = profile.weight_bytes + state + work + graphs
     startup_fixed = load_bytes + profile.converted_weight_bytes + state
@@ -137,7 +142,8 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
     def why() -> str:
         return (f"budget {mib(budget.budget_bytes)} [{budget.source}] - headroom {mib(budget.headroom_bytes)} "
                 f"- max(runtime: weights {mib(profile.weight_bytes)} + State {mib(state)} ({running} running requests + "
-                f"{options.checkpoint_slots} checkpoints + {lookahead} lookahead) + workspace {mib(work)} "
+                f"{options.checkpoint_slots} checkpoints + {lookahead} lookahead + {snapshots} speculative "
+                f"snapshots) + workspace {mib(work)} "
                 f"+ graphs {mib(graphs)}, startup: stored weights {mib(load_bytes)} + converted "
                 f"{mib(profile.converted_weight_bytes)} + State {mib(state)}) leaves {mib(room)} for KV")
 

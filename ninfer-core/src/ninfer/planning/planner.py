@@ -52,6 +52,21 @@ def weight_source(reader: ArtifactReader, specs) -> WeightSource:
                         load_bytes=sum(o.bytes for o in bound.parents) + gathered)
 
 
+def _check_components(reader: ArtifactReader, specs, options: EngineOptions) -> None:
+    """Every component the selected parameters name is in the artifact; a speculative backend's missing
+    component is a MissingComponentError naming it and the option that asked for it."""
+    from ninfer.artifact.errors import MissingComponentError
+
+    have = set(reader.directory.components)
+    missing = sorted({s.component for s in specs} - have)
+    if missing and options.speculative is not None:
+        raise MissingComponentError(
+            f"speculative={options.speculative!r} (--speculative {options.speculative}) needs the artifact "
+            f"component(s) {', '.join(map(repr, missing))}, which this artifact does not have (it provides: "
+            f"{', '.join(sorted(have))}); convert a checkpoint that has them, or start without speculative "
+            f"decoding")
+
+
 @dataclass(frozen=True)
 class ArtifactProfile:
     """What the artifact directory and the options determine, before any budget is read.
@@ -93,6 +108,7 @@ def artifact_profile(artifact: str | os.PathLike | ArtifactReader, options: Engi
         device = resolve_device(options)
         dtype = resolve_dtype(options, device)
         specs = tuple(spec.parameter_specs(text.config, features))
+        _check_components(reader, specs, options)
         source = weight_source(reader, specs)
     finally:
         if reader is not artifact:

@@ -10,7 +10,8 @@ again:
 - the prefill chunk (``EngineOptions.prefill_chunk``: the explicit value or the purpose's default);
 - an explicitly sized KV pool (:func:`explicit_pages`: ``num_pages``, else ``kv_budget_mib`` worth);
 - the decode CUDA graph sizes (:func:`graph_batches`) and the lookahead spares (:func:`lookahead_slots`);
-- the speculative backend named against the registered ones (:func:`check_speculative`).
+- the speculative backend named against the registered ones (:func:`check_speculative`) and the drafts per
+  step (:func:`speculative_tokens`); a speculating engine captures no decode graphs and runs no lookahead.
 
 The device and dtype come first because the model's profile (which the cap and the explicit pool need)
 is computed for them; :func:`resolve_options` then takes that profile.
@@ -28,7 +29,6 @@ import torch
 
 from ninfer.contracts.architecture import ModelProfile, ProgramOptions
 from ninfer.contracts.options import EngineOptions, InvalidEngineOptions
-from ninfer.errors import NotSupportedError
 
 GRAPHS_ENV = "NINFER_CUDA_GRAPHS"
 
@@ -95,13 +95,21 @@ def graph_batches(device: torch.device, options: EngineOptions) -> int:
     for generation unless ``NINFER_CUDA_GRAPHS=0``, else 0."""
     if device.type != "cuda" or options.purpose != "generation" or os.environ.get(GRAPHS_ENV, "1").strip() == "0":
         return 0
+    if options.speculative is not None:
+        return 0  # a speculating Program runs every unit eagerly (the drafter needs the hidden states)
     return options.max_concurrency
 
 
 def lookahead_slots(device: torch.device, options: EngineOptions, supported: bool) -> int:
     """Lookahead-decode spare StateImage slots (``EngineOptions.lookahead``): ``max_concurrency`` when
-    it is on, else 0. Forcing it on for an architecture without support is an error naming both."""
+    it is on, else 0. Forcing it on for an architecture without support, or beside speculative decoding
+    (a verify commits a variable number of tokens: nothing to run ahead of), is an error naming both."""
     if options.purpose != "generation" or options.lookahead is False:
+        return 0
+    if options.speculative is not None:
+        if options.lookahead:
+            raise InvalidEngineOptions(f"invalid engine option lookahead=True: speculative decoding "
+                                       f"(speculative={options.speculative!r}) runs no lookahead decode")
         return 0
     if not supported:
         if options.lookahead:
@@ -115,9 +123,9 @@ def lookahead_slots(device: torch.device, options: EngineOptions, supported: boo
 
 def check_speculative(options: EngineOptions, backends: Mapping[str, Any] | None = None) -> None:
     """``options.speculative`` against the registered speculative backends (``backends``: name ->
-    SpeculativeBackendSpec; None: the plugin registry's). None passes. An unregistered name is an
-    InvalidEngineOptions listing the registered ones; a registered one is a NotSupportedError: the engine
-    does not run speculative steps yet. Reads no artifact, so callers run it before any conversion."""
+    SpeculativeBackendSpec; None: the plugin registry's). None and a registered name pass; an unregistered
+    name is an InvalidEngineOptions listing the registered ones. Reads no artifact, so callers run it before
+    any conversion (whether the artifact has the backend's component is checked when parameters are bound)."""
     name = options.speculative
     if name is None:
         return
@@ -129,7 +137,20 @@ def check_speculative(options: EngineOptions, backends: Mapping[str, Any] | None
         known = ", ".join(sorted(backends)) or "none"
         raise InvalidEngineOptions(f"invalid engine option speculative={name!r}: no installed plugin registers this "
                                    f"speculative backend (registered: {known}; 'ninfer plugins' lists them)")
-    raise NotSupportedError(f"speculative decoding with backend {name!r} is not wired into the engine yet")
+
+
+#: Drafts per speculative step when ``num_speculative_tokens`` is not given. Each draft costs one MTP layer
+#: step and one more verified position; acceptance falls with the draft's depth, so beyond a few drafts a
+#: verify mostly computes tokens it throws away. Three is the depth the Qwen3.5 model cards recommend.
+DEFAULT_SPECULATIVE_TOKENS = 3
+
+
+def speculative_tokens(options: EngineOptions) -> int:
+    """Drafts per speculative decode row: 0 without ``speculative``, else ``num_speculative_tokens`` or
+    :data:`DEFAULT_SPECULATIVE_TOKENS`."""
+    if options.speculative is None or options.purpose != "generation":
+        return 0
+    return options.num_speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -141,7 +162,9 @@ class ResolvedOptions:
     ``options.prefill_chunk_size`` is the resolved chunk; ``options.num_pages`` / ``kv_budget_mib`` are as
     given (the memory plan names the rule that sized the pool from them). ``explicit_pages`` is the pool
     they size (None: automatic); ``graph_batches`` the decode graphs captured for batch sizes
-    1..graph_batches (0: none); ``lookahead_slots`` the lookahead spares (0: lookahead off)."""
+    1..graph_batches (0: none); ``lookahead_slots`` the lookahead spares (0: lookahead off);
+    ``speculative_tokens`` the drafts per speculative decode row (0: no speculation; > 0: no graphs, no
+    lookahead)."""
 
     options: EngineOptions
     device: torch.device
@@ -149,13 +172,15 @@ class ResolvedOptions:
     explicit_pages: int | None
     graph_batches: int
     lookahead_slots: int
+    speculative_tokens: int = 0
 
     def program_options(self, num_pages: int) -> ProgramOptions:
         """The Program's physical sizing with a KV pool of ``num_pages`` pages."""
         o = self.options
         return ProgramOptions(device=self.device, dtype=self.dtype, max_sequences=o.max_concurrency,
                               page_size=o.page_size, num_pages=num_pages, max_context=o.max_context,
-                              checkpoint_slots=o.checkpoint_slots, lookahead_slots=self.lookahead_slots)
+                              checkpoint_slots=o.checkpoint_slots, lookahead_slots=self.lookahead_slots,
+                              speculative_tokens=self.speculative_tokens)
 
     def engine_options(self, num_pages: int) -> EngineOptions:
         """The effective EngineOptions an engine serving ``num_pages`` KV pages reports and runs with."""
@@ -175,6 +200,8 @@ def resolve_options(options: EngineOptions, *, device: torch.device, dtype: torc
     pages = explicit_pages(options, profile, max_context)
     spares = lookahead_slots(device, options, lookahead_supported)
     resolved = dataclasses.replace(options, device=str(device), dtype=str(dtype).removeprefix("torch."),
-                                   max_context=max_context, prefill_chunk_size=options.prefill_chunk)
+                                   max_context=max_context, prefill_chunk_size=options.prefill_chunk,
+                                   num_speculative_tokens=speculative_tokens(options) or None)
     return ResolvedOptions(options=resolved, device=device, dtype=dtype, explicit_pages=pages,
-                           graph_batches=graph_batches(device, options), lookahead_slots=spares)
+                           graph_batches=graph_batches(device, options), lookahead_slots=spares,
+                           speculative_tokens=speculative_tokens(options))

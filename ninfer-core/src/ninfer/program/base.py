@@ -50,6 +50,7 @@ from ninfer.contracts.program import (
     ResumeState,
     RowSampling,
     SeqId,
+    SpeculationStats,
     TokenLogprob,
 )
 from ninfer.program.batch import ChunkRows, DecodeRows, ForwardBatch, HostTokens
@@ -90,6 +91,11 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
         if not 0 <= lookahead_slots < states.num_slots:
             raise ProgramError(f"{lookahead_slots} lookahead slots leave no sequence slot of {states.num_slots}")
         self._init_lookahead(lookahead_slots)
+
+    @property
+    def speculation_stats(self) -> SpeculationStats:
+        """Zero: this bookkeeping runs no speculative rows (a speculating architecture overrides it)."""
+        return SpeculationStats()
 
     # -- the model call (architecture) -----------------------------------------------------------
     @abstractmethod

@@ -8,7 +8,8 @@ text layers' suffixes (:func:`ninfer_qwen3_5.parameters.mtp_shapes`). The embedd
 target's ``text/embed`` / ``text/lm_head``: they are never loaded twice.
 
 Supported: exactly one MTP layer and shared embeddings (every published Qwen3.5 checkpoint); anything else is
-a clear :class:`~ninfer.errors.NotSupportedError`.
+a clear :class:`~ninfer.errors.NotSupportedError`. The specs themselves live in
+:mod:`ninfer_qwen3_5.parameters` (startup's ``parameter_specs`` adds them), re-exported here.
 """
 
 from __future__ import annotations
@@ -17,34 +18,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from ninfer.contracts.architecture import ParameterSpec
 from ninfer.contracts.program import ProgramError
-from ninfer.errors import NotSupportedError
 
 from ninfer_qwen3_5.config import Qwen35Config
-from ninfer_qwen3_5.parameters import mtp_shapes
+from ninfer_qwen3_5.parameters import MTP_COMPONENT as COMPONENT
+from ninfer_qwen3_5.parameters import mtp_num_layers, mtp_parameter_specs, mtp_shapes
 
-COMPONENT = "mtp"
-
-
-def mtp_num_layers(mtp_config: Mapping[str, Any]) -> int:
-    """The MTP layer count of an ``mtp`` component config; only 1 is supported."""
-    n = mtp_config.get("mtp_num_hidden_layers")
-    if n != 1:
-        raise NotSupportedError(f"Qwen3.5 MTP with mtp_num_hidden_layers={n!r} is not supported (only 1)")
-    if mtp_config.get("mtp_use_dedicated_embeddings", False):
-        raise NotSupportedError("Qwen3.5 MTP with dedicated embeddings is not supported (only the shared ones)")
-    return 1
-
-
-def mtp_parameter_specs(text_config: Mapping[str, Any], mtp_config: Mapping[str, Any] | None = None
-                        ) -> list[ParameterSpec]:
-    """Every parameter of the ``mtp`` component (component ``"mtp"``), shapes from the text config.
-    ``mtp_config`` None: the text config's own ``mtp_*`` keys (the converter copies them into the compact text
-    config too, so ``parameter_specs`` can add these specs from the one config it is given)."""
-    cfg = Qwen35Config.from_compact(text_config)
-    shapes = mtp_shapes(cfg, mtp_num_layers(text_config if mtp_config is None else mtp_config))
-    return [ParameterSpec(name=n, shape=s, component=COMPONENT) for n, s in shapes.items()]
+__all__ = ["COMPONENT", "load_mtp_weights", "mtp_num_layers", "mtp_parameter_specs", "prepare_mtp_weights"]
 
 
 def load_mtp_weights(reader, device: str | torch.device) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
