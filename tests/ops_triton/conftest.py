@@ -68,3 +68,17 @@ def gen(request) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     return g
+
+
+def qwen_program(case, ops_kind: str):
+    """A Qwen3.5 Program of a tests/models/qwen3_5 harness case on DEVICE in fp32, on the Triton kernels
+    (``ops_kind="triton"``) or the torch reference ops only (``"reference"``)."""
+    from ninfer.contracts.architecture import ProgramInit, ProgramOptions
+    from ninfer.ops import resolve_ops
+
+    impls = reference_impls() + (kernel_impls() if ops_kind == "triton" else [])
+    ops = resolve_ops(impls, DEVICE, torch.float32, force="reference" if ops_kind == "reference" else "")
+    options = ProgramOptions(device=torch.device(DEVICE), dtype=torch.float32, max_sequences=4, page_size=4,
+                             num_pages=128, max_context=256)
+    weights = {k: v.to(DEVICE) for k, v in case.weights.items()}
+    return case.spec.create_program(ProgramInit(config=case.config, weights=weights, ops=ops, options=options))

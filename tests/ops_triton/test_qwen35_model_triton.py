@@ -18,24 +18,12 @@ pytest.importorskip("transformers")
 
 from models.qwen3_5 import harness as H  # noqa: E402
 
-from .conftest import DEVICE, kernel_impls, reference_impls  # noqa: E402
+from .conftest import qwen_program  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def qwen_case(tmp_path_factory):
     return H.Cases(tmp_path_factory.mktemp("qwen3_5_triton"))
-
-
-def _program(case, ops_kind: str):
-    from ninfer.contracts.architecture import ProgramInit, ProgramOptions
-    from ninfer.ops import resolve_ops
-
-    impls = reference_impls() + (kernel_impls() if ops_kind == "triton" else [])
-    ops = resolve_ops(impls, DEVICE, torch.float32, force="reference" if ops_kind == "reference" else "")
-    options = ProgramOptions(device=torch.device(DEVICE), dtype=torch.float32, max_sequences=4, page_size=4,
-                             num_pages=128, max_context=256)
-    weights = {k: v.to(DEVICE) for k, v in case.weights.items()}
-    return case.spec.create_program(ProgramInit(config=case.config, weights=weights, ops=ops, options=options))
 
 
 def _run(program) -> tuple[dict[int, list[torch.Tensor]], list[dict[int, int]]]:
@@ -54,11 +42,11 @@ def _run(program) -> tuple[dict[int, list[torch.Tensor]], list[dict[int, int]]]:
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_model_on_triton_ops_matches_reference_ops(qwen_case, name):
     case = qwen_case(name)
-    triton_program = _program(case, "triton")
+    triton_program = qwen_program(case, "triton")
     described = triton_program.model.ops.describe()
     for op in ("add_rms_norm_unit_offset_linear", "gdn_decode", "mrope_cos_sin", "linear"):
         assert described[op] == "triton", described
-    ref_logits, ref_tokens = _run(_program(case, "reference"))
+    ref_logits, ref_tokens = _run(qwen_program(case, "reference"))
     tri_logits, tri_tokens = _run(triton_program)
     assert tri_tokens == ref_tokens
     for seq, rows in ref_logits.items():

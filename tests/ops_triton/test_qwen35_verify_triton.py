@@ -20,7 +20,7 @@ from models.qwen3_5 import harness as H  # noqa: E402
 from ninfer.program.batch import ChunkRows, DecodeRows, ForwardBatch  # noqa: E402
 from ninfer_qwen3_5.speculative_state import verify_chunk_rows  # noqa: E402
 
-from .conftest import DEVICE, kernel_impls, reference_impls  # noqa: E402
+from .conftest import DEVICE, qwen_program  # noqa: E402
 
 TOL = 1e-4
 
@@ -31,15 +31,7 @@ def qwen_case(tmp_path_factory):
 
 
 def _program(case, ops_kind: str):
-    from ninfer.contracts.architecture import ProgramInit, ProgramOptions
-    from ninfer.ops import resolve_ops
-
-    impls = reference_impls() + (kernel_impls() if ops_kind == "triton" else [])
-    ops = resolve_ops(impls, DEVICE, torch.float32, force="reference" if ops_kind == "reference" else "")
-    options = ProgramOptions(device=torch.device(DEVICE), dtype=torch.float32, max_sequences=4, page_size=4,
-                             num_pages=128, max_context=256)
-    weights = {k: v.to(DEVICE) for k, v in case.weights.items()}
-    prog = case.spec.create_program(ProgramInit(config=case.config, weights=weights, ops=ops, options=options))
+    prog = qwen_program(case, ops_kind)
     prog.configure_speculation(max_rows=2, max_inputs=4)
     return prog
 

@@ -232,3 +232,18 @@ def split(n: int, size: int) -> list[int]:
 
 def prompt(seed: int, length: int, vocab: int = 512) -> list[int]:
     return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def load_with_mtp(folder: Path, artifact: Path):
+    """Convert the HF ``folder`` (with ``mtp.*`` tensors) to ``artifact`` and load it on the CPU:
+    ``(compact text config, architecture spec, text weights, MTP config, MTP weights)``."""
+    from ninfer.conversion import convert
+    from ninfer_qwen3_5.mtp import load_mtp_weights
+
+    convert(folder, artifact, progress=False)
+    reader = ArtifactReader.open(artifact)
+    config = reader.component("text").config
+    spec = get_registry().architecture(config["architectures"][0])
+    weights = load_weights(reader, spec.parameter_specs(config, StartupFeatures()), "cpu")
+    mtp_config, mtp_weights = load_mtp_weights(reader, "cpu")
+    return config, spec, weights, mtp_config, mtp_weights

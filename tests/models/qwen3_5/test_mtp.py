@@ -42,7 +42,7 @@ from ninfer_qwen3_5.mtp import (
 from ninfer_qwen3_5.state import state_layout
 from support.models import add_mtp_tensors, randomize_weights, tiny_text_model
 
-from .harness import GEOMETRY
+from .harness import GEOMETRY, load_with_mtp
 
 ROOT = Path(__file__).resolve().parents[3]
 CPU, F32 = torch.device("cpu"), torch.float32
@@ -104,7 +104,6 @@ class World:
 
 def _world(name: str, tmp: Path) -> World:
     import transformers as tf
-    from ninfer.conversion import convert
 
     if name == "default":
         folder = _default_folder()
@@ -116,13 +115,7 @@ def _world(name: str, tmp: Path) -> World:
         hf.save_pretrained(folder)
         oracle = _moe_oracle_mtp(hf.config, seed=12)
         add_mtp_tensors(folder, oracle)
-    artifact = tmp / "model.ninfer"
-    convert(folder, artifact, progress=False)
-    reader = ArtifactReader.open(artifact)
-    config = reader.component("text").config
-    spec = get_registry().architecture(config["architectures"][0])
-    weights = load_weights(reader, spec.parameter_specs(config, StartupFeatures()), "cpu")
-    mtp_config, mtp_weights = load_mtp_weights(reader, "cpu")
+    config, _, weights, mtp_config, mtp_weights = load_with_mtp(folder, tmp / "model.ninfer")
     cfg = Qwen35Config.from_compact(config)
     ops = resolve_ops(get_registry().ops, "cpu", F32, force="reference")
     model = Qwen35Model(cfg, weights, ops, CPU, F32)

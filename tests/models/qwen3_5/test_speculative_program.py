@@ -18,17 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from ninfer.artifact import ArtifactReader, load_weights
 from ninfer.contracts.architecture import ProgramInit, ProgramOptions
-from ninfer.contracts.features import StartupFeatures
 from ninfer.contracts.program import DecodeRow, ExecutionUnit, PrefillChunk, ProgramError, RowSampling
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.ops import resolve_ops
 from ninfer.plugins import get_registry
-from ninfer_qwen3_5.mtp import load_mtp_weights
 from support.models import add_mtp_tensors, randomize_weights, tiny_text_model
 
-from .harness import GEOMETRY
+from .harness import GEOMETRY, load_with_mtp
 from .test_mtp import MOE_TEXT, TRAIN, _default_folder, _moe_oracle_mtp
 
 DENSE_TEXT = dict(GEOMETRY, num_hidden_layers=4, intermediate_size=96, tie_word_embeddings=False)
@@ -45,7 +42,6 @@ class World:
 
 
 def _build(name: str, tmp: Path) -> World:
-    from ninfer.conversion import convert
 
     if name == "default":
         folder = _default_folder()
@@ -59,13 +55,7 @@ def _build(name: str, tmp: Path) -> World:
         else:
             mtp = _moe_oracle_mtp(hf.config, seed=22)
         add_mtp_tensors(folder, mtp.float().eval())
-    artifact = tmp / "model.ninfer"
-    convert(folder, artifact, progress=False)
-    reader = ArtifactReader.open(artifact)
-    config = reader.component("text").config
-    spec = get_registry().architecture(config["architectures"][0])
-    weights = load_weights(reader, spec.parameter_specs(config, StartupFeatures()), "cpu")
-    _, mtp_weights = load_mtp_weights(reader, "cpu")
+    config, spec, weights, _, mtp_weights = load_with_mtp(folder, tmp / "model.ninfer")
     return World(name, config, {**weights, **mtp_weights}, spec, int(config["vocab_size"]))
 
 
@@ -287,8 +277,17 @@ def test_a_speculating_program_refuses_rows_it_cannot_verify(default_world):
         prog.run(ExecutionUnit(decode=(DecodeRow(seq, bad[1], drafts=1),)))
     # The row is untouched: it still decodes (and speculates).
     pending = prog.run(ExecutionUnit(decode=(DecodeRow(seq, bad[0], drafts=2),)))
-    assert 1 <= len(pending.rows[0].tokens) <= 3
-    prog.commit(pending, {seq: len(pending.rows[0].tokens)})
+    tokens = list(pending.rows[0].tokens)
+    ref = program(default_world, 0)
+    other = ref.open_sequence([1, 2, 3])
+    ref.reserve_units({other: 6})
+    ref.commit(ref.run(ExecutionUnit(chunks=(PrefillChunk(other, 3, RowSampling(GREEDY, 0, 0)),))), {other: 1})
+    for step in range(len(tokens)):
+        ref.commit(ref.run(ExecutionUnit(decode=(DecodeRow(other, RowSampling(GREEDY, 0, 1 + step)),))), {other: 1})
+    # What the speculating row committed is plain greedy decoding's continuation (1..3 tokens of it).
+    assert 1 <= len(tokens) <= 3 and tokens == list(ref.ledger(other)[4:])
+    assert prog.ledger(seq)[:4] == ref.ledger(other)[:4]
+    prog.commit(pending, {seq: len(tokens)})
     assert prog.computed(seq) == prog.ledger_length(seq) - 1
 
 
