@@ -143,7 +143,7 @@ def test_context_cache_hits_the_same_checkpoints(tiny_qwen_artifact):
 def test_stress_with_cancellation_frees_everything(tiny_qwen_artifact, cache):
     """Random traffic with cancellations under page pressure (with the context cache: checkpoints, pause
     Snapshots on the Host tier, reclaims) while lookahead steps are outstanding: no error, nothing leaks."""
-    extra = dict(context_cache=True, cache_checkpoint_interval=8, page_size=4) if cache else {}
+    extra = dict(context_cache=True, cache_checkpoint_interval=8, page_size=4, cache_host_mib=64) if cache else {}
     engine = start(tiny_qwen_artifact, lookahead=True, max_concurrency=8, queue_capacity=32, prefill_chunk_size=8,
                    num_pages=24, max_context=64, **extra)
     _, program, stats = stress_until_closed(engine, n=200, vocab=(0, 256), max_prompt=24, max_tokens=10, seed=21)

@@ -78,7 +78,7 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         f"(default: {'on' if context_cache_default else 'off'})")
     c.add_argument("--cache-host-mib", type=float, default=None, metavar="MIB",
                    help="Host tier budget for checkpoints and pause Snapshots demoted from the device, >= 0; "
-                        "0 turns the Host tier off (default: min(8 GiB, a quarter of the RAM))")
+                        "0 or unset: no Host tier (the default; each demotion copies on the engine thread)")
     c.add_argument("--cache-checkpoint-interval", type=int, default=None, metavar="TOKENS",
                    help="prefill distance between boundary checkpoints, a positive multiple of the page size "
                         "(16 tokens; default: the largest such multiple not above the prefill chunk size)")

@@ -25,13 +25,6 @@ SCORING_PREFILL_CHUNK = 2048
 DEFAULT_MAX_STEP_TOKENS = 2048
 
 
-def _physical_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # not POSIX: assume a modest machine
-        return 16 << 30
-
-
 class InvalidEngineOptions(NInferError):
     """An EngineOptions value is out of range; the message names it."""
 
@@ -75,10 +68,11 @@ class EngineOptions:
       turns the default off; an explicit True there is an error. ``cache_checkpoint_slots`` (>= 1; None: ``16 + 2 * max_concurrency``)
       StateImages hold checkpoints; ``cache_checkpoint_interval`` (a multiple of ``page_size``; None:
       the largest multiple of ``page_size`` not above :attr:`prefill_chunk`, at least one
-      page) is the prefill distance between boundary checkpoints. ``cache_host_mib`` (>= 0; None:
-      min(8 GiB, a quarter of the machine's RAM)) is the Host tier's budget: checkpoints and pause
-      Snapshots demoted from the device (pinned memory on CUDA, allocated on demand); 0 turns the
-      Host tier off (pressure then drops checkpoints, and pauses are Replay only).
+      page) is the prefill distance between boundary checkpoints. ``cache_host_mib`` (>= 0; None and 0:
+      no Host tier) is the Host tier's budget: checkpoints and pause Snapshots demoted from the device
+      (pinned memory on CUDA, allocated on demand). Without it pressure drops checkpoints and pauses are
+      Replay only. It is opt-in because a demotion allocates and copies on the engine thread, which every
+      running stream waits for (docs/context-cache.md, Host tier).
     - ``lookahead`` (lookahead decode, ``ninfer.program.lookahead``): launch the next decode step from
       the device-side tokens before the host has this step's, so the host's per-step work overlaps the
       GPU. None: on exactly when decode CUDA graphs are captured (CUDA generation, and the
@@ -225,9 +219,7 @@ class EngineOptions:
         """The context cache's Host tier budget in bytes (0 without the context cache)."""
         if not self.uses_context_cache:
             return 0
-        if self.cache_host_mib is not None:
-            return int(self.cache_host_mib * 2**20)
-        return min(8 << 30, _physical_memory_bytes() // 4)
+        return 0 if self.cache_host_mib is None else int(self.cache_host_mib * 2**20)
 
     @property
     def outstanding_capacity(self) -> int:
