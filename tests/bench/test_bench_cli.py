@@ -11,8 +11,9 @@ import sys
 from ninfer.bench.report import decode_step_bytes, prefill_flops
 from ninfer.contracts.architecture import ModelProfile
 
-DECODE_FIELDS = ("batch", "tokens_per_s", "step_ms", "context_tokens", "bytes_per_step", "achieved_bytes_per_s",
-                 "copy_bandwidth_ratio", "ttft_ms", "steps", "short_run_s", "long_run_s")
+DECODE_FIELDS = ("batch", "tokens_per_s", "token_ms", "step_ms", "tokens_per_step", "engine_steps", "context_tokens",
+                 "bytes_per_step", "achieved_bytes_per_s", "copy_bandwidth_ratio", "ttft_ms", "steps", "short_run_s",
+                 "long_run_s")
 PREFILL_FIELDS = ("tokens", "tokens_per_s", "ttft_ms", "flops", "achieved_flops_per_s", "matmul_peak_ratio")
 LIMIT_FIELDS = ("copy_buffer_bytes", "copy_bytes_per_s", "matmul_n", "matmul_flops_per_s")
 
@@ -49,7 +50,12 @@ def test_bench_cli_writes_a_complete_report(bench_env, tmp_path):
     for row in report["decode"]:
         assert row["context_tokens"] == 8 + 2 + (6 - 1) / 2
         assert row["bytes_per_step"] == decode_step_bytes(profile, row["batch"], row["context_tokens"])
-        assert abs(row["tokens_per_s"] * row["step_ms"] / 1000 - row["batch"]) < 1e-9
+        assert abs(row["tokens_per_s"] * row["token_ms"] / 1000 - row["batch"]) < 1e-9
+        # Without speculation a decode step commits one token per request: 7 decode steps in each 2 + 6-token run,
+        # 1 in each 2-token run.
+        assert row["long_run_row_steps"] == [7 * row["batch"]] and row["short_run_row_steps"] == [row["batch"]]
+        assert row["engine_steps"] == 6 and row["tokens_per_step"] == 1
+        assert abs(row["step_ms"] - row["token_ms"]) < 1e-9 * row["token_ms"]
         ratio = row["bytes_per_step"] / (row["step_ms"] / 1000) / limits["copy_bytes_per_s"]
         assert abs(row["copy_bandwidth_ratio"] - ratio) < 1e-9 * ratio
         # The copy measured again after the workload (the engine closed), and the ratio against it.
@@ -103,7 +109,7 @@ def test_bench_refuses_a_negative_seed_before_measuring(bench_env):
     assert "measuring copy bandwidth" not in run.stderr
 
 
-def test_bench_reports_the_mean_accepted_length(bench_env, tmp_path):
+def test_bench_reports_acceptance_and_committed_token_rates(bench_env, tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, "-m", "ninfer.cli.main", "bench", "--device", "cpu", "--max-context", "64",
            "--batches", "2", "--prefill-lengths", "8", "--decode-prompt-tokens", "8", "--decode-base-tokens", "2",
@@ -111,7 +117,23 @@ def test_bench_reports_the_mean_accepted_length(bench_env, tmp_path):
            "--speculative", "mtp", "--num-speculative-tokens", "2", "--output", str(out)]
     run = subprocess.run(cmd, env=bench_env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    spec = json.loads(out.read_text())["engine"]["speculation"]
+    report = json.loads(out.read_text())
+    spec = report["engine"]["speculation"]
     assert spec["backend"] == "mtp" and spec["num_speculative_tokens"] == 2 and spec["verifies"] > 0
     assert spec["mean_accepted_length"] == 1 + spec["accepted"] / spec["verifies"]
     assert f"speculative: mtp, 2 drafts per step; {spec['verifies']} verifies" in run.stdout
+    # Per draft position: the verifies that drafted it, those that accepted it, the rate; the sums are the totals.
+    drafted, accepted = spec["drafted_by_position"], spec["accepted_by_position"]
+    assert len(drafted) == len(accepted) == 2 and drafted[0] == spec["verifies"] and drafted[0] >= drafted[1]
+    assert sum(drafted) == spec["drafted"] and sum(accepted) == spec["accepted"]
+    assert spec["acceptance_by_position"] == [a / d for a, d in zip(accepted, drafted, strict=True)]
+    rates = ", ".join(f"{j}: {r:.1%} of {d}" for j, (r, d) in enumerate(zip(spec["acceptance_by_position"], drafted,
+                                                                           strict=True), start=1))
+    assert f"acceptance by draft position (accepted share of the verifies that drafted it): {rates}" in run.stdout
+    # Decode figures count committed tokens; a step may commit several per request.
+    (row,) = report["decode"]
+    assert abs(row["tokens_per_s"] * row["token_ms"] / 1000 - 2) < 1e-9
+    assert row["engine_steps"] == (row["long_run_row_steps"][0] - row["short_run_row_steps"][0]) / 2
+    assert row["tokens_per_step"] == 6 / row["engine_steps"] >= 1
+    assert abs(row["step_ms"] - row["token_ms"] * row["tokens_per_step"]) < 1e-9 * row["step_ms"]
+    assert "tok/step" in run.stdout

@@ -184,6 +184,7 @@ class MTPDecoding:
         out = {sid: (tok, lp) for (sid, _), tok, lp in zip(sampling, tokens, logprobs, strict=True)}
         for (row, _), toks in zip(verify, committed, strict=True):
             out[row.seq] = (toks, None)
+        verified = {row.seq: n for row, n in verify}
         decoding = {r.seq for r in unit.decode}
         order = [r.seq for r in unit.decode] + [sid for sid, _ in sampling if sid not in decoding]
         rows = []
@@ -192,7 +193,7 @@ class MTPDecoding:
             if isinstance(toks, int):
                 rows.append(PendingRow(seq=sid, tokens=(toks,), logprobs=None if lp is None else (lp,)))
             else:
-                rows.append(PendingRow(seq=sid, tokens=tuple(toks)))
+                rows.append(PendingRow(seq=sid, tokens=tuple(toks), drafted=verified[sid]))
         pending = p._pending_of(rows)
         if verify:
             self._verify_batch = pending.batch_id

@@ -88,6 +88,15 @@ class EngineCollector(Collector):
                 ("spec_verify_steps", "spec_verifies", "speculative verify rows run (one per speculating "
                                                         "request per step)")):
             yield CounterMetricFamily(f"ninfer_{name}", doc, value=getattr(s, field, 0))
+        # Per draft position (ninfer.engine.stats): accepted / drafted of one position is its acceptance rate.
+        for name, doc in (
+                ("spec_drafted_by_position", "speculative verify rows that drafted at least `position` tokens"),
+                ("spec_accepted_by_position", "speculative verify rows whose draft at `position` was accepted "
+                                              "(and every draft before it)")):
+            family = CounterMetricFamily(f"ninfer_{name}", doc, labels=("position",))
+            for position, value in enumerate(getattr(s, name, ()), start=1):
+                family.add_metric((str(position),), value)
+            yield family
 
 
 class ServerMetrics:

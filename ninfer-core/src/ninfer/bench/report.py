@@ -17,6 +17,12 @@ Ratios: decode ``bytes_per_step * steps_per_s / copy_bytes_per_s`` and prefill `
 matmul_flops_per_s``, the limits measured in the same run (:mod:`.limits`). 1.0 is the physical
 floor; the engine's overheads (launches, host work, scheduling) are what keeps a figure under it. When the
 copy was measured again after the workload, each decode row also has ``copy_bandwidth_ratio_after``.
+
+Decode rates count committed tokens (:mod:`.workload`): ``tokens_per_s`` is the batch's committed output
+tokens per second, ``token_ms`` a request's time per committed token, ``step_ms`` one engine decode step and
+``tokens_per_step`` the tokens a step commits per request (1 without speculation, when ``step_ms ==
+token_ms``). The byte count is that of a plain decode step; a speculative verify step also writes the KV and
+state of every verified position and runs the draft head, so with speculation the ratio is a lower bound.
 """
 
 from __future__ import annotations
@@ -65,14 +71,16 @@ def decode_step_bytes(profile: ModelProfile, batch: int, context: float) -> floa
 def decode_row(profile: ModelProfile, limits: DeviceLimits, r: DecodeResult) -> dict[str, Any]:
     step_bytes = decode_step_bytes(profile, r.batch, r.context_tokens)
     achieved = step_bytes / r.step_s
-    return {"batch": r.batch, "tokens_per_s": r.tokens_per_s, "step_ms": r.step_s * 1000.0,
+    return {"batch": r.batch, "tokens_per_s": r.tokens_per_s, "token_ms": r.token_s * 1000.0,
+            "step_ms": r.step_s * 1000.0, "tokens_per_step": r.tokens_per_step, "engine_steps": r.engine_steps,
             "context_tokens": r.context_tokens, "bytes_per_step": step_bytes, "achieved_bytes_per_s": achieved,
             "copy_bandwidth_ratio": achieved / limits.copy_bytes_per_s,
             "copy_bandwidth_ratio_after": (None if limits.copy_bytes_per_s_after is None
                                            else achieved / limits.copy_bytes_per_s_after),
             "ttft_ms": r.ttft_s * 1000.0,
             "steps": r.steps, "short_run_s": r.short_s, "long_run_s": r.long_s,
-            "short_run_samples_s": list(r.short_samples), "long_run_samples_s": list(r.long_samples)}
+            "short_run_samples_s": list(r.short_samples), "long_run_samples_s": list(r.long_samples),
+            "short_run_row_steps": list(r.short_row_steps), "long_run_row_steps": list(r.long_row_steps)}
 
 
 def prefill_row(profile: ModelProfile, limits: DeviceLimits, r: PrefillResult) -> dict[str, Any]:
@@ -104,6 +112,16 @@ def _after(lim: dict[str, Any]) -> str:
     return "" if after is None else f", {after / 1e9:,.1f} GB/s after the workload"
 
 
+def _speculation_lines(spec: dict[str, Any]) -> list[str]:
+    mean = spec["mean_accepted_length"]
+    positions = ", ".join(f"{j}: {rate:.1%} of {n}" for j, (rate, n) in enumerate(
+        zip(spec["acceptance_by_position"], spec["drafted_by_position"], strict=True), start=1))
+    return [f"speculative: {spec['backend']}, {spec['num_speculative_tokens']} drafts per step; "
+            f"{spec['verifies']} verifies, {spec['accepted']} of {spec['drafted']} drafts accepted, "
+            f"mean accepted length {'-' if mean is None else f'{mean:.2f}'} tokens per verify",
+            f"acceptance by draft position (accepted share of the verifies that drafted it): {positions or '-'}"]
+
+
 def format_report(report: dict[str, Any]) -> str:
     lim, s = report["limits"], report["settings"]
     lines = [
@@ -115,19 +133,18 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     spec = report["engine"].get("speculation")
     if spec is not None:
-        mean = spec["mean_accepted_length"]
-        lines += [f"speculative: {spec['backend']}, {spec['num_speculative_tokens']} drafts per step; "
-                  f"{spec['verifies']} verifies, {spec['accepted']} of {spec['drafted']} drafts accepted, "
-                  f"mean accepted length {'-' if mean is None else f'{mean:.2f}'} tokens per verify"]
+        lines += _speculation_lines(spec)
     if report["decode"]:
         lines += ["",
                   f"decode: prompt {s['decode_prompt_tokens']} + {s['decode_base_tokens']} tokens, then "
-                  f"{s['decode_steps']} measured steps; median of {s['repeats']}",
-                  f"{'B':>3} {'tok/s':>10} {'step ms':>9} {'context':>8} {'MB/step':>9} {'GB/s':>8} "
+                  f"{s['decode_steps']} measured tokens per request; median of {s['repeats']} (tok/s: committed "
+                  f"tokens; tok/step: per request)",
+                  f"{'B':>3} {'tok/s':>10} {'step ms':>9} {'tok/step':>8} {'context':>8} {'MB/step':>9} {'GB/s':>8} "
                   f"{'of copy BW':>10} {'(after)':>9} {'TTFT ms':>9}"]
         for r in report["decode"]:
             after = r.get("copy_bandwidth_ratio_after")
-            lines.append(f"{r['batch']:>3} {r['tokens_per_s']:>10,.1f} {r['step_ms']:>9.2f} {r['context_tokens']:>8.0f} "
+            lines.append(f"{r['batch']:>3} {r['tokens_per_s']:>10,.1f} {r['step_ms']:>9.2f} "
+                         f"{r['tokens_per_step']:>8.2f} {r['context_tokens']:>8.0f} "
                          f"{r['bytes_per_step'] / 1e6:>9.2f} {r['achieved_bytes_per_s'] / 1e9:>8.2f} "
                          f"{r['copy_bandwidth_ratio']:>10.2%} {'-' if after is None else f'{after:.2%}':>9} "
                          f"{r['ttft_ms']:>9.1f}")

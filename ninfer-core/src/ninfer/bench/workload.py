@@ -8,11 +8,18 @@ its ``max_tokens`` (checked: a short result is an error, never a silent figure).
   time to first token (from submit, as the engine reports it) is the prefill time, L / TTFT the rate.
 - Decode at batch B: B requests submitted together, run twice, with ``base`` and ``base + steps``
   output tokens. Each run's *decode span* is the time from the last request's first token to the last
-  result (the engine's per-request timings, both from submit); the difference of the two spans is
-  ``steps`` decode steps at full batch B (the ragged tail is the same in both runs and cancels), so the
-  rate is ``B * steps / (T_long - T_short)``. Spans start after every prefill, so the host-bound prefill of
-  B prompts, whose run-to-run spread is of the order of the decode span itself, does not enter the difference
-  (a difference of wall times would carry that spread; docs/dev/perf-log.md, corrections).
+  result (the engine's per-request timings, both from submit); the difference of the two spans is the time
+  of ``steps`` more committed tokens per request at full batch B (the ragged tail is the same in both runs
+  and cancels), so the rate is ``B * steps / (T_long - T_short)`` committed tokens per second. Spans start
+  after every prefill, so the host-bound prefill of B prompts, whose run-to-run spread is of the order of the
+  decode span itself, does not enter the difference (a difference of wall times would carry that spread;
+  docs/dev/perf-log.md, corrections).
+- Engine steps: each run also counts its *row steps*, the decode steps each request took (its token events
+  less the first, which its prefill commits), summed over the batch. Without speculation a step commits one
+  token per row, so a run of ``n`` tokens takes ``B * (n - 1)`` row steps; with speculation a verify
+  commits 1..k+1. The measured window's engine steps are the difference of the two runs' row steps over B,
+  the same differencing as the spans: ``tokens_per_step = steps / engine_steps`` (1 without speculation) and
+  one step takes ``(T_long - T_short) / engine_steps``.
 
 Warm-up runs (same shapes) come first and are excluded; each figure is the median of ``repeats`` runs.
 """
@@ -23,6 +30,7 @@ import random
 import statistics
 from dataclasses import dataclass
 
+from ninfer.contracts.events import GenerationDelta
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.errors import NInferError
 
@@ -76,7 +84,8 @@ class PrefillResult:
 
 @dataclass(frozen=True)
 class DecodeResult:
-    """``context_tokens``: the mean KV length a measured step attends over."""
+    """``steps``: the measured committed tokens per request; ``context_tokens``: the mean KV length a measured
+    token is computed over. Row steps: per run, the decode steps of its requests summed (module docstring)."""
 
     batch: int
     steps: int
@@ -86,14 +95,43 @@ class DecodeResult:
     ttft_s: float                 # median over the long runs' requests
     long_samples: tuple[float, ...]
     short_samples: tuple[float, ...]
+    long_row_steps: tuple[int, ...]
+    short_row_steps: tuple[int, ...]
 
     @property
-    def step_s(self) -> float:
+    def engine_steps(self) -> float:
+        """Engine decode steps at full batch in the measured window (``steps`` without speculation)."""
+        diff = statistics.median(self.long_row_steps) - statistics.median(self.short_row_steps)
+        return diff / self.batch
+
+    @property
+    def token_s(self) -> float:
+        """A request's time per committed token."""
         return (self.long_s - self.short_s) / self.steps
 
     @property
+    def step_s(self) -> float:
+        """One engine decode step's time (``token_s`` without speculation)."""
+        return (self.long_s - self.short_s) / self.engine_steps
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Committed tokens per request and engine step (1 without speculation)."""
+        return self.steps / self.engine_steps
+
+    @property
     def tokens_per_s(self) -> float:
-        return self.batch / self.step_s
+        """Committed tokens per second, the whole batch."""
+        return self.batch / self.token_s
+
+
+@dataclass(frozen=True)
+class RunSample:
+    """One batch run: its decode span, each request's TTFT, and its row steps (module docstring)."""
+
+    span_s: float
+    ttfts: tuple[float, ...]
+    row_steps: int
 
 
 def random_prompt(rng: random.Random, vocab_size: int, length: int) -> list[int]:
@@ -104,21 +142,23 @@ def _greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def _run_batch(engine, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[float]]:
-    """Submit every prompt at once; (the decode span: seconds from the last first token to the last result,
-    each request's TTFT)."""
+def _run_batch(engine, prompts: list[list[int]], max_tokens: int) -> RunSample:
+    """Submit every prompt at once and read every request's events to its end (the decode span: seconds
+    from the last first token to the last result)."""
     sampling = _greedy(max_tokens)
     handles = [engine.submit(p, sampling=sampling) for p in prompts]
-    results = []
+    results, row_steps = [], 0
     for h in handles:
         with h:
+            # One GenerationDelta per engine step that committed tokens of the request; the first is its prefill's.
+            row_steps += sum(1 for e in h if isinstance(e, GenerationDelta) and e.token_ids) - 1
             results.append(h.result())
     for r in results:
         if r.usage.completion_tokens != max_tokens:
             raise BenchError(f"a benchmark request produced {r.usage.completion_tokens} tokens, not {max_tokens} "
                              f"(finish_reason {r.finish_reason})")
-    ttfts = [r.timings.ttft_s for r in results]
-    return max(r.timings.total_s for r in results) - max(ttfts), ttfts
+    ttfts = tuple(r.timings.ttft_s for r in results)
+    return RunSample(max(r.timings.total_s for r in results) - max(ttfts), ttfts, row_steps)
 
 
 class Workload:
@@ -149,9 +189,9 @@ class Workload:
             _run_batch(self.engine, self._prompts(1, length), 1)
         samples = []
         for i in range(s.repeats):
-            _, ttft = _run_batch(self.engine, self._prompts(1, length), 1)
-            samples.append(ttft[0])
-            self.progress(f"prefill {length} tokens: run {i + 1}/{s.repeats} ttft {ttft[0] * 1000:.1f} ms")
+            ttft = _run_batch(self.engine, self._prompts(1, length), 1).ttfts[0]
+            samples.append(ttft)
+            self.progress(f"prefill {length} tokens: run {i + 1}/{s.repeats} ttft {ttft * 1000:.1f} ms")
         return PrefillResult(tokens=length, ttft_s=statistics.median(samples), ttft_samples=tuple(samples))
 
     def decode(self, batch: int) -> DecodeResult:
@@ -161,17 +201,25 @@ class Workload:
             _run_batch(self.engine, self._prompts(batch, s.decode_prompt_tokens), short_n)
         shorts, longs, ttfts = [], [], []
         for i in range(s.repeats):
-            shorts.append(_run_batch(self.engine, self._prompts(batch, s.decode_prompt_tokens), short_n)[0])
-            span, ttft = _run_batch(self.engine, self._prompts(batch, s.decode_prompt_tokens), long_n)
-            longs.append(span)
-            ttfts.extend(ttft)
-            self.progress(f"decode B={batch}: run {i + 1}/{s.repeats} {shorts[-1]:.3f} s / {span:.3f} s")
-        short_s, long_s = statistics.median(shorts), statistics.median(longs)
+            shorts.append(_run_batch(self.engine, self._prompts(batch, s.decode_prompt_tokens), short_n))
+            longs.append(_run_batch(self.engine, self._prompts(batch, s.decode_prompt_tokens), long_n))
+            ttfts.extend(longs[-1].ttfts)
+            self.progress(f"decode B={batch}: run {i + 1}/{s.repeats} {shorts[-1].span_s:.3f} s / "
+                          f"{longs[-1].span_s:.3f} s")
+        short_s, long_s = statistics.median(r.span_s for r in shorts), statistics.median(r.span_s for r in longs)
         if not long_s > short_s:
             raise BenchError(f"decode B={batch}: {long_n} tokens took {long_s:.4f} s, not more than {short_n} tokens "
                              f"({short_s:.4f} s); raise --decode-steps so the difference is measurable")
-        # A measured step emits output token j (j = short_n .. long_n - 1) and attends P + j positions.
+        # A measured token j (j = short_n .. long_n - 1) is computed over P + j positions.
         context = s.decode_prompt_tokens + short_n + (s.decode_steps - 1) / 2
-        return DecodeResult(batch=batch, steps=s.decode_steps, context_tokens=context, short_s=short_s,
-                            long_s=long_s, ttft_s=statistics.median(ttfts), long_samples=tuple(longs),
-                            short_samples=tuple(shorts))
+        result = DecodeResult(batch=batch, steps=s.decode_steps, context_tokens=context, short_s=short_s,
+                              long_s=long_s, ttft_s=statistics.median(ttfts),
+                              long_samples=tuple(r.span_s for r in longs),
+                              short_samples=tuple(r.span_s for r in shorts),
+                              long_row_steps=tuple(r.row_steps for r in longs),
+                              short_row_steps=tuple(r.row_steps for r in shorts))
+        if not result.engine_steps > 0:
+            raise BenchError(f"decode B={batch}: the {long_n}-token runs took no more engine steps than the "
+                             f"{short_n}-token runs (speculation); raise --decode-steps so the difference is "
+                             f"measurable")
+        return result

@@ -39,7 +39,8 @@ def add_arguments(p) -> None:
                    help="prompt length of the decode runs")
     g.add_argument("--decode-base-tokens", type=int, default=8, metavar="N",
                    help="output tokens of the short decode run (cancelled by the difference)")
-    g.add_argument("--decode-steps", type=int, default=64, metavar="N", help="measured decode steps")
+    g.add_argument("--decode-steps", type=int, default=64, metavar="N",
+                   help="measured output tokens per request (one decode step each without speculation)")
     g.add_argument("--repeats", type=int, default=3, metavar="N", help="measured repeats")
     g.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up runs (excluded)")
     g.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the synthetic prompts, >= 0")
@@ -196,11 +197,16 @@ def run(args) -> int:
 
 def speculation_summary(options, stats) -> dict:
     """The speculative backend, its drafts per step and what the run's verifies committed: the mean accepted
-    length is the tokens one verify row commits on average (accepted drafts plus the target's own token)."""
+    length is the tokens one verify row commits on average (accepted drafts plus the target's own token);
+    per draft position j, the verifies that drafted at least j tokens, those that accepted draft j, and
+    their ratio (``EngineStats.spec_acceptance_by_position``)."""
     verifies = stats.spec_verifies
     return {"backend": options.speculative, "num_speculative_tokens": options.num_speculative_tokens,
             "verifies": verifies, "drafted": stats.spec_drafted, "accepted": stats.spec_accepted,
-            "mean_accepted_length": (1 + stats.spec_accepted / verifies) if verifies else None}
+            "mean_accepted_length": (1 + stats.spec_accepted / verifies) if verifies else None,
+            "drafted_by_position": list(stats.spec_drafted_by_position),
+            "accepted_by_position": list(stats.spec_accepted_by_position),
+            "acceptance_by_position": list(stats.spec_acceptance_by_position())}
 
 
 COMMAND = CliCommand(

@@ -83,7 +83,7 @@ class DecodeRow:
     verify in this step (0: a plain decode step). Only a Program built with
     ``ProgramOptions.speculative_tokens >= drafts`` accepts ``drafts > 0`` (others raise ProgramError); the
     row must then be reserved for ``drafts + 1`` tokens, and its PendingRow holds between 1 and
-    ``drafts + 1`` tokens."""
+    ``drafts + 1`` tokens and says how many drafts it verified (``PendingRow.drafted``, 0..drafts)."""
 
     seq: SeqId
     sampling: RowSampling
@@ -121,11 +121,16 @@ class TokenLogprob:
 @dataclass(frozen=True)
 class PendingRow:
     """One sampling row's provisional tokens: one, or up to ``drafts + 1`` for a speculative decode row
-    (the accepted drafts, then the target's own token); committing ``a`` of them keeps the first ``a``."""
+    (the accepted drafts, then the target's own token); committing ``a`` of them keeps the first ``a``.
+
+    ``drafted``: the drafts this row verified (0: a plain decode row or a chunk's sample, also a decode row
+    the Program ran plainly although the unit allowed drafts). A verify row holds the ``len(tokens) - 1`` drafts
+    the acceptance rule kept, then one token of the target's own, so ``1 <= len(tokens) <= drafted + 1``."""
 
     seq: SeqId
     tokens: tuple[int, ...]                      # provisional tokens; produced extent = len(tokens)
     logprobs: tuple[TokenLogprob, ...] | None = None
+    drafted: int = 0
 
 
 @dataclass

@@ -4,8 +4,9 @@ Order after ``Program.run`` (docs/design.md section 5), all on the worker thread
 
 1. the PendingBatch's rows must be the unit's sampling rows, in order (else it is aborted and the
    engine fails);
-2. :func:`decide_row` decides each row (the Frontend preview is its only side effect, pure by
-   contract); a failure here aborts the PendingBatch;
+2. each verify row's acceptance per draft position is counted as the Program made the row
+   (:func:`~ninfer.engine.stats.count_verify`), then :func:`decide_row` decides each row (the Frontend
+   preview is its only side effect, pure by contract); a failure here aborts the PendingBatch;
 3. ``Program.commit`` with every row's accepted count;
 4. accounting, before any output is committed or published: output tokens, budgets, state moves;
 5. each row's OutputSession commits its preview and the GenerationDelta is published;
@@ -16,7 +17,9 @@ Accepted-token rules, a violation is an EngineFailure:
 - otherwise the provisional tokens are first cut to the request's remaining budget (max_tokens and
   max_context), then previewed; ``1 <= accepted <= len(previewed)``;
 - a row that does not finish accepts every previewed token; a row finishes with the preview's
-  reason (a stop) or with ``"length"`` when it accepted its whole remaining budget.
+  reason (a stop) or with ``"length"`` when it accepted its whole remaining budget;
+- a row holds at most ``drafted + 1`` tokens, and only a decode row scheduled for ``n`` drafts may have
+  verified ``1..n`` of them (``PendingRow.drafted``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from ninfer.contracts.program import PendingBatch, PendingRow, Program
 from ninfer.engine.requests import RequestRecord, RequestState
 from ninfer.engine.scheduler import ScheduledUnit
 from ninfer.engine.sequences import SequenceTable
-from ninfer.engine.stats import EngineCounters
+from ninfer.engine.stats import EngineCounters, count_verify
 
 log = logging.getLogger("ninfer.engine")
 
@@ -86,6 +89,7 @@ def commit_unit(unit: ScheduledUnit, pending: PendingBatch, program: Program, se
         raise EngineFailure(f"PendingBatch {pending.batch_id} rows {[r.seq for r in pending.rows]} do not "
                             f"match the unit's sampling rows {expected}")
     try:
+        _count_verifies(unit, pending, counters)
         decisions = [decide_row(sequences[row.seq], row, max_context) for row in pending.rows]
     except BaseException:
         _abort(program, pending)
@@ -121,6 +125,20 @@ def commit_unit(unit: ScheduledUnit, pending: PendingBatch, program: Program, se
             if program.computed(rec.seq) == rec.rebuild_target():
                 rec.move(RequestState.DECODE_READY)
     return [d for d in decisions if d.finish is not None]
+
+
+def _count_verifies(unit: ScheduledUnit, pending: PendingBatch, counters: EngineCounters) -> None:
+    """Count each verify row's acceptance per draft position (the acceptance rule's, before any cut), after
+    checking it against the unit: rows are in ``sampling_seqs`` order, the decode rows first."""
+    allowed = unit.row_drafts()
+    for i, row in enumerate(pending.rows):
+        most = allowed[i] if i < len(allowed) else 0
+        if isinstance(row.drafted, bool) or not 0 <= row.drafted <= most or len(row.tokens) > row.drafted + 1:
+            raise EngineFailure(f"PendingBatch row of sequence {row.seq} verified {row.drafted!r} drafts with "
+                                f"{len(row.tokens)} tokens; the unit allowed 0..{most} drafts and a row holds at "
+                                f"most drafted + 1 tokens")
+        if row.drafted and row.tokens:
+            count_verify(counters, row.drafted, len(row.tokens) - 1)
 
 
 def _abort(program: Program, pending: PendingBatch) -> None:

@@ -3,11 +3,18 @@
 The worker is the only writer of :class:`EngineCounters` and the only caller of ``Program.capacity``;
 after each step it publishes an immutable :class:`EngineStats` (one reference store, atomic under
 the GIL), so ``Engine.stats()`` never touches worker state from another thread.
+
+Speculative acceptance per draft position (:func:`count_verify`): entry ``j - 1`` of
+``spec_drafted_by_position`` counts the verify rows that drafted at least ``j`` tokens, the same entry of
+``spec_accepted_by_position`` those of them whose acceptance rule kept draft ``j`` (which needs drafts
+``1..j-1`` kept too). Both have one entry per position up to the deepest one verified so far (empty
+without speculation); the acceptance rate at position ``j`` is ``accepted[j-1] / drafted[j-1]``, and the
+sums over positions are ``spec_drafted`` and ``spec_accepted``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 EngineStatus = Literal["running", "closing", "closed", "failed"]
@@ -50,6 +57,25 @@ class EngineCounters:
     spec_verifies: int = 0       # speculative verify rows run (Program-owned, SpeculationStats)
     spec_drafted: int = 0        # drafts they verified
     spec_accepted: int = 0       # drafts the acceptance rule kept
+    # Per draft position (module docstring); counted at commit from each verify row (PendingRow.drafted).
+    spec_drafted_by_position: list[int] = field(default_factory=list)
+    spec_accepted_by_position: list[int] = field(default_factory=list)
+
+
+def count_verify(counters: EngineCounters, drafted: int, accepted: int) -> None:
+    """Count one verify row that verified ``drafted >= 1`` drafts and kept the first ``accepted`` of them
+    (``0 <= accepted <= drafted``): positions ``1..drafted`` were drafted, ``1..accepted`` accepted."""
+    if isinstance(drafted, bool) or isinstance(accepted, bool) or not 0 <= accepted <= drafted or drafted < 1:
+        raise ValueError(f"a verify row drafts >= 1 tokens and accepts 0..drafted of them; got drafted={drafted!r}, "
+                         f"accepted={accepted!r}")
+    d, a = counters.spec_drafted_by_position, counters.spec_accepted_by_position
+    if len(d) < drafted:
+        d.extend([0] * (drafted - len(d)))
+        a.extend([0] * (drafted - len(a)))
+    for j in range(drafted):
+        d[j] += 1
+    for j in range(accepted):
+        a[j] += 1
 
 
 @dataclass(frozen=True)
@@ -100,6 +126,8 @@ class EngineStats:
     spec_verifies: int = 0
     spec_drafted: int = 0
     spec_accepted: int = 0
+    spec_drafted_by_position: tuple[int, ...] = ()   # module docstring
+    spec_accepted_by_position: tuple[int, ...] = ()
     cache_checkpoints: int = 0       # live checkpoints now (pause Snapshots included)
     cache_device_bytes: int = 0      # their Device StateImages + KV pages only they hold
     cache_host_checkpoints: int = 0  # of them, those with content on Host
@@ -109,6 +137,17 @@ class EngineStats:
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    def spec_acceptance_by_position(self) -> tuple[float, ...]:
+        """Entry ``j - 1``: of the verify rows that drafted at least ``j`` tokens, the share whose draft ``j``
+        was accepted (empty without speculation)."""
+        return tuple(a / d for a, d in zip(self.spec_accepted_by_position, self.spec_drafted_by_position,
+                                            strict=True))
 
-def counter_values(counters: EngineCounters) -> dict[str, int]:
-    return {f.name: getattr(counters, f.name) for f in fields(counters)}
+
+def counter_values(counters: EngineCounters) -> dict[str, int | tuple[int, ...]]:
+    """The counters' values to publish: lists become tuples (the snapshot must not share the worker's lists)."""
+    out: dict[str, int | tuple[int, ...]] = {}
+    for f in fields(counters):
+        v = getattr(counters, f.name)
+        out[f.name] = tuple(v) if isinstance(v, list) else v
+    return out
