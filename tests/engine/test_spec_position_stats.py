@@ -146,8 +146,9 @@ def test_positions_agree_with_the_totals_across_resumes(default_artifact, contex
     # 48 pages of 4 tokens hold far less than 8 running requests: preempted requests resume by Replay (no
     # context cache) or from their Snapshot, and the Program decodes a resumed row plainly for one step
     # although the unit allowed it drafts.
+    host = {"cache_host_mib": 64} if context_cache else {}  # Snapshots live on the (opt-in) Host tier
     with _start(default_artifact, max_concurrency=8, prefill_chunk_size=5, num_pages=48,
-                context_cache=context_cache) as engine:
+                context_cache=context_cache, **host) as engine:
         handles = [engine.submit(p, sampling=GREEDY) for p in CODE]
         assert all(h.result().token_ids for h in handles)
         stats = engine.stats()
