@@ -9,6 +9,7 @@ from ninfer.contracts.sampling import SamplingParams
 from ninfer.engine.handle import RequestControl
 from ninfer.engine.queues import RequestQueues
 from ninfer.engine.requests import RequestRecord, RequestState
+from ninfer.engine.scheduler import ScheduledUnit
 
 
 def rec(ticket: int, state: RequestState = RequestState.WAITING, prompt: int = 3, output: int = 0) -> RequestRecord:
@@ -118,3 +119,40 @@ def test_remaining_budget_is_the_tighter_of_max_tokens_and_context():
     r.params = SamplingParams(max_tokens=8, seed=0)
     assert r.remaining(max_context=100) == 5
     assert r.remaining(max_context=15) == 2
+
+
+class _Masks:
+    """A session whose token mask is ``mask``."""
+
+    def __init__(self, mask) -> None:
+        self.mask = mask
+
+    def token_mask(self):
+        return self.mask
+
+
+class _MaskOnly:
+    def fill_bitmask(self, words) -> None:
+        words.fill_(-1)
+
+
+class _FollowsDrafts(_MaskOnly):
+    def fill_bitmask_after(self, tokens, words) -> bool:
+        words.fill_(-1)
+        return True
+
+
+def test_only_rows_whose_mask_can_follow_drafts_draft():
+    """A decode row keeps its drafts when unconstrained (logprobs or not) or when its mask is a
+    DraftMaskProvider; a mask that cannot look past drafts makes it a plain decode row."""
+    sessions = [None, None, _FollowsDrafts(), _MaskOnly()]
+    records = []
+    for t, mask in enumerate(sessions):
+        r = rec(t, RequestState.DECODE_READY, output=2)
+        r.seq, r.session = 10 + t, _Masks(mask)
+        if t == 1:
+            r.params = SamplingParams(seed=1, logprobs=True, top_logprobs=2)
+        records.append(r)
+    unit = ScheduledUnit(tuple(records), drafts=(3, 2, 3, 3)).execution_unit()
+    assert [(row.seq, row.drafts) for row in unit.decode] == [(10, 3), (11, 2), (12, 3), (13, 0)]
+    assert unit.decode[2].sampling.mask is sessions[2] and unit.decode[3].sampling.mask is sessions[3]

@@ -3,8 +3,8 @@
 The contract: ``speculative="mtp"`` changes how many tokens a step commits, never which. Greedy and seeded
 requests give exactly the tokens of the same engine without speculation, alone and batched (mixed prompt
 lengths, chunked prefill, forced preemption with Replay, context-cache hits), with stop strings and
-``max_tokens`` cutting inside a verify; a constrained (JSON) request or one asking for logprobs decodes
-plainly beside speculating rows. Worlds: the embedded default model (its trained MTP head, which accepts
+``max_tokens`` cutting inside a verify; a constrained (JSON) request and one asking for logprobs beside the
+other speculating rows (test_speculative_constrained_engine checks those in depth). Worlds: the embedded default model (its trained MTP head, which accepts
 often, so multi-token commits are exercised) and a tiny random dense model given a random MTP head.
 """
 

@@ -15,7 +15,14 @@ and then adds ``x_n`` (:func:`~ninfer.program.speculation.greedy_acceptance` ove
 temperature 0 that is the greedy rule; with sampling it is
 :func:`~ninfer.program.speculation.rejection_acceptance` with ``q=None`` (a deterministic drafter), its
 Gumbel draws being the ``sample`` op's own: a seeded request commits the very tokens plain sampling would.
-Constrained rows (a token mask) and rows asking for logprobs may not draft (ProgramError).
+
+Constrained rows (:mod:`ninfer.program.draft_masks`): a row whose mask is a ``DraftMaskProvider`` drafts with
+its grammar's mask applied at every draft step (the mask after ``d_1..d_{i-1}`` before drafting ``d_i``), and
+verify position ``i`` is masked with the mask after ``d_1..d_i`` (before the penalties, as plain sampling
+orders them); the row verifies only the drafts the grammar accepts without ending. The provider is only
+asked, never advanced: the engine advances it over the committed tokens. A constrained row with any other
+mask may not draft (ProgramError). A row asking for logprobs gets, for each committed token, the raw
+distribution's logprobs at that token's verify position, as plain sampling reports them.
 
 MTP bookkeeping, per sequence (:class:`Frontier`): ``done``, the MTP pool's final positions ``[0, done)``,
 and ``hidden``, the target's hidden states of positions ``[done, computed)`` not yet fed to the MTP layer.
@@ -57,9 +64,11 @@ from ninfer.contracts.program import (
     ProgramError,
     RowSampling,
     SeqId,
+    TokenLogprob,
 )
 from ninfer.program.batch import ForwardBatch, pack_batch
-from ninfer.program.sampling import draw, penalize, wants_logprobs
+from ninfer.program.draft_masks import MaskedDrafting, VerifyMasks, may_verify
+from ninfer.program.sampling import draw, mask_rows, penalize, token_logprobs, wants_logprobs
 from ninfer.program.speculation import greedy_acceptance
 
 from ninfer_qwen3_5.mtp import DraftRow, Qwen35MTPHead, mtp_step_context
@@ -122,9 +131,9 @@ class MTPDecoding:
             if n == 0:
                 plain.append(row)
                 continue
-            if row.sampling.mask is not None or wants_logprobs(row.sampling):
-                raise ProgramError(f"decode row of sequence {row.seq}: a constrained row or one asking for "
-                                   f"logprobs cannot draft (drafts must be 0)")
+            if not may_verify(row.sampling):
+                raise ProgramError(f"decode row of sequence {row.seq}: a constrained row whose mask is not a "
+                                   f"DraftMaskProvider cannot draft (drafts must be 0)")
             s = p._ready(row.seq, "decode")
             if s.computed != len(s.ledger) - 1:
                 raise ProgramError(f"decode sequence {row.seq} is not decode-ready "
@@ -152,7 +161,10 @@ class MTPDecoding:
 
     def _execute(self, unit: ExecutionUnit, batch: ForwardBatch | None, sampling, verify) -> PendingBatch:
         p = self.p
-        drafts = self._draft(verify)
+        # Constrained verify rows: mask 0 now, the others as the (masked) drafter drafts.
+        masks = {row.seq: VerifyMasks(row.sampling.mask, n, p.vocab_size)
+                 for row, n in verify if row.sampling.mask is not None}
+        drafts = self._draft(verify, masks)
         seqs = [row.seq for row, _ in verify]
         snaps = p.snapshots.assign([p.state_slot(sid) for sid in seqs], [n + 1 for _, n in verify])
         chunks = tuple(verify_chunk_rows(p, row.seq, p.computed(row.seq), [p._seqs[row.seq].ledger[-1], *d], sn)
@@ -164,7 +176,7 @@ class MTPDecoding:
                                          return_hidden="all")
         m = len(sampling)
         tokens, logprobs = p._sample(logits[:m], sampling) if m else ([], [])
-        committed = self._accept(logits[m:], verify, drafts) if verify else []
+        committed, committed_lps = self._accept(logits[m:], verify, drafts, masks) if verify else ([], [])
         # Every forward succeeded: advance the plain rows, keep the hidden states.
         at = 0
         for sid in (fb.decode.seqs if fb.decode is not None else ()):
@@ -182,9 +194,10 @@ class MTPDecoding:
             at += c.num_tokens
         self._catch_up(caught_up)
         out = {sid: (tok, lp) for (sid, _), tok, lp in zip(sampling, tokens, logprobs, strict=True)}
-        for (row, _), toks in zip(verify, committed, strict=True):
-            out[row.seq] = (toks, None)
-        verified = {row.seq: n for row, n in verify}
+        for (row, _), toks, lps in zip(verify, committed, committed_lps, strict=True):
+            out[row.seq] = (toks, lps)
+        # The drafts each row verified: a constrained row's stop where its grammar rejects one or ends.
+        verified = {row.seq: masks[row.seq].valid if row.seq in masks else n for row, n in verify}
         decoding = {r.seq for r in unit.decode}
         order = [r.seq for r in unit.decode] + [sid for sid, _ in sampling if sid not in decoding]
         rows = []
@@ -193,18 +206,20 @@ class MTPDecoding:
             if isinstance(toks, int):
                 rows.append(PendingRow(seq=sid, tokens=(toks,), logprobs=None if lp is None else (lp,)))
             else:
-                rows.append(PendingRow(seq=sid, tokens=tuple(toks), drafted=verified[sid]))
+                rows.append(PendingRow(seq=sid, tokens=tuple(toks), logprobs=lp, drafted=verified[sid]))
         pending = p._pending_of(rows)
         if verify:
             self._verify_batch = pending.batch_id
         return pending
 
-    def _draft(self, verify: list[tuple[DecodeRow, int]]) -> list[list[int]]:
-        """Each verify row's drafts (host lists), one MTP draft call per distinct draft count."""
+    def _draft(self, verify: list[tuple[DecodeRow, int]], masks: Mapping[SeqId, VerifyMasks]) -> list[list[int]]:
+        """Each verify row's drafts (host lists), one MTP draft call per distinct draft count; a constrained
+        row's drafts follow its grammar (``masks`` fills as they are drafted)."""
         p = self.p
         out: dict[SeqId, list[int]] = {}
         for n in sorted({n for _, n in verify}):
             group = [row.seq for row, m in verify if m == n]
+            masked = MaskedDrafting([(r, masks[sid]) for r, sid in enumerate(group) if sid in masks])
             rows, toks, hid = [], [], []
             for sid in group:
                 f, s = self.frontiers[sid], p._seqs[sid]
@@ -215,18 +230,25 @@ class MTPDecoding:
                 toks.extend(s.ledger[f.done + 1:s.computed + 1])
                 hid.append(f.hidden)
             d = self.head.draft(p.kv, rows, torch.tensor(toks, dtype=torch.int64, device=p.device),
-                                torch.cat(hid), n)
+                                torch.cat(hid), n, constrain=masked if masked.index else None)
+            if masked.index:
+                masked.finish(d.tokens)
             for sid, ds in zip(group, d.tokens.tolist(), strict=True):
                 out[sid] = ds
         return [out[row.seq] for row, _ in verify]
 
-    def _accept(self, logits: torch.Tensor, verify, drafts: list[list[int]]) -> list[list[int]]:
+    def _accept(self, logits: torch.Tensor, verify, drafts: list[list[int]], masks: Mapping[SeqId, VerifyMasks]
+                ) -> tuple[list[list[int]], list[tuple[TokenLogprob, ...] | None]]:
         """The committed tokens of each verify row (module docstring: plain sampling's token at each
-        position, kept while the drafts agree)."""
+        position, kept while the drafts agree), and their logprobs for a row that asks for them."""
         p = self.p
         rows: list[tuple[tuple[SeqId, int], RowSampling]] = []
+        index, words = [], []
         for row, n in verify:
             rs = row.sampling
+            if row.seq in masks:
+                index.extend(range(len(rows), len(rows) + n + 1))
+                words.append(masks[row.seq].words)
             rows.extend(((row.seq, i), RowSampling(rs.params, rs.seed, rs.step + i)) for i in range(n + 1))
         drafted = {row.seq: d for (row, _), d in zip(verify, drafts, strict=True)}
 
@@ -235,23 +257,46 @@ class MTPDecoding:
             s = p._seqs[sid]
             return list(s.ledger) + drafted[sid][:i], s.prompt_length
 
-        processed = penalize(logits.float(), rows, history, p.ops, p.vocab_size)
+        raw = logits.float()
+        masked = mask_rows(raw, index, torch.cat(words)) if words else raw
+        processed = penalize(masked, rows, history, p.ops, p.vocab_size)
         x = draw(processed, rows, p.ops, p.vocab_size, lambda _: None)
         width = max(n for _, n in verify)
         dr = torch.zeros((len(verify), width), dtype=torch.int64, device=x.device)
         xs = torch.zeros((len(verify), width + 1), dtype=torch.int64, device=x.device)
+        # A constrained row verifies only the drafts its grammar accepts without ending (draft_masks).
+        num = [masks[row.seq].valid if row.seq in masks else n for row, n in verify]
         at = 0
         for r, ((_, n), d) in enumerate(zip(verify, drafts, strict=True)):
             dr[r, :n] = torch.tensor(d, dtype=torch.int64)
             xs[r, :n + 1] = x[at:at + n + 1]
             at += n + 1
-        num = torch.tensor([n for _, n in verify], dtype=torch.int64, device=x.device)
-        acc = greedy_acceptance(dr, xs, num)
+        acc = greedy_acceptance(dr, xs, torch.tensor(num, dtype=torch.int64, device=x.device))
         committed = acc.to_host()
         self.verified += len(verify)
-        self.drafted += sum(n for _, n in verify)
+        self.drafted += sum(num)
         self.accepted += sum(len(t) - 1 for t in committed)
-        return committed
+        return committed, self._logprobs(raw, rows, verify, committed)
+
+    @staticmethod
+    def _logprobs(raw: torch.Tensor, rows, verify, committed: list[list[int]]
+                  ) -> list[tuple[TokenLogprob, ...] | None]:
+        """Each verify row's logprobs of its committed tokens (None: the row does not ask): plain sampling's,
+        the raw distribution at each committed token's position."""
+        want, tokens, starts = [], [0] * len(rows), []
+        at = 0
+        for (row, n), toks in zip(verify, committed, strict=True):
+            starts.append(at)
+            if wants_logprobs(row.sampling):
+                want.extend(range(at, at + len(toks)))
+                tokens[at:at + len(toks)] = toks
+            at += n + 1
+        if not want:
+            return [None] * len(verify)
+        lp = torch.log_softmax(raw[want], dim=-1).cpu()
+        per_position = token_logprobs(lp, want, rows, tokens)
+        return [tuple(per_position[a:a + len(toks)]) if wants_logprobs(row.sampling) else None
+                for (row, _), toks, a in zip(verify, committed, starts, strict=True)]
 
     def _catch_up(self, seqs: list[SeqId]) -> None:
         """Feed the MTP layer every position of ``seqs`` whose next token is in the ledger (one call)."""

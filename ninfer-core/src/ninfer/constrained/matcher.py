@@ -10,6 +10,9 @@ the last preview, not yet committed). Invariants:
   the request's session, not by the Program, so pause and Replay leave it as committed (Replay
   re-feeds only the model and never previews).
 - Stop tokens are allowed exactly where the grammar may end; accepting one terminates the matcher.
+- :meth:`fill_bitmask_after` (the :class:`~ninfer.contracts.program.DraftMaskProvider` side, for speculative
+  verification) walks the drafted tokens and rolls them back before it returns: it leaves the matcher in
+  the committed state, like :meth:`fill_bitmask`.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class Advance:
 
 
 class ConstraintMatcher:
-    """Implements ``TokenMaskProvider``. Used by the engine worker only (after construction)."""
+    """Implements ``DraftMaskProvider`` (a ``TokenMaskProvider``). Used by the engine worker only (after
+    construction)."""
 
     def __init__(self, compiled, stop_token_ids: Sequence[int]) -> None:
         import xgrammar as xgr
@@ -54,6 +58,25 @@ class ConstraintMatcher:
         """Allowed tokens of the next token after the committed output, into one int32 CPU row."""
         self.drop_provisional()
         self._m.fill_next_token_bitmask(words.view(1, -1), 0)
+
+    def fill_bitmask_after(self, tokens: Sequence[int], words: torch.Tensor) -> bool:
+        """Allowed tokens after the committed output and ``tokens``, into one int32 CPU row; False when the
+        grammar rejects one of ``tokens`` or has ended (a stop token) at or before the last one. The walk is
+        rolled back: the matcher stays at the committed output."""
+        self.drop_provisional()
+        taken = 0
+        try:
+            for token in tokens:
+                if self._m.is_terminated() or not self._m.accept_token(int(token)):
+                    return False
+                taken += 1
+            if self._m.is_terminated():
+                return False
+            self._m.fill_next_token_bitmask(words.view(1, -1), 0)
+            return True
+        finally:
+            if taken:
+                self._m.rollback(taken)
 
     def allows_any(self, vocab_size: int) -> bool:
         """Whether any token is allowed next (a grammar whose language is empty allows none)."""

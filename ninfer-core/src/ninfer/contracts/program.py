@@ -63,6 +63,18 @@ class TokenMaskProvider(Protocol):
     def fill_bitmask(self, words: torch.Tensor) -> None: ...
 
 
+@runtime_checkable
+class DraftMaskProvider(TokenMaskProvider, Protocol):
+    """A :class:`TokenMaskProvider` that can also look past drafted tokens, so a speculating Program can
+    verify a constrained row (one mask per verified position). ``fill_bitmask_after(tokens, words)`` fills
+    ``words`` (same layout) with the allowed tokens after the committed output followed by ``tokens`` and
+    returns True; it returns False, and ``words`` is unspecified, when the constraint rejects one of
+    ``tokens`` or has ended at or before the last of them (no next token exists). Either way the provider is
+    left as it was: what ``fill_bitmask`` gives afterwards does not change."""
+
+    def fill_bitmask_after(self, tokens: Sequence[int], words: torch.Tensor) -> bool: ...
+
+
 @dataclass(frozen=True)
 class RowSampling:
     """How to sample one row. ``step`` is the number of tokens this request has sampled before
@@ -81,9 +93,11 @@ class RowSampling:
 class DecodeRow:
     """One decode step of ``seq``. ``drafts`` (speculative decoding): the most drafted tokens this row may
     verify in this step (0: a plain decode step). Only a Program built with
-    ``ProgramOptions.speculative_tokens >= drafts`` accepts ``drafts > 0`` (others raise ProgramError); the
-    row must then be reserved for ``drafts + 1`` tokens, and its PendingRow holds between 1 and
-    ``drafts + 1`` tokens and says how many drafts it verified (``PendingRow.drafted``, 0..drafts)."""
+    ``ProgramOptions.speculative_tokens >= drafts`` accepts ``drafts > 0`` (others raise ProgramError), and
+    for a constrained row only when its mask is a :class:`DraftMaskProvider`; the row must then be reserved
+    for ``drafts + 1`` tokens, and its PendingRow holds between 1 and ``drafts + 1`` tokens (with a
+    logprob per token when the row asks for logprobs) and says how many drafts it verified
+    (``PendingRow.drafted``, 0..drafts)."""
 
     seq: SeqId
     sampling: RowSampling

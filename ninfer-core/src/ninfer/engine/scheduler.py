@@ -9,7 +9,8 @@
    places, each opened from its longest usable context-cache checkpoint (:mod:`ninfer.engine.admission`);
 3. reservations: every decode-ready resident reserves one token, or ``drafts + 1`` when the engine
    speculates (``speculative_tokens = k > 0``) and the row may: ``drafts = min(k, remaining budget - 1)``
-   (max_tokens and max_context), 0 for a constrained row or one asking for logprobs. A speculating row that
+   (max_tokens and max_context); 0 for a constrained row whose mask provider cannot follow drafts (not a
+   ``DraftMaskProvider``). A speculating row that
    cannot get its ``drafts + 1`` falls back to one token (drafts 0); a decode row that cannot get its
    KV page first reclaims context-cache entries, then preempts the youngest non-protected resident
    (possibly itself), and all rows reserve again;
@@ -41,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ninfer.contracts.errors import EngineFailure
-from ninfer.contracts.program import DecodeRow, ExecutionUnit, PrefillChunk, Program, SeqId
+from ninfer.contracts.program import DecodeRow, DraftMaskProvider, ExecutionUnit, PrefillChunk, Program, SeqId
 from ninfer.engine.admission import Admission
 from ninfer.engine.context_cache.cache import ContextCache
 from ninfer.engine.context_cache.capture import CheckpointCapture
@@ -49,6 +50,7 @@ from ninfer.engine.queues import RequestQueues
 from ninfer.engine.requests import RequestRecord, RequestState
 from ninfer.engine.sequences import SequenceTable
 from ninfer.engine.stats import EngineCounters
+from ninfer.program.draft_masks import may_verify
 
 log = logging.getLogger("ninfer.engine")
 
@@ -95,8 +97,7 @@ class ScheduledUnit:
         rows = []
         for r, d in zip(self.decode, self.row_drafts(), strict=True):
             sampling = r.row_sampling()
-            # A constrained row drafts nothing (one grammar mask per verified position is not built yet).
-            rows.append(DecodeRow(r.seq, sampling, d if sampling.mask is None else 0))
+            rows.append(DecodeRow(r.seq, sampling, d if may_verify(sampling) else 0))
         return ExecutionUnit(decode=tuple(rows), chunks=tuple(chunks))
 
     def sampling_seqs(self) -> list[SeqId | None]:
@@ -203,11 +204,12 @@ class Scheduler:
     def _drafts(self, rec: RequestRecord) -> int:
         """The drafts ``rec``'s next decode row may verify (module docstring, step 3)."""
         k = self.speculative_tokens
-        if not k or rec.params.logprobs or rec.params.top_logprobs > 0:
+        if not k:
             return 0
         assert self.max_context is not None
         room = rec.remaining(self.max_context) - 1   # the verify commits up to drafts + 1 tokens
-        if room < 1 or rec.session.token_mask() is not None:
+        mask = rec.session.token_mask()
+        if room < 1 or (mask is not None and not isinstance(mask, DraftMaskProvider)):
             return 0
         return min(k, room)
 

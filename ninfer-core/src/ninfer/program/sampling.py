@@ -48,8 +48,15 @@ def mask_disallowed(raw: torch.Tensor, rows: Rows, vocab_size: int) -> torch.Ten
     constrained = [b for b, (_, rs) in enumerate(rows) if rs.mask is not None]
     if not constrained:
         return raw
-    words = fill_bitmasks([rows[b][1].mask for b in constrained], vocab_size)
-    idx = torch.tensor(constrained, dtype=torch.int64, device=raw.device)
+    return mask_rows(raw, constrained, fill_bitmasks([rows[b][1].mask for b in constrained], vocab_size))
+
+
+def mask_rows(raw: torch.Tensor, index: Sequence[int], words: torch.Tensor) -> torch.Tensor:
+    """``raw`` [B, V] with the tokens ``words[j]`` (int32 bitmask rows, ``token_bitmask``'s layout) bans set
+    to -inf in row ``index[j]``: a copy; ``raw`` itself when ``index`` is empty. Other rows are untouched."""
+    if not index:
+        return raw
+    idx = torch.tensor(list(index), dtype=torch.int64, device=raw.device)
     processed = raw.clone()
     processed[idx] = apply_bitmask(processed[idx], words)
     return processed

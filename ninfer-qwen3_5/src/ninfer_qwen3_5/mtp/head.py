@@ -19,7 +19,7 @@ It writes its K/V of every position of the call into its own pool of the Program
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -36,6 +36,10 @@ from ninfer_qwen3_5.model import inverse_frequencies
 from ninfer_qwen3_5.mtp.context import mtp_kv_layer, mtp_step_context
 from ninfer_qwen3_5.mtp.weights import mtp_num_layers, prepare_mtp_weights
 from ninfer_qwen3_5.parameters import layer_prefix
+
+
+#: ``constrain(drafted [R, i], logits [R, V]) -> logits``: what a draft step takes the argmax of (see ``draft``).
+Constrain = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -67,9 +71,10 @@ class DraftRow:
 @dataclass(frozen=True)
 class Draft:
     """``tokens`` int64 ``[R, k]``: row r's greedy drafts ``d_1..d_k`` (``d_1`` predicts the token after the
-    just-sampled one); ``logits`` fp32 ``[R, k, V]``: the logits each draft is the argmax of. The drafter is
-    greedy, so its proposal distribution is one-hot at ``tokens`` (``q_i(d_i) = 1``); the logits are there for
-    a caller that applies the request's sampling transforms to the draft distribution."""
+    just-sampled one); ``logits`` fp32 ``[R, k, V]``: the logits each draft is the argmax of (after the draft
+    call's ``constrain``, if any). The drafter is greedy, so its proposal distribution is one-hot at ``tokens``
+    (``q_i(d_i) = 1``); the logits are there for a caller that applies the request's sampling transforms to the
+    draft distribution."""
 
     tokens: torch.Tensor
     logits: torch.Tensor
@@ -131,8 +136,12 @@ class Qwen35MTPHead:
         return MTPOutput(ops.logits(h, self.lm_head), h)
 
     def draft(self, kv: PagedKVCache, rows: Sequence[DraftRow], tokens_next: torch.Tensor, hidden: torch.Tensor,
-              k: int) -> Draft:
+              k: int, constrain: Constrain | None = None) -> Draft:
         """``k`` greedy autoregressive MTP steps for each row.
+
+        ``constrain(drafted, logits)``, when given, is called before each step's argmax with the drafts so far
+        (int64 ``[R, i]``, ``i`` = 0..k-1) and that step's logits ``[R, V]``, and returns the logits to take the
+        argmax of (e.g. with a grammar's mask applied: :class:`~ninfer.program.draft_masks.MaskedDrafting`).
 
         ``tokens_next`` / ``hidden``: ``[sum(length)]`` / ``[sum(length), H]``, row after row, row r's entries for
         positions ``[start, start + length)`` in order (``x_{t+1}`` and the target's ``h_t``). Step 1 runs those
@@ -178,12 +187,19 @@ class Qwen35MTPHead:
                                chunks=[(rows[i].seq, rows[i].start, rows[i].length) for i in longer], device=self.device)
         last = torch.tensor([packed_last[i] for i in range(len(rows))], dtype=torch.int64, device=self.device)
         step = self.forward(tokens_next.index_select(0, idx), hidden.index_select(0, idx), ctx, last)
-        logits, toks = [step.logits], [self.ops.greedy_tokens(step.logits)]
-        for i in range(1, k):
-            ctx = mtp_step_context(kv, decode=[(r.seq, r.last + i) for r in rows], device=self.device)
-            step = self.forward(toks[-1], step.hidden, ctx, None)
-            logits.append(step.logits)
-            toks.append(self.ops.greedy_tokens(step.logits))
+        logits: list[torch.Tensor] = []
+        toks: list[torch.Tensor] = []
+        for i in range(k):
+            if i:
+                ctx = mtp_step_context(kv, decode=[(r.seq, r.last + i) for r in rows], device=self.device)
+                step = self.forward(toks[-1], step.hidden, ctx, None)
+            out = step.logits
+            if constrain is not None:
+                drafted = (torch.stack(toks, dim=1) if toks
+                           else torch.zeros((len(rows), 0), dtype=torch.int64, device=self.device))
+                out = constrain(drafted, out)
+            logits.append(out)
+            toks.append(self.ops.greedy_tokens(out))
         return Draft(tokens=torch.stack(toks, dim=1), logits=torch.stack(logits, dim=1))
 
 
