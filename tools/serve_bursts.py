@@ -19,7 +19,7 @@ spawning the process to ``/health`` answering (start-up), and runs these scenari
 Per client: TTFT (request sent -> first streamed text chunk) and the gaps between text chunks. A chunk can carry
 more than one token (the detokenizer holds back an incomplete character), so each stream's chunk count is
 reported beside its tokens. Aggregate tok/s = completion tokens of the burst / its wall time.
-Only 127.0.0.1 is contacted. The server's stderr goes to ``OUT/serve_<config>.log``.
+Only 127.0.0.1 is contacted. The server's stderr goes to ``serve_<config>.log`` under ``--log-dir`` (default ``--out``).
 
     python3 tools/serve_bursts.py ART.ninfer --out $OUT --configs default,ttft,256,512,1024,nowarmup
     python3 tools/serve_bursts.py --tiny --out /tmp/bursts     # the default model on the CPU, tiny sizes
@@ -175,7 +175,7 @@ def run_config(name: str, args, rng: random.Random, full: bool) -> dict:
     def shorts(k):
         return [prompt(args.short + rng.randrange(-args.short // 10, args.short // 10 + 1)) for _ in range(k)]
 
-    proc, port, startup = start_server(args, config_flags(name, args), Path(args.out) / f"serve_{name}.log")
+    proc, port, startup = start_server(args, config_flags(name, args), Path(args.log_dir or args.out) / f"serve_{name}.log")
     res = {"config": name, "flags": config_flags(name, args), "startup_s": startup}
     try:
         res["first8"] = burst(port, shorts(8), args.max_tokens)
@@ -202,6 +202,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("artifact", nargs="?", default=None, help="default: the embedded default model")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--log-dir", default=None, help="the servers' stderr logs (default: --out)")
     ap.add_argument("--configs", default="default,ttft")
     ap.add_argument("--full", default="default", help="configs that run every scenario (the others: bursts, arrival)")
     ap.add_argument("--device", default=None)
@@ -224,7 +225,14 @@ def main() -> int:
     full = set(args.full.split(","))
     results = []
     for name in args.configs.split(","):
-        r = run_config(name, args, rng, name in full)
+        try:
+            r = run_config(name, args, rng, name in full)
+        except (Exception, SystemExit) as exc:  # one configuration failing keeps the others' figures
+            log = Path(args.log_dir or args.out) / f"serve_{name}.log"
+            tail = log.read_text()[-2000:] if log.exists() else ""
+            print(f"[{name}] FAILED: {type(exc).__name__}: {exc}\n{tail}", flush=True)
+            results.append({"config": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
         results.append(r)
         print(f"[{name}] {' '.join(r['flags']) or '(defaults)'}: start-up {r['startup_s']:.1f} s", flush=True)
         print(line("first8", r["first8"]), flush=True)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One device call measuring serving at the 9B shape (random bf16 weights) and MTP on the default model:
+#   1. tools/serve_bursts.py: burst TTFT, inter-token latency and an 8k arrival per step-budget configuration,
+#      and the start-up cost of the warm-up (the `nowarmup` configuration);
+#   2. `ninfer bench` with the context cache off, then on (one pair: B=1, B=8 decode and the 8k prefill);
+#   3. tools/mtp_speed.py: MTP acceptance and speed on the embedded default model, k = 0..4.
+# Each phase has its own time limit, so a slow one cannot take the others' results with it.
+#
+#   bash tools/gpu_serving_run.sh          # on the device, carry .gpu-wheels; results under $OUT
+#   CONFIGS=default,ttft bash tools/gpu_serving_run.sh
+#   TINY=1 OUT=/tmp/sr bash tools/gpu_serving_run.sh      # every step on the CPU at tiny sizes (no installs)
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+out="${OUT:-$PWD/serving-results}"
+work=/tmp/ninfer_serving
+configs="${CONFIGS:-default,256,512,1024,ttft,nowarmup}"
+device=cuda shape=(--shape 9b) bursts=() bench=() mtp=() install=1
+if [ "${TINY:-0}" = 1 ]; then
+    device=cpu shape=(--tiny) bursts=(--tiny) install=0 mtp=(--tokens 24 --prompts 2 --ks 0,2)
+    bench=(--decode-prompt-tokens 16 --decode-base-tokens 2 --decode-steps 4 --repeats 1 --copy-mib 16 --matmul-size 128)
+fi
+mkdir -p "$out" "$work"
+cd "$root"
+export PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+t0=$(date +%s)
+say() { echo "[serving $(( $(date +%s) - t0 ))s] $*"; }
+
+if [ "$install" = 1 ]; then
+    say "installing the carried wheels and this checkout"
+    python3 -m pip install -q --no-index --no-cache-dir --find-links .gpu-wheels -r .gpu-wheels/requirements.txt || exit 1
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./ninfer-core -e ./ninfer-qwen3_5 \
+        -e ./ninfer-convert -e ./ninfer-serve || exit 1
+fi
+
+say "tokenizer and the 9B artifact"
+python3 - tests/frontend/conftest.py "$work/tokenizer.json" <<'EOF' || exit 1
+import importlib.util, pathlib, sys
+spec = importlib.util.spec_from_file_location("frontend_conftest", sys.argv[1])
+module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+module._build_tokenizer_json(pathlib.Path(sys.argv[2]))
+EOF
+timeout 200 python3 tools/gpu_bench_shapes.py "${shape[@]}" --tokenizer "$work/tokenizer.json" --out "$work/shapes" \
+    --no-hf --no-ours --keep-artifact --work "$work/art" --device $device > "$out/artifact.log" 2>&1 || { say "artifact failed"; tail -20 "$out/artifact.log"; exit 1; }
+art=$(ls "$work"/art/*.ninfer | head -1)
+say "artifact $art"
+
+say "phase 1: serve bursts ($configs)"
+timeout 330 python3 tools/serve_bursts.py "$art" --out "$out" --configs "$configs" --device $device --log-dir "$work" "${bursts[@]}" 2>&1 | tee "$out/bursts.log"
+
+say "phase 2: ninfer bench, context cache off / on"
+for flag in --no-context-cache --context-cache; do
+    timeout 90 python3 -m ninfer.cli.main bench "$art" --device $device --batches 1,8 --prefill-lengths 8192 "${bench[@]}" \
+        --output "$work/bench${flag}.json" $flag 2>&1 | grep -v '^\[bench\]' | tee -a "$out/cache_ab.log"
+done
+
+say "phase 3: MTP on the default model"
+timeout 150 python3 tools/mtp_speed.py --device $device "${mtp[@]}" --out "$out" 2>&1 | tee "$out/mtp.log"
+say "done"
