@@ -127,48 +127,49 @@ def fp8_code(b):
 
 
 @triton.jit
-def load_tile(b_ptr, h_ptr, s_ptr, rows, jb, sb, sh, ss, LIMIT, KIND: tl.constexpr, BITS: tl.constexpr,
-              MASKED: tl.constexpr):
-    """Raw tile of rows ``rows`` (in bounds) and bytes ``jb`` (global byte indices in the row): ``(base bytes
-    uint8, their high bytes, their scales fp32)``, each ``[R, B]``; where a format has no high plane or (fp8) no
-    per-byte scale, the base tile stands in (unused). Bytes at ``jb >= LIMIT`` read as 0 when ``MASKED``."""
+def load_tile(b_ptr, h_ptr, s_ptr, rows, j0, sb, sh, ss, LIMIT, KIND: tl.constexpr, BITS: tl.constexpr,
+              RN: tl.constexpr, BB: tl.constexpr, MASKED: tl.constexpr):
+    """Raw tile of the ``RN`` rows ``rows`` (in bounds) and the ``BB`` bytes from byte ``j0`` (a multiple of BB) of
+    each row, every plane read contiguously: ``(base bytes [RN, BB] uint8, the high byte of each base byte
+    [RN, BB] (each high byte loaded once, repeated in registers), group scales [RN, BB / 32] fp32)``; where a
+    format has no high plane or (fp8) no group scales, the base tile stands in (unused). Bytes from ``LIMIT`` on
+    (a multiple of 32 for the groupwise formats) read as 0 when ``MASKED``."""
     r = rows[:, None]
-    b_ptrs = b_ptr + r * sb + jb[None, :]
-    h_ptrs = h_ptr + r * sh + ((jb * (BITS - 4)) >> 2)[None, :]
-    s_ptrs = s_ptr + r * ss + (jb >> 5)[None, :]
-    m = jb[None, :] < LIMIT
+    jb = j0 + tl.arange(0, BB)
     if MASKED:
-        b = tl.load(b_ptrs, mask=m, other=0)
+        b = tl.load(b_ptr + r * sb + jb[None, :], mask=jb[None, :] < LIMIT, other=0)
     else:
-        b = tl.load(b_ptrs)
+        b = tl.load(b_ptr + r * sb + jb[None, :])
     hx = b
     sc = b
     if KIND == 0:
         if BITS > 4:
+            PER: tl.constexpr = 4 // (BITS - 4)          # base bytes per high byte: q5 4, q6 2
+            hj = j0 // PER + tl.arange(0, BB // PER)
             if MASKED:
-                hx = tl.load(h_ptrs, mask=m, other=0)
+                h = tl.load(h_ptr + r * sh + hj[None, :], mask=hj[None, :] < LIMIT // PER, other=0)
             else:
-                hx = tl.load(h_ptrs)
+                h = tl.load(h_ptr + r * sh + hj[None, :])
+            hx = tl.reshape(tl.broadcast_to(h[:, :, None], (RN, BB // PER, PER)), (RN, BB))
     if KIND != 2:
+        gj = j0 // 32 + tl.arange(0, BB // 32)
         if MASKED:
-            sc = tl.load(s_ptrs, mask=m, other=0.0).to(tl.float32)
+            sc = tl.load(s_ptr + r * ss + gj[None, :], mask=gj[None, :] < LIMIT // 32, other=0.0).to(tl.float32)
         else:
-            sc = tl.load(s_ptrs).to(tl.float32)
+            sc = tl.load(s_ptr + r * ss + gj[None, :]).to(tl.float32)
     return b, hx, sc
 
 
 @triton.jit
-def decode_tile(b, hx, sc, jb, KIND: tl.constexpr, BITS: tl.constexpr):
-    """fp32 weights of a raw tile (:func:`load_tile`): nibble formats ``(even lanes, odd lanes)`` of each byte,
-    ``code * scale``; q8 ``(code * scale, same)``; fp8 ``(code, same)``, the row scale left to the caller."""
+def decode_tile(b, hx, BB: tl.constexpr, KIND: tl.constexpr, BITS: tl.constexpr):
+    """fp32 codes of a raw tile (:func:`load_tile`), unscaled: nibble formats ``(even lanes, odd lanes)`` of each
+    byte; q8 and fp8 ``(codes, same)``."""
     if KIND == 0:
-        c0, c1 = nibble_codes(b.to(tl.int32), hx.to(tl.int32), jb[None, :], BITS)
-        w0 = c0 * sc
-        w1 = c1 * sc
+        c0, c1 = nibble_codes(b.to(tl.int32), hx.to(tl.int32), tl.arange(0, BB)[None, :], BITS)
     elif KIND == 1:
-        w0 = int_code(b.to(tl.int32), 128) * sc
-        w1 = w0
+        c0 = int_code(b.to(tl.int32), 128)
+        c1 = c0
     else:
-        w0 = fp8_code(b)
-        w1 = w0
-    return w0, w1
+        c0 = fp8_code(b)
+        c1 = c0
+    return c0, c1

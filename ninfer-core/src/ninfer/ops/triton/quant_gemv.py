@@ -62,22 +62,26 @@ def _act(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, row, lanes, K, inv, sx, sr, sh, sr
 
 
 @triton.jit
-def _reduce(acc, w0, w1, x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, invs, M, K, k0, sx, sr, sh, sro, store, rows,
-            BM: tl.constexpr, BB: tl.constexpr, KIND: tl.constexpr, NORM: tl.constexpr, INTERP: tl.constexpr):
-    """``acc[BM, BN] += w . x[m]`` over the tile's lanes starting at lane ``k0``, for every row m."""
-    jj = tl.arange(0, BB)
+def _reduce(acc, c0, c1, sc, x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, invs, M, K, k0, sx, sr, sh, sro, store, rows,
+            BM: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, KIND: tl.constexpr, NORM: tl.constexpr,
+            INTERP: tl.constexpr):
+    """``acc[BM, BN] += w . x[m]`` over the tile's lanes from lane ``k0``, for every row m: codes times x summed
+    per scale group (32 bytes), times the group's scale, groups summed (fp8: codes times x, summed)."""
+    LPB: tl.constexpr = 2 if KIND == 0 else 1
+    lanes = k0 + tl.arange(0, LPB * BB)     # contiguous x loads; a nibble tile's even/odd lanes split in registers
     for m in tl.static_range(BM):
         row = tl.minimum(M - 1, m)      # rows past M (BM is a power of two) repeat row M-1; never stored
         inv = tl.sum(tl.where(rows == m, invs, 0.0), 0)
+        xv = _act(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, row, lanes, K, inv, sx, sr, sh, sro, store, NORM, INTERP)
         if KIND == 0:
-            xe = _act(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, row, k0 + 2 * jj, K, inv, sx, sr, sh, sro, store, NORM,
-                      INTERP)
-            xo = _act(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, row, k0 + 2 * jj + 1, K, inv, sx, sr, sh, sro, store,
-                      NORM, INTERP)
-            part = tl.sum(w0 * xe[None, :] + w1 * xo[None, :], 1)
+            xe, xo = tl.split(tl.reshape(xv, (BB, 2)))
+            prod = c0 * xe[None, :] + c1 * xo[None, :]
         else:
-            xv = _act(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, row, k0 + jj, K, inv, sx, sr, sh, sro, store, NORM, INTERP)
-            part = tl.sum(w0 * xv[None, :], 1)
+            prod = c0 * xv[None, :]
+        if KIND == 2:
+            part = tl.sum(prod, 1)
+        else:
+            part = tl.sum(tl.sum(tl.reshape(prod, (BN, BB // 32, 32)), 2) * sc, 1)
         acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     return acc
 
@@ -99,13 +103,12 @@ def _qgemv_kernel(x_ptr, b_ptr, h_ptr, s_ptr, y_ptr, part_ptr, r_ptr, nw_ptr, hn
     jj = tl.arange(0, BB)
     t0 = sid * TPS
     t1 = tl.minimum(t0 + TPS, tl.cdiv(BYTES, BB))
-    jb = t0 * BB + jj
     # The first tile streams while the previous kernel finishes.
-    b, hx, sc = load_tile(b_ptr, h_ptr, s_ptr, n_in, jb, sb, sh, ss, BYTES, KIND, BITS, not EVEN)
+    b, hx, sc = load_tile(b_ptr, h_ptr, s_ptr, n_in, t0 * BB, sb, sh, ss, BYTES, KIND, BITS, BN, BB, not EVEN)
     if SWIGLU:
-        ub, uhx, usc = load_tile(b_ptr, h_ptr, s_ptr, n_up, jb, sb, sh, ss, BYTES, KIND, BITS, not EVEN)
+        ub, uhx, usc = load_tile(b_ptr, h_ptr, s_ptr, n_up, t0 * BB, sb, sh, ss, BYTES, KIND, BITS, BN, BB, not EVEN)
     pdl_wait(PDL)
-    store = (jj * 0 + pid + sid) == 0
+    store = (tl.arange(0, LPB * BB) * 0 + pid + sid) == 0
     invs = tl.zeros((BM,), dtype=tl.float32)
     if NORM:  # inv rms of each row of the block's pre-norm input: a first pass over the row
         for m in tl.static_range(BM):
@@ -120,23 +123,23 @@ def _qgemv_kernel(x_ptr, b_ptr, h_ptr, s_ptr, y_ptr, part_ptr, r_ptr, nw_ptr, hn
             invs = tl.where(rows == m, tl.rsqrt(ss2 / K + eps), invs)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    lim = tl.minimum(BYTES, t1 * BB)
     for t in range(t0, t1):
-        jb = t * BB + jj
-        w0, w1 = decode_tile(b, hx, sc, jb, KIND, BITS)
+        c0, c1 = decode_tile(b, hx, BB, KIND, BITS)
+        cs = sc
         if SWIGLU:
-            u0, u1 = decode_tile(ub, uhx, usc, jb, KIND, BITS)
+            u0, u1 = decode_tile(ub, uhx, BB, KIND, BITS)
+            us = usc
         # Next tile in flight while this one is reduced (all masked off past the run: no traffic).
-        nb = jb + BB
-        b, hx, sc = load_tile(b_ptr, h_ptr, s_ptr, n_in, nb, sb, sh, ss, tl.minimum(BYTES, t1 * BB), KIND, BITS,
-                              True)
+        b, hx, sc = load_tile(b_ptr, h_ptr, s_ptr, n_in, (t + 1) * BB, sb, sh, ss, lim, KIND, BITS, BN, BB, True)
         if SWIGLU:
-            ub, uhx, usc = load_tile(b_ptr, h_ptr, s_ptr, n_up, nb, sb, sh, ss, tl.minimum(BYTES, t1 * BB), KIND,
-                                     BITS, True)
-        acc = _reduce(acc, w0, w1, x_ptr, r_ptr, nw_ptr, hn_ptr, ro_ptr, invs, M, K, t * BB * LPB, sx, sr, shn, sro,
-                      store, rows, BM, BB, KIND, NORM, INTERP)
+            ub, uhx, usc = load_tile(b_ptr, h_ptr, s_ptr, n_up, (t + 1) * BB, sb, sh, ss, lim, KIND, BITS, BN, BB,
+                                     True)
+        acc = _reduce(acc, c0, c1, cs, x_ptr, r_ptr, nw_ptr, hn_ptr, ro_ptr, invs, M, K, t * BB * LPB, sx, sr, shn,
+                      sro, store, rows, BM, BN, BB, KIND, NORM, INTERP)
         if SWIGLU:
-            acc_u = _reduce(acc_u, u0, u1, x_ptr, r_ptr, nw_ptr, hn_ptr, ro_ptr, invs, M, K, t * BB * LPB, sx, sr,
-                            shn, sro, store, rows, BM, BB, KIND, NORM, INTERP)
+            acc_u = _reduce(acc_u, u0, u1, us, x_ptr, r_ptr, nw_ptr, hn_ptr, ro_ptr, invs, M, K, t * BB * LPB, sx, sr,
+                            shn, sro, store, rows, BM, BN, BB, KIND, NORM, INTERP)
     if KIND == 2:  # fp8: the row scale, once
         acc = acc * tl.load(s_ptr + n_in * ss).to(tl.float32)[None, :]
         if SWIGLU:
@@ -186,6 +189,8 @@ def gemv(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu
     row_bytes = w.lanes // lpb
     bb = min(next_pow2(row_bytes), lanes // lpb)
     tiles = -(-row_bytes // bb)
+    if w.kind != KIND_FP8 and bb % 32:
+        raise ValueError(f"quantized gemv: a K tile of {bb} bytes does not hold whole scale groups (32 bytes)")
     bn = block_n or (4 if m <= 4 else 2)
     programs = -(-n // bn)
     fused = norm is not None or swiglu
