@@ -39,6 +39,8 @@ MAX_ROWS = 16
 # Lanes of one K tile: [BN, 2048] nibble tiles are 1 KB a row, byte tiles [BN, 1024] 1 KB a row.
 _LANES_NIBBLE = 2048
 _LANES_BYTE = 1024
+# Output rows per program.
+_BN = 4
 # Row programs below which the GEMV splits K (about two waves of programs on a large GPU).
 _MIN_PROGRAMS = 256
 
@@ -191,7 +193,7 @@ def gemv(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu
     tiles = -(-row_bytes // bb)
     if w.kind != KIND_FP8 and bb % 32:
         raise ValueError(f"quantized gemv: a K tile of {bb} bytes does not hold whole scale groups (32 bytes)")
-    bn = block_n or (4 if m <= 4 else 2)
+    bn = block_n or _BN         # one row block size for every M: a row's reduction never depends on the batch
     programs = -(-n // bn)
     fused = norm is not None or swiglu
     s = 1 if fused else (split or auto_split(programs, tiles))
