@@ -17,8 +17,7 @@ fp32 sums with truncation (an error below one ulp), not round to nearest.
 from __future__ import annotations
 
 import torch
-from ninfer.quant import QUANTIZED_FORMATS, PackedWeight, encoded_size, packed_view
-from ninfer.quant import fp8_row
+from ninfer.quant import QUANTIZED_FORMATS, PackedWeight, encoded_size, fp8_row, packed_view
 from ninfer.quant.groupwise import GROUPWISE
 
 FORMATS = QUANTIZED_FORMATS
