@@ -12,6 +12,7 @@ Invariants shared by every kernel here:
 - Results depend on a row's own inputs only, never on the batch it was launched in (grid sizes change
   how many programs exist, never how a row's arithmetic is partitioned) -- except where an op picks a
   kernel by the call's size: ``moe_experts`` takes its GEMV decode path up to ``moe_gemv.MAX_PAIRS``
-  (token, expert) pairs and its grouped tensor-core path above, which round differently.
+  (token, expert) pairs and its grouped tensor-core path above, which round differently; the quantized-weight
+  ops (``quant_linear``) take the dequant-GEMV up to ``quant_gemv.MAX_ROWS`` rows and the GEMM above.
 - Importing this package does not import triton; the kernel modules do.
 """
