@@ -213,3 +213,17 @@ def test_quiet_conversion_says_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path))
     assert resolve_model(None, quiet=True).is_file()
     assert "converting" not in capsys.readouterr().err
+
+
+def test_show_thinking_is_one_flag_shared_by_the_chat_commands():
+    """generate and chat declare --show-thinking through common.add_show_thinking_arg: same help, same parse."""
+    reference = argparse.ArgumentParser()
+    common.add_show_thinking_arg(reference)
+    want = next(a for a in reference._actions if a.dest == "show_thinking")
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("generate", "chat"):
+        action = next(a for a in subparsers.choices[command]._actions if a.dest == "show_thinking")
+        assert (action.option_strings, action.help, action.default) == (want.option_strings, want.help, False)
+        assert _parse(command, "--show-thinking").show_thinking is True
+        assert _parse(command).show_thinking is False

@@ -185,6 +185,39 @@ def test_two_plugins_claiming_one_architecture_conflict():
         PluginRegistry(load_entry_points=False, extra_plugins=(a, b))
 
 
+def test_a_lazy_registry_indexes_a_kind_when_it_is_first_read():
+    """``lazy=True`` (the process-wide registry) calls a kind's hooks on first read, once; the eager default
+    raises a clash from the constructor, a lazy one from the first read of the clashing kind."""
+    calls: list[str] = []
+
+    def counting(name: str, arch: str) -> types.ModuleType:
+        module = types.ModuleType(name)
+
+        @hookimpl
+        def ninfer_architectures():
+            calls.append(name)
+            return [_toy_spec(arch)]
+
+        module.ninfer_architectures = ninfer_architectures
+        return module
+
+    reg = PluginRegistry(load_entry_points=False, extra_plugins=(counting("toy_a", "AForCausalLM"),), lazy=True)
+    assert "generate" in reg.cli_commands
+    assert calls == []
+    assert reg.architecture("AForCausalLM").family == "toy"
+    reg.architectures  # noqa: B018
+    assert calls == ["toy_a"]
+    assert {i.name: i.registered for i in reg.plugins()}["toy_a"] == {"architectures": ("AForCausalLM",)}
+
+    clash = (counting("toy_b", "SameForCausalLM"), counting("toy_c", "SameForCausalLM"))
+    reg = PluginRegistry(load_entry_points=False, extra_plugins=clash, lazy=True)
+    assert "generate" in reg.cli_commands
+    with pytest.raises(PluginConflictError, match="'toy_b'.*'toy_c'"):
+        reg.architectures  # noqa: B018
+    with pytest.raises(PluginConflictError, match="'toy_b'.*'toy_c'"):
+        PluginRegistry(load_entry_points=False, extra_plugins=clash)
+
+
 def test_real_entry_points_include_qwen3_5_and_serve():
     reg = PluginRegistry()
     infos = {i.name: i for i in reg.plugins()}

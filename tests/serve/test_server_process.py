@@ -86,6 +86,65 @@ def test_anthropic_client(server):
     assert count.input_tokens == msg.usage.input_tokens
 
 
+# tool_choice any / tool is a tool-call grammar; the tiny model needs more than 30 tokens for a whole call (one:
+# greedy, it would go on with further parallel calls until max_tokens).
+FIND = {"name": "find", "input_schema": {"type": "object", "properties": {"t": {"type": "string", "maxLength": 6}},
+                                         "required": ["t"], "additionalProperties": False}}
+FORCED = pytest.mark.parametrize("tool_choice", [{"type": "any", "disable_parallel_tool_use": True},
+                                                 {"type": "tool", "name": "find", "disable_parallel_tool_use": True}],
+                                 ids=["any", "tool"])
+NO_THINKING = {"type": "disabled"}
+
+
+def _forced(server, tool_choice, max_tokens, **fields):
+    """A forced call's message, and the events and accumulated message of the same request streamed (greedy:
+    this client version has no temperature argument)."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server[0], api_key=KEY, max_retries=0, timeout=60)
+    request = dict(model=MODEL, max_tokens=max_tokens, messages=[{"role": "user", "content": "find cats"}],
+                   tools=[FIND], tool_choice=tool_choice, extra_body={"temperature": 0}, **fields)
+    message = client.messages.create(**request)
+    with client.messages.stream(**request) as stream:
+        events = list(stream)
+        streamed = stream.get_final_message()
+    return message, events, streamed
+
+
+def _blocks(message) -> list[dict]:
+    return [b.model_dump(exclude={"id"}) for b in message.content]
+
+
+@FORCED
+@pytest.mark.parametrize("max_tokens", [1, 5, 30])
+def test_anthropic_forced_call_cut_by_max_tokens_has_no_empty_text_block(server, tool_choice, max_tokens):
+    """As the API answers: stop_reason max_tokens, the cut call not reported and no empty text block standing
+    in for it; the stream opens no content block at all."""
+    message, events, streamed = _forced(server, tool_choice, max_tokens, thinking=NO_THINKING)
+    assert (message.stop_reason, message.stop_sequence, message.content) == ("max_tokens", None, [])
+    assert message.usage.output_tokens == max_tokens
+    assert [e.type for e in events if e.type.startswith("content_block")] == []
+    assert (streamed.stop_reason, streamed.content, streamed.usage.output_tokens) == ("max_tokens", [], max_tokens)
+
+
+@FORCED
+def test_anthropic_forced_call_cut_in_the_thinking_is_only_thinking(server, tool_choice):
+    message, events, streamed = _forced(server, tool_choice, 12)  # thinking on: the budget ends inside it
+    assert message.stop_reason == streamed.stop_reason == "max_tokens"
+    assert [b.type for b in message.content] == ["thinking"] and message.content[0].thinking
+    assert [e.content_block.type for e in events if e.type == "content_block_start"] == ["thinking"]
+    assert _blocks(streamed) == _blocks(message)
+
+
+@FORCED
+def test_anthropic_forced_call_is_one_tool_use_block(server, tool_choice):
+    message, events, streamed = _forced(server, tool_choice, 200, thinking=NO_THINKING)
+    assert message.stop_reason == streamed.stop_reason == "tool_use"
+    assert [(b.type, b.name) for b in message.content] == [("tool_use", "find")]
+    assert [e.content_block.type for e in events if e.type == "content_block_start"] == ["tool_use"]
+    assert _blocks(streamed) == _blocks(message)
+
+
 def test_utility_endpoints(server):
     """The endpoints no official client covers, on the real process: health (GET and HEAD), tokenize round
     trip, model by id."""

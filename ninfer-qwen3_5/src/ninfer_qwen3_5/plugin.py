@@ -12,7 +12,6 @@ from ninfer.plugins.hookspecs import hookimpl
 from ninfer_qwen3_5.config import DENSE, MOE
 from ninfer_qwen3_5.default_model import ninfer_default_models  # noqa: F401  (a hookimpl of this plugin)
 from ninfer_qwen3_5.parameters import parameter_specs
-from ninfer_qwen3_5.profile import profile, summarize_config
 
 
 def _create_program(init):
@@ -46,6 +45,10 @@ QWEN_FRONTEND = FrontendSpec(name="qwen", create=_create_frontend)
 
 
 def architecture_specs() -> list[ArchitectureSpec]:
+    # The profile imports torch: imported when the architectures are indexed, not with this module, which
+    # every ninfer command (--help included) imports.
+    from ninfer_qwen3_5.profile import profile, summarize_config
+
     return [ArchitectureSpec(name=name, family="qwen3_5", parameter_specs=parameter_specs, profile=profile,
                              create_program=_create_program, summarize_config=summarize_config, frontend="qwen",
                              lookahead=True)

@@ -168,7 +168,9 @@ async def messages(request: Request) -> Response:
     blocks: list[Any] = []
     if got.reasoning_text:
         blocks.append(OutThinkingBlock(thinking=got.reasoning_text))
-    if got.text or not (got.tool_calls or blocks):  # an empty text block only when nothing else was said
+    # An empty text block only when nothing else was said and the answer could be text: a forced call's
+    # answer is the call, so one cut by max_tokens leaves the content empty, as the API does.
+    if got.text or not (got.tool_calls or blocks or policy.forces_call):
         blocks.append(OutTextBlock(text=got.text))
     blocks.extend(_tool_use(c) for c in got.tool_calls)
     reason, seq = stop_reason(got.outcome, len(got.tool_calls), tuple(gw.frontend.eos_token_ids))

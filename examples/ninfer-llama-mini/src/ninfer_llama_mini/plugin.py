@@ -1,7 +1,8 @@
 """Entry point ``llama_mini`` (group ``ninfer``): the hooks this plugin implements.
 
-The registry imports this module for every ``ninfer`` command, so it imports only what the spec needs (the
-config, the parameter list, the profile); the model, the source mapping and the ops are imported when first used.
+The registry imports this module for every ``ninfer`` command (``--help`` too), so it imports only the light
+parts of the spec (the config, the parameter list); each hook imports what it returns when the registry first
+reads that kind (the profile imports torch), and the model when first built.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from ninfer.plugins import hookimpl
 
 from ninfer_llama_mini.config import ARCHITECTURE
 from ninfer_llama_mini.parameters import parameter_specs
-from ninfer_llama_mini.profile import profile, summarize_config
 
 
 def _create_program(init):
@@ -22,6 +22,8 @@ def _create_program(init):
 
 @hookimpl
 def ninfer_architectures() -> list:
+    from ninfer_llama_mini.profile import profile, summarize_config
+
     # frontend="qwen": the byte-level BPE tokenizer.json + Jinja chat template family (ninfer-qwen3_5).
     return [ArchitectureSpec(name=ARCHITECTURE, family="llama", parameter_specs=parameter_specs, profile=profile,
                              create_program=_create_program, summarize_config=summarize_config, frontend="qwen")]

@@ -25,9 +25,7 @@ HELP = ('commands: /help, /system [TEXT] (show or set the system message), /rese
 def add_arguments(p) -> None:
     common.add_model_args(p)
     p.add_argument("--system", default=None, help="a system message for the conversation")
-    p.add_argument("--show-thinking", action="store_true",
-                   help="with stdout redirected, write the reasoning to stdout too, between <think> and "
-                        "</think> lines (on a terminal it is always shown, dimmed)")
+    common.add_show_thinking_arg(p)
     common.add_sampling_args(p, max_tokens_default=512)
 
 

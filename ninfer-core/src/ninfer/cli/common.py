@@ -41,6 +41,14 @@ def merge_model_flag(args: argparse.Namespace) -> None:
     args.model = flag
 
 
+def add_show_thinking_arg(p: argparse.ArgumentParser) -> None:
+    """``--show-thinking``: where a chat turn's reasoning goes when stdout is not a terminal
+    (:class:`~ninfer.cli.render.TurnDisplay`'s ``show_thinking``)."""
+    p.add_argument("--show-thinking", action="store_true",
+                   help="with stdout redirected, write the reasoning to stdout too, between <think> and "
+                        "</think> lines (on a terminal it is always shown, dimmed)")
+
+
 def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = True) -> None:
     """MODEL and the engine flags. ``context_cache_default``: whether the context cache is on unless
     ``--context-cache``/``--no-context-cache`` says otherwise (off for a benchmark, whose repeated prompts

@@ -32,9 +32,7 @@ def add_arguments(p) -> None:
                           "'-' reads it from stdin, as does a piped stdin without --prompt or --messages")
     src.add_argument("--messages", type=Path, metavar="FILE", help="a JSON list of {role, content} messages")
     p.add_argument("--chat", action="store_true", help="treat --prompt as a user message (chat template)")
-    p.add_argument("--show-thinking", action="store_true",
-                   help="with stdout redirected, write the reasoning to stdout too, between <think> and "
-                        "</think> lines (on a terminal it is always shown, dimmed)")
+    common.add_show_thinking_arg(p)
     common.add_sampling_args(p, max_tokens_default=128)
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ninfer.contracts.features import StartupFeatures
+
+if TYPE_CHECKING:  # annotations only: plugins import this module at registration, before any model runs
+    import torch
 
 
 @dataclass(frozen=True)

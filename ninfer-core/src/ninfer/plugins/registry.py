@@ -6,6 +6,9 @@ Invariants:
 - A name (architecture, frontend, op contract, speculative backend, source mapping, CLI command) is
   registered by at most one plugin; a clash is a :class:`PluginConflictError` naming both plugins.
 - Uninstalling a plugin distribution removes exactly what it registered: nothing is cached on disk.
+- Plugin modules are imported when a registry is built; the process-wide one (:func:`get_registry`) calls a
+  kind's hooks the first time that kind is read, so a plugin module and its ``ninfer_cli_commands`` hook
+  import nothing heavy (``ninfer --help`` runs them) and its other hooks import what they return.
 """
 
 from __future__ import annotations
@@ -84,15 +87,28 @@ def _collect(results: list[list] | None) -> list:
     return [item for batch in (results or []) for item in (batch or [])]
 
 
+# What plugins register, in indexing order: each is a hook ``ninfer_<kind>`` and a registry attribute.
+KINDS: tuple[str, ...] = ("architectures", "frontends", "op_contracts", "ops", "speculative_backends",
+                          "source_mappings", "default_models", "cli_commands")
+
+
 class PluginRegistry:
-    """The loaded plugin set. Build one with :func:`get_registry` (cached) or directly in tests."""
+    """The loaded plugin set. Build one with :func:`get_registry` (cached) or directly in tests.
+
+    Plugin modules are imported when the registry is built. ``lazy=False`` (the default) indexes every kind
+    then, so a clash or a failing hook raises from the constructor; ``lazy=True`` indexes a kind (calls its
+    hooks, checks its names) the first time its attribute is read, so a process that needs only the CLI
+    commands (``ninfer --help``) never calls the hooks that import torch. Either way a kind is indexed once.
+    """
 
     def __init__(self, *, load_entry_points: bool = True, only: set[str] | None = None,
-                 extra_plugins: tuple[object, ...] = ()) -> None:
+                 extra_plugins: tuple[object, ...] = (), lazy: bool = False) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
-        self._infos: list[PluginInfo] = []
         self._meta: dict[str, tuple[str, str, str, bool]] = {}
+        self._tables: dict[str, dict | list] = {}
+        self._labels: dict[str, dict[str, tuple[str, ...]]] = {}
+        self._lock = threading.RLock()  # an engine thread and a server thread may read a kind first at once
         for name, modname in DEFAULT_PLUGINS:
             module = importlib.import_module(modname)
             self._register(module, name, modname, "ninfer-core", _version("ninfer-core"), default=True)
@@ -101,7 +117,8 @@ class PluginRegistry:
         for plugin in extra_plugins:
             name = getattr(plugin, "__name__", type(plugin).__name__)
             self._register(plugin, name, name, "(in-process)", "", default=False)
-        self._index()
+        if not lazy:
+            self._index_all()
 
     # -- loading -----------------------------------------------------------------------------
     def _load_entry_points(self, only: set[str] | None) -> None:
@@ -130,52 +147,92 @@ class PluginRegistry:
             raise PluginError(f"plugin {name!r} ({modpath}) is invalid: {exc}") from exc
         self._meta[name] = (modpath, dist, version, default)
 
-    def _index(self) -> None:
-        """Call every plugin's hooks once, one plugin at a time, so each item has a known owner."""
-        self.architectures: dict = {}
-        self.ops: list = []
-        self.speculative_backends: dict = {}
-        self.source_mappings: dict = {}
-        self.default_models: dict = {}
-        self.frontends: dict = {}
-        self.op_contracts: dict = {}
-        self.cli_commands: dict = {}
-        registered: dict[str, dict[str, list[str]]] = {name: {} for name in self._meta}
-        owners: dict[tuple[str, str], str] = {}
-        for kind in ("architectures", "frontends", "op_contracts", "ops", "speculative_backends", "source_mappings",
-                     "default_models", "cli_commands"):
-            caller = getattr(self.pm.hook, f"ninfer_{kind}")
-            # get_hookimpls() lists impls in registration order (pluggy *calls* them last-registered-first):
-            # items are indexed in that order, so core's defaults come first and the first default model wins.
-            for impl in caller.get_hookimpls():
-                owner = impl.plugin_name
-                try:
-                    items = list(impl.function() or [])
-                except Exception as exc:
-                    raise PluginError(f"plugin {owner!r} failed in hook ninfer_{kind}: {exc}") from exc
-                labels = registered[owner].setdefault(kind, [])
-                for item in items:
-                    if kind == "ops":
-                        self.ops.append(item)
-                        labels.append(f"{item.op}:{item.name}")
-                        continue
-                    keys = item.source_architectures if kind == "source_mappings" else (item.name,)
-                    table = getattr(self, kind)
-                    for key in keys:
-                        if (kind, key) in owners:
-                            raise PluginConflictError(
-                                f"{kind[:-1].replace('_', ' ')} {key!r} is registered by both plugin "
-                                f"{owners[(kind, key)]!r} and plugin {owner!r}")
-                        owners[(kind, key)] = owner
-                        table[key] = item
-                    labels.append(item.name)
-        for name, (modpath, dist, version, default) in self._meta.items():
-            regs = {k: tuple(v) for k, v in registered[name].items() if v}
-            self._infos.append(PluginInfo(name, modpath, dist, version, default, regs))
+    # -- indexing ------------------------------------------------------------------------------
+    def _index_all(self) -> None:
+        for kind in KINDS:
+            self._table(kind)
+
+    def _table(self, kind: str) -> dict | list:
+        with self._lock:
+            table = self._tables.get(kind)
+            if table is None:
+                table = self._tables[kind] = self._index(kind)
+            return table
+
+    def _index(self, kind: str) -> dict | list:
+        """Call every plugin's ``ninfer_<kind>`` hook once, one plugin at a time, so each item has a known
+        owner; a name two plugins register is a PluginConflictError naming both."""
+        table: dict | list = [] if kind == "ops" else {}
+        labels: dict[str, list[str]] = {}
+        owners: dict[str, str] = {}
+        caller = getattr(self.pm.hook, f"ninfer_{kind}")
+        # get_hookimpls() lists impls in registration order (pluggy *calls* them last-registered-first):
+        # items are indexed in that order, so core's defaults come first and the first default model wins.
+        for impl in caller.get_hookimpls():
+            owner = impl.plugin_name
+            try:
+                items = list(impl.function() or [])
+            except Exception as exc:
+                raise PluginError(f"plugin {owner!r} failed in hook ninfer_{kind}: {exc}") from exc
+            mine = labels.setdefault(owner, [])
+            for item in items:
+                if kind == "ops":
+                    table.append(item)
+                    mine.append(f"{item.op}:{item.name}")
+                    continue
+                keys = item.source_architectures if kind == "source_mappings" else (item.name,)
+                for key in keys:
+                    if key in owners:
+                        raise PluginConflictError(
+                            f"{kind[:-1].replace('_', ' ')} {key!r} is registered by both plugin "
+                            f"{owners[key]!r} and plugin {owner!r}")
+                    owners[key] = owner
+                    table[key] = item
+                mine.append(item.name)
+        for owner, names in labels.items():
+            if names:
+                self._labels.setdefault(owner, {})[kind] = tuple(names)
+        return table
+
+    @property
+    def architectures(self) -> dict:
+        return self._table("architectures")
+
+    @property
+    def frontends(self) -> dict:
+        return self._table("frontends")
+
+    @property
+    def op_contracts(self) -> dict:
+        return self._table("op_contracts")
+
+    @property
+    def ops(self) -> list:
+        return self._table("ops")
+
+    @property
+    def speculative_backends(self) -> dict:
+        return self._table("speculative_backends")
+
+    @property
+    def source_mappings(self) -> dict:
+        return self._table("source_mappings")
+
+    @property
+    def default_models(self) -> dict:
+        return self._table("default_models")
+
+    @property
+    def cli_commands(self) -> dict:
+        return self._table("cli_commands")
 
     # -- queries -------------------------------------------------------------------------------
     def plugins(self) -> list[PluginInfo]:
-        return list(self._infos)
+        """Every loaded plugin with what it registered (indexes every kind)."""
+        self._index_all()
+        return [PluginInfo(name, modpath, dist, version, default,
+                           {k: self._labels[name][k] for k in KINDS if k in self._labels.get(name, {})})
+                for name, (modpath, dist, version, default) in self._meta.items()]
 
     def architecture(self, name: str):
         try:
@@ -220,12 +277,13 @@ _cached: tuple[str, PluginRegistry] | None = None
 
 
 def get_registry() -> PluginRegistry:
-    """The process-wide registry, rebuilt when ``NINFER_PLUGINS`` changes."""
+    """The process-wide registry, rebuilt when ``NINFER_PLUGINS`` changes. It is lazy: each kind is indexed
+    when first read, so ``ninfer --help`` calls only the plugins' ``ninfer_cli_commands`` hooks."""
     global _cached
     key = os.environ.get(ENV_FILTER, "")
     with _lock:
         if _cached is None or _cached[0] != key:
-            _cached = (key, PluginRegistry(only=_filter_from_env()))
+            _cached = (key, PluginRegistry(only=_filter_from_env(), lazy=True))
         return _cached[1]
 
 
