@@ -184,3 +184,31 @@ def test_toy_engine_from_parts_reports_its_warmup(make_toy_engine):
     assert engine.info["startup"]["warmup_units"] > 0
     assert program._seqs == {}  # noqa: SLF001
     assert engine.generate([4, 5, 6], max_tokens=3).token_ids
+
+
+def test_speculative_warmup_runs_verify_rows_and_changes_no_token(default_artifact, monkeypatch):
+    from ninfer.program import warmup
+
+    drafts: list[int] = []
+    run = warmup._Runner.run  # noqa: SLF001
+
+    def recording(self, decode=(), chunks=()):
+        drafts.extend(d for _, _, d in decode)
+        return run(self, decode, chunks)
+
+    monkeypatch.setattr(warmup._Runner, "run", recording)  # noqa: SLF001
+    prompts = ["import os\nimport sys\n", "def main():\n", "class Queue:\n    def __init__(self):\n"]
+    sampling = [SamplingParams(temperature=0.0, max_tokens=12), SamplingParams(temperature=0.8, seed=3, max_tokens=12)]
+    outs = []
+    for on in (True, False):
+        options = EngineOptions(device="cpu", dtype="float32", max_context=160, page_size=4, max_concurrency=3,
+                                prefill_chunk_size=32, speculative="mtp", num_speculative_tokens=2, warmup=on)
+        with Engine.start(default_artifact, options) as engine:
+            if on:
+                assert 2 in drafts                       # verify rows of k = 2 drafts ran
+                m = engine._program.speculation  # noqa: SLF001
+                assert (m.verified, m.drafted, m.accepted) == (0, 0, 0)
+                assert_nothing_held(engine)
+            handles = [engine.submit(p, sampling=sp) for p in prompts for sp in sampling]
+            outs.append([h.result(120).token_ids for h in handles])
+    assert outs[0] == outs[1]
