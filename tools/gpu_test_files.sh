@@ -8,13 +8,14 @@
 #   sh ../tools/gpu_test_files.sh 120          # every file with GPU-only tests (the list below)
 #
 # First argument: seconds per file; the rest: test files relative to tests/ (none: all of the GPU files:
-# the Triton kernel suite, the GPU startup, engine and artifact tests).
+# the Triton kernel suite, the GPU startup, engine (warm-up included) and artifact tests).
 set -u
 limit="$1"
 shift
 if [ "$#" -eq 0 ]; then
     set -- ops_triton/test_*.py startup/test_graph_calibration.py startup/test_graph_capture.py \
-        engine/test_decode_graphs_gpu.py engine/test_engine_gpu.py artifact/test_gpu_load.py
+        engine/test_decode_graphs_gpu.py engine/test_engine_gpu.py engine/test_warmup_gpu.py \
+        artifact/test_gpu_load.py
 fi
 out="${OUT:-.}/gpu_tests.txt"
 for f in "$@"; do

@@ -32,9 +32,15 @@ def test_bench_cli_writes_a_complete_report(bench_env, tmp_path):
 
     report = json.loads(out.read_text())
     for key in ("schema", "date", "command", "ninfer_version", "machine", "model", "engine", "settings", "profile",
-                "limits", "decode", "prefill", "memory"):
+                "limits", "decode", "prefill", "memory", "startup"):
         assert key in report, key
     assert report["command"].startswith("ninfer bench --max-context 300 --device cpu --batches 1,2")
+    # The cold-start figure: start-up by phase (no warm-up on the CPU by default) and the first burst after it,
+    # max_concurrency (= the largest batch) requests.
+    start = report["startup"]
+    assert start["total_s"] >= start["load_s"] > 0 and "warmup_s" not in start
+    assert len(start["first_burst"]["prompt_tokens"]) == 2 and start["first_burst"]["ttft_max_ms"] > 0
+    assert "start-up:" in run.stdout and "first burst after ready: 2 requests" in run.stdout
     assert report["engine"]["device"] == "cpu" and report["engine"]["max_context"] == 300
     assert report["prefill_lengths_requested"] == [32, 1000]
     limits = report["limits"]

@@ -28,7 +28,15 @@ from collections.abc import Mapping
 
 import torch
 from ninfer.contracts.architecture import ProgramInit
-from ninfer.contracts.program import ExecutionUnit, PendingBatch, ProgramError, SeqId, SpeculationStats
+from ninfer.contracts.program import (
+    ExecutionUnit,
+    PendingBatch,
+    ProgramError,
+    SeqId,
+    SpeculationStats,
+    WarmupLimits,
+    WarmupSummary,
+)
 from ninfer.program.batch import PackedBatch
 from ninfer.program.model import KVGeometry, ModelLayout, ModelProgram
 
@@ -91,6 +99,17 @@ class Qwen35Program(ModelProgram):
         if self.speculation is not None:
             self.speculation.forget(seq)   # scoring keeps no hidden states: the MTP frontier restarts after it
         return super().score_chunk(seq, num_tokens, logits=logits)
+
+    def warm_up(self, limits: WarmupLimits) -> WarmupSummary:
+        """The base warm-up; the speculative counters read afterwards as before (its verify rows are no
+        serving)."""
+        m = self.speculation
+        counts = None if m is None else (m.verified, m.drafted, m.accepted)
+        try:
+            return super().warm_up(limits)
+        finally:
+            if m is not None:
+                m.verified, m.drafted, m.accepted = counts
 
     def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
         if self.speculation is not None:

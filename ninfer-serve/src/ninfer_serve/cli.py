@@ -17,6 +17,7 @@ from ninfer.errors import NInferError
 
 
 def add_arguments(p) -> None:
+    # --warmup/--no-warmup (the engine flags) also governs the warm-up request below.
     common.add_model_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -34,7 +35,6 @@ def add_arguments(p) -> None:
     g.add_argument("--max-body-mib", type=float, default=32.0, help="largest request body (default 32 MiB)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="how long in-flight requests may finish after SIGTERM (default 30)")
-    g.add_argument("--no-warmup", action="store_true", help="skip the start-up warm-up request")
     g.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
                    help="turn CORS on for these browser origins, comma-separated (e.g. http://localhost:3000, "
                         "or * for any); off when not given")
@@ -100,11 +100,11 @@ def _serve(args, options, sock, origins: tuple[str, ...]) -> int:
     try:
         model_id = args.model_id or engine.info.get("name") or artifact.stem
         if not args.quiet:
-            print(f"[ninfer] loaded {model_id} in {time.monotonic() - started:.1f} s "
-                  f"(max_concurrency {engine.options.max_concurrency}, max_context {engine.max_context})",
-                  file=sys.stderr)
+            print(f"[ninfer] loaded {model_id} in {time.monotonic() - started:.1f} s"
+                  f"{common.startup_phases(engine.info.get('startup'))} (max_concurrency "
+                  f"{engine.options.max_concurrency}, max_context {engine.max_context})", file=sys.stderr)
             print(format_memory_summary(engine.memory_summary()), file=sys.stderr)
-        if not args.no_warmup:
+        if args.engine_warmup is not False:  # --no-warmup skips the engine's warm-up and this request
             took = warm_up(engine)
             if not args.quiet:
                 print(f"[ninfer] warm-up done in {took:.2f} s", file=sys.stderr)

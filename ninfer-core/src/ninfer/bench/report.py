@@ -13,6 +13,9 @@ Accounting (from the architecture's ModelProfile; a multiply-add is two FLOPs):
   random-weight benchmark's routing; a trained router's may differ), per row the KV it reads (``context *
   kv_bytes_per_token``) and writes (one token), and its StateImage read and written back.
 
+Start-up (``startup``): ``Engine.info["startup"]`` (seconds by phase: load, decode graphs, warm-up, and the whole
+start) and the first burst after ready (:meth:`~ninfer.bench.workload.Workload.first_burst`), the cold-start figure.
+
 Ratios: decode ``bytes_per_step * steps_per_s / copy_bytes_per_s`` and prefill ``flops / ttft /
 matmul_flops_per_s``, the limits measured in the same run (:mod:`.limits`). 1.0 is the physical
 floor; the engine's overheads (launches, host work, scheduling) are what keeps a figure under it. When the
@@ -31,7 +34,7 @@ import dataclasses
 from typing import Any
 
 from ninfer.bench.limits import DeviceLimits
-from ninfer.bench.workload import BenchSettings, DecodeResult, PrefillResult
+from ninfer.bench.workload import BenchSettings, DecodeResult, FirstBurst, PrefillResult
 from ninfer.contracts.architecture import ModelProfile
 
 SCHEMA = "ninfer-bench/1"
@@ -91,9 +94,18 @@ def prefill_row(profile: ModelProfile, limits: DeviceLimits, r: PrefillResult) -
             "ttft_samples_s": list(r.ttft_samples)}
 
 
+def startup_row(startup: dict[str, Any] | None, first: FirstBurst | None) -> dict[str, Any]:
+    row = dict(startup or {})
+    if first is not None:
+        row["first_burst"] = {"prompt_tokens": list(first.prompt_tokens), "ttft_max_ms": first.ttft_max_s * 1000.0,
+                              "ttft_samples_s": list(first.ttft_samples)}
+    return row
+
+
 def build_report(*, meta: dict[str, Any], engine_info: dict[str, Any], profile: ModelProfile,
                  limits: DeviceLimits, settings: BenchSettings, decode: list[DecodeResult],
-                 prefill: list[PrefillResult], memory: dict[str, Any] | None) -> dict[str, Any]:
+                 prefill: list[PrefillResult], memory: dict[str, Any] | None,
+                 startup: dict[str, Any] | None = None, first_burst: FirstBurst | None = None) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         **meta,
@@ -104,6 +116,7 @@ def build_report(*, meta: dict[str, Any], engine_info: dict[str, Any], profile: 
         "decode": [decode_row(profile, limits, r) for r in decode],
         "prefill": [prefill_row(profile, limits, r) for r in prefill],
         "memory": memory,
+        "startup": startup_row(startup, first_burst),
     }
 
 
@@ -131,6 +144,17 @@ def format_report(report: dict[str, Any]) -> str:
         f"buffer){_after(lim)}; matmul {lim['matmul_flops_per_s'] / 1e9:,.1f} GFLOP/s ({lim['matmul_dtype']}, "
         f"n={lim['matmul_n']})",
     ]
+    start = report.get("startup") or {}
+    if start:
+        phases = [f"{label} {start[k]:.2f} s" for k, label in (("load_s", "load"), ("graphs_s", "decode graphs"),
+                                                               ("warmup_s", "warm-up")) if start.get(k) is not None]
+        line = f"start-up: {start['total_s']:.2f} s" if start.get("total_s") is not None else "start-up:"
+        line += f" ({', '.join(phases)})" if phases else ""
+        first = start.get("first_burst")
+        if first is not None:
+            line += (f"; first burst after ready: {len(first['prompt_tokens'])} requests, TTFT max "
+                     f"{first['ttft_max_ms']:.1f} ms")
+        lines.append(line)
     spec = report["engine"].get("speculation")
     if spec is not None:
         lines += _speculation_lines(spec)

@@ -22,6 +22,10 @@ its ``max_tokens`` (checked: a short result is an error, never a silent figure).
   one step takes ``(T_long - T_short) / engine_steps``.
 
 Warm-up runs (same shapes) come first and are excluded; each figure is the median of ``repeats`` runs.
+
+- Cold start (:meth:`Workload.first_burst`, before every other run): ``max_concurrency`` requests of different
+  prompt lengths submitted together right after the engine reported ready, one output token each; their
+  slowest TTFT is what the first burst pays for anything start-up left undone (a kernel compiled on first use).
 """
 
 from __future__ import annotations
@@ -80,6 +84,18 @@ class PrefillResult:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.ttft_s
+
+
+@dataclass(frozen=True)
+class FirstBurst:
+    """The first requests after start: their prompt lengths and TTFTs (seconds, from submit)."""
+
+    prompt_tokens: tuple[int, ...]
+    ttft_samples: tuple[float, ...]
+
+    @property
+    def ttft_max_s(self) -> float:
+        return max(self.ttft_samples)
 
 
 @dataclass(frozen=True)
@@ -179,6 +195,17 @@ class Workload:
 
     def _prompts(self, n: int, length: int) -> list[list[int]]:
         return [random_prompt(self.rng, self.engine.vocab_size, length) for _ in range(n)]
+
+    def first_burst(self) -> FirstBurst:
+        """The cold-start burst (module docstring): prompt lengths from their own seeded generator (the other
+        runs' prompts stay those of the seed), between 1 and twice the decode prompt, within the context."""
+        rng = random.Random(self.settings.seed + 1)
+        n = self.engine.options.max_concurrency
+        cap = max(1, min(2 * self.settings.decode_prompt_tokens, self.engine.max_context - 1))
+        lengths = [rng.randint(1, cap) for _ in range(n)]
+        prompts = [random_prompt(rng, self.engine.vocab_size, length) for length in lengths]
+        _, ttfts = _run_batch(self.engine, prompts, 1)
+        return FirstBurst(prompt_tokens=tuple(lengths), ttft_samples=tuple(ttfts))
 
     def prefill(self, length: int) -> PrefillResult:
         if length >= self.engine.max_context:

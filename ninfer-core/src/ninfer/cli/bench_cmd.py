@@ -30,7 +30,8 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p) -> None:
-    common.add_model_args(p, context_cache_default=False)  # repeated prompts must be computed, not found
+    # Repeated prompts must be computed, not found; --warmup N below counts the excluded measurement runs.
+    common.add_model_args(p, context_cache_default=False, warmup_flag="engine-warmup")
     g = p.add_argument_group("workload")
     g.add_argument("--batches", type=_ints, default=(1, 2, 4, 8), metavar="B,...", help="decode batch sizes")
     g.add_argument("--prefill-lengths", type=_ints, default=(1024, 8192, 32768), metavar="N,...",
@@ -91,6 +92,9 @@ def command_line(args) -> str:
     parts += [f"--{k.replace('_', '-')} {v}" for k, v in flags if v is not None]
     parts += [f"--{k}" for k in ("context-cache", "no-decode", "no-prefill")
               if getattr(args, k.replace("-", "_"), False)]
+    warmup = getattr(args, "engine_warmup", None)
+    if warmup is not None:
+        parts.append("--engine-warmup" if warmup else "--no-engine-warmup")
     return " ".join(parts)
 
 
@@ -150,6 +154,8 @@ def run(args) -> int:
             say(f"prefill lengths {list(lengths)} capped to max_context - 1 = {cap}: {list(used)}")
         work = Workload(engine, dataclasses.replace(settings, prefill_lengths=used), progress=say,
                         decode=bool(batches))
+        first_burst = work.first_burst()   # the cold-start figure: before any other request
+        say(f"first burst after start: TTFT max {first_burst.ttft_max_s * 1000:.1f} ms")
         decode = [work.decode(b) for b in batches]
         prefill = [work.prefill(n) for n in used]
         info = engine.info
@@ -186,7 +192,8 @@ def run(args) -> int:
             "prefill_lengths_requested": list(lengths)}
     report = build_report(meta=meta, engine_info=engine_info, profile=planned.profile, limits=limits,
                           settings=run_settings, decode=decode, prefill=prefill,
-                          memory=summary.as_dict() if summary is not None else None)
+                          memory=summary.as_dict() if summary is not None else None,
+                          startup=info.get("startup"), first_burst=first_burst)
     print(format_report(report))
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)

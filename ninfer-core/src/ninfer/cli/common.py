@@ -49,10 +49,12 @@ def add_show_thinking_arg(p: argparse.ArgumentParser) -> None:
                         "</think> lines (on a terminal it is always shown, dimmed)")
 
 
-def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = True) -> None:
+def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = True,
+                   warmup_flag: str = "warmup") -> None:
     """MODEL and the engine flags. ``context_cache_default``: whether the context cache is on unless
     ``--context-cache``/``--no-context-cache`` says otherwise (off for a benchmark, whose repeated prompts
-    must be computed)."""
+    must be computed). ``warmup_flag``: the name of the start-up warm-up flag (``--NAME``/``--no-NAME``;
+    bench says ``engine-warmup``: its ``--warmup N`` counts its excluded measurement runs)."""
     add_model_arg(p)
     g = p.add_argument_group("engine")
     g.add_argument("--max-concurrency", type=int, default=None, metavar="N",
@@ -76,6 +78,10 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "lists them), e.g. mtp: the model's own multi-token-prediction head; same output, fewer steps")
     g.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                    help="tokens drafted per step, 1..8 (default 3); needs --speculative")
+    g.add_argument(f"--{warmup_flag}", dest="engine_warmup", action=argparse.BooleanOptionalAction, default=None,
+                   help="start-up warm-up: before the engine serves, run every kernel shape its options allow, so "
+                        f"nothing compiles while serving; --no-{warmup_flag} starts faster and pays that on the first "
+                        "requests (default: on with CUDA)")
     g.add_argument("--quiet", action="store_true", help="no progress display and no statistics")
     c = p.add_argument_group("context cache (docs/context-cache.md)")
     p.set_defaults(context_cache_default=context_cache_default)
@@ -141,6 +147,9 @@ def engine_options(args: argparse.Namespace):
     lookahead = getattr(args, "lookahead", "auto")
     if lookahead != "auto":
         kw["lookahead"] = lookahead == "on"
+    warmup = getattr(args, "engine_warmup", None)
+    if warmup is not None:
+        kw["warmup"] = warmup
     cache = getattr(args, "context_cache", None)
     if cache is None:
         cache = getattr(args, "context_cache_default", True)
@@ -189,9 +198,16 @@ def start_engine(args: argparse.Namespace):
         if bar is not None:
             bar.close()
     if show:
-        print(f"[ninfer] loaded {engine.info.get('name', artifact.name)} in {time.monotonic() - started:.1f} s",
-              file=sys.stderr)
+        print(f"[ninfer] loaded {engine.info.get('name', artifact.name)} in {time.monotonic() - started:.1f} s"
+              f"{startup_phases(engine.info.get('startup'))}", file=sys.stderr)
     return engine
+
+
+def startup_phases(startup: dict | None) -> str:
+    """`` (load 1.2 s, decode graphs 0.8 s, warm-up 1.1 s)`` from ``Engine.info["startup"]`` (empty without it)."""
+    names = (("load_s", "load"), ("graphs_s", "decode graphs"), ("warmup_s", "warm-up"))
+    parts = [f"{label} {startup[key]:.1f} s" for key, label in names if startup and startup.get(key) is not None]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 class _LoadBar:

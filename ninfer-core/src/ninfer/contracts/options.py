@@ -86,6 +86,12 @@ class EngineOptions:
       ``Engine.start`` before any conversion): an unregistered name is an InvalidEngineOptions listing the
       registered ones. Speculation changes how many tokens a step commits, never which (docs/speculative.md);
       it turns decode graphs and lookahead off (``lookahead=True`` with it is an error).
+    - ``warmup`` (start-up warm-up, ``ninfer.program.warmup``): before the engine serves, run its step paths
+      over synthetic sequences (every token-count class up to the prefill chunk, several chunks per step, decode
+      rows beside chunks, constrained, sampled, penalised and logprob rows, lookahead, speculative rows,
+      checkpoints) so no kernel compiles while serving; it leaves nothing behind. None: on for a generation
+      engine on CUDA, off otherwise (on the CPU nothing compiles: it would only cost); True forces it on (also
+      on the CPU, for tests), False off. True on a causal_scoring engine is an error.
     """
 
     max_concurrency: int = 4
@@ -109,6 +115,7 @@ class EngineOptions:
     speculative: str | None = None
     num_speculative_tokens: int | None = None
     lookahead: bool | None = None
+    warmup: bool | None = None
 
     def validate(self) -> EngineOptions:
         def bad(name: str, why: str) -> InvalidEngineOptions:
@@ -149,6 +156,8 @@ class EngineOptions:
             raise bad("cache_host_mib", "must be >= 0 or None")
         if self.purpose == "causal_scoring" and self.lookahead:
             raise bad("lookahead", "a causal_scoring engine runs no decode steps")
+        if self.purpose == "causal_scoring" and self.warmup:
+            raise bad("warmup", "a causal_scoring engine runs no generation steps to warm up")
         if self.speculative is not None and (not isinstance(self.speculative, str) or not self.speculative):
             raise bad("speculative", "must be a speculative backend name or None")
         if self.num_speculative_tokens is not None:

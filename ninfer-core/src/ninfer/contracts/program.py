@@ -268,6 +268,40 @@ class SpeculationStats:
     accepted: int = 0
 
 
+@dataclass(frozen=True)
+class WarmupLimits:
+    """The shapes a Program's start-up warm-up must cover (:meth:`Program.warm_up`), as the engine's scheduler
+    can make them: at most ``max_rows`` sequences in one unit (each a decode row or one chunk), at most
+    ``prefill_chunk`` chunk tokens in a unit without decode rows and at most ``step_tokens`` tokens in a unit
+    with them (at least one chunk token, so prefill never stops), and ``speculative_tokens`` drafts per
+    speculative decode row (0: the Program does not speculate)."""
+
+    max_rows: int
+    prefill_chunk: int
+    step_tokens: int
+    speculative_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_rows", "prefill_chunk", "step_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ProgramError(f"WarmupLimits.{name} must be an int >= 1, got {v!r}")
+        k = self.speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ProgramError(f"WarmupLimits.speculative_tokens must be an int >= 0, got {k!r}")
+
+
+@dataclass(frozen=True)
+class WarmupSummary:
+    """What a warm-up ran: ``units`` model calls over ``tokens`` tokens in ``seconds`` (the device finished);
+    ``skipped`` planned units it left out because the Program's pages or slots could not hold them."""
+
+    units: int
+    tokens: int
+    skipped: int
+    seconds: float
+
+
 @runtime_checkable
 class Program(Protocol):
     """See the module docstring for the ledger and commit rules.
@@ -290,6 +324,16 @@ class Program(Protocol):
 
     def close_graphs(self) -> None:
         """Drop the decode graphs and their memory pool (the Program then runs decode eagerly)."""
+
+    def warm_up(self, limits: WarmupLimits) -> WarmupSummary:
+        """Run the Program's own step paths over synthetic sequences so that every compiled kernel variant a
+        unit within ``limits`` can select exists before the engine serves (``ninfer.program.warmup`` says what
+        it runs). Only when no sequence is open and no checkpoint is held, after the decode graphs are captured.
+
+        Invariants: afterwards no sequence, KV page reservation, state slot or checkpoint is held, no lookahead
+        is outstanding, ``lookahead_stats`` and ``speculation_stats`` read as before, and no later result
+        changes (a unit's tokens depend on its rows' ledgers and sampling only). A unit the pages or slots
+        cannot hold is skipped, not an error; a failing forward is raised."""
 
     def capacity(self) -> ProgramCapacity: ...
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
 import queue
 import secrets
@@ -30,7 +31,7 @@ from ninfer.contracts.events import GenerationResult
 from ninfer.contracts.frontend import Frontend, OutputOptions, PreparedPrompt
 from ninfer.contracts.memory import MemorySummary
 from ninfer.contracts.options import EngineOptions, InvalidEngineOptions
-from ninfer.contracts.program import CheckpointProgram, Program
+from ninfer.contracts.program import CheckpointProgram, Program, WarmupLimits
 from ninfer.contracts.request import GenerationRequest
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.engine.handle import GenerationHandle, RequestControl
@@ -43,6 +44,8 @@ _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 _REQUEST_KEYWORDS = ("sampling", "output", "deadline", "timeout_s", "request_id", "cache", "session")
 
 PromptInput = GenerationRequest | PreparedPrompt | str | Sequence[int]
+
+log = logging.getLogger("ninfer.engine")
 
 
 class Engine:
@@ -60,7 +63,8 @@ class Engine:
     def __init__(self, program: Program, frontend: Frontend, options: EngineOptions, *,
                  info: Mapping[str, Any] | None = None, _owned: Any = None) -> None:
         # start passes the plan's options, already resolved; the purpose rules are idempotent.
-        from ninfer.planning.resolution import check_speculative  # imports torch: not at module import
+        # These import torch: not at module import.
+        from ninfer.planning.resolution import check_speculative, warmup_enabled
 
         options = options.validate()
         check_speculative(options)
@@ -87,6 +91,8 @@ class Engine:
         self._options = options
         self._info = dict(info or {})
         self._owned = _owned  # keeps model resources alive as long as the engine
+        if warmup_enabled(program.device, options):
+            self._warm_up(program, options)
         self._vocab_size = int(program.vocab_size)
         self._defaults = {k: v for k, v in dict(frontend.sampling_defaults()).items() if k in _SAMPLING_FIELDS}
         self._tickets = itertools.count()
@@ -128,12 +134,17 @@ class Engine:
         from ninfer.model_source import resolve_model
         from ninfer.planning.resolution import check_speculative
 
+        begun = time.perf_counter()
         options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
         check_speculative(options)  # before any conversion, like the other options
         named_artifact = model is not None and (Path(model).is_file() or os.fspath(model).endswith(".ninfer"))
         artifact = model if named_artifact else resolve_model(model)
+        resolved = time.perf_counter()
         built = build_model(artifact, options, progress=progress)
-        return cls(built.program, built.frontend, built.options, info=built.info, _owned=built)
+        engine = cls(built.program, built.frontend, built.options, info=built.info, _owned=built)
+        startup = engine._info.setdefault("startup", {})
+        startup.update(resolve_s=resolved - begun, total_s=time.perf_counter() - begun)
+        return engine
 
     @classmethod
     def from_parts(cls, program: Program, frontend: Frontend, options: EngineOptions | None = None,
@@ -143,6 +154,20 @@ class Engine:
         default context cache is on when the Program has checkpoint slots."""
         options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
         return cls(program, frontend, options)
+
+    def _warm_up(self, program: Program, options: EngineOptions) -> None:
+        """The start-up warm-up (``EngineOptions.warmup``), before the worker exists; its figures go to
+        ``info["startup"]``."""
+        from ninfer.planning.resolution import speculative_tokens
+
+        limits = WarmupLimits(max_rows=options.max_concurrency, prefill_chunk=options.prefill_chunk,
+                              step_tokens=options.step_tokens, speculative_tokens=speculative_tokens(options))
+        summary = program.warm_up(limits)
+        self._info.setdefault("startup", {}).update(
+            warmup_s=summary.seconds, warmup_units=summary.units, warmup_tokens=summary.tokens,
+            warmup_skipped=summary.skipped)
+        log.info("start-up warm-up: %d units, %d tokens in %.2f s (%d skipped)", summary.units, summary.tokens,
+                 summary.seconds, summary.skipped)
 
     # -- properties --------------------------------------------------------------------------------
     @property
@@ -155,7 +180,11 @@ class Engine:
 
     @property
     def info(self) -> dict[str, Any]:
-        """What the engine serves (architecture, public name, ...) when built from an artifact."""
+        """What the engine serves (architecture, public name, ...) when built from an artifact. ``startup``:
+        start-up seconds by phase (``resolve_s``: finding or converting the model, ``load_s``: planning, loading
+        and building the Program, ``graphs_s``: decode graph capture and calibration, ``warmup_s``: the warm-up,
+        with its ``warmup_units`` and ``warmup_tokens``; ``total_s``: all of :meth:`start`); an engine built with
+        :meth:`from_parts` has only the warm-up's, when it ran one."""
         return dict(self._info)
 
     def memory_summary(self) -> MemorySummary | None:

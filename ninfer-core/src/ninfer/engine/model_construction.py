@@ -26,6 +26,7 @@ import dataclasses
 import gc
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,7 @@ class StartedProgram:
     calibration_growth_bytes: int = 0      # the first capture's growth of reserved bytes
     retained_after_release_bytes: int = 0  # reserved above the first capture's base after dropping its graphs
     final_growth_bytes: int = 0            # the capture the engine serves with
+    graphs_s: float = 0.0                  # seconds from the first Program built to the graphs served with
 
     @property
     def rebuilt(self) -> bool:
@@ -134,10 +136,11 @@ def start_program(make_program: Callable[[int], Program], memory: MemoryPlan, op
     the Program does not keep)."""
     device, num_pages = options.device, memory.num_pages
     program = make_program(num_pages)
+    built = time.perf_counter()
     base = _reserved(device) if options.graph_batches else 0
     sizes, first = _capture_graphs(program, options.graph_batches, device)
     if not sizes:
-        return StartedProgram(program, num_pages, num_pages, ())
+        return StartedProgram(program, num_pages, num_pages, (), graphs_s=time.perf_counter() - built)
 
     def headroom_decision(p: Program, pages: int):
         free = runtime_free_bytes(device, memory.budget, probe, pending_bytes=memory.workspace_bytes,
@@ -152,7 +155,7 @@ def start_program(make_program: Callable[[int], Program], memory: MemoryPlan, op
 
     decision = headroom_decision(program, num_pages)
     if decision.action == "keep":
-        return StartedProgram(program, num_pages, num_pages, sizes, first, 0, first)
+        return StartedProgram(program, num_pages, num_pages, sizes, first, 0, first, time.perf_counter() - built)
     if decision.action == "fail":
         raise MemoryPlanError(f"{graphs(first)}; {decision.reason}")
     retained = _drop_graphs(program, device, base)
@@ -170,7 +173,8 @@ def start_program(make_program: Callable[[int], Program], memory: MemoryPlan, op
         raise MemoryPlanError(f"still short after one corrective rebuild ({memory.num_pages} -> {num_pages} KV "
                               f"pages): {graphs(final)}, {retained / 2**20:,.1f} MiB stayed reserved after "
                               f"dropping the first graphs; {reason}")
-    return StartedProgram(program, num_pages, memory.num_pages, sizes, first, retained, final)
+    return StartedProgram(program, num_pages, memory.num_pages, sizes, first, retained, final,
+                          time.perf_counter() - built)
 
 
 def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress=None) -> ModelInstance:
@@ -181,6 +185,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
     from ninfer.ops.registry import resolve_ops
     from ninfer.plugins import get_registry
 
+    begun = time.perf_counter()
     options.validate()
     reader = ArtifactReader.open(artifact)
     try:
@@ -223,7 +228,9 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
             "device": effective.device, "dtype": effective.dtype, "num_pages": num_pages,
             "page_size": effective.page_size, "max_context": max_context,
             "max_position_embeddings": profile.max_position_embeddings, "ops": ops.describe(),
-            "cuda_graphs": list(started.graph_sizes), "lookahead": resolved.lookahead_slots > 0}
+            "cuda_graphs": list(started.graph_sizes), "lookahead": resolved.lookahead_slots > 0,
+            # Start-up seconds by phase; the Engine adds its warm-up and the whole start.
+            "startup": {"load_s": time.perf_counter() - begun - started.graphs_s, "graphs_s": started.graphs_s}}
     memory = startup.memory.with_num_pages(num_pages).summary(resolved.dtype,
                                                               retained_bytes=probe.retained_bytes(program))
     if started.graph_sizes:

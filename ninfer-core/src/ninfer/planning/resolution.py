@@ -10,6 +10,8 @@ again:
 - the prefill chunk (``EngineOptions.prefill_chunk``: the explicit value or the purpose's default);
 - an explicitly sized KV pool (:func:`explicit_pages`: ``num_pages``, else ``kv_budget_mib`` worth);
 - the decode CUDA graph sizes (:func:`graph_batches`) and the lookahead spares (:func:`lookahead_slots`);
+- whether the engine runs its start-up warm-up (:func:`warmup_enabled`, decided by the Engine on the
+  Program's device);
 - the speculative backend named against the registered ones (:func:`check_speculative`) and the drafts per
   step (:func:`speculative_tokens`); a speculating engine captures no decode graphs and runs no lookahead.
 
@@ -98,6 +100,16 @@ def graph_batches(device: torch.device, options: EngineOptions) -> int:
     if options.speculative is not None:
         return 0  # a speculating Program runs every unit eagerly (the drafter needs the hidden states)
     return options.max_concurrency
+
+
+def warmup_enabled(device: torch.device, options: EngineOptions) -> bool:
+    """Whether the engine runs the start-up warm-up (``EngineOptions.warmup``): as asked, else on exactly for a
+    generation engine on CUDA."""
+    if options.purpose != "generation":
+        return False
+    if options.warmup is not None:
+        return options.warmup
+    return device.type == "cuda"
 
 
 def lookahead_slots(device: torch.device, options: EngineOptions, supported: bool) -> int:

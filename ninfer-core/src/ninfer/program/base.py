@@ -52,6 +52,8 @@ from ninfer.contracts.program import (
     SeqId,
     SpeculationStats,
     TokenLogprob,
+    WarmupLimits,
+    WarmupSummary,
 )
 from ninfer.program.batch import ChunkRows, DecodeRows, ForwardBatch, HostTokens
 from ninfer.program.checkpoints import Checkpoints
@@ -122,6 +124,23 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
 
     def close_graphs(self) -> None:
         """Drop the decode graphs (and their memory pool); nothing to drop here."""
+
+    def warm_up(self, limits: WarmupLimits) -> WarmupSummary:
+        """Run the start-up warm-up (:mod:`ninfer.program.warmup`; the contract states its invariants). Only
+        with no sequence open and no checkpoint held; afterwards no lookahead is outstanding and the lookahead
+        counters read as before."""
+        from ninfer.program.warmup import run_warm_up
+
+        if self._seqs or self._checkpoints:
+            raise ProgramError(f"warm-up needs an empty Program: {len(self._seqs)} sequences and "
+                               f"{len(self._checkpoints)} checkpoints are held")
+        stats = self.lookahead_stats
+        counts = (stats.launched, stats.adopted, stats.dropped)
+        try:
+            return run_warm_up(self, limits)
+        finally:
+            self._drop_lookahead()
+            stats.launched, stats.adopted, stats.dropped = counts
 
     # -- queries ---------------------------------------------------------------------------------
     def capacity(self) -> ProgramCapacity:

@@ -13,7 +13,14 @@ Shared invariants (the contract's, plus how this implementation keeps them):
 - The arithmetic of a row depends only on its own kv_len and KV values: block boundaries are positions, not
   pages, so identity / offset / fragmented page tables give bit-identical outputs, and the split-K partition
   of a decode row is a function of its own kv_len (never of the batch, the page-table width or the grid).
-- No host syncs: every grid is derived from tensor shapes, so both launches are CUDA-graph safe. The prefill
+- No host syncs: every grid is derived from tensor shapes, so both launches are CUDA-graph safe.
+- One compiled variant per launch configuration, whatever the batch: the integers that follow it (the row count,
+  the page-table width, the grid's split count and the partial buffers' strides it sets) are not specialised on
+  (``do_not_specialize``), the metadata pointers (kv lengths, page tables, row offsets: views into a step's packed
+  metadata at varying offsets) not on alignment, and the combine's split tile is the policy's maximum, not the
+  grid's. What still selects a variant: prefill's ``BLOCK_B`` (the
+  row count rounded up to a power of two), decode's ``DIRECT`` (a page table short enough for one split) and
+  ``HAS_GATE``; start-up warm-up (``ninfer.program.warmup``) runs each. The prefill
   kernel needs no host-side maximum query length: each program finds its (row, query block) on the device
   from ``cu_q`` with a prefix sum.
 - The softmax runs in base 2 with ``scale * log2(e)`` folded into the scores; the running max starts at a
@@ -79,17 +86,18 @@ def _sigmoid_gate(out, g, DT: tl.constexpr, INTERP: tl.constexpr):
     return o * cast(1.0 / (1.0 + tl.exp(-gf)), DT, INTERP).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_ptb", "stride_ab", "stride_ah", "stride_mb", "stride_mh"],
+            do_not_specialize_on_alignment=["kv_lens_ptr", "pt_ptr"])
 def _decode_split_kernel(
         q_ptr, k_ptr, v_ptr, kv_lens_ptr, pt_ptr, acc_ptr, ml_ptr, out_ptr, gate_ptr,
-        qk_scale,
+        qk_scale, num_splits,
         stride_qb, stride_qh, stride_qd,
         stride_kp, stride_ks, stride_kh, stride_kd,
         stride_vp, stride_vs, stride_vh, stride_vd,
         stride_ptb,
         stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ms,
         stride_ob, stride_oh, stride_od, stride_gb,
-        NUM_SPLITS: tl.constexpr, R: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+        R: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
         MIN_SPLIT_TILES: tl.constexpr, MAX_SPLITS_C: tl.constexpr, DIRECT: tl.constexpr,
         HAS_GATE: tl.constexpr, P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr,
@@ -107,7 +115,7 @@ def _decode_split_kernel(
     kv_len = tl.load(kv_lens_ptr + b)
     n_tiles = tl.cdiv(kv_len, BLOCK_N)
     n_split = tl.minimum(tl.cdiv(n_tiles, MIN_SPLIT_TILES), MAX_SPLITS_C)
-    n_split = tl.maximum(tl.minimum(n_split, NUM_SPLITS), 1)  # the clamp to the grid only bites on kv_len > capacity
+    n_split = tl.maximum(tl.minimum(n_split, num_splits), 1)  # the clamp to the grid only bites on kv_len > capacity
     tiles_per = tl.cdiv(n_tiles, n_split)
     t_lo = s * tiles_per
     t_hi = tl.minimum(t_lo + tiles_per, n_tiles)
@@ -162,12 +170,13 @@ def _decode_split_kernel(
         tl.store(ml_ptr + ml_base + 1, l_i, mask=h_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_ab", "stride_ah", "stride_mb", "stride_mh"],
+            do_not_specialize_on_alignment=["kv_lens_ptr"])
 def _decode_combine_kernel(
-        acc_ptr, ml_ptr, kv_lens_ptr, out_ptr, gate_ptr,
+        acc_ptr, ml_ptr, kv_lens_ptr, out_ptr, gate_ptr, num_splits,
         stride_ab, stride_ah, stride_as, stride_mb, stride_mh, stride_ms,
         stride_ob, stride_oh, stride_od, stride_gb,
-        NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+        D: tl.constexpr, BLOCK_N: tl.constexpr,
         MIN_SPLIT_TILES: tl.constexpr, MAX_SPLITS_C: tl.constexpr,
         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HAS_GATE: tl.constexpr, INTERP: tl.constexpr,
         PDL: tl.constexpr):
@@ -178,7 +187,7 @@ def _decode_combine_kernel(
     kv_len = tl.load(kv_lens_ptr + b)
     n_tiles = tl.cdiv(kv_len, BLOCK_N)
     n_split = tl.minimum(tl.cdiv(n_tiles, MIN_SPLIT_TILES), MAX_SPLITS_C)
-    n_split = tl.maximum(tl.minimum(n_split, NUM_SPLITS), 1)
+    n_split = tl.maximum(tl.minimum(n_split, num_splits), 1)
     pdl_wait(PDL)
 
     offs_s = tl.arange(0, BLOCK_S)
@@ -259,20 +268,21 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     kv_lens = kv_lens.to(device=q.device, dtype=torch.int32)
     page_tables = page_tables.to(device=q.device, dtype=torch.int32)
     launch = {"PDL": False} if converted else pdl(q)
-    common = dict(NUM_SPLITS=num_splits, D=d, BLOCK_N=block_n, MIN_SPLIT_TILES=min_tiles,
-                  MAX_SPLITS_C=cfg["MAX_SPLITS"])
+    common = dict(D=d, BLOCK_N=block_n, MIN_SPLIT_TILES=min_tiles, MAX_SPLITS_C=cfg["MAX_SPLITS"])
     g, sg = (gate, gate.stride(0)) if gate is not None else (out, 0)
     _decode_split_kernel[(bsz, hkv, num_splits)](
-        q, k_pool, v_pool, kv_lens, page_tables, acc, ml, out, g, scale * _LOG2E,
+        q, k_pool, v_pool, kv_lens, page_tables, acc, ml, out, g, scale * _LOG2E, num_splits,
         *q.stride(), *k_pool.stride(), *v_pool.stride(), page_tables.stride(0), *sa, *out.stride(), sg,
         R=r, PAGE=page, BLOCK_H=block_h, BLOCK_D=block_d, DIRECT=direct, HAS_GATE=gate is not None,
         P_SPLIT=cfg.get("P_SPLIT", True) and q.dtype != torch.float32,
         FP32_DOT=q.dtype == torch.float32, INTERP=INTERPRET,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch, **common)
     if not direct:
+        # The split tile covers the policy's most splits, not this grid's: one variant for every page-table width
+        # (lanes past a row's splits load nothing and add zeros), the tile a decode graph's longest table uses.
         _decode_combine_kernel[(bsz, hq)](
-            acc, ml, kv_lens, out, g, *sa, *out.stride(), sg,
-            BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d, HAS_GATE=gate is not None, INTERP=INTERPRET,
+            acc, ml, kv_lens, out, g, num_splits, *sa, *out.stride(), sg,
+            BLOCK_S=next_pow2(cfg["MAX_SPLITS"]), BLOCK_D=block_d, HAS_GATE=gate is not None, INTERP=INTERPRET,
             num_warps=4, **pdl(q), **common)
     return out
 
@@ -286,7 +296,8 @@ def _prefill_config(d: int, dtype: torch.dtype) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "stride_ptb"],
+            do_not_specialize_on_alignment=["cu_q_ptr", "kv_lens_ptr", "pt_ptr"])
 def _prefill_kernel(
         q_ptr, k_ptr, v_ptr, cu_q_ptr, kv_lens_ptr, pt_ptr, out_ptr,
         qk_scale, n_rows,

@@ -60,7 +60,7 @@ def _partial_kernel(x_ptr, val_ptr, idx_ptr, V, S, stride_x, FMAX: tl.constexpr,
     tl.store(idx_ptr + b * S + s, tl.min(tl.where(x == top, ids, 2147483647), 0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])   # an eager call passes its row count here (no ring): not a variant each
 def _final_kernel(val_ptr, idx_ptr, out_ptr, ring_ptr, row_ptr, S, stride_out, stride_ring, R,
                   BLOCK_S: tl.constexpr, HOST: tl.constexpr, PDL: tl.constexpr):
     """Program (row b): the lowest reported index among the slices reaching the row maximum; with HOST also

@@ -20,7 +20,7 @@ from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, next_pow2
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr"])
 def _kv_write_kernel(k_ptr, v_ptr, kp_ptr, vp_ptr, slot_ptr, capacity,
                      stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,
                      stride_kpp, stride_kps, stride_kph, stride_kpd,

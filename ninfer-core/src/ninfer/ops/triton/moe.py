@@ -39,7 +39,7 @@ from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import moe_gemv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TK"])
 def _moe_gate_up_kernel(x_ptr, w_ptr, act_ptr, pair_ptr, bexp_ptr,
                         H, NI, TK, E, sx_t, sw_e, sw_n,
                         TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -92,7 +92,7 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, act_ptr, pair_ptr, bexp_ptr,
                  mask=(n < NI)[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TK"])
 def _moe_down_kernel(act_ptr, w_ptr, y_ptr, pair_ptr, bexp_ptr, rw_ptr,
                      H, NI, TK, E, sw_e, sw_n,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
@@ -155,7 +155,7 @@ def _block_m(tk: int, n_exp: int) -> int:
     return min(64, max(16, triton.next_power_of_2(mean)))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TK", "MAXB"])
 def _align_plan_kernel(ids_ptr, pairs_ptr, bexp_ptr, start_ptr, cursor_ptr, TK, E, MAXB, BM: tl.constexpr,
                        BE: tl.constexpr, BLOCK: tl.constexpr, BB: tl.constexpr):
     # One program: the experts' pair counts, each expert's first padded row, the expert of every row block (E past
@@ -181,7 +181,7 @@ def _align_plan_kernel(ids_ptr, pairs_ptr, bexp_ptr, start_ptr, cursor_ptr, TK, 
         tl.store(pairs_ptr + r, tl.zeros((BLOCK,), dtype=tl.int64) + TK, mask=r < MAXB * BM)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TK"])
 def _align_scatter_kernel(ids_ptr, pairs_ptr, start_ptr, cursor_ptr, TK, BLOCK: tl.constexpr):
     # Each pair takes the next row of its expert's group. The order inside a group depends on the atomics' order,
     # which changes no result: a GEMM row depends on its own row only, and the down kernel writes by pair index.

@@ -50,7 +50,7 @@ def unit_offset_norm_rows(xf, inv, w):
     return (xf * inv[:, None]) * (1.0 + w[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
@@ -64,7 +64,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.cons
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"], do_not_specialize_on_alignment=["tok_ptr"])
 def _embed_rms_norm_kernel(tok_ptr, table_ptr, w_ptr, y_ptr, rows_ptr, M, V, eps, stride_t, stride_y, stride_r,
                            N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr,
                            PDL: tl.constexpr):
@@ -87,7 +87,7 @@ def _embed_rms_norm_kernel(tok_ptr, table_ptr, w_ptr, y_ptr, rows_ptr, M, V, eps
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, M, eps, stride_x, stride_r, stride_y, stride_res,
                          N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)

@@ -53,7 +53,7 @@ def _log64(x, INTERP: tl.constexpr):
     return y
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["greedy_ptr", "seeds_ptr", "steps_ptr"])
 def _draw_chunk_kernel(x_ptr, keep_ptr, greedy_ptr, seeds_ptr, steps_ptr, best_ptr, best_id_ptr, V,
                        stride_x, stride_keep, N_CHUNKS,
                        CHUNK: tl.constexpr, BLOCK_V: tl.constexpr, INTERP: tl.constexpr):

@@ -57,7 +57,7 @@ def conv_update_finish(x, old, w, s_ptr, out_slot, c, c_mask, stride_ss, stride_
     return acc / (1.0 + tl.exp(-acc))
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "out_slots_ptr"])
 def _conv_update_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, C,
                         stride_xb, stride_xc, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk,
                         stride_yb, K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -76,7 +76,7 @@ def _conv_update_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, C,
     tl.store(y_ptr + b * stride_yb + c, cast(y, y_ptr.dtype.element_ty, INTERP), mask=c_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _conv_prefill_kernel(x_ptr, w_ptr, s_ptr, y_ptr, T, C, stride_xt, stride_wc, stride_wk, stride_sc, stride_sk,
                          stride_yt, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
                          INTERP: tl.constexpr):

@@ -28,7 +28,7 @@ def gated_norm_rows(xf, g, w, eps, N: tl.constexpr, X_DTYPE: tl.constexpr, NW_DT
     return nw * (g / (1.0 + tl.exp(-g)))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, GH, stride_g0, stride_g1, stride_y,
                            N: tl.constexpr, NW_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            INTERP: tl.constexpr, PDL: tl.constexpr):

@@ -81,7 +81,7 @@ def recurrent_update(s, q, k, v, g, beta, scale):
     return s, tl.sum(q[:, None] * s, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr", "out_slot_ptr"])
 def _gdn_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, slot_ptr, out_slot_ptr, o_ptr, scale,
                      sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sg_b, sg_h, sb_b, sb_h, so_b, so_h,
                      ss_s, ss_h, ss_k,
@@ -217,7 +217,7 @@ def _unit_lower_inv_inplace(p, BT: tl.constexpr):
 # width are all-zero (masked) and only cost time at the tiny test dims. Order: Q's quantities and QK first,
 # AQK held in registers; then A, the inverse, W/KD/U; AQK stored last (offline sm_90 compile, Triton 3.6,
 # tf32: 16 B of spill this way, 88-240 B with Q after the inverse or A in a separate scratch).
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NPAD", "NCH"])
 def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
                            w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr,
                            T, NPAD, NCH, scale,
@@ -314,7 +314,7 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
     tl.store(sp + sq, aqk_v)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "NPAD", "NCH", "GLW"])
 def _gdn_chunk_scan_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, st_ptr, o_ptr,
                            T, NPAD, NCH, GLW, ss_h, ss_k, so_t, so_h,
                            DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,

@@ -72,7 +72,7 @@ from ninfer_qwen3_5.ops.triton.gdn_gates import gates_math, gates_row
 _BLOCK_C = 256
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "out_slots_ptr"])
 def _conv_gates_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, a_ptr, b_ptr, na_ptr, dt_ptr,
                        g_ptr, beta_ptr, C, H, stride_xb, stride_wc, stride_wk, stride_ss, stride_sc, stride_sk,
                        stride_yb, stride_ab, stride_bb, K: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -106,7 +106,7 @@ def _head_lanes(R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.cons
     return row, h, h // R, dk, dv, dk < DK, dv < DV
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "out_slots_ptr"])
 def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slots_ptr, nw_ptr, o_ptr, scale, eps,
                       H, stride_yb, stride_zb, stride_zh, stride_ob, stride_oh, ss_s, ss_h, ss_k,
                       R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_DIM: tl.constexpr,
@@ -173,7 +173,7 @@ def _conv4_store(x, u1, u2, cs_ptr, out_slot, c, cm, stride_cs, stride_cc, strid
     tl.store(base + 2 * stride_ck, cast(x, dt, INTERP), mask=cm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slots_ptr", "out_slots_ptr"])
 def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr, out_slots_ptr, na_ptr, dt_ptr,
                    nw_ptr, tk_ptr, o_ptr, scale, eps, HK, stride_xb, stride_zb, stride_zh, stride_ab, stride_bb,
                    stride_wc, stride_wk, stride_cs, stride_cc, stride_ck, stride_ob, stride_oh, ss_s, ss_h, ss_k,

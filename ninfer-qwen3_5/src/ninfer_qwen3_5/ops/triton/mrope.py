@@ -18,7 +18,7 @@ from ninfer.ops.triton._common import INTERPRET, launch_ok, next_pow2, pdl, pdl_
 from ninfer_qwen3_5.ops.reference import mrope as _reference
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr"])
 def _cos_sin_kernel(pos_ptr, axis_ptr, inv_ptr, cos_ptr, sin_ptr, stride_pa, stride_pt, stride_ct, stride_st,
                     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
     # The tables are computed before the PDL wait, only stored after it, so under PDL the math runs while the

@@ -88,7 +88,7 @@ def _norm_rope_head(xb, ob, w1, w2, wr, c1, c2, s1, s2, j, jm, r, rm, eps, D: tl
     return y1, y2, yr
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr"])
 def _qk_norm_rope_cache_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, kp_ptr,
                                vp_ptr, slot_ptr, eps, capacity, stride_qt, stride_qh, stride_kt, stride_kh,
                                stride_vt, stride_vh, stride_qw, stride_kw, stride_ct, stride_st,
