@@ -204,8 +204,8 @@ class Workload:
         cap = max(1, min(2 * self.settings.decode_prompt_tokens, self.engine.max_context - 1))
         lengths = [rng.randint(1, cap) for _ in range(n)]
         prompts = [random_prompt(rng, self.engine.vocab_size, length) for length in lengths]
-        _, ttfts = _run_batch(self.engine, prompts, 1)
-        return FirstBurst(prompt_tokens=tuple(lengths), ttft_samples=tuple(ttfts))
+        sample = _run_batch(self.engine, prompts, 1)
+        return FirstBurst(prompt_tokens=tuple(lengths), ttft_samples=sample.ttfts)
 
     def prefill(self, length: int) -> PrefillResult:
         if length >= self.engine.max_context:
