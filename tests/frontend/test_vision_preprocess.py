@@ -29,7 +29,15 @@ from ninfer_qwen3_5.frontend.vision import (
 )
 from ninfer_qwen3_5.frontend.vision.pixels import patch_rows
 from PIL import Image, ImageOps
-from support.media import encode, hf_image_processor, hf_video_processor, make_video, picture
+from support.media import (
+    encode,
+    hf_composites_alpha,
+    hf_image_processor,
+    hf_video_processor,
+    make_video,
+    picture,
+    white_composite,
+)
 
 
 def _rgb(w, h, seed=0):
@@ -85,8 +93,12 @@ IMAGES = {
 
 def _oracle_input(data: bytes) -> Image.Image:
     """What the transformers processor is given: the decoded image, EXIF orientation applied (as its
-    loaders do), in its own mode (the processor converts to RGB itself)."""
-    return ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
+    loaders do), in its own mode (the processor converts to RGB itself). A transformers that drops alpha
+    instead of compositing onto white (older releases) is given the composite, so that everything after
+    the RGB conversion is still compared; test_transparency_is_composited_onto_white checks that step."""
+    img = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
+    transparent = "A" in img.getbands() or img.info.get("transparency") is not None
+    return white_composite(img) if transparent and not hf_composites_alpha() else img
 
 
 @pytest.mark.parametrize("name", IMAGES)
@@ -133,6 +145,22 @@ def test_smaller_budgets_shrink_and_grow_like_transformers(backend):
         ref = hf_image_processor(backend, size=budget)(img, return_tensors="pt")
         assert ours.grid_thw == tuple(ref["image_grid_thw"][0].tolist())
         assert torch.equal(ours.pixel_values, ref["pixel_values"])
+
+
+def test_transparency_is_composited_onto_white():
+    """Pixels by hand: fully transparent -> white, opaque -> itself, half -> the blend with white."""
+    rgba = np.zeros((32, 32, 4), np.uint8)
+    rgba[:, :16] = (200, 0, 0, 0)
+    rgba[:, 16:] = (0, 100, 0, 255)
+    rgba[:8] = (0, 0, 0, 128)
+    cfg = ImagePreprocessConfig(min_pixels=32 * 32, backend="pil")  # keeps 32x32: no resize
+    rows = process_image(Image.fromarray(rgba, "RGBA"), cfg).pixel_values.view(1, 1, 2, 2, 3, 2, 16, 16)
+    # (window row, window col, row in window, col in window, channel, frame, y, x) -> picture [3, 32, 32]
+    pic = rows[:, :, :, :, :, 0].permute(4, 0, 2, 5, 1, 3, 6).reshape(3, 32, 32) * 0.5 + 0.5
+    level = (pic * 255).round()
+    assert level[:, 8:, :16].eq(255).all()                                       # transparent red -> white
+    assert level[:, 8:, 16:].eq(torch.tensor([0.0, 100, 0]).view(3, 1, 1)).all()   # opaque green
+    assert level[:, :8].eq(127).all()   # black at alpha 128/255 over white: 255 * 127/255, rounded by Pillow
 
 
 def test_animated_gif_gives_its_first_frame():

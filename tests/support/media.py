@@ -83,6 +83,21 @@ def hf_image_processor(backend: str, **overrides):
     return Qwen2VLImageProcessor(**cfg)
 
 
+def hf_composites_alpha() -> bool:
+    """Whether this transformers composites transparent images onto white when converting to RGB (newer
+    releases, as qwen-vl-utils does) rather than dropping the alpha band (older ones, e.g. 5.17)."""
+    from transformers.image_transforms import convert_to_rgb
+
+    clear = Image.new("RGBA", (2, 2), (10, 20, 30, 0))
+    return np.asarray(convert_to_rgb(clear))[0, 0].tolist() == [255, 255, 255]
+
+
+def white_composite(img: Image.Image) -> Image.Image:
+    """``img`` over an opaque white background, as RGB (Pillow's alpha_composite)."""
+    rgba = img.convert("RGBA")
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+
+
 def hf_video_processor():
     """transformers' Qwen3.5 video processor (Qwen3-VL's, torchvision only) with Qwen3.5's settings."""
     pytest.importorskip("torchvision")

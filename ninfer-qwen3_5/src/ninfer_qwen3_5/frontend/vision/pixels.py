@@ -32,7 +32,8 @@ DIGEST_VERSION = b"ninfer-vision-pixels-v1"
 
 def rgb_array(img: Image) -> np.ndarray:
     """``img`` as uint8 ``[H, W, 3]``. An image with an alpha band or a transparent palette entry is
-    composited onto white first, as transformers' processors do; other modes use Pillow's own
+    composited onto white first, as current transformers processors and Qwen's own preprocessing do
+    (transformers 5.17 dropped the alpha band instead); other modes use Pillow's own
     conversion (so 16-bit greyscale saturates above 255 there and here alike)."""
     from ninfer_qwen3_5.frontend.vision._deps import pillow
 
