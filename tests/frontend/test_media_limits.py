@@ -198,6 +198,8 @@ def test_video_limits_name_the_problem_and_the_limit(clip):
         (MediaLimits(max_video_frame_pixels=6000), "video_frame_pixels", r"99x65\): 6435 exceeds the limit of 6000"),
         (MediaLimits(max_video_frames=19), "video_frames", "frames: 20 exceeds the limit of 19"),
         (MediaLimits(max_video_seconds=1.5), "video_seconds", "2 exceeds the limit of 1.5"),
+        (MediaLimits(max_video_decoded_pixels=100_000), "video_decoded_pixels",
+         r"\(20 frames x 6435\): 128700 exceeds the limit of 100000"),
     ]
     for limits, problem, message in cases:
         with pytest.raises(MediaLimitError, match=message) as e:
@@ -209,6 +211,8 @@ def test_counted_frames_are_limited_too():
     data = make_video(64, 48, 20, 10, codec="libvpx-vp9", pix_fmt="yuv420p", container="webm")
     with pytest.raises(MediaLimitError, match=r"frames \(counted\): 11 exceeds the limit of 10"):
         load_video(data, limits=MediaLimits(max_video_frames=10))
+    with pytest.raises(MediaLimitError, match=r"decoded pixels \(counted\) \(4 frames x 3072\)"):
+        load_video(data, limits=MediaLimits(max_video_decoded_pixels=10_000))
 
 
 def test_a_single_frame_video_is_too_short():

@@ -5,8 +5,10 @@ container's frame count and duration before decoding frames).
 Invariants:
 - Every bound is a positive number; a violation raises :class:`~.errors.MediaLimitError` whose
   ``problem`` code and message name the bound, the item's value and the limit.
-- Defaults admit any ordinary photo, screenshot or short clip: decoded images up to 8192 x 8192, video
-  frames up to 4096 x 4096, videos up to 10 minutes and 36,000 frames.
+- Defaults admit any ordinary photo, screenshot or clip: decoded images up to 8192 x 8192, video
+  frames up to 4096 x 4096, videos up to 10 minutes and 36,000 frames, and at most as many decoded
+  pixels as 10 minutes of 1080p at 30 fps (sampling needs every frame up to the last sampled one
+  decoded, so this bounds the decoding work of one video).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class MediaLimits:
     max_video_frame_pixels: int = 4096 * 4096  # width x height of one video frame (from the stream header)
     max_video_frames: int = 36_000            # frames in the video stream (declared or counted)
     max_video_seconds: float = 600.0          # duration of the video stream
+    max_video_decoded_pixels: int = 18_000 * 1920 * 1080  # frames x frame pixels, before decoding
     max_images_per_request: int = 32
     max_videos_per_request: int = 4
 

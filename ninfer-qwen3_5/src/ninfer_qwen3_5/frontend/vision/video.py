@@ -68,7 +68,7 @@ def load_video(source: VideoSource, config: VideoPreprocessConfig = _DEFAULT_CON
             check("video_seconds", "video: duration in seconds", declared, limits.max_video_seconds)
         total = stream.frames
         if total > 0:
-            check("video_frames", "video: frames", total, limits.max_video_frames)
+            _check_frames(total, width * height, limits, "")
     if total <= 0:
         total = _count_frames(av, data, demuxer, (width, height), limits)
     check("video_seconds", "video: duration in seconds (frames / frame rate)", total / fps, limits.max_video_seconds)
@@ -164,7 +164,7 @@ def _count_frames(av: Any, data: bytes, demuxer: str, size: tuple[int, int], lim
         for frame in container.decode(stream):
             _check_frame(frame, count, size)
             count += 1
-            check("video_frames", "video: frames (counted)", count, limits.max_video_frames)
+            _check_frames(count, size[0] * size[1], limits, " (counted)")
     if count == 0:
         raise MediaDecodeError("corrupt", "video: the stream holds no decodable frame")
     return count
@@ -187,6 +187,12 @@ def _decode(av: Any, data: bytes, demuxer: str, indices: tuple[int, ...], size: 
         raise MediaDecodeError("truncated", f"video: the stream ends after {len(frames)} of the {len(indices)} "
                                "sampled frames (truncated or damaged)")
     return np.stack(frames)
+
+
+def _check_frames(frames: int, frame_pixels: int, limits: MediaLimits, how: str) -> None:
+    check("video_frames", f"video: frames{how}", frames, limits.max_video_frames)
+    check("video_decoded_pixels", f"video: decoded pixels{how} ({frames} frames x {frame_pixels})",
+          frames * frame_pixels, limits.max_video_decoded_pixels)
 
 
 def _check_frame(frame: Any, index: int, size: tuple[int, int]) -> None:
