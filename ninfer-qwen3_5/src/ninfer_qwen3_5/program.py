@@ -22,7 +22,8 @@ Vision (``ProgramInit.features.vision``, :mod:`ninfer_qwen3_5.vision`): the Prog
 takes media with a prompt (:meth:`Qwen35Program.open_sequence`). A call with a chunk of such a sequence gives the
 model its tokens' three MRoPE axes and the media embeddings over the placeholders, encoding each medium when a
 chunk first needs it (:meth:`Qwen35Program.forward`); decode rows are at ``index + delta`` on all three axes, the
-delta kept per StateImage slot on the device (``rope_delta``), so decode graphs and lookahead steps read it too.
+delta a field of the sequence's StateImage (:mod:`ninfer_qwen3_5.state`), so decode graphs and lookahead steps
+read it on the device and checkpoints keep it.
 Vision and speculative decoding are not combined yet (refused).
 
 A decode step rewrites every field of the StateImage (each GDN layer's conv window and recurrent
@@ -47,18 +48,20 @@ from ninfer_qwen3_5.model import Qwen35Model
 from ninfer_qwen3_5.mtp import Qwen35MTPHead, mtp_kv_layer
 from ninfer_qwen3_5.speculative_decode import MTPDecoding
 from ninfer_qwen3_5.speculative_state import SpeculativeSnapshots, verify_plan
-from ninfer_qwen3_5.state import state_layout
+from ninfer_qwen3_5.state import ROPE_DELTA, state_layout
 from ninfer_qwen3_5.vision.config import VisionConfig
 from ninfer_qwen3_5.vision.inputs import media_step, release_consumed
 from ninfer_qwen3_5.vision.media import MediaError, SequenceMedia, sequence_media
 from ninfer_qwen3_5.vision.tower import VisionTower
 
 
-def model_layout(cfg: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False) -> ModelLayout:
-    """The Program's layout; ``mtp``: one more KV pool, the MTP layer's (:func:`~ninfer_qwen3_5.mtp.mtp_kv_layer`)."""
+def model_layout(cfg: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False, vision: bool = False) -> ModelLayout:
+    """The Program's layout; ``mtp``: one more KV pool, the MTP layer's (:func:`~ninfer_qwen3_5.mtp.mtp_kv_layer`);
+    ``vision``: the StateImage holds the rope delta too (:mod:`ninfer_qwen3_5.state`)."""
     layers = tuple(cfg.attention_layers) + ((mtp_kv_layer(cfg),) if mtp else ())
     return ModelLayout(vocab_size=cfg.vocab_size, max_positions=cfg.max_position_embeddings,
-                       kv=KVGeometry(layers, cfg.num_kv_heads, cfg.head_dim), state=state_layout(cfg, dtype))
+                       kv=KVGeometry(layers, cfg.num_kv_heads, cfg.head_dim),
+                       state=state_layout(cfg, dtype, vision=vision))
 
 
 class Qwen35Program(ModelProgram):
@@ -67,14 +70,14 @@ class Qwen35Program(ModelProgram):
         k = init.options.speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ProgramError(f"ProgramOptions.speculative_tokens must be an int >= 0, got {k!r}")
-        super().__init__(init, model_layout(cfg, init.options.dtype, mtp=k > 0))
+        super().__init__(init, model_layout(cfg, init.options.dtype, mtp=k > 0, vision=init.features.vision))
         self.cfg = cfg
         self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype)
         self.snapshots: SpeculativeSnapshots | None = None
         self.speculation: MTPDecoding | None = None
         self.tower: VisionTower | None = None
         self.vision_cfg: VisionConfig | None = None
-        self.rope_delta: torch.Tensor | None = None     # int64 [state slots]: each slot's sequence's rope delta
+        self.rope_delta: torch.Tensor | None = None     # int64 [state slots, 1]: the StateImages' rope deltas
         self._media: dict[SeqId, SequenceMedia] = {}
         if init.features.vision:
             if k:
@@ -101,7 +104,7 @@ class Qwen35Program(ModelProgram):
             raise ProgramError(f"vision placeholder token ids {bad} are outside the vocabulary of "
                                f"{self.cfg.vocab_size}")
         self.tower = VisionTower(vcfg, init.weights, init.ops, self.device, init.options.dtype)
-        self.rope_delta = torch.zeros(self.states.num_slots, dtype=torch.int64, device=self.device)
+        self.rope_delta = self.states.field(ROPE_DELTA)
 
     # -- media -------------------------------------------------------------------------------------
     def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None,
@@ -133,8 +136,8 @@ class Qwen35Program(ModelProgram):
 
     def _bind_media(self, seq: SeqId, checked: SequenceMedia | None) -> None:
         if self.rope_delta is not None:
-            # Every open sets its slot's delta: a freed slot keeps its last sequence's.
-            self.rope_delta[self._seqs[seq].slot] = checked.delta if checked is not None else 0
+            # Every open sets it: a sequence opened from a checkpoint starts from the checkpoint's image.
+            self.states.slot_field(ROPE_DELTA, self._seqs[seq].slot).fill_(checked.delta if checked else 0)
         if checked is not None:
             self._media[seq] = checked
 
@@ -208,12 +211,13 @@ class Qwen35Program(ModelProgram):
     def forward_packed(self, batch: PackedBatch) -> torch.Tensor:
         ctx = self.step_context(batch)
         if self.rope_delta is not None and batch.num_decode:
-            # A decode row of a sequence with media is at (index + delta) on all three axes; its delta follows
-            # its state into the out slot (a lookahead step's spare). Device-side: decode graphs capture it.
+            # A decode row of a sequence with media is at (index + delta) on all three axes. The delta is a
+            # StateImage field, so it is rewritten in the out slot like every other (a lookahead step's spare).
+            # Device-side: decode graphs capture it.
             b = batch.num_decode
             delta = self.rope_delta.index_select(0, batch.decode_slots)
             self.rope_delta.index_copy_(0, batch.decode_out_slots, delta)
-            ctx = replace(ctx, positions=torch.cat((batch.positions[:b] + delta, batch.positions[b:])))
+            ctx = replace(ctx, positions=torch.cat((batch.positions[:b] + delta[:, 0], batch.positions[b:])))
         return self.model.forward(batch.tokens, ctx, batch.logit_rows)
 
     def step_context(self, batch: PackedBatch) -> StepContext:

@@ -78,3 +78,19 @@ def test_inputs_that_do_not_fit_their_grids_are_refused(vision_case):
         tower.encode(pixels((1, 4, 4), seed=0), [(1, 4, 6)])
     with pytest.raises(ValueError, match="multiples of the spatial merge size"):
         tower.encode(torch.zeros(15, 96), [(1, 3, 5)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_profile_counts_the_tower_and_the_rope_delta_exactly(vision_case, kind, dtype):
+    from ninfer.contracts.features import StartupFeatures
+    from ninfer.testing import build_program
+    from ninfer.testing.profiles import assert_profile_exact
+
+    case = vision_case(kind)
+    built = build_program(case.artifact, dtype=dtype, features=StartupFeatures(vision=True))
+    assert_profile_exact(built)
+    text = build_program(case.artifact, dtype=dtype)
+    tower = sum(t.numel() * dtype.itemsize for n, t in built.weights.items() if n.startswith("vision/"))
+    assert built.profile.weight_bytes == text.profile.weight_bytes + tower
+    assert built.profile.state_bytes_per_sequence > text.profile.state_bytes_per_sequence   # the rope delta
