@@ -10,7 +10,16 @@ import math
 import pytest
 import torch
 
-from .conftest import DTYPES, Normwise, Pointwise, assert_normwise, assert_pointwise, f64, randn, reference_ops
+from .conftest import (
+    DTYPES,
+    Normwise,
+    Pointwise,
+    assert_normwise,
+    assert_pointwise,
+    f64,
+    randn,
+    reference_ops,
+)
 
 POINT = {torch.float32: Pointwise(1e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -8, 1e-6)}
 NORM = {torch.float32: Normwise(1e-6, 1e-5), torch.bfloat16: Normwise(2 ** -8, 2 ** -7)}
@@ -65,7 +74,7 @@ def test_gelus_match_fp64(device, dtype, gen):
 def _attention_oracle(q, k, v, cu, scale):
     qd, kd, vd = f64(q), f64(k), f64(v)
     out = torch.zeros_like(qd)
-    for a, b in zip(cu, cu[1:]):
+    for a, b in zip(cu, cu[1:], strict=False):
         for h in range(q.shape[1]):
             p = torch.softmax(qd[a:b, h] @ kd[a:b, h].T * scale, dim=-1)
             out[a:b, h] = p @ vd[a:b, h]

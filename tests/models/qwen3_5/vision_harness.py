@@ -28,7 +28,6 @@ from ninfer.contracts.features import StartupFeatures  # noqa: E402
 from ninfer.contracts.media import MediaInput  # noqa: E402
 from ninfer.ops import resolve_ops  # noqa: E402
 from ninfer.plugins import get_registry  # noqa: E402
-from support.models import randomize_weights  # noqa: E402
 
 IMAGE, VIDEO, START, END, TIMESTAMP = 500, 501, 502, 503, 504
 TEXT = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -136,7 +135,7 @@ def media_prompt(parts: list, seed: int = 0) -> Prompt:
         run = per_frame * (t if kind == "image" else 1)
         pad = IMAGE if kind == "image" else VIDEO
         spans = []
-        for f in range(frames):
+        for _ in range(frames):
             if kind == "video":
                 tokens.append(TIMESTAMP)
                 types.append(0)
