@@ -1,7 +1,8 @@
 """The Qwen3.5 source mapping: HF checkpoint tensors -> artifact components, objects, bindings, uses.
 
-Components: ``text`` (always), ``vision`` (the ``model.visual.*`` tower, its own objects, config from
-``vision_config``; bound by no runtime feature yet), ``mtp`` (the ``mtp.*`` head, its own objects;
+Components: ``text`` (always), ``vision`` (the ``model.visual.*`` tower, its own objects, its compact config
+from ``vision_config`` and the placeholder token ids, :mod:`ninfer_qwen3_5.vision.config`, also copied into the
+text config under ``vision_config``), ``mtp`` (the ``mtp.*`` head, its own objects;
 it reuses ``text/embed`` and ``text/lm_head``). Private parameters of optional components are never
 in a text object, so loading Text reads none of their bytes.
 
@@ -46,13 +47,16 @@ from ninfer.artifact.source_mapping import (
 
 from ninfer_qwen3_5.config import (
     FULL,
-    MOE,
     SOURCE_ARCHITECTURES,
     Qwen35Config,
     Qwen35ConfigError,
     compact_text_config,
 )
 from ninfer_qwen3_5.parameters import layer_prefix, layer_shapes, mtp_shapes, text_shapes
+from ninfer_qwen3_5.vision.config import VisionConfig, compact_vision_config
+from ninfer_qwen3_5.vision.parameters import SOURCE_PREFIX as VISION_SOURCE_PREFIX
+from ninfer_qwen3_5.vision.parameters import source_name as vision_source_name
+from ninfer_qwen3_5.vision.parameters import vision_shapes
 
 A16 = "A16Only"
 
@@ -237,18 +241,20 @@ def _plan_mtp(b: _Builder, cfg: Qwen35Config, text_cfg: Mapping[str, Any]) -> Co
     return ComponentPlan(id="mtp", config=config, target="text")
 
 
-def _plan_vision(b: _Builder, hf: Mapping[str, Any], names: list[str], moe: bool) -> ComponentPlan:
-    vision_cfg = hf.get("vision_config")
-    if vision_cfg is None:
+def _plan_vision(b: _Builder, hf: Mapping[str, Any], names: list[str], cfg: Qwen35Config) -> ComponentPlan:
+    """The tower: every ``model.visual.*`` tensor in its own ``vision`` object, bound whole under its HF path
+    (:mod:`ninfer_qwen3_5.vision.parameters`); the set of tensors and their shapes must be exactly what the
+    vision config implies."""
+    if hf.get("vision_config") is None:
         raise Qwen35ConfigError("the checkpoint has model.visual.* tensors but the config has no vision_config")
-    for name in names:
-        oid = "vision/" + name[len("model.visual."):].replace(".", "/")
-        b.bind(oid, b.obj(oid, "vision", [(name, tuple(b.tensors[name].shape))]), tuple(b.tensors[name].shape))
-    config = {k: v for k, v in vision_cfg.items() if k != "architectures"}
-    config["architectures"] = ["Qwen3_5MoeVision" if moe else "Qwen3_5Vision"]
-    for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
-        if key in hf:
-            config[key] = hf[key]
+    config = compact_vision_config(hf, cfg.hidden_size, cfg.is_moe)
+    shapes = vision_shapes(VisionConfig.from_compact(config))
+    expected = {vision_source_name(n): n for n in shapes}
+    unknown = sorted(set(names) - set(expected))
+    if unknown:
+        raise Qwen35ConfigError(f"vision tensors not part of a Qwen3.5 tower: {', '.join(unknown[:8])}")
+    for src, name in expected.items():
+        b.bind(name, b.obj(name, "vision", [(src, shapes[name])]), shapes[name])
     return ComponentPlan(id="vision", config=config, target="text")
 
 
@@ -269,9 +275,12 @@ class Qwen35SourceMapping:
         _plan_text(b, cfg, _text_prefix(tensors))
         if any(n.startswith("mtp.") for n in tensors):
             components.append(_plan_mtp(b, cfg, text_cfg))
-        visual = sorted(n for n in tensors if n.startswith("model.visual."))
+        visual = sorted(n for n in tensors if n.startswith(VISION_SOURCE_PREFIX))
         if visual:
-            components.append(_plan_vision(b, config, visual, cfg.architecture == MOE))
+            vision = _plan_vision(b, config, visual, cfg)
+            components.append(vision)
+            # parameter_specs, profile and the Program see the text config only: it carries the tower's too.
+            components[0] = ComponentPlan(id="text", config={**compact, "vision_config": vision.config})
         left = sorted(n for n in tensors if n not in b.consumed and n not in b.ignored)
         if left:
             shown = ", ".join(left[:8]) + (f" (+{len(left) - 8} more)" if len(left) > 8 else "")

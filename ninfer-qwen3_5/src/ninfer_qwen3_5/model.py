@@ -5,7 +5,9 @@ zero-centred RMSNorm (core's ``rms_norm_unit_offset``: the checkpoint stores the
 adds fused into ``add_rms_norm_unit_offset``, which each block runs as part of its first projection
 (``add_rms_norm_unit_offset_linear`` via :class:`~ninfer_qwen3_5.layers.fused.NormInput`). Only the rows that sample
 (each decode row, the chunk's last token) go through the final norm and the LM head. Positions are text
-positions (the computed index); MRoPE cos/sin are built from three identical rows, as HF does for text.
+positions (the computed index); MRoPE cos/sin are built from three identical rows, as HF does for text. A
+multimodal call (the Program's vision path) gives each token's three position axes and the media embeddings that
+replace placeholder tokens' embeddings.
 
 Parameter preparation: the loader never casts (it hands over the stored encoding); the model casts
 float weights stored in another float dtype to the activation dtype once, at construction (bf16
@@ -111,10 +113,25 @@ class Qwen35Model:
         pos3 = positions.unsqueeze(0).expand(3, -1)   # a view: both implementations read strided positions
         return self.ops.mrope_cos_sin(pos3, self.inv_freq, self.sections, True)
 
+    @property
+    def multimodal_sections(self) -> tuple[int, ...]:
+        """The MRoPE sections of 3-axis positions: the config's, else HF's default (11, 11, 10)."""
+        return tuple(self.cfg.mrope_section or (11, 11, 10))
+
+    def rotary3(self, positions3: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of per-axis positions ``[3, N]`` (multimodal prompts; text tokens have three equal rows)."""
+        return self.ops.mrope_cos_sin(positions3, self.inv_freq, self.multimodal_sections, True)
+
     def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None,
-                return_hidden: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                return_hidden: str | None = None, *, positions3: torch.Tensor | None = None,
+                media_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token). ``ctx`` comes
         without rotary tables; they are built here, after the embedding.
+
+        Multimodal calls: ``positions3`` int64 ``[3, N]``, every token's T/H/W positions (None: ``ctx.positions``
+        on all three axes); ``media_rows`` ``(index [M], rows [M, H])``: the embeddings of tokens ``index`` are
+        ``rows`` instead of their token's (media embeddings over placeholders), before the first norm.
 
         ``return_hidden`` (default None: the logits alone, the hot path untouched): return ``(logits, hidden)``
         with ``hidden`` the final-normed hidden states (activation dtype) the LM head reads, what an MTP
@@ -128,7 +145,11 @@ class Qwen35Model:
         # computes them while the embedding's finishes (PDL), and the first projection.
         first = self.layers[0].input_norm
         normed, residual = ops.embed_rms_norm_unit_offset(tokens, self.embed, first, eps)
-        cos, sin = self.rotary(ctx.positions)
+        if media_rows is not None:
+            index, rows = media_rows
+            residual = residual.index_copy(0, index, rows.to(residual.dtype))
+            normed = ops.rms_norm_unit_offset(residual, first, eps)
+        cos, sin = self.rotary(ctx.positions) if positions3 is None else self.rotary3(positions3)
         ctx = replace(ctx, cos=cos, sin=sin)
         out = None   # the first layer's input is the embedding itself, normed already
         for i, layer in enumerate(self.layers):

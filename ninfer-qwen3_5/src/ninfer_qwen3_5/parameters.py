@@ -40,6 +40,8 @@ from ninfer.contracts.features import StartupFeatures
 from ninfer.errors import NotSupportedError
 
 from ninfer_qwen3_5.config import FULL, Qwen35Config
+from ninfer_qwen3_5.vision.config import VisionConfig
+from ninfer_qwen3_5.vision.parameters import VISION_COMPONENT, vision_shapes
 
 
 def layer_prefix(component: str, i: int) -> str:
@@ -115,14 +117,29 @@ def mtp_parameter_specs(text_config: Mapping[str, Any], mtp_config: Mapping[str,
     return [ParameterSpec(name=n, shape=s, component=MTP_COMPONENT) for n, s in shapes.items()]
 
 
+def vision_parameter_specs(text_config: Mapping[str, Any]) -> list[ParameterSpec]:
+    """Every parameter of the ``vision`` component, shapes from the text config's ``vision_config`` (the
+    converter copies the tower's compact config there). Refused, saying why, when the artifact has no tower
+    the runtime can bind."""
+    vision = text_config.get("vision_config")
+    if vision is None:
+        raise NotSupportedError("this artifact has no vision tower (it was converted from a text-only checkpoint, "
+                                "or before ninfer stored the tower's config with the text model: re-convert it); "
+                                "image and video input are not available")
+    shapes = vision_shapes(VisionConfig.from_compact(vision))
+    return [ParameterSpec(name=n, shape=s, component=VISION_COMPONENT) for n, s in shapes.items()]
+
+
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
     """The parameters the selected features bind: the ``text`` component, plus the ``mtp`` component's own
-    parameters when ``features.speculative == "mtp"`` (an artifact without that component is refused when
-    they are bound). Vision and other speculative backends are refused here until their programs exist."""
-    if features.vision:
-        raise NotSupportedError("Qwen3.5 vision is not supported yet (the artifact stores the tower)")
+    parameters when ``features.speculative == "mtp"`` and the ``vision`` component's with ``features.vision``
+    (an artifact without that component is refused when they are bound). Other speculative backends, and
+    vision together with a speculative backend, are refused here until their programs exist."""
     if features.speculative not in (None, "mtp"):
         raise NotSupportedError(f"Qwen3.5 speculative backend {features.speculative!r} is not supported yet")
+    if features.vision and features.speculative is not None:
+        raise NotSupportedError("Qwen3.5 vision with speculative decoding is not supported yet: start without "
+                                "the speculative backend, or without vision")
     cfg = Qwen35Config.from_compact(config)
     specs = [ParameterSpec(name=n, shape=s, component="text") for n, s in text_shapes(cfg).items()]
     if features.speculative == "mtp":
@@ -131,4 +148,6 @@ def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> lis
         mtp_config = {"mtp_num_hidden_layers": config.get("mtp_num_hidden_layers") or 1,
                       "mtp_use_dedicated_embeddings": config.get("mtp_use_dedicated_embeddings", False)}
         specs += mtp_parameter_specs(config, mtp_config)
+    if features.vision:
+        specs += vision_parameter_specs(config)
     return specs

@@ -11,7 +11,9 @@ Exact figures mirror what :class:`~ninfer_qwen3_5.program.Qwen35Program` allocat
 - KV: K and V of every full-attention layer, ``Nkv * D`` each per token, run dtype; with
   ``speculative == "mtp"`` one more such layer (the MTP layer's own pool), and the weights then include the
   ``mtp`` component's parameters (:func:`~ninfer_qwen3_5.parameters.parameter_specs` selects them).
-- State: the StateImage of :mod:`ninfer_qwen3_5.state` (conv in the run dtype, recurrent fp32).
+- State: the StateImage of :mod:`ninfer_qwen3_5.state` (conv in the run dtype, recurrent fp32; with vision the
+  rope delta too).
+- Vision (``features.vision``): the tower's parameters, all in the run dtype (selected by ``parameter_specs``).
 
 The workspace terms are estimates of the torch reference path's temporaries (the planner's headroom
 covers their error); the compute terms count multiply-adds as two FLOPs.
@@ -125,7 +127,7 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
     return ModelProfile(
         weight_bytes=weight_bytes,
         kv_bytes_per_token=n_kv * 2 * kd * s,
-        state_bytes_per_sequence=state_layout(cfg, run).image_bytes,
+        state_bytes_per_sequence=state_layout(cfg, run, vision=features.vision).image_bytes,
         vocab_size=cfg.vocab_size,
         max_position_embeddings=cfg.max_position_embeddings,
         converted_weight_bytes=converted,

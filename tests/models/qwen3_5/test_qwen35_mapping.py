@@ -156,10 +156,21 @@ def test_conditional_generation_nesting_vision_and_mtp_components():
     text = _text_config()
     text.pop("architectures")
     text.update(mtp_num_hidden_layers=1, tie_word_embeddings=False)
+    vision = dict(depth=1, hidden_size=4, intermediate_size=6, num_heads=1, patch_size=2, out_hidden_size=H,
+                  num_position_embeddings=4, model_type="qwen3_5_vision")
     hf = dict(architectures=["Qwen3_5ForConditionalGeneration"], text_config=text, tie_word_embeddings=True,
-              vision_config=dict(depth=1, hidden_size=4, model_type="qwen3_5_vision"), image_token_id=99)
+              vision_config=vision, image_token_id=99)
     tensors = _tensors(prefix="model.language_model.", tied=True)
-    extra = {"model.visual.blocks.0.attn.qkv.weight": (12, 4), "model.visual.merger.linear_fc2.bias": (H,),
+    extra = {"model.visual.patch_embed.proj.weight": (4, 3, 2, 2, 2), "model.visual.patch_embed.proj.bias": (4,),
+             "model.visual.pos_embed.weight": (4, 4), "model.visual.merger.norm.weight": (4,),
+             "model.visual.merger.norm.bias": (4,), "model.visual.merger.linear_fc1.weight": (16, 16),
+             "model.visual.merger.linear_fc1.bias": (16,), "model.visual.merger.linear_fc2.weight": (H, 16),
+             "model.visual.merger.linear_fc2.bias": (H,),
+             **{f"model.visual.blocks.0.{m}.{p}": s for m, shapes in (
+                 ("norm1", {"weight": (4,), "bias": (4,)}), ("norm2", {"weight": (4,), "bias": (4,)}),
+                 ("attn.qkv", {"weight": (12, 4), "bias": (12,)}), ("attn.proj", {"weight": (4, 4), "bias": (4,)}),
+                 ("mlp.linear_fc1", {"weight": (6, 4), "bias": (6,)}),
+                 ("mlp.linear_fc2", {"weight": (4, 6), "bias": (4,)})) for p, s in shapes.items()},
              "mtp.fc.weight": (H, 2 * H), "mtp.pre_fc_norm_embedding.weight": (H,),
              "mtp.pre_fc_norm_hidden.weight": (H,), "mtp.norm.weight": (H,)}
     layer = {n.replace("model.language_model.layers.1.", "mtp.layers.0."): t.shape
@@ -171,6 +182,11 @@ def test_conditional_generation_nesting_vision_and_mtp_components():
     assert comps["text"].config["tie_word_embeddings"] is True      # the composite config decides
     assert comps["vision"].target == comps["mtp"].target == "text"
     assert comps["vision"].config["image_token_id"] == 99 and comps["vision"].config["depth"] == 1
+    assert comps["text"].config["vision_config"] == comps["vision"].config   # what parameter_specs reads
+    specs = {s.name: s for s in parameter_specs(comps["text"].config, StartupFeatures(vision=True))}
+    assert specs["vision/patch_embed/proj/weight"].shape == (4, 3, 2, 2, 2)
+    assert specs["vision/blocks/0/attn/qkv/weight"].component == "vision"
+    assert {n for n in specs if n.startswith("vision/")} == {b for b in bindings if b.startswith("vision/")}
     for o in plan.objects:
         src = source_name(o.sources[0])
         want = "vision" if src.startswith("model.visual.") else "mtp" if src.startswith("mtp.") else "text"
@@ -255,8 +271,11 @@ def test_corrupt_config_values_are_refused_naming_the_field(over, field):
 
 def test_features_beyond_text_are_refused_until_supported():
     compact = compact_text_config(_text_config())
-    with pytest.raises(NotSupportedError):
+    # A text-only artifact has no tower: vision is refused saying so.
+    with pytest.raises(NotSupportedError, match="has no vision tower"):
         parameter_specs(compact, StartupFeatures(vision=True))
+    with pytest.raises(NotSupportedError, match="vision with speculative decoding"):
+        parameter_specs(compact, StartupFeatures(vision=True, speculative="mtp"))
     with pytest.raises(NotSupportedError, match="'dflash' is not supported"):
         parameter_specs(compact, StartupFeatures(speculative="dflash"))
 

@@ -32,6 +32,8 @@ from ninfer.errors import NInferError
 if TYPE_CHECKING:
     import torch
 
+    from ninfer.contracts.media import MediaInput
+
 
 class ProgramError(NInferError):
     """A Program call was made against its contract (unknown sequence, wrong state, ...)."""
@@ -337,12 +339,16 @@ class Program(Protocol):
 
     def capacity(self) -> ProgramCapacity: ...
 
-    def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None) -> SeqId:
+    def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None,
+                      media: Sequence[MediaInput] = ()) -> SeqId:
         """Take a StateImage slot (native-initialised) and start a ledger with ``tokens`` (>= 1).
         ``prompt_length`` (default: all of ``tokens``) separates prompt from already-accepted output,
         which the presence/frequency penalties count: a Replay resume passes the original prompt
-        length so its sampling matches the uninterrupted run. Raises OutOfSlotsError when no slot is
-        free. Takes no KV pages: see reserve_units."""
+        length so its sampling matches the uninterrupted run. ``media``: the prompt's images and videos
+        (``ninfer.contracts.media``), whose spans lie in the prompt; every open of the same request (a
+        Replay or Snapshot resume too) passes the same media. A Program that cannot take them (no encoder,
+        or media that do not fit the prompt) raises ProgramError before taking anything. Raises
+        OutOfSlotsError when no slot is free. Takes no KV pages: see reserve_units."""
 
     def reserve_units(self, demands: Mapping[SeqId, int]) -> dict[SeqId, bool]:
         """For each row, atomically make sure KV pages exist for ``n`` more tokens beyond ``computed``.
@@ -391,7 +397,7 @@ class CheckpointProgram(Program, Protocol):
         share its KV prefix. None when no checkpoint slot is free (nothing taken)."""
 
     def open_sequence_from(self, checkpoint: CheckpointHandle, tokens: Sequence[int],
-                           prompt_length: int | None = None) -> SeqId:
+                           prompt_length: int | None = None, media: Sequence[MediaInput] = ()) -> SeqId:
         """Like :meth:`Program.open_sequence`, but the state starts as a copy of the checkpoint's
         image, the KV history starts as its shared prefix, and ``computed == checkpoint.covered``."""
 

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ninfer.contracts.media import MediaInput
 from ninfer.contracts.program import (
     ExecutionUnit,
     OutOfSlotsError,
@@ -57,7 +58,7 @@ from ninfer.contracts.program import (
 )
 from ninfer.program.batch import ChunkRows, DecodeRows, ForwardBatch, HostTokens
 from ninfer.program.checkpoints import Checkpoints
-from ninfer.program.ledger import SequenceRecord, check_ledger
+from ninfer.program.ledger import SequenceRecord, check_ledger, refuse_media
 from ninfer.program.lookahead import LookaheadDecode
 from ninfer.program.sampling import sample_rows
 from ninfer.storage.kv_pool import PagedKVCache
@@ -162,9 +163,12 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
         return self._get(seq).slot
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None) -> SeqId:
+    def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None,
+                      media: Sequence[MediaInput] = ()) -> SeqId:
         """Start a ledger. ``prompt_length`` (default: all of ``tokens``) separates prompt from
-        output for the penalties; a Replay resume passes the original prompt length."""
+        output for the penalties; a Replay resume passes the original prompt length. ``media``: none here
+        (an architecture with an encoder overrides this, checks its media, then calls it without)."""
+        refuse_media(media)
         ledger, plen = check_ledger(tokens, prompt_length, vocab_size=self.vocab_size, max_context=self.max_context)
         slot = self.states.allocate()
         if slot is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,10 +37,13 @@ from ninfer.contracts.program import (
     SeqId,
     SnapshotState,
 )
-from ninfer.program.ledger import SequenceRecord, check_ledger
+from ninfer.program.ledger import SequenceRecord, check_ledger, refuse_media
 from ninfer.storage.host_tier import HostCopy, HostTier
 from ninfer.storage.kv_pool import KVPrefixRef, PagedKVCache
 from ninfer.storage.state_image import StateImageStorage
+
+if TYPE_CHECKING:
+    from ninfer.contracts.media import MediaInput
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,11 @@ class Checkpoints:
         return handle
 
     def open_sequence_from(self, checkpoint: CheckpointHandle, tokens: Sequence[int],
-                           prompt_length: int | None = None) -> SeqId:
+                           prompt_length: int | None = None, media: Sequence[MediaInput] = ()) -> SeqId:
         """Open a sequence whose first ``checkpoint.covered`` tokens are already computed: its state
-        is a copy of the checkpoint's image and its KV history starts as the shared prefix."""
+        is a copy of the checkpoint's image and its KV history starts as the shared prefix. ``media``: none
+        here (see ``SequenceProgram.open_sequence``)."""
+        refuse_media(media)
         rec = self._checkpoint(checkpoint)
         if rec.slot is None or rec.host is not None:
             raise ProgramError(f"checkpoint {checkpoint.checkpoint_id} is on Host: restore it before opening from it")

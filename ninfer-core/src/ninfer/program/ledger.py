@@ -59,3 +59,11 @@ def check_ledger(tokens: Sequence[int], prompt_length: int | None, *, vocab_size
     if not 1 <= plen <= len(ledger):
         raise ProgramError(f"prompt_length {prompt_length} is outside [1, {len(ledger)}]")
     return ledger, plen
+
+
+def refuse_media(media: Sequence[object]) -> None:
+    """The bookkeeping's answer to a prompt with media: a ProgramError (an architecture with an encoder takes
+    them itself, before it opens the sequence without them)."""
+    if media:
+        raise ProgramError(f"this Program takes no media (got {len(media)}): its model has no encoder for images "
+                           f"or videos, or it was started without it")

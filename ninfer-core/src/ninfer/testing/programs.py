@@ -41,13 +41,14 @@ class BuiltProgram:
 
 def build_program(artifact: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                   max_sequences: int = 2, page_size: int = 4, num_pages: int = 64, max_context: int | None = None,
-                  checkpoint_slots: int = 0, ops: str | None = "reference", registry=None) -> BuiltProgram:
+                  checkpoint_slots: int = 0, ops: str | None = "reference", registry=None,
+                  features: StartupFeatures | None = None) -> BuiltProgram:
     """The Program of ``artifact``'s text architecture for ``dtype`` on ``device``. ``max_context`` defaults to
     the pool's capacity (``num_pages * page_size``); ``ops="reference"`` forces the torch reference ops (None:
     the registry's choice for the device, as the engine makes it); ``registry``: default
-    :func:`~ninfer.plugins.get_registry`."""
+    :func:`~ninfer.plugins.get_registry`; ``features``: default text only."""
     registry = registry or get_registry()
-    features = StartupFeatures()
+    features = features or StartupFeatures()
     with ArtifactReader.open(artifact) as reader:
         config = reader.component("text").config
         spec = registry.architecture(config["architectures"][0])

@@ -2,8 +2,9 @@
 
 Core defines the architecture-independent ops (:data:`ninfer.ops.contracts.CORE_CONTRACTS`: linear, the unit-offset
 RMSNorms, attention, KV cache, RoPE, MoE, sampling); these are the Gated DeltaNet mixer's (gates, short causal conv,
-the delta-rule recurrence, its output norm and the fused decode step), the interleaved MRoPE table, and the gated
-attention's fused zero-centred q/k norm + RoPE + KV write. Their reference and Triton implementations live beside
+the delta-rule recurrence, its output norm and the fused decode step), the interleaved MRoPE table, the gated
+attention's fused zero-centred q/k norm + RoPE + KV write, and the vision tower's (LayerNorm, linear with bias, the
+two GELUs, attention within segments). Their reference and Triton implementations live beside
 them (:mod:`ninfer_qwen3_5.ops.reference`, :mod:`ninfer_qwen3_5.ops.triton`).
 
 Shapes use: T tokens, B rows, S state slots, Hq/Hkv attention heads, D head dim, Hk/Hv GDN key/value heads, Dk/Dv
@@ -89,6 +90,23 @@ CONTRACTS: tuple[OpContract, ...] = (
                "ops round them (the conv output and o). mixed/z/a/b may be row-strided column views of one "
                "projection (last dim contiguous). Slots and out slots as for causal_conv1d_update; both states "
                "of a row go to its out slot."),
+    OpContract("layer_norm", "layer_norm(x[..., N], weight[N], bias[N], eps) -> [..., N]",
+               "LayerNorm over the last dim in fp32: (x - mean) * rsqrt(var + eps) * weight + bias with the biased "
+               "variance, cast once to x.dtype (the vision tower's norms)."),
+    OpContract("linear_bias", "linear_bias(x[..., in], weight[out, in], bias[out]) -> [..., out]",
+               "x @ weight.T + bias: core's linear with a bias, added before the one rounding to x.dtype (as "
+               "torch's addmm does); a weight or bias dtype other than x's is promoted, the output has x's dtype."),
+    OpContract("gelu_tanh", "gelu_tanh(x[...]) -> [...]",
+               "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in fp32, cast to x.dtype (torch's "
+               "gelu(approximate='tanh'))."),
+    OpContract("gelu_erf", "gelu_erf(x[...]) -> [...]",
+               "The exact GELU 0.5 x (1 + erf(x / sqrt(2))) in fp32, cast to x.dtype."),
+    OpContract("segment_attention",
+               "segment_attention(q[T, H, D], k[T, H, D], v[T, H, D], cu_seqlens[G + 1] int32, scale) -> o[T, H, D]",
+               "Bidirectional (non-causal) attention within G segments: token i of segment g = [cu[g], cu[g+1]) "
+               "attends to every token of g and no other, head by head (no GQA). cu_seqlens starts at 0, is "
+               "non-decreasing and ends at T (an empty segment is allowed). Scores and softmax in fp32, o rounded "
+               "once to q.dtype."),
     OpContract("qk_norm_rope_cache",
                "qk_norm_rope_cache(q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, D], q_norm[D], k_norm[D], eps, cos[T, R], "
                "sin[T, R], k_pool, v_pool, slot_mapping[T] int64) -> (q_out[T, Hq, D], k_out[T, Hkv, D])",
