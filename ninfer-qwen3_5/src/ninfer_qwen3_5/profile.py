@@ -13,7 +13,8 @@ Exact figures mirror what :class:`~ninfer_qwen3_5.program.Qwen35Program` allocat
   ``mtp`` component's parameters (:func:`~ninfer_qwen3_5.parameters.parameter_specs` selects them).
 - State: the StateImage of :mod:`ninfer_qwen3_5.state` (conv in the run dtype, recurrent fp32; with vision the
   rope delta too).
-- Vision (``features.vision``): the tower's parameters, all in the run dtype (selected by ``parameter_specs``).
+- Vision (``features.vision``): the tower's parameters, all in the run dtype (selected by ``parameter_specs``),
+  and the encoder's workspace per input row (:func:`_encoder_bytes_per_row`).
 
 The workspace terms are estimates of the torch reference path's temporaries (the planner's headroom
 covers their error); the compute terms count multiply-adds as two FLOPs.
@@ -31,8 +32,10 @@ from ninfer.contracts.features import StartupFeatures
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.moe import fused_input_rows
+from ninfer_qwen3_5.ops.reference.segment_attention import QUERY_BLOCK
 from ninfer_qwen3_5.parameters import parameter_specs
 from ninfer_qwen3_5.state import state_layout
+from ninfer_qwen3_5.vision.config import VisionConfig
 
 _F32 = 4
 # Parameters the GDN layer replaces by fp32 tensors derived from them at construction.
@@ -91,6 +94,19 @@ def _activation_bytes_per_token(cfg: Qwen35Config, s: int) -> int:
     return 4 * H * s + max(widest, mlp)
 
 
+def _encoder_bytes_per_row(config: Mapping[str, Any], s: int) -> int:
+    """Transient bytes of one tower call per input row (:mod:`ninfer_qwen3_5.vision.tower` on the torch reference
+    ops), summed over its stages rather than maximised (an upper bound): the input rows and the fp32 position
+    taps (4 taps, weighted, summed); a block's residual, norm, qkv, rotated q and k, fp32 attention output and its
+    cast, projection; the MLP's two widths; the merged output. Plus the attention's live fp32 scores and softmax:
+    ``QUERY_BLOCK`` queries of every head against each key (a call's rows bound its longest segment)."""
+    v = VisionConfig.from_compact(config["vision_config"])
+    hid, inter, f = v.hidden_size, v.intermediate_size, _F32
+    linear = s * (v.patch_values + 10 * hid + 2 * inter + v.out_hidden_size // v.merge_unit)
+    fp32 = f * (9 * hid + 2 * hid + 2 * v.head_dim)   # position taps, q/k/v of a segment, attention out, cos/sin
+    return linear + fp32 + 2 * f * v.num_heads * QUERY_BLOCK
+
+
 def _matmul_params_per_token(cfg: Qwen35Config) -> int:
     H, total = cfg.hidden_size, 0
     for kind in cfg.layer_types:
@@ -146,7 +162,8 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         embedding_bytes=embedding,
         routed_expert_bytes=experts,
         num_experts=cfg.num_experts if cfg.is_moe else 0,
-        experts_per_token=cfg.num_experts_per_tok if cfg.is_moe else 0)
+        experts_per_token=cfg.num_experts_per_tok if cfg.is_moe else 0,
+        encoder_bytes_per_row=_encoder_bytes_per_row(config, s) if features.vision else 0)
 
 
 def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -131,6 +131,18 @@ class Qwen35Program(ModelProgram):
         self._bind_media(seq, checked)
         return seq
 
+    def check_media(self, tokens: Sequence[int], prompt_length: int | None,
+                    media: Sequence[MediaInput]) -> tuple[int, ...]:
+        """As :meth:`open_sequence` checks them (nothing opened); the pixel rows of each span, in token order (a
+        span is one encode unit: an image, or one temporal patch of a video)."""
+        checked = self._check_media(tokens, prompt_length, media)
+        return () if checked is None else tuple(rows for _, rows in checked.work(0, checked.prompt_length))
+
+    def encode_work(self, seq: SeqId, end: int) -> tuple[tuple[int, int], ...]:
+        start = self.computed(seq)
+        m = self._media.get(seq)
+        return () if m is None or end <= start else tuple(m.work(start, end))
+
     def _check_media(self, tokens: Sequence[int], prompt_length: int | None, media: Sequence[MediaInput]
                      ) -> SequenceMedia | None:
         if not media:

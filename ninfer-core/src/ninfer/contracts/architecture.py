@@ -50,6 +50,9 @@ class ModelProfile:
     ``embedding_bytes`` (an input table read one row per token; 0 when it is also the tied LM head) and
     ``routed_expert_bytes`` (all MoE layers' routed experts, of which a row reads ``experts_per_token`` of
     ``num_experts`` per layer).
+    ``encoder_bytes_per_row`` (0: no encoder bound): an estimate of the transient bytes of one encoder call per
+    input row (an image patch), its attention's live scores included, valid for a call of up to
+    ``EngineOptions.max_encode_rows`` rows; the planner reserves it for that many rows.
     """
 
     weight_bytes: int
@@ -69,6 +72,7 @@ class ModelProfile:
     routed_expert_bytes: int = 0
     num_experts: int = 0
     experts_per_token: int = 0
+    encoder_bytes_per_row: int = 0
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from ninfer.contracts.constraint import OutputConstraint
 
 if TYPE_CHECKING:
+    from ninfer.contracts.media import MediaInput
     from ninfer.contracts.program import TokenMaskProvider
 
 Channel = Literal["content", "reasoning"]
@@ -23,7 +24,11 @@ Channel = Literal["content", "reasoning"]
 @dataclass(frozen=True)
 class PreparedPrompt:
     """An owning prompt. ``positions`` are MRoPE position ids (3 rows of len(token_ids)) or None for
-    plain text positions 0..T-1. ``media`` will carry vision items (empty until Vision lands).
+    plain text positions 0..T-1 (informational: the Program computes the positions it runs with; a prompt with
+    media leaves them None). ``media``: the prompt's images and videos
+    (:class:`~ninfer.contracts.media.MediaInput`, in token order), whose placeholder spans lie in
+    ``token_ids``; the engine carries them to every open of the request's sequence and keys the context cache by
+    their digests.
     ``cache_points``: token offsets (ascending, each in ``[1, len(token_ids))``) where a later prompt
     is likely to share this one exactly up to the offset even if what follows is re-rendered, e.g. the
     end of the last complete message before the generation prompt; a context-cache engine
@@ -31,7 +36,7 @@ class PreparedPrompt:
 
     token_ids: tuple[int, ...]
     positions: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
-    media: tuple[Any, ...] = ()
+    media: tuple[MediaInput, ...] = ()
     thinking_open: bool = False  # the prompt itself ends inside <think> (output starts as reasoning)
     cache_points: tuple[int, ...] = ()
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from ninfer.contracts.features import Purpose, StartupFeatures
-from ninfer.errors import NInferError, NotSupportedError
+from ninfer.errors import NInferError
 
 MAX_CONCURRENCY_LIMIT = 8
 #: The most tokens a speculative step may draft per row (``EngineOptions.num_speculative_tokens``).
@@ -23,6 +23,11 @@ SCORING_PREFILL_CHUNK = 2048
 # while prompts prefill; a larger budget prefills faster (better TTFT) and stalls longer. A starting value, to
 # be re-chosen by measurement on the target GPU.
 DEFAULT_MAX_STEP_TOKENS = 2048
+# Encoder budget default (``EngineOptions.max_encode_rows``): the most encoder input rows (image patches) one step
+# encodes, and so the largest single frame (an image, or one temporal patch of a video) a request may carry. 16,384
+# patches of 16 x 16 pixels are 4.2 megapixels (2048 x 2048); through Qwen3.5's 27-layer tower that is about the
+# compute of a 2,048-token step of a 9B text model, and the planner reserves its workspace (docs/vision.md).
+DEFAULT_MAX_ENCODE_ROWS = 16384
 
 
 class InvalidEngineOptions(NInferError):
@@ -86,6 +91,15 @@ class EngineOptions:
       ``Engine.start`` before any conversion): an unregistered name is an InvalidEngineOptions listing the
       registered ones. Speculation changes how many tokens a step commits, never which (docs/speculative.md);
       it turns decode graphs and lookahead off (``lookahead=True`` with it is an error).
+    - ``vision``: bind the model's vision tower (images and videos in prompts, docs/vision.md). None (default):
+      on when the artifact has a ``vision`` component, for a generation engine without speculative decoding;
+      True requires the component (an error otherwise, as is True beside ``speculative`` or on a causal_scoring
+      engine); False never binds it (less memory; a request with media is then refused).
+      ``max_encode_rows`` (>= 1; None: 16,384, :attr:`encode_rows`): the most encoder input rows (image
+      patches) one engine step encodes. A request's media are encoded step by step within it, one frame (an
+      image, or a video's temporal patch) at a time at the least, so a large image delays other streams by at
+      most this much encoder work; a frame larger than it is refused at submit. The planner reserves the
+      encoder's workspace for it.
     - ``warmup`` (start-up warm-up, ``ninfer.program.warmup``): before the engine serves, run its step paths
       over synthetic sequences (every token-count class up to the prefill chunk, several chunks per step, decode
       rows beside chunks, constrained, sampled, penalised and logprob rows, lookahead, speculative rows,
@@ -111,7 +125,8 @@ class EngineOptions:
     cache_checkpoint_interval: int | None = None
     cache_host_mib: float | None = None
     admission_bypass: int = 2
-    vision: bool = False
+    vision: bool | None = None
+    max_encode_rows: int | None = None
     speculative: str | None = None
     num_speculative_tokens: int | None = None
     lookahead: bool | None = None
@@ -168,8 +183,17 @@ class EngineOptions:
                 raise bad("num_speculative_tokens", "needs speculative (a backend name): nothing is drafted without it")
         if self.purpose == "causal_scoring" and self.speculative is not None:
             raise bad("speculative", "a causal_scoring engine runs no decode steps")
-        if self.vision:
-            raise NotSupportedError("the Vision feature is not supported yet")
+        if self.vision is not None and not isinstance(self.vision, bool):
+            raise bad("vision", "must be True, False or None (auto: on when the artifact has a vision tower)")
+        if self.vision and self.purpose == "causal_scoring":
+            raise bad("vision", "a causal_scoring engine scores text only")
+        if self.vision and self.speculative is not None:
+            raise bad("vision", f"vision with speculative decoding (speculative={self.speculative!r}) is not "
+                                f"supported yet: start without one of them (--no-vision, or no --speculative)")
+        if self.max_encode_rows is not None and (isinstance(self.max_encode_rows, bool)
+                                                 or not isinstance(self.max_encode_rows, int)
+                                                 or self.max_encode_rows < 1):
+            raise bad("max_encode_rows", "must be an int >= 1 or None")
         # The speculative name is checked against the registered backends at resolution: this layer sits
         # beside the plugin registry and does not import it.
         return self
@@ -209,6 +233,11 @@ class EngineOptions:
         return DEFAULT_MAX_STEP_TOKENS if self.max_step_tokens is None else self.max_step_tokens
 
     @property
+    def encode_rows(self) -> int:
+        """The most encoder input rows one step encodes: ``max_encode_rows``, else the default."""
+        return DEFAULT_MAX_ENCODE_ROWS if self.max_encode_rows is None else self.max_encode_rows
+
+    @property
     def checkpoint_slots(self) -> int:
         """StateImage slots the Program needs for checkpoints (0 without the context cache)."""
         if not self.uses_context_cache:
@@ -235,4 +264,5 @@ class EngineOptions:
         return self.max_concurrency + self.queue_capacity
 
     def features(self) -> StartupFeatures:
-        return StartupFeatures(vision=self.vision, speculative=self.speculative, purpose=self.purpose)
+        """The features these options bind; ``vision`` None (auto, not yet resolved for an artifact) binds none."""
+        return StartupFeatures(vision=bool(self.vision), speculative=self.speculative, purpose=self.purpose)

@@ -350,6 +350,21 @@ class Program(Protocol):
         or media that do not fit the prompt) raises ProgramError before taking anything. Raises
         OutOfSlotsError when no slot is free. Takes no KV pages: see reserve_units."""
 
+    def check_media(self, tokens: Sequence[int], prompt_length: int | None,
+                    media: Sequence[MediaInput]) -> tuple[int, ...]:
+        """Whether :meth:`open_sequence` would take ``media`` with a prompt ``tokens[:prompt_length]`` (default: all
+        of ``tokens``): a ProgramError naming the problem otherwise (no encoder, media that do not fit the prompt).
+        Opens and changes nothing, so any thread may call it (the engine checks a request at submit). Returns the
+        encoder input rows of each *encode unit* of the media, in token order: the smallest pieces the encoder's
+        work is split into across steps (:meth:`encode_work`); ``()`` for no media."""
+
+    def encode_work(self, seq: SeqId, end: int) -> tuple[tuple[int, int], ...]:
+        """The encoder work a chunk of ``seq`` from ``computed(seq)`` up to ledger index ``end`` would run:
+        ``(at, rows)`` for each encode unit whose embeddings that chunk needs and the Program does not hold yet,
+        in token order, ``at`` the first ledger index of the chunk that needs it (a chunk that stops before ``at``
+        does not encode it) and ``rows`` its encoder input rows. Empty for a sequence without media. The
+        scheduler cuts chunks with it to bound a step's encoder work."""
+
     def reserve_units(self, demands: Mapping[SeqId, int]) -> dict[SeqId, bool]:
         """For each row, atomically make sure KV pages exist for ``n`` more tokens beyond ``computed``.
         A row that cannot be satisfied gets False and keeps what it had; other rows are unaffected."""

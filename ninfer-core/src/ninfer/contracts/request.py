@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ninfer.contracts.errors import InvalidRequestError, PromptTooLongError
 from ninfer.contracts.frontend import OutputOptions, PreparedPrompt
+from ninfer.contracts.media import MediaInput
 from ninfer.contracts.sampling import SamplingParams
 
 
@@ -55,6 +56,11 @@ class GenerationRequest:
         return tuple(self.prompt.cache_points) if isinstance(self.prompt, PreparedPrompt) else ()
 
     @property
+    def media(self) -> tuple[MediaInput, ...]:
+        """The prompt's images and videos (PreparedPrompt.media); none for token ids."""
+        return tuple(self.prompt.media) if isinstance(self.prompt, PreparedPrompt) else ()
+
+    @property
     def prompt_tokens(self) -> tuple[int, ...]:
         if isinstance(self.prompt, PreparedPrompt):
             return tuple(self.prompt.token_ids)
@@ -75,9 +81,7 @@ class GenerationRequest:
             raise PromptTooLongError(
                 f"the prompt has {len(tokens)} tokens; max_context {max_context} leaves room for at most "
                 f"{max_context - 1} prompt tokens")
-        if isinstance(self.prompt, PreparedPrompt) and self.prompt.media:
-            # Vision inputs need the Vision feature, which the engine does not bind yet.
-            raise InvalidRequestError("the prompt carries media items but this engine serves text only")
+        self._validate_media(len(tokens))
         if self.sampling is not None:
             self.sampling.validate(vocab_size)
         for t in self.output.stop_token_ids:
@@ -92,3 +96,16 @@ class GenerationRequest:
         if self.deadline is not None and not math.isfinite(self.deadline):
             raise InvalidRequestError(f"deadline {self.deadline!r} is not a finite monotonic time")
         return self
+
+    def _validate_media(self, length: int) -> None:
+        """The media's shape as a request can state it: MediaInput items whose spans lie in the prompt, in token
+        order, never overlapping. Whether they fit the model is the Program's check (the engine runs it)."""
+        end = 0
+        for i, m in enumerate(self.media):
+            if not isinstance(m, MediaInput):
+                raise InvalidRequestError(f"prompt media item {i} is a {type(m).__name__}, not a MediaInput (prepare "
+                                          f"the prompt with the frontend: Engine.chat or Frontend.prepare_chat)")
+            if m.spans[0][0] < end or m.spans[-1][1] > length:
+                raise InvalidRequestError(f"prompt media item {i} ({m.kind}) spans {m.spans[0][0]}..{m.spans[-1][1]}: "
+                                          f"media must come in token order, apart, inside the {length}-token prompt")
+            end = m.spans[-1][1]

@@ -2,7 +2,8 @@
 
 Roles are the upstream file names. The ``text`` component gets ``tokenizer.json``,
 ``tokenizer_config.json``, ``chat_template.jinja`` and ``generation_config.json``; a planned
-``vision`` component gets ``preprocessor_config.json`` and ``video_preprocessor_config.json``.
+``vision`` component gets ``preprocessor_config.json``, ``video_preprocessor_config.json`` and
+``processor_config.json`` (the image and video preprocessing settings the frontend reads with media).
 Invariants of :func:`collect_resources`:
 
 - a resource is present only when its source exists (absent files are simply not stored);
@@ -25,7 +26,7 @@ from ninfer.conversion.errors import SourceError
 from ninfer.conversion.resource_checks import check_text_resources
 
 TEXT_ROLES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
-VISION_ROLES = ("preprocessor_config.json", "video_preprocessor_config.json")
+VISION_ROLES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 CHAT_TEMPLATE = "chat_template.jinja"
 # Where a chat template string may live when there is no chat_template.jinja, in order of preference.
 _TEMPLATE_HOLDERS = ("chat_template.json", "tokenizer_config.json")

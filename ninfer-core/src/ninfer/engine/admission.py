@@ -95,7 +95,7 @@ class Admission:
         self.counters.cache_lookups += 1
         passed: set[int] = set()
         while True:
-            source = self.cache.lookup(tokens, session=rec.session_key, exclude=passed)
+            source = self.cache.lookup(tokens, session=rec.session_key, exclude=passed, media=rec.media)
             if source is None:
                 return Placement() if self._fits_reclaiming(need) else None
             if self._fits_from(source, need):

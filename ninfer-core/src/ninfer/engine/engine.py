@@ -31,7 +31,7 @@ from ninfer.contracts.events import GenerationResult
 from ninfer.contracts.frontend import Frontend, OutputOptions, PreparedPrompt
 from ninfer.contracts.memory import MemorySummary
 from ninfer.contracts.options import EngineOptions, InvalidEngineOptions
-from ninfer.contracts.program import CheckpointProgram, Program, WarmupLimits
+from ninfer.contracts.program import CheckpointProgram, Program, ProgramError, WarmupLimits
 from ninfer.contracts.request import GenerationRequest
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.engine.handle import GenerationHandle, RequestControl
@@ -237,6 +237,8 @@ class Engine:
         sampling = self._keyword_sampling(sampling, sampling_fields)
         req = self._as_request(request, sampling, output, deadline, timeout_s, request_id, cache, session)
         req.validate(vocab_size=self._vocab_size, max_context=self._options.max_context)
+        if req.media:
+            self._check_media(req)
         params = req.sampling if req.sampling is not None else self.sampling_params()
         if params.seed is None:
             # Drawn here, once, so a Replay after preemption samples exactly the same tokens.
@@ -268,7 +270,7 @@ class Engine:
                                 submit_time=time.monotonic(), deadline=req.deadline,
                                 cache=self._options.context_cache and req.cache,
                                 session_key=req.session if self._options.context_cache else None,
-                                cache_points=req.cache_points)
+                                cache_points=req.cache_points, media=req.media)
             self._outstanding += 1
             self._submitted += 1
             core.inbox.put(("submit", rec))
@@ -331,6 +333,26 @@ class Engine:
         return GenerationRequest(prompt=prompt, sampling=sampling, output=output or OutputOptions(),
                                  deadline=deadline, request_id=request_id, cache=True if cache is None else cache,
                                  session=session)
+
+    def _check_media(self, req: GenerationRequest) -> None:
+        """A prompt's media against this engine (on the submitting thread, so the worker never meets media its
+        Program refuses): vision must be on, the Program must take them with the prompt, and no encode unit may
+        exceed the step's encoder budget."""
+        media = req.media
+        if self._options.vision is False:
+            raise InvalidRequestError(f"the prompt carries {len(media)} image(s)/video(s) but this engine was started "
+                                      f"with vision off (--no-vision, EngineOptions.vision=False)")
+        try:
+            units = self._program.check_media(req.prompt_tokens, None, media)
+        except ProgramError as exc:
+            raise InvalidRequestError(f"the prompt's media cannot be served: {exc}") from None
+        budget = self._options.encode_rows
+        for i, rows in enumerate(units):
+            if rows > budget:
+                raise InvalidRequestError(
+                    f"a frame of the prompt's media (encode unit {i}) is {rows:,} patches, above this engine's "
+                    f"encoder budget of {budget:,} per step (max_encode_rows, --max-encode-rows): start the engine "
+                    f"with max_encode_rows >= {rows} (it reserves more device memory) or send a smaller image")
 
     def _check_accepting(self) -> None:
         status = self._core.status

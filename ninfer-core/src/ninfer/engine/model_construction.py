@@ -207,6 +207,8 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
             raise ModelConstructionError(f"architecture {spec.name!r} uses frontend family {spec.frontend!r}, "
                                          f"which no installed plugin provides (installed: {sorted(registry.frontends)})")
         resources = {role: reader.resource("text", role) for role in text.resources}
+        if "vision" in reader.directory.components:  # the image and video preprocessing settings
+            resources.update({role: reader.resource("vision", role) for role in reader.component("vision").resources})
         frontend = family.create({k: v for k, v in resources.items() if v is not None}, profile.vocab_size)
         weights = load_weights(reader, model.parameter_specs, device, progress=progress)
         metadata = reader.directory.metadata or {}
@@ -229,6 +231,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
             "page_size": effective.page_size, "max_context": max_context,
             "max_position_embeddings": profile.max_position_embeddings, "ops": ops.describe(),
             "cuda_graphs": list(started.graph_sizes), "lookahead": resolved.lookahead_slots > 0,
+            "vision": bool(effective.vision),
             # Start-up seconds by phase; the Engine adds its warm-up and the whole start.
             "startup": {"load_s": time.perf_counter() - begun - started.graphs_s, "graphs_s": started.graphs_s}}
     memory = startup.memory.with_num_pages(num_pages).summary(resolved.dtype,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ninfer.contracts.errors import EngineFailure
 from ninfer.contracts.frontend import OutputSession
+from ninfer.contracts.media import MediaInput
 from ninfer.contracts.program import ResumeState, RowSampling, SeqId
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.engine.handle import RequestControl
@@ -79,6 +80,7 @@ class RequestRecord:
     cache: bool = False              # takes part in the context cache (engine has one, request allows)
     session_key: str | None = None   # context-cache session hint (publication order = ticket)
     cache_points: tuple[int, ...] = ()  # prompt offsets to checkpoint at (PreparedPrompt.cache_points)
+    media: tuple[MediaInput, ...] = ()  # the prompt's images and videos, passed to every open of its sequence
 
     @property
     def seed(self) -> int:

@@ -22,7 +22,11 @@
    to compute)`` tokens cut at its next checkpoint boundary (so at least one token), until the budget
    is spent or the candidates run out. A candidate reserves its pages, reclaiming cache entries first;
    one that still does not fit is skipped while anything else runs, and when nothing would run the
-   youngest resident is preempted. Apart from the steps a protected resume's rebuild fills, the rotation
+   youngest resident is preempted. A chunk of a request with media is also cut before the first encode unit
+   (an image, a video's temporal patch: ``Program.encode_work``) that would take the step's encoder work past
+   ``encode_rows`` input rows, so a step encodes at most that much (media are encoded inside the step, before
+   its model call, batched across the step's chunks); a unit larger than the budget (the engine refuses those
+   at submit) would run alone in a step. Apart from the steps a protected resume's rebuild fills, the rotation
    gives every candidate whose pages fit a chunk within ``max_concurrency`` steps, so no request
    starves; a long prompt is chunked across steps.
 
@@ -62,6 +66,8 @@ class ScheduledChunk:
     rec: RequestRecord
     tokens: int
     samples: bool  # the chunk ends at the ledger's end: its last position samples the next token
+    encode_units: int = 0  # media encode units the Program encodes for this chunk
+    encode_rows: int = 0   # their encoder input rows
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,8 @@ class Scheduler:
     def __init__(self, program: Program, queues: RequestQueues, sequences: SequenceTable,
                  cache: ContextCache | None, capture: CheckpointCapture, counters: EngineCounters, *,
                  prefill_chunk: int, step_tokens: int, on_admit: Callable[[RequestRecord], None],
-                 speculative_tokens: int = 0, max_context: int | None = None) -> None:
+                 speculative_tokens: int = 0, max_context: int | None = None,
+                 encode_rows: int | None = None) -> None:
         self.program = program
         self.queues = queues
         self.sequences = sequences
@@ -125,6 +132,7 @@ class Scheduler:
             raise ValueError("a speculating Scheduler needs max_context (the drafts' room)")
         self.speculative_tokens = speculative_tokens  # the most drafts per decode row (0: no speculation)
         self.max_context = max_context
+        self.encode_rows = encode_rows  # the most encoder input rows a step encodes (None: no bound)
         self.admission = Admission(program, cache, sequences, queues, counters)
         # Admissions, resumes and preemptions so far: a step that ran nothing but changed these
         # may have made room for more work, so the worker must not sleep after it.
@@ -196,6 +204,10 @@ class Scheduler:
                     self.counters.prefill_tokens += c.tokens
                 else:
                     self.counters.replay_tokens += c.tokens
+            step_rows = sum(c.encode_rows for c in chunks)
+            self.counters.encode_units += sum(c.encode_units for c in chunks)
+            self.counters.encode_rows += step_rows
+            self.counters.max_step_encode_rows = max(self.counters.max_step_encode_rows, step_rows)
             self.counters.chunks += len(chunks)
             self.counters.max_unit_chunks = max(self.counters.max_unit_chunks, len(chunks))
             row_drafts = tuple(drafts[r.seq] for r in decode)
@@ -220,6 +232,7 @@ class Scheduler:
         if decode_tokens:  # the decode rows wait for the whole step: bound it, but prefill never stops
             budget = max(1, min(budget, self.step_tokens - decode_tokens))
         chosen: list[ScheduledChunk] = []
+        encoded = 0   # encoder input rows the chosen chunks encode
         for rec in candidates:
             if budget < 1:
                 break
@@ -230,16 +243,36 @@ class Scheduler:
                 raise EngineFailure(f"request {rec.request_id} is {rec.state.value} with nothing left to "
                                     f"compute")
             n = self.capture.chunk_tokens(rec, computed, min(budget, left))
+            n, units, rows = self._encode_cut(rec, computed, n, encoded)
+            if n < 1:
+                continue  # its next encode unit does not fit this step's encoder budget
             ok = self.program.reserve_units({rec.seq: n})[rec.seq]
             while not ok and self.admission.reclaim():
                 ok = self.program.reserve_units({rec.seq: n})[rec.seq]
             if ok:
-                chosen.append(ScheduledChunk(rec, n, samples=computed + n == rec.ledger_length))
+                chosen.append(ScheduledChunk(rec, n, samples=computed + n == rec.ledger_length, encode_units=units,
+                                             encode_rows=rows))
                 self.queues.note_chunk(rec)
                 budget -= n
+                encoded += rows
             elif rec.protected:
                 raise EngineFailure(f"request {rec.request_id} lost its resume reservation")
         return chosen
+
+    def _encode_cut(self, rec: RequestRecord, computed: int, n: int, encoded: int) -> tuple[int, int, int]:
+        """``(tokens, units, rows)``: the chunk of ``n`` tokens from ``computed`` cut before the first encode unit
+        that would take the step past ``encode_rows`` encoder rows, ``encoded`` being spent already by earlier
+        chunks; a unit alone in an empty budget always fits (progress), and so may leave 0 tokens."""
+        if not rec.media:
+            return n, 0, 0
+        assert rec.seq is not None
+        units = rows = 0
+        for at, unit_rows in self.program.encode_work(rec.seq, computed + n):
+            if self.encode_rows is not None and encoded + rows + unit_rows > self.encode_rows and encoded + rows:
+                return at - computed, units, rows
+            units += 1
+            rows += unit_rows
+        return n, units, rows
 
     def _preempt(self, why: str) -> None:
         """Pause the youngest non-protected resident (a Snapshot when the context cache can keep

@@ -34,16 +34,19 @@ class SequenceTable:
 
     def open(self, rec: RequestRecord, tokens: tuple[int, ...], prompt_length: int | None,
              source: CacheEntry | None = None) -> bool:
-        """Open ``rec``'s sequence over ``tokens`` (from ``source`` when given: the Program then
+        """Open ``rec``'s sequence over ``tokens`` with ``rec.media`` (from ``source`` when given: the Program then
         starts at ``computed == source.covered``). False when the Program has no free slot."""
+        # The request's media go with every open (fresh, Replay, Snapshot or checkpoint), passed only when there
+        # are any (a text-only Program need not take the keyword).
+        media = {"media": rec.media} if rec.media else {}
         try:
             if source is not None:
                 with self.ops.transaction("bind", f"request {rec.request_id} from checkpoint {source.entry_id}"):
-                    seq = self.program.open_sequence_from(source.handle, tokens, prompt_length)
+                    seq = self.program.open_sequence_from(source.handle, tokens, prompt_length, **media)
             elif prompt_length is None:
-                seq = self.program.open_sequence(tokens)
+                seq = self.program.open_sequence(tokens, **media)
             else:
-                seq = self.program.open_sequence(tokens, prompt_length=prompt_length)
+                seq = self.program.open_sequence(tokens, prompt_length=prompt_length, **media)
         except OutOfSlotsError:
             return False
         if seq in self._by_seq:

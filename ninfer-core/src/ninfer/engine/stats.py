@@ -38,6 +38,9 @@ class EngineCounters:
     chunks: int = 0             # prefill/Replay chunks run (several may share a unit)
     max_unit_chunks: int = 0    # the most chunks one unit ran
     completion_tokens: int = 0  # accepted output tokens
+    encode_units: int = 0       # media encode units (an image, a video's temporal patch) scheduled for encoding
+    encode_rows: int = 0        # their encoder input rows (image patches)
+    max_step_encode_rows: int = 0  # the most encoder input rows one unit encoded
     cache_lookups: int = 0      # context cache: admissions that looked for a checkpoint
     cache_hits: int = 0         # admissions bound to a checkpoint
     cache_hit_tokens: int = 0   # prompt tokens those checkpoints covered
@@ -107,6 +110,9 @@ class EngineStats:
     chunks: int = 0
     max_unit_chunks: int = 0
     completion_tokens: int = 0
+    encode_units: int = 0
+    encode_rows: int = 0
+    max_step_encode_rows: int = 0
     cache_lookups: int = 0
     cache_hits: int = 0
     cache_hit_tokens: int = 0

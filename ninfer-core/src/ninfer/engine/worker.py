@@ -101,7 +101,7 @@ class EngineCore:
         self.scheduler = Scheduler(program, self.queues, self.sequences, self.cache, self.capture, self.counters,
                                    prefill_chunk=options.prefill_chunk, step_tokens=options.step_tokens,
                                    on_admit=self._started, speculative_tokens=speculative_tokens(options),
-                                   max_context=options.max_context)
+                                   max_context=options.max_context, encode_rows=options.encode_rows)
         self._close_drain: bool | None = None  # None: no close asked; else whether to drain first
         self.snapshot = CoreSnapshot("running", 0, 0, 0, cap, counter_values(self.counters))
         self.thread = threading.Thread(target=self._run, name="ninfer-engine-worker", daemon=True)

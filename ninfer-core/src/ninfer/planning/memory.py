@@ -2,7 +2,8 @@
 
 With S = the StateImages of every running request, checkpoint slot, lookahead spare and speculative verify
 snapshot (``k + 1`` per running request when the engine drafts ``k`` tokens), W = the workspace
-estimate and G = the decode graphs' pool estimate:
+estimate (with a vision encoder bound: plus its call over ``max_encode_rows`` rows, which a step runs before its
+model call) and G = the decode graphs' pool estimate:
 
 - runtime bytes = weights + KV + S + W + G; startup peak = loaded stored weights + converted copies +
   KV + S (the stored originals are held until construction ends). Both + headroom must fit the budget.
@@ -129,6 +130,8 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
     work = workspace_bytes(profile, step_tokens=step + running * per_row,
                            logit_rows=running * per_row + (chunk if scoring else 0),
                            max_context=max_context)
+    # The step's encoder call (docs/vision.md): at most max_encode_rows rows; its output rows outlive it.
+    work += options.encode_rows * profile.encoder_bytes_per_row if options.vision else 0
     # + context-cache checkpoints + lookahead spares + speculative verify snapshots (k + 1 per running request)
     snapshots = running * (resolved.speculative_tokens + 1) if resolved.speculative_tokens else 0
     state = (running + options.checkpoint_slots + lookahead + snapshots) * profile.state_bytes_per_sequence

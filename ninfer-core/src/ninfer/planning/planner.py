@@ -16,6 +16,8 @@ shrink an automatic KV pool (``planning.calibration``).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,9 +29,18 @@ from ninfer.artifact import ArtifactReader
 from ninfer.contracts.architecture import ArchitectureSpec, ModelProfile, ParameterSpec
 from ninfer.contracts.memory import MemorySummary
 from ninfer.contracts.options import EngineOptions
+from ninfer.errors import NotSupportedError
 from ninfer.planning.budget import device_budget
 from ninfer.planning.memory import MemoryPlan, plan_memory
-from ninfer.planning.resolution import ResolvedOptions, resolve_device, resolve_dtype, resolve_options
+from ninfer.planning.resolution import (
+    ResolvedOptions,
+    resolve_device,
+    resolve_dtype,
+    resolve_options,
+    resolve_vision,
+)
+
+log = logging.getLogger("ninfer.planning")
 
 
 @dataclass(frozen=True)
@@ -100,14 +111,25 @@ def artifact_profile(artifact: str | os.PathLike | ArtifactReader, options: Engi
     from ninfer.plugins import get_registry
 
     options = options.validate()
-    features = options.features()
     reader = artifact if isinstance(artifact, ArtifactReader) else ArtifactReader.open(artifact)
     try:
+        auto_vision = options.vision is None
+        options = resolve_vision(options, reader.directory.components)
         text = reader.component("text")
         spec = get_registry().architecture(text.architecture)
         device = resolve_device(options)
         dtype = resolve_dtype(options, device)
-        specs = tuple(spec.parameter_specs(text.config, features))
+        try:
+            specs = tuple(spec.parameter_specs(text.config, options.features()))
+        except NotSupportedError as exc:
+            if not (auto_vision and options.vision):
+                raise
+            # Automatic vision: a tower this architecture cannot bind (e.g. converted before its config was
+            # stored) leaves the engine text-only; asking for vision explicitly raises instead.
+            log.warning("vision off: %s", exc)
+            options = dataclasses.replace(options, vision=False)
+            specs = tuple(spec.parameter_specs(text.config, options.features()))
+        features = options.features()
         _check_components(reader, specs, options)
         source = weight_source(reader, specs)
     finally:

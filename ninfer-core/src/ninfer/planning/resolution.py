@@ -12,6 +12,7 @@ again:
 - the decode CUDA graph sizes (:func:`graph_batches`) and the lookahead spares (:func:`lookahead_slots`);
 - whether the engine runs its start-up warm-up (:func:`warmup_enabled`, decided by the Engine on the
   Program's device);
+- whether the vision tower binds (:func:`resolve_vision`, from the artifact's components);
 - the speculative backend named against the registered ones (:func:`check_speculative`) and the drafts per
   step (:func:`speculative_tokens`); a speculating engine captures no decode graphs and runs no lookahead.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,21 @@ def lookahead_slots(device: torch.device, options: EngineOptions, supported: boo
     if options.lookahead or graph_batches(device, options):
         return options.max_concurrency
     return 0
+
+
+def resolve_vision(options: EngineOptions, components: Collection[str]) -> EngineOptions:
+    """``options`` with ``vision`` decided for an artifact whose components are ``components``: None (auto) is on
+    exactly when the artifact has a ``vision`` component, for a generation engine that does not speculate (the
+    two are not combined yet); an explicit True without the component is an InvalidEngineOptions naming it."""
+    has = "vision" in components
+    if options.vision is None:
+        on = has and options.purpose == "generation" and options.speculative is None
+        return dataclasses.replace(options, vision=on)
+    if options.vision and not has:
+        raise InvalidEngineOptions(f"invalid engine option vision=True: the artifact has no vision tower (no "
+                                   f"'vision' component; it has {', '.join(sorted(components))}): convert a "
+                                   f"checkpoint with one, or start without vision")
+    return options
 
 
 def check_speculative(options: EngineOptions, backends: Mapping[str, Any] | None = None) -> None:

@@ -162,6 +162,17 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
     def state_slot(self, seq: SeqId) -> int:
         return self._get(seq).slot
 
+    # -- media -----------------------------------------------------------------------------------
+    def check_media(self, tokens: Sequence[int], prompt_length: int | None,
+                    media: Sequence[MediaInput]) -> tuple[int, ...]:
+        """No media here (an architecture with an encoder overrides this and :meth:`encode_work`)."""
+        refuse_media(media)
+        return ()
+
+    def encode_work(self, seq: SeqId, end: int) -> tuple[tuple[int, int], ...]:
+        self._get(seq)
+        return ()
+
     # -- lifecycle -------------------------------------------------------------------------------
     def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None,
                       media: Sequence[MediaInput] = ()) -> SeqId:

@@ -6,9 +6,10 @@ Positions: a decode row at ledger index ``at`` is at ``at + delta`` on all three
 rope delta, 0 without media); a chunk's tokens take their sequence's prompt positions
 (:meth:`~ninfer_qwen3_5.vision.media.SequenceMedia.chunk_positions`), a text sequence's chunk its indices.
 
-Embeddings: the media a chunk's tokens fill (:meth:`~ninfer_qwen3_5.vision.media.SequenceMedia.placements`) are
-encoded, those not yet encoded all in one tower call (a batch across sequences), and kept on their sequence until
-a chunk has passed their last span: a chunk boundary inside a span reuses the rows encoded for the chunk before.
+Embeddings: the encode units a chunk's tokens fill (:meth:`~ninfer_qwen3_5.vision.media.SequenceMedia.placements`:
+an image, or one temporal patch of a video) are encoded, those not yet encoded all in one tower call (a batch
+across sequences; consecutive temporal patches of one video as one grid), and kept on their sequence until a chunk
+has passed them: a chunk boundary inside a span reuses the rows encoded for the chunk before.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from ninfer.contracts.program import SeqId
 from ninfer.program.batch import ForwardBatch
 
-from ninfer_qwen3_5.vision.media import SequenceMedia
+from ninfer_qwen3_5.vision.media import SequenceMedia, Unit, unit_grid
 from ninfer_qwen3_5.vision.tower import VisionTower
 
 
@@ -39,19 +40,37 @@ def _to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
-def encode_missing(tower: VisionTower, media: Mapping[SeqId, SequenceMedia], wanted: list[tuple[SeqId, int]]
+def encode_missing(tower: VisionTower, media: Mapping[SeqId, SequenceMedia], wanted: list[tuple[SeqId, Unit]]
                    ) -> None:
-    """Encode the media ``(seq, index)`` of ``wanted`` that hold no embeddings yet, in one tower call, and keep
-    each medium's rows on its sequence."""
-    todo = list(dict.fromkeys((s, i) for s, i in wanted if i not in media[s].embeddings))
+    """Encode the units ``(seq, unit)`` of ``wanted`` that hold no embeddings yet, in one tower call, and keep
+    each unit's rows on its sequence. Consecutive temporal patches of one video go in as one grid ``(k, h, w)``
+    (the tower attends to each temporal patch on its own, so this equals encoding them apart)."""
+    todo = sorted(dict.fromkeys((s, u) for s, u in wanted if u not in media[s].embeddings))
     if not todo:
         return
-    items = [media[s].media[i] for s, i in todo]
-    out = tower.encode(torch.cat([m.pixels for m in items]), [m.grid for m in items])
+    groups: list[list[tuple[SeqId, Unit]]] = []
+    for s, u in todo:
+        last = groups[-1][-1] if groups else None
+        if (last is not None and last[0] == s and last[1][0] == u[0] and last[1][1] + 1 == u[1]
+                and media[s].media[u[0]].kind == "video"):
+            groups[-1].append((s, u))
+        else:
+            groups.append([(s, u)])
+    pixels, grids = [], []
+    for g in groups:
+        s, (i, j) = g[0]
+        m = media[s].media[i]
+        (t, h, w), row = unit_grid(m, j)
+        t *= len(g)
+        pixels.append(m.pixels[row:row + t * h * w])
+        grids.append((t, h, w))
+    out = tower.encode(torch.cat(pixels), grids)
     at = 0
-    for (s, i), m in zip(todo, items, strict=True):
-        media[s].embeddings[i] = out[at:at + m.num_tokens]
-        at += m.num_tokens
+    for s, u in todo:
+        m = media[s].media[u[0]]
+        n = m.spans[u[1]][1] - m.spans[u[1]][0]
+        media[s].embeddings[u] = out[at:at + n]
+        at += n
 
 
 def media_step(batch: ForwardBatch, media: Mapping[SeqId, SequenceMedia], tower: VisionTower,
@@ -75,9 +94,9 @@ def media_step(batch: ForwardBatch, media: Mapping[SeqId, SequenceMedia], tower:
     positions = _to(torch.cat(cols, dim=1), device)
     if not placed:
         return MediaStep(positions, None)
-    encode_missing(tower, media, [(s, p.medium) for s, _, p in placed])
+    encode_missing(tower, media, [(s, p.unit) for s, _, p in placed])
     index = [k for _, off, p in placed for k in range(off + p.start, off + p.end)]
-    rows = torch.cat([media[s].embeddings[p.medium][p.row:p.row + p.end - p.start] for s, _, p in placed])
+    rows = torch.cat([media[s].embeddings[p.unit][p.row:p.row + p.end - p.start] for s, _, p in placed])
     return MediaStep(positions, (_to(torch.tensor(index, dtype=torch.int64), device), rows))
 
 

@@ -13,6 +13,11 @@ tokens and the tower's config (a :class:`MediaError` naming the medium and the p
 ``index + delta``), and each medium's embeddings from the first chunk that needs them until a chunk has passed
 its last span (:meth:`SequenceMedia.consumed_before`), so a prompt prefilled in several chunks encodes each
 medium once, even when a chunk boundary falls inside a span.
+
+Encode units: each span is one unit of encoder work (an image; one temporal patch of a video, which the tower
+attends to on its own), encoded when a chunk first reaches it and kept until a chunk has passed it. The engine
+bounds a step's encoder work by cutting chunks before a unit (:meth:`SequenceMedia.work`), so a long video is
+encoded over several steps.
 """
 
 from __future__ import annotations
@@ -33,28 +38,51 @@ class MediaError(ProgramError):
     """A prompt's media do not fit its tokens or the model's tower; the message names the medium and the field."""
 
 
+Unit = tuple[int, int]   # (medium index, span index): one encode unit
+
+
 @dataclass(frozen=True)
 class Placement:
-    """The part of medium ``medium`` that tokens ``[start, end)`` of a chunk hold: its embedding rows
+    """The part of encode unit ``unit`` that tokens ``[start, end)`` of a chunk hold: its embedding rows
     ``[row, row + end - start)``."""
 
-    medium: int
+    unit: Unit
     start: int
     end: int
     row: int
 
 
+def unit_grid(m: MediaInput, span: int) -> tuple[tuple[int, int, int], int]:
+    """(patch grid, first pixel row) of span ``span`` of ``m``: the whole medium for an image (one span), one
+    temporal patch for a video."""
+    t, h, w = m.grid
+    if m.kind == "image":
+        return (t, h, w), 0
+    return (1, h, w), span * h * w
+
+
 @dataclass
 class SequenceMedia:
     """A sequence's checked media (see the module docstring). ``positions``: int64 ``[3, prompt_length]``;
-    ``delta``: the rope delta of every token past the prompt; ``embeddings``: medium index -> its rows (run dtype,
+    ``delta``: the rope delta of every token past the prompt; ``embeddings``: encode unit -> its rows (run dtype,
     on the device) while a chunk still needs them."""
 
     media: tuple[MediaInput, ...]
     prompt_length: int
     positions: torch.Tensor
     delta: int
-    embeddings: dict[int, torch.Tensor] = field(default_factory=dict)
+    embeddings: dict[Unit, torch.Tensor] = field(default_factory=dict)
+
+    def work(self, start: int, end: int) -> list[tuple[int, int]]:
+        """``(at, pixel rows)`` of each unit ledger tokens ``[start, end)`` reach that holds no embeddings yet,
+        in token order; ``at`` is the first of those tokens inside the unit."""
+        out = []
+        for i, m in enumerate(self.media):
+            for j, (a, b) in enumerate(m.spans):
+                if a < end and b > start and (i, j) not in self.embeddings:
+                    (t, h, w), _ = unit_grid(m, j)
+                    out.append((max(a, start), t * h * w))
+        return sorted(out)
 
     def chunk_positions(self, start: int, end: int) -> torch.Tensor:
         """int64 ``[3, end - start]``: the positions of ledger tokens ``[start, end)``."""
@@ -67,18 +95,16 @@ class SequenceMedia:
         """The media rows ledger tokens ``[start, end)`` hold, in token order."""
         out = []
         for i, m in enumerate(self.media):
-            row = 0
-            for a, b in m.spans:
+            for j, (a, b) in enumerate(m.spans):
                 lo, hi = max(a, start), min(b, end)
                 if lo < hi:
-                    out.append(Placement(i, lo, hi, row + lo - a))
-                row += b - a
+                    out.append(Placement((i, j), lo, hi, lo - a))
         return sorted(out, key=lambda p: p.start)
 
     def consumed_before(self, end: int) -> None:
-        """Forget the embeddings of every medium whose spans all end at or before ledger index ``end``."""
-        for i in [i for i in self.embeddings if self.media[i].spans[-1][1] <= end]:
-            del self.embeddings[i]
+        """Forget the embeddings of every unit whose span ends at or before ledger index ``end``."""
+        for u in [u for u in self.embeddings if self.media[u[0]].spans[u[1]][1] <= end]:
+            del self.embeddings[u]
 
 
 def vision_runs(media: Sequence[MediaInput], cfg: VisionConfig) -> list[VisionRun]:

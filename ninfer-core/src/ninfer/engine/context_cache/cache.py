@@ -37,7 +37,7 @@ Invariants:
 - A published checkpoint covers exactly the tokens the engine expected (the request's ledger up to
   the Program's ``computed``); a disagreement is an engine failure, never a silent miss.
 - ``lookup`` only returns shared entries whose tokens are an exact prefix of the prompt, shorter
-  than it.
+  than it, with the same media (by digest) over every image or video placeholder they cover.
 - Each reclaim step frees Device resources held only by the cache (a checkpoint slot, or device
   pages no live sequence holds) or returns False; so a loop of reclaims always ends.
 """
@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ninfer.contracts.errors import EngineFailure
+from ninfer.contracts.media import MediaInput
 from ninfer.contracts.program import (
     CheckpointHandle,
     CheckpointProgram,
@@ -58,7 +59,7 @@ from ninfer.contracts.program import (
     SnapshotState,
 )
 from ninfer.engine.context_cache.operation_slot import OperationSlot
-from ninfer.engine.context_cache.prefix_index import PrefixIndex
+from ninfer.engine.context_cache.prefix_index import PrefixIndex, prefix_keys
 
 EntryKind = Literal["prefill_boundary", "message_boundary", "prompt_end", "response_end", "pause_snapshot"]
 Pressure = Literal["pages", "slot"]
@@ -124,14 +125,16 @@ class ContextCache:
         return self._host_tier
 
     # -- binding -----------------------------------------------------------------------------------
-    def lookup(self, tokens: Sequence[int], *, session: str | None = None,
-               exclude: Collection[int] = ()) -> CacheEntry | None:
+    def lookup(self, tokens: Sequence[int], *, session: str | None = None, exclude: Collection[int] = (),
+               media: Sequence[MediaInput] = ()) -> CacheEntry | None:
         """The longest shared entry whose tokens are an exact proper prefix of ``tokens`` (the last
-        token must still run to sample), skipping ``exclude`` (entry ids). Among equally long
-        candidates the session's binding wins. The entry becomes most recently used. Counting a hit
-        is left to :meth:`note_bound`; the entry may have Host content (see :meth:`ensure_on_device`)."""
+        token must still run to sample), skipping ``exclude`` (entry ids); ``media`` (the prompt's images and
+        videos) must be the same media as the entry's over every placeholder it covers (their digests).
+        Among equally long candidates the session's binding wins. The entry becomes most recently used. Counting a
+        hit is left to :meth:`note_bound`; the entry may have Host content (see :meth:`ensure_on_device`)."""
         self._n["lookups"] += 1
-        found = [(n, eid) for n, eid in self.index.prefixes_of(tokens, len(tokens) - 1) if eid not in exclude]
+        keys = prefix_keys(tokens, media)
+        found = [(n, eid) for n, eid in self.index.prefixes_of(keys, len(keys) - 1) if eid not in exclude]
         if not found:
             return None
         best_len = found[0][0]
@@ -169,12 +172,14 @@ class ContextCache:
 
     # -- publication -------------------------------------------------------------------------------
     def publish(self, seq: SeqId, expected: Sequence[int], kind: EntryKind, *, order: int,
-                session: str | None = None) -> CacheEntry | None:
+                session: str | None = None, media: Sequence[MediaInput] = ()) -> CacheEntry | None:
         """Checkpoint ``seq``, which must cover exactly ``expected`` (the engine's view of its ledger
-        up to ``computed``). An entry with the same tokens is refreshed instead. Reclaims (demotes or
-        drops) other entries when no checkpoint slot is free; None when nothing could be kept."""
+        up to ``computed``), indexed with ``media`` (its prompt's images and videos, :func:`prefix_keys`). An
+        entry with the same tokens and media is refreshed instead. Reclaims (demotes or drops) other entries when
+        no checkpoint slot is free; None when nothing could be kept."""
         expected = tuple(expected)
-        same = self.index.find(expected)
+        keys = prefix_keys(expected, media)
+        same = self.index.find(keys)
         if same is not None:
             self._entries.move_to_end(same)
             entry = self._entries[same]
@@ -189,7 +194,7 @@ class ContextCache:
             self._check_covers(handle, expected, f"checkpoint of sequence {seq}")
             entry = CacheEntry(handle, kind, order, session)
             self._entries[handle.checkpoint_id] = entry
-            self.index.insert(handle.checkpoint_id, handle.tokens)
+            self.index.insert(handle.checkpoint_id, keys)
             self._n["captures"] += 1
         if session is not None:
             old = self._sessions.get(session)

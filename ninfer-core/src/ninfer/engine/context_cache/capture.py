@@ -65,4 +65,4 @@ class CheckpointCapture:
         computed = self.program.computed(rec.seq)
         ledger = rec.prompt + tuple(rec.output_tokens)
         session = rec.session_key if kind in ("prompt_end", "response_end") else None
-        self.cache.publish(rec.seq, ledger[:computed], kind, order=rec.ticket, session=session)
+        self.cache.publish(rec.seq, ledger[:computed], kind, order=rec.ticket, session=session, media=rec.media)

@@ -4,7 +4,7 @@ vision tower attends within one image, or one video frame, at a time).
 Invariants: a token sees exactly the tokens of its own segment, every head on its own (no GQA); scores, softmax
 and the weighted sum in fp32; the output rounded once to q.dtype. The segment bounds are read on the host (this
 reference synchronises once); queries are taken in blocks so that one call holds at most about
-``_BLOCK x segment length`` scores per head.
+``QUERY_BLOCK x segment length`` scores per head.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from ninfer.ops.registry import OpImpl
 
-_BLOCK = 1024
+QUERY_BLOCK = 1024
 
 
 def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -31,8 +31,8 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
             continue
         ks = k[a:b].float().transpose(0, 1)          # [H, L, D]
         vs = v[a:b].float().transpose(0, 1)
-        for s in range(a, b, _BLOCK):
-            e = min(b, s + _BLOCK)
+        for s in range(a, b, QUERY_BLOCK):
+            e = min(b, s + QUERY_BLOCK)
             qs = q[s:e].float().transpose(0, 1)      # [H, l, D]
             p = torch.softmax(qs @ ks.transpose(1, 2) * scale, dim=-1)
             out[s:e] = (p @ vs).transpose(0, 1)
