@@ -1,8 +1,13 @@
 """QwenFrontend: the Frontend of every Qwen-family artifact, built from its frontend resources.
 
 Resources are the artifact's ``{role: bytes}``: ``tokenizer.json`` (required), ``tokenizer_config.json``
-(eos token; may carry ``chat_template``), ``chat_template.jinja``, ``generation_config.json``.
-Template precedence: an explicit template given at start (``--chat-template FILE``), then
+(eos token; may carry ``chat_template``), ``chat_template.jinja``, ``generation_config.json``, and the image and
+video preprocessing settings (``preprocessor_config.json``, ``video_preprocessor_config.json`` or
+``processor_config.json``; Qwen3.5's defaults without them), read at the first image or video.
+Chat messages may carry images and videos (:mod:`ninfer_qwen3_5.frontend.media_prompt`): ``prepare_chat``
+preprocesses them on the calling thread (:mod:`ninfer_qwen3_5.frontend.vision`, within ``media_limits``) and
+returns a PreparedPrompt with the placeholder runs expanded and its ``media``. A raw text prompt
+(``prepare_text``) carries none. Template precedence: an explicit template given at start (``--chat-template FILE``), then
 ``chat_template.jinja``, then ``tokenizer_config.json``'s ``chat_template``, then NInfer's bundled
 ``qwen3_5.jinja``. The frontend is immutable after construction and shared by all requests; each request
 gets its own :class:`QwenOutputSession`.
@@ -14,7 +19,7 @@ import json
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ninfer.constrained import ConstraintMatcher, GrammarCompiler
 from ninfer.contracts.errors import InvalidConstraintError
@@ -26,9 +31,11 @@ from ninfer_qwen3_5.frontend.errors import FrontendError
 from ninfer_qwen3_5.frontend.generation_defaults import GenerationDefaults
 from ninfer_qwen3_5.frontend.grammar import constraint_ebnf
 from ninfer_qwen3_5.frontend.output_session import QwenOutputSession
+from ninfer_qwen3_5.frontend.media_prompt import MediaPart, expand_media, extract_media, vision_tokens
 from ninfer_qwen3_5.frontend.prompt import (
     TURN_START,
     chat_cache_points,
+    ends_inside_thinking,
     normalize_messages,
     plain_data,
     prepared_text_prompt,
@@ -37,10 +44,15 @@ from ninfer_qwen3_5.frontend.reasoning import THINK_CLOSE, THINK_OPEN
 from ninfer_qwen3_5.frontend.tokenizer import QwenTokenizer
 from ninfer_qwen3_5.frontend.tool_calls import CALL_CLOSE, CALL_OPEN
 
+if TYPE_CHECKING:
+    from ninfer_qwen3_5.frontend.vision import MediaLimits
+
 # Markers of the output format (reasoning and tool calls), parsed as text by the OutputSession.
 _OUTPUT_MARKERS = frozenset(m.encode() for m in (THINK_OPEN, THINK_CLOSE, CALL_OPEN, CALL_CLOSE))
 
-RESOURCE_ROLES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+VISION_RESOURCE_ROLES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
+RESOURCE_ROLES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+                  *VISION_RESOURCE_ROLES)
 
 
 def _json_resource(resources: Mapping[str, bytes], role: str) -> dict[str, Any] | None:
@@ -79,7 +91,7 @@ class QwenFrontend:
     """
 
     def __init__(self, resources: Mapping[str, bytes], *, chat_template: str | None = None,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, media_limits: MediaLimits | None = None):
         if resources.get("tokenizer.json") is None:
             raise FrontendError("frontend resources lack tokenizer.json")
         self.tokenizer = QwenTokenizer(resources["tokenizer.json"])
@@ -95,6 +107,10 @@ class QwenFrontend:
         self._detokenizer = IncrementalDetokenizer(self.tokenizer.token_bytes)
         self._grammar: GrammarCompiler | None = None  # built at the first constrained request
         self._grammar_lock = threading.Lock()
+        self.media_limits = media_limits  # None: MediaLimits() (imported with the first media item)
+        self.vision_tokens = vision_tokens(self.tokenizer.token_to_id)
+        self._vision_resources = {r: resources[r] for r in VISION_RESOURCE_ROLES if resources.get(r) is not None}
+        self._vision_configs = None   # parsed at the first media item
 
     @classmethod
     def from_directory(cls, path: str | Path, **kwargs: Any) -> QwenFrontend:
@@ -115,18 +131,61 @@ class QwenFrontend:
     def render_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = (),
                     enable_thinking: bool = True, add_generation_prompt: bool = True,
                     **template_kwargs: Any) -> str:
-        """The prompt text ``prepare_chat`` tokenizes (useful for token counting and debugging)."""
+        """The prompt text ``prepare_chat`` tokenizes (useful for token counting and debugging); each image or
+        video appears as its one unexpanded placeholder."""
+        marked, _ = extract_media(messages)
+        return self._render(marked, tools, enable_thinking, add_generation_prompt, template_kwargs)
+
+    def _render(self, messages, tools, enable_thinking, add_generation_prompt, template_kwargs) -> str:
         return self.template.render(**plain_data(template_kwargs), messages=normalize_messages(messages),
                                     tools=plain_data(list(tools)) or None, enable_thinking=enable_thinking,
                                     add_generation_prompt=add_generation_prompt)
 
     def prepare_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] = (),
                      enable_thinking: bool = True, add_generation_prompt: bool = True,
-                     **template_kwargs: Any) -> PreparedPrompt:
-        text = self.render_chat(messages, tools=tools, enable_thinking=enable_thinking,
-                                add_generation_prompt=add_generation_prompt, **template_kwargs)
+                     media_limits: MediaLimits | None = None, **template_kwargs: Any) -> PreparedPrompt:
+        """The rendered and tokenized chat prompt. Image and video parts (module docstring) are checked against
+        ``media_limits`` (default: the frontend's) and preprocessed here, on the calling thread; a bad one is a
+        MediaError (a FrontendError) naming it."""
+        marked, parts = extract_media(messages)
+        text = self._render(marked, tools, enable_thinking, add_generation_prompt, template_kwargs)
         ids = self.encode(text)
-        return prepared_text_prompt(ids, text, chat_cache_points(ids, self.tokenizer.token_to_id(TURN_START)))
+        turn = self.tokenizer.token_to_id(TURN_START)
+        if not parts:
+            return prepared_text_prompt(ids, text, chat_cache_points(ids, turn))
+        if self.vision_tokens is None:
+            raise FrontendError(f"the messages carry {len(parts)} image(s)/video(s) but this model's tokenizer has no "
+                                f"vision tokens ({', '.join(('<|image_pad|>', '<|video_pad|>', '<|vision_start|>'))}): "
+                                f"it takes text only")
+        processed = self._preprocess(parts, media_limits or self.media_limits)
+        ids, media = expand_media(ids, processed, [p.kind for p in parts], self.vision_tokens, self.encode)
+        return PreparedPrompt(token_ids=ids, media=media, thinking_open=ends_inside_thinking(text),
+                              cache_points=chat_cache_points(ids, turn))
+
+    def _preprocess(self, parts: Sequence[MediaPart], limits: MediaLimits | None) -> list[Any]:
+        from ninfer_qwen3_5.frontend.vision import (
+            MediaLimits,
+            ProcessedImage,
+            ProcessedVideo,
+            preprocess_image,
+            preprocess_video,
+            vision_configs,
+        )
+
+        limits = limits or MediaLimits()
+        limits.check_counts(sum(p.kind == "image" for p in parts), sum(p.kind == "video" for p in parts))
+        if self._vision_configs is None:
+            self._vision_configs = vision_configs(self._vision_resources)
+        image_cfg, video_cfg = self._vision_configs
+        out = []
+        for p in parts:
+            if p.kind == "image":
+                out.append(p.source if isinstance(p.source, ProcessedImage)
+                           else preprocess_image(p.source, image_cfg, limits))
+            else:
+                out.append(p.source if isinstance(p.source, ProcessedVideo)
+                           else preprocess_video(p.source, video_cfg, limits))
+        return out
 
     def open_session(self, options: OutputOptions) -> QwenOutputSession:
         for token in options.stop_token_ids:
