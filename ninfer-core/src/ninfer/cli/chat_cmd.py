@@ -13,13 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-from ninfer.cli import chat_input, checks, common
+from ninfer.cli import chat_input, checks, common, media
+from ninfer.errors import NInferError
 from ninfer.cli.command import CliCommand
 from ninfer.cli.render import TurnDisplay, stream_turn
 
-HELP = ('commands: /help, /system [TEXT] (show or set the system message), /reset (forget the conversation), '
-        '/save FILE (write the conversation as JSON messages), /exit or /bye (leave, as Ctrl-D does); '
-        '""" opens and closes a multi-line message; Ctrl-C clears the line or stops an answer')
+HELP = ('commands: /help, /system [TEXT] (show or set the system message), /image PATH and /video PATH (attach a '
+        'file to your next message), /reset (forget the conversation), /save FILE (write the conversation as JSON '
+        'messages), /exit or /bye (leave, as Ctrl-D does); """ opens and closes a multi-line message; Ctrl-C clears '
+        'the line or stops an answer')
 
 
 def add_arguments(p) -> None:
@@ -35,10 +37,12 @@ class _Conversation:
     def __init__(self, system: str | None) -> None:
         self.system = system
         self.messages: list[dict] = []
+        self.attached: list[dict] = []   # media parts for the next user message (/image, /video)
         self.reset()
 
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.attached = []
 
     def set_system(self, text: str) -> None:
         self.system = text
@@ -67,6 +71,16 @@ def _command(text: str, conv: _Conversation) -> bool:
     elif command == "/system":
         conv.set_system(rest)
         print("[ninfer] system message set", file=sys.stderr)
+    elif command in ("/image", "/video") and not rest:
+        print(f"[ninfer] {command} needs a file: {command} PATH", file=sys.stderr)
+    elif command in ("/image", "/video"):
+        try:
+            conv.attached += media.media_parts([(command[1:], rest)])
+        except NInferError as exc:
+            print(f"[ninfer] error: {exc}", file=sys.stderr)
+        else:
+            print(f"[ninfer] {command[1:]} attached to your next message ({len(conv.attached)} attached)",
+                  file=sys.stderr)
     elif command == "/save" and not rest:
         print("[ninfer] /save needs a file name: /save FILE", file=sys.stderr)
     elif command == "/save":
@@ -85,7 +99,6 @@ def _command(text: str, conv: _Conversation) -> bool:
 
 def run(args) -> int:
     from ninfer.contracts.errors import EngineClosedError, EngineFailure
-    from ninfer.errors import NInferError
 
     interactive = sys.stdin.isatty()
     checks.check_sampling_flags(args)  # before the model is resolved or loaded
@@ -111,7 +124,8 @@ def run(args) -> int:
                 if not _command(text, conv):
                     break
                 continue
-            conv.messages.append({"role": "user", "content": text})
+            attached, conv.attached = conv.attached, []
+            conv.messages.append({"role": "user", "content": media.user_content(text, attached)})
             try:
                 prompt = engine.frontend.prepare_chat(conv.messages, enable_thinking=not args.no_thinking)
                 budget = checks.output_budget(args.max_tokens, args.max_tokens_default,
@@ -124,6 +138,7 @@ def run(args) -> int:
                 # This turn cannot run (too long for the context or for --max-tokens, text the tokenizer
                 # refuses...): the chat goes on without it.
                 conv.messages.pop()
+                conv.attached = attached  # kept for the next message
                 print(f"[ninfer] error: {exc}", file=sys.stderr)
                 continue
             display = TurnDisplay(sys.stdout, sys.stderr, show_thinking=args.show_thinking)
@@ -153,5 +168,5 @@ COMMAND = CliCommand(name="chat", help="interactive multi-turn chat", add_argume
                      description="An interactive multi-turn chat with streaming: one user message per line (a "
                                  'block between """ lines is one message), from a terminal (line editing, '
                                  "history, bracketed paste) or piped stdin. /help lists the commands: /system, "
-                                 "/reset, /save FILE, /exit. Reasoning is shown dimmed on a terminal and kept off "
+                                 "/image PATH, /video PATH, /reset, /save FILE, /exit. Reasoning is shown dimmed on a terminal and kept off "
                                  "a redirected stdout unless --show-thinking.")

@@ -78,6 +78,12 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "lists them), e.g. mtp: the model's own multi-token-prediction head; same output, fewer steps")
     g.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
                    help="tokens drafted per step, 1..8 (default 3); needs --speculative")
+    g.add_argument("--vision", action=argparse.BooleanOptionalAction, default=None,
+                   help="bind the model's vision tower (images and videos in prompts); --no-vision saves its memory "
+                        "(default: on when the model has one)")
+    g.add_argument("--max-encode-rows", type=int, default=None, metavar="PATCHES",
+                   help="most image patches one engine step encodes, and the largest frame a request may carry "
+                        "(default 16384, e.g. one 2048x2048 image; the plan reserves the encoder's memory for it)")
     g.add_argument(f"--{warmup_flag}", dest="engine_warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="start-up warm-up: before the engine serves, run every kernel shape its options allow, so "
                         f"nothing compiles while serving; --no-{warmup_flag} starts faster and pays that on the first "
@@ -140,7 +146,8 @@ def engine_options(args: argparse.Namespace):
     from ninfer.errors import NInferError
 
     kw: dict[str, Any] = {}
-    for flag in ("max_concurrency", "max_context", "device", "dtype", "prefill_chunk_size", "max_step_tokens"):
+    for flag in ("max_concurrency", "max_context", "device", "dtype", "prefill_chunk_size", "max_step_tokens",
+                 "vision", "max_encode_rows"):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value

@@ -3,7 +3,8 @@ Reasoning (``--chat`` and ``--messages``) is set apart from the answer by :mod:`
 on a terminal, on stderr when stdout is redirected (so ``ninfer generate ... > out.txt`` captures only the
 answer), or in the file between ``<think>`` lines with ``--show-thinking``.
 
-The prompt is ``--prompt TEXT``, ``--prompt -`` (stdin), or stdin itself when neither ``--prompt`` nor
+``--image PATH`` / ``--video PATH`` attach files to the user message (to the last one with ``--messages``) and
+imply ``--chat``. The prompt is ``--prompt TEXT``, ``--prompt -`` (stdin), or stdin itself when neither ``--prompt`` nor
 ``--messages`` is given and stdin is not a terminal. It is used verbatim: ``\n`` in TEXT stays a backslash and
 an ``n`` (a shell's ``$'...'`` quoting writes a newline), as text read from stdin keeps its final newline.
 """
@@ -14,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from ninfer.cli import checks, common
+from ninfer.cli import checks, common, media
 from ninfer.cli.command import CliCommand
 from ninfer.cli.render import TurnDisplay, stream_turn
 from ninfer.errors import NInferError
@@ -32,6 +33,7 @@ def add_arguments(p) -> None:
                           "'-' reads it from stdin, as does a piped stdin without --prompt or --messages")
     src.add_argument("--messages", type=Path, metavar="FILE", help="a JSON list of {role, content} messages")
     p.add_argument("--chat", action="store_true", help="treat --prompt as a user message (chat template)")
+    media.add_media_args(p)
     common.add_show_thinking_arg(p)
     common.add_sampling_args(p, max_tokens_default=128)
 
@@ -69,16 +71,20 @@ def read_messages(path: Path) -> list[dict]:
 
 def run(args) -> int:
 
-    chat = args.messages is not None or args.chat
+    chat = args.messages is not None or args.chat or bool(args.media)
     checks.check_sampling_flags(args)  # like every input below: before the model is resolved or loaded
+    parts = media.media_parts(args.media)
     messages = read_messages(args.messages) if args.messages is not None else None
+    if messages is not None:
+        messages = media.attach_to_last_user(messages, parts)
     text = prompt_text(args)
     with common.start_engine(args) as engine:
         fe = engine.frontend
         if messages is not None:
             prompt = fe.prepare_chat(messages, enable_thinking=not args.no_thinking)
-        elif args.chat:
-            prompt = fe.prepare_chat([{"role": "user", "content": text}], enable_thinking=not args.no_thinking)
+        elif chat:
+            prompt = fe.prepare_chat([{"role": "user", "content": media.user_content(text, parts)}],
+                                     enable_thinking=not args.no_thinking)
         else:
             prompt = fe.prepare_text(text)
         budget = checks.output_budget(args.max_tokens, args.max_tokens_default, prompt_tokens=len(prompt.token_ids),
@@ -111,4 +117,4 @@ COMMAND = CliCommand(
     name="generate", help="generate one completion", add_arguments=add_arguments, run=run,
     description="Generate one completion. --prompt TEXT continues raw text (--prompt - or a piped stdin: read "
                 "stdin); --chat renders it as one user message with the chat template; --messages FILE renders a "
-                "JSON list of chat messages.")
+                "JSON list of chat messages; --image/--video attach files to the user message (chat implied).")
