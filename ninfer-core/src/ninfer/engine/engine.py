@@ -339,7 +339,7 @@ class Engine:
         Program refuses): vision must be on, the Program must take them with the prompt, and no encode unit may
         exceed the step's encoder budget."""
         media = req.media
-        if self._options.vision is False:
+        if self._options.vision is False and self._info.get("vision_tower"):
             raise InvalidRequestError(f"the prompt carries {len(media)} image(s)/video(s) but this engine was started "
                                       f"with vision off (--no-vision, EngineOptions.vision=False)")
         try:

@@ -212,6 +212,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
         frontend = family.create({k: v for k, v in resources.items() if v is not None}, profile.vocab_size)
         weights = load_weights(reader, model.parameter_specs, device, progress=progress)
         metadata = reader.directory.metadata or {}
+        components = tuple(reader.directory.components)
         artifact_id = reader.artifact_id
     finally:
         reader.close()
@@ -231,7 +232,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
             "page_size": effective.page_size, "max_context": max_context,
             "max_position_embeddings": profile.max_position_embeddings, "ops": ops.describe(),
             "cuda_graphs": list(started.graph_sizes), "lookahead": resolved.lookahead_slots > 0,
-            "vision": bool(effective.vision),
+            "vision": bool(effective.vision), "vision_tower": "vision" in components,
             # Start-up seconds by phase; the Engine adds its warm-up and the whole start.
             "startup": {"load_s": time.perf_counter() - begun - started.graphs_s, "graphs_s": started.graphs_s}}
     memory = startup.memory.with_num_pages(num_pages).summary(resolved.dtype,
