@@ -59,11 +59,12 @@ def test_placements_name_the_embedding_rows_a_chunk_holds(vision_case):
     seq = sequence_media(prompt.tokens, len(prompt.tokens), prompt.media, cfg)
     (a, b), = prompt.media[0].spans
     (c, d), (e, f) = prompt.media[1].spans
-    assert [(p.medium, p.start, p.end, p.row) for p in seq.placements(a + 1, e + 1)] == [
-        (0, a + 1, b, 1), (1, c, d, 0), (1, e, e + 1, d - c)]
-    seq.embeddings = {0: torch.zeros(4, 64), 1: torch.zeros(4, 64)}
+    # Units are spans: the image, then each temporal patch of the video (rows counted within the span).
+    assert [(p.unit, p.start, p.end, p.row) for p in seq.placements(a + 1, e + 1)] == [
+        ((0, 0), a + 1, b, 1), ((1, 0), c, d, 0), ((1, 1), e, e + 1, 0)]
+    seq.embeddings = {(0, 0): torch.zeros(4, 64), (1, 0): torch.zeros(2, 64), (1, 1): torch.zeros(2, 64)}
     seq.consumed_before(d)
-    assert list(seq.embeddings) == [1]
+    assert list(seq.embeddings) == [(1, 1)]
     seq.consumed_before(f)
     assert not seq.embeddings
 

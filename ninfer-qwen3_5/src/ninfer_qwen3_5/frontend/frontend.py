@@ -133,7 +133,7 @@ class QwenFrontend:
                     **template_kwargs: Any) -> str:
         """The prompt text ``prepare_chat`` tokenizes (useful for token counting and debugging); each image or
         video appears as its one unexpanded placeholder."""
-        marked, _ = extract_media(messages)
+        marked, _ = extract_media(messages, sources=False)
         return self._render(marked, tools, enable_thinking, add_generation_prompt, template_kwargs)
 
     def _render(self, messages, tools, enable_thinking, add_generation_prompt, template_kwargs) -> str:

@@ -86,9 +86,10 @@ def _source(part: Mapping[str, Any], kind: str, where: str) -> Any:
     return source
 
 
-def extract_media(messages: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[MediaPart]]:
+def extract_media(messages: Sequence[Mapping[str, Any]], *, sources: bool = True) -> tuple[list[Any], list[MediaPart]]:
     """``(messages with every media part replaced by {"type": kind}, the media parts in order)``. Messages
-    without media come back as they are (the same objects)."""
+    without media come back as they are (the same objects). ``sources=False`` only marks the parts (for rendering
+    alone): their sources are neither checked nor kept."""
     out: list[Any] = []
     parts: list[MediaPart] = []
     for i, message in enumerate(messages):
@@ -102,7 +103,7 @@ def extract_media(messages: Sequence[Mapping[str, Any]]) -> tuple[list[Any], lis
             if kind is None:
                 new_content.append(part)
                 continue
-            source = _source(part, kind, f"message {i} part {j}")
+            source = _source(part, kind, f"message {i} part {j}") if sources else None
             kind = _URL_PARTS.get(kind, kind)
             parts.append(MediaPart(kind, source))
             new_content.append({"type": kind})
