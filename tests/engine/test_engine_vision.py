@@ -147,19 +147,23 @@ def test_image_path_and_text_requests_batched(vision, reference, tmp_path):
 
 
 def test_encoder_budget_spreads_media_over_steps(vision, reference):
-    """All the requests' media are 348 patch rows (video patches of 48, images of 80, 60, 48, 64), which one
-    step encodes without a budget; with a budget of 96 rows no step encodes more, a request's media are spread
-    over several steps (a chunk stops before the medium that would not fit), and the tokens do not change."""
+    """The requests' media are 348 patch rows (video patches of 48, images of 80, 60, 48, 64); without a budget
+    the third request's 160 rows go in one step (with whatever else is prefilling then); with a budget of 96 rows
+    no step encodes more, a request's media are spread over several steps (a chunk stops before the medium that
+    would not fit), and the tokens do not change."""
     artifact, _ = vision
     prompts, tokens = reference
     total = sum(4 * (b - a) for p in prompts for m in p.media for a, b in m.spans)
     assert total == 348
-    for budget, most in ((None, 348), (96, 96)):
+    for budget in (None, 96):
         with start(artifact, max_concurrency=4, max_encode_rows=budget, context_cache=False) as engine:
             assert greedy(engine, prompts) == tokens
             stats = settled(engine)
         assert stats.encode_rows == total and stats.encode_units == 6
-        assert stats.max_step_encode_rows == most
+        if budget is None:
+            assert stats.max_step_encode_rows >= 160
+        else:
+            assert 80 <= stats.max_step_encode_rows <= budget
 
 
 @pytest.mark.parametrize("cache", ["replay", "snapshot"])

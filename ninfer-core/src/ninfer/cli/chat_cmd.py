@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from ninfer.cli import chat_input, checks, common, media
-from ninfer.errors import NInferError
 from ninfer.cli.command import CliCommand
 from ninfer.cli.render import TurnDisplay, stream_turn
+from ninfer.errors import NInferError
 
 HELP = ('commands: /help, /system [TEXT] (show or set the system message), /image PATH and /video PATH (attach a '
         'file to your next message), /reset (forget the conversation), /save FILE (write the conversation as JSON '

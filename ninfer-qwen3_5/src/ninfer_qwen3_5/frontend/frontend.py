@@ -30,8 +30,8 @@ from ninfer_qwen3_5.frontend.detokenizer import IncrementalDetokenizer
 from ninfer_qwen3_5.frontend.errors import FrontendError
 from ninfer_qwen3_5.frontend.generation_defaults import GenerationDefaults
 from ninfer_qwen3_5.frontend.grammar import constraint_ebnf
-from ninfer_qwen3_5.frontend.output_session import QwenOutputSession
 from ninfer_qwen3_5.frontend.media_prompt import MediaPart, expand_media, extract_media, vision_tokens
+from ninfer_qwen3_5.frontend.output_session import QwenOutputSession
 from ninfer_qwen3_5.frontend.prompt import (
     TURN_START,
     chat_cache_points,
