@@ -36,7 +36,7 @@ from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.model import Qwen35Model
 from ninfer_qwen3_5.mtp import Qwen35MTPHead, mtp_kv_layer
-from ninfer_qwen3_5.speculative_decode import MTPDecoding
+from ninfer_qwen3_5.mtp.decoding import MTPDecoding
 from ninfer_qwen3_5.speculative_state import SpeculativeSnapshots, verify_plan
 from ninfer_qwen3_5.state import state_layout
 
