@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from ninfer.contracts.features import Purpose, StartupFeatures

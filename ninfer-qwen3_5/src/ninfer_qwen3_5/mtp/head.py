@@ -37,6 +37,7 @@ from ninfer_qwen3_5.mtp.context import mtp_kv_layer, mtp_step_context
 from ninfer_qwen3_5.mtp.weights import mtp_num_layers, prepare_mtp_weights
 from ninfer_qwen3_5.parameters import layer_prefix
 
+
 #: ``constrain(drafted [R, i], logits [R, V]) -> logits``: what a draft step takes the argmax of (see ``draft``).
 Constrain = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
