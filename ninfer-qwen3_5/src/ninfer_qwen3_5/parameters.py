@@ -118,11 +118,13 @@ def mtp_parameter_specs(text_config: Mapping[str, Any], mtp_config: Mapping[str,
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
     """The parameters the selected features bind: the ``text`` component, plus the ``mtp`` component's own
     parameters when ``features.speculative == "mtp"`` (an artifact without that component is refused when
-    they are bound). Vision and other speculative backends are refused here until their programs exist."""
+    they are bound), or the ``dflash`` component's with ``"dflash"`` / ``"dflash2"`` (shapes from the drafter
+    config the text config carries; an artifact converted without a drafter is a MissingComponentError).
+    Vision is refused here until its program exists."""
     if features.vision:
         raise NotSupportedError("Qwen3.5 vision is not supported yet (the artifact stores the tower)")
-    if features.speculative not in (None, "mtp"):
-        raise NotSupportedError(f"Qwen3.5 speculative backend {features.speculative!r} is not supported yet")
+    if features.speculative not in (None, "mtp", "dflash", "dflash2"):
+        raise NotSupportedError(f"Qwen3.5 speculative backend {features.speculative!r} is not supported")
     cfg = Qwen35Config.from_compact(config)
     specs = [ParameterSpec(name=n, shape=s, component="text") for n, s in text_shapes(cfg).items()]
     if features.speculative == "mtp":
@@ -131,4 +133,20 @@ def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> lis
         mtp_config = {"mtp_num_hidden_layers": config.get("mtp_num_hidden_layers") or 1,
                       "mtp_use_dedicated_embeddings": config.get("mtp_use_dedicated_embeddings", False)}
         specs += mtp_parameter_specs(config, mtp_config)
+    elif features.speculative in ("dflash", "dflash2"):
+        specs += _dflash_specs(config, features.speculative)
     return specs
+
+
+def _dflash_specs(config: Mapping[str, Any], backend: str) -> list[ParameterSpec]:
+    from ninfer.artifact.errors import MissingComponentError
+
+    from ninfer_qwen3_5.dflash import drafter_for_backend
+    from ninfer_qwen3_5.dflash.config import TEXT_KEY
+    from ninfer_qwen3_5.dflash.parameters import dflash_parameter_specs
+
+    if config.get(TEXT_KEY) is None:
+        raise MissingComponentError(
+            f"speculative={backend!r} (--speculative {backend}) needs the artifact component 'dflash', which this "
+            f"artifact does not have; convert the target with its drafter: ninfer-convert TARGET OUT --draft DRAFT_DIR")
+    return dflash_parameter_specs(drafter_for_backend(config, backend))

@@ -19,7 +19,7 @@ temperature 0 that is the greedy rule; with sampling it is
 Gumbel draws being the ``sample`` op's own: a seeded request commits the very tokens plain sampling would. A
 drafter that samples its drafts (DFlash2's selector at temperature > 0) hands its proposal distribution q for
 such rows, which are accepted by :func:`~ninfer.program.speculation.rejection_acceptance` with that q
-(:meth:`SpeculativeDecoding._accept_sampled`): the committed tokens are distributed as plain sampling's.
+(:meth:`SpeculativeDecoding.accept_sampled`): the committed tokens are distributed as plain sampling's.
 
 Constrained rows (:mod:`ninfer.program.draft_masks`): a row whose mask is a ``DraftMaskProvider`` drafts with
 its grammar's mask applied at every draft step (the mask after ``d_1..d_{i-1}`` before drafting ``d_i``), and
@@ -127,6 +127,14 @@ class SpeculativeDecoding:
 
     def forget_seq(self, seq: SeqId) -> None:
         """Drop the drafter's bookkeeping of ``seq``."""
+
+    def accept_sampled(self, processed: torch.Tensor, rows, ns: list[int], starts: list[int], drafts: Drafts,
+                       num: list[int]) -> dict[int, list[int]]:
+        """The committed tokens of the verify rows whose drafts were sampled (``drafts.q``), by rejection
+        sampling against their q: ``processed`` every verify position's masked and penalised logits (``rows``
+        order), row r's ``ns[r] + 1`` positions from ``starts[r]``, ``num[r]`` drafts verified. Only a drafter
+        that samples implements it."""
+        raise ProgramError(f"{type(self).__name__} drafts deterministically: it has no sampled rows to accept")
 
     # -- run -------------------------------------------------------------------------------------
     def run(self, unit: ExecutionUnit) -> PendingBatch:
@@ -261,24 +269,17 @@ class SpeculativeDecoding:
         acc = greedy_acceptance(dr, xs, torch.tensor(num, dtype=torch.int64, device=x.device))
         committed = acc.to_host()
         if drafts.q:
-            for r, toks in self._accept_sampled(processed, rows, verify, drafts, num).items():
+            starts, at = [], 0
+            for _, n in verify:
+                starts.append(at)
+                at += n + 1
+            sampled = self.accept_sampled(processed, rows, [n for _, n in verify], starts, drafts, num)
+            for r, toks in sampled.items():
                 committed[r] = toks
         self.verified += len(verify)
         self.drafted += sum(num)
         self.accepted += sum(len(t) - 1 for t in committed)
         return committed, self._logprobs(raw, rows, verify, committed)
-
-    def _accept_sampled(self, processed: torch.Tensor, rows, verify, drafts: Drafts, num: list[int]
-                        ) -> dict[int, list[int]]:
-        """The committed tokens of the rows whose drafts were sampled (``drafts.q``), by rejection sampling
-        against their q; ``processed``: every verify position's masked and penalised logits (``rows`` order)."""
-        from ninfer_qwen3_5.dflash.sampling import sampled_acceptance  # the one drafter that samples
-
-        starts, at = [], 0
-        for _, n in verify:
-            starts.append(at)
-            at += n + 1
-        return sampled_acceptance(processed, rows, [n for _, n in verify], starts, drafts, num)
 
     @staticmethod
     def _logprobs(raw: torch.Tensor, rows, verify, committed: list[list[int]]

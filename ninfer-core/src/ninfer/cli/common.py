@@ -75,7 +75,8 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                    help="speculative decoding backend: none (default) or one a plugin registers ('ninfer plugins' "
                         "lists them), e.g. mtp: the model's own multi-token-prediction head; same output, fewer steps")
     g.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
-                   help="tokens drafted per step, 1..8 (default 3); needs --speculative")
+                   help="tokens drafted per step, 1..15 (default: the drafter's block size - 1 for dflash/dflash2, "
+                        "3 for mtp); needs --speculative")
     g.add_argument("--quiet", action="store_true", help="no progress display and no statistics")
     c = p.add_argument_group("context cache (docs/context-cache.md)")
     p.set_defaults(context_cache_default=context_cache_default)

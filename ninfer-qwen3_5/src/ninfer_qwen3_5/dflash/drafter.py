@@ -60,7 +60,8 @@ class BlockRow:
 class _Layer:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: torch.Tensor        # [Nq*D + 2*Nkv*D, H]: query, key, value rows
+    query: torch.Tensor      # [Nq*D, H]
+    kv: torch.Tensor         # [2*Nkv*D, H]: key rows, then value rows (a view of the drafter's ctx_kv)
     out: torch.Tensor
     q_norm: torch.Tensor
     k_norm: torch.Tensor
@@ -92,22 +93,22 @@ class DFlashDrafter:
         w = prepare_dflash_weights(cfg, weights, dtype)
         self.embed, self.lm_head = embed, lm_head
         self.fc, self.hidden_norm, self.norm = w[f"{COMPONENT}/fc"], w[f"{COMPONENT}/hidden_norm"], w[f"{COMPONENT}/norm"]
+        # Every layer's key and value rows in one tensor: the context's K/V of all layers is one GEMM, and a
+        # layer's block K/V one GEMM over its (contiguous) slice.
+        self.ctx_kv = torch.cat([w[dflash_layer_prefix(i) + f"/attention/{s}"] for i in range(cfg.num_layers)
+                                 for s in ("key", "value")])
+        kd = cfg.num_kv_heads * cfg.head_dim
         self.layers: list[_Layer] = []
-        ctx_rows = []
         for i in range(cfg.num_layers):
             p = dflash_layer_prefix(i) + "/"
-            q, k, v = w[p + "attention/query"], w[p + "attention/key"], w[p + "attention/value"]
             conv = None
             if cfg.generation == 2:
                 conv = tuple(w[p + s] for s in ("attention_conv/base", "attention_conv/projection", "mlp_conv/base",
                                                 "mlp_conv/projection"))
-            self.layers.append(_Layer(w[p + "input_norm"], w[p + "post_norm"], torch.cat((q, k, v)),
-                                      w[p + "attention/out"], w[p + "attention/q_norm"], w[p + "attention/k_norm"],
+            self.layers.append(_Layer(w[p + "input_norm"], w[p + "post_norm"], w[p + "attention/query"],
+                                      self.ctx_kv[2 * i * kd:(2 * i + 2) * kd], w[p + "attention/out"], w[p + "attention/q_norm"], w[p + "attention/k_norm"],
                                       w[p + "mlp/gate_up"], w[p + "mlp/down"], cfg.causal[i], cfg.sliding_window[i],
                                       kv_layers[i], conv))
-            ctx_rows += [k, v]
-        # The context's K and V of every layer from one GEMM.
-        self.ctx_kv = torch.cat(ctx_rows)
         if cfg.generation == 2:
             self.selector_predecessor = w[f"{COMPONENT}/selector/predecessor"]
             self.selector_successor = w[f"{COMPONENT}/selector/successor"]
@@ -174,9 +175,10 @@ class DFlashDrafter:
             h = ops.rms_norm_unit_offset(x, layer.input_norm, self.eps)
             if layer.conv is not None:
                 h, dyn = self._conv_prepare(h, layer.conv[0], layer.conv[1], shifts)
-            qkv = ops.linear(h, layer.qkv)
-            q = ops.rope(ops.rms_norm_unit_offset(qkv[:, :qd].reshape(t, nq, d), layer.q_norm, self.eps), cos, sin)
-            self._kv_write(layer, kv, qkv[:, qd:qd + kd], qkv[:, qd + kd:], cos, sin, slot_mapping)
+            q = ops.rope(ops.rms_norm_unit_offset(ops.linear(h, layer.query).reshape(t, nq, d), layer.q_norm, self.eps),
+                         cos, sin)
+            kv_rows = ops.linear(h, layer.kv)
+            self._kv_write(layer, kv, kv_rows[:, :kd], kv_rows[:, kd:], cos, sin, slot_mapping)
             o = attend(q.contiguous(), layer)
             o = ops.linear(o.reshape(t, qd), layer.out)
             if layer.conv is not None:
