@@ -48,18 +48,16 @@ def accept_uniforms(seeds: Sequence[int], steps: Sequence[int], device) -> torch
     return _uniforms(seeds, steps, 1, ACCEPT, device)[:, 0]
 
 
-def target_probabilities(processed: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float
-                         ) -> torch.Tensor:
-    """``p`` fp32 ``[P, V]`` of masked and penalised logits ``processed`` under one request's sampling parameters:
-    the distribution the ``sample`` op draws from (temperature, then its top-k / top-p / min-p filter)."""
-    rows, vocab = processed.shape
-    dev = processed.device
-
-    def full(v, dtype):
-        return torch.full((rows,), v, dtype=dtype, device=dev)
-
-    x, keep, _ = filter_logits(processed, full(temperature, torch.float32), full(min(top_k, vocab), torch.int64),
-                               full(top_p, torch.float32), full(min_p, torch.float32))
+def target_probabilities(processed: torch.Tensor, params: Sequence) -> torch.Tensor:
+    """``p`` fp32 ``[P, V]`` of masked and penalised logits ``processed`` under each row's ``SamplingParams``
+    (``params[j]`` for row j): the distribution the ``sample`` op draws from (temperature, then its top-k /
+    top-p / min-p filter)."""
+    vocab, dev = processed.shape[-1], processed.device
+    x, keep, _ = filter_logits(
+        processed, torch.tensor([q.temperature for q in params], dtype=torch.float32, device=dev),
+        torch.tensor([min(q.top_k, vocab) for q in params], dtype=torch.int64, device=dev),
+        torch.tensor([q.top_p for q in params], dtype=torch.float32, device=dev),
+        torch.tensor([q.min_p for q in params], dtype=torch.float32, device=dev))
     return torch.softmax(torch.where(keep, x, float("-inf")), dim=-1)
 
 
@@ -67,20 +65,23 @@ def sampled_acceptance(processed: torch.Tensor, rows, ns: Sequence[int], starts:
                        num: Sequence[int]) -> dict[int, list[int]]:
     """Committed tokens of every verify row ``r`` in ``drafts.q`` (module docstring): ``processed`` the verify
     positions' masked and penalised logits (``rows[j]`` = ``((seq, i), RowSampling)`` of position j), row r's
-    ``ns[r] + 1`` positions from ``starts[r]``, its drafts ``drafts.tokens[r]``, of which it verifies ``num[r]``."""
+    ``ns[r] + 1`` positions from ``starts[r]``, its drafts ``drafts.tokens[r]``, of which it verifies ``num[r]``.
+    One :func:`~ninfer.program.speculation.rejection_acceptance` call per draft count."""
     out: dict[int, list[int]] = {}
-    for r, q in drafts.q.items():
-        n, at = ns[r], starts[r]
-        rs = rows[at][1]
-        params = rs.params
-        p = target_probabilities(processed[at:at + n + 1], params.temperature, params.top_k, params.top_p,
-                                 params.min_p)
-        dev = p.device
-        steps = [rs.step + i for i in range(n + 1)]
-        noise = _uniforms([rs.seed] * (n + 1), steps, p.shape[-1], 0, dev)
-        u = accept_uniforms([rs.seed] * n, steps[:n], dev)
-        d = torch.tensor([drafts.tokens[r]], dtype=torch.int64, device=dev)
-        acc = rejection_acceptance(p[None], d, noise[None], q=q[None].to(dev), accept_u=u[None],
-                                   num_drafts=torch.tensor([num[r]], dtype=torch.int64, device=dev))
-        out[r] = acc.to_host()[0]
+    dev, vocab = processed.device, processed.shape[-1]
+    for n in sorted({ns[r] for r in drafts.q}):
+        group = [r for r in drafts.q if ns[r] == n]
+        pos = [starts[r] + i for r in group for i in range(n + 1)]
+        samp = [rows[j][1] for j in pos]
+        p = target_probabilities(processed[torch.tensor(pos, dtype=torch.int64, device=dev)],
+                                 [s.params for s in samp]).view(len(group), n + 1, vocab)
+        noise = _uniforms([s.seed for s in samp], [s.step for s in samp], vocab, 0, dev).view(len(group), n + 1, vocab)
+        first = [rows[starts[r]][1] for r in group]
+        u = accept_uniforms([s.seed for s in first for _ in range(n)], [s.step + i for s in first for i in range(n)],
+                            dev).view(len(group), n)
+        q = torch.stack([drafts.q[r] for r in group]).to(dev)
+        d = torch.tensor([drafts.tokens[r] for r in group], dtype=torch.int64, device=dev)
+        acc = rejection_acceptance(p, d, noise, q=q, accept_u=u,
+                                   num_drafts=torch.tensor([num[r] for r in group], dtype=torch.int64, device=dev))
+        out.update(zip(group, acc.to_host(), strict=True))
     return out
