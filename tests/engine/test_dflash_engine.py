@@ -115,3 +115,32 @@ def test_the_backend_needs_its_drafter(artifacts, default_artifact):
         start(default_artifact, speculative="dflash")
     with pytest.raises(NotSupportedError, match="DFlashDraftModel \\(use --speculative dflash\\)"):
         start(artifacts["dflash"], speculative="dflash2")
+
+
+# -- constrained rows ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["dflash", "dflash2"])
+def test_constrained_rows_validate_and_equal_plain(artifacts, backend):
+    """A JSON schema, a regex and a GBNF grammar, greedy (and seeded for DFlash, whose drafts are greedy), batched
+    with unconstrained rows: every constrained output validates and equals the plain engine's token for token."""
+    from .test_speculative_constrained_engine import CONSTRAINTS, PROMPTS, Req, seeded, validates
+    from .test_speculative_constrained_engine import GREEDY as LONG
+
+    reqs = [Req(kind, p, LONG) for kind in CONSTRAINTS for p in PROMPTS[:2]] + [Req(None, CODE[0], GREEDY)]
+    if backend == "dflash":
+        reqs += [Req(kind, PROMPTS[0], seeded(s)) for kind in CONSTRAINTS for s in range(2)]
+
+    def results(engine):
+        handles = [engine.submit(r.prompt, sampling=r.sampling, output=r.output) for r in reqs]
+        return [(res.token_ids, res.finish_reason, res.output.content) for res in (h.result() for h in handles)]
+
+    with start(artifacts[backend], max_concurrency=8) as engine:
+        want = results(engine)
+    with start(artifacts[backend], max_concurrency=8, speculative=backend, num_speculative_tokens=7) as engine:
+        got = results(engine)
+        assert engine.stats().spec_drafted > 0
+    assert got == want
+    finished = [(r.kind, text) for r, (_, reason, text) in zip(reqs, got, strict=True)
+                if r.kind is not None and reason == "stop"]
+    assert len(finished) >= len(CONSTRAINTS)
+    assert all(validates(kind, text) for kind, text in finished)
