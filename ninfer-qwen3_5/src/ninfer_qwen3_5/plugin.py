@@ -28,7 +28,7 @@ def _create_frontend(resources, vocab_size):
     return QwenFrontend(resources, vocab_size=vocab_size)
 
 
-def _create_mtp_program(init):
+def _create_speculative_program(init):
     """A drafter lives inside the target's Program (it shares its KV page tables, StateImages and hidden
     states): a Qwen3.5 Program built with ``ProgramOptions.speculative_tokens > 0`` builds the one
     ``init.features.speculative`` names (default ``mtp``)."""
@@ -42,13 +42,13 @@ def _create_mtp_program(init):
 
 #: The ``mtp`` backend: drafts with the artifact's ``mtp`` component, for both Qwen3.5 architectures.
 MTP_BACKEND = SpeculativeBackendSpec(name="mtp", architectures=(DENSE, MOE), component="mtp",
-                                     create=_create_mtp_program)
+                                     create=_create_speculative_program)
 #: The ``dflash`` / ``dflash2`` backends: draft with the artifact's ``dflash`` component (a first / second
 #: generation drafter; the Program checks which), built like ``mtp`` inside the target's Program.
 DFLASH_BACKEND = SpeculativeBackendSpec(name="dflash", architectures=(DENSE, MOE), component="dflash",
-                                        create=_create_mtp_program)
+                                        create=_create_speculative_program)
 DFLASH2_BACKEND = SpeculativeBackendSpec(name="dflash2", architectures=(DENSE, MOE), component="dflash",
-                                         create=_create_mtp_program)
+                                         create=_create_speculative_program)
 
 #: The Qwen frontend family: Qwen3.5 and the Qwen4-Exp plugin (which depends on this distribution) use it.
 QWEN_FRONTEND = FrontendSpec(name="qwen", create=_create_frontend)

@@ -32,6 +32,7 @@ from ninfer.contracts.architecture import ModelProfile
 from ninfer.contracts.features import StartupFeatures
 
 from ninfer_qwen3_5.config import Qwen35Config
+from ninfer_qwen3_5.dflash.config import TEXT_KEY
 from ninfer_qwen3_5.dflash.parameters import drafter_config
 from ninfer_qwen3_5.layers.moe import fused_input_rows
 from ninfer_qwen3_5.parameters import parameter_specs
@@ -103,6 +104,16 @@ def _activation_bytes_per_token(cfg: Qwen35Config, s: int) -> int:
     return 4 * H * s + max(widest, mlp)
 
 
+def _drafter_taps_bytes(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeatures, s: int) -> int:
+    """A DFlash Program's extra transient bytes per step token: the tapped layer outputs (held until they are
+    concatenated, then the concatenation), the drafter's fused context and every layer's context K and V."""
+    if features.speculative not in ("dflash", "dflash2"):
+        return 0
+    d = drafter_config(config)
+    return s * (2 * len(d.target_layer_ids) * cfg.hidden_size + d.hidden_size
+                + 2 * d.num_layers * d.num_kv_heads * d.head_dim)
+
+
 def _matmul_params_per_token(cfg: Qwen35Config) -> int:
     H, total = cfg.hidden_size, 0
     for kind in cfg.layer_types:
@@ -147,7 +158,7 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         vocab_size=cfg.vocab_size,
         max_position_embeddings=cfg.max_position_embeddings,
         converted_weight_bytes=converted,
-        activation_bytes_per_token=_activation_bytes_per_token(cfg, s),
+        activation_bytes_per_token=_activation_bytes_per_token(cfg, s) + _drafter_taps_bytes(cfg, config, features, s),
         # The reference attention gathers a row's K and V pages, then copies them to fp32.
         attention_bytes_per_context_token=2 * kd * (s + _F32) if n_attn else 0,
         # Scores and their softmax, fp32, for every query head.
@@ -184,4 +195,8 @@ def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:
                       f"{cfg.moe_intermediate_size}, shared {cfg.shared_expert_intermediate_size}")
     else:
         out["mlp"] = cfg.intermediate_size
+    if config.get(TEXT_KEY) is not None:
+        d = drafter_config(config)
+        out["dflash"] = (f"{d.architecture}, {d.num_layers} layers, block {d.block_size}, target layers "
+                         f"{list(d.target_layer_ids)}")
     return out

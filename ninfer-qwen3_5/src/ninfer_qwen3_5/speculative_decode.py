@@ -206,7 +206,8 @@ class SpeculativeDecoding:
             at += 1
         for c in fb.chunks:
             if c.verify:
-                self._verify[c.seq] = _Verify(taps[at:at + c.num_tokens], c.start)
+                # A copy: a view would keep the whole forward's taps alive until the commit.
+                self._verify[c.seq] = _Verify(taps[at:at + c.num_tokens].clone(), c.start)
             else:
                 parts.append(Part(c.seq, c.start, c.num_tokens, taps[at:at + c.num_tokens], True))
                 p._seqs[c.seq].computed += c.num_tokens

@@ -21,6 +21,7 @@ from ninfer.errors import NInferError, NotSupportedError
 from ninfer_convert.cli import main
 from ninfer_qwen3_5.dflash.config import DFlashConfig, DFlashConfigError
 from ninfer_qwen3_5.dflash.parameters import dflash_parameter_specs, drafter_config
+from ninfer_qwen3_5.profile import summarize_config
 from support.dflash import drafter_config as hf_drafter_config
 from support.dflash import drafter_tensors, write_dflash_drafter
 from support.models import tiny_text_model
@@ -55,6 +56,7 @@ def test_a_random_drafter_round_trips(target, tmp_path, generation):
         cfg = DFlashConfig.from_compact(comp.config)
         assert comp.target == "text" and text["dflash"] == comp.config
         assert drafter_config(text) == cfg
+        assert summarize_config(text)["dflash"] == f"{cfg.architecture}, 2 layers, block 8, target layers [0, 2]"
         assert cfg.generation == generation and cfg.block_size == 8 and cfg.mask_token_id == 500
         assert cfg.target_layer_ids == (0, 2) and cfg.head_dim == 8
         assert cfg.causal == (False, False)   # DFlash2's config says is_causal: false; full layers are non-causal

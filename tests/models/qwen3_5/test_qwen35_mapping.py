@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from ninfer.artifact.errors import MissingComponentError
 from ninfer.artifact.source_mapping import Part, SourceRows, SourceTensor, source_name
 from ninfer.contracts.features import StartupFeatures
 from ninfer.errors import NotSupportedError
@@ -257,7 +258,10 @@ def test_features_beyond_text_are_refused_until_supported():
     compact = compact_text_config(_text_config())
     with pytest.raises(NotSupportedError):
         parameter_specs(compact, StartupFeatures(vision=True))
-    with pytest.raises(NotSupportedError, match="'dflash' is not supported"):
+    with pytest.raises(NotSupportedError, match="'eagle' is not supported"):
+        parameter_specs(compact, StartupFeatures(speculative="eagle"))
+    # dflash is supported; a text config converted without a drafter names the missing component.
+    with pytest.raises(MissingComponentError, match="needs the artifact component 'dflash'"):
         parameter_specs(compact, StartupFeatures(speculative="dflash"))
 
 

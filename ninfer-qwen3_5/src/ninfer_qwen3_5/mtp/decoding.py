@@ -128,7 +128,7 @@ class MTPDecoding(SpeculativeDecoding):
 
     def commit_row(self, seq: SeqId, start: int, taps: torch.Tensor, accepted: int) -> None:
         f = self.frontiers[seq]
-        f.done, f.hidden = start, taps.clone()
+        f.done, f.hidden = start, taps
 
     def forget_seq(self, seq: SeqId) -> None:
         """A later run starts the sequence afresh at ``done = computed``."""
