@@ -50,6 +50,8 @@ class ModelProfile:
     ``embedding_bytes`` (an input table read one row per token; 0 when it is also the tied LM head) and
     ``routed_expert_bytes`` (all MoE layers' routed experts, of which a row reads ``experts_per_token`` of
     ``num_experts`` per layer).
+    ``default_speculative_tokens``: the drafts per step of the selected speculative backend when the options name
+    none (e.g. a block drafter's checkpoint block size - 1); 0: the engine's default.
     """
 
     weight_bytes: int
@@ -69,6 +71,7 @@ class ModelProfile:
     routed_expert_bytes: int = 0
     num_experts: int = 0
     experts_per_token: int = 0
+    default_speculative_tokens: int = 0
 
 
 @dataclass(frozen=True)
