@@ -77,6 +77,11 @@ class ToyProgram(SequenceProgram):
         self.gate.set()
         self.entered = threading.Event()
         self.delay = 0.0
+        # ``hold_at = n``: the n-th forward closes the gate before it runs and sets ``held``, so a test acts at an
+        # exact point of the run, however fast or slow the machine (the worker waits inside forward n).
+        self.hold_at: int | None = None
+        self.held = threading.Event()
+        self.forwards = 0
         self.close_gate_on_pause = False
         self.paused_seqs: list[int] = []
         self.opened: list[tuple[int, ...]] = []  # ledgers passed to open_sequence, in order
@@ -94,6 +99,10 @@ class ToyProgram(SequenceProgram):
         return super().pause(seq)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        self.forwards += 1
+        if self.forwards == self.hold_at:
+            self.gate.clear()
+            self.held.set()
         self.entered.set()
         self.gate.wait()
         if self.delay:
