@@ -103,7 +103,7 @@ def published(previews, final, channel: str) -> str:
 
 
 # Cheap examples (no model, no tokenizer): many more than the profile's default.
-MANY = settings(max_examples=400)
+MANY = settings(max_examples=max(400, settings.default.max_examples))
 
 
 @MANY
