@@ -104,7 +104,7 @@ def create_app(gateway: Gateway) -> Litestar:
         before_send=[drop_head_body],
         state=State({"gateway": gateway}),
         request_max_body_size=config.max_body_bytes,
-        # Off unless origins are given; a preflight is answered before the API-key check (it carries no key).
+        # Off unless origins are given; a preflight passes the API-key check (it carries no key) to be answered here.
         cors_config=(CORSConfig(allow_origins=list(config.allowed_origins), allow_methods=["*"],
                                 allow_headers=["*"]) if config.allowed_origins else None),
         openapi_config=None,
