@@ -1,4 +1,5 @@
-"""The litestar application: routes, error handling, API-key check, and per-app state.
+"""The litestar application: routes, error handling, the request gates (header size limit, API key), and
+per-app state.
 
 :func:`create_app` takes an already started :class:`Gateway` (the server module builds the engine,
 warms it up and owns its lifetime), so tests can serve one engine through several apps. Every error
