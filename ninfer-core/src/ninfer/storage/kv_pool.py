@@ -210,7 +210,10 @@ class PagedKVCache:
         self.allocator.free(self._tables.pop(owner, []))
 
     def writable(self, owner: object, start: int, end: int) -> bool:
-        """Whether every page holding tokens ``[start, end)`` of ``owner`` is covered and private."""
+        """Whether every page holding tokens ``[start, end)`` of ``owner`` is covered and private (an empty
+        range needs no page: always)."""
+        if end <= start:
+            return True
         table = self._tables.get(owner, [])
         if end > len(table) * self.page_size:
             return False
