@@ -115,3 +115,26 @@ def test_prefix_rules():
     with pytest.raises(KVPoolError):
         cache.adopt_prefix("c", ref)
     assert cache.pages_only_in_prefixes() == 0
+
+
+def test_a_layer_may_have_its_own_head_geometry():
+    """A drafter's pools (``geometry``) share the page tables: copy-on-write, Host reads and writes cover them."""
+    cache = PagedKVCache([0, 7], num_pages=6, page_size=4, num_kv_heads=1, head_dim=2, dtype=torch.float32,
+                         device=torch.device("cpu"), geometry={7: (3, 4)})
+    assert cache.pools(0)[0].shape == (6, 4, 1, 2) and cache.pools(7)[1].shape == (6, 4, 3, 4)
+    assert cache.bytes_per_token == 4 * (2 * 2 + 2 * 12)
+    assert cache.ensure("a", 6, write_from=0)
+    k7, _ = cache.pools(7)
+    page = cache.table("a")[1]
+    k7[page].fill_(5.0)
+    ref = cache.share_prefix("a", 6)
+    assert cache.ensure("a", 7, write_from=5)   # the shared tail page is copied, drafter pool included
+    assert cache.table("a")[1] != page and torch.equal(k7[cache.table("a")[1]], k7[page])
+    data = cache.read_pages([page])
+    assert data[1][0].shape == (1, 4, 3, 4)
+    cache.write_pages([page], [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in data])
+    assert not k7[page].any()
+    cache.release_prefix(ref)
+    with pytest.raises(KVPoolError, match="own no pool"):
+        PagedKVCache([0], num_pages=2, page_size=4, num_kv_heads=1, head_dim=2, dtype=torch.float32,
+                     device=torch.device("cpu"), geometry={5: (1, 2)})

@@ -61,13 +61,15 @@ class ToyProgram(SequenceProgram):
     """A toy LM on real Program bookkeeping. ``fail_on`` lets a test make a call raise."""
 
     def __init__(self, *, vocab_size: int = 48, num_pages: int = 256, page_size: int = 4, max_sequences: int = 8,
-                 max_context: int = 256) -> None:
+                 max_context: int = 256, checkpoint_slots: int = 0) -> None:
         kv = PagedKVCache([0], num_pages=num_pages, page_size=page_size, num_kv_heads=1, head_dim=1,
                           dtype=torch.float64, device=torch.device("cpu"))
-        states = StateImageStorage(StateLayout((StateField("h", (1,), torch.int64),)), max_sequences,
-                                   torch.device("cpu"))
+        layout = StateLayout((StateField("h", (1,), torch.int64),))
+        states = StateImageStorage(layout, max_sequences, torch.device("cpu"))
+        # Checkpoint slots (the context cache): StateImages of the same layout.
+        checkpoints = StateImageStorage(layout, checkpoint_slots, torch.device("cpu")) if checkpoint_slots else None
         super().__init__(vocab_size=vocab_size, kv=kv, states=states, ops=ToyOps(), device=torch.device("cpu"),
-                         max_context=max_context)
+                         max_context=max_context, checkpoints=checkpoints)
         self.units: list[tuple[int, tuple[int, ...]]] = []  # (decode rows, each chunk's tokens) of every forward
         self.fail_on: str | None = None
         # Test controls: ``gate`` (set = open) holds the worker inside forward; ``entered`` is set when
@@ -77,6 +79,11 @@ class ToyProgram(SequenceProgram):
         self.gate.set()
         self.entered = threading.Event()
         self.delay = 0.0
+        # ``hold_at = n``: the n-th forward closes the gate before it runs and sets ``held``, so a test acts at an
+        # exact point of the run, however fast or slow the machine (the worker waits inside forward n).
+        self.hold_at: int | None = None
+        self.held = threading.Event()
+        self.forwards = 0
         self.close_gate_on_pause = False
         self.paused_seqs: list[int] = []
         self.opened: list[tuple[int, ...]] = []  # ledgers passed to open_sequence, in order
@@ -85,15 +92,19 @@ class ToyProgram(SequenceProgram):
         self.opened.append(tuple(tokens))
         return super().open_sequence(tokens, prompt_length)
 
-    def pause(self, seq):
+    def pause(self, seq, *, snapshot=False):
         self.paused_seqs.append(seq)
         if self.close_gate_on_pause:
             self.close_gate_on_pause = False
             self.entered.clear()
             self.gate.clear()
-        return super().pause(seq)
+        return super().pause(seq, snapshot=snapshot)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        self.forwards += 1
+        if self.forwards == self.hold_at:
+            self.gate.clear()
+            self.held.set()
         self.entered.set()
         self.gate.wait()
         if self.delay:

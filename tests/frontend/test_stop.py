@@ -67,8 +67,23 @@ def test_earliest_stop_wins_and_applies_to_reasoning(frontend: QwenFrontend):
 
 
 def test_matcher_prefers_longest_on_tie():
-    matcher, fed = StopStringMatcher(("ab", "abc")).feed("xxabcd")
+    matcher, fed = StopStringMatcher(("bc", "abc")).feed("xxabcd")  # both complete at the same character
     assert fed.text == "xx" and fed.stop == "abc"
+
+
+def test_first_completed_stop_wins_whatever_the_token_split():
+    """"bc" completes before "abcd" does: fed whole or character by character, the output ends at "bc" (the
+    earliest-starting rule alone gave "" whole and "a" split)."""
+    stops = ("abcd", "bc")
+    _, fed = StopStringMatcher(stops).feed("abcd")
+    assert (fed.text, fed.stop) == ("a", "bc")
+    matcher, text = StopStringMatcher(stops), ""
+    for ch in "abcd":
+        matcher, fed = matcher.feed(ch)
+        text += fed.text
+        if fed.stop:
+            break
+    assert (text, fed.stop) == ("a", "bc")
     with pytest.raises(FrontendError):
         StopStringMatcher(("",))
 

@@ -38,7 +38,7 @@ def test_valid_values_pass_validation(k):
 
 @pytest.mark.parametrize("k", [0, MAX_SPECULATIVE_TOKENS + 1, -1, True, 2.0, "3"])
 def test_num_speculative_tokens_out_of_range_is_named(k):
-    with pytest.raises(InvalidEngineOptions, match=r"num_speculative_tokens=.*must be an int in 1\.\.8 or None"):
+    with pytest.raises(InvalidEngineOptions, match=r"num_speculative_tokens=.*must be an int in 1\.\.15 or None"):
         EngineOptions(speculative="mtp", num_speculative_tokens=k).validate()
 
 
@@ -124,8 +124,8 @@ COMMANDS = [("generate", "-p", "x"), ("chat",), ("bench",), ("serve",)]
                                  "plugin registers this speculative backend (registered: mtp;"),
     (("--num-speculative-tokens", "3"), "--num-speculative-tokens 3: needs --speculative NAME"),
     (("--speculative", "none", "--num-speculative-tokens", "2"), "--num-speculative-tokens 2: needs --speculative"),
-    (("--speculative", "mtp", "--num-speculative-tokens", "9"), "--num-speculative-tokens 9: invalid engine option "
-                                                                "num_speculative_tokens=9: must be an int in 1..8"),
+    (("--speculative", "mtp", "--num-speculative-tokens", "16"), "--num-speculative-tokens 16: invalid engine option "
+                                                                 "num_speculative_tokens=16: must be an int in 1..15"),
 ])
 def test_flags_fail_before_the_model(command, flags, error, mtp_registered, monkeypatch, capsys):
     monkeypatch.setattr("ninfer.model_source.resolve_model", _no_model)

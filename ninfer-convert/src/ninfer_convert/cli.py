@@ -1,7 +1,8 @@
 """The ``ninfer-convert`` command.
 
-``ninfer-convert SRC OUT [--name NAME] [--max-file-bytes N] [--quantize RECIPE] [--quiet]`` converts a Hugging Face
-checkpoint folder into a V3 artifact; ``ninfer-convert verify FILE`` re-reads and checks every
+``ninfer-convert SRC OUT [--name NAME] [--max-file-bytes N] [--quantize RECIPE] [--draft DRAFT_DIR] [--quiet]``
+converts a Hugging Face checkpoint folder (with ``--draft``, plus a separately published speculative drafter for it,
+stored as one more component) into a V3 artifact; ``ninfer-convert verify FILE`` re-reads and checks every
 object of an artifact. ``verify`` is recognised only as the first argument (a source folder
 literally named ``verify`` is given as ``./verify``). Exit status: 0 success, 1 a NInfer error
 (the message names what is at fault), 2 bad usage, 130 interrupted.
@@ -42,6 +43,9 @@ def _convert_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", metavar="RECIPE",
                    help="store matmul weights quantized: a preset (fp8, q8, q6, q5, q4, mixed; +search: scale search) or a TOML recipe "
                         "file (docs/converter.md)")
+    p.add_argument("--draft", metavar="DRAFT_DIR",
+                   help="a drafter checkpoint folder for SRC (a DFlash or DFlash2 drafter in the z-lab format), added "
+                        "as the artifact's 'dflash' component (docs/speculative.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -59,7 +63,7 @@ def _run_convert(argv: Sequence[str]) -> int:
     from ninfer.conversion import convert  # heavy imports only once the arguments parse
 
     result = convert(args.source, args.output, name=args.name, max_file_bytes=args.max_file_bytes,
-                     progress=False if args.quiet else None, quantize=args.quantize)
+                     progress=False if args.quiet else None, quantize=args.quantize, draft=args.draft)
     print(f"wrote {result.paths[0]}: {result.objects} tensor objects ({result.tensor_bytes} bytes), "
           f"{len(result.resources)} resources, {len(result.paths)} file(s); architecture "
           f"{result.architecture}, source mapping {result.source_mapping}")

@@ -288,3 +288,10 @@ class Qwen35SourceMapping:
         return ConversionPlan(components=tuple(components), objects=tuple(b.objects), bindings=tuple(b.bindings),
                               uses=tuple(b.uses), ignored=dict(b.ignored))
 
+    def plan_draft(self, config: Mapping[str, Any], tensors: Mapping[str, SourceTensor], target: ConversionPlan):
+        """A separately published drafter for this target (``ninfer-convert SRC OUT --draft DIR``): a z-lab DFlash
+        or DFlash2 folder becomes the ``dflash`` component (:mod:`ninfer_qwen3_5.dflash.mapping`)."""
+        from ninfer_qwen3_5.dflash.mapping import plan_dflash_draft
+
+        return plan_dflash_draft(config, tensors, target)
+

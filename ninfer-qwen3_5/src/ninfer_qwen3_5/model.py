@@ -123,9 +123,9 @@ class Qwen35Model:
         return self.ops.mrope_cos_sin(positions3, self.inv_freq, self.multimodal_sections, True)
 
     def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None,
-                return_hidden: str | None = None, *, positions3: torch.Tensor | None = None,
-                media_rows: tuple[torch.Tensor, torch.Tensor] | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                return_hidden: str | None = None, aux_layers: tuple[int, ...] | None = None, *,
+                positions3: torch.Tensor | None = None, media_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token). ``ctx`` comes
         without rotary tables; they are built here, after the embedding.
 
@@ -137,7 +137,11 @@ class Qwen35Model:
         with ``hidden`` the final-normed hidden states (activation dtype) the LM head reads, what an MTP
         drafter takes as ``h_t`` (:mod:`ninfer_qwen3_5.mtp`): ``"rows"``: ``[len(logit_rows), H]``, those of the
         logit rows; ``"all"``: ``[N, H]``, every token's (the final norm then runs over all N rows; the logits
-        are still those of ``logit_rows``)."""
+        are still those of ``logit_rows``).
+
+        ``aux_layers`` (a DFlash drafter's target layers): also return, last, ``aux`` ``[N, len(aux_layers) * H]``:
+        for every token, the outputs of those layers (the residual stream after the layer, HF's
+        ``hidden_states[i + 1]``) concatenated in the given order."""
         if return_hidden not in (None, "rows", "all"):
             raise ProgramError(f"return_hidden must be None, 'rows' or 'all', got {return_hidden!r}")
         ops, eps = self.ops, self.cfg.rms_norm_eps
@@ -152,16 +156,22 @@ class Qwen35Model:
         cos, sin = self.rotary(ctx.positions) if positions3 is None else self.rotary3(positions3)
         ctx = replace(ctx, cos=cos, sin=sin)
         out = None   # the first layer's input is the embedding itself, normed already
+        taps: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             inp = NormInput(out, residual, layer.input_norm, eps, normed if i == 0 else None)
             out, residual = layer.mixer(inp, ctx)
             out, residual = layer.mlp(NormInput(out, residual, layer.post_norm, eps))
+            if aux_layers and i in aux_layers:
+                taps[i] = out + residual   # the add the next layer's norm fuses, in the activation dtype
+        extra = (torch.cat([taps[i] for i in aux_layers], dim=-1),) if aux_layers else ()
         if return_hidden == "all":
             h_all, _ = ops.add_rms_norm_unit_offset(out, residual, self.norm, eps)
             h = h_all if logit_rows is None else h_all.index_select(0, logit_rows)
-            return ops.logits(h, self.lm_head), h_all
+            return (ops.logits(h, self.lm_head), h_all, *extra)
         if logit_rows is not None:
             out, residual = out.index_select(0, logit_rows), residual.index_select(0, logit_rows)
         h, _ = ops.add_rms_norm_unit_offset(out, residual, self.norm, eps)
         logits = ops.logits(h, self.lm_head)
-        return (logits, h) if return_hidden else logits
+        if return_hidden:
+            return (logits, h, *extra)
+        return (logits, *extra) if extra else logits

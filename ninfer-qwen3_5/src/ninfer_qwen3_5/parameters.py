@@ -132,11 +132,13 @@ def vision_parameter_specs(text_config: Mapping[str, Any]) -> list[ParameterSpec
 
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
     """The parameters the selected features bind: the ``text`` component, plus the ``mtp`` component's own
-    parameters when ``features.speculative == "mtp"`` and the ``vision`` component's with ``features.vision``
-    (an artifact without that component is refused when they are bound). Other speculative backends, and
-    vision together with a speculative backend, are refused here until their programs exist."""
-    if features.speculative not in (None, "mtp"):
-        raise NotSupportedError(f"Qwen3.5 speculative backend {features.speculative!r} is not supported yet")
+    parameters when ``features.speculative == "mtp"`` (an artifact without that component is refused when
+    they are bound), the ``dflash`` component's with ``"dflash"`` / ``"dflash2"`` (shapes from the drafter
+    config the text config carries; an artifact converted without a drafter is a MissingComponentError), and
+    the ``vision`` component's with ``features.vision``. Vision together with a speculative backend is refused
+    here until a program supports both."""
+    if features.speculative not in (None, "mtp", "dflash", "dflash2"):
+        raise NotSupportedError(f"Qwen3.5 speculative backend {features.speculative!r} is not supported")
     if features.vision and features.speculative is not None:
         raise NotSupportedError("Qwen3.5 vision with speculative decoding is not supported yet: start without "
                                 "the speculative backend, or without vision")
@@ -148,6 +150,22 @@ def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> lis
         mtp_config = {"mtp_num_hidden_layers": config.get("mtp_num_hidden_layers") or 1,
                       "mtp_use_dedicated_embeddings": config.get("mtp_use_dedicated_embeddings", False)}
         specs += mtp_parameter_specs(config, mtp_config)
+    elif features.speculative in ("dflash", "dflash2"):
+        specs += _dflash_specs(config, features.speculative)
     if features.vision:
         specs += vision_parameter_specs(config)
     return specs
+
+
+def _dflash_specs(config: Mapping[str, Any], backend: str) -> list[ParameterSpec]:
+    from ninfer.artifact.errors import MissingComponentError
+
+    from ninfer_qwen3_5.dflash import drafter_for_backend
+    from ninfer_qwen3_5.dflash.config import TEXT_KEY
+    from ninfer_qwen3_5.dflash.parameters import dflash_parameter_specs
+
+    if config.get(TEXT_KEY) is None:
+        raise MissingComponentError(
+            f"speculative={backend!r} (--speculative {backend}) needs the artifact component 'dflash', which this "
+            f"artifact does not have; convert the target with its drafter: ninfer-convert TARGET OUT --draft DRAFT_DIR")
+    return dflash_parameter_specs(drafter_for_backend(config, backend))

@@ -1,6 +1,8 @@
 """Entry point ``qwen3_5`` (group ``ninfer``): registers the Qwen3.5 architectures, the Qwen frontend family,
 the source mappings, the ops only Qwen3.5 calls (their contracts and implementations, :mod:`.ops`) and the
-``mtp`` speculative backend (the checkpoint's own multi-token-prediction head, :mod:`.mtp`)."""
+speculative backends ``mtp`` (the checkpoint's own multi-token-prediction head, :mod:`.mtp`), ``dflash`` and
+``dflash2`` (a separately published DFlash / DFlash2 block drafter the converter adds as the ``dflash``
+component, :mod:`.dflash`)."""
 
 from __future__ import annotations
 
@@ -26,19 +28,27 @@ def _create_frontend(resources, vocab_size):
     return QwenFrontend(resources, vocab_size=vocab_size)
 
 
-def _create_mtp_program(init):
-    """The MTP drafter lives inside the target's Program (it shares its KV pool, StateImages and hidden
-    states): a Qwen3.5 Program built with ``ProgramOptions.speculative_tokens > 0`` builds the head."""
+def _create_speculative_program(init):
+    """A drafter lives inside the target's Program (it shares its KV page tables, StateImages and hidden
+    states): a Qwen3.5 Program built with ``ProgramOptions.speculative_tokens > 0`` builds the one
+    ``init.features.speculative`` names (default ``mtp``)."""
     from ninfer.contracts.program import ProgramError
 
     if init.options.speculative_tokens < 1:
-        raise ProgramError("the mtp backend needs ProgramOptions.speculative_tokens >= 1")
+        raise ProgramError(f"the {init.features.speculative or 'mtp'} backend needs "
+                           f"ProgramOptions.speculative_tokens >= 1")
     return _create_program(init)
 
 
 #: The ``mtp`` backend: drafts with the artifact's ``mtp`` component, for both Qwen3.5 architectures.
 MTP_BACKEND = SpeculativeBackendSpec(name="mtp", architectures=(DENSE, MOE), component="mtp",
-                                     create=_create_mtp_program)
+                                     create=_create_speculative_program)
+#: The ``dflash`` / ``dflash2`` backends: draft with the artifact's ``dflash`` component (a first / second
+#: generation drafter; the Program checks which), built like ``mtp`` inside the target's Program.
+DFLASH_BACKEND = SpeculativeBackendSpec(name="dflash", architectures=(DENSE, MOE), component="dflash",
+                                        create=_create_speculative_program)
+DFLASH2_BACKEND = SpeculativeBackendSpec(name="dflash2", architectures=(DENSE, MOE), component="dflash",
+                                         create=_create_speculative_program)
 
 #: The Qwen frontend family: Qwen3.5 and the Qwen4-Exp plugin (which depends on this distribution) use it.
 QWEN_FRONTEND = FrontendSpec(name="qwen", create=_create_frontend)
@@ -67,7 +77,7 @@ def ninfer_frontends() -> list:
 
 @hookimpl
 def ninfer_speculative_backends() -> list:
-    return [MTP_BACKEND]
+    return [MTP_BACKEND, DFLASH_BACKEND, DFLASH2_BACKEND]
 
 
 @hookimpl

@@ -10,7 +10,11 @@ Exact figures mirror what :class:`~ninfer_qwen3_5.program.Qwen35Program` allocat
   (router + shared gate_up + shared gate rows concatenated; the stored originals are dropped after).
 - KV: K and V of every full-attention layer, ``Nkv * D`` each per token, run dtype; with
   ``speculative == "mtp"`` one more such layer (the MTP layer's own pool), and the weights then include the
-  ``mtp`` component's parameters (:func:`~ninfer_qwen3_5.parameters.parameter_specs` selects them).
+  ``mtp`` component's parameters (:func:`~ninfer_qwen3_5.parameters.parameter_specs` selects them); with
+  ``speculative`` ``"dflash"`` / ``"dflash2"`` one more per drafter layer of the drafter's head geometry, and the
+  weights include the ``dflash`` component's (its plain norm weights kept as fp32 offsets, its key and value
+  rows concatenated into one new tensor, the fp32 rotary inverse frequencies); ``default_speculative_tokens``
+  is then the drafter's block size - 1.
 - State: the StateImage of :mod:`ninfer_qwen3_5.state` (conv in the run dtype, recurrent fp32; with vision the
   rope delta too).
 - Vision (``features.vision``): the tower's parameters, all in the run dtype (selected by ``parameter_specs``),
@@ -31,6 +35,8 @@ from ninfer.contracts.architecture import ModelProfile
 from ninfer.contracts.features import StartupFeatures
 
 from ninfer_qwen3_5.config import Qwen35Config
+from ninfer_qwen3_5.dflash.config import TEXT_KEY
+from ninfer_qwen3_5.dflash.parameters import drafter_config
 from ninfer_qwen3_5.layers.moe import fused_input_rows
 from ninfer_qwen3_5.ops.reference.segment_attention import QUERY_BLOCK
 from ninfer_qwen3_5.parameters import parameter_specs
@@ -42,6 +48,9 @@ _F32 = 4
 _FP32_DERIVED = ("gdn/A_log", "gdn/dt_bias")
 # Parameters the MoE block concatenates (with zero rows: layers/moe.py) into one new tensor at construction.
 _MOE_FUSED_INPUT = ("moe/router", "moe/shared/gate_up", "moe/shared/gate")
+# DFlash drafter parameters prepared as new tensors (dflash/weights.py, dflash/drafter.py).
+_DFLASH_NORMS = ("/hidden_norm", "/norm", "/input_norm", "/post_norm", "/q_norm", "/k_norm")
+_DFLASH_KV = ("/attention/key", "/attention/value")
 # The reference GDN prefill's chunk length: its intra-chunk [L, L] matrices cost L fp32 per head per token.
 _GDN_CHUNK = 64
 
@@ -57,12 +66,18 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
         if s.name.endswith(_FP32_DERIVED):
             kept = torch.float32
             new = s.name.endswith("gdn/A_log") or held != torch.float32  # -exp() is always a new tensor
+        elif s.name.startswith("dflash/") and s.name.endswith(_DFLASH_NORMS):
+            kept, new = torch.float32, True       # w - 1 in fp32 (dflash/weights.py)
+        elif s.name.startswith("dflash/") and s.name.endswith(_DFLASH_KV):
+            kept, new = run, True                 # concatenated into the drafter's ctx_kv
         else:
             kept, new = run, held != run or s.name.endswith(_MOE_FUSED_INPUT)
         nbytes = prod(s.shape) * kept.itemsize
         resident += nbytes
         converted += nbytes if new else 0
     inv_freq = cfg.rotary_dim // 2 * _F32
+    if features.speculative in ("dflash", "dflash2"):
+        inv_freq += drafter_config(config).head_dim // 2 * _F32
     # The fused MoE input weight's zero rows (layers/moe.py: ROW_ALIGN), made at construction.
     pad = (cfg.num_layers * (fused_input_rows(cfg) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
            * cfg.hidden_size * run.itemsize if cfg.is_moe else 0)
@@ -107,6 +122,16 @@ def _encoder_bytes_per_row(config: Mapping[str, Any], s: int) -> int:
     return linear + fp32 + 2 * f * v.num_heads * QUERY_BLOCK
 
 
+def _drafter_taps_bytes(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeatures, s: int) -> int:
+    """A DFlash Program's extra transient bytes per step token: the tapped layer outputs (held until they are
+    concatenated, then the concatenation), the drafter's fused context and every layer's context K and V."""
+    if features.speculative not in ("dflash", "dflash2"):
+        return 0
+    d = drafter_config(config)
+    return s * (2 * len(d.target_layer_ids) * cfg.hidden_size + d.hidden_size
+                + 2 * d.num_layers * d.num_kv_heads * d.head_dim)
+
+
 def _matmul_params_per_token(cfg: Qwen35Config) -> int:
     H, total = cfg.hidden_size, 0
     for kind in cfg.layer_types:
@@ -136,18 +161,22 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
     n_attn, n_gdn = len(cfg.attention_layers), len(cfg.gdn_layers)
     n_kv = n_attn + (1 if features.speculative == "mtp" else 0)   # the MTP layer's KV pool
     kd = cfg.num_kv_heads * cfg.head_dim
+    drafter_kv, default_tokens = 0, 0
+    if features.speculative in ("dflash", "dflash2"):
+        d = drafter_config(config)
+        drafter_kv, default_tokens = d.num_layers * 2 * d.num_kv_heads * d.head_dim * s, d.block_size - 1
     # Read in part at decode: the untied input table (one row per token), the routed experts (top-k of E).
     embedding = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * s
     experts = (cfg.num_layers * cfg.num_experts * 3 * cfg.moe_intermediate_size * cfg.hidden_size * s
                if cfg.is_moe else 0)
     return ModelProfile(
         weight_bytes=weight_bytes,
-        kv_bytes_per_token=n_kv * 2 * kd * s,
+        kv_bytes_per_token=n_kv * 2 * kd * s + drafter_kv,
         state_bytes_per_sequence=state_layout(cfg, run, vision=features.vision).image_bytes,
         vocab_size=cfg.vocab_size,
         max_position_embeddings=cfg.max_position_embeddings,
         converted_weight_bytes=converted,
-        activation_bytes_per_token=_activation_bytes_per_token(cfg, s),
+        activation_bytes_per_token=_activation_bytes_per_token(cfg, s) + _drafter_taps_bytes(cfg, config, features, s),
         # The reference attention gathers a row's K and V pages, then copies them to fp32.
         attention_bytes_per_context_token=2 * kd * (s + _F32) if n_attn else 0,
         # Scores and their softmax, fp32, for every query head.
@@ -163,7 +192,8 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         routed_expert_bytes=experts,
         num_experts=cfg.num_experts if cfg.is_moe else 0,
         experts_per_token=cfg.num_experts_per_tok if cfg.is_moe else 0,
-        encoder_bytes_per_row=_encoder_bytes_per_row(config, s) if features.vision else 0)
+        encoder_bytes_per_row=_encoder_bytes_per_row(config, s) if features.vision else 0,
+        default_speculative_tokens=default_tokens)
 
 
 def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,4 +214,8 @@ def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:
                       f"{cfg.moe_intermediate_size}, shared {cfg.shared_expert_intermediate_size}")
     else:
         out["mlp"] = cfg.intermediate_size
+    if config.get(TEXT_KEY) is not None:
+        d = drafter_config(config)
+        out["dflash"] = (f"{d.architecture}, {d.num_layers} layers, block {d.block_size}, target layers "
+                         f"{list(d.target_layer_ids)}")
     return out

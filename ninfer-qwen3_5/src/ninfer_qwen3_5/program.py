@@ -13,10 +13,13 @@ allocates the snapshot storage; a batch with verify chunks stages each verify ro
 snapshot, then runs the one model call; :meth:`Qwen35Program.select_snapshot` commits a row's accepted inputs.
 
 Speculative decoding (``ProgramOptions.speculative_tokens = k > 0``, :mod:`ninfer_qwen3_5.speculative_decode`):
-the Program also builds the MTP head (its ``mtp/*`` parameters must be in ``ProgramInit.weights``), declares
-the MTP layer's KV pool in its layout, configures the verify snapshots for ``max_sequences`` rows of ``k + 1``
-inputs, and runs every unit through :class:`~ninfer_qwen3_5.speculative_decode.MTPDecoding` (eagerly, with the
-target's hidden states; no decode graphs, no lookahead). With ``k = 0`` none of this exists.
+the Program also builds the drafter of the backend ``ProgramInit.features.speculative`` names (``"mtp"``, the
+default: the MTP head, its ``mtp/*`` parameters in ``ProgramInit.weights``, one more KV pool;
+``"dflash"`` / ``"dflash2"``: the artifact's DFlash drafter of that generation, its ``dflash/*`` parameters in
+``ProgramInit.weights``, one KV pool per drafter layer with the drafter's head geometry), configures the verify
+snapshots for ``max_sequences`` rows of ``k + 1`` inputs, and runs every unit through the drafter's
+:class:`~ninfer_qwen3_5.speculative_decode.SpeculativeDecoding` (eagerly, with the target's taps; no decode
+graphs, no lookahead). With ``k = 0`` none of this exists.
 
 Vision (``ProgramInit.features.vision``, :mod:`ninfer_qwen3_5.vision`): the Program also builds the tower and
 takes media with a prompt (:meth:`Qwen35Program.open_sequence`). A call with a chunk of such a sequence gives the
@@ -51,10 +54,15 @@ from ninfer.program.batch import ForwardBatch, PackedBatch, pack_batch
 from ninfer.program.model import KVGeometry, ModelLayout, ModelProgram
 
 from ninfer_qwen3_5.config import Qwen35Config
+from ninfer_qwen3_5.dflash import DFLASH_BACKENDS, drafter_for_backend, drafter_kv_layers
+from ninfer_qwen3_5.dflash.config import DFlashConfig
+from ninfer_qwen3_5.dflash.decoding import DFlashDecoding
+from ninfer_qwen3_5.dflash.drafter import DFlashDrafter
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.model import Qwen35Model
 from ninfer_qwen3_5.mtp import Qwen35MTPHead, mtp_kv_layer
-from ninfer_qwen3_5.speculative_decode import MTPDecoding
+from ninfer_qwen3_5.mtp.decoding import MTPDecoding
+from ninfer_qwen3_5.speculative_decode import SpeculativeDecoding
 from ninfer_qwen3_5.speculative_state import SpeculativeSnapshots, verify_plan
 from ninfer_qwen3_5.state import ROPE_DELTA, state_layout
 from ninfer_qwen3_5.vision.config import VisionConfig
@@ -63,12 +71,16 @@ from ninfer_qwen3_5.vision.media import MediaError, SequenceMedia, sequence_medi
 from ninfer_qwen3_5.vision.tower import VisionTower
 
 
-def model_layout(cfg: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False, vision: bool = False) -> ModelLayout:
+def model_layout(cfg: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False,
+                 drafter: DFlashConfig | None = None, vision: bool = False) -> ModelLayout:
     """The Program's layout; ``mtp``: one more KV pool, the MTP layer's (:func:`~ninfer_qwen3_5.mtp.mtp_kv_layer`);
-    ``vision``: the StateImage holds the rope delta too (:mod:`ninfer_qwen3_5.state`)."""
-    layers = tuple(cfg.attention_layers) + ((mtp_kv_layer(cfg),) if mtp else ())
+    ``drafter``: one more per DFlash drafter layer (:func:`~ninfer_qwen3_5.dflash.drafter_kv_layers`), of its
+    own head geometry; ``vision``: the StateImage holds the rope delta too (:mod:`ninfer_qwen3_5.state`)."""
+    own = tuple((layer, drafter.num_kv_heads, drafter.head_dim) for layer in drafter_kv_layers(cfg, drafter)
+                ) if drafter is not None else ()
+    layers = tuple(cfg.attention_layers) + ((mtp_kv_layer(cfg),) if mtp else ()) + tuple(o[0] for o in own)
     return ModelLayout(vocab_size=cfg.vocab_size, max_positions=cfg.max_position_embeddings,
-                       kv=KVGeometry(layers, cfg.num_kv_heads, cfg.head_dim),
+                       kv=KVGeometry(layers, cfg.num_kv_heads, cfg.head_dim, own),
                        state=state_layout(cfg, dtype, vision=vision))
 
 
@@ -78,11 +90,14 @@ class Qwen35Program(ModelProgram):
         k = init.options.speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ProgramError(f"ProgramOptions.speculative_tokens must be an int >= 0, got {k!r}")
-        super().__init__(init, model_layout(cfg, init.options.dtype, mtp=k > 0, vision=init.features.vision))
+        backend = (init.features.speculative or "mtp") if k else None
+        drafter = drafter_for_backend(init.config, backend) if backend in DFLASH_BACKENDS else None
+        super().__init__(init, model_layout(cfg, init.options.dtype, mtp=backend == "mtp", drafter=drafter,
+                                            vision=init.features.vision))
         self.cfg = cfg
         self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype)
         self.snapshots: SpeculativeSnapshots | None = None
-        self.speculation: MTPDecoding | None = None
+        self.speculation: SpeculativeDecoding | None = None
         self.tower: VisionTower | None = None
         self.vision_cfg: VisionConfig | None = None
         self.rope_delta: torch.Tensor | None = None     # int64 [state slots, 1]: the StateImages' rope deltas
@@ -91,11 +106,18 @@ class Qwen35Program(ModelProgram):
             if k:
                 raise ProgramError("vision with speculative decoding is not supported yet")
             self._build_vision(init)
-        if k:
+        if backend == "mtp":
             head = Qwen35MTPHead(cfg, init.config, init.weights, self.model.embed, self.model.lm_head, init.ops,
                                  self.device, init.options.dtype)
-            self.configure_speculation(init.options.max_sequences, k + 1)
             self.speculation = MTPDecoding(self, head, k)
+        elif drafter is not None:
+            self.speculation = DFlashDecoding(self, DFlashDrafter(
+                drafter, init.weights, self.model.embed, self.model.lm_head, init.ops, self.device, init.options.dtype,
+                drafter_kv_layers(cfg, drafter)), k)
+        elif backend is not None:
+            raise ProgramError(f"the Qwen3.5 Program has no speculative backend {backend!r} (mtp, dflash, dflash2)")
+        if k:
+            self.configure_speculation(init.options.max_sequences, k + 1)
 
     def _build_vision(self, init: ProgramInit) -> None:
         vision = init.config.get("vision_config")
@@ -249,6 +271,8 @@ class Qwen35Program(ModelProgram):
             delta = self.rope_delta.index_select(0, batch.decode_slots)
             self.rope_delta.index_copy_(0, batch.decode_out_slots, delta)
             ctx = replace(ctx, positions=torch.cat((batch.positions[:b] + delta[:, 0], batch.positions[b:])))
+        if isinstance(self.speculation, DFlashDecoding):   # score_chunk: the drafter's context follows every forward
+            return self.speculation.plain_forward(batch, ctx)
         return self.model.forward(batch.tokens, ctx, batch.logit_rows)
 
     def step_context(self, batch: PackedBatch) -> StepContext:

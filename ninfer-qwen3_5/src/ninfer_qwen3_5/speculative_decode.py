@@ -1,11 +1,13 @@
-"""MTP speculative decoding inside the Qwen3.5 Program: drafting, one verify forward, acceptance, commit.
+"""Speculative decoding inside the Qwen3.5 Program: drafting, one verify forward, acceptance, commit.
 
 A Program built with ``ProgramOptions.speculative_tokens = k > 0`` runs every unit through
-:meth:`MTPDecoding.run` (a Program built without it never reaches this module). A decode row with
-``DecodeRow.drafts = n > 0`` drafts ``n`` tokens with the MTP head (:mod:`ninfer_qwen3_5.mtp`, greedy) and
-verifies ``[t_last, d_1..d_n]`` as a verify chunk (:mod:`ninfer_qwen3_5.speculative_state`) in the same one
-forward as the unit's plain decode rows and prefill chunks; every call returns the target's final-normed
-hidden states, which feed the MTP head.
+:meth:`SpeculativeDecoding.run` (a Program built without it never reaches this module). The drafter is a
+subclass: :class:`~ninfer_qwen3_5.mtp.decoding.MTPDecoding` (the checkpoint's MTP head) or
+:class:`~ninfer_qwen3_5.dflash.decoding.DFlashDecoding` (a DFlash / DFlash2 block drafter). A decode row with
+``DecodeRow.drafts = n > 0`` drafts ``n`` tokens and verifies ``[t_last, d_1..d_n]`` as a verify chunk
+(:mod:`ninfer_qwen3_5.speculative_state`) in the same one forward as the unit's plain decode rows and prefill
+chunks; every such forward also returns what the drafter reads of the target (its *taps*: the final-normed
+hidden states for MTP, the outputs of some layers for DFlash), one row per token.
 
 Acceptance: the target's logits at verify position ``i`` are transformed exactly as plain sampling transforms
 a decode row's (:mod:`ninfer.program.sampling`: penalties over the ledger extended by ``d_1..d_i``, then the
@@ -14,7 +16,10 @@ giving the token ``x_i`` plain decoding would emit there. The row keeps the draf
 and then adds ``x_n`` (:func:`~ninfer.program.speculation.greedy_acceptance` over the tokens ``x``). At
 temperature 0 that is the greedy rule; with sampling it is
 :func:`~ninfer.program.speculation.rejection_acceptance` with ``q=None`` (a deterministic drafter), its
-Gumbel draws being the ``sample`` op's own: a seeded request commits the very tokens plain sampling would.
+Gumbel draws being the ``sample`` op's own: a seeded request commits the very tokens plain sampling would. A
+drafter that samples its drafts (DFlash2's selector at temperature > 0) hands its proposal distribution q for
+such rows, which are accepted by :func:`~ninfer.program.speculation.rejection_acceptance` with that q
+(:meth:`SpeculativeDecoding.accept_sampled`): the committed tokens are distributed as plain sampling's.
 
 Constrained rows (:mod:`ninfer.program.draft_masks`): a row whose mask is a ``DraftMaskProvider`` drafts with
 its grammar's mask applied at every draft step (the mask after ``d_1..d_{i-1}`` before drafting ``d_i``), and
@@ -24,30 +29,10 @@ asked, never advanced: the engine advances it over the committed tokens. A const
 mask may not draft (ProgramError). A row asking for logprobs gets, for each committed token, the raw
 distribution's logprobs at that token's verify position, as plain sampling reports them.
 
-MTP bookkeeping, per sequence (:class:`Frontier`): ``done``, the MTP pool's final positions ``[0, done)``,
-and ``hidden``, the target's hidden states of positions ``[done, computed)`` not yet fed to the MTP layer.
-Invariant: ``done <= computed``, and the MTP K/V of position ``t < done`` was computed from the target's
-hidden state at ``t`` and the committed token ``x_{t+1}`` (a sequence opened from a checkpoint starts at
-``done = computed``: the checkpoint's MTP K/V below it are whatever its origin wrote, which only changes
-how many drafts are accepted, never which tokens are committed).
-
-- A prefill chunk appends its positions' hidden states, then the MTP layer runs at once over every
-  position whose next token is in the ledger (all of a non-final chunk; all but the last of a final one).
-- A plain decode row appends its one hidden state (its next token is still provisional).
-- A drafting row first feeds the MTP layer positions ``[done, computed)`` (their next tokens are all in the
-  ledger now), whose last output drafts ``d_1``; it needs ``done < computed`` (a row without a pending hidden
-  state, right after a checkpoint open, decodes plainly that step). Its frontier is settled at commit: with
-  ``a >= 1`` accepted tokens, ``done = computed_before`` and ``hidden`` = the verify's hidden states of its
-  first ``a`` inputs (``t_last, d_1..d_{a-1}``, the committed ones); with ``a = 0`` (or an abort) it is left
-  as it was, so the next draft recomputes the same positions. The MTP K/V past ``done`` written by a draft
-  are provisional and are overwritten before anything reads them.
-- The MTP pool shares the target's page tables, so MTP K/V of a position below ``computed`` may be written
-  into a page a checkpoint shares; the target's pools are never written there, and the MTP entries only move
-  the acceptance rate of a sequence later opened from that checkpoint, never its tokens.
-
 Commit of a verify row accepting ``a`` tokens: ``computed += a`` and snapshot ``a - 1`` becomes the live
-StateImage (``select_snapshot``; ``a = 0`` keeps it, and the row stays decode-ready). One verify may be
-outstanding at a time (its snapshots are reused by the next).
+StateImage (``select_snapshot``; ``a = 0`` keeps it, and the row stays decode-ready); the drafter then takes the
+taps of the first ``a`` verify inputs (the committed ones). One verify may be outstanding at a time (its
+snapshots are reused by the next).
 """
 
 from __future__ import annotations
@@ -67,53 +52,89 @@ from ninfer.contracts.program import (
     TokenLogprob,
 )
 from ninfer.program.batch import ForwardBatch, pack_batch
-from ninfer.program.draft_masks import MaskedDrafting, VerifyMasks, may_verify
+from ninfer.program.draft_masks import VerifyMasks, may_verify
 from ninfer.program.sampling import draw, mask_rows, penalize, token_logprobs, wants_logprobs
 from ninfer.program.speculation import greedy_acceptance
 
-from ninfer_qwen3_5.mtp import DraftRow, Qwen35MTPHead, mtp_step_context
 from ninfer_qwen3_5.speculative_state import verify_chunk_rows
 
 
-@dataclass
-class Frontier:
-    """A sequence's MTP progress (module docstring): MTP positions ``[0, done)`` are final; ``hidden``
-    ``[computed - done, H]`` holds the target's hidden states of positions ``[done, computed)`` (None: none)."""
+@dataclass(frozen=True)
+class Drafts:
+    """A draft call's result: ``tokens[r]`` row r's drafts (host list, ``n_r`` of them); ``q`` (None: none) maps a
+    row index to its proposal distribution ``[n_r, V]`` fp32 when the drafter *sampled* that row's drafts (row
+    ``i`` of it: the distribution ``d_{i+1}`` was drawn from); a row without one was drafted deterministically."""
 
-    done: int
-    hidden: torch.Tensor | None = None
+    tokens: list[list[int]]
+    q: Mapping[int, torch.Tensor] | None = None
 
-    def pending(self) -> int:
-        return 0 if self.hidden is None else int(self.hidden.shape[0])
 
-    def append(self, h: torch.Tensor) -> None:
-        # Copies, never views: a view of one forward's [N, H] hidden states would keep all of it alive.
-        self.hidden = h.clone() if self.hidden is None else torch.cat((self.hidden, h))
+@dataclass(frozen=True)
+class Part:
+    """Positions ``[start, start + length)`` of ``seq`` that a forward computed outside a verify (a plain decode
+    row or a prefill chunk): committed inputs, whose taps are ``taps`` ``[length, ...]``."""
 
-    def consume(self, n: int) -> None:
-        self.done += n
-        self.hidden = None if n >= self.pending() else self.hidden[n:].clone()
+    seq: SeqId
+    start: int
+    length: int
+    taps: torch.Tensor
+    chunk: bool
 
 
 @dataclass(frozen=True)
 class _Verify:
-    """A verify row awaiting commit: the hidden states of its inputs ``[n + 1, H]`` and ``computed`` when it ran."""
+    """A verify row awaiting commit: the taps of its inputs ``[n + 1, ...]`` and ``computed`` when it ran."""
 
-    hidden: torch.Tensor
+    taps: torch.Tensor
     start: int
 
 
-class MTPDecoding:
-    """The speculative side of a Qwen3.5 Program (``program``) drafting up to ``k`` tokens per row with
-    ``head``. See the module docstring for the rules it keeps."""
+class SpeculativeDecoding:
+    """The speculative side of a Qwen3.5 Program (``program``) verifying up to ``k`` drafts per row. Subclasses
+    are the drafters: they implement the hooks below (module docstring for the rules this class keeps)."""
 
-    def __init__(self, program, head: Qwen35MTPHead, k: int) -> None:
-        self.p, self.head, self.k = program, head, k
-        self.frontiers: dict[SeqId, Frontier] = {}
+    def __init__(self, program, k: int) -> None:
+        self.p, self.k = program, k
         self._verify: dict[SeqId, _Verify] = {}
         self._verify_batch: int | None = None
         #: Monotone counts: verify rows run, drafts they verified, drafts accepted (by the acceptance rule).
         self.verified = self.drafted = self.accepted = 0
+
+    # -- drafter hooks ---------------------------------------------------------------------------
+    def model_forward(self, packed, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits of the logit rows, taps of every token)`` of one target forward."""
+        raise NotImplementedError
+
+    def may_draft(self, seq: SeqId) -> bool:
+        """Whether ``seq`` (decode-ready) can draft now; a row that cannot decodes plainly this step."""
+        raise NotImplementedError
+
+    def touch(self, seq: SeqId) -> None:
+        """``seq`` is a member of the unit about to run (create its bookkeeping if it has none)."""
+
+    def draft(self, verify: list[tuple[DecodeRow, int]], masks: Mapping[SeqId, VerifyMasks]) -> Drafts:
+        """Each verify row's drafts; a constrained row's follow its grammar (``masks`` fill as they are drafted)."""
+        raise NotImplementedError
+
+    def absorb(self, parts: list[Part]) -> None:
+        """The taps of the positions a forward just computed outside verify rows (their ``computed`` advanced)."""
+        raise NotImplementedError
+
+    def commit_row(self, seq: SeqId, start: int, taps: torch.Tensor, accepted: int) -> None:
+        """A verify row of ``seq`` run at ``computed = start`` committed ``accepted`` inputs; ``taps`` are those
+        inputs' (``accepted`` rows). Called after ``computed`` advanced."""
+        raise NotImplementedError
+
+    def forget_seq(self, seq: SeqId) -> None:
+        """Drop the drafter's bookkeeping of ``seq``."""
+
+    def accept_sampled(self, processed: torch.Tensor, rows, ns: list[int], starts: list[int], drafts: Drafts,
+                       num: list[int]) -> dict[int, list[int]]:
+        """The committed tokens of the verify rows whose drafts were sampled (``drafts.q``), by rejection
+        sampling against their q: ``processed`` every verify position's masked and penalised logits (``rows``
+        order), row r's ``ns[r] + 1`` positions from ``starts[r]``, ``num[r]`` drafts verified. Only a drafter
+        that samples implements it."""
+        raise ProgramError(f"{type(self).__name__} drafts deterministically: it has no sampled rows to accept")
 
     # -- run -------------------------------------------------------------------------------------
     def run(self, unit: ExecutionUnit) -> PendingBatch:
@@ -138,7 +159,8 @@ class MTPDecoding:
             if s.computed != len(s.ledger) - 1:
                 raise ProgramError(f"decode sequence {row.seq} is not decode-ready "
                                    f"(computed {s.computed}, ledger {len(s.ledger)})")
-            if self._frontier(row.seq).pending() == 0:
+            self.touch(row.seq)
+            if not self.may_draft(row.seq):
                 plain.append(DecodeRow(row.seq, row.sampling))   # nothing to draft from: decode plainly
                 continue
             if not p.kv.writable(row.seq, s.computed, s.computed + n + 1):
@@ -151,7 +173,7 @@ class MTPDecoding:
         rest = ExecutionUnit(decode=tuple(DecodeRow(r.seq, r.sampling) for r in plain), chunks=unit.chunks)
         batch, sampling = p._prepare(rest) if (rest.decode or rest.chunks) else (None, [])
         for sid in members:
-            self._frontier(sid)
+            self.touch(sid)
         try:
             with torch.inference_mode():
                 return self._execute(unit, batch, sampling, verify)
@@ -164,35 +186,33 @@ class MTPDecoding:
         # Constrained verify rows: mask 0 now, the others as the (masked) drafter drafts.
         masks = {row.seq: VerifyMasks(row.sampling.mask, n, p.vocab_size)
                  for row, n in verify if row.sampling.mask is not None}
-        drafts = self._draft(verify, masks)
+        drafts = self.draft(verify, masks) if verify else Drafts([])
         seqs = [row.seq for row, _ in verify]
         snaps = p.snapshots.assign([p.state_slot(sid) for sid in seqs], [n + 1 for _, n in verify])
         chunks = tuple(verify_chunk_rows(p, row.seq, p.computed(row.seq), [p._seqs[row.seq].ledger[-1], *d], sn)
-                       for (row, _), d, sn in zip(verify, drafts, snaps, strict=True))
+                       for (row, _), d, sn in zip(verify, drafts.tokens, snaps, strict=True))
         fb = ForwardBatch(decode=batch.decode if batch is not None else None,
                           chunks=(batch.chunks if batch is not None else ()) + chunks)
         packed = pack_batch(fb, p.device)
-        logits, hidden = p.model.forward(packed.tokens, p.step_context(packed), packed.logit_rows,
-                                         return_hidden="all")
+        logits, taps = self.model_forward(packed, p.step_context(packed))
         m = len(sampling)
         tokens, logprobs = p._sample(logits[:m], sampling) if m else ([], [])
         committed, committed_lps = self._accept(logits[m:], verify, drafts, masks) if verify else ([], [])
-        # Every forward succeeded: advance the plain rows, keep the hidden states.
-        at = 0
+        # Every forward succeeded: advance the plain rows, hand the drafter their taps.
+        at, parts = 0, []
         for sid in (fb.decode.seqs if fb.decode is not None else ()):
+            parts.append(Part(sid, p._seqs[sid].computed, 1, taps[at:at + 1], False))
             p._seqs[sid].computed += 1
-            self.frontiers[sid].append(hidden[at:at + 1])
             at += 1
-        caught_up = []
         for c in fb.chunks:
             if c.verify:
-                self._verify[c.seq] = _Verify(hidden[at:at + c.num_tokens], c.start)
+                # A copy: a view would keep the whole forward's taps alive until the commit.
+                self._verify[c.seq] = _Verify(taps[at:at + c.num_tokens].clone(), c.start)
             else:
+                parts.append(Part(c.seq, c.start, c.num_tokens, taps[at:at + c.num_tokens], True))
                 p._seqs[c.seq].computed += c.num_tokens
-                self.frontiers[c.seq].append(hidden[at:at + c.num_tokens])
-                caught_up.append(c.seq)
             at += c.num_tokens
-        self._catch_up(caught_up)
+        self.absorb(parts)
         out = {sid: (tok, lp) for (sid, _), tok, lp in zip(sampling, tokens, logprobs, strict=True)}
         for (row, _), toks, lps in zip(verify, committed, committed_lps, strict=True):
             out[row.seq] = (toks, lps)
@@ -212,35 +232,11 @@ class MTPDecoding:
             self._verify_batch = pending.batch_id
         return pending
 
-    def _draft(self, verify: list[tuple[DecodeRow, int]], masks: Mapping[SeqId, VerifyMasks]) -> list[list[int]]:
-        """Each verify row's drafts (host lists), one MTP draft call per distinct draft count; a constrained
-        row's drafts follow its grammar (``masks`` fills as they are drafted)."""
-        p = self.p
-        out: dict[SeqId, list[int]] = {}
-        for n in sorted({n for _, n in verify}):
-            group = [row.seq for row, m in verify if m == n]
-            masked = MaskedDrafting([(r, masks[sid]) for r, sid in enumerate(group) if sid in masks])
-            rows, toks, hid = [], [], []
-            for sid in group:
-                f, s = self.frontiers[sid], p._seqs[sid]
-                if f.done + f.pending() != s.computed:
-                    raise ProgramError(f"sequence {sid}: MTP frontier at {f.done} with {f.pending()} hidden states "
-                                       f"does not reach computed {s.computed}")
-                rows.append(DraftRow(sid, f.done, f.pending()))
-                toks.extend(s.ledger[f.done + 1:s.computed + 1])
-                hid.append(f.hidden)
-            d = self.head.draft(p.kv, rows, torch.tensor(toks, dtype=torch.int64, device=p.device),
-                                torch.cat(hid), n, constrain=masked if masked.index else None)
-            if masked.index:
-                masked.finish(d.tokens)
-            for sid, ds in zip(group, d.tokens.tolist(), strict=True):
-                out[sid] = ds
-        return [out[row.seq] for row, _ in verify]
-
-    def _accept(self, logits: torch.Tensor, verify, drafts: list[list[int]], masks: Mapping[SeqId, VerifyMasks]
+    def _accept(self, logits: torch.Tensor, verify, drafts: Drafts, masks: Mapping[SeqId, VerifyMasks]
                 ) -> tuple[list[list[int]], list[tuple[TokenLogprob, ...] | None]]:
         """The committed tokens of each verify row (module docstring: plain sampling's token at each
-        position, kept while the drafts agree), and their logprobs for a row that asks for them."""
+        position, kept while the drafts agree; a sampled row by rejection against its q), and their logprobs
+        for a row that asks for them."""
         p = self.p
         rows: list[tuple[tuple[SeqId, int], RowSampling]] = []
         index, words = [], []
@@ -250,7 +246,7 @@ class MTPDecoding:
                 index.extend(range(len(rows), len(rows) + n + 1))
                 words.append(masks[row.seq].words)
             rows.extend(((row.seq, i), RowSampling(rs.params, rs.seed, rs.step + i)) for i in range(n + 1))
-        drafted = {row.seq: d for (row, _), d in zip(verify, drafts, strict=True)}
+        drafted = {row.seq: d for (row, _), d in zip(verify, drafts.tokens, strict=True)}
 
         def history(key):   # the ledger position i would see: the committed tokens, then d_1..d_i
             sid, i = key
@@ -267,12 +263,20 @@ class MTPDecoding:
         # A constrained row verifies only the drafts its grammar accepts without ending (draft_masks).
         num = [masks[row.seq].valid if row.seq in masks else n for row, n in verify]
         at = 0
-        for r, ((_, n), d) in enumerate(zip(verify, drafts, strict=True)):
+        for r, ((_, n), d) in enumerate(zip(verify, drafts.tokens, strict=True)):
             dr[r, :n] = torch.tensor(d, dtype=torch.int64)
             xs[r, :n + 1] = x[at:at + n + 1]
             at += n + 1
         acc = greedy_acceptance(dr, xs, torch.tensor(num, dtype=torch.int64, device=x.device))
         committed = acc.to_host()
+        if drafts.q:
+            starts, at = [], 0
+            for _, n in verify:
+                starts.append(at)
+                at += n + 1
+            sampled = self.accept_sampled(processed, rows, [n for _, n in verify], starts, drafts, num)
+            for r, toks in sampled.items():
+                committed[r] = toks
         self.verified += len(verify)
         self.drafted += sum(num)
         self.accepted += sum(len(t) - 1 for t in committed)
@@ -298,25 +302,6 @@ class MTPDecoding:
         return [tuple(per_position[a:a + len(toks)]) if wants_logprobs(row.sampling) else None
                 for (row, _), toks, a in zip(verify, committed, starts, strict=True)]
 
-    def _catch_up(self, seqs: list[SeqId]) -> None:
-        """Feed the MTP layer every position of ``seqs`` whose next token is in the ledger (one call)."""
-        p = self.p
-        parts = []
-        for sid in seqs:
-            f, s = self.frontiers[sid], p._seqs[sid]
-            n = min(s.computed, len(s.ledger) - 1) - f.done
-            if n > 0:
-                parts.append((sid, f, n))
-        if not parts:
-            return
-        toks = [t for sid, f, n in parts for t in p._seqs[sid].ledger[f.done + 1:f.done + n + 1]]
-        hidden = torch.cat([f.hidden[:n] for _, f, n in parts])
-        ctx = mtp_step_context(p.kv, chunks=[(sid, f.done, n) for sid, f, n in parts], device=p.device)
-        self.head.forward(torch.tensor(toks, dtype=torch.int64, device=p.device), hidden, ctx,
-                          torch.zeros(0, dtype=torch.int64, device=p.device))
-        for _, f, n in parts:
-            f.consume(n)
-
     # -- commit ----------------------------------------------------------------------------------
     def commit_inputs(self, pending: PendingBatch, accepted: Mapping[SeqId, int]) -> None:
         """Before the ledgers grow: each verify row of ``pending`` takes its accepted inputs (module docstring)."""
@@ -331,12 +316,12 @@ class MTPDecoding:
             p.select_snapshot(p.state_slot(r.seq), a)
             p._seqs[r.seq].computed += a
             if a:
-                f = self.frontiers[r.seq]
-                f.done, f.hidden = v.start, v.hidden[:a].clone()
+                with torch.inference_mode():
+                    self.commit_row(r.seq, v.start, v.taps[:a], a)
         self._verify_batch = None
 
     def abort(self, pending: PendingBatch) -> None:
-        """Drop ``pending``'s verify rows (their live state was never written; the frontier stays)."""
+        """Drop ``pending``'s verify rows (their live state was never written; the drafter's bookkeeping stays)."""
         if self._verify_batch != pending.batch_id:
             return
         for r in pending.rows:
@@ -344,14 +329,6 @@ class MTPDecoding:
         self._verify_batch = None
 
     def forget(self, seq: SeqId) -> None:
-        """Drop ``seq``'s MTP bookkeeping (released, paused, or advanced outside :meth:`run`: a later run starts
-        it afresh at ``done = computed``)."""
-        self.frontiers.pop(seq, None)
+        """Drop ``seq``'s speculative bookkeeping (released, paused, or advanced outside :meth:`run`)."""
         self._verify.pop(seq, None)
-
-    def _frontier(self, seq: SeqId) -> Frontier:
-        f = self.frontiers.get(seq)
-        if f is None:
-            f = self.frontiers[seq] = Frontier(done=self.p.computed(seq))
-        return f
-
+        self.forget_seq(seq)

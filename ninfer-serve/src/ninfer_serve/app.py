@@ -1,4 +1,5 @@
-"""The litestar application: routes, error handling, API-key check, and per-app state.
+"""The litestar application: routes, error handling, the request gates (header size limit, API key), and
+per-app state.
 
 :func:`create_app` takes an already started :class:`Gateway` (the server module builds the engine,
 warms it up and owns its lifetime), so tests can serve one engine through several apps. Every error
@@ -23,13 +24,13 @@ from litestar import Litestar, Request, Response
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
-from litestar.middleware import DefineMiddleware
 from ninfer.contracts.errors import InvalidRequestError
 
 from ninfer_serve.auth import ApiKeyMiddleware
 from ninfer_serve.disconnect import ClientDisconnected
 from ninfer_serve.errors import ApiError, error_body, protocol_of
 from ninfer_serve.gateway import Gateway
+from ninfer_serve.limits import HeaderLimitMiddleware
 from ninfer_serve.routes_anthropic import count_tokens, messages
 from ninfer_serve.routes_chat import chat_completions
 from ninfer_serve.routes_completions import completions
@@ -96,24 +97,29 @@ async def drop_head_body(message: dict[str, Any], scope: dict[str, Any]) -> None
 
 
 def create_app(gateway: Gateway) -> Litestar:
-    middleware = []
-    if gateway.config.api_key:
-        middleware.append(DefineMiddleware(
-            ApiKeyMiddleware, api_key=gateway.config.api_key,
-            on_refused=lambda path: gateway.metrics.count(path, "unauthorized")
-            if path in GENERATION_ENDPOINTS else None))
-    return Litestar(
+    config = gateway.config
+    app = Litestar(
         route_handlers=[chat_completions, completions, messages, count_tokens, list_models, get_model, tokenize,
                         detokenize, health, metrics],
         exception_handlers={Exception: _handler},
-        middleware=middleware,
         before_send=[drop_head_body],
         state=State({"gateway": gateway}),
-        request_max_body_size=gateway.config.max_body_bytes,
-        # Off unless origins are given; a preflight is answered before the API-key check (it carries no key).
-        cors_config=(CORSConfig(allow_origins=list(gateway.config.allowed_origins), allow_methods=["*"],
-                                allow_headers=["*"]) if gateway.config.allowed_origins else None),
+        request_max_body_size=config.max_body_bytes,
+        # Off unless origins are given; a preflight passes the API-key check (it carries no key) to be answered here.
+        cors_config=(CORSConfig(allow_origins=list(config.allowed_origins), allow_methods=["*"],
+                                allow_headers=["*"]) if config.allowed_origins else None),
         openapi_config=None,
         logging_config=None,
         debug=False,
     )
+    # The gates wrap litestar's whole handler (routing, CORS, error handling), not its routes: route middleware
+    # never sees a request no route matches, and that one too must be refused without the key. Outermost
+    # first: an oversized request is refused before the key is looked at. Their responses still pass the
+    # before-send hooks (HEAD bodies dropped).
+    gate = app.asgi_handler
+    if config.api_key:
+        gate = ApiKeyMiddleware(gate, config.api_key, open_preflights=bool(config.allowed_origins),
+                                on_refused=lambda path: gateway.metrics.count(path, "unauthorized")
+                                if path in GENERATION_ENDPOINTS else None)
+    app.asgi_handler = HeaderLimitMiddleware(gate, config.max_header_bytes)
+    return app

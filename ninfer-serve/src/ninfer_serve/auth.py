@@ -1,9 +1,13 @@
-"""API-key check (``--api-key``), as raw ASGI middleware so it covers every path, routed or not.
+"""API-key check (``--api-key``), as raw ASGI middleware around the whole app so it covers every path, routed or
+not (:func:`ninfer_serve.app.create_app` wraps litestar's handler with it: route middleware would miss a request
+no route matches, whose 404 lists the endpoints).
 
 A request must carry the key as ``Authorization: Bearer KEY`` (OpenAI clients) or ``x-api-key: KEY``
-(Anthropic clients). ``/health`` stays open for load balancers and orchestrators. Keys are compared
-in constant time. A refusal is a 401 in the protocol's own error shape, counted in the request
-metrics when it hits a generation endpoint.
+(Anthropic clients). ``/health`` stays open for load balancers and orchestrators; ``/metrics`` needs the key
+like every other path. With CORS on, a preflight (``OPTIONS`` with an ``Origin``) passes too: browsers send it
+without credentials, and litestar's CORS layer answers it before any route with nothing but CORS headers.
+Keys are compared in constant time (:func:`hmac.compare_digest`). A refusal is a 401 in the protocol's own error
+shape, counted in the request metrics when it hits a generation endpoint.
 """
 
 from __future__ import annotations
@@ -32,13 +36,17 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 class ApiKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str, on_refused: Callable[[str], None]) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, on_refused: Callable[[str], None], *,
+                 open_preflights: bool = False) -> None:
         self.app = app
         self._key = api_key.encode()
         self._on_refused = on_refused
+        self._open_preflights = open_preflights
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or (
+                self._open_preflights and scope["method"] == "OPTIONS"
+                and any(name.lower() == b"origin" for name, _ in scope.get("headers", []))):
             await self.app(scope, receive, send)
             return
         key = presented_key(scope.get("headers", []))

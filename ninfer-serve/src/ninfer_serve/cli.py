@@ -25,14 +25,20 @@ def add_arguments(p) -> None:
     g.add_argument("--model-id", default=None,
                    help="public model name clients send (default: the artifact's metadata.name)")
     g.add_argument("--api-key", default=os.environ.get("NINFER_API_KEY"),
-                   help="require this key (Authorization: Bearer or x-api-key); default $NINFER_API_KEY")
+                   help="require this key (Authorization: Bearer or x-api-key) on every endpoint but /health, "
+                        "/metrics included; default $NINFER_API_KEY")
+    g.add_argument("--allow-unauthenticated", action="store_true",
+                   help="serve without --api-key on a --host other than a loopback address (refused otherwise)")
     g.add_argument("--queue-capacity", type=int, default=None, metavar="N",
                    help="requests that may wait beyond --max-concurrency before new ones get 429 (default 64)")
     g.add_argument("--queue-timeout", type=float, default=None, metavar="SECONDS",
                    help="a request waiting longer than this for a slot gets 429 (default: no limit)")
     g.add_argument("--keepalive", type=float, default=5.0, metavar="SECONDS",
                    help="send an SSE keep-alive after this much idle time (default 5)")
-    g.add_argument("--max-body-mib", type=float, default=32.0, help="largest request body (default 32 MiB)")
+    g.add_argument("--max-body-mib", type=float, default=32.0,
+                   help="largest request body; larger ones get 413 (default 32 MiB)")
+    g.add_argument("--max-header-kib", type=float, default=16.0,
+                   help="largest request headers, all together; larger ones get 431 (default 16 KiB)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="how long in-flight requests may finish after SIGTERM (default 30)")
     g.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
@@ -64,7 +70,7 @@ def _positive(name: str, value: float | None) -> None:
 def run(args) -> int:
     if not 0 < args.port < 65536:
         raise NInferError(f"--port must be in 1..65535, got {args.port}")
-    for name in ("keepalive", "max_body_mib", "shutdown_timeout", "queue_timeout"):
+    for name in ("keepalive", "max_body_mib", "max_header_kib", "shutdown_timeout", "queue_timeout"):
         _positive(name.replace("_", "-"), getattr(args, name))
     if args.api_key is not None and not args.api_key.strip():
         raise NInferError("--api-key is empty")
@@ -80,9 +86,24 @@ def run(args) -> int:
     # Before anything slow: an address in use fails now, not after the model has loaded.
     sock = reserve_address(args.host, args.port)
     try:
+        _check_exposure(args)
         return _serve(args, options, sock, origins)
     finally:
         sock.close()
+
+
+def _check_exposure(args) -> None:
+    """Refuse to serve without a key on an address other machines can reach, unless told to."""
+    from ninfer_serve.listen import is_loopback
+
+    if args.api_key is not None or is_loopback(args.host):
+        return
+    if not args.allow_unauthenticated:
+        raise NInferError(f"--host {args.host} is reachable from other machines (not a loopback address) and no "
+                          f"--api-key (or $NINFER_API_KEY) is set, so anyone who reaches it could use the model: "
+                          f"set --api-key, or pass --allow-unauthenticated to serve without a key on purpose")
+    print(f"[ninfer] warning: serving without an API key on {args.host} (--allow-unauthenticated): every client "
+          f"that reaches it can use every endpoint", file=sys.stderr)
 
 
 def _serve(args, options, sock, origins: tuple[str, ...]) -> int:
@@ -109,7 +130,8 @@ def _serve(args, options, sock, origins: tuple[str, ...]) -> int:
             if not args.quiet:
                 print(f"[ninfer] warm-up done in {took:.2f} s", file=sys.stderr)
         config = ServeConfig(model_id=model_id, api_key=args.api_key, keepalive_s=args.keepalive,
-                             max_body_bytes=int(args.max_body_mib * 2**20), allowed_origins=origins)
+                             max_body_bytes=int(args.max_body_mib * 2**20),
+                             max_header_bytes=int(args.max_header_kib * 2**10), allowed_origins=origins)
 
         def ready() -> None:  # the server accepts connections now
             if not args.quiet:

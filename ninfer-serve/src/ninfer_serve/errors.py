@@ -29,11 +29,11 @@ from ninfer.errors import NInferError
 
 Protocol = Literal["openai", "anthropic"]
 Kind = Literal["invalid_request", "authentication", "not_found", "method_not_allowed", "too_large",
-               "timeout", "rate_limit", "unavailable", "internal"]
+               "headers_too_large", "timeout", "rate_limit", "unavailable", "internal"]
 
 STATUS: dict[str, int] = {
     "invalid_request": 400, "authentication": 401, "not_found": 404, "method_not_allowed": 405,
-    "timeout": 408, "too_large": 413, "rate_limit": 429, "internal": 500, "unavailable": 503,
+    "timeout": 408, "too_large": 413, "headers_too_large": 431, "rate_limit": 429, "internal": 500, "unavailable": 503,
 }
 _KIND_OF_STATUS = {v: k for k, v in STATUS.items()}
 
@@ -45,7 +45,8 @@ _OPENAI_TYPE = {
     "invalid_request": "invalid_request_error", "authentication": "invalid_request_error",
     "not_found": "invalid_request_error", "method_not_allowed": "invalid_request_error",
     "timeout": "timeout_error",
-    "too_large": "invalid_request_error", "rate_limit": "requests", "internal": "server_error",
+    "too_large": "invalid_request_error", "headers_too_large": "invalid_request_error", "rate_limit": "requests",
+    "internal": "server_error",
     "unavailable": "server_error",
 }
 # OpenAI's ``code`` values this server sends; every other error has a null code, as most of OpenAI's do.
@@ -60,14 +61,16 @@ UNSUPPORTED_VALUE = "unsupported_value"
 _VLLM_TYPE = {
     "invalid_request": "BadRequestError", "authentication": "AuthenticationError", "not_found": "NotFoundError",
     "method_not_allowed": "MethodNotAllowedError", "timeout": "RequestTimeoutError",
-    "too_large": "RequestTooLargeError", "rate_limit": "RateLimitError", "internal": "InternalServerError",
+    "too_large": "RequestTooLargeError", "headers_too_large": "RequestHeaderFieldsTooLargeError",
+    "rate_limit": "RateLimitError", "internal": "InternalServerError",
     "unavailable": "ServiceUnavailableError",
 }
 # Anthropic's documented error types (https://docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPE = {
     "invalid_request": "invalid_request_error", "authentication": "authentication_error",
     "not_found": "not_found_error", "method_not_allowed": "invalid_request_error",
-    "timeout": "timeout_error", "too_large": "request_too_large", "rate_limit": "rate_limit_error",
+    "timeout": "timeout_error", "too_large": "request_too_large", "headers_too_large": "request_too_large",
+    "rate_limit": "rate_limit_error",
     "internal": "api_error", "unavailable": "overloaded_error",
 }
 

@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 
 from ninfer_serve.app import create_app
-from ninfer_serve.config import ServeConfig
+from ninfer_serve.config import ServeConfig, parser_head_limit
 from ninfer_serve.gateway import Gateway
 
 log = logging.getLogger("ninfer.serve")
@@ -85,6 +85,9 @@ def serve(engine: Any, config: ServeConfig, *, host: str = "127.0.0.1", port: in
         access_log = log_level in ("info", "debug", "trace")
     uv_config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                                log_config=log_config(log_level), lifespan="off",
+                               # h11 always (uvicorn sets no request-head limit on httptools, when installed): a
+                               # request head past the parser's limit is refused before it is buffered whole.
+                               http="h11", h11_max_incomplete_event_size=parser_head_limit(config.max_header_bytes),
                                timeout_graceful_shutdown=shutdown_timeout_s,
                                # Requests are long-lived streams; idle keep-alive sockets are cheap.
                                timeout_keep_alive=30, server_header=False)

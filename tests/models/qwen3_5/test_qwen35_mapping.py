@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from ninfer.artifact.errors import MissingComponentError
 from ninfer.artifact.source_mapping import Part, SourceRows, SourceTensor, source_name
 from ninfer.contracts.features import StartupFeatures
 from ninfer.errors import NotSupportedError
@@ -276,7 +277,10 @@ def test_features_beyond_text_are_refused_until_supported():
         parameter_specs(compact, StartupFeatures(vision=True))
     with pytest.raises(NotSupportedError, match="vision with speculative decoding"):
         parameter_specs(compact, StartupFeatures(vision=True, speculative="mtp"))
-    with pytest.raises(NotSupportedError, match="'dflash' is not supported"):
+    with pytest.raises(NotSupportedError, match="'eagle' is not supported"):
+        parameter_specs(compact, StartupFeatures(speculative="eagle"))
+    # dflash is supported; a text config converted without a drafter names the missing component.
+    with pytest.raises(MissingComponentError, match="needs the artifact component 'dflash'"):
         parameter_specs(compact, StartupFeatures(speculative="dflash"))
 
 

@@ -75,9 +75,11 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "(auto: with CUDA graphs)")
     g.add_argument("--speculative", default=None, metavar="NAME",
                    help="speculative decoding backend: none (default) or one a plugin registers ('ninfer plugins' "
-                        "lists them), e.g. mtp: the model's own multi-token-prediction head; same output, fewer steps")
+                        "lists them): mtp (the model's own multi-token-prediction head), dflash / dflash2 (a DFlash "
+                        "block drafter added with ninfer-convert --draft); same output, fewer steps")
     g.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
-                   help="tokens drafted per step, 1..8 (default 3); needs --speculative")
+                   help="tokens drafted per step, 1..15 (default: the drafter's block size - 1 for dflash/dflash2, "
+                        "3 for mtp); needs --speculative")
     g.add_argument("--vision", action=argparse.BooleanOptionalAction, default=None,
                    help="bind the model's vision tower (images and videos in prompts); --no-vision saves its memory "
                         "(default: on when the model has one)")

@@ -53,6 +53,8 @@ class ModelProfile:
     ``encoder_bytes_per_row`` (0: no encoder bound): an estimate of the transient bytes of one encoder call per
     input row (an image patch), its attention's live scores included, valid for a call of up to
     ``EngineOptions.max_encode_rows`` rows; the planner reserves it for that many rows.
+    ``default_speculative_tokens``: the drafts per step of the selected speculative backend when the options name
+    none (e.g. a block drafter's checkpoint block size - 1); 0: the engine's default.
     """
 
     weight_bytes: int
@@ -73,6 +75,7 @@ class ModelProfile:
     num_experts: int = 0
     experts_per_token: int = 0
     encoder_bytes_per_row: int = 0
+    default_speculative_tokens: int = 0
 
 
 @dataclass(frozen=True)

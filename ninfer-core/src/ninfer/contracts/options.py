@@ -10,8 +10,9 @@ from ninfer.contracts.features import Purpose, StartupFeatures
 from ninfer.errors import NInferError
 
 MAX_CONCURRENCY_LIMIT = 8
-#: The most tokens a speculative step may draft per row (``EngineOptions.num_speculative_tokens``).
-MAX_SPECULATIVE_TOKENS = 8
+#: The most tokens a speculative step may draft per row (``EngineOptions.num_speculative_tokens``): a block
+#: drafter's block of 16 (the published DFlash checkpoints') drafts 15.
+MAX_SPECULATIVE_TOKENS = 15
 # Prefill chunk defaults (``EngineOptions.prefill_chunk``). Generation: each chunk pays tens of host launches per
 # layer, so small chunks leave a large GPU host-bound; 8,192 was the fastest size measured, with little gain over
 # 4,096 (the sweep is in docs/dev/perf-log.md). vLLM and SGLang also default to 8,192-token batches on this class
@@ -85,8 +86,9 @@ class EngineOptions:
       False turns it off. It costs ``max_concurrency`` more StateImage slots of device memory.
     - ``speculative``: None (default, off) or the name of a registered speculative decoding backend
       (``ninfer_speculative_backends``, e.g. ``"mtp"``); a generation engine only. ``num_speculative_tokens``
-      (``1..8``): tokens drafted per row and step; None: 3 (``DEFAULT_SPECULATIVE_TOKENS``, filled in when options
-      are resolved); given without ``speculative`` it is an error. The name is checked against the registered
+      (``1..15``): tokens drafted per row and step; None: the backend's own default for the artifact (a block
+      drafter's block size - 1), else 3 (``DEFAULT_SPECULATIVE_TOKENS``), filled in when options are resolved;
+      given without ``speculative`` it is an error. The name is checked against the registered
       backends when options are resolved (``ninfer.planning.resolution.check_speculative``, also at
       ``Engine.start`` before any conversion): an unregistered name is an InvalidEngineOptions listing the
       registered ones. Speculation changes how many tokens a step commits, never which (docs/speculative.md);

@@ -35,6 +35,7 @@ from ninfer.artifact.format import DEFAULT_MAX_FILE_BYTES
 from ninfer.artifact.source_mapping import SourceRows, source_name
 from ninfer.artifact.writer import ArtifactWriter
 from ninfer.conversion.cast import ROUNDING, cast_chunk
+from ninfer.conversion.draft import attach_draft
 from ninfer.conversion.errors import ConversionError, OutputExistsError, PlanError, SourceError
 from ninfer.conversion.plan import CheckedObject, CheckedPlan, check_plan
 from ninfer.conversion.quantize import encoder_name, write_quantized
@@ -76,7 +77,8 @@ class ConversionResult:
 
 def convert(source: str | Path, output: str | Path, *, name: str | None = None,
             max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, registry: PluginRegistry | None = None,
-            progress: bool | None = None, quantize: str | Recipe | None = None) -> ConversionResult:
+            progress: bool | None = None, quantize: str | Recipe | None = None,
+            draft: str | Path | None = None) -> ConversionResult:
     """Convert the checkpoint folder ``source`` into the artifact ``output`` (plus parts if needed).
 
     ``name`` sets ``metadata.name`` (default: the source folder's name, as a user calls the model; never the
@@ -84,6 +86,8 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
     source mappings (default: the process-wide :func:`ninfer.plugins.get_registry`). ``progress``
     shows a byte progress bar on stderr: ``None`` means only when stderr is a terminal. ``quantize`` is a
     recipe (a preset name or a TOML file path, :func:`ninfer.conversion.recipe.load_recipe`) or None.
+    ``draft``: a separate draft checkpoint folder the target's mapping adds as a component
+    (:mod:`ninfer.conversion.draft`).
     """
     output = Path(output)
     if os.path.lexists(output):
@@ -99,7 +103,11 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
     ckpt = open_checkpoint(source)
     registry = registry if registry is not None else get_registry()
     mapping = registry.source_mapping(ckpt.architecture)
-    checked = check_plan(_run_mapping(mapping, ckpt), ckpt.tensors)
+    plan = _run_mapping(mapping, ckpt)
+    draft_record = None
+    if draft is not None:
+        plan, ckpt, draft_record = attach_draft(mapping, plan, ckpt, draft)
+    checked = check_plan(plan, ckpt.tensors)
     recipe = load_recipe(quantize) if isinstance(quantize, str) else quantize
     formats: dict[str, str] = {}
     if recipe is not None:
@@ -113,7 +121,8 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
 
     writer = ArtifactWriter(output, max_file_bytes=max_file_bytes)
     try:
-        _declare(writer, checked, resources, ckpt, mapping.name, name or Path(ckpt.folder).resolve().name, recipe)
+        _declare(writer, checked, resources, ckpt, mapping.name, name or Path(ckpt.folder).resolve().name, recipe,
+                 draft_record)
         writer.begin_payload()
         total = sum(_source_span(ckpt, s)[1] for o in checked.objects for s in o.sources)
         show = sys.stderr.isatty() if progress is None else progress
@@ -151,7 +160,8 @@ def _run_mapping(mapping: Any, ckpt: SourceCheckpoint):
 
 
 def _declare(writer: ArtifactWriter, checked: CheckedPlan, resources: tuple[Resource, ...],
-             ckpt: SourceCheckpoint, mapping_name: str, public_name: str, recipe: Recipe | None) -> None:
+             ckpt: SourceCheckpoint, mapping_name: str, public_name: str, recipe: Recipe | None,
+             draft_record: dict[str, Any] | None = None) -> None:
     """Everything of the directory, in the order the payload will be written."""
     plan = checked.plan
     roles: dict[str, dict[str, str]] = {}
@@ -171,7 +181,10 @@ def _declare(writer: ArtifactWriter, checked: CheckedPlan, resources: tuple[Reso
     for u in plan.uses:
         writer.add_use(u.parameter, u.input, u.activation_policy)
     writer.set_metadata({"name": public_name})
-    writer.set_provenance(_provenance(checked, resources, ckpt, mapping_name, recipe))
+    prov = _provenance(checked, resources, ckpt, mapping_name, recipe)
+    if draft_record is not None:
+        prov["draft"] = draft_record
+    writer.set_provenance(prov)
 
 
 def _provenance(checked: CheckedPlan, resources: tuple[Resource, ...], ckpt: SourceCheckpoint,

@@ -173,12 +173,13 @@ def check_speculative(options: EngineOptions, backends: Mapping[str, Any] | None
 DEFAULT_SPECULATIVE_TOKENS = 3
 
 
-def speculative_tokens(options: EngineOptions) -> int:
-    """Drafts per speculative decode row: 0 without ``speculative``, else ``num_speculative_tokens`` or
+def speculative_tokens(options: EngineOptions, default: int = 0) -> int:
+    """Drafts per speculative decode row: 0 without ``speculative``, else ``num_speculative_tokens``, or
+    ``default`` (the backend's own for the artifact, ``ModelProfile.default_speculative_tokens``; 0: none), or
     :data:`DEFAULT_SPECULATIVE_TOKENS`."""
     if options.speculative is None or options.purpose != "generation":
         return 0
-    return options.num_speculative_tokens or DEFAULT_SPECULATIVE_TOKENS
+    return options.num_speculative_tokens or default or DEFAULT_SPECULATIVE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -227,9 +228,10 @@ def resolve_options(options: EngineOptions, *, device: torch.device, dtype: torc
         max_context = min(max_context, profile.max_position_embeddings)
     pages = explicit_pages(options, profile, max_context)
     spares = lookahead_slots(device, options, lookahead_supported)
+    drafts = profile.default_speculative_tokens
     resolved = dataclasses.replace(options, device=str(device), dtype=str(dtype).removeprefix("torch."),
                                    max_context=max_context, prefill_chunk_size=options.prefill_chunk,
-                                   num_speculative_tokens=speculative_tokens(options) or None)
+                                   num_speculative_tokens=speculative_tokens(options, drafts) or None)
     return ResolvedOptions(options=resolved, device=device, dtype=dtype, explicit_pages=pages,
                            graph_batches=graph_batches(device, options), lookahead_slots=spares,
-                           speculative_tokens=speculative_tokens(options))
+                           speculative_tokens=speculative_tokens(options, drafts))

@@ -1,6 +1,7 @@
 """Paged KV storage: one K and one V pool per attention layer, a free-page allocator, page tables.
 
-Layout: every pool is ``[num_pages, page_size, Hkv, D]`` in the activation dtype; token ``t`` of a
+Layout: every pool is ``[num_pages, page_size, Hkv, D]`` in the activation dtype (``Hkv`` and ``D`` the cache's,
+or a layer's own: a drafter's layers may have another head geometry); token ``t`` of a
 sequence lives at page ``table[t // page_size]``, offset ``t % page_size`` in *every* layer's pool
 (all layers share one page table per sequence, so one allocation covers all of them).
 
@@ -31,7 +32,7 @@ A ref with an ``ON_HOST`` entry can never be adopted by a history (it is not on 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -129,20 +130,29 @@ class PagedKVCache:
     """KV pools of the attention layers plus per-sequence page tables.
 
     ``layers`` are the model's layer indices that own a pool (full-attention layers); the pools are
-    reached with :meth:`pools`. Sequences are identified by any hashable owner id.
+    reached with :meth:`pools`. ``geometry`` gives a layer its own ``(num_kv_heads, head_dim)`` (default: the
+    cache's). Sequences are identified by any hashable owner id.
     """
 
     def __init__(self, layers: Sequence[int], *, num_pages: int, page_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+                 head_dim: int, dtype: torch.dtype, device: torch.device,
+                 geometry: Mapping[int, tuple[int, int]] | None = None) -> None:
         if page_size < 1:
             raise KVPoolError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
         self.num_pages = num_pages
         self.allocator = PageAllocator(num_pages)
         self.device = torch.device(device)
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
-        self._pools = {layer: (torch.zeros(shape, dtype=dtype, device=self.device),
-                               torch.zeros(shape, dtype=dtype, device=self.device)) for layer in layers}
+        geometry = dict(geometry or {})
+        stray = sorted(set(geometry) - set(layers))
+        if stray:
+            raise KVPoolError(f"KV geometry given for layers {stray} that own no pool")
+
+        def shape(layer: int) -> tuple[int, int, int, int]:
+            return (num_pages, page_size, *geometry.get(layer, (num_kv_heads, head_dim)))
+
+        self._pools = {layer: (torch.zeros(shape(layer), dtype=dtype, device=self.device),
+                               torch.zeros(shape(layer), dtype=dtype, device=self.device)) for layer in layers}
         self._tables: dict[object, list[int]] = {}
         self._prefixes: dict[int, KVPrefixRef] = {}
         self._prefix_ids = itertools.count(1)
@@ -200,7 +210,10 @@ class PagedKVCache:
         self.allocator.free(self._tables.pop(owner, []))
 
     def writable(self, owner: object, start: int, end: int) -> bool:
-        """Whether every page holding tokens ``[start, end)`` of ``owner`` is covered and private."""
+        """Whether every page holding tokens ``[start, end)`` of ``owner`` is covered and private (an empty
+        range needs no page: always)."""
+        if end <= start:
+            return True
         table = self._tables.get(owner, [])
         if end > len(table) * self.page_size:
             return False
