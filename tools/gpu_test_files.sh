@@ -15,6 +15,7 @@ shift
 if [ "$#" -eq 0 ]; then
     set -- ops_triton/test_*.py startup/test_graph_calibration.py startup/test_graph_capture.py \
         engine/test_decode_graphs_gpu.py engine/test_engine_gpu.py engine/test_warmup_gpu.py \
+        engine/test_engine_vision_gpu.py \
         artifact/test_gpu_load.py
 fi
 out="${OUT:-.}/gpu_tests.txt"
