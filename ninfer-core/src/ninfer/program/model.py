@@ -34,18 +34,20 @@ from ninfer.contracts.program import ProgramError
 from ninfer.program.base import SequenceProgram
 from ninfer.program.batch import ForwardBatch, HostTokens, PackedBatch, pack_batch
 from ninfer.program.graphs import DecodeGraphs
-from ninfer.storage.kv_pool import PagedKVCache
+from ninfer.storage.kv_pool import PagedKVCache, SidePool
 from ninfer.storage.state_image import StateImageStorage, StateLayout
 
 
 @dataclass(frozen=True)
 class KVGeometry:
     """The paged KV pools: one K and one V pool of ``[num_pages, page_size, num_kv_heads, head_dim]`` (in the
-    activation dtype) per layer in ``layers`` (the layers that attend over the whole history; empty: none)."""
+    activation dtype) per layer in ``layers`` (the layers that attend over the whole history; empty: none), plus
+    ``side``: per-token pools of their own geometry under the same page tables (:class:`SidePool`)."""
 
     layers: tuple[int, ...]
     num_kv_heads: int
     head_dim: int
+    side: tuple[SidePool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class ModelProgram(SequenceProgram):
         device = torch.device(opt.device)
         kv = PagedKVCache(layout.kv.layers, num_pages=opt.num_pages, page_size=opt.page_size,
                           num_kv_heads=layout.kv.num_kv_heads, head_dim=layout.kv.head_dim, dtype=opt.dtype,
-                          device=device)
+                          device=device, side=layout.kv.side)
         states = StateImageStorage(layout.state, opt.max_sequences + opt.lookahead_slots, device)
         checkpoints = StateImageStorage(layout.state, opt.checkpoint_slots, device) if opt.checkpoint_slots else None
         super().__init__(vocab_size=layout.vocab_size, kv=kv, states=states, ops=init.ops, device=device,
