@@ -1,6 +1,6 @@
 """Entry point ``qwen4exp`` (group ``ninfer``): registers the Qwen4-Exp architecture, its source mapping (both
-``Qwen4ExpForCausalLM`` and ``Qwen4ExpForConditionalGeneration`` checkpoints). The frontend is ninfer-qwen3_5's
-``qwen`` family, resolved by name.
+``Qwen4ExpForCausalLM`` and ``Qwen4ExpForConditionalGeneration`` checkpoints) and the ops only Qwen4-Exp calls
+(:mod:`.ops`). The frontend is ninfer-qwen3_5's ``qwen`` family, resolved by name.
 
 The registry imports this module for every ``ninfer`` command: it imports only the light parts of the spec, and each
 hook imports what it returns when the registry first reads that kind.
@@ -27,6 +27,20 @@ def ninfer_architectures() -> list:
 
     return [ArchitectureSpec(name=ARCHITECTURE, family="qwen4exp", parameter_specs=parameter_specs, profile=profile,
                              create_program=_create_program, summarize_config=summarize_config, frontend="qwen")]
+
+
+@hookimpl
+def ninfer_op_contracts() -> list:
+    from ninfer_qwen4exp.ops.registration import op_contracts
+
+    return op_contracts()
+
+
+@hookimpl
+def ninfer_ops() -> list:
+    from ninfer_qwen4exp.ops.registration import op_impls
+
+    return op_impls()
 
 
 @hookimpl
