@@ -16,7 +16,7 @@ if [ "$#" -eq 0 ]; then
     set -- ops_triton/test_*.py startup/test_graph_calibration.py startup/test_graph_capture.py \
         engine/test_decode_graphs_gpu.py engine/test_engine_gpu.py engine/test_warmup_gpu.py \
         engine/test_engine_vision_gpu.py \
-        artifact/test_gpu_load.py
+        artifact/test_gpu_load.py artifact/test_host_placement.py
 fi
 out="${OUT:-.}/gpu_tests.txt"
 for f in "$@"; do

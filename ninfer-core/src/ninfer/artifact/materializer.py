@@ -109,6 +109,8 @@ class Materializer:
 def load_weights(reader: ArtifactReader, specs: Sequence[ParameterSpec], device: str | torch.device, *,
                  verify: bool = True, progress: Callable[[int, int], None] | None = None
                  ) -> dict[str, torch.Tensor]:
-    """``bind`` + ``resolve_load`` + ``Materializer.materialize`` with every parameter on ``device``."""
-    plan = resolve_load(bind(reader, specs), device)
+    """``bind`` + ``resolve_load`` + ``Materializer.materialize`` with every parameter on ``device``, except
+    those whose spec asks for host placement, which are loaded into CPU memory."""
+    host = {s.name: "cpu" for s in specs if s.placement == "host"}
+    plan = resolve_load(bind(reader, specs), device, placement=host)
     return Materializer(reader, verify=verify, progress=progress).materialize(plan)

@@ -22,12 +22,23 @@ class ParameterSpec:
 
     ``name`` is the artifact binding name (e.g. ``text/layers/3/attention/qkv``); ``shape`` is its
     logical shape, derived from config by the architecture (never from the objects); the binder
-    checks the binding covers exactly ``prod(shape)`` elements.
+    checks the binding covers exactly ``prod(shape)`` elements. ``placement``: ``"device"`` (the run
+    device) or ``"host"`` (loaded into CPU memory whatever the run device: a table too large for the
+    device of which a step reads a few rows; the planner counts it as host memory).
     """
 
     name: str
     shape: tuple[int, ...]
     component: str = "text"
+    placement: str = "device"
+
+    def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"parameter {self.name!r}: placement must be one of {PLACEMENTS}, got {self.placement!r}")
+
+
+#: Where a parameter is loaded: the run device, or host (CPU) memory.
+PLACEMENTS = ("device", "host")
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,9 @@ class ModelProfile:
     Exact (equal to the nbytes of the tensors the Program allocates): ``weight_bytes`` (resident
     weights and constants derived from them, tied tensors once), ``converted_weight_bytes`` (the part
     of them created at construction from stored weights of another dtype, while the stored originals
-    are still held), ``kv_bytes_per_token`` and ``state_bytes_per_sequence``.
+    are still held), ``kv_bytes_per_token``, ``state_bytes_per_sequence`` and ``host_weight_bytes`` (the
+    parameters placed in host memory, ``ParameterSpec.placement == "host"``, as the Program holds them; not part
+    of ``weight_bytes``, which is what the run device holds).
     Estimates of one step's transient workspace: ``activation_bytes_per_token`` (per step token, the
     widest layer plus the residual stream), ``attention_bytes_per_context_token`` (what one attention
     call gathers per cached token), ``score_bytes_per_query_key`` (live attention scores).
@@ -76,6 +89,7 @@ class ModelProfile:
     experts_per_token: int = 0
     encoder_bytes_per_row: int = 0
     default_speculative_tokens: int = 0
+    host_weight_bytes: int = 0
 
 
 @dataclass(frozen=True)

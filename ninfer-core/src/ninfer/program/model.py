@@ -34,7 +34,7 @@ from ninfer.contracts.program import ProgramError
 from ninfer.program.base import SequenceProgram
 from ninfer.program.batch import ForwardBatch, HostTokens, PackedBatch, pack_batch
 from ninfer.program.graphs import DecodeGraphs
-from ninfer.storage.kv_pool import PagedKVCache
+from ninfer.storage.kv_pool import PagedKVCache, SidePool
 from ninfer.storage.state_image import StateImageStorage, StateLayout
 
 
@@ -43,12 +43,14 @@ class KVGeometry:
     """The paged KV pools: one K and one V pool of ``[num_pages, page_size, num_kv_heads, head_dim]`` (in the
     activation dtype) per layer in ``layers`` (the layers that attend over the whole history; empty: none).
     ``own``: ``(layer, num_kv_heads, head_dim)`` of layers whose pools have a geometry of their own (e.g. a
-    speculative drafter's layers); each must be in ``layers``."""
+    speculative drafter's layers); each must be in ``layers``. ``side``: per-token pools of their own geometry
+    under the same page tables (:class:`SidePool`)."""
 
     layers: tuple[int, ...]
     num_kv_heads: int
     head_dim: int
     own: tuple[tuple[int, int, int], ...] = ()
+    side: tuple[SidePool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ class ModelProgram(SequenceProgram):
         device = torch.device(opt.device)
         kv = PagedKVCache(layout.kv.layers, num_pages=opt.num_pages, page_size=opt.page_size,
                           num_kv_heads=layout.kv.num_kv_heads, head_dim=layout.kv.head_dim, dtype=opt.dtype,
-                          device=device, geometry={layer: (h, d) for layer, h, d in layout.kv.own})
+                          device=device, geometry={layer: (h, d) for layer, h, d in layout.kv.own},
+                          side=layout.kv.side)
         states = StateImageStorage(layout.state, opt.max_sequences + opt.lookahead_slots, device)
         checkpoints = StateImageStorage(layout.state, opt.checkpoint_slots, device) if opt.checkpoint_slots else None
         super().__init__(vocab_size=layout.vocab_size, kv=kv, states=states, ops=init.ops, device=device,

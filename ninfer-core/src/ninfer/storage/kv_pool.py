@@ -21,6 +21,11 @@ Invariants:
 - Pages are physical only; the logical frontier (how many tokens hold valid K/V) is the Program's
   ``computed`` count, never stored here; a prefix ref's ``num_tokens`` is the frontier it was taken at.
 
+Side pools: an architecture may keep more per-token rows than its attention layers' K and V under the same
+page tables (e.g. an attention indexer's keys), declared as side pools (:class:`SidePool`). Each is one more (K, V) pair of
+its own ``[num_pages, page_size, heads, dim]`` geometry, reached with :meth:`PagedKVCache.pools` by its name; every
+page operation (copy-on-write, Host copies, byte counts) covers it exactly as it covers a layer's pools.
+
 Host tier (context cache): a prefix ref's page may be *detached* (:meth:`PagedKVCache.detach_pages`):
 its entry becomes :data:`ON_HOST`, the ref drops its reference to the device page, and the caller
 keeps the page's content in a Host copy (same ``[page_size, Hkv, D]`` layout per layer, read with
@@ -103,6 +108,16 @@ class PageAllocator:
                 self._free.append(p)
 
 
+@dataclass(frozen=True)
+class SidePool:
+    """A per-token (K, V) pair beside the attention layers' pools, ``[num_pages, page_size, num_heads, head_dim]``
+    each, in the activation dtype, addressed by the same page tables. ``name`` must not be a layer index."""
+
+    name: str
+    num_heads: int
+    head_dim: int
+
+
 ON_HOST = -1  # a prefix ref's page entry whose content lives in a Host copy, not on the device
 
 
@@ -129,14 +144,15 @@ class KVPrefixRef:
 class PagedKVCache:
     """KV pools of the attention layers plus per-sequence page tables.
 
-    ``layers`` are the model's layer indices that own a pool (full-attention layers); the pools are
-    reached with :meth:`pools`. ``geometry`` gives a layer its own ``(num_kv_heads, head_dim)`` (default: the
-    cache's). Sequences are identified by any hashable owner id.
+    ``layers`` are the model's layer indices that own a pool (full-attention layers), ``side`` the
+    side pools (:class:`SidePool`); the pools are reached with :meth:`pools` (a layer index or a side pool's
+    name). ``geometry`` gives a layer its own ``(num_kv_heads, head_dim)`` (default: the cache's). Sequences
+    are identified by any hashable owner id.
     """
 
     def __init__(self, layers: Sequence[int], *, num_pages: int, page_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device,
-                 geometry: Mapping[int, tuple[int, int]] | None = None) -> None:
+                 geometry: Mapping[int, tuple[int, int]] | None = None, side: Sequence[SidePool] = ()) -> None:
         if page_size < 1:
             raise KVPoolError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
@@ -151,19 +167,27 @@ class PagedKVCache:
         def shape(layer: int) -> tuple[int, int, int, int]:
             return (num_pages, page_size, *geometry.get(layer, (num_kv_heads, head_dim)))
 
-        self._pools = {layer: (torch.zeros(shape(layer), dtype=dtype, device=self.device),
-                               torch.zeros(shape(layer), dtype=dtype, device=self.device)) for layer in layers}
+        self._pools: dict[int | str, tuple[torch.Tensor, torch.Tensor]] = {
+            layer: (torch.zeros(shape(layer), dtype=dtype, device=self.device),
+                    torch.zeros(shape(layer), dtype=dtype, device=self.device)) for layer in layers}
+        for sp in side:
+            if sp.name in self._pools or not isinstance(sp.name, str):
+                raise KVPoolError(f"side pool name {sp.name!r} is not a new string key")
+            side_shape = (num_pages, page_size, sp.num_heads, sp.head_dim)
+            self._pools[sp.name] = (torch.zeros(side_shape, dtype=dtype, device=self.device),
+                                    torch.zeros(side_shape, dtype=dtype, device=self.device))
         self._tables: dict[object, list[int]] = {}
         self._prefixes: dict[int, KVPrefixRef] = {}
         self._prefix_ids = itertools.count(1)
 
     # -- pools -------------------------------------------------------------------------------------
-    def pools(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def pools(self, layer: int | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (K, V) pools of attention layer ``layer``, or of the side pool named ``layer``."""
         return self._pools[layer]
 
     @property
     def num_pools(self) -> int:
-        """Layers owning a K and a V pool."""
+        """(K, V) pairs: the layers owning one, then the side pools."""
         return len(self._pools)
 
     @property
@@ -289,8 +313,8 @@ class PagedKVCache:
         return new, tuple(fresh)
 
     def read_pages(self, pages: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per pool (in the order of the ``layers`` given at construction), copies ``(K, V)`` of ``pages``, each
-        ``[len(pages), page_size, Hkv, D]`` on the pools' device."""
+        """Per pool (in the order of the ``layers`` given at construction, then the side pools), copies ``(K, V)``
+        of ``pages``, each ``[len(pages), page_size, heads, dim]`` of that pool, on the pools' device."""
         idx = torch.tensor(list(pages), dtype=torch.int64, device=self.device)
         return [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self._pools.values()]
 

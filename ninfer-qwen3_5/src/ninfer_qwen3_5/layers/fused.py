@@ -88,13 +88,19 @@ class NormInput:
     ``add_rms_norm_unit_offset_linear``), so at decode the norm is no launch of its own. Blocks return
     ``(out, residual)`` with the new residual stream, which the next block's NormInput adds ``out`` to.
     Invariant: ``normed`` is given only with ``x`` None, and equals
-    ``rms_norm_unit_offset(residual, weight, eps)``."""
+    ``rms_norm_unit_offset(residual, weight, eps)``, or ``weight`` is None (:meth:`formed`)."""
 
     x: torch.Tensor | None
     residual: torch.Tensor
-    weight: torch.Tensor
+    weight: torch.Tensor | None
     eps: float
     normed: torch.Tensor | None = None
+
+    @classmethod
+    def formed(cls, h: torch.Tensor) -> NormInput:
+        """A block input formed by the caller (an architecture whose blocks read no pre-norm residual stream, such
+        as hyper-connections): the block projects ``h`` as is and returns ``h`` as its "residual"."""
+        return cls(None, h, None, 0.0, h)
 
 
 def norm_project(ops, inp: NormInput, groups: Sequence[RowGroup]

@@ -59,36 +59,45 @@ class GatedDeltaNet:
             return ops.linear(o.reshape(n, self.value_dim), self.w_out), residual
         outs = []
         if b_rows:
-            outs.append(ops.gdn_decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], self.decode_params,
-                                       conv_states, rec, ctx.decode_slots, ctx.decode_out_slots))
+            outs.append(self._decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], conv_states, rec,
+                                     ctx.decode_slots, ctx.decode_out_slots))
         if ctx.num_chunk:
             cores, at = [], b_rows
             for slot, t in zip(ctx.chunk_slots, ctx.chunk_lens, strict=True):
                 cores.append(self._chunk(qkv[at:at + t], a[at:at + t], b[at:at + t], conv_states[slot], rec[slot]))
                 at += t
             o = cores[0] if len(cores) == 1 else torch.cat(cores)
-            outs.append(ops.gated_rms_norm(o, z[b_rows:], self.w_norm, self.eps))
+            outs.append(self._gated_norm(o, z[b_rows:]))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
         return ops.linear(o.reshape(n, self.value_dim), self.w_out), residual
 
     def _verify(self, qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ctx: StepContext,
                 conv_states: torch.Tensor, rec: torch.Tensor) -> torch.Tensor:
         """The core output ``[N, Hv, Dv]`` (after the gated norm) of a call with verify chunks."""
-        ops, b_rows = self.ops, ctx.num_decode
+        b_rows = ctx.num_decode
         o = torch.empty(z.shape, dtype=qkv.dtype, device=qkv.device)
         if b_rows:
-            o[:b_rows] = ops.gdn_decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], self.decode_params,
-                                        conv_states, rec, ctx.decode_slots, ctx.decode_out_slots)
+            o[:b_rows] = self._decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], conv_states, rec,
+                                      ctx.decode_slots, ctx.decode_out_slots)
         for at, t, slot in ctx.verify.chunks:
             core = self._chunk(qkv[at:at + t], a[at:at + t], b[at:at + t], conv_states[slot], rec[slot])
-            o[at:at + t] = ops.gated_rms_norm(core, z[at:at + t], self.w_norm, self.eps)
+            o[at:at + t] = self._gated_norm(core, z[at:at + t])
         snap_conv, snap_rec = ctx.snapshots.field(self.conv_name), ctx.snapshots.field(self.rec_name)
         # One decode step per verify token index: token j of every row after token j - 1 of it.
         for step in ctx.verify.steps:
             r = step.rows
-            o[r] = ops.gdn_decode(qkv[r], z[r], a[r], b[r], self.decode_params, snap_conv, snap_rec,
-                                  step.in_slots, step.out_slots)
+            o[r] = self._decode(qkv[r], z[r], a[r], b[r], snap_conv, snap_rec, step.in_slots, step.out_slots)
         return o
+
+    # -- the output gate: a subclass with another gate activation overrides these two --------------
+    def _gated_norm(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The output norm of chunk tokens: ``gated_rms_norm`` (SiLU gate)."""
+        return self.ops.gated_rms_norm(core, z, self.w_norm, self.eps)
+
+    def _decode(self, qkv: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_states: torch.Tensor,
+                rec: torch.Tensor, slots: torch.Tensor, out_slots: torch.Tensor | None) -> torch.Tensor:
+        """One decode step of rows reading ``slots`` and writing ``out_slots``, output normed: ``gdn_decode``."""
+        return self.ops.gdn_decode(qkv, z, a, b, self.decode_params, conv_states, rec, slots, out_slots)
 
     def _chunk(self, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_state: torch.Tensor,
                state: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,103 @@
+"""Logical parameter names and shapes of Qwen4-Exp (the artifact binding names).
+
+Scheme: ``<component>/<path>``; a decoder layer is ``text/layers/{i}``. n = hc_count, H = hidden_size, nH = n*H,
+R = hc_lowrank, E = ple_embed_dim, G = n-gram hash heads, d = indexer_head_dim, h = indexer heads:
+
+==============================  ======================  ===========================================
+name (under a layer)            shape                   meaning
+==============================  ======================  ===========================================
+attn_hc/norm, mlp_hc/norm       [nH]                    per-stream (1 + w) RMSNorm weights
+attn_hc/down, mlp_hc/down       [R, nH]                 input-mixer down projection
+attn_hc/inject, mlp_hc/inject   [n, nH]                 per-stream injection logits
+attn_hc/up, mlp_hc/up           [nH, R]                 input-mixer up projection
+gdn/*                           as Qwen3.5              Gated DeltaNet (linear_attention layers)
+attention/*                     as Qwen3.5              gated attention (indexed_attention layers), plus:
+attention/indexer_q             [h*d, H]                indexer queries
+attention/indexer_k             [d, H]                  indexer token key (raw)
+attention/indexer_q_norm, _k_   [d]                     (1 + w) RMSNorms of the indexer
+moe/*                           as Qwen3.5-MoE          router, expert banks, shared expert
+ple/table                       [rows, E/G]             hashed n-gram table (host memory)
+ple/key, ple/value              [nH, E], [H, E]
+ple/norm_key, _query, _conv     [nH]                    per-stream (1 + w) RMSNorms
+ple/conv                        [nH, K]                 dilated depthwise conv (dilation ngram_size)
+==============================  ======================  ===========================================
+
+Plus ``text/embed`` [V, H], ``text/lm_head`` [V, H] (the embedding's object when tied) and the final stream
+reduction ``text/mixer_hc/{norm, down, up}``. Shapes come from the config only. ``ple/table`` is the one parameter
+placed in host memory (``ParameterSpec.placement``): at the real model's size it cannot live on the device, and a
+step reads only the rows its tokens hash to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ninfer.contracts.architecture import ParameterSpec
+from ninfer.contracts.features import StartupFeatures
+from ninfer.errors import NotSupportedError
+from ninfer_qwen3_5.config import FULL
+from ninfer_qwen3_5.parameters import layer_prefix
+from ninfer_qwen3_5.parameters import layer_shapes as qwen35_layer_shapes
+
+from ninfer_qwen4exp.config import INDEXED, Qwen4ExpConfig
+from ninfer_qwen4exp.ple_hash import config_hash
+
+#: Suffix of the one host-resident parameter of a PLE layer.
+PLE_TABLE = "ple/table"
+
+
+def hc_shapes(cfg: Qwen4ExpConfig, inject: bool = True) -> dict[str, tuple[int, ...]]:
+    """One hyper-connection module's parameters (the final reduction has no ``inject``)."""
+    nh, r = cfg.hc_width, cfg.hc_lowrank
+    out = {"norm": (nh,), "down": (r, nh), "up": (nh, r)}
+    if inject:
+        out["inject"] = (cfg.hc_count, nh)
+    return out
+
+
+def layer_shapes(cfg: Qwen4ExpConfig, i: int) -> dict[str, tuple[int, ...]]:
+    """Parameter suffix -> shape for decoder layer ``i``."""
+    kind = cfg.layer_types[i]
+    shared = qwen35_layer_shapes(cfg.qwen35, FULL if kind == INDEXED else kind)
+    out = {k: v for k, v in shared.items() if k not in ("input_norm", "post_norm")}
+    for module in ("attn_hc", "mlp_hc"):
+        out.update({f"{module}/{k}": v for k, v in hc_shapes(cfg).items()})
+    H = cfg.hidden_size
+    if kind == INDEXED:
+        d = cfg.indexer_head_dim
+        out.update({"attention/indexer_q": (cfg.indexer_heads * d, H), "attention/indexer_k": (d, H),
+                    "attention/indexer_q_norm": (d,), "attention/indexer_k_norm": (d,)})
+    if i in cfg.ple_layers:
+        nh, e, k = cfg.hc_width, cfg.ple_embed_dim, cfg.ple_conv_kernel
+        rows = config_hash(cfg, cfg.ple_layers.index(i)).rows
+        out.update({PLE_TABLE: (rows, cfg.ple_head_dim), "ple/key": (nh, e), "ple/value": (H, e),
+                    "ple/norm_key": (nh,), "ple/norm_query": (nh,), "ple/norm_conv": (nh,), "ple/conv": (nh, k)})
+    return out
+
+
+def text_shapes(cfg: Qwen4ExpConfig) -> dict[str, tuple[int, ...]]:
+    """Every ``text`` parameter name -> logical shape."""
+    V, H = cfg.vocab_size, cfg.hidden_size
+    out: dict[str, tuple[int, ...]] = {"text/embed": (V, H), "text/lm_head": (V, H)}
+    out.update({f"text/mixer_hc/{k}": v for k, v in hc_shapes(cfg, inject=False).items()})
+    for i in range(cfg.num_layers):
+        for suffix, shape in layer_shapes(cfg, i).items():
+            out[f"{layer_prefix('text', i)}/{suffix}"] = shape
+    return out
+
+
+def is_host_parameter(name: str) -> bool:
+    return name.endswith("/" + PLE_TABLE)
+
+
+def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
+    """The ``text`` parameters (the PLE tables placed in host memory). Vision and speculative decoding are refused
+    until their programs exist."""
+    if features.vision:
+        raise NotSupportedError("Qwen4-Exp vision is not supported yet (the artifact stores the tower)")
+    if features.speculative is not None:
+        raise NotSupportedError(f"Qwen4-Exp speculative backend {features.speculative!r} is not supported yet")
+    cfg = Qwen4ExpConfig.from_compact(config)
+    return [ParameterSpec(name=n, shape=s, component="text", placement="host" if is_host_parameter(n) else "device")
+            for n, s in text_shapes(cfg).items()]
