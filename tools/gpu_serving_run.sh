@@ -29,7 +29,7 @@ if [ "$install" = 1 ]; then
     say "installing the carried wheels and this checkout"
     python3 -m pip install -q --no-index --no-cache-dir --find-links .gpu-wheels -r .gpu-wheels/requirements.txt || exit 1
     python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./ninfer-core -e ./ninfer-qwen3_5 \
-        -e ./ninfer-convert -e ./ninfer-serve || exit 1
+        -e ./ninfer-qwen4exp -e ./ninfer-convert -e ./ninfer-serve || exit 1
 fi
 
 say "tokenizer and the 9B artifact"

