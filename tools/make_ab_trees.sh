@@ -13,7 +13,7 @@ for rev in "$@"; do
     sha=$(git rev-parse --short "$rev")
     mkdir -p ".ab/$sha"
     paths=""
-    for p in ninfer-core ninfer-qwen3_5 ninfer-convert ninfer-serve; do
+    for p in ninfer-core ninfer-qwen3_5 ninfer-qwen4exp ninfer-convert ninfer-serve; do
         for f in "$p/pyproject.toml" "$p/src"; do
             git cat-file -e "$sha:$f" 2>/dev/null && paths="$paths $f"
         done

@@ -18,6 +18,9 @@ Invariants:
   had fixed (``num_pages`` is the final one, ``kv_bytes`` its size) and
   ``graph_retained_after_release_bytes`` is what stayed reserved after dropping the first graphs.
   Without a rebuild both are 0.
+- ``host_weights_bytes``: the parameters placed in host memory (``ParameterSpec.placement``), exact; on a CPU run
+  they are part of ``weights_bytes`` too (one memory), on another device they are not, and
+  ``host_budget_bytes`` is the host budget they were checked against (0 when none was).
 - ``measured`` is True for an engine's summary (``startup_retained_bytes`` then is what start left
   held: on CUDA the growth of the allocator's reserved bytes, on the CPU the unique storage bytes of
   the Program's tensors); False for a plan made without loading weights (``ninfer info --memory``),
@@ -56,6 +59,8 @@ class MemorySummary:
     graph_rebuild_estimate_bytes: int = 0
     graph_final_growth_bytes: int = 0
     kv_pages_before_rebuild: int = 0  # 0: no corrective rebuild; else the planned pool, shrunk to num_pages
+    host_weights_bytes: int = 0
+    host_budget_bytes: int = 0
 
     @property
     def kv_state_bytes(self) -> int:
@@ -92,6 +97,12 @@ def _graphs_line(s: MemorySummary) -> str:
     return text + ")"
 
 
+def _host_line(s: MemorySummary) -> str:
+    where = ("in the weights above: host memory is the device's" if s.device == "cpu"
+             else f"host memory, checked against a host budget of {_mib(s.host_budget_bytes)}")
+    return f"  host weights      {_mib(s.host_weights_bytes)}  ({where})"
+
+
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
 
@@ -104,6 +115,7 @@ def format_memory_summary(summary: MemorySummary) -> str:
         f"memory ({s.device}, {s.dtype}; {kind}):",
         f"  budget            {_mib(s.budget_bytes)}  [{s.budget_source}]",
         f"  weights           {_mib(s.weights_bytes)}",
+        *([_host_line(s)] if s.host_weights_bytes else []),
         f"  KV                {_mib(s.kv_bytes)}  ({s.num_pages} pages x {s.page_size} tokens = "
         f"{s.kv_tokens:,} tokens; {s.kv_candidate})",
         f"  State             {_mib(s.state_bytes)}  ({s.state_slots} slots)",

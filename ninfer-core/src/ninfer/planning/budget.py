@@ -6,6 +6,9 @@
   (``os.sysconf``): the host also carries the interpreter, tokenizer, server and other processes.
   Headroom is proportionate, ``CPU_HEADROOM_FRACTION`` of the budget, because host allocations outside
   the engine scale with the machine, not with a fixed driver reserve.
+- Host memory of a CUDA run (:func:`host_budget`: parameters placed in host memory and the context cache's Host
+  tier): the CPU rule without the device cap, ``NINFER_HOST_BUDGET_MIB`` when set, else ``CPU_BUDGET_FRACTION`` of
+  physical memory, with the CPU headroom.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ninfer.errors import NInferError
 MIB = 1 << 20
 GIB = 1 << 30
 BUDGET_ENV = "NINFER_VRAM_BUDGET_MIB"
+HOST_BUDGET_ENV = "NINFER_HOST_BUDGET_MIB"
 CUDA_HEADROOM_BYTES = GIB
 CPU_BUDGET_FRACTION = 0.5
 CPU_HEADROOM_FRACTION = 0.1
@@ -47,8 +51,8 @@ class DeviceBudget:
     source: str
 
 
-def _env_budget(env: Mapping[str, str]) -> int | None:
-    raw = env.get(BUDGET_ENV)
+def _env_budget(env: Mapping[str, str], name: str = BUDGET_ENV) -> int | None:
+    raw = env.get(name)
     if raw is None or raw.strip() == "":
         return None
     try:
@@ -56,7 +60,7 @@ def _env_budget(env: Mapping[str, str]) -> int | None:
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise InvalidEngineOptions(f"{BUDGET_ENV}={raw!r} must be a positive number of MiB")
+        raise InvalidEngineOptions(f"{name}={raw!r} must be a positive number of MiB")
     return int(value * MIB)
 
 
@@ -83,3 +87,15 @@ def device_budget(device: torch.device, env: Mapping[str, str] | None = None) ->
         phys = physical_memory_bytes()
         budget, source = int(phys * CPU_BUDGET_FRACTION), f"{CPU_BUDGET_FRACTION:g} x physical {mib(phys)}"
     return DeviceBudget("cpu", budget, int(budget * CPU_HEADROOM_FRACTION), source)
+
+
+def host_budget(env: Mapping[str, str] | None = None) -> DeviceBudget:
+    """The host memory a CUDA run may use for host-placed weights and the Host tier (module docstring)."""
+    env = os.environ if env is None else env
+    capped = _env_budget(env, HOST_BUDGET_ENV)
+    if capped is not None:
+        budget, source = capped, f"{HOST_BUDGET_ENV}={capped // MIB}"
+    else:
+        phys = physical_memory_bytes()
+        budget, source = int(phys * CPU_BUDGET_FRACTION), f"{CPU_BUDGET_FRACTION:g} x physical {mib(phys)}"
+    return DeviceBudget("host", budget, int(budget * CPU_HEADROOM_FRACTION), source)

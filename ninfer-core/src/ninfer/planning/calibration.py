@@ -101,6 +101,12 @@ def _storages(root: Any, device: torch.device | None = None) -> dict[tuple[str, 
     return storages
 
 
+def tensor_storages(root: Any, device: torch.device | None = None) -> dict[tuple[str, int], int]:
+    """The distinct storages reachable from ``root`` (as :func:`resident_tensor_bytes` finds them): (device, data
+    pointer) -> bytes; ``device`` None: on any device."""
+    return _storages(root, device)
+
+
 def resident_tensor_bytes(root: Any) -> int:
     """Bytes of the distinct storages of every tensor reachable from ``root`` through containers and
     NInfer objects (a view counts its whole storage once: that is what stays allocated)."""

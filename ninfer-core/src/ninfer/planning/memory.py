@@ -13,6 +13,10 @@ model call) and G = the decode graphs' pool estimate:
   is taken as given and checked against the same room.
 - Either way the pool must hold one full max_context request; if the room cannot, the plan fails with
   :class:`~ninfer.planning.budget.MemoryPlanError` naming every number.
+- Weights placed in host memory (``ModelProfile.host_weight_bytes``; the loader holds ``host_load_bytes`` of them
+  at startup): on a CPU run they share the one budget, counted in the weights and the startup peak; on another
+  device they must fit the host budget together with the context cache's Host tier, or the plan fails naming
+  the numbers.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 
 from ninfer.contracts.architecture import ModelProfile
 from ninfer.contracts.memory import MemorySummary
-from ninfer.planning.budget import BUDGET_ENV, DeviceBudget, MemoryPlanError, mib
+from ninfer.planning.budget import BUDGET_ENV, HOST_BUDGET_ENV, DeviceBudget, MemoryPlanError, mib
 from ninfer.planning.resolution import ResolvedOptions
 
 # The reference attention materialises at most 2**24 fp32 scores per query block, two live at once
@@ -73,6 +77,8 @@ class MemoryPlan:
     kv_candidate: str
     graph_bytes: int = 0          # the decode graphs' private pool, estimated (0: no graphs planned)
     page_bytes: int = 0           # KV bytes of one page (page_size x the profile's KV bytes per token)
+    host_weights_bytes: int = 0   # weights placed in host memory (part of weights_bytes on a CPU run)
+    host_budget_bytes: int = 0    # the host budget they were checked against (0: a CPU run, or none placed)
 
     @property
     def runtime_bytes(self) -> int:
@@ -107,15 +113,37 @@ class MemoryPlan:
             startup_retained_bytes=(self.weights_bytes + reserved) if retained_bytes is None else retained_bytes,
             runtime_reservation_bytes=reserved, num_pages=self.num_pages, page_size=self.page_size,
             state_slots=self.state_slots, max_context=self.max_context, kv_candidate=self.kv_candidate,
-            measured=retained_bytes is not None, graph_rebuild_estimate_bytes=self.graph_bytes)
+            measured=retained_bytes is not None, graph_rebuild_estimate_bytes=self.graph_bytes,
+            host_weights_bytes=self.host_weights_bytes, host_budget_bytes=self.host_budget_bytes)
+
+
+def _check_host(profile: ModelProfile, host_load_bytes: int, tier_bytes: int, host: DeviceBudget) -> None:
+    need = max(profile.host_weight_bytes, host_load_bytes) + tier_bytes
+    if need + host.headroom_bytes > host.budget_bytes:
+        raise MemoryPlanError(
+            f"the weights placed in host memory ({mib(profile.host_weight_bytes)}; {mib(host_load_bytes)} while "
+            f"loading) and the context cache's Host tier ({mib(tier_bytes)}) need {mib(need)}, but the host budget "
+            f"{mib(host.budget_bytes)} [{host.source}] - headroom {mib(host.headroom_bytes)} leaves "
+            f"{mib(host.budget_bytes - host.headroom_bytes)}; free host memory, lower cache_host_mib, or raise "
+            f"{HOST_BUDGET_ENV}")
 
 
 def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: DeviceBudget, *,
-                load_bytes: int) -> MemoryPlan:
+                load_bytes: int, host_load_bytes: int = 0, host_budget: DeviceBudget | None = None) -> MemoryPlan:
     """Plan weights + KV/State + workspace (+ the decode graphs' pool for ``resolved.graph_batches`` batch
     sizes) under ``budget`` (module docstring). ``resolved.explicit_pages``: an explicitly sized pool
     (checked, not changed); None lets the candidates choose. ``load_bytes``: what the weight loader holds
-    at once (``WeightSource.load_bytes``)."""
+    at once on the device (``WeightSource.load_bytes``); ``host_load_bytes`` of host-placed weights.
+    ``host_budget``: the host memory host-placed weights must fit when ``budget`` is not the CPU's (None: not
+    checked)."""
+    if budget.device == "cpu":   # one memory: host-placed weights are the device's
+        weights, startup_weights, host_checked = (profile.weight_bytes + profile.host_weight_bytes,
+                                                  load_bytes + host_load_bytes, 0)
+    else:
+        weights, startup_weights = profile.weight_bytes, load_bytes
+        host_checked = 0 if host_budget is None else host_budget.budget_bytes
+        if host_budget is not None:
+            _check_host(profile, host_load_bytes, resolved.options.host_budget_bytes, host_budget)
     options = resolved.options
     ps, running, max_context = options.page_size, options.max_concurrency, options.max_context
     lookahead = resolved.lookahead_slots
@@ -136,18 +164,18 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
     snapshots = running * (resolved.speculative_tokens + 1) if resolved.speculative_tokens else 0
     state = (running + options.checkpoint_slots + lookahead + snapshots) * profile.state_bytes_per_sequence
     graphs = graph_pool_bytes(profile, resolved.graph_batches, max_context)
-    runtime_fixed = profile.weight_bytes + state + work + graphs
-    startup_fixed = load_bytes + profile.converted_weight_bytes + state
+    runtime_fixed = weights + state + work + graphs
+    startup_fixed = startup_weights + profile.converted_weight_bytes + state
     room = budget.budget_bytes - budget.headroom_bytes - max(runtime_fixed, startup_fixed)
     page_bytes = ps * profile.kv_bytes_per_token
     one_request = -(-max_context // ps)
 
     def why() -> str:
         return (f"budget {mib(budget.budget_bytes)} [{budget.source}] - headroom {mib(budget.headroom_bytes)} "
-                f"- max(runtime: weights {mib(profile.weight_bytes)} + State {mib(state)} ({running} running requests + "
+                f"- max(runtime: weights {mib(weights)} + State {mib(state)} ({running} running requests + "
                 f"{options.checkpoint_slots} checkpoints + {lookahead} lookahead + {snapshots} speculative "
                 f"snapshots) + workspace {mib(work)} "
-                f"+ graphs {mib(graphs)}, startup: stored weights {mib(load_bytes)} + converted "
+                f"+ graphs {mib(graphs)}, startup: stored weights {mib(startup_weights)} + converted "
                 f"{mib(profile.converted_weight_bytes)} + State {mib(state)}) leaves {mib(room)} for KV")
 
     if resolved.explicit_pages is not None:
@@ -170,6 +198,7 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
             f"{BUDGET_ENV} / free device memory")
     kv = pages * page_bytes
     return MemoryPlan(budget=budget, max_context=max_context, page_size=ps, num_pages=pages, state_slots=running,
-                      weights_bytes=profile.weight_bytes, kv_bytes=kv, state_bytes=state, workspace_bytes=work,
+                      weights_bytes=weights, kv_bytes=kv, state_bytes=state, workspace_bytes=work,
                       startup_peak_bytes=startup_fixed + kv, kv_candidate=candidate, graph_bytes=graphs,
-                      page_bytes=page_bytes)
+                      page_bytes=page_bytes, host_weights_bytes=profile.host_weight_bytes,
+                      host_budget_bytes=host_checked)

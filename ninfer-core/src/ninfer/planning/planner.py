@@ -8,7 +8,8 @@ One derivation of everything an engine fixes before any large read, used by ``En
    (:class:`WeightSource`), the ModelProfile for the resolved device and dtype, and the
    options resolved once against it (``planning.resolution``).
 2. :func:`plan` adds the device budget read now (``planning.budget``) and the memory plan under it
-   (``planning.memory``: workspace, KV candidates, State, graph pool).
+   (``planning.memory``: workspace, KV candidates, State, graph pool), and, when the
+   architecture places weights in host memory on a device that is not the CPU, the host budget they must fit.
 
 The planner never loads a weight or builds a Program; graph calibration after the build may still
 shrink an automatic KV pool (``planning.calibration``).
@@ -30,7 +31,7 @@ from ninfer.contracts.architecture import ArchitectureSpec, ModelProfile, Parame
 from ninfer.contracts.memory import MemorySummary
 from ninfer.contracts.options import EngineOptions
 from ninfer.errors import NotSupportedError
-from ninfer.planning.budget import device_budget
+from ninfer.planning.budget import device_budget, host_budget
 from ninfer.planning.memory import MemoryPlan, plan_memory
 from ninfer.planning.resolution import (
     ResolvedOptions,
@@ -47,20 +48,28 @@ log = logging.getLogger("ninfer.planning")
 class WeightSource:
     """The selected parameters as the artifact stores them (directory only, nothing read).
 
-    ``load_bytes``: what the loader holds at once, every parent object read plus the gathered copy of
-    every parameter that is not one contiguous range of one parent."""
+    ``load_bytes``: what the loader holds at once on the run device, every parent object a device-placed
+    parameter reads plus the gathered copy of every such parameter that is not one contiguous range of one
+    parent; ``host_load_bytes`` the same for the parameters placed in host memory (``ParameterSpec.placement``;
+    a parent both kinds read counts in both)."""
 
     stored_dtypes: Mapping[str, torch.dtype]
     load_bytes: int
+    host_load_bytes: int = 0
 
 
 def weight_source(reader: ArtifactReader, specs) -> WeightSource:
     from ninfer.artifact.binder import bind
 
     bound = bind(reader, specs)
-    gathered = sum(bp.nbytes for bp in bound.parameters if not bp.is_view)
-    return WeightSource(stored_dtypes={bp.name: bp.dtype for bp in bound.parameters},
-                        load_bytes=sum(o.bytes for o in bound.parents) + gathered)
+    host = {s.name for s in specs if s.placement == "host"}
+    totals = {}
+    for on_host in (False, True):
+        params = [bp for bp in bound.parameters if (bp.name in host) == on_host]
+        parents = {piece.object.id: piece.object.bytes for bp in params for piece in bp.pieces}
+        totals[on_host] = sum(parents.values()) + sum(bp.nbytes for bp in params if not bp.is_view)
+    return WeightSource(stored_dtypes={bp.name: bp.dtype for bp in bound.parameters}, load_bytes=totals[False],
+                        host_load_bytes=totals[True])
 
 
 def _check_components(reader: ArtifactReader, specs, options: EngineOptions) -> None:
@@ -167,6 +176,8 @@ def plan(artifact: str | os.PathLike | ArtifactReader, options: EngineOptions,
     :func:`artifact_profile` raises, and MemoryPlanError when the model and one max_context request
     cannot fit the budget."""
     model = artifact_profile(artifact, options)
+    host = host_budget(env) if model.device.type != "cpu" and model.profile.host_weight_bytes else None
     memory = plan_memory(model.options, model.profile, device_budget(model.device, env),
-                         load_bytes=model.source.load_bytes)
+                         load_bytes=model.source.load_bytes, host_load_bytes=model.source.host_load_bytes,
+                         host_budget=host)
     return StartupPlan(model=model, memory=memory)

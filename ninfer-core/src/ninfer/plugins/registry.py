@@ -57,10 +57,7 @@ class PlannedArchitectureError(UnknownArchitectureError, UnknownSourceMappingErr
 # Architecture names (``architectures[0]`` of a Hugging Face config) the design plans but no distribution
 # implements yet: asking for one says so, instead of suggesting a plugin that does not exist. Data kept in step
 # with the README's "Not yet supported"; an entry goes when its distribution ships.
-PLANNED_ARCHITECTURES: dict[str, str] = {
-    "Qwen4ExpForCausalLM": "Qwen4-Exp (planned distribution: ninfer-qwen4exp)",
-    "Qwen4ExpForConditionalGeneration": "Qwen4-Exp (planned distribution: ninfer-qwen4exp)",
-}
+PLANNED_ARCHITECTURES: dict[str, str] = {}
 
 
 def _planned(name: str) -> PlannedArchitectureError | None:

@@ -4,8 +4,9 @@ really allocates.
 The planner sizes the KV pool and admits requests from the profile before any weight is read, so the exact
 fields must equal the bytes of the tensors the Program holds (the field docstrings of ``ModelProfile``):
 
-- ``weight_bytes``: every storage the Program reaches, less its KV pools and StateImages (a view counts its
-  whole storage once, so a tied head shared with the embedding counts once);
+- ``weight_bytes``: every storage the Program reaches, less its KV pools, StateImages and host-placed weights (a
+  view counts its whole storage once, so a tied head shared with the embedding counts once);
+- ``host_weight_bytes``: the storages of the parameters placed in host memory that the Program keeps;
 - ``converted_weight_bytes``: the part of those storages the Program created itself (casts, derived
   constants), i.e. not the loader's;
 - ``kv_bytes_per_token``: the KV pools' bytes over their ``num_pages * page_size`` token slots;
@@ -13,13 +14,14 @@ fields must equal the bytes of the tensors the Program holds (the field docstrin
   even for an empty state layout);
 - ``vocab_size`` and ``max_position_embeddings``: those of the Program's declared layout.
 
-The loader itself never holds more than the planner's ``load_bytes``. Storages are measured as
+The loader itself never holds more than the planner's ``load_bytes`` (plus ``host_load_bytes`` of host-placed
+parameters). Storages are measured as
 :func:`~ninfer.planning.calibration.resident_tensor_bytes` measures them at startup.
 """
 
 from __future__ import annotations
 
-from ninfer.planning.calibration import released_weight_bytes, resident_tensor_bytes
+from ninfer.planning.calibration import released_weight_bytes, resident_tensor_bytes, tensor_storages
 from ninfer.testing.programs import BuiltProgram
 
 
@@ -29,11 +31,14 @@ def measured_profile(built: BuiltProgram) -> dict[str, int]:
     kv = resident_tensor_bytes(program.kv)
     states = resident_tensor_bytes(program.states)
     checkpoints = resident_tensor_bytes(program.checkpoint_states)
-    weights = resident_tensor_bytes(program) - kv - states - checkpoints
-    kept_from_loader = resident_tensor_bytes(built.weights) - released_weight_bytes(built.weights, program,
-                                                                                    options.device)
+    host_keys = tensor_storages({n: built.weights[n] for n in built.host_parameters})
+    host = sum(n for key, n in tensor_storages(program).items() if key in host_keys)
+    weights = resident_tensor_bytes(program) - kv - states - checkpoints - host
+    kept_from_loader = (resident_tensor_bytes(built.weights) - released_weight_bytes(built.weights, program,
+                                                                                     options.device) - host)
     return {
         "weight_bytes": weights,
+        "host_weight_bytes": host,
         "converted_weight_bytes": weights - kept_from_loader,
         "kv_bytes_per_token": kv // (options.num_pages * options.page_size),
         "state_bytes_per_sequence": states // program.states.num_slots,
@@ -51,8 +56,9 @@ def profile_mismatches(built: BuiltProgram) -> list[str]:
         out.append(f"kv_bytes_per_token: profile says {built.profile.kv_bytes_per_token}, the KV pool's "
                    f"bytes_per_token is {built.program.kv.bytes_per_token}")
     loaded = resident_tensor_bytes(built.weights)
-    if loaded > built.load_bytes:
-        out.append(f"load_bytes: the loader held {loaded} bytes, more than the planned {built.load_bytes}")
+    if loaded > built.load_bytes + built.host_load_bytes:
+        out.append(f"load_bytes: the loader held {loaded} bytes, more than the planned {built.load_bytes} + "
+                   f"{built.host_load_bytes} (host-placed)")
     return out
 
 

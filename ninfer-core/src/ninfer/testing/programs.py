@@ -29,7 +29,8 @@ from ninfer.plugins import get_registry
 class BuiltProgram:
     """A Program and what it was built from. ``weights``: the loader's tensors as handed to ``create_program``
     (in their stored dtypes); ``load_bytes``: what the planner budgets for loading them; ``profile``: the
-    architecture's profile for ``options.dtype`` and the stored dtypes."""
+    architecture's profile for ``options.dtype`` and the stored dtypes; ``host_parameters``: the parameters placed
+    in host memory (``ParameterSpec.placement``), ``host_load_bytes`` what the planner budgets for loading them."""
 
     program: Any
     profile: ModelProfile
@@ -37,6 +38,8 @@ class BuiltProgram:
     load_bytes: int
     options: ProgramOptions
     config: Mapping[str, Any]
+    host_parameters: tuple[str, ...] = ()
+    host_load_bytes: int = 0
 
 
 def build_program(artifact: str | Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
@@ -63,7 +66,9 @@ def build_program(artifact: str | Path, *, dtype: torch.dtype = torch.float32, d
     program = spec.create_program(ProgramInit(config=config, weights=weights, ops=opset, options=options,
                                               features=features))
     return BuiltProgram(program=program, profile=profile, weights=weights, load_bytes=source.load_bytes,
-                        options=options, config=config)
+                        options=options, config=config,
+                        host_parameters=tuple(s.name for s in specs if s.placement == "host"),
+                        host_load_bytes=source.host_load_bytes)
 
 
 def program_logits(program, token_ids: Sequence[int], *, chunk: int | None = None) -> torch.Tensor:
