@@ -22,17 +22,20 @@ sys.modules.setdefault("causal_conv1d", None)
 # previous run); a bounded number of examples keeps the suite fast; no deadline, so a loaded machine cannot fail a
 # test by being slow. ``HYPOTHESIS_PROFILE=explore`` searches further with fresh random examples (a local hunt for
 # bugs: a failure prints the reproducing example; add it as an explicit case).
-try:
-    from hypothesis import HealthCheck, settings
-except ImportError:  # the GPU lane's environment may not have it; the property tests then skip themselves
-    pass
-else:
-    _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+def _register_hypothesis_profiles() -> None:
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # the GPU lane's environment may not have it; the property tests then skip themselves
+        return
+    slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large]
     settings.register_profile("ci", derandomize=True, database=None, max_examples=60, deadline=None,
-                              print_blob=True, suppress_health_check=_SLOW_OK)
+                              print_blob=True, suppress_health_check=slow_ok)
     settings.register_profile("explore", derandomize=False, database=None, max_examples=2000, deadline=None,
-                              print_blob=True, suppress_health_check=_SLOW_OK)
+                              print_blob=True, suppress_health_check=slow_ok)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+_register_hypothesis_profiles()
 
 
 def _cuda_available() -> bool:

@@ -30,20 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from math import prod
 from typing import Any
 
-from ninfer.artifact.source_mapping import (
-    BindingPlan,
-    ComponentPlan,
-    ConversionPlan,
-    ObjectPlan,
-    Part,
-    SourceRows,
-    SourceTensor,
-    UsePlan,
-    source_name,
-)
+from ninfer.artifact.plan_builder import PlanBuilder
+from ninfer.artifact.source_mapping import ComponentPlan, ConversionPlan, SourceRows, SourceTensor
 
 from ninfer_qwen3_5.config import (
     FULL,
@@ -58,67 +48,12 @@ from ninfer_qwen3_5.vision.parameters import SOURCE_PREFIX as VISION_SOURCE_PREF
 from ninfer_qwen3_5.vision.parameters import source_name as vision_source_name
 from ninfer_qwen3_5.vision.parameters import vision_shapes
 
-A16 = "A16Only"
-
-
-class _Builder:
-    """Accumulates one plan; checks source existence, shapes and single consumption."""
-
-    def __init__(self, tensors: Mapping[str, SourceTensor]) -> None:
-        self.tensors = tensors
-        self.consumed: set[str] = set()
-        self.objects: list[ObjectPlan] = []
-        self.object_shapes: dict[str, tuple[int, ...]] = {}
-        self.bindings: list[BindingPlan] = []
-        self.uses: list[UsePlan] = []
-        self.ignored: dict[str, str] = {}
-
-    def has(self, name: str) -> bool:
-        return name in self.tensors
-
-    def obj(self, oid: str, component: str, sources: list[tuple[str | SourceRows, tuple[int, ...]]]) -> str:
-        """Plan object ``oid`` as the dim-0 concatenation of ``sources`` (a tensor name or a
-        :class:`SourceRows` range of one, with the tensor's expected shape); returns ``oid``.
-        A tensor read as row ranges is consumed once; the plan checker verifies that its ranges
-        cover its rows exactly once."""
-        rows = 0
-        for src, shape in sources:
-            name = source_name(src)
-            t = self.tensors.get(name)
-            if t is None:
-                raise Qwen35ConfigError(f"source tensor {name!r} is missing (needed for {oid})")
-            if tuple(t.shape) != tuple(shape):
-                raise Qwen35ConfigError(f"source tensor {name!r} has shape {tuple(t.shape)}, the config "
-                                        f"implies {tuple(shape)}")
-            if name in self.consumed and not isinstance(src, SourceRows):
-                raise Qwen35ConfigError(f"source tensor {name!r} is consumed twice")
-            self.consumed.add(name)
-            rows += (src.end - src.begin) if isinstance(src, SourceRows) else (shape[0] if shape else 1)
-        first = tuple(sources[0][1])
-        whole = len(sources) == 1 and not isinstance(sources[0][0], SourceRows)
-        shape = first if whole else (rows, *first[1:])
-        self.objects.append(ObjectPlan(id=oid, component=component, sources=tuple(s for s, _ in sources)))
-        self.object_shapes[oid] = shape
-        return oid
-
-    def bind(self, name: str, oid: str, shape: tuple[int, ...], begin: int = 0,
-             use: str | None = None, policy: str | None = A16) -> None:
-        """Bind ``name`` (logical ``shape``) to elements ``[begin, begin + prod(shape))`` of ``oid``:
-        the whole object when that is exactly the object with the same shape, else one Part."""
-        n = prod(shape)
-        if begin == 0 and tuple(shape) == self.object_shapes[oid]:
-            self.bindings.append(BindingPlan(name=name, object=oid))
-        else:
-            self.bindings.append(BindingPlan(name=name, parts=(Part(oid, begin, begin + n),)))
-        if use is not None:
-            self.uses.append(UsePlan(parameter=name, input=use, activation_policy=policy))
-
 
 def _rows(name: str, span: tuple[int, int], shape: tuple[int, ...]) -> tuple[SourceRows, tuple[int, ...]]:
     return SourceRows(name, *span), shape
 
 
-def _plan_layer(b: _Builder, cfg: Qwen35Config, kind: str, src: str, comp: str, i: int) -> None:
+def _plan_layer(b: PlanBuilder, cfg: Qwen35Config, kind: str, src: str, comp: str, i: int) -> None:
     """One decoder layer: HF module names under ``src`` -> bindings under ``{comp}/layers/{i}``."""
     lp = layer_prefix(comp, i)
     shapes = {k: tuple(v) for k, v in layer_shapes(cfg, kind).items()}
@@ -199,15 +134,16 @@ def _plan_layer(b: _Builder, cfg: Qwen35Config, kind: str, src: str, comp: str, 
     b.bind(gate, b.obj(gate, comp, [(f"{m}shared_expert_gate.weight", (1, H))]), (1, H), use=mlp_in)
 
 
-def _text_prefix(tensors: Mapping[str, SourceTensor]) -> str:
+def text_prefix(tensors: Mapping[str, SourceTensor], error: type[Exception] = Qwen35ConfigError) -> str:
+    """The text model's tensor prefix: ``model.language_model.`` (ForConditionalGeneration) or ``model.``."""
     for prefix in ("model.language_model.", "model."):
         if f"{prefix}embed_tokens.weight" in tensors:
             return prefix
-    raise Qwen35ConfigError("no embedding tensor (model.language_model.embed_tokens.weight or "
+    raise error("no embedding tensor (model.language_model.embed_tokens.weight or "
                             "model.embed_tokens.weight) in the checkpoint")
 
 
-def _plan_text(b: _Builder, cfg: Qwen35Config, prefix: str) -> None:
+def _plan_text(b: PlanBuilder, cfg: Qwen35Config, prefix: str) -> None:
     shapes = text_shapes(cfg)
     b.obj("text/embed", "text", [(f"{prefix}embed_tokens.weight", shapes["text/embed"])])
     b.bind("text/embed", "text/embed", shapes["text/embed"], use="text/input_ids", policy=None)
@@ -224,7 +160,7 @@ def _plan_text(b: _Builder, cfg: Qwen35Config, prefix: str) -> None:
         _plan_layer(b, cfg, kind, f"{prefix}layers.{i}.", "text", i)
 
 
-def _plan_mtp(b: _Builder, cfg: Qwen35Config, text_cfg: Mapping[str, Any]) -> ComponentPlan:
+def _plan_mtp(b: PlanBuilder, cfg: Qwen35Config, text_cfg: Mapping[str, Any]) -> ComponentPlan:
     n = text_cfg.get("mtp_num_hidden_layers")
     if not n:
         raise Qwen35ConfigError("the checkpoint has mtp.* tensors but the config has no mtp_num_hidden_layers")
@@ -241,7 +177,7 @@ def _plan_mtp(b: _Builder, cfg: Qwen35Config, text_cfg: Mapping[str, Any]) -> Co
     return ComponentPlan(id="mtp", config=config, target="text")
 
 
-def _plan_vision(b: _Builder, hf: Mapping[str, Any], names: list[str], cfg: Qwen35Config) -> ComponentPlan:
+def _plan_vision(b: PlanBuilder, hf: Mapping[str, Any], names: list[str], cfg: Qwen35Config) -> ComponentPlan:
     """The tower: every ``model.visual.*`` tensor in its own ``vision`` object, bound whole under its HF path
     (:mod:`ninfer_qwen3_5.vision.parameters`); the set of tensors and their shapes must be exactly what the
     vision config implies."""
@@ -270,9 +206,9 @@ class Qwen35SourceMapping:
         cfg = Qwen35Config.from_compact(compact)
         nested = SOURCE_ARCHITECTURES[config["architectures"][0]][1]
         text_cfg = config["text_config"] if nested else config
-        b = _Builder(tensors)
+        b = PlanBuilder(tensors, Qwen35ConfigError)
         components = [ComponentPlan(id="text", config=compact)]
-        _plan_text(b, cfg, _text_prefix(tensors))
+        _plan_text(b, cfg, text_prefix(tensors))
         if any(n.startswith("mtp.") for n in tensors):
             components.append(_plan_mtp(b, cfg, text_cfg))
         visual = sorted(n for n in tensors if n.startswith(VISION_SOURCE_PREFIX))
@@ -281,12 +217,7 @@ class Qwen35SourceMapping:
             components.append(vision)
             # parameter_specs, profile and the Program see the text config only: it carries the tower's too.
             components[0] = ComponentPlan(id="text", config={**compact, "vision_config": vision.config})
-        left = sorted(n for n in tensors if n not in b.consumed and n not in b.ignored)
-        if left:
-            shown = ", ".join(left[:8]) + (f" (+{len(left) - 8} more)" if len(left) > 8 else "")
-            raise Qwen35ConfigError(f"source tensors not part of a Qwen3.5 model: {shown}")
-        return ConversionPlan(components=tuple(components), objects=tuple(b.objects), bindings=tuple(b.bindings),
-                              uses=tuple(b.uses), ignored=dict(b.ignored))
+        return b.finish(components, "a Qwen3.5 model")
 
     def plan_draft(self, config: Mapping[str, Any], tensors: Mapping[str, SourceTensor], target: ConversionPlan):
         """A separately published drafter for this target (``ninfer-convert SRC OUT --draft DIR``): a z-lab DFlash

@@ -37,6 +37,7 @@ snapshots are reused by the next).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -89,7 +90,7 @@ class _Verify:
     start: int
 
 
-class SpeculativeDecoding:
+class SpeculativeDecoding(ABC):
     """The speculative side of a Qwen3.5 Program (``program``) verifying up to ``k`` drafts per row. Subclasses
     are the drafters: they implement the hooks below (module docstring for the rules this class keeps)."""
 
@@ -101,32 +102,32 @@ class SpeculativeDecoding:
         self.verified = self.drafted = self.accepted = 0
 
     # -- drafter hooks ---------------------------------------------------------------------------
+    @abstractmethod
     def model_forward(self, packed, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logits of the logit rows, taps of every token)`` of one target forward."""
-        raise NotImplementedError
 
+    @abstractmethod
     def may_draft(self, seq: SeqId) -> bool:
         """Whether ``seq`` (decode-ready) can draft now; a row that cannot decodes plainly this step."""
-        raise NotImplementedError
 
     def touch(self, seq: SeqId) -> None:
-        """``seq`` is a member of the unit about to run (create its bookkeeping if it has none)."""
+        """``seq`` is a member of the unit about to run (create its bookkeeping if it has none; default: none kept)."""
 
+    @abstractmethod
     def draft(self, verify: list[tuple[DecodeRow, int]], masks: Mapping[SeqId, VerifyMasks]) -> Drafts:
         """Each verify row's drafts; a constrained row's follow its grammar (``masks`` fill as they are drafted)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def absorb(self, parts: list[Part]) -> None:
         """The taps of the positions a forward just computed outside verify rows (their ``computed`` advanced)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def commit_row(self, seq: SeqId, start: int, taps: torch.Tensor, accepted: int) -> None:
         """A verify row of ``seq`` run at ``computed = start`` committed ``accepted`` inputs; ``taps`` are those
         inputs' (``accepted`` rows). Called after ``computed`` advanced."""
-        raise NotImplementedError
 
     def forget_seq(self, seq: SeqId) -> None:
-        """Drop the drafter's bookkeeping of ``seq``."""
+        """Drop the drafter's bookkeeping of ``seq`` (default: none kept)."""
 
     def accept_sampled(self, processed: torch.Tensor, rows, ns: list[int], starts: list[int], drafts: Drafts,
                        num: list[int]) -> dict[int, list[int]]:

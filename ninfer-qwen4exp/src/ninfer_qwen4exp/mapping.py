@@ -26,20 +26,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from math import prod
 from typing import Any
 
-from ninfer.artifact.source_mapping import (
-    BindingPlan,
-    ComponentPlan,
-    ConversionPlan,
-    ObjectPlan,
-    Part,
-    SourceRows,
-    SourceTensor,
-    UsePlan,
-    source_name,
-)
+from ninfer.artifact.plan_builder import PlanBuilder
+from ninfer.artifact.source_mapping import ComponentPlan, ConversionPlan, SourceRows, SourceTensor, UsePlan
+from ninfer_qwen3_5.mapping import text_prefix
 from ninfer_qwen3_5.parameters import layer_prefix
 
 from ninfer_qwen4exp.config import (
@@ -51,67 +42,13 @@ from ninfer_qwen4exp.config import (
 )
 from ninfer_qwen4exp.parameters import PLE_TABLE, layer_shapes, text_shapes
 
-A16 = "A16Only"
 _PLE_IGNORED = re.compile(r"ple\.ple_embedding\.(layer_multipliers|ngram_heads_vocab_sizes|ngram_heads_offsets|"
                           r"hashstats_\w+|token_lookup)$")
 _SHARD = re.compile(r"ple\.ple_embedding\.ngram_embedding\.shard_(\d+)\.weight$")
 
 
-class _Builder:
-    """Accumulates one plan; checks source existence, shapes and single consumption."""
 
-    def __init__(self, tensors: Mapping[str, SourceTensor]) -> None:
-        self.tensors = tensors
-        self.consumed: set[str] = set()
-        self.objects: list[ObjectPlan] = []
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        self.bindings: list[BindingPlan] = []
-        self.uses: list[UsePlan] = []
-        self.ignored: dict[str, str] = {}
-
-    def obj(self, oid: str, component: str, sources: list[tuple[str | SourceRows, tuple[int, ...]]]) -> str:
-        """Object ``oid``: the dim-0 concatenation of ``sources`` (a tensor name or a row range of one, with the
-        tensor's expected shape)."""
-        rows = 0
-        for src, shape in sources:
-            name = source_name(src)
-            t = self.tensors.get(name)
-            if t is None:
-                raise Qwen4ExpConfigError(f"source tensor {name!r} is missing (needed for {oid})")
-            if tuple(t.shape) != tuple(shape):
-                raise Qwen4ExpConfigError(f"source tensor {name!r} has shape {tuple(t.shape)}, the config implies "
-                                          f"{tuple(shape)}")
-            if name in self.consumed and not isinstance(src, SourceRows):
-                raise Qwen4ExpConfigError(f"source tensor {name!r} is consumed twice")
-            self.consumed.add(name)
-            rows += (src.end - src.begin) if isinstance(src, SourceRows) else shape[0]
-        first = tuple(sources[0][1])
-        whole = len(sources) == 1 and not isinstance(sources[0][0], SourceRows)
-        self.objects.append(ObjectPlan(id=oid, component=component, sources=tuple(s for s, _ in sources)))
-        self.shapes[oid] = first if whole else (rows, *first[1:])
-        return oid
-
-    def bind(self, name: str, oid: str, shape: tuple[int, ...], begin: int = 0, use: str | None = None) -> None:
-        """Bind ``name`` to elements ``[begin, begin + prod(shape))`` of ``oid`` (the whole object when it is)."""
-        if begin == 0 and tuple(shape) == self.shapes[oid]:
-            self.bindings.append(BindingPlan(name=name, object=oid))
-        else:
-            self.bindings.append(BindingPlan(name=name, parts=(Part(oid, begin, begin + prod(shape)),)))
-        if use is not None:
-            self.uses.append(UsePlan(parameter=name, input=use, activation_policy=A16))
-
-    def one(self, name: str, component: str, source: str, shape: tuple[int, ...], *, stored: tuple[int, ...] | None = None,
-            use: str | None = None) -> None:
-        """``name`` bound to its own object, the one tensor ``source`` (of shape ``stored``, default ``shape``)."""
-        self.bind(name, self.obj(name, component, [(source, stored or shape)]), shape, use=use)
-
-    def rows(self, name: str, oid: str, offset_rows: int, shape: tuple[int, ...], use: str | None = None) -> int:
-        """Bind ``name`` to ``shape[0]`` rows of 2-D object ``oid`` from row ``offset_rows``; returns the next row."""
-        self.bind(name, oid, shape, offset_rows * shape[1], use=use)
-        return offset_rows + shape[0]
-
-
-def _hc(b: _Builder, cfg: Qwen4ExpConfig, src: str, dst: str, inject: bool) -> None:
+def _hc(b: PlanBuilder, cfg: Qwen4ExpConfig, src: str, dst: str, inject: bool) -> None:
     nh, r, n = cfg.hc_width, cfg.hc_lowrank, cfg.hc_count
     b.one(f"{dst}/norm", "text", f"{src}.hc_norm.weight", (nh,))
     b.one(f"{dst}/up", "text", f"{src}.input_mix_weight_up.weight", (nh, r), use=f"{dst}/up_input")
@@ -127,7 +64,7 @@ def _hc(b: _Builder, cfg: Qwen4ExpConfig, src: str, dst: str, inject: bool) -> N
     b.rows(f"{dst}/inject", mix, at, (n, nh), use=f"{dst}/input")
 
 
-def _gdn(b: _Builder, cfg: Qwen4ExpConfig, g: str, lp: str) -> None:
+def _gdn(b: PlanBuilder, cfg: Qwen4ExpConfig, g: str, lp: str) -> None:
     c35, H = cfg.qwen35, cfg.hidden_size
     C, Vd, Hv, K = c35.conv_dim, c35.value_dim, c35.linear_num_value_heads, c35.conv_kernel
     inp, use = f"{lp}/gdn/in_proj", f"{lp}/mixer_input"
@@ -144,7 +81,7 @@ def _gdn(b: _Builder, cfg: Qwen4ExpConfig, g: str, lp: str) -> None:
     b.one(f"{lp}/gdn/out", "text", f"{g}out_proj.weight", (H, Vd), use=f"{lp}/gdn/out_input")
 
 
-def _attention(b: _Builder, cfg: Qwen4ExpConfig, a: str, lp: str) -> None:
+def _attention(b: PlanBuilder, cfg: Qwen4ExpConfig, a: str, lp: str) -> None:
     H, D, Nq, Nkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     qd, kd = Nq * D, Nkv * D
     hd, d = cfg.indexer_heads * cfg.indexer_head_dim, cfg.indexer_head_dim
@@ -171,7 +108,7 @@ def _attention(b: _Builder, cfg: Qwen4ExpConfig, a: str, lp: str) -> None:
     b.one(f"{lp}/attention/indexer_k_norm", "text", f"{a}indexer.k_layernorm.weight", (d,))
 
 
-def _moe(b: _Builder, cfg: Qwen4ExpConfig, m: str, lp: str) -> None:
+def _moe(b: PlanBuilder, cfg: Qwen4ExpConfig, m: str, lp: str) -> None:
     H, E = cfg.hidden_size, cfg.num_experts
     Ie, Is = cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
     use = f"{lp}/mlp_input"
@@ -194,7 +131,7 @@ def _moe(b: _Builder, cfg: Qwen4ExpConfig, m: str, lp: str) -> None:
     b.one(f"{lp}/moe/shared/gate", "text", f"{m}shared_expert_gate.weight", (1, H), use=use)
 
 
-def _ple(b: _Builder, cfg: Qwen4ExpConfig, p: str, lp: str, shapes: Mapping[str, tuple[int, ...]]) -> None:
+def _ple(b: PlanBuilder, cfg: Qwen4ExpConfig, p: str, lp: str, shapes: Mapping[str, tuple[int, ...]]) -> None:
     nh, H, e, k = cfg.hc_width, cfg.hidden_size, cfg.ple_embed_dim, cfg.ple_conv_kernel
     rows, width = shapes[PLE_TABLE]
     whole = f"{p}ple_embedding.ngram_embedding.weight"
@@ -225,15 +162,7 @@ def _ple(b: _Builder, cfg: Qwen4ExpConfig, p: str, lp: str, shapes: Mapping[str,
             b.ignored[name] = "PLE hash constants and statistics: derived from the config (ninfer_qwen4exp.ple_hash)"
 
 
-def _text_prefix(tensors: Mapping[str, SourceTensor]) -> str:
-    for prefix in ("model.language_model.", "model."):
-        if f"{prefix}embed_tokens.weight" in tensors:
-            return prefix
-    raise Qwen4ExpConfigError("no embedding tensor (model.language_model.embed_tokens.weight or "
-                              "model.embed_tokens.weight) in the checkpoint")
-
-
-def _plan_text(b: _Builder, cfg: Qwen4ExpConfig, prefix: str) -> None:
+def _plan_text(b: PlanBuilder, cfg: Qwen4ExpConfig, prefix: str) -> None:
     shapes = text_shapes(cfg)
     b.one("text/embed", "text", f"{prefix}embed_tokens.weight", shapes["text/embed"])
     b.uses.append(UsePlan(parameter="text/embed", input="text/input_ids"))
@@ -257,7 +186,7 @@ def _plan_text(b: _Builder, cfg: Qwen4ExpConfig, prefix: str) -> None:
             _ple(b, cfg, f"{src}ple.", lp, layer_shapes(cfg, i))
 
 
-def _plan_vision(b: _Builder, hf: Mapping[str, Any], names: list[str]) -> ComponentPlan:
+def _plan_vision(b: PlanBuilder, hf: Mapping[str, Any], names: list[str]) -> ComponentPlan:
     vision_cfg = hf.get("vision_config")
     if vision_cfg is None:
         raise Qwen4ExpConfigError("the checkpoint has model.visual.* tensors but the config has no vision_config")
@@ -283,18 +212,13 @@ class Qwen4ExpSourceMapping:
     def plan(self, config: Mapping[str, Any], tensors: Mapping[str, SourceTensor]) -> ConversionPlan:
         compact = compact_text_config(config)
         cfg = Qwen4ExpConfig.from_compact(compact)
-        b = _Builder(tensors)
+        b = PlanBuilder(tensors, Qwen4ExpConfigError)
         components = [ComponentPlan(id="text", config=compact)]
-        _plan_text(b, cfg, _text_prefix(tensors))
+        _plan_text(b, cfg, text_prefix(tensors, Qwen4ExpConfigError))
         for name in tensors:
             if name.startswith("mtp."):
                 b.ignored[name] = "the MTP head of Qwen4-Exp is not supported yet"
         visual = sorted(n for n in tensors if n.startswith("model.visual."))
         if visual:
             components.append(_plan_vision(b, config, visual))
-        left = sorted(n for n in tensors if n not in b.consumed and n not in b.ignored)
-        if left:
-            shown = ", ".join(left[:8]) + (f" (+{len(left) - 8} more)" if len(left) > 8 else "")
-            raise Qwen4ExpConfigError(f"source tensors not part of a Qwen4-Exp model: {shown}")
-        return ConversionPlan(components=tuple(components), objects=tuple(b.objects), bindings=tuple(b.bindings),
-                              uses=tuple(b.uses), ignored=dict(b.ignored))
+        return b.finish(components, "a Qwen4-Exp model")
