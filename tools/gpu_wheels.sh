@@ -4,6 +4,11 @@
 # transformers, which must never be replaced (docs/dev/gpu-tests.md).
 #
 #   sh tools/gpu_wheels.sh [DIR]          # default .gpu-wheels (git-ignored); then carry DIR in the device call
+#   sh tools/gpu_wheels.sh --vision [DIR] # default .gpu-wheels-vision: ninfer-core's requirements and PyAV only
+#
+# PyAV (~36 MB) is left out of the lane's set: with the working tree it would pass the device tool's 64 MiB. The
+# tests that decode video on the GPU run in a call of their own that carries the vision set instead
+# (docs/dev/gpu-tests.md).
 #
 # What is downloaded: the third-party requirements of requirements-dev.txt and of the four distributions'
 # pyproject.toml files that the device image lacks (less NOT_FOR_THE_DEVICE), and their own requirements,
@@ -16,10 +21,12 @@
 # every wheel with its role and size.
 set -eu
 cd "$(dirname "$0")/.."
-dest="${1:-.gpu-wheels}"
+vision=0
+[ "${1:-}" = "--vision" ] && { vision=1; shift; }
+if [ "$vision" -eq 1 ]; then dest="${1:-.gpu-wheels-vision}"; else dest="${1:-.gpu-wheels}"; fi
 rm -rf "$dest"
 mkdir -p "$dest"
-python3 - "$dest" <<'PY'
+python3 - "$dest" "$vision" <<'PY'
 import importlib.metadata as md
 import re
 import subprocess
@@ -32,6 +39,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 dest = Path(sys.argv[1])
+VISION = sys.argv[2] == "1"
 PYTHON = ("3.12", "3.12.3")        # the device's python3 (/opt/torch/.venv, Python 3.12.3)
 PLATFORMS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64"] + [
     f"manylinux_2_{n}_x86_64" for n in range(5, 40)]   # pip matches a platform tag exactly: name them all
@@ -64,19 +72,28 @@ NEVER = set(map(canonicalize_name, "torch triton transformers tokenizers numpy s
                                     "jinja2 markupsafe regex pyyaml setuptools pip".split())) | {
     n for n in DEVICE_HAS if n.startswith(("nvidia-", "cuda-", "jax"))}
 # Test requirements the lane never needs on the device: only CPU tests use them, through pytest.importorskip.
-NOT_FOR_THE_DEVICE = {"import-linter"}
+NOT_FOR_THE_DEVICE = {"import-linter"} | (set() if VISION else {"av"})
 FALLBACK_MAX_BYTES = 1 << 20
-OURS = {"ninfer-core", "ninfer-qwen3_5", "ninfer-qwen4exp", "ninfer-convert", "ninfer-serve"}
+OUR_DIRS = ["ninfer-core", "ninfer-qwen3_5", "ninfer-qwen4exp", "ninfer-convert", "ninfer-serve"]
+OURS = set(map(canonicalize_name, OUR_DIRS))   # compared by canonical name: ninfer-qwen3_5 is ninfer-qwen3-5
 
 
 def top_level() -> list[Requirement]:
+    if VISION:
+        core = tomllib.loads(Path("ninfer-core/pyproject.toml").read_text())["project"]["dependencies"]
+        return [Requirement(r) for r in [*core, *vision_extra()]]
     lines = [ln.split("#", 1)[0].strip() for ln in Path("requirements-dev.txt").read_text().splitlines()]
     reqs = [Requirement(ln) for ln in lines if ln]
-    for dist in sorted(OURS):
+    for dist in OUR_DIRS:
         project = tomllib.loads(Path(dist, "pyproject.toml").read_text())["project"]
         reqs += [Requirement(r) for r in project.get("dependencies", [])]
     return [r for r in reqs
             if canonicalize_name(r.name) not in OURS and (r.marker is None or r.marker.evaluate(MARKERS))]
+
+
+def vision_extra() -> list[str]:
+    project = tomllib.loads(Path("ninfer-qwen3_5/pyproject.toml").read_text())["project"]
+    return project["optional-dependencies"]["vision"]
 
 
 def local_version(name: str) -> str | None:
