@@ -8,12 +8,15 @@
 #
 #   bash tools/gpu_serving_run.sh          # on the device, carry .gpu-wheels; results under $OUT
 #   CONFIGS=default,ttft bash tools/gpu_serving_run.sh
+#   PHASES=2,3 bash tools/gpu_serving_run.sh   # some phases only (a call's 600 s may not hold all three); a
+#                                              # warm machine's artifact from an earlier call is reused
 #   TINY=1 OUT=/tmp/sr bash tools/gpu_serving_run.sh      # every step on the CPU at tiny sizes (no installs)
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${OUT:-$PWD/serving-results}"
 work=/tmp/ninfer_serving
 configs="${CONFIGS:-default,256,512,1024,ttft,nowarmup}"
+phases=",${PHASES:-1,2,3},"
 device=cuda shape=(--shape 9b) bursts=() bench=() mtp=() install=1
 if [ "${TINY:-0}" = 1 ]; then
     device=cpu shape=(--tiny) bursts=(--tiny) install=0 mtp=(--tokens 24 --prompts 2 --ks 0,2)
@@ -32,6 +35,10 @@ if [ "$install" = 1 ]; then
         -e ./ninfer-qwen4exp -e ./ninfer-convert -e ./ninfer-serve || exit 1
 fi
 
+art=$(ls "$work"/art/*.ninfer 2>/dev/null | head -1)
+if [ -n "$art" ]; then
+    say "reusing the artifact $art"
+else
 say "tokenizer and the 9B artifact"
 python3 - tests/frontend/conftest.py "$work/tokenizer.json" <<'EOF' || exit 1
 import importlib.util, pathlib, sys
@@ -44,16 +51,23 @@ timeout 200 python3 tools/gpu_bench_shapes.py "${shape[@]}" --tokenizer "$work/t
     --no-hf --no-ours --keep-artifact --work "$work/art" --device $device > "$out/artifact.log" 2>&1 || { say "artifact failed"; tail -20 "$out/artifact.log"; exit 1; }
 art=$(ls "$work"/art/*.ninfer | head -1)
 say "artifact $art"
+fi
 
+case "$phases" in *,1,*)
 say "phase 1: serve bursts ($configs)"
-timeout 330 python3 tools/serve_bursts.py "$art" --out "$out" --configs "$configs" --device $device --log-dir "$work" "${bursts[@]}" 2>&1 | tee "$out/bursts.log"
+timeout 330 python3 tools/serve_bursts.py "$art" --out "$out" --configs "$configs" --device $device --log-dir "$work" "${bursts[@]}" 2>&1 | tee "$out/bursts.log" ;;
+esac
 
+case "$phases" in *,2,*)
 say "phase 2: ninfer bench, context cache off / on"
 for flag in --no-context-cache --context-cache; do
     timeout 90 python3 -m ninfer.cli.main bench "$art" --device $device --batches 1,8 --prefill-lengths 8192 "${bench[@]}" \
         --output "$work/bench${flag}.json" $flag 2>&1 | grep -v '^\[bench\]' | tee -a "$out/cache_ab.log"
-done
+done ;;
+esac
 
+case "$phases" in *,3,*)
 say "phase 3: MTP on the default model"
-timeout 150 python3 tools/mtp_speed.py --device $device "${mtp[@]}" --out "$out" 2>&1 | tee "$out/mtp.log"
+timeout 150 python3 tools/mtp_speed.py --device $device "${mtp[@]}" --out "$out" 2>&1 | tee "$out/mtp.log" ;;
+esac
 say "done"

@@ -101,6 +101,19 @@ def test_the_step_budget_holds_and_units_pack_several_chunks(make_toy_engine):
     assert engine.stats().max_unit_chunks >= 2
 
 
+def test_a_burst_is_admitted_and_prefilled_whole_in_one_step(make_toy_engine):
+    # Eight requests arrive together: the step after the first request's prefill admits all seven others
+    # and prefills them together (admission once took the head and the bypass allowance only, 3 a step).
+    engine, program, _ = make_toy_engine(max_concurrency=8, prefill_chunk_size=64, max_step_tokens=64,
+                                         context_cache=False)
+    work = toy_work([5, 6, 4, 7, 5, 3, 6, 4], seed=5)
+    assert burst(engine, program, work) == oracle(work)
+    engine.close()
+    assert program.units[0] == (0, (5,))
+    assert program.units[1] == (1, (6, 4, 7, 5, 3, 6, 4)), program.units[:3]
+    assert engine.stats().admitted == 8 and engine.stats().max_unit_chunks == 7
+
+
 def test_decode_rows_filling_the_budget_leave_one_prefill_token(make_toy_engine):
     # max_step_tokens 1 is below the decode rows: every unit with decode rows still prefills one token.
     engine, program, _ = make_toy_engine(max_concurrency=4, prefill_chunk_size=8, max_step_tokens=1,

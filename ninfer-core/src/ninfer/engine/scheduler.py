@@ -154,25 +154,35 @@ class Scheduler:
             self.membership_changes += 1
 
     def _admit_waiting(self, now: float) -> None:
-        order = self.queues.admission_order()
-        head_blocked = False
-        for rec in order:
-            if self.queues.full:
+        # The order is re-read after every admission: once the head is admitted the next request is the
+        # head, so a burst is admitted whole in one step while the bypass allowance still bounds how many
+        # later requests may pass a head that does not fit. A request that did not fit is not tried again
+        # in this step.
+        blocked: set[int] = set()
+        while not self.queues.full:
+            order = self.queues.admission_order()
+            head_blocked = bool(order) and order[0].ticket in blocked
+            for rec in order:
+                if rec.ticket in blocked:
+                    continue
+                placement = self.admission.place(rec, rec.prompt, len(rec.prompt) + 1)
+                if placement is None:
+                    blocked.add(rec.ticket)
+                    head_blocked = head_blocked or rec is order[0]
+                    continue
+                if not self.admission.open_fresh(rec, placement):
+                    return  # no free Program slot: later requests would not get one either
+                self.queues.add_resident(rec)
+                if head_blocked:
+                    self.queues.note_bypass()
+                rec.admit_time = now
+                rec.started = True
+                self.counters.admitted += 1
+                self.membership_changes += 1
+                self.on_admit(rec)
                 break
-            placement = self.admission.place(rec, rec.prompt, len(rec.prompt) + 1)
-            if placement is None:
-                head_blocked = head_blocked or rec is order[0]
-                continue
-            if not self.admission.open_fresh(rec, placement):
-                break  # no free Program slot: later requests would not get one either
-            self.queues.add_resident(rec)
-            if head_blocked:
-                self.queues.note_bypass()
-            rec.admit_time = now
-            rec.started = True
-            self.counters.admitted += 1
-            self.membership_changes += 1
-            self.on_admit(rec)
+            else:
+                return  # nobody in the allowed order fits
 
     # -- reservations and preemption ---------------------------------------------------------------
     def _reserve_unit(self) -> ScheduledUnit | None:
