@@ -10,9 +10,13 @@ list), and reports per k:
 - B=8: eight prompts submitted together; aggregate rate = all output tokens / wall time;
 - mean accepted length (tokens committed per verify step: 1 + accepted / verifies) and the acceptance rate per
   draft position (``EngineStats``);
-- whether every output equals plain decoding's (greedy speculation is exact; a False is a bug).
+- whether every output equals plain decoding's, and where the first one parts from it. Greedy speculation is
+  exact in fp32 (``--dtype float32``; a False there is a bug); in bf16 the verify step computes its k+1
+  positions with the chunk kernels and plain decoding with the decode kernels, whose roundings differ, so a
+  near-tie between two tokens can go either way and a long output may part (as it may between batch sizes).
 
     python3 tools/mtp_speed.py --device cuda --out $OUT
+    python3 tools/mtp_speed.py --device cuda --dtype float32 --ks 0,2,4 --tokens 64 --out $OUT   # exactness
     python3 tools/mtp_speed.py --device cpu --tokens 24 --prompts 2 --out /tmp/mtp     # a CPU check of the method
 """
 
@@ -60,6 +64,8 @@ def run_k(k: int, args, texts: list[str]) -> dict:
     from ninfer import Engine, EngineOptions, SamplingParams
 
     opts = dict(device=args.device, max_concurrency=8)
+    if args.dtype:
+        opts["dtype"] = args.dtype
     if k:
         opts.update(speculative="mtp", num_speculative_tokens=k)
     greedy = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
@@ -91,9 +97,19 @@ def run_k(k: int, args, texts: list[str]) -> dict:
             "acceptance_by_position": list(by_pos), "outputs": outputs}
 
 
+def first_divergence(outputs: list[list[int]], plain: list[list[int]]) -> dict:
+    """The first prompt whose output differs from plain decoding's, and the index of its first differing token."""
+    for i, (a, b) in enumerate(zip(outputs, plain)):
+        if a != b:
+            j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return {"prompt": i, "token": j}
+    return {"prompt": len(plain), "token": 0}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default=None, help="the run dtype (default: the engine's for the device)")
     ap.add_argument("--ks", default="0,1,2,3,4")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=8, help="B=1 prompts (B=8 always uses 8)")
@@ -109,12 +125,14 @@ def main() -> int:
     for r in results:
         same = plain is None or r["outputs"] == plain["outputs"]
         r["identical_to_plain"] = same
+        r["first_divergence"] = None if same else first_divergence(r["outputs"], plain["outputs"])
         x1 = r["b1_tok_s"] / plain["b1_tok_s"] if plain and r["b1_tok_s"] and plain["b1_tok_s"] else None
         x8 = r["b8_tok_s"] / plain["b8_tok_s"] if plain else None
         pos = " ".join(f"{p:.2f}" for p in r["acceptance_by_position"])
         mal = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
         print(f"{r['k']:>2} {r['b1_tok_s'] or 0:>10,.1f} {x1 or 0:>8.2f} {r['b8_tok_s']:>10,.1f} {x8 or 0:>8.2f} "
-              f"{mal:>12} {pos:<28} {same}", flush=True)
+              f"{mal:>12} {pos:<28} {same}"
+              + ("" if same else " (prompt {prompt}, token {token})".format(**r["first_divergence"])), flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     for r in results:
         r.pop("outputs")
