@@ -59,6 +59,13 @@ CASES: dict[str, dict] = {
                                               tie_word_embeddings=True),
                 vision=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                             num_position_embeddings=16, patch_size=4)),
+    # Long-context cases (16k positions) for the long oracle; explicit seeds keep the other cases'.
+    "long_dense": dict(kind="dense", seed=31, text=dict(GEOMETRY, num_hidden_layers=4, intermediate_size=96,
+                                                        max_position_embeddings=16400, tie_word_embeddings=False)),
+    "long_moe": dict(kind="moe", seed=32, text=dict(GEOMETRY, num_hidden_layers=4, num_experts=8,
+                                                    num_experts_per_tok=2, moe_intermediate_size=32,
+                                                    shared_expert_intermediate_size=48,
+                                                    max_position_embeddings=16400, tie_word_embeddings=False)),
 }
 
 GREEDY = RowSampling(SamplingParams(temperature=0.0), seed=0, step=0)
@@ -133,7 +140,8 @@ class Cases:
         from ninfer.conversion import convert
 
         case = CASES[name]
-        hf = _build_hf(case, seed=sorted(CASES).index(name) + 1)
+        seeded = sorted(n for n, c in CASES.items() if "seed" not in c)
+        hf = _build_hf(case, seed=case.get("seed") or seeded.index(name) + 1)
         src = self.root / name
         hf.save_pretrained(src)
         if case["kind"] == "conditional":
