@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -22,24 +20,16 @@ MOE_TEXT = dict(vocab_size=272, hidden_size=64, num_hidden_layers=4, num_attenti
                 head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
                 linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=512, num_experts=8,
                 num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
-                tie_word_embeddings=False, eos_token_id=258)
+                tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
     """(artifact, the transformers model) of the tiny MoE."""
     pytest.importorskip("transformers")
-    from ninfer.conversion import convert
-    from support.models import tiny_text_model, write_byte_tokenizer
+    from support.models import tiny_served_model
 
-    root = tmp_path_factory.mktemp("tiny_moe")
-    model = tiny_text_model("moe", MOE_TEXT, seed=77)
-    model.config.architectures = ["Qwen3_5MoeForCausalLM"]
-    model.save_pretrained(root / "hf", safe_serialization=True)
-    write_byte_tokenizer(root / "hf")
-    (root / "hf" / "generation_config.json").write_text(json.dumps({"eos_token_id": [258, 256]}))
-    convert(root / "hf", root / "moe.ninfer", progress=False)
-    return root / "moe.ninfer", model
+    return tiny_served_model(tmp_path_factory.mktemp("tiny_moe"), "moe", MOE_TEXT, seed=77)
 
 
 BURST = [70, 3, 33, 9, 90, 2, 21, 48]

@@ -61,6 +61,21 @@ def tiny_text_model(kind: str, text: dict, seed: int, **config):
     return model.float().eval()
 
 
+def tiny_served_model(root: Path, kind: str, text: dict, seed: int) -> tuple[Path, torch.nn.Module]:
+    """A :func:`tiny_text_model` of ``kind`` ("dense" or "moe") with the byte tokenizer and EOS <|im_end|>, saved
+    in fp32 and converted to ``root/<kind>.ninfer``: (the artifact, the transformers model)."""
+    from ninfer.conversion import convert
+
+    model = tiny_text_model(kind, dict(text, eos_token_id=258), seed)
+    model.config.architectures = ["Qwen3_5ForCausalLM" if kind == "dense" else "Qwen3_5MoeForCausalLM"]
+    folder = root / f"hf_{kind}"
+    model.save_pretrained(folder, safe_serialization=True)
+    write_byte_tokenizer(folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [258, 256]}))
+    convert(folder, root / f"{kind}.ninfer", progress=False)
+    return root / f"{kind}.ninfer", model
+
+
 def tiny_qwen_artifact(root: Path, config: dict, *, seed: int, std: float, dtype_name: str = "float32") -> Path:
     """A random Qwen3_5ForCausalLM from ``config`` (matrices drawn N(0, std): the default 0.02 init gives
     near-uniform logits), with the byte tokenizer and EOS <|im_end|>, saved in ``dtype_name`` and converted
