@@ -48,6 +48,11 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("NINFER_RUN_SLOW") != "1":
+        skip_slow = pytest.mark.skip(reason="slow: set NINFER_RUN_SLOW=1 to run it")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")

@@ -126,4 +126,18 @@ def test_version_loads_no_plugin(monkeypatch, capsys):
 
     monkeypatch.setattr(cli_main, "get_registry", refuse)
     assert cli_main.main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"ninfer {cli_main.__version__}"
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"ninfer {cli_main.__version__}"
+    # Each installed plugin distribution with its version, from metadata alone.
+    import importlib.metadata as md
+
+    assert out[1] == "plugins:"
+    listed = {line.split()[0]: line.split()[1] for line in out[2:]}
+    assert listed["ninfer-qwen3_5"] == md.version("ninfer-qwen3_5")
+    assert "(qwen3_5)" in next(line for line in out if line.split()[0] == "ninfer-qwen3_5")
+
+
+def test_version_without_plugins(monkeypatch, capsys):
+    monkeypatch.setattr(cli_main.md, "entry_points", lambda group: [])
+    assert cli_main.main(["--version"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("plugins: none installed")

@@ -21,7 +21,7 @@ from ninfer.cli.common import merge_model_flag
 from ninfer.cli.help_format import HelpFormatter
 from ninfer.errors import NInferError
 from ninfer.plugins import PluginRegistry, get_registry
-from ninfer.plugins.registry import ENV_FILTER
+from ninfer.plugins.registry import ENTRY_POINT_GROUP, ENV_FILTER
 
 # Commands that NInfer's optional distributions add: name -> (distribution, help). Data only, never imported:
 # without the distribution, ``ninfer NAME`` names what to install instead of argparse's "invalid choice".
@@ -38,7 +38,7 @@ def build_parser(registry: PluginRegistry | None = None) -> argparse.ArgumentPar
         prog="ninfer", formatter_class=HelpFormatter,
         description="NInfer: single-GPU LLM inference; the architectures come from plugins ('ninfer plugins' lists "
                     "them).")
-    parser.add_argument("--version", action="version", version=f"ninfer {__version__}")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for command in registry.cli_commands.values():
@@ -49,6 +49,25 @@ def build_parser(registry: PluginRegistry | None = None) -> argparse.ArgumentPar
             # Takes any arguments: running it only reports what is missing.
             sub.add_parser(name, add_help=False, help=f"{help_text} (needs {distribution})")
     return parser
+
+
+def version_text() -> str:
+    """``ninfer X.Y.Z`` and a line per installed plugin distribution (name, version, its entry points in the
+    ``ninfer`` group), read from package metadata without importing any plugin."""
+    plugins: dict[tuple[str, str], list[str]] = {}
+    for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+        key = (ep.dist.name, ep.dist.version) if ep.dist is not None else ("?", "?")
+        if ep.name not in plugins.setdefault(key, []):
+            plugins[key].append(ep.name)
+    lines = [f"ninfer {__version__}"]
+    if plugins:
+        width = max(len(name) for name, _ in plugins)
+        lines.append("plugins:")
+        lines += [f"  {name:<{width}}  {version}  ({', '.join(sorted(eps))})"
+                  for (name, version), eps in sorted(plugins.items())]
+    else:
+        lines.append("plugins: none installed (pip install ninfer-qwen3_5 for the Qwen3.5 architectures)")
+    return "\n".join(lines)
 
 
 def _installed(distribution: str) -> bool:
@@ -72,7 +91,7 @@ def missing_command_message(name: str) -> str:
 
 def main(argv: list[str] | None = None, *, registry: PluginRegistry | None = None) -> int:
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # answered without loading any plugin
-        print(f"ninfer {__version__}")
+        print(version_text())
         return 0
     try:
         registry = registry if registry is not None else get_registry()

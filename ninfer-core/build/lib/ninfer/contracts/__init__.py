@@ -1,0 +1,1 @@
+"""Frozen contracts shared by the engine, the architecture plugins and the frontends."""

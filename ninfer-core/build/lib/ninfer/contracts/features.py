@@ -1,0 +1,26 @@
+"""Startup features: what an engine binds and prepares, fixed at start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Purpose = Literal["generation", "causal_scoring"]
+
+
+@dataclass(frozen=True)
+class StartupFeatures:
+    """Invariant: Text is always on; at most one speculative backend; purpose never changes after start."""
+
+    vision: bool = False
+    speculative: str | None = None  # None, "mtp", "dflash" or "dflash2"
+    purpose: Purpose = "generation"
+
+    def components(self) -> tuple[str, ...]:
+        """Artifact components these features read (Text first)."""
+        out = ["text"]
+        if self.vision:
+            out.append("vision")
+        if self.speculative is not None:
+            out.append(self.speculative)
+        return tuple(out)

@@ -1,0 +1,81 @@
+"""Streaming an object into a quantized format while it is converted (docs/converter.md, "Quantization").
+
+Invariants of :func:`write_quantized`:
+
+- the object's sources are read in chunks of whole rows (rows of its last dim K, never more than
+  ``chunk_bytes`` of source unless one row is larger), each chunk encoded on its own -- groups and row scales
+  never cross rows, so encoding by chunks equals encoding the tensor whole;
+- the first plane (groupwise base, fp8 codes) is written as each chunk is encoded; the later, smaller planes
+  (q5/q6 high bits, scales) are kept until the sources end, then written at their 256-byte aligned offsets:
+  memory stays bounded by one chunk plus those planes (at most 1/4 + 1/16 byte per weight).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, BinaryIO
+
+import torch
+
+from ninfer.conversion.cast import _SOURCE_DTYPE
+from ninfer.conversion.errors import ConversionError, SourceError
+from ninfer.quant import fp8_row
+from ninfer.quant.groupwise import ENCODER as GROUPWISE_ENCODER
+from ninfer.quant.groupwise import GROUPWISE, SEARCH_ENCODER
+
+PLANE_ALIGN = 256
+
+
+def encoder_name(fmt: str, search: bool = False) -> str:
+    if fmt == fp8_row.FORMAT:
+        return fp8_row.ENCODER
+    return SEARCH_ENCODER if search else GROUPWISE_ENCODER
+
+
+def _encode(fmt: str, rows: torch.Tensor, what: str, search: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    if fmt == fp8_row.FORMAT:
+        codes, scales = fp8_row.encode(rows, what)
+        return codes, [scales]
+    base, high, scales = GROUPWISE[fmt].encode(rows, what, search=search)
+    return base, [high, scales]
+
+
+def write_quantized(write: Callable[[Any], None], object_id: str, fmt: str, dtype: str, k: int,
+                    spans: Iterable[tuple[str, BinaryIO, int, int]], chunk_bytes: int,
+                    advance: Callable[[int], Any], search: bool = False) -> int:
+    """Encode the rows of ``spans`` (``(source name, file, offset, bytes)``, C order, source ``dtype``, rows of
+    ``k`` elements) into ``fmt`` (``search``: the scale-search encoder) and ``write`` the object's bytes;
+    returns the bytes written."""
+    torch_dtype = _SOURCE_DTYPE.get(dtype)
+    if torch_dtype is None or not torch_dtype.is_floating_point:
+        raise ConversionError(f"object {object_id!r}: a {dtype} source cannot be quantized to {fmt}")
+    row_bytes = k * torch_dtype.itemsize
+    step = max(1, chunk_bytes // row_bytes) * row_bytes
+    sides: list[list[torch.Tensor]] = []
+    written = 0
+    for name, f, offset, nbytes in spans:
+        f.seek(offset)
+        remaining = nbytes
+        while remaining:
+            buf = bytearray(min(step, remaining))
+            if f.readinto(buf) != len(buf):
+                raise SourceError(f"source tensor {name!r} ends early in {f.name!r}: the file changed or is truncated")
+            rows = torch.frombuffer(buf, dtype=torch_dtype).view(-1, k)
+            first, rest = _encode(fmt, rows, object_id, search)
+            write(memoryview(first.contiguous().view(torch.uint8).numpy()).cast("B"))
+            written += first.numel() * first.element_size()
+            sides.append(rest)
+            remaining -= len(buf)
+            advance(len(buf))
+            del buf, rows
+    for plane in range(len(sides[0]) if sides else 0):
+        pad = -written % PLANE_ALIGN
+        if pad:
+            write(bytes(pad))
+            written += pad
+        for chunk in sides:
+            data = chunk[plane].contiguous().view(torch.uint8)
+            if data.numel():
+                write(memoryview(data.numpy()).cast("B"))
+                written += data.numel()
+    return written

@@ -1,0 +1,127 @@
+"""The weight-reading dense ops for packed quantized weights on Triton (``linear``, ``logits``,
+``add_rms_norm_unit_offset_linear``, ``add_rms_norm_unit_offset_swiglu``), registered per stored format
+(:attr:`~ninfer.ops.registry.OpImpl.weight_formats`): every groupwise format (q4/q5/q6/q8) and fp8 row.
+
+Same contracts as :mod:`ninfer.ops.reference.quantized` (the dense op with the weight replaced by its decoded
+values, fp32 accumulation, the output rounded to x's dtype). Activations stay in x's dtype (A16): a use's
+activation policy does not reach the ops yet, so the A8 fp8 GEMM (:func:`~ninfer.ops.triton.quant_gemm.gemm_a8`)
+is not chosen here.
+
+Kernel choice by the call's rows (the only way a row's rounding can depend on its batch): up to
+:data:`~ninfer.ops.triton.quant_gemv.MAX_ROWS` rows the dequant-GEMV (:mod:`~ninfer.ops.triton.quant_gemv`),
+above them the tensor-core GEMM (:mod:`~ninfer.ops.triton.quant_gemm`). The fused norm and SwiGLU variants take
+the GEMV's prologue/epilogue for one row (the decode step), else the Triton norm, the product and the Triton
+``silu_and_mul`` in sequence. Activations of another dtype than the kernels take go to the reference ops.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ninfer.ops.reference import quantized as _reference
+from ninfer.ops.registry import OpImpl
+from ninfer.ops.triton import activation as _activation
+from ninfer.ops.triton import norm as _norm
+from ninfer.ops.triton._common import KERNEL_DTYPES, launch_ok
+from ninfer.ops.triton._quant import KernelWeight, check_input, kernel_weight
+from ninfer.ops.triton.quant_gemm import gemm
+from ninfer.ops.triton.quant_gemv import MAX_ROWS, gemv
+from ninfer.quant import QUANTIZED_FORMATS, PackedWeight
+
+
+def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    x2 = x.reshape(-1, k)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x2[M, K] @ decode(w).T``: the GEMV for up to MAX_ROWS rows, else the GEMM."""
+    if x2.shape[0] == 0:
+        return torch.empty((0, w.n), dtype=out_dtype or x2.dtype, device=x2.device)
+    if x2.shape[0] <= MAX_ROWS:
+        return gemv(x2, w, out_dtype=out_dtype)
+    return gemm(x2, w, out_dtype=out_dtype)
+
+
+def _prepare(x: torch.Tensor, weight: PackedWeight, op: str) -> KernelWeight | None:
+    """The kernel view of ``weight``, or None when x's dtype is not one the kernels take (the reference runs)."""
+    w = kernel_weight(weight, op)
+    check_input(x, w, op)
+    if x.dtype not in KERNEL_DTYPES:
+        return None
+    launch_ok(x)
+    return w
+
+
+def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    """``x[..., K] @ decode(weight).T -> [..., N]`` in x's dtype."""
+    w = _prepare(x, weight, "linear")
+    if w is None:
+        return _reference.linear(x, weight)
+    return product(_rows(x, w.k), w).view(*x.shape[:-1], w.n)
+
+
+def logits(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    """``linear(x, weight).float()``, stored as fp32 by the kernel (no separate cast)."""
+    w = _prepare(x, weight, "logits")
+    if w is None:
+        return _reference.logits(x, weight)
+    return product(_rows(x, w.k), w, torch.float32).view(*x.shape[:-1], w.n)
+
+
+def _norm_args(x, residual, norm_weight, op: str) -> None:
+    n_in = x.shape[-1]
+    if residual.shape != x.shape or norm_weight.shape != (n_in,):
+        raise ValueError(f"{op}: x {tuple(x.shape)}, residual {tuple(residual.shape)}, norm weight "
+                         f"{tuple(norm_weight.shape)}")
+
+
+def _fused_norm(x, residual, norm_weight, eps, w: KernelWeight, swiglu: bool):
+    """One row through the GEMV with the norm prologue (and the SwiGLU epilogue)."""
+    n_in = x.shape[-1]
+    x2, r2 = _rows(x, n_in), _rows(residual, n_in)
+    normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    y = gemv(x2, w, norm=(r2, norm_weight.contiguous(), eps, normed, new_residual), swiglu=swiglu)
+    lead = x.shape[:-1]
+    return y.view(*lead, y.shape[-1]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
+
+
+def add_rms_norm_unit_offset_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                                    weight: PackedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(linear(normed, weight), normed, new_residual)`` for ``normed, new_residual =
+    add_rms_norm_unit_offset(x, residual, norm_weight, eps)``."""
+    op = "add_rms_norm_unit_offset_linear"
+    _norm_args(x, residual, norm_weight, op)
+    w = _prepare(x, weight, op)
+    if w is None:
+        return _reference.add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, weight)
+    if x.numel() == x.shape[-1] and residual.dtype == x.dtype:
+        return _fused_norm(x, residual, norm_weight, eps, w, swiglu=False)
+    normed, new_residual = _norm.add_rms_norm_unit_offset(x, residual, norm_weight, eps)
+    return product(_rows(normed, w.k), w).view(*x.shape[:-1], w.n), normed, new_residual
+
+
+def add_rms_norm_unit_offset_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                                    gate_up: PackedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(silu_and_mul(linear(normed, gate_up)), normed, new_residual)``; gate_up is ``[2I, K]``."""
+    op = "add_rms_norm_unit_offset_swiglu"
+    if gate_up.shape[0] % 2:
+        raise ValueError(f"{op}: gate_up has {gate_up.shape[0]} rows, not [2I, N]")
+    _norm_args(x, residual, norm_weight, op)
+    w = _prepare(x, gate_up, op)
+    if w is None:
+        return _reference.add_rms_norm_unit_offset_swiglu(x, residual, norm_weight, eps, gate_up)
+    if x.numel() == x.shape[-1] and residual.dtype == x.dtype:
+        return _fused_norm(x, residual, norm_weight, eps, w, swiglu=True)
+    y, normed, new_residual = add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, gate_up)
+    return _activation.silu_and_mul(y), normed, new_residual
+
+
+_CUDA = frozenset({"cuda"})
+_FORMATS = frozenset(QUANTIZED_FORMATS)
+OPS = [OpImpl(op=name, name="triton_quant", fn=fn, devices=_CUDA, dtypes=KERNEL_DTYPES, priority=10,
+              weight_formats=_FORMATS)
+       for name, fn in (("linear", linear), ("logits", logits),
+                        ("add_rms_norm_unit_offset_linear", add_rms_norm_unit_offset_linear),
+                        ("add_rms_norm_unit_offset_swiglu", add_rms_norm_unit_offset_swiglu))]

@@ -1,0 +1,101 @@
+"""The device budget (docs/design.md section 7): how many bytes a plan may use, and how many stay free.
+
+- CUDA: the free memory ``torch.cuda.mem_get_info`` reports now, capped by ``NINFER_VRAM_BUDGET_MIB``
+  when set; headroom ``CUDA_HEADROOM_BYTES`` (1 GiB) is kept free on top of the plan.
+- CPU: ``NINFER_VRAM_BUDGET_MIB`` when set, else ``CPU_BUDGET_FRACTION`` of physical memory
+  (``os.sysconf``): the host also carries the interpreter, tokenizer, server and other processes.
+  Headroom is proportionate, ``CPU_HEADROOM_FRACTION`` of the budget, because host allocations outside
+  the engine scale with the machine, not with a fixed driver reserve.
+- Host memory of a CUDA run (:func:`host_budget`: parameters placed in host memory and the context cache's Host
+  tier): the CPU rule without the device cap, ``NINFER_HOST_BUDGET_MIB`` when set, else ``CPU_BUDGET_FRACTION`` of
+  physical memory, with the CPU headroom.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.contracts.options import InvalidEngineOptions
+from ninfer.errors import NInferError
+
+MIB = 1 << 20
+GIB = 1 << 30
+BUDGET_ENV = "NINFER_VRAM_BUDGET_MIB"
+HOST_BUDGET_ENV = "NINFER_HOST_BUDGET_MIB"
+CUDA_HEADROOM_BYTES = GIB
+CPU_BUDGET_FRACTION = 0.5
+CPU_HEADROOM_FRACTION = 0.1
+
+
+class MemoryPlanError(NInferError):
+    """The model, its KV/State and workspace cannot fit the device budget (the message has the numbers)."""
+
+
+def mib(n: int) -> str:
+    """``n`` bytes as the MiB figure every planning message uses."""
+    return f"{n / MIB:,.1f} MiB"
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    """What a plan may use on ``device``: ``budget_bytes``, of which ``headroom_bytes`` stay free.
+    ``source`` says where the figure came from (for messages and the MemorySummary)."""
+
+    device: str
+    budget_bytes: int
+    headroom_bytes: int
+    source: str
+
+
+def _env_budget(env: Mapping[str, str], name: str = BUDGET_ENV) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidEngineOptions(f"{name}={raw!r} must be a positive number of MiB")
+    return int(value * MIB)
+
+
+def physical_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_budget(device: torch.device, env: Mapping[str, str] | None = None) -> DeviceBudget:
+    """The budget rule of the module docstring, read now (``env``: None reads ``os.environ``)."""
+    env = os.environ if env is None else env
+    capped = _env_budget(env)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        if capped is not None and capped < free:
+            budget, source = capped, f"{BUDGET_ENV}={capped // MIB} (CUDA free {mib(free)} of {mib(total)})"
+        else:
+            budget, source = free, f"CUDA free memory {mib(free)} of {mib(total)}"
+        return DeviceBudget(str(device), int(budget), CUDA_HEADROOM_BYTES, source)
+    if device.type != "cpu":
+        raise InvalidEngineOptions(f"no memory planning rule for device {device}")
+    if capped is not None:
+        budget, source = capped, f"{BUDGET_ENV}={capped // MIB}"
+    else:
+        phys = physical_memory_bytes()
+        budget, source = int(phys * CPU_BUDGET_FRACTION), f"{CPU_BUDGET_FRACTION:g} x physical {mib(phys)}"
+    return DeviceBudget("cpu", budget, int(budget * CPU_HEADROOM_FRACTION), source)
+
+
+def host_budget(env: Mapping[str, str] | None = None) -> DeviceBudget:
+    """The host memory a CUDA run may use for host-placed weights and the Host tier (module docstring)."""
+    env = os.environ if env is None else env
+    capped = _env_budget(env, HOST_BUDGET_ENV)
+    if capped is not None:
+        budget, source = capped, f"{HOST_BUDGET_ENV}={capped // MIB}"
+    else:
+        phys = physical_memory_bytes()
+        budget, source = int(phys * CPU_BUDGET_FRACTION), f"{CPU_BUDGET_FRACTION:g} x physical {mib(phys)}"
+    return DeviceBudget("host", budget, int(budget * CPU_HEADROOM_FRACTION), source)

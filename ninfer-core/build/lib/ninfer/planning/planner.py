@@ -1,0 +1,183 @@
+"""The startup planner (docs/design.md section 7): ``plan(artifact, options) -> StartupPlan``.
+
+One derivation of everything an engine fixes before any large read, used by ``Engine.start`` (through
+``ninfer.engine.model_construction.build_model``), ``ninfer info --memory`` and ``ninfer bench``:
+
+1. :func:`artifact_profile` reads the artifact directory only (no payload): the Text component's
+   architecture and config, the selected parameters and how they are stored
+   (:class:`WeightSource`), the ModelProfile for the resolved device and dtype, and the
+   options resolved once against it (``planning.resolution``).
+2. :func:`plan` adds the device budget read now (``planning.budget``) and the memory plan under it
+   (``planning.memory``: workspace, KV candidates, State, graph pool), and, when the
+   architecture places weights in host memory on a device that is not the CPU, the host budget they must fit.
+
+The planner never loads a weight or builds a Program; graph calibration after the build may still
+shrink an automatic KV pool (``planning.calibration``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ninfer.artifact import ArtifactReader
+from ninfer.contracts.architecture import ArchitectureSpec, ModelProfile, ParameterSpec
+from ninfer.contracts.memory import MemorySummary
+from ninfer.contracts.options import EngineOptions
+from ninfer.errors import NotSupportedError
+from ninfer.planning.budget import device_budget, host_budget
+from ninfer.planning.memory import MemoryPlan, plan_memory
+from ninfer.planning.resolution import (
+    ResolvedOptions,
+    resolve_device,
+    resolve_dtype,
+    resolve_options,
+    resolve_vision,
+)
+
+log = logging.getLogger("ninfer.planning")
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """The selected parameters as the artifact stores them (directory only, nothing read).
+
+    ``load_bytes``: what the loader holds at once on the run device, every parent object a device-placed
+    parameter reads plus the gathered copy of every such parameter that is not one contiguous range of one
+    parent; ``host_load_bytes`` the same for the parameters placed in host memory (``ParameterSpec.placement``;
+    a parent both kinds read counts in both)."""
+
+    stored_dtypes: Mapping[str, torch.dtype]
+    load_bytes: int
+    host_load_bytes: int = 0
+
+
+def weight_source(reader: ArtifactReader, specs) -> WeightSource:
+    from ninfer.artifact.binder import bind
+
+    bound = bind(reader, specs)
+    host = {s.name for s in specs if s.placement == "host"}
+    totals = {}
+    for on_host in (False, True):
+        params = [bp for bp in bound.parameters if (bp.name in host) == on_host]
+        parents = {piece.object.id: piece.object.bytes for bp in params for piece in bp.pieces}
+        totals[on_host] = sum(parents.values()) + sum(bp.nbytes for bp in params if not bp.is_view)
+    return WeightSource(stored_dtypes={bp.name: bp.dtype for bp in bound.parameters}, load_bytes=totals[False],
+                        host_load_bytes=totals[True])
+
+
+def _check_components(reader: ArtifactReader, specs, options: EngineOptions) -> None:
+    """Every component the selected parameters name is in the artifact; a speculative backend's missing
+    component is a MissingComponentError naming it and the option that asked for it."""
+    from ninfer.artifact.errors import MissingComponentError
+
+    have = set(reader.directory.components)
+    missing = sorted({s.component for s in specs} - have)
+    if missing and options.speculative is not None:
+        raise MissingComponentError(
+            f"speculative={options.speculative!r} (--speculative {options.speculative}) needs the artifact "
+            f"component(s) {', '.join(map(repr, missing))}, which this artifact does not have (it provides: "
+            f"{', '.join(sorted(have))}); convert a checkpoint that has them, or start without speculative "
+            f"decoding")
+
+
+@dataclass(frozen=True)
+class ArtifactProfile:
+    """What the artifact directory and the options determine, before any budget is read.
+
+    Invariant: ``profile`` is ``spec.profile`` of ``config`` for ``options.dtype`` and the stored dtypes of
+    ``source``; ``parameter_specs`` are the parameters the options' features select (what the loader reads);
+    ``options`` were resolved against ``profile`` and ``spec``."""
+
+    spec: ArchitectureSpec
+    config: Mapping[str, Any]
+    parameter_specs: tuple[ParameterSpec, ...]
+    source: WeightSource
+    profile: ModelProfile
+    options: ResolvedOptions
+
+    @property
+    def device(self) -> torch.device:
+        return self.options.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.options.dtype
+
+
+def artifact_profile(artifact: str | os.PathLike | ArtifactReader, options: EngineOptions) -> ArtifactProfile:
+    """Step 1 of the module docstring for ``artifact`` (a path, or an open reader that stays open) and
+    ``options``. Reads only the directory: no weight is loaded, no device memory is allocated.
+
+    Raises InvalidEngineOptions (a bad option, an explicit pool below one request, lookahead forced on an
+    architecture without it) and the artifact's errors (no Text component, an unknown architecture)."""
+    from ninfer.plugins import get_registry
+
+    options = options.validate()
+    reader = artifact if isinstance(artifact, ArtifactReader) else ArtifactReader.open(artifact)
+    try:
+        auto_vision = options.vision is None
+        options = resolve_vision(options, reader.directory.components)
+        text = reader.component("text")
+        spec = get_registry().architecture(text.architecture)
+        device = resolve_device(options)
+        dtype = resolve_dtype(options, device)
+        try:
+            specs = tuple(spec.parameter_specs(text.config, options.features()))
+        except NotSupportedError as exc:
+            if not (auto_vision and options.vision):
+                raise
+            # Automatic vision: a tower this architecture cannot bind (e.g. converted before its config was
+            # stored) leaves the engine text-only; asking for vision explicitly raises instead.
+            log.warning("vision off: %s", exc)
+            options = dataclasses.replace(options, vision=False)
+            specs = tuple(spec.parameter_specs(text.config, options.features()))
+        features = options.features()
+        _check_components(reader, specs, options)
+        source = weight_source(reader, specs)
+    finally:
+        if reader is not artifact:
+            reader.close()
+    profile = spec.profile(text.config, features, dtype=dtype, stored_dtypes=source.stored_dtypes)
+    resolved = resolve_options(options, device=device, dtype=dtype, profile=profile,
+                               lookahead_supported=spec.lookahead)
+    return ArtifactProfile(spec=spec, config=text.config, parameter_specs=specs, source=source,
+                           profile=profile, options=resolved)
+
+
+@dataclass(frozen=True)
+class StartupPlan:
+    """The one startup plan: ``model`` (what the artifact and options determine) and ``memory`` (the sizes
+    under the device budget). Invariant: ``memory`` was planned from ``model.options`` and
+    ``model.profile``."""
+
+    model: ArtifactProfile
+    memory: MemoryPlan
+
+    @property
+    def options(self) -> ResolvedOptions:
+        return self.model.options
+
+    def summary(self) -> MemorySummary:
+        """The plan-only MemorySummary (what ``ninfer info --memory`` prints)."""
+        return self.memory.summary(self.model.dtype)
+
+
+def plan(artifact: str | os.PathLike | ArtifactReader, options: EngineOptions,
+         env: Mapping[str, str] | None = None) -> StartupPlan:
+    """The plan an engine started from ``artifact`` with ``options`` commits to (module docstring), the
+    budget read now from the device and ``env`` (None: ``os.environ``). Raises what
+    :func:`artifact_profile` raises, and MemoryPlanError when the model and one max_context request
+    cannot fit the budget."""
+    model = artifact_profile(artifact, options)
+    host = host_budget(env) if model.device.type != "cpu" and model.profile.host_weight_bytes else None
+    memory = plan_memory(model.options, model.profile, device_budget(model.device, env),
+                         load_bytes=model.source.load_bytes, host_load_bytes=model.source.host_load_bytes,
+                         host_budget=host)
+    return StartupPlan(model=model, memory=memory)

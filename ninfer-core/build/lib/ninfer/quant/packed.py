@@ -1,0 +1,112 @@
+""":class:`PackedWeight`: a quantized weight as the loader hands it over -- zero-copy plane views of its
+parent object's stored bytes, never decoded.
+
+Invariants: ``shape`` is the logical shape ``[..., K]`` (rank >= 2); ``planes`` are views, row-major over the
+``rows = prod(shape[:-1])`` rows, in the format's plane order (groupwise: ``base [rows, gpr*32] uint8``,
+``high [rows, gpr*H] uint8``, ``scales [rows, gpr] fp16``; fp8 row: ``codes [rows, K] uint8``,
+``scales [rows] bf16``). Taking a row range or an expert of a bank is a view of the same planes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ninfer.quant.errors import QuantizationError
+from ninfer.quant.fp8_row import FORMAT as FP8_ROW
+from ninfer.quant.fp8_row import decode as fp8_decode
+from ninfer.quant.fp8_row import scale_offset as fp8_scale_offset
+from ninfer.quant.groupwise import GROUPWISE
+
+
+@dataclass(frozen=True, eq=False)
+class PackedWeight:
+    """A quantized weight (see the module docstring for the invariants)."""
+
+    format: str
+    shape: tuple[int, ...]
+    planes: tuple[torch.Tensor, ...]
+
+    @property
+    def rows(self) -> int:
+        return self.planes[0].shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.planes[0].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.planes)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, index: int) -> PackedWeight:
+        """Expert ``index`` of a bank ``[E, N, K]``: a ``[N, K]`` view."""
+        if len(self.shape) != 3 or not isinstance(index, int):
+            raise TypeError(f"a packed {self.format} weight of shape {list(self.shape)} is indexed only by one "
+                            f"expert of a rank-3 bank")
+        n = self.shape[1]
+        if not -self.shape[0] <= index < self.shape[0]:
+            raise IndexError(f"expert {index} of a bank of {self.shape[0]}")
+        index %= self.shape[0]
+        return PackedWeight(self.format, tuple(self.shape[1:]),
+                            tuple(p[index * n:(index + 1) * n] for p in self.planes))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight's values in ``dtype`` (computed in at least fp32): for reference ops and tests only."""
+        k = self.shape[-1]
+        if self.format == FP8_ROW:
+            flat = fp8_decode(self.planes[0], self.planes[1], dtype)
+        else:
+            flat = GROUPWISE[self.format].decode(*self.planes, k, dtype)
+        return flat.reshape(self.shape)
+
+
+QUANTIZED_FORMATS: tuple[str, ...] = (*GROUPWISE, FP8_ROW)
+
+
+def is_quantized_format(fmt: str) -> bool:
+    return fmt in GROUPWISE or fmt == FP8_ROW
+
+
+def encoded_size(fmt: str, shape: tuple[int, ...]) -> int:
+    """Bytes of a quantized object of logical ``shape``."""
+    if fmt == FP8_ROW:
+        from ninfer.quant.fp8_row import encoded_size as fp8_size
+        return fp8_size(shape)
+    if fmt in GROUPWISE:
+        return GROUPWISE[fmt].encoded_size(shape)
+    raise QuantizationError(f"{fmt!r} is not a quantized format this engine implements")
+
+
+def packed_view(fmt: str, parent: torch.Tensor, parent_shape: tuple[int, ...], begin: int, end: int,
+                shape: tuple[int, ...], what: str = "weight") -> PackedWeight:
+    """Elements ``[begin, end)`` of a quantized parent (its stored bytes ``parent``, uint8, of logical
+    ``parent_shape``) as a :class:`PackedWeight` of ``shape``: views, never a copy. The range must be whole
+    rows of the parent and ``shape`` must keep the parent's K (a row block or an expert slice)."""
+    k = parent_shape[-1]
+    if len(shape) < 2 or shape[-1] != k or begin % k or end % k:
+        raise QuantizationError(
+            f"{what}: elements [{begin}, {end}) of a {fmt} parent {list(parent_shape)} as shape {list(shape)} is not "
+            f"a block of whole rows with the parent's K = {k}; a quantized parameter must be a row block or an "
+            f"expert slice (re-order rows at conversion)")
+    rows = 1
+    for d in parent_shape[:-1]:
+        rows *= d
+    r0, r1 = begin // k, end // k
+    if fmt == FP8_ROW:
+        off = fp8_scale_offset(rows, k)
+        codes = parent[:rows * k].view(rows, k)
+        scales = parent[off:off + rows * 2].view(torch.bfloat16)
+        return PackedWeight(fmt, tuple(shape), (codes[r0:r1], scales[r0:r1]))
+    spec = GROUPWISE.get(fmt)
+    if spec is None:
+        raise QuantizationError(f"{what}: {fmt!r} is not a quantized format this engine implements")
+    high_off, scale_off, total, gpr = spec.plane_offsets(rows, k)
+    base = parent[:rows * gpr * 32].view(rows, gpr * 32)
+    high = parent[high_off:high_off + rows * gpr * spec.high_bytes].view(rows, gpr * spec.high_bytes)
+    scales = parent[scale_off:total].view(torch.float16).view(rows, gpr)
+    return PackedWeight(fmt, tuple(shape), (base[r0:r1], high[r0:r1], scales[r0:r1]))

@@ -1,0 +1,117 @@
+"""The DFlash / DFlash2 drafter of the speculative Program step (:mod:`ninfer_qwen3_5.speculative_decode`).
+
+Every target forward of a DFlash Program taps the drafter's target layers (``aux_layers``). Invariant, for every
+open sequence outside :meth:`~ninfer_qwen3_5.speculative_decode.SpeculativeDecoding.run`: the drafter's pools hold
+the context K/V (:meth:`~ninfer_qwen3_5.dflash.drafter.DFlashDrafter.write_context`) of every position
+``t < computed``, computed from the target's own hidden states at ``t``; they hold nothing else that anything
+reads. How it is kept:
+
+- positions a forward computes outside a verify (prefill chunks, plain decode rows, ``score_chunk``) are written
+  as soon as the forward returns; they are committed inputs;
+- a verify row's inputs are written at commit, the accepted ones only (``a`` of them, from the verify's taps);
+  a rejected draft's position is never written, and an abort writes nothing;
+- a drafting row's block writes K/V at its positions ``[computed, computed + n + 1)``, at or past ``computed``:
+  provisional, overwritten by the context K/V of whatever is committed there before anything reads it;
+- a sequence opened from a checkpoint (or resumed from a Snapshot) holds the pages of the sequence it came from,
+  whose drafter pools held the context K/V of every position below the checkpoint; a Replay re-prefills.
+
+So a decode-ready row can always draft: its block of ``[t_last, mask x n]`` at positions ``computed..computed+n``
+attends over the context ``[0, computed)`` and itself. Drafts are greedy (DFlash: the argmax per position;
+DFlash2: the selector's best path), except DFlash2 rows sampling at temperature > 0, which draw their path from
+the selector's distribution and are accepted by rejection sampling against it (:mod:`.sampling`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from ninfer.contracts.program import DecodeRow, SeqId
+from ninfer.program.batch import PackedBatch
+from ninfer.program.draft_masks import MaskedDrafting, VerifyMasks
+
+from ninfer_qwen3_5.dflash.drafter import BlockRow, DFlashDrafter
+from ninfer_qwen3_5.dflash.propose import argmax_path, select_path
+from ninfer_qwen3_5.dflash.sampling import sampled_acceptance
+from ninfer_qwen3_5.speculative_decode import Drafts, Part, SpeculativeDecoding
+
+
+class DFlashDecoding(SpeculativeDecoding):
+    """Speculative decoding drafting up to ``k`` tokens per row with a DFlash / DFlash2 ``drafter`` (module
+    docstring)."""
+
+    def __init__(self, program, drafter: DFlashDrafter, k: int) -> None:
+        super().__init__(program, k)
+        self.drafter = drafter
+        self.layers = drafter.cfg.target_layer_ids
+
+    def model_forward(self, packed: PackedBatch, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.p.model.forward(packed.tokens, ctx, packed.logit_rows, aux_layers=self.layers)
+
+    def plain_forward(self, packed: PackedBatch, ctx) -> torch.Tensor:
+        """A forward outside :meth:`run` (``score_chunk``): its positions' context K/V are written at once."""
+        logits, aux = self.model_forward(packed, ctx)
+        self.drafter.write_context(self.p.kv, aux, ctx.positions, ctx.slot_mapping)
+        return logits
+
+    def may_draft(self, seq: SeqId) -> bool:
+        return True
+
+    def draft(self, verify: list[tuple[DecodeRow, int]], masks: Mapping[SeqId, VerifyMasks]) -> Drafts:
+        """One block forward for every verify row, then each group of rows drafting the same count walks its
+        positions (a constrained row's masks fill as it drafts)."""
+        p, d = self.p, self.drafter
+        rows = [BlockRow(row.seq, p.computed(row.seq), p._seqs[row.seq].ledger[-1], n + 1) for row, n in verify]
+        hidden = d.block_hidden(p.kv, rows)
+        starts, at = [], 0
+        for _, n in verify:
+            starts.append(at)
+            at += n
+        tokens: list[list[int]] = [[] for _ in verify]
+        q: dict[int, torch.Tensor] = {}
+        for n in sorted({n for _, n in verify}):
+            group = [r for r, (_, m) in enumerate(verify) if m == n]
+            idx = torch.tensor([i for r in group for i in range(starts[r], starts[r] + n)], dtype=torch.int64,
+                               device=p.device)
+            h = hidden.index_select(0, idx).view(len(group), n, -1)
+            masked = MaskedDrafting([(g, masks[verify[r][0].seq]) for g, r in enumerate(group)
+                                     if verify[r][0].seq in masks])
+            constrain = masked if masked.index else None
+            logits = d.logits(h)
+            if d.cfg.generation == 1:
+                drafted, q_full = argmax_path(logits, constrain), None
+            else:
+                samp = [verify[r][0].sampling for r in group]
+                drafted, q_full = select_path(
+                    logits, p.ops.linear(h, d.selector_hidden),
+                    torch.tensor([rows[r].anchor for r in group], dtype=torch.int64, device=p.device),
+                    d.selector_predecessor, d.selector_successor, d.cfg.selector_top_k,
+                    [s.params.temperature for s in samp], [s.seed for s in samp], [s.step for s in samp], constrain)
+            if masked.index:
+                masked.finish(drafted)
+            for g, (r, ds) in enumerate(zip(group, drafted.tolist(), strict=True)):
+                tokens[r] = ds
+                if q_full is not None and verify[r][0].sampling.params.temperature > 0:
+                    q[r] = q_full[g]
+        return Drafts(tokens, q or None)
+
+    def accept_sampled(self, processed, rows, ns, starts, drafts: Drafts, num) -> dict[int, list[int]]:
+        return sampled_acceptance(processed, rows, ns, starts, drafts, num)
+
+    def absorb(self, parts: list[Part]) -> None:
+        if not parts:
+            return
+        p = self.p
+        positions, slots = [], []
+        for part in parts:
+            positions.extend(range(part.start, part.start + part.length))
+            slots.extend(p.kv.slot_mapping(part.seq, part.start, part.start + part.length))
+        self._write(torch.cat([part.taps for part in parts]), positions, slots)
+
+    def commit_row(self, seq: SeqId, start: int, taps: torch.Tensor, accepted: int) -> None:
+        self._write(taps, list(range(start, start + accepted)), self.p.kv.slot_mapping(seq, start, start + accepted))
+
+    def _write(self, aux: torch.Tensor, positions: list[int], slots: list[int]) -> None:
+        dev = self.p.device
+        self.drafter.write_context(self.p.kv, aux, torch.tensor(positions, dtype=torch.int64, device=dev),
+                                   torch.tensor(slots, dtype=torch.int64, device=dev))

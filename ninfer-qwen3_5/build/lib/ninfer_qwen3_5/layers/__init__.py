@@ -1,0 +1,1 @@
+"""Qwen3.5 decoder building blocks; every computation goes through the OpSet."""

@@ -1,0 +1,296 @@
+"""The Qwen3.5 Program: its declared layout and one varlen model call per unit, on the ModelProgram base.
+
+The base packs a unit's decode rows (one token each) and its chunks (of other sequences) into one token
+sequence, decode rows first (:class:`~ninfer.program.batch.PackedBatch`), and captures and replays the
+decode graphs; this call runs it through the model once: projections, norms, MLPs and the LM head see all
+N tokens, the attention core runs the decode rows and then every chunk in one varlen call, and the GDN
+core runs the decode rows, then each chunk on its own slot (see ``layers``). Physical resources,
+declared in :func:`model_layout`: one paged KV pool per full-attention layer and one StateImage per
+sequence with the layout of :mod:`ninfer_qwen3_5.state` (so the context cache's checkpoints too).
+
+Speculative verify (:mod:`ninfer_qwen3_5.speculative_state`): :meth:`Qwen35Program.configure_speculation`
+allocates the snapshot storage; a batch with verify chunks stages each verify row's live image into its first
+snapshot, then runs the one model call; :meth:`Qwen35Program.select_snapshot` commits a row's accepted inputs.
+
+Speculative decoding (``ProgramOptions.speculative_tokens = k > 0``, :mod:`ninfer_qwen3_5.speculative_decode`):
+the Program also builds the drafter of the backend ``ProgramInit.features.speculative`` names (``"mtp"``, the
+default: the MTP head, its ``mtp/*`` parameters in ``ProgramInit.weights``, one more KV pool;
+``"dflash"`` / ``"dflash2"``: the artifact's DFlash drafter of that generation, its ``dflash/*`` parameters in
+``ProgramInit.weights``, one KV pool per drafter layer with the drafter's head geometry), configures the verify
+snapshots for ``max_sequences`` rows of ``k + 1`` inputs, and runs every unit through the drafter's
+:class:`~ninfer_qwen3_5.speculative_decode.SpeculativeDecoding` (eagerly, with the target's taps; no decode
+graphs, no lookahead). With ``k = 0`` none of this exists.
+
+Vision (``ProgramInit.features.vision``, :mod:`ninfer_qwen3_5.vision`): the Program also builds the tower and
+takes media with a prompt (:meth:`Qwen35Program.open_sequence`). A call with a chunk of such a sequence gives the
+model its tokens' three MRoPE axes and the media embeddings over the placeholders, encoding each medium when a
+chunk first needs it (:meth:`Qwen35Program.forward`); decode rows are at ``index + delta`` on all three axes, the
+delta a field of the sequence's StateImage (:mod:`ninfer_qwen3_5.state`), so decode graphs and lookahead steps
+read it on the device and checkpoints keep it.
+Vision and speculative decoding are not combined yet (refused).
+
+A decode step rewrites every field of the StateImage (each GDN layer's conv window and recurrent
+state) in ``decode_out_slots``, so this architecture declares lookahead decode (``plugin.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import torch
+from ninfer.contracts.architecture import ProgramInit
+from ninfer.contracts.media import MediaInput
+from ninfer.contracts.program import (
+    ExecutionUnit,
+    PendingBatch,
+    ProgramError,
+    SeqId,
+    SpeculationStats,
+    WarmupLimits,
+    WarmupSummary,
+)
+from ninfer.program.batch import ForwardBatch, PackedBatch, pack_batch
+from ninfer.program.model import KVGeometry, ModelLayout, ModelProgram
+
+from ninfer_qwen3_5.config import Qwen35Config
+from ninfer_qwen3_5.dflash import DFLASH_BACKENDS, drafter_for_backend, drafter_kv_layers
+from ninfer_qwen3_5.dflash.config import DFlashConfig
+from ninfer_qwen3_5.dflash.decoding import DFlashDecoding
+from ninfer_qwen3_5.dflash.drafter import DFlashDrafter
+from ninfer_qwen3_5.layers.context import StepContext
+from ninfer_qwen3_5.model import Qwen35Model
+from ninfer_qwen3_5.mtp import Qwen35MTPHead, mtp_kv_layer
+from ninfer_qwen3_5.mtp.decoding import MTPDecoding
+from ninfer_qwen3_5.speculative_decode import SpeculativeDecoding
+from ninfer_qwen3_5.speculative_state import SpeculativeSnapshots, verify_plan
+from ninfer_qwen3_5.state import ROPE_DELTA, state_layout
+from ninfer_qwen3_5.vision.config import VisionConfig
+from ninfer_qwen3_5.vision.inputs import media_step, release_consumed
+from ninfer_qwen3_5.vision.media import MediaError, SequenceMedia, sequence_media
+from ninfer_qwen3_5.vision.tower import VisionTower
+
+
+def model_layout(cfg: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False,
+                 drafter: DFlashConfig | None = None, vision: bool = False) -> ModelLayout:
+    """The Program's layout; ``mtp``: one more KV pool, the MTP layer's (:func:`~ninfer_qwen3_5.mtp.mtp_kv_layer`);
+    ``drafter``: one more per DFlash drafter layer (:func:`~ninfer_qwen3_5.dflash.drafter_kv_layers`), of its
+    own head geometry; ``vision``: the StateImage holds the rope delta too (:mod:`ninfer_qwen3_5.state`)."""
+    own = tuple((layer, drafter.num_kv_heads, drafter.head_dim) for layer in drafter_kv_layers(cfg, drafter)
+                ) if drafter is not None else ()
+    layers = tuple(cfg.attention_layers) + ((mtp_kv_layer(cfg),) if mtp else ()) + tuple(o[0] for o in own)
+    return ModelLayout(vocab_size=cfg.vocab_size, max_positions=cfg.max_position_embeddings,
+                       kv=KVGeometry(layers, cfg.num_kv_heads, cfg.head_dim, own),
+                       state=state_layout(cfg, dtype, vision=vision))
+
+
+class Qwen35Program(ModelProgram):
+    def __init__(self, init: ProgramInit) -> None:
+        cfg = Qwen35Config.from_compact(init.config)
+        k = init.options.speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ProgramError(f"ProgramOptions.speculative_tokens must be an int >= 0, got {k!r}")
+        backend = (init.features.speculative or "mtp") if k else None
+        drafter = drafter_for_backend(init.config, backend) if backend in DFLASH_BACKENDS else None
+        super().__init__(init, model_layout(cfg, init.options.dtype, mtp=backend == "mtp", drafter=drafter,
+                                            vision=init.features.vision))
+        self.cfg = cfg
+        self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype)
+        self.snapshots: SpeculativeSnapshots | None = None
+        self.speculation: SpeculativeDecoding | None = None
+        self.tower: VisionTower | None = None
+        self.vision_cfg: VisionConfig | None = None
+        self.rope_delta: torch.Tensor | None = None     # int64 [state slots, 1]: the StateImages' rope deltas
+        self._media: dict[SeqId, SequenceMedia] = {}
+        if init.features.vision:
+            if k:
+                raise ProgramError("vision with speculative decoding is not supported yet")
+            self._build_vision(init)
+        if backend == "mtp":
+            head = Qwen35MTPHead(cfg, init.config, init.weights, self.model.embed, self.model.lm_head, init.ops,
+                                 self.device, init.options.dtype)
+            self.speculation = MTPDecoding(self, head, k)
+        elif drafter is not None:
+            self.speculation = DFlashDecoding(self, DFlashDrafter(
+                drafter, init.weights, self.model.embed, self.model.lm_head, init.ops, self.device, init.options.dtype,
+                drafter_kv_layers(cfg, drafter)), k)
+        elif backend is not None:
+            raise ProgramError(f"the Qwen3.5 Program has no speculative backend {backend!r} (mtp, dflash, dflash2)")
+        if k:
+            self.configure_speculation(init.options.max_sequences, k + 1)
+
+    def _build_vision(self, init: ProgramInit) -> None:
+        vision = init.config.get("vision_config")
+        if vision is None:
+            raise ProgramError("vision is on but the text config has no vision_config (an artifact without a "
+                               "vision tower, or converted before ninfer stored it: re-convert)")
+        self.vision_cfg = vcfg = VisionConfig.from_compact(vision)
+        sections, half = self.model.multimodal_sections, self.cfg.rotary_dim // 2
+        if len(sections) != 3 or sum(sections) != half:
+            raise ProgramError(f"mrope_section {list(sections)} must be three sizes summing to the {half} rotary "
+                               f"frequencies for multimodal positions")
+        bad = [t for t in (vcfg.image_token_id, vcfg.video_token_id) if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ProgramError(f"vision placeholder token ids {bad} are outside the vocabulary of "
+                               f"{self.cfg.vocab_size}")
+        self.tower = VisionTower(vcfg, init.weights, init.ops, self.device, init.options.dtype)
+        self.rope_delta = self.states.field(ROPE_DELTA)
+
+    # -- media -------------------------------------------------------------------------------------
+    def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None,
+                      media: Sequence[MediaInput] = ()) -> SeqId:
+        """As the base; ``media`` (images and videos, :mod:`ninfer_qwen3_5.vision.media`) are checked against
+        the prompt first, and need the vision tower (a MediaError otherwise)."""
+        checked = self._check_media(tokens, prompt_length, media)
+        seq = super().open_sequence(tokens, prompt_length)
+        self._bind_media(seq, checked)
+        return seq
+
+    def open_sequence_from(self, checkpoint, tokens: Sequence[int], prompt_length: int | None = None,
+                           media: Sequence[MediaInput] = ()) -> SeqId:
+        checked = self._check_media(tokens, prompt_length, media)
+        seq = super().open_sequence_from(checkpoint, tokens, prompt_length)
+        self._bind_media(seq, checked)
+        return seq
+
+    def check_media(self, tokens: Sequence[int], prompt_length: int | None,
+                    media: Sequence[MediaInput]) -> tuple[int, ...]:
+        """As :meth:`open_sequence` checks them (nothing opened); the pixel rows of each span, in token order (a
+        span is one encode unit: an image, or one temporal patch of a video)."""
+        checked = self._check_media(tokens, prompt_length, media)
+        return () if checked is None else tuple(rows for _, rows in checked.work(0, checked.prompt_length))
+
+    def encode_work(self, seq: SeqId, end: int) -> tuple[tuple[int, int], ...]:
+        start = self.computed(seq)
+        m = self._media.get(seq)
+        return () if m is None or end <= start else tuple(m.work(start, end))
+
+    def _check_media(self, tokens: Sequence[int], prompt_length: int | None, media: Sequence[MediaInput]
+                     ) -> SequenceMedia | None:
+        if not media:
+            return None
+        if self.tower is None:
+            raise MediaError(f"this model was started without a vision tower, so it takes no images or videos "
+                             f"(got {len(media)}): its artifact has none, or vision is off")
+        tokens = list(tokens)
+        return sequence_media(tokens, len(tokens) if prompt_length is None else int(prompt_length), media,
+                              self.vision_cfg)
+
+    def _bind_media(self, seq: SeqId, checked: SequenceMedia | None) -> None:
+        if self.rope_delta is not None:
+            # Every open sets it: a sequence opened from a checkpoint starts from the checkpoint's image.
+            self.states.slot_field(ROPE_DELTA, self._seqs[seq].slot).fill_(checked.delta if checked else 0)
+        if checked is not None:
+            self._media[seq] = checked
+
+    @property
+    def speculation_stats(self) -> SpeculationStats:
+        m = self.speculation
+        if m is None:
+            return SpeculationStats()
+        return SpeculationStats(verifies=m.verified, drafted=m.drafted, accepted=m.accepted)
+
+    def run(self, unit: ExecutionUnit) -> PendingBatch:
+        if self.speculation is None:
+            return super().run(unit)
+        return self.speculation.run(unit)
+
+    def _commit_inputs(self, pending: PendingBatch, accepted: Mapping[SeqId, int]) -> None:
+        if self.speculation is not None:
+            self.speculation.commit_inputs(pending, accepted)
+
+    def abort_pending(self, pending: PendingBatch) -> None:
+        self._check_outstanding(pending)
+        if self.speculation is not None:
+            self.speculation.abort(pending)
+        super().abort_pending(pending)
+
+    def score_chunk(self, seq: SeqId, num_tokens: int, *, logits: bool = True) -> torch.Tensor | None:
+        if self.speculation is not None:
+            self.speculation.forget(seq)   # scoring keeps no hidden states: the MTP frontier restarts after it
+        return super().score_chunk(seq, num_tokens, logits=logits)
+
+    def warm_up(self, limits: WarmupLimits) -> WarmupSummary:
+        """The base warm-up; the speculative counters read afterwards as before (its verify rows are no
+        serving)."""
+        m = self.speculation
+        counts = None if m is None else (m.verified, m.drafted, m.accepted)
+        try:
+            return super().warm_up(limits)
+        finally:
+            if m is not None:
+                m.verified, m.drafted, m.accepted = counts
+
+    def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
+        if self.speculation is not None:
+            return ()   # every speculative unit runs eagerly (it needs the hidden states)
+        return super().capture_decode_graphs(max_batch)
+
+    def _free(self, seq: SeqId, s) -> None:
+        if self.speculation is not None:
+            self.speculation.forget(seq)
+        self._media.pop(seq, None)
+        super()._free(seq, s)
+
+    def configure_speculation(self, max_rows: int, max_inputs: int) -> SpeculativeSnapshots:
+        """Allocate the verify snapshots: up to ``max_rows`` speculating rows of up to ``max_inputs`` (k + 1)
+        inputs each, ``max_rows * max_inputs`` StateImages of this Program's layout."""
+        if self.snapshots is not None:
+            raise ProgramError("speculation is configured already")
+        self.snapshots = SpeculativeSnapshots(self.layout.state, max_rows, max_inputs, self.device)
+        return self.snapshots
+
+    def select_snapshot(self, row_slot: int, num_inputs: int) -> None:
+        """Commit ``num_inputs`` accepted inputs of the verify row whose live StateImage slot is ``row_slot``
+        (:meth:`SpeculativeSnapshots.select`)."""
+        if self.snapshots is None:
+            raise ProgramError("speculation is not configured")
+        self.snapshots.select(self.states, row_slot, num_inputs)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """As the base, except a call with a chunk of a sequence with media: its tokens' three position axes and
+        its media embeddings (encoded by the tower when a chunk first needs them) go to the model
+        (:mod:`ninfer_qwen3_5.vision.inputs`)."""
+        if self.tower is None or not any(c.seq in self._media for c in batch.chunks):
+            return super().forward(batch)
+        step = media_step(batch, self._media, self.tower, self.device)
+        packed = pack_batch(batch, self.device)
+        logits = self.model.forward(packed.tokens, self.step_context(packed), packed.logit_rows,
+                                    positions3=step.positions, media_rows=step.rows)
+        release_consumed(batch, self._media)
+        return logits
+
+    def forward_packed(self, batch: PackedBatch) -> torch.Tensor:
+        ctx = self.step_context(batch)
+        if self.rope_delta is not None and batch.num_decode:
+            # A decode row of a sequence with media is at (index + delta) on all three axes. The delta is a
+            # StateImage field, so it is rewritten in the out slot like every other (a lookahead step's spare).
+            # Device-side: decode graphs capture it.
+            b = batch.num_decode
+            delta = self.rope_delta.index_select(0, batch.decode_slots)
+            self.rope_delta.index_copy_(0, batch.decode_out_slots, delta)
+            ctx = replace(ctx, positions=torch.cat((batch.positions[:b] + delta[:, 0], batch.positions[b:])))
+        if isinstance(self.speculation, DFlashDecoding):   # score_chunk: the drafter's context follows every forward
+            return self.speculation.plain_forward(batch, ctx)
+        return self.model.forward(batch.tokens, ctx, batch.logit_rows)
+
+    def step_context(self, batch: PackedBatch) -> StepContext:
+        """What every layer sees of ``batch`` (rotary tables not yet built). A batch with verify chunks first
+        stages each verify row's live image into its first snapshot (the GDN steps start from there)."""
+        verify = None
+        if batch.has_verify:
+            snaps = self.snapshots
+            if snaps is None:
+                raise ProgramError("a verify chunk needs speculation configured (configure_speculation)")
+            verify = verify_plan(batch, snaps.storage.num_slots, self.device)
+            for slot, snapshot_slots in zip(batch.chunk_slots, batch.chunk_snapshots, strict=True):
+                if snapshot_slots is not None:
+                    snaps.stage(self.states, slot, snapshot_slots[0])
+        return StepContext(
+            num_decode=batch.num_decode, num_chunk=batch.num_chunk, positions=batch.positions, cos=None, sin=None,
+            slot_mapping=batch.slot_mapping, decode_slots=batch.decode_slots, decode_out_slots=batch.decode_out_slots,
+            decode_kv_lens=batch.decode_kv_lens, decode_page_tables=batch.decode_page_tables,
+            chunk_slots=batch.chunk_slots, chunk_lens=batch.chunk_lens, chunk_cu_q=batch.chunk_cu_q,
+            chunk_kv_lens=batch.chunk_kv_lens, chunk_page_tables=batch.chunk_page_tables, kv=self.kv,
+            states=self.states, verify=verify, snapshots=None if verify is None else self.snapshots.storage)

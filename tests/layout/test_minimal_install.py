@@ -1,0 +1,45 @@
+"""``pip install ./ninfer-core ./ninfer-qwen3_5`` alone gives a working ``ninfer generate`` (issue 37 item 5): in a
+fresh virtual environment without the other distributions, the embedded default model converts and generates.
+
+Slow (a virtual environment with torch; minutes): skipped unless ``NINFER_RUN_SLOW=1``. A local torch wheel in
+``NINFER_TORCH_WHEELS`` (a folder, e.g. /opt/wheels) is used when present, else the package index.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def test_core_and_qwen3_5_alone_generate(tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    import torch
+
+    wheels = os.environ.get("NINFER_TORCH_WHEELS")
+    torch_req = [f"torch=={torch.__version__.split('+')[0]}"]
+    find = ["--find-links", wheels] if wheels else ["--index-url", "https://download.pytorch.org/whl/cpu",
+                                                     "--extra-index-url", "https://pypi.org/simple"]
+    subprocess.run([py, "-m", "pip", "install", "-q", *find, *torch_req], check=True)
+    subprocess.run([py, "-m", "pip", "install", "-q", str(ROOT / "ninfer-core"), str(ROOT / "ninfer-qwen3_5")],
+                   check=True)
+    listed = subprocess.run([py, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
+                            check=True).stdout
+    assert "ninfer-serve" not in listed and "ninfer-convert" not in listed and "ninfer-qwen4exp" not in listed
+    env = dict(os.environ, NINFER_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH="")
+    out = subprocess.run([env_dir / "bin" / "ninfer", "generate", "-p", "def fibonacci(n):", "-n", "8"],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "8 generated tokens" in out.stderr and out.stdout.strip()
+    version = subprocess.run([env_dir / "bin" / "ninfer", "--version"], capture_output=True, text=True, env=env,
+                             check=True).stdout
+    assert "ninfer-qwen3_5" in version and "ninfer-serve" not in version
