@@ -6,7 +6,8 @@ message"). Served: message items (roles user, assistant, system, developer; cont
 ``input_text`` / ``output_text`` parts), ``function_call``, ``function_call_output`` and
 ``reasoning`` items. Fields the API defines but this server cannot honour are 400s naming them with
 code ``unsupported_value``: hosted tools (web search, file search, ...), ``background``,
-``conversation``, ``truncation: auto``, ``top_logprobs``. Content parts other than text are refused where
+``conversation``, ``truncation: auto``, ``top_logprobs``. ``top_k`` and ``seed`` are accepted as
+extensions (as on Chat Completions). Content parts other than text are refused where
 the input is converted (:mod:`ninfer_serve.responses_input`), so the error names the part's position.
 
 Response objects are built here too: :class:`ResponseObject` is what ``POST`` answers, what
@@ -20,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
 
 from ninfer_serve.errors import UnsupportedValue
-from ninfer_serve.openai_models import TOOL_NAME, Lenient, ReasoningEffort
+from ninfer_serve.openai_models import INT64, TOOL_NAME, Lenient, ReasoningEffort
 
 
 # -- input items ------------------------------------------------------------------------------------
@@ -62,15 +63,23 @@ class ReasoningInput(Lenient):
     content: list[ReasoningPart] | None = None
 
 
+# Tags are the model class names: error locations name the field path only (body.field_path drops them).
+_TAGS = {"message": "MessageInput", "function_call": "FunctionCallInput",
+         "function_call_output": "FunctionCallOutputInput", "reasoning": "ReasoningInput"}
+
+
 def _item_type(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind or "message"
+    return _TAGS.get(kind or "message", str(kind))
 
 
 InputItem = Annotated[
-    Annotated[MessageInput, Tag("message")] | Annotated[FunctionCallInput, Tag("function_call")]
-    | Annotated[FunctionCallOutputInput, Tag("function_call_output")] | Annotated[ReasoningInput, Tag("reasoning")],
-    Discriminator(_item_type)]
+    Annotated[MessageInput, Tag("MessageInput")] | Annotated[FunctionCallInput, Tag("FunctionCallInput")]
+    | Annotated[FunctionCallOutputInput, Tag("FunctionCallOutputInput")]
+    | Annotated[ReasoningInput, Tag("ReasoningInput")],
+    Discriminator(_item_type, custom_error_type="invalid_item",
+                  custom_error_message="an input item's type must be message, function_call, function_call_output "
+                                       "or reasoning (other item types are not supported)")]
 
 
 # -- tools, formats, options -----------------------------------------------------------------------
@@ -127,6 +136,9 @@ class ResponsesRequest(Lenient):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
+    # vLLM-style extensions (not in OpenAI's Responses API), read as on Chat Completions.
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = Field(None, ge=-INT64, lt=INT64)
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
     parallel_tool_calls: bool | None = None

@@ -2,7 +2,7 @@
 
 A request is translated to the chat path (:mod:`ninfer_serve.responses_input`): the same template
 rendering, tool policy, constrained decoding (``text.format``, forced tool calls) and reasoning
-parsing as ``/v1/chat/completions``. Sampling: ``temperature`` and ``top_p``; ``max_output_tokens``
+parsing as ``/v1/chat/completions``. Sampling: ``temperature`` and ``top_p`` (and the extensions ``top_k`` and ``seed``); ``max_output_tokens``
 bounds reasoning and answer together and must fit the context left after the prompt (a 400
 ``context_length_exceeded`` naming it otherwise); without it the answer may use all of that room.
 ``reasoning.effort`` ``none``/``minimal`` turns thinking off, the other levels on; without it the
@@ -11,14 +11,16 @@ model's default (on). ``prompt_cache_key`` is the context cache's session key, a
 ``store`` (default true) keeps the finished response (:mod:`ninfer_serve.responses_store`);
 ``previous_response_id`` continues a stored one: its conversation, then the new input. An unknown
 (or evicted, or deleted, or never stored) id is a 404 with code ``previous_response_not_found``.
-The request id (``resp_...``) is the response's id and the ``x-request-id`` header.
+The request id (``resp_...``) is the response's id and the ``x-request-id`` header. ``GET`` (and
+``HEAD``) returns a stored response as it was answered; ``DELETE`` forgets it; both 404 for an id the
+store does not hold.
 """
 
 from __future__ import annotations
 
 import time
 
-from litestar import Request, Response, delete, get, post
+from litestar import Request, Response, delete, post, route
 from ninfer.contracts.frontend import OutputOptions
 
 from ninfer_serve import sampling
@@ -32,6 +34,7 @@ from ninfer_serve.responses_models import DeletedResponse, ResponseObject, Respo
 from ninfer_serve.responses_output import OutputAssembler, ResponseFrame, conclude
 from ninfer_serve.responses_store import ResponseStore
 from ninfer_serve.responses_stream import response_events
+from ninfer_serve.routes_system import GET_AND_HEAD
 from ninfer_serve.sse import event_stream
 from ninfer_serve.tool_choice import transforms_for
 
@@ -71,7 +74,8 @@ async def create_response(request: Request) -> Response:
     prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, p.messages, p.tools, p.options), param="input")
     budget = sampling.output_budget(req.max_output_tokens, prompt_tokens=len(prompt.token_ids),
                                     max_context=gw.max_context, field="max_output_tokens", prompt_field="input")
-    params = sampling.build(gw.engine, {"temperature": req.temperature, "top_p": req.top_p}, max_tokens=budget)
+    params = sampling.build(gw.engine, {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+                                           "seed": sampling.engine_seed(req.seed)}, max_tokens=budget)
     output = OutputOptions(tools=tuple(p.tools), parse_reasoning=True, parse_tool_calls=p.policy.session_parses_calls,
                            constraint=p.constraint)
     gen = gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="resp_",
@@ -97,8 +101,9 @@ async def create_response(request: Request) -> Response:
     return Response(response.model_dump_json().encode(), media_type="application/json", headers=headers)
 
 
-@get(f"{ENDPOINT}/{{response_id:str}}", status_code=200)
-async def retrieve_response(request: Request, response_id: str) -> Response:
+@route(f"{ENDPOINT}/{{response_id:str}}", http_method=GET_AND_HEAD)
+async def retrieve_response(request: Request) -> Response:
+    response_id = str(request.path_params["response_id"])
     entry = request.app.state.responses.get(response_id)
     if entry is None:
         raise _not_found(response_id, "response_id")
@@ -106,7 +111,8 @@ async def retrieve_response(request: Request, response_id: str) -> Response:
 
 
 @delete(f"{ENDPOINT}/{{response_id:str}}", status_code=200)
-async def delete_response(request: Request, response_id: str) -> Response:
+async def delete_response(request: Request) -> Response:
+    response_id = str(request.path_params["response_id"])
     if not request.app.state.responses.delete(response_id):
         raise _not_found(response_id, "response_id")
     return Response(DeletedResponse(id=response_id).model_dump_json().encode(), media_type="application/json")
