@@ -16,6 +16,10 @@ Event sequence per item: ``output_item.added``, ``content_part.added``, text del
 ``reasoning_tokens`` counts the tokens generated while the output was in the reasoning section
 (a step's tokens belong to the channel of its last delta, or the current one when it published
 none); the ``</think>`` token that ends it counts as reasoning.
+
+:class:`ResponseFrame` holds what every state of one response object shares (id, creation time,
+the echoed request settings); :func:`conclude` turns a finished generation into the final object
+(status ``completed``, ``incomplete`` for a length or deadline finish, ``cancelled``) and its usage.
 """
 
 from __future__ import annotations
