@@ -228,3 +228,43 @@ def test_malformed_requests_are_400s_naming_the_field(client, fields, param, cod
     err = info.value.body
     assert info.value.status_code == 400 and err["type"] == "invalid_request_error"
     assert err["param"] == param and err["code"] == code, err
+
+
+def test_output_items_passed_back_render_as_the_chain_does(client):
+    """Manual context management (the output items sent back as input) and previous_response_id give the same
+    prompt, reasoning item included, and so the same greedy answer."""
+    first = create(client, input="Name a Python module.", max_output_tokens=30)
+    assert first.output[0].type == "reasoning"
+    chained = create(client, input="Why?", previous_response_id=first.id, max_output_tokens=4, reasoning=NO_THINK)
+    manual = create(client, max_output_tokens=4, reasoning=NO_THINK, store=False, input=[
+        {"role": "user", "content": "Name a Python module."}, *first.output, {"role": "user", "content": "Why?"}])
+    assert manual.usage.input_tokens == chained.usage.input_tokens and manual.output_text == chained.output_text
+
+
+def test_over_real_http(artifact):
+    """A real `ninfer serve` process: SSE framing through uvicorn, the store flag, a chain."""
+    import signal
+
+    from serve_helpers import start_server_process
+
+    base, proc = start_server_process(artifact, "--device", "cpu", "--max-context", "512", "--model-id", "m",
+                                      "--responses-store-size", "1", "--log-level", "warning", "--quiet")
+    try:
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="none", timeout=120, max_retries=0)
+        with c.responses.stream(model="m", input="hi", max_output_tokens=6, temperature=0,
+                                reasoning=NO_THINK) as stream:
+            types = [e.type for e in stream]
+            final = stream.get_final_response() if types[-1] == "response.completed" else None
+        assert types[0] == "response.created" and types[-1] in ("response.completed", "response.incomplete")
+        assert "response.output_text.delta" in types
+        first = c.responses.retrieve(final.id) if final else None
+        r = c.responses.create(model="m", input="hi", max_output_tokens=4, temperature=0, reasoning=NO_THINK)
+        follow = c.responses.create(model="m", input="more", previous_response_id=r.id, max_output_tokens=2,
+                                    temperature=0, reasoning=NO_THINK)
+        assert follow.usage.input_tokens > r.usage.input_tokens
+        with pytest.raises(openai.NotFoundError):   # the store holds one response: r went when follow came
+            c.responses.retrieve(r.id)
+        assert first is None or first.id == final.id
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0

@@ -5,7 +5,9 @@ Input items map onto chat messages in order:
 
 - a message item is a message of its role (``developer`` is a system message, as OpenAI treats it);
   its text parts are joined; any other part type is a 400 naming it;
-- ``reasoning`` items are held and become the ``reasoning_content`` of the next assistant turn;
+- ``reasoning`` items are held and become the ``reasoning_content`` of the next assistant turn (an
+  assistant turn of their own, with empty content, when no assistant item follows them: the turn of
+  an answer cut short in its reasoning, as the store keeps it);
 - ``function_call`` items join the assistant turn just before them (or open one), as its
   ``tool_calls``; ``function_call_output`` items become tool messages.
 
@@ -75,32 +77,41 @@ def input_messages(items: str | Sequence[Any] | None) -> list[dict[str, Any]]:
         return [{"role": "user", "content": items}]
     out: list[dict[str, Any]] = []
     reasoning: list[str] = []
+
+    def assistant_turn() -> dict[str, Any]:
+        """A new assistant turn, carrying the reasoning held for it."""
+        msg: dict[str, Any] = {"role": "assistant", "content": ""}
+        if reasoning:
+            msg["reasoning_content"] = "".join(reasoning)
+            reasoning.clear()
+        out.append(msg)
+        return msg
+
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if isinstance(item, ReasoningInput):
             reasoning.extend(p.text for p in (item.content or item.summary))
-        elif isinstance(item, MessageInput):
-            role = "system" if item.role == "developer" else item.role
-            msg: dict[str, Any] = {"role": role, "content": _text(item.content, f"{where}.content")}
-            if role == "assistant" and reasoning:
-                msg["reasoning_content"] = "".join(reasoning)
-                reasoning = []
-            out.append(msg)
-        elif isinstance(item, FunctionCallInput):
+            continue
+        if isinstance(item, MessageInput) and item.role == "assistant":
+            assistant_turn()["content"] = _text(item.content, f"{where}.content")
+            continue
+        if isinstance(item, FunctionCallInput):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": _arguments(item.arguments, f"{where}.arguments")}}
-            last = out[-1] if out else None
-            if last is None or last["role"] != "assistant" or reasoning:
-                last = {"role": "assistant", "content": ""}
-                if reasoning:
-                    last["reasoning_content"] = "".join(reasoning)
-                    reasoning = []
-                out.append(last)
+            last = out[-1] if out and out[-1]["role"] == "assistant" and not reasoning else assistant_turn()
             last.setdefault("tool_calls", []).append(call)
+            continue
+        if reasoning:  # reasoning with no answer after it (cut short): a turn of its own, as the store keeps it
+            assistant_turn()
+        if isinstance(item, MessageInput):
+            role = "system" if item.role == "developer" else item.role
+            out.append({"role": role, "content": _text(item.content, f"{where}.content")})
         elif isinstance(item, FunctionCallOutputInput):
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output, f"{where}.output")})
         else:  # the request model admits no other item
             raise TypeError(f"unexpected input item {type(item).__name__}")
+    if reasoning:
+        assistant_turn()
     return out
 
 
