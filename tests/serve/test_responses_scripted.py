@@ -176,3 +176,10 @@ def test_a_stream_the_client_leaves_is_cancelled(engine):
         assert len(app.state.responses) == 0
     finally:
         eng.close()
+
+
+def test_a_negative_store_size_is_a_clear_error(capsys):
+    from ninfer.cli.main import main
+
+    assert main(["serve", "--responses-store-size", "-1"]) == 2
+    assert "--responses-store-size must be >= 0" in capsys.readouterr().err
