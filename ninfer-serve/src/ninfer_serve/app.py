@@ -31,6 +31,8 @@ from ninfer_serve.disconnect import ClientDisconnected
 from ninfer_serve.errors import ApiError, error_body, protocol_of
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.limits import HeaderLimitMiddleware
+from ninfer_serve.responses_route import create_response, delete_response, retrieve_response
+from ninfer_serve.responses_store import ResponseStore
 from ninfer_serve.routes_anthropic import count_tokens, messages
 from ninfer_serve.routes_chat import chat_completions
 from ninfer_serve.routes_completions import completions
@@ -39,7 +41,7 @@ from ninfer_serve.routes_tokenize import detokenize, tokenize
 
 log = logging.getLogger("ninfer.serve")
 
-GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages"})
+GENERATION_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses"})
 
 
 def supported_endpoints(app: Litestar) -> list[str]:
@@ -99,11 +101,11 @@ async def drop_head_body(message: dict[str, Any], scope: dict[str, Any]) -> None
 def create_app(gateway: Gateway) -> Litestar:
     config = gateway.config
     app = Litestar(
-        route_handlers=[chat_completions, completions, messages, count_tokens, list_models, get_model, tokenize,
-                        detokenize, health, metrics],
+        route_handlers=[chat_completions, completions, messages, count_tokens, create_response, retrieve_response,
+                        delete_response, list_models, get_model, tokenize, detokenize, health, metrics],
         exception_handlers={Exception: _handler},
         before_send=[drop_head_body],
-        state=State({"gateway": gateway}),
+        state=State({"gateway": gateway, "responses": ResponseStore(config.responses_store_size)}),
         request_max_body_size=config.max_body_bytes,
         # Off unless origins are given; a preflight passes the API-key check (it carries no key) to be answered here.
         cors_config=(CORSConfig(allow_origins=list(config.allowed_origins), allow_methods=["*"],

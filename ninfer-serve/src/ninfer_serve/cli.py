@@ -44,6 +44,9 @@ def add_arguments(p) -> None:
     g.add_argument("--allowed-origins", default=None, metavar="ORIGINS",
                    help="turn CORS on for these browser origins, comma-separated (e.g. http://localhost:3000, "
                         "or * for any); off when not given")
+    g.add_argument("--responses-store-size", type=int, default=256, metavar="N",
+                   help="keep the last N stored /v1/responses results in memory for previous_response_id and "
+                        "GET /v1/responses/{id} (default 256; 0 keeps none)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="server log level; at info and debug every request gets an access-log line (default info)")
 
@@ -72,6 +75,8 @@ def run(args) -> int:
         raise NInferError(f"--port must be in 1..65535, got {args.port}")
     for name in ("keepalive", "max_body_mib", "max_header_kib", "shutdown_timeout", "queue_timeout"):
         _positive(name.replace("_", "-"), getattr(args, name))
+    if args.responses_store_size < 0:
+        raise NInferError(f"--responses-store-size must be >= 0, got {args.responses_store_size}")
     if args.api_key is not None and not args.api_key.strip():
         raise NInferError("--api-key is empty")
     origins = allowed_origins(args.allowed_origins)
@@ -131,7 +136,8 @@ def _serve(args, options, sock, origins: tuple[str, ...]) -> int:
                 print(f"[ninfer] warm-up done in {took:.2f} s", file=sys.stderr)
         config = ServeConfig(model_id=model_id, api_key=args.api_key, keepalive_s=args.keepalive,
                              max_body_bytes=int(args.max_body_mib * 2**20),
-                             max_header_bytes=int(args.max_header_kib * 2**10), allowed_origins=origins)
+                             max_header_bytes=int(args.max_header_kib * 2**10), allowed_origins=origins,
+                             responses_store_size=args.responses_store_size)
 
         def ready() -> None:  # the server accepts connections now
             if not args.quiet:
@@ -146,5 +152,5 @@ def _serve(args, options, sock, origins: tuple[str, ...]) -> int:
 
 COMMAND = CliCommand(
     name="serve", help="serve a model over HTTP (OpenAI and Anthropic APIs)", add_arguments=add_arguments, run=run,
-    description="Serve one model over HTTP: OpenAI Chat Completions / Completions / Models, Anthropic Messages, "
+    description="Serve one model over HTTP: OpenAI Chat Completions / Completions / Responses / Models, Anthropic Messages, "
                 "/tokenize, /health and Prometheus /metrics.")

@@ -16,7 +16,9 @@ class ServeConfig:
     - ``max_header_bytes``: requests whose headers are larger are refused with 431 (:mod:`ninfer_serve.limits`);
       the HTTP parser itself refuses a request head still unfinished past :func:`parser_head_limit` of it.
     - ``allowed_origins``: browser origins allowed by CORS (``"*"``: any); empty (the default): no CORS headers,
-      so browsers on other origins cannot read the responses."""
+      so browsers on other origins cannot read the responses.
+    - ``responses_store_size``: how many stored ``/v1/responses`` results the server keeps in memory for
+      ``previous_response_id`` and ``GET /v1/responses/{id}`` (least recently used dropped first; 0 keeps none)."""
 
     model_id: str
     api_key: str | None = None
@@ -24,6 +26,7 @@ class ServeConfig:
     max_body_bytes: int = 32 * 2**20
     max_header_bytes: int = 16 * 2**10
     allowed_origins: tuple[str, ...] = ()
+    responses_store_size: int = 256
 
 
 def parser_head_limit(max_header_bytes: int) -> int:
