@@ -65,7 +65,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench_shapes import SHAPES, TINY, convert_in_memory  # noqa: E402
+from gpu_bench_shapes import SHAPES, TINY, convert_in_memory, force_torch_path, gdn_path, kernel_paths  # noqa: E402
 
 START = time.perf_counter()
 PHASES: dict[str, float] = {}
@@ -273,11 +273,47 @@ class Timer:
                 "warmup_ms": [s * 1e3 for s in warm]}
 
 
+def encode_one(args, tower, model, timer, row: dict, kind: str, pixels, grid, peak: float) -> None:
+    """Times our tower and transformers' on one input's pixel rows (device-resident, run dtype) into ``row``."""
+    import torch
+
+    x = pixels.to(timer.device, tower.dtype)
+    grid_t = torch.tensor([grid], device=timer.device)
+    deadline = time.perf_counter() + min(30.0, max(5.0, remaining(args) / 4))
+
+    def ours():
+        return tower.encode(x, [grid])
+
+    def hf():
+        with torch.no_grad():
+            if kind == "image":
+                out = model.model.get_image_features(pixel_values=x, image_grid_thw=grid_t)
+            else:
+                out = model.model.get_video_features(pixel_values_videos=x, video_grid_thw=grid_t)
+        return torch.cat(list(out.pooler_output))
+
+    for who, fn in (("ours", ours), ("hf", hf)):
+        try:
+            with Phase(f"encode {row['input']} {who}", sync=timer.sync):
+                r = timer.median(fn, args.repeats, deadline)
+            r["peak_fraction"] = row["flops"]["total"] / (r["ms"] / 1e3) / peak
+            row[who] = r
+            log(f"encode {row['input']} {who}: {r['ms']:.2f} ms, {r['peak_fraction']:.1%} of the matmul peak")
+        except Exception as exc:  # noqa: BLE001 - record and go on with the other side
+            row[f"{who}_error"] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+    if "ours" in row and "hf" in row:
+        row["hf_over_ours"] = row["hf"]["ms"] / row["ours"]["ms"]
+        # The same work on both sides: the merged embeddings agree up to the run dtype's rounding.
+        a, b = ours().float(), hf().float()
+        row["max_abs_diff"] = float((a - b).abs().max())
+        row["max_abs_hf"] = float(b.abs().max())
+
+
 def encode_rows(args, engine, model, timer, inputs, peak: float, summary: dict, save) -> None:
     import torch
 
     tower = engine._program.tower  # noqa: SLF001 (the tower the engine runs)
-    dtype = tower.dtype
     vcfg = summary["config"]["vision"]
     for i, (name, kind, size) in enumerate(inputs):
         row = {"input": name, "kind": kind}
@@ -291,43 +327,12 @@ def encode_rows(args, engine, model, timer, inputs, peak: float, summary: dict, 
                 pixels, grid = processed(kind, size, seed=args.seed + i)
             row.update(grid=list(grid), patches=int(pixels.shape[0]), tokens=int(pixels.shape[0]) // 4,
                        flops=tower_flops(vcfg, grid))
-            dev_pixels = pixels.to(timer.device, dtype)
-            grid_t = torch.tensor([grid], device=timer.device)
-            deadline = time.perf_counter() + min(30.0, max(5.0, remaining(args) / 4))
-
-            def ours():
-                return tower.encode(dev_pixels, [grid])
-
-            def hf():
-                with torch.no_grad():
-                    if kind == "image":
-                        out = model.model.get_image_features(pixel_values=dev_pixels, image_grid_thw=grid_t)
-                    else:
-                        out = model.model.get_video_features(pixel_values_videos=dev_pixels, video_grid_thw=grid_t)
-                return torch.cat(list(out.pooler_output))
-
-            for who, fn in (("ours", ours), ("hf", hf)):
-                try:
-                    with Phase(f"encode {name} {who}", sync=timer.sync):
-                        r = timer.median(fn, args.repeats, deadline)
-                    r["peak_fraction"] = row["flops"]["total"] / (r["ms"] / 1e3) / peak
-                    row[who] = r
-                    log(f"encode {name} {who}: {r['ms']:.2f} ms, {r['peak_fraction']:.1%} of the matmul peak")
-                except Exception as exc:  # noqa: BLE001 - record and go on with the other side
-                    row[f"{who}_error"] = f"{type(exc).__name__}: {exc}"
-                    traceback.print_exc()
-            if "ours" in row and "hf" in row:
-                row["hf_over_ours"] = row["hf"]["ms"] / row["ours"]["ms"]
-                # The same work on both sides: the merged embeddings agree up to the run dtype's rounding.
-                a, b = ours().float(), hf().float()
-                row["max_abs_diff"] = float((a - b).abs().max())
-                row["max_abs_hf"] = float(b.abs().max())
-            del dev_pixels
-            if timer.cuda:
-                torch.cuda.empty_cache()
-        except Exception as exc:  # noqa: BLE001
+            encode_one(args, tower, model, timer, row, kind, pixels, grid, peak)
+        except Exception as exc:  # noqa: BLE001 - the row records it, the other inputs still run
             row["error"] = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
+        if timer.cuda:
+            torch.cuda.empty_cache()
         save()
 
 
@@ -411,7 +416,7 @@ def print_table(s: dict) -> None:
     print(f"\n== Qwen3.5 vision tower {s['config']['vision_summary']}; text {s['config']['text_summary']}")
     if lim:
         print(f"matmul peak ({lim['dtype']}, n={lim['n']}): {lim['flops_per_s'] / 1e12:,.1f} TFLOP/s; "
-              f"transformers {s.get('transformers')} ({s.get('hf_path')}, attention {s.get('hf_attn')})")
+              f"transformers {s.get('transformers')} ({s.get('hf_gdn')}; attention {s.get('hf_attn')})")
     print("\n| input | grid (t,h,w) | patches | GFLOP (attention) | ours ms | of peak | transformers ms | of peak "
           "| transformers / ours | max abs diff (of max) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -480,7 +485,11 @@ def main(argv=None) -> int:
         with Phase("build", sync=timer.sync):
             model = build_hf(text, vision, device, dtype, args.seed)
         summary["parameters"] = sum(p.numel() for p in model.parameters())
-        summary["hf_attn"] = getattr(model.config, "_attn_implementation", None)
+        summary["hf_attn"] = {"text": getattr(model.config.text_config, "_attn_implementation", None),
+                              "vision": getattr(model.config.vision_config, "_attn_implementation", None)}
+        if args.hf_path == "torch":
+            force_torch_path(sys.modules[type(model).__module__])
+        summary["hf_gdn"] = gdn_path(kernel_paths(sys.modules[type(model).__module__]))
         log(f"model: {summary['parameters'] / 1e9:.3f} B parameters ({vision['depth']}-block tower)")
         write_frontend(folder)
         with Phase("convert"):
