@@ -9,19 +9,19 @@ untied) and Qwen3.5's tower: depth 27, hidden 1152, MLP 4304, 16 heads (head wid
 2, spatial merge 2, a learned 48 x 48 position grid (2,304 entries), gelu_pytorch_tanh, axial rope theta 1e4, no
 deepstack, output width = the text hidden size (4096). Sources: transformers' ``Qwen3_5VisionConfig`` defaults
 (the values above) and the Qwen3-VL checkpoints' published ``vision_config`` (the same tower; Qwen3.5 drops
-deepstack). ~9.65 B parameters, ~19.3 GB bf16. Init as tools/gpu_bench_shapes.py (matrices N(0, 1/fan_in), other
+deepstack). ~9.41 B parameters (0.456 B of them the tower), ~18.8 GB bf16. Init as tools/gpu_bench_shapes.py (matrices N(0, 1/fan_in), other
 vectors U(-0.5, 0.5), GDN gates as there) plus the tower's LayerNorm weights U(0.5, 1.5). It is converted in
 memory by our converter (gpu_bench_shapes.convert_in_memory) with a byte-level tokenizer whose specials include
 the vision tokens (the prompt's text is ~60 byte tokens; the image is 1,024 placeholder tokens).
 
 Inputs (pixel rows by our frontend's preprocessing, the Qwen3.5 defaults; the same rows go to both):
 
-| input | patch grid (t, h, w) | patches | tokens |
-|---|---|---|---|
-| image 448x448 | (1, 28, 28) | 784 | 196 |
-| image 1024x1024 | (1, 64, 64) | 4,096 | 1,024 |
-| image 1920x1080 (resized to 1920x1088) | (1, 68, 120) | 8,160 | 2,040 |
-| video 10 s, 1280x720 at 30 fps, sampled at 2 fps: 20 frames (resized to 1280x704) | (10, 44, 80) | 35,200 | 8,800 |
+| input | patch grid (t, h, w) | patches | tokens | tower TFLOP (of it attention) |
+|---|---|---|---|---|
+| image 448x448 | (1, 28, 28) | 784 | 196 | 0.74 (0.08) |
+| image 1024x1024 | (1, 64, 64) | 4,096 | 1,024 | 5.55 (2.09) |
+| image 1920x1080 (resized to 1920x1088) | (1, 68, 120) | 8,160 | 2,040 | 15.19 (8.28) |
+| video 10 s, 1280x720 at 30 fps, sampled at 2 fps: 20 frames (resized to 1280x704) | (10, 44, 80) | 35,200 | 8,800 | 45.19 (15.42) |
 
 The video's 20 sampled frames are synthesised and go through our ``process_video`` (no PyAV needed).
 
@@ -33,17 +33,21 @@ Measured:
    pixel rows in the run dtype, one call per input (the whole video as one grid), warm, CUDA-event timed, median
    of ``--repeats``. FLOPs (stated per row): the tower's linear layers (patch embedding, qkv, proj, fc1, fc2 per
    block, the merger's two) at 2 per multiply-add, plus attention 4 * hidden * sum(L^2) per block over the
-   frames' segments (QK^T and PV). Fraction of peak = FLOPs / time / matmul peak;
+   frames' segments (QK^T and PV). Fraction of peak = FLOPs / time / matmul peak. Each row also gives the max abs
+   difference of the two sides' merged embeddings (the same work: fp32 agrees to ~1e-6, bf16 to its rounding);
 3. TTFT of a chat turn (one 1024x1024 image + a sentence, no thinking): ours through ``ninfer.Engine``
    (``prepare_chat`` once, timed apart; then ``submit`` -> first token, context cache off so each turn encodes
    the image again, warm, median); transformers' ``generate(max_new_tokens=1)`` on the same token ids and pixel
    rows (placed on the device beforehand), median.
 
 Expected on one H200 (~150 s; ``--budget-s`` 240 stops starting new measurements when spent, and a watchdog
-dumps the stacks and exits 60 s after it): build ~15 s, in-memory conversion ~20 s (a ~19.3 GB artifact in a temp
+dumps the stacks and exits 60 s after it): build ~15 s, in-memory conversion ~20 s (a ~18.8 GB artifact in a temp
 folder, removed at the end), engine start ~30 s, inputs ~5 s, encode ~15 s, TTFT ~15 s (+ ~45 s if
-flash-linear-attention is importable: its first prefill compiles). Device memory: ~20 GB transformers + ~20 GB
+flash-linear-attention is importable: its first prefill compiles). Device memory: ~19 GB transformers + ~19 GB
 ours + ~4 GB encoder workspace + attention scores.
+
+``--tiny`` keeps the inputs (their sizes and grids) and shrinks the widths (tower depth 2, hidden 32; text hidden
+64, 4 layers), fp32: a CPU check of the whole method in ~30 s. ``--text-layers N`` shortens the text model only.
 
     python3 tools/vision_speed.py --out $OUT                       # the H200 run
     python3 tools/vision_speed.py --tiny --device cpu --out /tmp/v    # tiny widths on the CPU: checks the method
@@ -115,7 +119,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tiny", action="store_true", help="tiny widths and inputs, fp32: a CPU check of the method")
+    ap.add_argument("--tiny", action="store_true", help="tiny widths (the inputs keep their sizes), fp32: a CPU check")
     ap.add_argument("--text-layers", type=int, default=None, help="text layers (default: the 9B's 32; tiny 4)")
     ap.add_argument("--repeats", type=int, default=None, help="measured runs per case (default 7; tiny 1)")
     ap.add_argument("--ttft-repeats", type=int, default=None, help="measured chat turns (default 5; tiny 1)")
