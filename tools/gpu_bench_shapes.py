@@ -302,7 +302,7 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str) -> dict:
     writer = ArtifactWriter(artifact)
     written = 0
     try:
-        cv._declare(writer, checked, resources, ckpt, mapping.name, name)
+        cv._declare(writer, checked, resources, ckpt, mapping.name, name, None)   # no quantization recipe
         writer.begin_payload()
         for o in checked.objects:
             for src in o.sources:
