@@ -107,3 +107,34 @@ def test_segment_attention_refuses_bounds_that_do_not_cover_the_tokens(device, g
     for cu in ([0, 5], [1, 6], [0, 4, 3, 6]):
         with pytest.raises(ValueError, match="cu_seqlens"):
             ops.segment_attention(q, q, q, torch.tensor(cu, dtype=torch.int32, device=device), 0.5)
+
+
+SDPA_NORM = {torch.float32: NORM[torch.float32], torch.bfloat16: Normwise(2 ** -7, 2 ** -6)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cu", [[0, 13], [0, 4, 4, 21, 30], [0, 1, 2, 3]])
+def test_segment_attention_sdpa_matches_fp64(device, dtype, cu, gen):
+    """The fused implementation (chosen on CUDA for half precision) against the same fp64 oracle. Its bf16 bound
+    is one rounding looser than the reference's: the fused kernel may round the probabilities to bf16 before P·V
+    (the contract allows it)."""
+    from ninfer_qwen3_5.ops.reference.segment_attention_sdpa import segment_attention_sdpa
+
+    t, h, d = cu[-1], 3, 8
+    q, k, v = (randn(gen, t, h, d, dtype=dtype, device=device) for _ in range(3))
+    cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
+    out = segment_attention_sdpa(q, k, v, cu_t, d ** -0.5)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert_normwise(out, _attention_oracle(q, k, v, cu, d ** -0.5), SDPA_NORM[dtype], f"sdpa {cu} {dtype}")
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        segment_attention_sdpa(q, k, v, torch.tensor([0, t - 1], dtype=torch.int32, device=device), 0.5)
+
+
+def test_the_fused_segment_attention_is_chosen_for_half_precision_on_cuda_only():
+    from ninfer.ops import resolve_ops
+    from ninfer.plugins import get_registry
+
+    ops = get_registry().ops
+    assert resolve_ops(ops, "cuda", torch.bfloat16).implementation("segment_attention").name == "torch_sdpa"
+    assert resolve_ops(ops, "cuda", torch.float32).implementation("segment_attention").name == "torch_reference"
+    assert resolve_ops(ops, "cpu", torch.bfloat16).implementation("segment_attention").name == "torch_reference"

@@ -105,8 +105,9 @@ CONTRACTS: tuple[OpContract, ...] = (
                "segment_attention(q[T, H, D], k[T, H, D], v[T, H, D], cu_seqlens[G + 1] int32, scale) -> o[T, H, D]",
                "Bidirectional (non-causal) attention within G segments: token i of segment g = [cu[g], cu[g+1]) "
                "attends to every token of g and no other, head by head (no GQA). cu_seqlens starts at 0, is "
-               "non-decreasing and ends at T (an empty segment is allowed). Scores and softmax in fp32, o rounded "
-               "once to q.dtype."),
+               "non-decreasing and ends at T (an empty segment is allowed). Scores and softmax in fp32 (a fused "
+               "kernel may round the probabilities to q.dtype before multiplying v, as flash attention does), o "
+               "rounded to q.dtype."),
     OpContract("qk_norm_rope_cache",
                "qk_norm_rope_cache(q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, D], q_norm[D], k_norm[D], eps, cos[T, R], "
                "sin[T, R], k_pool, v_pool, slot_mapping[T] int64) -> (q_out[T, Hq, D], k_out[T, Hkv, D])",

@@ -15,8 +15,8 @@ from ninfer.ops.registry import OpImpl
 QUERY_BLOCK = 1024
 
 
-def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                      scale: float) -> torch.Tensor:
+def check_bounds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> list[int]:
+    """The segment bounds read on the host, after checking the shapes and that they cover the T tokens."""
     t_len = q.shape[0]
     if q.dim() != 3 or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"segment_attention: q, k, v must be [T, H, D] of one shape, got {tuple(q.shape)}, "
@@ -25,6 +25,12 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     if not cu or cu[0] != 0 or cu[-1] != t_len or any(b < a for a, b in zip(cu, cu[1:], strict=False)):
         raise ValueError(f"segment_attention: cu_seqlens {cu[:8]}... must start at 0, never decrease and end at "
                          f"T = {t_len}")
+    return cu
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    cu = check_bounds(q, k, v, cu_seqlens)
     out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     for a, b in zip(cu, cu[1:], strict=False):
         if a == b:
