@@ -41,6 +41,9 @@ def test_second_turn_hits_and_equals_cold(make_engine):
     s = settled(warm)
     assert s.cache_hits == 1 and s.cache_hit_tokens == 107 and s.cache_saved_prefill_tokens == 107
     assert s.prefill_tokens - before == len(turn2) - 107
+    # Each result reports the prompt tokens its admission restored (the cold engine's none).
+    assert (r1.usage.cached_tokens, r2.usage.cached_tokens) == (0, 107)
+    assert r2.usage.prompt_tokens == len(turn2)
 
 
 def test_request_with_cache_off_binds_and_publishes_nothing(make_engine):

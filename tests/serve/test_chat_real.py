@@ -8,10 +8,29 @@ import pytest
 from serve_helpers import MODEL_ID, chat, client_for, sse_data, sse_json, wait_idle
 
 
+def same_usage(a: dict, b: dict) -> bool:
+    """Equal token counts; the cached share may differ (the repeat of a prompt hits the context cache), but never
+    exceeds the prompt."""
+    assert b["prompt_tokens_details"]["cached_tokens"] <= b["prompt_tokens"]
+    strip = lambda u: {k: v for k, v in u.items() if k != "prompt_tokens_details"}  # noqa: E731
+    return strip(a) == strip(b)
+
+
 @pytest.fixture(scope="module")
 def client(engine):
     with client_for(engine) as c:
         yield c
+
+
+def test_usage_reports_the_prompt_tokens_served_by_the_context_cache(client, engine):
+    first = chat("Which module parses command lines?", max_tokens=6, seed=1)
+    r1 = client.post("/v1/chat/completions", json=first).json()
+    turn2 = {**first, "messages": [*first["messages"], r1["choices"][0]["message"],
+                                   {"role": "user", "content": "And for JSON?"}]}
+    r2 = client.post("/v1/chat/completions", json=turn2).json()
+    assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 0 < cached < r2["usage"]["prompt_tokens"]
 
 
 def test_chat_json_shape_and_usage(client, engine):
@@ -57,7 +76,7 @@ def test_stream_equals_json_for_greedy(client):
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert all(c["id"] == chunks[0]["id"] == r.headers["x-request-id"] for c in chunks)
     assert all(c["usage"] is None for c in chunks[:-1])
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert chunks[-1]["choices"] == [] and same_usage(chunks[-1]["usage"], whole["usage"])
     finish = [c["choices"][0]["finish_reason"] for c in chunks[:-1]]
     assert finish[-1] == "length" and all(f is None for f in finish[:-1])
     content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
@@ -141,7 +160,7 @@ def test_completions_json_stream_echo_and_logprobs(client):
     stream = client.post("/v1/completions", json={**req, "stream": True, "stream_options": {"include_usage": True}})
     chunks = sse_json(stream.text)
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == choice["text"]
-    assert chunks[-1]["usage"] == body["usage"]
+    assert same_usage(chunks[-1]["usage"], body["usage"])
     ids = client.post("/tokenize", json={"prompt": "import os\nimport"}).json()["tokens"]
     by_ids = client.post("/v1/completions", json={**req, "prompt": ids}).json()["choices"][0]
     assert by_ids["text"] == choice["text"]

@@ -39,6 +39,7 @@ class Outcome:
     stop_reason: str | int | None
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0      # prompt tokens restored from the context cache (Usage.cached_tokens)
 
 
 class Generation:
@@ -98,7 +99,7 @@ class Generation:
                         yield Step(tail)
                     self._record(event.finish_reason, prompt_tokens=event.usage.prompt_tokens)
                     yield Outcome(event.finish_reason, event.stop_reason, event.usage.prompt_tokens,
-                                  event.usage.completion_tokens)
+                                  event.usage.completion_tokens, event.usage.cached_tokens)
                 elif isinstance(event, GenerationError):
                     err = from_engine_error(event.error)
                     self._record("rejected" if err.status in (429, 503) else "error")

@@ -264,10 +264,15 @@ class ToolCallOut(BaseModel):
     function: ToolCallFunction
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0   # prompt tokens restored from the context cache instead of computed
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class AssistantMessage(BaseModel):

@@ -37,6 +37,7 @@ from ninfer_serve.generation import Outcome, Step
 from ninfer_serve.responses_models import (
     FunctionCallItem,
     IncompleteDetails,
+    InputTokensDetails,
     ItemStatus,
     MessageItem,
     OutputItem,
@@ -215,6 +216,7 @@ def conclude(frame: ResponseFrame, assembler: OutputAssembler, outcome: Outcome,
         status = "incomplete"
     events = assembler.finish(complete=status == "completed", answer_expected=answer_expected)
     usage = ResponseUsage(input_tokens=outcome.prompt_tokens, output_tokens=outcome.completion_tokens,
+                          input_tokens_details=InputTokensDetails(cached_tokens=outcome.cached_tokens),
                           output_tokens_details=OutputTokensDetails(reasoning_tokens=assembler.reasoning_tokens),
                           total_tokens=outcome.prompt_tokens + outcome.completion_tokens)
     incomplete = IncompleteDetails(reason="max_output_tokens") if status == "incomplete" else None

@@ -44,6 +44,7 @@ from ninfer_serve.openai_models import (
     ChatCompletionRequest,
     ChunkChoice,
     DeltaMessage,
+    PromptTokensDetails,
     ToolCallDelta,
     ToolCallDeltaFunction,
     ToolCallFunction,
@@ -87,7 +88,8 @@ def tool_call_out(call: ToolCall) -> ToolCallOut:
 
 def usage_of(outcome: Outcome) -> Usage:
     return Usage(prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
-                 total_tokens=outcome.prompt_tokens + outcome.completion_tokens)
+                 total_tokens=outcome.prompt_tokens + outcome.completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=outcome.cached_tokens))
 
 
 @post(ENDPOINT, status_code=200)

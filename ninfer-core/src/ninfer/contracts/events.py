@@ -24,8 +24,12 @@ FinishReason = Literal["stop", "length", "cancelled", "deadline"]
 
 @dataclass(frozen=True)
 class Usage:
+    """Token counts of one request. ``cached_tokens``: the prompt tokens its admission restored from a
+    context-cache checkpoint instead of computing them (0 without a hit; at most ``prompt_tokens``)."""
+
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,7 @@ class Admission:
             return False
         if placement.source is not None:
             self._note_bound(rec, placement.source)
+            rec.cached_tokens = min(placement.source.covered, len(rec.prompt))
             self.counters.cache_saved_prefill_tokens += placement.source.covered
         rec.move(RequestState.PREFILL)
         return True

@@ -81,6 +81,7 @@ class RequestRecord:
     session_key: str | None = None   # context-cache session hint (publication order = ticket)
     cache_points: tuple[int, ...] = ()  # prompt offsets to checkpoint at (PreparedPrompt.cache_points)
     media: tuple[MediaInput, ...] = ()  # the prompt's images and videos, passed to every open of its sequence
+    cached_tokens: int = 0           # prompt tokens its first admission restored from a cache checkpoint
 
     @property
     def seed(self) -> int:

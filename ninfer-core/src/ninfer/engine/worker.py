@@ -230,7 +230,7 @@ class EngineCore:
         now = time.monotonic()
         result = GenerationResult(
             request_id=rec.request_id, finish_reason=reason, token_ids=tuple(rec.output_tokens), output=final,
-            usage=Usage(len(rec.prompt), len(rec.output_tokens)),
+            usage=Usage(len(rec.prompt), len(rec.output_tokens), rec.cached_tokens),
             timings=Timings(
                 queue_s=None if rec.admit_time is None else rec.admit_time - rec.submit_time,
                 ttft_s=None if rec.first_token_time is None else rec.first_token_time - rec.submit_time,
