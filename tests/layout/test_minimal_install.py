@@ -8,6 +8,7 @@ Slow (a virtual environment with torch; minutes): skipped unless ``NINFER_RUN_SL
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import venv
 from pathlib import Path
@@ -30,8 +31,10 @@ def test_core_and_qwen3_5_alone_generate(tmp_path):
     find = ["--find-links", wheels] if wheels else ["--index-url", "https://download.pytorch.org/whl/cpu",
                                                      "--extra-index-url", "https://pypi.org/simple"]
     subprocess.run([py, "-m", "pip", "install", "-q", *find, *torch_req], check=True)
-    subprocess.run([py, "-m", "pip", "install", "-q", str(ROOT / "ninfer-core"), str(ROOT / "ninfer-qwen3_5")],
-                   check=True)
+    # Installed from copies: a non-editable build writes build/ into the source folder.
+    sources = [shutil.copytree(ROOT / name, tmp_path / "src" / name, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+               for name in ("ninfer-core", "ninfer-qwen3_5")]
+    subprocess.run([py, "-m", "pip", "install", "-q", *map(str, sources)], check=True)
     listed = subprocess.run([py, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
                             check=True).stdout
     assert "ninfer-serve" not in listed and "ninfer-convert" not in listed and "ninfer-qwen4exp" not in listed

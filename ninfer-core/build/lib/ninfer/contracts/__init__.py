@@ -1,1 +1,0 @@
-"""Frozen contracts shared by the engine, the architecture plugins and the frontends."""
