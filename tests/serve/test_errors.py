@@ -67,8 +67,10 @@ def test_malformed_bodies(client, path, raw):
     ({"logit_bias": {"5": 3.0}}, "logit_bias"), ({"modalities": ["audio"]}, "modalities"),
     ({"stream_options": {"include_usage": "maybe"}}, "stream_options.include_usage"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),   # without stream: true (vLLM refuses it too)
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]},
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "x"}}]}]},
      "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]},
+     "messages[0].content[0].image_url.url"),   # remote media is off by default
     ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [
         {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]},
      "messages[0].tool_calls[0].function.arguments"),

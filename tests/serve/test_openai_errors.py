@@ -86,7 +86,7 @@ def test_wrong_api_key_is_invalid_api_key(scripted):
     (lambda c: c.completions.create(model=MODEL_ID, prompt="x", suffix="y"), "suffix"),
     (lambda c: c.completions.create(model=MODEL_ID, prompt="x", best_of=3), "best_of"),
     (lambda c: c.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]), "messages[0].content[0].type"),
+        {"type": "input_audio", "input_audio": {"data": "x", "format": "wav"}}]}]), "messages[0].content[0].type"),
 ])
 def test_unsupported_values_say_so(client, call, param):
     with pytest.raises(openai.BadRequestError) as info:

@@ -46,8 +46,16 @@ class ToolResultBlock(Lenient):
     is_error: bool = False
 
 
+class ImageBlock(Lenient):
+    """An image: ``source`` {type: base64, media_type, data} or {type: url, url}, checked where messages are
+    converted (:func:`ninfer_serve.media_parts.anthropic_image`), so the error names the block's position."""
+
+    type: Literal["image"]
+    source: dict[str, Any]
+
+
 class UnsupportedBlock(Lenient):
-    type: Literal["image", "document", "search_result", "server_tool_use", "web_search_tool_result"]
+    type: Literal["document", "search_result", "server_tool_use", "web_search_tool_result"]
 
     @model_validator(mode="after")
     def _refuse(self) -> UnsupportedBlock:
@@ -55,7 +63,7 @@ class UnsupportedBlock(Lenient):
 
 
 ContentBlock = Annotated[
-    TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock | UnsupportedBlock,
+    TextBlock | ImageBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ToolResultBlock | UnsupportedBlock,
     Field(discriminator="type")]
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ninfer_serve.errors import UNSUPPORTED_VALUE, bad_request
+from ninfer_serve.media_parts import openai_part, resolve_media
+from ninfer_serve.media_policy import MediaPolicy
 from ninfer_serve.openai_models import ChatMessage, ChatTool, ContentPart
 from ninfer_serve.tool_choice import ToolPolicy
 
@@ -21,18 +23,30 @@ from ninfer_serve.tool_choice import ToolPolicy
 RESERVED_TEMPLATE_KEYS = frozenset({"messages", "tools", "add_generation_prompt", "documents"})
 
 
-def text_of(content: str | Sequence[ContentPart] | None, where: str) -> str | None:
+def content_of(content: str | Sequence[ContentPart] | None, where: str, *,
+               media: bool) -> str | list[dict[str, Any]] | None:
+    """A message's content for the frontend: its text, or, when it has image or video parts (``media``: the
+    message may carry them), the list of text and media parts in order (media as unresolved references)."""
     if content is None or isinstance(content, str):
         return content
-    parts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
+        item = openai_part(part, f"{where}[{j}]")
+        if item is not None:
+            if not media:
+                raise bad_request(f"only user messages may carry {part.type} parts", param=f"{where}[{j}].type",
+                                  code=UNSUPPORTED_VALUE)
+            parts.append(item)
+            continue
         if part.type != "text":
-            raise bad_request(f"content parts of type {part.type!r} are not supported: this server serves text "
-                              "only", param=f"{where}[{j}].type", code=UNSUPPORTED_VALUE)
+            raise bad_request(f"content parts of type {part.type!r} are not supported (text, image_url and "
+                              "video_url are)", param=f"{where}[{j}].type", code=UNSUPPORTED_VALUE)
         if part.text is None:
             raise bad_request("a text content part needs 'text'", param=f"{where}[{j}].text")
-        parts.append(part.text)
-    return "".join(parts)
+        parts.append({"type": "text", "text": part.text})
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
 
 
 def _arguments(raw: str | Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -52,7 +66,7 @@ def openai_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
-        content = text_of(m.content, f"{where}.content")
+        content = content_of(m.content, f"{where}.content", media=m.role == "user")
         if content is None and m.role != "assistant":
             raise bad_request(f"a {m.role} message needs content", param=f"{where}.content")
         msg: dict[str, Any] = {"role": m.role, "content": content or ""}
@@ -136,6 +150,8 @@ def tool_policy(tools: Sequence[Mapping[str, Any]], choice: str | None, name: st
 
 
 def chat_prompt(frontend: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                options: TemplateOptions) -> Any:
-    """The PreparedPrompt of a chat request (runs off the event loop: rendering and tokenizing)."""
+                options: TemplateOptions, media: MediaPolicy) -> Any:
+    """The PreparedPrompt of a chat request (runs off the event loop: loading its images and videos under the
+    server's ``media`` policy, rendering and tokenizing)."""
+    messages = resolve_media(messages, media)
     return frontend.prepare_chat(messages, tools=tools, enable_thinking=options.enable_thinking, **options.kwargs)

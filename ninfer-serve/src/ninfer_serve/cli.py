@@ -47,6 +47,14 @@ def add_arguments(p) -> None:
     g.add_argument("--responses-store-size", type=int, default=256, metavar="N",
                    help="keep the last N stored /v1/responses results in memory for previous_response_id and "
                         "GET /v1/responses/{id} (default 256; 0 keeps none)")
+    g.add_argument("--allowed-media-path", action="append", default=[], metavar="DIR",
+                   help="let image and video parts name local files (a path or file:// URL) inside DIR, after "
+                        "following symlinks; repeatable (default: no local files, only data: URLs)")
+    g.add_argument("--allow-remote-media", action="store_true",
+                   help="let image and video parts name http(s) URLs; the server fetches them itself and refuses "
+                        "loopback, private, link-local and other non-public addresses (default: off)")
+    g.add_argument("--max-media-mib", type=float, default=20.0,
+                   help="largest image or video a request may carry or name, encoded (default 20 MiB)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="server log level; at info and debug every request gets an access-log line (default info)")
 
@@ -80,6 +88,14 @@ def run(args) -> int:
     if args.api_key is not None and not args.api_key.strip():
         raise NInferError("--api-key is empty")
     origins = allowed_origins(args.allowed_origins)
+    _positive("max-media-mib", args.max_media_mib)
+    from ninfer_serve.media_policy import MediaPolicy
+
+    try:
+        media = MediaPolicy.of(args.allowed_media_path, args.allow_remote_media,
+                               max_bytes=int(args.max_media_mib * 2**20))
+    except ValueError as exc:
+        raise NInferError(str(exc)) from None
     options = common.engine_options(args)
     if args.queue_capacity is not None:
         options = dataclasses.replace(options, queue_capacity=args.queue_capacity)
@@ -92,7 +108,7 @@ def run(args) -> int:
     sock = reserve_address(args.host, args.port)
     try:
         _check_exposure(args)
-        return _serve(args, options, sock, origins)
+        return _serve(args, options, sock, origins, media)
     finally:
         sock.close()
 
@@ -111,7 +127,7 @@ def _check_exposure(args) -> None:
           f"that reaches it can use every endpoint", file=sys.stderr)
 
 
-def _serve(args, options, sock, origins: tuple[str, ...]) -> int:
+def _serve(args, options, sock, origins: tuple[str, ...], media) -> int:
     from ninfer import Engine
     from ninfer.contracts.memory import format_memory_summary
     from ninfer.model_source import resolve_model
@@ -137,7 +153,7 @@ def _serve(args, options, sock, origins: tuple[str, ...]) -> int:
         config = ServeConfig(model_id=model_id, api_key=args.api_key, keepalive_s=args.keepalive,
                              max_body_bytes=int(args.max_body_mib * 2**20),
                              max_header_bytes=int(args.max_header_kib * 2**10), allowed_origins=origins,
-                             responses_store_size=args.responses_store_size)
+                             responses_store_size=args.responses_store_size, media=media)
 
         def ready() -> None:  # the server accepts connections now
             if not args.quiet:

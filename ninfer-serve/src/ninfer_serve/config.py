@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ninfer_serve.media_policy import MediaPolicy
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,10 @@ class ServeConfig:
     - ``allowed_origins``: browser origins allowed by CORS (``"*"``: any); empty (the default): no CORS headers,
       so browsers on other origins cannot read the responses.
     - ``responses_store_size``: how many stored ``/v1/responses`` results the server keeps in memory for
-      ``previous_response_id`` and ``GET /v1/responses/{id}`` (least recently used dropped first; 0 keeps none)."""
+      ``previous_response_id`` and ``GET /v1/responses/{id}`` (least recently used dropped first; 0 keeps none).
+    - ``media``: where images and videos named by URL may come from (:mod:`ninfer_serve.media_policy`): data:
+      URLs always; local files and http(s) URLs only as the operator allows (``--allowed-media-path``,
+      ``--allow-remote-media``)."""
 
     model_id: str
     api_key: str | None = None
@@ -27,6 +32,7 @@ class ServeConfig:
     max_header_bytes: int = 16 * 2**10
     allowed_origins: tuple[str, ...] = ()
     responses_store_size: int = 256
+    media: MediaPolicy = field(default_factory=MediaPolicy)
 
 
 def parser_head_limit(max_header_bytes: int) -> int:

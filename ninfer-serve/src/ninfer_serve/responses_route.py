@@ -71,7 +71,7 @@ async def create_response(request: Request) -> Response:
             raise _not_found(req.previous_response_id, "previous_response_id", PREVIOUS_NOT_FOUND)
         previous = entry.conversation
     p = plan(req, previous)
-    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, p.messages, p.tools, p.options), param="input")
+    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, p.messages, p.tools, p.options, gw.config.media), param="input")
     budget = sampling.output_budget(req.max_output_tokens, prompt_tokens=len(prompt.token_ids),
                                     max_context=gw.max_context, field="max_output_tokens", prompt_field="input")
     params = sampling.build(gw.engine, {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,

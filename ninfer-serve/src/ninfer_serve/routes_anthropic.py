@@ -32,6 +32,7 @@ from ninfer_serve import sampling
 from ninfer_serve.anthropic_models import (
     CountTokensRequest,
     CountTokensResponse,
+    ImageBlock,
     Message,
     MessageResponse,
     MessagesRequest,
@@ -50,6 +51,7 @@ from ninfer_serve.constraints import constrain
 from ninfer_serve.errors import ApiError, anthropic_body, bad_request
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.generation import Generation, Outcome, Step, collect_response
+from ninfer_serve.media_parts import anthropic_image
 from ninfer_serve.sse import KEEPALIVE, event_stream, named_event, with_keepalive
 from ninfer_serve.tool_choice import ToolPolicy, transforms_for
 
@@ -72,12 +74,18 @@ def chat_messages(system: str | list[TextBlock] | None, messages: list[Message])
             out.append({"role": m.role, "content": m.content})
             continue
         text: list[str] = []
+        parts: list[dict[str, Any]] = []   # text and images in order, when the message has an image
         reasoning: list[str] = []
         calls: list[dict[str, Any]] = []
         for j, block in enumerate(m.content):
             where = f"messages[{i}].content[{j}]"
             if isinstance(block, TextBlock):
                 text.append(block.text)
+                parts.append({"type": "text", "text": block.text})
+            elif isinstance(block, ImageBlock):
+                if m.role != "user":
+                    raise bad_request("image blocks belong to user messages", param=f"{where}.type")
+                parts.append(anthropic_image(block.source, where))
             elif isinstance(block, ThinkingBlock | RedactedThinkingBlock | ToolUseBlock):
                 if m.role != "assistant":
                     raise bad_request(f"{block.type} blocks belong to assistant messages", param=f"{where}.type")
@@ -99,6 +107,8 @@ def chat_messages(system: str | list[TextBlock] | None, messages: list[Message])
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
+        elif any(p["type"] == "image" for p in parts):
+            out.append({"role": "user", "content": parts})
         elif text or not any(isinstance(b, ToolResultBlock) for b in m.content):
             out.append({"role": "user", "content": "".join(text)})
     return out
@@ -140,7 +150,7 @@ async def count_tokens(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     req = await gw.read(request, CountTokensRequest, generates=False)
     messages, tools, policy, options, _ = _plan(req)
-    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options), param="messages")
+    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, gw.config.media), param="messages")
     return Response(CountTokensResponse(input_tokens=len(prompt.token_ids)).model_dump_json().encode(),
                     media_type="application/json")
 
@@ -151,7 +161,7 @@ async def messages(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
     req = await gw.read(request, MessagesRequest, generates=True)
     messages, tools, policy, options, constraint = _plan(req)
-    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options), param="messages")
+    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, gw.config.media), param="messages")
     budget = sampling.output_budget(req.max_tokens, prompt_tokens=len(prompt.token_ids),
                                     max_context=gw.max_context, field="max_tokens", prompt_field="messages")
     params = sampling.build(gw.engine, {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k},

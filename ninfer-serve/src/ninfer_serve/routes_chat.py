@@ -110,7 +110,7 @@ async def chat_completions(request: Request) -> Response:
     constraint = constrain(policy, response_format=req.response_format, extra=req.model_extra)
     options = template_options(req.chat_template_kwargs, field="chat_template_kwargs",
                                enable_thinking=thinking_of_effort(req.reasoning_effort), switch="reasoning_effort")
-    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options),
+    prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, gw.config.media),
                               param="messages")
 
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

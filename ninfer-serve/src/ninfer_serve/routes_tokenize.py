@@ -8,6 +8,7 @@ from ninfer_serve.chat_input import openai_messages, openai_tools, template_opti
 from ninfer_serve.errors import bad_request
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.logprobs import TokenText
+from ninfer_serve.media_parts import resolve_media
 from ninfer_serve.tokenize_models import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -27,7 +28,7 @@ async def tokenize(request: Request) -> Response:
                                    enable_thinking=thinking_of_effort(req.reasoning_effort),
                                    switch="reasoning_effort")
         ids = await gw.prepare(lambda: list(gw.frontend.prepare_chat(
-            messages, tools=tools, enable_thinking=options.enable_thinking,
+            resolve_media(messages, gw.config.media), tools=tools, enable_thinking=options.enable_thinking,
             add_generation_prompt=req.add_generation_prompt, **options.kwargs).token_ids), param="messages")
     else:
         text = req.prompt or ""
