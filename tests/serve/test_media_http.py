@@ -101,3 +101,21 @@ def test_refused_images_are_400s_naming_the_part(engine, picture, tmp_path):
         # The server still serves.
         data = "data:image/png;base64," + base64.b64encode(picture).decode()
         assert client.post("/v1/chat/completions", json=openai_request(data)).status_code == 200
+
+
+def test_openai_video_url_equals_the_python_api(engine):
+    pytest.importorskip("av")
+    from support.media import make_video
+
+    video = make_video(32, 24, 8, 4)
+    want = engine.chat([{"role": "user", "content": [{"type": "text", "text": "What happens?"},
+                                                     {"type": "video", "video": video}]}],
+                       enable_thinking=False, temperature=0.0, max_tokens=8, ignore_eos=True).output.content
+    body = openai_request("")
+    body["messages"][0]["content"] = [{"type": "text", "text": "What happens?"},
+                                      {"type": "video_url", "video_url": {
+                                          "url": "data:video/mp4;base64," + base64.b64encode(video).decode()}}]
+    with client_for(engine) as client:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == want
