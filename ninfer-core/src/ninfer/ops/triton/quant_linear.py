@@ -4,10 +4,12 @@
 
 Same contracts as :mod:`ninfer.ops.reference.quantized` (the dense op with the weight replaced by its decoded
 values, fp32 accumulation, the output rounded to x's dtype). Activations stay in x's dtype (A16), except for
-a weight marked ``activations="a8"`` (fp8 row, every use ``AllowA8``): every call on it, whatever its rows,
-runs the A8 fp8 GEMM (:func:`~ninfer.ops.triton.quant_gemm.gemm_a8`, activations quantized to E4M3 per token),
-as :mod:`ninfer.ops.reference.a8` defines it; the fused norm variants then run the norm and that GEMM in
-sequence.
+a weight marked ``activations="a8"`` (fp8 row, every use ``AllowA8``) in a call of more than MAX_ROWS rows
+(prefill): that runs the A8 fp8 GEMM (:func:`~ninfer.ops.triton.quant_gemm.gemm_a8`, activations quantized to
+E4M3 per token, as :mod:`ninfer.ops.reference.a8` defines it) on the FP8 tensor cores. Decode rows keep the A16
+GEMV: it reads the same weight bytes, and quantizing the activations would only add a pass (AllowA8 permits
+8-bit activations, it does not require them). The reference runs A8 for every call on such a weight, so a
+decode row differs from it by the activations' E4M3 rounding, as a row's bits already depend on its path.
 
 Kernel choice by the call's rows (the only way a row's rounding can depend on its batch): up to
 :data:`~ninfer.ops.triton.quant_gemv.MAX_ROWS` rows the dequant-GEMV (:mod:`~ninfer.ops.triton.quant_gemv`),
@@ -38,13 +40,13 @@ def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = None, *,
             a8: bool = False) -> torch.Tensor:
-    """``x2[M, K] @ decode(w).T``: with ``a8`` the A8 GEMM; else the GEMV for up to MAX_ROWS rows, else the GEMM."""
+    """``x2[M, K] @ decode(w).T``: the GEMV for up to MAX_ROWS rows, else the GEMM (with ``a8`` the A8 GEMM)."""
     if x2.shape[0] == 0:
         return torch.empty((0, w.n), dtype=out_dtype or x2.dtype, device=x2.device)
-    if a8:
-        return gemm_a8(x2, w, out_dtype=out_dtype)
     if x2.shape[0] <= MAX_ROWS:
         return gemv(x2, w, out_dtype=out_dtype)
+    if a8:
+        return gemm_a8(x2, w, out_dtype=out_dtype)
     return gemm(x2, w, out_dtype=out_dtype)
 
 
@@ -105,7 +107,7 @@ def add_rms_norm_unit_offset_linear(x: torch.Tensor, residual: torch.Tensor, nor
     w = _prepare(x, weight, op)
     if w is None:
         return _reference.add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, weight)
-    if x.numel() == x.shape[-1] and residual.dtype == x.dtype and not _a8(weight):
+    if x.numel() == x.shape[-1] and residual.dtype == x.dtype:
         return _fused_norm(x, residual, norm_weight, eps, w, swiglu=False)
     normed, new_residual = _norm.add_rms_norm_unit_offset(x, residual, norm_weight, eps)
     return product(_rows(normed, w.k), w, a8=_a8(weight)).view(*x.shape[:-1], w.n), normed, new_residual
@@ -121,7 +123,7 @@ def add_rms_norm_unit_offset_swiglu(x: torch.Tensor, residual: torch.Tensor, nor
     w = _prepare(x, gate_up, op)
     if w is None:
         return _reference.add_rms_norm_unit_offset_swiglu(x, residual, norm_weight, eps, gate_up)
-    if x.numel() == x.shape[-1] and residual.dtype == x.dtype and not _a8(gate_up):
+    if x.numel() == x.shape[-1] and residual.dtype == x.dtype:
         return _fused_norm(x, residual, norm_weight, eps, w, swiglu=True)
     y, normed, new_residual = add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, gate_up)
     return _activation.silu_and_mul(y), normed, new_residual
