@@ -70,3 +70,16 @@ def test_a8_artifact_runs_the_a8_product(checkpoints, tmp_path, kind, monkeypatc
     with Engine.start(qa8, device="cpu", dtype="float32") as eng:
         out = eng.generate("hello", max_tokens=4, temperature=0)
     assert len(out.token_ids) >= 1
+
+
+def test_a8_needs_every_use_to_allow_it():
+    from types import SimpleNamespace
+
+    from ninfer.artifact.materializer import a8_parameters
+
+    def use(p, pol):
+        return SimpleNamespace(parameter=p, activation_policy=pol)
+
+    reader = SimpleNamespace(directory=SimpleNamespace(uses=(
+        use("a", "AllowA8"), use("b", "AllowA8"), use("b", "A16Only"), use("c", "AllowA4"), use("d", None))))
+    assert a8_parameters(reader) == {"a"}

@@ -40,11 +40,11 @@ from ninfer.conversion.errors import ConversionError, OutputExistsError, PlanErr
 from ninfer.conversion.plan import CheckedObject, CheckedPlan, check_plan
 from ninfer.conversion.quantize import encoder_name, write_quantized
 from ninfer.conversion.recipe import Recipe, assign, load_recipe
-from ninfer.quant.fp8_row import FORMAT as FP8_ROW
 from ninfer.conversion.resources import Resource, collect_resources
 from ninfer.conversion.source import CONFIG_NAME, SourceCheckpoint, SourceFile, open_checkpoint
 from ninfer.errors import NInferError
 from ninfer.plugins import PluginRegistry, get_registry
+from ninfer.quant.fp8_row import FORMAT as FP8_ROW
 
 # Bytes read per step. Large enough that per-call overhead vanishes, small enough that a 2 GB
 # embedding never sits in memory whole. A multiple of every element size (whole elements per cast).

@@ -17,7 +17,8 @@ from ninfer.errors import NotSupportedError
 from ninfer.quant import PackedWeight
 from ninfer.quant.fp8_row import FORMAT as FP8_ROW
 
-A8_MIN_AMAX = 2.0 ** -118  # below this 448 / amax overflows fp32; such rows quantize to zero
+# Rows whose largest |x| is below this quantize to zero codes: 448 / amax would overflow fp32 (x ~ 1e-36).
+A8_MIN_AMAX = 2.0 ** -118
 
 
 def quantize_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

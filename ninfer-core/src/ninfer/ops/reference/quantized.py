@@ -17,9 +17,9 @@ from dataclasses import replace
 import torch
 
 from ninfer.ops.contracts import SharedExpert
+from ninfer.ops.reference import a8 as _a8
 from ninfer.ops.reference import moe as dense_moe
 from ninfer.ops.reference import norm as dense_norm
-from ninfer.ops.reference import a8 as _a8
 from ninfer.ops.reference.activation import silu_and_mul
 from ninfer.ops.registry import OpImpl
 from ninfer.quant import QUANTIZED_FORMATS, PackedWeight
