@@ -41,7 +41,8 @@ def _convert_parser() -> argparse.ArgumentParser:
                    help=f"largest file of the set in bytes; more payload goes to OUT.part-NNNN files "
                         f"(default {DEFAULT_MAX_FILE_BYTES})")
     p.add_argument("--quantize", metavar="RECIPE",
-                   help="store matmul weights quantized: a preset (fp8, q8, q6, q5, q4, mixed; +search: scale search) or a TOML recipe "
+                   help="store matmul weights quantized: a preset (fp8, q8, q6, q5, q4, mixed; +search: scale search; +a8 last: "
+                        "8-bit activations for the fp8 dense projections) or a TOML recipe "
                         "file (docs/converter.md)")
     p.add_argument("--draft", metavar="DRAFT_DIR",
                    help="a drafter checkpoint folder for SRC (a DFlash or DFlash2 drafter in the z-lab format), added "

@@ -117,9 +117,19 @@ def summarize(reader) -> dict[str, Any]:
         "parameter_formats": classes,
         "bindings": len(d.bindings),
         "uses": len(d.uses),
+        "activation_policies": _policy_counts(d),
         "metadata": d.metadata,
         "provenance": d.provenance,
     }
+
+
+def _policy_counts(directory) -> dict[str, int]:
+    """Uses per activation policy (A16Only, AllowA8, AllowA4); uses without one are not counted."""
+    counts: dict[str, int] = {}
+    for use in directory.uses:
+        if use.activation_policy is not None:
+            counts[use.activation_policy] = counts.get(use.activation_policy, 0) + 1
+    return counts
 
 
 def _fmt_bytes(n: int) -> str:
@@ -168,6 +178,9 @@ def describe(reader) -> str:
     for key, row in sorted(s["parameter_formats"].items()):
         out.append(f"    {key}: " + ", ".join(f"{fmt} x{n}" for fmt, n in sorted(row.items())))
     out.append(f"bindings: {s['bindings']}; uses: {s['uses']}")
+    if s["activation_policies"]:
+        out.append("activation policies (uses): " + ", ".join(
+            f"{pol} x{n}" for pol, n in sorted(s["activation_policies"].items())))
     for key in ("metadata", "provenance"):
         if s[key] is not None:
             out.append(f"{key}: {json.dumps(s[key], ensure_ascii=False, sort_keys=True)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 import xxhash
@@ -26,6 +27,17 @@ from ninfer.artifact.reader import DEFAULT_CHUNK_BYTES, ArtifactReader
 from ninfer.contracts.architecture import ParameterSpec
 from ninfer.errors import NotSupportedError
 from ninfer.quant import PackedWeight, packed_view
+from ninfer.quant.fp8_row import FORMAT as FP8_ROW
+
+
+def a8_parameters(reader: ArtifactReader) -> frozenset[str]:
+    """Parameters every use of which allows 8-bit activations (``AllowA8``; a parameter with no use: none).
+    The materializer marks those stored as fp8 row matrices ``activations="a8"``: their ops quantize
+    activations per token to E4M3."""
+    policies: dict[str, set[str | None]] = {}
+    for u in reader.directory.uses:
+        policies.setdefault(u.parameter, set()).add(u.activation_policy)
+    return frozenset(name for name, pols in policies.items() if pols == {"AllowA8"})
 
 
 class Materializer:
@@ -56,12 +68,17 @@ class Materializer:
             if self.progress is not None:
                 self.progress(done, total)
         out: dict[str, torch.Tensor] = {}
+        a8 = a8_parameters(self.reader)
         for load in plan.parameters:
             bp = load.parameter
             if bp.quantized:  # the binder checked: one block of whole rows of one parent
                 p = bp.pieces[0]
-                out[bp.name] = packed_view(bp.format, resident[p.object.id][load.device], p.object.shape,
-                                           p.begin, p.end, bp.shape, bp.name)
+                view = packed_view(bp.format, resident[p.object.id][load.device], p.object.shape,
+                                   p.begin, p.end, bp.shape, bp.name)
+                # A8 only for matrices: the MoE op has no A8 product for an expert bank (AllowA8 permits, never
+                # requires, 8-bit activations), so a bank stays A16.
+                take_a8 = bp.name in a8 and bp.format == FP8_ROW and len(bp.shape) == 2
+                out[bp.name] = replace(view, activations="a8") if take_a8 else view
                 continue
             slices = [resident[p.object.id][load.device][p.begin:p.end] for p in bp.pieces]
             flat = slices[0] if len(slices) == 1 else torch.cat(slices)

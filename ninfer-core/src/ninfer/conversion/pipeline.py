@@ -44,6 +44,7 @@ from ninfer.conversion.resources import Resource, collect_resources
 from ninfer.conversion.source import CONFIG_NAME, SourceCheckpoint, SourceFile, open_checkpoint
 from ninfer.errors import NInferError
 from ninfer.plugins import PluginRegistry, get_registry
+from ninfer.quant.fp8_row import FORMAT as FP8_ROW
 
 # Bytes read per step. Large enough that per-call overhead vanishes, small enough that a 2 GB
 # embedding never sits in memory whole. A multiple of every element size (whole elements per cast).
@@ -178,13 +179,28 @@ def _declare(writer: ArtifactWriter, checked: CheckedPlan, resources: tuple[Reso
             writer.bind(b.name, b.object)
         else:
             writer.bind_parts(b.name, [(p.object, p.begin, p.end) for p in b.parts])
+    a8 = _a8_parameters(checked) if recipe is not None and recipe.activations == "a8" else frozenset()
     for u in plan.uses:
-        writer.add_use(u.parameter, u.input, u.activation_policy)
+        policy = "AllowA8" if u.parameter in a8 and u.activation_policy == "A16Only" else u.activation_policy
+        writer.add_use(u.parameter, u.input, policy)
     writer.set_metadata({"name": public_name})
     prov = _provenance(checked, resources, ckpt, mapping_name, recipe)
     if draft_record is not None:
         prov["draft"] = draft_record
     writer.set_provenance(prov)
+
+
+def _a8_parameters(checked: CheckedPlan) -> frozenset[str]:
+    """Parameters a recipe with ``activations = "a8"`` lets take 8-bit activations: those bound to fp8 row
+    objects only (an A8 product exists for that format alone). AllowA8 is a permission: an op without an A8
+    product for a weight (the MoE expert banks) runs it with 16-bit activations."""
+    fp8 = {o.id for o in checked.objects if o.format == FP8_ROW}
+    out = set()
+    for b in checked.plan.bindings:
+        objs = {b.object} if b.object is not None else {p.object for p in b.parts}
+        if objs <= fp8:
+            out.add(b.name)
+    return frozenset(out)
 
 
 def _provenance(checked: CheckedPlan, resources: tuple[Resource, ...], ckpt: SourceCheckpoint,
@@ -215,7 +231,7 @@ def _provenance(checked: CheckedPlan, resources: tuple[Resource, ...], ckpt: Sou
     }
     if recipe is not None:
         prov["quantization"] = {"recipe": recipe.name, "rules": [list(r) for r in recipe.rules],
-                                "method": recipe.method}
+                                "method": recipe.method, "activations": recipe.activations}
     derived = {r.object_id: r.derived_from for r in resources if r.derived_from is not None}
     if derived:
         prov["derived_resources"] = derived

@@ -6,7 +6,10 @@ format. A named preset (:data:`PRESETS`) or a TOML file (``[formats]`` table of 
 ``base = "<preset>"`` whose rules follow the file's) gives one. ``method`` is the encoder of the groupwise
 formats: ``rtn`` (round to nearest, the default) or ``search`` (per-group scale search,
 :mod:`ninfer.quant.groupwise`); a preset name with ``+search`` (``q4+search``) or ``method = "search"`` in a
-TOML file selects it. fp8 is always round to nearest.
+TOML file selects it. fp8 is always round to nearest. ``activations``: ``a16`` (default) or ``a8`` (a preset
+name with ``+a8`` last, or ``activations = "a8"`` in a TOML file): the Uses of parameters stored as fp8 row
+objects are recorded ``AllowA8`` instead of ``A16Only``, so the ops that have an A8 product run them with 8-bit
+activations.
 
 Invariants of :func:`assign`:
 
@@ -35,6 +38,7 @@ from ninfer.quant import QUANTIZED_FORMATS
 
 KEEP = "keep"
 METHODS = ("rtn", "search")
+ACTIVATIONS = ("a16", "a8")
 NOT_YET = frozenset({"nvfp4"})
 
 
@@ -51,6 +55,7 @@ class Recipe:
     rules: tuple[tuple[str, str], ...]
     explicit: int = 0
     method: str = "rtn"
+    activations: str = "a16"  # "a8": the uses of fp8 weights are recorded AllowA8 (A8 at run time)
 
 
 _UNIFORM = {"fp8": "fp8_e4m3fn_row_bf16", "q8": "q8_g32_fp16", "q6": "q6_g64_fp16", "q5": "q5_g64_fp16",
@@ -75,7 +80,10 @@ def _check_format(fmt: str, where: str) -> str:
 
 
 def load_recipe(spec: str) -> Recipe:
-    """A preset by name (``+search`` appended: the scale-search encoder), or a TOML recipe file by path."""
+    """A preset by name (``+search`` appended: the scale-search encoder; ``+a8`` appended last: 8-bit
+    activations for the fp8 dense projections), or a TOML recipe file by path."""
+    if spec.endswith("+a8") and spec != "+a8":
+        return replace(load_recipe(spec[:-len("+a8")]), name=spec, activations="a8")
     if spec in PRESETS:
         return PRESETS[spec]
     if spec.endswith("+search") and spec[:-len("+search")] in PRESETS:
@@ -89,9 +97,14 @@ def load_recipe(spec: str) -> Recipe:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise RecipeError(f"recipe {str(path)!r} is not valid TOML: {exc}") from None
-    unknown = sorted(set(doc) - {"base", "formats", "method"})
+    unknown = sorted(set(doc) - {"base", "formats", "method", "activations"})
     if unknown:
-        raise RecipeError(f"recipe {str(path)!r}: unknown key {unknown[0]!r} (allowed: base, formats, method)")
+        raise RecipeError(f"recipe {str(path)!r}: unknown key {unknown[0]!r} "
+                          f"(allowed: base, formats, method, activations)")
+    activations = doc.get("activations", "a16")
+    if activations not in ACTIVATIONS:
+        raise RecipeError(f"recipe {str(path)!r}: activations {activations!r} is not one of "
+                          f"{', '.join(ACTIVATIONS)}")
     method = doc.get("method", "rtn")
     if method not in METHODS:
         raise RecipeError(f"recipe {str(path)!r}: method {method!r} is not one of {', '.join(METHODS)}")
@@ -106,7 +119,7 @@ def load_recipe(spec: str) -> Recipe:
         if base not in PRESETS:
             raise RecipeError(f"recipe {str(path)!r}: base {base!r} is not a preset ({', '.join(PRESETS)})")
         rules += PRESETS[base].rules
-    return Recipe(path.name, rules, explicit=own, method=method)
+    return Recipe(path.name, rules, explicit=own, method=method, activations=activations)
 
 
 def assign(recipe: Recipe, plan: ConversionPlan, shapes: Mapping[str, Sequence[int]]) -> dict[str, str]:

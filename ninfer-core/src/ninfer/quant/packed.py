@@ -5,6 +5,7 @@ Invariants: ``shape`` is the logical shape ``[..., K]`` (rank >= 2); ``planes`` 
 ``rows = prod(shape[:-1])`` rows, in the format's plane order (groupwise: ``base [rows, gpr*32] uint8``,
 ``high [rows, gpr*H] uint8``, ``scales [rows, gpr] fp16``; fp8 row: ``codes [rows, K] uint8``,
 ``scales [rows] bf16``). Taking a row range or an expert of a bank is a view of the same planes.
+``activations`` is ``"a8"`` only on an fp8 row weight whose every use allows 8-bit activations; views keep it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ninfer.errors import NotSupportedError
 from ninfer.quant.errors import QuantizationError
 from ninfer.quant.fp8_row import FORMAT as FP8_ROW
 from ninfer.quant.fp8_row import decode as fp8_decode
 from ninfer.quant.fp8_row import scale_offset as fp8_scale_offset
 from ninfer.quant.groupwise import GROUPWISE
+
+ACTIVATIONS: tuple[str, ...] = ("a16", "a8")
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,6 +31,15 @@ class PackedWeight:
     format: str
     shape: tuple[int, ...]
     planes: tuple[torch.Tensor, ...]
+    # "a8": every use of the weight allows 8-bit activations (AllowA8) and the format has an A8 product (fp8
+    # row), so the ops quantize the activations per token to E4M3; else "a16" (activations stay as given).
+    activations: str = "a16"
+
+    def __post_init__(self) -> None:
+        if self.activations not in ACTIVATIONS:
+            raise ValueError(f"activations {self.activations!r} is not one of {ACTIVATIONS}")
+        if self.activations == "a8" and self.format != FP8_ROW:
+            raise NotSupportedError(f"8-bit activations need an {FP8_ROW} weight, this one is {self.format}")
 
     @property
     def rows(self) -> int:
@@ -53,7 +66,7 @@ class PackedWeight:
             raise IndexError(f"expert {index} of a bank of {self.shape[0]}")
         index %= self.shape[0]
         return PackedWeight(self.format, tuple(self.shape[1:]),
-                            tuple(p[index * n:(index + 1) * n] for p in self.planes))
+                            tuple(p[index * n:(index + 1) * n] for p in self.planes), self.activations)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight's values in ``dtype`` (computed in at least fp32): for reference ops and tests only."""

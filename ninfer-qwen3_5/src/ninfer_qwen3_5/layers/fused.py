@@ -40,6 +40,7 @@ def _follows(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _adjacent(a, b) -> bool:
     if isinstance(a, PackedWeight) or isinstance(b, PackedWeight):
         return (isinstance(a, PackedWeight) and isinstance(b, PackedWeight) and a.format == b.format
+                and a.activations == b.activations
                 and len(a.shape) == len(b.shape) == 2 and a.shape[1] == b.shape[1]
                 and all(_follows(p, q) for p, q in zip(a.planes, b.planes, strict=True)))
     return (a.dim() == b.dim() == 2 and a.dtype == b.dtype and a.device == b.device
@@ -64,7 +65,7 @@ def row_groups(weights: Sequence[torch.Tensor]) -> list[RowGroup]:
             view = head
         elif isinstance(head, PackedWeight):
             view = PackedWeight(head.format, (rows, head.shape[1]), tuple(
-                p.as_strided((rows, *p.shape[1:]), p.stride()) for p in head.planes))
+                p.as_strided((rows, *p.shape[1:]), p.stride()) for p in head.planes), head.activations)
         else:
             view = head.as_strided((rows, head.shape[1]), (head.shape[1], 1))
         out.append(RowGroup(view, tuple(w.shape[0] for w in run)))

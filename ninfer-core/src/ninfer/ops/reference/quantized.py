@@ -4,7 +4,8 @@ engine implements, keyed by that stored format (:class:`~ninfer.ops.registry.OpI
 Invariant: each op equals its dense reference with the weight replaced by its decoded values
 (:meth:`~ninfer.quant.PackedWeight.dequantize`, ``scale * code`` computed in fp32, or fp64 for fp64
 activations), the GEMMs running in the wider of x's dtype and fp32, and the output rounded to x's dtype as the
-dense op rounds it. A weight argument may also be a dense tensor (a layer whose other weight is packed).
+dense op rounds it, except that a weight marked ``activations="a8"`` runs the A8 product
+(:mod:`ninfer.ops.reference.a8`: activations quantized to E4M3 per token). A weight argument may also be a dense tensor (a layer whose other weight is packed).
 Decoding happens per call and per expert: a reference for testing kernels and checking accuracy, not a
 fast path.
 """
@@ -16,6 +17,7 @@ from dataclasses import replace
 import torch
 
 from ninfer.ops.contracts import SharedExpert
+from ninfer.ops.reference import a8 as _a8
 from ninfer.ops.reference import moe as dense_moe
 from ninfer.ops.reference import norm as dense_norm
 from ninfer.ops.reference.activation import silu_and_mul
@@ -35,6 +37,8 @@ def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     """``x @ decode(weight).T`` in the wider of x's dtype and fp32, rounded to x.dtype."""
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: x has {x.shape[-1]} input features, weight expects {weight.shape[-1]}")
+    if weight.activations == "a8":  # every use allows 8-bit activations: the A8 product (ops/reference/a8.py)
+        return _a8.linear_a8(x, weight)
     wide = _wide(x)
     return torch.nn.functional.linear(x.to(wide), _values(weight, wide)).to(x.dtype)
 

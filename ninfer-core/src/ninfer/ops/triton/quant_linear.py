@@ -3,9 +3,13 @@
 (:attr:`~ninfer.ops.registry.OpImpl.weight_formats`): every groupwise format (q4/q5/q6/q8) and fp8 row.
 
 Same contracts as :mod:`ninfer.ops.reference.quantized` (the dense op with the weight replaced by its decoded
-values, fp32 accumulation, the output rounded to x's dtype). Activations stay in x's dtype (A16): a use's
-activation policy does not reach the ops yet, so the A8 fp8 GEMM (:func:`~ninfer.ops.triton.quant_gemm.gemm_a8`)
-is not chosen here.
+values, fp32 accumulation, the output rounded to x's dtype). Activations stay in x's dtype (A16), except for
+a weight marked ``activations="a8"`` (fp8 row, every use ``AllowA8``) in a call of more than MAX_ROWS rows
+(prefill): that runs the A8 fp8 GEMM (:func:`~ninfer.ops.triton.quant_gemm.gemm_a8`, activations quantized to
+E4M3 per token, as :mod:`ninfer.ops.reference.a8` defines it) on the FP8 tensor cores. Decode rows keep the A16
+GEMV: it reads the same weight bytes, and quantizing the activations would only add a pass (AllowA8 permits
+8-bit activations, it does not require them). The reference runs A8 for every call on such a weight, so a
+decode row differs from it by the activations' E4M3 rounding, as a row's bits already depend on its path.
 
 Kernel choice by the call's rows (the only way a row's rounding can depend on its batch): up to
 :data:`~ninfer.ops.triton.quant_gemv.MAX_ROWS` rows the dequant-GEMV (:mod:`~ninfer.ops.triton.quant_gemv`),
@@ -24,7 +28,7 @@ from ninfer.ops.triton import activation as _activation
 from ninfer.ops.triton import norm as _norm
 from ninfer.ops.triton._common import KERNEL_DTYPES, launch_ok
 from ninfer.ops.triton._quant import KernelWeight, check_input, kernel_weight
-from ninfer.ops.triton.quant_gemm import gemm
+from ninfer.ops.triton.quant_gemm import gemm, gemm_a8
 from ninfer.ops.triton.quant_gemv import MAX_ROWS, gemv
 from ninfer.quant import QUANTIZED_FORMATS, PackedWeight
 
@@ -34,12 +38,15 @@ def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``x2[M, K] @ decode(w).T``: the GEMV for up to MAX_ROWS rows, else the GEMM."""
+def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = None, *,
+            a8: bool = False) -> torch.Tensor:
+    """``x2[M, K] @ decode(w).T``: the GEMV for up to MAX_ROWS rows, else the GEMM (with ``a8`` the A8 GEMM)."""
     if x2.shape[0] == 0:
         return torch.empty((0, w.n), dtype=out_dtype or x2.dtype, device=x2.device)
     if x2.shape[0] <= MAX_ROWS:
         return gemv(x2, w, out_dtype=out_dtype)
+    if a8:
+        return gemm_a8(x2, w, out_dtype=out_dtype)
     return gemm(x2, w, out_dtype=out_dtype)
 
 
@@ -58,7 +65,11 @@ def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     w = _prepare(x, weight, "linear")
     if w is None:
         return _reference.linear(x, weight)
-    return product(_rows(x, w.k), w).view(*x.shape[:-1], w.n)
+    return product(_rows(x, w.k), w, a8=_a8(weight)).view(*x.shape[:-1], w.n)
+
+
+def _a8(weight: PackedWeight) -> bool:
+    return weight.activations == "a8"
 
 
 def logits(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
@@ -66,7 +77,7 @@ def logits(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
     w = _prepare(x, weight, "logits")
     if w is None:
         return _reference.logits(x, weight)
-    return product(_rows(x, w.k), w, torch.float32).view(*x.shape[:-1], w.n)
+    return product(_rows(x, w.k), w, torch.float32, a8=_a8(weight)).view(*x.shape[:-1], w.n)
 
 
 def _norm_args(x, residual, norm_weight, op: str) -> None:
@@ -99,7 +110,7 @@ def add_rms_norm_unit_offset_linear(x: torch.Tensor, residual: torch.Tensor, nor
     if x.numel() == x.shape[-1] and residual.dtype == x.dtype:
         return _fused_norm(x, residual, norm_weight, eps, w, swiglu=False)
     normed, new_residual = _norm.add_rms_norm_unit_offset(x, residual, norm_weight, eps)
-    return product(_rows(normed, w.k), w).view(*x.shape[:-1], w.n), normed, new_residual
+    return product(_rows(normed, w.k), w, a8=_a8(weight)).view(*x.shape[:-1], w.n), normed, new_residual
 
 
 def add_rms_norm_unit_offset_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
