@@ -117,5 +117,8 @@ def test_openai_video_url_equals_the_python_api(engine):
                                           "url": "data:video/mp4;base64," + base64.b64encode(video).decode()}}]
     with client_for(engine) as client:
         r = client.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"] == want
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == want
+        body["messages"][0]["content"][1]["type"] = "input_video"   # the same part under its other name
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == want

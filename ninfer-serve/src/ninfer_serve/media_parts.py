@@ -20,9 +20,11 @@ from ninfer_serve.media_fetch import fetch
 from ninfer_serve.media_policy import MediaPolicy
 
 Kind = Literal["image", "video"]
-# OpenAI part type -> (media kind, the field holding {"url": ...} or the URL itself). ``video_url`` as vLLM takes it.
+# OpenAI part type -> (media kind, the field holding {"url": ...} or the URL itself). ``video_url`` as vLLM takes it;
+# ``input_image`` as the Responses API names an image part; ``input_video`` by analogy with it.
 OPENAI_PARTS: dict[str, tuple[Kind, str]] = {"image_url": ("image", "image_url"), "video_url": ("video", "video_url"),
-                                              "input_image": ("image", "image_url")}
+                                              "input_image": ("image", "image_url"),
+                                              "input_video": ("video", "video_url")}
 
 
 @dataclass(frozen=True)
