@@ -47,6 +47,8 @@ def add_arguments(p) -> None:
     g.add_argument("--responses-store-size", type=int, default=256, metavar="N",
                    help="keep the last N stored /v1/responses results in memory for previous_response_id and "
                         "GET /v1/responses/{id} (default 256; 0 keeps none)")
+    g.add_argument("--no-ui", dest="ui", action="store_false",
+                   help="do not serve the chat page at / (API-only deployments; / answers 404)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="server log level; at info and debug every request gets an access-log line (default info)")
 
@@ -63,6 +65,13 @@ def allowed_origins(raw: str | None) -> tuple[str, ...]:
         raise NInferError(f"--allowed-origins {raw!r}: expected '*' or comma-separated origins like "
                           f"http://localhost:3000 (scheme and host, no path)")
     return origins
+
+
+def _url_host(host: str) -> str:
+    """A host as it goes in a URL a person can open: an IPv6 address bracketed, a wildcard address as localhost."""
+    if host in ("0.0.0.0", "::", ""):
+        return "localhost"
+    return f"[{host}]" if ":" in host else host
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -137,11 +146,13 @@ def _serve(args, options, sock, origins: tuple[str, ...]) -> int:
         config = ServeConfig(model_id=model_id, api_key=args.api_key, keepalive_s=args.keepalive,
                              max_body_bytes=int(args.max_body_mib * 2**20),
                              max_header_bytes=int(args.max_header_kib * 2**10), allowed_origins=origins,
-                             responses_store_size=args.responses_store_size)
+                             responses_store_size=args.responses_store_size, ui=args.ui)
 
         def ready() -> None:  # the server accepts connections now
             if not args.quiet:
-                print(f"[ninfer] serving {model_id!r} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+                page = f"; chat page: http://{_url_host(args.host)}:{args.port}/" if args.ui else ""
+                print(f"[ninfer] serving {model_id!r} on http://{args.host}:{args.port}{page}", file=sys.stderr,
+                      flush=True)
 
         serve(engine, config, host=args.host, port=args.port, log_level=args.log_level,
               shutdown_timeout_s=args.shutdown_timeout, sock=sock, on_ready=ready)

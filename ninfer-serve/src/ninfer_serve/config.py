@@ -18,7 +18,8 @@ class ServeConfig:
     - ``allowed_origins``: browser origins allowed by CORS (``"*"``: any); empty (the default): no CORS headers,
       so browsers on other origins cannot read the responses.
     - ``responses_store_size``: how many stored ``/v1/responses`` results the server keeps in memory for
-      ``previous_response_id`` and ``GET /v1/responses/{id}`` (least recently used dropped first; 0 keeps none)."""
+      ``previous_response_id`` and ``GET /v1/responses/{id}`` (least recently used dropped first; 0 keeps none).
+    - ``ui``: serve the chat page at ``/`` (:mod:`ninfer_serve.routes_page`); off: ``/`` is a 404."""
 
     model_id: str
     api_key: str | None = None
@@ -27,6 +28,7 @@ class ServeConfig:
     max_header_bytes: int = 16 * 2**10
     allowed_origins: tuple[str, ...] = ()
     responses_store_size: int = 256
+    ui: bool = True
 
 
 def parser_head_limit(max_header_bytes: int) -> int:
