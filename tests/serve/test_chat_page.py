@@ -66,3 +66,26 @@ def test_no_ui_turns_the_page_off(scripted, api_key):
             assert c.get(path, headers=headers).status_code == 404, path
         if api_key:   # and with the page off its paths are closed like any other
             assert c.get("/").status_code == 401
+
+
+def test_no_ui_flag_of_ninfer_serve(artifact):
+    """``ninfer serve --no-ui``: the ready line names no page and ``/`` is a 404, while the API answers."""
+    import signal
+    import urllib.error
+    import urllib.request
+
+    from serve_helpers import start_server_process
+
+    base, proc = start_server_process(artifact, "--device", "cpu", "--max-context", "256", "--no-warmup", "--no-ui",
+                                      "--log-level", "warning", timeout=300)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"{base}/", timeout=30)
+        assert missing.value.code == 404
+        with urllib.request.urlopen(f"{base}/v1/models", timeout=30) as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=120)[0]
+    ready = [line for line in out.splitlines() if line.startswith("[ninfer] serving ")]
+    assert ready and "chat page" not in ready[0], out

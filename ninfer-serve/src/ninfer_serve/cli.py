@@ -25,8 +25,8 @@ def add_arguments(p) -> None:
     g.add_argument("--model-id", default=None,
                    help="public model name clients send (default: the artifact's metadata.name)")
     g.add_argument("--api-key", default=os.environ.get("NINFER_API_KEY"),
-                   help="require this key (Authorization: Bearer or x-api-key) on every endpoint but /health, "
-                        "/metrics included; default $NINFER_API_KEY")
+                   help="require this key (Authorization: Bearer or x-api-key) on every endpoint but /health and the "
+                        "chat page's files, /metrics included; default $NINFER_API_KEY")
     g.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve without --api-key on a --host other than a loopback address (refused otherwise)")
     g.add_argument("--queue-capacity", type=int, default=None, metavar="N",
