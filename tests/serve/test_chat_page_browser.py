@@ -123,13 +123,14 @@ def test_key_prompt_then_a_streamed_reply(browser, server):
     assert _js(browser, "return document.getElementById('key-form').hidden && document.getElementById('error').hidden")
 
     _settings(browser, max_tokens=48, thinking=False)
-    # Every change of the answer's text is recorded, to see it grow while the reply streams.
+    # Every length the answer's source had in the page is recorded, to see it grow while the reply streams.
     _js(browser, """
         window.__lengths = [];
         new MutationObserver(() => {
           const c = [...document.querySelectorAll('.message.assistant .content')].pop();
-          if (c) window.__lengths.push(c.textContent.length);
-        }).observe(document.getElementById('conversation'), {subtree: true, childList: true, characterData: true});
+          if (c && c.dataset.chars) window.__lengths.push(Number(c.dataset.chars));
+        }).observe(document.getElementById('conversation'),
+                   {subtree: true, attributes: true, attributeFilter: ['data-chars']});
     """)
     _send(browser, "Say hello.")
     _wait(browser, lambda d: _last_state(d) in ("done", "error", "stopped"), "reply finished")

@@ -2,8 +2,9 @@
 //
 // Model text reaches the DOM only as textContent (the user's messages, the thinking section) or through
 // renderMarkdown, which escapes all of it. The API key lives in sessionStorage and is sent as a Bearer token.
-// Each assistant message element carries data-state: "streaming", then "done", "stopped" or "error", so a
-// reader (or a test) can tell where it stands.
+// Each assistant message element carries data-state: "streaming", then "done", "stopped" or "error", and its
+// content element data-chars, the length of the answer's markdown source so far, so a reader (or a test) can
+// tell where it stands (the rendered text can shrink as markup closes).
 
 import { renderMarkdown } from "./markdown.js";
 
@@ -176,6 +177,7 @@ async function send(text) {
           view.text += delta.content;
           view.thinking.open = false;
           view.content.innerHTML = renderMarkdown(view.text);
+          view.content.dataset.chars = String(view.text.length);
         }
         if (choice.finish_reason) finish = choice.finish_reason;
       }
