@@ -19,7 +19,7 @@ function inline(raw) {
     codes.push(`<code>${code}</code>`);
     return `${HOLE}${codes.length - 1}${HOLE}`;
   });
-  s = s.replace(/\[([^\]]+)\]\((https?:\/\/[^\s)]+)\)/g,
+  s = s.replace(/\[([^\]]+)\]\((https?:\/\/[^\s)\u0000]+)\)/g,
     (_, label, url) => `<a href="${url}" target="_blank" rel="noopener noreferrer">${label}</a>`);
   s = s.replace(/\*\*([^*]+)\*\*/g, "<strong>$1</strong>");
   s = s.replace(/__([^_]+)__/g, "<strong>$1</strong>");
