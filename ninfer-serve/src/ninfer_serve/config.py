@@ -8,7 +8,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ServeConfig:
     """- ``model_id``: the public model name clients must send (artifact ``metadata.name`` by default).
-    - ``api_key``: when set, every endpoint but ``/health`` needs it (``Authorization: Bearer`` or
+    - ``api_key``: when set, every endpoint but ``/health`` and the chat page's files needs it (``Authorization: Bearer`` or
       ``x-api-key``), ``/metrics`` included (:mod:`ninfer_serve.auth`).
     - ``keepalive_s``: an SSE stream idle this long (queueing, long prefill) gets a keep-alive, so
       proxies do not drop it and a vanished client is noticed while its request still waits.
