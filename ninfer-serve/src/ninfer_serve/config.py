@@ -8,8 +8,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ServeConfig:
     """- ``model_id``: the public model name clients must send (artifact ``metadata.name`` by default).
-    - ``api_key``: when set, every endpoint but ``/health`` and the chat page's files needs it (``Authorization: Bearer`` or
-      ``x-api-key``), ``/metrics`` included (:mod:`ninfer_serve.auth`).
+    - ``api_key``: when set, every endpoint but ``/health`` and the chat page's files needs it
+      (``Authorization: Bearer`` or ``x-api-key``), ``/metrics`` included (:mod:`ninfer_serve.auth`).
     - ``keepalive_s``: an SSE stream idle this long (queueing, long prefill) gets a keep-alive, so
       proxies do not drop it and a vanished client is noticed while its request still waits.
     - ``max_body_bytes``: larger request bodies are refused with 413 before they are parsed.
