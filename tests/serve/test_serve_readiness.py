@@ -57,6 +57,11 @@ def test_ready_line_means_it_answers_and_logs_are_timestamped(artifact):
     try:
         assert ready.wait(180), "no ready line:\n" + "\n".join(lines)
         assert any(f"http://127.0.0.1:{port}" in line for line in lines if line.startswith("[ninfer] serving "))
+        # The ready line gives the chat page's URL, and the page is there.
+        assert any(line.endswith(f"chat page: http://127.0.0.1:{port}/") for line in lines
+                   if line.startswith("[ninfer] serving "))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as r:
+            assert r.status == 200 and r.headers["content-type"].startswith("text/html")
         # Once the line is out, the first request answers: no retry.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as r:
             assert r.status == 200

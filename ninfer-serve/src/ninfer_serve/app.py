@@ -31,6 +31,7 @@ from ninfer_serve.disconnect import ClientDisconnected
 from ninfer_serve.errors import ApiError, error_body, protocol_of
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.limits import HeaderLimitMiddleware
+from ninfer_serve.routes_page import PAGE_ROUTES, page_paths
 from ninfer_serve.responses_route import create_response, delete_response, retrieve_response
 from ninfer_serve.responses_store import ResponseStore
 from ninfer_serve.routes_anthropic import count_tokens, messages
@@ -102,7 +103,8 @@ def create_app(gateway: Gateway) -> Litestar:
     config = gateway.config
     app = Litestar(
         route_handlers=[chat_completions, completions, messages, count_tokens, create_response, retrieve_response,
-                        delete_response, list_models, get_model, tokenize, detokenize, health, metrics],
+                        delete_response, list_models, get_model, tokenize, detokenize, health, metrics,
+                        *(PAGE_ROUTES if config.ui else [])],
         exception_handlers={Exception: _handler},
         before_send=[drop_head_body],
         state=State({"gateway": gateway, "responses": ResponseStore(config.responses_store_size)}),
@@ -121,6 +123,7 @@ def create_app(gateway: Gateway) -> Litestar:
     gate = app.asgi_handler
     if config.api_key:
         gate = ApiKeyMiddleware(gate, config.api_key, open_preflights=bool(config.allowed_origins),
+                                extra_open=page_paths() if config.ui else frozenset(),
                                 on_refused=lambda path: gateway.metrics.count(path, "unauthorized")
                                 if path in GENERATION_ENDPOINTS else None)
     app.asgi_handler = HeaderLimitMiddleware(gate, config.max_header_bytes)

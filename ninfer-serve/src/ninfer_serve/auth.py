@@ -3,8 +3,10 @@ not (:func:`ninfer_serve.app.create_app` wraps litestar's handler with it: route
 no route matches, whose 404 lists the endpoints).
 
 A request must carry the key as ``Authorization: Bearer KEY`` (OpenAI clients) or ``x-api-key: KEY``
-(Anthropic clients). ``/health`` stays open for load balancers and orchestrators; ``/metrics`` needs the key
-like every other path. With CORS on, a preflight (``OPTIONS`` with an ``Origin``) passes too: browsers send it
+(Anthropic clients). ``/health`` stays open for load balancers and orchestrators; so do the chat page's exact
+paths when it is served (``extra_open``, :func:`ninfer_serve.routes_page.page_paths`: it holds no data, and every
+API call it makes sends the key). Paths are matched exactly, never by prefix. ``/metrics`` needs the key like
+every other path. With CORS on, a preflight (``OPTIONS`` with an ``Origin``) passes too: browsers send it
 without credentials, and litestar's CORS layer answers it before any route with nothing but CORS headers.
 Keys are compared in constant time (:func:`hmac.compare_digest`). A refusal is a 401 in the protocol's own error
 shape, counted in the request metrics when it hits a generation endpoint.
@@ -37,14 +39,15 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str, on_refused: Callable[[str], None], *,
-                 open_preflights: bool = False) -> None:
+                 open_preflights: bool = False, extra_open: frozenset[str] = frozenset()) -> None:
         self.app = app
+        self._open = OPEN_PATHS | extra_open
         self._key = api_key.encode()
         self._on_refused = on_refused
         self._open_preflights = open_preflights
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or (
+        if scope["type"] != "http" or scope["path"] in self._open or (
                 self._open_preflights and scope["method"] == "OPTIONS"
                 and any(name.lower() == b"origin" for name, _ in scope.get("headers", []))):
             await self.app(scope, receive, send)

@@ -25,8 +25,8 @@ def add_arguments(p) -> None:
     g.add_argument("--model-id", default=None,
                    help="public model name clients send (default: the artifact's metadata.name)")
     g.add_argument("--api-key", default=os.environ.get("NINFER_API_KEY"),
-                   help="require this key (Authorization: Bearer or x-api-key) on every endpoint but /health, "
-                        "/metrics included; default $NINFER_API_KEY")
+                   help="require this key (Authorization: Bearer or x-api-key) on every endpoint but /health and the "
+                        "chat page's files, /metrics included; default $NINFER_API_KEY")
     g.add_argument("--allow-unauthenticated", action="store_true",
                    help="serve without --api-key on a --host other than a loopback address (refused otherwise)")
     g.add_argument("--queue-capacity", type=int, default=None, metavar="N",
@@ -55,6 +55,8 @@ def add_arguments(p) -> None:
                         "loopback, private, link-local and other non-public addresses (default: off)")
     g.add_argument("--max-media-mib", type=float, default=20.0,
                    help="largest image or video a request may carry or name, encoded (default 20 MiB)")
+    g.add_argument("--no-ui", dest="ui", action="store_false",
+                   help="do not serve the chat page at / (API-only deployments; / answers 404)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="server log level; at info and debug every request gets an access-log line (default info)")
 
@@ -71,6 +73,13 @@ def allowed_origins(raw: str | None) -> tuple[str, ...]:
         raise NInferError(f"--allowed-origins {raw!r}: expected '*' or comma-separated origins like "
                           f"http://localhost:3000 (scheme and host, no path)")
     return origins
+
+
+def _url_host(host: str) -> str:
+    """A host as it goes in a URL a person can open: an IPv6 address bracketed, a wildcard address as localhost."""
+    if host in ("0.0.0.0", "::", ""):
+        return "localhost"
+    return f"[{host}]" if ":" in host else host
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -153,11 +162,14 @@ def _serve(args, options, sock, origins: tuple[str, ...], media) -> int:
         config = ServeConfig(model_id=model_id, api_key=args.api_key, keepalive_s=args.keepalive,
                              max_body_bytes=int(args.max_body_mib * 2**20),
                              max_header_bytes=int(args.max_header_kib * 2**10), allowed_origins=origins,
-                             responses_store_size=args.responses_store_size, media=media)
+                             responses_store_size=args.responses_store_size, media=media,
+                             ui=args.ui)
 
         def ready() -> None:  # the server accepts connections now
             if not args.quiet:
-                print(f"[ninfer] serving {model_id!r} on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+                page = f"; chat page: http://{_url_host(args.host)}:{args.port}/" if args.ui else ""
+                print(f"[ninfer] serving {model_id!r} on http://{args.host}:{args.port}{page}", file=sys.stderr,
+                      flush=True)
 
         serve(engine, config, host=args.host, port=args.port, log_level=args.log_level,
               shutdown_timeout_s=args.shutdown_timeout, sock=sock, on_ready=ready)

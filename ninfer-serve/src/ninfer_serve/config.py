@@ -10,8 +10,8 @@ from ninfer_serve.media_policy import MediaPolicy
 @dataclass(frozen=True)
 class ServeConfig:
     """- ``model_id``: the public model name clients must send (artifact ``metadata.name`` by default).
-    - ``api_key``: when set, every endpoint but ``/health`` needs it (``Authorization: Bearer`` or
-      ``x-api-key``), ``/metrics`` included (:mod:`ninfer_serve.auth`).
+    - ``api_key``: when set, every endpoint but ``/health`` and the chat page's files needs it
+      (``Authorization: Bearer`` or ``x-api-key``), ``/metrics`` included (:mod:`ninfer_serve.auth`).
     - ``keepalive_s``: an SSE stream idle this long (queueing, long prefill) gets a keep-alive, so
       proxies do not drop it and a vanished client is noticed while its request still waits.
     - ``max_body_bytes``: larger request bodies are refused with 413 before they are parsed.
@@ -23,7 +23,8 @@ class ServeConfig:
       ``previous_response_id`` and ``GET /v1/responses/{id}`` (least recently used dropped first; 0 keeps none).
     - ``media``: where images and videos named by URL may come from (:mod:`ninfer_serve.media_policy`): data:
       URLs always; local files and http(s) URLs only as the operator allows (``--allowed-media-path``,
-      ``--allow-remote-media``)."""
+      ``--allow-remote-media``).
+    - ``ui``: serve the chat page at ``/`` (:mod:`ninfer_serve.routes_page`); off: ``/`` is a 404."""
 
     model_id: str
     api_key: str | None = None
@@ -33,6 +34,7 @@ class ServeConfig:
     allowed_origins: tuple[str, ...] = ()
     responses_store_size: int = 256
     media: MediaPolicy = field(default_factory=MediaPolicy)
+    ui: bool = True
 
 
 def parser_head_limit(max_header_bytes: int) -> int:
