@@ -31,12 +31,12 @@ from ninfer_serve.disconnect import ClientDisconnected
 from ninfer_serve.errors import ApiError, error_body, protocol_of
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.limits import HeaderLimitMiddleware
-from ninfer_serve.routes_page import PAGE_ROUTES, page_paths
 from ninfer_serve.responses_route import create_response, delete_response, retrieve_response
 from ninfer_serve.responses_store import ResponseStore
 from ninfer_serve.routes_anthropic import count_tokens, messages
 from ninfer_serve.routes_chat import chat_completions
 from ninfer_serve.routes_completions import completions
+from ninfer_serve.routes_page import PAGE_ROUTES, page_paths
 from ninfer_serve.routes_system import get_model, health, list_models, metrics
 from ninfer_serve.routes_tokenize import detokenize, tokenize
 
