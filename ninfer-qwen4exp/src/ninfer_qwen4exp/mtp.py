@@ -24,7 +24,7 @@ the checkpoint names are inferred, and no oracle exists beyond the tests' own fp
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from ninfer.contracts.program import ProgramError
@@ -33,32 +33,20 @@ from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.model import inverse_frequencies
+from ninfer_qwen3_5.mtp import MTPOutput, Qwen35MTPHead
 from ninfer_qwen3_5.parameters import layer_prefix
 
 from ninfer_qwen4exp.config import Qwen4ExpConfig
 from ninfer_qwen4exp.layers.hyper import HyperConnection
 from ninfer_qwen4exp.layers.qsa import QSAAttention
 from ninfer_qwen4exp.parameters import mtp_num_layers, mtp_shapes
-from ninfer_qwen4exp.state import indexer_pool
+from ninfer_qwen4exp.state import indexer_pool, mtp_kv_layer
 
-
-def mtp_kv_layer(cfg: Qwen4ExpConfig) -> int:
-    """The KV pool id of the MTP layer: ``num_layers`` (never a text layer's index); its indexer side pool is
-    ``indexer_pool(mtp_kv_layer(cfg))``."""
-    return cfg.num_layers
+__all__ = ["Qwen4ExpMTPHead", "mtp_indexer_pool", "mtp_kv_layer", "prepare_mtp_weights"]
 
 
 def mtp_indexer_pool(cfg: Qwen4ExpConfig) -> str:
     return indexer_pool(mtp_kv_layer(cfg))
-
-
-@dataclass(frozen=True)
-class MTPStep:
-    """One MTP call's result for its selected rows: ``logits`` fp32 ``[R, V]`` (predictions of ``x_{t+2}``) and
-    ``bank`` ``[R, n*H]``, the MTP layer's output bank (a chained step's ``X``)."""
-
-    logits: torch.Tensor
-    bank: torch.Tensor
 
 
 def prepare_mtp_weights(cfg: Qwen4ExpConfig, weights: Mapping[str, torch.Tensor], dtype: torch.dtype
@@ -84,8 +72,13 @@ def _group(weights: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
-class Qwen4ExpMTPHead:
-    """The ``mtp`` component of a Qwen4-Exp artifact as a drafter step for its target model.
+class Qwen4ExpMTPHead(Qwen35MTPHead):
+    """The ``mtp`` component of a Qwen4-Exp artifact as a drafter for its target model.
+
+    It is a :class:`~ninfer_qwen3_5.mtp.Qwen35MTPHead` with its own weights and :meth:`forward`: k-step drafting
+    (``draft``) and the speculative bookkeeping (:class:`~ninfer_qwen3_5.mtp.decoding.MTPDecoding`) are Qwen3.5's,
+    which read only ``forward``, ``ops`` and ``device`` and treat the per-position hidden state as opaque rows: here
+    the ``[n*H]`` bank (``MTPOutput.hidden`` is the MTP layer's output bank, a chained step's ``X``).
 
     ``weights`` holds the ``mtp/*`` parameters (other names are ignored); ``embed`` / ``lm_head`` are the target's
     prepared ``text/embed`` / ``text/lm_head``, shared, never copied; ``mtp_config`` the component's config (or the
@@ -93,8 +86,10 @@ class Qwen4ExpMTPHead:
 
     def __init__(self, cfg: Qwen4ExpConfig, mtp_config: Mapping, weights: Mapping[str, torch.Tensor],
                  embed: torch.Tensor, lm_head: torch.Tensor, ops, device: torch.device, dtype: torch.dtype) -> None:
+        # Qwen35MTPHead.__init__ builds Qwen3.5 layers from Qwen3.5 weights: not called; every attribute its
+        # inherited methods read (ops, device) is set here.
         mtp_num_layers(mtp_config)
-        self.cfg, self.ops, self.eps = cfg, ops, cfg.rms_norm_eps
+        self.cfg, self.ops, self.eps, self.device = cfg, ops, cfg.rms_norm_eps, device
         w = prepare_mtp_weights(cfg, weights, dtype)
         n, h = cfg.hc_count, cfg.hidden_size
         self.embed, self.lm_head = embed, lm_head
@@ -109,7 +104,7 @@ class Qwen4ExpMTPHead:
         self.inv_freq = inverse_frequencies(cfg.qwen35).to(device)
 
     def forward(self, tokens_next: torch.Tensor, bank: torch.Tensor, ctx: StepContext,
-                logit_rows: torch.Tensor | None) -> MTPStep:
+                logit_rows: torch.Tensor | None) -> MTPOutput:
         """One MTP step for the N positions of ``ctx`` (decode rows first, then chunks, as the target's calls;
         ``ctx`` without rotary tables, built here from ``ctx.positions``). ``tokens_next`` int64 ``[N]``: the
         token after each position; ``bank`` ``[N, n*H]``: the target's pre-reduction bank at each position (or a
@@ -137,4 +132,4 @@ class Qwen4ExpMTPHead:
         if logit_rows is not None:
             x = x.index_select(0, logit_rows)
         mixed, _ = self.mixer_hc.read(x)
-        return MTPStep(ops.logits(mixed, self.lm_head), x)
+        return MTPOutput(ops.logits(mixed, self.lm_head), x)

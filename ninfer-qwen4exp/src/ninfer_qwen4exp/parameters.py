@@ -134,12 +134,16 @@ def is_host_parameter(name: str) -> bool:
 
 
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
-    """The ``text`` parameters (the PLE tables placed in host memory). Vision and speculative decoding are refused
-    until their programs exist."""
+    """The ``text`` parameters (the PLE tables placed in host memory), plus the ``mtp`` component's with
+    ``features.speculative == "mtp"`` (an artifact without that component is refused when they are bound). Vision
+    and any other speculative backend are refused."""
     if features.vision:
         raise NotSupportedError("Qwen4-Exp vision is not supported yet (the artifact stores the tower)")
-    if features.speculative is not None:
-        raise NotSupportedError(f"Qwen4-Exp speculative backend {features.speculative!r} is not supported yet")
+    if features.speculative not in (None, "mtp"):
+        raise NotSupportedError(f"Qwen4-Exp speculative backend {features.speculative!r} is not supported (mtp)")
     cfg = Qwen4ExpConfig.from_compact(config)
-    return [ParameterSpec(name=n, shape=s, component="text", placement="host" if is_host_parameter(n) else "device")
-            for n, s in text_shapes(cfg).items()]
+    specs = [ParameterSpec(name=n, shape=s, component="text", placement="host" if is_host_parameter(n) else "device")
+             for n, s in text_shapes(cfg).items()]
+    if features.speculative == "mtp":
+        specs.extend(mtp_parameter_specs(config))
+    return specs

@@ -185,8 +185,8 @@ def test_mtp_step_returns_the_output_bank_of_logit_rows(world):
     full = head.forward(tokens_next, bank, ctx, None)
     picked = head.forward(tokens_next, bank, ctx, torch.tensor([5, 2]))
     torch.testing.assert_close(picked.logits, full.logits[[5, 2]])
-    assert picked.bank.shape == (2, cfg.hc_width)
-    torch.testing.assert_close(picked.bank, full.bank[[5, 2]])
+    assert picked.hidden.shape == (2, cfg.hc_width)
+    torch.testing.assert_close(picked.hidden, full.hidden[[5, 2]])
 
 
 @pytest.mark.parametrize("inject, match", [
