@@ -106,6 +106,12 @@ def _rms1p(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _reference_logits(hf, ref, src_tensors: dict, tokens_next: torch.Tensor, bank: torch.Tensor) -> torch.Tensor:
     """fp32 logits ``[T, V]`` of MTP positions ``0..T-1`` (the description in the module docstring)."""
+    return _reference(hf, ref, src_tensors, tokens_next, bank)[0]
+
+
+def _reference(hf, ref, src_tensors: dict, tokens_next: torch.Tensor, bank: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits [T, V], the MTP layer's output banks [T, n*H])`` of MTP positions ``0..T-1``."""
     c = ref.config
     n, H, eps = c.hc_count, c.hidden_size, c.rms_norm_eps
     e = _rms1p(hf.model.embed_tokens.weight[tokens_next], src_tensors["mtp.pre_fc_norm_embedding.weight"], eps)
@@ -116,13 +122,20 @@ def _reference_logits(hf, ref, src_tensors: dict, tokens_next: torch.Tensor, ban
     def swap(module, args, kwargs):
         return (x, *args[1:]), kwargs
 
-    handle = ref.layers[0].register_forward_pre_hook(swap, with_kwargs=True)
+    seen = {}
+
+    def keep(module, args):
+        seen["bank"] = args[0][0].clone()
+
+    handles = [ref.layers[0].register_forward_pre_hook(swap, with_kwargs=True),
+               ref.hyper_connection_mixer.register_forward_pre_hook(keep)]
     try:
         with torch.no_grad():
             out = ref(inputs_embeds=torch.zeros(1, x.shape[1], H), use_cache=False).last_hidden_state[0]
     finally:
-        handle.remove()
-    return out @ hf.lm_head.weight.T
+        for h in handles:
+            h.remove()
+    return out @ hf.lm_head.weight.T, seen["bank"]
 
 
 def _head(text_cfg, mtp_cfg, weights):
@@ -172,6 +185,32 @@ def test_mtp_step_logits_match_the_reference_in_chunks_and_decode(world, name):
     got = torch.cat(got)
     assert want.abs().max() > 0.5
     torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("name", ["sparse", "plain"])
+def test_chained_drafts_match_the_reference(world, name):
+    """``draft`` (Qwen3.5's k-step loop over this head): step 1 over positions 0..T-1, step i at position T+i-2 fed
+    the previous step's output bank and draft; the reference appends the same bank and token to its inputs."""
+    hf, ref, src, text_cfg, mtp_cfg, weights = world[name]
+    from ninfer_qwen3_5.mtp import DraftRow
+    from safetensors.torch import load_file
+
+    src_tensors = load_file(src / "model.safetensors")
+    cfg, head, kv = _head(text_cfg, mtp_cfg, weights)
+    g = torch.Generator().manual_seed(9)
+    T, k = 11, 4
+    tokens_next = torch.randint(0, cfg.vocab_size, (T,), generator=g)
+    bank = torch.randn(T, cfg.hc_width, generator=g)
+    assert kv.ensure(0, T + k, write_from=0)
+    got = head.draft(kv, [DraftRow(0, 0, T)], tokens_next, bank, k)
+    toks, banks = tokens_next, bank
+    for i in range(k):
+        logits, out = _reference(hf, ref, src_tensors, toks, banks)
+        torch.testing.assert_close(got.logits[0, i], logits[-1], atol=2e-4, rtol=2e-4)
+        d = int(logits[-1].argmax())
+        assert int(got.tokens[0, i]) == d
+        toks = torch.cat((toks, torch.tensor([d])))
+        banks = torch.cat((banks, out[-1:]))
 
 
 def test_mtp_step_returns_the_output_bank_of_logit_rows(world):
