@@ -123,8 +123,13 @@ def mtp_shapes(cfg: Qwen4ExpConfig) -> dict[str, tuple[int, ...]]:
 
 def mtp_parameter_specs(text_config: Mapping[str, Any], mtp_config: Mapping[str, Any] | None = None
                         ) -> list[ParameterSpec]:
-    """Every parameter of the ``mtp`` component; ``mtp_config`` None: the text config's own ``mtp_*`` keys."""
-    mtp_num_layers(text_config if mtp_config is None else mtp_config)
+    """Every parameter of the ``mtp`` component; ``mtp_config`` None: the text config's own ``mtp_*`` keys (a text
+    config without them is an artifact converted from a checkpoint without an MTP head: refused by name)."""
+    source = text_config if mtp_config is None else mtp_config
+    if source.get("mtp_num_hidden_layers") is None:
+        raise NotSupportedError("speculative backend 'mtp' needs the artifact's MTP head (the mtp component), and "
+                                "this Qwen4-Exp artifact has none: its checkpoint had no mtp.* tensors")
+    mtp_num_layers(source)
     cfg = Qwen4ExpConfig.from_compact(text_config)
     return [ParameterSpec(name=n, shape=s, component=MTP_COMPONENT) for n, s in mtp_shapes(cfg).items()]
 

@@ -101,5 +101,5 @@ def test_snapshot_pause_and_context_cache_hits_equal_plain(world):
 
 def test_an_artifact_without_mtp_refuses_mtp(q4x_case):
     case = q4x_case("plain")
-    with pytest.raises(Exception, match="mtp"):
+    with pytest.raises(Exception, match="has none: its checkpoint had no mtp"):
         start(case.artifact, speculative="mtp", num_speculative_tokens=2)
