@@ -151,3 +151,13 @@ def test_qwen4exp_program_refuses_other_backends(world):
     with pytest.raises(Exception, match="dflash"):
         spec.create_program(ProgramInit(config=config, weights=weights, ops=ops, options=options,
                                         features=StartupFeatures(speculative="dflash")))
+
+
+def test_profile_counts_the_mtp_pools_and_weights(world):
+    config, spec, weights = world
+    prog = program(world, 2)
+    with_mtp = spec.profile(config, StartupFeatures(speculative="mtp"), dtype=torch.float32)
+    without = spec.profile(config, StartupFeatures(), dtype=torch.float32)
+    assert with_mtp.kv_bytes_per_token == prog.kv.bytes_per_token > without.kv_bytes_per_token
+    mtp_bytes = sum(w.numel() * w.element_size() for n, w in weights.items() if n.startswith("mtp/"))
+    assert with_mtp.weight_bytes - without.weight_bytes > mtp_bytes
