@@ -8,8 +8,7 @@ the base) and calls :meth:`SpeculativeProgram.configure_speculation` once; its m
 verify row's live image into its first snapshot and attaches the verify plan. Every unit then runs through the
 speculation (eagerly: no decode graphs), and commit, abort, scoring, warm-up and release keep its bookkeeping.
 
-Used by the Qwen4-Exp Program (ninfer-qwen4exp); the Qwen3.5 Program keeps its own copy of these hooks, which also
-serve vision and DFlash.
+Used by the Qwen3.5 Program (which adds vision and DFlash around them) and the Qwen4-Exp Program (ninfer-qwen4exp).
 """
 
 from __future__ import annotations
