@@ -8,9 +8,10 @@ core runs the decode rows, then each chunk on its own slot (see ``layers``). Phy
 declared in :func:`model_layout`: one paged KV pool per full-attention layer and one StateImage per
 sequence with the layout of :mod:`ninfer_qwen3_5.state` (so the context cache's checkpoints too).
 
-Speculative verify (:mod:`ninfer_qwen3_5.speculative_state`): :meth:`Qwen35Program.configure_speculation`
-allocates the snapshot storage; a batch with verify chunks stages each verify row's live image into its first
-snapshot, then runs the one model call; :meth:`Qwen35Program.select_snapshot` commits a row's accepted inputs.
+Speculative verify (:mod:`ninfer_qwen3_5.speculative_state`, the hooks in
+:class:`~ninfer_qwen3_5.speculative_program.SpeculativeProgram`): ``configure_speculation`` allocates the snapshot
+storage; a batch with verify chunks stages each verify row's live image into its first snapshot, then runs the one
+model call; ``select_snapshot`` commits a row's accepted inputs.
 
 Speculative decoding (``ProgramOptions.speculative_tokens = k > 0``, :mod:`ninfer_qwen3_5.speculative_decode`):
 the Program also builds the drafter of the backend ``ProgramInit.features.speculative`` names (``"mtp"``, the
@@ -35,20 +36,15 @@ state) in ``decode_out_slots``, so this architecture declares lookahead decode (
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 from ninfer.contracts.architecture import ProgramInit
 from ninfer.contracts.media import MediaInput
 from ninfer.contracts.program import (
-    ExecutionUnit,
-    PendingBatch,
     ProgramError,
     SeqId,
-    SpeculationStats,
-    WarmupLimits,
-    WarmupSummary,
 )
 from ninfer.program.batch import ForwardBatch, PackedBatch, pack_batch
 from ninfer.program.model import KVGeometry, ModelLayout, ModelProgram
@@ -58,12 +54,12 @@ from ninfer_qwen3_5.dflash import DFLASH_BACKENDS, drafter_for_backend, drafter_
 from ninfer_qwen3_5.dflash.config import DFlashConfig
 from ninfer_qwen3_5.dflash.decoding import DFlashDecoding
 from ninfer_qwen3_5.dflash.drafter import DFlashDrafter
-from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.model import Qwen35Model
 from ninfer_qwen3_5.mtp import Qwen35MTPHead, mtp_kv_layer
 from ninfer_qwen3_5.mtp.decoding import MTPDecoding
 from ninfer_qwen3_5.speculative_decode import SpeculativeDecoding
-from ninfer_qwen3_5.speculative_state import SpeculativeSnapshots, verify_plan
+from ninfer_qwen3_5.speculative_program import SpeculativeProgram
+from ninfer_qwen3_5.speculative_state import SpeculativeSnapshots
 from ninfer_qwen3_5.state import ROPE_DELTA, state_layout
 from ninfer_qwen3_5.vision.config import VisionConfig
 from ninfer_qwen3_5.vision.inputs import media_step, release_consumed
@@ -84,7 +80,7 @@ def model_layout(cfg: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False,
                        state=state_layout(cfg, dtype, vision=vision))
 
 
-class Qwen35Program(ModelProgram):
+class Qwen35Program(SpeculativeProgram, ModelProgram):
     def __init__(self, init: ProgramInit) -> None:
         cfg = Qwen35Config.from_compact(init.config)
         k = init.options.speculative_tokens
@@ -183,69 +179,9 @@ class Qwen35Program(ModelProgram):
         if checked is not None:
             self._media[seq] = checked
 
-    @property
-    def speculation_stats(self) -> SpeculationStats:
-        m = self.speculation
-        if m is None:
-            return SpeculationStats()
-        return SpeculationStats(verifies=m.verified, drafted=m.drafted, accepted=m.accepted)
-
-    def run(self, unit: ExecutionUnit) -> PendingBatch:
-        if self.speculation is None:
-            return super().run(unit)
-        return self.speculation.run(unit)
-
-    def _commit_inputs(self, pending: PendingBatch, accepted: Mapping[SeqId, int]) -> None:
-        if self.speculation is not None:
-            self.speculation.commit_inputs(pending, accepted)
-
-    def abort_pending(self, pending: PendingBatch) -> None:
-        self._check_outstanding(pending)
-        if self.speculation is not None:
-            self.speculation.abort(pending)
-        super().abort_pending(pending)
-
-    def score_chunk(self, seq: SeqId, num_tokens: int, *, logits: bool = True) -> torch.Tensor | None:
-        if self.speculation is not None:
-            self.speculation.forget(seq)   # scoring keeps no hidden states: the MTP frontier restarts after it
-        return super().score_chunk(seq, num_tokens, logits=logits)
-
-    def warm_up(self, limits: WarmupLimits) -> WarmupSummary:
-        """The base warm-up; the speculative counters read afterwards as before (its verify rows are no
-        serving)."""
-        m = self.speculation
-        counts = None if m is None else (m.verified, m.drafted, m.accepted)
-        try:
-            return super().warm_up(limits)
-        finally:
-            if m is not None:
-                m.verified, m.drafted, m.accepted = counts
-
-    def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
-        if self.speculation is not None:
-            return ()   # every speculative unit runs eagerly (it needs the hidden states)
-        return super().capture_decode_graphs(max_batch)
-
     def _free(self, seq: SeqId, s) -> None:
-        if self.speculation is not None:
-            self.speculation.forget(seq)
         self._media.pop(seq, None)
-        super()._free(seq, s)
-
-    def configure_speculation(self, max_rows: int, max_inputs: int) -> SpeculativeSnapshots:
-        """Allocate the verify snapshots: up to ``max_rows`` speculating rows of up to ``max_inputs`` (k + 1)
-        inputs each, ``max_rows * max_inputs`` StateImages of this Program's layout."""
-        if self.snapshots is not None:
-            raise ProgramError("speculation is configured already")
-        self.snapshots = SpeculativeSnapshots(self.layout.state, max_rows, max_inputs, self.device)
-        return self.snapshots
-
-    def select_snapshot(self, row_slot: int, num_inputs: int) -> None:
-        """Commit ``num_inputs`` accepted inputs of the verify row whose live StateImage slot is ``row_slot``
-        (:meth:`SpeculativeSnapshots.select`)."""
-        if self.snapshots is None:
-            raise ProgramError("speculation is not configured")
-        self.snapshots.select(self.states, row_slot, num_inputs)
+        super()._free(seq, s)   # SpeculativeProgram forgets the drafter's bookkeeping, then the base
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -274,23 +210,3 @@ class Qwen35Program(ModelProgram):
         if isinstance(self.speculation, DFlashDecoding):   # score_chunk: the drafter's context follows every forward
             return self.speculation.plain_forward(batch, ctx)
         return self.model.forward(batch.tokens, ctx, batch.logit_rows)
-
-    def step_context(self, batch: PackedBatch) -> StepContext:
-        """What every layer sees of ``batch`` (rotary tables not yet built). A batch with verify chunks first
-        stages each verify row's live image into its first snapshot (the GDN steps start from there)."""
-        verify = None
-        if batch.has_verify:
-            snaps = self.snapshots
-            if snaps is None:
-                raise ProgramError("a verify chunk needs speculation configured (configure_speculation)")
-            verify = verify_plan(batch, snaps.storage.num_slots, self.device)
-            for slot, snapshot_slots in zip(batch.chunk_slots, batch.chunk_snapshots, strict=True):
-                if snapshot_slots is not None:
-                    snaps.stage(self.states, slot, snapshot_slots[0])
-        return StepContext(
-            num_decode=batch.num_decode, num_chunk=batch.num_chunk, positions=batch.positions, cos=None, sin=None,
-            slot_mapping=batch.slot_mapping, decode_slots=batch.decode_slots, decode_out_slots=batch.decode_out_slots,
-            decode_kv_lens=batch.decode_kv_lens, decode_page_tables=batch.decode_page_tables,
-            chunk_slots=batch.chunk_slots, chunk_lens=batch.chunk_lens, chunk_cu_q=batch.chunk_cu_q,
-            chunk_kv_lens=batch.chunk_kv_lens, chunk_page_tables=batch.chunk_page_tables, kv=self.kv,
-            states=self.states, verify=verify, snapshots=None if verify is None else self.snapshots.storage)

@@ -1,9 +1,9 @@
 """The Qwen4-Exp source mapping: HF checkpoint tensors -> artifact components, objects, bindings, uses.
 
-Components: ``text`` (always) and ``vision`` (the ``model.visual.*`` tower of a ``Qwen4ExpForConditionalGeneration``
-checkpoint, its own objects, bound by no runtime feature yet). The checkpoint's ``mtp.*`` head is ignored (MTP is not
-supported yet), and so are the PLE hash buffers (``layer_multipliers``, ``ngram_heads_vocab_sizes``,
-``ngram_heads_offsets``: :mod:`~ninfer_qwen4exp.ple_hash` derives them from the config), the n-gram statistics some
+Components: ``text`` (always), ``vision`` (the ``model.visual.*`` tower of a ``Qwen4ExpForConditionalGeneration``
+checkpoint, its own objects, bound by no runtime feature yet) and ``mtp`` (the checkpoint's ``mtp.*`` head: input
+fusion, one indexed-attention layer, its stream reduction; :func:`_plan_mtp`). Ignored: the PLE hash buffers
+(``layer_multipliers``, ``ngram_heads_vocab_sizes``, ``ngram_heads_offsets``: :mod:`~ninfer_qwen4exp.ple_hash` derives them from the config), the n-gram statistics some
 checkpoints carry (``hashstats_*``, ``token_lookup``) and the final mixer's unused ``block_inject_weight``.
 
 Fused storage (one parent, read back through logical row-range bindings, so the layer runs one GEMM):
@@ -30,6 +30,7 @@ from typing import Any
 
 from ninfer.artifact.plan_builder import PlanBuilder
 from ninfer.artifact.source_mapping import ComponentPlan, ConversionPlan, SourceRows, SourceTensor, UsePlan
+from ninfer.errors import NotSupportedError
 from ninfer_qwen3_5.mapping import text_prefix
 from ninfer_qwen3_5.parameters import layer_prefix
 
@@ -40,7 +41,14 @@ from ninfer_qwen4exp.config import (
     Qwen4ExpConfigError,
     compact_text_config,
 )
-from ninfer_qwen4exp.parameters import PLE_TABLE, layer_shapes, text_shapes
+from ninfer_qwen4exp.parameters import (
+    MTP_COMPONENT,
+    PLE_TABLE,
+    layer_shapes,
+    mtp_num_layers,
+    mtp_shapes,
+    text_shapes,
+)
 
 _PLE_IGNORED = re.compile(r"ple\.ple_embedding\.(layer_multipliers|ngram_heads_vocab_sizes|ngram_heads_offsets|"
                           r"hashstats_\w+|token_lookup)$")
@@ -48,17 +56,17 @@ _SHARD = re.compile(r"ple\.ple_embedding\.ngram_embedding\.shard_(\d+)\.weight$"
 
 
 
-def _hc(b: PlanBuilder, cfg: Qwen4ExpConfig, src: str, dst: str, inject: bool) -> None:
+def _hc(b: PlanBuilder, cfg: Qwen4ExpConfig, src: str, dst: str, inject: bool, comp: str = "text") -> None:
     nh, r, n = cfg.hc_width, cfg.hc_lowrank, cfg.hc_count
-    b.one(f"{dst}/norm", "text", f"{src}.hc_norm.weight", (nh,))
-    b.one(f"{dst}/up", "text", f"{src}.input_mix_weight_up.weight", (nh, r), use=f"{dst}/up_input")
+    b.one(f"{dst}/norm", comp, f"{src}.hc_norm.weight", (nh,))
+    b.one(f"{dst}/up", comp, f"{src}.input_mix_weight_up.weight", (nh, r), use=f"{dst}/up_input")
     if not inject:
-        b.one(f"{dst}/down", "text", f"{src}.input_mix_weight_down.weight", (r, nh), use=f"{dst}/input")
+        b.one(f"{dst}/down", comp, f"{src}.input_mix_weight_down.weight", (r, nh), use=f"{dst}/input")
         extra = f"{src}.block_inject_weight.weight"
         if extra in b.tensors:
             b.ignored[extra] = "the final stream reduction injects nothing (the weight is unused)"
         return
-    mix = b.obj(f"{dst}/mix_in", "text", [(f"{src}.input_mix_weight_down.weight", (r, nh)),
+    mix = b.obj(f"{dst}/mix_in", comp, [(f"{src}.input_mix_weight_down.weight", (r, nh)),
                                           (f"{src}.block_inject_weight.weight", (n, nh))])
     at = b.rows(f"{dst}/down", mix, 0, (r, nh), use=f"{dst}/input")
     b.rows(f"{dst}/inject", mix, at, (n, nh), use=f"{dst}/input")
@@ -81,7 +89,7 @@ def _gdn(b: PlanBuilder, cfg: Qwen4ExpConfig, g: str, lp: str) -> None:
     b.one(f"{lp}/gdn/out", "text", f"{g}out_proj.weight", (H, Vd), use=f"{lp}/gdn/out_input")
 
 
-def _attention(b: PlanBuilder, cfg: Qwen4ExpConfig, a: str, lp: str) -> None:
+def _attention(b: PlanBuilder, cfg: Qwen4ExpConfig, a: str, lp: str, comp: str = "text") -> None:
     H, D, Nq, Nkv = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     qd, kd = Nq * D, Nkv * D
     hd, d = cfg.indexer_heads * cfg.indexer_head_dim, cfg.indexer_head_dim
@@ -92,7 +100,7 @@ def _attention(b: PlanBuilder, cfg: Qwen4ExpConfig, a: str, lp: str) -> None:
         start = 2 * h * D + (D if second else 0)
         return SourceRows(q_src, start, start + D), (2 * qd, H)
 
-    b.obj(inp, "text", [*(half(h, False) for h in range(Nq)), (f"{a}k_proj.weight", (kd, H)),
+    b.obj(inp, comp, [*(half(h, False) for h in range(Nq)), (f"{a}k_proj.weight", (kd, H)),
                         (f"{a}v_proj.weight", (kd, H)), *(half(h, True) for h in range(Nq)),
                         (f"{a}indexer.index_qk_proj.weight", (hd + d, H))])
     at = b.rows(f"{lp}/attention/query", inp, 0, (qd, H), use)
@@ -101,34 +109,34 @@ def _attention(b: PlanBuilder, cfg: Qwen4ExpConfig, a: str, lp: str) -> None:
     at = b.rows(f"{lp}/attention/gate", inp, at, (qd, H), use)
     at = b.rows(f"{lp}/attention/indexer_q", inp, at, (hd, H), use)
     b.rows(f"{lp}/attention/indexer_k", inp, at, (d, H), use)
-    b.one(f"{lp}/attention/out", "text", f"{a}o_proj.weight", (H, qd), use=f"{lp}/attention/out_input")
-    b.one(f"{lp}/attention/q_norm", "text", f"{a}q_norm.weight", (D,))
-    b.one(f"{lp}/attention/k_norm", "text", f"{a}k_norm.weight", (D,))
-    b.one(f"{lp}/attention/indexer_q_norm", "text", f"{a}indexer.q_layernorm.weight", (d,))
-    b.one(f"{lp}/attention/indexer_k_norm", "text", f"{a}indexer.k_layernorm.weight", (d,))
+    b.one(f"{lp}/attention/out", comp, f"{a}o_proj.weight", (H, qd), use=f"{lp}/attention/out_input")
+    b.one(f"{lp}/attention/q_norm", comp, f"{a}q_norm.weight", (D,))
+    b.one(f"{lp}/attention/k_norm", comp, f"{a}k_norm.weight", (D,))
+    b.one(f"{lp}/attention/indexer_q_norm", comp, f"{a}indexer.q_layernorm.weight", (d,))
+    b.one(f"{lp}/attention/indexer_k_norm", comp, f"{a}indexer.k_layernorm.weight", (d,))
 
 
-def _moe(b: PlanBuilder, cfg: Qwen4ExpConfig, m: str, lp: str) -> None:
+def _moe(b: PlanBuilder, cfg: Qwen4ExpConfig, m: str, lp: str, comp: str = "text") -> None:
     H, E = cfg.hidden_size, cfg.num_experts
     Ie, Is = cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
     use = f"{lp}/mlp_input"
-    b.one(f"{lp}/moe/router", "text", f"{m}gate.weight", (E, H), use=use)
+    b.one(f"{lp}/moe/router", comp, f"{m}gate.weight", (E, H), use=use)
     eg, ed = f"{lp}/moe/experts/gate_up", f"{lp}/moe/experts/down"
     if f"{m}experts.gate_up_proj" in b.tensors:
-        b.obj(eg, "text", [(f"{m}experts.gate_up_proj", (E, 2 * Ie, H))])
-        b.obj(ed, "text", [(f"{m}experts.down_proj", (E, H, Ie))])
+        b.obj(eg, comp, [(f"{m}experts.gate_up_proj", (E, 2 * Ie, H))])
+        b.obj(ed, comp, [(f"{m}experts.down_proj", (E, H, Ie))])
     else:   # per-expert tensors: concatenating their rows gives exactly the bank layout
-        b.obj(eg, "text", [s for e in range(E) for s in ((f"{m}experts.{e}.gate_proj.weight", (Ie, H)),
+        b.obj(eg, comp, [s for e in range(E) for s in ((f"{m}experts.{e}.gate_proj.weight", (Ie, H)),
                                                           (f"{m}experts.{e}.up_proj.weight", (Ie, H)))])
-        b.obj(ed, "text", [(f"{m}experts.{e}.down_proj.weight", (H, Ie)) for e in range(E)])
+        b.obj(ed, comp, [(f"{m}experts.{e}.down_proj.weight", (H, Ie)) for e in range(E)])
     b.bind(eg, eg, (E, 2 * Ie, H), use=use)
     b.bind(ed, ed, (E, H, Ie), use=f"{lp}/moe/experts/down_input")
     sg = f"{lp}/moe/shared/gate_up"
-    b.obj(sg, "text", [(f"{m}shared_expert.gate_proj.weight", (Is, H)), (f"{m}shared_expert.up_proj.weight", (Is, H))])
+    b.obj(sg, comp, [(f"{m}shared_expert.gate_proj.weight", (Is, H)), (f"{m}shared_expert.up_proj.weight", (Is, H))])
     b.bind(sg, sg, (2 * Is, H), use=use)
-    b.one(f"{lp}/moe/shared/down", "text", f"{m}shared_expert.down_proj.weight", (H, Is),
+    b.one(f"{lp}/moe/shared/down", comp, f"{m}shared_expert.down_proj.weight", (H, Is),
           use=f"{lp}/moe/shared/down_input")
-    b.one(f"{lp}/moe/shared/gate", "text", f"{m}shared_expert_gate.weight", (1, H), use=use)
+    b.one(f"{lp}/moe/shared/gate", comp, f"{m}shared_expert_gate.weight", (1, H), use=use)
 
 
 def _ple(b: PlanBuilder, cfg: Qwen4ExpConfig, p: str, lp: str, shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -186,6 +194,31 @@ def _plan_text(b: PlanBuilder, cfg: Qwen4ExpConfig, prefix: str) -> None:
             _ple(b, cfg, f"{src}ple.", lp, layer_shapes(cfg, i))
 
 
+def _plan_mtp(b: PlanBuilder, cfg: Qwen4ExpConfig, text_cfg: Mapping[str, Any]) -> ComponentPlan:
+    """The ``mtp.*`` head as the ``mtp`` component (names and shapes: :func:`~ninfer_qwen4exp.parameters.mtp_shapes`;
+    the checkpoint names are inferred from sglang's Qwen4-Exp MTP, docs/architectures/qwen4exp.md)."""
+    n = text_cfg.get("mtp_num_hidden_layers")
+    if n is None:
+        raise Qwen4ExpConfigError("the checkpoint has mtp.* tensors but the config has no mtp_num_hidden_layers")
+    try:
+        mtp_num_layers(text_cfg)
+    except NotSupportedError as e:
+        raise Qwen4ExpConfigError(str(e)) from None
+    shapes = mtp_shapes(cfg)
+    for suffix in ("fc_embedding", "fc_hidden", "pre_fc_norm_embedding", "pre_fc_norm_hidden"):
+        name = f"mtp/{suffix}"
+        b.one(name, MTP_COMPONENT, f"mtp.{suffix}.weight", shapes[name])
+    _hc(b, cfg, "mtp.hyper_connection_mixer", "mtp/mixer_hc", inject=False, comp=MTP_COMPONENT)
+    src, lp = "mtp.layers.0.", layer_prefix("mtp", 0)
+    _hc(b, cfg, f"{src}attn_hyper_connection", f"{lp}/attn_hc", inject=True, comp=MTP_COMPONENT)
+    _hc(b, cfg, f"{src}mlp_hyper_connection", f"{lp}/mlp_hc", inject=True, comp=MTP_COMPONENT)
+    _attention(b, cfg, f"{src}self_attn.", lp, comp=MTP_COMPONENT)
+    _moe(b, cfg, f"{src}mlp.", lp, comp=MTP_COMPONENT)
+    config = {"architectures": ["Qwen4ExpMTP"], "mtp_num_hidden_layers": 1,
+              "mtp_use_dedicated_embeddings": bool(text_cfg.get("mtp_use_dedicated_embeddings", False))}
+    return ComponentPlan(id=MTP_COMPONENT, config=config, target="text")
+
+
 def _plan_vision(b: PlanBuilder, hf: Mapping[str, Any], names: list[str]) -> ComponentPlan:
     vision_cfg = hf.get("vision_config")
     if vision_cfg is None:
@@ -215,9 +248,8 @@ class Qwen4ExpSourceMapping:
         b = PlanBuilder(tensors, Qwen4ExpConfigError)
         components = [ComponentPlan(id="text", config=compact)]
         _plan_text(b, cfg, text_prefix(tensors, Qwen4ExpConfigError))
-        for name in tensors:
-            if name.startswith("mtp."):
-                b.ignored[name] = "the MTP head of Qwen4-Exp is not supported yet"
+        if any(n.startswith("mtp.") for n in tensors):
+            components.append(_plan_mtp(b, cfg, config.get("text_config", config)))
         visual = sorted(n for n in tensors if n.startswith("model.visual."))
         if visual:
             components.append(_plan_vision(b, config, visual))

@@ -107,8 +107,11 @@ class Qwen4ExpModel:
         pos3 = positions.unsqueeze(0).expand(3, -1)
         return self.ops.mrope_cos_sin(pos3, self.inv_freq, self.sections, True)
 
-    def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None) -> torch.Tensor:
-        """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token)."""
+    def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None,
+                return_bank: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token); with
+        ``return_bank``, ``(logits, bank)``: ``bank`` ``[N, n*H]`` every token's hyper-connection bank after the
+        last layer, before the final reduction (what the MTP head takes, :mod:`ninfer_qwen4exp.mtp`)."""
         cfg = self.cfg
         cos, sin = self.rotary(ctx.positions)
         ctx = replace(ctx, cos=cos, sin=sin)
@@ -123,7 +126,7 @@ class Qwen4ExpModel:
             bank = HyperConnection.write(bank, y, inject)
             u, inject = layer.mlp_hc.read(bank)
             bank = HyperConnection.write(bank, layer.moe(NormInput.formed(u))[0], inject)
-        if logit_rows is not None:
-            bank = bank.index_select(0, logit_rows)
-        h, _ = self.mixer_hc.read(bank)
-        return self.ops.logits(h, self.lm_head)
+        selected = bank if logit_rows is None else bank.index_select(0, logit_rows)
+        h, _ = self.mixer_hc.read(selected)
+        logits = self.ops.logits(h, self.lm_head)
+        return (logits, bank) if return_bank else logits

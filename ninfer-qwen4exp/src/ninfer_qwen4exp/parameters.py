@@ -58,7 +58,12 @@ def hc_shapes(cfg: Qwen4ExpConfig, inject: bool = True) -> dict[str, tuple[int, 
 
 def layer_shapes(cfg: Qwen4ExpConfig, i: int) -> dict[str, tuple[int, ...]]:
     """Parameter suffix -> shape for decoder layer ``i``."""
-    kind = cfg.layer_types[i]
+    return decoder_shapes(cfg, cfg.layer_types[i], cfg.ple_layers.index(i) if i in cfg.ple_layers else None)
+
+
+def decoder_shapes(cfg: Qwen4ExpConfig, kind: str, ple_index: int | None) -> dict[str, tuple[int, ...]]:
+    """Parameter suffix -> shape for a decoder layer of ``kind``, with the PLE of PLE layer ``ple_index`` (None:
+    none). The MTP layer is one of these (``INDEXED``, no PLE)."""
     shared = qwen35_layer_shapes(cfg.qwen35, FULL if kind == INDEXED else kind)
     out = {k: v for k, v in shared.items() if k not in ("input_norm", "post_norm")}
     for module in ("attn_hc", "mlp_hc"):
@@ -68,9 +73,9 @@ def layer_shapes(cfg: Qwen4ExpConfig, i: int) -> dict[str, tuple[int, ...]]:
         d = cfg.indexer_head_dim
         out.update({"attention/indexer_q": (cfg.indexer_heads * d, H), "attention/indexer_k": (d, H),
                     "attention/indexer_q_norm": (d,), "attention/indexer_k_norm": (d,)})
-    if i in cfg.ple_layers:
+    if ple_index is not None:
         nh, e, k = cfg.hc_width, cfg.ple_embed_dim, cfg.ple_conv_kernel
-        rows = config_hash(cfg, cfg.ple_layers.index(i)).rows
+        rows = config_hash(cfg, ple_index).rows
         out.update({PLE_TABLE: (rows, cfg.ple_head_dim), "ple/key": (nh, e), "ple/value": (H, e),
                     "ple/norm_key": (nh,), "ple/norm_query": (nh,), "ple/norm_conv": (nh,), "ple/conv": (nh, k)})
     return out
@@ -87,17 +92,63 @@ def text_shapes(cfg: Qwen4ExpConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
+#: The artifact component holding the MTP head (converted from the checkpoint's ``mtp.*`` tensors).
+MTP_COMPONENT = "mtp"
+
+
+def mtp_num_layers(mtp_config: Mapping[str, Any]) -> int:
+    """The MTP layer count of an ``mtp`` component config (or of the compact text config, which carries the same
+    keys); only one layer with shared embeddings is supported."""
+    n = mtp_config.get("mtp_num_hidden_layers")
+    if n != 1:
+        raise NotSupportedError(f"Qwen4-Exp MTP with mtp_num_hidden_layers={n!r} is not supported (only 1)")
+    if mtp_config.get("mtp_use_dedicated_embeddings", False):
+        raise NotSupportedError("Qwen4-Exp MTP with dedicated embeddings is not supported (only shared ones)")
+    return 1
+
+
+def mtp_shapes(cfg: Qwen4ExpConfig) -> dict[str, tuple[int, ...]]:
+    """The ``mtp`` component's own parameters (it shares ``text/embed`` and ``text/lm_head``): the input fusion
+    ``fc_embedding`` / ``fc_hidden`` [H, H] and their norms (``pre_fc_norm_hidden`` spans the whole bank, [nH]),
+    one indexed-attention decoder layer without PLE (``mtp/layers/0/...``, a text layer's suffixes) and the stream
+    reduction ``mtp/mixer_hc``. There is no final norm."""
+    H = cfg.hidden_size
+    out: dict[str, tuple[int, ...]] = {"mtp/fc_embedding": (H, H), "mtp/fc_hidden": (H, H),
+                                       "mtp/pre_fc_norm_embedding": (H,), "mtp/pre_fc_norm_hidden": (cfg.hc_width,)}
+    out.update({f"mtp/mixer_hc/{k}": v for k, v in hc_shapes(cfg, inject=False).items()})
+    for suffix, shape in decoder_shapes(cfg, INDEXED, None).items():
+        out[f"{layer_prefix('mtp', 0)}/{suffix}"] = shape
+    return out
+
+
+def mtp_parameter_specs(text_config: Mapping[str, Any], mtp_config: Mapping[str, Any] | None = None
+                        ) -> list[ParameterSpec]:
+    """Every parameter of the ``mtp`` component; ``mtp_config`` None: the text config's own ``mtp_*`` keys (a text
+    config without them is an artifact converted from a checkpoint without an MTP head: refused by name)."""
+    source = text_config if mtp_config is None else mtp_config
+    if source.get("mtp_num_hidden_layers") is None:
+        raise NotSupportedError("speculative backend 'mtp' needs the artifact's MTP head (the mtp component), and "
+                                "this Qwen4-Exp artifact has none: its checkpoint had no mtp.* tensors")
+    mtp_num_layers(source)
+    cfg = Qwen4ExpConfig.from_compact(text_config)
+    return [ParameterSpec(name=n, shape=s, component=MTP_COMPONENT) for n, s in mtp_shapes(cfg).items()]
+
+
 def is_host_parameter(name: str) -> bool:
     return name.endswith("/" + PLE_TABLE)
 
 
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
-    """The ``text`` parameters (the PLE tables placed in host memory). Vision and speculative decoding are refused
-    until their programs exist."""
+    """The ``text`` parameters (the PLE tables placed in host memory), plus the ``mtp`` component's with
+    ``features.speculative == "mtp"`` (an artifact without that component is refused when they are bound). Vision
+    and any other speculative backend are refused."""
     if features.vision:
         raise NotSupportedError("Qwen4-Exp vision is not supported yet (the artifact stores the tower)")
-    if features.speculative is not None:
-        raise NotSupportedError(f"Qwen4-Exp speculative backend {features.speculative!r} is not supported yet")
+    if features.speculative not in (None, "mtp"):
+        raise NotSupportedError(f"Qwen4-Exp speculative backend {features.speculative!r} is not supported (mtp)")
     cfg = Qwen4ExpConfig.from_compact(config)
-    return [ParameterSpec(name=n, shape=s, component="text", placement="host" if is_host_parameter(n) else "device")
-            for n, s in text_shapes(cfg).items()]
+    specs = [ParameterSpec(name=n, shape=s, component="text", placement="host" if is_host_parameter(n) else "device")
+             for n, s in text_shapes(cfg).items()]
+    if features.speculative == "mtp":
+        specs.extend(mtp_parameter_specs(config))
+    return specs

@@ -11,7 +11,8 @@ Exact figures mirror what :class:`~ninfer_qwen4exp.program.Qwen4ExpProgram` allo
   plus the fp32 rotary inverse frequencies and each PLE layer's int64 hash constants (multipliers, head sizes and
   offsets), made at construction.
 - KV: per indexed-attention layer, K and V of ``Nkv * D`` and the indexer's side pool (K and V rows of
-  ``max(d, 2R)``), run dtype.
+  ``max(d, 2R)``), run dtype; with ``speculative == "mtp"`` the MTP layer's too, and the weights then include the
+  ``mtp`` component's (with the MTP layer's fused MoE input and its own inverse frequencies).
 - State: the StateImage of :mod:`ninfer_qwen4exp.state`.
 
 The workspace terms are estimates of the torch reference path's temporaries; compute terms count a multiply-add
@@ -59,10 +60,11 @@ def _weights(cfg: Qwen4ExpConfig, config: Mapping[str, Any], features: StartupFe
             nbytes, new = prod(s.shape) * run.itemsize, held != run or s.name.endswith(_MOE_FUSED_INPUT)
         resident += nbytes
         converted += nbytes if new else 0
-    made = cfg.rotary_dim // 2 * _F32
+    mtp = features.speculative == "mtp"   # the MTP head: its own inverse frequencies and fused MoE input
+    made = (1 + mtp) * cfg.rotary_dim // 2 * _F32
     made += len(cfg.ple_layers) * _I64 * (cfg.ngram_size + 2 * cfg.ngram_heads)
     c35 = cfg.qwen35
-    made += (cfg.num_layers * (fused_input_rows(c35) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
+    made += ((cfg.num_layers + mtp) * (fused_input_rows(c35) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
              * cfg.hidden_size * run.itemsize)
     return resident + made, converted + made, host
 
@@ -115,7 +117,7 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
     run = dtype or torch.bfloat16
     s = run.itemsize
     weight_bytes, converted, host = _weights(cfg, config, features, run, stored_dtypes or {})
-    layout = model_layout(cfg, run)
+    layout = model_layout(cfg, run, mtp=features.speculative == "mtp")
     kv = layout.kv
     per_token = len(kv.layers) * 2 * kv.num_kv_heads * kv.head_dim * s + sum(
         2 * p.num_heads * p.head_dim * s for p in kv.side)

@@ -8,8 +8,16 @@ StateImage; each indexed-attention layer's K/V and its indexer's per-token keys 
 (a side pool under the same page tables). Chunked prefill, batching, pause with Replay or Snapshot, and the
 context cache's checkpoints (a StateImage copy plus a shared KV prefix) therefore carry all of it with no code here.
 
-Not yet: speculative decoding (``ProgramOptions.speculative_tokens`` must be 0), decode CUDA graphs (the reference
-QSA and PLE ops read row metadata on the host, so every step runs eagerly) and lookahead decode (not declared).
+Speculative decoding (``ProgramOptions.speculative_tokens = k > 0``, backend ``mtp``, the only one): the Program
+builds the MTP head (:mod:`ninfer_qwen4exp.mtp`, its ``mtp/*`` parameters in ``ProgramInit.weights``, one more KV
+pool and indexer pool), and runs every unit through Qwen3.5's speculative machinery
+(:class:`~ninfer_qwen3_5.mtp.decoding.MTPDecoding` over :class:`~ninfer_qwen3_5.speculative_program.SpeculativeProgram`):
+verify chunks step every piece of StateImage state per position into snapshots (GDN as Qwen3.5, PLE conv history
+and n-gram context in :mod:`ninfer_qwen4exp.layers.ple`), QSA K/V and indexer keys beyond the accepted extent are
+never read. The MTP taps are the target's pre-reduction banks.
+
+Not yet: decode CUDA graphs (the reference QSA and PLE ops read row metadata on the host, so every step runs
+eagerly) and lookahead decode (not declared).
 """
 
 from __future__ import annotations
@@ -19,34 +27,42 @@ from ninfer.contracts.architecture import ProgramInit
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import PackedBatch
 from ninfer.program.model import ModelProgram
-from ninfer_qwen3_5.layers.context import StepContext
+from ninfer_qwen3_5.mtp.decoding import MTPDecoding
+from ninfer_qwen3_5.speculative_program import SpeculativeProgram
 
 from ninfer_qwen4exp.config import Qwen4ExpConfig
 from ninfer_qwen4exp.model import Qwen4ExpModel
+from ninfer_qwen4exp.mtp import Qwen4ExpMTPHead
 from ninfer_qwen4exp.state import model_layout
 
 
-class Qwen4ExpProgram(ModelProgram):
+class Qwen4ExpMTPDecoding(MTPDecoding):
+    """Qwen3.5's MTP bookkeeping with the Qwen4-Exp target's taps: every token's pre-reduction bank."""
+
+    def model_forward(self, packed, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.p.model.forward(packed.tokens, ctx, packed.logit_rows, return_bank=True)
+
+
+class Qwen4ExpProgram(SpeculativeProgram, ModelProgram):
     def __init__(self, init: ProgramInit) -> None:
         cfg = Qwen4ExpConfig.from_compact(init.config)
-        if init.options.speculative_tokens:
-            raise ProgramError("Qwen4-Exp does not support speculative decoding yet "
-                               f"(speculative_tokens={init.options.speculative_tokens!r})")
-        super().__init__(init, model_layout(cfg, init.options.dtype))
+        k = init.options.speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ProgramError(f"ProgramOptions.speculative_tokens must be an int >= 0, got {k!r}")
+        backend = (init.features.speculative or "mtp") if k else None
+        if backend not in (None, "mtp"):
+            raise ProgramError(f"the Qwen4-Exp Program has no speculative backend {backend!r} (mtp)")
+        super().__init__(init, model_layout(cfg, init.options.dtype, mtp=backend == "mtp"))
         self.cfg = cfg
         self.model = Qwen4ExpModel(cfg, init.weights, init.ops, self.device, init.options.dtype)
+        if backend == "mtp":
+            head = Qwen4ExpMTPHead(cfg, init.config, init.weights, self.model.embed, self.model.lm_head, init.ops,
+                                   self.device, init.options.dtype)
+            self.speculation = Qwen4ExpMTPDecoding(self, head, k)
+            self.configure_speculation(init.options.max_sequences, k + 1)
 
     def forward_packed(self, batch: PackedBatch) -> torch.Tensor:
-        if batch.has_verify:
-            raise ProgramError("Qwen4-Exp does not support speculative verify chunks yet")
-        ctx = StepContext(
-            num_decode=batch.num_decode, num_chunk=batch.num_chunk, positions=batch.positions, cos=None, sin=None,
-            slot_mapping=batch.slot_mapping, decode_slots=batch.decode_slots, decode_out_slots=batch.decode_out_slots,
-            decode_kv_lens=batch.decode_kv_lens, decode_page_tables=batch.decode_page_tables,
-            chunk_slots=batch.chunk_slots, chunk_lens=batch.chunk_lens, chunk_cu_q=batch.chunk_cu_q,
-            chunk_kv_lens=batch.chunk_kv_lens, chunk_page_tables=batch.chunk_page_tables, kv=self.kv,
-            states=self.states)
-        return self.model.forward(batch.tokens, ctx, batch.logit_rows)
+        return self.model.forward(batch.tokens, self.step_context(batch), batch.logit_rows)
 
     def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
         return ()   # the reference QSA and PLE ops synchronise with the host: no graph can hold them

@@ -46,12 +46,19 @@ def state_layout(cfg: Qwen4ExpConfig, activation_dtype: torch.dtype) -> StateLay
     return StateLayout(tuple(fields))
 
 
-def kv_geometry(cfg: Qwen4ExpConfig) -> KVGeometry:
-    layers = cfg.attention_layers
+def mtp_kv_layer(cfg: Qwen4ExpConfig) -> int:
+    """The KV pool id of the MTP layer (:mod:`ninfer_qwen4exp.mtp`): ``num_layers``, never a text layer's index; its
+    indexer side pool is ``indexer_pool(mtp_kv_layer(cfg))``."""
+    return cfg.num_layers
+
+
+def kv_geometry(cfg: Qwen4ExpConfig, mtp: bool = False) -> KVGeometry:
+    """The text layers' pools; ``mtp``: the MTP layer's K/V and indexer pools too (the same geometry)."""
+    layers = tuple(cfg.attention_layers) + ((mtp_kv_layer(cfg),) if mtp else ())
     side = tuple(SidePool(indexer_pool(i), 1, cfg.indexer_width) for i in layers)
     return KVGeometry(layers, cfg.num_kv_heads, cfg.head_dim, side=side)
 
 
-def model_layout(cfg: Qwen4ExpConfig, dtype: torch.dtype) -> ModelLayout:
-    return ModelLayout(vocab_size=cfg.vocab_size, max_positions=cfg.max_position_embeddings, kv=kv_geometry(cfg),
-                       state=state_layout(cfg, dtype))
+def model_layout(cfg: Qwen4ExpConfig, dtype: torch.dtype, mtp: bool = False) -> ModelLayout:
+    return ModelLayout(vocab_size=cfg.vocab_size, max_positions=cfg.max_position_embeddings,
+                       kv=kv_geometry(cfg, mtp), state=state_layout(cfg, dtype))

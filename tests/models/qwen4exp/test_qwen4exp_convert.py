@@ -113,9 +113,8 @@ def test_bad_configs_name_the_field(changes, error, match):
 
 def test_composite_checkpoint_converts_text_and_stores_the_tower(tmp_path, q4x_case):
     """``Qwen4ExpForConditionalGeneration``: text under ``model.language_model.`` converts to the same weights as
-    the causal LM; the vision tower becomes its own component; an ``mtp.*`` head is ignored with its reason."""
+    the causal LM; the vision tower becomes its own component (the ``mtp`` component: test_qwen4exp_mtp_head.py)."""
     import transformers as tf
-    from safetensors.torch import load_file, save_file
 
     text = dict(CASES["sparse"])
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
@@ -129,10 +128,6 @@ def test_composite_checkpoint_converts_text_and_stores_the_tower(tmp_path, q4x_c
     folder = tmp_path / "composite"
     model.save_pretrained(folder)
     write_byte_tokenizer(folder, specials=CHATML_SPECIALS, eos="<|im_end|>")
-    st = folder / "model.safetensors"
-    tensors = load_file(st)
-    tensors["mtp.fc.weight"] = torch.zeros(4, 4)
-    save_file(tensors, st, metadata={"format": "pt"})
     convert(folder, tmp_path / "composite.ninfer", progress=False)
     with ArtifactReader.open(tmp_path / "composite.ninfer") as reader:
         assert set(reader.directory.components) == {"text", "vision"}
@@ -152,12 +147,11 @@ def test_plan_ignores_exactly_what_it_derives_or_does_not_run():
     for j, n in enumerate((100, 100, rows - 200)):   # uneven shards, as torch.chunk cuts them
         tensors[f"{p}ngram_embedding.shard_{j}.weight"] = SourceTensor(f"{p}ngram_embedding.shard_{j}.weight",
                                                                        (n, width), "F32")
-    tensors["mtp.layers.0.mlp.gate.weight"] = SourceTensor("mtp.layers.0.mlp.gate.weight", (8, 32), "F32")
     tensors[p + "hashstats_bigram"] = SourceTensor(p + "hashstats_bigram", (4,), "F32")
     config = dict(CASES["sparse"], architectures=["Qwen4ExpForCausalLM"])
     plan = Qwen4ExpSourceMapping().plan(config, tensors)
     assert set(plan.ignored) == {p + "layer_multipliers", p + "ngram_heads_vocab_sizes", p + "ngram_heads_offsets",
-                                 p + "hashstats_bigram", "mtp.layers.0.mlp.gate.weight"}
+                                 p + "hashstats_bigram"}
     table = next(o for o in plan.objects if o.id == "text/layers/1/ple/table")
     assert table.sources == tuple(f"{p}ngram_embedding.shard_{j}.weight" for j in range(3))
     tensors[f"{p}ngram_embedding.shard_2.weight"] = SourceTensor(f"{p}ngram_embedding.shard_2.weight",

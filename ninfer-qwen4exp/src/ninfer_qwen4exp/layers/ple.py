@@ -47,6 +47,8 @@ def ngram_windows(tokens: torch.Tensor, ctx: StepContext, n: int, eos: int) -> t
     first); the sequences' ``ngram`` fields advance to their last n - 1 tokens (decode rows: into
     ``decode_out_slots``)."""
     field = ctx.states.field(NGRAM_FIELD)
+    if ctx.verify is not None:
+        return _verify_windows(tokens, ctx, field, n, eos)
     parts = []
     b_rows = ctx.num_decode
     if b_rows:
@@ -62,6 +64,31 @@ def ngram_windows(tokens: torch.Tensor, ctx: StepContext, n: int, eos: int) -> t
         field[slot] = _stored(history[-(n - 1):])
         at += t
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _verify_windows(tokens: torch.Tensor, ctx: StepContext, field: torch.Tensor, n: int, eos: int) -> torch.Tensor:
+    """``ngram_windows`` of a call with speculative verify chunks: decode rows and ordinary chunks as always; a verify
+    row's token ``j`` reads the history its snapshot ``j - 1`` holds (step 0: the staged live history) and writes the
+    history after it into snapshot ``j``, as ``j + 1`` decode steps would; the live fields of verify rows are not
+    written (:mod:`ninfer_qwen3_5.speculative_state`)."""
+    windows = torch.empty((tokens.shape[0], n), dtype=torch.int64, device=tokens.device)
+    b_rows = ctx.num_decode
+    if b_rows:
+        prev = _read(field.index_select(0, ctx.decode_slots), eos)
+        win = torch.cat((prev, tokens[:b_rows, None]), dim=1)
+        out = ctx.decode_slots if ctx.decode_out_slots is None else ctx.decode_out_slots
+        field.index_copy_(0, out, _stored(win[:, 1:]))
+        windows[:b_rows] = win
+    for at, t, slot in ctx.verify.chunks:
+        history = torch.cat((_read(field[slot], eos), tokens[at:at + t]))
+        windows[at:at + t] = history.unfold(0, n, 1)
+        field[slot] = _stored(history[-(n - 1):])
+    snap = ctx.snapshots.field(NGRAM_FIELD)
+    for step in ctx.verify.steps:
+        win = torch.cat((_read(snap.index_select(0, step.in_slots), eos), tokens[step.rows, None]), dim=1)
+        snap.index_copy_(0, step.out_slots, _stored(win[:, 1:]))
+        windows[step.rows] = win
+    return windows
 
 
 def dilated_taps(weight: torch.Tensor, dilation: int) -> torch.Tensor:
@@ -103,6 +130,8 @@ class PLELayer:
 
     def _conv(self, c: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         states, b_rows = ctx.states.field(self.conv_name), ctx.num_decode
+        if ctx.verify is not None:
+            return self._verify_conv(c, ctx, states)
         outs = []
         if b_rows:
             outs.append(self.ops.causal_conv1d_update(c[:b_rows], self.w_conv, states, ctx.decode_slots,
@@ -112,3 +141,18 @@ class PLELayer:
             outs.append(self.ops.causal_conv1d_prefill(c[at:at + t], self.w_conv, states[slot]))
             at += t
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _verify_conv(self, c: torch.Tensor, ctx: StepContext, states: torch.Tensor) -> torch.Tensor:
+        """``_conv`` of a call with verify chunks: token ``j`` of every verify row is one decode step from snapshot
+        ``j - 1`` into snapshot ``j`` (as the GDN conv of the same call)."""
+        out, b_rows = torch.empty_like(c), ctx.num_decode
+        if b_rows:
+            out[:b_rows] = self.ops.causal_conv1d_update(c[:b_rows], self.w_conv, states, ctx.decode_slots,
+                                                         ctx.decode_out_slots)
+        for at, t, slot in ctx.verify.chunks:
+            out[at:at + t] = self.ops.causal_conv1d_prefill(c[at:at + t], self.w_conv, states[slot])
+        snap = ctx.snapshots.field(self.conv_name)
+        for step in ctx.verify.steps:
+            out[step.rows] = self.ops.causal_conv1d_update(c[step.rows], self.w_conv, snap, step.in_slots,
+                                                           step.out_slots)
+        return out
