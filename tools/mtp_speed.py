@@ -99,9 +99,9 @@ def run_k(k: int, args, texts: list[str]) -> dict:
 
 def first_divergence(outputs: list[list[int]], plain: list[list[int]]) -> dict:
     """The first prompt whose output differs from plain decoding's, and the index of its first differing token."""
-    for i, (a, b) in enumerate(zip(outputs, plain)):
+    for i, (a, b) in enumerate(zip(outputs, plain, strict=True)):
         if a != b:
-            j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            j = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             return {"prompt": i, "token": j}
     return {"prompt": len(plain), "token": 0}
 
