@@ -110,8 +110,11 @@ KERNEL_ENTRY_POINTS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_de
 _ST_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "int64": "I64", "int32": "I32"}
 
 
+LOG_TAG = "shapes"   # the progress lines' tag; tools that reuse log and Phase set their own
+
+
 def log(msg: str) -> None:
-    print(f"[shapes {time.perf_counter() - START:7.1f}s] {msg}", flush=True)
+    print(f"[{LOG_TAG} {time.perf_counter() - START:7.1f}s] {msg}", flush=True)
 
 
 class Phase:

@@ -69,10 +69,22 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_bench_shapes import SHAPES, TINY, convert_in_memory, force_torch_path, gdn_path, kernel_paths  # noqa: E402
+import gpu_bench_shapes  # noqa: E402
+from gpu_bench_shapes import (  # noqa: E402
+    PHASES,
+    SHAPES,
+    START,
+    TINY,
+    Phase,
+    convert_in_memory,
+    force_torch_path,
+    gdn_path,
+    kernel_paths,
+    log,
+)
 
-START = time.perf_counter()
-PHASES: dict[str, float] = {}
+gpu_bench_shapes.LOG_TAG = "vision"
+
 
 VISION = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, in_channels=3, patch_size=16,
               temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=2304,
@@ -90,29 +102,6 @@ QUESTION = "Describe this image in one sentence."
 INPUTS = [("image 448x448", "image", (448, 448)), ("image 1024x1024", "image", (1024, 1024)),
           ("image 1920x1080", "image", (1080, 1920)), ("video 10s 2fps 1280x720", "video", (720, 1280, 10, 30))]
 TTFT_IMAGE = (1024, 1024)
-
-
-def log(msg: str) -> None:
-    print(f"[vision {time.perf_counter() - START:7.1f}s] {msg}", flush=True)
-
-
-class Phase:
-    """Times a phase into PHASES (synchronising the device at its end) and prints its start and end."""
-
-    def __init__(self, name: str, sync=None) -> None:
-        self.name, self.sync = name, sync
-
-    def __enter__(self):
-        log(f"{self.name} ...")
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if self.sync is not None and exc_type is None:
-            self.sync()
-        PHASES[self.name] = time.perf_counter() - self.t0
-        log(f"{self.name}: {'failed' if exc_type else 'done'} in {PHASES[self.name]:.1f} s")
-        return False
 
 
 def parse_args(argv=None):
