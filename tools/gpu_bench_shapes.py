@@ -205,6 +205,39 @@ def geometry_for(args) -> dict:
     return dict(base, num_hidden_layers=layers, layer_types=types)
 
 
+def random_model(make, device, dtype, seed: int, norms: tuple[str, ...] = ("linear_attn.norm.weight",)):
+    """``make()`` built in ``dtype`` directly on ``device``, with random weights that give O(1) activations:
+    matrices N(0, 1/fan_in) (a convolution's fan-in is all its input dims), vectors U(-0.5, 0.5) (zero-centred
+    norms), the plain norms named by ``norms`` U(0.5, 1.5), A_log = log U(0.1, 2), dt_bias U(-1, 1)."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = make()
+    finally:
+        torch.set_default_dtype(previous)
+    for p in model.parameters():  # parameters only: buffers (rotary inv_freq) keep transformers' dtype
+        if p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.uniform_(0.1, 2.0, generator=g).log_()
+            elif name.endswith("dt_bias"):
+                p.uniform_(-1.0, 1.0, generator=g)
+            elif name.endswith(norms):
+                p.uniform_(0.5, 1.5, generator=g)
+            elif p.ndim == 1:
+                p.uniform_(-0.5, 0.5, generator=g)
+            else:
+                fan_in = p[0].numel() if p.ndim >= 4 else p.shape[-1]
+                p.normal_(0.0, 1.0 / math.sqrt(fan_in), generator=g)
+    return model
+
+
 def build_hf(geometry: dict, device, seed: int):
     """A random transformers model built in bf16 directly on ``device``."""
     import torch
@@ -215,29 +248,7 @@ def build_hf(geometry: dict, device, seed: int):
         cls, config = tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig(**cfg)
     else:
         cls, config = tf.Qwen3_5MoeForCausalLM, tf.Qwen3_5MoeTextConfig(**cfg)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            model = cls(config)
-    finally:
-        torch.set_default_dtype(previous)
-    for p in model.parameters():  # parameters only: buffers (rotary inv_freq) keep transformers' dtype
-        if p.dtype != torch.bfloat16:
-            p.data = p.data.to(torch.bfloat16)
-    g = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.uniform_(0.1, 2.0, generator=g).log_()
-            elif name.endswith("dt_bias"):
-                p.uniform_(-1.0, 1.0, generator=g)
-            elif name.endswith("linear_attn.norm.weight"):
-                p.uniform_(0.5, 1.5, generator=g)
-            elif p.ndim == 1:
-                p.uniform_(-0.5, 0.5, generator=g)
-            else:
-                p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=g)
+    model = random_model(lambda: cls(config), device, torch.bfloat16, seed)
     if geometry["tie_word_embeddings"]:
         model.tie_weights()
     model.config.architectures = [cls.__name__]

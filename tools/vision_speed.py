@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
-import math
 import os
 import shutil
 import statistics
@@ -81,6 +80,7 @@ from gpu_bench_shapes import (  # noqa: E402
     gdn_path,
     kernel_paths,
     log,
+    random_model,
 )
 
 gpu_bench_shapes.LOG_TAG = "vision"
@@ -145,33 +145,11 @@ def configs(args) -> tuple[dict, dict]:
 
 def build_hf(text: dict, vision: dict, device, dtype, seed: int):
     """A random transformers Qwen3_5ForConditionalGeneration built in ``dtype`` directly on ``device``."""
-    import torch
     import transformers as tf
 
     config = tf.Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False, **TOKENS)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = tf.Qwen3_5ForConditionalGeneration(config)
-    finally:
-        torch.set_default_dtype(previous)
-    for p in model.parameters():   # parameters only: buffers (rotary inv_freq) keep transformers' dtype
-        if p.dtype != dtype:
-            p.data = p.data.to(dtype)
-    g = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.uniform_(0.1, 2.0, generator=g).log_()
-            elif name.endswith("dt_bias"):
-                p.uniform_(-1.0, 1.0, generator=g)
-            elif name.endswith(("linear_attn.norm.weight", "norm1.weight", "norm2.weight", "merger.norm.weight")):
-                p.uniform_(0.5, 1.5, generator=g)
-            elif p.ndim == 1:
-                p.uniform_(-0.5, 0.5, generator=g)
-            else:
-                p.normal_(0.0, 1.0 / math.sqrt(p[0].numel()), generator=g)
+    model = random_model(lambda: tf.Qwen3_5ForConditionalGeneration(config), device, dtype, seed,
+                         norms=("linear_attn.norm.weight", "norm1.weight", "norm2.weight", "merger.norm.weight"))
     model.config.architectures = [type(model).__name__]
     return model.eval()
 

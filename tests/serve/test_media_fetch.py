@@ -74,7 +74,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     release = threading.Event()
 
     def log_message(self, *args):
-        pass
+        """Quiet: the test server writes no access log to stderr."""
 
     def do_GET(self):  # noqa: N802 - the http.server hook name
         if self.path == "/ok.png":

@@ -10,21 +10,16 @@ from __future__ import annotations
 import random
 
 import pytest
-from ninfer import Engine, EngineOptions
+from ninfer import Engine
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.testing import convert_checkpoint, settled
 
 from .harness import EOS
+from .test_qwen4exp_engine import start
 from .test_qwen4exp_mtp_head import _checkpoint
 
 MAX_TOKENS = 24
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-
-
-def start(artifact, **options) -> Engine:
-    for key, value in dict(device="cpu", dtype="float32", max_context=256, page_size=4).items():
-        options.setdefault(key, value)
-    return Engine.start(artifact, EngineOptions(**options))
 
 
 def workload(seed: int, n: int = 8) -> list[list[int]]:

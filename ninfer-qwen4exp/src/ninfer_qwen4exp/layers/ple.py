@@ -52,11 +52,7 @@ def ngram_windows(tokens: torch.Tensor, ctx: StepContext, n: int, eos: int) -> t
     parts = []
     b_rows = ctx.num_decode
     if b_rows:
-        prev = _read(field.index_select(0, ctx.decode_slots), eos)
-        win = torch.cat((prev, tokens[:b_rows, None]), dim=1)
-        out = ctx.decode_slots if ctx.decode_out_slots is None else ctx.decode_out_slots
-        field.index_copy_(0, out, _stored(win[:, 1:]))
-        parts.append(win)
+        parts.append(_decode_windows(tokens, ctx, field, eos))
     at = b_rows
     for slot, t in zip(ctx.chunk_slots, ctx.chunk_lens, strict=True):
         history = torch.cat((_read(field[slot], eos), tokens[at:at + t]))
@@ -64,6 +60,16 @@ def ngram_windows(tokens: torch.Tensor, ctx: StepContext, n: int, eos: int) -> t
         field[slot] = _stored(history[-(n - 1):])
         at += t
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _decode_windows(tokens: torch.Tensor, ctx: StepContext, field: torch.Tensor, eos: int) -> torch.Tensor:
+    """The decode rows' windows (each row's stored history, then its token), their histories written forward."""
+    b_rows = ctx.num_decode
+    prev = _read(field.index_select(0, ctx.decode_slots), eos)
+    win = torch.cat((prev, tokens[:b_rows, None]), dim=1)
+    out = ctx.decode_slots if ctx.decode_out_slots is None else ctx.decode_out_slots
+    field.index_copy_(0, out, _stored(win[:, 1:]))
+    return win
 
 
 def _verify_windows(tokens: torch.Tensor, ctx: StepContext, field: torch.Tensor, n: int, eos: int) -> torch.Tensor:
@@ -74,11 +80,7 @@ def _verify_windows(tokens: torch.Tensor, ctx: StepContext, field: torch.Tensor,
     windows = torch.empty((tokens.shape[0], n), dtype=torch.int64, device=tokens.device)
     b_rows = ctx.num_decode
     if b_rows:
-        prev = _read(field.index_select(0, ctx.decode_slots), eos)
-        win = torch.cat((prev, tokens[:b_rows, None]), dim=1)
-        out = ctx.decode_slots if ctx.decode_out_slots is None else ctx.decode_out_slots
-        field.index_copy_(0, out, _stored(win[:, 1:]))
-        windows[:b_rows] = win
+        windows[:b_rows] = _decode_windows(tokens, ctx, field, eos)
     for at, t, slot in ctx.verify.chunks:
         history = torch.cat((_read(field[slot], eos), tokens[at:at + t]))
         windows[at:at + t] = history.unfold(0, n, 1)
