@@ -27,25 +27,27 @@ from .streams import check_stream
 VOCAB = 48
 
 
-def hold_forward(program) -> tuple[threading.Event, threading.Event]:
-    """Gate ``program.forward``: returns (gate, entered); while ``gate`` is clear the worker waits inside
-    its next forward, after setting ``entered``."""
+def hold_forward(program, method: str = "forward") -> tuple[threading.Event, threading.Event]:
+    """Gate ``program.<method>`` (``forward``, or ``run`` for a Program whose speculative decoding calls its
+    model directly): returns (gate, entered); while ``gate`` is clear the worker waits inside its next call,
+    after setting ``entered``."""
     gate, entered = threading.Event(), threading.Event()
     gate.set()
-    forward = program.forward
+    call = getattr(program, method)
 
-    def held(batch):
+    def held(arg):
         entered.set()
         gate.wait(60)
-        return forward(batch)
+        return call(arg)
 
-    program.forward = held
+    setattr(program, method, held)
     return gate, entered
 
 
-def burst(engine: Engine, program, work) -> list[tuple[int, ...]]:
-    """Submit ``work[0]``, hold the worker in its first forward, submit the rest, release; the tokens of each."""
-    gate, entered = hold_forward(program)
+def burst(engine: Engine, program, work, method: str = "forward") -> list[tuple[int, ...]]:
+    """Submit ``work[0]``, hold the worker in its first ``program.<method>`` call, submit the rest, release;
+    the tokens of each."""
+    gate, entered = hold_forward(program, method)
     gate.clear()
     handles = [engine.submit(work[0][0], sampling=work[0][1])]
     assert entered.wait(60)

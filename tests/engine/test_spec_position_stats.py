@@ -20,6 +20,8 @@ from ninfer.engine.commit import _count_verifies
 from ninfer.engine.scheduler import ScheduledUnit
 from ninfer.engine.stats import EngineCounters, EngineStats, count_verify, counter_values
 
+from .test_multi_prefill import burst
+
 CODE = ["import os\nimport sys\n\n\ndef main():\n", "class Queue:\n    def __init__(self, maxsize=0):\n",
         "# file: Lib/json/__init__.py\n", "def join(a, *p):\n    \"\"\"Join two or more pathname components",
         "import re\n", "from collections import", "    for i in range(len(", "x = {\n"]
@@ -112,8 +114,8 @@ def test_a_chunk_sample_cannot_have_verified_drafts():
         _count_verifies(_unit((3,), chunks=1), pending, EngineCounters())
 
 
-def _start(artifact, **options) -> Engine:
-    return Engine.start(artifact, EngineOptions(device="cpu", dtype="float32", max_context=160, page_size=4,
+def _start(artifact, max_context: int = 160, **options) -> Engine:
+    return Engine.start(artifact, EngineOptions(device="cpu", dtype="float32", max_context=max_context, page_size=4,
                                                 speculative="mtp", num_speculative_tokens=3, **options))
 
 
@@ -143,15 +145,16 @@ def test_default_model_positions_agree_with_the_totals(default_artifact):
 
 @pytest.mark.parametrize("context_cache", [False, True])
 def test_positions_agree_with_the_totals_across_resumes(default_artifact, context_cache):
-    # 48 pages of 4 tokens hold far less than 8 running requests: preempted requests resume by Replay (no
-    # context cache) or from their Snapshot, and the Program decodes a resumed row plainly for one step
-    # although the unit allowed it drafts.
+    # 28 pages of 4 tokens hold far less than 8 running requests of ~45 tokens: preempted requests resume by
+    # Replay (no context cache) or from their Snapshot, and the Program decodes a resumed row plainly for one
+    # step although the unit allowed it drafts. The burst is submitted while the worker is held in its first
+    # forward, so every run schedules the same steps.
     host = {"cache_host_mib": 64} if context_cache else {}  # Snapshots live on the (opt-in) Host tier
-    with _start(default_artifact, max_concurrency=8, prefill_chunk_size=5, num_pages=48,
+    with _start(default_artifact, max_concurrency=8, prefill_chunk_size=16, num_pages=28, max_context=96,
                 context_cache=context_cache, **host) as engine:
-        handles = [engine.submit(p, sampling=GREEDY) for p in CODE]
-        assert all(h.result().token_ids for h in handles)
+        tokens = burst(engine, engine._program, [(p, GREEDY) for p in CODE], "run")  # noqa: SLF001
         stats = engine.stats()
+    assert [len(t) for t in tokens] == [GREEDY.max_tokens] * len(CODE)
     assert stats.preemptions > 0
     assert (stats.snapshot_resumes if context_cache else stats.replays) > 0
     _check_consistent(stats, 3)
