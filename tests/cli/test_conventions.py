@@ -101,7 +101,7 @@ BAD_VALUES = [("-t", "-1", "--temperature"), ("--temperature", "nan", "--tempera
               ("--frequency-penalty", "-3", "--frequency-penalty"), ("--seed", "-1", "--seed"),
               ("-n", "0", "--max-tokens"), ("--max-concurrency", "9", "--max-concurrency"),
               ("--max-context", "1", "--max-context"), ("--prefill-chunk-size", "0", "--prefill-chunk-size"),
-              ("--max-step-tokens", "0", "--max-step-tokens"),
+              ("--max-step-tokens", "0", "--max-step-tokens"), ("--num-pages", "0", "--num-pages"),
               ("--num-speculative-tokens", "0", "--num-speculative-tokens"),
               ("--speculative", "no-such-backend", "--speculative")]
 

@@ -37,7 +37,7 @@ from ninfer_serve.routes_anthropic import count_tokens, messages
 from ninfer_serve.routes_chat import chat_completions
 from ninfer_serve.routes_completions import completions
 from ninfer_serve.routes_page import PAGE_ROUTES, page_paths
-from ninfer_serve.routes_system import get_model, health, list_models, metrics
+from ninfer_serve.routes_system import get_model, health, list_models, metrics, reset_prefix_cache
 from ninfer_serve.routes_tokenize import detokenize, tokenize
 
 log = logging.getLogger("ninfer.serve")
@@ -104,6 +104,7 @@ def create_app(gateway: Gateway) -> Litestar:
     app = Litestar(
         route_handlers=[chat_completions, completions, messages, count_tokens, create_response, retrieve_response,
                         delete_response, list_models, get_model, tokenize, detokenize, health, metrics,
+                        reset_prefix_cache,
                         *(PAGE_ROUTES if config.ui else [])],
         exception_handlers={Exception: _handler},
         before_send=[drop_head_body],

@@ -1,4 +1,4 @@
-"""``GET /health``, ``GET /metrics``, ``GET /v1/models`` and ``GET /v1/models/{id}``.
+"""``GET /health``, ``GET /metrics``, ``GET /v1/models``, ``GET /v1/models/{id}`` and ``POST /reset_prefix_cache``.
 
 Each also answers ``HEAD`` (load balancers, uptime checkers, ``curl -I``) through the same handler:
 the response is the GET's, status and headers included, and the app's ``drop_head_body`` hook sends
@@ -7,7 +7,8 @@ it without its body.
 
 from __future__ import annotations
 
-from litestar import HttpMethod, Request, Response, route
+import anyio
+from litestar import HttpMethod, Request, Response, post, route
 
 from ninfer_serve.errors import MODEL_NOT_FOUND, ApiError
 from ninfer_serve.gateway import Gateway
@@ -50,3 +51,13 @@ async def get_model(request: Request) -> Response:
         raise ApiError("not_found", f"the model '{name}' does not exist; this server serves '{gw.model_id}'",
                        param="model", code=MODEL_NOT_FOUND)
     return Response(_card(gw).model_dump_json().encode(), media_type="application/json")
+
+
+@post("/reset_prefix_cache", status_code=200)
+async def reset_prefix_cache(request: Request) -> Response:
+    """Drop every context-cache checkpoint (vLLM's route of the same name): after it, a prompt is computed
+    from its first token, and ``/metrics`` shows the KV pages and state slots the running requests hold and
+    nothing else. Running requests are unharmed. 200 ``{"status": "ok"}``; also without a context cache."""
+    gw: Gateway = request.app.state.gateway
+    await anyio.to_thread.run_sync(lambda: gw.engine.clear_context_cache(timeout=60.0))
+    return Response({"status": "ok"})

@@ -17,7 +17,7 @@ from ninfer.errors import NInferError
 # flag dest -> the engine field it sets (SamplingParams or EngineOptions)
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "seed")
-ENGINE_FIELDS = ("max_concurrency", "max_context", "prefill_chunk_size", "max_step_tokens", "max_encode_rows")
+ENGINE_FIELDS = ("max_concurrency", "max_context", "num_pages", "prefill_chunk_size", "max_step_tokens", "max_encode_rows")
 
 
 class OutputBudgetError(NInferError):

@@ -61,6 +61,10 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                    help="resident requests, 1..8 (default 4)")
     g.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
                    help="longest prompt + output of one request (default 4096, capped by the model)")
+    g.add_argument("--num-pages", type=int, default=None, metavar="PAGES",
+                   help="KV pool size in pages of 16 tokens, >= what one --max-context request needs (default: "
+                        "planned from device memory so every running request can reach --max-context); fewer "
+                        "pages admit the same requests but preempt some under load")
     g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when present)")
     g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="activation dtype (default: bfloat16 on CUDA, float32 on CPU)")
@@ -148,8 +152,8 @@ def engine_options(args: argparse.Namespace):
     from ninfer.errors import NInferError
 
     kw: dict[str, Any] = {}
-    for flag in ("max_concurrency", "max_context", "device", "dtype", "prefill_chunk_size", "max_step_tokens",
-                 "vision", "max_encode_rows"):
+    for flag in ("max_concurrency", "max_context", "num_pages", "device", "dtype", "prefill_chunk_size",
+                 "max_step_tokens", "vision", "max_encode_rows"):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value
