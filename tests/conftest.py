@@ -56,9 +56,13 @@ def pytest_collection_modifyitems(config, items):
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    skip_interpreted = pytest.mark.skip(reason="a whole model through interpreted Triton kernels: minutes on a CPU "
+                                               "(the GPU lane runs it natively; NINFER_RUN_SLOW=1 runs it here)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+        elif "slow_interpreted" in item.keywords and os.environ.get("NINFER_RUN_SLOW") != "1":
+            item.add_marker(skip_interpreted)
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,7 @@ def _run(program) -> tuple[dict[int, list[torch.Tensor]], list[dict[int, int]]]:
     return r.logits, tokens
 
 
+@pytest.mark.slow_interpreted
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_model_on_triton_ops_matches_reference_ops(qwen_case, name):
     case = qwen_case(name)

@@ -82,6 +82,7 @@ def _run(prog) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 # The verify plumbing (GDN layers, attention) is the same in both; only their MLPs differ. Under the
 # interpreter each case takes minutes on a 2-core CPU, so the MoE case runs where the kernels compile.
+@pytest.mark.slow_interpreted
 @pytest.mark.parametrize("name", ["dense", pytest.param("moe", marks=pytest.mark.skipif(
     DEVICE != "cuda", reason="the MoE case runs on a CUDA device (the dense one covers the plumbing here)"))])
 def test_verify_on_triton_ops_matches_reference_ops(qwen_case, name):

@@ -67,6 +67,7 @@ def _same(ref, got, tol: float) -> None:
             assert err <= tol, f"sequence {seq} row {i} logits differ by {err:.2e}"
 
 
+@pytest.mark.slow_interpreted
 def test_vision_program_on_triton_ops_matches_reference_ops(case):
     program = _program(case, "triton")
     assert program.model.ops.describe()["mrope_cos_sin"] == "triton"
