@@ -105,6 +105,11 @@ async def settled_counts(client: httpx.AsyncClient, pid: int) -> dict[str, int]:
     return process_counts(pid)
 
 
+def refusal(body: str) -> str:
+    """The kind of a 429: the queue was full, or the request waited past the queue timeout (a server deadline)."""
+    return "429_queue_timeout" if "waited too long" in body else "429_queue_full"
+
+
 class Soak:
     """The request plan and the coroutines that run it; ``tally`` collects what happened."""
 
@@ -121,7 +126,7 @@ class Soak:
             status, got = await t.send(self.client, item, stream)
             if status != 429:
                 return status, got
-            self.tally.outcomes["retried_after_429"] += 1
+            self.tally.faults[refusal(got)] += 1
             await asyncio.sleep(0.05 * (1 + attempt % 8))
         return status, got
 
@@ -193,7 +198,7 @@ class Soak:
         results = await asyncio.gather(*(t.send(self.client, self.pool[j], False) for j in picks))
         for j, (status, got) in zip(picks, results, strict=True):
             if status == 429:
-                self.tally.faults["overflow_429"] += 1
+                self.tally.faults[refusal(got)] += 1
             elif status != 200 or isinstance(got, str):
                 self.tally.fail(f"overflow burst, pool {j}: {status} {got}")
             else:
@@ -333,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-context", type=int, default=384)
     ap.add_argument("--num-pages", type=int, default=24, help="a KV pool the running requests overflow (preemption)")
     ap.add_argument("--queue-capacity", type=int, default=8)
-    ap.add_argument("--queue-timeout", type=float, default=30.0)
+    ap.add_argument("--queue-timeout", type=float, default=3.0, help="seconds a request may wait for a running place")
     ap.add_argument("--rss-slack-mib", type=float, default=48.0,
                     help="largest resident-size growth over the second half of a run of >= 2000 requests")
     ap.add_argument("--server-arg", action="append", default=[], help="an extra `ninfer serve` argument (repeatable)")

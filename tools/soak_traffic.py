@@ -131,6 +131,8 @@ async def send(client: httpx.AsyncClient, item: Item, stream: bool) -> tuple[int
                 done = True
                 continue
             chunk = json.loads(line[6:])
+            if "error" in chunk:
+                return 200, f"the stream carried an error event: {json.dumps(chunk)[:300]}"
             if chunk.get("usage"):
                 tokens, cached = chunk["usage"]["completion_tokens"], _cached(chunk["usage"])
             for choice in chunk.get("choices", ()):
