@@ -132,3 +132,99 @@ def test_schemathesis_every_operation(api):
         except Exception as exc:
             raise AssertionError(f"{op.method.upper()} {op.path}") from exc
 
+
+
+# -- hypothesis strategies for what a chat request nests: messages, tools, JSON schemas ------------------
+SCALAR_SCHEMA = st.one_of(
+    st.sampled_from([{"type": t} for t in ("string", "integer", "number", "boolean", "null")]),
+    st.lists(st.one_of(st.text(max_size=6), st.integers(-5, 5), st.none()), min_size=1, max_size=4)
+    .map(lambda v: {"enum": v}),
+    st.builds(lambda lo, hi: {"type": "integer", "minimum": lo, "maximum": hi}, st.integers(-99, 99),
+              st.integers(-99, 99)),
+    st.builds(lambda p: {"type": "string", "pattern": p}, st.sampled_from(["^[a-z]+$", "[0-9]{2}", "(", "a|"])),
+    # wrong types where a schema keyword expects another
+    st.sampled_from([{"type": 5}, {"type": "nonsense"}, {"enum": "x"}, {"properties": []}, {"required": 3},
+                     {"minLength": -1, "type": "string"}, {"items": 1, "type": "array"}, {"$ref": "#/nowhere"}]),
+)
+NAME = st.from_regex(r"[a-z][a-z0-9_]{0,7}", fullmatch=True)
+SCHEMA = st.recursive(
+    SCALAR_SCHEMA,
+    lambda inner: st.one_of(
+        st.builds(lambda props, req: {"type": "object", "properties": props,
+                                      "required": [k for k in props if req]},
+                  st.dictionaries(NAME, inner, max_size=3), st.booleans()),
+        st.builds(lambda items: {"type": "array", "items": items, "maxItems": 2}, inner),
+        st.lists(inner, min_size=1, max_size=3).map(lambda alts: {"anyOf": alts}),
+    ),
+    max_leaves=8,
+)
+TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=24)
+CONTENT = st.one_of(TEXT, st.none(), st.lists(st.one_of(
+    st.builds(lambda t: {"type": "text", "text": t}, TEXT),
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "input_text", "refusal", "bogus", 7])}),
+), max_size=3))
+TOOL = st.builds(lambda name, params, desc: {"type": "function", "function": {"name": name, "parameters": params,
+                                                                               "description": desc}},
+                 NAME, SCHEMA, TEXT)
+TOOL_CALL = st.builds(lambda i, name, args: {"id": f"call_{i}", "type": "function",
+                                             "function": {"name": name, "arguments": args}},
+                      st.integers(0, 9), NAME, st.one_of(st.just("{}"), st.just('{"a": 1}'), TEXT))
+MESSAGE = st.one_of(
+    st.builds(lambda r, c: {"role": r, "content": c}, st.sampled_from(["system", "developer", "user"]), CONTENT),
+    st.builds(lambda c, calls: {"role": "assistant", "content": c, **({"tool_calls": calls} if calls else {})},
+              CONTENT, st.lists(TOOL_CALL, max_size=2)),
+    st.builds(lambda i, c: {"role": "tool", "tool_call_id": f"call_{i}", "content": c}, st.integers(0, 9), CONTENT),
+    st.fixed_dictionaries({"role": st.sampled_from(["wizard", "", 3])}, optional={"content": CONTENT}),
+)
+RESPONSE_FORMAT = st.one_of(
+    st.none(), st.just({"type": "text"}), st.just({"type": "json_object"}),
+    st.builds(lambda s, strict: {"type": "json_schema", "json_schema": {"name": "out", "schema": s, "strict": strict}},
+              SCHEMA, st.booleans()),
+    st.sampled_from([{"type": "json_schema"}, {"type": "xml"}, {"type": "json_schema", "json_schema": []}]),
+)
+TOOL_CHOICE = st.one_of(st.none(), st.sampled_from(["auto", "none", "required", "sometimes"]),
+                        NAME.map(lambda n: {"type": "function", "function": {"name": n}}))
+
+
+@settings(max_examples=EXAMPLES_PER_OPERATION * 2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(messages=st.lists(MESSAGE, min_size=1, max_size=4), tools=st.lists(TOOL, max_size=2),
+       response_format=RESPONSE_FORMAT, tool_choice=TOOL_CHOICE, stream=st.booleans())
+def test_nested_chat_requests(api, messages, tools, response_format, tool_choice, stream):
+    """Nested messages, tools and response_format schemas: a 200 with choices or an OpenAI-shaped 4xx."""
+    client, _ = api
+    body = {"model": MODEL_ID, "messages": messages, "max_tokens": 4, "stream": stream}
+    for key, value in (("tools", tools), ("response_format", response_format), ("tool_choice", tool_choice)):
+        if value:
+            body[key] = value
+    resp = client.post("/v1/chat/completions", json=body)
+    check_error_shape("/v1/chat/completions", resp.status_code, resp.content)
+    if resp.status_code == 200 and not stream:
+        assert resp.json()["choices"], resp.text
+
+
+# -- the constraint limits answer 400 naming the limit --------------------------------------------------
+def _deep(levels: int) -> dict:
+    s: dict = {"type": "string"}
+    for _ in range(levels):
+        s = {"type": "object", "properties": {"a": s}}
+    return s
+
+
+@pytest.mark.parametrize("fields, limit", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": _deep(40)}}},
+     "MAX_SCHEMA_DEPTH"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": {
+        "enum": list(range(5000))}}}}, "MAX_ENUM_MEMBERS"),
+    ({"guided_regex": "(a|b)*" * 1000}, "MAX_REGEX_CHARS"),
+    ({"guided_choice": [str(i) for i in range(5000)]}, "MAX_CHOICES"),
+    ({"guided_grammar": 'root ::= "a"\n' + "# pad\n" * 50_000}, "MAX_SOURCE_BYTES"),
+])
+def test_constraint_limits_are_400s_naming_the_limit(api, fields, limit):
+    """(The tools' limits are tests/constrained/test_grammar_limits.py's: rendered into a prompt, tools deep
+    enough to pass one exceed this test server's 512-token context, which is checked first.)"""
+    client, _ = api
+    resp = client.post("/v1/chat/completions", json={"model": MODEL_ID, "max_tokens": 4,
+                                                     "messages": [{"role": "user", "content": "hi"}], **fields})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert limit in err["message"] and err["type"] == "invalid_request_error", err
