@@ -60,9 +60,9 @@ def _exercise(entry_bytes: bytes, parts: dict[str, bytes]) -> None:
         try:
             with ArtifactReader.open(entry) as reader:
                 for obj in reader.directory.objects:
-                    for step in (lambda: reader.verify_object(obj.id), lambda: reader.read_object(obj.id)):
+                    for read in (reader.verify_object, reader.read_object):
                         try:
-                            step()
+                            read(obj.id)
                         except ArtifactError:
                             pass
                 for cid in reader.directory.components:
