@@ -231,3 +231,41 @@ def test_constraint_limits_are_400s_naming_the_limit(api, fields, limit):
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert limit in err["message"] and err["type"] == "invalid_request_error", err
+
+
+def test_a_slow_submit_does_not_stall_the_event_loop(scripted, monkeypatch):
+    """``Engine.submit`` compiles the constraint (native, uninterruptible): it runs off the event loop, so
+    /health answers while a submit is still compiling."""
+    import asyncio
+    import threading
+
+    import httpx
+
+    entered, release = threading.Event(), threading.Event()
+    released_in_time: list[bool] = []   # False: the loop could not answer /health while submit was held
+    real_submit = scripted.submit
+
+    def slow_submit(*args, **kwargs):
+        entered.set()
+        released_in_time.append(release.wait(5))
+        return real_submit(*args, **kwargs)
+
+    monkeypatch.setattr(scripted, "submit", slow_submit)
+    app = create_app(Gateway(scripted, ServeConfig(model_id=MODEL_ID)))
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            chat = asyncio.create_task(client.post("/v1/chat/completions", json={
+                "model": MODEL_ID, "max_tokens": 2, "messages": [{"role": "user", "content": "SCRIPT:ok"}]}))
+            await asyncio.to_thread(entered.wait, 10)
+            health = await client.get("/health")
+            release.set()
+            return health, await chat
+
+    try:
+        health, chat = asyncio.run(main())
+    finally:
+        release.set()
+    assert released_in_time == [True]
+    assert health.status_code == 200 and chat.status_code == 200, (health.text, chat.text)
+    wait_idle(scripted)
