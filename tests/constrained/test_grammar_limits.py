@@ -77,3 +77,33 @@ def test_tools_limits_are_checked_before_compiling():
     wide = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"enum": list(range(L.MAX_ENUM_MEMBERS + 1))}}}}}]
     refused(lambda: compiler.compile(OutputConstraint.tools(), wide), "MAX_ENUM_MEMBERS")
+
+
+def _items(levels: int) -> dict:
+    s: dict = {"type": "integer"}
+    for _ in range(levels):
+        s = {"type": "array", "items": s}
+    return s
+
+
+# The worst sources the limits let through, compiled against the real Qwen3.5 vocabulary (248,077 ids).
+WORST_WITHIN_LIMITS = {
+    "depth": lambda: OutputConstraint.json_schema(nested_schema((L.MAX_SCHEMA_DEPTH - 1) // 2)),
+    "array depth": lambda: OutputConstraint.json_schema(_items(L.MAX_SCHEMA_DEPTH - 1)),
+    "enum": lambda: OutputConstraint.json_schema({"enum": [f"value number {i}" for i in range(L.MAX_ENUM_MEMBERS)]}),
+    "choices": lambda: OutputConstraint.choice([f"choice {i}" for i in range(L.MAX_CHOICES)]),
+    "regex": lambda: OutputConstraint.regex("(a|b|ab|ba)*c{1,50}" * (L.MAX_REGEX_CHARS // 19)),
+}
+# Far above what these take on a loaded 2-core machine: a source that took this long would be a missing limit.
+COMPILE_SECONDS = 30.0
+
+
+@pytest.mark.parametrize("name", sorted(WORST_WITHIN_LIMITS))
+def test_worst_sources_within_limits_compile_in_bounded_time(frontend, name):
+    import time
+
+    compiler = frontend.grammar_compiler()
+    constraint = WORST_WITHIN_LIMITS[name]()
+    started = time.monotonic()
+    compiler.compile(constraint)
+    assert time.monotonic() - started < COMPILE_SECONDS
