@@ -7,11 +7,13 @@ generation requests 503 while in-flight ones finish; an engine that failed or cl
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import anyio
 import anyio.to_thread
 from litestar import Request
 from ninfer.contracts.frontend import OutputOptions, PreparedPrompt
@@ -101,14 +103,20 @@ class Gateway:
         return list(self.frontend.encode(text))
 
     # -- generation --------------------------------------------------------------------------------
-    def submit(self, prompt: PreparedPrompt | Sequence[int], *, sampling: SamplingParams, output: OutputOptions,
-               endpoint: str, arrived: float, id_prefix: str, prompt_param: str,
-               transforms: Sequence[DeltaTransform] = (), session: str | None = None) -> Generation:
+    async def submit(self, prompt: PreparedPrompt | Sequence[int], *, sampling: SamplingParams,
+                     output: OutputOptions, endpoint: str, arrived: float, id_prefix: str, prompt_param: str,
+                     transforms: Sequence[DeltaTransform] = (), session: str | None = None) -> Generation:
+        """Submit off the event loop: ``Engine.submit`` compiles the request's constraint, native work that
+        may take a noticeable time and must not stall every other request's stream. Shielded: once the engine
+        has the request, its handle reaches the Generation (which cancels it on a disconnect) instead of being
+        dropped by a cancellation that arrives while the thread runs."""
         self.check_accepting()
         request_id = f"{id_prefix}{uuid.uuid4().hex}"
         try:
-            handle = self.engine.submit(prompt, sampling=sampling, output=output, request_id=request_id,
-                                        session=session)
+            with anyio.CancelScope(shield=True):
+                handle = await anyio.to_thread.run_sync(functools.partial(
+                    self.engine.submit, prompt, sampling=sampling, output=output, request_id=request_id,
+                    session=session))
         except NInferError as exc:
             raise from_engine_error(exc, prompt_param=prompt_param, at_submit=True) from None
         tokens = len(prompt.token_ids) if isinstance(prompt, PreparedPrompt) else len(prompt)

@@ -78,7 +78,7 @@ async def create_response(request: Request) -> Response:
                                            "seed": sampling.engine_seed(req.seed)}, max_tokens=budget)
     output = OutputOptions(tools=tuple(p.tools), parse_reasoning=True, parse_tool_calls=p.policy.session_parses_calls,
                            constraint=p.constraint)
-    gen = gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="resp_",
+    gen = await gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="resp_",
                     prompt_param="input", transforms=transforms_for(p.policy, p.tools), session=req.prompt_cache_key)
     frame = ResponseFrame.of(req, response_id=gen.request_id, model=gw.model_id)
     assembler = OutputAssembler(thinking_open=prompt.thinking_open)

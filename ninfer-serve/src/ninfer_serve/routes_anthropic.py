@@ -169,7 +169,7 @@ async def messages(request: Request) -> Response:
     output = OutputOptions(stop=tuple(req.stop_sequences or ()), tools=tuple(tools),
                            parse_reasoning=True, parse_tool_calls=policy.session_parses_calls,
                            constraint=constraint)
-    gen = gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="msg_",
+    gen = await gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="msg_",
                     prompt_param="messages", transforms=transforms_for(policy, tools))
     headers = {"request-id": gen.request_id}
     if req.stream:

@@ -123,7 +123,7 @@ async def chat_completions(request: Request) -> Response:
     }, max_tokens=budget)
     output = OutputOptions(stop=req.stop_list, tools=tuple(tools), parse_reasoning=True,
                            parse_tool_calls=policy.session_parses_calls, constraint=constraint)
-    gen = gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived,
+    gen = await gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived,
                     id_prefix="chatcmpl-", prompt_param="messages", transforms=transforms_for(policy, tools),
                     session=req.prompt_cache_key)
     headers = {"x-request-id": gen.request_id}

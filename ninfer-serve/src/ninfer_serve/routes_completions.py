@@ -77,7 +77,7 @@ async def completions(request: Request) -> Response:
         **sampling.openai_fields(req), "logprobs": want_lp or None, "top_logprobs": req.logprobs or None,
     }, max_tokens=budget)
     output = OutputOptions(stop=req.stop_list, parse_reasoning=False, parse_tool_calls=False, constraint=constraint)
-    gen = gw.submit(ids, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="cmpl-",
+    gen = await gw.submit(ids, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="cmpl-",
                     prompt_param="prompt", session=req.prompt_cache_key)
     headers = {"x-request-id": gen.request_id}
     echo = (text if text is not None else gw.frontend.decode(ids)) if req.echo else ""

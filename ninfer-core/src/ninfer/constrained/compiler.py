@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ninfer.constrained.grammars import clean_error
+from ninfer.contracts import constraint_limits
 from ninfer.contracts.constraint import OutputConstraint
 from ninfer.contracts.errors import InvalidConstraintError
 
@@ -92,8 +93,12 @@ class GrammarCompiler:
 
     def compile(self, constraint: OutputConstraint, tools: Sequence[Mapping[str, Any]] = (), *,
                 thinking_open: bool = False):
-        """The xgrammar CompiledGrammar of ``constraint``; raises InvalidConstraintError."""
+        """The xgrammar CompiledGrammar of ``constraint``; raises InvalidConstraintError (also for tools past
+        the limits of :mod:`~ninfer.contracts.constraint_limits`, checked before the cache is consulted)."""
         key = self.key(constraint, tools, thinking_open)
+        if constraint.kind == "tools":
+            constraint_limits.check_source_bytes(key[1], "the tools")
+            constraint_limits.check_schema_document(list(tools), "the tools")
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:

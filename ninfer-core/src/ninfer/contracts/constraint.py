@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ninfer.contracts import constraint_limits as limits
 from ninfer.contracts.errors import InvalidConstraintError
 
 ConstraintKind = Literal["gbnf", "json_object", "json_schema", "choice", "regex", "tools"]
@@ -67,6 +68,26 @@ class OutputConstraint:
                 raise InvalidConstraintError('a tools constraint needs tool_choice "required" or a tool name')
         elif self.tool_choice or self.parallel:
             raise InvalidConstraintError(f"a {self.kind} constraint takes no tool_choice/parallel")
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        """The source-size limits of :mod:`~ninfer.contracts.constraint_limits` (before any compile)."""
+        if self.kind == "regex":
+            limits.check_regex(self.text)
+        elif self.kind == "choice":
+            limits.check_choices(self.choices)
+        elif self.kind == "gbnf":
+            limits.check_source_bytes(self.text, "the grammar")
+        elif self.kind == "json_schema":
+            limits.check_source_bytes(self.text, "the JSON schema")
+            try:
+                document = json.loads(self.text)
+            except RecursionError:
+                raise InvalidConstraintError(f"the JSON schema is nested too deeply (MAX_SCHEMA_DEPTH is "
+                                             f"{limits.MAX_SCHEMA_DEPTH})") from None
+            except ValueError as exc:
+                raise InvalidConstraintError(f"the JSON schema is not valid JSON: {exc}") from exc
+            limits.check_schema_document(document)
 
     # -- constructors ----------------------------------------------------------------------------
     @classmethod
@@ -86,7 +107,8 @@ class OutputConstraint:
             except ValueError as exc:
                 raise InvalidConstraintError(f"the JSON schema is not valid JSON: {exc}") from exc
             except RecursionError:
-                raise InvalidConstraintError("the JSON schema is nested too deeply") from None
+                raise InvalidConstraintError(f"the JSON schema is nested too deeply (MAX_SCHEMA_DEPTH is "
+                                             f"{limits.MAX_SCHEMA_DEPTH})") from None
         else:
             value = schema
         if not isinstance(value, Mapping):
@@ -96,7 +118,8 @@ class OutputConstraint:
         except (TypeError, ValueError) as exc:
             raise InvalidConstraintError(f"the JSON schema is not JSON-serializable: {exc}") from exc
         except RecursionError:
-            raise InvalidConstraintError("the JSON schema is nested too deeply") from None
+            raise InvalidConstraintError(f"the JSON schema is nested too deeply (MAX_SCHEMA_DEPTH is "
+                                         f"{limits.MAX_SCHEMA_DEPTH})") from None
         return cls("json_schema", text=text)
 
     @classmethod
