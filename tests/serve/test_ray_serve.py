@@ -13,16 +13,19 @@ except the generous bounds of polls for a state to be reached.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
+import sys
 import threading
 import time
 
+import httpx
 import pytest
+from serve_helpers import MODEL_ID, client_for, sse_json
 
-ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'ninfer-serve[ray]'")
-pytest.importorskip("ray.serve", reason="Ray Serve is not installed: pip install 'ninfer-serve[ray]'")
-httpx = pytest.importorskip("httpx")
-
-from serve_helpers import MODEL_ID, client_for, sse_json  # noqa: E402
+NO_RAY = "Ray Serve is not installed: pip install 'ninfer-serve[ray]'"
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason=NO_RAY)
 
 REPLICA = "x-ninfer-replica"
 ENGINE = {"device": "cpu", "dtype": "bfloat16", "max_concurrency": 2, "max_context": 512, "queue_capacity": 4}
@@ -33,6 +36,7 @@ LONG = 400
 
 @pytest.fixture(scope="module")
 def ray_base(default_artifact):
+    ray = pytest.importorskip("ray", reason=NO_RAY)
     from ninfer.contracts.options import EngineOptions
     from ninfer_serve.config import ServeConfig
     from ninfer_serve.process import free_port
@@ -78,6 +82,8 @@ def chat(content: str, **fields) -> dict:
 
 def _replica_actor(unique_id: str):
     """The Ray actor of the engine replica with this unique id (Serve names replica actors after it)."""
+    import ray
+
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["name"].startswith("SERVE_REPLICA::") and a["name"].endswith(unique_id)]
     assert len(names) == 1, names
@@ -85,6 +91,8 @@ def _replica_actor(unique_id: str):
 
 
 def _ongoing(actor) -> int:
+    import ray
+
     return ray.get(actor.get_num_ongoing_requests.remote())
 
 
@@ -93,6 +101,93 @@ def _poll(what: str, check, timeout: float = 120.0) -> None:
     while not check():
         assert time.monotonic() < end, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+WITHOUT_RAY = "import sys; sys.modules['ray'] = None; "  # `import ray` then fails, as on a machine without it
+
+
+def test_without_ray_the_package_and_the_flag_say_what_to_install():
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_RAY + "import ninfer_serve.ray_serve"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "pip install 'ninfer-serve[ray]'" in proc.stderr
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_RAY + "from ninfer.cli.main import main; "
+                           "sys.exit(main(['serve', 'model.ninfer', '--ray']))"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "--ray needs Ray Serve, which is not installed: pip install 'ninfer-serve[ray]'" in proc.stderr
+
+
+@needs_ray
+def test_affinity_keys():
+    from ninfer_serve.ray_serve.affinity import affinity_of
+
+    def key(path: str, body: dict, method: str = "POST"):
+        return affinity_of(method, path, json.dumps(body).encode())
+
+    turn1 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "More"}]
+    # A conversation's later turns share its key; another opening, or a prompt_cache_key, has another.
+    assert key("/v1/chat/completions", {"messages": turn1}).key == key("/v1/chat/completions", {"messages": turn2}).key
+    assert key("/v1/chat/completions", {"messages": turn1}).key != key("/v1/chat/completions",
+                                                                       {"messages": turn1[1:]}).key
+    cached = key("/v1/chat/completions", {"messages": turn1, "prompt_cache_key": "s"})
+    assert cached.key == key("/v1/responses", {"input": "x", "prompt_cache_key": "s"}).key != \
+        key("/v1/chat/completions", {"messages": turn1}).key
+    # Anthropic's system prompt is part of the opening; Completions key on the prompt's start.
+    assert key("/v1/messages", {"system": "a", "messages": turn1[1:]}).key != \
+        key("/v1/messages", {"system": "b", "messages": turn1[1:]}).key
+    long = "x" * 600
+    assert key("/v1/completions", {"prompt": long + "1"}).key == key("/v1/completions", {"prompt": long + "2"}).key
+    assert key("/v1/completions", {"prompt": ["a", "b"]}).key is None  # a batch: by load
+    # Stored responses pin; everything else, and bodies that are not JSON objects, route by load.
+    assert key("/v1/responses", {"input": "x", "previous_response_id": "resp_1"}).response_id == "resp_1"
+    assert affinity_of("GET", "/v1/responses/resp_2", b"").response_id == "resp_2"
+    assert affinity_of("DELETE", "/v1/responses/resp_3", b"").response_id == "resp_3"
+    assert affinity_of("POST", "/v1/chat/completions", b"{not json").key is None
+    assert affinity_of("POST", "/v1/chat/completions", b"[1]").key is None
+    assert affinity_of("GET", "/v1/models", b"").key is None
+    assert affinity_of("POST", "/tokenize", b'{"prompt": "x"}').key is None
+
+
+@needs_ray
+def test_the_command_serves_on_a_ray_cluster_of_its_own(default_artifact):
+    """``ninfer serve --ray``: a cluster started for the command, one replica, answering until SIGTERM, after
+    which the command exits 0 (run before the module's cluster starts: one Ray cluster at a time)."""
+    import os
+    import signal
+
+    from ninfer_serve.process import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "ninfer.cli.main", "serve", str(default_artifact), "--ray", "--ray-address", "local",
+           "--replicas", "1", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "bfloat16",
+           "--max-context", "512", "--max-concurrency", "2", "--no-warmup"]
+    proc = subprocess.Popen(cmd, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if "[ninfer] serving" in line:
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        _poll("the command to say it serves", lambda: ready.is_set() or proc.poll() is not None, timeout=180)
+        assert ready.is_set(), "".join(lines)
+        assert "with 1 engine replica(s)" in "".join(lines)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=chat("Hello."), timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == MODEL_ID and r.headers[REPLICA]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, "".join(lines)
+        reader.join(30)
+        assert "[ninfer] stopping" in "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_greedy_chat_matches_one_local_engine(http, local):
@@ -189,22 +284,34 @@ def test_previous_response_id_finds_the_replica_that_stored_it(http):
 
 
 def test_a_killed_replica_fails_its_request_and_new_ones_go_elsewhere(http):
-    # Find the replica a session lives on, then give it a long request and kill it mid-generation.
+    # A session's streamed answer and a whole-answer request are both on one replica when it is killed.
     key = {"prompt_cache_key": "doomed"}
-    victim = http.post("/v1/chat/completions", json=chat("Warm up.", **key)).headers[REPLICA]
-    actor = _replica_actor(victim)
-    _poll("the victim to be idle", lambda: _ongoing(actor) == 0)
+    long = chat("Write a long story.", max_tokens=LONG, ignore_eos=True, **key)
     outcome: dict = {}
 
     def in_flight() -> None:
-        outcome["response"] = http.post("/v1/chat/completions",
-                                        json=chat("Write a long story.", max_tokens=LONG, ignore_eos=True, **key))
+        outcome["response"] = http.post("/v1/chat/completions", json=long)
 
-    thread = threading.Thread(target=in_flight)
-    thread.start()
-    _poll("the long request to reach the victim", lambda: _ongoing(actor) >= 1)
-    ray.kill(actor, no_restart=True)
+    with http.stream("POST", "/v1/chat/completions", json={**long, "stream": True}) as stream:
+        assert stream.status_code == 200
+        victim = stream.headers[REPLICA]
+        actor = _replica_actor(victim)
+        chunks = stream.iter_bytes()
+        received = [next(chunks)]
+        thread = threading.Thread(target=in_flight)
+        thread.start()
+        _poll("both requests to be on the victim", lambda: _ongoing(actor) >= 2)
+        import ray
+
+        ray.kill(actor, no_restart=True)
+        received += list(chunks)
     thread.join(120)
+
+    # The stream had started (status 200 sent): it ends with an error event naming the failure, then [DONE].
+    events = sse_json(b"".join(received).decode())
+    assert "replica" in events[-1]["error"]["message"], events[-1]
+    assert b"".join(received).rstrip().endswith(b"data: [DONE]")
+    # The whole-answer request gets a 503 in OpenAI's error shape.
     failed = outcome["response"]
     assert failed.status_code == 503, failed.text
     error = failed.json()["error"]

@@ -4,6 +4,7 @@
 - :mod:`~ninfer_serve.ray_serve.ingress`: the HTTP proxy relaying each request to a replica.
 - :mod:`~ninfer_serve.ray_serve.affinity` and :mod:`~ninfer_serve.ray_serve.router`: which replica.
 - :mod:`~ninfer_serve.ray_serve.deploy`: the application, its scaling and resources.
+- :mod:`~ninfer_serve.ray_serve.driver`: deploying it from a command and serving until stopped.
 
 Needs Ray Serve (``pip install 'ninfer-serve[ray]'``); importing this package without it raises an
 ImportError saying so. Nothing outside this package imports Ray.
@@ -19,6 +20,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       "pip install 'ninfer-serve[ray]' (or: pip install 'ray[serve]')") from exc
 
 from ninfer_serve.ray_serve.deploy import APP_NAME, ScaleOut, build_application, run_application
+from ninfer_serve.ray_serve.driver import serve_until_stopped
 from ninfer_serve.ray_serve.replica import ReplicaSpec
 
-__all__ = ["APP_NAME", "ReplicaSpec", "ScaleOut", "build_application", "run_application"]
+__all__ = ["APP_NAME", "ReplicaSpec", "ScaleOut", "build_application", "run_application", "serve_until_stopped"]

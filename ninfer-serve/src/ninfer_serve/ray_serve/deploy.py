@@ -35,14 +35,15 @@ INGRESS_DEPLOYMENT = "NInferIngress"
 class ScaleOut:
     """How the engine replicas scale and what each one asks of the cluster. Invariants (checked by
     :meth:`validate`): ``1 <= min_replicas <= max_replicas``; ``initial_replicas``, when given, within them;
-    ``target_ongoing_requests > 0``; ``num_gpus``, ``num_cpus`` >= 0; ``max_ongoing_requests >= 1`` when
+    ``target_ongoing_requests > 0``; ``num_gpus``, ``num_cpus`` >= 0 (``num_gpus`` ``None``: decided by
+    :func:`ninfer_serve.ray_serve.driver.with_cluster_gpus` from the cluster, before building); ``max_ongoing_requests >= 1`` when
     given (``None``: the engine's ``max_concurrency + queue_capacity``); table sizes >= 1."""
 
     min_replicas: int = 1
     max_replicas: int = 1
     initial_replicas: int | None = None
     target_ongoing_requests: float = 2.0
-    num_gpus: float = 0.0
+    num_gpus: float | None = 0.0
     num_cpus: float = 1.0
     max_ongoing_requests: int | None = None
     ingress_replicas: int = 1
@@ -59,7 +60,7 @@ class ScaleOut:
                              f"{self.max_replicas}")
         if not self.target_ongoing_requests > 0:
             raise ValueError(f"target ongoing requests must be > 0, got {self.target_ongoing_requests}")
-        if self.num_gpus < 0 or self.num_cpus < 0:
+        if (self.num_gpus is not None and self.num_gpus < 0) or self.num_cpus < 0:
             raise ValueError(f"per-replica resources must be >= 0, got {self.num_gpus} GPUs, {self.num_cpus} CPUs")
         if self.max_ongoing_requests is not None and self.max_ongoing_requests < 1:
             raise ValueError(f"max ongoing requests must be >= 1, got {self.max_ongoing_requests}")
@@ -95,6 +96,8 @@ def _engine_capacity(options: Any) -> int:
 def build_application(spec: ReplicaSpec, scale: ScaleOut) -> Any:
     """The bound Ray Serve application (pass it to ``serve.run``)."""
     scale.validate()
+    if scale.num_gpus is None:
+        raise ValueError("ScaleOut.num_gpus is None: decide it from the cluster first (driver.with_cluster_gpus)")
     max_ongoing = scale.max_ongoing_requests or _engine_capacity(spec.engine_options)
     engine = serve.deployment(
         EngineReplica, name=ENGINE_DEPLOYMENT,
