@@ -66,7 +66,7 @@ def _scale_out(args, options):
                         target_ongoing_requests=args.target_ongoing_requests or float(options.max_concurrency),
                         num_gpus=args.gpus_per_replica,  # None: one per replica when the cluster has GPUs
                         num_cpus=1.0 if args.cpus_per_replica is None else args.cpus_per_replica,
-                        graceful_shutdown_timeout_s=args.shutdown_timeout).validate()
+                        graceful_shutdown_timeout_s=args.shutdown_timeout, log_level=args.log_level).validate()
     except ValueError as exc:
         raise NInferError(f"--ray: {exc}") from None
 

@@ -37,7 +37,8 @@ class ScaleOut:
     :meth:`validate`): ``1 <= min_replicas <= max_replicas``; ``initial_replicas``, when given, within them;
     ``target_ongoing_requests > 0``; ``num_gpus``, ``num_cpus`` >= 0 (``num_gpus`` ``None``: decided by
     :func:`ninfer_serve.ray_serve.driver.with_cluster_gpus` from the cluster, before building); ``max_ongoing_requests >= 1`` when
-    given (``None``: the engine's ``max_concurrency + queue_capacity``); table sizes >= 1."""
+    given (``None``: the engine's ``max_concurrency + queue_capacity``); table sizes >= 1. ``log_level``: Ray
+    Serve's log level for both deployments (``ninfer serve --log-level``)."""
 
     min_replicas: int = 1
     max_replicas: int = 1
@@ -51,6 +52,7 @@ class ScaleOut:
     response_owners: int = 65536
     health_check_period_s: float = 10.0
     graceful_shutdown_timeout_s: float = 30.0
+    log_level: str = "INFO"
 
     def validate(self) -> ScaleOut:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -99,8 +101,9 @@ def build_application(spec: ReplicaSpec, scale: ScaleOut) -> Any:
     if scale.num_gpus is None:
         raise ValueError("ScaleOut.num_gpus is None: decide it from the cluster first (driver.with_cluster_gpus)")
     max_ongoing = scale.max_ongoing_requests or _engine_capacity(spec.engine_options)
+    logging = {"log_level": scale.log_level.upper()}
     engine = serve.deployment(
-        EngineReplica, name=ENGINE_DEPLOYMENT,
+        EngineReplica, name=ENGINE_DEPLOYMENT, logging_config=logging,
         ray_actor_options={"num_gpus": scale.num_gpus, "num_cpus": scale.num_cpus},
         max_ongoing_requests=max_ongoing,
         # Ray queues requests the replicas have no room for; the engine's own queue answers 429 before that.
@@ -113,6 +116,7 @@ def build_application(spec: ReplicaSpec, scale: ScaleOut) -> Any:
     )
     ingress = serve.deployment(
         serve.ingress()(Ingress), name=INGRESS_DEPLOYMENT, num_replicas=scale.ingress_replicas,
+        logging_config=logging,
         # The proxy does no model work: it must not take a CPU a replica could use.
         ray_actor_options={"num_cpus": 0},
         # Streams are long-lived and cheap to relay; the engines bound the real concurrency.
