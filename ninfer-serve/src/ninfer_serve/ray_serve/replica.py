@@ -82,9 +82,12 @@ class EngineReplica:
             raise RuntimeError(f"the engine of replica {self.replica_id} failed: {failure}")
 
     def __del__(self) -> None:
+        """Ray's graceful shutdown (after in-flight requests drained, up to its timeout): close the engine."""
+        gateway = getattr(self, "_gateway", None)
+        if gateway is not None:
+            gateway.begin_shutdown()
         engine = getattr(self, "_engine", None)
         if engine is not None:
-            self._gateway.begin_shutdown()
             engine.close()
 
     def _scope(self, req: ForwardedRequest) -> dict[str, Any]:
