@@ -184,6 +184,30 @@ def test_affinity_keys():
 
 
 @needs_ray
+def test_scale_out_bounds():
+    from ninfer_serve.ray_serve import ScaleOut
+
+    assert ScaleOut(min_replicas=2, max_replicas=2).replica_count() == {"num_replicas": 2}
+    auto = ScaleOut(min_replicas=1, max_replicas=4, initial_replicas=2, target_ongoing_requests=8).replica_count()
+    assert auto == {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 2,
+                                           "target_ongoing_requests": 8}}
+    for bad in ({"min_replicas": 0}, {"min_replicas": 3, "max_replicas": 2}, {"max_replicas": 2, "initial_replicas": 3},
+                {"target_ongoing_requests": 0}, {"num_gpus": -1}, {"max_ongoing_requests": 0}):
+        with pytest.raises(ValueError):
+            ScaleOut(**bad).validate()
+
+
+def test_ray_flags_are_checked_before_anything_loads(capsys):
+    from ninfer.cli import main as cli_main
+
+    for argv, message in ((["--replicas", "2"], "--replicas needs --ray"),
+                          (["--ray", "--replicas", "2", "--min-replicas", "1", "--max-replicas", "3"], "not both"),
+                          (["--ray", "--min-replicas", "1"], "needs both --min-replicas and --max-replicas")):
+        assert cli_main.main(["serve", "model.ninfer", *argv]) == 2
+        assert message in capsys.readouterr().err
+
+
+@needs_ray
 def test_the_command_serves_on_a_ray_cluster_of_its_own(default_artifact):
     """``ninfer serve --ray``: a cluster started for the command, one replica, answering until SIGTERM, after
     which the command exits 0 (run before the module's cluster starts: one Ray cluster at a time)."""
