@@ -334,6 +334,29 @@ def test_previous_response_id_finds_the_replica_that_stored_it(http):
     assert got.status_code == 200 and got.json()["id"] == rid and got.headers[REPLICA] == owner
 
 
+def _cancelled(http) -> tuple[str, float]:
+    """(replica, its count of cancelled chat requests) from ``/metrics``, which the least loaded replica answers."""
+    r = http.get("/metrics")
+    assert r.status_code == 200
+    line = 'ninfer_requests_total{endpoint="/v1/chat/completions",outcome="cancelled"} '
+    values = [float(x[len(line):]) for x in r.text.splitlines() if x.startswith(line)]
+    return r.headers[REPLICA], (values[0] if values else 0.0)
+
+
+def test_a_client_that_goes_away_cancels_its_engine_request(http):
+    # With both replicas idle, Ray's least-loaded choice is the same replica for the stream and for /metrics.
+    _poll("the replicas to be idle", lambda: all(_ongoing(a) == 0 for a in _engine_actors()))
+    replica, before = _cancelled(http)
+    with http.stream("POST", "/v1/chat/completions",
+                     json=chat("Ramble on.", max_tokens=LONG, ignore_eos=True, stream=True)) as stream:
+        assert stream.headers[REPLICA] == replica
+        chunks = stream.iter_bytes()
+        next(chunks)
+        chunks.close()  # the connection closes mid-stream
+    _poll("the replicas to be idle", lambda: all(_ongoing(a) == 0 for a in _engine_actors()))
+    assert _cancelled(http) == (replica, before + 1)
+
+
 def test_a_killed_replica_fails_its_request_and_new_ones_go_elsewhere(http):
     _poll("the replicas to be idle", lambda: all(_ongoing(a) == 0 for a in _engine_actors()))
     # A session's streamed answer and a whole-answer request are both on one replica when it is killed.

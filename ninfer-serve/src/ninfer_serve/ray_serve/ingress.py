@@ -152,6 +152,7 @@ class IngressApp:
         watch = asyncio.ensure_future(_until_disconnect(receive))
         watch.add_done_callback(lambda t: answer.cancel() if not t.cancelled() else None)
         started: Message | None = None
+        finished = False
         try:
             async for message in answer:
                 if message["type"] == "http.response.start":
@@ -159,6 +160,7 @@ class IngressApp:
                     if method == "POST" and path == "/v1/responses":
                         self._remember_owner(message)
                 await send(message)
+            finished = True
         except Exception as exc:  # noqa: BLE001 - a Ray or proxy error must not leave the client without an answer
             if watch.done() and not watch.cancelled():
                 return  # the client went away and the replica call was cancelled with it: nobody to answer
@@ -171,6 +173,10 @@ class IngressApp:
             with contextlib.suppress(Exception):  # the client may be gone too
                 await _fail(send, err, path, started)
         finally:
+            if not finished:
+                # Also when Ray's proxy cancels this call (its client disconnected): the replica must stop too.
+                with contextlib.suppress(Exception):
+                    answer.cancel()
             watch.cancel()
             with contextlib.suppress(BaseException):
                 await watch
