@@ -2,13 +2,15 @@
 engine replicas of the embedded default model behind the ingress, driven over real HTTP.
 
 Shown: the OpenAI and Anthropic routes answer through the ingress (streaming too) with the same greedy
-text as one local engine; a session (prompt_cache_key, or the conversation's opening) stays on one replica
-and its second turn is served from the context cache; independent requests spread to the least loaded
-replica; a stored response is found by previous_response_id; a killed replica fails its in-flight request
-with a 503 naming the replica failure while new requests go to the replica still running.
+text as one local engine; a session (prompt_cache_key, or the conversation's opening) stays on its replica
+even when that replica is the busier one, and its second turn is served from the context cache; a stored
+response is found by previous_response_id the same way; independent requests go to the least loaded
+replica; a client that disconnects cancels its engine request; a killed replica fails its in-flight
+requests (a 503 naming the replica failure, or an error event ending a started stream) while new requests
+go to the replica still running, and Ray's replacement serves; ``ninfer serve --ray`` runs and stops.
 
-Routing is checked through the ``x-ninfer-replica`` header each answer carries. Nothing waits on a clock
-except the generous bounds of polls for a state to be reached.
+Routing is checked through the ``x-ninfer-replica`` header each answer carries and Ray's per-replica count of
+requests in flight. Nothing waits on a clock except the generous bounds of polls for a state to be reached.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ LONG = 400
 
 
 @pytest.fixture(scope="module")
-def ray_base(default_artifact):
+def ray_base(request):
     ray = pytest.importorskip("ray", reason=NO_RAY)
+    default_artifact = request.getfixturevalue("default_artifact")  # after the skip: no conversion without Ray
     from ninfer.contracts.options import EngineOptions
     from ninfer_serve.config import ServeConfig
     from ninfer_serve.process import free_port
