@@ -59,6 +59,9 @@ def add_arguments(p) -> None:
                    help="do not serve the chat page at / (API-only deployments; / answers 404)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="server log level; at info and debug every request gets an access-log line (default info)")
+    from ninfer_serve.cli_ray import add_ray_arguments
+
+    add_ray_arguments(p)
 
 
 def allowed_origins(raw: str | None) -> tuple[str, ...]:
@@ -111,6 +114,14 @@ def run(args) -> int:
     if args.queue_timeout is not None:
         options = dataclasses.replace(options, queue_timeout_s=args.queue_timeout)
 
+    from ninfer_serve.cli_ray import check_ray_flags
+
+    if check_ray_flags(args):
+        from ninfer_serve.cli_ray import serve_on_ray
+
+        _check_exposure(args)
+        return serve_on_ray(args, options, serve_config(args, args.model_id or "", origins, media))
+
     from ninfer_serve.listen import reserve_address
 
     # Before anything slow: an address in use fails now, not after the model has loaded.
@@ -136,12 +147,21 @@ def _check_exposure(args) -> None:
           f"that reaches it can use every endpoint", file=sys.stderr)
 
 
+def serve_config(args, model_id: str, origins: tuple[str, ...], media):
+    """The ServeConfig the server flags describe (``ninfer serve`` and ``ninfer serve --ray`` alike)."""
+    from ninfer_serve.config import ServeConfig
+
+    return ServeConfig(model_id=model_id, api_key=args.api_key, keepalive_s=args.keepalive,
+                       max_body_bytes=int(args.max_body_mib * 2**20),
+                       max_header_bytes=int(args.max_header_kib * 2**10), allowed_origins=origins,
+                       responses_store_size=args.responses_store_size, media=media, ui=args.ui)
+
+
 def _serve(args, options, sock, origins: tuple[str, ...], media) -> int:
     from ninfer import Engine
     from ninfer.contracts.memory import format_memory_summary
     from ninfer.model_source import resolve_model
 
-    from ninfer_serve.config import ServeConfig
     from ninfer_serve.server import serve
     from ninfer_serve.warmup import warm_up
 
@@ -159,11 +179,7 @@ def _serve(args, options, sock, origins: tuple[str, ...], media) -> int:
             took = warm_up(engine)
             if not args.quiet:
                 print(f"[ninfer] warm-up done in {took:.2f} s", file=sys.stderr)
-        config = ServeConfig(model_id=model_id, api_key=args.api_key, keepalive_s=args.keepalive,
-                             max_body_bytes=int(args.max_body_mib * 2**20),
-                             max_header_bytes=int(args.max_header_kib * 2**10), allowed_origins=origins,
-                             responses_store_size=args.responses_store_size, media=media,
-                             ui=args.ui)
+        config = serve_config(args, model_id, origins, media)
 
         def ready() -> None:  # the server accepts connections now
             if not args.quiet:
@@ -181,4 +197,5 @@ def _serve(args, options, sock, origins: tuple[str, ...], media) -> int:
 COMMAND = CliCommand(
     name="serve", help="serve a model over HTTP (OpenAI and Anthropic APIs)", add_arguments=add_arguments, run=run,
     description="Serve one model over HTTP: OpenAI Chat Completions / Completions / Responses / Models, Anthropic Messages, "
-                "/tokenize, /health and Prometheus /metrics.")
+                "/tokenize, /health and Prometheus /metrics; with --ray, over engine replicas on a Ray cluster "
+                "(docs/scale-out.md).")
