@@ -55,7 +55,7 @@ def test_installed_entry_points_add_serve_after_the_core_commands():
     reg = PluginRegistry()
     assert list(reg.cli_commands)[:len(CORE_COMMANDS)] == CORE_COMMANDS
     serve = {i.name: i for i in reg.plugins()}["serve"]
-    assert serve.distribution == "ninfer-serve" and serve.registered == {"cli_commands": ("serve",)}
+    assert serve.distribution == "ninfer-serve" and serve.registered == {"cli_commands": ("serve", "bench-serve")}
 
 
 def test_a_plugin_command_is_parsed_and_run(capsys):

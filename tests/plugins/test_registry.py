@@ -225,7 +225,7 @@ def test_real_entry_points_include_qwen3_5_and_serve():
     reg = PluginRegistry()
     infos = {i.name: i for i in reg.plugins()}
     assert "qwen3_5" in infos
-    assert infos["serve"].distribution == "ninfer-serve" and infos["serve"].registered == {"cli_commands": ("serve",)}
+    assert infos["serve"].distribution == "ninfer-serve" and infos["serve"].registered == {"cli_commands": ("serve", "bench-serve")}
 
 
 def test_the_first_registered_default_model_is_the_default(tmp_path):
