@@ -11,6 +11,7 @@ queue. :class:`Tally` counts outcomes per kind and collects failures (anything a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections import Counter
@@ -253,7 +254,5 @@ async def disconnect_mid_stream(client: httpx.AsyncClient, item: Item, after: in
 
 async def abort_early(client: httpx.AsyncClient, item: Item, after_s: float) -> None:
     """Send ``item`` and give up after ``after_s`` seconds (a client deadline), usually before the answer."""
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(client.post(f"/v1/{item.route}", json={**item.body, "max_tokens": 32}), after_s)
-    except TimeoutError:
-        pass

@@ -49,8 +49,9 @@ def serve_until_stopped(spec: ReplicaSpec, scale: ScaleOut, *, host: str, port: 
         with _on_stop_signal(lambda *_: stop.set()):
             if not stop.is_set():
                 on_ready(scale)
+                # Timed waits, so the main thread runs the SIGTERM/SIGINT handler that sets ``stop``.
                 while not stop.wait(0.5):
-                    pass
+                    continue
                 on_stopping()
             serve.delete(APP_NAME)
     finally:
