@@ -3,7 +3,8 @@
 #   1. tools/serve_bursts.py: burst TTFT, inter-token latency and an 8k arrival per step-budget configuration,
 #      and the start-up cost of the warm-up (the `nowarmup` configuration);
 #   2. `ninfer bench` with the context cache off, then on (one pair: B=1, B=8 decode and the 8k prefill);
-#   3. tools/mtp_speed.py: MTP acceptance and speed on the embedded default model, k = 0..4.
+#   3. tools/mtp_speed.py: MTP acceptance and speed on the embedded default model, k = 0..4;
+#   4. `ninfer bench-serve` (vLLM's bench serve protocol) against `ninfer serve` at 1, 2, 4 and 8 streams.
 # Each phase has its own time limit, so a slow one cannot take the others' results with it.
 #
 #   bash tools/gpu_serving_run.sh          # on the device, carry .gpu-wheels; results under $OUT
@@ -16,10 +17,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out="${OUT:-$PWD/serving-results}"
 work=/tmp/ninfer_serving
 configs="${CONFIGS:-default,256,512,1024,ttft,nowarmup}"
-phases=",${PHASES:-1,2,3},"
-device=cuda shape=(--shape 9b) bursts=() bench=() mtp=() install=1
+phases=",${PHASES:-1,2,3,4},"
+device=cuda shape=(--shape 9b) bursts=() bench=() mtp=() install=1 per_stream=16 serve_io=(110 256)
 if [ "${TINY:-0}" = 1 ]; then
-    device=cpu shape=(--tiny) bursts=(--tiny) install=0 mtp=(--tokens 24 --prompts 2 --ks 0,2)
+    device=cpu shape=(--tiny) bursts=(--tiny) install=0 mtp=(--tokens 24 --prompts 2 --ks 0,2) per_stream=2 serve_io=(12 8)
     bench=(--decode-prompt-tokens 16 --decode-base-tokens 2 --decode-steps 4 --repeats 1 --copy-mib 16 --matmul-size 128)
 fi
 mkdir -p "$out" "$work"
@@ -69,5 +70,27 @@ esac
 case "$phases" in *,3,*)
 say "phase 3: MTP on the default model"
 timeout 150 python3 tools/mtp_speed.py --device $device "${mtp[@]}" --out "$out" 2>&1 | tee "$out/mtp.log" ;;
+esac
+case "$phases" in *,4,*)
+say "phase 4: ninfer bench-serve at 1, 2, 4, 8 streams"
+port=18431
+python3 -m ninfer.cli.main serve "$art" --device $device --host 127.0.0.1 --port $port --max-concurrency 8 \
+    --model-id bench --log-level warning > "$out/bench_serve_server.log" 2>&1 &
+server=$!
+python3 - "$port" <<'PY'
+import sys, time, urllib.request
+for _ in range(1200):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2)
+        break
+    except OSError:
+        time.sleep(0.25)
+PY
+for c in 1 2 4 8; do
+    timeout 120 python3 -m ninfer.cli.main bench-serve --base-url "http://127.0.0.1:$port" \
+        --num-prompts $((c * per_stream)) --random-input-len ${serve_io[0]} --random-output-len ${serve_io[1]} \
+        --max-concurrency $c --ignore-eos --result-file "$out/bench_serve_c$c.json" 2>&1 | tee -a "$out/bench_serve.log"
+done
+kill $server; wait $server 2>/dev/null ;;
 esac
 say "done"

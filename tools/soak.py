@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -103,6 +104,26 @@ async def settled_counts(client: httpx.AsyncClient, pid: int) -> dict[str, int]:
     await wait_idle(client)
     await asyncio.sleep(1.0)   # a pruned worker thread exits after being told to
     return process_counts(pid)
+
+
+async def settled_fds(pid: int, before: int, timeout: float = 20.0) -> int:
+    """The server's open descriptors once the sockets of connections the client just closed are gone: a loaded
+    server may take a moment to see a peer's close, while a leaked descriptor stays open for good."""
+    end = time.monotonic() + timeout
+    while True:
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        if fds <= before or time.monotonic() > end:
+            return fds
+        await asyncio.sleep(0.5)
+
+
+def open_fds(pid: int) -> list[str]:
+    """What the server's descriptors point at (``socket:[inode]``, a path, ``pipe:[...]``), to name a leak."""
+    out = []
+    for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+        with contextlib.suppress(OSError):
+            out.append(f"{fd}->{os.readlink(f'/proc/{pid}/fd/{fd}')}")
+    return out
 
 
 def refusal(body: str) -> str:
@@ -284,6 +305,9 @@ async def soak(args) -> dict:
                 s.tally.fail(f"POST /reset_prefix_cache: {r.status_code} {r.text[:200]}")
             cleared = await metrics(client)
             after = await settled_counts(client, proc.pid)
+            after["fds"] = await settled_fds(proc.pid, before["fds"])
+            if after["fds"] > before["fds"]:
+                after["open_fds"] = open_fds(proc.pid)
             if after["threads"] > before["threads"] and args.thread_dump:
                 after["thread_dump"] = thread_dump(proc.pid)
     finally:
@@ -302,7 +326,8 @@ def report(args, tally: t.Tally, served, cleared, before, after, rss, soak_s: fl
         if v:
             tally.fail(f"leak: {k} = {v:g} with no request left and the context cache cleared")
     if after["fds"] > before["fds"]:
-        tally.fail(f"leak: the server's open file descriptors went from {before['fds']} to {after['fds']}")
+        tally.fail(f"leak: the server's open file descriptors went from {before['fds']} to {after['fds']}: "
+                   f"{' '.join(after['open_fds'])}")
     # The event loop's default executor (a ThreadPoolExecutor, where litestar runs sync iteration) keeps up to
     # min(32, cpus + 4) threads once it has needed them; idle anyio workers are pruned before counting.
     pool_cap = min(32, (os.cpu_count() or 1) + 4)

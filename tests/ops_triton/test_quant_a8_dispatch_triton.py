@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from ops.conftest import randn  # noqa: E402
 
-from .conftest import DEVICE, triton_ops  # noqa: E402
+from .conftest import CUDA, DEVICE, triton_ops  # noqa: E402
 from .quant_cases import U_OUT, decoded, gamma, random_packed  # noqa: E402
 
 
@@ -52,16 +52,19 @@ def test_a8_weight_dispatches_the_a8_gemm(dtype, m, gen, monkeypatch):
     # Each against the fp64 product of its own quantized activations: fp32 sums in any order (tensor cores:
     # u = 2^-23; per-chunk scaling adds a few roundings), then one rounding to dtype. The two quantizations agree
     # to one E4M3 step at most (under the triton interpreter a rare value a hair above a tie rounds down), so
-    # out and ref are within that step's effect as well.
+    # out and ref are within that step's effect as well. On CUDA each 128-lane chunk is summed inside Hopper's FP8
+    # MMA, whose accumulator keeps about 14 significant bits: 4 * 2^-13 of the magnitude sum (test_fp8_a8_gemm).
     wd = decoded(w)
     uo = U_OUT[dtype]
+    mma = 4 * 2.0 ** -13 if CUDA else 0.0
     for got, (codes, scales) in ((out.cpu(), _kernel_rows(x)), (ref, quantize_rows(x.cpu()))):
         xq = codes.double() * scales.double()[:, None]
         exact, mag = xq @ wd.T, xq.abs() @ wd.abs().T
-        limit = uo * exact.abs() + (1 + uo) * gamma(k + 8, 2.0 ** -23) * mag
+        limit = uo * exact.abs() + (1 + uo) * (mma + gamma(k + 8, 2.0 ** -23)) * mag
         assert ((got.double() - exact).abs() <= limit).all()
     step = x.cpu().double().abs() * 2.0 ** -3 + quantize_rows(x.cpu())[1].double()[:, None] * 2.0 ** -9
     bound = step @ wd.abs().T + 2 * uo * ref.double().abs() + 1e-6
+    bound += mma * (x.cpu().double().abs() * (1 + 2.0 ** -3)) @ wd.abs().T  # the kernel's MMA sums, as above
     assert ((out.cpu().double() - ref.double()).abs() <= bound).all()
     lg = ops.logits(x, w)
     assert lg.dtype == torch.float32 and torch.equal(lg.cpu(), out.cpu().float())
