@@ -12,14 +12,15 @@ from ninfer_serve.process import ServerStartError, free_port, wait_until_healthy
 MODEL_ID = "qwen3_5-stdlib"  # the embedded default model's metadata.name
 
 
-def scripted_engine(frontend, *, max_concurrency: int = 2, queue_capacity: int = 2, delay: float = 0.0):
+def scripted_engine(frontend, *, max_concurrency: int = 2, queue_capacity: int = 2, delay: float = 0.0,
+                    **options):
     from ninfer import Engine
     from serve_scripted import ScriptedProgram
 
     program = ScriptedProgram(frontend, max_sequences=max_concurrency)
     program.delay = delay
     return Engine.from_parts(program, frontend, max_concurrency=max_concurrency, queue_capacity=queue_capacity,
-                             max_context=512)
+                             max_context=512, **options)
 
 
 def client_for(engine, **config) -> TestClient:

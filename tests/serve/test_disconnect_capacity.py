@@ -119,3 +119,34 @@ def test_idle_stream_gets_keepalives(engine):
         wait_idle(eng)
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", chat("SCRIPT:x", stream=True)),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 3, "stream": True}),
+    ("/v1/messages", {"model": MODEL_ID, "max_tokens": 3, "stream": True,
+                      "messages": [{"role": "user", "content": "x"}]}),
+    ("/v1/responses", {"model": MODEL_ID, "input": "x", "max_output_tokens": 3, "stream": True}),
+])
+def test_stream_refused_in_the_queue_gets_an_http_status(engine, path, body):
+    """A streaming request that times out in the queue before its stream starts is answered with the HTTP 429
+    (which SDKs retry), not a 200 whose stream holds only an error event; the running stream is unharmed."""
+    eng = scripted_engine(engine.frontend, max_concurrency=1, queue_capacity=1, delay=0.01, queue_timeout_s=0.2)
+    try:
+        app, _ = app_for(eng, keepalive_s=600.0)
+
+        async def scenario():
+            running = AsgiCall(app, "/v1/completions", {"prompt": "filler", "max_tokens": 400, "ignore_eos": True,
+                                                        "stream": True}).start()
+            assert await running.status() == 200
+            await wait_running(eng)
+            queued = AsgiCall(app, path, body).start()
+            assert await queued.status() == 429
+            refused = (await queued.rest()).decode()
+            assert "waited too long" in refused and "queue_timeout_s=0.2" in refused
+            await running.disconnect()
+
+        asyncio.run(scenario())
+        wait_idle(eng)
+    finally:
+        eng.close()

@@ -19,7 +19,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 import soak_traffic  # noqa: E402
 
 
-@pytest.mark.slow   # open bug: under load a few streams end with [DONE] but no finish reason (docs/reliability.md)
 def test_bounded_soak(tmp_path, default_model_cache):
     out = tmp_path / "soak.json"
     env = {**os.environ, "NINFER_CACHE_DIR": str(default_model_cache)}

@@ -11,9 +11,11 @@ disconnects), so no request outlives its HTTP exchange.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from litestar import Request
 from ninfer.contracts.events import GenerationDelta, GenerationError, GenerationResult, GenerationStart
@@ -54,6 +56,8 @@ class Generation:
         self._transforms = tuple(transforms)
         self._last_token_at: float | None = None
         self._recorded = False
+        self._source: AsyncIterator | None = None   # the handle's iterator, once wait_admitted started it
+        self._head: asyncio.Task | None = None      # its first event, read by wait_admitted
 
     def _transform(self, deltas: Sequence[OutputDelta], *, final: bool = False) -> tuple[OutputDelta, ...]:
         out = tuple(deltas)
@@ -82,11 +86,46 @@ class Generation:
         self._last_token_at = now
         self._metrics.generation_tokens.inc(n)
 
+    async def wait_admitted(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the engine's first word on the request: admitted, or refused. A
+        refusal (a queue timeout, a deadline, a full engine) raises its ApiError here, so a streaming route can
+        still answer with that HTTP status instead of a 200 whose stream carries only an error; a request still
+        queued after ``timeout`` is left to the stream, which sends keep-alives while it waits. The event read
+        here is not lost: :meth:`events` starts with it. Call at most once, before :meth:`events`."""
+        self._source = aiter(self.handle)
+        self._head = asyncio.ensure_future(anext(self._source))
+        try:
+            await asyncio.wait({self._head}, timeout=timeout)
+        except BaseException:  # the handler was cancelled while waiting: the request goes with it
+            self.close()
+            raise
+        if self._head.done() and not self._head.cancelled() and self._head.exception() is None:
+            event = self._head.result()
+            if isinstance(event, GenerationError):
+                self._head = None
+                self._refused(event)
+
+    def _refused(self, event: GenerationError) -> NoReturn:
+        err = from_engine_error(event.error)
+        self._record("rejected" if err.status in (429, 503) else "error")
+        raise err
+
+    async def _engine_events(self) -> AsyncIterator[object]:
+        """The handle's events, starting with the one :meth:`wait_admitted` read, if any."""
+        if self._head is not None:
+            head, self._head = self._head, None
+            try:
+                yield await head
+            except StopAsyncIteration:
+                return
+        async for event in self._source if self._source is not None else self.handle:
+            yield event
+
     async def events(self) -> AsyncIterator[Step | Outcome]:
         """Steps, then one Outcome. A request-level failure raises its ApiError (before or between
         steps); the handle is released either way."""
         try:
-            async for event in self.handle:
+            async for event in self._engine_events():
                 if isinstance(event, GenerationDelta):
                     if event.token_ids:
                         self._observe_tokens(len(event.token_ids))
@@ -101,9 +140,7 @@ class Generation:
                     yield Outcome(event.finish_reason, event.stop_reason, event.usage.prompt_tokens,
                                   event.usage.completion_tokens, event.usage.cached_tokens)
                 elif isinstance(event, GenerationError):
-                    err = from_engine_error(event.error)
-                    self._record("rejected" if err.status in (429, 503) else "error")
-                    raise err
+                    self._refused(event)
                 elif not isinstance(event, GenerationStart):
                     raise TypeError(f"unexpected engine event {type(event).__name__}")
         finally:
@@ -111,6 +148,8 @@ class Generation:
 
     def close(self) -> None:
         """Release the handle (cancelling an unfinished request). Idempotent."""
+        if self._head is not None and not self._head.done():
+            self._head.cancel()  # the event it waits for will not be read
         self.handle.release()
         self._record("cancelled")
 

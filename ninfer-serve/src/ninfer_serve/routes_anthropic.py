@@ -173,7 +173,8 @@ async def messages(request: Request) -> Response:
                     prompt_param="messages", transforms=transforms_for(policy, tools))
     headers = {"request-id": gen.request_id}
     if req.stream:
-        return event_stream(_stream(gw, gen), gen, headers=headers)
+        return await event_stream(_stream(gw, gen), gen, headers=headers,
+                                  admit_wait_s=gw.config.keepalive_s)
     got = await collect_response(request, gen)
     blocks: list[Any] = []
     if got.reasoning_text:

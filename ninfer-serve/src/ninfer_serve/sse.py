@@ -4,6 +4,9 @@ Framing: OpenAI streams ``data: JSON`` events ending with ``data: [DONE]``; Anth
 event (``event: NAME`` + ``data: JSON``). A stream idle for ``keepalive_s`` (queueing, long prefill)
 gets a keep-alive: an SSE comment for OpenAI clients, Anthropic's ``ping`` event for Anthropic ones.
 
+Admission: the status line is held until the engine admits the request (or ``keepalive_s`` passes), so a
+request refused while queued gets its HTTP status; after that an error is an in-stream event.
+
 Disconnects: litestar's streaming response listens for ``http.disconnect`` and cancels the stream;
 the generator's ``finally`` then closes the Generation, which cancels the request in the engine. A
 generator suspended at ``yield`` (blocked on a slow socket) is not resumed by that cancellation, so
@@ -100,6 +103,12 @@ async def openai_events(events: AsyncIterator[bytes], what: str) -> AsyncIterato
     yield DONE
 
 
-def event_stream(body: AsyncIterator[bytes], generation: Generation, *, headers: dict[str, str]) -> Stream:
+async def event_stream(body: AsyncIterator[bytes], generation: Generation, *, headers: dict[str, str],
+                       admit_wait_s: float) -> Stream:
+    """The streaming response for ``generation``. The status line waits up to ``admit_wait_s`` for the engine to
+    admit the request, so a refusal in that time (a queue timeout, a deadline) is an HTTP error status that clients
+    retry, not a 200 whose stream holds only an error event; past it the stream starts and keeps the client with
+    keep-alives."""
+    await generation.wait_admitted(admit_wait_s)
     return Stream(body, media_type="text/event-stream", background=BackgroundTask(generation.close),
                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
