@@ -283,11 +283,18 @@ def write_frontend(folder: Path, tokenizer: Path) -> None:
 
 
 # -- conversion ------------------------------------------------------------------------------------
-def convert_in_memory(model, folder: Path, artifact: Path, name: str) -> dict:
+def convert_in_memory(model, folder: Path, artifact: Path, name: str, quantize: str | None = None) -> dict:
     """ninfer-convert's plan, check and writer, fed from the model's tensors instead of safetensors files
     (convert.convert's steps, with the source reads replaced). ``folder`` holds config.json and the
-    frontend resources."""
+    frontend resources. ``quantize``: a recipe (``ninfer-convert --quantize``), encoded by the converter's own
+    encoders; the result then lists each quantized object's stored and source bytes."""
+    import dataclasses
+    import io
     from types import MappingProxyType
+
+    from ninfer.conversion.plan import CheckedPlan
+    from ninfer.conversion.quantize import write_quantized
+    from ninfer.conversion.recipe import assign, load_recipe
 
     import torch
     from ninfer.artifact.source_mapping import SourceRows, SourceTensor
@@ -309,6 +316,12 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str) -> dict:
                             tensors=MappingProxyType(tensors), locations=MappingProxyType(locations))
     mapping = get_registry().source_mapping(ckpt.architecture)
     checked = check_plan(cv._run_mapping(mapping, ckpt), ckpt.tensors)
+    recipe = load_recipe(quantize) if quantize else None
+    if recipe is not None:
+        formats = assign(recipe, checked.plan, {o.id: o.shape for o in checked.objects})
+        checked = CheckedPlan(checked.plan, tuple(dataclasses.replace(o, format=formats[o.id], cast=True)
+                                                  if o.id in formats else o for o in checked.objects))
+    quantized: dict[str, dict] = {}
     resources = collect_resources(folder, {c.id for c in checked.plan.components})
     chunk = 4 * cv.CHUNK_BYTES
     cuda = any(t.device.type == "cuda" for t in sd.values())
@@ -316,9 +329,22 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str) -> dict:
     writer = ArtifactWriter(artifact)
     written = 0
     try:
-        cv._declare(writer, checked, resources, ckpt, mapping.name, name, None)   # no quantization recipe
+        cv._declare(writer, checked, resources, ckpt, mapping.name, name, recipe)
         writer.begin_payload()
         for o in checked.objects:
+            if o.quantized:
+                tensors = [sd[src.name][src.begin:src.end] if isinstance(src, SourceRows) else sd[src]
+                           for src in o.sources]
+                spans = ((getattr(src, "name", src), io.BytesIO(t.detach().contiguous().cpu().view(-1)
+                          .view(torch.uint8).numpy().tobytes()), 0, t.numel() * t.element_size())
+                         for src, t in zip(o.sources, tensors, strict=True))
+                stored = write_quantized(lambda data, oid=o.id: writer.write(oid, data), o.id, o.format, o.dtype,
+                                         o.shape[-1], spans, cv.CHUNK_BYTES, lambda n: None,
+                                         recipe.method == "search", device="cuda" if cuda else "cpu")
+                source = sum(t.numel() * t.element_size() for t in tensors)
+                quantized[o.id] = {"format": o.format, "stored_bytes": stored, "source_bytes": source}
+                written += source
+                continue
             for src in o.sources:
                 t = sd[src.name][src.begin:src.end] if isinstance(src, SourceRows) else sd[src]
                 flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
@@ -339,7 +365,8 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str) -> dict:
         writer.abort()
         raise
     return {"route": "memory", "paths": [str(p) for p in paths], "tensor_bytes": written,
-            "objects": len(checked.objects), "casts": [o.id for o in checked.casts]}
+            "objects": len(checked.objects), "casts": [o.id for o in checked.casts if not o.quantized],
+            "quantize": quantize, "quantized": quantized}
 
 
 def convert_on_disk(model, folder: Path, artifact: Path, name: str) -> dict:

@@ -42,10 +42,12 @@ def _encode(fmt: str, rows: torch.Tensor, what: str, search: bool) -> tuple[torc
 
 def write_quantized(write: Callable[[Any], None], object_id: str, fmt: str, dtype: str, k: int,
                     spans: Iterable[tuple[str, BinaryIO, int, int]], chunk_bytes: int,
-                    advance: Callable[[int], Any], search: bool = False) -> int:
+                    advance: Callable[[int], Any], search: bool = False,
+                    device: torch.device | str = "cpu") -> int:
     """Encode the rows of ``spans`` (``(source name, file, offset, bytes)``, C order, source ``dtype``, rows of
     ``k`` elements) into ``fmt`` (``search``: the scale-search encoder) and ``write`` the object's bytes;
-    returns the bytes written."""
+    returns the bytes written. ``device``: where the encoders run (the encoders are plain torch, so a GPU
+    quantizes a large model in seconds where a few CPU cores take minutes)."""
     torch_dtype = _SOURCE_DTYPE.get(dtype)
     if torch_dtype is None or not torch_dtype.is_floating_point:
         raise ConversionError(f"object {object_id!r}: a {dtype} source cannot be quantized to {fmt}")
@@ -60,8 +62,9 @@ def write_quantized(write: Callable[[Any], None], object_id: str, fmt: str, dtyp
             buf = bytearray(min(step, remaining))
             if f.readinto(buf) != len(buf):
                 raise SourceError(f"source tensor {name!r} ends early in {f.name!r}: the file changed or is truncated")
-            rows = torch.frombuffer(buf, dtype=torch_dtype).view(-1, k)
+            rows = torch.frombuffer(buf, dtype=torch_dtype).view(-1, k).to(device)
             first, rest = _encode(fmt, rows, object_id, search)
+            first, rest = first.cpu(), [r.cpu() for r in rest]
             write(memoryview(first.contiguous().view(torch.uint8).numpy()).cast("B"))
             written += first.numel() * first.element_size()
             sides.append(rest)
