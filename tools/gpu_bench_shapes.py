@@ -292,16 +292,14 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str, quantize: 
     import io
     from types import MappingProxyType
 
-    from ninfer.conversion.plan import CheckedPlan
-    from ninfer.conversion.quantize import write_quantized
-    from ninfer.conversion.recipe import assign, load_recipe
-
     import torch
     from ninfer.artifact.source_mapping import SourceRows, SourceTensor
     from ninfer.artifact.writer import ArtifactWriter
     from ninfer.conversion import pipeline as cv
     from ninfer.conversion.cast import cast_chunk
-    from ninfer.conversion.plan import check_plan
+    from ninfer.conversion.plan import CheckedPlan, check_plan
+    from ninfer.conversion.quantize import write_quantized
+    from ninfer.conversion.recipe import assign, load_recipe
     from ninfer.conversion.resources import collect_resources
     from ninfer.conversion.source import SourceCheckpoint, TensorLocation
     from ninfer.plugins import get_registry
