@@ -72,8 +72,9 @@ NEVER = set(map(canonicalize_name, "torch triton transformers tokenizers numpy s
                                     "jinja2 markupsafe regex pyyaml setuptools pip".split())) | {
     n for n in DEVICE_HAS if n.startswith(("nvidia-", "cuda-", "jax"))}
 # Test requirements the lane never needs on the device: only CPU tests use them, through pytest.importorskip
-# (selenium drives the chat page in a browser the device does not have).
-NOT_FOR_THE_DEVICE = {"import-linter", "selenium"} | (set() if VISION else {"av"})
+# (selenium drives the chat page in a browser the device does not have; Ray Serve is tested on the CPU only, and
+# its wheels alone would pass the device tool's 64 MiB carry limit).
+NOT_FOR_THE_DEVICE = {"import-linter", "selenium", "ray"} | (set() if VISION else {"av"})
 FALLBACK_MAX_BYTES = 1 << 20
 OUR_DIRS = ["ninfer-core", "ninfer-qwen3_5", "ninfer-qwen4exp", "ninfer-convert", "ninfer-serve"]
 OURS = set(map(canonicalize_name, OUR_DIRS))   # compared by canonical name: ninfer-qwen3_5 is ninfer-qwen3-5
