@@ -283,11 +283,13 @@ def write_frontend(folder: Path, tokenizer: Path) -> None:
 
 
 # -- conversion ------------------------------------------------------------------------------------
-def convert_in_memory(model, folder: Path, artifact: Path, name: str, quantize: str | None = None) -> dict:
+def convert_in_memory(model, folder: Path, artifact: Path, name: str, quantize: str | None = None,
+                      extra: dict | None = None) -> dict:
     """ninfer-convert's plan, check and writer, fed from the model's tensors instead of safetensors files
     (convert.convert's steps, with the source reads replaced). ``folder`` holds config.json and the
     frontend resources. ``quantize``: a recipe (``ninfer-convert --quantize``), encoded by the converter's own
-    encoders; the result then lists each quantized object's stored and source bytes."""
+    encoders; the result then lists each quantized object's stored and source bytes. ``extra``: more checkpoint
+    tensors by name (e.g. an MTP head's ``mtp.*``, declared in ``model.config`` by the caller)."""
     import dataclasses
     import io
     from types import MappingProxyType
@@ -306,7 +308,7 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str, quantize: 
 
     model.config.save_pretrained(folder)
     config = json.loads((folder / "config.json").read_text())
-    sd = unique_state_dict(model)
+    sd = {**unique_state_dict(model), **(extra or {})}
     tensors = {n: SourceTensor(n, tuple(t.shape), _ST_DTYPE[str(t.dtype).removeprefix("torch.")])
                for n, t in sd.items()}
     locations = {n: TensorLocation("<memory>", 0, t.numel() * t.element_size()) for n, t in sd.items()}

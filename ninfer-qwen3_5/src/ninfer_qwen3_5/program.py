@@ -19,7 +19,7 @@ default: the MTP head, its ``mtp/*`` parameters in ``ProgramInit.weights``, one 
 ``"dflash"`` / ``"dflash2"``: the artifact's DFlash drafter of that generation, its ``dflash/*`` parameters in
 ``ProgramInit.weights``, one KV pool per drafter layer with the drafter's head geometry), configures the verify
 snapshots for ``max_sequences`` rows of ``k + 1`` inputs, and runs every unit through the drafter's
-:class:`~ninfer_qwen3_5.speculative_decode.SpeculativeDecoding` (eagerly, with the target's taps; no decode
+:class:`~ninfer_qwen3_5.speculative_decode.SpeculativeDecoding` (with the target's taps; verify graphs, no decode
 graphs, no lookahead). With ``k = 0`` none of this exists.
 
 Vision (``ProgramInit.features.vision``, :mod:`ninfer_qwen3_5.vision`): the Program also builds the tower and

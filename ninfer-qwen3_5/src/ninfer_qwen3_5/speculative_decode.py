@@ -33,6 +33,9 @@ Commit of a verify row accepting ``a`` tokens: ``computed += a`` and snapshot ``
 StateImage (``select_snapshot``; ``a = 0`` keeps it, and the row stays decode-ready); the drafter then takes the
 taps of the first ``a`` verify inputs (the committed ones). One verify may be outstanding at a time (its
 snapshots are reused by the next).
+
+A unit of verify rows only, each with the full ``k`` drafts, replays a verify CUDA graph when the Program captured
+them (:mod:`ninfer_qwen3_5.verify_graphs`); any other unit runs its forward eagerly. Drafting stays eager.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from ninfer.program.sampling import draw, mask_rows, penalize, token_logprobs, w
 from ninfer.program.speculation import greedy_acceptance
 
 from ninfer_qwen3_5.speculative_state import verify_chunk_rows
+from ninfer_qwen3_5.verify_graphs import VerifyGraphs
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class SpeculativeDecoding(ABC):
         self.p, self.k = program, k
         self._verify: dict[SeqId, _Verify] = {}
         self._verify_batch: int | None = None
+        #: The verify CUDA graphs (:mod:`ninfer_qwen3_5.verify_graphs`), set by the Program when it captures them.
+        self.graphs: VerifyGraphs | None = None
         #: Monotone counts: verify rows run, drafts they verified, drafts accepted (by the acceptance rule).
         self.verified = self.drafted = self.accepted = 0
 
@@ -194,8 +200,11 @@ class SpeculativeDecoding(ABC):
                        for (row, _), d, sn in zip(verify, drafts.tokens, snaps, strict=True))
         fb = ForwardBatch(decode=batch.decode if batch is not None else None,
                           chunks=(batch.chunks if batch is not None else ()) + chunks)
-        packed = pack_batch(fb, p.device)
-        logits, taps = self.model_forward(packed, p.step_context(packed))
+        if self._graphed(batch, verify):
+            logits, taps = self.graphs.run(chunks)
+        else:
+            packed = pack_batch(fb, p.device)
+            logits, taps = self.model_forward(packed, p.step_context(packed))
         m = len(sampling)
         tokens, logprobs = p._sample(logits[:m], sampling) if m else ([], [])
         committed, committed_lps = self._accept(logits[m:], verify, drafts, masks) if verify else ([], [])
@@ -232,6 +241,11 @@ class SpeculativeDecoding(ABC):
         if verify:
             self._verify_batch = pending.batch_id
         return pending
+
+    def _graphed(self, batch: ForwardBatch | None, verify) -> bool:
+        """Whether this unit's forward is a verify graph's: only verify rows, each of the full ``k`` drafts."""
+        return (self.graphs is not None and batch is None and bool(verify) and all(n == self.k for _, n in verify)
+                and self.graphs.has(len(verify)))
 
     def _accept(self, logits: torch.Tensor, verify, drafts: Drafts, masks: Mapping[SeqId, VerifyMasks]
                 ) -> tuple[list[list[int]], list[tuple[TokenLogprob, ...] | None]]:

@@ -6,7 +6,8 @@ A Program mixing in :class:`SpeculativeProgram` sets ``self.speculation`` (a
 the base) and calls :meth:`SpeculativeProgram.configure_speculation` once; its model call builds its
 :class:`~ninfer_qwen3_5.layers.context.StepContext` with :meth:`SpeculativeProgram.step_context`, which stages each
 verify row's live image into its first snapshot and attaches the verify plan. Every unit then runs through the
-speculation (eagerly: no decode graphs), and commit, abort, scoring, warm-up and release keep its bookkeeping.
+speculation (verify-only units replay the verify graphs when captured, the rest eagerly: no decode graphs), and
+commit, abort, scoring, warm-up and release keep its bookkeeping.
 
 Used by the Qwen3.5 Program (which adds vision and DFlash around them) and the Qwen4-Exp Program (ninfer-qwen4exp).
 """
@@ -30,6 +31,7 @@ from ninfer.program.batch import PackedBatch
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.speculative_decode import SpeculativeDecoding
 from ninfer_qwen3_5.speculative_state import SpeculativeSnapshots, verify_plan
+from ninfer_qwen3_5.verify_graphs import VerifyGraphs
 
 
 class SpeculativeProgram:
@@ -76,9 +78,27 @@ class SpeculativeProgram:
                 m.verified, m.drafted, m.accepted = counts
 
     def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
-        if self.speculation is not None:
-            return ()   # every speculative unit runs eagerly (it needs the drafter's taps)
-        return super().capture_decode_graphs(max_batch)
+        """Without speculation, the decode graphs. With it, the verify graphs instead
+        (:mod:`ninfer_qwen3_5.verify_graphs`: units of verify rows only, each of the full k drafts); every other
+        unit runs eagerly (a plain decode row needs the drafter's taps, which the decode graphs do not return)."""
+        m = self.speculation
+        if m is None:
+            return super().capture_decode_graphs(max_batch)
+        if self._seqs:
+            raise ProgramError("verify graphs must be captured before any sequence is opened")
+        rows = min(max_batch, self.snapshots.max_rows, self.states.num_slots)
+        graphs = VerifyGraphs(self, m.model_forward, max_rows=rows, inputs=m.k + 1,
+                              max_pages=self.kv.pages_for(self.max_context))
+        with torch.inference_mode():
+            graphs.capture()
+        m.graphs = graphs
+        return graphs.batch_sizes
+
+    def close_graphs(self) -> None:
+        if self.speculation is not None and self.speculation.graphs is not None:
+            self.speculation.graphs.close()
+            self.speculation.graphs = None
+        super().close_graphs()
 
     def _free(self, seq: SeqId, s) -> None:
         if self.speculation is not None:

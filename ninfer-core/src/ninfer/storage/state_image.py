@@ -131,6 +131,14 @@ class StateImageStorage:
         dst_storage._check_owned(dst)
         dst_storage._raw[dst].copy_(self._raw[src])
 
+    def copy_images_to(self, src: torch.Tensor, dst_storage: StateImageStorage, dst: torch.Tensor) -> None:
+        """Copy images ``src[i]`` of this storage onto ``dst[i]`` of another storage with the same layout; ``src``
+        and ``dst`` are int64 slot tensors on the device, so the copy is CUDA-graph capturable (the slots are a
+        graph's inputs). No ownership check: the caller owns every slot named (a graph replays with new slots)."""
+        if dst_storage.layout != self.layout:
+            raise StateImageError("state images can only be copied between storages of the same layout")
+        dst_storage._raw.index_copy_(0, dst, self._raw.index_select(0, src))
+
     def load_image(self, slot: int, image: torch.Tensor) -> None:
         """Overwrite the slot's whole image with ``image`` (``uint8 [image_bytes]`` on any device,
         e.g. a Host copy made from :meth:`image`): one contiguous copy."""

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""What one speculative verify step costs against one decode step at a published shape (issue 31 item 7).
+
+Builds the random-weight model of ``--shape`` (tools/gpu_bench_shapes.py) with a random MTP head (the training
+script's ``Qwen3_5MTP``: one decoder layer, shared embedding and LM head), converts it in memory, and for each
+``k`` of ``--ks`` starts the public Engine (``speculative="mtp"``, ``num_speculative_tokens=k``; k = 0: none), which
+captures its graphs at start: decode graphs without speculation, verify graphs with it. Then per k:
+
+- graph: the median of ``--replays`` CUDA-event-timed replays of the captured graph for B rows (decode: B tokens;
+  verify: B * (k + 1) tokens), on the capture's inputs (a context of k + 1 tokens or less, so the figure is the
+  weights' and states' traffic, not attention over a long context);
+- end to end at B = 1: ``Engine.generate`` of ``--tokens`` and of 8 tokens from the same prompt, greedy; the
+  difference over the extra tokens is the time per committed token. With a random head almost no draft is
+  accepted, so for k > 0 it is the time of one whole speculative step (draft k tokens, verify k + 1).
+
+From those, the speed-up a checkpoint whose head is trained would get at a mean accepted length ``a`` (tokens
+committed per verify, ``--accepted``): ``a * decode_step / speculative_step``. Writes ``verify_cost.json``.
+
+    python3 tools/gpu_verify_cost.py --tokenizer tok.json --out $OUT                  # 9B shape, on the H200
+    python3 tools/gpu_verify_cost.py --tiny --device cpu --tokenizer tok.json --out /tmp/vc   # the method on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_bench_shapes as shapes  # noqa: E402
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="9b")
+    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--ks", default="0,1,2,3,4")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--tokens", type=int, default=136)
+    ap.add_argument("--accepted", default="1.8,2.5,3.0", help="mean accepted lengths to project speed-ups for")
+    ap.add_argument("--budget-s", type=float, default=480.0)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/ninfer_verify_cost"))
+    return ap.parse_args(argv)
+
+
+def mtp_head(model, device, dtype, seed: int):
+    """A random MTP head for ``model`` (the training script's module), its tensors named as a checkpoint's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_default_model",
+                                                  Path(__file__).resolve().parent / "train_default_model.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    cls = train.build_mtp_class()
+    head = shapes.random_model(lambda: cls(model.config), device, dtype, seed, norms=())
+    model.config.mtp_num_hidden_layers = 1
+    model.config.mtp_use_dedicated_embeddings = False
+    return {f"mtp.{k}": v.detach().contiguous() for k, v in head.state_dict().items()}
+
+
+def graph_ms(graphs, b: int, replays: int, sync) -> float | None:
+    """Median replay time of ``graphs``' graph for ``b`` rows on its capture inputs (None: not captured)."""
+    import torch
+
+    if graphs is None or not graphs.has(b):
+        return None
+    graphs._valid_inputs(b)   # noqa: SLF001 - the capture's inputs: valid for every kernel, whatever ran before
+    graph = graphs._graphs[b][0]   # noqa: SLF001
+    if graph is None:   # no CUDA: the static forward eagerly (the method's check on the CPU)
+        run = lambda: graphs._run_static(b)   # noqa: E731, SLF001
+    else:
+        run = graph.replay
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(replays):
+        if torch.cuda.is_available() and graph is not None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            run()
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def end_to_end(engine, tokens: int, vocab: int) -> dict:
+    from ninfer.contracts.sampling import SamplingParams
+
+    prompt = [(37 * i + 11) % (vocab - 1) + 1 for i in range(64)]
+
+    def wall(n):
+        t0 = time.perf_counter()
+        r = engine.generate(prompt, sampling=SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        assert len(r.token_ids) == n
+        return time.perf_counter() - t0
+
+    wall(8)   # the first request pays any first-use cost
+    short, full = min(wall(8) for _ in range(2)), min(wall(tokens) for _ in range(2))
+    s = engine.stats().as_dict()
+    return {"ms_per_token": (full - short) / (tokens - 8) * 1e3, "verifies": s.get("spec_verifies"),
+            "drafted": s.get("spec_drafted"), "accepted": s.get("spec_accepted")}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    from ninfer import Engine, EngineOptions
+
+    t_start = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    sargs = shapes.parse_args(["--shape", args.shape, "--tokenizer", str(args.tokenizer), "--device", args.device,
+                               "--no-hf", *(["--tiny"] if args.tiny else [])])
+    geometry = shapes.geometry_for(sargs)
+    device = torch.device(args.device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    model = shapes.build_hf(geometry, device, 0)
+    extra = mtp_head(model, device, torch.bfloat16, 1)
+    folder = args.work / "src"
+    folder.mkdir(exist_ok=True)
+    shapes.write_frontend(folder, args.tokenizer)
+    artifact = args.work / "verify-cost.ninfer"
+    shapes.convert_in_memory(model, folder, artifact, f"verify-cost-{args.shape}", extra=extra)
+    del model, extra
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    batches = [int(b) for b in args.batches.split(",")]
+    result = {"shape": args.shape, "tiny": args.tiny, "geometry": {k: v for k, v in geometry.items() if k != "kind"},
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "ks": []}
+    try:
+        for k in [int(x) for x in args.ks.split(",")]:
+            if time.perf_counter() - t_start > args.budget_s:
+                result["ks"].append({"k": k, "skipped": "budget"})
+                continue
+            opts = EngineOptions(device=args.device, dtype="bfloat16" if device.type == "cuda" else "float32",
+                                 max_concurrency=max(batches), max_context=2048, warmup=False,
+                                 **({"speculative": "mtp", "num_speculative_tokens": k} if k else {}))
+            entry: dict = {"k": k}
+            with Engine.start(artifact, opts) as engine:
+                program = engine._program   # noqa: SLF001 - the tool times the Program's own graphs
+                graphs = program.speculation.graphs if k else program.graphs
+                entry["graph_ms"] = {str(b): graph_ms(graphs, b, args.replays, sync) for b in batches}
+                entry["end_to_end_b1"] = end_to_end(engine, args.tokens, geometry["vocab_size"])
+            result["ks"].append(entry)
+            print(json.dumps(entry), flush=True)
+    finally:
+        artifact.unlink(missing_ok=True)
+        for p in args.work.glob("verify-cost*"):
+            p.unlink(missing_ok=True)
+    base = next((e for e in result["ks"] if e.get("k") == 0 and "graph_ms" in e), None)
+    accepted = [float(a) for a in args.accepted.split(",")]
+    for e in result["ks"]:
+        if base is None or not e.get("k") or "graph_ms" not in e:
+            continue
+        e["verify_over_decode"] = {b: (v / base["graph_ms"][b] if v and base["graph_ms"].get(b) else None)
+                                   for b, v in e["graph_ms"].items()}
+        step, dec = e["end_to_end_b1"]["ms_per_token"], base["end_to_end_b1"]["ms_per_token"]
+        e["step_over_decode_b1"] = step / dec
+        e["projected_speedup_b1"] = {str(a): a * dec / step for a in accepted if a <= e["k"] + 1}
+    (args.out / "verify_cost.json").write_text(json.dumps(result, indent=2))
+    print(f"{'k':>2} | " + " | ".join(f"graph B={b} ms (x decode)" for b in batches)
+          + " | e2e B=1 ms/step (x decode) | projected speed-up B=1")
+    for e in result["ks"]:
+        if "graph_ms" not in e:
+            print(f"{e['k']:>2} | {e.get('skipped')}")
+            continue
+        cells = []
+        for b in batches:
+            v = e["graph_ms"][str(b)]
+            r = (e.get("verify_over_decode") or {}).get(str(b))
+            cells.append("-" if v is None else f"{v:.3f}" + (f" ({r:.2f}x)" if r else ""))
+        e2e = e["end_to_end_b1"]["ms_per_token"]
+        proj = ", ".join(f"a={a}: {s:.2f}x" for a, s in (e.get("projected_speedup_b1") or {}).items())
+        print(f"{e['k']:>2} | " + " | ".join(cells) + f" | {e2e:.3f}"
+              + (f" ({e['step_over_decode_b1']:.2f}x)" if "step_over_decode_b1" in e else "") + f" | {proj}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
