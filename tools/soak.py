@@ -95,26 +95,33 @@ async def wait_idle(client: httpx.AsyncClient, timeout: float = 120.0) -> dict[s
         await asyncio.sleep(0.1)
 
 
-async def settled_counts(client: httpx.AsyncClient, pid: int) -> dict[str, int]:
-    """The server's process counts once idle: anyio prunes worker threads idle longer than its limit only when the
-    next blocking call is handed to a thread, so wait past that limit, send one request, then count."""
+async def settled_counts(base: str, pid: int) -> dict[str, int]:
+    """The server's process counts once idle, with no client connection open: anyio prunes worker threads idle
+    longer than its limit only when the next blocking call is handed to a thread, so wait past that limit, send one
+    request, then count. The request goes through a client that keeps no connection alive, so the server's
+    descriptors are its own (the soak's client is closed first: its pool of idle keep-alive connections would
+    count as server sockets)."""
     await asyncio.sleep(IDLE_S)
-    r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1})
-    r.raise_for_status()
-    await wait_idle(client)
+    async with httpx.AsyncClient(base_url=base, timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as c:
+        r = await c.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1})
+        r.raise_for_status()
+        await wait_idle(c)
     await asyncio.sleep(1.0)   # a pruned worker thread exits after being told to
     return process_counts(pid)
 
 
-async def settled_fds(pid: int, before: int, timeout: float = 20.0) -> int:
-    """The server's open descriptors once the sockets of connections the client just closed are gone: a loaded
-    server may take a moment to see a peer's close, while a leaked descriptor stays open for good."""
+async def settled_fds(pid: int, before: int | None, timeout: float = 20.0) -> int:
+    """The server's open descriptors once the sockets of connections the clients just closed are gone: a loaded
+    server may take a moment to see a peer's close, while a leaked descriptor stays open for good. ``before``
+    None: wait until the count stops falling (two equal readings a second apart)."""
     end = time.monotonic() + timeout
+    last = None
     while True:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
-        if fds <= before or time.monotonic() > end:
+        if (fds <= before if before is not None else fds == last) or time.monotonic() > end:
             return fds
-        await asyncio.sleep(0.5)
+        last = fds
+        await asyncio.sleep(0.5 if before is not None else 1.0)
 
 
 def open_fds(pid: int) -> list[str]:
@@ -280,11 +287,13 @@ async def soak(args) -> dict:
     limits = httpx.Limits(max_connections=args.concurrency * 4 + 64, max_keepalive_connections=args.concurrency)
     started = time.monotonic()
     try:
+        pool = t.build_pool(args.seed, MODEL, args.pool)
+        sessions = t.build_sessions(args.seed, MODEL, max(2, args.pool // 8))
         async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as client:
-            pool = t.build_pool(args.seed, MODEL, args.pool)
-            sessions = t.build_sessions(args.seed, MODEL, max(2, args.pool // 8))
             answers, session_answers = await t.record_references(client, pool, sessions, MODEL)
-            before = await settled_counts(client, proc.pid)
+        before = await settled_counts(base, proc.pid)
+        before["fds"] = await settled_fds(proc.pid, None)
+        async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as client:
             s = Soak(args, client, pool, answers, sessions, session_answers)
             rss: list[tuple[int, int]] = []
             every = max(1, args.requests // 40)
@@ -304,12 +313,12 @@ async def soak(args) -> dict:
             if r.status_code != 200:
                 s.tally.fail(f"POST /reset_prefix_cache: {r.status_code} {r.text[:200]}")
             cleared = await metrics(client)
-            after = await settled_counts(client, proc.pid)
-            after["fds"] = await settled_fds(proc.pid, before["fds"])
-            if after["fds"] > before["fds"]:
-                after["open_fds"] = open_fds(proc.pid)
-            if after["threads"] > before["threads"] and args.thread_dump:
-                after["thread_dump"] = thread_dump(proc.pid)
+        after = await settled_counts(base, proc.pid)
+        after["fds"] = await settled_fds(proc.pid, before["fds"])
+        if after["fds"] > before["fds"]:
+            after["open_fds"] = open_fds(proc.pid)
+        if after["threads"] > before["threads"] and args.thread_dump:
+            after["thread_dump"] = thread_dump(proc.pid)
     finally:
         proc.terminate()
         try:

@@ -340,7 +340,7 @@ def test_a_budget_without_room_for_the_graphs_fails_on_the_gpu(default_artifact,
     default model's real graph pool is too small to be sure of: since the decode GEMVs left cuBLAS (whose
     workspace the pool used to hold) it fit in the allocator's slack on the H200."""
     monkeypatch.delenv(mc.GRAPHS_ENV, raising=False)
-    monkeypatch.setattr(mm, "graph_pool_bytes", lambda profile, max_batch, max_context: 0)
+    monkeypatch.setattr(mm, "graph_pool_bytes", lambda profile, max_batch, max_context, tokens_per_row=1: 0)
     opts = EngineOptions(device="cuda", max_concurrency=8, max_context=4096)
     planned = plan(default_artifact, opts, env={}).summary()
     fixed = max(planned.weights_bytes + planned.state_bytes + planned.workspace_bytes,

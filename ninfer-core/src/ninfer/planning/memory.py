@@ -51,12 +51,14 @@ def workspace_bytes(profile: ModelProfile, *, step_tokens: int, logit_rows: int,
             + logit_rows * profile.vocab_size * LOGIT_BYTES)
 
 
-def graph_pool_bytes(profile: ModelProfile, max_batch: int, max_context: int) -> int:
-    """Estimated private memory pool of decode CUDA graphs for batch sizes 1..``max_batch``: the largest
-    graph's step (smaller graphs reuse its blocks). 0 for ``max_batch`` 0 (no graphs)."""
+def graph_pool_bytes(profile: ModelProfile, max_batch: int, max_context: int, tokens_per_row: int = 1) -> int:
+    """Estimated private memory pool of CUDA graphs for batch sizes 1..``max_batch`` of ``tokens_per_row`` tokens
+    per row (decode graphs: 1; verify graphs: k + 1, each with its logits): the largest graph's step (smaller
+    graphs reuse its blocks). 0 for ``max_batch`` 0 (no graphs)."""
     if max_batch < 1:
         return 0
-    return workspace_bytes(profile, step_tokens=max_batch, logit_rows=max_batch, max_context=max_context)
+    n = max_batch * tokens_per_row
+    return workspace_bytes(profile, step_tokens=n, logit_rows=n, max_context=max_context)
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
     # + context-cache checkpoints + lookahead spares + speculative verify snapshots (k + 1 per running request)
     snapshots = running * (resolved.speculative_tokens + 1) if resolved.speculative_tokens else 0
     state = (running + options.checkpoint_slots + lookahead + snapshots) * profile.state_bytes_per_sequence
-    graphs = graph_pool_bytes(profile, resolved.graph_batches, max_context)
+    graphs = graph_pool_bytes(profile, resolved.graph_batches, max_context, tokens_per_row=per_row)
     runtime_fixed = weights + state + work + graphs
     startup_fixed = startup_weights + profile.converted_weight_bytes + state
     room = budget.budget_bytes - budget.headroom_bytes - max(runtime_fixed, startup_fixed)

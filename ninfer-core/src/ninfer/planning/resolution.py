@@ -94,12 +94,11 @@ def explicit_pages(options: EngineOptions, profile: ModelProfile, max_context: i
 
 
 def graph_batches(device: torch.device, options: EngineOptions) -> int:
-    """How many decode graph sizes startup plans and captures (batch sizes 1..N): ``max_concurrency`` on CUDA
-    for generation unless ``NINFER_CUDA_GRAPHS=0``, else 0."""
+    """How many graph sizes startup plans and captures (batch sizes 1..N): ``max_concurrency`` on CUDA for
+    generation unless ``NINFER_CUDA_GRAPHS=0``, else 0. A speculating Program captures its verify graphs for those
+    row counts instead of decode graphs (``Program.capture_decode_graphs`` says which it captures)."""
     if device.type != "cuda" or options.purpose != "generation" or os.environ.get(GRAPHS_ENV, "1").strip() == "0":
         return 0
-    if options.speculative is not None:
-        return 0  # a speculating Program runs every unit eagerly (the drafter needs the hidden states)
     return options.max_concurrency
 
 
@@ -192,8 +191,8 @@ class ResolvedOptions:
     given (the memory plan names the rule that sized the pool from them). ``explicit_pages`` is the pool
     they size (None: automatic); ``graph_batches`` the decode graphs captured for batch sizes
     1..graph_batches (0: none); ``lookahead_slots`` the lookahead spares (0: lookahead off);
-    ``speculative_tokens`` the drafts per speculative decode row (0: no speculation; > 0: no graphs, no
-    lookahead)."""
+    ``speculative_tokens`` the drafts per speculative decode row (0: no speculation; > 0: no lookahead, and
+    the graphs are the Program's verify graphs)."""
 
     options: EngineOptions
     device: torch.device
