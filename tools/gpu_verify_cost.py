@@ -47,6 +47,8 @@ def parse_args(argv=None):
     ap.add_argument("--accepted", default="1.8,2.5,3.0", help="mean accepted lengths to project speed-ups for")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ninfer_verify_cost"))
+    ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                    help="also list the top kernels of each graph's replay at B=1 (ROWS kernels; torch.profiler)")
     return ap.parse_args(argv)
 
 
@@ -94,6 +96,22 @@ def graph_ms(graphs, b: int, replays: int, sync) -> float | None:
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def kernel_table(graphs, b: int, rows: int) -> list[dict]:
+    """The kernels of five replays of graph ``b`` by total GPU time (torch.profiler), ``rows`` of them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs._valid_inputs(b)   # noqa: SLF001
+    graph = graphs._graphs[b][0]   # noqa: SLF001
+    graph.replay()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            graph.replay()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    return [{"kernel": e.key[:90], "calls_per_replay": e.count / 5, "us_per_replay": e.device_time_total / 5}
+            for e in events[:rows]]
 
 
 def end_to_end(engine, tokens: int, vocab: int) -> dict:
@@ -153,6 +171,10 @@ def main(argv=None) -> int:
                 program = engine._program   # noqa: SLF001 - the tool times the Program's own graphs
                 graphs = program.speculation.graphs if k else program.graphs
                 entry["graph_ms"] = {str(b): graph_ms(graphs, b, args.replays, sync) for b in batches}
+                if args.profile and graphs is not None and graphs.has(1) and device.type == "cuda":
+                    entry["kernels_b1"] = kernel_table(graphs, 1, args.profile)
+                    for row in entry["kernels_b1"]:
+                        print(f"  k={k} {row['us_per_replay']:9.1f} us {row['calls_per_replay']:6.1f}x {row['kernel']}")
                 entry["end_to_end_b1"] = end_to_end(engine, args.tokens, geometry["vocab_size"])
             result["ks"].append(entry)
             print(json.dumps(entry), flush=True)

@@ -106,3 +106,23 @@ def test_one_kernel_equals_the_two_kernel_path(dtype, bsz, hk, hv, dk, dv, gen):
         assert_bits(conv_states.cpu(), conv2.cpu(), f"conv states step {t}")
         tickets, made_now = gd._tickets(conv_states, hk, hv)
         assert not made_now and not tickets.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gdn_decode_takes_strided_row_views(dtype, gen):
+    """A verify step reads every L-th token of a call (``x[j::L]``, ninfer_qwen3_5.speculative_state.VerifyStep):
+    strided row views give the gathered (contiguous) rows' outputs and states bit for bit."""
+    ops = triton_ops(dtype)
+    bsz, hk, hv, dk, dv = (2, 16, 32, 128, 128) if CUDA else (2, 1, 2, 16, 16)
+    stride = 3
+    (mixed, z, a, b, p), conv_states, states, _ = gdn_decode_case(gen, DEVICE, dtype, bsz * stride, hk, hv, dk, dv)
+    slots = torch.tensor([4, 1], dtype=torch.int64, device=DEVICE)
+    rows = slice(1, 1 + stride * (bsz - 1) + 1, stride)
+    conv_g, states_g = conv_states.clone(), states.clone()
+    o_gathered = ops.gdn_decode(mixed[rows].contiguous(), z[rows].contiguous(), a[rows].contiguous(),
+                                b[rows].contiguous(), p, conv_g, states_g, slots)
+    assert not mixed[rows].is_contiguous()
+    o = ops.gdn_decode(mixed[rows], z[rows], a[rows], b[rows], p, conv_states, states, slots)
+    assert_bits(o.cpu(), o_gathered.cpu(), "strided vs gathered output")
+    assert_bits(states.cpu(), states_g.cpu(), "strided vs gathered states")
+    assert_bits(conv_states.cpu(), conv_g.cpu(), "strided vs gathered conv states")

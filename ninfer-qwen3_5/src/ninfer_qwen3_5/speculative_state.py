@@ -98,11 +98,33 @@ class SpeculativeSnapshots:
 class VerifyStep:
     """Token ``j`` of every verify row with more than ``j`` inputs, as one decode-op call: ``rows`` (int64
     [V_j]) their indices in the packed token sequence, ``in_slots`` / ``out_slots`` (int64 [V_j]) the snapshot
-    slots read and written (equal at step 0, which advances the staged live image in place)."""
+    slots read and written (equal at step 0, which advances the staged live image in place). ``span``: ``(first,
+    stride)`` when the rows are evenly spaced (``rows[i] == first + stride * i``), so that :attr:`index` selects
+    them as a strided view instead of a gather."""
 
     rows: torch.Tensor
     in_slots: torch.Tensor
     out_slots: torch.Tensor
+    span: tuple[int, int] | None = None
+
+    @property
+    def index(self) -> torch.Tensor | slice:
+        """What selects the step's rows of a per-token tensor: a slice (a view, no kernel) when they are evenly
+        spaced, else ``rows`` (a gather)."""
+        if self.span is None:
+            return self.rows
+        first, stride = self.span
+        return slice(first, first + stride * (self.rows.shape[0] - 1) + 1, stride)
+
+
+def row_span(rows: Sequence[int]) -> tuple[int, int] | None:
+    """``(first, stride)`` of evenly spaced increasing ``rows`` (one row: stride 1), else None."""
+    if len(rows) == 1:
+        return rows[0], 1
+    stride = rows[1] - rows[0]
+    if stride < 1 or any(b - a != stride for a, b in zip(rows, rows[1:])):
+        return None
+    return rows[0], stride
 
 
 @dataclass(frozen=True)
@@ -132,15 +154,17 @@ def verify_plan(batch: PackedBatch, num_snapshots: int, device: torch.device) ->
     width = max(len(s) for _, s in verify)
     flat: list[int] = []
     sizes: list[int] = []
+    spans: list[tuple[int, int] | None] = []
     for j in range(width):
         rows = [(at + j, snaps[max(j - 1, 0)], snaps[j]) for at, snaps in verify if len(snaps) > j]
         for column in zip(*rows, strict=True):
             flat.extend(column)
         sizes.append(len(rows))
+        spans.append(row_span([r for r, _, _ in rows]))
     data = to_device(flat, torch.int64, device)
     steps, o = [], 0
-    for v in sizes:
-        steps.append(VerifyStep(data[o:o + v], data[o + v:o + 2 * v], data[o + 2 * v:o + 3 * v]))
+    for v, span in zip(sizes, spans, strict=True):
+        steps.append(VerifyStep(data[o:o + v], data[o + v:o + 2 * v], data[o + 2 * v:o + 3 * v], span))
         o += 3 * v
     return VerifyPlan(tuple(steps), tuple(chunks))
 

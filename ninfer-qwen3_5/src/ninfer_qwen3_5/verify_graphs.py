@@ -81,7 +81,7 @@ class VerifyGraphs:
             L, mi, dev = self.inputs, self.p.snapshots.max_inputs, self.device
             rows = torch.arange(b, dtype=torch.int64, device=dev)
             cu_q = (torch.arange(b + 1, dtype=torch.int32, device=dev) * L)
-            steps = tuple(VerifyStep(rows * L + j, rows * mi + max(j - 1, 0), rows * mi + j) for j in range(L))
+            steps = tuple(VerifyStep(rows * L + j, rows * mi + max(j - 1, 0), rows * mi + j, (j, L)) for j in range(L))
             self._constants[b] = (cu_q, VerifyPlan(steps, ()), rows * mi)
         return self._constants[b]
 

@@ -137,7 +137,9 @@ class StateImageStorage:
         graph's inputs). No ownership check: the caller owns every slot named (a graph replays with new slots)."""
         if dst_storage.layout != self.layout:
             raise StateImageError("state images can only be copied between storages of the same layout")
-        dst_storage._raw.index_copy_(0, dst, self._raw.index_select(0, src))
+        # Whole images as int64 words when they divide evenly: byte-wide indexing of multi-MB rows is far slower.
+        word = torch.int64 if self.layout.image_bytes % 8 == 0 else torch.uint8
+        dst_storage._raw.view(word).index_copy_(0, dst, self._raw.view(word).index_select(0, src))
 
     def load_image(self, slot: int, image: torch.Tensor) -> None:
         """Overwrite the slot's whole image with ``image`` (``uint8 [image_bytes]`` on any device,

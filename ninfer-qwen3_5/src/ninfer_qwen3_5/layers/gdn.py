@@ -85,7 +85,7 @@ class GatedDeltaNet:
         snap_conv, snap_rec = ctx.snapshots.field(self.conv_name), ctx.snapshots.field(self.rec_name)
         # One decode step per verify token index: token j of every row after token j - 1 of it.
         for step in ctx.verify.steps:
-            r = step.rows
+            r = step.index   # evenly spaced rows (every verify unit's): strided views, no gathers
             o[r] = self._decode(qkv[r], z[r], a[r], b[r], snap_conv, snap_rec, step.in_slots, step.out_slots)
         return o
 
