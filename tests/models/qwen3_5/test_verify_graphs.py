@@ -79,6 +79,25 @@ def test_verify_graphs_commit_what_the_eager_forward_commits(world):  # noqa: F8
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["dense-dflash", pytest.param("moe-dflash2", marks=pytest.mark.slow)])
+def test_dflash_drafters_through_the_graphs_commit_what_the_eager_forward_commits(tmp_path_factory, name):
+    """A DFlash drafter taps some layers' outputs instead of the final hidden states: the graphs hand it the same."""
+    from . import test_dflash_program as dflash
+
+    w, k = dflash._world(name, tmp_path_factory), 7   # noqa: SLF001
+    eager = dflash.program(w, k)
+    d_eager = Driver(eager, dflash.prompts(w), 24, all_draft(k), greedy)
+    want = d_eager.run()
+    prog = dflash.program(w, k)
+    prog.capture_decode_graphs(4)
+    runs = counting(prog)
+    d = Driver(prog, dflash.prompts(w), 24, all_draft(k), greedy)
+    assert d.run() == want
+    assert 3 in runs, runs
+    for a, b in zip(live_state(prog, d), live_state(eager, d_eager), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_seeded_rows_through_the_graphs_commit_plain_sampled_tokens(default_world):  # noqa: F811
     w, k = default_world, 1
     want = Driver(program(w, 0), prompts(w), 16, lambda i, j: 0, seeded).run()
