@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import ChunkRows, PackedBatch
+from ninfer.program.graphs import capture_sizes
 
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.speculative_state import VerifyPlan, VerifyStep
@@ -135,23 +136,8 @@ class VerifyGraphs:
             for b in sizes:
                 self._graphs[b] = (None, None)
             return
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for b in sizes:
-                self._valid_inputs(b)
-                self._run_static(b)   # compiles kernels, settles allocator blocks
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        for b in sizes:
-            self._valid_inputs(b)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = self._run_static(b)
-            if self._pool is None:
-                self._pool = graph.pool()
-            self._graphs[b] = (graph, out)
-        torch.cuda.synchronize(self.device)
+        graphs, self._pool = capture_sizes(self.device, sizes, self._valid_inputs, self._run_static, self._pool)
+        self._graphs.update(graphs)
 
     # -- replay ------------------------------------------------------------------------------------
     def run(self, rows: Sequence[ChunkRows]) -> tuple[torch.Tensor, torch.Tensor]:

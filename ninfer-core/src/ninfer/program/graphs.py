@@ -136,23 +136,8 @@ class DecodeGraphs:
         if sizes and not 1 <= sizes[-1] <= sizes[0] <= self.max_batch:
             raise ValueError(f"batch sizes {sizes} are outside 1..{self.max_batch}")
         self._keep_ring_readers()   # the warm-up and capture write ring row 0
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for b in sizes:
-                self._valid_inputs(b)
-                self._record(b)  # warm-up: compiles kernels, settles allocator blocks
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        for b in sizes:
-            self._valid_inputs(b)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = self._record(b)
-            if self._pool is None:
-                self._pool = graph.pool()
-            self._graphs[b] = (graph, out)
-        torch.cuda.synchronize(self.device)
+        graphs, self._pool = capture_sizes(self.device, sizes, self._valid_inputs, self._record, self._pool)
+        self._graphs.update(graphs)
 
     def _valid_inputs(self, b: int) -> None:
         """Distinct state slots and position 0 (one KV token, page 0): valid inputs for any kernel."""
@@ -224,6 +209,33 @@ class DecodeGraphs:
         self._graphs.clear()
         self._pool = None
         self._last = None
+
+
+def capture_sizes(device: torch.device, sizes: list[int], prepare: Callable[[int], None],
+                  record: Callable[[int], object], pool=None) -> tuple[dict[int, tuple[torch.cuda.CUDAGraph, object]], object]:
+    """Capture ``record(b)`` for every size in ``sizes`` (largest first, so smaller graphs reuse the pool's blocks),
+    each after ``prepare(b)`` wrote valid static inputs. Every size first runs eagerly on a side stream (compiling
+    kernels, settling allocator blocks), then is recorded into one shared memory pool. Returns ``{b: (graph,
+    outputs)}`` and the pool (``pool`` if given, else the first graph's)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for b in sizes:
+            prepare(b)
+            record(b)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    graphs = {}
+    for b in sizes:
+        prepare(b)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = record(b)
+        if pool is None:
+            pool = graph.pool()
+        graphs[b] = (graph, out)
+    torch.cuda.synchronize(device)
+    return graphs, pool
 
 
 def input_views(packed: torch.Tensor, b: int, max_batch: int, max_pages: int) -> tuple[torch.Tensor, ...]:
