@@ -16,9 +16,11 @@ that serves URLs (the HTTP server) resolves them to bytes first. Each media part
 Expansion of the tokenized prompt (:func:`expand_media`), the i-th image placeholder standing for the i-th image
 part and likewise for videos: an image's ``<|image_pad|>`` becomes ``num_tokens`` of them (one span); a video's
 ``<|video_pad|>`` becomes, per temporal patch ``g``, the tokens of ``<{t_g:.1f} seconds>``, ``<|vision_start|>``,
-``tokens_per_frame`` of ``<|video_pad|>`` (span ``g``) and ``<|vision_end|>`` (transformers 5 replaces the pad
-token alone, so the template's own start and end tokens stay around the whole video). Tokenizing the timestamp
-text on its own equals tokenizing it in place: special tokens bound it on both sides.
+``tokens_per_frame`` of ``<|video_pad|>`` (span ``g``) and ``<|vision_end|>``. Every frame group brings its own
+start and end tokens, so the template's wrapper around the video pad (``<|vision_start|>`` right before it,
+``<|vision_end|>`` right after) is dropped rather than left as a second pair around all frames: the layout
+transformers' Qwen3-VL processor and vLLM write. Tokenizing the timestamp text on its own equals tokenizing it in
+place: special tokens bound it on both sides.
 """
 
 from __future__ import annotations
@@ -129,7 +131,12 @@ def expand_media(ids: Sequence[int], processed: Sequence[Any], kinds: Sequence[s
     out: list[int] = []
     media: list[MediaInput] = []
     taken = {"image": 0, "video": 0}
-    for t in ids:
+    skip_end = False
+    for k, t in enumerate(ids):
+        if skip_end:
+            skip_end = False
+            if t == tokens.vision_end:
+                continue
         if t == tokens.image_pad:
             item = queues["image"][taken["image"]]
             taken["image"] += 1
@@ -140,6 +147,9 @@ def expand_media(ids: Sequence[int], processed: Sequence[Any], kinds: Sequence[s
         elif t == tokens.video_pad:
             item = queues["video"][taken["video"]]
             taken["video"] += 1
+            if k > 0 and ids[k - 1] == tokens.vision_start and k + 1 < len(ids) and ids[k + 1] == tokens.vision_end:
+                out.pop()  # the template's wrapper: the frame groups below carry their own (module docstring)
+                skip_end = True
             spans = []
             for stamp in item.timestamps:
                 out.extend(encode(f"<{stamp:.1f} seconds>"))
