@@ -35,7 +35,8 @@ taps of the first ``a`` verify inputs (the committed ones). One verify may be ou
 snapshots are reused by the next).
 
 A unit of verify rows only, each with the full ``k`` drafts, replays a verify CUDA graph when the Program captured
-them (:mod:`ninfer_qwen3_5.verify_graphs`); any other unit runs its forward eagerly. Drafting stays eager.
+them (:mod:`ninfer_qwen3_5.verify_graphs`); any other unit runs its forward eagerly. A drafter may capture graphs of
+its own (:meth:`SpeculativeDecoding.capture_draft_graphs`; the MTP drafter's: :mod:`ninfer_qwen3_5.mtp.draft_graphs`).
 """
 
 from __future__ import annotations
@@ -134,6 +135,13 @@ class SpeculativeDecoding(ABC):
 
     def forget_seq(self, seq: SeqId) -> None:
         """Drop the drafter's bookkeeping of ``seq`` (default: none kept)."""
+
+    def capture_draft_graphs(self, max_rows: int, max_pages: int) -> None:  # noqa: B027 (optional hook)
+        """Capture the drafter's own CUDA graphs for up to ``max_rows`` drafting rows, if it has any (default: none);
+        called with the verify graphs' capture, while no sequence exists."""
+
+    def close_draft_graphs(self) -> None:  # noqa: B027 (optional hook)
+        """Drop what :meth:`capture_draft_graphs` captured (default: nothing)."""
 
     def accept_sampled(self, processed: torch.Tensor, rows, ns: list[int], starts: list[int], drafts: Drafts,
                        num: list[int]) -> dict[int, list[int]]:

@@ -79,8 +79,8 @@ class SpeculativeProgram:
 
     def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
         """Without speculation, the decode graphs. With it, the verify graphs instead
-        (:mod:`ninfer_qwen3_5.verify_graphs`: units of verify rows only, each of the full k drafts); every other
-        unit runs eagerly (a plain decode row needs the drafter's taps, which the decode graphs do not return)."""
+        (:mod:`ninfer_qwen3_5.verify_graphs`: units of verify rows only, each of the full k drafts) and the drafter's
+        own (:meth:`SpeculativeDecoding.capture_draft_graphs`); every other unit runs eagerly (a plain decode row needs the drafter's taps, which the decode graphs do not return)."""
         m = self.speculation
         if m is None:
             return super().capture_decode_graphs(max_batch)
@@ -91,10 +91,13 @@ class SpeculativeProgram:
                               max_pages=self.kv.pages_for(self.max_context))
         with torch.inference_mode():
             graphs.capture()
+            m.capture_draft_graphs(rows, self.kv.pages_for(self.max_context))
         m.graphs = graphs
         return graphs.batch_sizes
 
     def close_graphs(self) -> None:
+        if self.speculation is not None:
+            self.speculation.close_draft_graphs()
         if self.speculation is not None and self.speculation.graphs is not None:
             self.speculation.graphs.close()
             self.speculation.graphs = None

@@ -35,6 +35,7 @@ from ninfer.contracts.program import DecodeRow, ProgramError, SeqId
 from ninfer.program.draft_masks import MaskedDrafting, VerifyMasks
 
 from ninfer_qwen3_5.mtp.context import mtp_step_context
+from ninfer_qwen3_5.mtp.draft_graphs import DraftGraphs
 from ninfer_qwen3_5.mtp.head import DraftRow, Qwen35MTPHead
 from ninfer_qwen3_5.speculative_decode import Drafts, Part, SpeculativeDecoding
 
@@ -133,3 +134,18 @@ class MTPDecoding(SpeculativeDecoding):
     def forget_seq(self, seq: SeqId) -> None:
         """A later run starts the sequence afresh at ``done = computed``."""
         self.frontiers.pop(seq, None)
+
+    def capture_draft_graphs(self, max_rows: int, max_pages: int) -> None:
+        """Steps 2..k of a draft as CUDA graphs (:mod:`ninfer_qwen3_5.mtp.draft_graphs`); none for k = 1."""
+        if self.k < 2:
+            return
+        p = self.p
+        graphs = DraftGraphs(self.head, p.kv, max_rows=max_rows, k=self.k, max_pages=max_pages,
+                             hidden_size=self.head.cfg.hidden_size, dtype=p.dtype, device=p.device)
+        graphs.capture()
+        self.head.graphs = graphs
+
+    def close_draft_graphs(self) -> None:
+        if self.head.graphs is not None:
+            self.head.graphs.close()
+            self.head.graphs = None

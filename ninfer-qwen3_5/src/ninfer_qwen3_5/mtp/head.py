@@ -37,7 +37,6 @@ from ninfer_qwen3_5.mtp.context import mtp_kv_layer, mtp_step_context
 from ninfer_qwen3_5.mtp.weights import mtp_num_layers, prepare_mtp_weights
 from ninfer_qwen3_5.parameters import layer_prefix
 
-
 #: ``constrain(drafted [R, i], logits [R, V]) -> logits``: what a draft step takes the argmax of (see ``draft``).
 Constrain = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -72,12 +71,12 @@ class DraftRow:
 class Draft:
     """``tokens`` int64 ``[R, k]``: row r's greedy drafts ``d_1..d_k`` (``d_1`` predicts the token after the
     just-sampled one); ``logits`` fp32 ``[R, k, V]``: the logits each draft is the argmax of (after the draft
-    call's ``constrain``, if any). The drafter is greedy, so its proposal distribution is one-hot at ``tokens``
-    (``q_i(d_i) = 1``); the logits are there for a caller that applies the request's sampling transforms to the
-    draft distribution."""
+    call's ``constrain``, if any), or None when steps ``2..k`` replayed a draft graph, which keeps none. The drafter
+    is greedy, so its proposal distribution is one-hot at ``tokens`` (``q_i(d_i) = 1``); the logits are there for a
+    caller that applies the request's sampling transforms to the draft distribution."""
 
     tokens: torch.Tensor
-    logits: torch.Tensor
+    logits: torch.Tensor | None
 
 
 class Qwen35MTPHead:
@@ -89,6 +88,9 @@ class Qwen35MTPHead:
     ``mtp_*`` keys (one layer, shared embeddings). ``weights`` may hold other parameters too (e.g. the whole
     ``ProgramInit.weights`` once ``parameter_specs`` adds the MTP specs): only ``mtp/*`` names are read.
     """
+
+    #: Steps 2..k of an unconstrained draft replay these when set (:mod:`ninfer_qwen3_5.mtp.draft_graphs`).
+    graphs = None
 
     def __init__(self, cfg: Qwen35Config, mtp_config: Mapping, weights: Mapping[str, torch.Tensor],
                  embed: torch.Tensor, lm_head: torch.Tensor, ops, device: torch.device, dtype: torch.dtype) -> None:
@@ -156,7 +158,10 @@ class Qwen35MTPHead:
         hidden states and drafts, whatever the verify accepts). Rollback needs no copy: the next draft of the
         row passes ``start = p + 1`` and ``length = n + 1`` after ``n`` accepted drafts (the target's verify hidden
         states of ``x_{p+1}, d_1..d_n`` and the tokens ``d_1..d_n, bonus``), which overwrites the provisional
-        slots before any attention reads them."""
+        slots before any attention reads them.
+
+        Without ``constrain``, when :attr:`graphs` holds a graph for ``len(rows)`` rows and ``k`` steps over ``kv``,
+        steps ``2..k`` replay it (the same tokens; ``Draft.logits`` is then None)."""
         if k < 1:
             raise ProgramError(f"an MTP draft needs k >= 1, got {k}")
         if not rows or any(r.length < 1 or r.start < 0 for r in rows):
@@ -187,6 +192,11 @@ class Qwen35MTPHead:
                                chunks=[(rows[i].seq, rows[i].start, rows[i].length) for i in longer], device=self.device)
         last = torch.tensor([packed_last[i] for i in range(len(rows))], dtype=torch.int64, device=self.device)
         step = self.forward(tokens_next.index_select(0, idx), hidden.index_select(0, idx), ctx, last)
+        graphs = self.graphs
+        if constrain is None and graphs is not None and kv is graphs.kv and graphs.fits(len(rows), k):
+            first = self.ops.greedy_tokens(step.logits)
+            rest = graphs.run([r.seq for r in rows], [r.last for r in rows], first, step.hidden)
+            return Draft(tokens=torch.cat((first.unsqueeze(1), rest), dim=1), logits=None)
         logits: list[torch.Tensor] = []
         toks: list[torch.Tensor] = []
         for i in range(k):
