@@ -11,7 +11,8 @@ captures its graphs at start: decode graphs without speculation, verify graphs w
   weights' and states' traffic, not attention over a long context);
 - end to end at B = 1: ``Engine.generate`` of ``--tokens`` and of 8 tokens from the same prompt, greedy; the
   difference over the extra tokens is the time per committed token. With a random head almost no draft is
-  accepted, so for k > 0 it is the time of one whole speculative step (draft k tokens, verify k + 1).
+  accepted, so for k > 0 it is the time of one whole speculative step (draft k tokens, verify k + 1);
+- for k >= 2, the replay of the MTP draft graph (draft steps 2..k) for B rows, the same way.
 
 From those, the speed-up a checkpoint whose head is trained would get at a mean accepted length ``a`` (tokens
 committed per verify, ``--accepted``): ``a * decode_step / speculative_step``. Writes ``verify_cost.json``.
@@ -171,6 +172,9 @@ def main(argv=None) -> int:
                 program = engine._program   # noqa: SLF001 - the tool times the Program's own graphs
                 graphs = program.speculation.graphs if k else program.graphs
                 entry["graph_ms"] = {str(b): graph_ms(graphs, b, args.replays, sync) for b in batches}
+                drafts = getattr(getattr(program.speculation, "head", None), "graphs", None) if k else None
+                if drafts is not None:   # the MTP draft graphs: steps 2..k
+                    entry["draft_graph_ms"] = {str(b): graph_ms(drafts, b, args.replays, sync) for b in batches}
                 if args.profile and graphs is not None and graphs.has(1) and device.type == "cuda":
                     entry["kernels_b1"] = kernel_table(graphs, 1, args.profile)
                     for row in entry["kernels_b1"]:

@@ -61,6 +61,9 @@ class DraftGraphs:
     def batch_sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self._graphs))
 
+    def has(self, rows: int) -> bool:
+        return rows in self._graphs
+
     def fits(self, rows: int, k: int) -> bool:
         """Whether a draft of ``rows`` rows and ``k`` steps can take its steps ``2..k`` from these graphs."""
         return k == self.k and rows in self._graphs
