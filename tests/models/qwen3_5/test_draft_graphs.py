@@ -154,3 +154,19 @@ def test_captured_draft_graphs_draft_the_eager_tokens(default_world, dtype):  # 
         m, e = prog.speculation, eager.speculation
         assert (m.verified, m.drafted, m.accepted) == (e.verified, e.drafted, e.accepted)
         prog.close_graphs()
+
+
+def test_a_failed_capture_leaves_drafting_eager_with_a_warning(default_world, monkeypatch, caplog):  # noqa: F811
+    w = default_world
+
+    def fail(self, batch_sizes=None):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(DraftGraphs, "capture", fail)
+    prog = program(w, 3)
+    with caplog.at_level("WARNING", logger="ninfer_qwen3_5.mtp.decoding"):
+        assert prog.capture_decode_graphs(4) == (1, 2, 3, 4)   # the verify graphs are there
+    assert prog.speculation.head.graphs is None
+    assert "MTP draft graphs could not be captured (RuntimeError: operation not permitted" in caplog.text
+    want = Driver(program(w, 0), prompts(w), 12, lambda i, j: 0, greedy).run()
+    assert Driver(prog, prompts(w), 12, all_draft(3), greedy).run() == want

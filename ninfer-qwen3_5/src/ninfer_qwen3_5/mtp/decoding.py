@@ -27,6 +27,7 @@ how many drafts are accepted, never which tokens are committed).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ from ninfer_qwen3_5.mtp.context import mtp_step_context
 from ninfer_qwen3_5.mtp.draft_graphs import DraftGraphs
 from ninfer_qwen3_5.mtp.head import DraftRow, Qwen35MTPHead
 from ninfer_qwen3_5.speculative_decode import Drafts, Part, SpeculativeDecoding
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -136,13 +139,23 @@ class MTPDecoding(SpeculativeDecoding):
         self.frontiers.pop(seq, None)
 
     def capture_draft_graphs(self, max_rows: int, max_pages: int) -> None:
-        """Steps 2..k of a draft as CUDA graphs (:mod:`ninfer_qwen3_5.mtp.draft_graphs`); none for k = 1."""
+        """Steps 2..k of a draft as CUDA graphs (:mod:`ninfer_qwen3_5.mtp.draft_graphs`); none for k = 1.
+
+        A capture that fails leaves drafting eager, with a warning naming the error: the graphs only save launch
+        time (the drafts are the eager steps' either way), so a device or op that cannot be captured must not stop
+        the engine from starting."""
         if self.k < 2:
             return
         p = self.p
         graphs = DraftGraphs(self.head, p.kv, max_rows=max_rows, k=self.k, max_pages=max_pages,
                              hidden_size=self.head.cfg.hidden_size, dtype=p.dtype, device=p.device)
-        graphs.capture()
+        try:
+            graphs.capture()
+        except Exception as exc:   # noqa: BLE001 - any capture failure: eager drafting, said in the log
+            graphs.close()
+            _log.warning("MTP draft graphs could not be captured (%s: %s); drafting runs eagerly",
+                         type(exc).__name__, exc)
+            return
         self.head.graphs = graphs
 
     def close_draft_graphs(self) -> None:
