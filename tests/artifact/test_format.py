@@ -10,7 +10,6 @@ from ninfer.artifact.errors import (
     TruncatedFileError,
     UnknownFormatError,
     UnknownLayoutError,
-    UnsupportedFormatError,
     UnsupportedVersionError,
 )
 from ninfer.artifact.format import (
@@ -59,14 +58,13 @@ def test_align_and_part_names():
 
 def test_format_table():
     raw = ("bf16", "fp16", "fp32", "int32")
-    quantized = ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16", "fp8_e4m3fn_row_bf16")
+    quantized = ("q4_g64_fp16", "q5_g64_fp16", "q6_g64_fp16", "q8_g32_fp16", "nvfp4", "fp8_e4m3fn_row_bf16")
     assert SUPPORTED_FORMATS == raw + quantized
     assert {n: (FORMATS[n].element_bytes, FORMATS[n].dtype) for n in raw} == {
         "bf16": (2, torch.bfloat16), "fp16": (2, torch.float16), "fp32": (4, torch.float32),
         "int32": (4, torch.int32)}
     for name in quantized:
         assert FORMATS[name].quantized and FORMATS[name].dtype == torch.uint8
-    assert "nvfp4" in FORMATS and not FORMATS["nvfp4"].supported
     # the container's worked sizes: Q4 [7168, 5120], Q5 [2, 130], FP8 [14336, 5120]
     assert encoded_size("q4_g64_fp16", "row_split_k128_v1", (7168, 5120)) == 19_496_960
     assert encoded_size("q5_g64_fp16", "row_split_k128_v1", (2, 130)) == 528
@@ -78,8 +76,7 @@ def test_format_table():
 def test_interpret_errors_name_the_object():
     with pytest.raises(UnknownFormatError, match="'w'.*'int4'"):
         interpret("int4", "contiguous_le_v1", object_id="w")
-    with pytest.raises(UnsupportedFormatError, match="'w'.*nvfp4"):
-        interpret("nvfp4", "block_scale_k16_m128x4_v1", object_id="w")
+    assert interpret("nvfp4", "block_scale_k16_m128x4_v1", object_id="w").quantized
     with pytest.raises(UnknownLayoutError, match="'w'.*'row_scale_v1'.*'fp16'"):
         interpret("fp16", "row_scale_v1", object_id="w", path="m.ninfer")
     with pytest.raises(UnknownLayoutError, match="unknown layout"):

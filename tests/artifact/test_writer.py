@@ -15,7 +15,6 @@ from ninfer.artifact.errors import (
     TargetExistsError,
     UnknownFormatError,
     UnknownReferenceError,
-    UnsupportedFormatError,
     WriterError,
 )
 from ninfer.artifact.writer import ArtifactWriter
@@ -180,8 +179,8 @@ def test_protocol_errors(tmp_path):
 
 def test_declaration_errors(tmp_path):
     w = ArtifactWriter(tmp_path / "m.ninfer")
-    with pytest.raises(UnsupportedFormatError, match="nvfp4"):
-        w.declare_tensor("q", (128, 64), "nvfp4")
+    with pytest.raises(SchemaError, match="'q'.*nvfp4 needs N % 128 == 0"):
+        w.declare_tensor("q", (100, 64), "nvfp4")
     with pytest.raises(UnknownFormatError, match="bf17"):
         w.declare_tensor("q", (2,), "bf17")
     with pytest.raises(WriterError, match="positive"):

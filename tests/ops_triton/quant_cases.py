@@ -20,7 +20,8 @@ import torch
 from ninfer.quant import QUANTIZED_FORMATS, PackedWeight, encoded_size, fp8_row, packed_view
 from ninfer.quant.groupwise import GROUPWISE
 
-FORMATS = QUANTIZED_FORMATS
+# The formats the Triton kernels read (nvfp4 is read by the CPU reference ops only, so far).
+FORMATS = tuple(f for f in QUANTIZED_FORMATS if f != "nvfp4")
 U_RN = 2.0 ** -24
 U_TC = 2.0 ** -23
 U_OUT = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}

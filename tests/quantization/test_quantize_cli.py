@@ -32,6 +32,6 @@ def test_convert_quantize_and_info(checkpoints, tmp_path, capsys):
 
 def test_convert_quantize_error_exit(checkpoints, tmp_path, capsys):
     out = tmp_path / "q.ninfer"
-    assert convert_main([str(checkpoints["dense"]), str(out), "--quantize", "nvfp4", "--quiet"]) == 1
-    assert "'nvfp4' is not supported yet" in capsys.readouterr().err
+    assert convert_main([str(checkpoints["dense"]), str(out), "--quantize", "q3", "--quiet"]) == 1
+    assert "'q3' is neither a preset" in capsys.readouterr().err
     assert not out.exists()

@@ -62,7 +62,7 @@ def test_toml_recipe(checkpoints, tmp_path):
     ('[formats]\n"*/gdn/qkv" = "q4_g64_fp16"\n', "object 'text/layers/0/gdn/in_proj' holds.*one format"),
     ('[formats]\n"*" = "q3_g64_fp16"\n', "'q3_g64_fp16' is unknown"),
     ('[formats]\n"*" = "bf16"\n', "raw format; use keep"),
-    ('[formats]\n"*" = "nvfp4"\n', "'nvfp4' is not supported yet"),
+    ('[formats]\n"*/mlp/down" = "nvfp4"\n', r"mlp/down.*which nvfp4 cannot hold: it needs N % 128 == 0"),
     ('base = "q9"\n', "base 'q9' is not a preset"),
     ('[format]\n', "unknown key 'format'"),
 ])
@@ -91,5 +91,4 @@ def test_search_method_is_recorded(checkpoints, tmp_path):
 def test_unknown_preset_and_nvfp4():
     with pytest.raises(RecipeError, match="neither a preset"):
         load_recipe("q3")
-    with pytest.raises(RecipeError, match="'nvfp4' is not supported yet"):
-        load_recipe("nvfp4")
+    assert load_recipe("nvfp4").rules == (("*", "nvfp4"),)

@@ -147,6 +147,10 @@ def bind(reader, specs: Sequence[ParameterSpec]) -> BoundWeights:
     return BoundWeights(reader.path, reader.artifact_id, tuple(components), tuple(out))
 
 
+# Quantized formats whose scales are tiled over several rows: a row block must be whole tiles.
+_ROW_TILES = {"nvfp4": 128}
+
+
 def _check_rows(where: str, spec: ParameterSpec, pieces: tuple[BoundPiece, ...]) -> None:
     parent = pieces[0].object
     k = parent.shape[-1]
@@ -156,6 +160,12 @@ def _check_rows(where: str, spec: ParameterSpec, pieces: tuple[BoundPiece, ...])
             f"{where}: binding {spec.name!r} {list(spec.shape)} of {parent.format} parent {parent.id!r} "
             f"{list(parent.shape)} is not one block of whole rows with the parent's K = {k}; a quantized "
             f"parameter must be a row block or an expert slice (re-order rows at conversion)")
+    tile = _ROW_TILES.get(parent.format, 1)
+    if (p.begin // k) % tile or (p.end // k) % tile:
+        raise BindingError(
+            f"{where}: binding {spec.name!r} takes rows [{p.begin // k}, {p.end // k}) of {parent.format} parent "
+            f"{parent.id!r} {list(parent.shape)}; that format's scales come in tiles of {tile} rows, so a "
+            f"parameter must start and end on a tile (re-order rows at conversion)")
 
 
 def _merge(pieces: list[BoundPiece]) -> tuple[BoundPiece, ...]:

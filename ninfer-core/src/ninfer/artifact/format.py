@@ -7,9 +7,10 @@ Invariants (docs/artifact-v3.md):
   the same artifact id; the payload starts at byte 4096;
 - tensor objects start at a multiple of 256 in the logical payload, resources anywhere;
 - raw formats store little-endian words under ``contiguous_le_v1``; the quantized formats this engine
-  implements (groupwise q4/q5/q6/q8 under ``row_split_k128_v1``, fp8 row-scaled under ``row_scale_v1``;
-  defined in :mod:`ninfer.quant`) are loaded as their stored bytes; ``nvfp4`` is known (so a file holding it
-  parses) but interpreting it raises :class:`UnsupportedFormatError`.
+  implements (groupwise q4/q5/q6/q8 under ``row_split_k128_v1``, fp8 row-scaled under ``row_scale_v1``, nvfp4
+  under ``block_scale_k16_m128x4_v1``; defined in :mod:`ninfer.quant`) are loaded as their stored bytes; a format
+  V3 names that this engine does not implement would be known (so a file holding it parses) but interpreting it
+  raises :class:`UnsupportedFormatError` (no such format today).
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ FORMATS: dict[str, FormatInfo] = {f.name: f for f in (
     FormatInfo("q5_g64_fp16", (LAYOUT_ROW_SPLIT,), True, None, torch.uint8, "5-bit codes, group 64, fp16 scale", True),
     FormatInfo("q6_g64_fp16", (LAYOUT_ROW_SPLIT,), True, None, torch.uint8, "6-bit codes, group 64, fp16 scale", True),
     FormatInfo("q8_g32_fp16", (LAYOUT_ROW_SPLIT,), True, None, torch.uint8, "8-bit codes, group 32, fp16 scale", True),
-    FormatInfo("nvfp4", (LAYOUT_NVFP4,), False, description="E2M1 codes, E4M3 block-16 scales"),
+    FormatInfo("nvfp4", (LAYOUT_NVFP4,), True, None, torch.uint8, "E2M1 codes, E4M3 block-16 scales, fp32 divisor",
+               True),
     FormatInfo("fp8_e4m3fn_row_bf16", (LAYOUT_ROW_SCALE,), True, None, torch.uint8, "E4M3FN codes, bf16 row scale", True),
 )}
 

@@ -20,7 +20,9 @@ Invariants of :func:`assign`:
 - every parameter bound to one object gets the same format (objects are the unit of storage), else a
   :class:`RecipeError` naming the object and both parameters;
 - a TOML pattern that matches no parameter is a :class:`RecipeError` naming it;
-- formats this engine cannot write yet (``nvfp4``) are refused by name.
+- ``nvfp4`` goes only to objects its layout can hold (``N % 128 == 0``, ``K % 64 == 0``, and every parameter
+  bound to the object a block of whole 128-row tiles): a preset keeps the others as stored, an explicit TOML rule
+  selecting one is a :class:`RecipeError` naming the constraint.
 """
 
 from __future__ import annotations
@@ -34,12 +36,11 @@ from pathlib import Path
 from ninfer.artifact.format import FORMATS
 from ninfer.artifact.source_mapping import ConversionPlan
 from ninfer.conversion.errors import ConversionError
-from ninfer.quant import QUANTIZED_FORMATS
+from ninfer.quant import QUANTIZED_FORMATS, nvfp4
 
 KEEP = "keep"
 METHODS = ("rtn", "search")
 ACTIVATIONS = ("a16", "a8")
-NOT_YET = frozenset({"nvfp4"})
 
 
 class RecipeError(ConversionError):
@@ -59,7 +60,7 @@ class Recipe:
 
 
 _UNIFORM = {"fp8": "fp8_e4m3fn_row_bf16", "q8": "q8_g32_fp16", "q6": "q6_g64_fp16", "q5": "q5_g64_fp16",
-            "q4": "q4_g64_fp16"}
+            "q4": "q4_g64_fp16", "nvfp4": "nvfp4"}
 PRESETS: Mapping[str, Recipe] = {
     **{name: Recipe(name, (("*", fmt),)) for name, fmt in _UNIFORM.items()},
     # experts q4, the LM head q6, routers and the shared-expert gate as stored, every other matmul weight q8
@@ -69,9 +70,6 @@ PRESETS: Mapping[str, Recipe] = {
 
 
 def _check_format(fmt: str, where: str) -> str:
-    if fmt in NOT_YET:
-        raise RecipeError(f"{where}: format {fmt!r} is not supported yet by the converter (implemented: "
-                          f"{', '.join(QUANTIZED_FORMATS)})")
     if fmt != KEEP and fmt not in QUANTIZED_FORMATS:
         known = ", ".join((*QUANTIZED_FORMATS, KEEP))
         what = "a raw format; use keep" if fmt in FORMATS else "unknown"
@@ -88,8 +86,6 @@ def load_recipe(spec: str) -> Recipe:
         return PRESETS[spec]
     if spec.endswith("+search") and spec[:-len("+search")] in PRESETS:
         return replace(PRESETS[spec[:-len("+search")]], name=spec, method="search")
-    if spec == "nvfp4":
-        _check_format(spec, "preset 'nvfp4'")
     path = Path(spec)
     if not path.is_file():
         raise RecipeError(f"--quantize {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a TOML file")
@@ -137,6 +133,19 @@ def assign(recipe: Recipe, plan: ConversionPlan, shapes: Mapping[str, Sequence[i
         pol = policies.get(name)
         return bool(pol) and all(p is not None for p in pol) and len(shapes[oid]) >= 2
 
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for b in plan.bindings:
+        for p in b.parts:
+            ranges.setdefault(p.object, []).append((p.begin, p.end))
+
+    def tiled(oid: str) -> bool:
+        """Whether nvfp4's layout holds object ``oid`` and every part of it a binding takes."""
+        shape = tuple(shapes[oid])
+        if not nvfp4.fits(shape):
+            return False
+        tile = nvfp4.LAYOUT_ROWS * shape[-1]
+        return all(b % tile == 0 and e % tile == 0 for b, e in ranges.get(oid, ()))
+
     used: set[int] = set()
     out: dict[str, str] = {}
     for oid, names in holders.items():
@@ -154,6 +163,14 @@ def assign(recipe: Recipe, plan: ConversionPlan, shapes: Mapping[str, Sequence[i
                     raise RecipeError(f"recipe {recipe.name!r}: pattern {pattern!r} selects {name!r} (object {oid!r}), "
                                       f"which is not a matmul weight, or shares its object with a parameter that is "
                                       f"not (e.g. a head tied to the embedding); it stays as stored")
+                fmt = KEEP
+            if fmt == nvfp4.FORMAT and not tiled(oid):
+                if rule < recipe.explicit:
+                    raise RecipeError(
+                        f"recipe {recipe.name!r}: pattern {recipe.rules[rule][0]!r} selects {name!r} (object {oid!r}, "
+                        f"shape {list(shapes[oid])}), which {nvfp4.FORMAT} cannot hold: it needs N % "
+                        f"{nvfp4.LAYOUT_ROWS} == 0, K % {nvfp4.LAYOUT_K} == 0 and parameters of whole "
+                        f"{nvfp4.LAYOUT_ROWS}-row blocks")
                 fmt = KEEP
             if chosen is not None and chosen[1] != fmt:
                 raise RecipeError(f"recipe {recipe.name!r}: object {oid!r} holds {chosen[0]!r} ({chosen[1]}) and "

@@ -10,7 +10,20 @@ subnormal); ``code = e2m1(x * divisor / block_scale)`` rounded to nearest, ties 
 saturating at 6. Zero (also negative zero) encodes as code 0. A non-finite weight fails.
 
 Codes are packed two per byte along K, the even ``k`` in the low nibble (``[N, K / 2]`` uint8, row-major);
-block scales are ``[N, K / 16]`` E4M3FN bytes, row-major.
+block scales are ``[N, K / 16]`` E4M3FN bytes, row-major, in memory as the encoder returns them.
+
+Layout ``block_scale_k16_m128x4_v1`` of a weight ``[..., N, K]`` (``rows = prod(leading dims)``; ``N % 128 == 0``,
+``K % 64 == 0``, so a bank's experts and 128-row blocks are whole scale tiles), three planes, no padding between
+them (each size is already a multiple of 256 bytes but the last):
+
+- codes: ``rows * K / 2`` bytes, row-major as above;
+- block scales: ``rows * K / 16`` bytes in tiles of 128 rows x 4 scales (64 weights of K), tiles row-major over
+  (row tile, K tile), 512 bytes each; inside a tile the scale of row ``r`` (0..127) and column ``c`` (0..3) is
+  byte ``(r % 32) * 16 + (r // 32) * 4 + c`` (the block-scale tiling of NVIDIA's FP4 GEMMs);
+- the divisor: one little-endian fp32.
+
+So an object is ``rows * K * 9 / 16 + 4`` bytes. A row block ``[r0, r1)`` (multiples of 128) is the codes' rows, the
+scale tiles' rows ``[r0 / 128, r1 / 128)`` and the same divisor: a view, never a copy.
 """
 
 from __future__ import annotations
@@ -38,8 +51,16 @@ def _round_e2m1(a: torch.Tensor) -> torch.Tensor:
     return torch.where(lo == hi, lo, torch.where(lo % 2 == 0, lo, hi))
 
 
-def encode(w: torch.Tensor, what: str = "weight") -> tuple[torch.Tensor, torch.Tensor, float]:
-    """``w[N, K]`` (K % 16 == 0) -> ``(codes[N, K/2] uint8, block_scales[N, K/16] uint8 E4M3FN bits, divisor)``."""
+def divisor_for(amax: float) -> float:
+    """The encoder's per-tensor divisor for a tensor whose largest magnitude is ``amax``."""
+    return E4M3_MAX * E2M1_MAX / amax if amax > 0 else 1.0
+
+
+def encode(w: torch.Tensor, what: str = "weight", divisor: float | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``w[N, K]`` (K % 16 == 0) -> ``(codes[N, K/2] uint8, block_scales[N, K/16] uint8 E4M3FN bits, divisor)``.
+    ``divisor`` None: the tensor's own (:func:`divisor_for` its amax); given: the whole tensor's, when ``w`` is a
+    block of its rows (encoding blocks with it equals encoding the tensor whole)."""
     x = w.detach().to(torch.float32)
     if x.dim() != 2:
         raise QuantizationError(f"{what}: the {FORMAT} encoder takes [N, K], got shape {list(x.shape)}")
@@ -48,8 +69,8 @@ def encode(w: torch.Tensor, what: str = "weight") -> tuple[torch.Tensor, torch.T
         raise QuantizationError(f"{what}: {FORMAT} needs K % {BLOCK} == 0, got K = {k}")
     if not bool(torch.isfinite(x).all()):
         raise QuantizationError(f"{what}: a weight is not finite; {FORMAT} cannot encode it")
-    amax = float(x.abs().max()) if x.numel() else 0.0
-    divisor = E4M3_MAX * E2M1_MAX / amax if amax > 0 else 1.0
+    if divisor is None:
+        divisor = divisor_for(float(x.abs().max()) if x.numel() else 0.0)
     blocks = x.reshape(n, k // BLOCK, BLOCK)
     bmax = blocks.abs().amax(dim=-1)
     scale = (bmax / E2M1_MAX * divisor).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
@@ -80,3 +101,54 @@ def decode(codes: torch.Tensor, block_scales: torch.Tensor, divisor: float,
     vals = torch.where((nib & 8) != 0, -mags, mags)
     s = block_scales.view(torch.float8_e4m3fn).to(wide).repeat_interleave(BLOCK, dim=1)
     return (vals * s / divisor).to(dtype)
+
+
+# -- the block_scale_k16_m128x4_v1 layout ---------------------------------------------------------------------
+LAYOUT_ROWS = 128
+LAYOUT_K = 64
+TILE_BYTES = 512
+
+
+def check_shape(shape: tuple[int, ...], what: str = "weight") -> int:
+    """The rows of a weight of ``shape`` in this layout, or a QuantizationError naming the constraint it breaks."""
+    if len(shape) < 2:
+        raise QuantizationError(f"{what}: {FORMAT} stores weights of rank >= 2 ([..., N, K]), got {list(shape)}")
+    n, k = shape[-2], shape[-1]
+    if n % LAYOUT_ROWS or k % LAYOUT_K:
+        raise QuantizationError(f"{what}: {FORMAT} needs N % {LAYOUT_ROWS} == 0 and K % {LAYOUT_K} == 0, got shape "
+                                f"{list(shape)}")
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return rows
+
+
+def fits(shape: tuple[int, ...]) -> bool:
+    return len(shape) >= 2 and shape[-2] % LAYOUT_ROWS == 0 and shape[-1] % LAYOUT_K == 0
+
+
+def plane_offsets(rows: int, k: int) -> tuple[int, int, int]:
+    """``(scales offset, divisor offset, total bytes)`` of ``rows`` rows of ``k`` weights."""
+    codes = rows * k // 2
+    scales = rows * k // BLOCK
+    return codes, codes + scales, codes + scales + 4
+
+
+def encoded_size(shape: tuple[int, ...]) -> int:
+    rows = check_shape(tuple(shape))
+    return plane_offsets(rows, shape[-1])[2]
+
+
+def tile_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Row-major block scales ``[rows, K/16]`` (rows % 128 == 0, K % 64 == 0) -> the layout's tiles
+    ``[rows/128, (K/64) * 512]`` (module docstring)."""
+    rows, cols = scales.shape
+    t = scales.reshape(rows // LAYOUT_ROWS, 4, 32, cols // 4, 4)          # [mt, r // 32, r % 32, kt, c]
+    return t.permute(0, 3, 2, 1, 4).reshape(rows // LAYOUT_ROWS, cols // 4 * TILE_BYTES).contiguous()
+
+
+def untile_scales(tiles: torch.Tensor, k: int) -> torch.Tensor:
+    """The inverse of :func:`tile_scales`: ``[rows/128, (K/64) * 512]`` -> ``[rows, K/16]``."""
+    mt, cols = tiles.shape[0], k // BLOCK
+    t = tiles.reshape(mt, cols // 4, 32, 4, 4)                            # [mt, kt, r % 32, r // 32, c]
+    return t.permute(0, 3, 2, 1, 4).reshape(mt * LAYOUT_ROWS, cols)

@@ -4,7 +4,9 @@ parent object's stored bytes, never decoded.
 Invariants: ``shape`` is the logical shape ``[..., K]`` (rank >= 2); ``planes`` are views, row-major over the
 ``rows = prod(shape[:-1])`` rows, in the format's plane order (groupwise: ``base [rows, gpr*32] uint8``,
 ``high [rows, gpr*H] uint8``, ``scales [rows, gpr] fp16``; fp8 row: ``codes [rows, K] uint8``,
-``scales [rows] bf16``). Taking a row range or an expert of a bank is a view of the same planes.
+``scales [rows] bf16``; nvfp4: ``codes [rows, K/2] uint8``, ``tiles [rows/128, (K/64)*512] uint8`` (the block
+scales in the layout's tiles), ``divisor [1] fp32``). Taking a row range or an expert of a bank is a view of the
+same planes (nvfp4: of whole 128-row tiles, the divisor shared).
 ``activations`` is ``"a8"`` only on an fp8 row weight whose every use allows 8-bit activations; views keep it.
 """
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.errors import NotSupportedError
+from ninfer.quant import nvfp4
 from ninfer.quant.errors import QuantizationError
 from ninfer.quant.fp8_row import FORMAT as FP8_ROW
 from ninfer.quant.fp8_row import decode as fp8_decode
@@ -65,24 +68,38 @@ class PackedWeight:
         if not -self.shape[0] <= index < self.shape[0]:
             raise IndexError(f"expert {index} of a bank of {self.shape[0]}")
         index %= self.shape[0]
-        return PackedWeight(self.format, tuple(self.shape[1:]),
-                            tuple(p[index * n:(index + 1) * n] for p in self.planes), self.activations)
+        return PackedWeight(self.format, tuple(self.shape[1:]), _row_planes(self.format, self.planes, index * n,
+                                                                            (index + 1) * n), self.activations)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight's values in ``dtype`` (computed in at least fp32): for reference ops and tests only."""
         k = self.shape[-1]
         if self.format == FP8_ROW:
             flat = fp8_decode(self.planes[0], self.planes[1], dtype)
+        elif self.format == nvfp4.FORMAT:
+            codes, tiles, divisor = self.planes
+            flat = nvfp4.decode(codes, nvfp4.untile_scales(tiles, k), float(divisor[0]), dtype)
         else:
             flat = GROUPWISE[self.format].decode(*self.planes, k, dtype)
         return flat.reshape(self.shape)
 
 
-QUANTIZED_FORMATS: tuple[str, ...] = (*GROUPWISE, FP8_ROW)
+QUANTIZED_FORMATS: tuple[str, ...] = (*GROUPWISE, FP8_ROW, nvfp4.FORMAT)
 
 
 def is_quantized_format(fmt: str) -> bool:
-    return fmt in GROUPWISE or fmt == FP8_ROW
+    return fmt in QUANTIZED_FORMATS
+
+
+def _row_planes(fmt: str, planes: tuple[torch.Tensor, ...], r0: int, r1: int) -> tuple[torch.Tensor, ...]:
+    """Rows ``[r0, r1)`` of ``planes`` (views). nvfp4: whole 128-row scale tiles, the divisor shared."""
+    if fmt != nvfp4.FORMAT:
+        return tuple(p[r0:r1] for p in planes)
+    if r0 % nvfp4.LAYOUT_ROWS or r1 % nvfp4.LAYOUT_ROWS:
+        raise QuantizationError(f"rows [{r0}, {r1}) of an {fmt} weight do not start and end on its "
+                                f"{nvfp4.LAYOUT_ROWS}-row scale tiles")
+    codes, tiles, divisor = planes
+    return codes[r0:r1], tiles[r0 // nvfp4.LAYOUT_ROWS:r1 // nvfp4.LAYOUT_ROWS], divisor
 
 
 def encoded_size(fmt: str, shape: tuple[int, ...]) -> int:
@@ -92,6 +109,8 @@ def encoded_size(fmt: str, shape: tuple[int, ...]) -> int:
         return fp8_size(shape)
     if fmt in GROUPWISE:
         return GROUPWISE[fmt].encoded_size(shape)
+    if fmt == nvfp4.FORMAT:
+        return nvfp4.encoded_size(shape)
     raise QuantizationError(f"{fmt!r} is not a quantized format this engine implements")
 
 
@@ -115,6 +134,16 @@ def packed_view(fmt: str, parent: torch.Tensor, parent_shape: tuple[int, ...], b
         codes = parent[:rows * k].view(rows, k)
         scales = parent[off:off + rows * 2].view(torch.bfloat16)
         return PackedWeight(fmt, tuple(shape), (codes[r0:r1], scales[r0:r1]))
+    if fmt == nvfp4.FORMAT:
+        scale_off, div_off, total = nvfp4.plane_offsets(rows, k)
+        codes = parent[:scale_off].view(rows, k // 2)
+        tiles = parent[scale_off:div_off].view(rows // nvfp4.LAYOUT_ROWS, k // nvfp4.LAYOUT_K * nvfp4.TILE_BYTES)
+        divisor = parent[div_off:total].view(torch.float32)
+        try:
+            planes = _row_planes(fmt, (codes, tiles, divisor), r0, r1)
+        except QuantizationError as exc:
+            raise QuantizationError(f"{what}: {exc}") from None
+        return PackedWeight(fmt, tuple(shape), planes)
     spec = GROUPWISE.get(fmt)
     if spec is None:
         raise QuantizationError(f"{what}: {fmt!r} is not a quantized format this engine implements")

@@ -29,6 +29,9 @@ from ninfer.quant.fp8_row import FORMAT as FP8_ROW
 from ninfer.quant.groupwise import GROUPWISE
 
 KIND_NIBBLE, KIND_BYTE, KIND_FP8 = 0, 1, 2
+#: The stored formats the Triton quantized kernels read (nvfp4's block-scale tiles are read by none yet: on CUDA an
+#: nvfp4 weight finds no op, which the op resolution reports by format and device).
+KERNEL_FORMATS: frozenset[str] = frozenset((*GROUPWISE, FP8_ROW))
 
 
 @dataclass(frozen=True)

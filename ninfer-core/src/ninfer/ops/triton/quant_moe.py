@@ -32,9 +32,10 @@ from ninfer.ops.reference import quantized as _reference
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import moe_gemv, quant_moe_gemv
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, TL_DTYPE, cast, mm
+from ninfer.ops.triton._quant import KERNEL_FORMATS
 from ninfer.ops.triton._quant_tiles import Operand, operand, tile_codes, tile_scales
 from ninfer.ops.triton.moe import _align_fused, _block_m
-from ninfer.quant import QUANTIZED_FORMATS, PackedWeight
+from ninfer.quant import PackedWeight
 
 
 @triton.jit
@@ -233,5 +234,5 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
 
 OPS = [
     OpImpl(op="moe_experts", name="triton", fn=moe_experts, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
-           priority=10, weight_formats=frozenset(QUANTIZED_FORMATS)),
+           priority=10, weight_formats=KERNEL_FORMATS),
 ]
