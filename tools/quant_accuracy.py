@@ -55,7 +55,7 @@ def score_text(engine, text: str, context: int) -> tuple[float, int, torch.Tenso
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("workdir")
-    p.add_argument("--presets", default="fp8,q8,q6,q6+search,q5,q4,q4+search,mixed")
+    p.add_argument("--presets", default="fp8,q8,q6,q6+search,q5,q4,q4+search,mixed,nvfp4")
     p.add_argument("--texts", type=int, default=None)
     p.add_argument("--context", type=int, default=512)
     args = p.parse_args(argv)

@@ -62,22 +62,13 @@ def write_quantized(write: Callable[[Any], None], object_id: str, fmt: str, dtyp
     step = max(1, chunk_bytes // row_bytes) * row_bytes
     sides: list[list[torch.Tensor]] = []
     written = 0
-    for name, f, offset, nbytes in spans:
-        f.seek(offset)
-        remaining = nbytes
-        while remaining:
-            buf = bytearray(min(step, remaining))
-            if f.readinto(buf) != len(buf):
-                raise SourceError(f"source tensor {name!r} ends early in {f.name!r}: the file changed or is truncated")
-            rows = torch.frombuffer(buf, dtype=torch_dtype).view(-1, k).to(device)
-            first, rest = _encode(fmt, rows, object_id, search)
-            first, rest = first.cpu(), [r.cpu() for r in rest]
-            write(memoryview(first.contiguous().view(torch.uint8).numpy()).cast("B"))
-            written += first.numel() * first.element_size()
-            sides.append(rest)
-            remaining -= len(buf)
-            advance(len(buf))
-            del buf, rows
+    for nbytes, rows in _chunks(spans, torch_dtype, k, step):
+        first, rest = _encode(fmt, rows.to(device), object_id, search)
+        first, rest = first.cpu(), [r.cpu() for r in rest]
+        write(memoryview(first.contiguous().view(torch.uint8).numpy()).cast("B"))
+        written += first.numel() * first.element_size()
+        sides.append(rest)
+        advance(nbytes)
     for plane in range(len(sides[0]) if sides else 0):
         pad = -written % PLANE_ALIGN
         if pad:
@@ -91,7 +82,7 @@ def write_quantized(write: Callable[[Any], None], object_id: str, fmt: str, dtyp
     return written
 
 
-def _chunks(spans: list[tuple[str, BinaryIO, int, int]], dtype: torch.dtype, k: int, step: int):
+def _chunks(spans: Iterable[tuple[str, BinaryIO, int, int]], dtype: torch.dtype, k: int, step: int):
     """The sources' rows, ``step`` bytes (whole rows) at a time, as ``(bytes read, [rows, k] tensor)``."""
     for name, f, offset, nbytes in spans:
         f.seek(offset)
