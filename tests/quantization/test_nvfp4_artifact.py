@@ -1,6 +1,6 @@
 """nvfp4 as a loadable format: the ``block_scale_k16_m128x4_v1`` layout (codes, 128x4 scale tiles, the divisor),
-the converter's streaming writer, the binder's 128-row tiles, packed views of row blocks and experts, the recipe's
-layout constraint, the CPU reference ops through the engine, and the CUDA ops that do not read it yet."""
+the converter's streaming writer, the recipe's layout constraint, the CPU reference ops through the engine, and
+the CUDA ops that do not read it yet. Its packed views and the binder's 128-row tiles are in test_loading.py."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ import io
 
 import pytest
 import torch
-from ninfer.artifact import ArtifactReader, bind, load_weights
-from ninfer.artifact.errors import BindingError
-from ninfer.artifact.writer import ArtifactWriter
-from ninfer.contracts.architecture import ParameterSpec
+from ninfer.artifact import ArtifactReader, load_weights
 from ninfer.conversion import convert
 from ninfer.conversion.quantize import write_quantized
 from ninfer.conversion.recipe import RecipeError
@@ -77,49 +74,6 @@ def test_streamed_encoding_equals_the_whole_tensors_encoding():
     assert torch.equal(block.dequantize(), pw.dequantize()[128:])
     with pytest.raises(QuantizationError, match="128-row scale tiles"):
         packed_view("nvfp4", parent, (256, K), 64 * K, 192 * K, (128, K))
-
-
-def _bank_artifact(path, parts):
-    """An nvfp4 bank [E, N, K] bound whole as ``bank`` and by ``parts`` (name -> (begin, end, shape))."""
-    w = torch.randn(E, N, K, generator=torch.Generator().manual_seed(5))
-    codes, scales, divisor = nvfp4.encode(w.reshape(-1, K))
-    data = (codes.numpy().tobytes() + nvfp4.tile_scales(scales).numpy().tobytes()
-            + torch.tensor([divisor], dtype=torch.float32).view(torch.uint8).numpy().tobytes())
-    wr = ArtifactWriter(path)
-    wr.add_component("text", {"architectures": ["Test"]})
-    wr.declare_tensor("bank", (E, N, K), "nvfp4")
-    wr.bind("bank", "bank")
-    for name, (b, e, _) in parts.items():
-        wr.bind_parts(name, [("bank", b, e)])
-    wr.begin_payload()
-    wr.write("bank", data)
-    wr.finish()
-    return w
-
-
-def test_experts_and_row_blocks_of_a_bank_are_views(tmp_path):
-    path = tmp_path / "bank.ninfer"
-    _bank_artifact(path, {"expert1": (N * K, 2 * N * K, (N, K)), "rows": (128 * K, 384 * K, (256, K))})
-    with ArtifactReader(path) as r:
-        specs = [ParameterSpec("bank", (E, N, K)), ParameterSpec("expert1", (N, K)), ParameterSpec("rows", (256, K))]
-        bound = {b.name: b for b in bind(r, specs).parameters}
-        assert all(b.quantized and b.format == "nvfp4" and b.is_view for b in bound.values())
-        w = load_weights(r, specs, "cpu")
-    bank, e1, rows = w["bank"], w["expert1"], w["rows"]
-    assert isinstance(e1, PackedWeight) and e1.shape == (N, K)
-    storage = bank.planes[0].untyped_storage().data_ptr()
-    assert all(p.untyped_storage().data_ptr() == storage for pw in (e1, rows) for p in pw.planes)
-    full = bank.dequantize(torch.float64)
-    assert torch.equal(e1.dequantize(torch.float64), full[1])
-    assert torch.equal(bank[1].dequantize(torch.float64), full[1])
-    assert torch.equal(rows.dequantize(torch.float64), full.reshape(-1, K)[128:384])
-
-
-def test_a_binding_off_the_scale_tiles_is_refused(tmp_path):
-    path = tmp_path / "bank.ninfer"
-    _bank_artifact(path, {"bad": (64 * K, 192 * K, (128, K))})
-    with ArtifactReader(path) as r, pytest.raises(BindingError, match="'bad'.*tiles of 128 rows"):
-        bind(r, [ParameterSpec("bad", (128, K))])
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +156,13 @@ def test_cuda_ops_do_not_read_nvfp4_yet():
     gpu = resolve_ops(reg.ops, "cuda", torch.bfloat16, contracts=reg.op_contracts)
     with pytest.raises(OpError, match="'linear'.*nvfp4.*'cuda'"):
         gpu.check_formats("linear", ["nvfp4"])
+
+
+def test_a_non_finite_weight_is_refused_naming_the_object():
+    t = torch.randn(128, 64)
+    t[3, 5] = float("nan")
+    f = io.BytesIO(t.numpy().tobytes())
+    f.name = "src"
+    with pytest.raises(QuantizationError, match="obj: a weight is not finite; nvfp4"):
+        write_quantized(lambda d: None, "obj", "nvfp4", "F32", 64, [("src", f, 0, len(f.getvalue()))], 1 << 20,
+                        lambda _: None)

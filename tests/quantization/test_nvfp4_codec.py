@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from ninfer.quant import nvfp4
 from ninfer.quant.errors import QuantizationError
 

@@ -423,5 +423,5 @@ def test_a_killed_replica_fails_its_request_and_new_ones_go_elsewhere(http):
 
     with _busy(http, survivor):
         # The ingress's router learns of a new replica from Ray's long-poll updates, a while after the controller
-        # reports it running (longer on a loaded machine); until then new sessions go to the survivor.
+        # reports it running; until then new sessions go to the survivor.
         _poll("the ingress to route a new session to the replacement", lands_on_the_replacement)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import ChunkRows, PackedBatch
-from ninfer.program.graphs import capture_sizes
+from ninfer.program.graphs import StaticGraphs
 
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.speculative_state import VerifyPlan, VerifyStep
@@ -41,9 +41,11 @@ from ninfer_qwen3_5.speculative_state import VerifyPlan, VerifyStep
 VerifyForward = Callable[[PackedBatch, StepContext], tuple[torch.Tensor, torch.Tensor]]
 
 
-class VerifyGraphs:
+class VerifyGraphs(StaticGraphs):
     """Verify forwards of ``B = 1..max_rows`` rows of ``inputs`` tokens each over ``program`` (a Qwen3.5-family
     Program with speculation configured), captured as CUDA graphs on a CUDA device (module docstring)."""
+
+    what = "verify graph"
 
     def __init__(self, program, forward: VerifyForward, *, max_rows: int, inputs: int, max_pages: int) -> None:
         snaps = program.snapshots
@@ -55,25 +57,15 @@ class VerifyGraphs:
         if not 1 <= inputs <= snaps.max_inputs or max_pages < 1:
             raise ProgramError(f"verify graphs of {inputs} inputs per row and {max_pages} pages are outside "
                                f"1..{snaps.max_inputs} inputs, >= 1 page")
+        super().__init__(program.device, max_rows)
         self.p, self._forward = program, forward
-        self.device = torch.device(program.device)
-        self.max_rows, self.inputs, self.max_pages = max_rows, inputs, max_pages
+        self.inputs, self.max_pages = inputs, max_pages
         n = max_rows * inputs
         # int64: tokens [0, n), positions [n, 2n), KV slots [2n, 3n), live slots [3n, 3n + max_rows);
         # int32: KV lengths [0, max_rows), page tables from max_rows (graph B's: B rows max_pages apart).
         self.i64 = torch.zeros(3 * n + max_rows, dtype=torch.int64, device=self.device)
         self.i32 = torch.zeros(max_rows + max_rows * max_pages, dtype=torch.int32, device=self.device)
         self._constants: dict[int, tuple] = {}
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, tuple[torch.Tensor, torch.Tensor] | None]] = {}
-        self._pool = None
-        self._replay = self.device.type == "cuda"
-
-    @property
-    def batch_sizes(self) -> tuple[int, ...]:
-        return tuple(sorted(self._graphs))
-
-    def has(self, rows: int) -> bool:
-        return rows in self._graphs
 
     # -- the static-input forward ------------------------------------------------------------------
     def _consts(self, b: int) -> tuple:
@@ -125,19 +117,9 @@ class VerifyGraphs:
             self.p.kv.num_pages - 1).expand(b, -1))
 
     def capture(self, batch_sizes: Sequence[int] | None = None) -> None:
-        """Capture every size (default ``1..max_rows``), largest first so smaller graphs reuse the pool. Without
-        CUDA only the sizes are recorded (the forward then runs eagerly on the static inputs)."""
         if self.p._seqs:
             raise ProgramError("verify graphs must be captured before any sequence is opened")
-        sizes = sorted(set(batch_sizes or range(1, self.max_rows + 1)), reverse=True)
-        if sizes and not 1 <= sizes[-1] <= sizes[0] <= self.max_rows:
-            raise ProgramError(f"verify graph sizes {sizes} are outside 1..{self.max_rows}")
-        if not self._replay:
-            for b in sizes:
-                self._graphs[b] = (None, None)
-            return
-        graphs, self._pool = capture_sizes(self.device, sizes, self._valid_inputs, self._run_static, self._pool)
-        self._graphs.update(graphs)
+        super().capture(batch_sizes)
 
     # -- replay ------------------------------------------------------------------------------------
     def run(self, rows: Sequence[ChunkRows]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,8 +127,7 @@ class VerifyGraphs:
         ``inputs`` tokens each, whose snapshot slots are the groups ``0..B-1`` in order): ``(logits, taps)`` of every
         token, valid until the next replay."""
         b, L, mi = len(rows), self.inputs, self.p.snapshots.max_inputs
-        if b not in self._graphs:
-            raise ProgramError(f"no verify graph for {b} rows (captured: {self.batch_sizes})")
+        self.check_rows(b)
         width = max(len(c.pages) for c in rows)
         if width > self.max_pages:
             raise ProgramError(f"a page table of width {width} exceeds the verify graphs' {self.max_pages} pages")
@@ -168,13 +149,8 @@ class VerifyGraphs:
             a32[t: t + len(c.pages)] = c.pages
         self.i64[: h64.shape[0]].copy_(h64, non_blocking=True)
         self.i32[: h32.shape[0]].copy_(h32, non_blocking=True)
-        graph, out = self._graphs[b]
-        if graph is None:
-            return self._run_static(b)
-        graph.replay()
-        return out
+        return self.replay(b)
 
     def close(self) -> None:
-        self._graphs.clear()
+        super().close()
         self._constants.clear()
-        self._pool = None

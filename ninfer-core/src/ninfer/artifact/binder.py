@@ -34,6 +34,7 @@ from ninfer.artifact.errors import (
 )
 from ninfer.artifact.format import element_count, interpret
 from ninfer.contracts.architecture import ParameterSpec
+from ninfer.quant import row_tile
 
 
 @dataclass(frozen=True)
@@ -147,10 +148,6 @@ def bind(reader, specs: Sequence[ParameterSpec]) -> BoundWeights:
     return BoundWeights(reader.path, reader.artifact_id, tuple(components), tuple(out))
 
 
-# Quantized formats whose scales are tiled over several rows: a row block must be whole tiles.
-_ROW_TILES = {"nvfp4": 128}
-
-
 def _check_rows(where: str, spec: ParameterSpec, pieces: tuple[BoundPiece, ...]) -> None:
     parent = pieces[0].object
     k = parent.shape[-1]
@@ -160,7 +157,7 @@ def _check_rows(where: str, spec: ParameterSpec, pieces: tuple[BoundPiece, ...])
             f"{where}: binding {spec.name!r} {list(spec.shape)} of {parent.format} parent {parent.id!r} "
             f"{list(parent.shape)} is not one block of whole rows with the parent's K = {k}; a quantized "
             f"parameter must be a row block or an expert slice (re-order rows at conversion)")
-    tile = _ROW_TILES.get(parent.format, 1)
+    tile = row_tile(parent.format)
     if (p.begin // k) % tile or (p.end // k) % tile:
         raise BindingError(
             f"{where}: binding {spec.name!r} takes rows [{p.begin // k}, {p.end // k}) of {parent.format} parent "

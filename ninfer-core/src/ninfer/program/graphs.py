@@ -34,11 +34,13 @@ Invariants:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import DecodeRows, HostTokens
 
 # forward(tokens, positions, slots, out_slots, kv_lens, page_tables, slot_mapping) -> fp32 logits [B, V]
@@ -236,6 +238,68 @@ def capture_sizes(device: torch.device, sizes: list[int], prepare: Callable[[int
         graphs[b] = (graph, out)
     torch.cuda.synchronize(device)
     return graphs, pool
+
+
+class StaticGraphs(ABC):
+    """One CUDA graph per row count ``1..max_rows`` of a static-input step: the base of a plugin's graph sets
+    (its verify and draft graphs). A subclass writes valid inputs for ``b`` rows in ``_valid_inputs(b)``, runs the
+    step on its static input buffers in ``_run_static(b)`` (returning the outputs), rewrites those buffers before
+    :meth:`replay`, and names one graph in ``what`` (for errors).
+
+    Invariants: graphs of all sizes share one memory pool and are replayed one at a time, so a replay's outputs
+    are valid until the next replay of any of them; without CUDA, :meth:`capture` records only the sizes and
+    :meth:`replay` runs ``_run_static`` eagerly (what tests use to check the static inputs on the CPU)."""
+
+    what = "graph"
+
+    def __init__(self, device: torch.device, max_rows: int) -> None:
+        self.device, self.max_rows = torch.device(device), max_rows
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, object]] = {}
+        self._pool = None
+        self._replay = self.device.type == "cuda"
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self._graphs))
+
+    def has(self, rows: int) -> bool:
+        return rows in self._graphs
+
+    @abstractmethod
+    def _valid_inputs(self, b: int) -> None:
+        """Write inputs valid for every kernel of the step into the static buffers of ``b`` rows."""
+
+    @abstractmethod
+    def _run_static(self, b: int) -> object:
+        """Run the step for ``b`` rows on the static buffers; its outputs."""
+
+    def capture(self, batch_sizes=None) -> None:
+        """Capture every size (default ``1..max_rows``), largest first so smaller graphs reuse the pool; without
+        CUDA only the sizes are recorded."""
+        sizes = sorted(set(batch_sizes or range(1, self.max_rows + 1)), reverse=True)
+        if sizes and not 1 <= sizes[-1] <= sizes[0] <= self.max_rows:
+            raise ProgramError(f"{self.what} sizes {sizes} are outside 1..{self.max_rows}")
+        if not self._replay:
+            self._graphs.update((b, (None, None)) for b in sizes)
+            return
+        graphs, self._pool = capture_sizes(self.device, sizes, self._valid_inputs, self._run_static, self._pool)
+        self._graphs.update(graphs)
+
+    def replay(self, b: int) -> object:
+        """Graph ``b``'s outputs after a replay on the static inputs as they are now (eagerly without CUDA)."""
+        graph, out = self._graphs[b]
+        if graph is None:
+            return self._run_static(b)
+        graph.replay()
+        return out
+
+    def check_rows(self, b: int) -> None:
+        if b not in self._graphs:
+            raise ProgramError(f"no {self.what} for {b} rows (captured: {self.batch_sizes})")
+
+    def close(self) -> None:
+        self._graphs.clear()
+        self._pool = None
 
 
 def input_views(packed: torch.Tensor, b: int, max_batch: int, max_pages: int) -> tuple[torch.Tensor, ...]:

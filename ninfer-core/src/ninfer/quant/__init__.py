@@ -8,6 +8,8 @@ from ninfer.quant.packed import (
     encoded_size,
     is_quantized_format,
     packed_view,
+    row_tile,
 )
 
-__all__ = ["QUANTIZED_FORMATS", "PackedWeight", "QuantizationError", "encoded_size", "is_quantized_format", "packed_view"]
+__all__ = ["QUANTIZED_FORMATS", "PackedWeight", "QuantizationError", "encoded_size", "is_quantized_format", "packed_view",
+           "row_tile"]

@@ -113,8 +113,7 @@ def check_shape(shape: tuple[int, ...], what: str = "weight") -> int:
     """The rows of a weight of ``shape`` in this layout, or a QuantizationError naming the constraint it breaks."""
     if len(shape) < 2:
         raise QuantizationError(f"{what}: {FORMAT} stores weights of rank >= 2 ([..., N, K]), got {list(shape)}")
-    n, k = shape[-2], shape[-1]
-    if n % LAYOUT_ROWS or k % LAYOUT_K:
+    if not fits(shape):
         raise QuantizationError(f"{what}: {FORMAT} needs N % {LAYOUT_ROWS} == 0 and K % {LAYOUT_K} == 0, got shape "
                                 f"{list(shape)}")
     rows = 1

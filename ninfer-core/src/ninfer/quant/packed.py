@@ -91,11 +91,17 @@ def is_quantized_format(fmt: str) -> bool:
     return fmt in QUANTIZED_FORMATS
 
 
+def row_tile(fmt: str) -> int:
+    """The rows a format's scales span together (a row block of a packed weight must be whole tiles): 1 but for
+    nvfp4's 128-row scale tiles."""
+    return nvfp4.LAYOUT_ROWS if fmt == nvfp4.FORMAT else 1
+
+
 def _row_planes(fmt: str, planes: tuple[torch.Tensor, ...], r0: int, r1: int) -> tuple[torch.Tensor, ...]:
     """Rows ``[r0, r1)`` of ``planes`` (views). nvfp4: whole 128-row scale tiles, the divisor shared."""
     if fmt != nvfp4.FORMAT:
         return tuple(p[r0:r1] for p in planes)
-    if r0 % nvfp4.LAYOUT_ROWS or r1 % nvfp4.LAYOUT_ROWS:
+    if r0 % row_tile(fmt) or r1 % row_tile(fmt):
         raise QuantizationError(f"rows [{r0}, {r1}) of an {fmt} weight do not start and end on its "
                                 f"{nvfp4.LAYOUT_ROWS}-row scale tiles")
     codes, tiles, divisor = planes

@@ -29,23 +29,24 @@ from collections.abc import Sequence
 
 import torch
 from ninfer.contracts.program import ProgramError
-from ninfer.program.graphs import capture_sizes
+from ninfer.program.graphs import StaticGraphs
 from ninfer.storage.kv_pool import PagedKVCache
 
 from ninfer_qwen3_5.layers.context import StepContext
 
 
-class DraftGraphs:
+class DraftGraphs(StaticGraphs):
     """Steps ``2..k`` of ``head``'s draft for ``1..max_rows`` rows over the paged cache ``kv`` (module docstring)."""
+
+    what = "draft graph"
 
     def __init__(self, head, kv: PagedKVCache, *, max_rows: int, k: int, max_pages: int, hidden_size: int,
                  dtype: torch.dtype, device: torch.device) -> None:
         if k < 2 or max_rows < 1 or max_pages < 1:
             raise ProgramError(f"draft graphs need k >= 2 (steps 2..k), rows >= 1 and pages >= 1; got k={k}, "
                                f"rows={max_rows}, pages={max_pages}")
-        self.head, self.kv, self.k = head, kv, k
-        self.max_rows, self.max_pages = max_rows, max_pages
-        self.device = torch.device(device)
+        super().__init__(device, max_rows)
+        self.head, self.kv, self.k, self.max_pages = head, kv, k, max_pages
         s = k - 1
         # int64: positions [s, max_rows], KV slots [s, max_rows]; int32: KV lengths [s, max_rows], then page tables
         # (graph B's: its B rows, max_pages apart).
@@ -53,16 +54,6 @@ class DraftGraphs:
         self.i32 = torch.zeros(s * max_rows + max_rows * max_pages, dtype=torch.int32, device=self.device)
         self.tokens = torch.zeros(max_rows, dtype=torch.int64, device=self.device)
         self.hidden = torch.zeros(max_rows, hidden_size, dtype=dtype, device=self.device)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
-        self._pool = None
-        self._replay = self.device.type == "cuda"
-
-    @property
-    def batch_sizes(self) -> tuple[int, ...]:
-        return tuple(sorted(self._graphs))
-
-    def has(self, rows: int) -> bool:
-        return rows in self._graphs
 
     def fits(self, rows: int, k: int) -> bool:
         """Whether a draft of ``rows`` rows and ``k`` steps can take its steps ``2..k`` from these graphs."""
@@ -104,18 +95,9 @@ class DraftGraphs:
         self.hidden.zero_()
 
     def capture(self, batch_sizes: Sequence[int] | None = None) -> None:
-        """Capture every size (default ``1..max_rows``); without CUDA only the sizes are recorded."""
-        sizes = sorted(set(batch_sizes or range(1, self.max_rows + 1)), reverse=True)
-        if sizes and not 1 <= sizes[-1] <= sizes[0] <= self.max_rows:
-            raise ProgramError(f"draft graph sizes {sizes} are outside 1..{self.max_rows}")
         if self.kv.num_pages * self.kv.page_size < self.k:
             raise ProgramError(f"draft graphs of {self.k} steps need {self.k} KV slots to capture on")
-        if not self._replay:
-            for b in sizes:
-                self._graphs[b] = (None, None)
-            return
-        graphs, self._pool = capture_sizes(self.device, sizes, self._valid_inputs, self._run_static, self._pool)
-        self._graphs.update(graphs)
+        super().capture(batch_sizes)
 
     # -- replay ------------------------------------------------------------------------------------
     def run(self, seqs: Sequence[object], last: Sequence[int], first_tokens: torch.Tensor,
@@ -124,8 +106,7 @@ class DraftGraphs:
         position is ``last[r]``, given step 1's greedy tokens ``first_tokens`` ``[B]`` and normed output
         ``first_hidden`` ``[B, H]``. Each sequence's pages must cover ``last[r] + k`` tokens."""
         b, s, m, ps = len(seqs), self.k - 1, self.max_rows, self.kv.page_size
-        if b not in self._graphs:
-            raise ProgramError(f"no draft graph for {b} rows (captured: {self.batch_sizes})")
+        self.check_rows(b)
         pages = self.kv.page_rows(seqs, [p + self.k for p in last])
         width = max(len(row) for row in pages)
         if width > self.max_pages:
@@ -148,15 +129,7 @@ class DraftGraphs:
         self.i32[: h32.shape[0]].copy_(h32, non_blocking=True)
         self.tokens[:b].copy_(first_tokens)
         self.hidden[:b].copy_(first_hidden)
-        graph, out = self._graphs[b]
-        if graph is None:
-            return self._run_static(b)
-        graph.replay()
-        return out
-
-    def close(self) -> None:
-        self._graphs.clear()
-        self._pool = None
+        return self.replay(b)
 
 
 __all__ = ["DraftGraphs"]
