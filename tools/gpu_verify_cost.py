@@ -74,6 +74,13 @@ def graph_ms(graphs, b: int, replays: int, sync) -> float | None:
 
     if graphs is None or not graphs.has(b):
         return None
+    with torch.inference_mode():   # the graphs' static buffers are inference tensors (made under the engine's mode)
+        return _graph_ms(graphs, b, replays, sync)
+
+
+def _graph_ms(graphs, b: int, replays: int, sync) -> float:
+    import torch
+
     graphs._valid_inputs(b)   # noqa: SLF001 - the capture's inputs: valid for every kernel, whatever ran before
     graph = graphs._graphs[b][0]   # noqa: SLF001
     if graph is None:   # no CUDA: the static forward eagerly (the method's check on the CPU)
