@@ -158,3 +158,34 @@ def test_other_activation_dtypes_take_the_reference(gen):
     w = random_packed(gen, "q6_g64_fp16", 5, 80, DEVICE)
     x = randn(gen, 2, 80, dtype=torch.float64, device=DEVICE)
     assert torch.equal(linear(x, w), quantized.linear(x, w))
+
+
+@pytest.mark.parametrize("fmt", ["q4_g64_fp16", "q8_g32_fp16", "fp8_e4m3fn_row_bf16"])
+def test_wide_weights_take_the_gemm_from_four_rows(fmt, gen, monkeypatch):
+    """Decode calls of 4 to 16 rows on a weight of at least GEMM_MIN_N rows run the tensor-core GEMM (bit for bit
+    its result, within its bound); fewer rows, or a narrower weight, the GEMV. Rows stay independent of the
+    batch within each kernel's range. The threshold is lowered so that the interpreter runs a small weight."""
+    from ninfer.ops.triton import quant_linear
+    from ninfer.ops.triton._quant import kernel_weight
+    from ninfer.ops.triton.quant_gemm import gemm
+    from ninfer.ops.triton.quant_gemv import MAX_ROWS, gemv
+
+    from .quant_cases import U_TC
+
+    monkeypatch.setattr(quant_linear, "GEMM_MIN_N", 64)
+    ops = triton_ops(torch.bfloat16)
+    wide = random_packed(gen, fmt, 70, 130, DEVICE)
+    narrow = random_packed(gen, fmt, 63, 130, DEVICE)
+    x = randn(gen, MAX_ROWS, 130, dtype=torch.bfloat16, device=DEVICE)
+    kw_wide, kw_narrow = kernel_weight(wide, "t"), kernel_weight(narrow, "t")
+    assert quant_linear.GEMM_MIN_ROWS == 4
+    for m in (1, 3):
+        assert quant_linear.takes_gemv(m, kw_wide)
+        assert torch.equal(ops.linear(x[:m], wide), gemv(x[:m], kw_wide))
+    full = gemm(x, kw_wide)
+    for m in (4, 9, MAX_ROWS):
+        assert not quant_linear.takes_gemv(m, kw_wide) and quant_linear.takes_gemv(m, kw_narrow)
+        out = ops.linear(x[:m], wide)
+        assert torch.equal(out, full[:m])
+        assert_dot_bound(out, x[:m], wide, u=U_TC, extra=1, what=f"{fmt} gemm dispatch {m} rows")
+        assert torch.equal(ops.linear(x[:m], narrow), gemv(x[:m], kw_narrow))

@@ -11,9 +11,13 @@ GEMV: it reads the same weight bytes, and quantizing the activations would only 
 8-bit activations, it does not require them). The reference runs A8 for every call on such a weight, so a
 decode row differs from it by the activations' E4M3 rounding, as a row's bits already depend on its path.
 
-Kernel choice by the call's rows (the only way a row's rounding can depend on its batch): up to
-:data:`~ninfer.ops.triton.quant_gemv.MAX_ROWS` rows the dequant-GEMV (:mod:`~ninfer.ops.triton.quant_gemv`),
-above them the tensor-core GEMM (:mod:`~ninfer.ops.triton.quant_gemm`). The fused norm and SwiGLU variants take
+Kernel choice by the call's rows and the weight's rows (the only way a row's rounding can depend on its batch):
+the dequant-GEMV (:mod:`~ninfer.ops.triton.quant_gemv`) for up to :data:`GEMM_MIN_ROWS` - 1 rows, and for up to
+:data:`~ninfer.ops.triton.quant_gemv.MAX_ROWS` rows of a weight with fewer than :data:`GEMM_MIN_N` rows; else the
+tensor-core GEMM (:mod:`~ninfer.ops.triton.quant_gemm`). The GEMV decodes each weight byte once but multiplies it
+on the CUDA cores once per row of x, so its cost grows with the rows; the GEMM decodes the same bytes into tensor-core
+operands whose cost does not grow up to 16 rows, but takes 64 weight rows a program and does not split K, so it
+needs a weight with many rows to fill the device (docs/kernels.md has the measured crossover). The fused norm and SwiGLU variants take
 the GEMV's prologue/epilogue for one row (the decode step), else the Triton norm, the product and the Triton
 ``silu_and_mul`` in sequence. Activations of another dtype than the kernels take go to the reference ops.
 """
@@ -38,14 +42,26 @@ def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
+#: Rows of x from which a weight of at least GEMM_MIN_N rows takes the tensor-core GEMM instead of the GEMV.
+GEMM_MIN_ROWS = 4
+#: Weight rows from which the GEMM fills the device (at 64 rows a program: 128 programs).
+GEMM_MIN_N = 8192
+
+
+def takes_gemv(rows: int, w: KernelWeight) -> bool:
+    """Whether a call of ``rows`` rows of x with ``w`` runs the GEMV (else the GEMM)."""
+    return rows <= MAX_ROWS and (rows < GEMM_MIN_ROWS or w.n < GEMM_MIN_N)
+
+
 def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = None, *,
             a8: bool = False) -> torch.Tensor:
-    """``x2[M, K] @ decode(w).T``: the GEMV for up to MAX_ROWS rows, else the GEMM (with ``a8`` the A8 GEMM)."""
+    """``x2[M, K] @ decode(w).T``: the GEMV where :func:`takes_gemv`, else the GEMM (with ``a8``, above MAX_ROWS
+    rows, the A8 GEMM)."""
     if x2.shape[0] == 0:
         return torch.empty((0, w.n), dtype=out_dtype or x2.dtype, device=x2.device)
-    if x2.shape[0] <= MAX_ROWS:
+    if takes_gemv(x2.shape[0], w):
         return gemv(x2, w, out_dtype=out_dtype)
-    if a8:
+    if a8 and x2.shape[0] > MAX_ROWS:
         return gemm_a8(x2, w, out_dtype=out_dtype)
     return gemm(x2, w, out_dtype=out_dtype)
 
