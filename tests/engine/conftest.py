@@ -16,8 +16,22 @@ from support.models import tiny_qwen_artifact as build_tiny_qwen
 from .doubles import ToyFrontend, ToyProgram
 
 
+_WORKER = "ninfer-engine-worker"
+# Worker threads alive when the current test began: engines another directory's session-scoped fixture keeps
+# open (the serve tests' shared engine, when they run first in the same process) are not this test's to reap.
+_preexisting: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _note_preexisting_workers():
+    _preexisting.clear()
+    _preexisting.update(t for t in threading.enumerate() if t.name == _WORKER)
+    yield
+
+
 def worker_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "ninfer-engine-worker"]
+    """Engine worker threads started since the current test began and still alive."""
+    return [t for t in threading.enumerate() if t.name == _WORKER and t not in _preexisting]
 
 
 @pytest.fixture
