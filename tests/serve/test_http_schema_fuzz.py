@@ -1,11 +1,15 @@
 """Schema-driven fuzzing of the HTTP API: schemathesis over the server's own OpenAPI document, plus hypothesis
 strategies for nested chat messages, tools and response_format schemas.
 
-The server does not serve an OpenAPI route (its handlers parse their bodies themselves, so litestar's document
-has no request bodies). The document here is litestar's, generated from the server's own route handlers, with
-each JSON endpoint's request body filled in from the pydantic request model that endpoint validates against.
-Checks: no 5xx for any generated request; every response matches the document's status codes and content types;
-every error body is OpenAI-shaped (Anthropic-shaped on the Anthropic routes).
+The server does not serve an OpenAPI route (its handlers parse their bodies themselves and build their own
+responses, so litestar's document has neither request bodies nor the real responses). The document here is
+litestar's, generated from the server's own route handlers, completed with what litestar cannot see: each JSON
+endpoint's request body from the pydantic request model that endpoint validates against, the media types the
+handlers declare for their 200s (the page files, the Prometheus exposition, SSE for the generation routes), and
+the error statuses of docs/http.md's error table (JSON bodies) on every operation.
+Checks: no 5xx for any generated request; every response's status is one the document lists for its operation,
+and its content type one the document lists for that status; every error body is OpenAI-shaped
+(Anthropic-shaped on the Anthropic routes).
 """
 
 from __future__ import annotations
@@ -61,7 +65,50 @@ def openapi_document(app: Litestar) -> dict:
         components.update(schema.pop("$defs", {}))
         doc["paths"][path]["post"]["requestBody"] = {"required": True,
                                                      "content": {"application/json": {"schema": schema}}}
+    _document_responses(doc)
     return doc
+
+
+# docs/http.md, "Errors": every status an error can have but 500 (never expected: check_error_shape fails on 5xx
+# first) and 499 (a client that went away reads nothing).
+ERROR_STATUSES = ("400", "401", "404", "405", "413", "429", "431", "503")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+
+
+def _ok_media(path: str) -> set[str]:
+    from ninfer_serve.metrics import CONTENT_TYPE
+    from ninfer_serve.routes_page import PAGE_FILES
+
+    if path == "/":
+        return {PAGE_FILES["index.html"]}
+    if path.startswith("/static/"):
+        return set(PAGE_FILES.values())
+    if path == "/metrics":
+        return {CONTENT_TYPE}
+    if path in GENERATION_PATHS:
+        return {"application/json", "text/event-stream"}
+    return {"application/json"}
+
+
+def _document_responses(doc: dict) -> None:
+    for path, operations in doc["paths"].items():
+        for op in operations.values():
+            responses = op.setdefault("responses", {})
+            responses.setdefault("200", {"description": "OK"})["content"] = {t: {} for t in _ok_media(path)}
+            for status in ERROR_STATUSES:
+                responses[status] = {"description": "error", "content": {"application/json": {}}}
+
+
+def _media(content_type: str) -> str:
+    return content_type.split(";")[0].strip().lower()
+
+
+def check_documented(op, status: int, content_type: str) -> None:
+    """``status`` is listed for ``op`` in the document, and ``content_type`` for that status."""
+    responses = op.definition.raw["responses"]
+    assert str(status) in responses, f"{op.method.upper()} {op.path}: {status} is not in {sorted(responses)}"
+    listed = {_media(t) for t in responses[str(status)].get("content", {})}
+    assert _media(content_type) in listed, f"{op.method.upper()} {op.path} {status}: {content_type!r} not in {listed}"
 
 
 def check_error_shape(path: str, status: int, body: bytes) -> None:
@@ -106,6 +153,22 @@ def test_openapi_document_covers_every_route(api):
     assert "requestBody" in doc["paths"]["/v1/chat/completions"]["post"]
 
 
+def test_the_conformance_check_refuses_what_the_document_does_not_list(api):
+    _, doc = api
+    ops = {(op.method.upper(), op.path): op for op in
+           (r.ok() for r in schemathesis.openapi.from_dict(doc).get_all_operations())}
+    models, metrics = ops[("GET", "/v1/models")], ops[("GET", "/metrics")]
+    check_documented(models, 200, "application/json")
+    check_documented(metrics, 200, "text/plain; version=0.0.4; charset=utf-8")
+    check_documented(models, 429, "application/json")
+    with pytest.raises(AssertionError, match="418"):
+        check_documented(models, 418, "application/json")
+    with pytest.raises(AssertionError, match="text/html"):
+        check_documented(models, 200, "text/html; charset=utf-8")
+    with pytest.raises(AssertionError, match="text/plain"):
+        check_documented(models, 404, "text/plain")
+
+
 def test_schemathesis_every_operation(api):
     """Generated requests for every operation of the document: no 5xx, errors shaped, responses conform."""
     client, doc = api
@@ -127,6 +190,7 @@ def _fuzz_operation(client, op) -> None:
         path = case.formatted_path
         resp = client.request(case.method, path, params=case.query or None, **kwargs)
         check_error_shape(op.path, resp.status_code, resp.content)
+        check_documented(op, resp.status_code, resp.headers.get("content-type", ""))
         if resp.status_code < 400 and not resp.headers.get("content-type", "").startswith("text/event-stream"):
             assert resp.content, f"{case.method} {path}: empty {resp.status_code}"
 
