@@ -221,5 +221,6 @@ COMMAND = CliCommand(
     run=run,
     description="Benchmark a model through the public Engine: decode tok/s at each batch, prefill tok/s and time "
                 "to first token at each prompt length (capped to the model's context), each as a ratio to the copy "
-                "bandwidth / matmul peak measured in the same run. Synthetic prompts of seeded random token ids; "
-                "warm-up excluded; medians.")
+                "bandwidth / matmul peak measured in the same run, and the cold start (load, decode-graph capture, kernel "
+                "warm-up, the first burst after ready). Synthetic prompts of seeded random token ids; warm-up "
+                "excluded from the rates; medians.")
