@@ -15,7 +15,6 @@ from support.models import tiny_qwen_artifact as build_tiny_qwen
 
 from .doubles import ToyFrontend, ToyProgram
 
-
 _WORKER = "ninfer-engine-worker"
 # Worker threads alive when the current test began: engines another directory's session-scoped fixture keeps
 # open (the serve tests' shared engine, when they run first in the same process) are not this test's to reap.
