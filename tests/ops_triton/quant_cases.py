@@ -20,7 +20,7 @@ import torch
 from ninfer.quant import QUANTIZED_FORMATS, PackedWeight, encoded_size, fp8_row, packed_view
 from ninfer.quant.groupwise import GROUPWISE
 
-# The formats the Triton kernels read (nvfp4 is read by the CPU reference ops only, so far).
+# The formats the groupwise/fp8 Triton kernels read (nvfp4 has its own kernels: test_quant_nvfp4_triton.py).
 FORMATS = tuple(f for f in QUANTIZED_FORMATS if f != "nvfp4")
 U_RN = 2.0 ** -24
 U_TC = 2.0 ** -23

@@ -39,7 +39,7 @@ if not CUDA and not _common.INTERPRET:  # imported before the interpreter was se
 from ninfer.ops.triton import quant_moe as qm  # noqa: E402
 from ninfer.ops.triton import quant_moe_gemv as qg  # noqa: E402
 
-FORMATS = [f for f in QUANTIZED_FORMATS if f != "nvfp4"]   # what the Triton kernels read
+FORMATS = [f for f in QUANTIZED_FORMATS if f != "nvfp4"]   # what the Triton MoE kernels read
 PATHS = ["gemv", "grouped"]
 _U = 2.0 ** -23
 _PRECISION = {torch.float32: 24, torch.bfloat16: 8, torch.float16: 11}

@@ -10,6 +10,9 @@ A kernel reads the packed planes directly (docs/artifact-v3.md, "Quantized forma
   ``(2*j*H) & 7`` (even lane) and ``H`` above (odd lane); the scale of base byte ``j`` is ``scales[j >> 5]``.
 - ``KIND_BYTE`` (q8, 32 lanes a group): byte ``k`` is lane ``k`` (two's complement); its scale ``scales[k >> 5]``.
 - ``KIND_FP8`` (fp8 row): byte ``k`` is lane ``k`` (E4M3FN bits); one bf16 scale per row.
+- ``KIND_NVFP4`` (nvfp4): base byte ``j`` holds lanes ``2j`` (low nibble) and ``2j + 1`` as E2M1 codes; ``scales`` is
+  the plane of 128 x 4 E4M3 block-scale tiles (``scale_stride``: bytes a 128-row tile row), ``high`` the one-element
+  fp32 divisor (:mod:`~ninfer.ops.triton.quant_nvfp4` reads them).
 
 Invariant: decoded codes are exact fp32 integers (or exact E4M3 values), and ``code * scale`` is exact in fp32
 (at most 8 + 11 significant bits), so a kernel's weights are exactly the reference's decoded values; only the
@@ -27,11 +30,15 @@ import triton.language as tl
 from ninfer.quant import PackedWeight
 from ninfer.quant.fp8_row import FORMAT as FP8_ROW
 from ninfer.quant.groupwise import GROUPWISE
+from ninfer.quant.nvfp4 import FORMAT as NVFP4
+from ninfer.quant.nvfp4 import LAYOUT_K, LAYOUT_ROWS, TILE_BYTES
 
-KIND_NIBBLE, KIND_BYTE, KIND_FP8 = 0, 1, 2
-#: The stored formats the Triton quantized kernels read (nvfp4's block-scale tiles are read by none yet: on CUDA an
-#: nvfp4 weight finds no op, which the op resolution reports by format and device).
+KIND_NIBBLE, KIND_BYTE, KIND_FP8, KIND_NVFP4 = 0, 1, 2, 3
+#: The stored formats every Triton quantized kernel reads, the MoE expert kernels included.
 KERNEL_FORMATS: frozenset[str] = frozenset((*GROUPWISE, FP8_ROW))
+#: The formats of the dense weight-reading ops (quant_linear): nvfp4 too. No MoE kernel reads nvfp4 banks yet, so on
+#: CUDA an nvfp4 bank finds no ``moe_experts`` op, which the op resolution reports by format and device.
+LINEAR_FORMATS: frozenset[str] = KERNEL_FORMATS | {NVFP4}
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,15 @@ def kernel_weight(weight: PackedWeight, op: str) -> KernelWeight:
         _unit_stride(op, weight.format, codes, scales)
         return KernelWeight(FP8_ROW, KIND_FP8, 8, k, n, k, k, codes, codes, scales, codes.stride(0), 0,
                             scales.stride(0))
+    if weight.format == NVFP4:
+        codes, tiles, divisor = weight.planes
+        if (codes.shape != (n, k // 2) or tiles.shape != (n // LAYOUT_ROWS, k // LAYOUT_K * TILE_BYTES)
+                or divisor.shape != (1,) or divisor.dtype != torch.float32):
+            raise ValueError(f"{op}: {NVFP4} planes {[tuple(p.shape) for p in weight.planes]} do not match "
+                             f"shape {list(weight.shape)}")
+        _unit_stride(op, weight.format, codes, tiles)
+        return KernelWeight(NVFP4, KIND_NVFP4, 4, 16, n, k, k, codes, divisor, tiles, codes.stride(0), 0,
+                            tiles.stride(0))
     spec = GROUPWISE.get(weight.format)
     if spec is None:
         raise ValueError(f"{op}: no Triton kernel reads {weight.format!r} weights")

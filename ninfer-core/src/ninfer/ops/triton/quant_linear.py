@@ -1,6 +1,8 @@
 """The weight-reading dense ops for packed quantized weights on Triton (``linear``, ``logits``,
 ``add_rms_norm_unit_offset_linear``, ``add_rms_norm_unit_offset_swiglu``), registered per stored format
-(:attr:`~ninfer.ops.registry.OpImpl.weight_formats`): every groupwise format (q4/q5/q6/q8) and fp8 row.
+(:attr:`~ninfer.ops.registry.OpImpl.weight_formats`): every groupwise format (q4/q5/q6/q8), fp8 row and nvfp4
+(whose own GEMV and GEMM are in :mod:`~ninfer.ops.triton.quant_nvfp4`; the fused norm/SwiGLU variants run the
+Triton norm, the product and ``silu_and_mul`` in sequence for it).
 
 Same contracts as :mod:`ninfer.ops.reference.quantized` (the dense op with the weight replaced by its decoded
 values, fp32 accumulation, the output rounded to x's dtype). Activations stay in x's dtype (A16), except for
@@ -30,8 +32,9 @@ from ninfer.ops.reference import quantized as _reference
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import activation as _activation
 from ninfer.ops.triton import norm as _norm
+from ninfer.ops.triton import quant_nvfp4
 from ninfer.ops.triton._common import KERNEL_DTYPES, launch_ok
-from ninfer.ops.triton._quant import KERNEL_FORMATS, KernelWeight, check_input, kernel_weight
+from ninfer.ops.triton._quant import KIND_NVFP4, LINEAR_FORMATS, KernelWeight, check_input, kernel_weight
 from ninfer.ops.triton.quant_gemm import gemm, gemm_a8
 from ninfer.ops.triton.quant_gemv import MAX_ROWS, gemv
 from ninfer.quant import PackedWeight
@@ -59,6 +62,9 @@ def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = N
     rows, the A8 GEMM)."""
     if x2.shape[0] == 0:
         return torch.empty((0, w.n), dtype=out_dtype or x2.dtype, device=x2.device)
+    if w.kind == KIND_NVFP4:
+        kernel = quant_nvfp4.gemv if takes_gemv(x2.shape[0], w) else quant_nvfp4.gemm
+        return kernel(x2, w, out_dtype=out_dtype)
     if takes_gemv(x2.shape[0], w):
         return gemv(x2, w, out_dtype=out_dtype)
     if a8 and x2.shape[0] > MAX_ROWS:
@@ -123,7 +129,7 @@ def add_rms_norm_unit_offset_linear(x: torch.Tensor, residual: torch.Tensor, nor
     w = _prepare(x, weight, op)
     if w is None:
         return _reference.add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, weight)
-    if x.numel() == x.shape[-1] and residual.dtype == x.dtype:
+    if x.numel() == x.shape[-1] and residual.dtype == x.dtype and w.kind != KIND_NVFP4:
         return _fused_norm(x, residual, norm_weight, eps, w, swiglu=False)
     normed, new_residual = _norm.add_rms_norm_unit_offset(x, residual, norm_weight, eps)
     return product(_rows(normed, w.k), w, a8=_a8(weight)).view(*x.shape[:-1], w.n), normed, new_residual
@@ -139,14 +145,14 @@ def add_rms_norm_unit_offset_swiglu(x: torch.Tensor, residual: torch.Tensor, nor
     w = _prepare(x, gate_up, op)
     if w is None:
         return _reference.add_rms_norm_unit_offset_swiglu(x, residual, norm_weight, eps, gate_up)
-    if x.numel() == x.shape[-1] and residual.dtype == x.dtype:
+    if x.numel() == x.shape[-1] and residual.dtype == x.dtype and w.kind != KIND_NVFP4:
         return _fused_norm(x, residual, norm_weight, eps, w, swiglu=True)
     y, normed, new_residual = add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, gate_up)
     return _activation.silu_and_mul(y), normed, new_residual
 
 
 _CUDA = frozenset({"cuda"})
-_FORMATS = KERNEL_FORMATS
+_FORMATS = LINEAR_FORMATS
 OPS = [OpImpl(op=name, name="triton_quant", fn=fn, devices=_CUDA, dtypes=KERNEL_DTYPES, priority=10,
               weight_formats=_FORMATS)
        for name, fn in (("linear", linear), ("logits", logits),
