@@ -41,16 +41,23 @@ def block_m(m: int) -> int:
 
 
 @triton.jit
-def _qgemm_kernel(x_ptr, b_ptr, h_ptr, s_ptr, y_ptr, M, N, K, LANES, sx, sb, sh, ss, sy,
-                  KIND: tl.constexpr, BITS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                  FP32_DOT: tl.constexpr, INTERP: tl.constexpr):
+def output_tile(M, N, BM: tl.constexpr, BN: tl.constexpr):
+    """This program's ``[BM, BN]`` output tile: ``(rows, columns, rows clamped to M - 1, columns past N at 0)``;
+    the clamped ones index loads (only the store is masked). Row blocks of one weight tile are consecutive
+    programs, so that tile is read from L2 after the first."""
     num_m = tl.cdiv(M, BM)
-    pid_m = tl.program_id(0) % num_m       # row blocks of one weight tile run back to back: it is read from L2
+    pid_m = tl.program_id(0) % num_m
     pid_n = tl.program_id(0) // num_m
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
-    rm_in = tl.minimum(rm, M - 1)          # in-bounds rows: only the store is masked
-    rn_in = tl.where(rn < N, rn, 0)
+    return rm, rn, tl.minimum(rm, M - 1), tl.where(rn < N, rn, 0)
+
+
+@triton.jit
+def _qgemm_kernel(x_ptr, b_ptr, h_ptr, s_ptr, y_ptr, M, N, K, LANES, sx, sb, sh, ss, sy,
+                  KIND: tl.constexpr, BITS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  FP32_DOT: tl.constexpr, INTERP: tl.constexpr):
+    rm, rn, rm_in, rn_in = output_tile(M, N, BM, BN)
     xdt = x_ptr.dtype.element_ty
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if KIND == 2:
@@ -147,13 +154,7 @@ def quantize_rows_fp8(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @triton.jit
 def _fp8_a8_kernel(q_ptr, sx_ptr, c_ptr, s_ptr, y_ptr, M, N, K, sq, sc, ss, sy, XDT: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
-    num_m = tl.cdiv(M, BM)
-    pid_m = tl.program_id(0) % num_m
-    pid_n = tl.program_id(0) // num_m
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    rm_in = tl.minimum(rm, M - 1)
-    rn_in = tl.where(rn < N, rn, 0)
+    rm, rn, rm_in, rn_in = output_tile(M, N, BM, BN)
     kk = tl.arange(0, BK)
     scale = tl.load(sx_ptr + rm_in)[:, None] * tl.load(s_ptr + rn_in * ss).to(tl.float32)[None, :]
     acc = tl.zeros((BM, BN), dtype=tl.float32)

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ninfer.ops.triton._common import INTERPRET, cast, mm, next_pow2, pdl, pdl_wait
 from ninfer.ops.triton._quant import KernelWeight
-from ninfer.ops.triton.quant_gemm import block_m
+from ninfer.ops.triton.quant_gemm import block_m, output_tile
 
 # Scale blocks (16 weights, 8 code bytes) a GEMV program reduces per K step.
 _NB = 64
@@ -105,13 +105,7 @@ def _nvfp4_gemv_kernel(x_ptr, c_ptr, t_ptr, d_ptr, y_ptr, M, N, K, sx, sc, st, s
 def _nvfp4_gemm_kernel(x_ptr, c_ptr, t_ptr, d_ptr, y_ptr, M, N, K, sx, sc, st, sy,
                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FP32_DOT: tl.constexpr,
                        INTERP: tl.constexpr):
-    num_m = tl.cdiv(M, BM)
-    pid_m = tl.program_id(0) % num_m       # row blocks of one weight tile run back to back: it is read from L2
-    pid_n = tl.program_id(0) // num_m
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    rm_in = tl.minimum(rm, M - 1)          # in-bounds rows: only the store is masked
-    rn_in = tl.where(rn < N, rn, 0)
+    rm, rn, rm_in, rn_in = output_tile(M, N, BM, BN)
     xdt = x_ptr.dtype.element_ty
     HB: tl.constexpr = BK // 2
     jb = tl.arange(0, HB)
