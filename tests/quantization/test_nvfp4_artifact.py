@@ -117,6 +117,21 @@ def test_the_preset_quantizes_what_fits_and_loads_the_encoders_values(moe128, tm
     assert float(head.planes[2][0]) == pytest.approx(divisor, rel=1e-7)
 
 
+def test_the_search_preset_records_its_encoder_and_stores_the_searched_codes(moe128, tmp_path):
+    folder, params = moe128
+    out = tmp_path / "s.ninfer"
+    convert(folder, out, progress=False, quantize="nvfp4+search")
+    with ArtifactReader(out) as r:
+        prov = r.directory.provenance
+        data = torch.frombuffer(bytearray(r.read_object("text/lm_head")), dtype=torch.uint8)
+    assert prov["quantization"]["method"] == "search"
+    assert nvfp4.SEARCH_ENCODER in {c["rounding"] for c in prov["casts"]}
+    src = params["lm_head.weight"]
+    codes, scales, _ = nvfp4.encode(src, search=True)
+    pw = packed_view("nvfp4", data, tuple(src.shape), 0, src.numel(), tuple(src.shape))
+    assert torch.equal(pw.planes[0], codes) and torch.equal(nvfp4.untile_scales(pw.planes[1], src.shape[1]), scales)
+
+
 def test_an_explicit_rule_on_a_weight_the_layout_cannot_hold_is_refused(moe128, tmp_path):
     folder, _ = moe128
     recipe = tmp_path / "r.toml"
@@ -174,3 +189,22 @@ def test_a_non_finite_weight_is_refused_naming_the_object():
     with pytest.raises(QuantizationError, match="obj: a weight is not finite; nvfp4"):
         write_quantized(lambda d: None, "obj", "nvfp4", "F32", 64, [("src", f, 0, len(f.getvalue()))], 1 << 20,
                         lambda _: None)
+
+
+def test_block_scale_search_never_worse_than_round_to_nearest():
+    """Per block the search's reconstruction error is at most round to nearest's (f = 1 is a candidate), and on
+    heavy-tailed weights it is smaller in total; the streamed writer with ``search`` writes the search's codes."""
+    w = torch.randn(128, 256, generator=torch.Generator().manual_seed(4)) ** 3
+    err = lambda c, s, d: ((nvfp4.decode(c, s, d, torch.float64) - w.double()) ** 2).reshape(128, -1, 16).sum(-1)  # noqa: E731
+    rtn = nvfp4.encode(w)
+    found = nvfp4.encode(w, search=True)
+    assert found[2] == rtn[2]                                    # the tensor's divisor either way
+    assert torch.all(err(*found) <= err(*rtn) * (1 + 1e-9) + 1e-18)
+    assert float(err(*found).sum()) < 0.9 * float(err(*rtn).sum())
+    src = io.BytesIO(w.numpy().tobytes())
+    src.name = "src"
+    out = bytearray()
+    write_quantized(lambda d: out.extend(bytes(d)), "obj", "nvfp4", "F32", 256, [("src", src, 0, len(src.getvalue()))],
+                    1 << 20, lambda _: None, search=True)
+    pw = packed_view("nvfp4", torch.frombuffer(out, dtype=torch.uint8), (128, 256), 0, 128 * 256, (128, 256))
+    assert torch.equal(pw.planes[0], found[0]) and torch.equal(nvfp4.untile_scales(pw.planes[1], 256), found[1])

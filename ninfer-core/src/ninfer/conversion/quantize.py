@@ -33,7 +33,7 @@ def encoder_name(fmt: str, search: bool = False) -> str:
     if fmt == fp8_row.FORMAT:
         return fp8_row.ENCODER
     if fmt == nvfp4.FORMAT:
-        return nvfp4.ENCODER
+        return nvfp4.SEARCH_ENCODER if search else nvfp4.ENCODER
     return SEARCH_ENCODER if search else GROUPWISE_ENCODER
 
 
@@ -58,7 +58,7 @@ def write_quantized(write: Callable[[Any], None], object_id: str, fmt: str, dtyp
         raise ConversionError(f"object {object_id!r}: a {dtype} source cannot be quantized to {fmt}")
     row_bytes = k * torch_dtype.itemsize
     if fmt == nvfp4.FORMAT:
-        return _write_nvfp4(write, object_id, torch_dtype, k, list(spans), chunk_bytes, advance, device)
+        return _write_nvfp4(write, object_id, torch_dtype, k, list(spans), chunk_bytes, advance, device, search)
     step = max(1, chunk_bytes // row_bytes) * row_bytes
     sides: list[list[torch.Tensor]] = []
     written = 0
@@ -114,7 +114,7 @@ def _tiles(chunks, tile: int):
 
 def _write_nvfp4(write: Callable[[Any], None], object_id: str, dtype: torch.dtype, k: int,
                  spans: list[tuple[str, BinaryIO, int, int]], chunk_bytes: int, advance: Callable[[int], Any],
-                 device: torch.device | str) -> int:
+                 device: torch.device | str, search: bool) -> int:
     tile_bytes = nvfp4.LAYOUT_ROWS * k * dtype.itemsize
     step = max(1, chunk_bytes // tile_bytes) * tile_bytes
     if sum(nbytes for _, _, _, nbytes in spans) % tile_bytes:
@@ -127,7 +127,7 @@ def _write_nvfp4(write: Callable[[Any], None], object_id: str, dtype: torch.dtyp
     tiles: list[torch.Tensor] = []
     written = 0
     for nbytes, rows in _tiles(_chunks(spans, dtype, k, step), nvfp4.LAYOUT_ROWS):
-        codes, scales, _ = nvfp4.encode(rows.to(device), object_id, divisor)
+        codes, scales, _ = nvfp4.encode(rows.to(device), object_id, divisor, search=search)
         data = codes.cpu().contiguous()
         write(memoryview(data.numpy()).cast("B"))
         written += data.numel()

@@ -4,9 +4,9 @@ A recipe is an ordered list of ``(pattern, format)`` rules over logical paramete
 ``*`` crosses ``/``); the first rule matching a parameter decides, and ``keep`` keeps the source's storage
 format. A named preset (:data:`PRESETS`) or a TOML file (``[formats]`` table of pattern = format, optional
 ``base = "<preset>"`` whose rules follow the file's) gives one. ``method`` is the encoder of the groupwise
-formats: ``rtn`` (round to nearest, the default) or ``search`` (per-group scale search,
-:mod:`ninfer.quant.groupwise`); a preset name with ``+search`` (``q4+search``) or ``method = "search"`` in a
-TOML file selects it. fp8 is always round to nearest. ``activations``: ``a16`` (default) or ``a8`` (a preset
+formats and nvfp4: ``rtn`` (round to nearest, the default) or ``search`` (per-group scale search,
+:mod:`ninfer.quant.groupwise`; per-block scale search, :mod:`ninfer.quant.nvfp4`); a preset name with ``+search``
+(``q4+search``) or ``method = "search"`` in a TOML file selects it. fp8 is always round to nearest. ``activations``: ``a16`` (default) or ``a8`` (a preset
 name with ``+a8`` last, or ``activations = "a8"`` in a TOML file): the Uses of parameters stored as fp8 row
 objects are recorded ``AllowA8`` instead of ``A16Only``, so the ops that have an A8 product run them with 8-bit
 activations.

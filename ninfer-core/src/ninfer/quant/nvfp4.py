@@ -9,6 +9,14 @@ divisor, 448))`` rounded to nearest even (a non-zero block whose scale underflow
 subnormal); ``code = e2m1(x * divisor / block_scale)`` rounded to nearest, ties to the even magnitude index,
 saturating at 6. Zero (also negative zero) encodes as code 0. A non-finite weight fails.
 
+Block-scale search encoder (``SEARCH_MSE_E4M3``, needs no data beyond the weights): per block, the same rounding
+for each candidate ``block_scale = e4m3fn(min(amax(block) / 6 * divisor * f, 448))``, ``f`` in
+:data:`SEARCH_FACTORS` (1, then 0.95 and 1.05, 0.90 and 1.10, ... 0.50 and 1.50; ``f = 1`` is round to nearest),
+keeping the first candidate with the least squared reconstruction error. Candidates on both sides pay because
+E2M1's values are uneven (a smaller scale saturates the block's largest weights at 6 for finer steps elsewhere; a
+larger one can move many weights onto values closer to them), and E4M3's coarse steps make neighbouring ``f``
+give the same scale. The divisor is the tensor's, as for round to nearest.
+
 Codes are packed two per byte along K, the even ``k`` in the low nibble (``[N, K / 2]`` uint8, row-major);
 block scales are ``[N, K / 16]`` E4M3FN bytes, row-major, in memory as the encoder returns them.
 
@@ -34,6 +42,8 @@ from ninfer.quant.errors import QuantizationError
 
 FORMAT = "nvfp4"
 ENCODER = "RTN_BLOCKMAX_E4M3"
+SEARCH_ENCODER = "SEARCH_MSE_E4M3"
+SEARCH_FACTORS: tuple[float, ...] = (1.0, *(f for i in range(1, 11) for f in (1 - 0.05 * i, 1 + 0.05 * i)))
 BLOCK = 16
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
@@ -56,11 +66,12 @@ def divisor_for(amax: float) -> float:
     return E4M3_MAX * E2M1_MAX / amax if amax > 0 else 1.0
 
 
-def encode(w: torch.Tensor, what: str = "weight", divisor: float | None = None
+def encode(w: torch.Tensor, what: str = "weight", divisor: float | None = None, *, search: bool = False
            ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """``w[N, K]`` (K % 16 == 0) -> ``(codes[N, K/2] uint8, block_scales[N, K/16] uint8 E4M3FN bits, divisor)``.
     ``divisor`` None: the tensor's own (:func:`divisor_for` its amax); given: the whole tensor's, when ``w`` is a
-    block of its rows (encoding blocks with it equals encoding the tensor whole)."""
+    block of its rows (encoding blocks with it equals encoding the tensor whole). ``search`` selects the block-scale
+    search encoder instead of round to nearest."""
     x = w.detach().to(torch.float32)
     if x.dim() != 2:
         raise QuantizationError(f"{what}: the {FORMAT} encoder takes [N, K], got shape {list(x.shape)}")
@@ -73,17 +84,42 @@ def encode(w: torch.Tensor, what: str = "weight", divisor: float | None = None
         divisor = divisor_for(float(x.abs().max()) if x.numel() else 0.0)
     blocks = x.reshape(n, k // BLOCK, BLOCK)
     bmax = blocks.abs().amax(dim=-1)
-    scale = (bmax / E2M1_MAX * divisor).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    scale, idx, neg = _round_blocks(blocks, bmax, divisor, 1.0)
+    if search:
+        best = _block_error(blocks, scale, idx, neg, divisor)
+        for f in SEARCH_FACTORS[1:]:
+            s, i, ng = _round_blocks(blocks, bmax, divisor, f)
+            err = _block_error(blocks, s, i, ng, divisor)
+            better = err < best
+            best = torch.where(better, err, best)
+            scale = torch.where(better, s, scale)
+            idx = torch.where(better[..., None], i, idx)
+            neg = torch.where(better[..., None], ng, neg)
+    nib = (idx | (neg.to(torch.int64) << 3)).reshape(n, k).to(torch.uint8)
+    codes = nib[:, 0::2] | (nib[:, 1::2] << 4)
+    return codes.contiguous(), scale.view(torch.uint8).contiguous(), float(divisor)
+
+
+def _round_blocks(blocks: torch.Tensor, bmax: torch.Tensor, divisor: float, factor: float
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(E4M3 block scales, E2M1 magnitude indices, negative flags)`` of ``blocks`` ``[N, K/16, 16]`` for the
+    scale ``e4m3fn(min(bmax / 6 * divisor * factor, 448))`` (factor 1.0: round to nearest)."""
+    scale = (bmax / E2M1_MAX * divisor * factor).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     tiny = torch.tensor(_E4M3_TINY, dtype=torch.float32).to(torch.float8_e4m3fn)
     scale = torch.where((bmax > 0) & (scale.float() == 0), tiny, scale)
     s32 = scale.float()
     inv = torch.where(s32 > 0, divisor / s32.double(), torch.zeros((), dtype=torch.float64))
     scaled = blocks.double() * inv[..., None]
     idx = _round_e2m1(scaled.abs())
-    sign = ((scaled < 0) & (idx > 0)).to(torch.int64) << 3
-    nib = (idx | sign).reshape(n, k).to(torch.uint8)
-    codes = nib[:, 0::2] | (nib[:, 1::2] << 4)
-    return codes.contiguous(), scale.view(torch.uint8).contiguous(), float(divisor)
+    return scale, idx, (scaled < 0) & (idx > 0)
+
+
+def _block_error(blocks: torch.Tensor, scale: torch.Tensor, idx: torch.Tensor, neg: torch.Tensor,
+                 divisor: float) -> torch.Tensor:
+    """Squared reconstruction error of each block, in fp64."""
+    mags = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64, device=blocks.device)[idx]
+    vals = torch.where(neg, -mags, mags) * scale.double()[..., None] / divisor
+    return ((vals - blocks.double()) ** 2).sum(-1)
 
 
 def unpack_codes(codes: torch.Tensor) -> torch.Tensor:
