@@ -12,7 +12,11 @@ captures its graphs at start: decode graphs without speculation, verify graphs w
 - end to end at B = 1: ``Engine.generate`` of ``--tokens`` and of 8 tokens from the same prompt, greedy; the
   difference over the extra tokens is the time per committed token. With a random head almost no draft is
   accepted, so for k > 0 it is the time of one whole speculative step (draft k tokens, verify k + 1);
-- for k >= 2, the replay of the MTP draft graph (draft steps 2..k) for B rows, the same way.
+- for k >= 2, the replay of the MTP draft graph (draft steps 2..k) for B rows, the same way;
+- with ``--stages``, where a speculative step's time goes at B = 1 (:func:`stage_times`): host milliseconds and
+  device milliseconds (CUDA events at the stage's entry and exit, no added synchronisation) of the engine's step,
+  the speculative Program step, drafting (and its eager MTP forwards), the draft and verify graph replays, the
+  acceptance and the commit, per speculative step.
 
 From those, the speed-up a checkpoint whose head is trained would get at a mean accepted length ``a`` (tokens
 committed per verify, ``--accepted``): ``a * decode_step / speculative_step``. Writes ``verify_cost.json``.
@@ -48,6 +52,7 @@ def parse_args(argv=None):
     ap.add_argument("--accepted", default="1.8,2.5,3.0", help="mean accepted lengths to project speed-ups for")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ninfer_verify_cost"))
+    ap.add_argument("--stages", action="store_true", help="also time the stages of a speculative step (B=1)")
     ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
                     help="also list the top kernels of each graph's replay at B=1 (ROWS kernels; torch.profiler)")
     return ap.parse_args(argv)
@@ -140,6 +145,70 @@ def end_to_end(engine, tokens: int, vocab: int) -> dict:
             "drafted": s.get("spec_drafted"), "accepted": s.get("spec_accepted")}
 
 
+# (module, class, method, stage name): the stages of one engine step with speculation, outermost first.
+STAGES = (("ninfer.engine.worker", "EngineCore", "step", "engine step"),
+          ("ninfer_qwen3_5.speculative_decode", "SpeculativeDecoding", "run", "program step"),
+          ("ninfer_qwen3_5.mtp.decoding", "MTPDecoding", "draft", "draft"),
+          ("ninfer_qwen3_5.mtp.head", "Qwen35MTPHead", "forward", "eager MTP forward"),
+          ("ninfer_qwen3_5.mtp.draft_graphs", "DraftGraphs", "run", "draft graph"),
+          ("ninfer_qwen3_5.verify_graphs", "VerifyGraphs", "run", "verify graph"),
+          ("ninfer_qwen3_5.speculative_decode", "SpeculativeDecoding", "_accept", "acceptance"),
+          ("ninfer_qwen3_5.speculative_decode", "SpeculativeDecoding", "commit_inputs", "commit"))
+
+
+def stage_times(engine, tokens: int, vocab: int, device) -> dict:
+    """Per speculative step: host ms and device ms of each stage of :data:`STAGES` over one greedy generation of
+    ``tokens`` tokens at B = 1. The methods are wrapped on their classes for the run and restored after; a wrapper
+    reads the clock and records a CUDA event on entry and exit, so it adds no synchronisation."""
+    import importlib
+
+    import torch
+    from ninfer.contracts.sampling import SamplingParams
+
+    cuda = device.type == "cuda"
+    records: dict[str, list] = {name: [] for *_, name in STAGES}
+    saved = []
+
+    def wrap(fn, name):
+        def timed(*a, **kw):
+            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+            if ev:
+                ev[0].record()
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                host = time.perf_counter() - t0
+                if ev:
+                    ev[1].record()
+                records[name].append((host, ev))
+        return timed
+
+    for module, cls, meth, name in STAGES:
+        klass = getattr(importlib.import_module(module), cls)
+        fn = klass.__dict__.get(meth)
+        if fn is None:
+            continue
+        saved.append((klass, meth, fn))
+        setattr(klass, meth, wrap(fn, name))
+    try:
+        prompt = [(37 * i + 11) % (vocab - 1) + 1 for i in range(64)]
+        engine.generate(prompt, sampling=SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True))
+    finally:
+        for klass, meth, fn in saved:
+            setattr(klass, meth, fn)
+    if cuda:
+        torch.cuda.synchronize(device)
+    steps = max(1, len(records["verify graph"]) or len(records["program step"]))
+    out = {"speculative_steps": steps}
+    for name, rows in records.items():
+        host = sum(h for h, _ in rows) * 1e3 / steps
+        dev = sum(e[0].elapsed_time(e[1]) for _, e in rows) / steps if cuda and rows else None
+        out[name] = {"calls_per_step": len(rows) / steps, "host_ms": round(host, 3),
+                     "device_ms": None if dev is None else round(dev, 3)}
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -187,6 +256,12 @@ def main(argv=None) -> int:
                     for row in entry["kernels_b1"]:
                         print(f"  k={k} {row['us_per_replay']:9.1f} us {row['calls_per_replay']:6.1f}x {row['kernel']}")
                 entry["end_to_end_b1"] = end_to_end(engine, args.tokens, geometry["vocab_size"])
+                if args.stages and k:
+                    entry["stages_b1"] = stage_times(engine, args.tokens, geometry["vocab_size"], device)
+                    for name, v in entry["stages_b1"].items():
+                        if isinstance(v, dict):
+                            print(f"  k={k} {name:>18}: {v['calls_per_step']:.2f} calls/step, host {v['host_ms']} ms,"
+                                  f" device {v['device_ms']} ms", flush=True)
             result["ks"].append(entry)
             print(json.dumps(entry), flush=True)
     finally:
