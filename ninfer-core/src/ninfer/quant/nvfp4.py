@@ -54,7 +54,7 @@ _E4M3_TINY = 2.0 ** -9
 
 def _round_e2m1(a: torch.Tensor) -> torch.Tensor:
     """Magnitudes ``a >= 0`` -> E2M1 magnitude index, nearest, ties to the even index."""
-    mids = torch.tensor(_MIDPOINTS, dtype=a.dtype)
+    mids = torch.tensor(_MIDPOINTS, dtype=a.dtype, device=a.device)
     a = a.clamp(max=E2M1_MAX)
     lo = torch.bucketize(a, mids, right=False)
     hi = torch.bucketize(a, mids, right=True)
