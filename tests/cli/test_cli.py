@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.cli.conftest import PLAIN_ARGS
 from tests.cli.pty_reader import PtyReader
 
 SUBCOMMANDS = ("generate", "chat", "serve", "score", "bench", "info", "plugins", "list", "rm")
@@ -47,25 +48,20 @@ def test_generate_default_model_greedy_is_deterministic(run_cli):
     assert "generated tokens" in first.stderr and "generated tokens" not in first.stdout
 
 
-def test_generate_speculative_mtp_prints_the_plain_output(run_cli):
-    args = ("generate", "--prompt", "import os\nimport", "-t", "0", "-n", "32", "--quiet")
-    plain = run_cli(*args)
-    spec = run_cli(*args, "--speculative", "mtp")
-    spec2 = run_cli(*args, "--speculative", "mtp", "--num-speculative-tokens", "2")
+def test_generate_speculative_mtp_prints_the_plain_output(run_cli, plain_generate):
+    plain = plain_generate
+    spec = run_cli(*PLAIN_ARGS, "--speculative", "mtp")
+    spec2 = run_cli(*PLAIN_ARGS, "--speculative", "mtp", "--num-speculative-tokens", "2")
     for run in (plain, spec, spec2):
         assert run.returncode == 0, run.stderr
     assert len(plain.stdout) > 8 and spec.stdout == plain.stdout and spec2.stdout == plain.stdout
 
 
-def test_generate_stop_string_is_not_printed(run_cli):
-    plain = run_cli("generate", "--prompt", "import os\nimport", "--temperature", "0", "--max-tokens", "24",
-                    "--quiet")
-    assert plain.returncode == 0, plain.stderr
-    text = plain.stdout.rstrip("\n")
+def test_generate_stop_string_is_not_printed(run_cli, plain_generate):
+    text = plain_generate.stdout.rstrip("\n")
     assert len(text) > 4
     stop = text[2:4]  # a string the greedy output is known to contain
-    cut = run_cli("generate", "--prompt", "import os\nimport", "--temperature", "0", "--max-tokens", "24",
-                  "--quiet", "--stop", stop)
+    cut = run_cli(*PLAIN_ARGS, "--stop", stop)
     assert cut.returncode == 0, cut.stderr
     assert cut.stdout.rstrip("\n") == text[: text.index(stop)]
 

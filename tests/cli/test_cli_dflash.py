@@ -11,6 +11,8 @@ import sys
 import pytest
 from support.dflash import write_dflash_drafter
 
+from tests.cli.conftest import PLAIN_ARGS
+
 DRAFT = dict(hidden_size=256, vocab_size=6144, num_target_layers=8, target_layer_ids=[1, 3, 5], block_size=8,
              mask_token_id=6143, head_dim=32, heads=4, kv_heads=2, intermediate=256, selector_rank=16,
              selector_top_k=8)
@@ -31,9 +33,10 @@ def artifact(tmp_path_factory, cli_env):
     return out
 
 
-def test_generate_speculative_dflash2_prints_the_plain_output(run_cli, artifact):
-    args = ("generate", str(artifact), "--prompt", "import os\nimport", "-t", "0", "-n", "24", "--quiet")
-    plain = run_cli(*args)
+def test_generate_speculative_dflash2_prints_the_plain_output(run_cli, artifact, plain_generate):
+    command, *flags = PLAIN_ARGS
+    args = (command, str(artifact), *flags)
+    plain = plain_generate   # the default model's: the artifact's text part
     spec = run_cli(*args, "--speculative", "dflash2")
     spec3 = run_cli(*args, "--speculative", "dflash2", "--num-speculative-tokens", "3")
     for run in (plain, spec, spec3):

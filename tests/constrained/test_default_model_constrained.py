@@ -167,22 +167,28 @@ def _tokens(engine, requests):
     return [list(h.result().token_ids) for h in handles]
 
 
-def test_constrained_and_unconstrained_batched_behave_as_alone(default_artifact, engine):
+@pytest.fixture(scope="module")
+def mixed_alone(engine):
+    """``_mixed``'s requests and each one's tokens sent alone (one at a time): the reference of both tests below
+    (computed once: the engine is deterministic for seeded requests, and nothing else changes it)."""
+    requests = _mixed(engine)
+    return requests, [_tokens(engine, [r])[0] for r in requests]
+
+
+def test_constrained_and_unconstrained_batched_behave_as_alone(default_artifact, engine, mixed_alone):
     from ninfer import Engine
 
-    requests = _mixed(engine)
-    alone = [_tokens(engine, [r])[0] for r in requests]  # one at a time
+    requests, alone = mixed_alone
     assert _tokens(engine, requests) == alone
     with Engine.start(default_artifact, device="cpu", dtype="float32", max_concurrency=8,
                       prefill_chunk_size=5) as chunked:
         assert _tokens(chunked, requests) == alone
 
 
-def test_constrained_requests_survive_preemption_and_replay(default_artifact, engine):
+def test_constrained_requests_survive_preemption_and_replay(default_artifact, mixed_alone):
     from ninfer import Engine
 
-    requests = _mixed(engine) * 2
-    alone = [_tokens(engine, [r])[0] for r in requests[:5]] * 2
+    requests, alone = (x * 2 for x in mixed_alone)
     # 8 running requests over 20 pages of 8 tokens: they cannot all grow, so some are paused and replayed;
     # a replayed request's matcher keeps its committed state (Replay never touches it).
     with Engine.start(default_artifact, device="cpu", dtype="float32", max_concurrency=8, prefill_chunk_size=16,

@@ -81,3 +81,17 @@ def tiny_qwen_artifact(tmp_path_factory) -> Path:
 def tiny_qwen_artifact_bf16(tmp_path_factory) -> Path:
     """The same tiny model stored in bfloat16 (the GPU serving setting)."""
     return _tiny_qwen(tmp_path_factory.mktemp("tiny_qwen_bf16"), "bfloat16")
+
+
+# -- the plain (non-speculative) references of the speculative engine tests, computed once per session -------------
+
+@pytest.fixture(scope="session")
+def plain_code(default_artifact) -> dict:
+    """Every ``test_speculative_engine.CODE`` prompt alone on the default model without speculation: greedy and
+    seeded token ids. The reference of the MTP engine tests and of the DFlash ones (a DFlash artifact's text part
+    is the default model, so its plain tokens are these)."""
+    from .test_speculative_engine import CODE, GREEDY, SEEDED, start
+
+    with start(default_artifact, max_concurrency=1) as engine:
+        return {"greedy": [engine.generate(p, sampling=GREEDY).token_ids for p in CODE],
+                "seeded": [engine.generate(p, sampling=SEEDED).token_ids for p in CODE]}

@@ -44,11 +44,10 @@ def run_all(engine: Engine, prompts, sampling) -> list[tuple[int, ...]]:
 
 
 @pytest.fixture(scope="module")
-def plain(default_artifact):
-    """Every CODE prompt alone without speculation: greedy and seeded token ids."""
-    with start(default_artifact, max_concurrency=1) as engine:
-        return {"greedy": [engine.generate(p, sampling=GREEDY).token_ids for p in CODE],
-                "seeded": [engine.generate(p, sampling=SEEDED).token_ids for p in CODE]}
+def plain(plain_code):
+    """Every CODE prompt alone without speculation: greedy and seeded token ids (conftest's, shared with
+    test_dflash_engine)."""
+    return plain_code
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])

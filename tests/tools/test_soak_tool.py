@@ -1,7 +1,14 @@
-"""tools/soak.py, bounded: a few hundred requests of every kind and fault through a real ``ninfer serve`` on the
-default model; every greedy and seeded answer equals the same request sent alone, every fault gets its status and
-an OpenAI error body, and after the run nothing is held (pages, slots, Host bytes) or leaked (descriptors, threads).
-docs/reliability.md quotes a full 10,000-request run."""
+"""tools/soak.py, bounded: 120 requests of every kind and fault through a real ``ninfer serve`` on the default
+model; every greedy and seeded answer equals the same request sent alone, every fault gets its status and an OpenAI
+error body, and after the run nothing is held (pages, slots, Host bytes) or leaked (descriptors, threads).
+docs/reliability.md quotes a full 10,000-request run.
+
+Why 120 is enough: the plan is drawn from ``--seed`` alone, and seed 3's first 120 requests hold every kind of
+``soak_traffic.KINDS`` (at least 3 of each: 3 client deadlines, 6 oversize prompts, 10 disconnects, 16 malformed
+bodies of 9 kinds, 8 sessions) and request 100, the one overflow burst (more requests than running places and queue
+hold: the 429s); a 240-request run has the same single burst. About 40 s of a run is fixed (server start, the
+reference answers, the idle waits before counting threads and descriptors), so 120 requests take ~70 s where 240
+took ~115 s."""
 
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ import soak_traffic  # noqa: E402
 def test_bounded_soak(tmp_path, default_model_cache):
     out = tmp_path / "soak.json"
     env = {**os.environ, "NINFER_CACHE_DIR": str(default_model_cache)}
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "soak.py"), "--requests", "240", "--concurrency", "8",
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "soak.py"), "--requests", "120", "--concurrency", "8",
                           "--pool", "24", "--seed", "3", "--json", str(out), "--quiet"],
                          capture_output=True, text=True, env=env, timeout=1200)
     assert out.exists(), run.stdout[-3000:] + run.stderr[-3000:]
@@ -30,8 +37,9 @@ def test_bounded_soak(tmp_path, default_model_cache):
     assert (run.returncode, r["failures"], r["failure_samples"]) == (0, 0, [])
     assert set(r["kinds"]) >= {*soak_traffic.KINDS, "overflow"}   # every kind was sent
     assert {"disconnect_mid_stream", "client_deadline", "oversize_prompt", "429_queue_full"} <= set(r["faults"])
-    assert sum(v for k, v in r["faults"].items() if k.startswith("malformed:")) >= 10
-    assert r["compared_with_reference"] >= 100 and r["session_turns_with_cache_hits"] > 0
+    malformed = {k: v for k, v in r["faults"].items() if k.startswith("malformed:")}
+    assert sum(malformed.values()) >= 10 and len(malformed) >= 8   # 16 bodies of 9 of the 12 kinds
+    assert r["compared_with_reference"] >= 60 and r["session_turns_with_cache_hits"] > 0   # 85 measured
     server = r["server"]
     assert server["preemptions_total"] > 0 and server["context_cache_hit_tokens_total"] > 0
     assert server["engine_cancelled_total"] > 0   # disconnects and client deadlines reached the engine

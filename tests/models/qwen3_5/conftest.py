@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from support.fixtures import single_torch_thread  # noqa: F401 (autouse for this package)
 
 from .harness import Cases
 

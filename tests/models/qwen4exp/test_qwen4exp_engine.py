@@ -94,11 +94,19 @@ def _conversations(prompts, answers, rng):
             zip(prompts, answers, strict=True)]
 
 
-def test_context_cache_hits_equal_cold(alone):
+@pytest.fixture(scope="module")
+def second_turns(alone):
+    """(every conversation's second turn, each one's tokens from a cold engine without the context cache): the
+    reference of both cache tests below, computed once per case."""
     case, prompts, first = alone
     second = _conversations(prompts, first, random.Random(3))
     with start(case.artifact, max_concurrency=2, prefill_chunk_size=16) as cold:
-        expected = [cold.generate(p, sampling=GREEDY).token_ids for p in second]
+        return second, [cold.generate(p, sampling=GREEDY).token_ids for p in second]
+
+
+def test_context_cache_hits_equal_cold(alone, second_turns):
+    case, prompts, _ = alone
+    second, expected = second_turns
     # Checkpoints every 10 tokens and at every prompt and response end: boundaries that cut n-gram windows (3
     # tokens) and QSA blocks (2 or 4 tokens).
     with start(case.artifact, max_concurrency=2, prefill_chunk_size=16, page_size=5, context_cache=True,
@@ -113,13 +121,11 @@ def test_context_cache_hits_equal_cold(alone):
     assert s.cache_saved_prefill_tokens >= sum(len(p) for p in prompts)
 
 
-def test_host_tier_demotion_and_restore_equal_cold(alone):
+def test_host_tier_demotion_and_restore_equal_cold(alone, second_turns):
     """A small device pool with a Host tier: checkpoints (StateImage + KV pages, the indexer's side pool among
     them) are demoted to Host while the other conversations run, and restored on the second turn's hit."""
-    case, prompts, first = alone
-    second = _conversations(prompts, first, random.Random(4))
-    with start(case.artifact, max_concurrency=2, prefill_chunk_size=16) as cold:
-        expected = [cold.generate(p, sampling=GREEDY).token_ids for p in second]
+    case, prompts, _ = alone
+    second, expected = second_turns
     with start(case.artifact, max_concurrency=2, prefill_chunk_size=16, page_size=5, num_pages=60, max_context=128,
                context_cache=True, cache_checkpoint_interval=10, cache_checkpoint_slots=4, cache_host_mib=64) as warm:
         for p in prompts:
