@@ -125,15 +125,15 @@ class GroupwiseFormat:
         r, gpr, g = codes.shape
         if self.bits == 8:
             base = codes.to(torch.int8).view(torch.uint8).reshape(r, gpr * BASE_BYTES)
-            return base, torch.empty((r, 0), dtype=torch.uint8)
+            return base, torch.empty((r, 0), dtype=torch.uint8, device=codes.device)
         u = codes & ((1 << self.bits) - 1)
         low = u & 0xF
         base = (low[..., 0::2] | (low[..., 1::2] << 4)).to(torch.uint8).reshape(r, gpr * BASE_BYTES)
         if not self.high_bits:
-            return base, torch.empty((r, 0), dtype=torch.uint8)
+            return base, torch.empty((r, 0), dtype=torch.uint8, device=codes.device)
         hi = u >> 4                                                    # [r, gpr, g], high_bits wide
         bits = torch.stack([(hi >> b) & 1 for b in range(self.high_bits)], dim=-1).reshape(r, gpr, -1, 8)
-        weights = torch.tensor([1 << i for i in range(8)], dtype=torch.int32)
+        weights = torch.tensor([1 << i for i in range(8)], dtype=torch.int32, device=codes.device)
         high = (bits * weights).sum(-1).to(torch.uint8).reshape(r, gpr * self.high_bytes)
         return base, high
 

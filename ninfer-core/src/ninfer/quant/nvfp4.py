@@ -133,7 +133,7 @@ def decode(codes: torch.Tensor, block_scales: torch.Tensor, divisor: float,
     """``[N, K]`` values ``e2m1(code) * block_scale / divisor`` in ``dtype`` (computed in at least fp32)."""
     wide = torch.promote_types(dtype, torch.float32)
     nib = unpack_codes(codes)
-    mags = torch.tensor(E2M1_MAGNITUDES, dtype=wide)[nib & 7]
+    mags = torch.tensor(E2M1_MAGNITUDES, dtype=wide, device=codes.device)[nib & 7]
     vals = torch.where((nib & 8) != 0, -mags, mags)
     s = block_scales.view(torch.float8_e4m3fn).to(wide).repeat_interleave(BLOCK, dim=1)
     return (vals * s / divisor).to(dtype)
