@@ -179,6 +179,16 @@ def test_cuda_kernels_read_nvfp4_in_the_dense_ops_not_in_the_experts():
         gpu.check_formats(op, ["nvfp4"])
     with pytest.raises(OpError, match="'moe_experts'.*nvfp4.*'cuda'"):
         gpu.check_formats("moe_experts", ["nvfp4"])
+    # A dense model stores nvfp4 only where the dense kernels read it, so it loads on CUDA; an expert bank does not.
+    from ninfer_qwen3_5.model import check_weight_formats
+    from ninfer_qwen3_5.parameters import layer_prefix
+    dense = {layer_prefix("text", 0) + "/mlp/gate_up": "nvfp4", layer_prefix("text", 0) + "/mlp/down": "nvfp4",
+             "text/lm_head": "nvfp4"}
+    check_weight_formats(gpu, dense)
+    for name in ("moe/experts/gate_up", "moe/experts/down", "moe/shared/down"):
+        with pytest.raises(OpError, match="'moe_experts'.*nvfp4"):
+            check_weight_formats(gpu, {**dense, layer_prefix("text", 1) + "/" + name: "nvfp4"})
+    check_weight_formats(gpu, {layer_prefix("text", 1) + "/moe/shared/gate_up": "nvfp4"})
 
 
 def test_a_non_finite_weight_is_refused_naming_the_object():

@@ -36,9 +36,26 @@ from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.parameters import layer_prefix, text_shapes
 
-# The ops that read a matmul weight: each must take every quantized format the artifact stores.
-_WEIGHT_OPS = ("linear", "logits", "add_rms_norm_unit_offset_linear", "add_rms_norm_unit_offset_swiglu",
-               "moe_experts")
+# The ops that read a matmul weight: each must take the quantized formats of the parameters it reads.
+_DENSE_WEIGHT_OPS = ("linear", "logits", "add_rms_norm_unit_offset_linear", "add_rms_norm_unit_offset_swiglu")
+# Parameters that only ``moe_experts`` reads (the routed banks and the shared expert's down projection).
+_EXPERT_WEIGHTS = ("moe/experts/gate_up", "moe/experts/down", "moe/shared/down")
+
+
+def weight_ops(name: str) -> tuple[str, ...]:
+    """The ops that read the matmul weight ``name``: a quantized weight needs a kernel for its format in each."""
+    return ("moe_experts",) if name.endswith(_EXPERT_WEIGHTS) else _DENSE_WEIGHT_OPS
+
+
+def check_weight_formats(ops, formats: Mapping[str, str]) -> None:
+    """OpError naming the first op that cannot read a quantized parameter's format (``formats``: name -> format);
+    a dense model never asks ``moe_experts``, so a format only the dense kernels read is enough for it."""
+    needed: dict[str, set[str]] = {}
+    for name, fmt in formats.items():
+        for op in weight_ops(name):
+            needed.setdefault(op, set()).add(fmt)
+    for op in sorted(needed):
+        ops.check_formats(op, sorted(needed[op]))
 # Parameters read only in fp32, so any stored float dtype is fine.
 _ANY_FLOAT = ("gdn/A_log", "gdn/dt_bias")
 
@@ -85,7 +102,7 @@ class Qwen35Model:
         # One cast per shared tensor (tied embed/lm_head stay shared). The loader hands each name its
         # own view object, so sharing is keyed by storage and view geometry, not by id().
         cast: dict[tuple, torch.Tensor] = {}
-        packed: set[str] = set()
+        packed: dict[str, str] = {}
         for name, shape in text_shapes(self.cfg).items():
             w = weights.get(name)
             if w is None:
@@ -96,7 +113,7 @@ class Qwen35Model:
                 if name == "text/embed":
                     raise ProgramError(f"parameter {name!r} is stored {w.format}; the embedding table must be a "
                                        f"float format")
-                packed.add(w.format)
+                packed[name] = w.format
                 continue
             if not w.dtype.is_floating_point:
                 raise ProgramError(f"parameter {name!r} is {w.dtype}; Qwen3.5 weights must be floating point")
@@ -105,8 +122,7 @@ class Qwen35Model:
                 if key not in cast:
                     cast[key] = w.to(dtype)
                 prepared[name] = cast[key]
-        for op in _WEIGHT_OPS if packed else ():
-            self.ops.check_formats(op, sorted(packed))
+        check_weight_formats(self.ops, packed)
         return prepared
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
