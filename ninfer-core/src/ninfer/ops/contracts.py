@@ -96,7 +96,8 @@ CORE_CONTRACTS: tuple[OpContract, ...] = (
                "kv_cache_write(k[T, Hkv, D], v[T, Hkv, D], k_pool[P, page, Hkv, D], v_pool[...], "
                "slot_mapping[T] int64) -> None",
                "Stores token t at page slot_mapping[t] // page, offset slot_mapping[t] % page (in place), bit-exact. "
-               "Slots are distinct and in [0, P*page); one outside raises (never wraps)."),
+               "Slots are distinct and in [0, P*page); one outside raises when slot_mapping is on the host, and is dropped "
+               "(never wraps, never a host sync) when it is on the device."),
     OpContract("paged_attention",
                "paged_attention(q[T, Hq, D], k_pool, v_pool, cu_q[B+1] int32, kv_lens[B] int32, "
                "page_tables[B, maxp] int32, scale) -> o[T, Hq, D]",

@@ -7,8 +7,8 @@ CPU tensors under ``TRITON_INTERPRET=1`` (how the CPU test suite checks them at 
 
 Invariants shared by every kernel here:
 - No host synchronisation in the launch path (no ``.item()``/``.tolist()``/``bool(tensor)``): grids
-  and block sizes come from tensor *shapes* only, so launches can be captured in CUDA graphs. The one
-  exception is ``kv_cache_write``'s out-of-range check, which the contract requires to raise (see there).
+  and block sizes come from tensor *shapes* only, so launches can be captured in CUDA graphs. The KV writes
+  check a slot mapping's range only when it is on the host (``kv_cache.check_on_host``).
 - Results depend on a row's own inputs only, never on the batch it was launched in (grid sizes change
   how many programs exist, never how a row's arithmetic is partitioned) -- except where an op picks a
   kernel by the call's size: ``moe_experts`` takes its GEMV decode path up to ``moe_gemv.MAX_PAIRS``

@@ -51,6 +51,14 @@ def capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def check_on_host(slot_mapping: torch.Tensor, device: torch.device) -> bool:
+    """Whether an op checks ``slot_mapping``'s range before launching: only a host-resident mapping, outside a
+    capture. Checking a device-resident one would stall the host until the device catches up, once per call (an
+    eager prefill step would synchronise in every attention layer); there the kernel's mask drops a token whose
+    slot is out of range (never wraps). The engine's mappings come from its page tables, in range by construction."""
+    return slot_mapping.device.type == "cpu" and not capturing(device)
+
+
 def kv_cache_write(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
     """Write ``k[T, Hkv, D]``/``v`` into ``k_pool``/``v_pool`` ``[P, page, Hkv, D]`` in place."""
@@ -60,9 +68,9 @@ def kv_cache_write(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_poo
     capacity = k_pool.shape[0] * page
     if t_len == 0:
         return
-    slots = slot_mapping.to(device=k_pool.device, dtype=torch.int64)
-    if not capturing(k_pool.device) and bool(((slots < 0) | (slots >= capacity)).any()):
+    if check_on_host(slot_mapping, k_pool.device) and bool(((slot_mapping < 0) | (slot_mapping >= capacity)).any()):
         raise IndexError(f"kv_cache_write: slot_mapping outside [0, {capacity})")
+    slots = slot_mapping.to(device=k_pool.device, dtype=torch.int64)
     _kv_write_kernel[(t_len,)](
         k, v, k_pool, v_pool, slots, capacity, *k.stride(), *v.stride(), *k_pool.stride(), *v_pool.stride(),
         H=hkv, D=d, PAGE=page, BLOCK_H=next_pow2(hkv), BLOCK_D=next_pow2(d), INTERP=INTERPRET,

@@ -199,9 +199,10 @@ def qk_norm_rope_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm
         return q_out, k_out
     page = k_pool.shape[1]
     capacity = k_pool.shape[0] * page
-    slots = slot_mapping.to(device=k_pool.device, dtype=torch.int64)
-    if hkv and not _kv.capturing(k_pool.device) and bool(((slots < 0) | (slots >= capacity)).any()):
+    if (hkv and _kv.check_on_host(slot_mapping, k_pool.device)
+            and bool(((slot_mapping < 0) | (slot_mapping >= capacity)).any())):
         raise IndexError(f"qk_norm_rope_cache: slot_mapping outside [0, {capacity})")
+    slots = slot_mapping.to(device=k_pool.device, dtype=torch.int64)
     if cos.stride(-1) != 1:
         cos = cos.contiguous()
     if sin.stride(-1) != 1:
