@@ -125,6 +125,13 @@ class Qwen35Model:
         check_weight_formats(self.ops, packed)
         return prepared
 
+    @property
+    def stages_verify_snapshots(self) -> bool:
+        """Whether a verify forward needs each verify row's live image staged into its first snapshot beforehand:
+        only when a GDN layer verifies token by token (``GatedDeltaNet.fused_verify`` False); ``gdn_verify`` reads
+        the live slots itself."""
+        return any(not getattr(layer.mixer, "fused_verify", True) for layer in self.layers)
+
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pos3 = positions.unsqueeze(0).expand(3, -1)   # a view: both implementations read strided positions
         return self.ops.mrope_cos_sin(pos3, self.inv_freq, self.sections, True)

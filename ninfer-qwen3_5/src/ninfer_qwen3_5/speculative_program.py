@@ -124,16 +124,18 @@ class SpeculativeProgram:
 
     def step_context(self, batch: PackedBatch) -> StepContext:
         """What every layer sees of ``batch`` (rotary tables not yet built); a batch with verify chunks first
-        stages each verify row's live image into its first snapshot."""
+        stages each verify row's live image into its first snapshot where the model's layers read it there
+        (``model.stages_verify_snapshots``)."""
         verify = None
         if batch.has_verify:
             snaps = self.snapshots
             if snaps is None:
                 raise ProgramError("a verify chunk needs speculation configured (configure_speculation)")
             verify = verify_plan(batch, snaps.storage.num_slots, self.device)
-            for slot, snapshot_slots in zip(batch.chunk_slots, batch.chunk_snapshots, strict=True):
-                if snapshot_slots is not None:
-                    snaps.stage(self.states, slot, snapshot_slots[0])
+            if self.model.stages_verify_snapshots:
+                for slot, snapshot_slots in zip(batch.chunk_slots, batch.chunk_snapshots, strict=True):
+                    if snapshot_slots is not None:
+                        snaps.stage(self.states, slot, snapshot_slots[0])
         return StepContext(
             num_decode=batch.num_decode, num_chunk=batch.num_chunk, positions=batch.positions, cos=None, sin=None,
             slot_mapping=batch.slot_mapping, decode_slots=batch.decode_slots, decode_out_slots=batch.decode_out_slots,

@@ -6,13 +6,14 @@ beside ordinary decode rows and chunks. Per layer kind:
 
 - full attention: exactly a chunk: K/V of all k+1 positions are written, each token attends causally over the
   cached prefix and the earlier verify tokens;
-- GDN: the k+1 tokens are stepped as k+1 successive decode steps with the decode op (``gdn_decode``: gates,
-  conv update, recurrent step, gated norm), all verify rows' token ``j`` in one call, and the state after token
-  ``j`` lands in the row's snapshot ``j`` (:class:`VerifyPlan`). Step 0 reads snapshot 0 itself, into which the
-  Program copied the row's live image before the forward (:meth:`SpeculativeSnapshots.stage`), and rewrites it
-  in place; step ``j > 0`` reads snapshot ``j - 1`` and writes snapshot ``j``. A fused verify kernel would read
-  the live slot and write the k+1 snapshots in one launch per layer (no staging copy, no per-step loop); it
-  would go where :meth:`ninfer_qwen3_5.layers.gdn.GatedDeltaNet._verify` loops over the steps.
+- GDN: the k+1 tokens are stepped as k+1 successive decode steps of the decode op (``gdn_decode``: gates,
+  conv update, recurrent step, gated norm), and the state after token ``j`` lands in the row's snapshot ``j``
+  (:class:`VerifyPlan`). Qwen3.5's layers do it in one ``gdn_verify`` call per layer for every verify row
+  (:class:`VerifyRows`), reading the row's live image and keeping the state on chip between tokens. A layer whose
+  step is another op (``GatedDeltaNet.fused_verify`` False) runs token ``j`` of every verify row in one call
+  (:class:`VerifyStep`): step 0 reads snapshot 0 itself, into which the Program copied the row's live image
+  before the forward (:meth:`SpeculativeSnapshots.stage`, only for models whose ``stages_verify_snapshots``),
+  and rewrites it in place; step ``j > 0`` reads snapshot ``j - 1`` and writes snapshot ``j``.
 
 Invariants:
 
@@ -128,12 +129,28 @@ def row_span(rows: Sequence[int]) -> tuple[int, int] | None:
 
 
 @dataclass(frozen=True)
+class VerifyRows:
+    """The verify chunks as ``gdn_verify`` takes them (int64 device tensors): chunk ``i``'s tokens are packed rows
+    ``starts[i] .. starts[i] + counts[i] - 1``, it reads live StateImage slot ``live_slots[i]`` and writes the
+    state after token ``j`` to snapshot ``snapshots[i, j]`` (entries past ``counts[i]`` repeat the last one and
+    are never written)."""
+
+    starts: torch.Tensor
+    counts: torch.Tensor
+    live_slots: torch.Tensor
+    snapshots: torch.Tensor
+
+
+@dataclass(frozen=True)
 class VerifyPlan:
-    """How the GDN layers run a batch with verify chunks: ``steps`` (one per verify token index, in order)
-    and ``chunks``, the ordinary chunks as host ``(offset in the packed sequence, length, state slot)``."""
+    """How the GDN layers run a batch with verify chunks: ``rows``, every verify chunk for one ``gdn_verify`` call
+    (which reads the live images itself), or ``steps`` (one ``gdn_decode`` per verify token index, in order,
+    after the Program staged each live image into its first snapshot); and ``chunks``, the ordinary chunks as
+    host ``(offset in the packed sequence, length, state slot)``."""
 
     steps: tuple[VerifyStep, ...]
     chunks: tuple[tuple[int, int, int], ...]
+    rows: VerifyRows | None = None
 
 
 def verify_plan(batch: PackedBatch, num_snapshots: int, device: torch.device) -> VerifyPlan:
@@ -152,7 +169,12 @@ def verify_plan(batch: PackedBatch, num_snapshots: int, device: torch.device) ->
             verify.append((at, snaps))
         at += t
     width = max(len(s) for _, s in verify)
-    flat: list[int] = []
+    live = [slot for slot, snaps in zip(batch.chunk_slots, batch.chunk_snapshots, strict=True) if snaps is not None]
+    # VerifyRows first: starts, counts, live slots [V each], snapshots [V, width].
+    flat: list[int] = [at for at, _ in verify] + [len(snaps) for _, snaps in verify] + live
+    for _, snaps in verify:
+        flat.extend(snaps)
+        flat.extend([snaps[-1]] * (width - len(snaps)))
     sizes: list[int] = []
     spans: list[tuple[int, int] | None] = []
     for j in range(width):
@@ -162,11 +184,14 @@ def verify_plan(batch: PackedBatch, num_snapshots: int, device: torch.device) ->
         sizes.append(len(rows))
         spans.append(row_span([r for r, _, _ in rows]))
     data = to_device(flat, torch.int64, device)
-    steps, o = [], 0
+    nv = len(verify)
+    fused = VerifyRows(data[:nv], data[nv:2 * nv], data[2 * nv:3 * nv],
+                       data[3 * nv:3 * nv + nv * width].view(nv, width))
+    steps, o = [], 3 * nv + nv * width
     for v, span in zip(sizes, spans, strict=True):
         steps.append(VerifyStep(data[o:o + v], data[o + v:o + 2 * v], data[o + 2 * v:o + 3 * v], span))
         o += 3 * v
-    return VerifyPlan(tuple(steps), tuple(chunks))
+    return VerifyPlan(tuple(steps), tuple(chunks), fused)
 
 
 def verify_chunk_rows(program, seq: SeqId, start: int, tokens: Sequence[int],

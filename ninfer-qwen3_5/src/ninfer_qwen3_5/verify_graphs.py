@@ -11,14 +11,15 @@ Invariants:
   ``r * max_inputs + j``, what ``assign`` gives the ``r``-th verify row), so the verify plan (which token steps
   which snapshot) and the chunk offsets are constants recorded at capture.
 - Tokens, positions, KV slots, KV lengths, page tables and the rows' live StateImage slots are graph inputs: static
-  buffers rewritten before each replay (two host-to-device copies). The staging copy of each live image into its
-  first snapshot runs inside the graph, over the live slots input.
+  buffers rewritten before each replay (two host-to-device copies). Where the model's layers read a staged first
+  snapshot (``model.stages_verify_snapshots``), the staging copy of each live image runs inside the graph, over the
+  live slots input; ``gdn_verify`` reads the live slots input itself.
 - A replay computes what the eager verify forward computes for the same rows: the same kernels on the same shapes.
   The one shape that differs, the page-table width (the static ``max_pages`` here), does not change a row's
   result (:mod:`ninfer.ops.triton.attention`).
 - Capture runs each forward eagerly first (compiling kernels), then records it, at Program construction while no
   sequence exists: it reads live slots ``0..B-1`` and writes the first KV pages and the snapshots, all garbage
-  afterwards (a slot is zeroed when allocated, a page written before it is read, a snapshot staged before use).
+  afterwards (a slot is zeroed when allocated, a page written before it is read, a snapshot written before it is read).
 - The outputs (fp32 logits ``[B * L, V]`` and the drafter's taps) live in graph memory until the next replay of any
   of these graphs: the caller consumes or copies them first. Only the thread that owns the Program replays.
 - On a device without CUDA graphs (the CPU) the same object runs the static-input forward eagerly instead of a
@@ -35,7 +36,7 @@ from ninfer.program.batch import ChunkRows, PackedBatch
 from ninfer.program.graphs import StaticGraphs
 
 from ninfer_qwen3_5.layers.context import StepContext
-from ninfer_qwen3_5.speculative_state import VerifyPlan, VerifyStep
+from ninfer_qwen3_5.speculative_state import VerifyPlan, VerifyRows, VerifyStep
 
 # forward(packed, ctx) -> (fp32 logits of every token, taps of every token): the drafter's ``model_forward``.
 VerifyForward = Callable[[PackedBatch, StepContext], tuple[torch.Tensor, torch.Tensor]]
@@ -75,7 +76,10 @@ class VerifyGraphs(StaticGraphs):
             rows = torch.arange(b, dtype=torch.int64, device=dev)
             cu_q = (torch.arange(b + 1, dtype=torch.int32, device=dev) * L)
             steps = tuple(VerifyStep(rows * L + j, rows * mi + max(j - 1, 0), rows * mi + j, (j, L)) for j in range(L))
-            self._constants[b] = (cu_q, VerifyPlan(steps, ()), rows * mi)
+            live = self._views(b)[3]
+            fused = VerifyRows(rows * L, torch.full((b,), L, dtype=torch.int64, device=dev), live,
+                               rows[:, None] * mi + torch.arange(L, dtype=torch.int64, device=dev))
+            self._constants[b] = (cu_q, VerifyPlan(steps, (), fused), rows * mi)
         return self._constants[b]
 
     def _views(self, b: int) -> tuple[torch.Tensor, ...]:
@@ -90,7 +94,8 @@ class VerifyGraphs(StaticGraphs):
         tokens, positions, kv_slots, live, kv_lens, tables = self._views(b)
         cu_q, plan, first_snapshots = self._consts(b)
         snaps = p.snapshots.storage
-        p.states.copy_images_to(live, snaps, first_snapshots)
+        if p.model.stages_verify_snapshots:
+            p.states.copy_images_to(live, snaps, first_snapshots)
         n = b * self.inputs
         packed = PackedBatch(num_decode=0, num_chunk=n, tokens=tokens, positions=positions, slot_mapping=kv_slots,
                              decode_slots=None, decode_out_slots=None, decode_kv_lens=None, decode_page_tables=None,

@@ -80,6 +80,10 @@ def prepare_weights(cfg: Qwen4ExpConfig, weights: Mapping[str, torch.Tensor],
 
 
 class Qwen4ExpModel:
+    # A verify forward reads each verify row's staged first snapshot: the PLE layers' n-gram history and the
+    # sigmoid-gated GDN layers' token-by-token verify (see ninfer_qwen3_5.speculative_state).
+    stages_verify_snapshots = True
+
     def __init__(self, cfg: Qwen4ExpConfig, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.cfg, self.ops = cfg, ops

@@ -8,9 +8,11 @@ StateImage is rewritten by a decode step, which lookahead decode relies on); eac
 ``gated_rms_norm`` then runs once over every chunk token. Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
 
-A call with speculative verify chunks (``ctx.verify``) runs them as successive decode steps instead: token
-``j`` of every verify row in one ``gdn_decode`` against the snapshot storage, reading snapshot ``j - 1`` (step
-0: snapshot 0, the staged live image) and writing snapshot ``j``; the live slots are not touched (see
+A call with speculative verify chunks (``ctx.verify``) runs them as successive decode steps instead, all in one
+``gdn_verify`` (each row read from its live slot, the state after token ``j`` written to its snapshot ``j``); a
+subclass whose decode step is not ``gdn_decode``'s (``fused_verify = False``) runs token ``j`` of every verify row
+in one ``_decode`` against the snapshot storage, reading snapshot ``j - 1`` (step 0: snapshot 0, the live image the
+Program staged there) and writing snapshot ``j``. Either way the live slots are not touched (see
 :mod:`ninfer_qwen3_5.speculative_state`). Its ordinary chunks run as above, each with its own gated norm.
 
 The four input projections run as one GEMM per run of row-adjacent weights (:mod:`.fused`: all four in
@@ -30,6 +32,11 @@ from ninfer_qwen3_5.state import conv_field, recurrent_field
 
 
 class GatedDeltaNet:
+    #: Whether verify chunks run as one ``gdn_verify`` (the SiLU-gated ``gdn_decode`` step, fused over tokens).
+    #: A subclass that overrides ``_decode`` sets it False: its verify steps token by token through ``_decode``,
+    #: over snapshots the Program stages (``Qwen35Model.stages_verify_snapshots``).
+    fused_verify = True
+
     def __init__(self, cfg: Qwen35Config, index: int, w: dict[str, torch.Tensor], ops) -> None:
         self.ops = ops
         self.index = index
@@ -83,6 +90,11 @@ class GatedDeltaNet:
             core = self._chunk(qkv[at:at + t], a[at:at + t], b[at:at + t], conv_states[slot], rec[slot])
             o[at:at + t] = self._gated_norm(core, z[at:at + t])
         snap_conv, snap_rec = ctx.snapshots.field(self.conv_name), ctx.snapshots.field(self.rec_name)
+        fused = ctx.verify.rows
+        if self.fused_verify and fused is not None:
+            self.ops.gdn_verify(qkv, z, a, b, self.decode_params, conv_states, rec, snap_conv, snap_rec,
+                                fused.starts, fused.counts, fused.live_slots, fused.snapshots, o)
+            return o
         # One decode step per verify token index: token j of every row after token j - 1 of it.
         for step in ctx.verify.steps:
             r = step.index   # evenly spaced rows (every verify unit's): strided views, no gathers

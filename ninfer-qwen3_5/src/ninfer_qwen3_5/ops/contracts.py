@@ -90,6 +90,17 @@ CONTRACTS: tuple[OpContract, ...] = (
                "ops round them (the conv output and o). mixed/z/a/b may be row-strided column views of one "
                "projection (last dim contiguous). Slots and out slots as for causal_conv1d_update; both states "
                "of a row go to its out slot."),
+    OpContract("gdn_verify",
+               "gdn_verify(mixed[N, C], z[N, Hv, Dv], a[N, Hv], b[N, Hv], params: GDNDecodeParams, "
+               "conv_states[S, C, K-1], states[S, Hv, Dk, Dv] fp32, snap_conv[S2, C, K-1], snap_states[S2, Hv, Dk, "
+               "Dv] fp32, starts[V] int64, counts[V] int64, live_slots[V] int64, snapshots[V, W] int64, "
+               "out[N, Hv, Dv]) -> None",
+               "Speculative verify of V rows in one call: row i's tokens are rows starts[i] .. starts[i] + "
+               "counts[i] - 1 of the inputs (1 <= counts[i] <= W). Defined as counts[i] successive gdn_decode steps "
+               "of those rows, the first reading live slot live_slots[i] of (conv_states, states), step j writing "
+               "both states after token j to snapshot slot snapshots[i, j] of (snap_conv, snap_states) and its "
+               "output to out[starts[i] + j]: the same values. Never writes conv_states, states, other rows of "
+               "out or snapshot entries j >= counts[i]. Rows' token ranges and snapshot slots are disjoint."),
     OpContract("layer_norm", "layer_norm(x[..., N], weight[N], bias[N], eps) -> [..., N]",
                "LayerNorm over the last dim in fp32: (x - mean) * rsqrt(var + eps) * weight + bias with the biased "
                "variance, cast once to x.dtype (the vision tower's norms)."),

@@ -14,6 +14,8 @@ from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
 
 
 class SigmoidGatedDeltaNet(GatedDeltaNet):
+    fused_verify = False   # gdn_verify fuses the SiLU-gated step; this one verifies token by token via _decode
+
     def _gated_norm(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return self.ops.gated_rms_norm_sigmoid(core, z, self.w_norm, self.eps)
 

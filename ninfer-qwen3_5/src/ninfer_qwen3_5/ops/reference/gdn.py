@@ -150,8 +150,26 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     return gated_rms_norm(o, z, p.norm_weight, p.eps)
 
 
+def gdn_verify(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
+               conv_states: torch.Tensor, states: torch.Tensor, snap_conv: torch.Tensor, snap_states: torch.Tensor,
+               starts: torch.Tensor, counts: torch.Tensor, live_slots: torch.Tensor, snapshots: torch.Tensor,
+               out: torch.Tensor) -> None:
+    """Successive ``gdn_decode`` steps of each verify row into its snapshots (contract): by definition, one row
+    and one step at a time (the counts are read on the host)."""
+    for i, (start, count, live) in enumerate(zip(starts.tolist(), counts.tolist(), live_slots.tolist(), strict=True)):
+        snaps = snapshots[i].tolist()
+        snap_conv[snaps[0]] = conv_states[live]
+        snap_states[snaps[0]] = states[live]
+        for j in range(count):
+            r = slice(start + j, start + j + 1)
+            src = torch.tensor([snaps[max(j - 1, 0)]], device=snap_states.device)
+            dst = torch.tensor([snaps[j]], device=snap_states.device)
+            out[r] = gdn_decode(mixed[r], z[r], a[r], b[r], params, snap_conv, snap_states, src, dst)
+
+
 OPS = [
     OpImpl(op="gdn_decode", name="torch_reference", fn=gdn_decode, priority=0),
+    OpImpl(op="gdn_verify", name="torch_reference", fn=gdn_verify, priority=0),
     OpImpl(op="gdn_gates", name="torch_reference", fn=gdn_gates, priority=0),
     OpImpl(op="gdn_chunk_prefill", name="torch_reference", fn=gdn_chunk_prefill, priority=0),
     OpImpl(op="gdn_recurrent_step", name="torch_reference", fn=gdn_recurrent_step, priority=0),
