@@ -9,7 +9,9 @@ storing the state after token ``j`` to snapshot ``snapshots[i, j]`` and token ``
 Per token the arithmetic is ``_decode_kernel``'s (:mod:`.gdn_decode`: the same conv, gates, recurrence and gated norm
 functions on the same values), and the conv window carried from one token to the next is what ``_decode_kernel``
 would have stored and reloaded (rounded to the activation dtype, then to the state dtype), so every output and
-snapshot equals the step-by-step composition's bit for bit.
+conv window equals the step-by-step composition's bit for bit, and so do the fp32 states in fp32 models; compiled
+for bf16 inputs the loop's state arithmetic may be contracted differently from the one-step kernel's, moving the
+last bits of some state elements (seen on the H200; the outputs stay bitwise equal).
 
 No ticket: the live slot is only read, so the R programs of a key head may all read its q/k conv channels while
 one of them (h % R == 0) writes the rolled window to the snapshots. PDL: before its wait a program reads the live
