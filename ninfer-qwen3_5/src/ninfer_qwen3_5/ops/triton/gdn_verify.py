@@ -27,7 +27,16 @@ import torch
 import triton
 import triton.language as tl
 from ninfer.ops.registry import OpImpl
-from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, TL_DTYPE, cast, launch_ok, next_pow2, pdl, pdl_wait
+from ninfer.ops.triton._common import (
+    INTERPRET,
+    KERNEL_DTYPES,
+    TL_DTYPE,
+    cast,
+    launch_ok,
+    next_pow2,
+    pdl,
+    pdl_wait,
+)
 
 from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
 from ninfer_qwen3_5.ops.reference import gdn as reference
