@@ -56,7 +56,7 @@ from ninfer.contracts.program import (
     SeqId,
     TokenLogprob,
 )
-from ninfer.program.batch import ForwardBatch, pack_batch
+from ninfer.program.batch import ForwardBatch, pack_batch, to_device
 from ninfer.program.draft_masks import VerifyMasks, may_verify
 from ninfer.program.sampling import draw, mask_rows, penalize, token_logprobs, wants_logprobs
 from ninfer.program.speculation import greedy_acceptance
@@ -281,16 +281,18 @@ class SpeculativeDecoding(ABC):
         processed = penalize(masked, rows, history, p.ops, p.vocab_size)
         x = draw(processed, rows, p.ops, p.vocab_size, lambda _: None)
         width = max(n for _, n in verify)
-        dr = torch.zeros((len(verify), width), dtype=torch.int64, device=x.device)
         xs = torch.zeros((len(verify), width + 1), dtype=torch.int64, device=x.device)
         # A constrained row verifies only the drafts its grammar accepts without ending (draft_masks).
         num = [masks[row.seq].valid if row.seq in masks else n for row, n in verify]
         at = 0
-        for r, ((_, n), d) in enumerate(zip(verify, drafts.tokens, strict=True)):
-            dr[r, :n] = torch.tensor(d, dtype=torch.int64)
+        for r, (_, n) in enumerate(verify):
             xs[r, :n + 1] = x[at:at + n + 1]
             at += n + 1
-        acc = greedy_acceptance(dr, xs, torch.tensor(num, dtype=torch.int64, device=x.device))
+        # The drafts and counts in one pinned non-blocking copy (a pageable one waits for the whole stream).
+        host = [t for d in drafts.tokens for t in (*d, *[0] * (width - len(d)))] + num
+        flat = to_device(host, torch.int64, x.device)
+        dr = flat[:len(verify) * width].view(len(verify), width)
+        acc = greedy_acceptance(dr, xs, flat[len(verify) * width:])
         committed = acc.to_host()
         if drafts.q:
             starts, at = [], 0

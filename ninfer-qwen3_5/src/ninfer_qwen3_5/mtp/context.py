@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 from ninfer.contracts.program import ProgramError
+from ninfer.program.batch import to_device
 from ninfer.storage.kv_pool import PagedKVCache
 
 from ninfer_qwen3_5.config import Qwen35Config
@@ -50,18 +51,18 @@ def mtp_step_context(kv: PagedKVCache, *, decode: Sequence[tuple[object, int]] =
     for n in lens:
         cu.append(cu[-1] + n)
 
-    def ints(data, dtype):
-        return torch.tensor(data, dtype=dtype, device=device)
+    def ints(data, dtype):   # pinned and non-blocking: a pageable copy would wait for the whole stream
+        return to_device(data, dtype, device)
 
     return StepContext(
         num_decode=b, num_chunk=t, positions=ints(positions, torch.int64), cos=None, sin=None,
         slot_mapping=ints(slots, torch.int64), decode_slots=None, decode_out_slots=None,
         decode_kv_lens=ints([p + 1 for _, p in decode], torch.int32) if b else None,
-        decode_page_tables=(kv.page_table_tensor([s for s, _ in decode], [p + 1 for _, p in decode]).to(device)
-                            if b else None),
+        decode_page_tables=(kv.page_table_tensor([s for s, _ in decode], [p + 1 for _, p in decode],
+                                                 non_blocking=True).to(device) if b else None),
         chunk_slots=(), chunk_lens=lens,
         chunk_cu_q=ints(cu, torch.int32) if chunks else None,
         chunk_kv_lens=ints([s + n for _, s, n in chunks], torch.int32) if chunks else None,
-        chunk_page_tables=(kv.page_table_tensor([s for s, _, _ in chunks], [s + n for _, s, n in chunks]).to(device)
-                           if chunks else None),
+        chunk_page_tables=(kv.page_table_tensor([s for s, _, _ in chunks], [s + n for _, s, n in chunks],
+                                                non_blocking=True).to(device) if chunks else None),
         kv=kv, states=None)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 from ninfer.contracts.program import DecodeRow, ProgramError, SeqId
+from ninfer.program.batch import to_device
 from ninfer.program.draft_masks import MaskedDrafting, VerifyMasks
 
 from ninfer_qwen3_5.mtp.context import mtp_step_context
@@ -98,7 +99,7 @@ class MTPDecoding(SpeculativeDecoding):
                 rows.append(DraftRow(sid, f.done, f.pending()))
                 toks.extend(s.ledger[f.done + 1:s.computed + 1])
                 hid.append(f.hidden)
-            d = self.head.draft(p.kv, rows, torch.tensor(toks, dtype=torch.int64, device=p.device),
+            d = self.head.draft(p.kv, rows, to_device(toks, torch.int64, p.device),
                                 torch.cat(hid), n, constrain=masked if masked.index else None)
             if masked.index:
                 masked.finish(d.tokens)
@@ -125,7 +126,7 @@ class MTPDecoding(SpeculativeDecoding):
         toks = [t for sid, f, n in parts for t in p._seqs[sid].ledger[f.done + 1:f.done + n + 1]]
         hidden = torch.cat([f.hidden[:n] for _, f, n in parts])
         ctx = mtp_step_context(p.kv, chunks=[(sid, f.done, n) for sid, f, n in parts], device=p.device)
-        self.head.forward(torch.tensor(toks, dtype=torch.int64, device=p.device), hidden, ctx,
+        self.head.forward(to_device(toks, torch.int64, p.device), hidden, ctx,
                           torch.zeros(0, dtype=torch.int64, device=p.device))
         for _, f, n in parts:
             f.consume(n)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from ninfer.contracts.program import ProgramError
+from ninfer.program.batch import to_device
 from ninfer.storage.kv_pool import PagedKVCache
 
 from ninfer_qwen3_5.config import Qwen35Config
@@ -187,10 +188,11 @@ class Qwen35MTPHead:
         for i in longer:
             at += rows[i].length
             packed_last[i] = at - 1
-        idx = torch.tensor(order, dtype=torch.int64, device=self.device)
+        # Host lists reach the device pinned and non-blocking (a pageable copy waits for the whole stream).
+        idx = to_device(order, torch.int64, self.device)
         ctx = mtp_step_context(kv, decode=[(rows[i].seq, rows[i].start) for i in singles],
                                chunks=[(rows[i].seq, rows[i].start, rows[i].length) for i in longer], device=self.device)
-        last = torch.tensor([packed_last[i] for i in range(len(rows))], dtype=torch.int64, device=self.device)
+        last = to_device([packed_last[i] for i in range(len(rows))], torch.int64, self.device)
         step = self.forward(tokens_next.index_select(0, idx), hidden.index_select(0, idx), ctx, last)
         graphs = self.graphs
         if constrain is None and graphs is not None and kv is graphs.kv and graphs.fits(len(rows), k):
