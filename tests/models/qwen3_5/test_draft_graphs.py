@@ -105,6 +105,72 @@ def test_a_draft_through_the_graphs_equals_the_eager_draft_at_any_position(defau
         graphs.run([seqs[0]], [60], tokens[:1], hidden[:1])
 
 
+@pytest.mark.parametrize("pending", [1, 2, 4, 5])
+def test_a_whole_draft_through_the_graphs_equals_the_eager_draft(default_world, pending):  # noqa: F811
+    """Head level: rows that all have ``pending`` positions (one: decode rows; more: chunks), at different start
+    positions, draft through the whole-draft graph exactly what the eager steps draft; rows of unequal lengths, a
+    row count without a graph, or another k take the other paths."""
+    w, k = default_world, 4
+    prog = program(w, k)
+    head = prog.speculation.head
+    graphs = DraftGraphs(head, prog.kv, max_rows=2, k=k, max_pages=prog.kv.pages_for(prog.max_context),
+                         hidden_size=head.cfg.hidden_size, dtype=torch.float32, device=torch.device("cpu"),
+                         pending=pending)
+    graphs.capture()
+    seqs = [prog.open_sequence(p) for p in prompts(w)[:2]]
+    for s, n in zip(seqs, (30, 20), strict=True):
+        prog.kv.ensure(s, n + k + pending + 2)
+    rows = [DraftRow(seqs[0], 17, pending), DraftRow(seqs[1], 5, pending)]
+    g = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, w.vocab, (2 * pending,), generator=g)
+    hidden = torch.randn(2 * pending, head.cfg.hidden_size, generator=g)
+    ref = head.draft(prog.kv, rows, tokens, hidden, k)
+    runs = []
+    real = graphs.run_whole
+    graphs.run_whole = lambda *a: runs.append(len(a[0])) or real(*a)
+    head.whole_graphs = {pending: graphs}
+    got = head.draft(prog.kv, rows, tokens, hidden, k)
+    assert runs == [2] and got.logits is None and ref.logits is not None
+    assert torch.equal(got.tokens, ref.tokens)
+    one = head.draft(prog.kv, rows[:1], tokens[:pending], hidden[:pending], k)
+    assert runs == [2, 1] and torch.equal(one.tokens, ref.tokens[:1])
+    assert head.draft(prog.kv, rows, tokens, hidden, k - 1).logits is not None       # another k: eager
+    if pending > 1:   # unequal lengths: eager
+        mixed = [DraftRow(seqs[0], 17, pending), DraftRow(seqs[1], 5, pending - 1)]
+        assert head.draft(prog.kv, mixed, tokens[:-1], hidden[:-1], k).logits is not None
+    assert runs == [2, 1]
+    with pytest.raises(ProgramError, match="run_whole"):
+        graphs.run([seqs[0]], [3], tokens[:1], hidden[:1])
+    with pytest.raises(ProgramError, match="need 2 tokens|need 4 tokens|need 8 tokens|need 10 tokens"):
+        graphs.run_whole(seqs, [17, 5], tokens[:1], hidden[:1])
+
+
+def test_the_program_captures_whole_draft_graphs_for_every_pending_count(default_world):  # noqa: F811
+    """k + 1 whole-draft graph sets (pending 1..k+1) beside the steps-2..k set, used by an engine-like run whose
+    drafts equal a graph-free Program's; closed with the Program's graphs."""
+    w, k = default_world, 3
+    eager = program(w, k)
+    eager_calls = recording(eager.speculation.head)
+    want = Driver(eager, prompts(w), 24, all_draft(k), greedy).run()
+    prog = program(w, k)
+    prog.capture_decode_graphs(4)
+    head = prog.speculation.head
+    assert sorted(head.whole_graphs) == [1, 2, 3, 4]
+    assert all(g.batch_sizes == (1, 2, 3, 4) and g.k == k for g in head.whole_graphs.values())
+    runs = []
+    for g in head.whole_graphs.values():
+        real = g.run_whole
+        g.run_whole = lambda *a, _real=real: runs.append(len(a[0])) or _real(*a)
+    calls = recording(head)
+    assert Driver(prog, prompts(w), 24, all_draft(k), greedy).run() == want
+    assert runs, "no draft took a whole-draft graph"
+    assert len(calls) == len(eager_calls)
+    for got, ref in zip(calls, eager_calls, strict=True):
+        assert torch.equal(got, ref)
+    prog.close_graphs()
+    assert head.whole_graphs == {} and head.graphs is None
+
+
 def test_draft_graphs_need_two_steps_and_close_with_the_program(default_world):  # noqa: F811
     w = default_world
     prog = program(w, 1)

@@ -273,6 +273,11 @@ class StaticGraphs(ABC):
     def _run_static(self, b: int) -> object:
         """Run the step for ``b`` rows on the static buffers; its outputs."""
 
+    def share_pool(self, other: StaticGraphs) -> None:
+        """Capture into ``other``'s memory pool (call before :meth:`capture`, after ``other`` captured): the two
+        sets' graphs must then be replayed one at a time, a replay's outputs valid until the next of either set."""
+        self._pool = other._pool
+
     def capture(self, batch_sizes=None) -> None:
         """Capture every size (default ``1..max_rows``), largest first so smaller graphs reuse the pool; without
         CUDA only the sizes are recorded."""

@@ -140,26 +140,40 @@ class MTPDecoding(SpeculativeDecoding):
         self.frontiers.pop(seq, None)
 
     def capture_draft_graphs(self, max_rows: int, max_pages: int) -> None:
-        """Steps 2..k of a draft as CUDA graphs (:mod:`ninfer_qwen3_5.mtp.draft_graphs`); none for k = 1.
+        """Drafts as CUDA graphs (:mod:`ninfer_qwen3_5.mtp.draft_graphs`): whole drafts whose rows all have ``n``
+        pending positions, for each ``n`` in ``1..k+1`` (the counts a verify leaves), and steps 2..k of any other
+        draft (none for k = 1).
 
         A capture that fails leaves drafting eager, with a warning naming the error: the graphs only save launch
         time (the drafts are the eager steps' either way), so a device or op that cannot be captured must not stop
         the engine from starting."""
-        if self.k < 2:
-            return
         p = self.p
-        graphs = DraftGraphs(self.head, p.kv, max_rows=max_rows, k=self.k, max_pages=max_pages,
-                             hidden_size=self.head.cfg.hidden_size, dtype=p.dtype, device=p.device)
+
+        def graphs(pending: int) -> DraftGraphs:
+            return DraftGraphs(self.head, p.kv, max_rows=max_rows, k=self.k, max_pages=max_pages,
+                               hidden_size=self.head.cfg.hidden_size, dtype=p.dtype, device=p.device,
+                               pending=pending)
+
+        made: list[DraftGraphs] = []
         try:
-            graphs.capture()
+            # Largest inputs first; every set captures into the first one's pool (drafts replay one at a time).
+            for n in (*range(self.k + 1, 0, -1), *((0,) if self.k >= 2 else ())):
+                g = graphs(n)
+                if made:
+                    g.share_pool(made[0])
+                made.append(g)
+                g.capture()
         except Exception as exc:   # noqa: BLE001 - any capture failure: eager drafting, said in the log
-            graphs.close()
+            for g in made:
+                g.close()
             _log.warning("MTP draft graphs could not be captured (%s: %s); drafting runs eagerly",
                          type(exc).__name__, exc)
             return
-        self.head.graphs = graphs
+        self.head.whole_graphs = {g.pending: g for g in made if g.pending}
+        self.head.graphs = next((g for g in made if not g.pending), None)
 
     def close_draft_graphs(self) -> None:
-        if self.head.graphs is not None:
-            self.head.graphs.close()
-            self.head.graphs = None
+        for g in (*self.head.whole_graphs.values(), self.head.graphs):
+            if g is not None:
+                g.close()
+        self.head.graphs, self.head.whole_graphs = None, {}

@@ -92,6 +92,8 @@ class Qwen35MTPHead:
 
     #: Steps 2..k of an unconstrained draft replay these when set (:mod:`ninfer_qwen3_5.mtp.draft_graphs`).
     graphs = None
+    #: Whole unconstrained drafts whose rows all have ``n`` pending positions replay ``whole_graphs[n]`` (steps 1..k).
+    whole_graphs: Mapping = {}
 
     def __init__(self, cfg: Qwen35Config, mtp_config: Mapping, weights: Mapping[str, torch.Tensor],
                  embed: torch.Tensor, lm_head: torch.Tensor, ops, device: torch.device, dtype: torch.dtype) -> None:
@@ -161,8 +163,10 @@ class Qwen35MTPHead:
         states of ``x_{p+1}, d_1..d_n`` and the tokens ``d_1..d_n, bonus``), which overwrites the provisional
         slots before any attention reads them.
 
-        Without ``constrain``, when :attr:`graphs` holds a graph for ``len(rows)`` rows and ``k`` steps over ``kv``,
-        steps ``2..k`` replay it (the same tokens; ``Draft.logits`` is then None)."""
+        Without ``constrain``, when every row has the same length ``n`` and :attr:`whole_graphs` holds a graph of
+        ``n`` pending positions for ``len(rows)`` rows and ``k`` steps over ``kv``, the whole draft replays it; else,
+        when :attr:`graphs` holds one for ``len(rows)`` rows and ``k`` steps, steps ``2..k`` replay it (the same
+        tokens either way; ``Draft.logits`` is then None)."""
         if k < 1:
             raise ProgramError(f"an MTP draft needs k >= 1, got {k}")
         if not rows or any(r.length < 1 or r.start < 0 for r in rows):
@@ -175,6 +179,12 @@ class Qwen35MTPHead:
         if tokens_next.shape[0] != total or hidden.shape[0] != total:
             raise ProgramError(f"MTP draft rows cover {total} positions; got {tokens_next.shape[0]} tokens and "
                                f"{hidden.shape[0]} hidden states")
+        n = rows[0].length
+        whole = self.whole_graphs.get(n) if all(r.length == n for r in rows) else None
+        if constrain is None and whole is not None and kv is whole.kv and whole.fits(len(rows), k):
+            # Copied out of the graph's memory: the next replay of any draft graph rewrites it.
+            tokens = whole.run_whole([r.seq for r in rows], [r.start for r in rows], tokens_next, hidden).clone()
+            return Draft(tokens=tokens, logits=None)
         # Step 1 packs length-1 rows as decode rows first, then the chunks; map both ways to row order.
         offsets = [0]
         for r in rows:
