@@ -19,7 +19,7 @@ Invariants:
   result (:mod:`ninfer.ops.triton.attention`).
 - Capture runs each forward eagerly first (compiling kernels), then records it, at Program construction while no
   sequence exists: it reads live slots ``0..B-1`` and writes the first KV pages and the snapshots, all garbage
-  afterwards (a slot is zeroed when allocated, a page written before it is read, a snapshot written before it is read).
+  afterwards (a slot is zeroed when allocated, a page or a snapshot written before it is read).
 - The outputs (fp32 logits ``[B * L, V]`` and the drafter's taps) live in graph memory until the next replay of any
   of these graphs: the caller consumes or copies them first. Only the thread that owns the Program replays.
 - On a device without CUDA graphs (the CPU) the same object runs the static-input forward eagerly instead of a
