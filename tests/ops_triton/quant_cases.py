@@ -17,7 +17,7 @@ fp32 sums with truncation (an error below one ulp), not round to nearest.
 from __future__ import annotations
 
 import torch
-from ninfer.quant import QUANTIZED_FORMATS, PackedWeight, encoded_size, fp8_row, packed_view
+from ninfer.quant import QUANTIZED_FORMATS, PackedWeight, encoded_size, fp8_row, nvfp4, packed_view
 from ninfer.quant.groupwise import GROUPWISE
 
 # The formats the groupwise/fp8 Triton kernels read (nvfp4 has its own kernels: test_quant_nvfp4_triton.py).
@@ -36,6 +36,13 @@ def parent_bytes(fmt: str, w: torch.Tensor) -> torch.Tensor:
     """The stored bytes of ``w[rows, K]`` in ``fmt`` (the artifact's object layout), as a uint8 tensor."""
     rows, k = w.shape
     buf = torch.zeros(encoded_size(fmt, (rows, k)), dtype=torch.uint8)
+    if fmt == nvfp4.FORMAT:   # codes, the block scales in their 128 x 4 tiles, the whole tensor's divisor
+        codes, scales, divisor = nvfp4.encode(w)
+        scale_off, div_off, _ = nvfp4.plane_offsets(rows, k)
+        _put(buf, 0, codes)
+        _put(buf, scale_off, nvfp4.tile_scales(scales))
+        _put(buf, div_off, torch.tensor([divisor], dtype=torch.float32))
+        return buf
     if fmt == fp8_row.FORMAT:
         codes, scales = fp8_row.encode(w)
         _put(buf, 0, codes)

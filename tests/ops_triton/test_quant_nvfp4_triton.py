@@ -2,7 +2,7 @@
 oracle of the decoded weights (tests/ops_triton/quant_cases.py's bound, two more roundings: the division by the
 per-tensor divisor, and the decoded weight's own fp32 rounding in the oracle), every code decoded exactly, a
 packed row block inside its parent (its scale tiles start past the parent's first tile), the dense ops by
-format (linear, logits, the norm variants) and the GEMV/GEMM choice.
+format (linear, logits, the norm variants), the GEMV/GEMM choice, and the format set the MoE expert kernels share.
 Runs on CUDA when present (larger shapes too), otherwise under TRITON_INTERPRET=1 at tiny sizes."""
 
 import pytest
@@ -112,10 +112,11 @@ def test_dense_ops_take_the_nvfp4_kernels(gen, monkeypatch):
     assert torch.equal(act, ops.silu_and_mul(quant_nvfp4.gemv(normed2, kw)))
 
 
-def test_moe_banks_in_nvfp4_find_no_kernel():
-    """No MoE kernel reads nvfp4 banks yet: the op resolution must not offer the Triton MoE op for them."""
-    from ninfer.ops.triton._quant import KERNEL_FORMATS, LINEAR_FORMATS
-    from ninfer.ops.triton.quant_moe import OPS
+def test_the_dense_ops_and_the_moe_experts_take_nvfp4():
+    """One format set for the dense quantized ops and the MoE expert kernels (test_quant_moe_triton.py runs nvfp4
+    banks through the MoE kernels), nvfp4 in it."""
+    from ninfer.ops.triton import quant_linear, quant_moe
+    from ninfer.ops.triton._quant import KERNEL_FORMATS
 
-    assert FMT in LINEAR_FORMATS and FMT not in KERNEL_FORMATS
-    assert all(FMT not in impl.weight_formats for impl in OPS)
+    assert FMT in KERNEL_FORMATS
+    assert all(impl.weight_formats == KERNEL_FORMATS for impl in (*quant_linear.OPS, *quant_moe.OPS))

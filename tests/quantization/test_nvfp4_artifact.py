@@ -1,6 +1,7 @@
 """nvfp4 as a loadable format: the ``block_scale_k16_m128x4_v1`` layout (codes, 128x4 scale tiles, the divisor),
 the converter's streaming writer, the recipe's layout constraint, the CPU reference ops through the engine, and
-the CUDA ops that do not read it yet. Its packed views and the binder's 128-row tiles are in test_loading.py."""
+the CUDA ops that read it (dense ops and MoE experts). Its packed views and the binder's 128-row tiles are in
+test_loading.py."""
 
 from __future__ import annotations
 
@@ -159,9 +160,10 @@ def test_the_default_model_in_nvfp4_scores_close_to_bf16(tmp_path):
     assert 0.97 < ppl["nvfp4"] / ppl["bf16"] < 1.05, ppl
 
 
-def test_cuda_kernels_read_nvfp4_in_the_dense_ops_not_in_the_experts():
-    """The CPU reference ops run every op on nvfp4; on CUDA the Triton dense ops read it (ops_triton's
-    test_quant_nvfp4_triton.py checks them), while no MoE kernel does, which the op resolution reports by name."""
+def test_cuda_kernels_read_nvfp4_in_the_dense_ops_and_the_experts():
+    """The CPU reference ops run every op on nvfp4; on CUDA the Triton dense ops and the MoE expert kernels read it
+    too (ops_triton's test_quant_nvfp4_triton.py and test_quant_moe_triton.py check them), so a model storing its
+    expert banks and shared expert in nvfp4 passes the load-time format check; a format no op reads does not."""
     pytest.importorskip("triton")
     from ninfer.ops import resolve_ops
     from ninfer.ops.registry import OpError
@@ -175,20 +177,25 @@ def test_cuda_kernels_read_nvfp4_in_the_dense_ops_not_in_the_experts():
     # This machine may have no CUDA device, so the Triton ops are resolved as the CUDA registration lists them.
     gpu = resolve_ops([*reg.ops, *quant_linear.OPS, *quant_moe.OPS], "cuda", torch.bfloat16,
                       contracts=reg.op_contracts)
-    for op in ("linear", "logits", "add_rms_norm_unit_offset_linear", "add_rms_norm_unit_offset_swiglu"):
+    for op in ("linear", "logits", "add_rms_norm_unit_offset_linear", "add_rms_norm_unit_offset_swiglu",
+               "moe_experts"):
         gpu.check_formats(op, ["nvfp4"])
-    with pytest.raises(OpError, match="'moe_experts'.*nvfp4.*'cuda'"):
-        gpu.check_formats("moe_experts", ["nvfp4"])
-    # A dense model stores nvfp4 only where the dense kernels read it, so it loads on CUDA; an expert bank does not.
+    assert gpu.implementation("moe_experts", "nvfp4").fn is quant_moe.moe_experts
+    # A model of nvfp4 dense layers and nvfp4 expert banks (either one, and the shared expert's projections) loads
+    # on CUDA: every weight finds its op there.
     from ninfer_qwen3_5.model import check_weight_formats
     from ninfer_qwen3_5.parameters import layer_prefix
     dense = {layer_prefix("text", 0) + "/mlp/gate_up": "nvfp4", layer_prefix("text", 0) + "/mlp/down": "nvfp4",
              "text/lm_head": "nvfp4"}
     check_weight_formats(gpu, dense)
-    for name in ("moe/experts/gate_up", "moe/experts/down", "moe/shared/down"):
-        with pytest.raises(OpError, match="'moe_experts'.*nvfp4"):
-            check_weight_formats(gpu, {**dense, layer_prefix("text", 1) + "/" + name: "nvfp4"})
-    check_weight_formats(gpu, {layer_prefix("text", 1) + "/moe/shared/gate_up": "nvfp4"})
+    moe = {layer_prefix("text", 1) + "/" + name: "nvfp4"
+           for name in ("moe/experts/gate_up", "moe/experts/down", "moe/shared/gate_up", "moe/shared/down")}
+    for name, fmt in moe.items():
+        check_weight_formats(gpu, {**dense, name: fmt})
+    check_weight_formats(gpu, {**dense, **moe})
+    # The check still names a format no op reads on the device.
+    with pytest.raises(OpError, match="'moe_experts'.*nvfp8.*'cuda'"):
+        gpu.check_formats("moe_experts", ["nvfp8"])
 
 
 def test_a_non_finite_weight_is_refused_naming_the_object():

@@ -12,7 +12,8 @@ A kernel reads the packed planes directly (docs/artifact-v3.md, "Quantized forma
 - ``KIND_FP8`` (fp8 row): byte ``k`` is lane ``k`` (E4M3FN bits); one bf16 scale per row.
 - ``KIND_NVFP4`` (nvfp4): base byte ``j`` holds lanes ``2j`` (low nibble) and ``2j + 1`` as E2M1 codes; ``scales`` is
   the plane of 128 x 4 E4M3 block-scale tiles (``scale_stride``: bytes a 128-row tile row), ``high`` the one-element
-  fp32 divisor (:mod:`~ninfer.ops.triton.quant_nvfp4` reads them).
+  fp32 divisor (:mod:`~ninfer.ops.triton.quant_nvfp4` reads them; it and the MoE expert kernels decode codes and
+  address the tiles through :func:`e2m1_scaled` and :func:`nvfp4_scale_row`).
 
 Invariant: decoded codes are exact fp32 integers (or exact E4M3 values), and ``code * scale`` is exact in fp32
 (at most 8 + 11 significant bits), so a kernel's weights are exactly the reference's decoded values; only the
@@ -34,11 +35,9 @@ from ninfer.quant.nvfp4 import FORMAT as NVFP4
 from ninfer.quant.nvfp4 import LAYOUT_K, LAYOUT_ROWS, TILE_BYTES
 
 KIND_NIBBLE, KIND_BYTE, KIND_FP8, KIND_NVFP4 = 0, 1, 2, 3
-#: The stored formats every Triton quantized kernel reads, the MoE expert kernels included.
-KERNEL_FORMATS: frozenset[str] = frozenset((*GROUPWISE, FP8_ROW))
-#: The formats of the dense weight-reading ops (quant_linear): nvfp4 too. No MoE kernel reads nvfp4 banks yet, so on
-#: CUDA an nvfp4 bank finds no ``moe_experts`` op, which the op resolution reports by format and device.
-LINEAR_FORMATS: frozenset[str] = KERNEL_FORMATS | {NVFP4}
+#: The stored formats the Triton quantized ops read: the dense weight-reading ops (quant_linear) and the MoE expert
+#: kernels (quant_moe) alike.
+KERNEL_FORMATS: frozenset[str] = frozenset((*GROUPWISE, FP8_ROW, NVFP4))
 
 
 @dataclass(frozen=True)
@@ -143,6 +142,22 @@ def nibble_codes(b, hx, jb, BITS: tl.constexpr):
 def fp8_code(b):
     """fp32 value of E4M3FN bits ``b`` (uint8): exact."""
     return b.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e2m1_scaled(c):
+    """fp32 ``e2m1(c) * 2^-14`` of 4-bit nvfp4 codes ``c`` (int32), through the fp16 with the code's bits at 9..12 and
+    15: E2M1 and that fp16 field share their layout up to the exponent bias, subnormal codes included, so one bit
+    operation and one exact conversion decode a code. Callers put the ``2^14`` back in their scale."""
+    bits = ((c & 8) << 12) | ((c & 7) << 9)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def nvfp4_scale_row(rows, st):
+    """Byte offset, in an nvfp4 scale plane, of the block scales of ``rows`` in their tile's first 64 weights
+    (``st``: bytes a 128-row tile row); block ``b`` of a row is ``(b // 4) * 512 + b % 4`` bytes further."""
+    return (rows // 128) * st + (rows % 32) * 16 + ((rows // 32) % 4) * 4
 
 
 @triton.jit

@@ -34,7 +34,7 @@ from ninfer.ops.triton import activation as _activation
 from ninfer.ops.triton import norm as _norm
 from ninfer.ops.triton import quant_nvfp4
 from ninfer.ops.triton._common import KERNEL_DTYPES, launch_ok
-from ninfer.ops.triton._quant import KIND_NVFP4, LINEAR_FORMATS, KernelWeight, check_input, kernel_weight
+from ninfer.ops.triton._quant import KERNEL_FORMATS, KIND_NVFP4, KernelWeight, check_input, kernel_weight
 from ninfer.ops.triton.quant_gemm import gemm, gemm_a8
 from ninfer.ops.triton.quant_gemv import MAX_ROWS, gemv
 from ninfer.quant import PackedWeight
@@ -152,7 +152,7 @@ def add_rms_norm_unit_offset_swiglu(x: torch.Tensor, residual: torch.Tensor, nor
 
 
 _CUDA = frozenset({"cuda"})
-_FORMATS = LINEAR_FORMATS
+_FORMATS = KERNEL_FORMATS
 OPS = [OpImpl(op=name, name="triton_quant", fn=fn, devices=_CUDA, dtypes=KERNEL_DTYPES, priority=10,
               weight_formats=_FORMATS)
        for name, fn in (("linear", linear), ("logits", logits),

@@ -11,7 +11,9 @@ Paths (chosen by size, as the bf16 op chooses: up to ``moe_gemv.MAX_PAIRS`` (tok
 - decode: the GEMVs of :mod:`ninfer.ops.triton.quant_moe_gemv` (packed codes read once, fp32 throughout).
 - prefill: grouped GEMMs over pairs grouped by expert (``moe._align_fused``'s layout), each weight tile's codes
   converted to x's dtype inside the kernel (exact), the tile's dot accumulated in fp32 and scaled per group
-  (groupwise) or per row (fp8) in fp32 -- the decoded weight's value without a rounded bf16 copy of it. The
+  (groupwise) or per row (fp8) in fp32 -- the decoded weight's value without a rounded bf16 copy of it. nvfp4
+  tiles carry their block scales (``e2m1 * block scale`` is exact in x's dtype, as in the dense nvfp4 GEMM), and
+  the sum is divided by the bank's divisor once, after the whole K. The
   SwiGLU activation is rounded to x.dtype for the down GEMM's tensor-core operand (as the bf16 kernels do; the
   reference keeps it in fp32), the routed partial sums are written per pair in fp32 and summed in j order with
   the shared expert's fp32 term (its down projection run by the same down kernel as a one-expert bank).
@@ -41,9 +43,10 @@ from ninfer.quant import PackedWeight
 @triton.jit
 def _gemm_tile(acc, a, w0, w1, w2, s0, s1, s2, rows, c, K, FMT: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, DT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr):
-    """acc + a @ W[rows, chunk c]^T, scaled per group for groupwise formats (fp8's row scale comes later)."""
-    w = tile_codes(w0, w1, s0, s1, rows, c, K, FMT, BN, BK, DT)
-    if FMT == 0 or FMT == 1:
+    """acc + a @ W[rows, chunk c]^T, scaled per group for groupwise formats (fp8's row scale and nvfp4's divisor
+    come later; nvfp4's block scales are in its tile)."""
+    w = tile_codes(w0, w1, w2, s0, s1, s2, rows, c, K, FMT, BN, BK, DT)
+    if FMT == 0 or FMT == 1 or FMT == 2:
         acc += mm(a, tl.trans(w), FP32_DOT, INTERP)
     else:
         acc += mm(a, tl.trans(w), FP32_DOT, INTERP) * tile_scales(w2, s2, rows, c)[None, :]
@@ -74,6 +77,9 @@ def _gate_up_kernel(x_ptr, pair_ptr, bexp_ptr, act_ptr, w0, w1, w2, s0, s1, s2, 
         if FMT == 1:
             acc_g *= tile_scales(w2, s2, g_rows, 0)[None, :]
             acc_u *= tile_scales(w2, s2, u_rows, 0)[None, :]
+        elif FMT == 2:
+            acc_g = acc_g / tl.load(w1)
+            acc_u = acc_u / tl.load(w1)
         act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
         tl.store(act_ptr + m[:, None] * NI + n[None, :], cast(act, DT, INTERP), mask=(n < NI)[None, :])
 
@@ -104,6 +110,8 @@ def _down_kernel(act_ptr, pair_ptr, bexp_ptr, rw_ptr, y_ptr, w0, w1, w2, s0, s1,
             acc = _gemm_tile(acc, a, w0, w1, w2, s0, s1, s2, rows, c, NI, FMT, BN, BK, DT, FP32_DOT, INTERP)
         if FMT == 1:
             acc *= tile_scales(w2, s2, rows, 0)[None, :]
+        elif FMT == 2:
+            acc = acc / tl.load(w1)
         rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
         tl.store(y_ptr + pair[:, None] * H + n[None, :], acc * rw[:, None], mask=valid[:, None] & (n < H)[None, :])
 
@@ -123,7 +131,8 @@ def _sum_kernel(y_ptr, extra_ptr, out_ptr, H, so_t, TOPK: tl.constexpr, BH: tl.c
 
 
 def _block_k(op: Operand) -> tuple[int, int]:
-    """(BK, K chunks): a groupwise chunk is one group; fp8 and dense take 64 lanes."""
+    """(BK, K chunks): a groupwise chunk is one group; fp8 and dense take 64 lanes, nvfp4 one 64-lane
+    scale-tile column."""
     if op.grouped:
         return (32 if op.fmt == 8 else 64), op.slots
     return 64, triton.cdiv(op.k, 64)

@@ -76,14 +76,14 @@ def _down_kernel(act_ptr, ids_ptr, rw_ptr, out_ptr, w0, w1, w2, s0, s1, s2, NI, 
 
 def _chunks(op: Operand) -> tuple[int, int]:
     """(NG slots per chunk, NCH chunks) covering ``op``'s rows: about _CHUNK_LANES lanes a chunk."""
-    lanes = 64 if op.fmt in (4, 5, 6) else 32
-    ng = min(_CHUNK_LANES // lanes, triton.next_power_of_2(op.slots))
+    ng = min(_CHUNK_LANES // op.slot_lanes, triton.next_power_of_2(op.slots))
     return ng, triton.cdiv(op.slots, ng)
 
 
-def _rows_per_program(programs: int, width: int, rows_per_n: int, ng: int, sms: int) -> int:
+def _rows_per_program(programs: int, width: int, rows_per_n: int, tile_row: int, sms: int) -> int:
+    """BN: as the bf16 GEMV's choice, halved while a chunk's code tile (``tile_row`` elements a row) exceeds _TILE."""
     bn = _block_n(programs, width, sms)
-    while bn > 1 and rows_per_n * bn * ng * 32 > _TILE:
+    while bn > 1 and rows_per_n * bn * tile_row > _TILE:
         bn //= 2
     return bn
 
@@ -104,7 +104,7 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
     kw = {} if INTERPRET else {"num_warps": 4}
     act = torch.empty((t_len * top_k, inter), dtype=torch.float32, device=x.device)
     ng1, nch1 = _chunks(gu)
-    bn1 = _rows_per_program(t_len * top_k, inter, 2, ng1, sms)
+    bn1 = _rows_per_program(t_len * top_k, inter, 2, ng1 * gu.slot_bytes, sms)
     _gate_up_kernel[(t_len * top_k, triton.cdiv(inter, bn1))](
         x, ids, act, *gu.args(), hidden, inter, gu.slots, x.stride(0),
         FMT=gu.fmt, TOPK=top_k, BN=bn1, NG=ng1, NCH=nch1, INTERP=INTERPRET, **kw, **pdl(x))
@@ -112,13 +112,14 @@ def moe_experts_gemv(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
     if shared is not None:
         proj, glog = shared.projected, shared.gate_logit
         sng, snch = _chunks(sh)
+        s_row = sng * sh.slot_bytes
         sargs = (*sh.args(), sh.k, sh.slots, proj.stride(0), glog.stride(0))
         sfmt = sh.fmt
     else:  # unused arguments (HAS_SHARED=False compiles the branch away)
         proj = glog = x
-        sng, snch, sfmt = 1, 1, 0
+        sng, snch, sfmt, s_row = 1, 1, 0, 0
         sargs = (x, x, x, 0, 0, 0, 0, 0, 0, 0)
-    bn2 = _rows_per_program(t_len, hidden, 1, max(ng2, sng), sms)
+    bn2 = _rows_per_program(t_len, hidden, 1, max(ng2 * dn.slot_bytes, s_row), sms)
     _down_kernel[(t_len, triton.cdiv(hidden, bn2))](
         act, ids, rw, out, *dn.args(), inter, hidden, dn.slots, out.stride(0), proj, glog, *sargs,
         FMT=dn.fmt, SFMT=sfmt, TOPK=top_k, BN=bn2, NG=ng2, NCH=nch2, SNG=sng, SNCH=snch,

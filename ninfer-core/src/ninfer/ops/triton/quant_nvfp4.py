@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.triton._common import INTERPRET, cast, mm, next_pow2, pdl, pdl_wait
-from ninfer.ops.triton._quant import KernelWeight
+from ninfer.ops.triton._quant import KernelWeight, e2m1_scaled, nvfp4_scale_row
 from ninfer.ops.triton.quant_gemm import block_m, output_tile
 
 # Scale blocks (16 weights, 8 code bytes) a GEMV program reduces per K step.
@@ -36,19 +36,6 @@ _BN = 4
 # GEMM output columns per program; its K step is one 64-weight scale-tile column.
 _GEMM_BN = 64
 _GEMM_BK = 64
-
-
-@triton.jit
-def _e2m1_scaled(c):
-    """fp32 ``e2m1(c) * 2^-14`` of 4-bit codes ``c`` (int32), through the fp16 with the code's bits at 9..12 and 15."""
-    bits = ((c & 8) << 12) | ((c & 7) << 9)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _scale_row(rows, st):
-    """Byte offset of the block-scale row of ``rows`` inside their 128-row tile row (``st``: bytes a tile row)."""
-    return (rows // 128) * st + (rows % 32) * 16 + ((rows // 32) % 4) * 4
 
 
 @triton.jit
@@ -64,7 +51,7 @@ def _nvfp4_gemv_kernel(x_ptr, c_ptr, t_ptr, d_ptr, y_ptr, M, N, K, sx, sc, st, s
     b2 = tl.arange(0, NB)[None, :]
     b3 = b2[:, :, None]
     t3 = tl.arange(0, 8)[None, None, :]
-    srow = _scale_row(r2, st)
+    srow = nvfp4_scale_row(r2, st)
     KB = K // 16                                  # scale blocks a row
     acc1 = tl.zeros((BN, NB), dtype=tl.float32)      # one row (decode): in the layout of a block's sums
     acc = tl.zeros((BM, BN, NB), dtype=tl.float32)
@@ -74,8 +61,8 @@ def _nvfp4_gemv_kernel(x_ptr, c_ptr, t_ptr, d_ptr, y_ptr, M, N, K, sx, sc, st, s
         jj = (blk0 + b3) * 8 + t3 + z3            # [BN, NB, 8] code byte of the row
         bm = (blk0 + b3 + z3) < KB
         codes = tl.load(c_ptr + r3 * sc + jj, mask=bm, other=0).to(tl.int32)
-        v0 = _e2m1_scaled(codes & 15)             # lane 2j
-        v1 = _e2m1_scaled(codes >> 4)             # lane 2j + 1
+        v0 = e2m1_scaled(codes & 15)              # lane 2j
+        v1 = e2m1_scaled(codes >> 4)              # lane 2j + 1
         blk = blk0 + b2
         s = tl.load(t_ptr + srow + (blk // 4) * 512 + blk % 4, mask=blk < KB, other=0)
         s = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
@@ -109,15 +96,15 @@ def _nvfp4_gemm_kernel(x_ptr, c_ptr, t_ptr, d_ptr, y_ptr, M, N, K, sx, sc, st, s
     xdt = x_ptr.dtype.element_ty
     HB: tl.constexpr = BK // 2
     jb = tl.arange(0, HB)
-    srow = _scale_row(rn_in, st)[:, None] + (jb // 8)[None, :]   # this K step's 4 blocks: 8 code bytes each
+    srow = nvfp4_scale_row(rn_in, st)[:, None] + (jb // 8)[None, :]   # this K step's 4 blocks: 8 code bytes each
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
         a = tl.load(x_ptr + rm_in[:, None] * sx + (k0 + tl.arange(0, BK))[None, :])
         codes = tl.load(c_ptr + rn_in[:, None] * sc + (k0 // 2 + jb)[None, :]).to(tl.int32)
         s = tl.load(t_ptr + srow + (k0 // 64) * 512).to(tl.float8e4nv, bitcast=True).to(tl.float32) * 16384.0
-        w0 = _e2m1_scaled(codes & 15) * s                       # exact: e2m1 * block scale
-        w1 = _e2m1_scaled(codes >> 4) * s
-        w = tl.reshape(tl.join(w0, w1), (BN, BK)).to(xdt)      # lanes 2j, 2j + 1
+        w0 = e2m1_scaled(codes & 15) * s                        # exact: e2m1 * block scale
+        w1 = e2m1_scaled(codes >> 4) * s
+        w = tl.reshape(tl.join(w0, w1), (BN, BK)).to(xdt)       # lanes 2j, 2j + 1
         acc += mm(a, tl.trans(w), FP32_DOT, INTERP)
     out = acc / tl.load(d_ptr)
     y = cast(out, xdt, INTERP).to(y_ptr.dtype.element_ty)
