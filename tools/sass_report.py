@@ -2,19 +2,21 @@
 """What the H200 would run, read on a machine without a GPU: each decode kernel compiled for sm_90 and summarised.
 
 Triton compiles for a target it is told about (``GPUTarget("cuda", 90, 32)``) without a device, and its wheel carries
-``cuobjdump``. For each kernel, at the 35B-A3B decode shapes with the launch's constexprs and num_warps, this prints:
-registers, stack (spills), shared memory, instruction counts of the memory, shuffle/reduction and barrier kinds,
-the blocked layouts, and the *issue order* of loads against the math (``LDGx64 HMMAx16 ...``, runs compressed).
-The order is what shows latency to cut: a load issued after math it does not depend on is a
-second memory round trip in a row (V after the QK dot, a slot id after the recurrence, the gates' loads after the
-conv's stores). Device time is the scarce thing; this costs none.
+``cuobjdump``. For each kernel, at the 35B-A3B decode shapes (prefill ones for the quantized MoE GEMMs) with the
+launch's constexprs and num_warps, this prints: registers, stack (spills), shared memory, instruction counts of the
+memory, shuffle/reduction and barrier kinds, the blocked layouts, and the *issue order* of loads against the math
+(``LDGx64 HMMAx16 ...``, runs compressed). The order is what shows latency to cut: a load issued after math it does
+not depend on is a second memory round trip in a row (V after the QK dot, a slot id after the recurrence, the gates'
+loads after the conv's stores). Device time is the scarce thing; this costs none.
 
     python3 tools/sass_report.py                 # every preset
     python3 tools/sass_report.py router step     # presets whose name contains a word
     python3 tools/sass_report.py --json out.json
 
-Integer arguments named like strides, and pointers, are compiled as divisible by 16 (what Triton's launch-time
-specialisation sees for the engine's contiguous tensors: without it loads do not vectorise and the build differs).
+Integer arguments named like strides (or listed in a preset's ``divisible``), and pointers (``*_ptr``, or named in
+a preset's ``pointers``: the quantized kernels' plane arguments), are compiled as divisible by 16 (what Triton's
+launch-time specialisation sees for the engine's contiguous tensors: without it loads do not vectorise and the
+build differs).
 """
 
 from __future__ import annotations
@@ -44,11 +46,17 @@ class Preset:
     warps: int = 4
     pointers: dict = field(default_factory=dict)      # pointer arg -> dtype (default *bf16)
     floats: tuple = ("eps", "scale", "qk_scale")
+    divisible: tuple = ()                              # integer args compiled as divisible by 16 (row strides)
 
 
 def _presets() -> dict[str, Preset]:
     import triton.language as tl
 
+    # The quantized MoE kernels in nvfp4 (FMT 2): planes codes (*u8), divisor (*fp32), scale tiles (*u8), their row
+    # strides (the divisor's 0) divisible by 16. Decode: one token, the launch's BN/NG/NCH for H = 2048, I = 512
+    # (a 512-lane chunk is 32 blocks); prefill: 64-row blocks (T = 2048, k = 8, E = 256), BK one tile column.
+    nv_planes = {"w0": "*u8", "w1": "*fp32", "w2": "*u8"}
+    nv_strides = ("s0", "s1", "s2")
     return {
         "router": Preset("ninfer.ops.triton.moe_router", "_router_kernel", dict(TOPK=8, KP=8, BE=256, PDL=True), 1,
                          {"w_ptr": "*fp32", "i_ptr": "*i64"}),
@@ -92,6 +100,25 @@ def _presets() -> dict[str, Preset]:
         "moe_down": Preset("ninfer.ops.triton.moe_gemv", "_down_gemv_one_shot_kernel",
                            dict(TOPK=8, KP=8, BN=4, BK=512, BKS=512, HAS_SHARED=True, PDL=True), 8,
                            {"ids_ptr": "*i64", "rw_ptr": "*fp32"}),
+        "qmoe_nvfp4_gate_up": Preset("ninfer.ops.triton.quant_moe_gemv", "_gate_up_kernel",
+                                     dict(FMT=2, TOPK=8, BN=8, NG=32, NCH=4, INTERP=False, PDL=True), 4,
+                                     {"ids_ptr": "*i64", "act_ptr": "*fp32", **nv_planes}, divisible=nv_strides),
+        "qmoe_nvfp4_down": Preset("ninfer.ops.triton.quant_moe_gemv", "_down_kernel",
+                                  dict(FMT=2, SFMT=2, TOPK=8, BN=8, NG=32, NCH=1, SNG=32, SNCH=1, HAS_SHARED=True,
+                                       ODT=tl.bfloat16, INTERP=False, PDL=True), 4,
+                                  {"act_ptr": "*fp32", "ids_ptr": "*i64", "rw_ptr": "*fp32", **nv_planes,
+                                   "q0": "*u8", "q1": "*fp32", "q2": "*u8"},
+                                  divisible=(*nv_strides, "t0", "t1", "t2")),
+        "qmoe_nvfp4_grouped_gate_up": Preset("ninfer.ops.triton.quant_moe", "_gate_up_kernel",
+                                             dict(FMT=2, TOPK=8, BM=64, BN=64, BK=64, DT=tl.bfloat16, FP32_DOT=False,
+                                                  INTERP=False), 4,
+                                             {"pair_ptr": "*i64", "bexp_ptr": "*i64", **nv_planes},
+                                             divisible=nv_strides),
+        "qmoe_nvfp4_grouped_down": Preset("ninfer.ops.triton.quant_moe", "_down_kernel",
+                                          dict(FMT=2, BM=64, BN=128, BK=64, DT=tl.bfloat16, ACT_BY_PAIR=False,
+                                               FP32_DOT=False, INTERP=False), 4,
+                                          {"pair_ptr": "*i64", "bexp_ptr": "*i64", "rw_ptr": "*fp32",
+                                           "y_ptr": "*fp32", **nv_planes}, divisible=nv_strides),
     }
 
 
@@ -116,14 +143,14 @@ def compile_sm90(p: Preset):
     for n in names:
         if n in p.constexprs:
             sig[n] = "constexpr"
-        elif n.endswith("_ptr"):
+        elif n.endswith("_ptr") or n in p.pointers:
             sig[n] = p.pointers.get(n, "*bf16")
             div.append(n)
         elif n in p.floats:
             sig[n] = "fp32"
         else:
             sig[n] = "i32"
-            if re.match(r"^(stride|s[a-z]{0,2}_)", n):
+            if re.match(r"^(stride|s[a-z]{0,2}_)", n) or n in p.divisible:
                 div.append(n)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div}
     src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in p.constexprs.items() if k in names},
