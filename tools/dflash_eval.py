@@ -43,7 +43,7 @@ def accepted_lengths(target, ids: torch.Tensor, anchors: list[int], drafts: torc
     for i, s in enumerate(anchors):
         seq = torch.cat((ids[:, :s + 1], drafts[:, i]), dim=1)
         post = target.greedy(seq)[:, s:s + n_draft]            # the target's choice after x_s, d_1, ...
-        out.append((drafts[:, i] == post).long().cumprod(dim=1).sum(dim=1))
+        out.append((drafts[:, i] == post).cpu().long().cumprod(dim=1).sum(dim=1))   # on the CPU: no CUDA scan
     return torch.stack(out, dim=1)
 
 
@@ -73,7 +73,7 @@ def evaluate(model, target, stream: np.ndarray, *, seq_len: int, stride: int, ba
             drafts = draft_paths(model, hidden.flatten(0, 1), logits.flatten(0, 1), tokens.flatten())
             drafts = drafts.view(w, n, b - 1)
             acc = accepted_lengths(target, ids, grid, drafts)
-            hist += torch.bincount(acc.flatten().cpu(), minlength=b)
+            hist += torch.bincount(acc.flatten(), minlength=b)
             pos = anchors[..., None] + torch.arange(1, b, device=device)
             top = logits.argmax(-1)
             tf_corpus += (top == ids.gather(1, pos.flatten(1)).view_as(pos)).sum((0, 1)).cpu()
