@@ -35,7 +35,7 @@ PLAIN_ARGS = ("generate", "--prompt", "import os\nimport", "-t", "0", "-n", "32"
 
 @pytest.fixture(scope="session")
 def plain_generate(cli_env) -> subprocess.CompletedProcess:
-    """``ninfer generate`` of PLAIN_ARGS on the default model, run once per session: a DFlash artifact's text part
+    """``ninfer generate`` of PLAIN_ARGS on the default model, run once per test run (a session-scoped fixture): a DFlash artifact's text part
     is the default model, so its plain output is this one too."""
     run = subprocess.run([sys.executable, "-m", "ninfer.cli.main", *PLAIN_ARGS], env=cli_env, capture_output=True,
                          text=True, timeout=240)

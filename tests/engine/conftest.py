@@ -83,7 +83,7 @@ def tiny_qwen_artifact_bf16(tmp_path_factory) -> Path:
     return _tiny_qwen(tmp_path_factory.mktemp("tiny_qwen_bf16"), "bfloat16")
 
 
-# -- the plain (non-speculative) references of the speculative engine tests, computed once per session -------------
+# -- the plain (non-speculative) references of the speculative engine tests, computed once per test run -------------
 
 @pytest.fixture(scope="session")
 def plain_code(default_artifact) -> dict:

@@ -173,6 +173,57 @@ def _conv4_store(x, u1, u2, cs_ptr, out_slot, c, cm, stride_cs, stride_cc, strid
     tl.store(base + 2 * stride_ck, cast(x, dt, INTERP), mask=cm)
 
 
+@triton.jit
+def _qkv_windows(cw_ptr, cs_ptr, slot, cq, ck, cv, dkm, dvm, stride_wc, stride_wk, stride_cs, stride_cc, stride_ck):
+    """The taps and old conv inputs (:func:`_conv4_load`) of a head program's q, k and v channels: 21 vectors."""
+    qw0, qw1, qw2, qw3, qu0, qu1, qu2 = _conv4_load(cw_ptr, cs_ptr, slot, cq, dkm, stride_wc, stride_wk, stride_cs,
+                                                    stride_cc, stride_ck)
+    kw0, kw1, kw2, kw3, ku0, ku1, ku2 = _conv4_load(cw_ptr, cs_ptr, slot, ck, dkm, stride_wc, stride_wk, stride_cs,
+                                                    stride_cc, stride_ck)
+    vw0, vw1, vw2, vw3, vu0, vu1, vu2 = _conv4_load(cw_ptr, cs_ptr, slot, cv, dvm, stride_wc, stride_wk, stride_cs,
+                                                    stride_cc, stride_ck)
+    return (qw0, qw1, qw2, qw3, qu0, qu1, qu2, kw0, kw1, kw2, kw3, ku0, ku1, ku2,
+            vw0, vw1, vw2, vw3, vu0, vu1, vu2)
+
+
+@triton.jit
+def _token_step(x_ptr, z_ptr, a_ptr, b_ptr, cs_ptr, o_ptr, row, out_slot, h, cq, ck, cv, dk, dv, dkm, dvm, writer_key,
+                writer_value,
+                qw0, qw1, qw2, qw3, qu0, qu1, qu2, kw0, kw1, kw2, kw3, ku0, ku1, ku2,
+                vw0, vw1, vw2, vw3, vu0, vu1, vu2, s, s_out_ptrs, smask, na, dt, nw, scale, eps,
+                stride_xb, stride_zb, stride_zh, stride_ab, stride_bb, stride_cs, stride_cc, stride_ck, stride_ob,
+                stride_oh, R: tl.constexpr, DV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """One token of one (row, value head) after the PDL wait, shared by ``_decode_kernel`` and ``gdn_verify``'s
+    kernel: its x, z, a, b; the conv + SiLU over the window (rounded to x.dtype, as ``causal_conv1d_update`` returns
+    it); the rolled window to ``out_slot`` (the q/k channels only in the program whose ``writer_key % R`` is
+    ``writer_value``); the gates; the recurrence, whose new
+    state goes to ``s_out_ptrs``; o rounded to x.dtype and the gated norm, stored to ``o`` row ``row``. Returns the
+    new state and the token's q, k, v inputs (the next window's last entries)."""
+    x_row = x_ptr + row * stride_xb
+    x_q = tl.load(x_row + cq, mask=dkm, other=0.0)
+    x_k = tl.load(x_row + ck, mask=dkm, other=0.0)
+    x_v = tl.load(x_row + cv, mask=dvm, other=0.0)
+    a = tl.load(a_ptr + row * stride_ab + h).to(tl.float32)
+    b = tl.load(b_ptr + row * stride_bb + h).to(tl.float32)
+    # z too is the input projection's output, i.e. the previous launch's: after the wait, with x.
+    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
+    q = cast(_conv4_silu(x_q, qw0, qw1, qw2, qw3, qu0, qu1, qu2, INTERP), x_ptr.dtype.element_ty, INTERP)
+    k = cast(_conv4_silu(x_k, kw0, kw1, kw2, kw3, ku0, ku1, ku2, INTERP), x_ptr.dtype.element_ty, INTERP)
+    v = cast(_conv4_silu(x_v, vw0, vw1, vw2, vw3, vu0, vu1, vu2, INTERP), x_ptr.dtype.element_ty, INTERP)
+    _conv4_store(x_v, vu1, vu2, cs_ptr, out_slot, cv, dvm, stride_cs, stride_cc, stride_ck, INTERP)
+    writer = dkm & ((dk * 0 + writer_key) % R == writer_value)   # a vector mask: the interpreter's stores want one
+    _conv4_store(x_q, qu1, qu2, cs_ptr, out_slot, cq, writer, stride_cs, stride_cc, stride_ck, INTERP)
+    _conv4_store(x_k, ku1, ku2, cs_ptr, out_slot, ck, writer, stride_cs, stride_cc, stride_ck, INTERP)
+    g, beta = gates_math(a, b, dt, na)
+    s, o = recurrent_update(s, q.to(tl.float32), k.to(tl.float32), v.to(tl.float32), g, beta, scale)
+    tl.store(s_out_ptrs, s, mask=smask)
+    o16 = cast(o, o_ptr.dtype.element_ty, INTERP).to(tl.float32)
+    out = gated_norm_rows(o16[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP)
+    tl.store(o_ptr + row * stride_ob + h * stride_oh + dv[None, :], cast(out, o_ptr.dtype.element_ty, INTERP),
+             mask=dvm[None, :])
+    return s, x_q, x_k, x_v
+
+
 @triton.jit(do_not_specialize_on_alignment=["slots_ptr", "out_slots_ptr"])
 def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr, out_slots_ptr, na_ptr, dt_ptr,
                    nw_ptr, tk_ptr, o_ptr, scale, eps, HK, stride_xb, stride_zb, stride_zh, stride_ab, stride_bb,
@@ -194,12 +245,9 @@ def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr
     smask = dkm[:, None] & dvm[None, :]
     s = tl.load(s_ptrs, mask=smask, other=0.0)
     nw = tl.load(nw_ptr + dv, mask=dvm, other=0.0).to(tl.float32)
-    qw0, qw1, qw2, qw3, qu0, qu1, qu2 = _conv4_load(cw_ptr, cs_ptr, slot, cq, dkm, stride_wc, stride_wk, stride_cs,
-                                                    stride_cc, stride_ck)
-    kw0, kw1, kw2, kw3, ku0, ku1, ku2 = _conv4_load(cw_ptr, cs_ptr, slot, ck, dkm, stride_wc, stride_wk, stride_cs,
-                                                    stride_cc, stride_ck)
-    vw0, vw1, vw2, vw3, vu0, vu1, vu2 = _conv4_load(cw_ptr, cs_ptr, slot, cv, dvm, stride_wc, stride_wk, stride_cs,
-                                                    stride_cc, stride_ck)
+    (qw0, qw1, qw2, qw3, qu0, qu1, qu2, kw0, kw1, kw2, kw3, ku0, ku1, ku2, vw0, vw1, vw2, vw3, vu0, vu1,
+     vu2) = _qkv_windows(cw_ptr, cs_ptr, slot, cq, ck, cv, dkm, dvm, stride_wc, stride_wk, stride_cs, stride_cc,
+                         stride_ck)
     na = tl.load(na_ptr + h)
     dt = tl.load(dt_ptr + h)
     # The ticket. Every thread's reads of the old q/k conv state are done (the barrier), then one increment: the R
@@ -210,29 +258,10 @@ def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr
     tk = tk_ptr + slot * HK + hk
     ticket = tl.atomic_add(tk, 1, sem="acq_rel", scope="gpu")
     pdl_wait(PDL)
-    x_row = x_ptr + row * stride_xb
-    x_q = tl.load(x_row + cq, mask=dkm, other=0.0)
-    x_k = tl.load(x_row + ck, mask=dkm, other=0.0)
-    x_v = tl.load(x_row + cv, mask=dvm, other=0.0)
-    a = tl.load(a_ptr + row * stride_ab + h).to(tl.float32)
-    b = tl.load(b_ptr + row * stride_bb + h).to(tl.float32)
-    # z too is the input projection's output, i.e. the previous launch's: after the wait, with x.
-    z = tl.load(z_ptr + row * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
-    # The conv outputs rounded to the activation dtype, as causal_conv1d_update returns them.
-    q = cast(_conv4_silu(x_q, qw0, qw1, qw2, qw3, qu0, qu1, qu2, INTERP), x_ptr.dtype.element_ty, INTERP)
-    k = cast(_conv4_silu(x_k, kw0, kw1, kw2, kw3, ku0, ku1, ku2, INTERP), x_ptr.dtype.element_ty, INTERP)
-    v = cast(_conv4_silu(x_v, vw0, vw1, vw2, vw3, vu0, vu1, vu2, INTERP), x_ptr.dtype.element_ty, INTERP)
-    _conv4_store(x_v, vu1, vu2, cs_ptr, out_slot, cv, dvm, stride_cs, stride_cc, stride_ck, INTERP)
-    writer = dkm & ((dk * 0 + ticket) % R == R - 1)      # a vector mask: the interpreter's stores want one
-    _conv4_store(x_q, qu1, qu2, cs_ptr, out_slot, cq, writer, stride_cs, stride_cc, stride_ck, INTERP)
-    _conv4_store(x_k, ku1, ku2, cs_ptr, out_slot, ck, writer, stride_cs, stride_cc, stride_ck, INTERP)
-    g, beta = gates_math(a, b, dt, na)
-    s, o = recurrent_update(s, q.to(tl.float32), k.to(tl.float32), v.to(tl.float32), g, beta, scale)
-    tl.store(s_ptrs + (out_slot - slot) * ss_s, s, mask=smask)
-    o16 = cast(o, o_ptr.dtype.element_ty, INTERP).to(tl.float32)
-    out = gated_norm_rows(o16[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP)
-    tl.store(o_ptr + row * stride_ob + h * stride_oh + dv[None, :], cast(out, o_ptr.dtype.element_ty, INTERP),
-             mask=dvm[None, :])
+    _token_step(x_ptr, z_ptr, a_ptr, b_ptr, cs_ptr, o_ptr, row, out_slot, h, cq, ck, cv, dk, dv, dkm, dvm, ticket, R - 1,
+                qw0, qw1, qw2, qw3, qu0, qu1, qu2, kw0, kw1, kw2, kw3, ku0, ku1, ku2, vw0, vw1, vw2, vw3, vu0, vu1, vu2,
+                s, s_ptrs + (out_slot - slot) * ss_s, smask, na, dt, nw, scale, eps, stride_xb, stride_zb, stride_zh,
+                stride_ab, stride_bb, stride_cs, stride_cc, stride_ck, stride_ob, stride_oh, R, DV, NW_DTYPE, INTERP)
     if ticket % R == R - 1:
         tl.atomic_add(tk, -R, sem="relaxed", scope="gpu")
 

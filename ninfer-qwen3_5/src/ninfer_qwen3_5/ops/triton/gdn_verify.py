@@ -40,10 +40,7 @@ from ninfer.ops.triton._common import (
 
 from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
 from ninfer_qwen3_5.ops.reference import gdn as reference
-from ninfer_qwen3_5.ops.triton.gated_norm import gated_norm_rows
-from ninfer_qwen3_5.ops.triton.gdn import recurrent_update
-from ninfer_qwen3_5.ops.triton.gdn_decode import _conv4_load, _conv4_silu, _conv4_store, _head_lanes
-from ninfer_qwen3_5.ops.triton.gdn_gates import gates_math
+from ninfer_qwen3_5.ops.triton.gdn_decode import _head_lanes, _qkv_windows, _token_step
 
 
 @triton.jit
@@ -70,41 +67,22 @@ def _verify_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, scs_ptr, 
     s = tl.load(st_ptr + live * ss_s + h * ss_h + dk[:, None] * ss_k + dv[None, :], mask=smask, other=0.0)
     snap_tile = sst_ptr + h * sss_h + dk[:, None] * sss_k + dv[None, :]
     nw = tl.load(nw_ptr + dv, mask=dvm, other=0.0).to(tl.float32)
-    qw0, qw1, qw2, qw3, qu0, qu1, qu2 = _conv4_load(cw_ptr, cs_ptr, live, cq, dkm, stride_wc, stride_wk, stride_cs,
-                                                    stride_cc, stride_ck)
-    kw0, kw1, kw2, kw3, ku0, ku1, ku2 = _conv4_load(cw_ptr, cs_ptr, live, ck, dkm, stride_wc, stride_wk, stride_cs,
-                                                    stride_cc, stride_ck)
-    vw0, vw1, vw2, vw3, vu0, vu1, vu2 = _conv4_load(cw_ptr, cs_ptr, live, cv, dvm, stride_wc, stride_wk, stride_cs,
-                                                    stride_cc, stride_ck)
+    (qw0, qw1, qw2, qw3, qu0, qu1, qu2, kw0, kw1, kw2, kw3, ku0, ku1, ku2, vw0, vw1, vw2, vw3, vu0, vu1,
+     vu2) = _qkv_windows(cw_ptr, cs_ptr, live, cq, ck, cv, dkm, dvm, stride_wc, stride_wk, stride_cs, stride_cc,
+                         stride_ck)
     na = tl.load(na_ptr + h)
     dt = tl.load(dt_ptr + h)
-    qk_writer = dkm & ((dk * 0 + h) % R == 0)     # one program of the key head writes its q/k window
     x_dt: tl.constexpr = x_ptr.dtype.element_ty
     s_dt: tl.constexpr = scs_ptr.dtype.element_ty
     pdl_wait(PDL)
     for j in range(0, count):
         r = start + j
         snap = tl.load(snaps_ptr + i * stride_snap + j)
-        x_row = x_ptr + r * stride_xb
-        x_q = tl.load(x_row + cq, mask=dkm, other=0.0)
-        x_k = tl.load(x_row + ck, mask=dkm, other=0.0)
-        x_v = tl.load(x_row + cv, mask=dvm, other=0.0)
-        a = tl.load(a_ptr + r * stride_ab + h).to(tl.float32)
-        b = tl.load(b_ptr + r * stride_bb + h).to(tl.float32)
-        z = tl.load(z_ptr + r * stride_zb + h * stride_zh + dv, mask=dvm, other=0.0).to(tl.float32)
-        q = cast(_conv4_silu(x_q, qw0, qw1, qw2, qw3, qu0, qu1, qu2, INTERP), x_dt, INTERP)
-        k = cast(_conv4_silu(x_k, kw0, kw1, kw2, kw3, ku0, ku1, ku2, INTERP), x_dt, INTERP)
-        v = cast(_conv4_silu(x_v, vw0, vw1, vw2, vw3, vu0, vu1, vu2, INTERP), x_dt, INTERP)
-        _conv4_store(x_v, vu1, vu2, scs_ptr, snap, cv, dvm, stride_scs, stride_scc, stride_sck, INTERP)
-        _conv4_store(x_q, qu1, qu2, scs_ptr, snap, cq, qk_writer, stride_scs, stride_scc, stride_sck, INTERP)
-        _conv4_store(x_k, ku1, ku2, scs_ptr, snap, ck, qk_writer, stride_scs, stride_scc, stride_sck, INTERP)
-        g, beta = gates_math(a, b, dt, na)
-        s, o = recurrent_update(s, q.to(tl.float32), k.to(tl.float32), v.to(tl.float32), g, beta, scale)
-        tl.store(snap_tile + snap * sss_s, s, mask=smask)
-        o16 = cast(o, o_ptr.dtype.element_ty, INTERP).to(tl.float32)
-        out = gated_norm_rows(o16[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP)
-        tl.store(o_ptr + r * stride_ob + h * stride_oh + dv[None, :], cast(out, o_ptr.dtype.element_ty, INTERP),
-                 mask=dvm[None, :])
+        s, x_q, x_k, x_v = _token_step(
+            x_ptr, z_ptr, a_ptr, b_ptr, scs_ptr, o_ptr, r, snap, h, cq, ck, cv, dk, dv, dkm, dvm, h, 0,   # h % R == 0 writes q/k
+            qw0, qw1, qw2, qw3, qu0, qu1, qu2, kw0, kw1, kw2, kw3, ku0, ku1, ku2, vw0, vw1, vw2, vw3, vu0, vu1, vu2,
+            s, snap_tile + snap * sss_s, smask, na, dt, nw, scale, eps, stride_xb, stride_zb, stride_zh, stride_ab,
+            stride_bb, stride_scs, stride_scc, stride_sck, stride_ob, stride_oh, R, DV, NW_DTYPE, INTERP)
         # The window the next token reads: what this token's stores wrote.
         qu0, qu1, qu2 = _stored(qu1, x_dt, s_dt, INTERP), _stored(qu2, x_dt, s_dt, INTERP), cast(x_q, s_dt, INTERP)
         ku0, ku1, ku2 = _stored(ku1, x_dt, s_dt, INTERP), _stored(ku2, x_dt, s_dt, INTERP), cast(x_k, s_dt, INTERP)
