@@ -27,27 +27,10 @@ CPU, F32 = torch.device("cpu"), torch.float32
 
 
 def _engine(target_dir: Path, draft_dir: Path, artifact: Path):
-    from ninfer.artifact import ArtifactReader, load_weights
-    from ninfer.contracts.features import StartupFeatures
     from ninfer.conversion import convert
-    from ninfer.ops import resolve_ops
-    from ninfer.plugins import get_registry
-    from ninfer_qwen3_5.config import Qwen35Config
-    from ninfer_qwen3_5.dflash.drafter import DFlashDrafter
-    from ninfer_qwen3_5.dflash.weights import load_dflash_weights
-    from ninfer_qwen3_5.model import Qwen35Model
+    from ninfer_qwen3_5.dflash.reference import load_reference
 
-    entry = convert(target_dir, artifact, progress=False, draft=draft_dir).paths[0]
-    with ArtifactReader.open(entry) as reader:
-        config = reader.component("text").config
-        spec = get_registry().architecture(config["architectures"][0])
-        weights = load_weights(reader, spec.parameter_specs(config, StartupFeatures()), "cpu")
-        dcfg, dweights = load_dflash_weights(reader, "cpu")
-    cfg = Qwen35Config.from_compact(config)
-    ops = resolve_ops(get_registry().ops, "cpu", F32, force="reference")
-    model = Qwen35Model(cfg, weights, ops, CPU, F32)
-    layers = tuple(cfg.num_layers + i for i in range(dcfg.num_layers))
-    return cfg, ops, model, DFlashDrafter(dcfg, dweights, model.embed, model.lm_head, ops, CPU, F32, layers)
+    return load_reference(convert(target_dir, artifact, progress=False, draft=draft_dir).paths[0])
 
 
 def _engine_logits(cfg, ops, model, drafter, tokens: list[int], anchors: list[int], hf_feats: torch.Tensor | None):

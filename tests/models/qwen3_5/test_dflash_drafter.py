@@ -20,16 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from ninfer.artifact import ArtifactReader, load_weights
-from ninfer.contracts.features import StartupFeatures
 from ninfer.conversion import convert
-from ninfer.ops import resolve_ops
-from ninfer.plugins import get_registry
 from ninfer.storage.kv_pool import PagedKVCache
 from ninfer.storage.state_image import StateImageStorage
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.dflash.drafter import BlockRow, DFlashDrafter
-from ninfer_qwen3_5.dflash.weights import load_dflash_weights
+from ninfer_qwen3_5.dflash.reference import load_reference
 from ninfer_qwen3_5.model import Qwen35Model
 from ninfer_qwen3_5.mtp import mtp_step_context
 from ninfer_qwen3_5.state import state_layout
@@ -84,16 +80,7 @@ def _world(name: str, factory) -> World:
     kw = {**BASE, **VARIANTS[name]}
     write_dflash_drafter(tmp / "draft", seed=32, **kw)
     entry = convert(folder, tmp / "m.ninfer", progress=False, draft=tmp / "draft").paths[0]
-    with ArtifactReader.open(entry) as reader:
-        config = reader.component("text").config
-        spec = get_registry().architecture(config["architectures"][0])
-        weights = load_weights(reader, spec.parameter_specs(config, StartupFeatures()), "cpu")
-        dcfg, dweights = load_dflash_weights(reader, "cpu")
-    cfg = Qwen35Config.from_compact(config)
-    ops = resolve_ops(get_registry().ops, "cpu", F32, force="reference")
-    model = Qwen35Model(cfg, weights, ops, CPU, F32)
-    layers = tuple(cfg.num_layers + i for i in range(dcfg.num_layers))
-    drafter = DFlashDrafter(dcfg, dweights, model.embed, model.lm_head, ops, CPU, F32, layers)
+    cfg, ops, model, drafter = load_reference(entry)
     hf_cfg = drafter_config(**kw)
     _WORLDS[name] = World(name, hf_cfg, drafter_tensors(hf_cfg, seed=32), cfg, ops, model, drafter, hf)
     return _WORLDS[name]
