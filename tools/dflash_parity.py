@@ -28,7 +28,7 @@ CPU, F32 = torch.device("cpu"), torch.float32
 
 def _engine(target_dir: Path, draft_dir: Path, artifact: Path):
     from ninfer.conversion import convert
-    from ninfer_qwen3_5.dflash.reference import load_reference
+    from ninfer_qwen3_5.dflash_reference import load_reference
 
     return load_reference(convert(target_dir, artifact, progress=False, draft=draft_dir).paths[0])
 

@@ -25,7 +25,7 @@ from ninfer.storage.kv_pool import PagedKVCache
 from ninfer.storage.state_image import StateImageStorage
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.dflash.drafter import BlockRow, DFlashDrafter
-from ninfer_qwen3_5.dflash.reference import load_reference
+from ninfer_qwen3_5.dflash_reference import load_reference
 from ninfer_qwen3_5.model import Qwen35Model
 from ninfer_qwen3_5.mtp import mtp_step_context
 from ninfer_qwen3_5.state import state_layout

@@ -4,7 +4,8 @@
 torch reference ops, the :class:`~ninfer_qwen3_5.model.Qwen35Model` and the
 :class:`~ninfer_qwen3_5.dflash.drafter.DFlashDrafter` the engine would build from it (the drafter's KV pools are
 the layer ids right after the target's). The engine itself goes through its Program; tests and the training tool's
-parity check use this to call the drafter's math directly.
+parity check use this to call the drafter's math directly. It sits beside the ``dflash`` package, not in it: the model
+imports that package (through its parameters), and this module imports the model.
 """
 
 from __future__ import annotations
