@@ -22,13 +22,19 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton ships no cuobjdump here")
-def test_router_build_report(tmp_path):
+def _report(tmp_path, preset: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """tools/sass_report.py run on ``preset`` (compiled, never interpreted): its JSON report and the process."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "report.json"
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_report.py"), "router", "--json", str(out)],
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_report.py"), preset, "--json", str(out)],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    report = json.loads(out.read_text())["router"]
+    return json.loads(out.read_text()), run
+
+
+def test_router_build_report(tmp_path):
+    reports, run = _report(tmp_path, "router")
+    report = reports["router"]
     assert report["kernel"] == "moe_router._router_kernel" and report["warps"] == 1
     assert report["reg"] > 0 and report["stack"] == 0
     assert report["counts"].get("REDUX", 0) >= 8 and report["counts"].get("SHFL", 0) == 0, report["counts"]
@@ -48,12 +54,7 @@ def test_nvfp4_moe_kernels_build_for_sm90(tmp_path):
     # The interpreter runs the quantized MoE kernels' nvfp4 variants but never lowers them: the sm_90 build does.
     # The decode GEMVs keep everything in registers; the grouped GEMMs build (the down kernel's 64 x 128 fp32
     # accumulator spills a little at every format).
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = tmp_path / "report.json"
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_report.py"), "qmoe_nvfp4", "--json", str(out)],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    report = json.loads(out.read_text())
+    report, _ = _report(tmp_path, "qmoe_nvfp4")
     assert sorted(report) == ["qmoe_nvfp4_down", "qmoe_nvfp4_gate_up", "qmoe_nvfp4_grouped_down",
                               "qmoe_nvfp4_grouped_gate_up"]
     for name in ("qmoe_nvfp4_gate_up", "qmoe_nvfp4_down"):
