@@ -131,8 +131,10 @@ class SpeculativeProgram:
             snaps = self.snapshots
             if snaps is None:
                 raise ProgramError("a verify chunk needs speculation configured (configure_speculation)")
-            verify = verify_plan(batch, snaps.storage.num_slots, self.device)
-            if self.model.stages_verify_snapshots:
+            # Per-token steps and staging only for models with a layer that verifies token by token.
+            staged = self.model.stages_verify_snapshots
+            verify = verify_plan(batch, snaps.storage.num_slots, self.device, steps=staged)
+            if staged:
                 for slot, snapshot_slots in zip(batch.chunk_slots, batch.chunk_snapshots, strict=True):
                     if snapshot_slots is not None:
                         snaps.stage(self.states, slot, snapshot_slots[0])

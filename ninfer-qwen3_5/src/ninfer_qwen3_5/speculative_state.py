@@ -153,8 +153,9 @@ class VerifyPlan:
     rows: VerifyRows | None = None
 
 
-def verify_plan(batch: PackedBatch, num_snapshots: int, device: torch.device) -> VerifyPlan:
-    """The :class:`VerifyPlan` of ``batch`` (which has a verify chunk), its indices in one device copy."""
+def verify_plan(batch: PackedBatch, num_snapshots: int, device: torch.device, *, steps: bool = True) -> VerifyPlan:
+    """The :class:`VerifyPlan` of ``batch`` (which has a verify chunk), its indices in one device copy.
+    ``steps=False``: no per-token steps (every GDN layer of the model runs ``gdn_verify`` from :class:`VerifyRows`)."""
     verify: list[tuple[int, tuple[int, ...]]] = []
     chunks: list[tuple[int, int, int]] = []
     at = batch.num_decode
@@ -177,7 +178,7 @@ def verify_plan(batch: PackedBatch, num_snapshots: int, device: torch.device) ->
         flat.extend([snaps[-1]] * (width - len(snaps)))
     sizes: list[int] = []
     spans: list[tuple[int, int] | None] = []
-    for j in range(width):
+    for j in range(width if steps else 0):
         rows = [(at + j, snaps[max(j - 1, 0)], snaps[j]) for at, snaps in verify if len(snaps) > j]
         for column in zip(*rows, strict=True):
             flat.extend(column)

@@ -75,7 +75,8 @@ class VerifyGraphs(StaticGraphs):
             L, mi, dev = self.inputs, self.p.snapshots.max_inputs, self.device
             rows = torch.arange(b, dtype=torch.int64, device=dev)
             cu_q = (torch.arange(b + 1, dtype=torch.int32, device=dev) * L)
-            steps = tuple(VerifyStep(rows * L + j, rows * mi + max(j - 1, 0), rows * mi + j, (j, L)) for j in range(L))
+            steps = tuple(VerifyStep(rows * L + j, rows * mi + max(j - 1, 0), rows * mi + j, (j, L))
+                          for j in range(L if self.p.model.stages_verify_snapshots else 0))
             live = self._views(b)[3]
             fused = VerifyRows(rows * L, torch.full((b,), L, dtype=torch.int64, device=dev), live,
                                rows[:, None] * mi + torch.arange(L, dtype=torch.int64, device=dev))
