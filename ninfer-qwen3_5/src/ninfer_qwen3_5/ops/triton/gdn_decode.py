@@ -293,6 +293,17 @@ def _last_contig(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _check_heads(op: str, channels: int, p: GDNDecodeParams) -> None:
+    """ValueError unless the value heads are a multiple of the key heads and ``channels`` (the mixed input's and the
+    conv weight's) are q | k | v's."""
+    hv, dv, hk, dk = p.value_heads, p.value_dim, p.key_heads, p.key_dim
+    if hv % hk:
+        raise ValueError(f"GDN: value heads {hv} are not a multiple of key heads {hk}")
+    if channels != 2 * hk * dk + hv * dv or p.conv_weight.shape[0] != channels:
+        raise ValueError(f"{op}: {channels} mixed channels, conv weight {tuple(p.conv_weight.shape)}, "
+                         f"heads {hk}x{dk} + {hv}x{dv}")
+
+
 def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
                conv_states: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
                out_slots: torch.Tensor | None = None, *, step_warps: int = 4, one_kernel: bool = True) -> torch.Tensor:
@@ -304,11 +315,7 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     p = params
     bsz, channels = mixed.shape
     hv, dv, hk, dk = p.value_heads, p.value_dim, p.key_heads, p.key_dim
-    if hv % hk:
-        raise ValueError(f"GDN: value heads {hv} are not a multiple of key heads {hk}")
-    if channels != 2 * hk * dk + hv * dv or p.conv_weight.shape[0] != channels:
-        raise ValueError(f"gdn_decode: {channels} mixed channels, conv weight {tuple(p.conv_weight.shape)}, "
-                         f"heads {hk}x{dk} + {hv}x{dv}")
+    _check_heads("gdn_decode", channels, p)
     if slots.shape != (bsz,) or (out_slots is not None and out_slots.shape != (bsz,)):
         raise ValueError(f"gdn_decode: {bsz} rows need {bsz} slots (and out slots), got {tuple(slots.shape)}")
     if states.dtype != torch.float32 or states.stride(-1) != 1:

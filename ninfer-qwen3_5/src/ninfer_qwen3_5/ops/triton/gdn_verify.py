@@ -40,7 +40,13 @@ from ninfer.ops.triton._common import (
 
 from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
 from ninfer_qwen3_5.ops.reference import gdn as reference
-from ninfer_qwen3_5.ops.triton.gdn_decode import _head_lanes, _qkv_windows, _token_step
+from ninfer_qwen3_5.ops.triton.gdn_decode import (
+    _check_heads,
+    _head_lanes,
+    _last_contig,
+    _qkv_windows,
+    _token_step,
+)
 
 
 @triton.jit
@@ -89,10 +95,6 @@ def _verify_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, scs_ptr, 
         vu0, vu1, vu2 = _stored(vu1, x_dt, s_dt, INTERP), _stored(vu2, x_dt, s_dt, INTERP), cast(x_v, s_dt, INTERP)
 
 
-def _last_contig(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
 def gdn_verify(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,
                conv_states: torch.Tensor, states: torch.Tensor, snap_conv: torch.Tensor, snap_states: torch.Tensor,
                starts: torch.Tensor, counts: torch.Tensor, live_slots: torch.Tensor, snapshots: torch.Tensor,
@@ -103,11 +105,7 @@ def gdn_verify(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     p = params
     n, channels = mixed.shape
     hv, dv, hk, dk = p.value_heads, p.value_dim, p.key_heads, p.key_dim
-    if hv % hk:
-        raise ValueError(f"GDN: value heads {hv} are not a multiple of key heads {hk}")
-    if channels != 2 * hk * dk + hv * dv or p.conv_weight.shape[0] != channels:
-        raise ValueError(f"gdn_verify: {channels} mixed channels, conv weight {tuple(p.conv_weight.shape)}, "
-                         f"heads {hk}x{dk} + {hv}x{dv}")
+    _check_heads("gdn_verify", channels, p)
     v_rows = starts.shape[0]
     if counts.shape != (v_rows,) or live_slots.shape != (v_rows,) or snapshots.dim() != 2 \
             or snapshots.shape[0] != v_rows:
