@@ -284,12 +284,14 @@ def write_frontend(folder: Path, tokenizer: Path) -> None:
 
 # -- conversion ------------------------------------------------------------------------------------
 def convert_in_memory(model, folder: Path, artifact: Path, name: str, quantize: str | None = None,
-                      extra: dict | None = None) -> dict:
+                      extra: dict | None = None, draft: Path | None = None) -> dict:
     """ninfer-convert's plan, check and writer, fed from the model's tensors instead of safetensors files
     (convert.convert's steps, with the source reads replaced). ``folder`` holds config.json and the
     frontend resources. ``quantize``: a recipe (``ninfer-convert --quantize``), encoded by the converter's own
     encoders; the result then lists each quantized object's stored and source bytes. ``extra``: more checkpoint
-    tensors by name (e.g. an MTP head's ``mtp.*``, declared in ``model.config`` by the caller)."""
+    tensors by name (e.g. an MTP head's ``mtp.*``, declared in ``model.config`` by the caller). ``draft``: a
+    drafter folder attached as ``ninfer-convert --draft`` attaches it (``ninfer.conversion.draft``); its tensors
+    are read from its safetensors files."""
     import dataclasses
     import io
     from types import MappingProxyType
@@ -315,7 +317,15 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str, quantize: 
     ckpt = SourceCheckpoint(folder=folder, config=MappingProxyType(config), weight_files=(), index=None,
                             tensors=MappingProxyType(tensors), locations=MappingProxyType(locations))
     mapping = get_registry().source_mapping(ckpt.architecture)
-    checked = check_plan(cv._run_mapping(mapping, ckpt), ckpt.tensors)
+    plan, draft_record = cv._run_mapping(mapping, ckpt), None
+    if draft is not None:
+        from ninfer.conversion.draft import DRAFT_PREFIX, attach_draft
+        from safetensors.torch import load_file
+
+        plan, ckpt, draft_record = attach_draft(mapping, plan, ckpt, draft)
+        for f in ckpt.weight_files:   # the merged checkpoint's files are the draft's
+            sd.update({DRAFT_PREFIX + n: t for n, t in load_file(str(f.path)).items()})
+    checked = check_plan(plan, ckpt.tensors)
     recipe = load_recipe(quantize) if quantize else None
     if recipe is not None:
         formats = assign(recipe, checked.plan, {o.id: o.shape for o in checked.objects})
@@ -329,7 +339,7 @@ def convert_in_memory(model, folder: Path, artifact: Path, name: str, quantize: 
     writer = ArtifactWriter(artifact)
     written = 0
     try:
-        cv._declare(writer, checked, resources, ckpt, mapping.name, name, recipe)
+        cv._declare(writer, checked, resources, ckpt, mapping.name, name, recipe, draft_record)
         writer.begin_payload()
         for o in checked.objects:
             if o.quantized:
