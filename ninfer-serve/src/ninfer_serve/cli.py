@@ -166,7 +166,8 @@ def _serve(args, options, sock, origins: tuple[str, ...], media) -> int:
     from ninfer_serve.warmup import warm_up
 
     started = time.monotonic()
-    artifact = resolve_model(args.model, progress=not args.quiet and sys.stderr.isatty(), quiet=args.quiet)
+    artifact = resolve_model(args.model, progress=not args.quiet and sys.stderr.isatty(), quiet=args.quiet,
+                             draft=options.speculative)
     engine = Engine.start(artifact, options)
     try:
         model_id = args.model_id or engine.info.get("name") or artifact.stem

@@ -83,7 +83,8 @@ def serve_on_ray(args, options, config) -> int:
     from ninfer.model_source import resolve_model
 
     scale = _scale_out(args, options)
-    artifact = resolve_model(args.model, progress=not args.quiet and sys.stderr.isatty(), quiet=args.quiet)
+    artifact = resolve_model(args.model, progress=not args.quiet and sys.stderr.isatty(), quiet=args.quiet,
+                             draft=options.speculative)
     spec = ray_serve.ReplicaSpec(model=str(artifact), engine_options=options, config=config,
                                  warmup=args.engine_warmup is not False)
     started = time.monotonic()

@@ -139,7 +139,8 @@ def run(args) -> int:
     options = dataclasses.replace(options, **overrides)
     if batches and max(batches) > options.max_concurrency:  # before any measurement or loading
         raise BenchError(f"batch {max(batches)} exceeds the engine's max_concurrency {options.max_concurrency}")
-    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty(), quiet=not show)
+    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty(), quiet=not show,
+                             draft=options.speculative)
     planned = artifact_profile(artifact, options)
     # Limits first, on an empty device: the engine's KV pool may take the memory the buffers need.
     say(f"measuring copy bandwidth and matmul peak on {planned.device}")

@@ -203,7 +203,8 @@ def start_engine(args: argparse.Namespace):
     options = engine_options(args)  # bad flags fail before the model is resolved or converted
     started = time.monotonic()
     # Conversion (first use of a folder) shows its own byte bar; loading shows one over weight bytes.
-    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty(), quiet=not show)
+    artifact = resolve_model(args.model, progress=show and sys.stderr.isatty(), quiet=not show,
+                             draft=options.speculative)
     bar = _LoadBar(artifact.name) if show else None
     try:
         engine = Engine.start(artifact, options, progress=bar.update if bar else None)

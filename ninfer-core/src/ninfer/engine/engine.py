@@ -138,7 +138,7 @@ class Engine:
         options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
         check_speculative(options)  # before any conversion, like the other options
         named_artifact = model is not None and (Path(model).is_file() or os.fspath(model).endswith(".ninfer"))
-        artifact = model if named_artifact else resolve_model(model)
+        artifact = model if named_artifact else resolve_model(model, draft=options.speculative)
         resolved = time.perf_counter()
         built = build_model(artifact, options, progress=progress)
         engine = cls(built.program, built.frontend, built.options, info=built.info, _owned=built)

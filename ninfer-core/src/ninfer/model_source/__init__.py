@@ -3,7 +3,10 @@
 1. an existing file: a ``.ninfer`` artifact, used as is;
 2. an existing folder: a Hugging Face checkpoint (has ``config.json``), converted once into the cache;
 3. the name of a default model a plugin ships (``ninfer_default_models`` hook, as ``ninfer plugins`` lists
-   it), converted the same way; no MODEL at all is the first such default model;
+   it), converted the same way; no MODEL at all is the first such default model. A default model may ship
+   draft checkpoints (``DefaultModel.drafts``, keyed by speculative backend): asked for with ``draft=`` (the
+   engine passes its ``speculative`` option), the model is converted once more with that draft as a component
+   (``ninfer-convert --draft``), into an artifact of its own;
 4. a Hugging Face repo id ``owner/name`` (optionally ``@revision``): its snapshot in the local hub cache
    (:mod:`ninfer.model_source.hub_cache`), else an artifact already converted from it under that name
    (so the hub download may be deleted after conversion), else downloaded, then converted once.
@@ -23,7 +26,8 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ninfer.model_source import store
@@ -46,11 +50,16 @@ __all__ = ["DefaultModel", "ModelSourceError", "cache_dir", "default_model", "re
 
 @dataclass(frozen=True)
 class DefaultModel:
-    """A Hugging Face folder shipped inside a plugin distribution; ``name`` is what MODEL may say to pick it."""
+    """A Hugging Face folder shipped inside a plugin distribution; ``name`` is what MODEL may say to pick it.
+
+    ``drafts`` maps a speculative backend's name (``EngineOptions.speculative``) to a draft checkpoint folder
+    shipped beside the model, in the form ``ninfer-convert --draft`` reads; a backend the model carries itself
+    (e.g. an MTP layer inside the checkpoint) needs no entry."""
 
     name: str
     source: Path
     description: str = ""
+    drafts: Mapping[str, Path] = field(default_factory=dict)
 
 
 def source_digest(folder: Path) -> str:
@@ -76,12 +85,13 @@ def default_model(registry=None) -> DefaultModel:
 
 
 def resolve_model(model: str | os.PathLike | None, *, registry=None, progress: bool = False,
-                  quiet: bool = False) -> Path:
+                  quiet: bool = False, draft: str | None = None) -> Path:
     """The artifact path for ``model`` (see the module docstring), converting into the cache (and downloading
     into the hub cache) if needed, saying so on stderr unless ``quiet``. Anything else is a ModelSourceError
-    naming ``model``."""
+    naming ``model``. ``draft``: a speculative backend's name; only a shipped default model with a draft for
+    it resolves differently (to its conversion with that draft), every other MODEL ignores it."""
     if model is None:
-        return _default(default_model(registry), registry=registry, progress=progress, quiet=quiet)
+        return _default(default_model(registry), registry=registry, progress=progress, quiet=quiet, draft=draft)
     text = os.fspath(model)
     path = Path(text)
     if path.is_file():
@@ -98,7 +108,7 @@ def resolve_model(model: str | os.PathLike | None, *, registry=None, progress: b
 
     defaults = (registry or get_registry()).default_models
     if text in defaults:
-        return _default(defaults[text], registry=registry, progress=progress, quiet=quiet)
+        return _default(defaults[text], registry=registry, progress=progress, quiet=quiet, draft=draft)
     repo = parse_repo_id(text)
     if repo is not None:
         return _from_hub(repo, registry=registry, progress=progress, quiet=quiet)
@@ -107,9 +117,15 @@ def resolve_model(model: str | os.PathLike | None, *, registry=None, progress: b
                            f"({shipped}) and no Hugging Face repo id (owner/name)")
 
 
-def _default(chosen: DefaultModel, *, registry, progress: bool, quiet: bool) -> Path:
-    return _converted(chosen.source, chosen.name, source_digest(chosen.source), f"the default model {chosen.name}",
-                      registry=registry, progress=progress, quiet=quiet)
+def _default(chosen: DefaultModel, *, registry, progress: bool, quiet: bool, draft: str | None = None) -> Path:
+    folder = chosen.drafts.get(draft) if draft else None
+    if folder is None:
+        return _converted(chosen.source, chosen.name, source_digest(chosen.source),
+                          f"the default model {chosen.name}", registry=registry, progress=progress, quiet=quiet)
+    # Same public name (the served model id does not change with the drafter), its own cache key.
+    key = hashlib.sha256(f"{source_digest(chosen.source)}\0{draft}\0{source_digest(folder)}".encode()).hexdigest()[:20]
+    return _converted(chosen.source, chosen.name, key, f"the default model {chosen.name} with its {draft} drafter",
+                      registry=registry, progress=progress, quiet=quiet, draft=folder)
 
 
 def _from_hub(repo: HubRepo, *, registry, progress: bool, quiet: bool) -> Path:
@@ -136,7 +152,8 @@ def _from_snapshot(snapshot: Snapshot, *, registry, progress: bool, quiet: bool)
                       registry=registry, progress=progress, quiet=quiet)
 
 
-def _converted(source: Path, name: str, key: str, what: str, *, registry, progress: bool, quiet: bool) -> Path:
+def _converted(source: Path, name: str, key: str, what: str, *, registry, progress: bool, quiet: bool,
+               draft: Path | None = None) -> Path:
     target = store.artifact_path(name, key)
     if target.is_file():
         return target
@@ -146,7 +163,7 @@ def _converted(source: Path, name: str, key: str, what: str, *, registry, progre
         print(f"[ninfer] converting {what} (once) into {target}", file=sys.stderr, flush=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        convert(source, target, name=name, registry=registry, progress=progress)
+        convert(source, target, name=name, registry=registry, progress=progress, draft=draft)
     except OutputExistsError:
         pass  # another process published the same conversion first: it is identical by construction
     return target
