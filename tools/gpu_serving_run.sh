@@ -3,7 +3,7 @@
 #   1. tools/serve_bursts.py: burst TTFT, inter-token latency and an 8k arrival per step-budget configuration,
 #      and the start-up cost of the warm-up (the `nowarmup` configuration);
 #   2. `ninfer bench` with the context cache off, then on (one pair: B=1, B=8 decode and the 8k prefill);
-#   3. tools/mtp_speed.py: MTP acceptance and speed on the embedded default model, k = 0..4;
+#   3. tools/spec_speed.py: MTP, DFlash and DFlash2 acceptance and speed on the embedded default model;
 #   4. `ninfer bench-serve` (vLLM's bench serve protocol) against `ninfer serve` at 1, 2, 4 and 8 streams.
 # Each phase has its own time limit, so a slow one cannot take the others' results with it.
 #
@@ -20,7 +20,7 @@ configs="${CONFIGS:-default,256,512,1024,ttft,nowarmup}"
 phases=",${PHASES:-1,2,3,4},"
 device=cuda shape=(--shape 9b) bursts=() bench=() mtp=() install=1 per_stream=16 serve_io=(110 256)
 if [ "${TINY:-0}" = 1 ]; then
-    device=cpu shape=(--tiny) bursts=(--tiny) install=0 mtp=(--tokens 24 --prompts 2 --ks 0,2) per_stream=2 serve_io=(12 8)
+    device=cpu shape=(--tiny) bursts=(--tiny) install=0 mtp=(--tokens 24 --prompts 2 --runs none,mtp:2,dflash:3) per_stream=2 serve_io=(12 8)
     bench=(--decode-prompt-tokens 16 --decode-base-tokens 2 --decode-steps 4 --repeats 1 --copy-mib 16 --matmul-size 128)
 fi
 mkdir -p "$out" "$work"
@@ -69,7 +69,7 @@ esac
 
 case "$phases" in *,3,*)
 say "phase 3: MTP on the default model"
-timeout 150 python3 tools/mtp_speed.py --device $device "${mtp[@]}" --out "$out" 2>&1 | tee "$out/mtp.log" ;;
+timeout 150 python3 tools/spec_speed.py --device $device "${mtp[@]}" --out "$out" 2>&1 | tee "$out/mtp.log" ;;
 esac
 case "$phases" in *,4,*)
 say "phase 4: ninfer bench-serve at 1, 2, 4, 8 streams"
