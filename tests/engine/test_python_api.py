@@ -72,6 +72,8 @@ def test_an_unknown_or_doubled_sampling_keyword_is_a_type_error(engine):
         engine.generate("Hello", sampling=SamplingParams(), max_tokens=2)
     with pytest.raises(InvalidSamplingParams, match="max_tokens=0"):
         engine.generate("Hello", max_tokens=0)
+    with pytest.raises(TypeError, match="sampling must be a SamplingParams.*got dict"):
+        engine.submit("Hello", sampling={"temperature": 0.0})
     assert engine.stats().outstanding == 0
 
 

@@ -303,6 +303,9 @@ class Engine:
         return self.generate(prompt, timeout=timeout, output=out, **kwargs)
 
     def _keyword_sampling(self, sampling: SamplingParams | None, fields: Mapping[str, Any]) -> SamplingParams | None:
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams (or give its fields as keywords, e.g. "
+                            f"temperature=0.0), got {type(sampling).__name__}")
         if not fields:
             return sampling
         unknown = [k for k in fields if k not in _SAMPLING_FIELDS]
