@@ -34,7 +34,7 @@ from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
 from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
-from ninfer_qwen3_5.parameters import layer_prefix, text_shapes
+from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, layer_prefix, text_shapes
 
 # The ops that read a matmul weight: each must take the quantized formats of the parameters it reads.
 _DENSE_WEIGHT_OPS = ("linear", "logits", "add_rms_norm_unit_offset_linear", "add_rms_norm_unit_offset_swiglu")
@@ -81,8 +81,10 @@ def inverse_frequencies(cfg: Qwen35Config) -> torch.Tensor:
 
 class Qwen35Model:
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, *, host_experts: bool = False) -> None:
+        """``host_experts``: the text layers' routed banks are in host memory (``StartupFeatures.host_experts``)."""
         self.cfg, self.ops = cfg, ops
+        self.host_experts = host_experts
         weights = self._prepare_weights(weights, dtype)
         self.embed, self.lm_head, self.norm = weights["text/embed"], weights["text/lm_head"], weights["text/norm"]
         self.layers: list[_Layer] = []
@@ -90,7 +92,7 @@ class Qwen35Model:
             p = layer_prefix("text", i) + "/"
             mixer = (GatedAttention(cfg, i, _group(weights, p + "attention/"), ops) if kind == FULL
                      else GatedDeltaNet(cfg, i, _group(weights, p + "gdn/"), ops))
-            mlp = (SparseMoE(cfg, _group(weights, p + "moe/"), ops) if cfg.is_moe
+            mlp = (SparseMoE(cfg, _group(weights, p + "moe/"), ops, host_experts=host_experts) if cfg.is_moe
                    else DenseMLP(_group(weights, p + "mlp/"), ops))
             self.layers.append(_Layer(weights[p + "input_norm"], weights[p + "post_norm"], mixer, mlp))
         self.inv_freq = inverse_frequencies(cfg).to(device)
@@ -113,10 +115,13 @@ class Qwen35Model:
                 if name == "text/embed":
                     raise ProgramError(f"parameter {name!r} is stored {w.format}; the embedding table must be a "
                                        f"float format")
-                packed[name] = w.format
+                if not (self.host_experts and name.endswith(HOST_EXPERT_BANKS)):   # the host decodes any format
+                    packed[name] = w.format
                 continue
             if not w.dtype.is_floating_point:
                 raise ProgramError(f"parameter {name!r} is {w.dtype}; Qwen3.5 weights must be floating point")
+            if self.host_experts and name.endswith(HOST_EXPERT_BANKS):
+                continue   # kept as stored in host memory: the host computes in the wider dtype
             if w.dtype != dtype and not name.endswith(_ANY_FLOAT):
                 key = (w.device, w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride())
                 if key not in cast:

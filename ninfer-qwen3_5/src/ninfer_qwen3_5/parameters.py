@@ -130,20 +130,30 @@ def vision_parameter_specs(text_config: Mapping[str, Any]) -> list[ParameterSpec
     return [ParameterSpec(name=n, shape=s, component=VISION_COMPONENT) for n, s in shapes.items()]
 
 
+#: The text layers' routed expert banks, which ``features.host_experts`` places in host memory (docs/memory.md).
+HOST_EXPERT_BANKS = ("/moe/experts/gate_up", "/moe/experts/down")
+
+
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
     """The parameters the selected features bind: the ``text`` component, plus the ``mtp`` component's own
     parameters when ``features.speculative == "mtp"`` (an artifact without that component is refused when
     they are bound), the ``dflash`` component's with ``"dflash"`` / ``"dflash2"`` (shapes from the drafter
     config the text config carries; an artifact converted without a drafter is a MissingComponentError), and
     the ``vision`` component's with ``features.vision``. Vision together with a speculative backend is refused
-    here until a program supports both."""
+    here until a program supports both. ``features.host_experts`` places the text layers' routed expert banks
+    in host memory (a dense model refuses it)."""
     if features.speculative not in (None, "mtp", "dflash", "dflash2"):
         raise NotSupportedError(f"Qwen3.5 speculative backend {features.speculative!r} is not supported")
     if features.vision and features.speculative is not None:
         raise NotSupportedError("Qwen3.5 vision with speculative decoding is not supported yet: start without "
                                 "the speculative backend, or without vision")
     cfg = Qwen35Config.from_compact(config)
-    specs = [ParameterSpec(name=n, shape=s, component="text") for n, s in text_shapes(cfg).items()]
+    if features.host_experts and not cfg.is_moe:
+        raise NotSupportedError("host_experts=True (--host-experts): this model is dense, it has no routed experts "
+                                "to place in host memory")
+    specs = [ParameterSpec(name=n, shape=s, component="text",
+                           placement="host" if features.host_experts and n.endswith(HOST_EXPERT_BANKS) else "device")
+             for n, s in text_shapes(cfg).items()]
     if features.speculative == "mtp":
         # The converter copies the head's config keys into the text config; an artifact converted without
         # the head may lack them: its specs still name the ``mtp`` component, which startup then finds missing.

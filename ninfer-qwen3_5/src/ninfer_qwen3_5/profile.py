@@ -56,13 +56,16 @@ _GDN_CHUNK = 64
 
 
 def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeatures, run: torch.dtype,
-             stored: Mapping[str, torch.dtype]) -> tuple[int, int]:
-    """(resident bytes, bytes created at construction)."""
-    resident = converted = 0
+             stored: Mapping[str, torch.dtype]) -> tuple[int, int, int]:
+    """(resident bytes on the run device, bytes created at construction, bytes placed in host memory)."""
+    resident = converted = host = 0
     for s in parameter_specs(config, features):
         if cfg.tie_word_embeddings and s.name == "text/lm_head":
             continue  # the same tensor as text/embed
         held = stored.get(s.name, run)
+        if s.placement == "host":   # host expert banks are kept as stored (layers/host_experts.py)
+            host += prod(s.shape) * held.itemsize
+            continue
         if s.name.endswith(_FP32_DERIVED):
             kept = torch.float32
             new = s.name.endswith("gdn/A_log") or held != torch.float32  # -exp() is always a new tensor
@@ -81,7 +84,7 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
     # The fused MoE input weight's zero rows (layers/moe.py: ROW_ALIGN), made at construction.
     pad = (cfg.num_layers * (fused_input_rows(cfg) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
            * cfg.hidden_size * run.itemsize if cfg.is_moe else 0)
-    return resident + inv_freq + pad, converted + inv_freq + pad
+    return resident + inv_freq + pad, converted + inv_freq + pad, host
 
 
 def _activation_bytes_per_token(cfg: Qwen35Config, s: int) -> int:
@@ -157,7 +160,7 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
     cfg = Qwen35Config.from_compact(config)
     run = dtype or torch.bfloat16
     s = run.itemsize
-    weight_bytes, converted = _weights(cfg, config, features, run, stored_dtypes or {})
+    weight_bytes, converted, host_bytes = _weights(cfg, config, features, run, stored_dtypes or {})
     n_attn, n_gdn = len(cfg.attention_layers), len(cfg.gdn_layers)
     n_kv = n_attn + (1 if features.speculative == "mtp" else 0)   # the MTP layer's KV pool
     kd = cfg.num_kv_heads * cfg.head_dim
@@ -193,7 +196,8 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         num_experts=cfg.num_experts if cfg.is_moe else 0,
         experts_per_token=cfg.num_experts_per_tok if cfg.is_moe else 0,
         encoder_bytes_per_row=_encoder_bytes_per_row(config, s) if features.vision else 0,
-        default_speculative_tokens=default_tokens)
+        default_speculative_tokens=default_tokens,
+        host_weight_bytes=host_bytes)
 
 
 def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:

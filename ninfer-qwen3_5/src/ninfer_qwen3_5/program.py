@@ -91,7 +91,8 @@ class Qwen35Program(SpeculativeProgram, ModelProgram):
         super().__init__(init, model_layout(cfg, init.options.dtype, mtp=backend == "mtp", drafter=drafter,
                                             vision=init.features.vision))
         self.cfg = cfg
-        self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype)
+        self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype,
+                                 host_experts=init.features.host_experts)
         self.snapshots: SpeculativeSnapshots | None = None
         self.speculation: SpeculativeDecoding | None = None
         self.tower: VisionTower | None = None

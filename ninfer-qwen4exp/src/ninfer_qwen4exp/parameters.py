@@ -140,12 +140,15 @@ def is_host_parameter(name: str) -> bool:
 
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
     """The ``text`` parameters (the PLE tables placed in host memory), plus the ``mtp`` component's with
-    ``features.speculative == "mtp"`` (an artifact without that component is refused when they are bound). Vision
-    and any other speculative backend are refused."""
+    ``features.speculative == "mtp"`` (an artifact without that component is refused when they are bound). Vision,
+    any other speculative backend and host experts are refused."""
     if features.vision:
         raise NotSupportedError("Qwen4-Exp vision is not supported yet (the artifact stores the tower)")
     if features.speculative not in (None, "mtp"):
         raise NotSupportedError(f"Qwen4-Exp speculative backend {features.speculative!r} is not supported (mtp)")
+    if features.host_experts:
+        raise NotSupportedError("Qwen4-Exp with host experts (--host-experts) is not supported yet: its routed "
+                                "experts stay on the device")
     cfg = Qwen4ExpConfig.from_compact(config)
     specs = [ParameterSpec(name=n, shape=s, component="text", placement="host" if is_host_parameter(n) else "device")
              for n, s in text_shapes(cfg).items()]

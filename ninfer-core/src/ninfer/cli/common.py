@@ -87,6 +87,13 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
     g.add_argument("--vision", action=argparse.BooleanOptionalAction, default=None,
                    help="bind the model's vision tower (images and videos in prompts); --no-vision saves its memory "
                         "(default: on when the model has one)")
+    g.add_argument("--vram-budget-mib", type=float, default=None, metavar="MIB",
+                   help="most device memory the engine plans to use: weights, KV and state, workspace (default: "
+                        "NINFER_VRAM_BUDGET_MIB, else the device's free memory)")
+    g.add_argument("--host-experts", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep a MoE model's routed experts in host memory and compute them on the CPU (like "
+                        "llama.cpp's --cpu-moe); slower, but the model needs only its other weights on the GPU "
+                        "(default: only when the model does not fit the device budget)")
     g.add_argument("--max-encode-rows", type=int, default=None, metavar="PATCHES",
                    help="most image patches one engine step encodes, and the largest frame a request may carry "
                         "(default 16384, e.g. one 2048x2048 image; the plan reserves the encoder's memory for it)")
@@ -153,7 +160,7 @@ def engine_options(args: argparse.Namespace):
 
     kw: dict[str, Any] = {}
     for flag in ("max_concurrency", "max_context", "num_pages", "device", "dtype", "prefill_chunk_size",
-                 "max_step_tokens", "vision", "max_encode_rows"):
+                 "max_step_tokens", "vision", "max_encode_rows", "host_experts"):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value
@@ -175,6 +182,11 @@ def engine_options(args: argparse.Namespace):
     if host_mib is not None and not (math.isfinite(host_mib) and host_mib >= 0):
         raise NInferError(f"--cache-host-mib must be a finite number >= 0 (0 turns the Host tier off), "
                           f"got {host_mib}")
+    budget = getattr(args, "vram_budget_mib", None)
+    if budget is not None:
+        if not (math.isfinite(budget) and budget > 0):
+            raise NInferError(f"--vram-budget-mib must be a finite number of MiB > 0, got {budget}")
+        kw["vram_budget_mib"] = budget
     chunk = getattr(args, "prefill_chunk_size", None)
     if chunk is not None and chunk < 1:
         raise NInferError(f"--prefill-chunk-size must be at least 1 token, got {chunk}")

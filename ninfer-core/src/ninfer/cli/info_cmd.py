@@ -11,6 +11,7 @@ workspace, headroom under the device budget), computed from the profile without 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -39,10 +40,14 @@ def add_arguments(p) -> None:
     g.add_argument("--kv-budget-mib", type=float, default=None, metavar="MIB", help="device MiB for KV pages")
     g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="TOKENS",
                    help="most prompt tokens one engine step prefills")
+    g.add_argument("--vram-budget-mib", type=float, default=None, metavar="MIB",
+                   help="most device memory to plan for (default: NINFER_VRAM_BUDGET_MIB, else free memory)")
+    g.add_argument("--host-experts", action=argparse.BooleanOptionalAction, default=None,
+                   help="a MoE model's routed experts in host memory (default: only when the model does not fit)")
 
 
 _MEMORY_FLAGS = ("device", "dtype", "max_concurrency", "max_context", "page_size", "num_pages", "kv_budget_mib",
-                 "prefill_chunk_size")
+                 "prefill_chunk_size", "vram_budget_mib", "host_experts")
 
 
 def _memory_plan(artifact, args):

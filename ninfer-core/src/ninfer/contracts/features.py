@@ -10,11 +10,14 @@ Purpose = Literal["generation", "causal_scoring"]
 
 @dataclass(frozen=True)
 class StartupFeatures:
-    """Invariant: Text is always on; at most one speculative backend; purpose never changes after start."""
+    """Invariant: Text is always on; at most one speculative backend; purpose never changes after start.
+    ``host_experts``: a MoE model's routed expert banks are placed in host memory and computed there
+    (``EngineOptions.host_experts``, resolved)."""
 
     vision: bool = False
     speculative: str | None = None  # None, "mtp", "dflash" or "dflash2"
     purpose: Purpose = "generation"
+    host_experts: bool = False
 
     def components(self) -> tuple[str, ...]:
         """Artifact components these features read (Text first)."""

@@ -101,6 +101,14 @@ class EngineOptions:
       image, or a video's temporal patch) at a time at the least, so a large image delays other streams by at
       most this much encoder work; a frame larger than it is refused at submit. The planner reserves the
       encoder's workspace for it.
+    - ``vram_budget_mib`` (> 0; None: ``NINFER_VRAM_BUDGET_MIB``, else the device's free memory): the most device
+      memory the engine plans to use (weights, KV and State, workspace, graphs; ``ninfer.planning.budget``).
+    - ``host_experts``: where a MoE model's routed expert banks live (docs/memory.md, "Host experts"). True: in
+      host memory, computed by the CPU (a step copies the layer's hidden rows and routing to the host and the
+      routed experts' sum back; the router, shared expert and everything else stay on the device); False: on
+      the device. None (default): on the device when the model and one ``max_context`` request fit the budget,
+      else in host memory. With host experts a step waits for the host in every MoE layer, so decode CUDA graphs
+      and lookahead are off. An architecture without routed experts ignores None and refuses True.
     - ``warmup`` (start-up warm-up, ``ninfer.program.warmup``): before the engine serves, run its step paths
       over synthetic sequences (every token-count class up to the prefill chunk, several chunks per step, decode
       rows beside chunks, constrained, sampled, penalised and logprob rows, lookahead, speculative rows,
@@ -132,6 +140,8 @@ class EngineOptions:
     num_speculative_tokens: int | None = None
     lookahead: bool | None = None
     warmup: bool | None = None
+    vram_budget_mib: float | None = None
+    host_experts: bool | None = None
 
     def validate(self) -> EngineOptions:
         def bad(name: str, why: str) -> InvalidEngineOptions:
@@ -195,6 +205,14 @@ class EngineOptions:
                                                  or not isinstance(self.max_encode_rows, int)
                                                  or self.max_encode_rows < 1):
             raise bad("max_encode_rows", "must be an int >= 1 or None")
+        if self.vram_budget_mib is not None and (isinstance(self.vram_budget_mib, bool)
+                                                 or not isinstance(self.vram_budget_mib, int | float)
+                                                 or not self.vram_budget_mib > 0):
+            raise bad("vram_budget_mib", "must be a number of MiB > 0 or None")
+        if self.host_experts is not None and not isinstance(self.host_experts, bool):
+            raise bad("host_experts", "must be True, False or None (auto: on the host when the model does not fit)")
+        if self.host_experts and self.lookahead:
+            raise bad("lookahead", "host experts make every MoE layer wait for the host: no lookahead with them")
         # The speculative name is checked against the registered backends at resolution: this layer sits
         # beside the plugin registry and does not import it.
         return self
@@ -266,4 +284,5 @@ class EngineOptions:
 
     def features(self) -> StartupFeatures:
         """The features these options bind; ``vision`` None (auto, not yet resolved for an artifact) binds none."""
-        return StartupFeatures(vision=bool(self.vision), speculative=self.speculative, purpose=self.purpose)
+        return StartupFeatures(vision=bool(self.vision), speculative=self.speculative, purpose=self.purpose,
+                               host_experts=bool(self.host_experts))

@@ -31,7 +31,7 @@ from ninfer.contracts.architecture import ArchitectureSpec, ModelProfile, Parame
 from ninfer.contracts.memory import MemorySummary
 from ninfer.contracts.options import EngineOptions
 from ninfer.errors import NotSupportedError
-from ninfer.planning.budget import device_budget, host_budget
+from ninfer.planning.budget import BUDGET_ENV, DeviceBudget, MemoryPlanError, device_budget, host_budget
 from ninfer.planning.memory import MemoryPlan, plan_memory
 from ninfer.planning.resolution import (
     ResolvedOptions,
@@ -172,12 +172,39 @@ class StartupPlan:
 def plan(artifact: str | os.PathLike | ArtifactReader, options: EngineOptions,
          env: Mapping[str, str] | None = None) -> StartupPlan:
     """The plan an engine started from ``artifact`` with ``options`` commits to (module docstring), the
-    budget read now from the device and ``env`` (None: ``os.environ``). Raises what
-    :func:`artifact_profile` raises, and MemoryPlanError when the model and one max_context request
-    cannot fit the budget."""
+    budget read now from the device and ``env`` (None: ``os.environ``; ``options.vram_budget_mib`` overrides its
+    ``NINFER_VRAM_BUDGET_MIB``). Raises what :func:`artifact_profile` raises, and MemoryPlanError when the model
+    and one max_context request cannot fit the budget.
+
+    ``host_experts`` None (auto) on a device that is not the CPU: when everything on the device does not fit, the
+    plan is made again with the routed experts in host memory (if the architecture places any there), and the
+    resolved options say ``host_experts=True``; if that does not fit either, the error gives both needs."""
+    env = dict(os.environ if env is None else env)
+    if options.vram_budget_mib is not None:
+        env[BUDGET_ENV] = repr(float(options.vram_budget_mib))
     model = artifact_profile(artifact, options)
+    budget = device_budget(model.device, env)
+    try:
+        return StartupPlan(model=model, memory=_plan_memory(model, budget, env))
+    except MemoryPlanError as on_device:
+        if options.host_experts is not None or budget.device == "cpu":   # on the CPU the host is the device
+            raise
+        try:
+            hosted = artifact_profile(artifact, dataclasses.replace(options, host_experts=True))
+        except NotSupportedError:
+            raise on_device from None
+        if hosted.profile.host_weight_bytes <= model.profile.host_weight_bytes:
+            raise
+        try:
+            memory = _plan_memory(hosted, budget, env)
+        except MemoryPlanError as exc:
+            raise MemoryPlanError(f"{exc} (that is with the routed experts in host memory; with them on the "
+                                  f"device: {on_device})") from None
+        log.info("routed experts placed in host memory: %s", on_device)
+        return StartupPlan(model=hosted, memory=memory)
+
+
+def _plan_memory(model: ArtifactProfile, budget: DeviceBudget, env: Mapping[str, str]) -> MemoryPlan:
     host = host_budget(env) if model.device.type != "cpu" and model.profile.host_weight_bytes else None
-    memory = plan_memory(model.options, model.profile, device_budget(model.device, env),
-                         load_bytes=model.source.load_bytes, host_load_bytes=model.source.host_load_bytes,
-                         host_budget=host)
-    return StartupPlan(model=model, memory=memory)
+    return plan_memory(model.options, model.profile, budget, load_bytes=model.source.load_bytes,
+                       host_load_bytes=model.source.host_load_bytes, host_budget=host)

@@ -96,8 +96,11 @@ def explicit_pages(options: EngineOptions, profile: ModelProfile, max_context: i
 def graph_batches(device: torch.device, options: EngineOptions) -> int:
     """How many graph sizes startup plans and captures (batch sizes 1..N): ``max_concurrency`` on CUDA for
     generation unless ``NINFER_CUDA_GRAPHS=0``, else 0. A speculating Program captures its verify graphs for those
-    row counts instead of decode graphs (``Program.capture_decode_graphs`` says which it captures)."""
+    row counts instead of decode graphs (``Program.capture_decode_graphs`` says which it captures). Host experts
+    (``EngineOptions.host_experts``) wait for the host inside every MoE layer, which no graph can capture: 0."""
     if device.type != "cuda" or options.purpose != "generation" or os.environ.get(GRAPHS_ENV, "1").strip() == "0":
+        return 0
+    if options.host_experts:
         return 0
     return options.max_concurrency
 

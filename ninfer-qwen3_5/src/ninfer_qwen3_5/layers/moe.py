@@ -20,6 +20,7 @@ from ninfer.quant import PackedWeight
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.fused import NormInput, norm_project, row_groups
+from ninfer_qwen3_5.layers.host_experts import HostExperts
 
 # The fused input GEMM's rows are padded with zero rows to a multiple of this: its [T, rows] output's row stride
 # must be 16-byte aligned for cuBLAS's vectorised kernels. Unpadded (E + 2Is + 1 = 1281 at 35B-A3B), cuBLAS
@@ -34,7 +35,10 @@ def fused_input_rows(cfg: Qwen35Config) -> int:
 
 
 class SparseMoE:
-    def __init__(self, cfg: Qwen35Config, w: dict[str, torch.Tensor], ops) -> None:
+    """``host_experts``: the routed banks are in host memory and computed there
+    (:class:`~ninfer_qwen3_5.layers.host_experts.HostExperts`); the rest of the block stays on the device."""
+
+    def __init__(self, cfg: Qwen35Config, w: dict[str, torch.Tensor], ops, *, host_experts: bool = False) -> None:
         self.ops = ops
         self.top_k = cfg.num_experts_per_tok
         self.num_experts = cfg.num_experts
@@ -48,6 +52,7 @@ class SparseMoE:
             self.in_groups = row_groups([self.w_in])
         self.bank_gate_up, self.bank_down = w["experts/gate_up"], w["experts/down"]
         self.w_shared_down = w["shared/down"]
+        self.host = HostExperts(self.bank_gate_up, self.bank_down) if host_experts else None
 
     def __call__(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         ops, e, s = self.ops, self.num_experts, self.shared_width
@@ -55,4 +60,6 @@ class SparseMoE:
         proj = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)   # [T, E + 2Is + 1 (+ padding)]
         weights, ids = ops.moe_router(proj[:, :e], self.top_k)
         shared = SharedExpert(projected=proj[:, e:e + s], down=self.w_shared_down, gate_logit=proj[:, e + s])
+        if self.host is not None:
+            return self.host(h, weights, ids, shared), residual
         return ops.moe_experts(h, weights, ids, self.bank_gate_up, self.bank_down, shared=shared), residual

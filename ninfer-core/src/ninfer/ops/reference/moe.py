@@ -33,6 +33,16 @@ def moe_router(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Te
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                 down: torch.Tensor, *, shared: SharedExpert | None = None) -> torch.Tensor:
     """Weighted sum of the routed experts' SwiGLU MLPs for ``x[T, H]``; returns [T, H] in x.dtype."""
+    out = routed_experts_fp32(x, weights, ids, gate_up, down)
+    if shared is not None:
+        out += shared_expert_fp32(shared, x.dtype)
+    return out.to(x.dtype)
+
+
+def routed_experts_fp32(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up, down) -> torch.Tensor:
+    """The routed part of :func:`moe_experts` before its one rounding: the fp32 ``[T, H]`` sum on x's device. A
+    bank is a tensor ``[E, ...]`` or anything indexable by expert with ``shape`` and ``dtype`` (a quantized bank
+    decoded per expert, ``ninfer.ops.reference.quantized.DecodedBank``)."""
     t_len, k = ids.shape
     inter = down.shape[-1]
     flat_ids = ids.reshape(-1)
@@ -54,9 +64,7 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
         y = (act @ down[expert].to(wide).t()).float()                # [n, H]
         out.index_add_(0, tokens, y * pair_weight[start:start + count, None])
         start += count
-    if shared is not None:
-        out += shared_expert_fp32(shared, x.dtype)
-    return out.to(x.dtype)
+    return out
 
 
 def shared_expert_fp32(shared: SharedExpert, dtype: torch.dtype) -> torch.Tensor:

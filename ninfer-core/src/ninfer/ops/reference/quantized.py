@@ -59,7 +59,7 @@ def add_rms_norm_unit_offset_swiglu(x, residual, norm_weight, eps, gate_up: Pack
     return silu_and_mul(y), normed, new_residual
 
 
-class _DecodedBank:
+class DecodedBank:
     """A bank that decodes one expert when indexed: what the dense reference reads (shape, dtype, [e])."""
 
     def __init__(self, bank: torch.Tensor | PackedWeight) -> None:
@@ -75,7 +75,7 @@ def moe_experts(x, weights, ids, gate_up, down, *, shared: SharedExpert | None =
     """The dense reference with each used expert decoded to fp32 (and a packed shared ``down`` decoded)."""
     if shared is not None and isinstance(shared.down, PackedWeight):
         shared = replace(shared, down=shared.down.dequantize(torch.float32))
-    return dense_moe.moe_experts(x, weights, ids, _DecodedBank(gate_up), _DecodedBank(down), shared=shared)
+    return dense_moe.moe_experts(x, weights, ids, DecodedBank(gate_up), DecodedBank(down), shared=shared)
 
 
 _FORMATS = frozenset(QUANTIZED_FORMATS)

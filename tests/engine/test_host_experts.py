@@ -1,0 +1,193 @@
+"""Routed experts in host memory, computed by the CPU (``EngineOptions.host_experts``, docs/memory.md).
+
+On the CPU host and device are one memory, but the code path is the GPU's: the routed sum is computed by
+``HostExperts`` on host copies of the rows and routing, the shared expert beside it. Checked here:
+
+- the layer: ``HostExperts`` equals the reference ``moe_experts`` bitwise, for fp32, bf16 and quantized banks;
+- the engine: greedy tokens and scoring logprobs of tiny MoE models (top-2 of 8, top-4 of 16 experts) are
+  identical with and without host experts, batched, with chunked prefill and preemption;
+- the planner: with host experts the banks are host-placed (``ninfer info --memory``'s host line), and when the
+  model does not fit the device budget the plan moves them to the host by itself; too small a budget names both
+  needs; a dense model refuses ``host_experts=True``; options are checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from ninfer import Engine, EngineOptions
+from ninfer.contracts.options import InvalidEngineOptions
+from ninfer.contracts.sampling import SamplingParams
+from ninfer.conversion import convert
+from ninfer.errors import NotSupportedError
+from ninfer.ops.contracts import SharedExpert
+from ninfer.ops.reference.moe import moe_experts
+from ninfer.ops.reference.quantized import moe_experts as quantized_moe_experts
+from ninfer.planning import budget as budget_mod
+from ninfer.planning import planner
+from ninfer.planning.budget import MemoryPlanError
+from ninfer_qwen3_5.layers.host_experts import HostExperts
+from support.models import tiny_text_model, write_byte_tokenizer
+
+GEOMETRY = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=4096,
+                num_hidden_layers=4, tie_word_embeddings=False, moe_intermediate_size=32,
+                shared_expert_intermediate_size=48)
+MOES = {"top2of8": dict(num_experts=8, num_experts_per_tok=2), "top4of16": dict(num_experts=16, num_experts_per_tok=4)}
+PROMPTS = ["def add(a, b):\n    return a + b\n", "class Stack:\n    def push(self, x):\n", "import os\nimport sys\n",
+           "for i in range(10):\n    print(i * i)\n" * 3]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("host_experts")
+    out = {}
+    for name, moe in MOES.items():
+        torch.manual_seed(0)
+        model = tiny_text_model("moe", dict(GEOMETRY, **moe), seed=5)
+        model.config.architectures = ["Qwen3_5MoeForCausalLM"]
+        model.config.eos_token_id = 258
+        model.save_pretrained(root / name, safe_serialization=True)
+        write_byte_tokenizer(root / name)
+        out[name] = convert(root / name, root / f"{name}.ninfer", progress=False).paths[0]
+    return out
+
+
+# -- the layer -----------------------------------------------------------------------------------------------------
+
+def _case(dtype, experts=8, k=2, tokens=5, hidden=64, inter=32, shared_inter=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    logits = torch.randn(tokens, experts, generator=g)
+    w, ids = torch.topk(torch.softmax(logits, -1), k)
+    w = w / w.sum(-1, keepdim=True)
+    gate_up = (torch.randn(experts, 2 * inter, hidden, generator=g) * 0.1).to(dtype)
+    down = (torch.randn(experts, hidden, inter, generator=g) * 0.1).to(dtype)
+    shared = SharedExpert(projected=torch.randn(tokens, 2 * shared_inter, generator=g).to(dtype),
+                          down=(torch.randn(hidden, shared_inter, generator=g) * 0.1).to(dtype),
+                          gate_logit=torch.randn(tokens, generator=g))
+    return x, w, ids, gate_up, down, shared
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_shared", [True, False])
+def test_host_experts_equal_the_reference_op_bitwise(dtype, with_shared):
+    x, w, ids, gate_up, down, shared = _case(dtype)
+    shared = shared if with_shared else None
+    want = moe_experts(x, w, ids, gate_up, down, shared=shared)
+    got = HostExperts(gate_up, down)(x, w, ids, shared)
+    assert got.dtype == dtype and torch.equal(got, want)
+    # A routing change is seen (the comparison can fail).
+    assert not torch.equal(HostExperts(gate_up, down)(x, w, ids.flip(-1), shared), want)
+
+
+@pytest.mark.parametrize("fmt", ["q8_g32_fp16", "q4_g64_fp16", "fp8_e4m3fn_row_bf16"])
+def test_quantized_host_banks_equal_the_quantized_reference(fmt):
+    from ninfer.quant.packed import packed_view
+    from ops_triton.quant_cases import parent_bytes
+
+    x, w, ids, gate_up, down, shared = _case(torch.float32, hidden=64, inter=64)
+
+    def pack(bank):
+        parent = parent_bytes(fmt, bank.reshape(-1, bank.shape[-1]))
+        return packed_view(fmt, parent, tuple(bank.shape), 0, bank.numel(), tuple(bank.shape))
+
+    gu, dn = pack(gate_up), pack(down)
+    want = quantized_moe_experts(x, w, ids, gu, dn, shared=shared)
+    assert torch.equal(HostExperts(gu, dn)(x, w, ids, shared), want)
+
+
+def test_host_experts_refuse_device_banks():
+    meta = torch.empty((2, 4, 4), device="meta")
+    with pytest.raises(ValueError, match="gate_up bank in host memory"):
+        HostExperts(meta, meta)
+
+
+# -- the engine ----------------------------------------------------------------------------------------------------
+
+def _generate(path, **options) -> list[tuple[int, ...]]:
+    opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=4, max_context=256, prefill_chunk_size=16,
+                         page_size=4, **options)
+    with Engine.start(path, opts) as engine:
+        handles = [engine.submit(p, sampling=GREEDY) for p in PROMPTS]
+        return [tuple(h.result().token_ids) for h in handles]
+
+
+@pytest.mark.parametrize("name", list(MOES))
+def test_greedy_tokens_equal_with_and_without_host_experts(artifacts, name):
+    plain = _generate(artifacts[name], host_experts=False)
+    hosted = _generate(artifacts[name], host_experts=True)
+    assert hosted == plain and all(len(t) == 24 for t in plain)
+
+
+def test_preempted_and_scored_equal(artifacts):
+    path = artifacts["top2of8"]
+    # A pool of few pages forces preemption and Replay.
+    assert _generate(path, host_experts=True, num_pages=80) == _generate(path, host_experts=False, num_pages=80)
+    reports = []
+    for host in (False, True):
+        with Engine.start(path, device="cpu", dtype="float32", purpose="causal_scoring", host_experts=host) as eng:
+            reports.append([t.logprob for t in eng.score([PROMPTS[3]], logprobs=True).texts[0].token_logprobs])
+    assert reports[0] == reports[1]
+
+
+def test_host_experts_are_host_placed_and_shown(artifacts):
+    plan = planner.plan(artifacts["top4of16"], EngineOptions(device="cpu", dtype="float32", host_experts=True))
+    summary = plan.summary()
+    banks = [s for s in plan.model.parameter_specs if s.placement == "host"]
+    assert {s.name.rsplit("/", 1)[-1] for s in banks} == {"gate_up", "down"} and len(banks) == 2 * 4
+    assert summary.host_weights_bytes == plan.model.profile.host_weight_bytes > 0
+    plain = planner.plan(artifacts["top4of16"], EngineOptions(device="cpu", dtype="float32"))
+    assert plain.model.profile.host_weight_bytes == 0
+    assert plain.model.profile.weight_bytes == plan.model.profile.weight_bytes + plan.model.profile.host_weight_bytes
+
+
+def _fake_gpu(monkeypatch, budget_bytes: int):
+    """The planner sees a non-CPU device budget of ``budget_bytes`` (the model itself still runs on the CPU)."""
+    fake = budget_mod.DeviceBudget("cuda:0", budget_bytes, 0, "test")
+    monkeypatch.setattr(planner, "device_budget", lambda device, env=None: fake)
+
+
+def test_auto_places_experts_on_the_host_when_they_do_not_fit(artifacts, monkeypatch):
+    path = artifacts["top4of16"]
+    opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16)
+    _fake_gpu(monkeypatch, 1 << 40)
+    hosted = planner.plan(path, dataclasses.replace(opts, host_experts=True))
+    full = planner.plan(path, opts)
+    assert full.options.options.host_experts is None and full.model.profile.host_weight_bytes == 0
+    # Between what the model needs on a GPU with its experts on the host and with them on the device.
+    need_hosted = hosted.memory.summary(torch.float32).planned_bytes
+    need_full = full.memory.summary(torch.float32).planned_bytes
+    assert need_hosted < need_full
+    _fake_gpu(monkeypatch, (need_hosted + need_full) // 2)
+    auto = planner.plan(path, opts)
+    assert auto.options.options.host_experts is True and auto.model.profile.host_weight_bytes > 0
+    assert auto.options.graph_batches == 0 and auto.options.lookahead_slots == 0
+    with pytest.raises(MemoryPlanError):
+        planner.plan(path, dataclasses.replace(opts, host_experts=False))   # explicit: never moved
+    _fake_gpu(monkeypatch, need_hosted // 2)
+    with pytest.raises(MemoryPlanError, match="with the routed experts in host memory; with them on the device"):
+        planner.plan(path, opts)
+
+
+def test_dense_models_refuse_host_experts(default_artifact):
+    with pytest.raises(NotSupportedError, match="dense, it has no routed experts"):
+        Engine.start(default_artifact, device="cpu", host_experts=True)
+
+
+def test_options_are_checked():
+    with pytest.raises(InvalidEngineOptions, match="vram_budget_mib"):
+        EngineOptions(vram_budget_mib=0).validate()
+    with pytest.raises(InvalidEngineOptions, match="host_experts"):
+        EngineOptions(host_experts="yes").validate()
+    with pytest.raises(InvalidEngineOptions, match="no lookahead"):
+        EngineOptions(host_experts=True, lookahead=True).validate()
+
+
+def test_vram_budget_option_caps_the_plan(artifacts):
+    with pytest.raises(MemoryPlanError):
+        planner.plan(artifacts["top2of8"], EngineOptions(device="cpu", dtype="float32", vram_budget_mib=0.5))
