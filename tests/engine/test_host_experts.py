@@ -14,6 +14,7 @@ On the CPU host and device are one memory, but the code path is the GPU's: the r
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -191,3 +192,73 @@ def test_options_are_checked():
 def test_vram_budget_option_caps_the_plan(artifacts):
     with pytest.raises(MemoryPlanError):
         planner.plan(artifacts["top2of8"], EngineOptions(device="cpu", dtype="float32", vram_budget_mib=0.5))
+
+
+# -- the device cache of host experts ------------------------------------------------------------------------------
+
+def test_expert_cache_follows_the_routing():
+    from ninfer_qwen3_5.layers.expert_cache import ExpertCache
+
+    gate_up, down = torch.randn(6, 4, 3), torch.randn(6, 3, 2)
+    cache = ExpertCache(gate_up, down, 2, torch.device("cpu"), torch.float32)
+    cache.refresh()
+    assert cache.expert_in == [-1, -1]          # nothing routed yet: nothing cached
+    cache.observe(torch.tensor([[4, 1], [4, 1], [4, 5]]))
+    cache.refresh()
+    assert sorted(cache.expert_in) == [1, 4]
+    for slot, expert in enumerate(cache.expert_in):
+        assert cache.slot_of[expert] == slot
+        assert torch.equal(cache.gate_up[slot], gate_up[expert]) and torch.equal(cache.down[slot], down[expert])
+    cached, slot = cache.split(torch.tensor([[4, 5]]))
+    assert cached.tolist() == [[True, False]] and slot[0, 0] == cache.slot_of[4]
+    assert (cache.hits, cache.misses) == (1, 1)
+    for _ in range(3):                            # expert 5 takes over from 1, the worse of the cached two
+        cache.observe(torch.tensor([[5, 4], [5, 4]]))
+    cache.refresh()
+    assert sorted(cache.expert_in) == [4, 5] and cache.slot_of[1] == -1
+    with pytest.raises(ValueError, match="1..6 slots"):
+        ExpertCache(gate_up, down, 7, torch.device("cpu"), torch.float32)
+
+
+def _fp64_moe(x, w, ids, gate_up, down, shared):
+    return moe_experts(x.double(), w.double(), ids, gate_up.double(), down.double(),
+                       shared=SharedExpert(shared.projected.double(), shared.down.double(), shared.gate_logit.double()))
+
+
+@pytest.mark.parametrize("slots,rounds", [(8, 0), (8, 3), (3, 3), (1, 2)])
+def test_cached_host_experts_against_fp64(slots, rounds):
+    """None cached (the first call), all cached (8 of 8 after routing was seen) and mixed: within fp32 rounding of
+    the fp64 oracle, and bitwise the uncached result while nothing is cached."""
+    ops = types.SimpleNamespace(moe_experts=moe_experts)   # the CPU's device op
+    x, w, ids, gate_up, down, shared = _case(torch.float32, tokens=7)
+    layer = HostExperts(gate_up, down, cache_slots=slots, ops=ops, device=torch.device("cpu"), dtype=torch.float32)
+    for _ in range(rounds):
+        layer(x, w, ids, shared)
+    hits, misses = layer.cache.hits, layer.cache.misses
+    got = layer(x, w, ids, shared)
+    hits, misses = layer.cache.hits - hits, layer.cache.misses - misses
+    want = _fp64_moe(x, w, ids, gate_up, down, shared)
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-6)
+    assert hits + misses == ids.numel()
+    if rounds == 0:
+        assert hits == 0 and torch.equal(got, moe_experts(x, w, ids, gate_up, down, shared=shared))
+    else:   # every expert the step routes to, once seen, is cached when the slots hold them all
+        assert hits > 0 and (misses == 0) == (slots >= len(set(ids.reshape(-1).tolist())))
+
+
+@pytest.mark.parametrize("slots", [2, 8])
+def test_greedy_tokens_equal_with_an_expert_cache(artifacts, slots):
+    plain = _generate(artifacts["top2of8"], host_experts=False)
+    assert _generate(artifacts["top2of8"], host_experts=True, expert_cache_slots=slots) == plain
+
+
+def test_expert_cache_options(artifacts):
+    with pytest.raises(InvalidEngineOptions, match="needs host_experts"):
+        EngineOptions(expert_cache_slots=2, host_experts=False).validate()
+    with pytest.raises(NotSupportedError, match="at most that many can be cached"):
+        planner.plan(artifacts["top2of8"], EngineOptions(device="cpu", host_experts=True, expert_cache_slots=9))
+    base = planner.plan(artifacts["top2of8"], EngineOptions(device="cpu", dtype="float32", host_experts=True))
+    cached = planner.plan(artifacts["top2of8"], EngineOptions(device="cpu", dtype="float32", host_experts=True,
+                                                              expert_cache_slots=2))
+    per_expert = 3 * 32 * 64 * 4
+    assert cached.model.profile.weight_bytes - base.model.profile.weight_bytes == 4 * 2 * per_expert

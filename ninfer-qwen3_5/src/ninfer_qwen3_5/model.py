@@ -81,8 +81,9 @@ def inverse_frequencies(cfg: Qwen35Config) -> torch.Tensor:
 
 class Qwen35Model:
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
-                 dtype: torch.dtype, *, host_experts: bool = False) -> None:
-        """``host_experts``: the text layers' routed banks are in host memory (``StartupFeatures.host_experts``)."""
+                 dtype: torch.dtype, *, host_experts: bool = False, expert_cache_slots: int = 0) -> None:
+        """``host_experts``: the text layers' routed banks are in host memory (``StartupFeatures.host_experts``),
+        ``expert_cache_slots`` of them per layer cached on the device."""
         self.cfg, self.ops = cfg, ops
         self.host_experts = host_experts
         weights = self._prepare_weights(weights, dtype)
@@ -92,7 +93,8 @@ class Qwen35Model:
             p = layer_prefix("text", i) + "/"
             mixer = (GatedAttention(cfg, i, _group(weights, p + "attention/"), ops) if kind == FULL
                      else GatedDeltaNet(cfg, i, _group(weights, p + "gdn/"), ops))
-            mlp = (SparseMoE(cfg, _group(weights, p + "moe/"), ops, host_experts=host_experts) if cfg.is_moe
+            mlp = (SparseMoE(cfg, _group(weights, p + "moe/"), ops, host_experts=host_experts,
+                             cache_slots=expert_cache_slots, device=device, dtype=dtype) if cfg.is_moe
                    else DenseMLP(_group(weights, p + "mlp/"), ops))
             self.layers.append(_Layer(weights[p + "input_norm"], weights[p + "post_norm"], mixer, mlp))
         self.inv_freq = inverse_frequencies(cfg).to(device)

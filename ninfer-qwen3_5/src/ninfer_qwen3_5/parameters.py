@@ -151,6 +151,9 @@ def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> lis
     if features.host_experts and not cfg.is_moe:
         raise NotSupportedError("host_experts=True (--host-experts): this model is dense, it has no routed experts "
                                 "to place in host memory")
+    if cfg.is_moe and features.expert_cache_slots > cfg.num_experts:
+        raise NotSupportedError(f"expert_cache_slots={features.expert_cache_slots} (--expert-cache-slots): this "
+                                f"model's layers have {cfg.num_experts} experts, so at most that many can be cached")
     specs = [ParameterSpec(name=n, shape=s, component="text",
                            placement="host" if features.host_experts and n.endswith(HOST_EXPERT_BANKS) else "device")
              for n, s in text_shapes(cfg).items()]

@@ -84,7 +84,10 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
     # The fused MoE input weight's zero rows (layers/moe.py: ROW_ALIGN), made at construction.
     pad = (cfg.num_layers * (fused_input_rows(cfg) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
            * cfg.hidden_size * run.itemsize if cfg.is_moe else 0)
-    return resident + inv_freq + pad, converted + inv_freq + pad, host
+    # The device cache of host experts (layers/expert_cache.py), in the run dtype.
+    cache = (cfg.num_layers * features.expert_cache_slots * 3 * cfg.moe_intermediate_size * cfg.hidden_size
+             * run.itemsize if cfg.is_moe and features.host_experts else 0)
+    return resident + inv_freq + pad + cache, converted + inv_freq + pad + cache, host
 
 
 def _activation_bytes_per_token(cfg: Qwen35Config, s: int) -> int:

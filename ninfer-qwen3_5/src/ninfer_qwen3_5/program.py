@@ -92,7 +92,8 @@ class Qwen35Program(SpeculativeProgram, ModelProgram):
                                             vision=init.features.vision))
         self.cfg = cfg
         self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype,
-                                 host_experts=init.features.host_experts)
+                                 host_experts=init.features.host_experts,
+                                 expert_cache_slots=init.features.expert_cache_slots)
         self.snapshots: SpeculativeSnapshots | None = None
         self.speculation: SpeculativeDecoding | None = None
         self.tower: VisionTower | None = None

@@ -94,6 +94,9 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                    help="keep a MoE model's routed experts in host memory and compute them on the CPU (like "
                         "llama.cpp's --cpu-moe); slower, but the model needs only its other weights on the GPU "
                         "(default: only when the model does not fit the device budget)")
+    g.add_argument("--expert-cache-slots", type=int, default=None, metavar="N",
+                   help="with host experts: per MoE layer, keep this many experts (the most routed lately) on the "
+                        "device too (default 0)")
     g.add_argument("--max-encode-rows", type=int, default=None, metavar="PATCHES",
                    help="most image patches one engine step encodes, and the largest frame a request may carry "
                         "(default 16384, e.g. one 2048x2048 image; the plan reserves the encoder's memory for it)")
@@ -160,7 +163,7 @@ def engine_options(args: argparse.Namespace):
 
     kw: dict[str, Any] = {}
     for flag in ("max_concurrency", "max_context", "num_pages", "device", "dtype", "prefill_chunk_size",
-                 "max_step_tokens", "vision", "max_encode_rows", "host_experts"):
+                 "max_step_tokens", "vision", "max_encode_rows", "host_experts", "expert_cache_slots"):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value

@@ -36,9 +36,11 @@ def fused_input_rows(cfg: Qwen35Config) -> int:
 
 class SparseMoE:
     """``host_experts``: the routed banks are in host memory and computed there
-    (:class:`~ninfer_qwen3_5.layers.host_experts.HostExperts`); the rest of the block stays on the device."""
+    (:class:`~ninfer_qwen3_5.layers.host_experts.HostExperts`, ``cache_slots`` of them per layer also cached on
+    ``device`` in ``dtype``); the rest of the block stays on the device."""
 
-    def __init__(self, cfg: Qwen35Config, w: dict[str, torch.Tensor], ops, *, host_experts: bool = False) -> None:
+    def __init__(self, cfg: Qwen35Config, w: dict[str, torch.Tensor], ops, *, host_experts: bool = False,
+                 cache_slots: int = 0, device: torch.device | None = None, dtype: torch.dtype | None = None) -> None:
         self.ops = ops
         self.top_k = cfg.num_experts_per_tok
         self.num_experts = cfg.num_experts
@@ -52,7 +54,8 @@ class SparseMoE:
             self.in_groups = row_groups([self.w_in])
         self.bank_gate_up, self.bank_down = w["experts/gate_up"], w["experts/down"]
         self.w_shared_down = w["shared/down"]
-        self.host = HostExperts(self.bank_gate_up, self.bank_down) if host_experts else None
+        self.host = (HostExperts(self.bank_gate_up, self.bank_down, cache_slots=cache_slots, ops=ops, device=device,
+                                 dtype=dtype) if host_experts else None)
 
     def __call__(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         ops, e, s = self.ops, self.num_experts, self.shared_width

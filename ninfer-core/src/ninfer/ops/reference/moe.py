@@ -39,16 +39,21 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
     return out.to(x.dtype)
 
 
-def routed_experts_fp32(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up, down) -> torch.Tensor:
+def routed_experts_fp32(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up, down,
+                        skip: torch.Tensor | None = None) -> torch.Tensor:
     """The routed part of :func:`moe_experts` before its one rounding: the fp32 ``[T, H]`` sum on x's device. A
     bank is a tensor ``[E, ...]`` or anything indexable by expert with ``shape`` and ``dtype`` (a quantized bank
-    decoded per expert, ``ninfer.ops.reference.quantized.DecodedBank``)."""
+    decoded per expert, ``ninfer.ops.reference.quantized.DecodedBank``). ``skip`` (bool ``[T, k]``): pairs left
+    out of the sum (computed elsewhere)."""
     t_len, k = ids.shape
     inter = down.shape[-1]
+    experts = gate_up.shape[0]
     flat_ids = ids.reshape(-1)
+    if skip is not None:   # a skipped pair goes to bucket E, after every expert's group, and is never read
+        flat_ids = torch.where(skip.reshape(-1), experts, flat_ids)
     # Sort the T*k (token, expert) pairs by expert so each expert sees one contiguous group of tokens.
     order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=gate_up.shape[0]).tolist()
+    counts = torch.bincount(flat_ids, minlength=experts)[:experts].tolist()
     token_of_pair = (order // k)
     pair_weight = weights.reshape(-1)[order].float()
     wide = torch.promote_types(x.dtype, gate_up.dtype)
