@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import torch
 from ninfer.contracts.program import DecodeRow, SeqId
-from ninfer.program.batch import PackedBatch
+from ninfer.program.batch import PackedBatch, to_device
 from ninfer.program.draft_masks import MaskedDrafting, VerifyMasks
 
 from ninfer_qwen3_5.dflash.drafter import BlockRow, DFlashDrafter
@@ -71,8 +71,7 @@ class DFlashDecoding(SpeculativeDecoding):
         q: dict[int, torch.Tensor] = {}
         for n in sorted({n for _, n in verify}):
             group = [r for r, (_, m) in enumerate(verify) if m == n]
-            idx = torch.tensor([i for r in group for i in range(starts[r], starts[r] + n)], dtype=torch.int64,
-                               device=p.device)
+            idx = to_device([i for r in group for i in range(starts[r], starts[r] + n)], torch.int64, p.device)
             h = hidden.index_select(0, idx).view(len(group), n, -1)
             masked = MaskedDrafting([(g, masks[verify[r][0].seq]) for g, r in enumerate(group)
                                      if verify[r][0].seq in masks])
@@ -84,7 +83,7 @@ class DFlashDecoding(SpeculativeDecoding):
                 samp = [verify[r][0].sampling for r in group]
                 drafted, q_full = select_path(
                     logits, p.ops.linear(h, d.selector_hidden),
-                    torch.tensor([rows[r].anchor for r in group], dtype=torch.int64, device=p.device),
+                    to_device([rows[r].anchor for r in group], torch.int64, p.device),
                     d.selector_predecessor, d.selector_successor, d.cfg.selector_top_k,
                     [s.params.temperature for s in samp], [s.seed for s in samp], [s.step for s in samp], constrain)
             if masked.index:
@@ -113,5 +112,6 @@ class DFlashDecoding(SpeculativeDecoding):
 
     def _write(self, aux: torch.Tensor, positions: list[int], slots: list[int]) -> None:
         dev = self.p.device
-        self.drafter.write_context(self.p.kv, aux, torch.tensor(positions, dtype=torch.int64, device=dev),
-                                   torch.tensor(slots, dtype=torch.int64, device=dev))
+        # Pinned non-blocking copies: a pageable one would wait for the whole stream.
+        self.drafter.write_context(self.p.kv, aux, to_device(positions, torch.int64, dev),
+                                   to_device(slots, torch.int64, dev))

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 from ninfer.contracts.program import ProgramError
+from ninfer.program.batch import to_device
 from ninfer.storage.kv_pool import PagedKVCache
 
 from ninfer_qwen3_5.dflash.config import COMPONENT, DFlashConfig
@@ -159,9 +160,10 @@ class DFlashDrafter:
             seqs += [row.seq] * row.length
             owner += [r] * row.length
         t = len(toks)
-        tokens = torch.tensor(toks, dtype=torch.int64, device=dev)
-        positions = torch.tensor(pos, dtype=torch.int64, device=dev)
-        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=dev)
+        # Host lists reach the device through pinned non-blocking copies (a pageable copy waits for the stream).
+        tokens = to_device(toks, torch.int64, dev)
+        positions = to_device(pos, torch.int64, dev)
+        slot_mapping = to_device(slots, torch.int64, dev)
         ends = [rows[o].start + rows[o].length for o in owner]
         x = self.embed.index_select(0, tokens)
         if cfg.input_embedding_scale != 1.0:
@@ -191,7 +193,7 @@ class DFlashDrafter:
             if layer.conv is not None:
                 m = _grouped_conv(m, dyn, layer.conv[2][1], shifts)
             x = x + m
-        keep = torch.tensor([i for i in range(t) if pos[i] != rows[owner[i]].start], dtype=torch.int64, device=dev)
+        keep = to_device([i for i in range(t) if pos[i] != rows[owner[i]].start], torch.int64, dev)
         return ops.rms_norm_unit_offset(x.index_select(0, keep), self.norm, self.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -214,7 +216,7 @@ class DFlashDrafter:
         for row in rows:
             idx.append([[at + j - o if j >= o else t for j in range(row.length)] for o in range(k)])
             at += row.length
-        return torch.tensor([sum((r[o] for r in idx), []) for o in range(k)], dtype=torch.int64, device=self.device)
+        return to_device([sum((r[o] for r in idx), []) for o in range(k)], torch.int64, self.device)
 
     def _conv_prepare(self, h: torch.Tensor, base: torch.Tensor, projection: torch.Tensor, shifts: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -259,8 +261,8 @@ class _Attention:
                 lo = [max(0, p - window + 1) for p in self.pos]
                 hi = [min(h, p + window) for h, p in zip(hi, self.pos, strict=True)]
             t = len(hi)
-            tables = self.kv.page_table_tensor(self.seqs, hi)
-            lens = torch.tensor(hi, dtype=torch.int32, device=self.device)
+            tables = self.kv.page_table_tensor(self.seqs, hi, non_blocking=True)
+            lens = to_device(hi, torch.int32, self.device)
             cu = torch.arange(t + 1, dtype=torch.int32, device=self.device)
             self._plans[key] = (lo, hi, tables, lens, cu)
         return self._plans[key]

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from ninfer.program.batch import to_device
 
 from ninfer_qwen3_5.dflash.sampling import selector_uniforms
 
@@ -50,8 +51,10 @@ def select_path(logits: torch.Tensor, projected: torch.Tensor, anchors: torch.Te
     rows, n, vocab = logits.shape
     dev = logits.device
     k = min(top_k, vocab)
-    temps = torch.tensor([float(t) for t in temperatures], dtype=torch.float32, device=dev)
     sampled = [r for r, t in enumerate(temperatures) if t > 0]
+    # Host data only when a row samples: an all-greedy path copies nothing from the host (a CUDA graph records it).
+    temps = to_device([float(t) for t in temperatures], torch.float32, dev) if sampled else None
+    idx = to_device(sampled, torch.int64, dev) if sampled else None
     q_full = torch.zeros((rows, n, vocab), dtype=torch.float32, device=dev) if sampled else None
     drafted = torch.zeros((rows, 0), dtype=torch.int64, device=dev)
     prev = anchors.to(torch.int64)
@@ -63,7 +66,6 @@ def select_path(logits: torch.Tensor, projected: torch.Tensor, anchors: torch.Te
         pick = _argmax(scores)
         if sampled:
             q = torch.softmax(scores / torch.where(temps > 0, temps, 1.0)[:, None], dim=-1)
-            idx = torch.tensor(sampled, dtype=torch.int64, device=dev)
             u = selector_uniforms([seeds[r] for r in sampled], [steps[r] + i for r in sampled], vocab, dev)
             noise = -torch.log(-torch.log(u.gather(1, cand.index_select(0, idx))))
             pick = pick.index_copy(0, idx, _argmax(q.index_select(0, idx).double().log() + noise))

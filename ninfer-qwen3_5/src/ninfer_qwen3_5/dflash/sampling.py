@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 from ninfer.ops.reference.sampling import filter_logits, hash_uniform
+from ninfer.program.batch import to_device
 from ninfer.program.speculation import rejection_acceptance
 
 # Stream keys (XOR-ed into the request seed; below 2^62, so an int64 seed stays an int64).
@@ -33,8 +34,8 @@ ACCEPT = 0x1B873593CC9E2D51 & ((1 << 62) - 1)
 
 
 def _uniforms(seeds: Sequence[int], steps: Sequence[int], vocab: int, key: int, device) -> torch.Tensor:
-    s = torch.tensor([int(x) ^ key for x in seeds], dtype=torch.int64, device=device)
-    t = torch.tensor([int(x) for x in steps], dtype=torch.int64, device=device)
+    s = to_device([int(x) ^ key for x in seeds], torch.int64, torch.device(device))
+    t = to_device([int(x) for x in steps], torch.int64, torch.device(device))
     return hash_uniform(s, t, vocab)
 
 
