@@ -23,6 +23,7 @@ the selector's distribution and are accepted by rejection sampling against it (:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 import torch
@@ -31,9 +32,12 @@ from ninfer.program.batch import PackedBatch, to_device
 from ninfer.program.draft_masks import MaskedDrafting, VerifyMasks
 
 from ninfer_qwen3_5.dflash.drafter import BlockRow, DFlashDrafter
+from ninfer_qwen3_5.dflash.graphs import DFlashGraphs
 from ninfer_qwen3_5.dflash.propose import argmax_path, select_path
 from ninfer_qwen3_5.dflash.sampling import sampled_acceptance
 from ninfer_qwen3_5.speculative_decode import Drafts, Part, SpeculativeDecoding
+
+_log = logging.getLogger(__name__)
 
 
 class DFlashDecoding(SpeculativeDecoding):
@@ -44,6 +48,8 @@ class DFlashDecoding(SpeculativeDecoding):
         super().__init__(program, k)
         self.drafter = drafter
         self.layers = drafter.cfg.target_layer_ids
+        #: The block graphs (:mod:`.graphs`) of blocks of k + 1 tokens, when captured.
+        self.block_graphs: DFlashGraphs | None = None
 
     def model_forward(self, packed: PackedBatch, ctx) -> tuple[torch.Tensor, torch.Tensor]:
         return self.p.model.forward(packed.tokens, ctx, packed.logit_rows, aux_layers=self.layers)
@@ -59,9 +65,14 @@ class DFlashDecoding(SpeculativeDecoding):
 
     def draft(self, verify: list[tuple[DecodeRow, int]], masks: Mapping[SeqId, VerifyMasks]) -> Drafts:
         """One block forward for every verify row, then each group of rows drafting the same count walks its
-        positions (a constrained row's masks fill as it drafts)."""
+        positions (a constrained row's masks fill as it drafts). Rows the block graphs fit, none constrained and
+        none sampling a DFlash2 path, replay one graph instead."""
         p, d = self.p, self.drafter
         rows = [BlockRow(row.seq, p.computed(row.seq), p._seqs[row.seq].ledger[-1], n + 1) for row, n in verify]
+        g = self.block_graphs
+        if (g is not None and g.fits(rows) and not any(row.seq in masks for row, _ in verify)
+                and (d.cfg.generation == 1 or all(row.sampling.params.temperature <= 0 for row, _ in verify))):
+            return Drafts(g.run(rows)[2].tolist())
         hidden = d.block_hidden(p.kv, rows)
         starts, at = [], 0
         for _, n in verify:
@@ -93,6 +104,25 @@ class DFlashDecoding(SpeculativeDecoding):
                 if q_full is not None and verify[r][0].sampling.params.temperature > 0:
                     q[r] = q_full[g]
         return Drafts(tokens, q or None)
+
+    def capture_draft_graphs(self, max_rows: int, max_pages: int) -> None:
+        """The block graphs (:mod:`.graphs`) for ``1..max_rows`` rows of full blocks (``k`` drafts); a row near its
+        budget drafts fewer and runs eagerly. A capture that fails leaves drafting eager, with a warning naming the
+        error (the graphs only save launch time; the drafts are the eager step's either way)."""
+        g = DFlashGraphs(self.drafter, self.p.kv, max_rows=max_rows, length=self.k + 1, max_pages=max_pages)
+        try:
+            g.capture()
+        except Exception as exc:   # noqa: BLE001 - any capture failure: eager drafting, said in the log
+            g.close()
+            _log.warning("DFlash block graphs could not be captured (%s: %s); drafting runs eagerly",
+                         type(exc).__name__, exc)
+            return
+        self.block_graphs = g
+
+    def close_draft_graphs(self) -> None:
+        if self.block_graphs is not None:
+            self.block_graphs.close()
+            self.block_graphs = None
 
     def accept_sampled(self, processed, rows, ns, starts, drafts: Drafts, num) -> dict[int, list[int]]:
         return sampled_acceptance(processed, rows, ns, starts, drafts, num)

@@ -33,7 +33,7 @@ weights; ``prepare(h) = sum_o (base[0, o] + dyn0[o, group]) * h[t - o]`` (per ch
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -72,6 +72,20 @@ class _Layer:
     window: int | None
     kv_layer: int
     conv: tuple | None       # DFlash2: (attention base, projection, mlp base, projection)
+
+
+@dataclass(frozen=True)
+class BlockInputs:
+    """The device inputs of one block forward over its ``T`` tokens, row after row: ``tokens``, ``positions`` and
+    KV ``slot_mapping`` int64 ``[T]``; ``attention(q [T, Hq, D], layer)`` over the layer's pool; DFlash2's conv
+    ``shifts`` (:func:`conv_sources`; None for DFlash); ``keep`` int64, the mask tokens whose outputs come out."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    attention: Callable[[torch.Tensor, _Layer], torch.Tensor]
+    shifts: torch.Tensor | None
+    keep: torch.Tensor
 
 
 def inverse_frequencies(cfg: DFlashConfig) -> torch.Tensor:
@@ -149,9 +163,13 @@ class DFlashDrafter:
         """The normed outputs ``[sum(length - 1), H]`` of every row's mask positions, row after row (module
         docstring). Writes the block K/V into the drafter pools at the rows' positions ``[start, start + length)``,
         which must be covered by their pages."""
+        return self.block_forward(kv, self.block_inputs(kv, rows))
+
+    def block_inputs(self, kv: PagedKVCache, rows: Sequence[BlockRow]) -> BlockInputs:
+        """The device inputs of the block forward of ``rows``, built from the host."""
         if not rows or any(r.length < 2 or r.start < 0 for r in rows):
             raise ProgramError(f"a DFlash block needs rows of length >= 2 at start >= 0: {list(rows)}")
-        ops, cfg, dev = self.ops, self.cfg, self.device
+        cfg, dev = self.cfg, self.device
         toks, pos, slots, seqs, owner = [], [], [], [], []
         for r, row in enumerate(rows):
             toks += [row.anchor] + [cfg.mask_token_id] * (row.length - 1)
@@ -159,20 +177,27 @@ class DFlashDrafter:
             slots += kv.slot_mapping(row.seq, row.start, row.start + row.length)
             seqs += [row.seq] * row.length
             owner += [r] * row.length
-        t = len(toks)
-        # Host lists reach the device through pinned non-blocking copies (a pageable copy waits for the stream).
-        tokens = to_device(toks, torch.int64, dev)
-        positions = to_device(pos, torch.int64, dev)
-        slot_mapping = to_device(slots, torch.int64, dev)
         ends = [rows[o].start + rows[o].length for o in owner]
-        x = self.embed.index_select(0, tokens)
+        keep = [i for i in range(len(toks)) if pos[i] != rows[owner[i]].start]
+        shifts = (conv_sources([r.length for r in rows], cfg.conv_kernel_size, dev) if cfg.generation == 2
+                  else None)
+        # Host lists reach the device through pinned non-blocking copies (a pageable copy waits for the stream).
+        return BlockInputs(to_device(toks, torch.int64, dev), to_device(pos, torch.int64, dev),
+                           to_device(slots, torch.int64, dev), _Attention(kv, seqs, pos, ends, self.scale, self.ops, dev),
+                           shifts, to_device(keep, torch.int64, dev))
+
+    def block_forward(self, kv: PagedKVCache, inputs: BlockInputs) -> torch.Tensor:
+        """The block forward on device inputs (eager from :meth:`block_inputs`, or a graph's static inputs): the
+        normed outputs of the tokens ``inputs.keep``; writes the block K/V at ``inputs.slot_mapping``."""
+        ops, cfg = self.ops, self.cfg
+        t = inputs.tokens.shape[0]
+        x = self.embed.index_select(0, inputs.tokens)
         if cfg.input_embedding_scale != 1.0:
             x = x * cfg.input_embedding_scale
-        cos, sin = self._rotary(positions)
-        shifts = self._conv_sources(rows, t) if cfg.generation == 2 else None
+        cos, sin = self._rotary(inputs.positions)
+        shifts = inputs.shifts
         nq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qd, kd = nq * d, hk * d
-        attend = _Attention(kv, seqs, pos, ends, self.scale, ops, dev)
         for layer in self.layers:
             h = ops.rms_norm_unit_offset(x, layer.input_norm, self.eps)
             if layer.conv is not None:
@@ -180,8 +205,8 @@ class DFlashDrafter:
             q = ops.rope(ops.rms_norm_unit_offset(ops.linear(h, layer.query).reshape(t, nq, d), layer.q_norm, self.eps),
                          cos, sin)
             kv_rows = ops.linear(h, layer.kv)
-            self._kv_write(layer, kv, kv_rows[:, :kd], kv_rows[:, kd:], cos, sin, slot_mapping)
-            o = attend(q.contiguous(), layer)
+            self._kv_write(layer, kv, kv_rows[:, :kd], kv_rows[:, kd:], cos, sin, inputs.slot_mapping)
+            o = inputs.attention(q.contiguous(), layer)
             o = ops.linear(o.reshape(t, qd), layer.out)
             if layer.conv is not None:
                 o = _grouped_conv(o, dyn, layer.conv[0][1], shifts)
@@ -193,8 +218,7 @@ class DFlashDrafter:
             if layer.conv is not None:
                 m = _grouped_conv(m, dyn, layer.conv[2][1], shifts)
             x = x + m
-        keep = to_device([i for i in range(t) if pos[i] != rows[owner[i]].start], torch.int64, dev)
-        return ops.rms_norm_unit_offset(x.index_select(0, keep), self.norm, self.eps)
+        return ops.rms_norm_unit_offset(x.index_select(0, inputs.keep), self.norm, self.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 draft logits of normed block outputs ``[..., H]`` (module docstring)."""
@@ -208,16 +232,6 @@ class DFlashDrafter:
         return out.reshape(*shape, out.shape[-1])
 
     # -- DFlash2 conv ----------------------------------------------------------------------------
-    def _conv_sources(self, rows: Sequence[BlockRow], t: int) -> torch.Tensor:
-        """int64 ``[K, T]``: for tap ``o``, the packed index of token ``i - o`` of the same row, or ``T`` (a zero
-        row) before the row's first token."""
-        k = self.cfg.conv_kernel_size
-        idx, at = [], 0
-        for row in rows:
-            idx.append([[at + j - o if j >= o else t for j in range(row.length)] for o in range(k)])
-            at += row.length
-        return to_device([sum((r[o] for r in idx), []) for o in range(k)], torch.int64, self.device)
-
     def _conv_prepare(self, h: torch.Tensor, base: torch.Tensor, projection: torch.Tensor, shifts: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(prepare(h), the finish weights)``: ``kernel_projection(h)`` as ``[T, 2, K, G]``, set 0 applied now."""
@@ -226,9 +240,20 @@ class DFlashDrafter:
         return _grouped_conv(h, dyn[:, 0], base[0], shifts), dyn[:, 1]
 
 
+def conv_sources(lengths: Sequence[int], k: int, device: torch.device) -> torch.Tensor:
+    """int64 ``[K, T]`` for rows of ``lengths`` tokens packed row after row: for tap ``o``, the packed index of
+    token ``i - o`` of the same row, or ``T`` (a zero row) before the row's first token."""
+    t = sum(lengths)
+    idx, at = [], 0
+    for n in lengths:
+        idx.append([[at + j - o if j >= o else t for j in range(n)] for o in range(k)])
+        at += n
+    return to_device([sum((r[o] for r in idx), []) for o in range(k)], torch.int64, device)
+
+
 def _grouped_conv(x: torch.Tensor, dyn: torch.Tensor, base: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
     """``sum_o (base[o] + dyn[:, o, group]) * x[t - o]`` per channel (module docstring), in ``x``'s dtype; ``dyn``
-    ``[T, K, G]``, ``base`` ``[K, H]``, ``shifts`` from :meth:`DFlashDrafter._conv_sources`."""
+    ``[T, K, G]``, ``base`` ``[K, H]``, ``shifts`` from :func:`conv_sources`."""
     t, h = x.shape
     g = dyn.shape[-1]
     padded = torch.cat((x, x.new_zeros(1, h)))
