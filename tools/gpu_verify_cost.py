@@ -28,11 +28,12 @@ committed per verify, ``--accepted``): ``a * decode_step / speculative_step``. W
 of the published size (tools/random_drafters.py: 5 layers at the target's hidden size, its attention heads and FFN
 width, ``target_layer_ids`` by the reference rule) is written as a z-lab folder and attached to the in-memory
 conversion as ``ninfer-convert --draft`` attaches it. ``--ks`` then counts the drafts of a round (block size - 1:
-7 and 15 for blocks 8 and 16), the graph is the verify graph (DFlash verifies through the same captured graphs;
-the drafter runs eagerly, so there is no draft graph), the end to end time per committed token is one round
-(draft + verify), and ``--stages`` times the drafter's pieces: the whole ``draft``, the block forward through the
-drafter's layers, its LM-head logits, the path walk (argmax, or DFlash2's selector) and the context K/V written
-from the target's taps. The JSON then also names the backend and the drafter, and each k its block, the draft
+7 and 15 for blocks 8 and 16), the graph is the verify graph (DFlash verifies through the same captured graphs),
+the draft graph the drafter's block graph (:mod:`ninfer_qwen3_5.dflash.graphs`: block forward, logits and greedy
+path of full blocks), the end to end time per committed token is one round (draft + verify), and ``--stages``
+times the drafter's pieces: the whole ``draft``, the block graph's replay, and for what runs eagerly the block
+forward through the drafter's layers, its LM-head logits and the path walk (argmax, or DFlash2's selector); and
+the context K/V written from the target's taps. The JSON then also names the backend and the drafter, and each k its block, the draft
 stage's milliseconds (``draft_ms_b1``, the device time on CUDA, else the host's) over a decode step's, and on CUDA
 ``device_round_over_decode_b1``: (verify replay + the draft's device time) / the decode replay at B = 1.
 
@@ -191,6 +192,7 @@ STAGES = (("ninfer.engine.worker", "EngineCore", "step", "engine step"),
 DFLASH_STAGES = (("ninfer.engine.worker", "EngineCore", "step", "engine step"),
                  ("ninfer_qwen3_5.speculative_decode", "SpeculativeDecoding", "run", "program step"),
                  ("ninfer_qwen3_5.dflash.decoding", "DFlashDecoding", "draft", "draft"),
+                 ("ninfer_qwen3_5.dflash.graphs", "DFlashGraphs", "run", "drafter graph"),
                  ("ninfer_qwen3_5.dflash.drafter", "DFlashDrafter", "block_hidden", "drafter block"),
                  ("ninfer_qwen3_5.dflash.drafter", "DFlashDrafter", "logits", "drafter logits"),
                  ("ninfer_qwen3_5.dflash.decoding", None, "argmax_path", "draft path"),
@@ -363,7 +365,9 @@ def main(argv=None) -> int:
                 graphs = program.speculation.graphs if k else program.graphs
                 entry["graph_ms"] = {str(b): graph_ms(graphs, b, args.replays, sync) for b in batches}
                 drafts = getattr(getattr(program.speculation, "head", None), "graphs", None) if k else None
-                if drafts is not None:   # the MTP draft graphs: steps 2..k
+                if dflash and k:
+                    drafts = program.speculation.block_graphs
+                if drafts is not None:   # the MTP draft graphs (steps 2..k), or DFlash's block graphs
                     entry["draft_graph_ms"] = {str(b): graph_ms(drafts, b, args.replays, sync) for b in batches}
                 if args.profile and graphs is not None and graphs.has(1) and device.type == "cuda":
                     entry["kernels_b1"] = kernel_table(graphs, 1, args.profile)
