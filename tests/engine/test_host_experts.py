@@ -155,7 +155,8 @@ def _fake_gpu(monkeypatch, budget_bytes: int):
 
 def test_auto_places_experts_on_the_host_when_they_do_not_fit(artifacts, monkeypatch):
     path = artifacts["top4of16"]
-    opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16)
+    opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16,
+                         expert_cache_slots=0)
     _fake_gpu(monkeypatch, 1 << 40)
     hosted = planner.plan(path, dataclasses.replace(opts, host_experts=True))
     full = planner.plan(path, opts)
@@ -262,3 +263,27 @@ def test_expert_cache_options(artifacts):
                                                               expert_cache_slots=2))
     per_expert = 3 * 32 * 64 * 4
     assert cached.model.profile.weight_bytes - base.model.profile.weight_bytes == 4 * 2 * per_expert
+
+
+def test_the_cache_fills_what_the_budget_leaves(artifacts, monkeypatch):
+    path = artifacts["top2of8"]
+    opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16,
+                         host_experts=True)
+    _fake_gpu(monkeypatch, 1 << 40)
+    none = planner.plan(path, dataclasses.replace(opts, expert_cache_slots=0))
+    one = planner.plan(path, dataclasses.replace(opts, expert_cache_slots=1))
+    per_slot = one.model.profile.weight_bytes - none.model.profile.weight_bytes
+    assert per_slot == 4 * 3 * 32 * 64 * 4          # 4 layers x (gate, up, down) x I x H x fp32
+    need = max(none.memory.runtime_bytes, none.memory.startup_peak_bytes)
+    assert planner.plan(path, opts).options.options.expert_cache_slots == 8   # room for every expert
+    for room, slots in ((2.5, 2), (0.5, 0)):
+        _fake_gpu(monkeypatch, need + int(room * per_slot))
+        auto = planner.plan(path, opts)
+        assert (auto.options.options.expert_cache_slots or 0) == slots
+        assert auto.model.profile.weight_bytes == none.model.profile.weight_bytes + slots * per_slot
+    _fake_gpu(monkeypatch, need + 3 * per_slot)
+    assert planner.plan(path, dataclasses.replace(opts, expert_cache_slots=0)).options.options.expert_cache_slots == 0
+    # Moved to the host by the planner (host_experts unset: all 8 experts on the device need more), the cache fills
+    # the room too.
+    auto = planner.plan(path, dataclasses.replace(opts, host_experts=None))
+    assert auto.options.options.host_experts is True and auto.options.options.expert_cache_slots == 3

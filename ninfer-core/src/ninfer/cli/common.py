@@ -96,7 +96,7 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "(default: only when the model does not fit the device budget)")
     g.add_argument("--expert-cache-slots", type=int, default=None, metavar="N",
                    help="with host experts: per MoE layer, keep this many experts (the most routed lately) on the "
-                        "device too (default 0)")
+                        "device too (default: what the device budget has room for; 0: none)")
     g.add_argument("--max-encode-rows", type=int, default=None, metavar="PATCHES",
                    help="most image patches one engine step encodes, and the largest frame a request may carry "
                         "(default 16384, e.g. one 2048x2048 image; the plan reserves the encoder's memory for it)")

@@ -109,9 +109,11 @@ class EngineOptions:
       the device. None (default): on the device when the model and one ``max_context`` request fit the budget,
       else in host memory. With host experts a step waits for the host in every MoE layer, so decode CUDA graphs
       and lookahead are off. An architecture without routed experts ignores None and refuses True.
-      ``expert_cache_slots`` (>= 0; default 0): with host experts, per MoE layer this many experts are also kept
-      on the device, chosen by observed routing (counts with decay, refreshed as the layer runs); a routed pair
-      whose expert is cached is computed on the device, the rest on the host. Counted as device weights.
+      ``expert_cache_slots`` (>= 0): with host experts, per MoE layer this many experts are also kept on the
+      device, chosen by observed routing (counts with decay, refreshed as the layer runs); a routed pair whose
+      expert is cached is computed on the device, the rest on the host. Counted as device weights. None
+      (default): as many as the device budget has room for once the weights and the KV and State of
+      ``max_concurrency`` requests at ``max_context`` are planned (at most every expert); 0: none.
     - ``warmup`` (start-up warm-up, ``ninfer.program.warmup``): before the engine serves, run its step paths
       over synthetic sequences (every token-count class up to the prefill chunk, several chunks per step, decode
       rows beside chunks, constrained, sampled, penalised and logprob rows, lookahead, speculative rows,
@@ -145,7 +147,7 @@ class EngineOptions:
     warmup: bool | None = None
     vram_budget_mib: float | None = None
     host_experts: bool | None = None
-    expert_cache_slots: int = 0
+    expert_cache_slots: int | None = None
 
     def validate(self) -> EngineOptions:
         def bad(name: str, why: str) -> InvalidEngineOptions:
@@ -215,9 +217,10 @@ class EngineOptions:
             raise bad("vram_budget_mib", "must be a number of MiB > 0 or None")
         if self.host_experts is not None and not isinstance(self.host_experts, bool):
             raise bad("host_experts", "must be True, False or None (auto: on the host when the model does not fit)")
-        if isinstance(self.expert_cache_slots, bool) or not isinstance(self.expert_cache_slots, int) \
-                or self.expert_cache_slots < 0:
-            raise bad("expert_cache_slots", "must be an int >= 0")
+        if self.expert_cache_slots is not None and (isinstance(self.expert_cache_slots, bool)
+                                                    or not isinstance(self.expert_cache_slots, int)
+                                                    or self.expert_cache_slots < 0):
+            raise bad("expert_cache_slots", "must be an int >= 0 or None (auto: what the budget has room for)")
         if self.expert_cache_slots and self.host_experts is False:
             raise bad("expert_cache_slots", "caches host experts on the device: it needs host_experts (not False)")
         if self.host_experts and self.lookahead:
@@ -295,4 +298,4 @@ class EngineOptions:
         """The features these options bind; ``vision`` None (auto, not yet resolved for an artifact) binds none."""
         return StartupFeatures(vision=bool(self.vision), speculative=self.speculative, purpose=self.purpose,
                                host_experts=bool(self.host_experts),
-                               expert_cache_slots=self.expert_cache_slots if self.host_experts else 0)
+                               expert_cache_slots=(self.expert_cache_slots or 0) if self.host_experts else 0)

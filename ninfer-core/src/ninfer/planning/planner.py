@@ -185,7 +185,7 @@ def plan(artifact: str | os.PathLike | ArtifactReader, options: EngineOptions,
     model = artifact_profile(artifact, options)
     budget = device_budget(model.device, env)
     try:
-        return StartupPlan(model=model, memory=_plan_memory(model, budget, env))
+        return _fill_expert_cache(artifact, options, model, _plan_memory(model, budget, env), budget, env)
     except MemoryPlanError as on_device:
         if options.host_experts is not None or budget.device == "cpu":   # on the CPU the host is the device
             raise
@@ -201,7 +201,29 @@ def plan(artifact: str | os.PathLike | ArtifactReader, options: EngineOptions,
             raise MemoryPlanError(f"{exc} (that is with the routed experts in host memory; with them on the "
                                   f"device: {on_device})") from None
         log.info("routed experts placed in host memory: %s", on_device)
-        return StartupPlan(model=hosted, memory=memory)
+        return _fill_expert_cache(artifact, dataclasses.replace(options, host_experts=True), hosted, memory, budget,
+                                  env)
+
+
+def _fill_expert_cache(artifact, options: EngineOptions, model: ArtifactProfile, memory: MemoryPlan,
+                       budget: DeviceBudget, env: Mapping[str, str]) -> StartupPlan:
+    """The plan with host experts and ``expert_cache_slots`` None (auto): as many cache slots per layer as the room
+    the plan leaves holds (a slot's cost is what one more slot adds to the profile's device weights), at most one
+    per expert; other plans as they are. On the CPU host and device are one memory: no cache."""
+    if not options.host_experts or options.expert_cache_slots is not None or budget.device == "cpu":
+        return StartupPlan(model=model, memory=memory)
+    one = artifact_profile(artifact, dataclasses.replace(options, expert_cache_slots=1))
+    per_slot = one.profile.weight_bytes - model.profile.weight_bytes
+    used = max(memory.runtime_bytes, memory.startup_peak_bytes)
+    spare = budget.budget_bytes - budget.headroom_bytes - used
+    slots = min(model.profile.num_experts, spare // per_slot) if per_slot > 0 else 0
+    if slots <= 0:
+        return StartupPlan(model=model, memory=memory)
+    cached = artifact_profile(artifact, dataclasses.replace(options, expert_cache_slots=int(slots)))
+    try:
+        return StartupPlan(model=cached, memory=_plan_memory(cached, budget, env))
+    except MemoryPlanError:   # an estimate a slot too far: keep the plan without the cache
+        return StartupPlan(model=model, memory=memory)
 
 
 def _plan_memory(model: ArtifactProfile, budget: DeviceBudget, env: Mapping[str, str]) -> MemoryPlan:
