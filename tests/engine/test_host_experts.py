@@ -287,3 +287,22 @@ def test_the_cache_fills_what_the_budget_leaves(artifacts, monkeypatch):
     # the room too.
     auto = planner.plan(path, dataclasses.replace(opts, host_experts=None))
     assert auto.options.options.host_experts is True and auto.options.options.expert_cache_slots == 3
+
+
+def test_cache_hits_reach_the_stats_and_metrics(artifacts):
+    from ninfer_serve.metrics import EngineCollector
+
+    opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=4, max_context=256, prefill_chunk_size=16,
+                         page_size=4, host_experts=True, expert_cache_slots=4)
+    with Engine.start(artifacts["top2of8"], opts) as engine:
+        result = engine.generate(PROMPTS[0], sampling=GREEDY)
+        stats = engine.stats()
+        families = {f.name: f for f in EngineCollector(engine.stats).collect()}
+    routed = (result.usage.prompt_tokens + len(result.token_ids) - 1) * 2   # tokens computed x top-2, per layer
+    assert len(stats.expert_cache_hits) == 4
+    assert all(h + m == routed for h, m in zip(stats.expert_cache_hits, stats.expert_cache_misses, strict=True))
+    rates = stats.expert_cache_hit_rate_by_layer()
+    assert all(0.0 < r < 1.0 for r in rates)       # 4 of 8 experts cached after the first calls
+    hits = {s.labels["layer"]: s.value for s in families["ninfer_expert_cache_hits"].samples
+            if s.name.endswith("_total")}
+    assert [hits[str(i)] for i in range(4)] == list(stats.expert_cache_hits)

@@ -43,8 +43,11 @@ import torch
 from ninfer.contracts.architecture import ProgramInit
 from ninfer.contracts.media import MediaInput
 from ninfer.contracts.program import (
+    ExpertCacheStats,
     ProgramError,
     SeqId,
+    WarmupLimits,
+    WarmupSummary,
 )
 from ninfer.program.batch import ForwardBatch, PackedBatch, pack_batch
 from ninfer.program.model import KVGeometry, ModelLayout, ModelProgram
@@ -116,6 +119,24 @@ class Qwen35Program(SpeculativeProgram, ModelProgram):
             raise ProgramError(f"the Qwen3.5 Program has no speculative backend {backend!r} (mtp, dflash, dflash2)")
         if k:
             self.configure_speculation(init.options.max_sequences, k + 1)
+
+    # -- the device cache of host experts (layers/expert_cache.py) ----------------------------------------
+    def _expert_caches(self) -> list:
+        hosts = (getattr(layer.mlp, "host", None) for layer in self.model.layers)
+        return [h.cache for h in hosts if h is not None and h.cache is not None]
+
+    @property
+    def expert_cache_stats(self) -> ExpertCacheStats:
+        caches = self._expert_caches()
+        return ExpertCacheStats(hits=tuple(c.hits for c in caches), misses=tuple(c.misses for c in caches))
+
+    def warm_up(self, limits: WarmupLimits) -> WarmupSummary:
+        """The warm-up; afterwards the expert caches count and score from zero (its rows are no serving)."""
+        try:
+            return super().warm_up(limits)
+        finally:
+            for cache in self._expert_caches():
+                cache.reset()
 
     def _build_vision(self, init: ProgramInit) -> None:
         vision = init.config.get("vision_config")

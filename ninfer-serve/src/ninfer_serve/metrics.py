@@ -97,6 +97,13 @@ class EngineCollector(Collector):
             for position, value in enumerate(getattr(s, name, ()), start=1):
                 family.add_metric((str(position),), value)
             yield family
+        # Per MoE layer with a device cache of host experts (docs/memory.md): hits / (hits + misses) is its rate.
+        for name, doc in (("expert_cache_hits", "routed (token, expert) pairs computed from the device expert cache"),
+                          ("expert_cache_misses", "routed (token, expert) pairs computed on the host")):
+            family = CounterMetricFamily(f"ninfer_{name}", doc, labels=("layer",))
+            for layer, value in enumerate(getattr(s, name, ())):
+                family.add_metric((str(layer),), value)
+            yield family
 
 
 class ServerMetrics:

@@ -271,6 +271,16 @@ class SpeculationStats:
 
 
 @dataclass(frozen=True)
+class ExpertCacheStats:
+    """Monotone counts of a Program's device cache of host experts (``EngineOptions.expert_cache_slots``), one
+    entry per MoE layer that has one, in layer order: ``hits[i]`` routed (token, expert) pairs computed from the
+    cache, ``misses[i]`` those computed on the host. Empty without such a cache."""
+
+    hits: tuple[int, ...] = ()
+    misses: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class WarmupLimits:
     """The shapes a Program's start-up warm-up must cover (:meth:`Program.warm_up`), as the engine's scheduler
     can make them: at most ``max_rows`` sequences in one unit (each a decode row or one chunk), at most
@@ -319,6 +329,7 @@ class Program(Protocol):
     dtype: torch.dtype | None    # its activation dtype (None: it has none, e.g. a test double)
     lookahead_stats: LookaheadStats
     speculation_stats: SpeculationStats
+    expert_cache_stats: ExpertCacheStats
 
     def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
         """Capture decode CUDA graphs for batch sizes ``1..max_batch`` and return the sizes captured (``()``:

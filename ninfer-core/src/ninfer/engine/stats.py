@@ -63,6 +63,9 @@ class EngineCounters:
     # Per draft position (module docstring); counted at commit from each verify row (PendingRow.drafted).
     spec_drafted_by_position: list[int] = field(default_factory=list)
     spec_accepted_by_position: list[int] = field(default_factory=list)
+    # Per MoE layer with a device cache of host experts (Program-owned, ExpertCacheStats).
+    expert_cache_hits: list[int] = field(default_factory=list)
+    expert_cache_misses: list[int] = field(default_factory=list)
 
 
 def count_verify(counters: EngineCounters, drafted: int, accepted: int) -> None:
@@ -134,6 +137,8 @@ class EngineStats:
     spec_accepted: int = 0
     spec_drafted_by_position: tuple[int, ...] = ()   # module docstring
     spec_accepted_by_position: tuple[int, ...] = ()
+    expert_cache_hits: tuple[int, ...] = ()     # per MoE layer with a device cache of host experts
+    expert_cache_misses: tuple[int, ...] = ()
     cache_checkpoints: int = 0       # live checkpoints now (pause Snapshots included)
     cache_device_bytes: int = 0      # their Device StateImages + KV pages only they hold
     cache_host_checkpoints: int = 0  # of them, those with content on Host
@@ -142,6 +147,12 @@ class EngineStats:
 
     def as_dict(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def expert_cache_hit_rate_by_layer(self) -> tuple[float, ...]:
+        """Per MoE layer with a device expert cache: the share of its routed pairs computed from the cache (0.0
+        before any pair)."""
+        return tuple(h / (h + m) if h + m else 0.0 for h, m in zip(self.expert_cache_hits, self.expert_cache_misses,
+                                                                   strict=True))
 
     def spec_acceptance_by_position(self) -> tuple[float, ...]:
         """Entry ``j - 1``: of the verify rows that drafted at least ``j`` tokens, the share whose draft ``j``

@@ -304,6 +304,8 @@ class EngineCore:
         n.lookahead_launched, n.lookahead_adopted, n.lookahead_dropped = la.launched, la.adopted, la.dropped
         sp = self.program.speculation_stats
         n.spec_verifies, n.spec_drafted, n.spec_accepted = sp.verifies, sp.drafted, sp.accepted
+        ec = self.program.expert_cache_stats
+        n.expert_cache_hits, n.expert_cache_misses = list(ec.hits), list(ec.misses)
         if self.cache is not None:
             c, n = self.cache.counters(), self.counters
             n.cache_captures, n.cache_evictions, n.cache_host_evictions = c.captures, c.evictions, c.host_evictions

@@ -41,6 +41,7 @@ import torch
 from ninfer.contracts.media import MediaInput
 from ninfer.contracts.program import (
     ExecutionUnit,
+    ExpertCacheStats,
     OutOfSlotsError,
     PendingBatch,
     PendingBatchError,
@@ -99,6 +100,11 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
     def speculation_stats(self) -> SpeculationStats:
         """Zero: this bookkeeping runs no speculative rows (a speculating architecture overrides it)."""
         return SpeculationStats()
+
+    @property
+    def expert_cache_stats(self) -> ExpertCacheStats:
+        """Empty: no device cache of host experts (an architecture that keeps one overrides it)."""
+        return ExpertCacheStats()
 
     # -- the model call (architecture) -----------------------------------------------------------
     @abstractmethod

@@ -64,6 +64,11 @@ class ExpertCache:
             self.down[slot].copy_(self.host_down[expert])
             self.expert_in[slot], self.slot_of[expert] = expert, slot
 
+    def reset(self) -> None:
+        """Scores and counts back to zero (what the cache holds stays until routing replaces it)."""
+        self.score.zero_()
+        self.hits = self.misses = 0
+
     def split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For host ``ids[T, k]``: (cached ``[T, k]`` bool, the pair's slot or 0 where not cached), and the hit
         and miss counts updated."""
