@@ -144,7 +144,9 @@ def test_host_experts_are_host_placed_and_shown(artifacts):
     assert summary.host_weights_bytes == plan.model.profile.host_weight_bytes > 0
     plain = planner.plan(artifacts["top4of16"], EngineOptions(device="cpu", dtype="float32"))
     assert plain.model.profile.host_weight_bytes == 0
-    assert plain.model.profile.weight_bytes == plan.model.profile.weight_bytes + plan.model.profile.host_weight_bytes
+    stage = 8 * 3 * 32 * 64 * 4   # the copy path's staging buffer: 8 experts x (gate, up, down) x I x H x fp32
+    assert (plain.model.profile.weight_bytes + stage
+            == plan.model.profile.weight_bytes + plan.model.profile.host_weight_bytes)
 
 
 def _fake_gpu(monkeypatch, budget_bytes: int):
@@ -296,13 +298,53 @@ def test_cache_hits_reach_the_stats_and_metrics(artifacts):
                          page_size=4, host_experts=True, expert_cache_slots=4)
     with Engine.start(artifacts["top2of8"], opts) as engine:
         result = engine.generate(PROMPTS[0], sampling=GREEDY)
+        engine.generate(PROMPTS[1], sampling=GREEDY)   # the first request's last step is published by now
         stats = engine.stats()
-        families = {f.name: f for f in EngineCollector(engine.stats).collect()}
-    routed = (result.usage.prompt_tokens + len(result.token_ids) - 1) * 2   # tokens computed x top-2, per layer
-    assert len(stats.expert_cache_hits) == 4
-    assert all(h + m == routed for h, m in zip(stats.expert_cache_hits, stats.expert_cache_misses, strict=True))
+    families = {f.name: f for f in EngineCollector(lambda: stats).collect()}
+    first = (result.usage.prompt_tokens + len(result.token_ids) - 1) * 2   # tokens computed x top-2, per layer
+    totals = [h + m for h, m in zip(stats.expert_cache_hits, stats.expert_cache_misses, strict=True)]
+    assert len(totals) == 4 and len(set(totals)) == 1 and totals[0] > first and totals[0] % 2 == 0
     rates = stats.expert_cache_hit_rate_by_layer()
     assert all(0.0 < r < 1.0 for r in rates)       # 4 of 8 experts cached after the first calls
     hits = {s.labels["layer"]: s.value for s in families["ninfer_expert_cache_hits"].samples
             if s.name.endswith("_total")}
     assert [hits[str(i)] for i in range(4)] == list(stats.expert_cache_hits)
+
+
+# -- the copy path -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("min_tokens,cache", [(1, 0), (3, 0), (2, 3), (100, 0)])
+def test_copied_experts_against_fp64(min_tokens, cache):
+    """Busy experts (at least ``min_tokens`` of the call's tokens) are staged on the device, in groups of the stage's
+    slots (2 here, so several groups); cached ones are not copied; the sum stays within fp32 rounding of fp64."""
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage
+
+    ops = types.SimpleNamespace(moe_experts=moe_experts)
+    x, w, ids, gate_up, down, shared = _case(torch.float32, tokens=9, k=3)
+    stage = ExpertStage(tuple(gate_up.shape[1:]), tuple(down.shape[1:]), torch.device("cpu"), torch.float32, slots=2)
+    layer = HostExperts(gate_up, down, cache_slots=cache, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
+                        copy_min_tokens=min_tokens, stage=stage)
+    layer(x, w, ids, shared)    # the cache (if any) sees the routing
+    before = layer.copied_experts
+    got = layer(x, w, ids, shared)
+    assert torch.allclose(got.double(), _fp64_moe(x, w, ids, gate_up, down, shared), rtol=1e-5, atol=1e-6)
+    counts = torch.bincount(ids.reshape(-1), minlength=8)
+    cached = set(layer.cache.expert_in) if cache else set()
+    busy = {e for e in range(8) if counts[e] >= min_tokens and e not in cached}
+    assert layer.copied_experts - before == len(busy)
+    with pytest.raises(ValueError, match="needs an ExpertStage"):
+        HostExperts(gate_up, down, ops=ops, copy_min_tokens=1)
+
+
+@pytest.mark.parametrize("min_tokens", [1, 4])
+def test_greedy_tokens_equal_with_copied_experts(artifacts, min_tokens):
+    plain = _generate(artifacts["top2of8"], host_experts=False)
+    assert _generate(artifacts["top2of8"], host_experts=True, expert_copy_min_tokens=min_tokens) == plain
+
+
+def test_copy_threshold_options():
+    from ninfer_qwen3_5.layers.host_experts import copy_min_tokens
+
+    assert copy_min_tokens(64, 32, torch.device("cpu"), torch.float32) is None   # one memory: never copy
+    with pytest.raises(InvalidEngineOptions, match="expert_copy_min_tokens"):
+        EngineOptions(expert_copy_min_tokens=0).validate()

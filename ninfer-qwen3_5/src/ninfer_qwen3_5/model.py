@@ -32,6 +32,7 @@ from ninfer_qwen3_5.layers.attention import GatedAttention
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
+from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS, ExpertStage, copy_min_tokens
 from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, layer_prefix, text_shapes
@@ -81,11 +82,21 @@ def inverse_frequencies(cfg: Qwen35Config) -> torch.Tensor:
 
 class Qwen35Model:
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
-                 dtype: torch.dtype, *, host_experts: bool = False, expert_cache_slots: int = 0) -> None:
+                 dtype: torch.dtype, *, host_experts: bool = False, expert_cache_slots: int = 0,
+                 expert_copy_min_tokens: int | None = None) -> None:
         """``host_experts``: the text layers' routed banks are in host memory (``StartupFeatures.host_experts``),
-        ``expert_cache_slots`` of them per layer cached on the device."""
+        ``expert_cache_slots`` of them per layer cached on the device, an expert a call routes at least
+        ``expert_copy_min_tokens`` tokens to copied there (None: :func:`~.layers.host_experts.copy_min_tokens`'s
+        cost model)."""
         self.cfg, self.ops = cfg, ops
         self.host_experts = host_experts
+        if host_experts and expert_copy_min_tokens is None and cfg.is_moe:
+            expert_copy_min_tokens = copy_min_tokens(cfg.hidden_size, cfg.moe_intermediate_size, device, dtype)
+        self.expert_copy_min_tokens = expert_copy_min_tokens if host_experts else None
+        stage = (ExpertStage((2 * cfg.moe_intermediate_size, cfg.hidden_size),
+                             (cfg.hidden_size, cfg.moe_intermediate_size), device, dtype,
+                             min(STAGE_SLOTS, cfg.num_experts))
+                 if self.expert_copy_min_tokens is not None else None)
         weights = self._prepare_weights(weights, dtype)
         self.embed, self.lm_head, self.norm = weights["text/embed"], weights["text/lm_head"], weights["text/norm"]
         self.layers: list[_Layer] = []
@@ -94,7 +105,8 @@ class Qwen35Model:
             mixer = (GatedAttention(cfg, i, _group(weights, p + "attention/"), ops) if kind == FULL
                      else GatedDeltaNet(cfg, i, _group(weights, p + "gdn/"), ops))
             mlp = (SparseMoE(cfg, _group(weights, p + "moe/"), ops, host_experts=host_experts,
-                             cache_slots=expert_cache_slots, device=device, dtype=dtype) if cfg.is_moe
+                             cache_slots=expert_cache_slots, device=device, dtype=dtype,
+                             copy_min_tokens=self.expert_copy_min_tokens, stage=stage) if cfg.is_moe
                    else DenseMLP(_group(weights, p + "mlp/"), ops))
             self.layers.append(_Layer(weights[p + "input_norm"], weights[p + "post_norm"], mixer, mlp))
         self.inv_freq = inverse_frequencies(cfg).to(device)

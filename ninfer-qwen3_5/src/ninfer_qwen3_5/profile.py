@@ -37,6 +37,7 @@ from ninfer.contracts.features import StartupFeatures
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.dflash.config import TEXT_KEY
 from ninfer_qwen3_5.dflash.parameters import drafter_config
+from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS
 from ninfer_qwen3_5.layers.moe import fused_input_rows
 from ninfer_qwen3_5.ops.reference.segment_attention import QUERY_BLOCK
 from ninfer_qwen3_5.parameters import parameter_specs
@@ -85,8 +86,10 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
     pad = (cfg.num_layers * (fused_input_rows(cfg) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
            * cfg.hidden_size * run.itemsize if cfg.is_moe else 0)
     # The device cache of host experts (layers/expert_cache.py), in the run dtype.
-    cache = (cfg.num_layers * features.expert_cache_slots * 3 * cfg.moe_intermediate_size * cfg.hidden_size
-             * run.itemsize if cfg.is_moe and features.host_experts else 0)
+    # Plus the copy path's staging buffer (layers/host_experts.py), counted whether or not it is ever allocated.
+    cache = ((cfg.num_layers * features.expert_cache_slots + min(STAGE_SLOTS, cfg.num_experts))
+             * 3 * cfg.moe_intermediate_size * cfg.hidden_size * run.itemsize
+             if cfg.is_moe and features.host_experts else 0)
     return resident + inv_freq + pad + cache, converted + inv_freq + pad + cache, host
 
 

@@ -96,7 +96,8 @@ class Qwen35Program(SpeculativeProgram, ModelProgram):
         self.cfg = cfg
         self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype,
                                  host_experts=init.features.host_experts,
-                                 expert_cache_slots=init.features.expert_cache_slots)
+                                 expert_cache_slots=init.features.expert_cache_slots,
+                                 expert_copy_min_tokens=init.features.expert_copy_min_tokens)
         self.snapshots: SpeculativeSnapshots | None = None
         self.speculation: SpeculativeDecoding | None = None
         self.tower: VisionTower | None = None

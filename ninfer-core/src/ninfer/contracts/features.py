@@ -13,13 +13,15 @@ class StartupFeatures:
     """Invariant: Text is always on; at most one speculative backend; purpose never changes after start.
     ``host_experts``: a MoE model's routed expert banks are placed in host memory and computed there
     (``EngineOptions.host_experts``, resolved); ``expert_cache_slots`` of them per layer are also cached on the
-    device (0 without host experts)."""
+    device (0 without host experts); ``expert_copy_min_tokens``: the copy path's threshold (None: the
+    architecture's start-up cost model)."""
 
     vision: bool = False
     speculative: str | None = None  # None, "mtp", "dflash" or "dflash2"
     purpose: Purpose = "generation"
     host_experts: bool = False
     expert_cache_slots: int = 0
+    expert_copy_min_tokens: int | None = None
 
     def components(self) -> tuple[str, ...]:
         """Artifact components these features read (Text first)."""

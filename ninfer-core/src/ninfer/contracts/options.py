@@ -114,6 +114,10 @@ class EngineOptions:
       expert is cached is computed on the device, the rest on the host. Counted as device weights. None
       (default): as many as the device budget has room for once the weights and the KV and State of
       ``max_concurrency`` requests at ``max_context`` are planned (at most every expert); 0: none.
+      ``expert_copy_min_tokens`` (>= 1): with host experts, an uncached expert that one layer call routes at least
+      this many tokens to is copied to the device and computed there instead of on the host. None (default): the
+      count where a copy costs what the host's compute would, from the host-to-device bandwidth and the host's
+      matmul rate measured at start on a GPU; never on the CPU (one memory).
     - ``warmup`` (start-up warm-up, ``ninfer.program.warmup``): before the engine serves, run its step paths
       over synthetic sequences (every token-count class up to the prefill chunk, several chunks per step, decode
       rows beside chunks, constrained, sampled, penalised and logprob rows, lookahead, speculative rows,
@@ -148,6 +152,7 @@ class EngineOptions:
     vram_budget_mib: float | None = None
     host_experts: bool | None = None
     expert_cache_slots: int | None = None
+    expert_copy_min_tokens: int | None = None
 
     def validate(self) -> EngineOptions:
         def bad(name: str, why: str) -> InvalidEngineOptions:
@@ -221,6 +226,10 @@ class EngineOptions:
                                                     or not isinstance(self.expert_cache_slots, int)
                                                     or self.expert_cache_slots < 0):
             raise bad("expert_cache_slots", "must be an int >= 0 or None (auto: what the budget has room for)")
+        if self.expert_copy_min_tokens is not None and (isinstance(self.expert_copy_min_tokens, bool)
+                                                        or not isinstance(self.expert_copy_min_tokens, int)
+                                                        or self.expert_copy_min_tokens < 1):
+            raise bad("expert_copy_min_tokens", "must be an int >= 1 or None (auto: a cost model measured at start)")
         if self.expert_cache_slots and self.host_experts is False:
             raise bad("expert_cache_slots", "caches host experts on the device: it needs host_experts (not False)")
         if self.host_experts and self.lookahead:
@@ -298,4 +307,5 @@ class EngineOptions:
         """The features these options bind; ``vision`` None (auto, not yet resolved for an artifact) binds none."""
         return StartupFeatures(vision=bool(self.vision), speculative=self.speculative, purpose=self.purpose,
                                host_experts=bool(self.host_experts),
-                               expert_cache_slots=(self.expert_cache_slots or 0) if self.host_experts else 0)
+                               expert_cache_slots=(self.expert_cache_slots or 0) if self.host_experts else 0,
+                               expert_copy_min_tokens=self.expert_copy_min_tokens if self.host_experts else None)

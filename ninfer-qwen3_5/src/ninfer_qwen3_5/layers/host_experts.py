@@ -20,6 +20,8 @@ dtype before they join the fp32 sum: the same terms, one more rounding of a part
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import replace
 
 import torch
@@ -33,44 +35,130 @@ from ninfer_qwen3_5.layers.expert_cache import ExpertCache
 _HOST = torch.device("cpu")
 
 
+def copy_min_tokens(hidden: int, inter: int, device: torch.device, dtype: torch.dtype) -> int | None:
+    """The copy path's threshold for experts of ``hidden`` x ``inter`` on ``device`` (None on the CPU: one
+    memory, nothing to copy): the token count at which copying an expert (its ``3 * inter * hidden`` weights in
+    ``dtype`` over the measured host-to-device bandwidth) costs what computing those tokens on the host would (its
+    measured fp32 matmul rate, ``6 * inter * hidden`` FLOPs a token). Measured once, in about 0.1 s."""
+    if device.type == "cpu":
+        return None
+    payload = torch.empty(64 << 20, dtype=torch.uint8)
+    target = torch.empty_like(payload, device=device)
+    a, b = torch.randn(64, hidden), torch.randn(2 * inter, hidden)
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    bandwidth = payload.numel() / best(lambda: target.copy_(payload))
+    flops = 2 * 64 * 2 * inter * hidden / best(lambda: a @ b.t())
+    copy_s = 3 * inter * hidden * torch.empty((), dtype=dtype).element_size() / bandwidth
+    return max(1, math.ceil(copy_s * flops / (6 * inter * hidden)))
+
+
+#: Experts staged on the device at once by the copy path (one ``moe_experts`` call per group of this many).
+STAGE_SLOTS = 8
+
+
+class ExpertStage:
+    """The copy path's device buffers, ``slots`` experts of ``gate_up_shape`` / ``down_shape`` in ``dtype``,
+    shared by every layer of a model (the layers run one after another; stream order keeps a layer's copies
+    behind the previous one's kernels). Allocated at the first copy."""
+
+    def __init__(self, gate_up_shape: tuple[int, ...], down_shape: tuple[int, ...], device: torch.device,
+                 dtype: torch.dtype, slots: int = STAGE_SLOTS) -> None:
+        self.shapes, self.device, self.dtype, self.slots = (gate_up_shape, down_shape), device, dtype, slots
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._buffers is None:
+            self._buffers = tuple(torch.empty((self.slots, *shape), dtype=self.dtype, device=self.device)
+                                  for shape in self.shapes)
+        return self._buffers
+
+
 class HostExperts:
     """One MoE layer's routed banks in host memory: ``gate_up[E, 2I, H]`` and ``down[E, H, I]`` (tensors or
     :class:`~ninfer.quant.PackedWeight`), both on the CPU. With ``cache_slots`` > 0 (and ``ops``, ``device``,
     ``dtype``), an :class:`~ninfer_qwen3_5.layers.expert_cache.ExpertCache` keeps that many of them on the device:
     the pairs routed to a cached expert are computed there by ``ops.moe_experts`` (its result rounded once to the
-    activation dtype, then added to the fp32 sum), the rest on the host."""
+    activation dtype, then added to the fp32 sum). With ``copy_min_tokens`` N, an uncached expert a call routes at
+    least N tokens to is copied to a device staging buffer and its pairs computed there the same way (a prefill
+    chunk's busy experts: one copy instead of many host GEMM rows). The rest run on the host."""
 
     def __init__(self, gate_up: torch.Tensor | PackedWeight, down: torch.Tensor | PackedWeight, *,
                  cache_slots: int = 0, ops=None, device: torch.device | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, copy_min_tokens: int | None = None,
+                 stage: ExpertStage | None = None) -> None:
         for name, bank in (("gate_up", gate_up), ("down", down)):
             if bank.device.type != "cpu":
                 raise ValueError(f"host experts need their {name} bank in host memory, got one on {bank.device}")
         # A quantized bank decodes only the experts a step routes to, to fp32.
         self.gate_up, self.down = (DecodedBank(b) if isinstance(b, PackedWeight) else b for b in (gate_up, down))
-        self.ops = ops
+        self.ops, self.device, self.dtype = ops, device, dtype
         self.cache = (ExpertCache(self.gate_up, self.down, cache_slots, device, dtype) if cache_slots else None)
+        if copy_min_tokens is not None and stage is None:
+            raise ValueError("the copy path (copy_min_tokens) needs an ExpertStage")
+        self.copy_min_tokens, self.stage = copy_min_tokens, stage
+        self.copied_experts = 0   # experts copied to the staging buffer so far
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                  shared: SharedExpert | None) -> torch.Tensor:
         """``moe_experts(x, weights, ids, gate_up, down, shared=shared)`` with the routed part on the host (and
         the cached experts' pairs on the device); ``[T, H]`` in x.dtype on x's device."""
         x_h, w_h, ids_h = x.to(_HOST), weights.to(_HOST), ids.to(_HOST)
-        device_part, skip = None, None
+        parts: list[torch.Tensor] = []   # device sums, each rounded once to x.dtype
+        skip = None
         if self.cache is not None:
             self.cache.refresh()
             skip, slot = self.cache.split(ids_h)
             self.cache.observe(ids_h)
             if bool(skip.any()):
-                on_device = (w_h * skip).to(x.device)   # the host's pairs weigh zero here
-                device_part = self.ops.moe_experts(x, on_device, slot.to(x.device), self.cache.gate_up,
-                                                   self.cache.down)
+                parts.append(self._on_device(x, w_h, skip, slot, self.cache.gate_up, self.cache.down))
+        if self.copy_min_tokens is not None:
+            skip = self._copied(x, w_h, ids_h, skip, parts)
         routed = routed_experts_fp32(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip)
         out = routed.to(x.device)
-        if device_part is not None:
-            out += device_part.float()
+        for part in parts:
+            out += part.float()
         if shared is not None:
             if isinstance(shared.down, PackedWeight):
                 shared = replace(shared, down=shared.down.dequantize(torch.float32))
             out += shared_expert_fp32(shared, x.dtype)
         return out.to(x.dtype)
+
+    def _on_device(self, x: torch.Tensor, w_h: torch.Tensor, mine: torch.Tensor, slot: torch.Tensor,
+                   gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+        """``moe_experts`` over device banks for the pairs ``mine`` (bool ``[T, k]``) at bank rows ``slot``; the
+        other pairs weigh zero (their slot is any valid row)."""
+        return self.ops.moe_experts(x, (w_h * mine).to(x.device), slot.to(x.device), gate_up, down)
+
+    def _copied(self, x: torch.Tensor, w_h: torch.Tensor, ids_h: torch.Tensor, skip: torch.Tensor | None,
+                parts: list[torch.Tensor]) -> torch.Tensor | None:
+        """The copy path (class docstring): appends the device sums of the busy experts to ``parts`` and returns
+        ``skip`` grown by their pairs."""
+        left = ids_h if skip is None else torch.where(skip, -1, ids_h)
+        counts = torch.bincount(left[left >= 0], minlength=self.gate_up.shape[0])
+        busy = [int(e) for e in torch.argsort(counts, descending=True, stable=True)
+                if counts[e] >= self.copy_min_tokens]
+        if not busy:
+            return skip
+        gu, dn = self.stage.buffers()
+        skip = torch.zeros_like(ids_h, dtype=torch.bool) if skip is None else skip.clone()
+        for at in range(0, len(busy), gu.shape[0]):
+            group = busy[at:at + gu.shape[0]]
+            row = torch.zeros(self.gate_up.shape[0], dtype=torch.int64)
+            for i, e in enumerate(group):
+                gu[i].copy_(self.gate_up[e])
+                dn[i].copy_(self.down[e])
+                row[e] = i
+            mine = torch.isin(left, torch.tensor(group))
+            parts.append(self._on_device(x, w_h, mine, row[ids_h], gu, dn))
+            skip |= mine
+            self.copied_experts += len(group)
+        return skip
