@@ -228,12 +228,16 @@ def _fp64_moe(x, w, ids, gate_up, down, shared):
                        shared=SharedExpert(shared.projected.double(), shared.down.double(), shared.gate_logit.double()))
 
 
-@pytest.mark.parametrize("slots,rounds", [(8, 0), (8, 3), (3, 3), (1, 2)])
-def test_cached_host_experts_against_fp64(slots, rounds):
-    """None cached (the first call), all cached (8 of 8 after routing was seen) and mixed: within fp32 rounding of
+@pytest.mark.parametrize("experts,k,tokens", [(8, 2, 7), (256, 8, 1), (256, 8, 24), (512, 10, 1), (512, 10, 24)])
+@pytest.mark.parametrize("slots,rounds", [("all", 0), ("all", 3), (3, 3), (1, 2)])
+def test_cached_host_experts_against_fp64(experts, k, tokens, slots, rounds):
+    """None cached (the first call), all cached (every expert after routing was seen) and mixed, at Qwen3.5-MoE's
+    top-8 of 256 and Qwen4-Exp's top-10 of 512 (one token: decode; 24: a prefill chunk): within fp32 rounding of
     the fp64 oracle, and bitwise the uncached result while nothing is cached."""
     ops = types.SimpleNamespace(moe_experts=moe_experts)   # the CPU's device op
-    x, w, ids, gate_up, down, shared = _case(torch.float32, tokens=7)
+    slots = experts if slots == "all" else slots
+    x, w, ids, gate_up, down, shared = _case(torch.float32, experts=experts, k=k, tokens=tokens, hidden=32,
+                                             inter=16, shared_inter=24)
     layer = HostExperts(gate_up, down, cache_slots=slots, ops=ops, device=torch.device("cpu"), dtype=torch.float32)
     for _ in range(rounds):
         layer(x, w, ids, shared)
