@@ -352,3 +352,13 @@ def test_copy_threshold_options():
     assert copy_min_tokens(64, 32, torch.device("cpu"), torch.float32) is None   # one memory: never copy
     with pytest.raises(InvalidEngineOptions, match="expert_copy_min_tokens"):
         EngineOptions(expert_copy_min_tokens=0).validate()
+
+
+def test_a_bank_that_does_not_split_per_expert_is_refused():
+    from ninfer.quant.packed import packed_view
+    from ops_triton.quant_cases import parent_bytes
+
+    w = torch.randn(4 * 64, 64)   # nvfp4 experts of 64 rows share 128-row scale tiles
+    bank = packed_view("nvfp4", parent_bytes("nvfp4", w), (4, 64, 64), 0, w.numel(), (4, 64, 64))
+    with pytest.raises(NotSupportedError, match="stored expert by expert; this nvfp4 gate_up bank of shape"):
+        HostExperts(bank, bank)

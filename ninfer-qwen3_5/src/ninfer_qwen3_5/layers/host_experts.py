@@ -25,10 +25,11 @@ import time
 from dataclasses import replace
 
 import torch
+from ninfer.errors import NotSupportedError
 from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.reference.moe import routed_experts_fp32, shared_expert_fp32
 from ninfer.ops.reference.quantized import DecodedBank
-from ninfer.quant import PackedWeight
+from ninfer.quant import PackedWeight, QuantizationError
 
 from ninfer_qwen3_5.layers.expert_cache import ExpertCache
 
@@ -59,6 +60,19 @@ def copy_min_tokens(hidden: int, inter: int, device: torch.device, dtype: torch.
     flops = 2 * 64 * 2 * inter * hidden / best(lambda: a @ b.t())
     copy_s = 3 * inter * hidden * torch.empty((), dtype=dtype).element_size() / bandwidth
     return max(1, math.ceil(copy_s * flops / (6 * inter * hidden)))
+
+
+def _check_separable(name: str, bank: PackedWeight) -> None:
+    """NotSupportedError unless every expert of ``bank`` is a view of its own (an nvfp4 bank whose experts do not
+    fill whole 128-row scale tiles shares tiles between experts): host experts read, cache and copy one expert at a
+    time."""
+    try:
+        for expert in range(bank.shape[0]):
+            bank[expert]
+    except QuantizationError as exc:
+        raise NotSupportedError(f"host experts (--host-experts) need expert banks stored expert by expert; this "
+                                f"{bank.format} {name} bank of shape {list(bank.shape)} is not: {exc}. Start without "
+                                f"host experts, or convert the experts to another format") from None
 
 
 #: Experts staged on the device at once by the copy path (one ``moe_experts`` call per group of this many).
@@ -98,6 +112,8 @@ class HostExperts:
         for name, bank in (("gate_up", gate_up), ("down", down)):
             if bank.device.type != "cpu":
                 raise ValueError(f"host experts need their {name} bank in host memory, got one on {bank.device}")
+            if isinstance(bank, PackedWeight):
+                _check_separable(name, bank)
         # A quantized bank decodes only the experts a step routes to, to fp32.
         self.gate_up, self.down = (DecodedBank(b) if isinstance(b, PackedWeight) else b for b in (gate_up, down))
         self.ops, self.device, self.dtype = ops, device, dtype
