@@ -85,7 +85,7 @@ def stream_one(port: int, prompt: list[int], max_tokens: int, out: dict, start: 
 def burst(port: int, prompts: list[list[int]], max_tokens: int) -> dict:
     outs = [{} for _ in prompts]
     barrier = threading.Barrier(len(prompts))
-    threads = [threading.Thread(target=stream_one, args=(port, p, max_tokens, o, barrier)) for p, o in zip(prompts, outs)]
+    threads = [threading.Thread(target=stream_one, args=(port, p, max_tokens, o, barrier)) for p, o in zip(prompts, outs, strict=True)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -100,7 +100,7 @@ def summarize(outs: list[dict], wall: float) -> dict:
     if errors:
         raise SystemExit(f"request failed: {errors[0]}")
     ttft = [1000 * o["ttft"] for o in outs]
-    gaps = [1000 * (b - a) for o in outs for a, b in zip(o["chunks"], o["chunks"][1:])]
+    gaps = [1000 * (b - a) for o in outs for a, b in zip(o["chunks"], o["chunks"][1:], strict=False)]
     return {"clients": len(outs), "wall_s": wall, "tok_per_s": sum(o["tokens"] for o in outs) / wall,
             "ttft_ms": ttft, "ttft_p50_ms": statistics.median(ttft), "ttft_max_ms": max(ttft),
             "itl_p50_ms": pct(gaps, 50), "itl_p99_ms": pct(gaps, 99), "itl_max_ms": max(gaps, default=None),
@@ -113,7 +113,7 @@ def arrival(port: int, short: list[list[int]], long_prompt: list[int], max_token
     events = [threading.Event() for _ in short]
     barrier = threading.Barrier(len(short))
     threads = [threading.Thread(target=stream_one, args=(port, p, max_tokens, o, barrier, e))
-               for p, o, e in zip(short, outs, events)]
+               for p, o, e in zip(short, outs, events, strict=True)]
     for t in threads:
         t.start()
     for e in events:
@@ -130,7 +130,7 @@ def arrival(port: int, short: list[list[int]], long_prompt: list[int], max_token
         raise SystemExit("the long request streamed no text")
     before, during = [], []
     for o in outs:
-        for a, b in zip(o["chunks"], o["chunks"][1:]):
+        for a, b in zip(o["chunks"], o["chunks"][1:], strict=False):
             if b <= t_arrive:
                 before.append(1000 * (b - a))
             elif a <= t_first:

@@ -41,6 +41,7 @@ def _drafter_parameters(g: dict, generation: int, layers: int = 5, conv_kernel: 
     return layers * layer + top
 
 
+@pytest.mark.slow   # ~15 s each on 2 cores: the whole tool at tiny sizes (NINFER_RUN_SLOW=1 runs it)
 @pytest.mark.parametrize("backend", ["dflash", "dflash2"])
 def test_verify_cost_dflash_tiny_cpu(tmp_path, backend, tokenizer_json_path):  # noqa: F811
     work, out = tmp_path / "work", tmp_path / "out"
