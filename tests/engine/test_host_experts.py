@@ -362,3 +362,19 @@ def test_a_bank_that_does_not_split_per_expert_is_refused():
     bank = packed_view("nvfp4", parent_bytes("nvfp4", w), (4, 64, 64), 0, w.numel(), (4, 64, 64))
     with pytest.raises(NotSupportedError, match="stored expert by expert; this nvfp4 gate_up bank of shape"):
         HostExperts(bank, bank)
+
+
+def test_speculative_verify_through_host_experts(artifacts, tmp_path):
+    """A DFlash drafter on a host-expert MoE target: verify forwards (k + 1 rows a request) run the host path and
+    the greedy tokens stay plain decoding's, with and without a cache and copies."""
+    from support.dflash import write_dflash_drafter
+
+    folder = write_dflash_drafter(tmp_path / "drafter", seed=3, hidden_size=64, vocab_size=512, num_target_layers=4,
+                                  target_layer_ids=[1, 2], block_size=4, mask_token_id=511, head_dim=16, heads=4,
+                                  kv_heads=2, intermediate=64, generation=1)
+    source = artifacts["top2of8"].with_suffix("")   # the checkpoint folder the fixture converted
+    art = convert(source, tmp_path / "with_drafter.ninfer", progress=False, draft=folder).paths[0]
+    plain = _generate(artifacts["top2of8"], host_experts=False)
+    for extra in ({}, {"expert_cache_slots": 3, "expert_copy_min_tokens": 2}):
+        got = _generate(art, host_experts=True, speculative="dflash", num_speculative_tokens=3, **extra)
+        assert got == plain, extra
