@@ -378,3 +378,21 @@ def test_speculative_verify_through_host_experts(artifacts, tmp_path):
     for extra in ({}, {"expert_cache_slots": 3, "expert_copy_min_tokens": 2}):
         got = _generate(art, host_experts=True, speculative="dflash", num_speculative_tokens=3, **extra)
         assert got == plain, extra
+
+
+def test_bench_reports_the_cache(artifacts, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, "-m", "ninfer.cli.main", "bench", str(artifacts["top2of8"]), "--device", "cpu",
+                          "--host-experts", "--expert-cache-slots", "4", "--batches", "1", "--prefill-lengths", "16",
+                          "--decode-prompt-tokens", "8", "--decode-base-tokens", "2", "--decode-steps", "2",
+                          "--repeats", "1", "--copy-mib", "4", "--matmul-size", "64", "--output", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    hosted = json.loads(out.read_text())["engine"]["host_experts"]
+    assert hosted["expert_cache_slots"] == 4 and len(hosted["cache_hits"]) == 4
+    assert all(0.0 <= r <= 1.0 for r in hosted["cache_hit_rate_by_layer"]) and sum(hosted["cache_misses"]) > 0
+    assert "host experts: 4 cached per layer, hit rate" in run.stdout

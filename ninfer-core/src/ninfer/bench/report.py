@@ -158,6 +158,13 @@ def format_report(report: dict[str, Any]) -> str:
     spec = report["engine"].get("speculation")
     if spec is not None:
         lines += _speculation_lines(spec)
+    hosted = report["engine"].get("host_experts")
+    if hosted is not None:
+        hits, misses = sum(hosted["cache_hits"]), sum(hosted["cache_misses"])
+        rate = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
+        lines.append(f"host experts: {hosted['expert_cache_slots'] or 0} cached per layer, hit rate {rate} of "
+                     f"{hits + misses} routed pairs (the byte shares below count every expert byte as read from "
+                     f"the device)")
     if report["decode"]:
         lines += ["",
                   f"decode: prompt {s['decode_prompt_tokens']} + {s['decode_base_tokens']} tokens, then "

@@ -170,6 +170,8 @@ def run(args) -> int:
                                                                                           "dropped")})
         if engine.options.speculative is not None:
             engine_info["speculation"] = speculation_summary(engine.options, stats)
+        if engine.options.host_experts:
+            engine_info["host_experts"] = host_experts_summary(engine.options, stats)
     run_settings = work.settings
     if batches:
         # The same copy again once the engine's memory is free: the ceiling drifts with what the device just ran
@@ -201,6 +203,15 @@ def run(args) -> int:
         args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         say(f"report written to {args.output}")
     return 0
+
+
+def host_experts_summary(options, stats) -> dict:
+    """Host experts (docs/memory.md): the device cache's slots per layer and, per MoE layer, the routed pairs
+    computed from it and on the host over the whole run (warm-up excluded), and their hit rate."""
+    return {"expert_cache_slots": options.expert_cache_slots,
+            "expert_copy_min_tokens": options.expert_copy_min_tokens,
+            "cache_hits": list(stats.expert_cache_hits), "cache_misses": list(stats.expert_cache_misses),
+            "cache_hit_rate_by_layer": list(stats.expert_cache_hit_rate_by_layer())}
 
 
 def speculation_summary(options, stats) -> dict:
