@@ -50,6 +50,7 @@ import contextlib
 import hashlib
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,14 @@ DEFAULT_WORK = REPO / ".default_model_work"
 #: The DFlash paper's decay for its block sizes (SpecForge's suggestion); others use B / 2.
 GAMMA = {8: 4.0, 10: 5.0, 16: 7.0}
 MASK_TOKEN = "<|vision_pad|>"
+
+
+def report_text(report: dict) -> str:
+    """``training_report.json``'s text: indented objects, each list of numbers on one line (a loss row's per-slot
+    top-1, a histogram), so the report stays readable and short."""
+    text = json.dumps(report, indent=1)
+    return re.sub(r"\[([\s\d.,eE+\-]*)\]", lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")
+                                                                     if v.strip()) + "]", text) + "\n"
 
 
 def gamma_for(args) -> float:
@@ -225,12 +234,12 @@ def train(args) -> dict:
                        "(tools/dflash_eval.py)", "eval_anchor_stride": args.eval_anchor_stride, **evaluation},
         "corpus": corpus_info,
     }
-    model.save(out, {"training_report.json": json.dumps(report, indent=1) + "\n"})
+    model.save(out, {"training_report.json": report_text(report)})
     size = (out / "model.safetensors").stat().st_size
     print(f"wrote {out} ({size / 2**20:.2f} MiB of weights) in {train_seconds:.1f}s of training", flush=True)
     if args.check:
         report["parity"] = check(args, target if device.type == "cpu" else None)
-        (out / "training_report.json").write_text(json.dumps(report, indent=1) + "\n")
+        (out / "training_report.json").write_text(report_text(report))
     return report
 
 
@@ -282,7 +291,7 @@ def evaluate_folder(args) -> dict:
         report["evaluation"] = {"note": "shipped bf16 weights; greedy acceptance against the target's own argmax "
                                 "(tools/dflash_eval.py), by the eval stage", "device": str(device),
                                 "eval_anchor_stride": args.eval_anchor_stride, **out}
-        report_path.write_text(json.dumps(report, indent=1) + "\n")
+        report_path.write_text(report_text(report))
     return out
 
 

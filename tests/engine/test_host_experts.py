@@ -100,6 +100,11 @@ def test_quantized_host_banks_equal_the_quantized_reference(fmt):
     gu, dn = pack(gate_up), pack(down)
     want = quantized_moe_experts(x, w, ids, gu, dn, shared=shared)
     assert torch.equal(HostExperts(gu, dn)(x, w, ids, shared), want)
+    # A quantized shared down projection too, decoded once and reused by the next call.
+    packed_shared = dataclasses.replace(shared, down=pack(shared.down[None])[0])
+    layer = HostExperts(gu, dn)
+    want = quantized_moe_experts(x, w, ids, gu, dn, shared=packed_shared)
+    assert torch.equal(layer(x, w, ids, packed_shared), want) and torch.equal(layer(x, w, ids, packed_shared), want)
 
 
 def test_host_experts_refuse_device_banks():

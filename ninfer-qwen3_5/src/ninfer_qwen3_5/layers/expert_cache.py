@@ -50,12 +50,14 @@ class ExpertCache:
 
     def refresh(self) -> None:
         """Bring the cache to the best-scored experts (module docstring)."""
+        score = self.score.tolist()   # one host list: the loops below index it, not the tensor
         order = torch.argsort(self.score, descending=True, stable=True)[: self.slots].tolist()
-        want = [e for e in order if self.score[e] > 0]
+        want = [e for e in order if score[e] > 0]
         wanted = set(want)
+        cached = set(self.expert_in)
         free = [s for s, e in enumerate(self.expert_in) if e < 0 or e not in wanted]
-        free.sort(key=lambda s: -1.0 if self.expert_in[s] < 0 else float(self.score[self.expert_in[s]]))
-        for expert in (e for e in want if self.slot_of[e] < 0):
+        free.sort(key=lambda s: -1.0 if self.expert_in[s] < 0 else score[self.expert_in[s]])
+        for expert in (e for e in want if e not in cached):
             slot = free.pop(0)
             old = self.expert_in[slot]
             if old >= 0:

@@ -121,6 +121,7 @@ class HostExperts:
         if copy_min_tokens is not None and stage is None:
             raise ValueError("the copy path (copy_min_tokens) needs an ExpertStage")
         self.copy_min_tokens, self.stage = copy_min_tokens, stage
+        self._shared_down: tuple[PackedWeight, torch.Tensor] | None = None
         self.copied_experts = 0   # experts copied to the staging buffer so far
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
@@ -143,8 +144,10 @@ class HostExperts:
         for part in parts:
             out += part.float()
         if shared is not None:
-            if isinstance(shared.down, PackedWeight):
-                shared = replace(shared, down=shared.down.dequantize(torch.float32))
+            if isinstance(shared.down, PackedWeight):   # decoded once: the layer passes the same weight each call
+                if self._shared_down is None or self._shared_down[0] is not shared.down:
+                    self._shared_down = (shared.down, shared.down.dequantize(torch.float32))
+                shared = replace(shared, down=self._shared_down[1])
             out += shared_expert_fp32(shared, x.dtype)
         return out.to(x.dtype)
 
@@ -160,10 +163,10 @@ class HostExperts:
         ``skip`` grown by their pairs."""
         left = ids_h if skip is None else torch.where(skip, -1, ids_h)
         counts = torch.bincount(left[left >= 0], minlength=self.gate_up.shape[0])
-        busy = [int(e) for e in torch.argsort(counts, descending=True, stable=True)
-                if counts[e] >= self.copy_min_tokens]
-        if not busy:
+        busy = torch.nonzero(counts >= self.copy_min_tokens).flatten()
+        if busy.numel() == 0:
             return skip
+        busy = busy[torch.argsort(counts[busy], descending=True, stable=True)].tolist()   # busiest first
         gu, dn = self.stage.buffers()
         skip = torch.zeros_like(ids_h, dtype=torch.bool) if skip is None else skip.clone()
         for at in range(0, len(busy), gu.shape[0]):
