@@ -1,0 +1,87 @@
+"""Host experts on CUDA (docs/memory.md, "Host experts"): the routed sum crosses the PCIe bus, cached and copied
+experts run the device's Triton ``moe_experts``.
+
+- the layer: uncached, cached and copied experts, fp32 and bf16 activations, within the rounding of an fp64 oracle;
+- the engine: the tiny top-2 of 8 MoE model in fp32 gives the device-resident model's greedy tokens and, within
+  fp32 summation order, its scoring logprobs, with the default cache and copy threshold and with a forced copy
+  path; the measured copy threshold is a positive token count; the cache sees hits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ninfer import Engine, EngineOptions
+
+from .test_host_experts import GREEDY, PROMPTS, _case, _fp64_moe, artifacts  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda_ops(dtype):
+    from ninfer.ops import resolve_ops
+    from ninfer.plugins import get_registry
+
+    return resolve_ops(get_registry().ops, "cuda", dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache,copy", [(0, None), (4, None), (0, 1), (3, 2)])
+def test_cuda_host_experts_against_fp64(dtype, cache, copy):
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage, HostExperts
+
+    dev = torch.device("cuda")
+    x, w, ids, gate_up, down, shared = _case(torch.float32, experts=16, k=4, tokens=11, hidden=64, inter=32)
+    want = _fp64_moe(x.to(dtype).float(), w, ids, gate_up.to(dtype).float(), down.to(dtype).float(),
+                     type(shared)(shared.projected.to(dtype).float(), shared.down.to(dtype).float(),
+                                  shared.gate_logit))
+    stage = ExpertStage((64, 64), (64, 32), dev, dtype, slots=2) if copy else None
+    layer = HostExperts(gate_up.to(dtype), down.to(dtype), cache_slots=cache, ops=_cuda_ops(dtype), device=dev,
+                        dtype=dtype, copy_min_tokens=copy, stage=stage)
+    dshared = type(shared)(shared.projected.to(dtype).to(dev), shared.down.to(dtype).to(dev),
+                           shared.gate_logit.to(dev))
+    for _ in range(3):   # the cache (if any) fills from the routing it sees
+        got = layer(x.to(dtype).to(dev), w.to(dev), ids.to(dev), dshared)
+    assert got.device.type == "cuda" and got.dtype == dtype
+    err = (got.double().cpu() - want).norm() / want.norm()
+    assert err < (2e-6 if dtype == torch.float32 else 1.5e-2), err
+    if cache:
+        assert layer.cache.hits > 0
+    if copy:
+        assert layer.copied_experts > 0
+
+
+def _cuda_generate(path, **options):
+    opts = EngineOptions(device="cuda", dtype="float32", max_concurrency=4, max_context=256, prefill_chunk_size=16,
+                         page_size=4, **options)
+    with Engine.start(path, opts) as engine:
+        handles = [engine.submit(p, sampling=GREEDY) for p in PROMPTS]
+        tokens = [tuple(h.result().token_ids) for h in handles]
+        return tokens, engine.stats(), engine.memory_summary()
+
+
+def _cuda_logprobs(path, **options):
+    with Engine.start(path, device="cuda", dtype="float32", purpose="causal_scoring", **options) as engine:
+        return [t.logprob for t in engine.score([PROMPTS[3]], logprobs=True).texts[0].token_logprobs]
+
+
+def test_cuda_engine_with_host_experts_equals_device_experts(artifacts):  # noqa: F811
+    path = artifacts["top2of8"]
+    plain, _, _ = _cuda_generate(path, host_experts=False)
+    hosted, stats, memory = _cuda_generate(path, host_experts=True)
+    assert hosted == plain and all(len(t) == 24 for t in plain)
+    # The whole 8-expert bank fits the default budget's spare room, so every layer caches experts and hits.
+    assert memory.host_weights_bytes > 0
+    assert len(stats.expert_cache_hits) == 4 and all(h > 0 for h in stats.expert_cache_hits)
+    copied, _, _ = _cuda_generate(path, host_experts=True, expert_cache_slots=0, expert_copy_min_tokens=1)
+    assert copied == plain
+    want = torch.tensor(_cuda_logprobs(path, host_experts=False))
+    got = torch.tensor(_cuda_logprobs(path, host_experts=True, expert_cache_slots=0))
+    assert torch.allclose(got, want, rtol=0, atol=1e-4), (got - want).abs().max()
+
+
+def test_cuda_copy_threshold_is_measured():
+    from ninfer_qwen3_5.layers.host_experts import copy_min_tokens
+
+    n = copy_min_tokens(2048, 512, torch.device("cuda"), torch.bfloat16)
+    assert isinstance(n, int) and n >= 1
