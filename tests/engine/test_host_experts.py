@@ -228,6 +228,36 @@ def test_expert_cache_follows_the_routing():
         ExpertCache(gate_up, down, 7, torch.device("cpu"), torch.float32)
 
 
+def test_expert_cache_does_not_churn_on_routing_without_favourites():
+    """Uniform routing (top-8 of 64, 16 slots): after the cache fills, near-ties do not swap experts, so most calls
+    copy nothing and none copies more than MAX_ADMITS; routing with favourites gets them cached."""
+    from ninfer_qwen3_5.layers.expert_cache import MAX_ADMITS, ExpertCache
+
+    g = torch.Generator().manual_seed(0)
+    experts, slots, k = 64, 16, 8
+
+    def run(pick) -> ExpertCache:
+        cache = ExpertCache(torch.zeros(experts, 2, 2), torch.zeros(experts, 2, 1), slots, torch.device("cpu"),
+                            torch.float32)
+        per_call = []
+        for _ in range(400):
+            before = cache.copies
+            cache.refresh()
+            per_call.append(cache.copies - before)
+            ids = pick()[None]
+            cache.split(ids)
+            cache.observe(ids)
+        assert max(per_call[1:]) <= max(MAX_ADMITS, slots - k)   # the second call may still fill empty slots
+        return cache, per_call
+
+    cache, per_call = run(lambda: torch.randperm(experts, generator=g)[:k])
+    assert sum(c > 0 for c in per_call[100:]) < 100          # at least 3 calls in 4 copy nothing
+    hot = torch.arange(4)                                     # experts 0-3 in every call
+    cache, _ = run(lambda: torch.cat([hot, 4 + torch.randperm(experts - 4, generator=g)[:k - 4]]))
+    assert set(range(4)) <= set(cache.expert_in)
+    assert cache.hits / (cache.hits + cache.misses) > 0.5 > slots / experts
+
+
 def _fp64_moe(x, w, ids, gate_up, down, shared):
     return moe_experts(x.double(), w.double(), ids, gate_up.double(), down.double(),
                        shared=SharedExpert(shared.projected.double(), shared.down.double(), shared.gate_logit.double()))

@@ -44,10 +44,13 @@ class Materializer:
     """Reads a plan's parents from ``reader`` and builds the parameter tensors."""
 
     def __init__(self, reader: ArtifactReader, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 verify: bool = True, progress: Callable[[int, int], None] | None = None) -> None:
+                 verify: bool = True, progress: Callable[[int, int], None] | None = None,
+                 pin_host: bool = False) -> None:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         self.reader = reader
+        # Host copies in page-locked memory: a GPU copies them at full bus speed and without blocking the host.
+        self.pin_host = pin_host
         self.chunk_bytes = chunk_bytes
         self.verify = verify
         self.progress = progress  # progress(bytes_read, total_bytes), after each parent
@@ -85,6 +88,14 @@ class Materializer:
             out[bp.name] = flat.view(bp.shape)
         return out
 
+    def _host_buffer(self, size: int) -> torch.Tensor:
+        if self.pin_host:
+            try:
+                return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            except RuntimeError:   # the host would not lock that much: pageable memory works, copies are slower
+                self.pin_host = False
+        return torch.empty(size, dtype=torch.uint8)
+
     def _load_parent(self, parent: ParentLoad) -> dict[torch.device, torch.Tensor]:
         """One bounded read of the parent; a flat tensor of the stored dtype on each device."""
         obj = parent.object
@@ -92,7 +103,7 @@ class Materializer:
         cpu = torch.device("cpu")
         out: dict[torch.device, torch.Tensor] = {}
         if cpu in parent.devices:
-            host = torch.empty(obj.bytes, dtype=torch.uint8)
+            host = self._host_buffer(obj.bytes)
             view = memoryview(host.numpy())
             for pos in range(0, obj.bytes, self.chunk_bytes):
                 chunk = view[pos:pos + self.chunk_bytes]
@@ -127,7 +138,9 @@ def load_weights(reader: ArtifactReader, specs: Sequence[ParameterSpec], device:
                  verify: bool = True, progress: Callable[[int, int], None] | None = None
                  ) -> dict[str, torch.Tensor]:
     """``bind`` + ``resolve_load`` + ``Materializer.materialize`` with every parameter on ``device``, except
-    those whose spec asks for host placement, which are loaded into CPU memory."""
+    those whose spec asks for host placement, which are loaded into CPU memory (page-locked when ``device`` is a
+    GPU, so that copies of them to it run at bus speed)."""
     host = {s.name: "cpu" for s in specs if s.placement == "host"}
     plan = resolve_load(bind(reader, specs), device, placement=host)
-    return Materializer(reader, verify=verify, progress=progress).materialize(plan)
+    pin = bool(host) and torch.device(device).type == "cuda"
+    return Materializer(reader, verify=verify, progress=progress, pin_host=pin).materialize(plan)

@@ -2,10 +2,12 @@
 
 One MoE layer whose routed banks live in host memory keeps copies of ``slots`` of its experts on the run device,
 in the run dtype. Policy: every routed (token, expert) pair the layer sees adds one to its expert's score, and all
-scores decay by :data:`DECAY` per call; when the layer is called next, the ``slots`` best-scored experts (score
-above zero) are what the cache should hold, and each one missing replaces the worst-scored cached expert that is
-no longer wanted (one host-to-device copy of its two matrices). So the cache follows the routing of recent steps,
-and it changes only between two calls of its layer.
+scores decay by :data:`DECAY` per call; when the layer is called next, the best-scored experts that are not cached
+(score above zero) fill the empty slots, then each replaces the worst-scored cached expert when its score beats
+that one's by :data:`ADMIT_MARGIN`, at most :data:`MAX_ADMITS` replacements a call (one host-to-device copy of its
+two matrices each). So the cache follows the routing of recent steps, it changes only between two calls of its
+layer, and routing with no favourites (every expert about as likely) does not make it copy at every call: a copy
+costs about what computing a few pairs on the host does, so a near-tie is not worth one.
 
 Invariants (who may mutate what): only the layer's forward, on the engine worker, calls :meth:`observe` and
 :meth:`refresh`; ``slot_of[e]`` is the slot holding expert ``e`` or -1, and the device buffers' slot ``s`` holds
@@ -19,6 +21,10 @@ import torch
 
 #: Per-call decay of the routing scores: a pair's weight halves after about 70 calls of the layer.
 DECAY = 0.99
+#: How many (decayed) routed pairs an uncached expert's score must exceed a cached one's by to replace it.
+ADMIT_MARGIN = 2.0
+#: Most cached experts one refresh replaces (empty slots fill without this bound): a cap on one call's copies.
+MAX_ADMITS = 2
 
 
 class ExpertCache:
@@ -38,6 +44,7 @@ class ExpertCache:
         self.expert_in = [-1] * slots                                  # slot -> expert
         self.score = torch.zeros(experts, dtype=torch.float64)
         self.hits = self.misses = 0
+        self.copies = 0   # experts copied in so far
 
     @property
     def slots(self) -> int:
@@ -49,22 +56,29 @@ class ExpertCache:
         self.score += torch.bincount(ids.reshape(-1), minlength=self.score.numel()).to(torch.float64)
 
     def refresh(self) -> None:
-        """Bring the cache to the best-scored experts (module docstring)."""
+        """Bring the cache towards the best-scored experts (module docstring)."""
         score = self.score.tolist()   # one host list: the loops below index it, not the tensor
         order = torch.argsort(self.score, descending=True, stable=True)[: self.slots].tolist()
-        want = [e for e in order if score[e] > 0]
-        wanted = set(want)
-        cached = set(self.expert_in)
-        free = [s for s, e in enumerate(self.expert_in) if e < 0 or e not in wanted]
-        free.sort(key=lambda s: -1.0 if self.expert_in[s] < 0 else score[self.expert_in[s]])
-        for expert in (e for e in want if e not in cached):
-            slot = free.pop(0)
-            old = self.expert_in[slot]
-            if old >= 0:
-                self.slot_of[old] = -1
-            self.gate_up[slot].copy_(self.host_gate_up[expert])
-            self.down[slot].copy_(self.host_down[expert])
+        incoming = [e for e in order if score[e] > 0 and self.slot_of[e] < 0]
+        if not incoming:
+            return
+        empty = [s for s, e in enumerate(self.expert_in) if e < 0]
+        held = sorted((s for s, e in enumerate(self.expert_in) if e >= 0), key=lambda s: score[self.expert_in[s]])
+        replaced = 0
+        for expert in incoming:       # best first; the worst-scored cached expert goes first
+            if empty:
+                slot = empty.pop(0)
+            elif replaced < MAX_ADMITS and held and score[expert] >= score[self.expert_in[held[0]]] + ADMIT_MARGIN:
+                slot = held.pop(0)
+                replaced += 1
+                self.slot_of[self.expert_in[slot]] = -1
+            else:
+                break
+            # The banks are immutable (pinned on a GPU host): the copies need not hold the host back.
+            self.gate_up[slot].copy_(self.host_gate_up[expert], non_blocking=True)
+            self.down[slot].copy_(self.host_down[expert], non_blocking=True)
             self.expert_in[slot], self.slot_of[expert] = expert, slot
+            self.copies += 1
 
     def reset(self) -> None:
         """Scores and counts back to zero (what the cache holds stays until routing replaces it)."""

@@ -43,7 +43,7 @@ def copy_min_tokens(hidden: int, inter: int, device: torch.device, dtype: torch.
     measured fp32 matmul rate, ``6 * inter * hidden`` FLOPs a token). Measured once, in about 0.1 s."""
     if device.type == "cpu":
         return None
-    payload = torch.empty(64 << 20, dtype=torch.uint8)
+    payload = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)   # as the banks are (load_weights)
     target = torch.empty_like(payload, device=device)
     a, b = torch.randn(64, hidden), torch.randn(2 * inter, hidden)
 
@@ -172,9 +172,9 @@ class HostExperts:
         for at in range(0, len(busy), gu.shape[0]):
             group = busy[at:at + gu.shape[0]]
             row = torch.zeros(self.gate_up.shape[0], dtype=torch.int64)
-            for i, e in enumerate(group):
-                gu[i].copy_(self.gate_up[e])
-                dn[i].copy_(self.down[e])
+            for i, e in enumerate(group):   # stream order keeps these behind the last group's kernels
+                gu[i].copy_(self.gate_up[e], non_blocking=True)
+                dn[i].copy_(self.down[e], non_blocking=True)
                 row[e] = i
             mine = torch.isin(left, torch.tensor(group))
             parts.append(self._on_device(x, w_h, mine, row[ids_h], gu, dn))
