@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -156,7 +157,7 @@ def ours(args, budget_mib: int | None, label: str) -> dict:
     report = args.out / f"ninfer_{label}.json"
     cmd = [sys.executable, "-m", "ninfer.cli.main", "bench", str(args.work / "model.ninfer"), "--output",
            str(report), "--batches", "1,8", "--prefill-lengths", str(args.prefill), "--repeats", str(args.repeats),
-           "--decode-steps", "64", "--max-context", str(args.prefill + 256), "--quiet"]
+           "--decode-steps", "64", "--max-context", str(args.prefill + 256), "--quiet", *shlex.split(args.ninfer_args)]
     cmd += ["--no-host-experts"] if budget_mib is None else ["--host-experts", "--vram-budget-mib", str(budget_mib)]
     text, peak = _run(cmd, args.step_timeout)
     row: dict = {"vram_budget_mib": budget_mib, "peak_mib": peak}
@@ -240,6 +241,9 @@ def main(argv=None) -> int:
                         "--context-mib); N=0 is the resident run of both")
     b.add_argument("--context-mib", type=int, default=768,
                    help="device memory outside our plan (CUDA context, allocator slack) taken off llama.cpp's peak")
+    b.add_argument("--ninfer-args", default="--prefill-chunk-size 2048",
+                   help="more `ninfer bench` arguments (default: llama.cpp-sized prefill chunks, whose workspace fits "
+                        "small budgets)")
     b.add_argument("--prefill", type=int, default=8192)
     b.add_argument("--repeats", type=int, default=2)
     b.add_argument("--step-timeout", type=float, default=240.0)
