@@ -431,3 +431,68 @@ def test_bench_reports_the_cache(artifacts, tmp_path):
     assert hosted["expert_cache_slots"] == 4 and len(hosted["cache_hits"]) == 4
     assert all(0.0 <= r <= 1.0 for r in hosted["cache_hit_rate_by_layer"]) and sum(hosted["cache_misses"]) > 0
     assert "host experts: 4 cached per layer, hit rate" in run.stdout
+
+
+# -- the expert routing file ---------------------------------------------------------------------------------------
+
+def _opts(**options) -> EngineOptions:
+    return EngineOptions(device="cpu", dtype="float32", max_concurrency=4, max_context=256, prefill_chunk_size=16,
+                         page_size=4, **options)
+
+
+def test_routing_file_warms_the_cache_and_records_each_run(artifacts, tmp_path):
+    import json
+
+    path = tmp_path / "routing.json"
+    plain = _generate(artifacts["top2of8"], host_experts=False)
+    opts = dict(host_experts=True, expert_cache_slots=2, expert_routing_file=str(path))
+    assert _generate(artifacts["top2of8"], **opts) == plain     # no file yet: written at close
+    first = json.loads(path.read_text())
+    assert first["format"] == "ninfer-expert-routing/1" and len(first["layers"]) == 4
+    for layer in first["layers"]:   # top-2: two pairs a token, one call a step
+        assert len(layer["counts"]) == 8 and sum(layer["counts"]) > 2 * layer["calls"] > 0
+    with Engine.start(artifacts["top2of8"], _opts(**opts)) as engine:
+        for cache, layer in zip(engine._program._expert_caches(), first["layers"], strict=True):  # noqa: SLF001
+            best = sorted(range(8), key=lambda e: -layer["counts"][e])[:2]   # ties: the lower expert first
+            assert sorted(cache.expert_in) == sorted(best) and cache.hits == 0
+        handles = [engine.submit(p, sampling=GREEDY) for p in PROMPTS]
+        assert [tuple(h.result().token_ids) for h in handles] == plain
+        assert all(h > 0 for h in engine.stats().expert_cache_hits)
+    second = json.loads(path.read_text())   # the file's counts plus the same run's again
+    assert [[2 * n for n in layer["counts"]] for layer in first["layers"]] == [
+        layer["counts"] for layer in second["layers"]]
+    assert [2 * layer["calls"] for layer in first["layers"]] == [layer["calls"] for layer in second["layers"]]
+    assert [p.name for p in tmp_path.iterdir()] == ["routing.json"]   # no temporary file left behind
+
+
+@pytest.mark.parametrize("content,why", [
+    ("{", "not JSON"),
+    ('{"format": "other"}', "not an expert routing file"),
+    ('{"format": "ninfer-expert-routing/1", "layers": {}}', "'layers' must be a list"),
+    ('{"format": "ninfer-expert-routing/1", "layers": [{"calls": -1, "counts": []}]}', "layer 0 must be"),
+    ('{"format": "ninfer-expert-routing/1", "layers": [{"calls": 1, "counts": [1, 2]}]}', "does not fit this model"),
+])
+def test_a_bad_routing_file_is_refused_at_start(artifacts, tmp_path, content, why):
+    path = tmp_path / "routing.json"
+    path.write_text(content)
+    with pytest.raises(InvalidEngineOptions, match=why) as err:
+        Engine.start(artifacts["top2of8"], _opts(host_experts=True, expert_cache_slots=2,
+                                                 expert_routing_file=str(path)))
+    assert str(path) in str(err.value)
+    assert path.read_text() == content   # never overwritten by a failed start
+
+
+def test_routing_file_options(artifacts, tmp_path, caplog):
+    with pytest.raises(InvalidEngineOptions, match="needs host_experts"):
+        EngineOptions(host_experts=False, expert_routing_file="r.json").validate()
+    with pytest.raises(InvalidEngineOptions, match="file path"):
+        EngineOptions(expert_routing_file="").validate()
+    with pytest.raises(InvalidEngineOptions, match="does not exist"):
+        Engine.start(artifacts["top2of8"], _opts(host_experts=True, expert_cache_slots=2,
+                                                 expert_routing_file=str(tmp_path / "no" / "r.json")))
+    path = tmp_path / "r.json"     # no cache: nothing to warm or record, and the engine says so
+    with caplog.at_level("WARNING", logger="ninfer.engine.expert_routing"):
+        with Engine.start(artifacts["top2of8"], _opts(host_experts=True, expert_cache_slots=0,
+                                                      expert_routing_file=str(path))) as engine:
+            engine.generate(PROMPTS[0], sampling=GREEDY)
+    assert not path.exists() and "no device cache of host experts" in caplog.text

@@ -44,6 +44,7 @@ from ninfer.contracts.architecture import ProgramInit
 from ninfer.contracts.media import MediaInput
 from ninfer.contracts.program import (
     ExpertCacheStats,
+    ExpertRouting,
     ProgramError,
     SeqId,
     WarmupLimits,
@@ -130,6 +131,20 @@ class Qwen35Program(SpeculativeProgram, ModelProgram):
     def expert_cache_stats(self) -> ExpertCacheStats:
         caches = self._expert_caches()
         return ExpertCacheStats(hits=tuple(c.hits for c in caches), misses=tuple(c.misses for c in caches))
+
+    def expert_routing(self) -> ExpertRouting:
+        caches = self._expert_caches()
+        return ExpertRouting(tuple(c.calls for c in caches), tuple(tuple(c.routed.tolist()) for c in caches))
+
+    def warm_expert_caches(self, routing: ExpertRouting) -> None:
+        caches = self._expert_caches()
+        shape = [c.score.numel() for c in caches]
+        if [len(c) for c in routing.counts] != shape:
+            raise ProgramError(f"the expert routing is for {len(routing.counts)} cached MoE layers of "
+                               f"{sorted({len(c) for c in routing.counts})} experts; this model has "
+                               f"{len(caches)} of {sorted(set(shape))}")
+        for cache, calls, counts in zip(caches, routing.calls, routing.counts, strict=True):
+            cache.warm(torch.tensor(counts, dtype=torch.int64), calls)
 
     def warm_up(self, limits: WarmupLimits) -> WarmupSummary:
         """The warm-up; afterwards the expert caches count and score from zero (its rows are no serving)."""

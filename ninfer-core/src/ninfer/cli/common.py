@@ -101,6 +101,9 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                    help="with host experts: copy an uncached expert to the GPU when one layer call routes at least N "
                         "tokens to it, instead of computing it on the CPU (default: from a cost model measured at "
                         "start)")
+    g.add_argument("--expert-routing-file", default=None, metavar="FILE",
+                   help="with an expert cache: start it with the experts this file counts most, and write this "
+                        "run's routing into it at close (created when missing; docs/memory.md)")
     g.add_argument("--max-encode-rows", type=int, default=None, metavar="PATCHES",
                    help="most image patches one engine step encodes, and the largest frame a request may carry "
                         "(default 16384, e.g. one 2048x2048 image; the plan reserves the encoder's memory for it)")
@@ -168,7 +171,7 @@ def engine_options(args: argparse.Namespace):
     kw: dict[str, Any] = {}
     for flag in ("max_concurrency", "max_context", "num_pages", "device", "dtype", "prefill_chunk_size",
                  "max_step_tokens", "vision", "max_encode_rows", "host_experts", "expert_cache_slots",
-                 "expert_copy_min_tokens"):
+                 "expert_copy_min_tokens", "expert_routing_file"):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value

@@ -118,6 +118,10 @@ class EngineOptions:
       this many tokens to is copied to the device and computed there instead of on the host. None (default): the
       count where a copy costs what the host's compute would, from the host-to-device bandwidth and the host's
       matmul rate measured at start on a GPU; never on the CPU (one memory).
+      ``expert_routing_file`` (a path): with an expert cache, read at start when it exists (the caches start
+      with the experts it counts most) and written at close with its counts plus this run's
+      (``ninfer.engine.expert_routing``); a scoring engine only reads it. Ignored, with a warning, without an
+      expert cache.
     - ``warmup`` (start-up warm-up, ``ninfer.program.warmup``): before the engine serves, run its step paths
       over synthetic sequences (every token-count class up to the prefill chunk, several chunks per step, decode
       rows beside chunks, constrained, sampled, penalised and logprob rows, lookahead, speculative rows,
@@ -153,6 +157,7 @@ class EngineOptions:
     host_experts: bool | None = None
     expert_cache_slots: int | None = None
     expert_copy_min_tokens: int | None = None
+    expert_routing_file: str | None = None
 
     def validate(self) -> EngineOptions:
         def bad(name: str, why: str) -> InvalidEngineOptions:
@@ -230,6 +235,12 @@ class EngineOptions:
                                                         or not isinstance(self.expert_copy_min_tokens, int)
                                                         or self.expert_copy_min_tokens < 1):
             raise bad("expert_copy_min_tokens", "must be an int >= 1 or None (auto: a cost model measured at start)")
+        if self.expert_routing_file is not None and (not isinstance(self.expert_routing_file, str)
+                                                     or not self.expert_routing_file):
+            raise bad("expert_routing_file", "must be a file path (str) or None")
+        if self.expert_routing_file is not None and self.host_experts is False:
+            raise bad("expert_routing_file", "warms the device cache of host experts: it needs host_experts "
+                                             "(not False)")
         if self.expert_cache_slots and self.host_experts is False:
             raise bad("expert_cache_slots", "caches host experts on the device: it needs host_experts (not False)")
         if self.host_experts and self.lookahead:

@@ -281,6 +281,36 @@ class ExpertCacheStats:
 
 
 @dataclass(frozen=True)
+class ExpertRouting:
+    """Routing observed by a Program's device caches of host experts, one entry per MoE layer that has one, in
+    layer order: ``calls[i]`` layer calls counted, ``counts[i][e]`` routed (token, expert) pairs that went to
+    expert ``e``. Empty without such a cache. What ``EngineOptions.expert_routing_file`` stores
+    (:mod:`ninfer.engine.expert_routing`) and :meth:`Program.warm_expert_caches` takes.
+
+    Invariants: ``calls`` and ``counts`` have one entry per layer; every count is >= 0 and a layer's counts sum
+    to at most ``calls[i]`` x the layer's experts per token (not checked here: a Program knows its top-k)."""
+
+    calls: tuple[int, ...] = ()
+    counts: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.calls) != len(self.counts):
+            raise ProgramError(f"ExpertRouting has {len(self.calls)} call counts for {len(self.counts)} layers")
+        if any(c < 0 for c in self.calls) or any(n < 0 for layer in self.counts for n in layer):
+            raise ProgramError("ExpertRouting counts must be >= 0")
+
+    def __add__(self, other: ExpertRouting) -> ExpertRouting:
+        """Layer by layer sums (the same layers and experts, else ProgramError)."""
+        if [len(c) for c in self.counts] != [len(c) for c in other.counts]:
+            raise ProgramError(f"cannot add the routing of {len(other.counts)} layers x experts "
+                               f"{[len(c) for c in other.counts][:1]} to {len(self.counts)} x "
+                               f"{[len(c) for c in self.counts][:1]}")
+        return ExpertRouting(tuple(a + b for a, b in zip(self.calls, other.calls, strict=True)),
+                             tuple(tuple(x + y for x, y in zip(a, b, strict=True))
+                                   for a, b in zip(self.counts, other.counts, strict=True)))
+
+
+@dataclass(frozen=True)
 class WarmupLimits:
     """The shapes a Program's start-up warm-up must cover (:meth:`Program.warm_up`), as the engine's scheduler
     can make them: at most ``max_rows`` sequences in one unit (each a decode row or one chunk), at most
@@ -349,6 +379,16 @@ class Program(Protocol):
         cannot hold is skipped, not an error; a failing forward is raised."""
 
     def capacity(self) -> ProgramCapacity: ...
+
+    def expert_routing(self) -> ExpertRouting:
+        """The routing its device caches of host experts observed since the warm-up (empty: it has none). Worker
+        thread only, like every call that reads Program state while it runs."""
+
+    def warm_expert_caches(self, routing: ExpertRouting) -> None:
+        """Fill the device caches of host experts with the experts ``routing`` (an earlier run's
+        :meth:`expert_routing`) used most, and score them as if that routing had just been seen, so the first
+        requests hit them. Before the worker starts, after the warm-up. ProgramError when ``routing`` does not
+        match the Program's layers and experts; a Program without such caches accepts only an empty one."""
 
     def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None,
                       media: Sequence[MediaInput] = ()) -> SeqId:

@@ -93,6 +93,11 @@ class Engine:
         self._owned = _owned  # keeps model resources alive as long as the engine
         if warmup_enabled(program.device, options):
             self._warm_up(program, options)
+        routing = None
+        if options.expert_routing_file is not None:   # after the warm-up, which resets the caches' counts
+            from ninfer.engine.expert_routing import RoutingRecorder
+
+            routing = RoutingRecorder.start(options.expert_routing_file, program)
         self._vocab_size = int(program.vocab_size)
         self._defaults = {k: v for k, v in dict(frontend.sampling_defaults()).items() if k in _SAMPLING_FIELDS}
         self._tickets = itertools.count()
@@ -111,7 +116,7 @@ class Engine:
             self._core = None
             self._scoring_closed = False
             return
-        self._core = EngineCore(program, options)
+        self._core = EngineCore(program, options, routing)
         self._core_closing = False
         self._core.start()
         # A forgotten engine still stops its worker (at collection or interpreter exit).

@@ -52,6 +52,7 @@ from ninfer.engine.commit import RowCommit, commit_unit
 from ninfer.engine.context_cache.cache import ContextCache
 from ninfer.engine.context_cache.capture import CheckpointCapture
 from ninfer.engine.context_cache.operation_slot import OperationSlot
+from ninfer.engine.expert_routing import RoutingRecorder
 from ninfer.engine.queues import RequestQueues
 from ninfer.engine.requests import RequestRecord, RequestState
 from ninfer.engine.scheduler import Scheduler
@@ -77,11 +78,12 @@ class CoreSnapshot:
 
 
 class EngineCore:
-    def __init__(self, program: Program, options: EngineOptions) -> None:
+    def __init__(self, program: Program, options: EngineOptions, routing: RoutingRecorder | None = None) -> None:
         from ninfer.planning.resolution import speculative_tokens  # imports torch: not at module import
 
         self.program = program
         self.options = options
+        self.routing = routing   # the expert routing file, written at close (engine/expert_routing.py)
         self.max_context = options.max_context
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         # Held by submitters while they check ``status`` and enqueue, and by the worker when it stops
@@ -274,6 +276,11 @@ class EngineCore:
             self._reject(rec, EngineClosedError(f"the engine closed before request {rec.request_id} finished"))
         if self.cache is not None:
             self.cache.clear()
+        if self.routing is not None:
+            try:
+                self.routing.save(self.program)
+            except OSError as exc:   # the engine still closes cleanly; the file keeps its old counts
+                log.error("could not write the expert routing file %s: %s", self.routing.path, exc)
         self._publish_snapshot()
 
     def _fail(self, exc: BaseException) -> None:

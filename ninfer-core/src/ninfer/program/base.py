@@ -42,6 +42,7 @@ from ninfer.contracts.media import MediaInput
 from ninfer.contracts.program import (
     ExecutionUnit,
     ExpertCacheStats,
+    ExpertRouting,
     OutOfSlotsError,
     PendingBatch,
     PendingBatchError,
@@ -105,6 +106,15 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
     def expert_cache_stats(self) -> ExpertCacheStats:
         """Empty: no device cache of host experts (an architecture that keeps one overrides it)."""
         return ExpertCacheStats()
+
+    def expert_routing(self) -> ExpertRouting:
+        """Empty: no device cache of host experts."""
+        return ExpertRouting()
+
+    def warm_expert_caches(self, routing: ExpertRouting) -> None:
+        if routing.counts:
+            raise ProgramError(f"this Program has no device cache of host experts to warm with the routing of "
+                               f"{len(routing.counts)} layers")
 
     # -- the model call (architecture) -----------------------------------------------------------
     @abstractmethod

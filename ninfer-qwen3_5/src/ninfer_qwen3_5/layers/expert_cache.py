@@ -43,6 +43,8 @@ class ExpertCache:
         self.slot_of = torch.full((experts,), -1, dtype=torch.int64)   # host: expert -> slot
         self.expert_in = [-1] * slots                                  # slot -> expert
         self.score = torch.zeros(experts, dtype=torch.float64)
+        self.routed = torch.zeros(experts, dtype=torch.int64)   # pairs per expert since the last reset
+        self.calls = 0                                           # layer calls since the last reset
         self.hits = self.misses = 0
         self.copies = 0   # experts copied in so far
 
@@ -52,10 +54,13 @@ class ExpertCache:
 
     def observe(self, ids: torch.Tensor) -> None:
         """Count the routed pairs ``ids[T, k]`` (host int64) of one call."""
+        counts = torch.bincount(ids.reshape(-1), minlength=self.score.numel())
         self.score.mul_(DECAY)
-        self.score += torch.bincount(ids.reshape(-1), minlength=self.score.numel()).to(torch.float64)
+        self.score += counts.to(torch.float64)
+        self.routed += counts
+        self.calls += 1
 
-    def refresh(self) -> None:
+    def refresh(self, max_replacements: int = MAX_ADMITS) -> None:
         """Bring the cache towards the best-scored experts (module docstring)."""
         score = self.score.tolist()   # one host list: the loops below index it, not the tensor
         order = torch.argsort(self.score, descending=True, stable=True)[: self.slots].tolist()
@@ -68,7 +73,7 @@ class ExpertCache:
         for expert in incoming:       # best first; the worst-scored cached expert goes first
             if empty:
                 slot = empty.pop(0)
-            elif replaced < MAX_ADMITS and held and score[expert] >= score[self.expert_in[held[0]]] + ADMIT_MARGIN:
+            elif replaced < max_replacements and held and score[expert] >= score[self.expert_in[held[0]]] + ADMIT_MARGIN:
                 slot = held.pop(0)
                 replaced += 1
                 self.slot_of[self.expert_in[slot]] = -1
@@ -83,7 +88,17 @@ class ExpertCache:
     def reset(self) -> None:
         """Scores and counts back to zero (what the cache holds stays until routing replaces it)."""
         self.score.zero_()
-        self.hits = self.misses = 0
+        self.routed.zero_()
+        self.hits = self.misses = self.calls = 0
+
+    def warm(self, counts: torch.Tensor, calls: int) -> None:
+        """Score each expert as the steady state of a run that routed ``counts[e]`` pairs to it in ``calls``
+        calls (its mean pairs a call over ``1 - DECAY``), and fill the cache with the best, replacing whatever it
+        holds. Hit and routing counts stay as they are (they count this run)."""
+        if counts.shape != self.score.shape:
+            raise ValueError(f"routing of {counts.numel()} experts for a cache of {self.score.numel()}")
+        self.score.copy_(counts.to(torch.float64) / max(1, calls) / (1.0 - DECAY))
+        self.refresh(max_replacements=self.slots)
 
     def split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """For host ``ids[T, k]``: (cached ``[T, k]`` bool, the pair's slot or 0 where not cached), and the hit
