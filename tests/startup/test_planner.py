@@ -260,3 +260,32 @@ def test_a_speculative_profile_counts_the_mtp_head(default_artifact):
     assert layers and spec.profile.kv_bytes_per_token * layers == plain.profile.kv_bytes_per_token * (layers + 1)
     assert spec.profile.state_bytes_per_sequence == plain.profile.state_bytes_per_sequence
     assert spec.options.speculative_tokens == 3 and spec.options.program_options(8).speculative_tokens == 3
+
+
+def test_a_budget_too_small_for_the_default_chunk_plans_a_smaller_one(default_artifact, monkeypatch):
+    """``prefill_chunk_size`` left to the planner: when the default chunk's step workspace does not fit, the first
+    smaller chunk that fits is planned (an explicit chunk is never changed); below every chunk the error says so."""
+    opts = EngineOptions(device="cpu", max_concurrency=1, max_context=4096)
+
+    def least_mib(chunk: int) -> float:   # the smallest budget (MiB, 1/16 steps) a plan with this chunk fits
+        lo, hi = 1.0, 4096.0
+        while hi - lo > 1 / 16:
+            mid = (lo + hi) / 2
+            monkeypatch.setenv(mb.BUDGET_ENV, f"{mid:.4f}")
+            try:
+                plan(default_artifact, dataclasses.replace(opts, prefill_chunk_size=chunk))
+                hi = mid
+            except mb.MemoryPlanError:
+                lo = mid
+        return hi
+
+    default, smallest = least_mib(opts.max_context), least_mib(512)
+    assert smallest < default   # the workspace grows with the chunk
+    monkeypatch.setenv(mb.BUDGET_ENV, f"{(smallest + default) / 2:.4f}")
+    fitted = plan(default_artifact, opts)
+    assert fitted.options.options.prefill_chunk_size in (512, 1024, 2048)
+    with pytest.raises(mb.MemoryPlanError):
+        plan(default_artifact, dataclasses.replace(opts, prefill_chunk_size=4096))
+    monkeypatch.setenv(mb.BUDGET_ENV, f"{smallest - 0.5:.4f}")
+    with pytest.raises(mb.MemoryPlanError, match="also with prefill chunks down to 512 tokens"):
+        plan(default_artifact, opts)

@@ -69,7 +69,8 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
     g.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
                    help="activation dtype (default: bfloat16 on CUDA, float32 on CPU)")
     g.add_argument("--prefill-chunk-size", type=int, default=None, metavar="TOKENS",
-                   help="most prompt tokens one engine step prefills (default 8192)")
+                   help="most prompt tokens one engine step prefills (default 8192, or smaller when the device "
+                        "budget has no room for its workspace)")
     g.add_argument("--max-step-tokens", type=int, default=None, metavar="TOKENS",
                    help="most tokens one engine step computes while other requests stream (their decode rows "
                         "plus prompt chunks; default 2048): smaller keeps streams smoother while prompts "

@@ -169,6 +169,11 @@ class StartupPlan:
         return self.memory.summary(self.model.dtype)
 
 
+#: Prefill chunks the planner tries, in order, when the default chunk's step workspace does not fit the budget and
+#: ``prefill_chunk_size`` is left to it (llama.cpp computes in 512-token micro-batches by default).
+SMALLER_CHUNKS = (4096, 2048, 1024, 512)
+
+
 def plan(artifact: str | os.PathLike | ArtifactReader, options: EngineOptions,
          env: Mapping[str, str] | None = None) -> StartupPlan:
     """The plan an engine started from ``artifact`` with ``options`` commits to (module docstring), the
@@ -176,16 +181,21 @@ def plan(artifact: str | os.PathLike | ArtifactReader, options: EngineOptions,
     ``NINFER_VRAM_BUDGET_MIB``). Raises what :func:`artifact_profile` raises, and MemoryPlanError when the model
     and one max_context request cannot fit the budget.
 
-    ``host_experts`` None (auto) on a device that is not the CPU: when everything on the device does not fit, the
-    plan is made again with the routed experts in host memory (if the architecture places any there), and the
-    resolved options say ``host_experts=True``; if that does not fit either, the error gives both needs."""
+    ``prefill_chunk_size`` None (auto): when the plan does not fit with the purpose's default chunk, the smaller
+    chunks of :data:`SMALLER_CHUNKS` are tried in order (a step's workspace grows with its chunk) and the first
+    that fits is used; the resolved options say which. A plan that fits with the default keeps it.
+
+    ``host_experts`` None (auto) on a device that is not the CPU: when everything on the device does not fit at
+    any of those chunks, the plan is made again with the routed experts in host memory (if the architecture
+    places any there), and the resolved options say ``host_experts=True``; if that does not fit either, the error
+    gives both needs. So a model that fits on the device with a smaller chunk stays there."""
     env = dict(os.environ if env is None else env)
     if options.vram_budget_mib is not None:
         env[BUDGET_ENV] = repr(float(options.vram_budget_mib))
     model = artifact_profile(artifact, options)
     budget = device_budget(model.device, env)
     try:
-        return _fill_expert_cache(artifact, options, model, _plan_memory(model, budget, env), budget, env)
+        return _plan_over_chunks(artifact, options, env)
     except MemoryPlanError as on_device:
         if options.host_experts is not None or budget.device == "cpu":   # on the CPU the host is the device
             raise
@@ -196,13 +206,36 @@ def plan(artifact: str | os.PathLike | ArtifactReader, options: EngineOptions,
         if hosted.profile.host_weight_bytes <= model.profile.host_weight_bytes:
             raise
         try:
-            memory = _plan_memory(hosted, budget, env)
+            result = _plan_over_chunks(artifact, dataclasses.replace(options, host_experts=True), env)
         except MemoryPlanError as exc:
             raise MemoryPlanError(f"{exc} (that is with the routed experts in host memory; with them on the "
                                   f"device: {on_device})") from None
         log.info("routed experts placed in host memory: %s", on_device)
-        return _fill_expert_cache(artifact, dataclasses.replace(options, host_experts=True), hosted, memory, budget,
-                                  env)
+        return result
+
+
+def _plan_over_chunks(artifact, options: EngineOptions, env: Mapping[str, str]) -> StartupPlan:
+    """One placement: the default chunk, then (auto only) the smaller ones; the first error if none fits."""
+    chunks = [options.prefill_chunk_size]
+    if options.prefill_chunk_size is None:
+        chunks += [c for c in SMALLER_CHUNKS if c < min(options.prefill_chunk, options.max_context)]
+    first: MemoryPlanError | None = None
+    for chunk in chunks:
+        opts = dataclasses.replace(options, prefill_chunk_size=chunk)
+        try:
+            model = artifact_profile(artifact, opts)
+            budget = device_budget(model.device, env)
+            result = _fill_expert_cache(artifact, opts, model, _plan_memory(model, budget, env), budget, env)
+        except MemoryPlanError as exc:
+            first = first or exc
+            continue
+        if first is not None:
+            log.info("prefill chunk lowered from %d to %d tokens to fit the device budget", options.prefill_chunk,
+                     chunk)
+        return result
+    if len(chunks) > 1:
+        raise MemoryPlanError(f"{first} (also with prefill chunks down to {chunks[-1]} tokens)") from None
+    raise first
 
 
 def _fill_expert_cache(artifact, options: EngineOptions, model: ArtifactProfile, memory: MemoryPlan,
