@@ -3,8 +3,9 @@
 A MoE layer whose expert banks are host-placed runs its router, its shared expert and everything around it on
 the run device as usual; only the routed experts' weighted sum is computed on the host:
 
-1. the layer's normed hidden rows ``x[T, H]``, the routing weights and ids go to the host (one copy each; the
-   host waits for the device here, which is why decode CUDA graphs and lookahead are off with host experts);
+1. the layer's normed hidden rows ``x[T, H]``, the routing weights and ids go to the host (one copy each, one
+   wait for all three: the host waits for the device here, which is why decode CUDA graphs and lookahead are off
+   with host experts);
 2. the CPU computes ``sum_j w[t, j] * expert_{ids[t, j]}(x_t)`` in fp32 with torch's CPU kernels (its intra-op
    thread team), tokens grouped by expert, in whatever format the bank is stored (a quantized bank decodes only
    the experts the step routes to);
@@ -75,6 +76,18 @@ def _check_separable(name: str, bank: PackedWeight) -> None:
                                 f"host experts, or convert the experts to another format") from None
 
 
+def _to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Host copies of ``tensors``: from a GPU, non-blocking copies into page-locked buffers and one wait for all
+    of them (three blocking copies would wait three times per layer)."""
+    if tensors[0].device.type != "cuda":
+        return [t.to(_HOST) for t in tensors]
+    out = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]   # torch's caching host pool
+    for host, t in zip(out, tensors, strict=True):
+        host.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return out
+
+
 #: Experts staged on the device at once by the copy path (one ``moe_experts`` call per group of this many).
 STAGE_SLOTS = 8
 
@@ -128,7 +141,7 @@ class HostExperts:
                  shared: SharedExpert | None) -> torch.Tensor:
         """``moe_experts(x, weights, ids, gate_up, down, shared=shared)`` with the routed part on the host (and
         the cached experts' pairs on the device); ``[T, H]`` in x.dtype on x's device."""
-        x_h, w_h, ids_h = x.to(_HOST), weights.to(_HOST), ids.to(_HOST)
+        x_h, w_h, ids_h = _to_host(x, weights, ids)
         parts: list[torch.Tensor] = []   # device sums, each rounded once to x.dtype
         skip = None
         if self.cache is not None:
