@@ -155,7 +155,7 @@ def flip_payload_byte(reader, logical_offset: int) -> None:
     """XOR one payload byte in whichever physical file holds it."""
     from ninfer.artifact.format import PART_PAYLOAD_START
 
-    for rec, path in zip(reader.directory.files, reader.files):
+    for rec, path in zip(reader.directory.files, reader.files, strict=False):
         if rec.payload_begin <= logical_offset < rec.payload_end:
             if rec.index == 0:
                 _, text, _ = read_entry(path)

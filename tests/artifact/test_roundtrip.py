@@ -73,7 +73,7 @@ def test_file_framing_follows_the_spec(tiny_parts):
     assert bytes.fromhex(r.artifact_id) == entry[16:32]
     start = align_up(HEADER_BYTES + json_bytes, PAYLOAD_ALIGN)
     assert len(entry) == start + r.directory.files[0].payload_bytes
-    for rec, path in zip(r.directory.files[1:], r.files[1:]):
+    for rec, path in zip(r.directory.files[1:], r.files[1:], strict=False):
         raw = path.read_bytes()
         assert raw[:8] == b"NINPRT\x00\x03"
         assert int.from_bytes(raw[8:16], "little") == rec.index

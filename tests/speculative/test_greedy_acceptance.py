@@ -13,7 +13,7 @@ from ninfer.program.speculation import PAD, Acceptance, greedy_acceptance
 
 def reference(drafts: list[list[int]], argmax: list[list[int]], num_drafts: list[int]) -> list[list[int]]:
     out = []
-    for row_drafts, row_target, m in zip(drafts, argmax, num_drafts):
+    for row_drafts, row_target, m in zip(drafts, argmax, num_drafts, strict=False):
         committed = []
         i = 0
         while i < m and row_drafts[i] == row_target[i]:

@@ -117,7 +117,7 @@ class SpeculativeDecoding(ABC):
     def may_draft(self, seq: SeqId) -> bool:
         """Whether ``seq`` (decode-ready) can draft now; a row that cannot decodes plainly this step."""
 
-    def touch(self, seq: SeqId) -> None:
+    def touch(self, seq: SeqId) -> None:  # noqa: B027 (optional hook)
         """``seq`` is a member of the unit about to run (create its bookkeeping if it has none; default: none kept)."""
 
     @abstractmethod
@@ -133,7 +133,7 @@ class SpeculativeDecoding(ABC):
         """A verify row of ``seq`` run at ``computed = start`` committed ``accepted`` inputs; ``taps`` are those
         inputs' (``accepted`` rows). Called after ``computed`` advanced."""
 
-    def forget_seq(self, seq: SeqId) -> None:
+    def forget_seq(self, seq: SeqId) -> None:  # noqa: B027 (optional hook)
         """Drop the drafter's bookkeeping of ``seq`` (default: none kept)."""
 
     def capture_draft_graphs(self, max_rows: int, max_pages: int) -> None:  # noqa: B027 (optional hook)

@@ -123,7 +123,7 @@ def row_span(rows: Sequence[int]) -> tuple[int, int] | None:
     if len(rows) == 1:
         return rows[0], 1
     stride = rows[1] - rows[0]
-    if stride < 1 or any(b - a != stride for a, b in zip(rows, rows[1:])):
+    if stride < 1 or any(b - a != stride for a, b in zip(rows, rows[1:], strict=False)):
         return None
     return rows[0], stride
 

@@ -74,7 +74,7 @@ def summarize(reader) -> dict[str, Any]:
     d = reader.directory
     owners = _owners(d)
     files = [{"index": f.index, "path": str(p), "payload_bytes": f.payload_bytes, "present": os.path.exists(p)}
-             for f, p in zip(d.files, reader.files)]
+             for f, p in zip(d.files, reader.files, strict=False)]
     components = []
     for cid, comp in d.components.items():
         source, fields = _config_summary(comp.config)

@@ -20,7 +20,7 @@ _BLOCK = 1024
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, y_ptr, I, sx_t, sy_t, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, y_ptr, I, sx_t, sy_t, BLOCK: tl.constexpr, INTERP: tl.constexpr):  # noqa: E741 (the intermediate width, as in the math)
     t = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < I
