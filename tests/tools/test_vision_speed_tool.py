@@ -23,6 +23,8 @@ GRIDS = {"image 448x448": [1, 28, 28], "image 1024x1024": [1, 64, 64], "image 19
          "video 10s 2fps 1280x720": [10, 44, 80]}
 
 
+@pytest.mark.slow   # ~20 s on 2 cores: a benchmark tool end to end (NINFER_RUN_SLOW=1 runs it); the tower's
+# equality with transformers is also tested by tests/models/qwen3_5 (vision)
 def test_vision_speed_tiny_cpu(tmp_path):
     run = subprocess.run([sys.executable, str(ROOT / "tools" / "vision_speed.py"), "--tiny", "--device", "cpu",
                           "--out", str(tmp_path), "--budget-s", "240"], capture_output=True, text=True, timeout=400)

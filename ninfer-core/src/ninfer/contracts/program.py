@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ninfer.contracts.expert_cache import ExpertCacheStats, ExpertRouting  # noqa: F401 (re-exported)
 from ninfer.contracts.sampling import SamplingParams
 from ninfer.errors import NInferError
 
@@ -268,46 +269,6 @@ class SpeculationStats:
     verifies: int = 0
     drafted: int = 0
     accepted: int = 0
-
-
-@dataclass(frozen=True)
-class ExpertCacheStats:
-    """Monotone counts of a Program's device cache of host experts (``EngineOptions.expert_cache_slots``), one
-    entry per MoE layer that has one, in layer order: ``hits[i]`` routed (token, expert) pairs computed from the
-    cache, ``misses[i]`` those computed on the host. Empty without such a cache."""
-
-    hits: tuple[int, ...] = ()
-    misses: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class ExpertRouting:
-    """Routing observed by a Program's device caches of host experts, one entry per MoE layer that has one, in
-    layer order: ``calls[i]`` layer calls counted, ``counts[i][e]`` routed (token, expert) pairs that went to
-    expert ``e``. Empty without such a cache. What ``EngineOptions.expert_routing_file`` stores
-    (:mod:`ninfer.engine.expert_routing`) and :meth:`Program.warm_expert_caches` takes.
-
-    Invariants: ``calls`` and ``counts`` have one entry per layer; every count is >= 0 and a layer's counts sum
-    to at most ``calls[i]`` x the layer's experts per token (not checked here: a Program knows its top-k)."""
-
-    calls: tuple[int, ...] = ()
-    counts: tuple[tuple[int, ...], ...] = ()
-
-    def __post_init__(self) -> None:
-        if len(self.calls) != len(self.counts):
-            raise ProgramError(f"ExpertRouting has {len(self.calls)} call counts for {len(self.counts)} layers")
-        if any(c < 0 for c in self.calls) or any(n < 0 for layer in self.counts for n in layer):
-            raise ProgramError("ExpertRouting counts must be >= 0")
-
-    def __add__(self, other: ExpertRouting) -> ExpertRouting:
-        """Layer by layer sums (the same layers and experts, else ProgramError)."""
-        if [len(c) for c in self.counts] != [len(c) for c in other.counts]:
-            raise ProgramError(f"cannot add the routing of {len(other.counts)} layers x experts "
-                               f"{[len(c) for c in other.counts][:1]} to {len(self.counts)} x "
-                               f"{[len(c) for c in self.counts][:1]}")
-        return ExpertRouting(tuple(a + b for a, b in zip(self.calls, other.calls, strict=True)),
-                             tuple(tuple(x + y for x, y in zip(a, b, strict=True))
-                                   for a, b in zip(self.counts, other.counts, strict=True)))
 
 
 @dataclass(frozen=True)
