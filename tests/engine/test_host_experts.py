@@ -452,7 +452,7 @@ def test_routing_file_warms_the_cache_and_records_each_run(artifacts, tmp_path):
     for layer in first["layers"]:   # top-2: two pairs a token, one call a step
         assert len(layer["counts"]) == 8 and sum(layer["counts"]) > 2 * layer["calls"] > 0
     with Engine.start(artifacts["top2of8"], _opts(**opts)) as engine:
-        for cache, layer in zip(engine._program._expert_caches(), first["layers"], strict=True):  # noqa: SLF001
+        for cache, layer in zip(engine._program.model.expert_caches(), first["layers"], strict=True):  # noqa: SLF001
             best = sorted(range(8), key=lambda e: -layer["counts"][e])[:2]   # ties: the lower expert first
             assert sorted(cache.expert_in) == sorted(best) and cache.hits == 0
         handles = [engine.submit(p, sampling=GREEDY) for p in PROMPTS]

@@ -144,6 +144,11 @@ class Qwen35Model:
         check_weight_formats(self.ops, packed)
         return prepared
 
+    def expert_caches(self) -> list:
+        """The layers' device caches of host experts, in layer order (program's ``HostExpertCaches``)."""
+        hosts = (getattr(layer.mlp, "host", None) for layer in self.layers)
+        return [h.cache for h in hosts if h is not None and h.cache is not None]
+
     @property
     def stages_verify_snapshots(self) -> bool:
         """Whether a verify forward needs each verify row's live image staged into its first snapshot beforehand:

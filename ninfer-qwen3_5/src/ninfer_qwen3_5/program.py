@@ -43,12 +43,8 @@ import torch
 from ninfer.contracts.architecture import ProgramInit
 from ninfer.contracts.media import MediaInput
 from ninfer.contracts.program import (
-    ExpertCacheStats,
-    ExpertRouting,
     ProgramError,
     SeqId,
-    WarmupLimits,
-    WarmupSummary,
 )
 from ninfer.program.batch import ForwardBatch, PackedBatch, pack_batch
 from ninfer.program.model import KVGeometry, ModelLayout, ModelProgram
@@ -58,6 +54,7 @@ from ninfer_qwen3_5.dflash import DFLASH_BACKENDS, drafter_for_backend, drafter_
 from ninfer_qwen3_5.dflash.config import DFlashConfig
 from ninfer_qwen3_5.dflash.decoding import DFlashDecoding
 from ninfer_qwen3_5.dflash.drafter import DFlashDrafter
+from ninfer_qwen3_5.expert_caches import HostExpertCaches
 from ninfer_qwen3_5.model import Qwen35Model
 from ninfer_qwen3_5.mtp import Qwen35MTPHead, mtp_kv_layer
 from ninfer_qwen3_5.mtp.decoding import MTPDecoding
@@ -84,7 +81,7 @@ def model_layout(cfg: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False,
                        state=state_layout(cfg, dtype, vision=vision))
 
 
-class Qwen35Program(SpeculativeProgram, ModelProgram):
+class Qwen35Program(HostExpertCaches, SpeculativeProgram, ModelProgram):
     def __init__(self, init: ProgramInit) -> None:
         cfg = Qwen35Config.from_compact(init.config)
         k = init.options.speculative_tokens
@@ -121,38 +118,6 @@ class Qwen35Program(SpeculativeProgram, ModelProgram):
             raise ProgramError(f"the Qwen3.5 Program has no speculative backend {backend!r} (mtp, dflash, dflash2)")
         if k:
             self.configure_speculation(init.options.max_sequences, k + 1)
-
-    # -- the device cache of host experts (layers/expert_cache.py) ----------------------------------------
-    def _expert_caches(self) -> list:
-        hosts = (getattr(layer.mlp, "host", None) for layer in self.model.layers)
-        return [h.cache for h in hosts if h is not None and h.cache is not None]
-
-    @property
-    def expert_cache_stats(self) -> ExpertCacheStats:
-        caches = self._expert_caches()
-        return ExpertCacheStats(hits=tuple(c.hits for c in caches), misses=tuple(c.misses for c in caches))
-
-    def expert_routing(self) -> ExpertRouting:
-        caches = self._expert_caches()
-        return ExpertRouting(tuple(c.calls for c in caches), tuple(tuple(c.routed.tolist()) for c in caches))
-
-    def warm_expert_caches(self, routing: ExpertRouting) -> None:
-        caches = self._expert_caches()
-        shape = [c.score.numel() for c in caches]
-        if [len(c) for c in routing.counts] != shape:
-            raise ProgramError(f"the expert routing is for {len(routing.counts)} cached MoE layers of "
-                               f"{sorted({len(c) for c in routing.counts})} experts; this model has "
-                               f"{len(caches)} of {sorted(set(shape))}")
-        for cache, calls, counts in zip(caches, routing.calls, routing.counts, strict=True):
-            cache.warm(torch.tensor(counts, dtype=torch.int64), calls)
-
-    def warm_up(self, limits: WarmupLimits) -> WarmupSummary:
-        """The warm-up; afterwards the expert caches count and score from zero (its rows are no serving)."""
-        try:
-            return super().warm_up(limits)
-        finally:
-            for cache in self._expert_caches():
-                cache.reset()
 
     def _build_vision(self, init: ProgramInit) -> None:
         vision = init.config.get("vision_config")

@@ -25,6 +25,7 @@ from ninfer.quant import PackedWeight
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
+from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS, ExpertStage, copy_min_tokens
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.model import inverse_frequencies
 from ninfer_qwen3_5.parameters import layer_prefix
@@ -34,7 +35,7 @@ from ninfer_qwen4exp.layers.gdn import SigmoidGatedDeltaNet
 from ninfer_qwen4exp.layers.hyper import HyperConnection
 from ninfer_qwen4exp.layers.ple import PLELayer, ngram_windows
 from ninfer_qwen4exp.layers.qsa import QSAAttention
-from ninfer_qwen4exp.parameters import is_host_parameter, text_shapes
+from ninfer_qwen4exp.parameters import is_host_expert_bank, is_host_parameter, text_shapes
 from ninfer_qwen4exp.ple_hash import config_hash
 
 # Parameters read only in fp32, so any stored float dtype is fine.
@@ -55,8 +56,9 @@ def _group(weights: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.
 
 
 def prepare_weights(cfg: Qwen4ExpConfig, weights: Mapping[str, torch.Tensor],
-                    dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every text parameter, checked, in ``dtype`` where the model computes with it (module docstring)."""
+                    dtype: torch.dtype, host_experts: bool = False) -> dict[str, torch.Tensor]:
+    """Every text parameter, checked, in ``dtype`` where the model computes with it (module docstring); host
+    tables and (``host_experts``) host expert banks as stored."""
     prepared: dict[str, torch.Tensor] = {}
     cast: dict[tuple, torch.Tensor] = {}
     for name, shape in text_shapes(cfg).items():
@@ -70,7 +72,8 @@ def prepare_weights(cfg: Qwen4ExpConfig, weights: Mapping[str, torch.Tensor],
             raise ProgramError(f"parameter {name!r} has shape {tuple(w.shape)}, expected {shape}")
         if not w.dtype.is_floating_point:
             raise ProgramError(f"parameter {name!r} is {w.dtype}; Qwen4-Exp weights must be floating point")
-        if w.dtype != dtype and not name.endswith(_ANY_FLOAT) and not is_host_parameter(name):
+        host = is_host_parameter(name) or (host_experts and is_host_expert_bank(name))   # kept as stored
+        if w.dtype != dtype and not name.endswith(_ANY_FLOAT) and not host:
             key = (w.device, w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride())
             if key not in cast:
                 cast[key] = w.to(dtype)
@@ -85,10 +88,20 @@ class Qwen4ExpModel:
     stages_verify_snapshots = True
 
     def __init__(self, cfg: Qwen4ExpConfig, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, *, host_experts: bool = False, expert_cache_slots: int = 0,
+                 expert_copy_min_tokens: int | None = None) -> None:
+        """``host_experts``, ``expert_cache_slots``, ``expert_copy_min_tokens``: as Qwen3.5's model (the text
+        layers' routed experts in host memory, docs/memory.md "Host experts")."""
         self.cfg, self.ops = cfg, ops
-        w = prepare_weights(cfg, weights, dtype)
+        w = prepare_weights(cfg, weights, dtype, host_experts)
         n, h, eps, c35 = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps, cfg.qwen35
+        if host_experts and expert_copy_min_tokens is None:
+            expert_copy_min_tokens = copy_min_tokens(h, cfg.moe_intermediate_size, device, dtype)
+        copy_min = expert_copy_min_tokens if host_experts else None
+        stage = (ExpertStage((2 * cfg.moe_intermediate_size, h), (h, cfg.moe_intermediate_size), device, dtype,
+                             min(STAGE_SLOTS, cfg.num_experts)) if copy_min is not None else None)
+        hosted = dict(host_experts=host_experts, cache_slots=expert_cache_slots, device=device, dtype=dtype,
+                      copy_min_tokens=copy_min, stage=stage)
         self.embed, self.lm_head = w["text/embed"], w["text/lm_head"]
         self.mixer_hc = HyperConnection(n, h, eps, _group(w, "text/mixer_hc/"), ops)
         gdn_class = SigmoidGatedDeltaNet if cfg.output_gate_type == "sigmoid" else GatedDeltaNet
@@ -103,9 +116,14 @@ class Qwen4ExpModel:
                                eps, _group(w, p + "ple/"), ops, device)
             self.layers.append(_Layer(ple, HyperConnection(n, h, eps, _group(w, p + "attn_hc/"), ops), mixer,
                                       HyperConnection(n, h, eps, _group(w, p + "mlp_hc/"), ops),
-                                      SparseMoE(c35, _group(w, p + "moe/"), ops)))
+                                      SparseMoE(c35, _group(w, p + "moe/"), ops, **hosted)))
         self.inv_freq = inverse_frequencies(c35).to(device)
         self.sections = cfg.mrope_section
+
+    def expert_caches(self) -> list:
+        """The layers' device caches of host experts, in layer order (``HostExpertCaches``)."""
+        hosts = (layer.moe.host for layer in self.layers)
+        return [h.cache for h in hosts if h is not None and h.cache is not None]
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pos3 = positions.unsqueeze(0).expand(3, -1)

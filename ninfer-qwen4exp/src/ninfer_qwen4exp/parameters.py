@@ -37,7 +37,7 @@ from ninfer.contracts.architecture import ParameterSpec
 from ninfer.contracts.features import StartupFeatures
 from ninfer.errors import NotSupportedError
 from ninfer_qwen3_5.config import FULL
-from ninfer_qwen3_5.parameters import layer_prefix
+from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, layer_prefix
 from ninfer_qwen3_5.parameters import layer_shapes as qwen35_layer_shapes
 
 from ninfer_qwen4exp.config import INDEXED, Qwen4ExpConfig
@@ -135,22 +135,32 @@ def mtp_parameter_specs(text_config: Mapping[str, Any], mtp_config: Mapping[str,
 
 
 def is_host_parameter(name: str) -> bool:
+    """Always in host memory: the PLE tables (host experts are placed by :func:`parameter_specs` when asked)."""
     return name.endswith("/" + PLE_TABLE)
 
 
+def is_host_expert_bank(name: str) -> bool:
+    """A text layer's routed expert bank, which ``StartupFeatures.host_experts`` places in host memory (the MTP
+    head's stay on the device)."""
+    return name.startswith("text/") and name.endswith(HOST_EXPERT_BANKS)
+
+
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
-    """The ``text`` parameters (the PLE tables placed in host memory), plus the ``mtp`` component's with
-    ``features.speculative == "mtp"`` (an artifact without that component is refused when they are bound). Vision,
-    any other speculative backend and host experts are refused."""
+    """The ``text`` parameters (the PLE tables placed in host memory, and with ``features.host_experts`` the text
+    layers' routed expert banks too), plus the ``mtp`` component's with ``features.speculative == "mtp"`` (an
+    artifact without that component is refused when they are bound). Vision and any other speculative backend are
+    refused."""
     if features.vision:
         raise NotSupportedError("Qwen4-Exp vision is not supported yet (the artifact stores the tower)")
     if features.speculative not in (None, "mtp"):
         raise NotSupportedError(f"Qwen4-Exp speculative backend {features.speculative!r} is not supported (mtp)")
-    if features.host_experts:
-        raise NotSupportedError("Qwen4-Exp with host experts (--host-experts) is not supported yet: its routed "
-                                "experts stay on the device")
     cfg = Qwen4ExpConfig.from_compact(config)
-    specs = [ParameterSpec(name=n, shape=s, component="text", placement="host" if is_host_parameter(n) else "device")
+
+    def placement(name: str) -> str:
+        hosted = is_host_parameter(name) or (features.host_experts and is_host_expert_bank(name))
+        return "host" if hosted else "device"
+
+    specs = [ParameterSpec(name=n, shape=s, component="text", placement=placement(n))
              for n, s in text_shapes(cfg).items()]
     if features.speculative == "mtp":
         specs.extend(mtp_parameter_specs(config))

@@ -8,6 +8,8 @@ Exact figures mirror what :class:`~ninfer_qwen4exp.program.Qwen4ExpProgram` allo
     (as Qwen3.5-MoE);
   - ``ple/conv``: replaced by its dense causal kernel ``[nH, (K-1)*ngram_size + 1]``, made at construction;
   - ``ple/table``: host memory (``host_weight_bytes``), kept in its stored dtype;
+  - with host experts, the text layers' routed expert banks: host memory too, as stored; the device then holds
+    ``expert_cache_slots`` experts per layer and the copy path's staging buffer, in the run dtype;
   plus the fp32 rotary inverse frequencies and each PLE layer's int64 hash constants (multipliers, head sizes and
   offsets), made at construction.
 - KV: per indexed-attention layer, K and V of ``Nkv * D`` and the indexer's side pool (K and V rows of
@@ -28,10 +30,11 @@ from typing import Any
 import torch
 from ninfer.contracts.architecture import ModelProfile
 from ninfer.contracts.features import StartupFeatures
+from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS
 from ninfer_qwen3_5.layers.moe import fused_input_rows
 
 from ninfer_qwen4exp.config import Qwen4ExpConfig
-from ninfer_qwen4exp.parameters import is_host_parameter, parameter_specs
+from ninfer_qwen4exp.parameters import parameter_specs
 from ninfer_qwen4exp.state import model_layout
 
 _F32, _I64 = 4, 8
@@ -48,7 +51,7 @@ def _weights(cfg: Qwen4ExpConfig, config: Mapping[str, Any], features: StartupFe
         if cfg.tie_word_embeddings and s.name == "text/lm_head":
             continue
         held = stored.get(s.name, run)
-        if is_host_parameter(s.name):
+        if s.placement == "host":   # PLE tables and host expert banks are kept as stored
             host += prod(s.shape) * held.itemsize
             continue
         if s.name.endswith(_FP32_DERIVED):
@@ -66,6 +69,10 @@ def _weights(cfg: Qwen4ExpConfig, config: Mapping[str, Any], features: StartupFe
     c35 = cfg.qwen35
     made += ((cfg.num_layers + mtp) * (fused_input_rows(c35) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
              * cfg.hidden_size * run.itemsize)
+    # The device cache of host experts and the copy path's staging buffer (ninfer_qwen3_5.layers.host_experts).
+    if features.host_experts:
+        made += ((cfg.num_layers * features.expert_cache_slots + min(STAGE_SLOTS, cfg.num_experts))
+                 * 3 * cfg.moe_intermediate_size * cfg.hidden_size * run.itemsize)
     return resident + made, converted + made, host
 
 

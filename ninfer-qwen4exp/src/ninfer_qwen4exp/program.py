@@ -27,6 +27,7 @@ from ninfer.contracts.architecture import ProgramInit
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import PackedBatch
 from ninfer.program.model import ModelProgram
+from ninfer_qwen3_5.expert_caches import HostExpertCaches
 from ninfer_qwen3_5.mtp.decoding import MTPDecoding
 from ninfer_qwen3_5.speculative_program import SpeculativeProgram
 
@@ -43,7 +44,7 @@ class Qwen4ExpMTPDecoding(MTPDecoding):
         return self.p.model.forward(packed.tokens, ctx, packed.logit_rows, return_bank=True)
 
 
-class Qwen4ExpProgram(SpeculativeProgram, ModelProgram):
+class Qwen4ExpProgram(HostExpertCaches, SpeculativeProgram, ModelProgram):
     def __init__(self, init: ProgramInit) -> None:
         cfg = Qwen4ExpConfig.from_compact(init.config)
         k = init.options.speculative_tokens
@@ -54,7 +55,10 @@ class Qwen4ExpProgram(SpeculativeProgram, ModelProgram):
             raise ProgramError(f"the Qwen4-Exp Program has no speculative backend {backend!r} (mtp)")
         super().__init__(init, model_layout(cfg, init.options.dtype, mtp=backend == "mtp"))
         self.cfg = cfg
-        self.model = Qwen4ExpModel(cfg, init.weights, init.ops, self.device, init.options.dtype)
+        f = init.features
+        self.model = Qwen4ExpModel(cfg, init.weights, init.ops, self.device, init.options.dtype,
+                                   host_experts=f.host_experts, expert_cache_slots=f.expert_cache_slots,
+                                   expert_copy_min_tokens=f.expert_copy_min_tokens)
         if backend == "mtp":
             head = Qwen4ExpMTPHead(cfg, init.config, init.weights, self.model.embed, self.model.lm_head, init.ops,
                                    self.device, init.options.dtype)

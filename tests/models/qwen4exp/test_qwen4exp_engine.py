@@ -140,3 +140,33 @@ def test_logits_are_not_degenerate_on_the_engine_prompts(alone):
     case, prompts, _ = alone
     logits = hf_logits(case, prompts[0])
     assert logits.std() > 0.5 and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("options", [dict(), dict(expert_cache_slots=3), dict(expert_copy_min_tokens=2),
+                                     dict(expert_cache_slots=2, expert_copy_min_tokens=3)],
+                         ids=["host", "cache", "copy", "cache+copy"])
+def test_host_experts_equal_alone(alone, options):
+    """The text layers' routed experts in host memory (docs/memory.md "Host experts"): the CPU's routed sum, the
+    device cache and the copy path give the tokens of the resident model, batched and chunked; the banks are
+    host-placed and the cache counts its hits."""
+    case, prompts, expected = alone
+    with start(case.artifact, max_concurrency=8, prefill_chunk_size=5, host_experts=True, **options) as engine:
+        assert run_all(engine, prompts) == expected
+        memory = engine.memory_summary()
+        assert memory.host_weights_bytes > 0
+        hits = settled(engine).expert_cache_hits
+        assert len(hits) == (len(engine._program.model.layers) if options.get("expert_cache_slots") else 0)  # noqa: SLF001
+        assert all(h > 0 for h in hits)
+
+
+def test_host_experts_are_placed_and_counted(q4x_case):
+    from ninfer.planning import planner
+
+    case = q4x_case("plain")
+    opts = EngineOptions(device="cpu", dtype="float32", max_context=256, page_size=4)
+    plain = planner.plan(case.artifact, opts)
+    hosted = planner.plan(case.artifact, EngineOptions(**{**opts.__dict__, "host_experts": True}))
+    banks = [s for s in hosted.model.parameter_specs if s.placement == "host" and "/moe/experts/" in s.name]
+    assert len(banks) == 2 * len(case.config["layer_types"]) and all(s.name.startswith("text/") for s in banks)
+    moved = hosted.model.profile.host_weight_bytes - plain.model.profile.host_weight_bytes
+    assert moved == sum(s.shape[0] * s.shape[1] * s.shape[2] for s in banks) * 4   # fp32, as stored
