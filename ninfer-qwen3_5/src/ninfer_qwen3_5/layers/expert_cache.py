@@ -7,7 +7,9 @@ scores decay by :data:`DECAY` per call; when the layer is called next, the best-
 that one's by :data:`ADMIT_MARGIN`, at most :data:`MAX_ADMITS` replacements a call (one host-to-device copy of its
 two matrices each). So the cache follows the routing of recent steps, it changes only between two calls of its
 layer, and routing with no favourites (every expert about as likely) does not make it copy at every call: a copy
-costs about what computing a few pairs on the host does, so a near-tie is not worth one.
+costs about what computing a few pairs on the host does, so a near-tie is not worth one. The layer refreshes
+its cache at the end of a call (:meth:`ExpertCache.refresh_behind`): on a GPU the copies run on a side stream
+while the other layers compute, and the layer's next call waits for them (:meth:`ExpertCache.ready`).
 
 Invariants (who may mutate what): only the layer's forward, on the engine worker, calls :meth:`observe` and
 :meth:`refresh`; ``slot_of[e]`` is the slot holding expert ``e`` or -1, and the device buffers' slot ``s`` holds
@@ -47,6 +49,8 @@ class ExpertCache:
         self.calls = 0                                           # layer calls since the last reset
         self.hits = self.misses = 0
         self.copies = 0   # experts copied in so far
+        self._side: torch.cuda.Stream | None = None       # where refresh_behind's copies run (CUDA)
+        self._copied: torch.cuda.Event | None = None      # their completion, until ready() waits for it
 
     @property
     def slots(self) -> int:
@@ -84,6 +88,28 @@ class ExpertCache:
             self.down[slot].copy_(self.host_down[expert], non_blocking=True)
             self.expert_in[slot], self.slot_of[expert] = expert, slot
             self.copies += 1
+
+    def refresh_behind(self) -> None:
+        """:meth:`refresh` with its copies on a side stream, behind the work queued on the current stream so far
+        (the call's reads of the slots it overwrites): on a GPU they overlap the layers that run until this layer's
+        next call, which :meth:`ready` makes wait for them. Elsewhere a plain refresh."""
+        device = self.gate_up.device
+        if device.type != "cuda":
+            self.refresh()
+            return
+        if self._side is None:
+            self._side = torch.cuda.Stream(device)
+        self._side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(self._side):
+            before = self.copies
+            self.refresh()
+            self._copied = self._side.record_event() if self.copies != before else self._copied
+
+    def ready(self) -> None:
+        """The current stream waits for the copies of the last :meth:`refresh_behind` (before the slots are read)."""
+        if self._copied is not None:
+            torch.cuda.current_stream(self.gate_up.device).wait_event(self._copied)
+            self._copied = None
 
     def reset(self) -> None:
         """Scores and counts back to zero (what the cache holds stays until routing replaces it)."""

@@ -145,7 +145,7 @@ class HostExperts:
         parts: list[torch.Tensor] = []   # device sums, each rounded once to x.dtype
         skip = None
         if self.cache is not None:
-            self.cache.refresh()
+            self.cache.ready()   # the copies of the last call's refresh are in the slots
             skip, slot = self.cache.split(ids_h)
             self.cache.observe(ids_h)
             if bool(skip.any()):
@@ -162,7 +162,10 @@ class HostExperts:
                     self._shared_down = (shared.down, shared.down.dequantize(torch.float32))
                 shared = replace(shared, down=self._shared_down[1])
             out += shared_expert_fp32(shared, x.dtype)
-        return out.to(x.dtype)
+        out = out.to(x.dtype)
+        if self.cache is not None:   # the next call's cache, copied while the other layers run
+            self.cache.refresh_behind()
+        return out
 
     def _on_device(self, x: torch.Tensor, w_h: torch.Tensor, mine: torch.Tensor, slot: torch.Tensor,
                    gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
