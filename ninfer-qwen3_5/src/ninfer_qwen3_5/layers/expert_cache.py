@@ -11,9 +11,10 @@ costs about what computing a few pairs on the host does, so a near-tie is not wo
 its cache at the end of a call (:meth:`ExpertCache.refresh_behind`): on a GPU the copies run on a side stream
 while the other layers compute, and the layer's next call waits for them (:meth:`ExpertCache.ready`).
 
-Invariants (who may mutate what): only the layer's forward, on the engine worker, calls :meth:`observe` and
-:meth:`refresh`; ``slot_of[e]`` is the slot holding expert ``e`` or -1, and the device buffers' slot ``s`` holds
-exactly the expert ``expert_in[s]`` (refresh copies before it records). Which experts are cached changes where a
+Invariants (who may mutate what): only the layer's forward, on the engine worker, calls :meth:`observe`,
+:meth:`refresh` (or :meth:`refresh_behind`) and :meth:`ready`; ``slot_of[e]`` is the slot holding expert ``e`` or
+-1, and for every read queued after :meth:`ready` the device buffers' slot ``s`` holds exactly the expert
+``expert_in[s]`` (a refresh queues the copies before it records them). Which experts are cached changes where a
 pair is computed (and so the order of the fp32 sum), never which experts or weights are summed.
 """
 
