@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Where a host-expert decode step's time goes (issue 36; docs/memory.md "Host experts").
+
+Starts an Engine on ``MODEL`` with host experts under ``--vram-budget-mib``, decodes ``--tokens`` greedy tokens
+for each of ``--batch`` random prompts, and prints the decode rate, the per-layer host-expert counts (cache hits,
+copies) and the engine worker's cProfile by own and cumulative time, so that the share of the host's expert sums
+(``routed_experts_fp32``), the waits for the device (``_to_host``), the cache's refreshes and the eager model
+forward can be read off. ``--compare`` also runs the same decode with the experts on the device and no CUDA graphs
+(``NINFER_CUDA_GRAPHS=0``): the eager step without host experts.
+
+    python3 tools/host_experts_profile.py /tmp/off/model.ninfer --vram-budget-mib 5271 --out $OUT/profile.txt
+    python3 tools/host_experts_profile.py MOE.ninfer --device cpu --tokens 8      # a CPU smoke run (a MoE model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from worker_profile import profiled_cycles, top_functions  # noqa: E402
+
+
+def decode(engine, batch: int, tokens: int, seed: int, profile: bool) -> tuple[float, str]:
+    """(decode tok/s over the whole run, the worker's profile or "")."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(0, engine.vocab_size) for _ in range(64)] for _ in range(batch)]
+    sampling = engine.sampling_params(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    engine.generate(prompts[0], sampling=engine.sampling_params(temperature=0.0, max_tokens=4, ignore_eos=True))
+    t0 = time.perf_counter()
+    if profile:
+        with profiled_cycles(engine) as prof:
+            handles = [engine.submit(p, sampling=sampling) for p in prompts]
+            done = [h.result() for h in handles]
+        text = top_functions(prof, own=30, cumulative=30)
+    else:
+        handles = [engine.submit(p, sampling=sampling) for p in prompts]
+        done, text = [h.result() for h in handles], ""
+    seconds = time.perf_counter() - t0
+    return sum(len(r.token_ids) for r in done) / seconds, text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", help="a MoE model's artifact")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--vram-budget-mib", type=float, default=None)
+    ap.add_argument("--expert-cache-slots", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compare", action="store_true", help="also the device-resident eager decode")
+    ap.add_argument("--out", type=Path, default=None, help="write the report here too")
+    args = ap.parse_args(argv)
+
+    from ninfer import Engine, EngineOptions
+
+    lines = []
+    opts = EngineOptions(device=args.device, max_concurrency=max(1, args.batch), max_context=1024,
+                         host_experts=True, vram_budget_mib=args.vram_budget_mib,
+                         expert_cache_slots=args.expert_cache_slots)
+    with Engine.start(args.model, opts) as engine:
+        rate, prof = decode(engine, args.batch, args.tokens, args.seed, profile=False)
+        lines.append(f"host experts: B={args.batch} decode {rate:,.1f} tok/s (whole requests, prompt 64)")
+        _, prof = decode(engine, args.batch, args.tokens, args.seed + 1, profile=True)
+        stats = engine.stats()
+        lines.append(f"cache hits per layer {list(stats.expert_cache_hits)}, misses {list(stats.expert_cache_misses)}")
+        layers = [getattr(layer, "mlp", getattr(layer, "moe", None)) for layer in engine._program.model.layers]  # noqa: SLF001
+        hosts = [m.host for m in layers if m is not None and getattr(m, "host", None) is not None]
+        lines.append(f"cache copies per layer {[h.cache.copies if h.cache else 0 for h in hosts]}, "
+                     f"copy-path experts {[h.copied_experts for h in hosts]}")
+        lines.append(prof)
+    if args.compare:
+        os.environ["NINFER_CUDA_GRAPHS"] = "0"
+        with Engine.start(args.model, EngineOptions(device=args.device, max_concurrency=max(1, args.batch),
+                                                    max_context=1024, host_experts=False)) as engine:
+            rate, _ = decode(engine, args.batch, args.tokens, args.seed, profile=False)
+        lines.append(f"experts on the device, no CUDA graphs: B={args.batch} decode {rate:,.1f} tok/s")
+    report = "\n".join(lines)
+    print(report)
+    if args.out is not None:
+        args.out.write_text(report + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
