@@ -75,10 +75,17 @@ def main(argv=None) -> int:
                      f"copy-path experts {[h.copied_experts for h in hosts]}")
         lines.append(prof)
     if args.compare:
+        before = os.environ.get("NINFER_CUDA_GRAPHS")
         os.environ["NINFER_CUDA_GRAPHS"] = "0"
-        with Engine.start(args.model, EngineOptions(device=args.device, max_concurrency=max(1, args.batch),
-                                                    max_context=1024, host_experts=False)) as engine:
-            rate, _ = decode(engine, args.batch, args.tokens, args.seed, profile=False)
+        try:
+            with Engine.start(args.model, EngineOptions(device=args.device, max_concurrency=max(1, args.batch),
+                                                        max_context=1024, host_experts=False)) as engine:
+                rate, _ = decode(engine, args.batch, args.tokens, args.seed, profile=False)
+        finally:
+            if before is None:
+                os.environ.pop("NINFER_CUDA_GRAPHS", None)
+            else:
+                os.environ["NINFER_CUDA_GRAPHS"] = before
         lines.append(f"experts on the device, no CUDA graphs: B={args.batch} decode {rate:,.1f} tok/s")
     report = "\n".join(lines)
     print(report)
