@@ -32,7 +32,7 @@ from ninfer_qwen3_5.layers.attention import GatedAttention
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
-from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS, ExpertStage, copy_min_tokens
+from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options
 from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, layer_prefix, text_shapes
@@ -90,13 +90,9 @@ class Qwen35Model:
         cost model)."""
         self.cfg, self.ops = cfg, ops
         self.host_experts = host_experts
-        if host_experts and expert_copy_min_tokens is None and cfg.is_moe:
-            expert_copy_min_tokens = copy_min_tokens(cfg.hidden_size, cfg.moe_intermediate_size, device, dtype)
-        self.expert_copy_min_tokens = expert_copy_min_tokens if host_experts else None
-        stage = (ExpertStage((2 * cfg.moe_intermediate_size, cfg.hidden_size),
-                             (cfg.hidden_size, cfg.moe_intermediate_size), device, dtype,
-                             min(STAGE_SLOTS, cfg.num_experts))
-                 if self.expert_copy_min_tokens is not None else None)
+        hosted = (host_expert_options(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, device, dtype,
+                                      host_experts=host_experts, cache_slots=expert_cache_slots,
+                                      copy_min=expert_copy_min_tokens) if cfg.is_moe else {})
         weights = self._prepare_weights(weights, dtype)
         self.embed, self.lm_head, self.norm = weights["text/embed"], weights["text/lm_head"], weights["text/norm"]
         self.layers: list[_Layer] = []
@@ -104,9 +100,7 @@ class Qwen35Model:
             p = layer_prefix("text", i) + "/"
             mixer = (GatedAttention(cfg, i, _group(weights, p + "attention/"), ops) if kind == FULL
                      else GatedDeltaNet(cfg, i, _group(weights, p + "gdn/"), ops))
-            mlp = (SparseMoE(cfg, _group(weights, p + "moe/"), ops, host_experts=host_experts,
-                             cache_slots=expert_cache_slots, device=device, dtype=dtype,
-                             copy_min_tokens=self.expert_copy_min_tokens, stage=stage) if cfg.is_moe
+            mlp = (SparseMoE(cfg, _group(weights, p + "moe/"), ops, **hosted) if cfg.is_moe
                    else DenseMLP(_group(weights, p + "mlp/"), ops))
             self.layers.append(_Layer(weights[p + "input_norm"], weights[p + "post_norm"], mixer, mlp))
         self.inv_freq = inverse_frequencies(cfg).to(device)
@@ -146,8 +140,7 @@ class Qwen35Model:
 
     def expert_caches(self) -> list:
         """The layers' device caches of host experts, in layer order (program's ``HostExpertCaches``)."""
-        hosts = (getattr(layer.mlp, "host", None) for layer in self.layers)
-        return [h.cache for h in hosts if h is not None and h.cache is not None]
+        return expert_caches(layer.mlp for layer in self.layers)
 
     @property
     def stages_verify_snapshots(self) -> bool:

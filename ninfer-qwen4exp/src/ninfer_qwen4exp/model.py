@@ -25,7 +25,7 @@ from ninfer.quant import PackedWeight
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
-from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS, ExpertStage, copy_min_tokens
+from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.model import inverse_frequencies
 from ninfer_qwen3_5.parameters import layer_prefix
@@ -95,13 +95,9 @@ class Qwen4ExpModel:
         self.cfg, self.ops = cfg, ops
         w = prepare_weights(cfg, weights, dtype, host_experts)
         n, h, eps, c35 = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps, cfg.qwen35
-        if host_experts and expert_copy_min_tokens is None:
-            expert_copy_min_tokens = copy_min_tokens(h, cfg.moe_intermediate_size, device, dtype)
-        copy_min = expert_copy_min_tokens if host_experts else None
-        stage = (ExpertStage((2 * cfg.moe_intermediate_size, h), (h, cfg.moe_intermediate_size), device, dtype,
-                             min(STAGE_SLOTS, cfg.num_experts)) if copy_min is not None else None)
-        hosted = dict(host_experts=host_experts, cache_slots=expert_cache_slots, device=device, dtype=dtype,
-                      copy_min_tokens=copy_min, stage=stage)
+        hosted = host_expert_options(h, cfg.moe_intermediate_size, cfg.num_experts, device, dtype,
+                                     host_experts=host_experts, cache_slots=expert_cache_slots,
+                                     copy_min=expert_copy_min_tokens)
         self.embed, self.lm_head = w["text/embed"], w["text/lm_head"]
         self.mixer_hc = HyperConnection(n, h, eps, _group(w, "text/mixer_hc/"), ops)
         gdn_class = SigmoidGatedDeltaNet if cfg.output_gate_type == "sigmoid" else GatedDeltaNet
@@ -122,8 +118,7 @@ class Qwen4ExpModel:
 
     def expert_caches(self) -> list:
         """The layers' device caches of host experts, in layer order (``HostExpertCaches``)."""
-        hosts = (layer.moe.host for layer in self.layers)
-        return [h.cache for h in hosts if h is not None and h.cache is not None]
+        return expert_caches(layer.moe for layer in self.layers)
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pos3 = positions.unsqueeze(0).expand(3, -1)

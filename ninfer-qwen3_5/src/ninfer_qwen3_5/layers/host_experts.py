@@ -109,6 +109,27 @@ class ExpertStage:
         return self._buffers
 
 
+def host_expert_options(hidden: int, inter: int, experts: int, device: torch.device, dtype: torch.dtype, *,
+                        host_experts: bool, cache_slots: int, copy_min: int | None) -> dict:
+    """The host-expert keyword arguments of every :class:`~ninfer_qwen3_5.layers.moe.SparseMoE` of one model
+    (``{}`` without host experts): ``cache_slots`` per layer, the copy threshold (None: :func:`copy_min_tokens`,
+    measured once for the model) and the one :class:`ExpertStage` all its layers share."""
+    if not host_experts:
+        return {}
+    if copy_min is None:
+        copy_min = copy_min_tokens(hidden, inter, device, dtype)
+    stage = (ExpertStage((2 * inter, hidden), (hidden, inter), device, dtype, min(STAGE_SLOTS, experts))
+             if copy_min is not None else None)
+    return dict(host_experts=True, cache_slots=cache_slots, device=device, dtype=dtype, copy_min_tokens=copy_min,
+                stage=stage)
+
+
+def expert_caches(moes) -> list:
+    """The device caches of host experts of the MoE blocks ``moes`` (SparseMoE or None), in order."""
+    hosts = (getattr(moe, "host", None) for moe in moes)
+    return [h.cache for h in hosts if h is not None and h.cache is not None]
+
+
 class HostExperts:
     """One MoE layer's routed banks in host memory: ``gate_up[E, 2I, H]`` and ``down[E, H, I]`` (tensors or
     :class:`~ninfer.quant.PackedWeight`), both on the CPU. With ``cache_slots`` > 0 (and ``ops``, ``device``,
