@@ -31,8 +31,8 @@ distribution's logprobs at that token's verify position, as plain sampling repor
 
 Commit of a verify row accepting ``a`` tokens: ``computed += a`` and snapshot ``a - 1`` becomes the live
 StateImage (``select_snapshot``; ``a = 0`` keeps it, and the row stays decode-ready); the drafter then takes the
-taps of the first ``a`` verify inputs (the committed ones). One verify may be outstanding at a time (its
-snapshots are reused by the next).
+accepted inputs (``commit_row``, with the taps of the first ``a`` verify inputs where the drafter keeps them). One
+verify may be outstanding at a time (its snapshots are reused by the next).
 
 A unit of verify rows only, each with the full ``k`` drafts, replays a verify CUDA graph when the Program captured
 them (:mod:`ninfer_qwen3_5.verify_graphs`); any other unit runs its forward eagerly. A drafter may capture graphs of
@@ -89,15 +89,19 @@ class Part:
 
 @dataclass(frozen=True)
 class _Verify:
-    """A verify row awaiting commit: the taps of its inputs ``[n + 1, ...]`` and ``computed`` when it ran."""
+    """A verify row awaiting commit: the taps of its inputs ``[n + 1, ...]`` (None: the drafter keeps none,
+    :attr:`SpeculativeDecoding.keeps_verify_taps`) and ``computed`` when it ran."""
 
-    taps: torch.Tensor
+    taps: torch.Tensor | None
     start: int
 
 
 class SpeculativeDecoding(ABC):
     """The speculative side of a Qwen3.5 Program (``program``) verifying up to ``k`` drafts per row. Subclasses
     are the drafters: they implement the hooks below (module docstring for the rules this class keeps)."""
+
+    #: Whether :meth:`commit_row` reads the verify rows' taps (else they are not copied and it gets None).
+    keeps_verify_taps = True
 
     def __init__(self, program, k: int) -> None:
         self.p, self.k = program, k
@@ -129,9 +133,9 @@ class SpeculativeDecoding(ABC):
         """The taps of the positions a forward just computed outside verify rows (their ``computed`` advanced)."""
 
     @abstractmethod
-    def commit_row(self, seq: SeqId, start: int, taps: torch.Tensor, accepted: int) -> None:
+    def commit_row(self, seq: SeqId, start: int, taps: torch.Tensor | None, accepted: int) -> None:
         """A verify row of ``seq`` run at ``computed = start`` committed ``accepted`` inputs; ``taps`` are those
-        inputs' (``accepted`` rows). Called after ``computed`` advanced."""
+        inputs' (``accepted`` rows; None unless :attr:`keeps_verify_taps`). Called after ``computed`` advanced."""
 
     def forget_seq(self, seq: SeqId) -> None:  # noqa: B027 (optional hook)
         """Drop the drafter's bookkeeping of ``seq`` (default: none kept)."""
@@ -225,7 +229,8 @@ class SpeculativeDecoding(ABC):
         for c in fb.chunks:
             if c.verify:
                 # A copy: a view would keep the whole forward's taps alive until the commit.
-                self._verify[c.seq] = _Verify(taps[at:at + c.num_tokens].clone(), c.start)
+                kept = taps[at:at + c.num_tokens].clone() if self.keeps_verify_taps else None
+                self._verify[c.seq] = _Verify(kept, c.start)
             else:
                 parts.append(Part(c.seq, c.start, c.num_tokens, taps[at:at + c.num_tokens], True))
                 p._seqs[c.seq].computed += c.num_tokens
@@ -342,7 +347,7 @@ class SpeculativeDecoding(ABC):
             p._seqs[r.seq].computed += a
             if a:
                 with torch.inference_mode():
-                    self.commit_row(r.seq, v.start, v.taps[:a], a)
+                    self.commit_row(r.seq, v.start, None if v.taps is None else v.taps[:a], a)
         self._verify_batch = None
 
     def abort(self, pending: PendingBatch) -> None:
