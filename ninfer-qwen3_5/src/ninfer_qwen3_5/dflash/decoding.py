@@ -1,17 +1,23 @@
 """The DFlash / DFlash2 drafter of the speculative Program step (:mod:`ninfer_qwen3_5.speculative_decode`).
 
-Every target forward of a DFlash Program taps the drafter's target layers (``aux_layers``). Invariant, for every
-open sequence outside :meth:`~ninfer_qwen3_5.speculative_decode.SpeculativeDecoding.run`: the drafter's pools hold
-the context K/V (:meth:`~ninfer_qwen3_5.dflash.drafter.DFlashDrafter.write_context`) of every position
-``t < computed``, computed from the target's own hidden states at ``t``; they hold nothing else that anything
-reads. How it is kept:
+Every target forward of a DFlash Program taps the drafter's target layers (``aux_layers``) and writes the context
+K/V (:meth:`~ninfer_qwen3_5.dflash.drafter.DFlashDrafter.write_context`) of every token it computes, from those taps,
+at the token's position and KV slot: one write of the whole forward, inside it (:meth:`DFlashDecoding.model_forward`),
+so a verify CUDA graph (:mod:`ninfer_qwen3_5.verify_graphs`) records it with the forward and the eager forward runs
+the same ops on the same shapes. Invariant, for every open sequence outside
+:meth:`~ninfer_qwen3_5.speculative_decode.SpeculativeDecoding.run`: the drafter's pools hold the context K/V of
+every position ``t < computed``, computed from the target's own hidden states at ``t``; they hold nothing else that
+anything reads. How it is kept:
 
-- positions a forward computes outside a verify (prefill chunks, plain decode rows, ``score_chunk``) are written
-  as soon as the forward returns; they are committed inputs;
-- a verify row's inputs are written at commit, the accepted ones only (``a`` of them, from the verify's taps);
-  a rejected draft's position is never written, and an abort writes nothing;
+- positions a forward computes outside a verify (prefill chunks, plain decode rows, ``score_chunk``) are committed
+  inputs when the forward returns;
+- a verify row's inputs ``[computed, computed + n + 1)`` are all written by the verify forward, as the target
+  writes its own KV there; the ``a`` accepted ones become context at commit, the rest stay at or past
+  ``computed`` (provisional, like the target's KV there: a rejected draft's or an aborted verify's position is
+  rewritten by whatever is committed there before anything reads it);
 - a drafting row's block writes K/V at its positions ``[computed, computed + n + 1)``, at or past ``computed``:
-  provisional, overwritten by the context K/V of whatever is committed there before anything reads it;
+  provisional, overwritten by the context K/V of whatever is committed there before anything reads it (the verify
+  forward of the same step, at the latest);
 - a sequence opened from a checkpoint (or resumed from a Snapshot) holds the pages of the sequence it came from,
   whose drafter pools held the context K/V of every position below the checkpoint; a Replay re-prefills.
 
@@ -44,6 +50,9 @@ class DFlashDecoding(SpeculativeDecoding):
     """Speculative decoding drafting up to ``k`` tokens per row with a DFlash / DFlash2 ``drafter`` (module
     docstring)."""
 
+    #: The verify rows' taps were written in their forward: commit needs no copy of them.
+    keeps_verify_taps = False
+
     def __init__(self, program, drafter: DFlashDrafter, k: int) -> None:
         super().__init__(program, k)
         self.drafter = drafter
@@ -52,13 +61,15 @@ class DFlashDecoding(SpeculativeDecoding):
         self.block_graphs: DFlashGraphs | None = None
 
     def model_forward(self, packed: PackedBatch, ctx) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.p.model.forward(packed.tokens, ctx, packed.logit_rows, aux_layers=self.layers)
+        """The target forward, then the context K/V of all its tokens in one write (module docstring), on the
+        forward's own device positions and KV slots: no host lists, and inside a verify graph's capture."""
+        logits, aux = self.p.model.forward(packed.tokens, ctx, packed.logit_rows, aux_layers=self.layers)
+        self.drafter.write_context(self.p.kv, aux, ctx.positions, ctx.slot_mapping)
+        return logits, aux
 
     def plain_forward(self, packed: PackedBatch, ctx) -> torch.Tensor:
-        """A forward outside :meth:`run` (``score_chunk``): its positions' context K/V are written at once."""
-        logits, aux = self.model_forward(packed, ctx)
-        self.drafter.write_context(self.p.kv, aux, ctx.positions, ctx.slot_mapping)
-        return logits
+        """A forward outside :meth:`run` (``score_chunk``), its positions' context K/V written with it."""
+        return self.model_forward(packed, ctx)[0]
 
     def may_draft(self, seq: SeqId) -> bool:
         return True
@@ -128,20 +139,7 @@ class DFlashDecoding(SpeculativeDecoding):
         return sampled_acceptance(processed, rows, ns, starts, drafts, num)
 
     def absorb(self, parts: list[Part]) -> None:
-        if not parts:
-            return
-        p = self.p
-        positions, slots = [], []
-        for part in parts:
-            positions.extend(range(part.start, part.start + part.length))
-            slots.extend(p.kv.slot_mapping(part.seq, part.start, part.start + part.length))
-        self._write(torch.cat([part.taps for part in parts]), positions, slots)
+        """Nothing: :meth:`model_forward` wrote these positions' context."""
 
-    def commit_row(self, seq: SeqId, start: int, taps: torch.Tensor, accepted: int) -> None:
-        self._write(taps, list(range(start, start + accepted)), self.p.kv.slot_mapping(seq, start, start + accepted))
-
-    def _write(self, aux: torch.Tensor, positions: list[int], slots: list[int]) -> None:
-        dev = self.p.device
-        # Pinned non-blocking copies: a pageable one would wait for the whole stream.
-        self.drafter.write_context(self.p.kv, aux, to_device(positions, torch.int64, dev),
-                                   to_device(slots, torch.int64, dev))
+    def commit_row(self, seq: SeqId, start: int, taps: torch.Tensor | None, accepted: int) -> None:
+        """Nothing: the verify forward wrote the row's accepted inputs' context (module docstring)."""
