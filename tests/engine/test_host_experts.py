@@ -382,11 +382,67 @@ def test_greedy_tokens_equal_with_copied_experts(artifacts, min_tokens):
 
 
 def test_copy_threshold_options():
-    from ninfer_qwen3_5.layers.host_experts import copy_min_tokens
+    from ninfer_qwen3_5.layers.expert_costs import measure_expert_costs
+    from ninfer_qwen3_5.layers.host_experts import host_expert_options, host_threads
 
-    assert copy_min_tokens(64, 32, torch.device("cpu"), torch.float32) is None   # one memory: never copy
+    assert measure_expert_costs(64, 32, torch.device("cpu"), torch.float32) is None   # one memory: never copy
+    cpu = host_expert_options(64, 32, 8, torch.device("cpu"), torch.float32, host_experts=True, cache_slots=0,
+                              copy_min=None)
+    assert cpu["costs"] is None and cpu["stage"] is None and cpu["threads"] is None   # torch's count kept
+    assert host_threads(torch.device("cpu"), 3) == 3
+    assert host_threads(torch.device("cuda"), None) >= 1
     with pytest.raises(InvalidEngineOptions, match="expert_copy_min_tokens"):
         EngineOptions(expert_copy_min_tokens=0).validate()
+    for bad in (0, True, 1.5):
+        with pytest.raises(InvalidEngineOptions, match="host_expert_threads"):
+            EngineOptions(host_expert_threads=bad).validate()
+    assert EngineOptions(host_experts=True, host_expert_threads=2).features().host_expert_threads == 2
+    assert EngineOptions(host_experts=False, host_expert_threads=2).features().host_expert_threads is None
+
+
+def test_the_cost_model_balances_the_copy_engine_against_the_host():
+    """The busiest uncached experts go to the copy engine while that lowers the later of the two finishing times;
+    the host keeps the rest."""
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
+
+    even = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5)
+    assert even.host_cost(1) == 1.0 and even.host_cost(3) == 2.0
+    assert even.copies([]) == 0
+    assert even.copies([1]) == 0                      # host 1 vs copy 1: no gain
+    assert even.copies([1, 1]) == 1                   # 1 and 1 at once
+    assert even.copies([5, 1, 1, 1]) == 2             # the busy one (3 s on the host), then one more: 2 and 2
+    assert even.copies([1] * 8) == 4                  # halves
+    slow_host = ExpertCosts(copy_s=1.0, host_s=3.0, host_token_s=1.0)
+    assert slow_host.copies([1] * 8) == 6             # 6 copies (6 s) against 2 on the host (6 s)
+    slow_copy = ExpertCosts(copy_s=10.0, host_s=1.0, host_token_s=0.1)
+    assert slow_copy.copies([1] * 8) == 0 and slow_copy.copies([100, 1]) == 1
+    with pytest.raises(ValueError, match="must be > 0"):
+        ExpertCosts(copy_s=0.0, host_s=1.0, host_token_s=1.0)
+
+
+@pytest.mark.parametrize("cache", [0, 3])
+def test_cost_model_copies_against_fp64(cache):
+    """With measured costs instead of a threshold, the copied experts are the busiest ones the cost model picks, and
+    the layer's sum is the fp64 oracle's within fp32 rounding."""
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage
+
+    ops = types.SimpleNamespace(moe_experts=moe_experts)
+    x, w, ids, gate_up, down, shared = _case(torch.float32, tokens=9, k=3)
+    stage = ExpertStage(tuple(gate_up.shape[1:]), tuple(down.shape[1:]), torch.device("cpu"), torch.float32, slots=2)
+    costs = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5)
+    layer = HostExperts(gate_up, down, cache_slots=cache, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
+                        costs=costs, stage=stage, threads=torch.get_num_threads())
+    layer(x, w, ids, shared)
+    before = layer.copied_experts
+    got = layer(x, w, ids, shared)
+    assert torch.allclose(got.double(), _fp64_moe(x, w, ids, gate_up, down, shared), rtol=1e-5, atol=1e-6)
+    cached = set(layer.cache.expert_in) if cache else set()
+    counts = torch.bincount(ids.reshape(-1), minlength=8).tolist()
+    left = sorted((counts[e] for e in range(8) if counts[e] and e not in cached), reverse=True)
+    assert layer.copied_experts - before == costs.copies(left) > 0
+    with pytest.raises(ValueError, match="needs an ExpertStage"):
+        HostExperts(gate_up, down, ops=ops, costs=costs)
 
 
 def test_a_bank_that_does_not_split_per_expert_is_refused():

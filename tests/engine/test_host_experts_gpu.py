@@ -4,7 +4,8 @@ experts run the device's Triton ``moe_experts``.
 - the layer: uncached, cached and copied experts, fp32 and bf16 activations, within the rounding of an fp64 oracle;
 - the engine: the tiny top-2 of 8 MoE model in fp32 gives the device-resident model's greedy tokens and, within
   fp32 summation order, its scoring logprobs, with the default cache and copy threshold and with a forced copy
-  path; the measured copy threshold is a positive token count; the cache sees hits.
+  path and with the measured cost model balancing copies against the host; the measured costs are in a plausible
+  range; the cache sees hits.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ def _cuda_ops(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("cache,copy", [(0, None), (4, None), (0, 1), (3, 2)])
+@pytest.mark.parametrize("cache,copy", [(0, None), (4, None), (0, 1), (3, 2), (0, "costs"), (3, "costs")])
 def test_cuda_host_experts_against_fp64(dtype, cache, copy):
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
     from ninfer_qwen3_5.layers.host_experts import ExpertStage, HostExperts
 
     dev = torch.device("cuda")
@@ -37,7 +39,8 @@ def test_cuda_host_experts_against_fp64(dtype, cache, copy):
                                   shared.gate_logit))
     stage = ExpertStage((64, 64), (64, 32), dev, dtype, slots=2) if copy else None
     layer = HostExperts(gate_up.to(dtype), down.to(dtype), cache_slots=cache, ops=_cuda_ops(dtype), device=dev,
-                        dtype=dtype, copy_min_tokens=copy, stage=stage)
+                        dtype=dtype, stage=stage, threads=torch.get_num_threads(),
+                        **({"costs": ExpertCosts(1.0, 1.0, 0.5)} if copy == "costs" else {"copy_min_tokens": copy}))
     dshared = type(shared)(shared.projected.to(dtype).to(dev), shared.down.to(dtype).to(dev),
                            shared.gate_logit.to(dev))
     for _ in range(3):   # the cache (if any) fills from the routing it sees
@@ -75,13 +78,18 @@ def test_cuda_engine_with_host_experts_equals_device_experts(artifacts):  # noqa
     assert len(stats.expert_cache_hits) == 4 and all(h > 0 for h in stats.expert_cache_hits)
     copied, _, _ = _cuda_generate(path, host_experts=True, expert_cache_slots=0, expert_copy_min_tokens=1)
     assert copied == plain
+    balanced, _, _ = _cuda_generate(path, host_experts=True, expert_cache_slots=0, host_expert_threads=2)
+    assert balanced == plain
     want = torch.tensor(_cuda_logprobs(path, host_experts=False))
     got = torch.tensor(_cuda_logprobs(path, host_experts=True, expert_cache_slots=0))
     assert torch.allclose(got, want, rtol=0, atol=1e-4), (got - want).abs().max()
 
 
-def test_cuda_copy_threshold_is_measured():
-    from ninfer_qwen3_5.layers.host_experts import copy_min_tokens
+def test_cuda_expert_costs_are_measured():
+    from ninfer_qwen3_5.layers.expert_costs import measure_expert_costs
 
-    n = copy_min_tokens(2048, 512, torch.device("cuda"), torch.bfloat16)
-    assert isinstance(n, int) and n >= 1
+    costs = measure_expert_costs(2048, 512, torch.device("cuda"), torch.bfloat16, threads=4)
+    # A single-token expert on the host reads all its weights: not faster than 1 TB/s, not slower than 100 MB/s.
+    expert_bytes = 3 * 2048 * 512 * 2
+    assert expert_bytes / 1e12 < costs.host_s < expert_bytes / 1e8, costs
+    assert expert_bytes / 1e12 < costs.copy_s < expert_bytes / 1e8, costs

@@ -95,7 +95,8 @@ class Qwen35Program(HostExpertCaches, SpeculativeProgram, ModelProgram):
         self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype,
                                  host_experts=init.features.host_experts,
                                  expert_cache_slots=init.features.expert_cache_slots,
-                                 expert_copy_min_tokens=init.features.expert_copy_min_tokens)
+                                 expert_copy_min_tokens=init.features.expert_copy_min_tokens,
+                                 host_expert_threads=init.features.host_expert_threads)
         self.snapshots: SpeculativeSnapshots | None = None
         self.speculation: SpeculativeDecoding | None = None
         self.tower: VisionTower | None = None

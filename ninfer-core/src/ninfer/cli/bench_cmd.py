@@ -210,6 +210,7 @@ def host_experts_summary(options, stats) -> dict:
     computed from it and on the host over the whole run (warm-up excluded), and their hit rate."""
     return {"expert_cache_slots": options.expert_cache_slots,
             "expert_copy_min_tokens": options.expert_copy_min_tokens,
+            "host_expert_threads": options.host_expert_threads,
             "cache_hits": list(stats.expert_cache_hits), "cache_misses": list(stats.expert_cache_misses),
             "cache_hit_rate_by_layer": list(stats.expert_cache_hit_rate_by_layer())}
 

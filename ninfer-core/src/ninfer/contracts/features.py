@@ -14,7 +14,8 @@ class StartupFeatures:
     ``host_experts``: a MoE model's routed expert banks are placed in host memory and computed there
     (``EngineOptions.host_experts``, resolved); ``expert_cache_slots`` of them per layer are also cached on the
     device (0 without host experts); ``expert_copy_min_tokens``: the copy path's threshold (None: the
-    architecture's start-up cost model)."""
+    architecture's start-up cost model); ``host_expert_threads``: the host's compute threads (None: the
+    architecture's default)."""
 
     vision: bool = False
     speculative: str | None = None  # None, "mtp", "dflash" or "dflash2"
@@ -22,6 +23,7 @@ class StartupFeatures:
     host_experts: bool = False
     expert_cache_slots: int = 0
     expert_copy_min_tokens: int | None = None
+    host_expert_threads: int | None = None
 
     def components(self) -> tuple[str, ...]:
         """Artifact components these features read (Text first)."""

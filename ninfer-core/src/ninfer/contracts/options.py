@@ -116,8 +116,10 @@ class EngineOptions:
       ``max_concurrency`` requests at ``max_context`` are planned (at most every expert); 0: none.
       ``expert_copy_min_tokens`` (>= 1): with host experts, an uncached expert that one layer call routes at least
       this many tokens to is copied to the device and computed there instead of on the host. None (default): the
-      count where a copy costs what the host's compute would, from the host-to-device bandwidth and the host's
-      matmul rate measured at start on a GPU; never on the CPU (one memory).
+      busiest uncached experts of each call, as many as balances the copy engine against the host (both run at
+      once), from the host-to-device bandwidth and the host's expert rate measured at start on a GPU; never on
+      the CPU (one memory). ``host_expert_threads`` (>= 1): the host's compute threads for host experts on a GPU
+      run (None, default: half the host's cores; on the CPU torch's own count is kept).
       ``expert_routing_file`` (a path): with an expert cache, read at start when it exists (the caches start
       with the experts it counts most) and written at close with its counts plus this run's
       (``ninfer.engine.expert_routing``); a scoring engine only reads it. Ignored, with a warning, without an
@@ -157,6 +159,7 @@ class EngineOptions:
     host_experts: bool | None = None
     expert_cache_slots: int | None = None
     expert_copy_min_tokens: int | None = None
+    host_expert_threads: int | None = None
     expert_routing_file: str | None = None
 
     def validate(self) -> EngineOptions:
@@ -235,6 +238,10 @@ class EngineOptions:
                                                         or not isinstance(self.expert_copy_min_tokens, int)
                                                         or self.expert_copy_min_tokens < 1):
             raise bad("expert_copy_min_tokens", "must be an int >= 1 or None (auto: a cost model measured at start)")
+        if self.host_expert_threads is not None and (isinstance(self.host_expert_threads, bool)
+                                                     or not isinstance(self.host_expert_threads, int)
+                                                     or self.host_expert_threads < 1):
+            raise bad("host_expert_threads", "must be an int >= 1 or None (auto: half the host's cores)")
         if self.expert_routing_file is not None and (not isinstance(self.expert_routing_file, str)
                                                      or not self.expert_routing_file):
             raise bad("expert_routing_file", "must be a file path (str) or None")
@@ -319,4 +326,5 @@ class EngineOptions:
         return StartupFeatures(vision=bool(self.vision), speculative=self.speculative, purpose=self.purpose,
                                host_experts=bool(self.host_experts),
                                expert_cache_slots=(self.expert_cache_slots or 0) if self.host_experts else 0,
-                               expert_copy_min_tokens=self.expert_copy_min_tokens if self.host_experts else None)
+                               expert_copy_min_tokens=self.expert_copy_min_tokens if self.host_experts else None,
+                               host_expert_threads=self.host_expert_threads if self.host_experts else None)

@@ -21,8 +21,7 @@ dtype before they join the fp32 sum: the same terms, one more rounding of a part
 
 from __future__ import annotations
 
-import math
-import time
+import os
 from dataclasses import replace
 
 import torch
@@ -33,34 +32,21 @@ from ninfer.ops.reference.quantized import DecodedBank
 from ninfer.quant import PackedWeight, QuantizationError
 
 from ninfer_qwen3_5.layers.expert_cache import ExpertCache
+from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, measure_expert_costs
 
 _HOST = torch.device("cpu")
 
 
-def copy_min_tokens(hidden: int, inter: int, device: torch.device, dtype: torch.dtype) -> int | None:
-    """The copy path's threshold for experts of ``hidden`` x ``inter`` on ``device`` (None on the CPU: one
-    memory, nothing to copy): the token count at which copying an expert (its ``3 * inter * hidden`` weights in
-    ``dtype`` over the measured host-to-device bandwidth) costs what computing those tokens on the host would (its
-    measured fp32 matmul rate, ``6 * inter * hidden`` FLOPs a token). Measured once, in about 0.1 s."""
+def host_threads(device: torch.device, threads: int | None) -> int | None:
+    """The intra-op thread count of host-expert compute on a ``device`` run: ``threads`` when given, else half the
+    host's cores on a GPU run (the other half keeps the engine's own thread and the GPU driver from waiting
+    behind a busy thread team), None (torch's own count, untouched) on the CPU."""
+    if threads is not None:
+        return threads
     if device.type == "cpu":
         return None
-    payload = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)   # as the banks are (load_weights)
-    target = torch.empty_like(payload, device=device)
-    a, b = torch.randn(64, hidden), torch.randn(2 * inter, hidden)
-
-    def best(fn) -> float:
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    bandwidth = payload.numel() / best(lambda: target.copy_(payload))
-    flops = 2 * 64 * 2 * inter * hidden / best(lambda: a @ b.t())
-    copy_s = 3 * inter * hidden * torch.empty((), dtype=dtype).element_size() / bandwidth
-    return max(1, math.ceil(copy_s * flops / (6 * inter * hidden)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+    return max(1, cores // 2)
 
 
 def _check_separable(name: str, bank: PackedWeight) -> None:
@@ -110,18 +96,21 @@ class ExpertStage:
 
 
 def host_expert_options(hidden: int, inter: int, experts: int, device: torch.device, dtype: torch.dtype, *,
-                        host_experts: bool, cache_slots: int, copy_min: int | None) -> dict:
+                        host_experts: bool, cache_slots: int, copy_min: int | None,
+                        threads: int | None = None) -> dict:
     """The host-expert keyword arguments of every :class:`~ninfer_qwen3_5.layers.moe.SparseMoE` of one model
-    (``{}`` without host experts): ``cache_slots`` per layer, the copy threshold (None: :func:`copy_min_tokens`,
-    measured once for the model) and the one :class:`ExpertStage` all its layers share."""
+    (``{}`` without host experts): ``cache_slots`` per layer; the copy path's rule, a fixed token threshold
+    ``copy_min`` or else the :class:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts` measured once for the model
+    (None on the CPU); the one :class:`ExpertStage` all its layers share; the host's thread count
+    (:func:`host_threads`)."""
     if not host_experts:
         return {}
-    if copy_min is None:
-        copy_min = copy_min_tokens(hidden, inter, device, dtype)
+    threads = host_threads(device, threads)
+    costs = measure_expert_costs(hidden, inter, device, dtype, threads) if copy_min is None else None
     stage = (ExpertStage((2 * inter, hidden), (hidden, inter), device, dtype, min(STAGE_SLOTS, experts))
-             if copy_min is not None else None)
+             if copy_min is not None or costs is not None else None)
     return dict(host_experts=True, cache_slots=cache_slots, device=device, dtype=dtype, copy_min_tokens=copy_min,
-                stage=stage)
+                costs=costs, stage=stage, threads=threads)
 
 
 def expert_caches(moes) -> list:
@@ -135,14 +124,17 @@ class HostExperts:
     :class:`~ninfer.quant.PackedWeight`), both on the CPU. With ``cache_slots`` > 0 (and ``ops``, ``device``,
     ``dtype``), an :class:`~ninfer_qwen3_5.layers.expert_cache.ExpertCache` keeps that many of them on the device:
     the pairs routed to a cached expert are computed there by ``ops.moe_experts`` (its result rounded once to the
-    activation dtype, then added to the fp32 sum). With ``copy_min_tokens`` N, an uncached expert a call routes at
-    least N tokens to is copied to a device staging buffer and its pairs computed there the same way (a prefill
-    chunk's busy experts: one copy instead of many host GEMM rows). The rest run on the host."""
+    activation dtype, then added to the fp32 sum). Uncached experts can be copied to a device staging buffer and
+    their pairs computed there the same way, while the host computes the others: with ``copy_min_tokens`` N, those
+    a call routes at least N tokens to; else with ``costs`` (:class:`ExpertCosts`), the busiest ones, as many as
+    balances the copy engine against the host. The rest run on the host, with ``threads`` intra-op threads (None:
+    torch's count) set on the calling thread."""
 
     def __init__(self, gate_up: torch.Tensor | PackedWeight, down: torch.Tensor | PackedWeight, *,
                  cache_slots: int = 0, ops=None, device: torch.device | None = None,
                  dtype: torch.dtype | None = None, copy_min_tokens: int | None = None,
-                 stage: ExpertStage | None = None) -> None:
+                 costs: ExpertCosts | None = None, stage: ExpertStage | None = None,
+                 threads: int | None = None) -> None:
         for name, bank in (("gate_up", gate_up), ("down", down)):
             if bank.device.type != "cpu":
                 raise ValueError(f"host experts need their {name} bank in host memory, got one on {bank.device}")
@@ -152,9 +144,9 @@ class HostExperts:
         self.gate_up, self.down = (DecodedBank(b) if isinstance(b, PackedWeight) else b for b in (gate_up, down))
         self.ops, self.device, self.dtype = ops, device, dtype
         self.cache = (ExpertCache(self.gate_up, self.down, cache_slots, device, dtype) if cache_slots else None)
-        if copy_min_tokens is not None and stage is None:
-            raise ValueError("the copy path (copy_min_tokens) needs an ExpertStage")
-        self.copy_min_tokens, self.stage = copy_min_tokens, stage
+        if (copy_min_tokens is not None or costs is not None) and stage is None:
+            raise ValueError("the copy path (copy_min_tokens or costs) needs an ExpertStage")
+        self.copy_min_tokens, self.costs, self.stage, self.threads = copy_min_tokens, costs, stage, threads
         self._shared_down: tuple[PackedWeight, torch.Tensor] | None = None
         self.copied_experts = 0   # experts copied to the staging buffer so far
 
@@ -162,6 +154,8 @@ class HostExperts:
                  shared: SharedExpert | None) -> torch.Tensor:
         """``moe_experts(x, weights, ids, gate_up, down, shared=shared)`` with the routed part on the host (and
         the cached experts' pairs on the device); ``[T, H]`` in x.dtype on x's device."""
+        if self.threads is not None and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)   # per calling thread (OpenMP): the engine worker's own team
         x_h, w_h, ids_h = _to_host(x, weights, ids)
         parts: list[torch.Tensor] = []   # device sums, each rounded once to x.dtype
         skip = None
@@ -171,7 +165,7 @@ class HostExperts:
             self.cache.observe(ids_h)
             if bool(skip.any()):
                 parts.append(self._on_device(x, w_h, skip, slot, self.cache.gate_up, self.cache.down))
-        if self.copy_min_tokens is not None:
+        if self.stage is not None:
             skip = self._copied(x, w_h, ids_h, skip, parts)
         routed = routed_experts_fp32(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip)
         out = routed.to(x.device)
@@ -200,10 +194,14 @@ class HostExperts:
         ``skip`` grown by their pairs."""
         left = ids_h if skip is None else torch.where(skip, -1, ids_h)
         counts = torch.bincount(left[left >= 0], minlength=self.gate_up.shape[0])
-        busy = torch.nonzero(counts >= self.copy_min_tokens).flatten()
-        if busy.numel() == 0:
+        routed = torch.nonzero(counts).flatten()
+        routed = routed[torch.argsort(counts[routed], descending=True, stable=True)]   # busiest first
+        if self.copy_min_tokens is not None:
+            busy = routed[counts[routed] >= self.copy_min_tokens].tolist()
+        else:
+            busy = routed[:self.costs.copies(counts[routed].tolist())].tolist()
+        if not busy:
             return skip
-        busy = busy[torch.argsort(counts[busy], descending=True, stable=True)].tolist()   # busiest first
         gu, dn = self.stage.buffers()
         skip = torch.zeros_like(ids_h, dtype=torch.bool) if skip is None else skip.clone()
         for at in range(0, len(busy), gu.shape[0]):

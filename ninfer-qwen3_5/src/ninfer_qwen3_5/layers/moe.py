@@ -20,7 +20,7 @@ from ninfer.quant import PackedWeight
 
 from ninfer_qwen3_5.config import Qwen35Config
 from ninfer_qwen3_5.layers.fused import NormInput, norm_project, row_groups
-from ninfer_qwen3_5.layers.host_experts import ExpertStage, HostExperts
+from ninfer_qwen3_5.layers.host_experts import HostExperts
 
 # The fused input GEMM's rows are padded with zero rows to a multiple of this: its [T, rows] output's row stride
 # must be 16-byte aligned for cuBLAS's vectorised kernels. Unpadded (E + 2Is + 1 = 1281 at 35B-A3B), cuBLAS
@@ -37,12 +37,11 @@ def fused_input_rows(cfg: Qwen35Config) -> int:
 class SparseMoE:
     """``host_experts``: the routed banks are in host memory and computed there
     (:class:`~ninfer_qwen3_5.layers.host_experts.HostExperts`, ``cache_slots`` of them per layer also cached on
-    ``device`` in ``dtype``, busy ones copied there from ``copy_min_tokens`` routed tokens on); the rest of the
-    block stays on the device."""
+    ``device`` in ``dtype``; ``host_options``: the rest of its keyword arguments, from
+    :func:`~ninfer_qwen3_5.layers.host_experts.host_expert_options`); the rest of the block stays on the device."""
 
     def __init__(self, cfg: Qwen35Config, w: dict[str, torch.Tensor], ops, *, host_experts: bool = False,
-                 cache_slots: int = 0, device: torch.device | None = None, dtype: torch.dtype | None = None,
-                 copy_min_tokens: int | None = None, stage: ExpertStage | None = None) -> None:
+                 **host_options) -> None:
         self.ops = ops
         self.top_k = cfg.num_experts_per_tok
         self.num_experts = cfg.num_experts
@@ -56,8 +55,8 @@ class SparseMoE:
             self.in_groups = row_groups([self.w_in])
         self.bank_gate_up, self.bank_down = w["experts/gate_up"], w["experts/down"]
         self.w_shared_down = w["shared/down"]
-        self.host = (HostExperts(self.bank_gate_up, self.bank_down, cache_slots=cache_slots, ops=ops, device=device,
-                                 dtype=dtype, copy_min_tokens=copy_min_tokens, stage=stage) if host_experts else None)
+        self.host = (HostExperts(self.bank_gate_up, self.bank_down, ops=ops, **host_options) if host_experts
+                     else None)
 
     def __call__(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         ops, e, s = self.ops, self.num_experts, self.shared_width
