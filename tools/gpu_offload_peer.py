@@ -72,6 +72,11 @@ def prepare(args) -> int:
     result = convert(hf, work / "model.ninfer", name="qwen3_5-35b-a3b-random", progress=False)
     log(f"ninfer artifact: {result.tensor_bytes / 1e9:.2f} GB in {time.perf_counter() - t1:.0f} s")
     t2 = time.perf_counter()
+    if args.no_gguf:   # our side only (the peer's figures come from an earlier prepare of the same seed)
+        shutil.rmtree(hf)
+        (work / "prepared.json").write_text(json.dumps({"geometry": geometry, "weights": stats,
+                                                        "artifact": [str(p) for p in result.paths]}, indent=1))
+        return 0
     env = dict(os.environ, PYTHONPATH=str(args.lcp / "gguf-py"))
     cmd = [sys.executable, str(args.lcp / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(work / "m.gguf"),
            "--outtype", "bf16", "--no-mtp"]
@@ -235,12 +240,15 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="tiny widths: a CPU smoke run")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-gguf", action="store_true", help="write our artifact only, not llama.cpp's GGUF")
     b = sub.add_parser("bench")
     b.add_argument("--configs", default="resident:0,24g:6,16g:7",
                    help="NAME:N[:MIB],...: llama.cpp -ncmoe N, ours under MIB (default: llama.cpp's peak minus "
                         "--context-mib); N=0 is the resident run of both")
-    b.add_argument("--context-mib", type=int, default=768,
-                   help="device memory outside our plan (CUDA context, allocator slack) taken off llama.cpp's peak")
+    b.add_argument("--context-mib", type=int, default=0,
+                   help="MiB taken off llama.cpp's peak for our budget (default 0: the same device memory; both "
+                        "peaks are measured by nvidia-smi, CUDA context included, and our plan keeps its "
+                        "headroom inside the budget)")
     b.add_argument("--ninfer-args", default="--prefill-chunk-size 2048",
                    help="more `ninfer bench` arguments (default: llama.cpp-sized prefill chunks, whose workspace fits "
                         "small budgets)")

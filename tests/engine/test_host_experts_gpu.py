@@ -73,6 +73,7 @@ def test_cuda_engine_with_host_experts_equals_device_experts(artifacts):  # noqa
     plain, _, _ = _cuda_generate(path, host_experts=False)
     hosted, stats, memory = _cuda_generate(path, host_experts=True)
     assert hosted == plain and all(len(t) == 24 for t in plain)
+    assert memory.graph_final_growth_bytes > 0   # decode graphs, in segments around the host steps
     # The whole 8-expert bank fits the default budget's spare room, so every layer caches experts and hits.
     assert memory.host_weights_bytes > 0
     assert len(stats.expert_cache_hits) == 4 and all(h > 0 for h in stats.expert_cache_hits)

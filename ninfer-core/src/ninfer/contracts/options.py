@@ -107,8 +107,8 @@ class EngineOptions:
       host memory, computed by the CPU (a step copies the layer's hidden rows and routing to the host and the
       routed experts' sum back; the router, shared expert and everything else stay on the device); False: on
       the device. None (default): on the device when the model and one ``max_context`` request fit the budget,
-      else in host memory. With host experts a step waits for the host in every MoE layer, so decode CUDA graphs
-      and lookahead are off. An architecture without routed experts ignores None and refuses True.
+      else in host memory. With host experts a step waits for the host in every MoE layer, so lookahead is off
+      by default and the decode CUDA graphs are captured in segments around those waits. An architecture without routed experts ignores None and refuses True.
       ``expert_cache_slots`` (>= 0): with host experts, per MoE layer this many experts are also kept on the
       device, chosen by observed routing (counts with decay, refreshed as the layer runs); a routed pair whose
       expert is cached is computed on the device, the rest on the host. Counted as device weights. None

@@ -96,11 +96,10 @@ def explicit_pages(options: EngineOptions, profile: ModelProfile, max_context: i
 def graph_batches(device: torch.device, options: EngineOptions) -> int:
     """How many graph sizes startup plans and captures (batch sizes 1..N): ``max_concurrency`` on CUDA for
     generation unless ``NINFER_CUDA_GRAPHS=0``, else 0. A speculating Program captures its verify graphs for those
-    row counts instead of decode graphs (``Program.capture_decode_graphs`` says which it captures). Host experts
-    (``EngineOptions.host_experts``) wait for the host inside every MoE layer, which no graph can capture: 0."""
+    row counts instead of decode graphs (``Program.capture_decode_graphs`` says which it captures). With host
+    experts (``EngineOptions.host_experts``) each graph is captured in segments around the host's share of every
+    MoE layer (``ninfer.program.host_steps``)."""
     if device.type != "cuda" or options.purpose != "generation" or os.environ.get(GRAPHS_ENV, "1").strip() == "0":
-        return 0
-    if options.host_experts:
         return 0
     return options.max_concurrency
 
@@ -131,8 +130,8 @@ def lookahead_slots(device: torch.device, options: EngineOptions, supported: boo
             raise InvalidEngineOptions("invalid engine option lookahead=True: this architecture's Program does "
                                        "not support lookahead decode")
         return 0
-    if options.lookahead or graph_batches(device, options):
-        return options.max_concurrency
+    if options.lookahead or (graph_batches(device, options) and not options.host_experts):
+        return options.max_concurrency   # not on by default with host experts: each step waits for the host
     return 0
 
 

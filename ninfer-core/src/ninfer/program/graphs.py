@@ -42,6 +42,7 @@ import torch
 
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import DecodeRows, HostTokens
+from ninfer.program.host_steps import SegmentedGraph
 
 # forward(tokens, positions, slots, out_slots, kv_lens, page_tables, slot_mapping) -> fp32 logits [B, V]
 DecodeForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
@@ -214,7 +215,7 @@ class DecodeGraphs:
 
 
 def capture_sizes(device: torch.device, sizes: list[int], prepare: Callable[[int], None],
-                  record: Callable[[int], object], pool=None) -> tuple[dict[int, tuple[torch.cuda.CUDAGraph, object]], object]:
+                  record: Callable[[int], object], pool=None) -> tuple[dict[int, tuple[SegmentedGraph, object]], object]:
     """Capture ``record(b)`` for every size in ``sizes`` (largest first, so smaller graphs reuse the pool's blocks),
     each after ``prepare(b)`` wrote valid static inputs. Every size first runs eagerly on a side stream (compiling
     kernels, settling allocator blocks), then is recorded into one shared memory pool. Returns ``{b: (graph,
@@ -230,11 +231,9 @@ def capture_sizes(device: torch.device, sizes: list[int], prepare: Callable[[int
     graphs = {}
     for b in sizes:
         prepare(b)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            out = record(b)
-        if pool is None:
-            pool = graph.pool()
+        graph = SegmentedGraph()   # one segment unless the forward takes host steps (ninfer.program.host_steps)
+        out = graph.capture(lambda: record(b), pool)   # noqa: B023 (called here, before b changes)
+        pool = graph.pool()
         graphs[b] = (graph, out)
     torch.cuda.synchronize(device)
     return graphs, pool

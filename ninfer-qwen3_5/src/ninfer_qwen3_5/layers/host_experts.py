@@ -4,8 +4,8 @@ A MoE layer whose expert banks are host-placed runs its router, its shared exper
 the run device as usual; only the routed experts' weighted sum is computed on the host:
 
 1. the layer's normed hidden rows ``x[T, H]``, the routing weights and ids go to the host (one copy each, one
-   wait for all three: the host waits for the device here, which is why decode CUDA graphs and lookahead are off
-   with host experts);
+   wait for all three: the host waits for the device here, which is why lookahead is off with host experts, and
+   why a captured decode graph is cut in segments here, :mod:`ninfer.program.host_steps`);
 2. the CPU computes ``sum_j w[t, j] * expert_{ids[t, j]}(x_t)`` in fp32 with torch's CPU kernels (its intra-op
    thread team), tokens grouped by expert, in whatever format the bank is stored (a quantized bank decodes only
    the experts the step routes to);
@@ -29,6 +29,7 @@ from ninfer.errors import NotSupportedError
 from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.reference.moe import routed_experts_fp32, shared_expert_fp32
 from ninfer.ops.reference.quantized import DecodedBank
+from ninfer.program.host_steps import host_step
 from ninfer.quant import PackedWeight, QuantizationError
 
 from ninfer_qwen3_5.layers.expert_cache import ExpertCache
@@ -153,7 +154,12 @@ class HostExperts:
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                  shared: SharedExpert | None) -> torch.Tensor:
         """``moe_experts(x, weights, ids, gate_up, down, shared=shared)`` with the routed part on the host (and
-        the cached experts' pairs on the device); ``[T, H]`` in x.dtype on x's device."""
+        the cached experts' pairs on the device); ``[T, H]`` in x.dtype on x's device. A host step of a captured
+        forward (:func:`ninfer.program.host_steps.host_step`): in a CUDA graph it runs between two segments."""
+        return host_step(lambda: self._compute(x, weights, ids, shared), x)
+
+    def _compute(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                 shared: SharedExpert | None) -> torch.Tensor:
         if self.threads is not None and torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)   # per calling thread (OpenMP): the engine worker's own team
         x_h, w_h, ids_h = _to_host(x, weights, ids)

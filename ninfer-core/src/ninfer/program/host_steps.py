@@ -1,0 +1,105 @@
+"""Host steps inside a captured forward: a CUDA graph in segments.
+
+A forward that hands work to the host part-way through (a MoE layer whose routed experts live in host memory and
+are computed there, docs/memory.md "Host experts") cannot be one CUDA graph: the host must read the device's
+values in the middle. It can be a chain of them. :class:`SegmentedGraph` captures such a forward as graph 0 up to
+its first host step, that step's host function, graph 1 up to the next step, and so on; :meth:`~SegmentedGraph.
+replay` runs them in that order on the current stream. Everything between two host steps then costs one launch,
+not one per kernel, which is most of a small decode step's time when it runs eagerly.
+
+Invariants:
+- A forward marks each such point with :func:`host_step`. Outside a capture that is just ``fn()``. During one it
+  allocates the step's output (``empty_like(like)``) in the graph pool, closes the current segment, records
+  ``out.copy_(fn())`` to run between that segment's replay and the next one's, opens the next segment and returns
+  ``out``. ``fn`` may read only tensors the forward computed before the point: its closure keeps them alive, so
+  their pool blocks are never given to a later capture, and each replay rewrites them before the step reads them.
+- A forward without host steps is one segment, captured as ``torch.cuda.graph`` captures (synchronize, release the
+  allocator's cached blocks, record on a side stream into ``pool``).
+- One capture at a time per thread; all segments share one memory pool (``pool`` or the first segment's) and are
+  replayed in capture order, so a segment's freed temporaries may be reused by the next one's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+
+_local = threading.local()
+
+
+def host_step(fn: Callable[[], torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """``fn()`` (a tensor shaped, typed and placed as ``like``), as a host step of the capture in progress on this
+    thread if there is one (module docstring)."""
+    capture: SegmentedGraph | None = getattr(_local, "capture", None)
+    return fn() if capture is None else capture._split(fn, like)   # noqa: SLF001 (the module's own class)
+
+
+class SegmentedGraph:
+    """A captured forward as CUDA graph segments separated by host steps (module docstring)."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.steps: list[Callable[[], object]] = []
+        self._pool = None
+
+    def pool(self):
+        """The memory pool the segments share (after :meth:`capture`)."""
+        return self._pool
+
+    def capture(self, record: Callable[[], object], pool=None) -> object:
+        """Record ``record()`` (its kernels; host steps become segment boundaries) into ``pool`` (None: the first
+        segment's new one); returns what ``record`` returned, whose tensors each replay rewrites."""
+        if self.graphs:
+            raise RuntimeError("a SegmentedGraph is captured once")
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        self._pool = pool
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            self._begin()
+            _local.capture = self
+            try:
+                out = record()
+            except BaseException:
+                _local.capture = None
+                self._abort()
+                raise
+            _local.capture = None
+            self._end()
+        torch.cuda.current_stream().wait_stream(stream)
+        return out
+
+    def replay(self) -> None:
+        for i, graph in enumerate(self.graphs):
+            graph.replay()
+            if i < len(self.steps):
+                self.steps[i]()
+
+    def _begin(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(pool=self._pool)
+        self.graphs.append(graph)
+
+    def _end(self) -> None:
+        self.graphs[-1].capture_end()
+        if self._pool is None:
+            self._pool = self.graphs[-1].pool()
+
+    def _abort(self) -> None:
+        """End a capture that failed part-way, so the stream leaves capture mode; the error that stopped it is the
+        one the caller sees."""
+        try:
+            self.graphs[-1].capture_end()
+        except RuntimeError:
+            pass
+        self.graphs.clear()
+        self.steps.clear()
+
+    def _split(self, fn: Callable[[], torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(like)   # in the pool, alive through the step's closure
+        self._end()
+        self.steps.append(lambda: out.copy_(fn()))
+        self._begin()
+        return out

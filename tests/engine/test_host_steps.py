@@ -1,0 +1,70 @@
+"""Host steps inside a captured forward (ninfer.program.host_steps): a CUDA graph in segments.
+
+- outside a capture a host step is its function's call;
+- on CUDA, a forward with host steps is captured as one more segment than steps, the host function runs at each
+  replay (not at capture), reads what the segment before it computed that replay, and the segment after it reads
+  its answer; a forward without host steps is one segment; a capture that fails part-way leaves the stream usable.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ninfer.program.host_steps import SegmentedGraph, host_step
+
+
+def test_outside_a_capture_a_host_step_is_its_call():
+    x = torch.arange(4.0)
+    assert torch.equal(host_step(lambda: x * 2, x), x * 2)
+
+
+@pytest.mark.gpu
+def test_a_forward_with_host_steps_replays_as_it_runs_eagerly():
+    dev = torch.device("cuda")
+    a = torch.randn(64, device=dev)
+    calls = []
+
+    def host(t: torch.Tensor) -> torch.Tensor:   # reads the device's values on the host; has host state
+        calls.append(1)
+        return (t.cpu() * 2 + len(calls)).to(dev)
+
+    def forward() -> torch.Tensor:
+        y = a * 3
+        z = host_step(lambda: host(y), y)
+        w = host_step(lambda: host(z + 1), z)
+        return w - 1
+
+    forward()   # eager: compiles nothing here, but is what capture_sizes does first
+    calls.clear()
+    graph = SegmentedGraph()
+    out = graph.capture(forward)
+    assert len(graph.graphs) == 3 and len(graph.steps) == 2 and not calls
+    for i in range(3):
+        a.copy_(torch.randn(64, device=dev))
+        graph.replay()
+        torch.cuda.synchronize()
+        first = ((a * 3).cpu() * 2 + (2 * i + 1)).to(dev)
+        want = ((first + 1).cpu() * 2 + (2 * i + 2)).to(dev) - 1
+        assert torch.equal(out, want)
+    assert len(calls) == 6
+
+
+@pytest.mark.gpu
+def test_without_host_steps_one_segment_and_a_failed_capture_is_undone():
+    dev = torch.device("cuda")
+    a = torch.randn(8, device=dev)
+    graph = SegmentedGraph()
+    out = graph.capture(lambda: a + 1)
+    assert len(graph.graphs) == 1 and not graph.steps
+    a.fill_(2.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.full_like(a, 3.0))
+
+    def broken():
+        host_step(lambda: a, a)
+        raise ValueError("the forward failed")
+
+    with pytest.raises(ValueError, match="the forward failed"):
+        SegmentedGraph().capture(broken)
+    assert torch.equal((a * 2).cpu(), torch.full((8,), 4.0))   # the stream is out of capture mode
