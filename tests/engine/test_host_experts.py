@@ -107,6 +107,24 @@ def test_quantized_host_banks_equal_the_quantized_reference(fmt):
     assert torch.equal(layer(x, w, ids, packed_shared), want) and torch.equal(layer(x, w, ids, packed_shared), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("experts,k,tokens", [(64, 8, 1), (8, 3, 9), (64, 8, 33)])
+@pytest.mark.parametrize("skipped", ["none", "some", "all"])
+def test_the_host_sum_is_the_reference_sum_bitwise(dtype, experts, k, tokens, skipped):
+    """routed_sum (two GEMMs an expert, the rest once over all pairs) is routed_experts_fp32 bit for bit."""
+    from ninfer.ops.reference.moe import routed_experts_fp32
+    from ninfer_qwen3_5.layers.host_compute import routed_sum
+
+    x, w, ids, gate_up, down, _ = _case(dtype, experts=experts, k=k, tokens=tokens)
+    skip = {"none": None, "some": torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)) < 0.4,
+            "all": torch.ones(ids.shape, dtype=torch.bool)}[skipped]
+    want = routed_experts_fp32(x, w, ids, gate_up, down, skip=skip)
+    got = routed_sum(x, w, ids, gate_up, down, skip=skip)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    if skipped == "all":
+        assert not got.any()
+
+
 def test_host_experts_refuse_device_banks():
     meta = torch.empty((2, 4, 4), device="meta")
     with pytest.raises(ValueError, match="gate_up bank in host memory"):

@@ -20,7 +20,8 @@ import time
 from dataclasses import dataclass
 
 import torch
-from ninfer.ops.reference.moe import routed_experts_fp32
+
+from ninfer_qwen3_5.layers.host_compute import routed_sum
 
 #: Bytes of expert weights the host timing cycles through: more than a server CPU's last-level cache, so the
 #: timing reads from memory as a layer call does.
@@ -103,7 +104,7 @@ def measure_expert_costs(hidden: int, inter: int, device: torch.device, dtype: t
         def call(tokens: int) -> None:   # the next k experts of the bank, every token routed to all of them
             first = next(groups) % (experts // k) * k
             ids = torch.arange(first, first + k).expand(tokens, k)
-            routed_experts_fp32(torch.full((tokens, hidden), 0.01, dtype=dtype),
+            routed_sum(torch.full((tokens, hidden), 0.01, dtype=dtype),
                                 torch.full((tokens, k), 1.0 / k), ids, gate_up, down)
 
         call(1)   # first touch, thread team start

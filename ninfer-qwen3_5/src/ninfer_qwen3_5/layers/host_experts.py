@@ -8,12 +8,12 @@ the run device as usual; only the routed experts' weighted sum is computed on th
    why a captured decode graph is cut in segments here, :mod:`ninfer.program.host_steps`);
 2. the CPU computes ``sum_j w[t, j] * expert_{ids[t, j]}(x_t)`` in fp32 with torch's CPU kernels (its intra-op
    thread team), tokens grouped by expert, in whatever format the bank is stored (a quantized bank decodes only
-   the experts the step routes to);
+   the experts the step routes to): :func:`~ninfer_qwen3_5.layers.host_compute.routed_sum`;
 3. the fp32 sum goes back to the device, where the shared expert's fp32 term is added and the total is rounded
    once to the activation dtype.
 
 Invariant: without a cache, steps 2-3 are the reference ``moe_experts`` arithmetic split at its fp32 sum
-(``routed_experts_fp32`` then ``shared_expert_fp32``), so on the CPU a host-expert layer is bitwise the reference
+(``routed_experts_fp32``, which ``routed_sum`` equals bitwise on the CPU, then ``shared_expert_fp32``), so on the CPU a host-expert layer is bitwise the reference
 op's result, and on a GPU it differs from the device kernels only by their summation order. With a device cache
 (``expert_cache_slots``) the cached experts' pairs are summed on the device and rounded once to the activation
 dtype before they join the fp32 sum: the same terms, one more rounding of a part of them.
@@ -27,13 +27,14 @@ from dataclasses import replace
 import torch
 from ninfer.errors import NotSupportedError
 from ninfer.ops.contracts import SharedExpert
-from ninfer.ops.reference.moe import routed_experts_fp32, shared_expert_fp32
+from ninfer.ops.reference.moe import shared_expert_fp32
 from ninfer.ops.reference.quantized import DecodedBank
 from ninfer.program.host_steps import host_step
 from ninfer.quant import PackedWeight, QuantizationError
 
 from ninfer_qwen3_5.layers.expert_cache import ExpertCache
 from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, measure_expert_costs
+from ninfer_qwen3_5.layers.host_compute import routed_sum
 
 _HOST = torch.device("cpu")
 
@@ -173,7 +174,7 @@ class HostExperts:
                 parts.append(self._on_device(x, w_h, skip, slot, self.cache.gate_up, self.cache.down))
         if self.stage is not None:
             skip = self._copied(x, w_h, ids_h, skip, parts)
-        routed = routed_experts_fp32(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip)
+        routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip)
         out = routed.to(x.device)
         for part in parts:
             out += part.float()
