@@ -66,11 +66,20 @@ def main(argv=None) -> int:
     with Engine.start(args.model, opts) as engine:
         rate, prof = decode(engine, args.batch, args.tokens, args.seed, profile=False)
         lines.append(f"host experts: B={args.batch} decode {rate:,.1f} tok/s (whole requests, prompt 64)")
+        layers = [getattr(layer, "mlp", getattr(layer, "moe", None)) for layer in engine._program.model.layers]  # noqa: SLF001
+        hosts = [m.host for m in layers if m is not None and getattr(m, "host", None) is not None]
+        for h in hosts:
+            h.phases = {}
+        rate, _ = decode(engine, args.batch, args.tokens, args.seed + 2, profile=False)
+        calls = max(1, hosts[0].phases.get("calls", 0)) if hosts else 1   # forwards (prefills included)
+        phases = {p: sum(h.phases.get(p, 0.0) for h in hosts) for p in ("wait", "cache", "copy", "host", "back")}
+        lines.append(f"host step phases over {calls} forwards, ms a forward summed over the {len(hosts)} MoE layers "
+                     f"(that run: {rate:,.1f} tok/s): " + ", ".join(f"{p} {1e3 * s / calls:.2f}" for p, s in phases.items()))
+        for h in hosts:
+            h.phases = None
         _, prof = decode(engine, args.batch, args.tokens, args.seed + 1, profile=True)
         stats = engine.stats()
         lines.append(f"cache hits per layer {list(stats.expert_cache_hits)}, misses {list(stats.expert_cache_misses)}")
-        layers = [getattr(layer, "mlp", getattr(layer, "moe", None)) for layer in engine._program.model.layers]  # noqa: SLF001
-        hosts = [m.host for m in layers if m is not None and getattr(m, "host", None) is not None]
         lines.append(f"cache copies per layer {[h.cache.copies if h.cache else 0 for h in hosts]}, "
                      f"copy-path experts {[h.copied_experts for h in hosts]}")
         lines.append(prof)

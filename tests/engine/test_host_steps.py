@@ -15,7 +15,7 @@ from ninfer.program.host_steps import SegmentedGraph, host_step
 
 def test_outside_a_capture_a_host_step_is_its_call():
     x = torch.arange(4.0)
-    assert torch.equal(host_step(lambda: x * 2, x), x * 2)
+    assert torch.equal(host_step(lambda: x * 2, (4,), torch.float32, x.device), x * 2)
 
 
 @pytest.mark.gpu
@@ -30,8 +30,8 @@ def test_a_forward_with_host_steps_replays_as_it_runs_eagerly():
 
     def forward() -> torch.Tensor:
         y = a * 3
-        z = host_step(lambda: host(y), y)
-        w = host_step(lambda: host(z + 1), z)
+        z = host_step(lambda: host(y), y.shape, y.dtype, dev)
+        w = host_step(lambda: host(z + 1), z.shape, z.dtype, dev)
         return w - 1
 
     forward()   # eager: compiles nothing here, but is what capture_sizes does first
@@ -62,7 +62,7 @@ def test_without_host_steps_one_segment_and_a_failed_capture_is_undone():
     assert torch.equal(out, torch.full_like(a, 3.0))
 
     def broken():
-        host_step(lambda: a, a)
+        host_step(lambda: a, a.shape, a.dtype, dev)
         raise ValueError("the forward failed")
 
     with pytest.raises(ValueError, match="the forward failed"):

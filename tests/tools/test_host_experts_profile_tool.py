@@ -1,6 +1,6 @@
 """tools/host_experts_profile.py on the CPU with a tiny top-2 of 8 MoE model (the code path is the GPU's, host and
 device being one memory): the report gives the host-expert decode rate, one hit/miss/copy entry per MoE layer with
-every routed pair counted, the worker's profile with the host's expert sum in it, and with ``--compare`` the
+every routed pair counted, the host step's phases, the worker's profile with the host's expert sum in it, and with ``--compare`` the
 device-resident decode rate."""
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ def test_profile_reports_rates_counts_and_the_host_sum(tmp_path, monkeypatch):
     hits = [int(n) for n in re.search(r"cache hits per layer \[([^\]]*)\]", report)[1].split(",")]
     misses = [int(n) for n in re.search(r"misses \[([^\]]*)\]", report)[1].split(",")]
     assert len(hits) == len(misses) == 4 and len({h + m for h, m in zip(hits, misses, strict=True)}) == 1
-    assert "routed_experts_fp32" in report
+    assert "routed_sum" in report
+    phases = re.search(r"host step phases over (\d+) forwards.*: wait ([\d.]+), cache ([\d.]+), copy ([\d.]+), "
+                       r"host ([\d.]+), back ([\d.]+)", report)
+    assert int(phases[1]) >= 6 and float(phases[5]) > 0   # every forward's host sum is timed
     assert re.search(r"experts on the device, no CUDA graphs: B=2 decode [\d,.]+ tok/s", report)
     assert os.environ["NINFER_CUDA_GRAPHS"] == "1"   # the tool put it back

@@ -9,7 +9,7 @@ not one per kernel, which is most of a small decode step's time when it runs eag
 
 Invariants:
 - A forward marks each such point with :func:`host_step`. Outside a capture that is just ``fn()``. During one it
-  allocates the step's output (``empty_like(like)``) in the graph pool, closes the current segment, records
+  allocates the step's output (``shape``, ``dtype``, ``device``) in the graph pool, closes the current segment, records
   ``out.copy_(fn())`` to run between that segment's replay and the next one's, opens the next segment and returns
   ``out``. ``fn`` may read only tensors the forward computed before the point: its closure keeps them alive, so
   their pool blocks are never given to a later capture, and each replay rewrites them before the step reads them.
@@ -29,11 +29,14 @@ import torch
 _local = threading.local()
 
 
-def host_step(fn: Callable[[], torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """``fn()`` (a tensor shaped, typed and placed as ``like``), as a host step of the capture in progress on this
+def host_step(fn: Callable[[], torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+    """``fn()`` (a ``shape`` tensor of ``dtype`` on ``device``), as a host step of the capture in progress on this
     thread if there is one (module docstring)."""
     capture: SegmentedGraph | None = getattr(_local, "capture", None)
-    return fn() if capture is None else capture._split(fn, like)   # noqa: SLF001 (the module's own class)
+    if capture is None:
+        return fn()
+    return capture._split(fn, torch.empty(shape, dtype=dtype, device=device))   # noqa: SLF001 (its own class)
 
 
 class SegmentedGraph:
@@ -97,8 +100,8 @@ class SegmentedGraph:
         self.graphs.clear()
         self.steps.clear()
 
-    def _split(self, fn: Callable[[], torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-        out = torch.empty_like(like)   # in the pool, alive through the step's closure
+    def _split(self, fn: Callable[[], torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+        """``out`` (allocated in the pool) is kept alive by the step's closure."""
         self._end()
         self.steps.append(lambda: out.copy_(fn()))
         self._begin()

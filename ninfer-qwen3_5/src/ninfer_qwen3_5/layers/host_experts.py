@@ -22,6 +22,7 @@ dtype before they join the fp32 sum: the same terms, one more rounding of a part
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 
 import torch
@@ -74,6 +75,14 @@ def _to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
         host.copy_(t, non_blocking=True)
     torch.cuda.current_stream(tensors[0].device).synchronize()
     return out
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``: to a GPU through page-locked memory without waiting (torch's caching host allocator keeps
+    the buffer until the copy is done), so the host goes on queueing work."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 #: Experts staged on the device at once by the copy path (one ``moe_experts`` call per group of this many).
@@ -151,19 +160,39 @@ class HostExperts:
         self.copy_min_tokens, self.costs, self.stage, self.threads = copy_min_tokens, costs, stage, threads
         self._shared_down: tuple[PackedWeight, torch.Tensor] | None = None
         self.copied_experts = 0   # experts copied to the staging buffer so far
+        # Wall seconds of each phase of the host step over all calls, when a profiler sets a dict here: "wait"
+        # (the copies to the host, waiting for the device), "cache", "copy" (queueing the copy path), "host" (the
+        # CPU's sum) and "back" (queueing the sum's copy back and the device parts' adds); "calls" counts them.
+        self.phases: dict[str, float] | None = None
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                  shared: SharedExpert | None) -> torch.Tensor:
         """``moe_experts(x, weights, ids, gate_up, down, shared=shared)`` with the routed part on the host (and
         the cached experts' pairs on the device); ``[T, H]`` in x.dtype on x's device. A host step of a captured
-        forward (:func:`ninfer.program.host_steps.host_step`): in a CUDA graph it runs between two segments."""
-        return host_step(lambda: self._compute(x, weights, ids, shared), x)
+        forward (:func:`ninfer.program.host_steps.host_step`): in a CUDA graph it runs between two segments, and
+        the shared expert's fp32 term before it and the sum's one rounding after it are captured in them."""
+        term = self._shared_term(shared, x.dtype) if shared is not None else None
+        routed = host_step(lambda: self._routed(x, weights, ids), (x.shape[0], x.shape[-1]), torch.float32,
+                           x.device)
+        if term is not None:
+            routed = routed + term
+        return routed.to(x.dtype)
 
-    def _compute(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                 shared: SharedExpert | None) -> torch.Tensor:
+    def _shared_term(self, shared: SharedExpert, dtype: torch.dtype) -> torch.Tensor:
+        if isinstance(shared.down, PackedWeight):   # decoded once: the layer passes the same weight each call
+            if self._shared_down is None or self._shared_down[0] is not shared.down:
+                self._shared_down = (shared.down, shared.down.dequantize(torch.float32))
+            shared = replace(shared, down=self._shared_down[1])
+        return shared_expert_fp32(shared, dtype)
+
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The routed pairs' fp32 sum ``[T, H]`` on x's device: cached and copied experts' device sums (each
+        rounded once to x.dtype) added to the host's."""
         if self.threads is not None and torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)   # per calling thread (OpenMP): the engine worker's own team
+        t = self._lap(None, 0.0)
         x_h, w_h, ids_h = _to_host(x, weights, ids)
+        t = self._lap("wait", t)
         parts: list[torch.Tensor] = []   # device sums, each rounded once to x.dtype
         skip = None
         if self.cache is not None:
@@ -172,28 +201,36 @@ class HostExperts:
             self.cache.observe(ids_h)
             if bool(skip.any()):
                 parts.append(self._on_device(x, w_h, skip, slot, self.cache.gate_up, self.cache.down))
+            t = self._lap("cache", t)
         if self.stage is not None:
             skip = self._copied(x, w_h, ids_h, skip, parts)
+            t = self._lap("copy", t)
         routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip)
-        out = routed.to(x.device)
+        t = self._lap("host", t)
+        out = _to_device(routed, x.device)
         for part in parts:
             out += part.float()
-        if shared is not None:
-            if isinstance(shared.down, PackedWeight):   # decoded once: the layer passes the same weight each call
-                if self._shared_down is None or self._shared_down[0] is not shared.down:
-                    self._shared_down = (shared.down, shared.down.dequantize(torch.float32))
-                shared = replace(shared, down=self._shared_down[1])
-            out += shared_expert_fp32(shared, x.dtype)
-        out = out.to(x.dtype)
         if self.cache is not None:   # the next call's cache, copied while the other layers run
             self.cache.refresh_behind()
+        if self._lap("back", t):
+            self.phases["calls"] = self.phases.get("calls", 0) + 1
         return out
+
+    def _lap(self, phase: str | None, since: float) -> float:
+        """With :attr:`phases` set: adds the time since ``since`` to ``phase`` (None: only reads the clock) and
+        returns the clock; else 0.0."""
+        if self.phases is None:
+            return 0.0
+        now = time.perf_counter()
+        if phase is not None:
+            self.phases[phase] = self.phases.get(phase, 0.0) + now - since
+        return now
 
     def _on_device(self, x: torch.Tensor, w_h: torch.Tensor, mine: torch.Tensor, slot: torch.Tensor,
                    gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
         """``moe_experts`` over device banks for the pairs ``mine`` (bool ``[T, k]``) at bank rows ``slot``; the
         other pairs weigh zero (their slot is any valid row)."""
-        return self.ops.moe_experts(x, (w_h * mine).to(x.device), slot.to(x.device), gate_up, down)
+        return self.ops.moe_experts(x, _to_device(w_h * mine, x.device), _to_device(slot, x.device), gate_up, down)
 
     def _copied(self, x: torch.Tensor, w_h: torch.Tensor, ids_h: torch.Tensor, skip: torch.Tensor | None,
                 parts: list[torch.Tensor]) -> torch.Tensor | None:
