@@ -393,6 +393,34 @@ def test_copied_experts_against_fp64(min_tokens, cache):
         HostExperts(gate_up, down, ops=ops, copy_min_tokens=1)
 
 
+def test_copied_experts_enter_the_cache_unless_the_call_reads_the_slot():
+    """An expert the copy path copies anyway takes an empty cache slot, or the slot of a worse-scored cached expert
+    the call does not read; the rest are staged. Every call's sum stays the fp64 oracle's."""
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage
+
+    ops = types.SimpleNamespace(moe_experts=moe_experts)
+    x, _, _, gate_up, down, shared = _case(torch.float32, experts=8, k=2, tokens=4)
+    w = torch.softmax(torch.randn(4, 2, generator=torch.Generator().manual_seed(2)), -1)
+    stage = ExpertStage(tuple(gate_up.shape[1:]), tuple(down.shape[1:]), torch.device("cpu"), torch.float32, slots=2)
+    layer = HostExperts(gate_up, down, cache_slots=2, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
+                        copy_min_tokens=1, stage=stage)
+
+    def call(ids):
+        ids = torch.tensor(ids)
+        got = layer(x, w, ids, shared)
+        assert torch.allclose(got.double(), _fp64_moe(x, w, ids, gate_up, down, shared), rtol=1e-5, atol=1e-6)
+
+    call([[0, 1], [0, 1], [0, 2], [0, 3]])     # empty cache: the two busiest (0, 1) take its slots, 2 and 3 staged
+    assert sorted(layer.cache.expert_in) == [0, 1] and layer.copied_experts == 4
+    assert (layer.cache.hits, layer.cache.misses) == (0, 8)
+    slot_of_1 = int(layer.cache.slot_of[1])
+    call([[1, 4], [4, 5], [4, 5], [4, 6]])     # 4 outscores 0 and takes its slot; 1 is read by the call: kept
+    assert sorted(layer.cache.expert_in) == [1, 4] and int(layer.cache.slot_of[1]) == slot_of_1
+    assert layer.copied_experts == 4 + 3 and (layer.cache.hits, layer.cache.misses) == (1, 15)
+    call([[4, 1], [4, 1], [5, 1], [4, 0]])     # all but 5 and 0 cached now; both worse than 4 and 1: staged
+    assert sorted(layer.cache.expert_in) == [1, 4] and layer.copied_experts == 7 + 2
+
+
 @pytest.mark.parametrize("min_tokens", [1, 4])
 def test_greedy_tokens_equal_with_copied_experts(artifacts, min_tokens):
     plain = _generate(artifacts["top2of8"], host_experts=False)

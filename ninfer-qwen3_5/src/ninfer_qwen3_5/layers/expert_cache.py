@@ -5,14 +5,16 @@ in the run dtype. Policy: every routed (token, expert) pair the layer sees adds 
 scores decay by :data:`DECAY` per call; when the layer is called next, the best-scored experts that are not cached
 (score above zero) fill the empty slots, then each replaces the worst-scored cached expert when its score beats
 that one's by :data:`ADMIT_MARGIN`, at most :data:`MAX_ADMITS` replacements a call (one host-to-device copy of its
-two matrices each). So the cache follows the routing of recent steps, it changes only between two calls of its
-layer, and routing with no favourites (every expert about as likely) does not make it copy at every call: a copy
+two matrices each). So the cache follows the routing of recent steps, and routing with no favourites (every expert about as likely) does not make it copy at every call: a copy
 costs about what computing a few pairs on the host does, so a near-tie is not worth one. The layer refreshes
 its cache at the end of a call (:meth:`ExpertCache.refresh_behind`): on a GPU the copies run on a side stream
-while the other layers compute, and the layer's next call waits for them (:meth:`ExpertCache.ready`).
+while the other layers compute, and the layer's next call waits for them (:meth:`ExpertCache.ready`). An expert
+that a call's copy path brings to the device anyway enters the cache when its score beats a cached one's
+(:meth:`ExpertCache.admit`), so misses that are copied also teach the cache, at no extra copy.
 
 Invariants (who may mutate what): only the layer's forward, on the engine worker, calls :meth:`observe`,
-:meth:`refresh` (or :meth:`refresh_behind`) and :meth:`ready`; ``slot_of[e]`` is the slot holding expert ``e`` or
+:meth:`refresh` (or :meth:`refresh_behind`), :meth:`admit` and :meth:`ready`; :meth:`admit` never replaces an
+expert the same call reads; ``slot_of[e]`` is the slot holding expert ``e`` or
 -1, and for every read queued after :meth:`ready` the device buffers' slot ``s`` holds exactly the expert
 ``expert_in[s]`` (a refresh queues the copies before it records them). Which experts are cached changes where a
 pair is computed (and so the order of the fp32 sum), never which experts or weights are summed.
@@ -84,11 +86,37 @@ class ExpertCache:
                 self.slot_of[self.expert_in[slot]] = -1
             else:
                 break
-            # The banks are immutable (pinned on a GPU host): the copies need not hold the host back.
-            self.gate_up[slot].copy_(self.host_gate_up[expert], non_blocking=True)
-            self.down[slot].copy_(self.host_down[expert], non_blocking=True)
-            self.expert_in[slot], self.slot_of[expert] = expert, slot
-            self.copies += 1
+            self._load(expert, slot)
+
+    def admit(self, experts: list[int], keep: set[int]) -> list[int]:
+        """Take uncached ``experts`` that a call copies to the device anyway (its copy path) into the cache rather
+        than a staging buffer: each fills an empty slot, or replaces the worst-scored cached expert outside
+        ``keep`` (the call's own cached experts, whose pairs read their slots) when its score is higher. No margin:
+        the copy is made either way. The copies are queued on the current stream, behind the reads queued on it
+        so far. Returns the experts admitted, in ``experts``' order."""
+        score = self.score.tolist()
+        empty = [s for s, e in enumerate(self.expert_in) if e < 0]
+        held = sorted((s for s, e in enumerate(self.expert_in) if e >= 0 and e not in keep),
+                      key=lambda s: score[self.expert_in[s]])
+        admitted = []
+        for expert in experts:
+            if empty:
+                slot = empty.pop(0)
+            elif held and score[expert] > score[self.expert_in[held[0]]]:
+                slot = held.pop(0)   # an admitted expert's slot is not in ``held``: the call reads it
+                self.slot_of[self.expert_in[slot]] = -1
+            else:
+                continue
+            self._load(expert, slot)
+            admitted.append(expert)
+        return admitted
+
+    def _load(self, expert: int, slot: int) -> None:
+        # The banks are immutable (pinned on a GPU host): the copies need not hold the host back.
+        self.gate_up[slot].copy_(self.host_gate_up[expert], non_blocking=True)
+        self.down[slot].copy_(self.host_down[expert], non_blocking=True)
+        self.expert_in[slot], self.slot_of[expert] = expert, slot
+        self.copies += 1
 
     def refresh_behind(self) -> None:
         """:meth:`refresh` with its copies on a side stream, behind the work queued on the current stream so far
@@ -127,12 +155,13 @@ class ExpertCache:
         self.score.copy_(counts.to(torch.float64) / max(1, calls) / (1.0 - DECAY))
         self.refresh(max_replacements=self.slots)
 
-    def split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """For host ``ids[T, k]``: (cached ``[T, k]`` bool, the pair's slot or 0 where not cached), and the hit
-        and miss counts updated."""
+    def split(self, ids: torch.Tensor, count: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """For host ``ids[T, k]``: (cached ``[T, k]`` bool, the pair's slot or 0 where not cached), and with
+        ``count`` the hit and miss counts updated."""
         slot = self.slot_of[ids]
         cached = slot >= 0
-        hits = int(cached.sum())
-        self.hits += hits
-        self.misses += cached.numel() - hits
+        if count:
+            hits = int(cached.sum())
+            self.hits += hits
+            self.misses += cached.numel() - hits
         return cached, slot.clamp(min=0)

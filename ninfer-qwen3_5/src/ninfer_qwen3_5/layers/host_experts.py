@@ -194,17 +194,25 @@ class HostExperts:
         x_h, w_h, ids_h = _to_host(x, weights, ids)
         t = self._lap("wait", t)
         parts: list[torch.Tensor] = []   # device sums, each rounded once to x.dtype
-        skip = None
+        cached = slot = None
         if self.cache is not None:
             self.cache.ready()   # the copies of the last call's refresh are in the slots
-            skip, slot = self.cache.split(ids_h)
+            cached, slot = self.cache.split(ids_h)
             self.cache.observe(ids_h)
-            if bool(skip.any()):
-                parts.append(self._on_device(x, w_h, skip, slot, self.cache.gate_up, self.cache.down))
             t = self._lap("cache", t)
+        skip = cached
         if self.stage is not None:
-            skip = self._copied(x, w_h, ids_h, skip, parts)
+            busy = self._busy(ids_h, cached)
+            if busy and self.cache is not None:   # copied into the cache where it takes them, else staged
+                admitted = self.cache.admit(busy, keep=set(ids_h[cached].tolist()))
+                if admitted:
+                    cached, slot = self.cache.split(ids_h, count=False)
+                    busy = [e for e in busy if e not in set(admitted)]
+                    self.copied_experts += len(admitted)
+            skip = self._staged(x, w_h, ids_h, cached, busy, parts)
             t = self._lap("copy", t)
+        if cached is not None and bool(cached.any()):
+            parts.append(self._on_device(x, w_h, cached, slot, self.cache.gate_up, self.cache.down))
         routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip)
         t = self._lap("host", t)
         out = _to_device(routed, x.device)
@@ -232,22 +240,25 @@ class HostExperts:
         other pairs weigh zero (their slot is any valid row)."""
         return self.ops.moe_experts(x, _to_device(w_h * mine, x.device), _to_device(slot, x.device), gate_up, down)
 
-    def _copied(self, x: torch.Tensor, w_h: torch.Tensor, ids_h: torch.Tensor, skip: torch.Tensor | None,
-                parts: list[torch.Tensor]) -> torch.Tensor | None:
-        """The copy path (class docstring): appends the device sums of the busy experts to ``parts`` and returns
-        ``skip`` grown by their pairs."""
-        left = ids_h if skip is None else torch.where(skip, -1, ids_h)
+    def _busy(self, ids_h: torch.Tensor, cached: torch.Tensor | None) -> list[int]:
+        """The uncached experts the copy path takes this call (class docstring), busiest first."""
+        left = ids_h if cached is None else torch.where(cached, -1, ids_h)
         counts = torch.bincount(left[left >= 0], minlength=self.gate_up.shape[0])
         routed = torch.nonzero(counts).flatten()
-        routed = routed[torch.argsort(counts[routed], descending=True, stable=True)]   # busiest first
+        routed = routed[torch.argsort(counts[routed], descending=True, stable=True)]
         if self.copy_min_tokens is not None:
-            busy = routed[counts[routed] >= self.copy_min_tokens].tolist()
-        else:
-            busy = routed[:self.costs.copies(counts[routed].tolist())].tolist()
+            return routed[counts[routed] >= self.copy_min_tokens].tolist()
+        return routed[:self.costs.copies(counts[routed].tolist())].tolist()
+
+    def _staged(self, x: torch.Tensor, w_h: torch.Tensor, ids_h: torch.Tensor, cached: torch.Tensor | None,
+                busy: list[int], parts: list[torch.Tensor]) -> torch.Tensor | None:
+        """Copies the ``busy`` experts to the staging buffer, a group at a time, and appends their pairs' device
+        sums to ``parts``; returns the pairs computed on the device (``cached`` and theirs), None if none."""
         if not busy:
-            return skip
+            return cached
+        left = ids_h if cached is None else torch.where(cached, -1, ids_h)
         gu, dn = self.stage.buffers()
-        skip = torch.zeros_like(ids_h, dtype=torch.bool) if skip is None else skip.clone()
+        skip = torch.zeros_like(ids_h, dtype=torch.bool) if cached is None else cached.clone()
         for at in range(0, len(busy), gu.shape[0]):
             group = busy[at:at + gu.shape[0]]
             row = torch.zeros(self.gate_up.shape[0], dtype=torch.int64)
