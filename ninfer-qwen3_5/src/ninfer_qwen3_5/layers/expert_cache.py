@@ -5,19 +5,20 @@ in the run dtype. Policy: every routed (token, expert) pair the layer sees adds 
 scores decay by :data:`DECAY` per call; when the layer is called next, the best-scored experts that are not cached
 (score above zero) fill the empty slots, then each replaces the worst-scored cached expert when its score beats
 that one's by :data:`ADMIT_MARGIN`, at most :data:`MAX_ADMITS` replacements a call (one host-to-device copy of its
-two matrices each). So the cache follows the routing of recent steps, and routing with no favourites (every expert about as likely) does not make it copy at every call: a copy
-costs about what computing a few pairs on the host does, so a near-tie is not worth one. The layer refreshes
-its cache at the end of a call (:meth:`ExpertCache.refresh_behind`): on a GPU the copies run on a side stream
-while the other layers compute, and the layer's next call waits for them (:meth:`ExpertCache.ready`). An expert
-that a call's copy path brings to the device anyway enters the cache when its score beats a cached one's
-(:meth:`ExpertCache.admit`), so misses that are copied also teach the cache, at no extra copy.
+two matrices each). So the cache follows the routing of recent steps, and routing with no favourites (every
+expert about as likely) does not make it copy at every call: a copy costs about what computing a few pairs on the
+host does, so a near-tie is not worth one. The layer refreshes its cache at the end of a call
+(:meth:`ExpertCache.refresh_behind`): on a GPU the copies run on a side stream while the other layers compute, and
+the layer's next call waits for them (:meth:`ExpertCache.ready`). An expert that a call's copy path brings to the
+device anyway enters the cache when its score beats a cached one's (:meth:`ExpertCache.admit`), so misses that
+are copied also teach the cache, at no extra copy.
 
 Invariants (who may mutate what): only the layer's forward, on the engine worker, calls :meth:`observe`,
 :meth:`refresh` (or :meth:`refresh_behind`), :meth:`admit` and :meth:`ready`; :meth:`admit` never replaces an
-expert the same call reads; ``slot_of[e]`` is the slot holding expert ``e`` or
--1, and for every read queued after :meth:`ready` the device buffers' slot ``s`` holds exactly the expert
-``expert_in[s]`` (a refresh queues the copies before it records them). Which experts are cached changes where a
-pair is computed (and so the order of the fp32 sum), never which experts or weights are summed.
+expert the same call reads; ``slot_of[e]`` is the slot holding expert ``e`` or -1, and for every read queued
+after :meth:`ready` the device buffers' slot ``s`` holds exactly the expert ``expert_in[s]`` (a refresh or an
+admission queues the copies before it records them). Which experts are cached changes where a pair is computed
+(and so the order of the fp32 sum), never which experts or weights are summed.
 """
 
 from __future__ import annotations

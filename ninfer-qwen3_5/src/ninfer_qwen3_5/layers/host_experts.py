@@ -13,8 +13,9 @@ the run device as usual; only the routed experts' weighted sum is computed on th
    once to the activation dtype.
 
 Invariant: without a cache, steps 2-3 are the reference ``moe_experts`` arithmetic split at its fp32 sum
-(``routed_experts_fp32``, which ``routed_sum`` equals bitwise on the CPU, then ``shared_expert_fp32``), so on the CPU a host-expert layer is bitwise the reference
-op's result, and on a GPU it differs from the device kernels only by their summation order. With a device cache
+(``routed_experts_fp32``, which ``routed_sum`` equals bitwise on the CPU, then ``shared_expert_fp32``), so on the
+CPU a host-expert layer is bitwise the reference op's result, and on a GPU it differs from the device kernels only
+by their summation order. With a device cache
 (``expert_cache_slots``) the cached experts' pairs are summed on the device and rounded once to the activation
 dtype before they join the fp32 sum: the same terms, one more rounding of a part of them.
 """
