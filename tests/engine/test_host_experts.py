@@ -111,7 +111,8 @@ def test_quantized_host_banks_equal_the_quantized_reference(fmt):
 @pytest.mark.parametrize("experts,k,tokens", [(64, 8, 1), (8, 3, 9), (64, 8, 33)])
 @pytest.mark.parametrize("skipped", ["none", "some", "all"])
 def test_the_host_sum_is_the_reference_sum_bitwise(dtype, experts, k, tokens, skipped):
-    """routed_sum (two GEMMs an expert, the rest once over all pairs) is routed_experts_fp32 bit for bit."""
+    """routed_sum (two GEMMs an expert, the rest once over all pairs) is routed_experts_fp32 bit for bit, with its
+    pairs sorted in Python lists (8 and 27 pairs) and by tensor operations (264 pairs)."""
     from ninfer.ops.reference.moe import routed_experts_fp32
     from ninfer_qwen3_5.layers.host_compute import routed_sum
 

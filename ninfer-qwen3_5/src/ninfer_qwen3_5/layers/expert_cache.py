@@ -70,9 +70,10 @@ class ExpertCache:
 
     def refresh(self, max_replacements: int = MAX_ADMITS) -> None:
         """Bring the cache towards the best-scored experts (module docstring)."""
-        score = self.score.tolist()   # one host list: the loops below index it, not the tensor
+        score = self.score.tolist()   # host lists: the loops below index them, not the tensors
+        slot_of = self.slot_of.tolist()
         order = torch.argsort(self.score, descending=True, stable=True)[: self.slots].tolist()
-        incoming = [e for e in order if score[e] > 0 and self.slot_of[e] < 0]
+        incoming = [e for e in order if score[e] > 0 and slot_of[e] < 0]
         if not incoming:
             return
         empty = [s for s, e in enumerate(self.expert_in) if e < 0]

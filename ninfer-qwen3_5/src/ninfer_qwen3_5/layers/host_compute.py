@@ -4,9 +4,9 @@ The arithmetic is the reference ``routed_experts_fp32`` (``ninfer.ops.reference.
 sorted by expert, each expert's two GEMMs in the wider of the activation and weight dtypes, the SwiGLU in fp32
 rounded to that dtype before the down projection, the pairs' weighted outputs summed in fp32 in that order. Only
 the number of CPU operations differs: the reference runs nine small ops an expert; here every expert costs its two
-GEMMs (written into one buffer for all pairs) and the rest runs once over all pairs. On a many-core host each op
-wakes the whole intra-op thread team, which at a decode step's one token an expert costs more than the
-elementwise work itself.
+GEMMs (their rows joined by one concatenation) and the rest runs once over all pairs, and a decode step's few pairs
+are sorted by expert in Python lists. On a many-core host each op wakes the whole intra-op thread team, which at
+a decode step's one token an expert costs more than the elementwise work itself.
 
 Invariant: on the CPU the result is bitwise the reference's (same operations on the same rows, the same summation
 order), checked by ``tests/engine/test_host_experts.py``.
@@ -17,6 +17,35 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+#: Up to this many routed pairs (a decode step's), the pairs are sorted by expert in Python lists: at that size a
+#: handful of list operations costs less than the tensor operations that sort large prefill chunks.
+SMALL_PAIRS = 128
+
+
+def _groups(ids: torch.Tensor, skip: torch.Tensor | None, experts: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """The pairs of ``ids[T, k]`` not skipped, stably sorted by expert: (their flat pair indices, int64, and
+    ``(expert, count)`` for each routed expert in ascending order)."""
+    flat = ids.reshape(-1)
+    if flat.numel() <= SMALL_PAIRS:
+        experts_of = flat.tolist()
+        kept = range(len(experts_of)) if skip is None else [p for p, s in enumerate(skip.reshape(-1).tolist()) if not s]
+        order = sorted(kept, key=experts_of.__getitem__)   # stable, as the tensor path's argsort
+        groups: list[tuple[int, int]] = []
+        for p in order:
+            e = experts_of[p]
+            if groups and groups[-1][0] == e:
+                groups[-1] = (e, groups[-1][1] + 1)
+            else:
+                groups.append((e, 1))
+        return torch.tensor(order, dtype=torch.int64), groups
+    if skip is not None:   # a skipped pair goes to bucket E, after every expert's group
+        flat = torch.where(skip.reshape(-1), experts, flat)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=experts)[:experts]
+    active = torch.nonzero(counts).flatten()
+    groups = list(zip(active.tolist(), counts[active].tolist(), strict=True))
+    return order[:sum(c for _, c in groups)], groups
+
 
 def routed_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up, down,
                skip: torch.Tensor | None = None) -> torch.Tensor:
@@ -24,33 +53,20 @@ def routed_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     banks that are tensors ``[E, ...]`` or anything indexable by expert with ``shape`` and ``dtype`` (a quantized
     bank decoded per expert); ``skip`` (bool ``[T, k]``): pairs left out (computed elsewhere)."""
     t_len, k = ids.shape
-    inter, hidden, experts = down.shape[-1], x.shape[-1], gate_up.shape[0]
-    flat = ids.reshape(-1)
-    if skip is not None:   # a skipped pair goes to bucket E, after every expert's group
-        flat = torch.where(skip.reshape(-1), experts, flat)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=experts)[:experts]
+    inter, hidden = down.shape[-1], x.shape[-1]
     out = torch.zeros((t_len, hidden), dtype=torch.float32, device=x.device)
-    pairs = int(counts.sum())
-    if pairs == 0:
+    order, groups = _groups(ids, skip, gate_up.shape[0])
+    if not groups:
         return out
-    active = torch.nonzero(counts).flatten()
-    groups = list(zip(active.tolist(), counts[active].tolist(), strict=True))
-    order = order[:pairs]
     tokens = order // k
     wide = torch.promote_types(x.dtype, gate_up.dtype)
     xs = x.index_select(0, tokens).to(wide)
-    h = torch.empty((pairs, 2 * inter), dtype=wide, device=x.device)
-    start = 0
+    spans = []   # (expert, first row, end row) in the sorted pairs
     for expert, count in groups:
-        torch.matmul(xs[start:start + count], gate_up[expert].to(wide).t(), out=h[start:start + count])
-        start += count
-    hf = h.float()
-    act = (F.silu(hf[:, :inter]) * hf[:, inter:]).to(wide)
-    y = torch.empty((pairs, hidden), dtype=wide, device=x.device)
-    start = 0
-    for expert, count in groups:
-        torch.matmul(act[start:start + count], down[expert].to(wide).t(), out=y[start:start + count])
-        start += count
+        start = spans[-1][2] if spans else 0
+        spans.append((expert, start, start + count))
+    h = torch.cat([xs[a:b] @ gate_up[e].to(wide).t() for e, a, b in spans]).float()
+    act = (F.silu(h[:, :inter]) * h[:, inter:]).to(wide)
+    y = torch.cat([act[a:b] @ down[e].to(wide).t() for e, a, b in spans])
     out.index_add_(0, tokens, y.float() * weights.reshape(-1)[order].float()[:, None])
     return out
