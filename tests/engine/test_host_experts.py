@@ -384,10 +384,10 @@ def test_copied_experts_against_fp64(min_tokens, cache):
                         copy_min_tokens=min_tokens, stage=stage)
     layer(x, w, ids, shared)    # the cache (if any) sees the routing
     before = layer.copied_experts
+    cached = set(layer.cache.expert_in) if cache else set()   # what the call finds cached
     got = layer(x, w, ids, shared)
     assert torch.allclose(got.double(), _fp64_moe(x, w, ids, gate_up, down, shared), rtol=1e-5, atol=1e-6)
     counts = torch.bincount(ids.reshape(-1), minlength=8)
-    cached = set(layer.cache.expert_in) if cache else set()
     busy = {e for e in range(8) if counts[e] >= min_tokens and e not in cached}
     assert layer.copied_experts - before == len(busy)
     with pytest.raises(ValueError, match="needs an ExpertStage"):
@@ -468,23 +468,25 @@ def test_the_cost_model_balances_the_copy_engine_against_the_host():
 
 
 @pytest.mark.parametrize("cache", [0, 3])
-def test_cost_model_copies_against_fp64(cache):
-    """With measured costs instead of a threshold, the copied experts are the busiest ones the cost model picks, and
-    the layer's sum is the fp64 oracle's within fp32 rounding."""
+@pytest.mark.parametrize("tokens,k", [(9, 3), (80, 2)])
+def test_cost_model_copies_against_fp64(cache, tokens, k):
+    """With measured costs instead of a threshold, the copied experts are the busiest ones the cost model picks (its
+    pairs counted in lists for 27 pairs, by tensor operations for 160), and the layer's sum is the fp64 oracle's
+    within fp32 rounding."""
     from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
     from ninfer_qwen3_5.layers.host_experts import ExpertStage
 
     ops = types.SimpleNamespace(moe_experts=moe_experts)
-    x, w, ids, gate_up, down, shared = _case(torch.float32, tokens=9, k=3)
+    x, w, ids, gate_up, down, shared = _case(torch.float32, tokens=tokens, k=k)
     stage = ExpertStage(tuple(gate_up.shape[1:]), tuple(down.shape[1:]), torch.device("cpu"), torch.float32, slots=2)
     costs = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5)
     layer = HostExperts(gate_up, down, cache_slots=cache, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
                         costs=costs, stage=stage, threads=torch.get_num_threads())
     layer(x, w, ids, shared)
     before = layer.copied_experts
+    cached = set(layer.cache.expert_in) if cache else set()   # what the call finds cached
     got = layer(x, w, ids, shared)
     assert torch.allclose(got.double(), _fp64_moe(x, w, ids, gate_up, down, shared), rtol=1e-5, atol=1e-6)
-    cached = set(layer.cache.expert_in) if cache else set()
     counts = torch.bincount(ids.reshape(-1), minlength=8).tolist()
     left = sorted((counts[e] for e in range(8) if counts[e] and e not in cached), reverse=True)
     assert layer.copied_experts - before == costs.copies(left) > 0

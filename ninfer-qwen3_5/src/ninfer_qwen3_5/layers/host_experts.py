@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from dataclasses import replace
 
 import torch
@@ -36,7 +37,7 @@ from ninfer.quant import PackedWeight, QuantizationError
 
 from ninfer_qwen3_5.layers.expert_cache import ExpertCache
 from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, measure_expert_costs
-from ninfer_qwen3_5.layers.host_compute import routed_sum
+from ninfer_qwen3_5.layers.host_compute import SMALL_PAIRS, routed_sum
 
 _HOST = torch.device("cpu")
 
@@ -242,14 +243,21 @@ class HostExperts:
         return self.ops.moe_experts(x, _to_device(w_h * mine, x.device), _to_device(slot, x.device), gate_up, down)
 
     def _busy(self, ids_h: torch.Tensor, cached: torch.Tensor | None) -> list[int]:
-        """The uncached experts the copy path takes this call (class docstring), busiest first."""
-        left = ids_h if cached is None else torch.where(cached, -1, ids_h)
-        counts = torch.bincount(left[left >= 0], minlength=self.gate_up.shape[0])
-        routed = torch.nonzero(counts).flatten()
-        routed = routed[torch.argsort(counts[routed], descending=True, stable=True)]
+        """The uncached experts the copy path takes this call (class docstring), busiest first (ties: the lower
+        expert id first)."""
+        if ids_h.numel() <= SMALL_PAIRS:   # a decode step's few pairs: list operations
+            flags = [False] * ids_h.numel() if cached is None else cached.reshape(-1).tolist()
+            tally = Counter(e for e, c in zip(ids_h.reshape(-1).tolist(), flags, strict=True) if not c)
+            counted = sorted(tally.items(), key=lambda ec: (-ec[1], ec[0]))
+        else:
+            left = ids_h if cached is None else torch.where(cached, -1, ids_h)
+            counts = torch.bincount(left[left >= 0], minlength=self.gate_up.shape[0])
+            routed = torch.nonzero(counts).flatten()   # ascending ids; the stable sort keeps that within a count
+            routed = routed[torch.argsort(counts[routed], descending=True, stable=True)]
+            counted = list(zip(routed.tolist(), counts[routed].tolist(), strict=True))
         if self.copy_min_tokens is not None:
-            return routed[counts[routed] >= self.copy_min_tokens].tolist()
-        return routed[:self.costs.copies(counts[routed].tolist())].tolist()
+            return [e for e, n in counted if n >= self.copy_min_tokens]
+        return [e for e, _ in counted[:self.costs.copies([n for _, n in counted])]]
 
     def _staged(self, x: torch.Tensor, w_h: torch.Tensor, ids_h: torch.Tensor, cached: torch.Tensor | None,
                 busy: list[int], parts: list[torch.Tensor]) -> torch.Tensor | None:
