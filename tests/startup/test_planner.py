@@ -100,6 +100,7 @@ def test_one_request_must_fit_or_the_error_names_the_numbers():
     msg = str(e.value)
     assert "cannot fit one request of max_context 4096" in msg and "256 KV pages x 16 tokens = 4.0 MiB" in msg
     assert "leaves 3.0 MiB for KV" in msg and "weights 100.0 MiB" in msg and "(4 running requests" in msg
+    assert f"a budget of at least {mm.mib(b.budget_bytes + MIB)} holds one such request" in msg   # 1 MiB short
     # Fewer running requests free State and workspace, and then it fits (exactly one request).
     one = plan_memory(EngineOptions(max_concurrency=1, max_context=4096, prefill_chunk_size=512, context_cache=False),
                       budget(fixed / MIB + 4), load_bytes=0)

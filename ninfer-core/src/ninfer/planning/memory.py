@@ -194,9 +194,12 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
         else:
             pages, candidate = fit, "fit to budget"
     if pages < one_request:
+        short = one_request * page_bytes - room
+        need = (f"; a budget of at least {mib(budget.budget_bytes + short)} holds one such request at these options"
+                if resolved.explicit_pages is None and short > 0 else "")
         raise MemoryPlanError(
             f"cannot fit one request of max_context {max_context}: it needs {one_request} KV pages x {ps} tokens = "
-            f"{mib(one_request * page_bytes)}, but {why()}; lower max_context or max_concurrency, or raise "
+            f"{mib(one_request * page_bytes)}, but {why()}{need}; lower max_context or max_concurrency, or raise "
             f"{BUDGET_ENV} / free device memory")
     kv = pages * page_bytes
     return MemoryPlan(budget=budget, max_context=max_context, page_size=ps, num_pages=pages, state_slots=running,
