@@ -394,6 +394,43 @@ def test_copied_experts_against_fp64(min_tokens, cache):
         HostExperts(gate_up, down, ops=ops, copy_min_tokens=1)
 
 
+def test_the_cost_model_follows_the_host_time_the_layer_measures(monkeypatch):
+    """With adapt_costs, a host share that takes longer than the cost model estimated raises host_scale towards the
+    measured ratio, and the layer then copies more of its uncached experts; without it nothing changes."""
+    from ninfer_qwen3_5.layers import host_experts as he
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage
+
+    now = [0.0]
+    monkeypatch.setattr(he, "_clock", lambda: now[0])
+    real_sum = he.routed_sum
+
+    def slow_sum(*args, **kwargs):   # every host share takes 50 (fake) seconds
+        now[0] += 50.0
+        return real_sum(*args, **kwargs)
+
+    monkeypatch.setattr(he, "routed_sum", slow_sum)
+    ops = types.SimpleNamespace(moe_experts=moe_experts)
+    x, w, ids, gate_up, down, shared = _case(torch.float32, tokens=9, k=3)
+    costs = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5)
+    layers = {adapt: HostExperts(gate_up, down, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
+                                 costs=costs, adapt_costs=adapt,
+                                 stage=ExpertStage(tuple(gate_up.shape[1:]), tuple(down.shape[1:]),
+                                                   torch.device("cpu"), torch.float32, slots=2))
+              for adapt in (False, True)}
+    copied = {}
+    for adapt, layer in layers.items():
+        for _ in range(30):
+            got = layer(x, w, ids, shared)
+        assert torch.allclose(got.double(), _fp64_moe(x, w, ids, gate_up, down, shared), rtol=1e-5, atol=1e-6)
+        before = layer.copied_experts
+        layer(x, w, ids, shared)
+        copied[adapt] = layer.copied_experts - before
+    assert layers[False].host_scale == 1.0
+    assert layers[True].host_scale > 5.0      # 50 s measured against a few seconds estimated
+    assert copied[True] > copied[False] > 0
+
+
 def test_copied_experts_enter_the_cache_unless_the_call_reads_the_slot():
     """An expert the copy path copies anyway takes an empty cache slot, or the slot of a worse-scored cached expert
     the call does not read; the rest are staged. Every call's sum stays the fp64 oracle's."""

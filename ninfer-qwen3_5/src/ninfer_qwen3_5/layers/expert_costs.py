@@ -4,7 +4,9 @@ A routed expert that is not cached on the device can be computed by the host's C
 memory) or copied over the bus to a staging buffer and computed by the device. The two run at the same time: the
 copies are queued on the device's stream before the host starts its share. So a layer call gives the copy engine
 the busiest uncached experts (a copy costs the same whatever the token count; host compute grows with it) until
-the two sides are about even: :meth:`ExpertCosts.copies` balances their estimated finishing times.
+the two sides are about even: :meth:`ExpertCosts.copies` balances their estimated finishing times. A layer then
+corrects the host's side by the host time it measures (``HostExperts.host_scale``): the start-up timing runs
+alone, a layer's host share runs in the engine's thread among the device's work.
 
 :func:`measure_expert_costs` measures the three constants once per model at start (about half a second):
 
@@ -46,17 +48,19 @@ class ExpertCosts:
     def host_cost(self, tokens: int) -> float:
         return self.host_s + (tokens - 1) * self.host_token_s
 
-    def copies(self, counts: list[int]) -> int:
+    def copies(self, counts: list[int], host_scale: float = 1.0) -> int:
         """How many of the uncached experts with token ``counts`` (sorted descending) to copy, the busiest
         first: each move from the host to the copy engine must lower the later of the two sides' finishing
-        times (they run concurrently)."""
-        host = sum(self.host_cost(n) for n in counts)
+        times (they run concurrently). ``host_scale`` multiplies the host's costs (what the layer has measured
+        its host time to be, against this estimate)."""
+        host = host_scale * sum(self.host_cost(n) for n in counts)
         copy = 0.0
         moved = 0
         for n in counts:
-            if max(host - self.host_cost(n), copy + self.copy_s) >= max(host, copy):
+            cost = host_scale * self.host_cost(n)
+            if max(host - cost, copy + self.copy_s) >= max(host, copy):
                 break
-            host -= self.host_cost(n)
+            host -= cost
             copy += self.copy_s
             moved += 1
         return moved

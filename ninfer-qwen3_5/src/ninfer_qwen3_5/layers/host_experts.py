@@ -87,6 +87,12 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+#: How fast a layer's measured host time corrects the cost model's host estimate (:attr:`HostExperts.host_scale`,
+#: an exponential average of their ratio, each call's ratio clamped to [1/10, 10]).
+ADAPT_RATE = 0.1
+_clock = time.perf_counter   # the host-time measurement's clock (tests replace it)
+
+
 #: Experts staged on the device at once by the copy path (one ``moe_experts`` call per group of this many).
 STAGE_SLOTS = 8
 
@@ -123,7 +129,7 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
     stage = (ExpertStage((2 * inter, hidden), (hidden, inter), device, dtype, min(STAGE_SLOTS, experts))
              if copy_min is not None or costs is not None else None)
     return dict(host_experts=True, cache_slots=cache_slots, device=device, dtype=dtype, copy_min_tokens=copy_min,
-                costs=costs, stage=stage, threads=threads)
+                costs=costs, stage=stage, threads=threads, adapt_costs=costs is not None)
 
 
 def expert_caches(moes) -> list:
@@ -140,14 +146,15 @@ class HostExperts:
     activation dtype, then added to the fp32 sum). Uncached experts can be copied to a device staging buffer and
     their pairs computed there the same way, while the host computes the others: with ``copy_min_tokens`` N, those
     a call routes at least N tokens to; else with ``costs`` (:class:`ExpertCosts`), the busiest ones, as many as
-    balances the copy engine against the host. The rest run on the host, with ``threads`` intra-op threads (None:
-    torch's count) set on the calling thread."""
+    balances the copy engine against the host (with ``adapt_costs``, the host's costs corrected by the host time
+    the layer measures). The rest run on the host, with ``threads`` intra-op threads (None: torch's count) set on
+    the calling thread."""
 
     def __init__(self, gate_up: torch.Tensor | PackedWeight, down: torch.Tensor | PackedWeight, *,
                  cache_slots: int = 0, ops=None, device: torch.device | None = None,
                  dtype: torch.dtype | None = None, copy_min_tokens: int | None = None,
                  costs: ExpertCosts | None = None, stage: ExpertStage | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, adapt_costs: bool = False) -> None:
         for name, bank in (("gate_up", gate_up), ("down", down)):
             if bank.device.type != "cpu":
                 raise ValueError(f"host experts need their {name} bank in host memory, got one on {bank.device}")
@@ -160,11 +167,15 @@ class HostExperts:
         if (copy_min_tokens is not None or costs is not None) and stage is None:
             raise ValueError("the copy path (copy_min_tokens or costs) needs an ExpertStage")
         self.copy_min_tokens, self.costs, self.stage, self.threads = copy_min_tokens, costs, stage, threads
+        # With adapt_costs, the measured over the estimated host time of this layer's host shares (module constant
+        # ADAPT_RATE), by which the cost model scales its host costs.
+        self.adapt_costs, self.host_scale = adapt_costs and costs is not None, 1.0
         self._shared_down: tuple[PackedWeight, torch.Tensor] | None = None
         self.copied_experts = 0   # experts copied to the staging buffer so far
         # Wall seconds of each phase of the host step over all calls, when a profiler sets a dict here: "wait"
-        # (the copies to the host, waiting for the device), "cache", "copy" (queueing the copy path), "host" (the
-        # CPU's sum) and "back" (queueing the sum's copy back and the device parts' adds); "calls" counts them.
+        # (the copies to the host, waiting for the device), "cache", "copy" (queueing the device's share: the
+        # copy path and the cached experts' kernel), "host" (the CPU's sum) and "back" (queueing the sum's copy
+        # back and the device parts' adds); "calls" counts them.
         self.phases: dict[str, float] | None = None
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
@@ -203,8 +214,9 @@ class HostExperts:
             self.cache.observe(ids_h)
             t = self._lap("cache", t)
         skip = cached
+        estimate = 0.0   # the cost model's host time for this call, before host_scale
         if self.stage is not None:
-            busy = self._busy(ids_h, cached)
+            busy, estimate = self._busy(ids_h, cached)
             if busy and self.cache is not None:   # copied into the cache where it takes them, else staged
                 admitted = self.cache.admit(busy, keep=set(ids_h[cached].tolist()))
                 if admitted:
@@ -212,10 +224,18 @@ class HostExperts:
                     busy = [e for e in busy if e not in set(admitted)]
                     self.copied_experts += len(admitted)
             skip = self._staged(x, w_h, ids_h, cached, busy, parts)
-            t = self._lap("copy", t)
         if cached is not None and bool(cached.any()):
             parts.append(self._on_device(x, w_h, cached, slot, self.cache.gate_up, self.cache.down))
+        t = self._lap("copy", t)
+        started = _clock()
         routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip)
+        if self.adapt_costs and estimate > 0:
+            ratio = min(max((_clock() - started) / estimate, 0.1), 10.0)
+            self.host_scale += ADAPT_RATE * (ratio - self.host_scale)
+        elif self.adapt_costs and self.stage is not None:
+            # Nothing measured (the copy path took every expert): drift back towards the start-up estimate, so
+            # that a passing slowdown of the host does not keep it idle for good.
+            self.host_scale += ADAPT_RATE * 0.1 * (1.0 - self.host_scale)
         t = self._lap("host", t)
         out = _to_device(routed, x.device)
         for part in parts:
@@ -242,9 +262,10 @@ class HostExperts:
         other pairs weigh zero (their slot is any valid row)."""
         return self.ops.moe_experts(x, _to_device(w_h * mine, x.device), _to_device(slot, x.device), gate_up, down)
 
-    def _busy(self, ids_h: torch.Tensor, cached: torch.Tensor | None) -> list[int]:
+    def _busy(self, ids_h: torch.Tensor, cached: torch.Tensor | None) -> tuple[list[int], float]:
         """The uncached experts the copy path takes this call (class docstring), busiest first (ties: the lower
-        expert id first)."""
+        expert id first), and the cost model's host time for the rest (before :attr:`host_scale`; 0.0 with a
+        fixed threshold)."""
         if ids_h.numel() <= SMALL_PAIRS:   # a decode step's few pairs: list operations
             flags = [False] * ids_h.numel() if cached is None else cached.reshape(-1).tolist()
             tally = Counter(e for e, c in zip(ids_h.reshape(-1).tolist(), flags, strict=True) if not c)
@@ -256,8 +277,9 @@ class HostExperts:
             routed = routed[torch.argsort(counts[routed], descending=True, stable=True)]
             counted = list(zip(routed.tolist(), counts[routed].tolist(), strict=True))
         if self.copy_min_tokens is not None:
-            return [e for e, n in counted if n >= self.copy_min_tokens]
-        return [e for e, _ in counted[:self.costs.copies([n for _, n in counted])]]
+            return [e for e, n in counted if n >= self.copy_min_tokens], 0.0
+        moved = self.costs.copies([n for _, n in counted], self.host_scale)
+        return [e for e, _ in counted[:moved]], sum(self.costs.host_cost(n) for _, n in counted[moved:])
 
     def _staged(self, x: torch.Tensor, w_h: torch.Tensor, ids_h: torch.Tensor, cached: torch.Tensor | None,
                 busy: list[int], parts: list[torch.Tensor]) -> torch.Tensor | None:
