@@ -80,6 +80,8 @@ def main(argv=None) -> int:
         _, prof = decode(engine, args.batch, args.tokens, args.seed + 1, profile=True)
         stats = engine.stats()
         lines.append(f"cache hits per layer {list(stats.expert_cache_hits)}, misses {list(stats.expert_cache_misses)}")
+        lines.append(f"host cost scale per layer (measured over estimated host time) "
+                     f"{[round(h.host_scale, 2) for h in hosts]}")
         lines.append(f"cache copies per layer {[h.cache.copies if h.cache else 0 for h in hosts]}, "
                      f"copy-path experts {[h.copied_experts for h in hosts]}")
         lines.append(prof)

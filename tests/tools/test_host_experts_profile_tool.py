@@ -36,6 +36,7 @@ def test_profile_reports_rates_counts_and_the_host_sum(tmp_path, monkeypatch):
     misses = [int(n) for n in re.search(r"misses \[([^\]]*)\]", report)[1].split(",")]
     assert len(hits) == len(misses) == 4 and len({h + m for h, m in zip(hits, misses, strict=True)}) == 1
     assert "routed_sum" in report
+    assert re.search(r"host cost scale per layer \(measured over estimated host time\) \[[\d., ]+\]", report)
     phases = re.search(r"host step phases over (\d+) forwards.*: wait ([\d.]+), cache ([\d.]+), copy ([\d.]+), "
                        r"host ([\d.]+), back ([\d.]+)", report)
     assert int(phases[1]) >= 6 and float(phases[5]) > 0   # every forward's host sum is timed
