@@ -2,10 +2,10 @@
 experts run the device's Triton ``moe_experts``.
 
 - the layer: uncached, cached and copied experts, fp32 and bf16 activations, within the rounding of an fp64 oracle;
-- the engine: the tiny top-2 of 8 MoE model in fp32 gives the device-resident model's greedy tokens and, within
-  fp32 summation order, its scoring logprobs, with the default cache and copy threshold and with a forced copy
-  path and with the measured cost model balancing copies against the host; the measured costs are in a plausible
-  range; the cache sees hits.
+- the engine: the tiny top-2 of 8 MoE model in fp32 gives the device-resident model's greedy tokens (also through
+  DFlash verify graphs captured around the host steps) and, within fp32 summation order, its scoring logprobs,
+  with the default cache and copy threshold and with a forced copy path and with the measured cost model balancing
+  copies against the host; the measured costs are in a plausible range; the cache sees hits.
 """
 
 from __future__ import annotations
@@ -94,3 +94,21 @@ def test_cuda_expert_costs_are_measured():
     expert_bytes = 3 * 2048 * 512 * 2
     assert expert_bytes / 1e12 < costs.host_s < expert_bytes / 1e8, costs
     assert expert_bytes / 1e12 < costs.copy_s < expert_bytes / 1e8, costs
+
+
+def test_cuda_speculative_verify_graphs_through_host_experts(artifacts, tmp_path):  # noqa: F811
+    """A DFlash drafter on a host-expert MoE target on CUDA: the verify graphs (k + 1 rows a request) are captured
+    in segments around the host steps, and the greedy tokens stay plain decoding's."""
+    from ninfer.conversion import convert
+    from support.dflash import write_dflash_drafter
+
+    folder = write_dflash_drafter(tmp_path / "drafter", seed=3, hidden_size=64, vocab_size=512, num_target_layers=4,
+                                  target_layer_ids=[1, 2], block_size=4, mask_token_id=511, head_dim=16, heads=4,
+                                  kv_heads=2, intermediate=64, generation=1)
+    source = artifacts["top2of8"].with_suffix("")   # the checkpoint folder the fixture converted
+    art = convert(source, tmp_path / "with_drafter.ninfer", progress=False, draft=folder).paths[0]
+    plain, _, _ = _cuda_generate(artifacts["top2of8"], host_experts=False)
+    got, _, memory = _cuda_generate(art, host_experts=True, speculative="dflash", num_speculative_tokens=3)
+    assert got == plain
+    assert memory.graph_final_growth_bytes > 0
+
