@@ -431,6 +431,35 @@ def test_the_cost_model_follows_the_host_time_the_layer_measures(monkeypatch):
     assert copied[True] > copied[False] > 0
 
 
+@pytest.mark.slow   # two torch.compile builds of the kernel (tens of seconds on a small CPU)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_host_kernel_against_fp64(dtype):
+    """host_expert_kernel="compiled": one compiled kernel for every pair of a call, a single pair padded; the layer's
+    sum is the fp64 oracle's within the dtype's rounding, with and without a cache and copies."""
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
+    from ninfer_qwen3_5.layers.host_compute import compiled_rows, routed_sum
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage
+
+    x, w, ids, gate_up, down, shared = _case(dtype, tokens=9, k=3)
+    rows = compiled_rows(64, 32, dtype)
+    tol = 2e-6 if dtype == torch.float32 else 2e-2
+    ref = _fp64_moe(x.float(), w, ids, gate_up.float(), down.float(),
+                    type(shared)(shared.projected.float(), shared.down.float(), shared.gate_logit))
+    ops = types.SimpleNamespace(moe_experts=moe_experts)
+    for extra in ({}, {"cache_slots": 3, "costs": ExpertCosts(1.0, 1.0, 0.5),
+                       "stage": ExpertStage((64, 64), (64, 32), torch.device("cpu"), dtype, slots=2)}):
+        layer = HostExperts(gate_up, down, ops=ops, device=torch.device("cpu"), dtype=dtype, rows=rows, **extra)
+        for _ in range(2):
+            got = layer(x, w, ids, shared)
+        assert ((got.double() - ref).norm() / ref.norm()) < tol
+    one = torch.ones_like(ids, dtype=torch.bool)
+    one[4, 1] = False   # a single pair left for the host: padded to two rows
+    want = routed_sum(x, w, ids, gate_up, down, skip=one)
+    got = routed_sum(x, w, ids, gate_up, down, skip=one, rows=rows)
+    assert ((got - want).norm() / want.norm()) < tol   # the same roundings, in another summation order
+    assert got[4].abs().sum() > 0 and got[torch.arange(9) != 4].abs().sum() == 0
+
+
 def test_copied_experts_enter_the_cache_unless_the_call_reads_the_slot():
     """An expert the copy path copies anyway takes an empty cache slot, or the slot of a worse-scored cached expert
     the call does not read; the rest are staged. Every call's sum stays the fp64 oracle's."""
@@ -482,6 +511,10 @@ def test_copy_threshold_options():
             EngineOptions(host_expert_threads=bad).validate()
     assert EngineOptions(host_experts=True, host_expert_threads=2).features().host_expert_threads == 2
     assert EngineOptions(host_experts=False, host_expert_threads=2).features().host_expert_threads is None
+    with pytest.raises(InvalidEngineOptions, match="host_expert_kernel"):
+        EngineOptions(host_expert_kernel="fast").validate()
+    assert EngineOptions(host_experts=True, host_expert_kernel="compiled").features().host_expert_kernel == "compiled"
+    assert EngineOptions(host_experts=True).features().host_expert_kernel == "torch"
 
 
 def test_the_cost_model_balances_the_copy_engine_against_the_host():

@@ -4,8 +4,8 @@ experts run the device's Triton ``moe_experts``.
 - the layer: uncached, cached and copied experts, fp32 and bf16 activations, within the rounding of an fp64 oracle;
 - the engine: the tiny top-2 of 8 MoE model in fp32 gives the device-resident model's greedy tokens (also through
   DFlash verify graphs captured around the host steps) and, within fp32 summation order, its scoring logprobs,
-  with the default cache and copy threshold and with a forced copy path and with the measured cost model balancing
-  copies against the host; the measured costs are in a plausible range; the cache sees hits.
+  with the default cache and copy threshold, a forced copy path, the measured cost model balancing copies against
+  the host, and the compiled host kernel; the measured costs are in a plausible range; the cache sees hits.
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ def test_cuda_engine_with_host_experts_equals_device_experts(artifacts):  # noqa
     assert copied == plain
     balanced, _, _ = _cuda_generate(path, host_experts=True, expert_cache_slots=0, host_expert_threads=2)
     assert balanced == plain
+    compiled, _, _ = _cuda_generate(path, host_experts=True, host_expert_kernel="compiled")
+    assert compiled == plain
     want = torch.tensor(_cuda_logprobs(path, host_experts=False))
     got = torch.tensor(_cuda_logprobs(path, host_experts=True, expert_cache_slots=0))
     assert torch.allclose(got, want, rtol=0, atol=1e-4), (got - want).abs().max()

@@ -83,17 +83,20 @@ def inverse_frequencies(cfg: Qwen35Config) -> torch.Tensor:
 class Qwen35Model:
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
                  dtype: torch.dtype, *, host_experts: bool = False, expert_cache_slots: int = 0,
-                 expert_copy_min_tokens: int | None = None, host_expert_threads: int | None = None) -> None:
+                 expert_copy_min_tokens: int | None = None, host_expert_threads: int | None = None,
+                 host_expert_kernel: str = "torch") -> None:
         """``host_experts``: the text layers' routed banks are in host memory (``StartupFeatures.host_experts``),
         ``expert_cache_slots`` of them per layer cached on the device, an expert a call routes at least
         ``expert_copy_min_tokens`` tokens to copied there (None: the measured cost model,
         :mod:`~.layers.expert_costs`), the host computing with ``host_expert_threads`` threads (None:
-        :func:`~.layers.host_experts.host_threads`)."""
+        :func:`~.layers.host_experts.host_threads`) and ``host_expert_kernel``
+        (:mod:`~.layers.host_compute`)."""
         self.cfg, self.ops = cfg, ops
         self.host_experts = host_experts
         hosted = (host_expert_options(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, device, dtype,
                                       host_experts=host_experts, cache_slots=expert_cache_slots,
-                                      copy_min=expert_copy_min_tokens, threads=host_expert_threads)
+                                      copy_min=expert_copy_min_tokens, threads=host_expert_threads,
+                                      kernel=host_expert_kernel)
                   if cfg.is_moe else {})
         weights = self._prepare_weights(weights, dtype)
         self.embed, self.lm_head, self.norm = weights["text/embed"], weights["text/lm_head"], weights["text/norm"]

@@ -96,7 +96,8 @@ class Qwen35Program(HostExpertCaches, SpeculativeProgram, ModelProgram):
                                  host_experts=init.features.host_experts,
                                  expert_cache_slots=init.features.expert_cache_slots,
                                  expert_copy_min_tokens=init.features.expert_copy_min_tokens,
-                                 host_expert_threads=init.features.host_expert_threads)
+                                 host_expert_threads=init.features.host_expert_threads,
+                                 host_expert_kernel=init.features.host_expert_kernel)
         self.snapshots: SpeculativeSnapshots | None = None
         self.speculation: SpeculativeDecoding | None = None
         self.tower: VisionTower | None = None

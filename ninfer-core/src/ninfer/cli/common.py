@@ -104,6 +104,9 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "start)")
     g.add_argument("--host-expert-threads", type=int, default=None, metavar="N",
                    help="with host experts on a GPU: the CPU threads computing them (default: half the host's cores)")
+    g.add_argument("--host-expert-kernel", choices=("torch", "compiled"), default=None,
+                   help="with host experts: how the CPU computes them: 'torch' (default, two GEMMs an expert) or "
+                        "'compiled' (one torch.compile kernel for all of a step's experts; compiled at start)")
     g.add_argument("--expert-routing-file", default=None, metavar="FILE",
                    help="with an expert cache: start it with the experts this file counts most, and write this "
                         "run's routing into it at close (created when missing; docs/memory.md)")
@@ -174,7 +177,7 @@ def engine_options(args: argparse.Namespace):
     kw: dict[str, Any] = {}
     for flag in ("max_concurrency", "max_context", "num_pages", "device", "dtype", "prefill_chunk_size",
                  "max_step_tokens", "vision", "max_encode_rows", "host_experts", "expert_cache_slots",
-                 "expert_copy_min_tokens", "host_expert_threads", "expert_routing_file"):
+                 "expert_copy_min_tokens", "host_expert_threads", "host_expert_kernel", "expert_routing_file"):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value

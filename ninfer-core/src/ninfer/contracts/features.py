@@ -15,7 +15,7 @@ class StartupFeatures:
     (``EngineOptions.host_experts``, resolved); ``expert_cache_slots`` of them per layer are also cached on the
     device (0 without host experts); ``expert_copy_min_tokens``: the copy path's threshold (None: the
     architecture's start-up cost model); ``host_expert_threads``: the host's compute threads (None: the
-    architecture's default)."""
+    architecture's default); ``host_expert_kernel``: "torch" or "compiled" (``EngineOptions.host_expert_kernel``)."""
 
     vision: bool = False
     speculative: str | None = None  # None, "mtp", "dflash" or "dflash2"
@@ -24,6 +24,7 @@ class StartupFeatures:
     expert_cache_slots: int = 0
     expert_copy_min_tokens: int | None = None
     host_expert_threads: int | None = None
+    host_expert_kernel: str = "torch"
 
     def components(self) -> tuple[str, ...]:
         """Artifact components these features read (Text first)."""

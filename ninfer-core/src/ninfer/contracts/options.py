@@ -119,7 +119,10 @@ class EngineOptions:
       busiest uncached experts of each call, as many as balances the copy engine against the host (both run at
       once), from the host-to-device bandwidth and the host's expert rate measured at start on a GPU; never on
       the CPU (one memory). ``host_expert_threads`` (>= 1): the host's compute threads for host experts on a GPU
-      run (None, default: half the host's cores; on the CPU torch's own count is kept).
+      run (None, default: half the host's cores; on the CPU torch's own count is kept). ``host_expert_kernel``:
+      how the host computes its experts: "torch" (None, default: two torch GEMMs an expert, bitwise the reference
+      op on the CPU) or "compiled" (one torch.compile-generated CPU kernel for all of a call's experts, within
+      accumulation-order tolerance; compiled at start, which needs a C++ toolchain).
       ``expert_routing_file`` (a path): with an expert cache, read at start when it exists (the caches start
       with the experts it counts most) and written at close with its counts plus this run's
       (``ninfer.engine.expert_routing``); a scoring engine only reads it. Ignored, with a warning, without an
@@ -160,6 +163,7 @@ class EngineOptions:
     expert_cache_slots: int | None = None
     expert_copy_min_tokens: int | None = None
     host_expert_threads: int | None = None
+    host_expert_kernel: str | None = None
     expert_routing_file: str | None = None
 
     def validate(self) -> EngineOptions:
@@ -242,6 +246,8 @@ class EngineOptions:
                                                      or not isinstance(self.host_expert_threads, int)
                                                      or self.host_expert_threads < 1):
             raise bad("host_expert_threads", "must be an int >= 1 or None (auto: half the host's cores)")
+        if self.host_expert_kernel not in (None, "torch", "compiled"):
+            raise bad("host_expert_kernel", "must be 'torch', 'compiled' or None (torch)")
         if self.expert_routing_file is not None and (not isinstance(self.expert_routing_file, str)
                                                      or not self.expert_routing_file):
             raise bad("expert_routing_file", "must be a file path (str) or None")
@@ -327,4 +333,6 @@ class EngineOptions:
                                host_experts=bool(self.host_experts),
                                expert_cache_slots=(self.expert_cache_slots or 0) if self.host_experts else 0,
                                expert_copy_min_tokens=self.expert_copy_min_tokens if self.host_experts else None,
-                               host_expert_threads=self.host_expert_threads if self.host_experts else None)
+                               host_expert_threads=self.host_expert_threads if self.host_experts else None,
+                               host_expert_kernel=(self.host_expert_kernel or "torch") if self.host_experts
+                               else "torch")

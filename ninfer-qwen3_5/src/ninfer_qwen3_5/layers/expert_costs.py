@@ -85,10 +85,10 @@ def _copy_bandwidth(device: torch.device) -> float:
 
 
 def measure_expert_costs(hidden: int, inter: int, device: torch.device, dtype: torch.dtype,
-                         threads: int | None = None) -> ExpertCosts | None:
+                         threads: int | None = None, rows=None) -> ExpertCosts | None:
     """:class:`ExpertCosts` for experts of ``hidden`` x ``inter`` stored in ``dtype`` on a ``device`` run, the
-    host computing with ``threads`` intra-op threads (None: torch's current count); None on the CPU (one memory:
-    nothing to copy)."""
+    host computing with ``threads`` intra-op threads (None: torch's current count) and the pair kernel ``rows``
+    (None: torch's GEMMs); None on the CPU (one memory: nothing to copy)."""
     if device.type == "cpu":
         return None
     size = torch.empty((), dtype=dtype).element_size()
@@ -109,7 +109,7 @@ def measure_expert_costs(hidden: int, inter: int, device: torch.device, dtype: t
             first = next(groups) % (experts // k) * k
             ids = torch.arange(first, first + k).expand(tokens, k)
             routed_sum(torch.full((tokens, hidden), 0.01, dtype=dtype),
-                                torch.full((tokens, k), 1.0 / k), ids, gate_up, down)
+                                torch.full((tokens, k), 1.0 / k), ids, gate_up, down, rows=rows)
 
         call(1)   # first touch, thread team start
         one = _best(lambda: call(1), device, repeats=5) / k

@@ -10,12 +10,19 @@ a decode step's one token an expert costs more than the elementwise work itself.
 
 Invariant: on the CPU the result is bitwise the reference's (same operations on the same rows, the same summation
 order), checked by ``tests/engine/test_host_experts.py``.
+
+``EngineOptions.host_expert_kernel="compiled"`` (:func:`compiled_rows`) instead computes every pair's expert output
+in one ``torch.compile``-generated CPU kernel, gathering each pair's expert weights inside its reductions: one
+parallel region for all of a call's experts instead of two GEMMs an expert. The same roundings (the projections'
+outputs and the SwiGLU to the activation dtype); the fp32 sums in the kernel's order, so equal to the reference
+within accumulation-order tolerance, not bitwise.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from ninfer.errors import NotSupportedError
 
 #: Up to this many routed pairs (a decode step's), the pairs are sorted by expert in Python lists: at that size a
 #: handful of list operations costs less than the tensor operations that sort large prefill chunks.
@@ -47,11 +54,36 @@ def _groups(ids: torch.Tensor, skip: torch.Tensor | None, experts: int) -> tuple
     return order[:sum(c for _, c in groups)], groups
 
 
+def _expert_rows(xs: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """Pair ``p``'s expert output ``down_e(silu(g) * u)`` for ``e = experts[p]``, ``x = xs[p]``, in fp32 ``[n, H]``
+    after the reference's roundings to ``xs.dtype``; the weights are read through ``experts`` (never gathered)."""
+    inter = down.shape[-1]
+    h = (gate_up[experts].float() * xs[:, None, :].float()).sum(-1).to(xs.dtype).float()
+    act = (F.silu(h[:, :inter]) * h[:, inter:]).to(xs.dtype)
+    return (down[experts].float() * act[:, None, :].float()).sum(-1).to(xs.dtype).float()
+
+
+def compiled_rows(hidden: int, inter: int, dtype: torch.dtype):
+    """The compiled pair kernel (module docstring), compiled now for experts of ``hidden`` x ``inter`` in ``dtype``
+    (one compile serves every pair count from 2 on: :func:`routed_sum` pads a single pair). A host without
+    torch.compile's C++ toolchain gets a NotSupportedError naming the option."""
+    rows = torch.compile(_expert_rows, dynamic=True)
+    gate_up, down = torch.zeros((2, 2 * inter, hidden), dtype=dtype), torch.zeros((2, hidden, inter), dtype=dtype)
+    try:
+        rows(torch.zeros((2, hidden), dtype=dtype), torch.tensor([0, 1]), gate_up, down)
+    except Exception as exc:   # noqa: BLE001 (whatever the compiler stack raises)
+        raise NotSupportedError(f"host_expert_kernel='compiled' (--host-expert-kernel compiled): torch.compile could "
+                                f"not build the host-expert kernel on this host ({type(exc).__name__}: "
+                                f"{str(exc)[:300]}); use the default 'torch' kernel") from None
+    return rows
+
+
 def routed_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up, down,
-               skip: torch.Tensor | None = None) -> torch.Tensor:
+               skip: torch.Tensor | None = None, rows=None) -> torch.Tensor:
     """``routed_experts_fp32(x, weights, ids, gate_up, down, skip)``: the fp32 ``[T, H]`` sum on x's device, for
     banks that are tensors ``[E, ...]`` or anything indexable by expert with ``shape`` and ``dtype`` (a quantized
-    bank decoded per expert); ``skip`` (bool ``[T, k]``): pairs left out (computed elsewhere)."""
+    bank decoded per expert); ``skip`` (bool ``[T, k]``): pairs left out (computed elsewhere). With ``rows``
+    (:func:`compiled_rows`) and tensor banks, the pairs' expert outputs come from that kernel."""
     t_len, k = ids.shape
     inter, hidden = down.shape[-1], x.shape[-1]
     out = torch.zeros((t_len, hidden), dtype=torch.float32, device=x.device)
@@ -61,6 +93,14 @@ def routed_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     tokens = order // k
     wide = torch.promote_types(x.dtype, gate_up.dtype)
     xs = x.index_select(0, tokens).to(wide)
+    if rows is not None and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor):
+        experts = ids.reshape(-1)[order]
+        single = experts.numel() == 1   # a size-1 dimension would compile a second kernel: pad it
+        # The kernel reads the banks as stored (in fp32) and rounds to the activation dtype ``wide``, as xs is.
+        y = rows(xs.repeat(2, 1) if single else xs, experts.repeat(2) if single else experts, gate_up, down)
+        out.index_add_(0, tokens, y[:1] * weights.reshape(-1)[order].float()[:, None] if single
+                       else y * weights.reshape(-1)[order].float()[:, None])
+        return out
     spans = []   # (expert, first row, end row) in the sorted pairs
     for expert, count in groups:
         start = spans[-1][2] if spans else 0

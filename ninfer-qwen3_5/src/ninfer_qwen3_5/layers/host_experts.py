@@ -37,7 +37,7 @@ from ninfer.quant import PackedWeight, QuantizationError
 
 from ninfer_qwen3_5.layers.expert_cache import ExpertCache
 from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, measure_expert_costs
-from ninfer_qwen3_5.layers.host_compute import SMALL_PAIRS, routed_sum
+from ninfer_qwen3_5.layers.host_compute import SMALL_PAIRS, compiled_rows, routed_sum
 
 _HOST = torch.device("cpu")
 
@@ -116,20 +116,22 @@ class ExpertStage:
 
 def host_expert_options(hidden: int, inter: int, experts: int, device: torch.device, dtype: torch.dtype, *,
                         host_experts: bool, cache_slots: int, copy_min: int | None,
-                        threads: int | None = None) -> dict:
+                        threads: int | None = None, kernel: str = "torch") -> dict:
     """The host-expert keyword arguments of every :class:`~ninfer_qwen3_5.layers.moe.SparseMoE` of one model
     (``{}`` without host experts): ``cache_slots`` per layer; the copy path's rule, a fixed token threshold
     ``copy_min`` or else the :class:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts` measured once for the model
     (None on the CPU); the one :class:`ExpertStage` all its layers share; the host's thread count
-    (:func:`host_threads`)."""
+    (:func:`host_threads`); with ``kernel`` "compiled", the host's pair kernel
+    (:func:`~ninfer_qwen3_5.layers.host_compute.compiled_rows`, compiled here)."""
     if not host_experts:
         return {}
     threads = host_threads(device, threads)
-    costs = measure_expert_costs(hidden, inter, device, dtype, threads) if copy_min is None else None
+    rows = compiled_rows(hidden, inter, dtype) if kernel == "compiled" else None
+    costs = measure_expert_costs(hidden, inter, device, dtype, threads, rows) if copy_min is None else None
     stage = (ExpertStage((2 * inter, hidden), (hidden, inter), device, dtype, min(STAGE_SLOTS, experts))
              if copy_min is not None or costs is not None else None)
     return dict(host_experts=True, cache_slots=cache_slots, device=device, dtype=dtype, copy_min_tokens=copy_min,
-                costs=costs, stage=stage, threads=threads, adapt_costs=costs is not None)
+                costs=costs, stage=stage, threads=threads, adapt_costs=costs is not None, rows=rows)
 
 
 def expert_caches(moes) -> list:
@@ -148,13 +150,13 @@ class HostExperts:
     a call routes at least N tokens to; else with ``costs`` (:class:`ExpertCosts`), the busiest ones, as many as
     balances the copy engine against the host (with ``adapt_costs``, the host's costs corrected by the host time
     the layer measures). The rest run on the host, with ``threads`` intra-op threads (None: torch's count) set on
-    the calling thread."""
+    the calling thread, by torch's GEMMs or, with ``rows``, the compiled pair kernel."""
 
     def __init__(self, gate_up: torch.Tensor | PackedWeight, down: torch.Tensor | PackedWeight, *,
                  cache_slots: int = 0, ops=None, device: torch.device | None = None,
                  dtype: torch.dtype | None = None, copy_min_tokens: int | None = None,
                  costs: ExpertCosts | None = None, stage: ExpertStage | None = None,
-                 threads: int | None = None, adapt_costs: bool = False) -> None:
+                 threads: int | None = None, adapt_costs: bool = False, rows=None) -> None:
         for name, bank in (("gate_up", gate_up), ("down", down)):
             if bank.device.type != "cpu":
                 raise ValueError(f"host experts need their {name} bank in host memory, got one on {bank.device}")
@@ -167,6 +169,7 @@ class HostExperts:
         if (copy_min_tokens is not None or costs is not None) and stage is None:
             raise ValueError("the copy path (copy_min_tokens or costs) needs an ExpertStage")
         self.copy_min_tokens, self.costs, self.stage, self.threads = copy_min_tokens, costs, stage, threads
+        self.rows = rows   # the compiled pair kernel (host_compute.compiled_rows), or None: torch's GEMMs
         # With adapt_costs, the measured over the estimated host time of this layer's host shares (module constant
         # ADAPT_RATE), by which the cost model scales its host costs.
         self.adapt_costs, self.host_scale = adapt_costs and costs is not None, 1.0
@@ -228,7 +231,7 @@ class HostExperts:
             parts.append(self._on_device(x, w_h, cached, slot, self.cache.gate_up, self.cache.down))
         t = self._lap("copy", t)
         started = _clock()
-        routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip)
+        routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip, rows=self.rows)
         if self.adapt_costs and estimate > 0:
             ratio = min(max((_clock() - started) / estimate, 0.1), 10.0)
             self.host_scale += ADAPT_RATE * (ratio - self.host_scale)
