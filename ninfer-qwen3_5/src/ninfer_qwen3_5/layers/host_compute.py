@@ -63,18 +63,24 @@ def _expert_rows(xs: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor,
     return (down[experts].float() * act[:, None, :].float()).sum(-1).to(xs.dtype).float()
 
 
-def compiled_rows(hidden: int, inter: int, dtype: torch.dtype):
+def compiled_rows(hidden: int, inter: int, dtype: torch.dtype, threads: int | None = None):
     """The compiled pair kernel (module docstring), compiled now for experts of ``hidden`` x ``inter`` in ``dtype``
-    (one compile serves every pair count from 2 on: :func:`routed_sum` pads a single pair). A host without
+    with ``threads`` intra-op threads (None: torch's current count), the count its parallel regions keep (one
+    compile serves every pair count from 2 on: :func:`routed_sum` pads a single pair). A host without
     torch.compile's C++ toolchain gets a NotSupportedError naming the option."""
     rows = torch.compile(_expert_rows, dynamic=True)
     gate_up, down = torch.zeros((2, 2 * inter, hidden), dtype=dtype), torch.zeros((2, hidden, inter), dtype=dtype)
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         rows(torch.zeros((2, hidden), dtype=dtype), torch.tensor([0, 1]), gate_up, down)
     except Exception as exc:   # noqa: BLE001 (whatever the compiler stack raises)
         raise NotSupportedError(f"host_expert_kernel='compiled' (--host-expert-kernel compiled): torch.compile could "
                                 f"not build the host-expert kernel on this host ({type(exc).__name__}: "
                                 f"{str(exc)[:300]}); use the default 'torch' kernel") from None
+    finally:
+        torch.set_num_threads(before)
     return rows
 
 

@@ -126,7 +126,7 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
     if not host_experts:
         return {}
     threads = host_threads(device, threads)
-    rows = compiled_rows(hidden, inter, dtype) if kernel == "compiled" else None
+    rows = compiled_rows(hidden, inter, dtype, threads) if kernel == "compiled" else None
     costs = measure_expert_costs(hidden, inter, device, dtype, threads, rows) if copy_min is None else None
     stage = (ExpertStage((2 * inter, hidden), (hidden, inter), device, dtype, min(STAGE_SLOTS, experts))
              if copy_min is not None or costs is not None else None)
