@@ -71,12 +71,19 @@ def prepare(args) -> int:
     t1 = time.perf_counter()
     result = convert(hf, work / "model.ninfer", name="qwen3_5-35b-a3b-random", progress=False)
     log(f"ninfer artifact: {result.tensor_bytes / 1e9:.2f} GB in {time.perf_counter() - t1:.0f} s")
+    if not args.no_gguf:   # --no-gguf: our side only (the peer's from an earlier prepare of the same seed)
+        rc = _gguf(args, hf, work)
+        if rc:
+            return rc
+    shutil.rmtree(hf)
+    (work / "prepared.json").write_text(json.dumps({"geometry": geometry, "weights": stats,
+                                                    "artifact": [str(p) for p in result.paths]}, indent=1))
+    return 0
+
+
+def _gguf(args, hf: Path, work: Path) -> int:
+    """llama.cpp's bf16 GGUF of the checkpoint ``hf`` (its own converter), as ``work/m.gguf``."""
     t2 = time.perf_counter()
-    if args.no_gguf:   # our side only (the peer's figures come from an earlier prepare of the same seed)
-        shutil.rmtree(hf)
-        (work / "prepared.json").write_text(json.dumps({"geometry": geometry, "weights": stats,
-                                                        "artifact": [str(p) for p in result.paths]}, indent=1))
-        return 0
     env = dict(os.environ, PYTHONPATH=str(args.lcp / "gguf-py"))
     cmd = [sys.executable, str(args.lcp / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(work / "m.gguf"),
            "--outtype", "bf16", "--no-mtp"]
@@ -86,9 +93,6 @@ def prepare(args) -> int:
         log(f"convert_hf_to_gguf exited {proc.returncode}")
         return 1
     log(f"gguf: {(work / 'm.gguf').stat().st_size / 1e9:.2f} GB in {time.perf_counter() - t2:.0f} s")
-    shutil.rmtree(hf)
-    (work / "prepared.json").write_text(json.dumps({"geometry": geometry, "weights": stats,
-                                                    "artifact": [str(p) for p in result.paths]}, indent=1))
     return 0
 
 

@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -93,10 +94,8 @@ class SegmentedGraph:
     def _abort(self) -> None:
         """End a capture that failed part-way, so the stream leaves capture mode; the error that stopped it is the
         one the caller sees."""
-        try:
+        with contextlib.suppress(RuntimeError):   # ending a broken capture may fail too; the first error counts
             self.graphs[-1].capture_end()
-        except RuntimeError:
-            pass
         self.graphs.clear()
         self.steps.clear()
 

@@ -29,9 +29,11 @@ from ninfer.errors import NotSupportedError
 SMALL_PAIRS = 128
 
 
-def _groups(ids: torch.Tensor, skip: torch.Tensor | None, experts: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+def expert_groups(ids: torch.Tensor, skip: torch.Tensor | None,
+                  experts: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """The pairs of ``ids[T, k]`` not skipped, stably sorted by expert: (their flat pair indices, int64, and
-    ``(expert, count)`` for each routed expert in ascending order)."""
+    ``(expert, count)`` for each routed expert in ascending order). The host sum and the copy path's choice both
+    count through it."""
     flat = ids.reshape(-1)
     if flat.numel() <= SMALL_PAIRS:
         experts_of = flat.tolist()
@@ -93,7 +95,7 @@ def routed_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     t_len, k = ids.shape
     inter, hidden = down.shape[-1], x.shape[-1]
     out = torch.zeros((t_len, hidden), dtype=torch.float32, device=x.device)
-    order, groups = _groups(ids, skip, gate_up.shape[0])
+    order, groups = expert_groups(ids, skip, gate_up.shape[0])
     if not groups:
         return out
     tokens = order // k

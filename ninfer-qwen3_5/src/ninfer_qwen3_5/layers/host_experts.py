@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from dataclasses import replace
 
 import torch
@@ -37,7 +36,7 @@ from ninfer.quant import PackedWeight, QuantizationError
 
 from ninfer_qwen3_5.layers.expert_cache import ExpertCache
 from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, measure_expert_costs
-from ninfer_qwen3_5.layers.host_compute import SMALL_PAIRS, compiled_rows, routed_sum
+from ninfer_qwen3_5.layers.host_compute import compiled_rows, expert_groups, routed_sum
 
 _HOST = torch.device("cpu")
 
@@ -269,16 +268,8 @@ class HostExperts:
         """The uncached experts the copy path takes this call (class docstring), busiest first (ties: the lower
         expert id first), and the cost model's host time for the rest (before :attr:`host_scale`; 0.0 with a
         fixed threshold)."""
-        if ids_h.numel() <= SMALL_PAIRS:   # a decode step's few pairs: list operations
-            flags = [False] * ids_h.numel() if cached is None else cached.reshape(-1).tolist()
-            tally = Counter(e for e, c in zip(ids_h.reshape(-1).tolist(), flags, strict=True) if not c)
-            counted = sorted(tally.items(), key=lambda ec: (-ec[1], ec[0]))
-        else:
-            left = ids_h if cached is None else torch.where(cached, -1, ids_h)
-            counts = torch.bincount(left[left >= 0], minlength=self.gate_up.shape[0])
-            routed = torch.nonzero(counts).flatten()   # ascending ids; the stable sort keeps that within a count
-            routed = routed[torch.argsort(counts[routed], descending=True, stable=True)]
-            counted = list(zip(routed.tolist(), counts[routed].tolist(), strict=True))
+        _, groups = expert_groups(ids_h, cached, self.gate_up.shape[0])
+        counted = sorted(groups, key=lambda ec: -ec[1])   # stable: ascending ids within a count
         if self.copy_min_tokens is not None:
             return [e for e, n in counted if n >= self.copy_min_tokens], 0.0
         moved = self.costs.copies([n for _, n in counted], self.host_scale)
