@@ -81,8 +81,17 @@ def test_cuda_engine_with_host_experts_equals_device_experts(artifacts):  # noqa
     assert copied == plain
     balanced, _, _ = _cuda_generate(path, host_experts=True, expert_cache_slots=0, host_expert_threads=2)
     assert balanced == plain
+
+
+def test_cuda_engine_with_the_compiled_host_kernel_equals_device_experts(artifacts):  # noqa: F811
+    path = artifacts["top2of8"]
+    plain, _, _ = _cuda_generate(path, host_experts=False)
     compiled, _, _ = _cuda_generate(path, host_experts=True, host_expert_kernel="compiled")
     assert compiled == plain
+
+
+def test_cuda_scoring_with_host_experts_equals_device_experts(artifacts):  # noqa: F811
+    path = artifacts["top2of8"]
     want = torch.tensor(_cuda_logprobs(path, host_experts=False))
     got = torch.tensor(_cuda_logprobs(path, host_experts=True, expert_cache_slots=0))
     assert torch.allclose(got, want, rtol=0, atol=1e-4), (got - want).abs().max()
