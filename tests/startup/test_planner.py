@@ -101,6 +101,10 @@ def test_one_request_must_fit_or_the_error_names_the_numbers():
     assert "cannot fit one request of max_context 4096" in msg and "256 KV pages x 16 tokens = 4.0 MiB" in msg
     assert "leaves 3.0 MiB for KV" in msg and "weights 100.0 MiB" in msg and "(4 running requests" in msg
     assert f"a budget of at least {mm.mib(b.budget_bytes + MIB)} holds one such request" in msg   # 1 MiB short
+    # A capped CUDA budget names the cap to set: what was already in use before the plan counts against it.
+    held = dataclasses.replace(b, held_bytes=500 * MIB)
+    with pytest.raises(mb.MemoryPlanError, match=f"a budget of at least {mm.mib(b.budget_bytes + 501 * MIB)} holds"):
+        plan_memory(OPTS, held, load_bytes=0)
     # Fewer running requests free State and workspace, and then it fits (exactly one request).
     one = plan_memory(EngineOptions(max_concurrency=1, max_context=4096, prefill_chunk_size=512, context_cache=False),
                       budget(fixed / MIB + 4), load_bytes=0)
@@ -127,13 +131,19 @@ def test_cpu_budget_rules():
 
 
 def test_cuda_budget_is_free_memory_capped_by_the_env(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 << 30, 140 << 30))
+    # 512 MiB of the device is in use before the plan (the CUDA context): the cap counts it.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: ((140 << 30) - 512 * MIB, 140 << 30))
     b = mb.device_budget(torch.device("cuda"), env={})
-    assert (b.budget_bytes, b.headroom_bytes) == (80 << 30, 1 << 30)
+    assert (b.budget_bytes, b.headroom_bytes, b.held_bytes) == ((140 << 30) - 512 * MIB, 1 << 30, 0)
     b = mb.device_budget(torch.device("cuda"), env={mb.BUDGET_ENV: "4096"})
-    assert b.budget_bytes == 4 << 30 and b.headroom_bytes == 1 << 30
+    assert (b.budget_bytes, b.headroom_bytes, b.held_bytes) == (3584 * MIB, 1 << 30, 512 * MIB)
+    assert "less 512.0 MiB already in use" in b.source and "CUDA context" in b.source
+    b = mb.device_budget(torch.device("cuda"), env={mb.BUDGET_ENV: "400"})
+    assert b.budget_bytes == 0                 # a cap below what is in use leaves nothing (the plan then fails)
+    # Real free memory is the other cap (other processes hold 60 GiB).
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (80 << 30, 140 << 30))
     b = mb.device_budget(torch.device("cuda"), env={mb.BUDGET_ENV: str(200 * 1024)})
-    assert b.budget_bytes == 80 << 30          # real free memory is the other cap
+    assert (b.budget_bytes, b.held_bytes) == (80 << 30, 0)
 
 
 def test_engine_start_shrinks_kv_under_a_budget_and_refuses_below_one_request(default_artifact, monkeypatch):

@@ -1,7 +1,10 @@
 """The device budget (docs/design.md section 7): how many bytes a plan may use, and how many stay free.
 
 - CUDA: the free memory ``torch.cuda.mem_get_info`` reports now, capped by ``NINFER_VRAM_BUDGET_MIB``
-  when set; headroom ``CUDA_HEADROOM_BYTES`` (1 GiB) is kept free on top of the plan.
+  when set; headroom ``CUDA_HEADROOM_BYTES`` (1 GiB) is kept free on top of the plan. The cap bounds the
+  process's whole device footprint, the figure nvidia-smi shows: what the device already has in use when the
+  plan is made (the CUDA context, this process's earlier allocations, and on a shared device other
+  processes' memory too, so the cap is then conservative) is taken off it (``DeviceBudget.held_bytes``).
 - CPU: ``NINFER_VRAM_BUDGET_MIB`` when set, else ``CPU_BUDGET_FRACTION`` of physical memory
   (``os.sysconf``): the host also carries the interpreter, tokenizer, server and other processes.
   Headroom is proportionate, ``CPU_HEADROOM_FRACTION`` of the budget, because host allocations outside
@@ -43,12 +46,15 @@ def mib(n: int) -> str:
 @dataclass(frozen=True)
 class DeviceBudget:
     """What a plan may use on ``device``: ``budget_bytes``, of which ``headroom_bytes`` stay free.
-    ``source`` says where the figure came from (for messages and the MemorySummary)."""
+    ``source`` says where the figure came from (for messages and the MemorySummary). ``held_bytes``: what a
+    capped CUDA budget already counted as in use before the plan (so the cap is ``budget_bytes + held_bytes``);
+    0 otherwise."""
 
     device: str
     budget_bytes: int
     headroom_bytes: int
     source: str
+    held_bytes: int = 0
 
 
 def _env_budget(env: Mapping[str, str], name: str = BUDGET_ENV) -> int | None:
@@ -74,11 +80,12 @@ def device_budget(device: torch.device, env: Mapping[str, str] | None = None) ->
     capped = _env_budget(env)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
-        if capped is not None and capped < free:
-            budget, source = capped, f"{BUDGET_ENV}={capped // MIB} (CUDA free {mib(free)} of {mib(total)})"
-        else:
-            budget, source = free, f"CUDA free memory {mib(free)} of {mib(total)}"
-        return DeviceBudget(str(device), int(budget), CUDA_HEADROOM_BYTES, source)
+        held = total - free
+        if capped is not None and capped - held < free:
+            return DeviceBudget(str(device), max(0, capped - held), CUDA_HEADROOM_BYTES,
+                                f"{BUDGET_ENV}={capped // MIB} less {mib(held)} already in use on the device "
+                                f"(CUDA context included; CUDA free {mib(free)} of {mib(total)})", held)
+        return DeviceBudget(str(device), int(free), CUDA_HEADROOM_BYTES, f"CUDA free memory {mib(free)} of {mib(total)}")
     if device.type != "cpu":
         raise InvalidEngineOptions(f"no memory planning rule for device {device}")
     if capped is not None:

@@ -195,7 +195,8 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
             pages, candidate = fit, "fit to budget"
     if pages < one_request:
         short = one_request * page_bytes - room
-        need = (f"; a budget of at least {mib(budget.budget_bytes + short)} holds one such request at these options"
+        need = (f"; a budget of at least {mib(budget.budget_bytes + budget.held_bytes + short)} holds one such "
+                f"request at these options"
                 if resolved.explicit_pages is None and short > 0 else "")
         raise MemoryPlanError(
             f"cannot fit one request of max_context {max_context}: it needs {one_request} KV pages x {ps} tokens = "
