@@ -318,3 +318,57 @@ def check_gated_decode_attention(ops, device, dtype, gen, rows=((1, 5), (1, 40),
     # The gate matters (a mutation that dropped it would pass a comparison with the ungated output).
     assert not torch.equal(gated, plain)
     return gated.cpu(), composed.cpu()
+
+
+# --- several sequences in one call (causal_conv1d_varlen, gdn_chunk_varlen) ---
+VARLEN_LENS = (1, 2, 70, 64, 5, 130)   # a token, fewer tokens than the conv's K-1 state, across chunk boundaries
+
+
+def _varlen_layout(lens, device, slots=None):
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    # Distinct slots out of order, in a pool with slots no sequence uses.
+    ids = list(slots) if slots is not None else [2 * i + 1 for i in reversed(range(len(lens)))]
+    return (torch.tensor(cu, dtype=torch.int32, device=device), torch.tensor(ids, dtype=torch.int64, device=device),
+            cu, ids)
+
+
+def check_conv1d_varlen(ops, device, dtype, channels, k, gen, crit: Pointwise, lens=VARLEN_LENS):
+    """causal_conv1d_varlen over sequences of mixed lengths, each from its own slot: every sequence's output and new
+    state against the one-sequence fp64 oracle; states exact copies; unused slots untouched."""
+    cu_t, ids_t, cu, ids = _varlen_layout(lens, device)
+    x = randn(gen, cu[-1], channels + 8, dtype=dtype, device=device)[:, :channels]   # row stride != C
+    w = randn(gen, channels, k, dtype=dtype, device=device, scale=0.5)
+    states = randn(gen, 2 * len(lens) + 1, channels, k - 1, dtype=dtype, device=device)
+    before = states.clone()
+    y = ops.causal_conv1d_varlen(x, w, states, cu_t, ids_t)
+    assert y.shape == (cu[-1], channels) and y.dtype == dtype
+    for i, slot in enumerate(ids):
+        want_y, want_s = conv1d_oracle(x[cu[i]:cu[i + 1]], w, before[slot])
+        assert_pointwise(y[cu[i]:cu[i + 1]], want_y, crit, f"conv varlen output of sequence {i}")
+        assert_bits(states[slot].cpu(), want_s.to(dtype), f"conv varlen state of sequence {i}")
+    unused = [s for s in range(states.shape[0]) if s not in ids]
+    assert_bits(states[unused].cpu(), before[unused].cpu(), "unused slots")
+    return x, w, before, states, cu_t, ids_t, y
+
+
+def check_gdn_varlen(ops, device, dtype, hk, hv, dk, dv, gen, out_crit: Normwise, state_crit: Normwise,
+                     lens=VARLEN_LENS):
+    """gdn_chunk_varlen over sequences of mixed lengths, each from its own slot: every sequence's output and final
+    state against the token loop; unused slots untouched."""
+    cu_t, ids_t, cu, ids = _varlen_layout(lens, device)
+    q, k, v, g, beta = gdn_inputs(gen, cu[-1], hk, hv, dk, dv, dtype, device)
+    states = randn(gen, 2 * len(lens) + 1, hv, dk, dv, device=device, scale=0.5)
+    before = states.clone()
+    scale = dk ** -0.5
+    out = ops.gdn_chunk_varlen(q, k, v, g, beta, states, cu_t, ids_t, scale)
+    assert out.shape == (cu[-1], hv, dv) and out.dtype == dtype
+    for i, slot in enumerate(ids):
+        a, b = cu[i], cu[i + 1]
+        want_o, want_s = gdn_oracle(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], before[slot], scale)
+        assert_normwise(out[a:b], want_o, out_crit, f"gdn varlen output of sequence {i} (T={b - a})")
+        assert_normwise(states[slot], want_s, state_crit, f"gdn varlen state of sequence {i} (T={b - a})")
+    unused = [s for s in range(states.shape[0]) if s not in ids]
+    assert_bits(states[unused].cpu(), before[unused].cpu(), "unused slots")
+    return (q, k, v, g, beta), before, states, cu_t, ids_t, out

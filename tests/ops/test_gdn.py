@@ -18,6 +18,7 @@ from .shared_checks import (
     check_gdn_recurrent_out_slots,
     check_gdn_recurrent_slots,
     check_gdn_strong_decay_split,
+    check_gdn_varlen,
 )
 
 OUT = {torch.float32: Normwise(2e-6, 2e-5), torch.bfloat16: Normwise(8e-3, 3e-2)}
@@ -51,3 +52,9 @@ def test_recurrent_step_slots(device, dtype, hk, hv, gen):
 def test_recurrent_step_out_slots(device, dtype, gen):
     ops = reference_ops(device, dtype)
     check_gdn_recurrent_out_slots(ops.gdn_recurrent_step, device, dtype, 1, 4, 16, 8, gen)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hk,hv,dk,dv", [(1, 2, 16, 8), (2, 2, 8, 12)])
+def test_chunk_varlen_sequences_from_their_slots(device, dtype, hk, hv, dk, dv, gen):
+    check_gdn_varlen(reference_ops(device, dtype), device, dtype, hk, hv, dk, dv, gen, OUT[dtype], STATE)

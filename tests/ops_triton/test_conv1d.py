@@ -12,7 +12,11 @@ pytest.importorskip("triton")
 
 from ops.conftest import assert_bits, assert_pointwise, randn  # noqa: E402
 from ops.oracles import conv1d_oracle  # noqa: E402
-from ops.shared_checks import check_conv1d_update_out_slots, check_conv1d_update_slots  # noqa: E402
+from ops.shared_checks import (  # noqa: E402
+    check_conv1d_update_out_slots,
+    check_conv1d_update_slots,
+    check_conv1d_varlen,
+)
 from ops.test_conv1d import CRIT  # noqa: E402
 
 from .conftest import DEVICE, reference, triton_ops  # noqa: E402
@@ -75,3 +79,18 @@ def test_prefill_pieces_then_steps_equal_one_pass(gen):
     assert_pointwise(torch.cat(parts), ref_y, CRIT[torch.float32], "pieces + steps")
     assert_bits(states[1].cpu(), ref_state.float(), "state after pieces + steps")
     assert torch.count_nonzero(states[0]) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels,k", [(24, 4), (300, 4), (40, 2)])
+def test_varlen_is_the_one_sequence_kernel_per_sequence(dtype, channels, k, gen):
+    """Against the oracle, and bit for bit what causal_conv1d_prefill gives each sequence alone."""
+    ops = triton_ops(dtype)
+    assert ops.implementation("causal_conv1d_varlen").name == "triton"
+    x, w, before, states, cu, ids, y = check_conv1d_varlen(ops, DEVICE, dtype, channels, k, gen, CRIT[dtype])
+    alone = before.clone()
+    bounds = cu.tolist()
+    for i, slot in enumerate(ids.tolist()):
+        part = ops.causal_conv1d_prefill(x[bounds[i]:bounds[i + 1]], w, alone[slot])
+        assert_bits(y[bounds[i]:bounds[i + 1]].cpu(), part.cpu(), f"sequence {i} output")
+    assert_bits(states.cpu(), alone.cpu(), "states")

@@ -28,6 +28,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from ninfer_qwen3_5.ops.reference import gdn as ref  # noqa: E402
 from ninfer_qwen3_5.ops.triton import gdn as tg  # noqa: E402
+from ninfer_qwen3_5.ops.triton import gdn_varlen as tv  # noqa: E402
 from ops.conftest import Normwise, assert_normwise, rand, randn  # noqa: E402
 from ops.oracles import gdn_inputs, gdn_oracle  # noqa: E402
 from ops.shared_checks import (  # noqa: E402
@@ -35,6 +36,7 @@ from ops.shared_checks import (  # noqa: E402
     check_gdn_recurrent_out_slots,
     check_gdn_recurrent_slots,
     check_gdn_strong_decay_split,
+    check_gdn_varlen,
 )
 from ops.test_gdn import OUT, STATE  # noqa: E402
 
@@ -42,6 +44,8 @@ if not _CUDA and type(tg._gdn_step_kernel).__name__ != "InterpretedFunction":
     # The module was imported earlier in this process without the interpreter (e.g. by the plugin
     # registry); re-define its kernels as interpreted ones.
     tg = importlib.reload(tg)
+if not _CUDA and type(tv._gdn_chunk_prep_kernel).__name__ != "InterpretedFunction":
+    tv = importlib.reload(tv)   # it holds the kernels of the module above
 
 DEVICE = "cuda" if _CUDA else "cpu"
 # Compiled 16-bit prefill runs its dots in tf32 (see ninfer_qwen3_5.ops.triton.gdn); the interpreter multiplies in fp32.
@@ -184,6 +188,49 @@ def test_recurrent_step_agrees_with_reference_op_and_block_sizes(gen):
         o_tri = tg.gdn_recurrent_step(q, k, v, g, beta, s_tri, slots, dk ** -0.5, block_v=bv)
         assert_normwise(o_tri, o_ref.float(), OUT[torch.bfloat16], f"step vs reference o BV={bv}")
         assert_normwise(s_tri, s_ref, STATE, f"step vs reference states BV={bv}")
+
+
+class _VarlenOps:
+    gdn_chunk_varlen = staticmethod(lambda *a, **k: tv.gdn_chunk_varlen(*a, **k))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hk,hv,dk,dv", [(1, 2, 16, 8), (2, 4, 12, 40)] + ([(16, 32, 128, 128)] if _CUDA else []))
+def test_chunk_varlen_is_the_one_sequence_kernel_per_sequence(dtype, hk, hv, dk, dv, gen):
+    """Mixed lengths (1 token, across chunk boundaries), each from its own slot: against the token loop, and bit for
+    bit what gdn_chunk_prefill gives each sequence alone (each is chunked from its own first token)."""
+    inputs, before, states, cu, ids, out = check_gdn_varlen(_VarlenOps, DEVICE, dtype, hk, hv, dk, dv, gen,
+                                                            OUT[dtype], state_crit(dtype))
+    q, k, v, g, beta = inputs
+    alone = before.clone()
+    bounds = cu.tolist()
+    for i, slot in enumerate(ids.tolist()):
+        a, b = bounds[i], bounds[i + 1]
+        part = tg.gdn_chunk_prefill(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], alone[slot], dk ** -0.5)
+        assert torch.equal(out[a:b], part), f"sequence {i} output"
+    assert torch.equal(states, alone)
+
+
+def test_chunk_varlen_strided_views_and_a_single_sequence(gen):
+    # q/k/v as column views of one fused projection (as the model passes them); one sequence is the plain op.
+    lens, hk, hv, dk, dv = (3, 66), 1, 2, 16, 16
+    t_len = sum(lens)
+    fused = randn(gen, t_len, 2 * hk * dk + hv * dv, device=DEVICE)
+    q = fused[:, :hk * dk].view(t_len, hk, dk)
+    k = fused[:, hk * dk:2 * hk * dk].view(t_len, hk, dk)
+    v = fused[:, 2 * hk * dk:].view(t_len, hv, dv)
+    _, _, _, g, beta = gdn_inputs(gen, t_len, hk, hv, dk, dv, torch.float32, DEVICE)
+    states = randn(gen, 3, hv, dk, dv, device=DEVICE)
+    whole, split = states.clone(), states.clone()
+    cu = torch.tensor([0, lens[0], t_len], dtype=torch.int32, device=DEVICE)
+    out = tv.gdn_chunk_varlen(q, k, v, g, beta, split, cu, torch.tensor([2, 0], device=DEVICE), 0.25)
+    a = tg.gdn_chunk_prefill(q[:3], k[:3], v[:3], g[:3], beta[:3], whole[2], 0.25)
+    b = tg.gdn_chunk_prefill(q[3:], k[3:], v[3:], g[3:], beta[3:], whole[0], 0.25)
+    assert torch.equal(out, torch.cat((a, b))) and torch.equal(split, whole)
+    one = states.clone()
+    o1 = tv.gdn_chunk_varlen(q, k, v, g, beta, one, cu[::2].contiguous(), torch.tensor([1], device=DEVICE), 0.25)
+    ref_one = states.clone()
+    assert torch.equal(o1, tg.gdn_chunk_prefill(q, k, v, g, beta, ref_one[1], 0.25)) and torch.equal(one, ref_one)
 
 
 def test_ops_are_registered_for_cuda_only():

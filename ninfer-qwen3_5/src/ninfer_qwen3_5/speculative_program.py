@@ -144,4 +144,5 @@ class SpeculativeProgram:
             decode_kv_lens=batch.decode_kv_lens, decode_page_tables=batch.decode_page_tables,
             chunk_slots=batch.chunk_slots, chunk_lens=batch.chunk_lens, chunk_cu_q=batch.chunk_cu_q,
             chunk_kv_lens=batch.chunk_kv_lens, chunk_page_tables=batch.chunk_page_tables, kv=self.kv,
-            states=self.states, verify=verify, snapshots=None if verify is None else self.snapshots.storage)
+            states=self.states, verify=verify, snapshots=None if verify is None else self.snapshots.storage,
+            chunk_state_slots=batch.chunk_state_slots)

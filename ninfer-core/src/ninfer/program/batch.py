@@ -271,6 +271,8 @@ class PackedBatch:
     logit_rows: torch.Tensor | None          # int64 [R]: the tokens whose logits are returned, in order
                                              # (None: every token)
     chunk_snapshots: tuple[tuple[int, ...] | None, ...] = ()   # C host entries when a chunk verifies, else ()
+    chunk_state_slots: torch.Tensor | None = None   # int64 [C]: ``chunk_slots`` on the device (kernels that take
+                                                    # every chunk of the call in one launch read them there)
 
     @property
     def has_verify(self) -> bool:
@@ -318,7 +320,8 @@ def pack_batch(batch: ForwardBatch, device: torch.device) -> PackedBatch:
     if d is not None and d.token_ids is None:
         # Only a lookahead step draws its tokens on the device, and it has no chunk.
         raise ProgramError("a batch with chunks takes its decode rows' tokens from the host")
-    # int64: tokens, positions, KV slots [N each], logit rows [R], decode slots and out slots [B each].
+    # int64: tokens, positions, KV slots [N each], logit rows [R], decode slots and out slots [B each], chunk state
+    # slots [C].
     wide: list[int] = list(d.token_ids) if d is not None else []
     for c in chunks:
         wide.extend(c.token_ids)
@@ -332,6 +335,7 @@ def pack_batch(batch: ForwardBatch, device: torch.device) -> PackedBatch:
     if d is not None:
         wide.extend(d.state_slots)
         wide.extend(d.state_out_slots)
+    wide.extend(c.slot for c in chunks)
     # int32: chunk offsets [C + 1], chunk KV lengths [C], chunk page tables [C, P], decode KV lengths [B],
     # decode page tables [B, W].
     cu = [0]
@@ -364,4 +368,5 @@ def pack_batch(batch: ForwardBatch, device: torch.device) -> PackedBatch:
         decode_page_tables=decode_fields[3], chunk_slots=tuple(c.slot for c in chunks), chunk_lens=lens,
         chunk_cu_q=small[:c_n + 1], chunk_kv_lens=small[c_n + 1:2 * c_n + 1],
         chunk_page_tables=small[2 * c_n + 1:tables].view(c_n, p), logit_rows=big[3 * n:3 * n + r],
-        chunk_snapshots=tuple(c.snapshot_slots for c in chunks) if any(c.verify for c in chunks) else ())
+        chunk_snapshots=tuple(c.snapshot_slots for c in chunks) if any(c.verify for c in chunks) else (),
+        chunk_state_slots=big[big.shape[0] - c_n:])

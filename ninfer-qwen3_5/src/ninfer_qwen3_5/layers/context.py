@@ -41,3 +41,5 @@ class StepContext:
     states: StateImageStorage
     verify: VerifyPlan | None = None        # the verify chunks' GDN steps and the ordinary chunks (host)
     snapshots: StateImageStorage | None = None   # the verify snapshots (given with ``verify``)
+    chunk_state_slots: torch.Tensor | None = None   # int64 [C]: ``chunk_slots`` on the device, where the caller has
+                                                    # them (then the GDN layers run every chunk in one launch per op)

@@ -4,7 +4,9 @@ Decode rows (``x[:B]``) step their StateImage slots with one ``gdn_decode`` (gat
 step and gated norm; reading ``decode_slots``, writing ``decode_out_slots``: every field of the Qwen3.5
 StateImage is rewritten by a decode step, which lookahead decode relies on); each chunk (its slice of
 ``x[B:]``) continues its own slot's state with ``gdn_gates``, ``causal_conv1d_prefill`` and
-``gdn_chunk_prefill`` (in place), one chunk after another (the slices are host offsets: no device sync);
+``gdn_chunk_prefill`` (in place), one chunk after another (the slices are host offsets: no device sync); a call
+with several chunks whose slots the caller put on the device (``ctx.chunk_state_slots``) runs them all at once
+with ``causal_conv1d_varlen`` and ``gdn_chunk_varlen`` instead (the same values, one launch per op);
 ``gated_rms_norm`` then runs once over every chunk token. Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
 
@@ -69,11 +71,16 @@ class GatedDeltaNet:
             outs.append(self._decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], conv_states, rec,
                                      ctx.decode_slots, ctx.decode_out_slots))
         if ctx.num_chunk:
-            cores, at = [], b_rows
-            for slot, t in zip(ctx.chunk_slots, ctx.chunk_lens, strict=True):
-                cores.append(self._chunk(qkv[at:at + t], a[at:at + t], b[at:at + t], conv_states[slot], rec[slot]))
-                at += t
-            o = cores[0] if len(cores) == 1 else torch.cat(cores)
+            if len(ctx.chunk_lens) > 1 and ctx.chunk_state_slots is not None:
+                o = self._chunks(qkv[b_rows:], a[b_rows:], b[b_rows:], conv_states, rec, ctx.chunk_cu_q,
+                                 ctx.chunk_state_slots)
+            else:
+                cores, at = [], b_rows
+                for slot, t in zip(ctx.chunk_slots, ctx.chunk_lens, strict=True):
+                    cores.append(self._chunk(qkv[at:at + t], a[at:at + t], b[at:at + t], conv_states[slot],
+                                             rec[slot]))
+                    at += t
+                o = cores[0] if len(cores) == 1 else torch.cat(cores)
             outs.append(self._gated_norm(o, z[b_rows:]))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
         return ops.linear(o.reshape(n, self.value_dim), self.w_out), residual
@@ -110,6 +117,17 @@ class GatedDeltaNet:
                 rec: torch.Tensor, slots: torch.Tensor, out_slots: torch.Tensor | None) -> torch.Tensor:
         """One decode step of rows reading ``slots`` and writing ``out_slots``, output normed: ``gdn_decode``."""
         return self.ops.gdn_decode(qkv, z, a, b, self.decode_params, conv_states, rec, slots, out_slots)
+
+    def _chunks(self, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_states: torch.Tensor,
+                states: torch.Tensor, cu: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Every chunk of the call at once (``cu``: their token offsets, ``slots``: their state slots, on the
+        device): what :meth:`_chunk` gives each, in one launch per op."""
+        ops, n = self.ops, qkv.shape[0]
+        g, beta = ops.gdn_gates(a, b, self.neg_a, self.dt_bias)
+        y = ops.causal_conv1d_varlen(qkv, self.w_conv, conv_states, cu, slots)
+        q, k, v = y.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return ops.gdn_chunk_varlen(q.reshape(n, self.hk, self.dk), k.reshape(n, self.hk, self.dk),
+                                    v.reshape(n, self.hv, self.dv), g, beta, states, cu, slots, self.scale)
 
     def _chunk(self, qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_state: torch.Tensor,
                state: torch.Tensor) -> torch.Tensor:

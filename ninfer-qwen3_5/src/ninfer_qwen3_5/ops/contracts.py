@@ -74,6 +74,21 @@ CONTRACTS: tuple[OpContract, ...] = (
                "Gated delta rule over one sequence's chunk starting from state: q,k L2-normalised per head "
                "(eps 1e-6 inside rsqrt(sum x^2 + eps)), q scaled; value head j uses key head j // (Hv/Hk); "
                "S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = S^T q. state overwritten with the final S."),
+    OpContract("causal_conv1d_varlen",
+               "causal_conv1d_varlen(x[T, C], weight[C, K], conv_states[S, C, K-1] (in/out), cu_seqlens[N + 1] int32, "
+               "slots[N] int64) -> y[T, C]",
+               "causal_conv1d_prefill of N sequences in one call: sequence i is rows cu_seqlens[i] .. "
+               "cu_seqlens[i + 1] - 1 of x (cu_seqlens starts at 0, ends at T, every sequence has a token), "
+               "continuing conv_states[slots[i]], which is updated in place. Slots are distinct; other slots are "
+               "untouched. The same values as N causal_conv1d_prefill calls. Offsets and slots are read on the "
+               "device (no host synchronisation)."),
+    OpContract("gdn_chunk_varlen",
+               "gdn_chunk_varlen(q[T, Hk, Dk], k[T, Hk, Dk], v[T, Hv, Dv], g[T, Hv] fp32, beta[T, Hv] fp32, "
+               "states[S, Hv, Dk, Dv] fp32 (in/out), cu_seqlens[N + 1] int32, slots[N] int64, scale) -> o[T, Hv, Dv]",
+               "gdn_chunk_prefill of N sequences in one call (sequences and slots as for causal_conv1d_varlen): "
+               "sequence i continues states[slots[i]], overwritten with its final state. The same values as N "
+               "gdn_chunk_prefill calls (each sequence is chunked from its own first token). Offsets and slots are "
+               "read on the device."),
     OpContract("gdn_recurrent_step",
                "gdn_recurrent_step(q[B, Hk, Dk], k[B, Hk, Dk], v[B, Hv, Dv], g[B, Hv], beta[B, Hv], "
                "states[S, Hv, Dk, Dv] fp32 (in/out), slots[B] int64, scale, out_slots[B] int64 = None) "

@@ -32,6 +32,17 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, conv_state: tor
     return F.silu(acc).to(x.dtype)
 
 
+def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                         slots: torch.Tensor) -> torch.Tensor:
+    """N sequences' chunks (rows ``cu_seqlens[i]:cu_seqlens[i + 1]`` of ``x``), each continuing
+    ``conv_states[slots[i]]``: :func:`causal_conv1d_prefill` per sequence (it reads the offsets on the host)."""
+    cu, ids = cu_seqlens.tolist(), slots.tolist()
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    for i, slot in enumerate(ids):
+        y[cu[i]:cu[i + 1]] = causal_conv1d_prefill(x[cu[i]:cu[i + 1]], weight, conv_states[slot])
+    return y
+
+
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor,
                          slots: torch.Tensor, out_slots: torch.Tensor | None = None) -> torch.Tensor:
     """One decode token per row: ``x[B, C]`` against ``conv_states[slots[b]]`` ([S, C, K-1]); the rolled
@@ -49,4 +60,5 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_states: tor
 OPS = [
     OpImpl(op="causal_conv1d_prefill", name="torch_reference", fn=causal_conv1d_prefill, priority=0),
     OpImpl(op="causal_conv1d_update", name="torch_reference", fn=causal_conv1d_update, priority=0),
+    OpImpl(op="causal_conv1d_varlen", name="torch_reference", fn=causal_conv1d_varlen, priority=0),
 ]

@@ -108,6 +108,18 @@ def gdn_chunk_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     return o.to(q.dtype)
 
 
+def gdn_chunk_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     states: torch.Tensor, cu_seqlens: torch.Tensor, slots: torch.Tensor, scale: float) -> torch.Tensor:
+    """N sequences (rows ``cu_seqlens[i]:cu_seqlens[i + 1]``), each from ``states[slots[i]]`` (updated in place):
+    :func:`gdn_chunk_prefill` per sequence (it reads the offsets on the host)."""
+    cu, ids = cu_seqlens.tolist(), slots.tolist()
+    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    for i, slot in enumerate(ids):
+        a, b = cu[i], cu[i + 1]
+        o[a:b] = gdn_chunk_prefill(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], states[slot], scale)
+    return o
+
+
 def gdn_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                        states: torch.Tensor, slots: torch.Tensor, scale: float,
                        out_slots: torch.Tensor | None = None) -> torch.Tensor:
@@ -172,5 +184,6 @@ OPS = [
     OpImpl(op="gdn_verify", name="torch_reference", fn=gdn_verify, priority=0),
     OpImpl(op="gdn_gates", name="torch_reference", fn=gdn_gates, priority=0),
     OpImpl(op="gdn_chunk_prefill", name="torch_reference", fn=gdn_chunk_prefill, priority=0),
+    OpImpl(op="gdn_chunk_varlen", name="torch_reference", fn=gdn_chunk_varlen, priority=0),
     OpImpl(op="gdn_recurrent_step", name="torch_reference", fn=gdn_recurrent_step, priority=0),
 ]

@@ -16,6 +16,9 @@ Invariants (those of :mod:`ninfer_qwen3_5.ops.reference.conv1d`):
   does) with one rounding after SiLU. The new conv_state (the last K-1 inputs of [state | x]) is written by a
   torch copy after the kernel, so no program can read a state another one already overwrote. The reference
   takes ~10 [T, C] fp32 passes; this is one read of x and one write of y.
+- ``causal_conv1d_varlen``: the same kernel over several sequences, each token finding its sequence (first token,
+  state slot) in the device offsets; the new states are written by a second kernel (program per sequence and
+  channel block) launched after the first, for the same reason.
 """
 
 from __future__ import annotations
@@ -101,6 +104,91 @@ def _conv_prefill_kernel(x_ptr, w_ptr, s_ptr, y_ptr, T, C, stride_xt, stride_wc,
              mask=tm[:, None] & cm[None, :])
 
 
+@triton.jit(do_not_specialize=["T", "NSEQ"])
+def _conv_varlen_kernel(x_ptr, w_ptr, s_ptr, cu_ptr, slot_ptr, y_ptr, T, C, NSEQ, stride_xt, stride_wc, stride_wk,
+                        stride_ss, stride_sc, stride_sk, stride_yt, K: tl.constexpr, BLOCK_T: tl.constexpr,
+                        BLOCK_C: tl.constexpr, INTERP: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    tm = t < T
+    cm = c < C
+    # Each token's sequence (the last one starting at or before it): its first token and its state slot.
+    start = t * 0
+    seq = t * 0
+    for i in range(1, NSEQ):
+        s_i = tl.load(cu_ptr + i)
+        after = t >= s_i
+        start = tl.where(after, s_i, start)
+        seq = tl.where(after, i, seq)
+    slot = tl.load(slot_ptr + seq, mask=tm, other=0).to(tl.int64)
+    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+    for j in tl.static_range(K):
+        # As in _conv_prefill_kernel, with u = [state of the token's slot | its sequence's rows of x].
+        src = t + j - (K - 1)
+        in_x = src >= start
+        xv = tl.load(x_ptr + tl.where(in_x, src, 0)[:, None] * stride_xt + c[None, :],
+                     mask=(tm & in_x)[:, None] & cm[None, :], other=0.0)
+        sv = tl.load(s_ptr + slot[:, None] * stride_ss + c[None, :] * stride_sc
+                     + tl.where(in_x, 0, t - start + j)[:, None] * stride_sk,
+                     mask=(tm & (src < start))[:, None] & cm[None, :], other=0.0)
+        u = tl.where(in_x[:, None], xv, cast(sv, x_ptr.dtype.element_ty, INTERP)).to(tl.float32)
+        w = tl.load(w_ptr + c * stride_wc + j * stride_wk, mask=cm, other=0.0).to(tl.float32)
+        acc += u * w[None, :]
+    y = acc / (1.0 + tl.exp(-acc))
+    tl.store(y_ptr + t[:, None] * stride_yt + c[None, :], cast(y, y_ptr.dtype.element_ty, INTERP),
+             mask=tm[:, None] & cm[None, :])
+
+
+@triton.jit
+def _conv_varlen_state_kernel(x_ptr, s_ptr, cu_ptr, slot_ptr, C, stride_xt, stride_ss, stride_sc, stride_sk,
+                              K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+    # Program (sequence, block of channels): the new state is the last K-1 rows of u = [old state | the
+    # sequence's rows of x]. Launched after _conv_varlen_kernel, which read the old states.
+    i = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cm = c < C
+    start = tl.load(cu_ptr + i)
+    length = tl.load(cu_ptr + i + 1) - start
+    base = s_ptr + tl.load(slot_ptr + i).to(tl.int64) * stride_ss + c[:, None] * stride_sc
+    m = tl.arange(0, BLOCK_K)
+    mm = m < K - 1
+    src = length + m                    # the index into u of the new state's column m
+    from_x = src >= K - 1
+    xv = tl.load(x_ptr + (start + src - (K - 1))[None, :] * stride_xt + c[:, None],
+                 mask=cm[:, None] & (mm & from_x)[None, :], other=0.0)
+    sv = tl.load(base + tl.where(from_x, 0, src)[None, :] * stride_sk, mask=cm[:, None] & (mm & ~from_x)[None, :],
+                 other=0.0)
+    new = tl.where(from_x[None, :], cast(xv, s_ptr.dtype.element_ty, INTERP), sv)
+    tl.debug_barrier()   # a short sequence's new columns come from old ones another thread may hold
+    tl.store(base + m[None, :] * stride_sk, new, mask=cm[:, None] & mm[None, :])
+
+
+def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor, cu_seqlens: torch.Tensor,
+                         slots: torch.Tensor) -> torch.Tensor:
+    """N sequences' chunks in one call (rows ``cu_seqlens[i]:cu_seqlens[i + 1]`` of ``x[T, C]``), each continuing
+    ``conv_states[slots[i]]`` ([S, C, K-1], updated in place): two launches, offsets and slots read on the device."""
+    launch_ok(x)
+    t_len, channels = x.shape
+    k = weight.shape[-1]
+    nseq = slots.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    y = torch.empty((t_len, channels), dtype=x.dtype, device=x.device)
+    if t_len == 0 or nseq == 0:
+        return y
+    cu = cu_seqlens.to(device=x.device, dtype=torch.int32)
+    ids = slots.to(device=x.device, dtype=torch.int64)
+    block_t, block_c = 16, min(256, next_pow2(channels))
+    _conv_varlen_kernel[(triton.cdiv(t_len, block_t), triton.cdiv(channels, block_c))](
+        x, weight, conv_states, cu, ids, y, t_len, channels, nseq, x.stride(0), *weight.stride(), *conv_states.stride(),
+        y.stride(0), K=k, BLOCK_T=block_t, BLOCK_C=block_c, INTERP=INTERPRET, num_warps=4)
+    if k > 1:
+        _conv_varlen_state_kernel[(nseq, triton.cdiv(channels, block_c))](
+            x, conv_states, cu, ids, channels, x.stride(0), *conv_states.stride(), K=k, BLOCK_C=block_c,
+            BLOCK_K=max(2, next_pow2(k - 1)), INTERP=INTERPRET, num_warps=4)
+    return y
+
+
 def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
     """One sequence's chunk ``x[T, C]`` (T >= 1) continuing from ``conv_state[C, K-1]`` (updated in place)."""
     launch_ok(x)
@@ -150,4 +238,6 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_states: tor
 OPS = [OpImpl(op="causal_conv1d_update", name="triton", fn=causal_conv1d_update, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10),
        OpImpl(op="causal_conv1d_prefill", name="triton", fn=causal_conv1d_prefill, devices=frozenset({"cuda"}),
+              dtypes=KERNEL_DTYPES, priority=10),
+       OpImpl(op="causal_conv1d_varlen", name="triton", fn=causal_conv1d_varlen, devices=frozenset({"cuda"}),
               dtypes=KERNEL_DTYPES, priority=10)]

@@ -211,31 +211,63 @@ def _unit_lower_inv_inplace(p, BT: tl.constexpr):
     _blk_t_store(p, 3, 0, x30, BS, BT)
 
 
+@triton.jit
+def varlen_chunk(cu_ptr, NSEQ, c, BT: tl.constexpr):
+    """Chunk ``c`` of a call over NSEQ sequences (``cu_ptr``: their NSEQ + 1 token offsets; sequence i has
+    ceil(len_i / BT) chunks, in sequence order): (its sequence's first token, that sequence's length, the chunk's
+    index within it, the call's chunk count). A ``c`` past the count matches no sequence."""
+    start = c * 0
+    length = c * 0
+    local = c * 0
+    base = c * 0
+    for i in range(NSEQ):
+        s0 = tl.load(cu_ptr + i)
+        s1 = tl.load(cu_ptr + i + 1)
+        n = (s1 - s0 + BT - 1) // BT
+        hit = (c >= base) & (c < base + n)
+        start = tl.where(hit, s0, start)
+        length = tl.where(hit, s1 - s0, length)
+        local = tl.where(hit, c - base, local)
+        base += n
+    return start, length, local, base
+
+
 # In the prep kernel every head dim (Dk, Dv <= 128) is handled as 4 column slices of KS = max(16, B / 4)
 # (32 at 128): Triton's IEEE fp32 dot runs on FMA units and materialises its operands per thread, so one
 # [64, 128] x [128, 64] dot spills heavily, while dots whose K is one slice do not. Slices past the padded
 # width are all-zero (masked) and only cost time at the tiny test dims. Order: Q's quantities and QK first,
 # AQK held in registers; then A, the inverse, W/KD/U; AQK stored last (offline sm_90 compile, Triton 3.6,
 # tf32: 16 B of spill this way, 88-240 B with Q after the inverse or A in a separate scratch).
-@triton.jit(do_not_specialize=["T", "NPAD", "NCH"])
+@triton.jit(do_not_specialize=["T", "NPAD", "NCH", "NSEQ"])
 def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
-                           w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr,
-                           T, NPAD, NCH, scale,
+                           w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, cu_ptr,
+                           T, NPAD, NCH, NSEQ, scale,
                            sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h,
                            R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                           BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+                           BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+                           VARLEN: tl.constexpr = False):
+    # c: the chunk of the segment (one sequence of T tokens), or VARLEN of the call (NSEQ sequences at cu_ptr,
+    # each chunked from its own first token; programs past the call's chunk count return at once).
     c = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // R
     KS: tl.constexpr = max(16, BK // 4)
     VS: tl.constexpr = max(16, BV // 4)
     rows = tl.arange(0, BT)
-    t = c * BT + rows
-    tm = t < T
-    r = h * NPAD + t   # scratch rows [Hv, NPAD, width]; the full padded width is stored (pad columns 0)
-    # Padded tokens (t >= T) load as q = k = v = 0, g = beta = 0: they add nothing to U, W, O or S.
-    g = tl.load(g_ptr + t * sg_t + h * sg_h, mask=tm, other=0.0).to(tl.float32)
-    beta = tl.load(b_ptr + t * sb_t + h * sb_h, mask=tm, other=0.0).to(tl.float32)
+    start = 0
+    length = T
+    local = c
+    if VARLEN:
+        start, length, local, total = varlen_chunk(cu_ptr, NSEQ, c, BT)
+        if c >= total:
+            return
+    t = local * BT + rows      # within the sequence
+    tm = t < length
+    tok = start + t            # within the call's inputs
+    r = h * NPAD + c * BT + rows   # scratch rows [Hv, NPAD, width]; the full padded width is stored (pad columns 0)
+    # Padded tokens (t >= length) load as q = k = v = 0, g = beta = 0: they add nothing to U, W, O or S.
+    g = tl.load(g_ptr + tok * sg_t + h * sg_h, mask=tm, other=0.0).to(tl.float32)
+    beta = tl.load(b_ptr + tok * sb_t + h * sb_h, mask=tm, other=0.0).to(tl.float32)
     # G_t in fp64: a parallel fp32 scan rounds G_t and G_s through different partial sums, so G_t - G_s (and
     # e^{G_t - G_s}) near the diagonal carried errors of ~ulp(|G|) -- 6e-5 relative in the state at gates
     # of -30/token -- while the terms that dominate are exactly those near the diagonal.
@@ -251,17 +283,17 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
     gamma = tl.exp(cum64.to(tl.float32))
 
     kp = k_ptr + hk * sk_h
-    k0 = _load_in(kp, t, tm, sk_t, 0 * KS, KS, DK)
-    k1 = _load_in(kp, t, tm, sk_t, 1 * KS, KS, DK)
-    k2 = _load_in(kp, t, tm, sk_t, 2 * KS, KS, DK)
-    k3 = _load_in(kp, t, tm, sk_t, 3 * KS, KS, DK)
+    k0 = _load_in(kp, tok, tm, sk_t, 0 * KS, KS, DK)
+    k1 = _load_in(kp, tok, tm, sk_t, 1 * KS, KS, DK)
+    k2 = _load_in(kp, tok, tm, sk_t, 2 * KS, KS, DK)
+    k3 = _load_in(kp, tok, tm, sk_t, 3 * KS, KS, DK)
     rk = tl.rsqrt(tl.sum(k0 * k0, 1) + tl.sum(k1 * k1, 1) + tl.sum(k2 * k2, 1) + tl.sum(k3 * k3, 1) + 1e-6)
     k0, k1, k2, k3 = k0 * rk[:, None], k1 * rk[:, None], k2 * rk[:, None], k3 * rk[:, None]
     qp = q_ptr + hk * sq_h
-    q0 = _load_in(qp, t, tm, sq_t, 0 * KS, KS, DK)
-    q1 = _load_in(qp, t, tm, sq_t, 1 * KS, KS, DK)
-    q2 = _load_in(qp, t, tm, sq_t, 2 * KS, KS, DK)
-    q3 = _load_in(qp, t, tm, sq_t, 3 * KS, KS, DK)
+    q0 = _load_in(qp, tok, tm, sq_t, 0 * KS, KS, DK)
+    q1 = _load_in(qp, tok, tm, sq_t, 1 * KS, KS, DK)
+    q2 = _load_in(qp, tok, tm, sq_t, 2 * KS, KS, DK)
+    q3 = _load_in(qp, tok, tm, sq_t, 3 * KS, KS, DK)
     rq = tl.rsqrt(tl.sum(q0 * q0, 1) + tl.sum(q1 * q1, 1) + tl.sum(q2 * q2, 1) + tl.sum(q3 * q3, 1) + 1e-6)
     rq = rq * scale
     q0, q1, q2, q3 = q0 * rq[:, None], q1 * rq[:, None], q2 * rq[:, None], q3 * rq[:, None]
@@ -301,13 +333,13 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
     _store_scr(kd_ptr, r, 3 * KS, k3 * tail, KS, BK)
     vp = v_ptr + h * sv_h
     bb = beta[:, None]
-    _store_scr(u_ptr, r, 0 * VS, tl.dot(inv, bb * _load_in(vp, t, tm, sv_t, 0 * VS, VS, DV), input_precision=PREC),
+    _store_scr(u_ptr, r, 0 * VS, tl.dot(inv, bb * _load_in(vp, tok, tm, sv_t, 0 * VS, VS, DV), input_precision=PREC),
                VS, BV)
-    _store_scr(u_ptr, r, 1 * VS, tl.dot(inv, bb * _load_in(vp, t, tm, sv_t, 1 * VS, VS, DV), input_precision=PREC),
+    _store_scr(u_ptr, r, 1 * VS, tl.dot(inv, bb * _load_in(vp, tok, tm, sv_t, 1 * VS, VS, DV), input_precision=PREC),
                VS, BV)
-    _store_scr(u_ptr, r, 2 * VS, tl.dot(inv, bb * _load_in(vp, t, tm, sv_t, 2 * VS, VS, DV), input_precision=PREC),
+    _store_scr(u_ptr, r, 2 * VS, tl.dot(inv, bb * _load_in(vp, tok, tm, sv_t, 2 * VS, VS, DV), input_precision=PREC),
                VS, BV)
-    _store_scr(u_ptr, r, 3 * VS, tl.dot(inv, bb * _load_in(vp, t, tm, sv_t, 3 * VS, VS, DV), input_precision=PREC),
+    _store_scr(u_ptr, r, 3 * VS, tl.dot(inv, bb * _load_in(vp, tok, tm, sv_t, 3 * VS, VS, DV), input_precision=PREC),
                VS, BV)
 
     tl.debug_barrier()  # every thread has read the inverse before AQK overwrites it
@@ -315,12 +347,14 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
 
 
 @triton.jit(do_not_specialize=["T", "NPAD", "NCH", "GLW"])
-def _gdn_chunk_scan_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, st_ptr, o_ptr,
-                           T, NPAD, NCH, GLW, ss_h, ss_k, so_t, so_h,
+def _gdn_chunk_scan_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, st_ptr, o_ptr, cu_ptr, slot_ptr,
+                           T, NPAD, NCH, GLW, ss_s, ss_h, ss_k, so_t, so_h,
                            DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           BVS: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr):
+                           BVS: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr = False):
     # The whole [Dk, BVS] state tile stays in registers; its dots have a narrow N (BVS), which keeps the
     # FMA dot's operands small enough (a 4-slice variant like the prep kernel's compiled worse here).
+    # VARLEN: program_id(2) is the call's sequence i, whose chunks follow those of sequences 0..i-1 and whose
+    # state is slot slot_ptr[i] of the [S, Hv, Dk, Dv] states; otherwise one sequence, NCH chunks, st_ptr its state.
     h = tl.program_id(0)
     vb = tl.program_id(1)
     rows = tl.arange(0, BT)
@@ -328,10 +362,23 @@ def _gdn_chunk_scan_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, st_ptr
     dv = vb * BVS + tl.arange(0, BVS)
     dvm = dv < DV
     smask = (dk < DK)[:, None] & dvm[None, :]
+    start = 0
+    length = T
+    base = 0
+    nch = NCH
+    if VARLEN:
+        i = tl.program_id(2)
+        start = tl.load(cu_ptr + i)
+        length = tl.load(cu_ptr + i + 1) - start
+        nch = (length + BT - 1) // BT
+        base = i * 0
+        for j in range(i):
+            base += (tl.load(cu_ptr + j + 1) - tl.load(cu_ptr + j) + BT - 1) // BT
+        st_ptr += tl.load(slot_ptr + i).to(tl.int64) * ss_s
     s_ptrs = st_ptr + h * ss_h + dk[:, None] * ss_k + dv[None, :]
     s = tl.load(s_ptrs, mask=smask, other=0.0)
-    for c in range(NCH):
-        r = h * NPAD + c * BT + rows
+    for c in range(nch):
+        r = h * NPAD + (base + c) * BT + rows
         w = tl.load(w_ptr + r[:, None] * BK + dk[None, :])
         u = tl.load(u_ptr + r[:, None] * BV + dv[None, :], mask=dvm[None, :], other=0.0)
         delta = u - tl.dot(w, s, input_precision=PREC)                   # Delta = U - W S0
@@ -339,10 +386,10 @@ def _gdn_chunk_scan_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, st_ptr
         aqk = tl.load(aqk_ptr + r[:, None] * BT + rows[None, :])
         o = tl.dot(qg, s, input_precision=PREC) + tl.dot(aqk, delta, input_precision=PREC)
         t = c * BT + rows
-        tl.store(o_ptr + t[:, None] * so_t + h * so_h + dv[None, :], o.to(o_ptr.dtype.element_ty),
-                 mask=(t < T)[:, None] & dvm[None, :])
+        tl.store(o_ptr + (start + t)[:, None] * so_t + h * so_h + dv[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=(t < length)[:, None] & dvm[None, :])
         kd = tl.load(kd_ptr + r[:, None] * BK + dk[None, :])
-        g_last = tl.load(gl_ptr + h * GLW + c)
+        g_last = tl.load(gl_ptr + h * GLW + base + c)
         s = s * tl.exp(g_last) + tl.dot(tl.trans(kd), delta, input_precision=PREC)
     tl.store(s_ptrs, s, mask=smask)
 
@@ -431,13 +478,13 @@ def gdn_chunk_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
         nch = triton.cdiv(n, CHUNK)
         qs, ks, vs, gs, bs, os_ = q[t0:t1], k[t0:t1], v[t0:t1], g[t0:t1], beta[t0:t1], o[t0:t1]
         _gdn_chunk_prep_kernel[(nch, hv)](
-            qs, ks, vs, gs, bs, w, u, qg, kd, aqk, gl, n, npad, seg, float(scale),
+            qs, ks, vs, gs, bs, w, u, qg, kd, aqk, gl, gl, n, npad, seg, 1, float(scale),
             qs.stride(0), qs.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
             gs.stride(0), gs.stride(1), bs.stride(0), bs.stride(1),
             R=r, DK=dk, DV=dv, BK=bk, BV=bv, BT=CHUNK, PREC=prec, **prep_kw)
         _gdn_chunk_scan_kernel[(hv, triton.cdiv(dv, bvs))](
-            w, u, qg, kd, aqk, gl, state, os_, n, npad, nch, seg,
-            state.stride(0), state.stride(1), os_.stride(0), os_.stride(1),
+            w, u, qg, kd, aqk, gl, state, os_, gl, gl, n, npad, nch, seg,
+            0, state.stride(0), state.stride(1), os_.stride(0), os_.stride(1),
             DK=dk, DV=dv, BK=bk, BV=bv, BVS=bvs, BT=CHUNK, PREC=prec, **scan_kw)
     return o
 
