@@ -320,6 +320,32 @@ def check_gated_decode_attention(ops, device, dtype, gen, rows=((1, 5), (1, 40),
     return gated.cpu(), composed.cpu()
 
 
+def check_gated_prefill_attention(ops, device, dtype, gen, rows=((3, 5), (1, 40), (17, 17), (0, 4)), page=4, hq=4,
+                                  hkv=2, d=16):
+    """``paged_attention(..., gate)`` (rows of (query length, KV length): a chunk over a cached prefix, a decode-like
+    row, a whole prompt, an empty row) against the ungated op followed by torch's ``o * sigmoid(gate)``, the gate a
+    row-strided column view. Returns (gated, composed) on the CPU."""
+    ks = [randn(gen, kv_len, hkv, d, dtype=dtype) for _, kv_len in rows]
+    vs = [randn(gen, kv_len, hkv, d, dtype=dtype) for _, kv_len in rows]
+    t_len = sum(q_len for q_len, _ in rows)
+    q = randn(gen, t_len, hq, d, dtype=dtype).to(device)
+    gate = randn(gen, t_len, hq * d + 9, dtype=dtype, scale=3.0).to(device)[:, 5:5 + hq * d]
+    cu = [0]
+    for q_len, _ in rows:
+        cu.append(cu[-1] + q_len)
+    cu_q = torch.tensor(cu, dtype=torch.int32).to(device)
+    kv_lens = torch.tensor([kv_len for _, kv_len in rows], dtype=torch.int32).to(device)
+    _, table, n_pool = next(iter(page_layouts(rows, page, gen)))
+    k_pool, v_pool = (t.to(device) for t in fill_pools(ks, vs, table, n_pool, page, dtype))
+    table = table.to(device)
+    plain = ops.paged_attention(q, k_pool, v_pool, cu_q, kv_lens, table, d ** -0.5)
+    gated = ops.paged_attention(q, k_pool, v_pool, cu_q, kv_lens, table, d ** -0.5, gate)
+    composed = (plain.reshape(t_len, hq * d) * torch.sigmoid(gate)).reshape(plain.shape)
+    assert gated.shape == plain.shape and gated.dtype == dtype
+    assert not torch.equal(gated, plain)
+    return gated.cpu(), composed.cpu()
+
+
 # --- several sequences in one call (causal_conv1d_varlen, gdn_chunk_varlen) ---
 VARLEN_LENS = (1, 2, 70, 64, 5, 130)   # a token, fewer tokens than the conv's K-1 state, across chunk boundaries
 

@@ -100,12 +100,12 @@ CORE_CONTRACTS: tuple[OpContract, ...] = (
                "(never wraps, never a host sync) when it is on the device."),
     OpContract("paged_attention",
                "paged_attention(q[T, Hq, D], k_pool, v_pool, cu_q[B+1] int32, kv_lens[B] int32, "
-               "page_tables[B, maxp] int32, scale) -> o[T, Hq, D]",
+               "page_tables[B, maxp] int32, scale, gate[T, Hq*D] = None) -> o[T, Hq, D]",
                "Causal GQA over paged KV, rows of any query length (prefill over a cached prefix and decode): "
                "query i of row b sits at position kv_lens[b] - q_len_b + i and sees positions <= its own "
                "(q_len_b <= kv_lens[b]; q_len_b = 0 allowed). Query head h reads KV head h // (Hq/Hkv). Softmax "
                "in fp32. Only the first ceil(kv_lens[b]/page) page-table entries and positions < kv_lens[b] "
-               "are read."),
+               "are read. With a gate: o * sigmoid(gate) as paged_decode_attention applies it."),
     OpContract("paged_decode_attention",
                "paged_decode_attention(q[B, Hq, D], k_pool, v_pool, kv_lens[B] int32, page_tables[B, maxp] int32, "
                "scale, gate[B, Hq*D] = None) -> o[B, Hq, D]",

@@ -4,8 +4,7 @@ q and gate come from the de-interleaved ``attention/query`` / ``attention/gate``
 k_norm (zero-centred, per head) precede partial NeoX RoPE; K (normed, rotated) and raw V are written
 to the paged pools for every token of the call (all of it one ``qk_norm_rope_cache``), then decode rows use
 ``paged_decode_attention`` and the chunks one varlen ``paged_attention`` (each causal over its own cached
-prefix). Output: ``attn * sigmoid(gate)``
-(in a decode-only unit applied by ``paged_decode_attention`` itself).
+prefix). Output: ``attn * sigmoid(gate)``, applied by the attention ops themselves where they store their outputs.
 """
 
 from __future__ import annotations
@@ -40,12 +39,13 @@ class GatedAttention:
             o = ops.paged_decode_attention(q, k_pool, v_pool, ctx.decode_kv_lens, ctx.decode_page_tables,
                                            self.scale, gate)
             return ops.linear(o.reshape(n, self.nq * self.d), self.w_out), residual
+        # Both attentions apply the output gate where they store their outputs.
         outs = []
         if b_rows:
             outs.append(ops.paged_decode_attention(q[:b_rows].contiguous(), k_pool, v_pool, ctx.decode_kv_lens,
-                                                   ctx.decode_page_tables, self.scale))
+                                                   ctx.decode_page_tables, self.scale, gate[:b_rows]))
         if ctx.num_chunk:
             outs.append(ops.paged_attention(q[b_rows:].contiguous(), k_pool, v_pool, ctx.chunk_cu_q,
-                                            ctx.chunk_kv_lens, ctx.chunk_page_tables, self.scale))
+                                            ctx.chunk_kv_lens, ctx.chunk_page_tables, self.scale, gate[b_rows:]))
         o = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, self.nq * self.d)
-        return ops.linear(o * torch.sigmoid(gate), self.w_out), residual
+        return ops.linear(o, self.w_out), residual

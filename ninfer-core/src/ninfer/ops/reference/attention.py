@@ -58,8 +58,10 @@ def _attend_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, cu_q: torch.Tensor,
-                    kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal GQA for ``q[T, Hq, D]`` split into rows by ``cu_q``; see the module invariants."""
+                    kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float,
+                    gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal GQA for ``q[T, Hq, D]`` split into rows by ``cu_q``; see the module invariants. With
+    ``gate[T, Hq*D]``, times ``sigmoid(gate)`` as torch computes it in q.dtype."""
     starts = cu_q.tolist()
     lens = kv_lens.tolist()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -70,6 +72,8 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         k = _gather_kv(k_pool, page_tables[b], kv_len)
         v = _gather_kv(v_pool, page_tables[b], kv_len)
         out[q0:q1] = _attend_row(q[q0:q1], k, v, scale).to(q.dtype)
+    if gate is not None:
+        out = out * torch.sigmoid(_gate_view(gate, q, "paged_attention").to(q.dtype))
     return out
 
 
@@ -83,15 +87,15 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
         v = _gather_kv(v_pool, page_tables[b], kv_len)
         out[b:b + 1] = _attend_row(q[b:b + 1], k, v, scale).to(q.dtype)
     if gate is not None:
-        out = out * torch.sigmoid(_gate_view(gate, q).to(q.dtype))
+        out = out * torch.sigmoid(_gate_view(gate, q, "paged_decode_attention").to(q.dtype))
     return out
 
 
-def _gate_view(gate: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``gate[B, Hq*D]`` as ``[B, Hq, D]`` (a row-strided gate reshapes by copy in the reference)."""
+def _gate_view(gate: torch.Tensor, q: torch.Tensor, op: str) -> torch.Tensor:
+    """``gate[rows, Hq*D]`` as ``[rows, Hq, D]`` (a row-strided gate reshapes by copy in the reference)."""
     b, hq, d = q.shape
     if gate.shape != (b, hq * d):
-        raise ValueError(f"paged_decode_attention: gate {tuple(gate.shape)} must be [B, Hq*D] = {(b, hq * d)}")
+        raise ValueError(f"{op}: gate {tuple(gate.shape)} must be [rows, Hq*D] = {(b, hq * d)}")
     return gate.reshape(b, hq, d)
 
 

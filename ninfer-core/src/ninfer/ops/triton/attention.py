@@ -299,16 +299,16 @@ def _prefill_config(d: int, dtype: torch.dtype) -> dict:
 @triton.jit(do_not_specialize=["n_rows", "stride_ptb"],
             do_not_specialize_on_alignment=["cu_q_ptr", "kv_lens_ptr", "pt_ptr"])
 def _prefill_kernel(
-        q_ptr, k_ptr, v_ptr, cu_q_ptr, kv_lens_ptr, pt_ptr, out_ptr,
+        q_ptr, k_ptr, v_ptr, cu_q_ptr, kv_lens_ptr, pt_ptr, out_ptr, gate_ptr,
         qk_scale, n_rows,
         stride_qt, stride_qh, stride_qd,
         stride_kp, stride_ks, stride_kh, stride_kd,
         stride_vp, stride_vs, stride_vh, stride_vd,
         stride_ptb,
-        stride_ot, stride_oh, stride_od,
+        stride_ot, stride_oh, stride_od, stride_gt,
         R: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
         BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr):
+        P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr, HAS_GATE: tl.constexpr = False):
     """Program (query block, kv head). A block is BLOCK_M (query, head-in-group) pairs of one row, row-major
     over queries (pair m = query m // R, head m % R), so one K/V tile serves the whole GQA group."""
     pid = tl.program_id(0)
@@ -363,17 +363,28 @@ def _prefill_kernel(
             acc = acc * alpha[:, None] + _pv(p, v, P_SPLIT, FP32_DOT, INTERP)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        if HAS_GATE:
+            g = tl.load(gate_ptr + (q_start + qi)[:, None] * stride_gt + head[:, None] * D + offs_d[None, :],
+                        mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+            out = _sigmoid_gate(out, g, out_ptr.dtype.element_ty, INTERP)
         tl.store(out_ptr + (q_start + qi)[:, None] * stride_ot + head[:, None] * stride_oh
                  + offs_d[None, :] * stride_od, cast(out, out_ptr.dtype.element_ty, INTERP),
                  mask=m_mask[:, None] & d_mask[None, :])
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, cu_q: torch.Tensor,
-                    kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float, *,
-                    config: dict | None = None) -> torch.Tensor:
-    """Causal GQA for ``q[T, Hq, D]`` split into rows by ``cu_q`` (see the module invariants)."""
+                    kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float, gate: torch.Tensor | None = None,
+                    *, config: dict | None = None) -> torch.Tensor:
+    """Causal GQA for ``q[T, Hq, D]`` split into rows by ``cu_q`` (see the module invariants). ``gate[T, Hq*D]``:
+    the output gate, applied where the output is stored (no elementwise launches after)."""
     hq, hkv, d, page = _check(q, k_pool, v_pool)
     t_len, n_rows = q.shape[0], kv_lens.shape[0]
+    if gate is not None:
+        if gate.shape != (t_len, hq * d) or gate.dtype != q.dtype:
+            raise ValueError(f"paged_attention: gate {tuple(gate.shape)} {gate.dtype} must be "
+                             f"[T, Hq*D] = {(t_len, hq * d)} {q.dtype}")
+        if gate.stride(-1) != 1:
+            gate = gate.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if t_len == 0 or n_rows == 0:
         return out
@@ -387,9 +398,10 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     page_tables = page_tables.to(device=q.device, dtype=torch.int32)
     _prefill_kernel[(n_prog, hkv)](
         q, k_pool, v_pool, cu_q.to(device=q.device, dtype=torch.int32),
-        kv_lens.to(device=q.device, dtype=torch.int32), page_tables, out,
+        kv_lens.to(device=q.device, dtype=torch.int32), page_tables, out, out if gate is None else gate,
         scale * _LOG2E, n_rows, *q.stride(), *k_pool.stride(), *v_pool.stride(), page_tables.stride(0),
-        *out.stride(), R=r, D=d, PAGE=page, BLOCK_B=next_pow2(n_rows), BLOCK_M=block_m,
+        *out.stride(), 0 if gate is None else gate.stride(0), HAS_GATE=gate is not None,
+        R=r, D=d, PAGE=page, BLOCK_B=next_pow2(n_rows), BLOCK_M=block_m,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_D=max(16, next_pow2(d)),
         P_SPLIT=cfg.get("P_SPLIT", False) and q.dtype != torch.float32, FP32_DOT=q.dtype == torch.float32,
         INTERP=INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
