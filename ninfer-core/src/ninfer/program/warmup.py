@@ -14,8 +14,8 @@ What still selects a variant once the kernels mark their shape-following integer
   tiles (N times the experts per token against the expert count; classes are doubling intervals);
 - the sampling rows R of one call: the LM head's GEMV row tile;
 - the chunks C of one call: the prefill attention's row block (C rounded up to a power of two);
-- decode rows beside chunks (the attention's gate applied outside) and their page-table width (one KV
-  split for a short context, several for a long one);
+- decode rows beside chunks and their page-table width (one KV split for a short context, several for a long
+  one);
 - the sampler's path: greedy (eager, or precomputed by a decode graph), the filtered Gumbel draw,
   penalties, allowed-token masks, logprobs; lookahead adoption; speculative verify rows; checkpoints.
 

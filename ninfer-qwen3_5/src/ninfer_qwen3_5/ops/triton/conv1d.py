@@ -104,7 +104,7 @@ def _conv_prefill_kernel(x_ptr, w_ptr, s_ptr, y_ptr, T, C, stride_xt, stride_wc,
              mask=tm[:, None] & cm[None, :])
 
 
-@triton.jit(do_not_specialize=["T", "NSEQ"])
+@triton.jit(do_not_specialize=["T", "NSEQ"], do_not_specialize_on_alignment=["cu_ptr", "slot_ptr"])
 def _conv_varlen_kernel(x_ptr, w_ptr, s_ptr, cu_ptr, slot_ptr, y_ptr, T, C, NSEQ, stride_xt, stride_wc, stride_wk,
                         stride_ss, stride_sc, stride_sk, stride_yt, K: tl.constexpr, BLOCK_T: tl.constexpr,
                         BLOCK_C: tl.constexpr, INTERP: tl.constexpr):
@@ -139,7 +139,7 @@ def _conv_varlen_kernel(x_ptr, w_ptr, s_ptr, cu_ptr, slot_ptr, y_ptr, T, C, NSEQ
              mask=tm[:, None] & cm[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["cu_ptr", "slot_ptr"])
 def _conv_varlen_state_kernel(x_ptr, s_ptr, cu_ptr, slot_ptr, C, stride_xt, stride_ss, stride_sc, stride_sk,
                               K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
     # Program (sequence, block of channels): the new state is the last K-1 rows of u = [old state | the

@@ -238,7 +238,7 @@ def varlen_chunk(cu_ptr, NSEQ, c, BT: tl.constexpr):
 # width are all-zero (masked) and only cost time at the tiny test dims. Order: Q's quantities and QK first,
 # AQK held in registers; then A, the inverse, W/KD/U; AQK stored last (offline sm_90 compile, Triton 3.6,
 # tf32: 16 B of spill this way, 88-240 B with Q after the inverse or A in a separate scratch).
-@triton.jit(do_not_specialize=["T", "NPAD", "NCH", "NSEQ"])
+@triton.jit(do_not_specialize=["T", "NPAD", "NCH", "NSEQ"], do_not_specialize_on_alignment=["cu_ptr"])
 def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
                            w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, cu_ptr,
                            T, NPAD, NCH, NSEQ, scale,
@@ -346,7 +346,7 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
     tl.store(sp + sq, aqk_v)
 
 
-@triton.jit(do_not_specialize=["T", "NPAD", "NCH", "GLW"])
+@triton.jit(do_not_specialize=["T", "NPAD", "NCH", "GLW"], do_not_specialize_on_alignment=["cu_ptr", "slot_ptr"])
 def _gdn_chunk_scan_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, st_ptr, o_ptr, cu_ptr, slot_ptr,
                            T, NPAD, NCH, GLW, ss_s, ss_h, ss_k, so_t, so_h,
                            DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
