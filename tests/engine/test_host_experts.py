@@ -202,6 +202,25 @@ def test_auto_places_experts_on_the_host_when_they_do_not_fit(artifacts, monkeyp
         planner.plan(path, opts)
 
 
+def test_a_host_without_room_for_the_experts_is_refused_with_the_numbers(artifacts, monkeypatch):
+    # The host budget is checked when the device is not the host (a CUDA run): the plan of a GPU run with its banks
+    # on a host budget of half what they take.
+    from ninfer.planning.memory import plan_memory
+
+    opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16,
+                         expert_cache_slots=0, host_experts=True)
+    _fake_gpu(monkeypatch, 1 << 40)
+    hosted = planner.plan(artifacts["top4of16"], opts)
+    banks = hosted.model.profile.host_weight_bytes
+    small = budget_mod.DeviceBudget("host", banks // 2, 0, f"{budget_mod.HOST_BUDGET_ENV}=test")
+    with pytest.raises(MemoryPlanError) as err:
+        plan_memory(hosted.model.options, hosted.model.profile, budget_mod.DeviceBudget("cuda:0", 1 << 40, 0, "test"),
+                    load_bytes=0, host_load_bytes=banks, host_budget=small)
+    msg = str(err.value)
+    assert f"the weights placed in host memory ({budget_mod.mib(banks)}" in msg
+    assert budget_mod.HOST_BUDGET_ENV in msg and "free host memory" in msg
+
+
 def test_dense_models_refuse_host_experts(default_artifact):
     with pytest.raises(NotSupportedError, match="dense, it has no routed experts"):
         Engine.start(default_artifact, device="cpu", host_experts=True)
