@@ -348,53 +348,70 @@ def check_gated_prefill_attention(ops, device, dtype, gen, rows=((3, 5), (1, 40)
 
 # --- several sequences in one call (causal_conv1d_varlen, gdn_chunk_varlen) ---
 VARLEN_LENS = (1, 2, 70, 64, 5, 130)   # a token, fewer tokens than the conv's K-1 state, across chunk boundaries
+# A padded call: empty sequences sharing one slot (which must come out as it went in) between real ones, and tokens
+# past the last offset that belong to no sequence.
+PADDED_LENS, PADDED_SLOTS, PADDED_TAIL = (0, 5, 0, 70, 0), (9, 1, 9, 3, 9), 7
 
 
-def _varlen_layout(lens, device, slots=None):
+def _varlen_layout(lens, device, slots=None, tail=0):
     cu = [0]
     for n in lens:
         cu.append(cu[-1] + n)
     # Distinct slots out of order, in a pool with slots no sequence uses.
     ids = list(slots) if slots is not None else [2 * i + 1 for i in reversed(range(len(lens)))]
     return (torch.tensor(cu, dtype=torch.int32, device=device), torch.tensor(ids, dtype=torch.int64, device=device),
-            cu, ids)
+            cu, ids, cu[-1] + tail)
 
 
-def check_conv1d_varlen(ops, device, dtype, channels, k, gen, crit: Pointwise, lens=VARLEN_LENS):
+def _pool_size(ids) -> int:
+    return max(2 * len(ids) + 1, max(ids) + 2)
+
+
+def check_conv1d_varlen(ops, device, dtype, channels, k, gen, crit: Pointwise, lens=VARLEN_LENS, slots=None, tail=0):
     """causal_conv1d_varlen over sequences of mixed lengths, each from its own slot: every sequence's output and new
-    state against the one-sequence fp64 oracle; states exact copies; unused slots untouched."""
-    cu_t, ids_t, cu, ids = _varlen_layout(lens, device)
-    x = randn(gen, cu[-1], channels + 8, dtype=dtype, device=device)[:, :channels]   # row stride != C
+    state against the one-sequence fp64 oracle; states exact copies; unused slots (and those of empty sequences)
+    untouched. ``tail`` tokens past the last offset belong to no sequence."""
+    cu_t, ids_t, cu, ids, t_len = _varlen_layout(lens, device, slots, tail)
+    x = randn(gen, t_len, channels + 8, dtype=dtype, device=device)[:, :channels]   # row stride != C
     w = randn(gen, channels, k, dtype=dtype, device=device, scale=0.5)
-    states = randn(gen, 2 * len(lens) + 1, channels, k - 1, dtype=dtype, device=device)
+    states = randn(gen, _pool_size(ids), channels, k - 1, dtype=dtype, device=device)
     before = states.clone()
     y = ops.causal_conv1d_varlen(x, w, states, cu_t, ids_t)
-    assert y.shape == (cu[-1], channels) and y.dtype == dtype
+    assert y.shape == (t_len, channels) and y.dtype == dtype
+    written = set()
     for i, slot in enumerate(ids):
+        if cu[i + 1] == cu[i]:
+            continue
+        written.add(slot)
         want_y, want_s = conv1d_oracle(x[cu[i]:cu[i + 1]], w, before[slot])
         assert_pointwise(y[cu[i]:cu[i + 1]], want_y, crit, f"conv varlen output of sequence {i}")
         assert_bits(states[slot].cpu(), want_s.to(dtype), f"conv varlen state of sequence {i}")
-    unused = [s for s in range(states.shape[0]) if s not in ids]
+    unused = [s for s in range(states.shape[0]) if s not in written]
     assert_bits(states[unused].cpu(), before[unused].cpu(), "unused slots")
     return x, w, before, states, cu_t, ids_t, y
 
 
 def check_gdn_varlen(ops, device, dtype, hk, hv, dk, dv, gen, out_crit: Normwise, state_crit: Normwise,
-                     lens=VARLEN_LENS):
+                     lens=VARLEN_LENS, slots=None, tail=0):
     """gdn_chunk_varlen over sequences of mixed lengths, each from its own slot: every sequence's output and final
-    state against the token loop; unused slots untouched."""
-    cu_t, ids_t, cu, ids = _varlen_layout(lens, device)
-    q, k, v, g, beta = gdn_inputs(gen, cu[-1], hk, hv, dk, dv, dtype, device)
-    states = randn(gen, 2 * len(lens) + 1, hv, dk, dv, device=device, scale=0.5)
+    state against the token loop; unused slots (and those of empty sequences) untouched. ``tail`` tokens past the
+    last offset belong to no sequence."""
+    cu_t, ids_t, cu, ids, t_len = _varlen_layout(lens, device, slots, tail)
+    q, k, v, g, beta = gdn_inputs(gen, t_len, hk, hv, dk, dv, dtype, device)
+    states = randn(gen, _pool_size(ids), hv, dk, dv, device=device, scale=0.5)
     before = states.clone()
     scale = dk ** -0.5
     out = ops.gdn_chunk_varlen(q, k, v, g, beta, states, cu_t, ids_t, scale)
-    assert out.shape == (cu[-1], hv, dv) and out.dtype == dtype
+    assert out.shape == (t_len, hv, dv) and out.dtype == dtype
+    written = set()
     for i, slot in enumerate(ids):
         a, b = cu[i], cu[i + 1]
+        if a == b:
+            continue
+        written.add(slot)
         want_o, want_s = gdn_oracle(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], before[slot], scale)
         assert_normwise(out[a:b], want_o, out_crit, f"gdn varlen output of sequence {i} (T={b - a})")
         assert_normwise(states[slot], want_s, state_crit, f"gdn varlen state of sequence {i} (T={b - a})")
-    unused = [s for s in range(states.shape[0]) if s not in ids]
+    unused = [s for s in range(states.shape[0]) if s not in written]
     assert_bits(states[unused].cpu(), before[unused].cpu(), "unused slots")
     return (q, k, v, g, beta), before, states, cu_t, ids_t, out

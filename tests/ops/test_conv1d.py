@@ -10,7 +10,14 @@ import torch
 
 from .conftest import DTYPES, Pointwise, assert_bits, assert_pointwise, randn, reference_ops
 from .oracles import conv1d_oracle
-from .shared_checks import check_conv1d_update_out_slots, check_conv1d_update_slots, check_conv1d_varlen
+from .shared_checks import (
+    PADDED_LENS,
+    PADDED_SLOTS,
+    PADDED_TAIL,
+    check_conv1d_update_out_slots,
+    check_conv1d_update_slots,
+    check_conv1d_varlen,
+)
 
 CRIT = {torch.float32: Pointwise(2e-6, 1e-6), torch.bfloat16: Pointwise(2 ** -8, 2 ** -9)}
 
@@ -61,3 +68,9 @@ def test_update_out_slots(device, dtype, gen):
 @pytest.mark.parametrize("k", [4, 2])
 def test_varlen_sequences_from_their_slots(device, dtype, k, gen):
     check_conv1d_varlen(reference_ops(device, dtype), device, dtype, 24, k, gen, CRIT[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_varlen_empty_sequences_and_a_tail(device, dtype, gen):
+    check_conv1d_varlen(reference_ops(device, dtype), device, dtype, 24, 4, gen, CRIT[dtype], lens=PADDED_LENS,
+                        slots=PADDED_SLOTS, tail=PADDED_TAIL)

@@ -13,6 +13,9 @@ pytest.importorskip("triton")
 from ops.conftest import assert_bits, assert_pointwise, randn  # noqa: E402
 from ops.oracles import conv1d_oracle  # noqa: E402
 from ops.shared_checks import (  # noqa: E402
+    PADDED_LENS,
+    PADDED_SLOTS,
+    PADDED_TAIL,
     check_conv1d_update_out_slots,
     check_conv1d_update_slots,
     check_conv1d_varlen,
@@ -94,3 +97,9 @@ def test_varlen_is_the_one_sequence_kernel_per_sequence(dtype, channels, k, gen)
         part = ops.causal_conv1d_prefill(x[bounds[i]:bounds[i + 1]], w, alone[slot])
         assert_bits(y[bounds[i]:bounds[i + 1]].cpu(), part.cpu(), f"sequence {i} output")
     assert_bits(states.cpu(), alone.cpu(), "states")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_varlen_empty_sequences_and_a_tail(dtype, gen):
+    check_conv1d_varlen(triton_ops(dtype), DEVICE, dtype, 24, 4, gen, CRIT[dtype], lens=PADDED_LENS,
+                        slots=PADDED_SLOTS, tail=PADDED_TAIL)

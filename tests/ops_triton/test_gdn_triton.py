@@ -32,6 +32,9 @@ from ninfer_qwen3_5.ops.triton import gdn_varlen as tv  # noqa: E402
 from ops.conftest import Normwise, assert_normwise, rand, randn  # noqa: E402
 from ops.oracles import gdn_inputs, gdn_oracle  # noqa: E402
 from ops.shared_checks import (  # noqa: E402
+    PADDED_LENS,
+    PADDED_SLOTS,
+    PADDED_TAIL,
     check_gdn_prefill,
     check_gdn_recurrent_out_slots,
     check_gdn_recurrent_slots,
@@ -209,6 +212,14 @@ def test_chunk_varlen_is_the_one_sequence_kernel_per_sequence(dtype, hk, hv, dk,
         part = tg.gdn_chunk_prefill(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], alone[slot], dk ** -0.5)
         assert torch.equal(out[a:b], part), f"sequence {i} output"
     assert torch.equal(states, alone)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_varlen_empty_sequences_and_a_tail(dtype, gen):
+    """A padded call (a flat step's graph): empty sequences share a slot, which comes out as it went in; tokens past
+    the last offset are computed by no program."""
+    check_gdn_varlen(_VarlenOps, DEVICE, dtype, 1, 2, 16, 16, gen, OUT[dtype], state_crit(dtype), lens=PADDED_LENS,
+                     slots=PADDED_SLOTS, tail=PADDED_TAIL)
 
 
 def test_chunk_varlen_strided_views_and_a_single_sequence(gen):

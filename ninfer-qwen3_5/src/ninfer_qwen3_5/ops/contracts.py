@@ -78,17 +78,19 @@ CONTRACTS: tuple[OpContract, ...] = (
                "causal_conv1d_varlen(x[T, C], weight[C, K], conv_states[S, C, K-1] (in/out), cu_seqlens[N + 1] int32, "
                "slots[N] int64) -> y[T, C]",
                "causal_conv1d_prefill of N sequences in one call: sequence i is rows cu_seqlens[i] .. "
-               "cu_seqlens[i + 1] - 1 of x (cu_seqlens starts at 0, ends at T, every sequence has a token), "
-               "continuing conv_states[slots[i]], which is updated in place. Slots are distinct; other slots are "
-               "untouched. The same values as N causal_conv1d_prefill calls. Offsets and slots are read on the "
+               "cu_seqlens[i + 1] - 1 of x (cu_seqlens starts at 0 and does not decrease), continuing "
+               "conv_states[slots[i]], which is updated in place. The slots of non-empty sequences are distinct; an "
+               "empty sequence's slot keeps its state and may be shared by other empty sequences only. Other slots "
+               "are untouched. Rows past cu_seqlens[N] (a padded call) belong to no sequence: their outputs are "
+               "unspecified. The same values as N causal_conv1d_prefill calls. Offsets and slots are read on the "
                "device (no host synchronisation)."),
     OpContract("gdn_chunk_varlen",
                "gdn_chunk_varlen(q[T, Hk, Dk], k[T, Hk, Dk], v[T, Hv, Dv], g[T, Hv] fp32, beta[T, Hv] fp32, "
                "states[S, Hv, Dk, Dv] fp32 (in/out), cu_seqlens[N + 1] int32, slots[N] int64, scale) -> o[T, Hv, Dv]",
-               "gdn_chunk_prefill of N sequences in one call (sequences and slots as for causal_conv1d_varlen): "
-               "sequence i continues states[slots[i]], overwritten with its final state. The same values as N "
-               "gdn_chunk_prefill calls (each sequence is chunked from its own first token). Offsets and slots are "
-               "read on the device."),
+               "gdn_chunk_prefill of N sequences in one call (sequences, slots and rows past cu_seqlens[N] as for "
+               "causal_conv1d_varlen): sequence i continues states[slots[i]], overwritten with its final state. The "
+               "same values as N gdn_chunk_prefill calls (each sequence is chunked from its own first token). Offsets "
+               "and slots are read on the device."),
     OpContract("gdn_recurrent_step",
                "gdn_recurrent_step(q[B, Hk, Dk], k[B, Hk, Dk], v[B, Hv, Dv], g[B, Hv], beta[B, Hv], "
                "states[S, Hv, Dk, Dv] fp32 (in/out), slots[B] int64, scale, out_slots[B] int64 = None) "

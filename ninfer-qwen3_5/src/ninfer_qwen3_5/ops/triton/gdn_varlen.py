@@ -7,7 +7,10 @@ docstring for the pipeline). Invariants:
   its chunks computes exactly what ``gdn_chunk_prefill`` computes for it alone: the results are the same bits.
 - The call's chunks are numbered sequence after sequence; their count is at most ``ceil(T / 64) + N - 1``, which
   sizes the grid and the scratch from shapes alone. Prep programs past the real count return at once.
-- Scan program (value head, Dv tile, sequence i) reads and writes only ``states[slots[i]]``; slots are distinct.
+- Scan program (value head, Dv tile, sequence i) reads and writes only ``states[slots[i]]``; the slots of non-empty
+  sequences are distinct. An empty sequence has no chunk: its program stores the state it loaded, so empty sequences
+  may share a slot (a padded call's spare rows). Tokens past ``cu_seqlens[N]`` belong to no chunk and their output
+  rows are never written.
 - Offsets and slots are read on the device: no host synchronisation, and the launch depends only on T, N and the
   head shapes.
 """
