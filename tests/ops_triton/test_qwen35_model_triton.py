@@ -54,3 +54,29 @@ def test_model_on_triton_ops_matches_reference_ops(qwen_case, name):
         for i, (want, got) in enumerate(zip(rows, tri_logits[seq], strict=True)):
             err = (got.float().cpu() - want.float().cpu()).abs().max().item()
             assert err <= 1e-4, f"{name}: sequence {seq} row {i} logits differ by {err:.2e}"
+
+
+@pytest.mark.slow_interpreted
+def test_a_flat_padded_step_on_triton_ops_matches_reference_ops(qwen_case):
+    """The flat, padded layout of prefill and mixed-step graphs (:mod:`ninfer.program.flat_batch`) on the Triton
+    kernels (the varlen GDN ops, padded rows and tokens) against the ordinary layout on the reference ops."""
+    from ninfer.program.flat_batch import pack_flat
+
+    case = qwen_case("moe")
+    program = qwen_program(case, "triton")
+    page = program.kv.allocator.allocate(1)[0]
+    pad_state = program.states.allocate()
+
+    def flat(batch):
+        packed = pack_flat(batch, program.device, tokens=40, rows=6, pages=8, logit_rows=6,
+                           pad_kv_slot=page * program.kv.page_size, pad_state_slot=pad_state)
+        return program.forward_packed(packed)[:batch.num_logit_rows]
+
+    program.forward = flat
+    ref_logits, ref_tokens = _run(qwen_program(case, "reference"))
+    got_logits, got_tokens = _run(program)
+    assert got_tokens == ref_tokens
+    for seq, rows in ref_logits.items():
+        for i, (want, got) in enumerate(zip(rows, got_logits[seq], strict=True)):
+            err = (got.float().cpu() - want.float().cpu()).abs().max().item()
+            assert err <= 1e-4, f"flat: sequence {seq} row {i} logits differ by {err:.2e}"

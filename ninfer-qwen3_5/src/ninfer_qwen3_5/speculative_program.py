@@ -145,4 +145,11 @@ class SpeculativeProgram:
             chunk_slots=batch.chunk_slots, chunk_lens=batch.chunk_lens, chunk_cu_q=batch.chunk_cu_q,
             chunk_kv_lens=batch.chunk_kv_lens, chunk_page_tables=batch.chunk_page_tables, kv=self.kv,
             states=self.states, verify=verify, snapshots=None if verify is None else self.snapshots.storage,
-            chunk_state_slots=batch.chunk_state_slots)
+            chunk_state_slots=batch.chunk_state_slots, token_valid=_token_valid(batch) if batch.padded else None)
+
+
+def _token_valid(batch: PackedBatch) -> torch.Tensor:
+    """The tokens of a padded flat call that belong to a row (those before the last offset), as a device mask."""
+    n = batch.tokens.shape[0]
+    valid = torch.arange(n, device=batch.tokens.device) < batch.chunk_cu_q[-1]
+    return valid.view(n, 1, 1)

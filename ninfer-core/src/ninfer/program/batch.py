@@ -273,6 +273,8 @@ class PackedBatch:
     chunk_snapshots: tuple[tuple[int, ...] | None, ...] = ()   # C host entries when a chunk verifies, else ()
     chunk_state_slots: torch.Tensor | None = None   # int64 [C]: ``chunk_slots`` on the device (kernels that take
                                                     # every chunk of the call in one launch read them there)
+    padded: bool = False   # a flat call padded to fixed sizes (:mod:`ninfer.program.flat_batch`): every row a chunk,
+                           # tokens past ``chunk_cu_q[-1]`` in no row, padded rows empty
 
     @property
     def has_verify(self) -> bool:

@@ -47,5 +47,7 @@ class GatedAttention:
         if ctx.num_chunk:
             outs.append(ops.paged_attention(q[b_rows:].contiguous(), k_pool, v_pool, ctx.chunk_cu_q,
                                             ctx.chunk_kv_lens, ctx.chunk_page_tables, self.scale, gate[b_rows:]))
-        o = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, self.nq * self.d)
-        return ops.linear(o, self.w_out), residual
+        o = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if ctx.token_valid is not None:   # a padded flat call: tokens in no row were never computed
+            o = torch.where(ctx.token_valid, o, 0.0)
+        return ops.linear(o.reshape(n, self.nq * self.d), self.w_out), residual

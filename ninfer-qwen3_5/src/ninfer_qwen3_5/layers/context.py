@@ -43,3 +43,5 @@ class StepContext:
     snapshots: StateImageStorage | None = None   # the verify snapshots (given with ``verify``)
     chunk_state_slots: torch.Tensor | None = None   # int64 [C]: ``chunk_slots`` on the device, where the caller has
                                                     # them (then the GDN layers run every chunk in one launch per op)
+    token_valid: torch.Tensor | None = None   # bool [N, 1, 1] in a padded flat call (``PackedBatch.padded``): the
+                                              # tokens of some row; the mixers zero the others' outputs

@@ -6,7 +6,8 @@ StateImage is rewritten by a decode step, which lookahead decode relies on); eac
 ``x[B:]``) continues its own slot's state with ``gdn_gates``, ``causal_conv1d_prefill`` and
 ``gdn_chunk_prefill`` (in place), one chunk after another (the slices are host offsets: no device sync); a call
 with several chunks whose slots the caller put on the device (``ctx.chunk_state_slots``) runs them all at once
-with ``causal_conv1d_varlen`` and ``gdn_chunk_varlen`` instead (the same values, one launch per op);
+with ``causal_conv1d_varlen`` and ``gdn_chunk_varlen`` instead (the same values, one launch per op), as does a
+padded flat call (``ctx.token_valid``: its tokens in no row get a zero output);
 ``gated_rms_norm`` then runs once over every chunk token. Gates are fp32 (``gdn_gates``):
 ``beta = sigmoid(b)``, ``g = -exp(A_log) * softplus(a + dt_bias)`` (log decay, always <= 0).
 
@@ -71,9 +72,11 @@ class GatedDeltaNet:
             outs.append(self._decode(qkv[:b_rows], z[:b_rows], a[:b_rows], b[:b_rows], conv_states, rec,
                                      ctx.decode_slots, ctx.decode_out_slots))
         if ctx.num_chunk:
-            if len(ctx.chunk_lens) > 1 and ctx.chunk_state_slots is not None:
+            if ctx.chunk_state_slots is not None and (len(ctx.chunk_lens) > 1 or ctx.token_valid is not None):
                 o = self._chunks(qkv[b_rows:], a[b_rows:], b[b_rows:], conv_states, rec, ctx.chunk_cu_q,
                                  ctx.chunk_state_slots)
+                if ctx.token_valid is not None:   # a padded call: tokens in no row were never computed
+                    o = torch.where(ctx.token_valid, o, 0.0)
             else:
                 cores, at = [], b_rows
                 for slot, t in zip(ctx.chunk_slots, ctx.chunk_lens, strict=True):
