@@ -45,3 +45,23 @@ def test_cuda_fp32_multi_prefill_burst_equals_alone(tiny_qwen_artifact):
                max_step_tokens=12) as engine:
         assert burst(engine, engine._program, work) == alone  # noqa: SLF001
         assert engine.stats().max_unit_chunks >= 2
+
+
+def test_cuda_fp32_prefill_graphs_equal_eager(tiny_qwen_artifact):
+    """Prefill and mixed steps replayed from the flat prefill graphs (``prefill_graphs``): a burst of 8 mixed prompts,
+    chunked across steps by a small step budget beside decoding requests, gives each request's tokens alone, and the
+    graphs did replay."""
+    from .test_multi_prefill import burst, qwen_work
+
+    work = qwen_work([40, 3, 33, 9, 50, 2, 21, 28], seed=7)
+    with start(tiny_qwen_artifact, "float32", max_concurrency=1, prefill_chunk_size=64,
+               context_cache=False) as engine:
+        alone = [engine.generate(p, sampling=sp).token_ids for p, sp in work]
+    with start(tiny_qwen_artifact, "float32", max_concurrency=8, prefill_chunk_size=16, max_step_tokens=12,
+               prefill_graphs=True) as engine:
+        assert engine.info["prefill_graphs"] == [16]
+        program = engine._program  # noqa: SLF001
+        assert burst(engine, program, work) == alone
+        assert program.prefill_graphs.replays > 0
+        assert engine.stats().max_unit_chunks >= 2
+

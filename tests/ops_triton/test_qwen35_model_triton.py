@@ -60,7 +60,7 @@ def test_model_on_triton_ops_matches_reference_ops(qwen_case, name):
 def test_a_flat_padded_step_on_triton_ops_matches_reference_ops(qwen_case):
     """The flat, padded layout of prefill and mixed-step graphs (:mod:`ninfer.program.flat_batch`) on the Triton
     kernels (the varlen GDN ops, padded rows and tokens) against the ordinary layout on the reference ops."""
-    from ninfer.program.flat_batch import pack_flat
+    from ninfer.program.flat_batch import FlatSizes, pack_flat
 
     case = qwen_case("moe")
     program = qwen_program(case, "triton")
@@ -68,8 +68,9 @@ def test_a_flat_padded_step_on_triton_ops_matches_reference_ops(qwen_case):
     pad_state = program.states.allocate()
 
     def flat(batch):
-        packed = pack_flat(batch, program.device, tokens=40, rows=6, pages=8, logit_rows=6,
-                           pad_kv_slot=page * program.kv.page_size, pad_state_slot=pad_state)
+        packed = pack_flat(batch, program.device, FlatSizes(tokens=40, rows=6, pages=8, logit_rows=6,
+                                                            pad_kv_slot=page * program.kv.page_size,
+                                                            pad_state_slot=pad_state))
         return program.forward_packed(packed)[:batch.num_logit_rows]
 
     program.forward = flat

@@ -49,3 +49,39 @@ def test_a_failing_capture_names_the_switch(monkeypatch):
     p = Program()
     assert mc._capture_graphs(p, 3, torch.device("cuda")) == ((1, 2, 3), 0)
     assert p.asked == [3]
+
+
+def test_prefill_graph_buckets_are_planned_only_when_asked_and_where_they_run(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.delenv(resolution.GRAPHS_ENV, raising=False)
+    on = EngineOptions(prefill_graphs=True)
+    assert resolution.prefill_graph_tokens(cuda, EngineOptions()) == ()          # off by default
+    assert resolution.prefill_graph_tokens(cuda, on) == (16, 32, 64, 128, 256, 512, 1024, 2048)
+    # Up to the first power of two that holds a step while streams decode (at most the prefill chunk).
+    assert resolution.prefill_graph_tokens(cuda, EngineOptions(prefill_graphs=True, max_step_tokens=300)) \
+        == (16, 32, 64, 128, 256, 512)
+    assert resolution.prefill_graph_tokens(cuda, EngineOptions(prefill_graphs=True, prefill_chunk_size=100)) \
+        == (16, 32, 64, 128)
+    for off in (EngineOptions(prefill_graphs=True, host_experts=True),
+                EngineOptions(prefill_graphs=True, speculative="mtp"),
+                EngineOptions(prefill_graphs=True, vision=True),
+                EngineOptions(prefill_graphs=True, purpose="causal_scoring")):
+        assert resolution.prefill_graph_tokens(cuda, off) == ()
+    assert resolution.prefill_graph_tokens(cpu, on) == ()
+    monkeypatch.setenv(resolution.GRAPHS_ENV, "0")
+    assert resolution.prefill_graph_tokens(cuda, on) == ()
+
+
+def test_the_prefill_graph_option_is_checked():
+    from ninfer.contracts.options import InvalidEngineOptions
+
+    with pytest.raises(InvalidEngineOptions, match="prefill_graphs"):
+        EngineOptions(prefill_graphs="yes").validate()
+
+
+def test_prefill_graphs_need_a_cuda_device_and_sane_buckets():
+    from ninfer.program.prefill_graphs import PrefillGraphs
+
+    with pytest.raises(ValueError, match="CUDA"):
+        PrefillGraphs(lambda batch: batch, device=torch.device("cpu"), buckets=(16,), rows=2, pages=2,
+                      pad_state_slot=0)

@@ -300,3 +300,12 @@ def test_a_budget_too_small_for_the_default_chunk_plans_a_smaller_one(default_ar
     monkeypatch.setenv(mb.BUDGET_ENV, f"{smallest - 0.5:.4f}")
     with pytest.raises(mb.MemoryPlanError, match="also with prefill chunks down to 512 tokens"):
         plan(default_artifact, opts)
+
+
+def test_prefill_graphs_add_their_padding_slot_and_their_pool():
+    plain = plan_memory(OPTS, budget(4096), load_bytes=0)
+    graphed = plan_memory(OPTS, budget(4096), load_bytes=0, prefill_graph_tokens=(16, 32, 64))
+    assert graphed.state_bytes == plain.state_bytes + PROFILE.state_bytes_per_sequence
+    # The largest bucket's step (64 tokens), its 4 rows and the padding row sampling.
+    pool = mm.workspace_bytes(PROFILE, step_tokens=64, logit_rows=5, max_context=4096)
+    assert graphed.graph_bytes == plain.graph_bytes + pool

@@ -87,6 +87,10 @@ class Qwen35Program(HostExpertCaches, SpeculativeProgram, ModelProgram):
         k = init.options.speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ProgramError(f"ProgramOptions.speculative_tokens must be an int >= 0, got {k!r}")
+        # Its layers run a padded flat call on device values alone (the varlen GDN ops, varlen attention, the
+        # row-wise rest), so steps that prefill can be captured; not yet beside a drafter's per-token work, media
+        # positions or host steps.
+        self.flat_steps = not (k or init.features.vision or init.features.host_experts)
         backend = (init.features.speculative or "mtp") if k else None
         drafter = drafter_for_backend(init.config, backend) if backend in DFLASH_BACKENDS else None
         super().__init__(init, model_layout(cfg, init.options.dtype, mtp=backend == "mtp", drafter=drafter,

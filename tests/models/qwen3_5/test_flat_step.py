@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import ForwardBatch
-from ninfer.program.flat_batch import flat_sizes, pack_flat
+from ninfer.program.flat_batch import FlatSizes, flat_sizes, pack_flat
 
 from . import harness as H
 
@@ -22,8 +22,8 @@ def _run(program, flat: bool):
         pad_state = program.states.allocate()
 
         def forward(batch: ForwardBatch):
-            packed = pack_flat(batch, program.device, pad_kv_slot=page * program.kv.page_size,
-                               pad_state_slot=pad_state, **SIZES)
+            packed = pack_flat(batch, program.device, FlatSizes(**SIZES, pad_kv_slot=page * program.kv.page_size,
+                                                                pad_state_slot=pad_state))
             return program.forward_packed(packed)[:batch.num_logit_rows]
 
         program.forward = forward
@@ -55,8 +55,10 @@ def test_a_step_that_does_not_fit_the_flat_sizes_is_refused(qwen_case):
 
     def forward(batch: ForwardBatch):
         seen["sizes"] = flat_sizes(batch)
+        sizes = FlatSizes(**SIZES, pad_kv_slot=0, pad_state_slot=0)
+        assert not sizes.fits(batch)
         with pytest.raises(ProgramError, match="does not fit the flat sizes"):
-            pack_flat(batch, program.device, pad_kv_slot=0, pad_state_slot=0, **SIZES)
+            pack_flat(batch, program.device, sizes)
         raise RuntimeError("checked")
 
     program.forward = forward

@@ -75,6 +75,10 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                    help="most tokens one engine step computes while other requests stream (their decode rows "
                         "plus prompt chunks; default 2048): smaller keeps streams smoother while prompts "
                         "arrive, larger gives new prompts a faster first token (batch jobs)")
+    g.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="also capture CUDA graphs of the steps that prefill, one per token bucket up to "
+                        "--max-step-tokens, so such a step replays instead of launching its layers (default off; "
+                        "not with --speculative, vision or host experts)")
     g.add_argument("--lookahead", choices=("auto", "on", "off"), default="auto",
                    help="lookahead decode: launch the next decode step before this one's tokens reach the host "
                         "(auto: with CUDA graphs)")
@@ -177,7 +181,8 @@ def engine_options(args: argparse.Namespace):
     kw: dict[str, Any] = {}
     for flag in ("max_concurrency", "max_context", "num_pages", "device", "dtype", "prefill_chunk_size",
                  "max_step_tokens", "vision", "max_encode_rows", "host_experts", "expert_cache_slots",
-                 "expert_copy_min_tokens", "host_expert_threads", "host_expert_kernel", "expert_routing_file"):
+                 "expert_copy_min_tokens", "host_expert_threads", "host_expert_kernel", "expert_routing_file",
+                 "prefill_graphs"):
         value = getattr(args, flag, None)
         if value is not None:
             kw[flag] = value

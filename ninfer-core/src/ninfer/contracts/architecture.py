@@ -100,7 +100,9 @@ class ProgramOptions:
     given only to an architecture that declares ``ArchitectureSpec.lookahead``, see
     ``ninfer.program.lookahead``). ``speculative_tokens``: the most drafts a speculative decode row may
     verify (``DecodeRow.drafts``; 0: the Program does not speculate and is built exactly as without it);
-    only an architecture with a drafter accepts more than 0."""
+    only an architecture with a drafter accepts more than 0. ``prefill_graph_tokens``: the token buckets of the
+    prefill-step CUDA graphs to capture beside the decode graphs (``ninfer.program.prefill_graphs``; empty: none;
+    a Program whose architecture cannot run flat steps captures none)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -111,6 +113,7 @@ class ProgramOptions:
     checkpoint_slots: int = 0
     lookahead_slots: int = 0
     speculative_tokens: int = 0
+    prefill_graph_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,11 @@ class EngineOptions:
       checkpoints) so no kernel compiles while serving; it leaves nothing behind. None: on for a generation
       engine on CUDA, off otherwise (on the CPU nothing compiles: it would only cost); True forces it on (also
       on the CPU, for tests), False off. True on a causal_scoring engine is an error.
+    - ``prefill_graphs`` (default False): also capture CUDA graphs of the steps that prefill, one per token bucket
+      (powers of two from 16 up to the step token budget), over the flat padded layout
+      (``ninfer.program.prefill_graphs``); a step that fits a bucket replays it instead of launching its layers.
+      Only where decode graphs are captured, and not with speculative decoding, vision or host experts (there it
+      is ignored); an architecture that cannot run flat steps captures none.
     """
 
     max_concurrency: int = 4
@@ -165,6 +170,7 @@ class EngineOptions:
     host_expert_threads: int | None = None
     host_expert_kernel: str | None = None
     expert_routing_file: str | None = None
+    prefill_graphs: bool = False
 
     def validate(self) -> EngineOptions:
         def bad(name: str, why: str) -> InvalidEngineOptions:
@@ -248,6 +254,8 @@ class EngineOptions:
             raise bad("host_expert_threads", "must be an int >= 1 or None (auto: half the host's cores)")
         if self.host_expert_kernel not in (None, "torch", "compiled"):
             raise bad("host_expert_kernel", "must be 'torch', 'compiled' or None (torch)")
+        if not isinstance(self.prefill_graphs, bool):
+            raise bad("prefill_graphs", "must be a bool")
         if self.expert_routing_file is not None and (not isinstance(self.expert_routing_file, str)
                                                      or not self.expert_routing_file):
             raise bad("expert_routing_file", "must be a file path (str) or None")

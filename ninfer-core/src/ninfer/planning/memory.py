@@ -164,8 +164,13 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
     work += options.encode_rows * profile.encoder_bytes_per_row if options.vision else 0
     # + context-cache checkpoints + lookahead spares + speculative verify snapshots (k + 1 per running request)
     snapshots = running * (resolved.speculative_tokens + 1) if resolved.speculative_tokens else 0
-    state = (running + options.checkpoint_slots + lookahead + snapshots) * profile.state_bytes_per_sequence
+    # + the slot prefill graphs' padded rows share
+    pad = 1 if resolved.prefill_graph_tokens else 0
+    state = (running + options.checkpoint_slots + lookahead + snapshots + pad) * profile.state_bytes_per_sequence
     graphs = graph_pool_bytes(profile, resolved.graph_batches, max_context, tokens_per_row=per_row)
+    if resolved.prefill_graph_tokens:   # their pool holds the largest bucket's step (the smaller ones reuse it)
+        graphs += workspace_bytes(profile, step_tokens=resolved.prefill_graph_tokens[-1],
+                                  logit_rows=running + lookahead + pad, max_context=max_context)
     runtime_fixed = weights + state + work + graphs
     startup_fixed = startup_weights + profile.converted_weight_bytes + state
     room = budget.budget_bytes - budget.headroom_bytes - max(runtime_fixed, startup_fixed)

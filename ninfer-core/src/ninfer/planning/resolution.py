@@ -34,6 +34,8 @@ from ninfer.contracts.architecture import ModelProfile, ProgramOptions
 from ninfer.contracts.options import EngineOptions, InvalidEngineOptions
 
 GRAPHS_ENV = "NINFER_CUDA_GRAPHS"
+# The smallest prefill-graph bucket: a step of fewer tokens pads to it (its forward costs the same as 16 tokens').
+MIN_PREFILL_GRAPH_TOKENS = 16
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -91,6 +93,21 @@ def explicit_pages(options: EngineOptions, profile: ModelProfile, max_context: i
         raise InvalidEngineOptions(f"the KV pool of {pages} pages x {ps} tokens cannot hold one request of "
                                    f"max_context {max_context}")
     return pages
+
+
+def prefill_graph_tokens(device: torch.device, options: EngineOptions) -> tuple[int, ...]:
+    """The token buckets of the prefill-step graphs (``EngineOptions.prefill_graphs``): powers of two from
+    :data:`MIN_PREFILL_GRAPH_TOKENS` up to the first that holds a step while streams decode (``max_step_tokens``,
+    at most the prefill chunk); none unless asked for, where decode graphs are captured, without speculation,
+    vision or host experts."""
+    if (not options.prefill_graphs or not graph_batches(device, options) or options.host_experts
+            or options.speculative or options.num_speculative_tokens or options.vision):
+        return ()
+    top = min(options.step_tokens, options.prefill_chunk)
+    buckets = [MIN_PREFILL_GRAPH_TOKENS]
+    while buckets[-1] < top:
+        buckets.append(2 * buckets[-1])
+    return tuple(buckets)
 
 
 def graph_batches(device: torch.device, options: EngineOptions) -> int:
@@ -192,7 +209,8 @@ class ResolvedOptions:
     ``options.prefill_chunk_size`` is the resolved chunk; ``options.num_pages`` / ``kv_budget_mib`` are as
     given (the memory plan names the rule that sized the pool from them). ``explicit_pages`` is the pool
     they size (None: automatic); ``graph_batches`` the decode graphs captured for batch sizes
-    1..graph_batches (0: none); ``lookahead_slots`` the lookahead spares (0: lookahead off);
+    1..graph_batches (0: none); ``prefill_graph_tokens`` the prefill-step graphs' token buckets (empty: none);
+    ``lookahead_slots`` the lookahead spares (0: lookahead off);
     ``speculative_tokens`` the drafts per speculative decode row (0: no speculation; > 0: no lookahead, and
     the graphs are the Program's verify graphs)."""
 
@@ -203,6 +221,7 @@ class ResolvedOptions:
     graph_batches: int
     lookahead_slots: int
     speculative_tokens: int = 0
+    prefill_graph_tokens: tuple[int, ...] = ()
 
     def program_options(self, num_pages: int) -> ProgramOptions:
         """The Program's physical sizing with a KV pool of ``num_pages`` pages."""
@@ -210,7 +229,8 @@ class ResolvedOptions:
         return ProgramOptions(device=self.device, dtype=self.dtype, max_sequences=o.max_concurrency,
                               page_size=o.page_size, num_pages=num_pages, max_context=o.max_context,
                               checkpoint_slots=o.checkpoint_slots, lookahead_slots=self.lookahead_slots,
-                              speculative_tokens=self.speculative_tokens)
+                              speculative_tokens=self.speculative_tokens,
+                              prefill_graph_tokens=self.prefill_graph_tokens)
 
     def engine_options(self, num_pages: int) -> EngineOptions:
         """The effective EngineOptions an engine serving ``num_pages`` KV pages reports and runs with."""
@@ -235,4 +255,5 @@ def resolve_options(options: EngineOptions, *, device: torch.device, dtype: torc
                                    num_speculative_tokens=speculative_tokens(options, drafts) or None)
     return ResolvedOptions(options=resolved, device=device, dtype=dtype, explicit_pages=pages,
                            graph_batches=graph_batches(device, options), lookahead_slots=spares,
-                           speculative_tokens=speculative_tokens(options, drafts))
+                           speculative_tokens=speculative_tokens(options, drafts),
+                           prefill_graph_tokens=prefill_graph_tokens(device, options))

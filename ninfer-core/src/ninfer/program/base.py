@@ -77,6 +77,9 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
     ``dtype``: the activation dtype (None for a Program without one, e.g. a test double).
     """
 
+    #: StateImage slots the Program holds for its own use for its whole life (never a sequence's): not capacity.
+    held_state_slots = 0
+
     def __init__(self, *, vocab_size: int, kv: PagedKVCache, states: StateImageStorage, ops,
                  device: torch.device, max_context: int, checkpoints: StateImageStorage | None = None,
                  lookahead_slots: int = 0, dtype: torch.dtype | None = None) -> None:
@@ -163,7 +166,8 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
     def capacity(self) -> ProgramCapacity:
         return ProgramCapacity(
             total_pages=self.kv.num_pages, free_pages=self.kv.allocator.free_pages,
-            total_state_slots=self.states.num_slots - self.lookahead_slots, free_state_slots=self.states.free_slots,
+            total_state_slots=self.states.num_slots - self.lookahead_slots - self.held_state_slots,
+            free_state_slots=self.states.free_slots,
             page_size=self.page_size)
 
     def ledger_length(self, seq: SeqId) -> int:

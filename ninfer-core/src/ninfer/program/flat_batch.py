@@ -24,6 +24,8 @@ chunked form).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ninfer.contracts.program import ProgramError
@@ -39,22 +41,39 @@ def flat_sizes(batch: ForwardBatch) -> tuple[int, int, int, int]:
     return tokens, rows, pages, batch.num_logit_rows
 
 
-def pack_flat(batch: ForwardBatch, device: torch.device, *, tokens: int, rows: int, pages: int, logit_rows: int,
-              pad_kv_slot: int, pad_state_slot: int) -> PackedBatch:
-    """``batch`` as flat rows padded to the given sizes (module docstring). Raises ProgramError when it does not
-    fit them, or when it has what the flat layout cannot carry (a lookahead step's device tokens, a verify or
-    scoring chunk)."""
+@dataclass(frozen=True)
+class FlatSizes:
+    """The padded sizes of a flat call: ``tokens`` tokens, ``rows`` rows of at most ``pages`` pages, ``logit_rows``
+    logit rows; ``pad_kv_slot`` / ``pad_state_slot`` where padded tokens and rows point (module docstring)."""
+
+    tokens: int
+    rows: int
+    pages: int
+    logit_rows: int
+    pad_kv_slot: int
+    pad_state_slot: int
+
+    def fits(self, batch: ForwardBatch) -> bool:
+        """Whether ``batch`` can be laid out flat in these sizes (:func:`flat_lists` would not raise)."""
+        d = batch.decode
+        if any(c.verify or c.all_logits for c in batch.chunks):
+            return False
+        if d is not None and (d.token_ids is None or d.state_out_slots != d.state_slots):
+            return False
+        need = flat_sizes(batch)
+        return all(n <= cap for n, cap in zip(need, (self.tokens, self.rows, self.pages, self.logit_rows), strict=True))
+
+
+def flat_lists(batch: ForwardBatch, sizes: FlatSizes) -> tuple[list[int], list[int]]:
+    """The host description of ``batch`` laid out flat in ``sizes``: the int64 list (tokens, positions, KV slots
+    [tokens each], logit rows [logit_rows], state slots [rows]) and the int32 list (offsets [rows + 1], KV lengths
+    [rows], page tables [rows x pages]). Raises ProgramError when the batch does not fit (:meth:`FlatSizes.fits`)."""
+    if not sizes.fits(batch):
+        raise ProgramError(f"a step of (tokens, rows, pages, logit rows) {flat_sizes(batch)} does not fit the flat "
+                           f"sizes {(sizes.tokens, sizes.rows, sizes.pages, sizes.logit_rows)}, or has a verify or "
+                           f"scoring chunk or device-drawn decode tokens")
     d, chunks = batch.decode, batch.chunks
-    if any(c.verify or c.all_logits for c in chunks):
-        raise ProgramError("a flat step carries no verify or scoring chunk")
-    if d is not None and (d.token_ids is None or d.state_out_slots != d.state_slots):
-        raise ProgramError("a flat step's decode rows take their tokens from the host and update their own slots")
-    need = flat_sizes(batch)
-    if any(n > cap for n, cap in zip(need, (tokens, rows, pages, logit_rows), strict=True)):
-        raise ProgramError(f"a step of (tokens, rows, pages, logit rows) {need} does not fit the flat sizes "
-                           f"{(tokens, rows, pages, logit_rows)}")
     b = len(d.seqs) if d is not None else 0
-    real_tokens = need[0]
     # Per row: (q_len, kv_len, pages, state slot); then the token layout of pack_batch.
     meta = [(1, a + 1, p, s) for a, p, s in zip(d.at, d.pages, d.state_slots, strict=True)] if d is not None else []
     meta += [(c.num_tokens, c.kv_len, c.pages, c.slot) for c in chunks]
@@ -70,29 +89,35 @@ def pack_flat(batch: ForwardBatch, device: torch.device, *, tokens: int, rows: i
         if c.want_logits:
             logits.append(at + c.num_tokens - 1)
         at += c.num_tokens
-    pad = tokens - real_tokens
-    ids += [0] * pad
-    positions += [0] * pad
-    kv_slots += [pad_kv_slot] * pad
-    logits += [0] * (logit_rows - len(logits))
-    slots = [m[3] for m in meta] + [pad_state_slot] * (rows - len(meta))
-    wide = ids + positions + kv_slots + logits + slots
+    pad, empty = sizes.tokens - len(ids), sizes.rows - len(meta)
+    wide = (ids + [0] * pad + positions + [0] * pad + kv_slots + [sizes.pad_kv_slot] * pad
+            + logits + [0] * (sizes.logit_rows - len(logits)) + [m[3] for m in meta] + [sizes.pad_state_slot] * empty)
     cu = [0]
     for q_len, *_ in meta:
         cu.append(cu[-1] + q_len)
-    cu += [cu[-1]] * (rows - len(meta))
-    narrow = cu + [m[1] for m in meta] + [0] * (rows - len(meta))
+    narrow = cu + [cu[-1]] * empty + [m[1] for m in meta] + [0] * empty
     for _, _, row_pages, _ in meta:
         narrow.extend(row_pages)
-        narrow.extend([0] * (pages - len(row_pages)))   # never read: kernels stop at each row's kv length
-    narrow.extend([0] * (pages * (rows - len(meta))))
-    big = to_device(wide, torch.int64, device)
-    small = to_device(narrow, torch.int32, device)
-    n = tokens
+        narrow.extend([0] * (sizes.pages - len(row_pages)))   # never read: kernels stop at each row's kv length
+    narrow.extend([0] * (sizes.pages * empty))
+    return wide, narrow
+
+
+def flat_views(big: torch.Tensor, small: torch.Tensor, sizes: FlatSizes) -> PackedBatch:
+    """The padded flat PackedBatch over device buffers holding :func:`flat_lists`' two lists (a graph's static
+    inputs, or a step's copies). Its host fields describe the padded shape only."""
+    n, r, lr = sizes.tokens, sizes.rows, sizes.logit_rows
     return PackedBatch(
         num_decode=0, num_chunk=n, tokens=big[:n], positions=big[n:2 * n], slot_mapping=big[2 * n:3 * n],
         decode_slots=None, decode_out_slots=None, decode_kv_lens=None, decode_page_tables=None,
-        chunk_slots=tuple(slots), chunk_lens=tuple(m[0] for m in meta) + (0,) * (rows - len(meta)),
-        chunk_cu_q=small[:rows + 1], chunk_kv_lens=small[rows + 1:2 * rows + 1],
-        chunk_page_tables=small[2 * rows + 1:].view(rows, pages), logit_rows=big[3 * n:3 * n + logit_rows],
-        chunk_state_slots=big[3 * n + logit_rows:], padded=True)
+        chunk_slots=(sizes.pad_state_slot,) * r, chunk_lens=(0,) * r,
+        chunk_cu_q=small[:r + 1], chunk_kv_lens=small[r + 1:2 * r + 1],
+        chunk_page_tables=small[2 * r + 1:].view(r, sizes.pages), logit_rows=big[3 * n:3 * n + lr],
+        chunk_state_slots=big[3 * n + lr:3 * n + lr + r], padded=True)
+
+
+def pack_flat(batch: ForwardBatch, device: torch.device, sizes: FlatSizes) -> PackedBatch:
+    """``batch`` as flat rows padded to ``sizes`` on ``device`` (module docstring; ProgramError when it does not
+    fit)."""
+    wide, narrow = flat_lists(batch, sizes)
+    return flat_views(to_device(wide, torch.int64, device), to_device(narrow, torch.int32, device), sizes)

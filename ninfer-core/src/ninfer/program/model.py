@@ -15,7 +15,8 @@ Invariants:
   the host. Decode graphs capture exactly that call, so the eager and the graphed decode step run the
   same kernels on the same inputs.
 - A decode-only unit replays the graph of its exact batch size when one was captured, else runs
-  eagerly; a unit with chunks always runs eagerly.
+  eagerly; a unit with chunks replays the smallest prefill graph that holds it laid out flat (when they were
+  captured: ``prefill_graphs``), else runs eagerly.
 - Lookahead decode (``ProgramOptions.lookahead_slots``, given only when ``ArchitectureSpec.lookahead``
   is declared): ``forward_packed`` reads each decode row's state from ``decode_slots`` and writes every
   StateImage field of ``decode_out_slots``.
@@ -34,6 +35,7 @@ from ninfer.contracts.program import ProgramError
 from ninfer.program.base import SequenceProgram
 from ninfer.program.batch import ForwardBatch, HostTokens, PackedBatch, pack_batch
 from ninfer.program.graphs import DecodeGraphs
+from ninfer.program.prefill_graphs import PrefillGraphs
 from ninfer.storage.kv_pool import PagedKVCache, SidePool
 from ninfer.storage.state_image import StateImageStorage, StateLayout
 
@@ -67,7 +69,14 @@ class ModelLayout:
 
 class ModelProgram(SequenceProgram):
     """A SequenceProgram whose ``forward`` is the architecture's :meth:`forward_packed` (see the module
-    docstring). ``graphs``: the captured decode graphs, or None."""
+    docstring). ``graphs``: the captured decode graphs, or None; ``prefill_graphs``: the captured prefill-step
+    graphs, or None.
+
+    ``flat_steps`` (class attribute): the architecture's :meth:`forward_packed` runs padded flat calls
+    (:mod:`ninfer.program.flat_batch`) without reading anything of them on the host, so its steps that prefill can
+    be captured (``ProgramOptions.prefill_graph_tokens``)."""
+
+    flat_steps = False
 
     def __init__(self, init: ProgramInit, layout: ModelLayout) -> None:
         opt = init.options
@@ -76,13 +85,19 @@ class ModelProgram(SequenceProgram):
                           num_kv_heads=layout.kv.num_kv_heads, head_dim=layout.kv.head_dim, dtype=opt.dtype,
                           device=device, geometry={layer: (h, d) for layer, h, d in layout.kv.own},
                           side=layout.kv.side)
-        states = StateImageStorage(layout.state, opt.max_sequences + opt.lookahead_slots, device)
+        # Prefill graphs hold one more slot, the one their padded rows share (never a sequence's).
+        self._prefill_tokens = opt.prefill_graph_tokens if self.flat_steps else ()
+        spare = 1 if self._prefill_tokens else 0
+        states = StateImageStorage(layout.state, opt.max_sequences + opt.lookahead_slots + spare, device)
         checkpoints = StateImageStorage(layout.state, opt.checkpoint_slots, device) if opt.checkpoint_slots else None
         super().__init__(vocab_size=layout.vocab_size, kv=kv, states=states, ops=init.ops, device=device,
                          max_context=min(opt.max_context, layout.max_positions), checkpoints=checkpoints,
                          lookahead_slots=opt.lookahead_slots, dtype=opt.dtype)
         self.layout = layout
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
+        self._pad_slot = self.states.allocate() if spare else None
+        self.held_state_slots = spare
 
     # -- the architecture ------------------------------------------------------------------------
     @abstractmethod
@@ -99,6 +114,8 @@ class ModelProgram(SequenceProgram):
                 return self.graphs.run(d)
             return self._decode_forward(d.tokens, d.positions, d.slots, d.out_slots, d.kv_lens, d.page_tables,
                                         d.slot_mapping)
+        if self.prefill_graphs is not None and self.prefill_graphs.fits(batch):
+            return self.prefill_graphs.run(batch)
         return self.forward_packed(pack_batch(batch, self.device))
 
     def _decode_forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -122,7 +139,26 @@ class ModelProgram(SequenceProgram):
         with torch.inference_mode():
             graphs.capture()
         self.graphs = graphs
+        if self._prefill_tokens:
+            self.capture_prefill_graphs(self._prefill_tokens)
         return graphs.batch_sizes
+
+    def capture_prefill_graphs(self, buckets: tuple[int, ...]) -> tuple[int, ...]:
+        """Capture the flat-step forward for each token bucket (CUDA, an architecture with ``flat_steps``; see
+        :mod:`ninfer.program.prefill_graphs`), rows for every sequence the Program holds and pages for its
+        max_context. Before any sequence exists. Returns the buckets."""
+        if self._seqs:
+            raise ProgramError("prefill graphs must be captured before any sequence is opened")
+        if not self.flat_steps or self._pad_slot is None:
+            raise ProgramError(f"{type(self).__name__} does not run flat steps (or holds no slot for their padded "
+                               f"rows): no prefill graphs")
+        graphs = PrefillGraphs(self.forward_packed, device=self.device, buckets=tuple(buckets),
+                               rows=self.states.num_slots, pages=self.kv.pages_for(self.max_context),
+                               pad_state_slot=self._pad_slot)
+        with torch.inference_mode():
+            graphs.capture()
+        self.prefill_graphs = graphs
+        return graphs.buckets
 
     def precomputed_greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
         return self.graphs.greedy_for(logits) if self.graphs is not None else None
@@ -134,3 +170,6 @@ class ModelProgram(SequenceProgram):
         if self.graphs is not None:
             self.graphs.close()
             self.graphs = None
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.close()
+            self.prefill_graphs = None
