@@ -7,6 +7,7 @@ sequence's KV and state alone (the second program's later steps would diverge ot
 from __future__ import annotations
 
 import pytest
+import torch
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import ForwardBatch
 from ninfer.program.flat_batch import FlatSizes, flat_sizes, pack_flat
@@ -66,3 +67,44 @@ def test_a_step_that_does_not_fit_the_flat_sizes_is_refused(qwen_case):
     with pytest.raises(RuntimeError, match="checked"):
         r.unit(chunks=[(seqs[0], 30), (seqs[1], 30)])
     assert seen["sizes"] == (60, 2, 8, 2)   # 60 tokens > 40
+
+
+def test_prefill_graphs_hold_one_state_slot_outside_the_capacity(qwen_case):
+    import dataclasses
+
+    from ninfer.contracts.architecture import ProgramInit, ProgramOptions
+    from ninfer.ops import resolve_ops
+    from ninfer.plugins import get_registry
+
+    case = qwen_case("dense")
+    options = ProgramOptions(device=torch.device("cpu"), dtype=torch.float32, max_sequences=3, page_size=4,
+                             num_pages=64, max_context=128, prefill_graph_tokens=(16, 32))
+    ops = resolve_ops(get_registry().ops, "cpu", torch.float32, force="reference")
+
+    def program(opts):
+        return case.spec.create_program(ProgramInit(config=case.config, weights=case.weights, ops=ops, options=opts))
+
+    graphed, plain = program(options), program(dataclasses.replace(options, prefill_graph_tokens=()))
+    assert graphed.states.num_slots == plain.states.num_slots + 1
+    for p in (graphed, plain):
+        cap = p.capacity()
+        assert cap.total_state_slots == cap.free_state_slots == 3
+    with pytest.raises(ValueError, match="CUDA"):   # the graphs themselves need a CUDA device
+        graphed.capture_prefill_graphs((16,))
+    assert graphed.flat_steps
+
+
+def test_no_flat_steps_beside_host_experts(qwen_case):
+    from ninfer.contracts.architecture import ProgramInit, ProgramOptions, StartupFeatures
+    from ninfer.ops import resolve_ops
+    from ninfer.plugins import get_registry
+
+    case = qwen_case("moe")
+    options = ProgramOptions(device=torch.device("cpu"), dtype=torch.float32, max_sequences=3, page_size=4,
+                             num_pages=64, max_context=128, prefill_graph_tokens=(16,))
+    ops = resolve_ops(get_registry().ops, "cpu", torch.float32, force="reference")
+    program = case.spec.create_program(ProgramInit(config=case.config, weights=case.weights, ops=ops, options=options,
+                                                   features=StartupFeatures(host_experts=True)))
+    assert not program.flat_steps and program.states.num_slots == 3   # no slot held, nothing to capture
+    with pytest.raises(ProgramError, match="does not run flat steps"):
+        program.capture_prefill_graphs((16,))
