@@ -7,7 +7,8 @@ the call has no decode rows, and its ``R`` rows (decode rows, then the chunks) a
 (offsets, KV lengths, page tables, state slots). So an architecture whose chunk path reads nothing on the host runs
 any mix of rows through one code path, and a graph of it is keyed by its padded sizes alone.
 
-Padding, to ``tokens`` tokens, ``rows`` rows of ``pages`` pages and ``logit_rows`` logit rows:
+Padding, to the sizes of a :class:`FlatSizes` (``tokens`` tokens, ``rows`` rows of ``pages`` pages, ``logit_rows``
+logit rows):
 
 - tokens past the real ones belong to no row (the offsets end at the real count): token 0, position 0, and KV slot
   ``pad_kv_slot`` (-1 on CUDA, which the device KV writes drop; a slot of a page no sequence uses where the writes
@@ -17,9 +18,12 @@ Padding, to ``tokens`` tokens, ``rows`` rows of ``pages`` pages and ``logit_rows
 - padded logit rows read token 0 and are not sampled.
 
 ``PackedBatch.padded`` marks such a call; the model then zeroes the outputs of the tokens in no row (those past the
-last offset, a device value) where they enter the residual stream, so they stay finite. Invariant: the first ``num_logit_rows`` logits equal those
-of the ``pack_batch`` layout up to the arithmetic of the chunk path (a decode row's recurrence is computed in its
-chunked form).
+last offset, a device value) where they enter the residual stream, so they stay finite. Invariant: the first
+``num_logit_rows`` logits equal those of the ``pack_batch`` layout up to the arithmetic of the chunk path (a decode
+row's recurrence is computed in its chunked form).
+
+:func:`flat_lists` gives the host description, :func:`flat_views` the PackedBatch over device buffers holding it
+(a graph's static inputs), :func:`pack_flat` both at once for an eager call.
 """
 
 from __future__ import annotations
