@@ -123,3 +123,20 @@ def test_cuda_speculative_verify_graphs_through_host_experts(artifacts, tmp_path
     assert got == plain
     assert memory.graph_final_growth_bytes > 0
 
+
+
+def test_cuda_moe_prefill_graphs_equal_eager(artifacts):  # noqa: F811
+    """The flat prefill-step graphs over a MoE model (device experts: the grouped expert GEMMs inside the graph) give
+    the eager tokens; with host experts none are captured."""
+    path = artifacts["top2of8"]
+    plain, _, _ = _cuda_generate(path, host_experts=False)
+    with Engine.start(path, EngineOptions(device="cuda", dtype="float32", max_concurrency=4, max_context=256,
+                                          prefill_chunk_size=16, page_size=4, host_experts=False,
+                                          prefill_graphs=True)) as engine:
+        assert engine.info["prefill_graphs"] == [16]
+        handles = [engine.submit(p, sampling=GREEDY) for p in PROMPTS]
+        assert [tuple(h.result().token_ids) for h in handles] == plain
+        assert engine._program.prefill_graphs.replays > 0  # noqa: SLF001
+    with Engine.start(path, EngineOptions(device="cuda", dtype="float32", max_concurrency=4, max_context=256,
+                                          page_size=4, host_experts=True, prefill_graphs=True)) as engine:
+        assert engine.info["prefill_graphs"] == []
