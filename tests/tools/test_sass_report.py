@@ -60,3 +60,12 @@ def test_nvfp4_moe_kernels_build_for_sm90(tmp_path):
     for name in ("qmoe_nvfp4_gate_up", "qmoe_nvfp4_down"):
         assert report[name]["reg"] > 0 and report[name]["stack"] == 0, (name, report[name])
     assert all(r["instructions"] > 0 for r in report.values())
+
+
+def test_the_varlen_prefill_kernels_build_for_sm90(tmp_path):
+    """The kernels that run a step's chunks from device offsets (their early return and device-bounded loops) build
+    for the H200; the GDN prep and scan keep the one-sequence builds' property of no spills."""
+    reports, _ = _report(tmp_path, "varlen")
+    assert set(reports) == {"gdn_prep_varlen", "gdn_scan_varlen", "conv_varlen", "conv_varlen_state"}
+    assert reports["gdn_prep_varlen"]["stack"] == 0 and reports["gdn_scan_varlen"]["stack"] == 0
+    assert all(r["reg"] > 0 and r["instructions"] > 0 for r in reports.values())
