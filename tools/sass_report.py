@@ -33,9 +33,9 @@ import tempfile
 from dataclasses import dataclass, field
 
 # Instruction kinds counted; a kind is matched on the opcode's first dot-separated word (LDG.E.128 -> LDG).
-KINDS = ("LDG", "LDGSTS", "LDS", "LDL", "STG", "STS", "STL", "SHFL", "REDUX", "BAR", "HMMA", "FFMA", "MUFU")
+KINDS = ("LDG", "LDGSTS", "LDS", "LDL", "STG", "STS", "STL", "SHFL", "REDUX", "BAR", "HMMA", "HGMMA", "FFMA", "MUFU")
 # Issue-order markers: memory traffic against the math it may wait behind.
-ORDER = ("LDGSTS", "LDG", "STG", "HMMA", "MUFU", "BAR", "REDUX", "SHFL")
+ORDER = ("LDGSTS", "LDG", "STG", "HMMA", "HGMMA", "MUFU", "BAR", "REDUX", "SHFL")
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,15 @@ def _presets() -> dict[str, Preset]:
                                NW_DTYPE=tl.bfloat16, INTERP=False, PDL=True), 4,
                           {"st_ptr": "*fp32", "slots_ptr": "*i64", "out_slots_ptr": "*i64", "na_ptr": "*fp32",
                            "dt_ptr": "*fp32", "tk_ptr": "*i32"}),
+        # The MoE prefill's grouped expert GEMMs at their 8k launch (64-row blocks, H = 2048, I = 512): whether the
+        # dots become Hopper's warpgroup MMA (HGMMA) or the older mma.sync (HMMA).
+        "moe_gate_up_prefill": Preset("ninfer.ops.triton.moe", "_moe_gate_up_kernel",
+                                      dict(TOPK=8, BM=64, BN=64, BK=64, EVEN_K=True, IEEE=False, UPCAST=False), 4,
+                                      {"pair_ptr": "*i64", "bexp_ptr": "*i64"}, divisible=("H", "NI")),
+        "moe_down_prefill": Preset("ninfer.ops.triton.moe", "_moe_down_kernel",
+                                   dict(BM=64, BN=128, BK=64, EVEN_K=True, IEEE=False, UPCAST=False), 4,
+                                   {"pair_ptr": "*i64", "bexp_ptr": "*i64", "rw_ptr": "*fp32", "y_ptr": "*fp32"},
+                                   divisible=("H", "NI")),
         # The prefill kernels that read a step's chunks from device offsets (bf16, the 35B-A3B GDN heads).
         "gdn_prep_varlen": Preset("ninfer_qwen3_5.ops.triton.gdn", "_gdn_chunk_prep_kernel",
                                   dict(R=2, DK=128, DV=128, BK=128, BV=128, BT=64, PREC="tf32", VARLEN=True), 8,
