@@ -64,8 +64,9 @@ def test_nvfp4_moe_kernels_build_for_sm90(tmp_path):
 
 def test_the_varlen_prefill_kernels_build_for_sm90(tmp_path):
     """The kernels that run a step's chunks from device offsets (their early return and device-bounded loops) build
-    for the H200; the GDN prep and scan keep the one-sequence builds' property of no spills."""
+    for the H200; the GDN prep and scan keep the one-sequence builds' property of no spills, and the varlen conv at its
+    launch's 8 warps has none either."""
     reports, _ = _report(tmp_path, "varlen")
     assert set(reports) == {"gdn_prep_varlen", "gdn_scan_varlen", "conv_varlen", "conv_varlen_state"}
-    assert reports["gdn_prep_varlen"]["stack"] == 0 and reports["gdn_scan_varlen"]["stack"] == 0
+    assert all(reports[k]["stack"] == 0 for k in ("gdn_prep_varlen", "gdn_scan_varlen", "conv_varlen"))
     assert all(r["reg"] > 0 and r["instructions"] > 0 for r in reports.values())
