@@ -346,11 +346,28 @@ def check_gated_prefill_attention(ops, device, dtype, gen, rows=((3, 5), (1, 40)
     return gated.cpu(), composed.cpu()
 
 
+def check_a_wrong_gate_is_refused(ops, device, dtype):
+    """Both attentions refuse a gate that is not ``[rows, Hq*D]``, with a ValueError naming the gate."""
+    import pytest
+
+    pool = torch.zeros(2, 4, 2, 16, dtype=dtype, device=device)
+    table = torch.zeros(1, 1, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="gate"):
+        ops.paged_decode_attention(torch.zeros(1, 4, 16, dtype=dtype, device=device), pool, pool,
+                                   torch.ones(1, dtype=torch.int32, device=device), table, 0.25,
+                                   torch.zeros(1, 8, dtype=dtype, device=device))
+    with pytest.raises(ValueError, match="gate"):
+        ops.paged_attention(torch.zeros(2, 4, 16, dtype=dtype, device=device), pool, pool,
+                            torch.tensor([0, 2], dtype=torch.int32, device=device),
+                            torch.full((1,), 2, dtype=torch.int32, device=device), table, 0.25,
+                            torch.zeros(2, 8, dtype=dtype, device=device))
+
+
 # --- several sequences in one call (causal_conv1d_varlen, gdn_chunk_varlen) ---
 VARLEN_LENS = (1, 2, 70, 64, 5, 130)   # a token, fewer tokens than the conv's K-1 state, across chunk boundaries
 # A padded call: empty sequences sharing one slot (which must come out as it went in) between real ones, and tokens
 # past the last offset that belong to no sequence.
-PADDED_LENS, PADDED_SLOTS, PADDED_TAIL = (0, 5, 0, 70, 0), (9, 1, 9, 3, 9), 7
+PADDED = {"lens": (0, 5, 0, 70, 0), "slots": (9, 1, 9, 3, 9), "tail": 7}
 
 
 def _varlen_layout(lens, device, slots=None, tail=0):

@@ -41,32 +41,17 @@ def test_paged_decode_attention(device, dtype, page, hq, hkv, d, gen):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_paged_decode_attention_output_gate(device, dtype, gen):
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_the_output_gate(device, dtype, kind, gen):
     # By definition (contract): the ungated output times torch's sigmoid(gate), in q.dtype -- bit for bit;
     # a gate of the wrong shape names the problem.
-    from .shared_checks import check_gated_decode_attention
+    from .shared_checks import (
+        check_a_wrong_gate_is_refused,
+        check_gated_decode_attention,
+        check_gated_prefill_attention,
+    )
 
-    gated, composed = check_gated_decode_attention(reference_ops(device, dtype), device, dtype, gen)
+    check = check_gated_decode_attention if kind == "decode" else check_gated_prefill_attention
+    gated, composed = check(reference_ops(device, dtype), device, dtype, gen)
     assert torch.equal(gated, composed)
-    q = torch.zeros(1, 4, 16, dtype=dtype, device=device)
-    pool = torch.zeros(2, 4, 2, 16, dtype=dtype, device=device)
-    with pytest.raises(ValueError, match="gate"):
-        reference_ops(device, dtype).paged_decode_attention(
-            q, pool, pool, torch.ones(1, dtype=torch.int32, device=device),
-            torch.zeros(1, 1, dtype=torch.int32, device=device), 0.25, torch.zeros(1, 8, dtype=dtype, device=device))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_paged_attention_output_gate(device, dtype, gen):
-    # By definition (contract): the ungated output times torch's sigmoid(gate), in q.dtype -- bit for bit.
-    from .shared_checks import check_gated_prefill_attention
-
-    gated, composed = check_gated_prefill_attention(reference_ops(device, dtype), device, dtype, gen)
-    assert torch.equal(gated, composed)
-    q = torch.zeros(2, 4, 16, dtype=dtype, device=device)
-    pool = torch.zeros(2, 4, 2, 16, dtype=dtype, device=device)
-    with pytest.raises(ValueError, match="gate"):
-        reference_ops(device, dtype).paged_attention(
-            q, pool, pool, torch.tensor([0, 2], dtype=torch.int32, device=device),
-            torch.full((1,), 2, dtype=torch.int32, device=device), torch.zeros(1, 1, dtype=torch.int32, device=device),
-            0.25, torch.zeros(2, 8, dtype=dtype, device=device))
+    check_a_wrong_gate_is_refused(reference_ops(device, dtype), device, dtype)

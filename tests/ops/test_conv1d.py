@@ -11,9 +11,7 @@ import torch
 from .conftest import DTYPES, Pointwise, assert_bits, assert_pointwise, randn, reference_ops
 from .oracles import conv1d_oracle
 from .shared_checks import (
-    PADDED_LENS,
-    PADDED_SLOTS,
-    PADDED_TAIL,
+    PADDED,
     check_conv1d_update_out_slots,
     check_conv1d_update_slots,
     check_conv1d_varlen,
@@ -72,5 +70,4 @@ def test_varlen_sequences_from_their_slots(device, dtype, k, gen):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_varlen_empty_sequences_and_a_tail(device, dtype, gen):
-    check_conv1d_varlen(reference_ops(device, dtype), device, dtype, 24, 4, gen, CRIT[dtype], lens=PADDED_LENS,
-                        slots=PADDED_SLOTS, tail=PADDED_TAIL)
+    check_conv1d_varlen(reference_ops(device, dtype), device, dtype, 24, 4, gen, CRIT[dtype], **PADDED)

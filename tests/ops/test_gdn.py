@@ -14,9 +14,7 @@ import torch
 
 from .conftest import Normwise, reference_ops
 from .shared_checks import (
-    PADDED_LENS,
-    PADDED_SLOTS,
-    PADDED_TAIL,
+    PADDED,
     check_gdn_prefill,
     check_gdn_recurrent_out_slots,
     check_gdn_recurrent_slots,
@@ -66,4 +64,4 @@ def test_chunk_varlen_sequences_from_their_slots(device, dtype, hk, hv, dk, dv, 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunk_varlen_empty_sequences_and_a_tail(device, dtype, gen):
     check_gdn_varlen(reference_ops(device, dtype), device, dtype, 1, 2, 16, 8, gen, OUT[dtype], STATE,
-                     lens=PADDED_LENS, slots=PADDED_SLOTS, tail=PADDED_TAIL)
+                     **PADDED)

@@ -159,27 +159,21 @@ def test_decode_output_gate(dtype, extra_pages, gen):
     from ops.shared_checks import check_gated_decode_attention
 
     gated, composed = check_gated_decode_attention(triton_ops(dtype), DEVICE, dtype, gen, extra_pages=extra_pages)
+    _within_one_ulp(gated, composed, dtype)
+
+
+def _within_one_ulp(gated, composed, dtype):
     ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -22
     assert (gated.double() - composed.double()).abs().max() <= ulp * composed.double().abs().max()
-    with pytest.raises(ValueError, match="gate"):
-        triton_ops(dtype).paged_decode_attention(
-            torch.zeros(1, 4, 16, dtype=dtype, device=DEVICE), torch.zeros(2, 4, 2, 16, dtype=dtype, device=DEVICE),
-            torch.zeros(2, 4, 2, 16, dtype=dtype, device=DEVICE), torch.ones(1, dtype=torch.int32, device=DEVICE),
-            torch.zeros(1, 1, dtype=torch.int32, device=DEVICE), 0.25, torch.zeros(1, 8, dtype=dtype, device=DEVICE))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_output_gate(dtype, gen):
     """The gate applied at the prefill kernel's output store: the ungated kernel followed by torch's
-    o * sigmoid(gate), within one ulp of dtype (the sigmoid's exp may differ in its last fp32 bit)."""
-    from ops.shared_checks import check_gated_prefill_attention
+    o * sigmoid(gate), within one ulp of dtype (the sigmoid's exp may differ in its last fp32 bit); both kernels
+    refuse a gate of the wrong shape."""
+    from ops.shared_checks import check_a_wrong_gate_is_refused, check_gated_prefill_attention
 
     gated, composed = check_gated_prefill_attention(triton_ops(dtype), DEVICE, dtype, gen)
-    ulp = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -22
-    assert (gated.double() - composed.double()).abs().max() <= ulp * composed.double().abs().max()
-    with pytest.raises(ValueError, match="gate"):
-        triton_ops(dtype).paged_attention(
-            torch.zeros(2, 4, 16, dtype=dtype, device=DEVICE), torch.zeros(2, 4, 2, 16, dtype=dtype, device=DEVICE),
-            torch.zeros(2, 4, 2, 16, dtype=dtype, device=DEVICE), torch.tensor([0, 2], dtype=torch.int32, device=DEVICE),
-            torch.full((1,), 2, dtype=torch.int32, device=DEVICE), torch.zeros(1, 1, dtype=torch.int32, device=DEVICE),
-            0.25, torch.zeros(2, 8, dtype=dtype, device=DEVICE))
+    _within_one_ulp(gated, composed, dtype)
+    check_a_wrong_gate_is_refused(triton_ops(dtype), DEVICE, dtype)

@@ -13,9 +13,7 @@ pytest.importorskip("triton")
 from ops.conftest import assert_bits, assert_pointwise, randn  # noqa: E402
 from ops.oracles import conv1d_oracle  # noqa: E402
 from ops.shared_checks import (  # noqa: E402
-    PADDED_LENS,
-    PADDED_SLOTS,
-    PADDED_TAIL,
+    PADDED,
     check_conv1d_update_out_slots,
     check_conv1d_update_slots,
     check_conv1d_varlen,
@@ -101,5 +99,4 @@ def test_varlen_is_the_one_sequence_kernel_per_sequence(dtype, channels, k, gen)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_varlen_empty_sequences_and_a_tail(dtype, gen):
-    check_conv1d_varlen(triton_ops(dtype), DEVICE, dtype, 24, 4, gen, CRIT[dtype], lens=PADDED_LENS,
-                        slots=PADDED_SLOTS, tail=PADDED_TAIL)
+    check_conv1d_varlen(triton_ops(dtype), DEVICE, dtype, 24, 4, gen, CRIT[dtype], **PADDED)

@@ -32,9 +32,7 @@ from ninfer_qwen3_5.ops.triton import gdn_varlen as tv  # noqa: E402
 from ops.conftest import Normwise, assert_normwise, rand, randn  # noqa: E402
 from ops.oracles import gdn_inputs, gdn_oracle  # noqa: E402
 from ops.shared_checks import (  # noqa: E402
-    PADDED_LENS,
-    PADDED_SLOTS,
-    PADDED_TAIL,
+    PADDED,
     check_gdn_prefill,
     check_gdn_recurrent_out_slots,
     check_gdn_recurrent_slots,
@@ -47,8 +45,8 @@ if not _CUDA and type(tg._gdn_step_kernel).__name__ != "InterpretedFunction":
     # The module was imported earlier in this process without the interpreter (e.g. by the plugin
     # registry); re-define its kernels as interpreted ones.
     tg = importlib.reload(tg)
-if not _CUDA and type(tv._gdn_chunk_prep_kernel).__name__ != "InterpretedFunction":
-    tv = importlib.reload(tv)   # it holds the kernels of the module above
+if tv.run_chunks is not tg.run_chunks:
+    tv = importlib.reload(tv)   # it launches through the module above
 
 DEVICE = "cuda" if _CUDA else "cpu"
 # Compiled 16-bit prefill runs its dots in tf32 (see ninfer_qwen3_5.ops.triton.gdn); the interpreter multiplies in fp32.
@@ -220,8 +218,7 @@ def test_chunk_varlen_is_the_one_sequence_kernel_per_sequence(dtype, hk, hv, dk,
 def test_chunk_varlen_empty_sequences_and_a_tail(dtype, gen):
     """A padded call (a flat step's graph): empty sequences share a slot, which comes out as it went in; tokens past
     the last offset are computed by no program."""
-    check_gdn_varlen(_VarlenOps, DEVICE, dtype, 1, 2, 16, 16, gen, OUT[dtype], state_crit(dtype), lens=PADDED_LENS,
-                     slots=PADDED_SLOTS, tail=PADDED_TAIL)
+    check_gdn_varlen(_VarlenOps, DEVICE, dtype, 1, 2, 16, 16, gen, OUT[dtype], state_crit(dtype), **PADDED)
 
 
 def test_chunk_varlen_strided_views_and_a_single_sequence(gen):

@@ -11,7 +11,6 @@ reference run's (max abs, fp32; the kernels reorder fp32 sums) and the same gree
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("triton")
 pytest.importorskip("transformers")
@@ -26,19 +25,6 @@ def qwen_case(tmp_path_factory):
     return H.Cases(tmp_path_factory.mktemp("qwen3_5_triton"))
 
 
-def _run(program) -> tuple[dict[int, list[torch.Tensor]], list[dict[int, int]]]:
-    """Three sequences: prefill one, decode it alone (one row: the fused paths), prefill the second and the
-    third in one unit beside a decode row of the first (a mixed unit of two chunks), then decode all three
-    together (three rows)."""
-    r = H.Runner(program)
-    a, b, c = r.open(H.prompt(1, 9)), r.open(H.prompt(2, 7)), r.open(H.prompt(3, 5))
-    tokens = [{a: r.prefill(a)}]
-    tokens += [r.unit(decode=[a]) for _ in range(2)]
-    tokens.append(r.unit(decode=[a], chunks=[(b, 7), (c, 5)]))
-    tokens += [r.unit(decode=[a, b, c]) for _ in range(2)]
-    return r.logits, tokens
-
-
 @pytest.mark.slow_interpreted
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_model_on_triton_ops_matches_reference_ops(qwen_case, name):
@@ -47,13 +33,7 @@ def test_model_on_triton_ops_matches_reference_ops(qwen_case, name):
     described = triton_program.model.ops.describe()
     for op in ("add_rms_norm_unit_offset_linear", "gdn_decode", "mrope_cos_sin", "linear"):
         assert described[op] == "triton", described
-    ref_logits, ref_tokens = _run(qwen_program(case, "reference"))
-    tri_logits, tri_tokens = _run(triton_program)
-    assert tri_tokens == ref_tokens
-    for seq, rows in ref_logits.items():
-        for i, (want, got) in enumerate(zip(rows, tri_logits[seq], strict=True)):
-            err = (got.float().cpu() - want.float().cpu()).abs().max().item()
-            assert err <= 1e-4, f"{name}: sequence {seq} row {i} logits differ by {err:.2e}"
+    H.assert_same_run(H.mixed_run(qwen_program(case, "reference")), H.mixed_run(triton_program), name)
 
 
 @pytest.mark.slow_interpreted
@@ -74,10 +54,4 @@ def test_a_flat_padded_step_on_triton_ops_matches_reference_ops(qwen_case):
         return program.forward_packed(packed)[:batch.num_logit_rows]
 
     program.forward = flat
-    ref_logits, ref_tokens = _run(qwen_program(case, "reference"))
-    got_logits, got_tokens = _run(program)
-    assert got_tokens == ref_tokens
-    for seq, rows in ref_logits.items():
-        for i, (want, got) in enumerate(zip(rows, got_logits[seq], strict=True)):
-            err = (got.float().cpu() - want.float().cpu()).abs().max().item()
-            assert err <= 1e-4, f"flat: sequence {seq} row {i} logits differ by {err:.2e}"
+    H.assert_same_run(H.mixed_run(qwen_program(case, "reference")), H.mixed_run(program), "flat")

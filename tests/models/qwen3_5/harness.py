@@ -234,6 +234,29 @@ class Runner:
         return toks
 
 
+def mixed_run(program) -> tuple[dict[int, list[torch.Tensor]], list[dict[int, int]]]:
+    """Three sequences through ``program``: prefill one, decode it alone twice (one row), prefill the second and the
+    third in one unit beside a decode row of the first (a mixed unit of two chunks), then decode all three together
+    twice (three rows). Returns the recorded logits per sequence and each unit's tokens."""
+    r = Runner(program)
+    a, b, c = r.open(prompt(1, 9)), r.open(prompt(2, 7)), r.open(prompt(3, 5))
+    tokens = [{a: r.prefill(a)}]
+    tokens += [r.unit(decode=[a]) for _ in range(2)]
+    tokens.append(r.unit(decode=[a], chunks=[(b, 7), (c, 5)]))
+    tokens += [r.unit(decode=[a, b, c]) for _ in range(2)]
+    return r.logits, tokens
+
+
+def assert_same_run(want: tuple, got: tuple, what: str, tol: float = 1e-4) -> None:
+    """Two :func:`mixed_run` results: the same tokens, and every recorded logits row within ``tol`` (max abs)."""
+    (want_logits, want_tokens), (got_logits, got_tokens) = want, got
+    assert got_tokens == want_tokens, what
+    for seq, rows in want_logits.items():
+        for i, (w, g) in enumerate(zip(rows, got_logits[seq], strict=True)):
+            err = (g.float().cpu() - w.float().cpu()).abs().max().item()
+            assert err <= tol, f"{what}: sequence {seq} row {i} logits differ by {err:.2e}"
+
+
 def split(n: int, size: int) -> list[int]:
     return [min(size, n - i) for i in range(0, n, size)]
 

@@ -1,8 +1,8 @@
 """A step laid out flat and padded (:mod:`ninfer.program.flat_batch`, the layout of prefill and mixed-step graphs)
 against the ordinary layout, on the torch reference ops in fp32: the same logits (the decode rows' recurrence then
 runs in its chunked form, so within fp32 summation order) and the same greedy tokens, over a prefill alone, decode
-rows, a mixed unit of a decode row and two chunks, and three decode rows; the padded tokens and rows leave every
-sequence's KV and state alone (the second program's later steps would diverge otherwise)."""
+rows, a mixed unit of a decode row and two chunks, and three decode rows (``harness.mixed_run``); the padded tokens
+and rows leave every sequence's KV and state alone (the second program's later steps would diverge otherwise)."""
 
 from __future__ import annotations
 
@@ -17,36 +17,22 @@ from . import harness as H
 SIZES = {"tokens": 40, "rows": 6, "pages": 8, "logit_rows": 6}
 
 
-def _run(program, flat: bool):
-    if flat:
-        page = program.kv.allocator.allocate(1)[0]   # the padded tokens' KV slot: a page no sequence holds
-        pad_state = program.states.allocate()
+def _flat(program):
+    """``program`` with every forward laid out flat and padded to SIZES."""
+    page = program.kv.allocator.allocate(1)[0]   # the padded tokens' KV slot: a page no sequence holds
+    sizes = FlatSizes(**SIZES, pad_kv_slot=page * program.kv.page_size, pad_state_slot=program.states.allocate())
 
-        def forward(batch: ForwardBatch):
-            packed = pack_flat(batch, program.device, FlatSizes(**SIZES, pad_kv_slot=page * program.kv.page_size,
-                                                                pad_state_slot=pad_state))
-            return program.forward_packed(packed)[:batch.num_logit_rows]
+    def forward(batch: ForwardBatch):
+        return program.forward_packed(pack_flat(batch, program.device, sizes))[:batch.num_logit_rows]
 
-        program.forward = forward
-    r = H.Runner(program)
-    a, b, c = r.open(H.prompt(1, 9)), r.open(H.prompt(2, 7)), r.open(H.prompt(3, 5))
-    tokens = [{a: r.prefill(a)}]
-    tokens += [r.unit(decode=[a]) for _ in range(2)]
-    tokens.append(r.unit(decode=[a], chunks=[(b, 7), (c, 5)]))
-    tokens += [r.unit(decode=[a, b, c]) for _ in range(3)]
-    return r.logits, tokens
+    program.forward = forward
+    return program
 
 
 @pytest.mark.parametrize("name", ["dense", "moe"])
 def test_a_flat_padded_step_equals_the_ordinary_layout(qwen_case, name):
     case = qwen_case(name)
-    want_logits, want_tokens = _run(H.make_program(case), flat=False)
-    got_logits, got_tokens = _run(H.make_program(case), flat=True)
-    assert got_tokens == want_tokens
-    for seq, rows in want_logits.items():
-        for i, (want, got) in enumerate(zip(rows, got_logits[seq], strict=True)):
-            err = (got - want).abs().max().item()
-            assert err <= 1e-4, f"{name}: sequence {seq} row {i} logits differ by {err:.2e}"
+    H.assert_same_run(H.mixed_run(H.make_program(case)), H.mixed_run(_flat(H.make_program(case))), name)
 
 
 def test_a_step_that_does_not_fit_the_flat_sizes_is_refused(qwen_case):

@@ -224,6 +224,17 @@ def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple
     return hq, hkv, d, page
 
 
+def _gate_input(op: str, gate: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+    """The output gate of ``q[rows, Hq, D]``, checked ([rows, Hq*D] in q's dtype) with a contiguous last dim."""
+    if gate is None:
+        return None
+    rows, hq, d = q.shape
+    if gate.shape != (rows, hq * d) or gate.dtype != q.dtype:
+        raise ValueError(f"{op}: gate {tuple(gate.shape)} {gate.dtype} must be [rows, Hq*D] = {(rows, hq * d)} "
+                         f"{q.dtype}")
+    return gate if gate.stride(-1) == 1 else gate.contiguous()
+
+
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_lens: torch.Tensor,
                            page_tables: torch.Tensor, scale: float, gate: torch.Tensor | None = None, *,
                            config: dict | None = None) -> torch.Tensor:
@@ -235,12 +246,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     """
     hq, hkv, d, page = _check(q, k_pool, v_pool)
     bsz = q.shape[0]
-    if gate is not None:
-        if gate.shape != (bsz, hq * d) or gate.dtype != q.dtype:
-            raise ValueError(f"paged_decode_attention: gate {tuple(gate.shape)} {gate.dtype} must be "
-                             f"[B, Hq*D] = {(bsz, hq * d)} {q.dtype}")
-        if gate.stride(-1) != 1:
-            gate = gate.contiguous()
+    gate = _gate_input("paged_decode_attention", gate, q)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if bsz == 0:
         return out
@@ -379,12 +385,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     the output gate, applied where the output is stored (no elementwise launches after)."""
     hq, hkv, d, page = _check(q, k_pool, v_pool)
     t_len, n_rows = q.shape[0], kv_lens.shape[0]
-    if gate is not None:
-        if gate.shape != (t_len, hq * d) or gate.dtype != q.dtype:
-            raise ValueError(f"paged_attention: gate {tuple(gate.shape)} {gate.dtype} must be "
-                             f"[T, Hq*D] = {(t_len, hq * d)} {q.dtype}")
-        if gate.stride(-1) != 1:
-            gate = gate.contiguous()
+    gate = _gate_input("paged_attention", gate, q)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if t_len == 0 or n_rows == 0:
         return out

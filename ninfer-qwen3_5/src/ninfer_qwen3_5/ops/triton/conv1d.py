@@ -79,6 +79,26 @@ def _conv_update_kernel(x_ptr, w_ptr, s_ptr, slots_ptr, out_slots_ptr, y_ptr, C,
     tl.store(y_ptr + b * stride_yb + c, cast(y, y_ptr.dtype.element_ty, INTERP), mask=c_mask)
 
 
+@triton.jit
+def conv_taps_silu(x_ptr, w_ptr, s_ptr, t, c, tm, cm, start, srow, stride_xt, stride_wc, stride_wk, stride_sc,
+                   stride_sk, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, INTERP: tl.constexpr):
+    """SiLU of the K taps of tokens ``t`` (fp32 [BLOCK_T, BLOCK_C]) over u = [state | the sequence's rows of x]: tap
+    j of token t reads x row t + j - (K-1) when that is at or after its sequence's first token ``start``, else
+    column t - start + j of the state at element offset ``srow`` of ``s_ptr``. The taps accumulate in tap order."""
+    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+    for j in tl.static_range(K):
+        src = t + j - (K - 1)
+        in_x = src >= start
+        xv = tl.load(x_ptr + tl.where(in_x, src, 0)[:, None] * stride_xt + c[None, :],
+                     mask=(tm & in_x)[:, None] & cm[None, :], other=0.0)
+        sv = tl.load(s_ptr + srow + c[None, :] * stride_sc + tl.where(in_x, 0, t - start + j)[:, None] * stride_sk,
+                     mask=(tm & (src < start))[:, None] & cm[None, :], other=0.0)
+        u = tl.where(in_x[:, None], xv, cast(sv, x_ptr.dtype.element_ty, INTERP)).to(tl.float32)
+        w = tl.load(w_ptr + c * stride_wc + j * stride_wk, mask=cm, other=0.0).to(tl.float32)
+        acc += u * w[None, :]
+    return acc / (1.0 + tl.exp(-acc))
+
+
 @triton.jit(do_not_specialize=["T"])
 def _conv_prefill_kernel(x_ptr, w_ptr, s_ptr, y_ptr, T, C, stride_xt, stride_wc, stride_wk, stride_sc, stride_sk,
                          stride_yt, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
@@ -87,19 +107,8 @@ def _conv_prefill_kernel(x_ptr, w_ptr, s_ptr, y_ptr, T, C, stride_xt, stride_wc,
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     tm = t < T
     cm = c < C
-    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
-    for j in tl.static_range(K):
-        # Tap j of token t reads u[t + j] of u = [state (K-1 columns) | x]: x row t + j - (K-1), or the state.
-        src = t + j - (K - 1)
-        in_x = src >= 0
-        xv = tl.load(x_ptr + tl.where(in_x, src, 0)[:, None] * stride_xt + c[None, :],
-                     mask=(tm & in_x)[:, None] & cm[None, :], other=0.0)
-        sv = tl.load(s_ptr + c[None, :] * stride_sc + tl.where(in_x, 0, t + j)[:, None] * stride_sk,
-                     mask=(tm & (src < 0))[:, None] & cm[None, :], other=0.0)
-        u = tl.where(in_x[:, None], xv, cast(sv, x_ptr.dtype.element_ty, INTERP)).to(tl.float32)
-        w = tl.load(w_ptr + c * stride_wc + j * stride_wk, mask=cm, other=0.0).to(tl.float32)
-        acc += u * w[None, :]
-    y = acc / (1.0 + tl.exp(-acc))
+    y = conv_taps_silu(x_ptr, w_ptr, s_ptr, t, c, tm, cm, 0, 0, stride_xt, stride_wc, stride_wk, stride_sc,
+                       stride_sk, K, BLOCK_T, BLOCK_C, INTERP)
     tl.store(y_ptr + t[:, None] * stride_yt + c[None, :], cast(y, y_ptr.dtype.element_ty, INTERP),
              mask=tm[:, None] & cm[None, :])
 
@@ -121,20 +130,8 @@ def _conv_varlen_kernel(x_ptr, w_ptr, s_ptr, cu_ptr, slot_ptr, y_ptr, T, C, NSEQ
         start = tl.where(after, s_i, start)
         seq = tl.where(after, i, seq)
     slot = tl.load(slot_ptr + seq, mask=tm, other=0).to(tl.int64)
-    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
-    for j in tl.static_range(K):
-        # As in _conv_prefill_kernel, with u = [state of the token's slot | its sequence's rows of x].
-        src = t + j - (K - 1)
-        in_x = src >= start
-        xv = tl.load(x_ptr + tl.where(in_x, src, 0)[:, None] * stride_xt + c[None, :],
-                     mask=(tm & in_x)[:, None] & cm[None, :], other=0.0)
-        sv = tl.load(s_ptr + slot[:, None] * stride_ss + c[None, :] * stride_sc
-                     + tl.where(in_x, 0, t - start + j)[:, None] * stride_sk,
-                     mask=(tm & (src < start))[:, None] & cm[None, :], other=0.0)
-        u = tl.where(in_x[:, None], xv, cast(sv, x_ptr.dtype.element_ty, INTERP)).to(tl.float32)
-        w = tl.load(w_ptr + c * stride_wc + j * stride_wk, mask=cm, other=0.0).to(tl.float32)
-        acc += u * w[None, :]
-    y = acc / (1.0 + tl.exp(-acc))
+    y = conv_taps_silu(x_ptr, w_ptr, s_ptr, t, c, tm, cm, start, (slot * stride_ss)[:, None], stride_xt,
+                       stride_wc, stride_wk, stride_sc, stride_sk, K, BLOCK_T, BLOCK_C, INTERP)
     tl.store(y_ptr + t[:, None] * stride_yt + c[None, :], cast(y, y_ptr.dtype.element_ty, INTERP),
              mask=tm[:, None] & cm[None, :])
 

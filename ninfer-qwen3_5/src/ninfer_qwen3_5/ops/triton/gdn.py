@@ -436,56 +436,73 @@ def gdn_recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     return o
 
 
+def prefill_inputs(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]:
+    """A chunked prefill call's checked inputs: (q, k, v with a contiguous last dim, R = Hv / Hk, BK, BV)."""
+    r = _check_heads(q.shape[1], v.shape[1])
+    if state.dtype != torch.float32 or state.stride(-1) != 1:
+        raise ValueError(f"{op}: the state must be fp32 with a contiguous last dim")
+    bk, bv = _pow2(q.shape[2]), _pow2(v.shape[2])
+    if bk > 128 or bv > 128:
+        # The kernels hold head dims as 4 slices of at most 32 (Qwen3.5 uses 128).
+        raise ValueError(f"{op} (triton): head dims up to 128 supported, got Dk={q.shape[2]}, Dv={v.shape[2]}")
+    return _last_contig(q), _last_contig(k), _last_contig(v), r, bk, bv
+
+
+def prefill_scratch(hv: int, chunks: int, bk: int, bv: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The fp32 scratch the prep kernel writes and the scan reads, for ``chunks`` chunk rows: W, U, QG, KD, AQK
+    ([Hv, chunks * CHUNK, width]) and G_L ([Hv, chunks])."""
+    rows, f32 = chunks * CHUNK, torch.float32
+    return (torch.empty((hv, rows, bk), dtype=f32, device=device), torch.empty((hv, rows, bv), dtype=f32, device=device),
+            torch.empty((hv, rows, bk), dtype=f32, device=device), torch.empty((hv, rows, bk), dtype=f32, device=device),
+            torch.empty((hv, rows, CHUNK), dtype=f32, device=device), torch.empty((hv, chunks), dtype=f32, device=device))
+
+
+def run_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               o: torch.Tensor, state: torch.Tensor, scale: float, scratch: tuple[torch.Tensor, ...], *, chunks: int,
+               r: int, bk: int, bv: int, bvs: int, cu: torch.Tensor | None = None,
+               slots: torch.Tensor | None = None) -> None:
+    """The prep and scan launches over ``chunks`` chunks: of one sequence (``q[T]`` ..., ``state[Hv, Dk, Dv]``), or,
+    with ``cu`` and ``slots``, of the sequences they describe (``state[S, Hv, Dk, Dv]``; VARLEN, ``chunks`` the
+    call's bound)."""
+    w, u, qg, kd, aqk, gl = scratch
+    hv, dk, dv, t_len = v.shape[1], q.shape[2], v.shape[2], q.shape[0]
+    npad, glw = w.shape[1], gl.shape[1]
+    varlen = cu is not None
+    interp = _interpreting(q)
+    prec = _DOT_PRECISION if q.dtype == torch.float32 else _DOT_PRECISION_16
+    nseq = slots.shape[0] if varlen else 1
+    _gdn_chunk_prep_kernel[(chunks, hv)](
+        q, k, v, g, beta, w, u, qg, kd, aqk, gl, cu if varlen else gl, t_len, npad, glw, nseq, float(scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+        R=r, DK=dk, DV=dv, BK=bk, BV=bv, BT=CHUNK, PREC=prec, VARLEN=varlen, **({} if interp else _PREP_KW))
+    state_strides = state.stride()[:3] if varlen else (0, *state.stride()[:2])
+    _gdn_chunk_scan_kernel[(hv, triton.cdiv(dv, bvs)) + ((nseq,) if varlen else ())](
+        w, u, qg, kd, aqk, gl, state, o, cu if varlen else gl, slots if varlen else gl, t_len, npad, chunks, glw,
+        *state_strides, o.stride(0), o.stride(1),
+        DK=dk, DV=dv, BK=bk, BV=bv, BVS=bvs, BT=CHUNK, PREC=prec, VARLEN=varlen, **({} if interp else _SCAN_KW))
+
+
 def gdn_chunk_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                       state: torch.Tensor, scale: float, *, block_v_scan: int | None = None) -> torch.Tensor:
     """Gated delta rule over one sequence ``[T, H, D]`` from ``state[Hv, Dk, Dv]`` (fp32, updated in place)."""
-    t_len, hk, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
-    r = _check_heads(hk, hv)
-    if state.dtype != torch.float32 or state.stride(-1) != 1:
-        raise ValueError("gdn_chunk_prefill: state must be fp32 with a contiguous last dim")
-    q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
+    q, k, v, r, bk, bv = prefill_inputs("gdn_chunk_prefill", q, k, v, state)
+    t_len, hv, dv = q.shape[0], v.shape[1], v.shape[2]
     o = torch.empty((t_len, hv, dv), dtype=q.dtype, device=q.device)
     if t_len == 0:
         return o
-    bk, bv = _pow2(dk), _pow2(dv)
-    if bk > 128 or bv > 128:
-        # The kernels hold head dims as 4 slices of at most 32 (Qwen3.5 uses 128).
-        raise ValueError(f"gdn_chunk_prefill (triton): head dims up to 128 supported, got Dk={dk}, Dv={dv}")
     # Scan tile over Dv: the scan is the sequential critical path, so it is split over Dv to put more
     # programs on the SMs (Hv * Dv / 16 = 128 for Hv = 16, Dv = 128), at the cost of re-reading the chunk's
     # W/QG/KD/AQK once per tile (L2-resident). A narrow tile also keeps the FMA dots' operands in registers
     # (BVS = 32 spilled more in an offline sm_90 compile).
-    bvs = block_v_scan or 16
-    bvs = min(bvs, bv)
-    interp = _interpreting(q)
+    bvs = min(block_v_scan or 16, bv)
     seg = min(_SEG_CHUNKS, triton.cdiv(t_len, CHUNK))
-    npad = seg * CHUNK
-    dev = q.device
-    f32 = torch.float32
-    w = torch.empty((hv, npad, bk), dtype=f32, device=dev)
-    qg = torch.empty((hv, npad, bk), dtype=f32, device=dev)
-    kd = torch.empty((hv, npad, bk), dtype=f32, device=dev)
-    u = torch.empty((hv, npad, bv), dtype=f32, device=dev)
-    aqk = torch.empty((hv, npad, CHUNK), dtype=f32, device=dev)
-    gl = torch.empty((hv, seg), dtype=f32, device=dev)
-    prep_kw = {} if interp else _PREP_KW
-    scan_kw = {} if interp else _SCAN_KW
-    prec = _DOT_PRECISION if q.dtype == torch.float32 else _DOT_PRECISION_16
-    for t0 in range(0, t_len, npad):
-        t1 = min(t_len, t0 + npad)
-        n = t1 - t0
-        nch = triton.cdiv(n, CHUNK)
-        qs, ks, vs, gs, bs, os_ = q[t0:t1], k[t0:t1], v[t0:t1], g[t0:t1], beta[t0:t1], o[t0:t1]
-        _gdn_chunk_prep_kernel[(nch, hv)](
-            qs, ks, vs, gs, bs, w, u, qg, kd, aqk, gl, gl, n, npad, seg, 1, float(scale),
-            qs.stride(0), qs.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
-            gs.stride(0), gs.stride(1), bs.stride(0), bs.stride(1),
-            R=r, DK=dk, DV=dv, BK=bk, BV=bv, BT=CHUNK, PREC=prec, **prep_kw)
-        _gdn_chunk_scan_kernel[(hv, triton.cdiv(dv, bvs))](
-            w, u, qg, kd, aqk, gl, state, os_, gl, gl, n, npad, nch, seg,
-            0, state.stride(0), state.stride(1), os_.stride(0), os_.stride(1),
-            DK=dk, DV=dv, BK=bk, BV=bv, BVS=bvs, BT=CHUNK, PREC=prec, **scan_kw)
+    scratch = prefill_scratch(hv, seg, bk, bv, q.device)
+    for t0 in range(0, t_len, seg * CHUNK):
+        t1 = min(t_len, t0 + seg * CHUNK)
+        run_chunks(q[t0:t1], k[t0:t1], v[t0:t1], g[t0:t1], beta[t0:t1], o[t0:t1], state, scale, scratch,
+                   chunks=triton.cdiv(t1 - t0, CHUNK), r=r, bk=bk, bv=bv, bvs=bvs)
     return o
 
 

@@ -21,20 +21,7 @@ import torch
 import triton
 from ninfer.ops.registry import OpImpl
 
-from ninfer_qwen3_5.ops.triton.gdn import (
-    _DOT_PRECISION,
-    _DOT_PRECISION_16,
-    _DTYPES,
-    _PREP_KW,
-    _SCAN_KW,
-    CHUNK,
-    _check_heads,
-    _gdn_chunk_prep_kernel,
-    _gdn_chunk_scan_kernel,
-    _interpreting,
-    _last_contig,
-    _pow2,
-)
+from ninfer_qwen3_5.ops.triton.gdn import _DTYPES, CHUNK, prefill_inputs, prefill_scratch, run_chunks
 
 # In-kernel scratch offsets are int32: Hv x the padded rows x the widest scratch row must stay below 2^31.
 _MAX_SCRATCH_ELEMENTS = 1 << 31
@@ -45,45 +32,18 @@ def gdn_chunk_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      block_v_scan: int | None = None) -> torch.Tensor:
     """N sequences (rows ``cu_seqlens[i]:cu_seqlens[i + 1]`` of ``[T, H, D]`` inputs), each from ``states[slots[i]]``
     ([S, Hv, Dk, Dv] fp32, updated in place)."""
-    t_len, hk, dk = q.shape
-    hv, dv = v.shape[1], v.shape[2]
-    r = _check_heads(hk, hv)
-    if states.dtype != torch.float32 or states.stride(-1) != 1:
-        raise ValueError("gdn_chunk_varlen: states must be fp32 with a contiguous last dim")
-    q, k, v = _last_contig(q), _last_contig(k), _last_contig(v)
-    nseq = slots.shape[0]
+    q, k, v, r, bk, bv = prefill_inputs("gdn_chunk_varlen", q, k, v, states)
+    t_len, hv, dv, nseq = q.shape[0], v.shape[1], v.shape[2], slots.shape[0]
     o = torch.empty((t_len, hv, dv), dtype=q.dtype, device=q.device)
     if t_len == 0 or nseq == 0:
         return o
-    bk, bv = _pow2(dk), _pow2(dv)
-    if bk > 128 or bv > 128:
-        raise ValueError(f"gdn_chunk_varlen (triton): head dims up to 128 supported, got Dk={dk}, Dv={dv}")
     nch = triton.cdiv(t_len, CHUNK) + nseq - 1
-    npad = nch * CHUNK
-    if hv * npad * max(bk, bv, CHUNK) >= _MAX_SCRATCH_ELEMENTS:
+    if hv * nch * CHUNK * max(bk, bv, CHUNK) >= _MAX_SCRATCH_ELEMENTS:
         raise ValueError(f"gdn_chunk_varlen (triton): {t_len} tokens in {nseq} sequences exceed the kernels' int32 "
                          f"scratch offsets; split the call")
-    bvs = min(block_v_scan or 16, bv)
-    dev, f32 = q.device, torch.float32
-    cu = cu_seqlens.to(device=dev, dtype=torch.int32)
-    ids = slots.to(device=dev, dtype=torch.int64)
-    w = torch.empty((hv, npad, bk), dtype=f32, device=dev)
-    qg = torch.empty((hv, npad, bk), dtype=f32, device=dev)
-    kd = torch.empty((hv, npad, bk), dtype=f32, device=dev)
-    u = torch.empty((hv, npad, bv), dtype=f32, device=dev)
-    aqk = torch.empty((hv, npad, CHUNK), dtype=f32, device=dev)
-    gl = torch.empty((hv, nch), dtype=f32, device=dev)
-    interp = _interpreting(q)
-    prec = _DOT_PRECISION if q.dtype == torch.float32 else _DOT_PRECISION_16
-    _gdn_chunk_prep_kernel[(nch, hv)](
-        q, k, v, g, beta, w, u, qg, kd, aqk, gl, cu, t_len, npad, nch, nseq, float(scale),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        R=r, DK=dk, DV=dv, BK=bk, BV=bv, BT=CHUNK, PREC=prec, VARLEN=True, **({} if interp else _PREP_KW))
-    _gdn_chunk_scan_kernel[(hv, triton.cdiv(dv, bvs), nseq)](
-        w, u, qg, kd, aqk, gl, states, o, cu, ids, t_len, npad, nch, nch,
-        states.stride(0), states.stride(1), states.stride(2), o.stride(0), o.stride(1),
-        DK=dk, DV=dv, BK=bk, BV=bv, BVS=bvs, BT=CHUNK, PREC=prec, VARLEN=True, **({} if interp else _SCAN_KW))
+    run_chunks(q, k, v, g, beta, o, states, scale, prefill_scratch(hv, nch, bk, bv, q.device), chunks=nch, r=r,
+               bk=bk, bv=bv, bvs=min(block_v_scan or 16, bv), cu=cu_seqlens.to(device=q.device, dtype=torch.int32),
+               slots=slots.to(device=q.device, dtype=torch.int64))
     return o
 
 
