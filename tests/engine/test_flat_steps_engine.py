@@ -7,13 +7,13 @@ with the ordinary path."""
 
 from __future__ import annotations
 
-from ninfer.program.flat_batch import FlatSizes, pack_flat
+from ninfer.program.flat_batch import FlatSizes, flat_needs, pack_flat
 
 from .test_multi_prefill import BURST, alone, burst, qwen_work, start
 
 
 class EagerFlatSteps:
-    """``PrefillGraphs``' interface (fits, run, replays) over :func:`pack_flat`, run eagerly."""
+    """``PrefillGraphs``' interface (bucket_for, run, replays) over :func:`pack_flat`, run eagerly."""
 
     def __init__(self, program, tokens: int) -> None:
         self.program = program
@@ -23,10 +23,10 @@ class EagerFlatSteps:
             pad_state_slot=program.states.allocate())
         self.replays = 0
 
-    def fits(self, batch) -> bool:
-        return self.sizes.fits(batch)
+    def bucket_for(self, batch):
+        return self.sizes if self.sizes.holds(flat_needs(batch)) else None
 
-    def run(self, batch):
+    def run(self, batch, sizes=None):
         self.replays += 1
         packed = pack_flat(batch, self.program.device, self.sizes)
         return self.program.forward_packed(packed)[:batch.num_logit_rows]

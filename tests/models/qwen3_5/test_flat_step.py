@@ -10,7 +10,7 @@ import pytest
 import torch
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import ForwardBatch
-from ninfer.program.flat_batch import FlatSizes, flat_sizes, pack_flat
+from ninfer.program.flat_batch import FlatSizes, flat_needs, pack_flat
 
 from . import harness as H
 
@@ -41,9 +41,9 @@ def test_a_step_that_does_not_fit_the_flat_sizes_is_refused(qwen_case):
     seen = {}
 
     def forward(batch: ForwardBatch):
-        seen["sizes"] = flat_sizes(batch)
+        seen["sizes"] = flat_needs(batch)
         sizes = FlatSizes(**SIZES, pad_kv_slot=0, pad_state_slot=0)
-        assert not sizes.fits(batch)
+        assert not sizes.holds(flat_needs(batch))
         with pytest.raises(ProgramError, match="does not fit the flat sizes"):
             pack_flat(batch, program.device, sizes)
         raise RuntimeError("checked")

@@ -36,13 +36,18 @@ from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import ForwardBatch, PackedBatch, to_device
 
 
-def flat_sizes(batch: ForwardBatch) -> tuple[int, int, int, int]:
-    """``(tokens, rows, pages, logit rows)`` of ``batch`` laid out flat, before padding."""
+def flat_needs(batch: ForwardBatch) -> tuple[int, int, int, int] | None:
+    """``(tokens, rows, pages, logit rows)`` of ``batch`` laid out flat, before padding; None when the flat layout
+    cannot carry it (a verify or scoring chunk, decode tokens drawn on the device, a decode row writing another
+    slot)."""
     d, chunks = batch.decode, batch.chunks
-    tokens = (len(d.seqs) if d is not None else 0) + sum(c.num_tokens for c in chunks)
-    rows = (len(d.seqs) if d is not None else 0) + len(chunks)
+    if any(c.verify or c.all_logits for c in chunks):
+        return None
+    if d is not None and (d.token_ids is None or d.state_out_slots != d.state_slots):
+        return None
+    b = len(d.seqs) if d is not None else 0
     pages = max([1] + [len(p) for p in (d.pages if d is not None else ())] + [len(c.pages) for c in chunks])
-    return tokens, rows, pages, batch.num_logit_rows
+    return b + sum(c.num_tokens for c in chunks), b + len(chunks), pages, batch.num_logit_rows
 
 
 @dataclass(frozen=True)
@@ -57,25 +62,21 @@ class FlatSizes:
     pad_kv_slot: int
     pad_state_slot: int
 
-    def fits(self, batch: ForwardBatch) -> bool:
-        """Whether ``batch`` can be laid out flat in these sizes (:func:`flat_lists` would not raise)."""
-        d = batch.decode
-        if any(c.verify or c.all_logits for c in batch.chunks):
-            return False
-        if d is not None and (d.token_ids is None or d.state_out_slots != d.state_slots):
-            return False
-        need = flat_sizes(batch)
-        return all(n <= cap for n, cap in zip(need, (self.tokens, self.rows, self.pages, self.logit_rows), strict=True))
+    def holds(self, needs: tuple[int, int, int, int] | None) -> bool:
+        """Whether a step of :func:`flat_needs` ``needs`` can be laid out flat in these sizes."""
+        return needs is not None and all(
+            n <= cap for n, cap in zip(needs, (self.tokens, self.rows, self.pages, self.logit_rows), strict=True))
 
 
 def flat_lists(batch: ForwardBatch, sizes: FlatSizes) -> tuple[list[int], list[int]]:
     """The host description of ``batch`` laid out flat in ``sizes``: the int64 list (tokens, positions, KV slots
     [tokens each], logit rows [logit_rows], state slots [rows]) and the int32 list (offsets [rows + 1], KV lengths
-    [rows], page tables [rows x pages]). Raises ProgramError when the batch does not fit (:meth:`FlatSizes.fits`)."""
-    if not sizes.fits(batch):
-        raise ProgramError(f"a step of (tokens, rows, pages, logit rows) {flat_sizes(batch)} does not fit the flat "
-                           f"sizes {(sizes.tokens, sizes.rows, sizes.pages, sizes.logit_rows)}, or has a verify or "
-                           f"scoring chunk or device-drawn decode tokens")
+    [rows], page tables [rows x pages]). Raises ProgramError when the batch does not fit (:meth:`FlatSizes.holds`)."""
+    needs = flat_needs(batch)
+    if not sizes.holds(needs):
+        raise ProgramError(f"a step of (tokens, rows, pages, logit rows) {needs} does not fit the flat sizes "
+                           f"{(sizes.tokens, sizes.rows, sizes.pages, sizes.logit_rows)} (None: it has a verify or "
+                           f"scoring chunk or decode tokens drawn on the device)")
     d, chunks = batch.decode, batch.chunks
     b = len(d.seqs) if d is not None else 0
     # Per row: (q_len, kv_len, pages, state slot); then the token layout of pack_batch.

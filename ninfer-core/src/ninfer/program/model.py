@@ -114,8 +114,9 @@ class ModelProgram(SequenceProgram):
                 return self.graphs.run(d)
             return self._decode_forward(d.tokens, d.positions, d.slots, d.out_slots, d.kv_lens, d.page_tables,
                                         d.slot_mapping)
-        if self.prefill_graphs is not None and self.prefill_graphs.fits(batch):
-            return self.prefill_graphs.run(batch)
+        bucket = self.prefill_graphs.bucket_for(batch) if self.prefill_graphs is not None else None
+        if bucket is not None:
+            return self.prefill_graphs.run(batch, bucket)
         return self.forward_packed(pack_batch(batch, self.device))
 
     def _decode_forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,

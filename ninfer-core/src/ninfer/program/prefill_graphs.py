@@ -8,8 +8,8 @@ one captured graph per bucket replays all of them.
 
 Invariants:
 - One graph per bucket of ``buckets`` (ascending token counts), each with fixed ``rows``, ``pages`` and
-  ``logit_rows``; a step runs in the smallest bucket that holds its tokens (:meth:`PrefillGraphs.run`), or eagerly
-  when none does (:meth:`PrefillGraphs.fits`).
+  ``logit_rows``; a step runs in the smallest bucket that holds it (:meth:`PrefillGraphs.bucket_for`), or eagerly
+  when none does.
 - Each graph's inputs are two static device buffers (int64 and int32) in :func:`~ninfer.program.flat_batch.
   flat_lists`' layout; a replay is one pinned host-to-device copy of each and the graph launch.
 - Padded tokens write KV slot -1 (the device KV writes drop it) and padded rows share ``pad_state_slot``, a StateImage
@@ -28,7 +28,7 @@ import torch
 
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import ForwardBatch, PackedBatch
-from ninfer.program.flat_batch import FlatSizes, flat_lists, flat_views
+from ninfer.program.flat_batch import FlatSizes, flat_lists, flat_needs, flat_views
 
 FlatForward = Callable[[PackedBatch], torch.Tensor]   # the Program's forward_packed: fp32 logits [logit_rows, V]
 
@@ -80,19 +80,14 @@ class PrefillGraphs:
         torch.cuda.synchronize(self.device)
 
     def bucket_for(self, batch: ForwardBatch) -> FlatSizes | None:
-        """The smallest captured bucket ``batch`` fits, or None (it runs eagerly)."""
-        for sizes in self.sizes:
-            if sizes.tokens in self._graphs and sizes.fits(batch):
-                return sizes
-        return None
+        """The smallest captured bucket that holds ``batch`` laid out flat, or None (it runs eagerly)."""
+        needs = flat_needs(batch)
+        return next((s for s in self.sizes if s.tokens in self._graphs and s.holds(needs)), None)
 
-    def fits(self, batch: ForwardBatch) -> bool:
-        return self.bucket_for(batch) is not None
-
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Replay the smallest bucket that holds ``batch``: fp32 logits ``[batch.num_logit_rows, V]`` (graph-owned
-        memory, valid until the next replay). ProgramError when none holds it."""
-        sizes = self.bucket_for(batch)
+    def run(self, batch: ForwardBatch, sizes: FlatSizes | None = None) -> torch.Tensor:
+        """Replay bucket ``sizes`` (None: :meth:`bucket_for`) with ``batch``: fp32 logits ``[batch.num_logit_rows, V]``
+        (graph-owned memory, valid until the next replay). ProgramError when it does not hold the step."""
+        sizes = sizes or self.bucket_for(batch)
         if sizes is None:
             raise ProgramError("no prefill graph holds this step; run it eagerly")
         graph, big, small, logits = self._graphs[sizes.tokens]
