@@ -518,8 +518,9 @@ def test_copy_threshold_options():
     from ninfer_qwen3_5.layers.host_experts import host_expert_options, host_threads
 
     assert measure_expert_costs(64, 32, torch.device("cpu"), torch.float32) is None   # one memory: never copy
-    cpu = host_expert_options(64, 32, 8, torch.device("cpu"), torch.float32, host_experts=True, cache_slots=0,
-                              copy_min=None)
+    from ninfer.contracts.features import StartupFeatures
+
+    cpu = host_expert_options(64, 32, 8, torch.device("cpu"), torch.float32, StartupFeatures(host_experts=True))
     assert cpu["costs"] is None and cpu["stage"] is None and cpu["threads"] is None   # torch's count kept
     assert host_threads(torch.device("cpu"), 3) == 3
     assert host_threads(torch.device("cuda"), None) >= 1

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
+from ninfer.contracts.features import StartupFeatures
 from ninfer.contracts.program import ProgramError
 from ninfer.quant import PackedWeight
 
@@ -82,22 +83,15 @@ def inverse_frequencies(cfg: Qwen35Config) -> torch.Tensor:
 
 class Qwen35Model:
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
-                 dtype: torch.dtype, *, host_experts: bool = False, expert_cache_slots: int = 0,
-                 expert_copy_min_tokens: int | None = None, host_expert_threads: int | None = None,
-                 host_expert_kernel: str = "torch") -> None:
-        """``host_experts``: the text layers' routed banks are in host memory (``StartupFeatures.host_experts``),
-        ``expert_cache_slots`` of them per layer cached on the device, an expert a call routes at least
-        ``expert_copy_min_tokens`` tokens to copied there (None: the measured cost model,
-        :mod:`~.layers.expert_costs`), the host computing with ``host_expert_threads`` threads (None:
-        :func:`~.layers.host_experts.host_threads`) and ``host_expert_kernel``
-        (:mod:`~.layers.host_compute`)."""
+                 dtype: torch.dtype, *, features: StartupFeatures | None = None) -> None:
+        """``features`` (None: the defaults): with ``host_experts``, the text layers' routed banks are in host memory,
+        as ``expert_cache_slots``, ``expert_copy_min_tokens``, ``host_expert_threads`` and ``host_expert_kernel``
+        say (:func:`~.layers.host_experts.host_expert_options`, docs/memory.md "Host experts")."""
+        features = features or StartupFeatures()
         self.cfg, self.ops = cfg, ops
-        self.host_experts = host_experts
+        self.host_experts = features.host_experts
         hosted = (host_expert_options(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, device, dtype,
-                                      host_experts=host_experts, cache_slots=expert_cache_slots,
-                                      copy_min=expert_copy_min_tokens, threads=host_expert_threads,
-                                      kernel=host_expert_kernel)
-                  if cfg.is_moe else {})
+                                      features) if cfg.is_moe else {})
         weights = self._prepare_weights(weights, dtype)
         self.embed, self.lm_head, self.norm = weights["text/embed"], weights["text/lm_head"], weights["text/norm"]
         self.layers: list[_Layer] = []

@@ -96,12 +96,7 @@ class Qwen35Program(HostExpertCaches, SpeculativeProgram, ModelProgram):
         super().__init__(init, model_layout(cfg, init.options.dtype, mtp=backend == "mtp", drafter=drafter,
                                             vision=init.features.vision))
         self.cfg = cfg
-        self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype,
-                                 host_experts=init.features.host_experts,
-                                 expert_cache_slots=init.features.expert_cache_slots,
-                                 expert_copy_min_tokens=init.features.expert_copy_min_tokens,
-                                 host_expert_threads=init.features.host_expert_threads,
-                                 host_expert_kernel=init.features.host_expert_kernel)
+        self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype, features=init.features)
         self.snapshots: SpeculativeSnapshots | None = None
         self.speculation: SpeculativeDecoding | None = None
         self.tower: VisionTower | None = None

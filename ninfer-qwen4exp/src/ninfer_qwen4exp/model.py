@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
+from ninfer.contracts.features import StartupFeatures
 from ninfer.contracts.program import ProgramError
 from ninfer.quant import PackedWeight
 from ninfer_qwen3_5.layers.context import StepContext
@@ -88,19 +89,14 @@ class Qwen4ExpModel:
     stages_verify_snapshots = True
 
     def __init__(self, cfg: Qwen4ExpConfig, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
-                 dtype: torch.dtype, *, host_experts: bool = False, expert_cache_slots: int = 0,
-                 expert_copy_min_tokens: int | None = None, host_expert_threads: int | None = None,
-                 host_expert_kernel: str = "torch") -> None:
-        """``host_experts``, ``expert_cache_slots``, ``expert_copy_min_tokens``, ``host_expert_threads``,
-        ``host_expert_kernel``: as Qwen3.5's model (the text
-        layers' routed experts in host memory, docs/memory.md "Host experts")."""
+                 dtype: torch.dtype, *, features: StartupFeatures | None = None) -> None:
+        """``features``: the host-expert ones as Qwen3.5's model reads them (the text layers' routed experts in host
+        memory, docs/memory.md "Host experts")."""
+        features = features or StartupFeatures()
         self.cfg, self.ops = cfg, ops
-        w = prepare_weights(cfg, weights, dtype, host_experts)
+        w = prepare_weights(cfg, weights, dtype, features.host_experts)
         n, h, eps, c35 = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps, cfg.qwen35
-        hosted = host_expert_options(h, cfg.moe_intermediate_size, cfg.num_experts, device, dtype,
-                                     host_experts=host_experts, cache_slots=expert_cache_slots,
-                                     copy_min=expert_copy_min_tokens, threads=host_expert_threads,
-                                     kernel=host_expert_kernel)
+        hosted = host_expert_options(h, cfg.moe_intermediate_size, cfg.num_experts, device, dtype, features)
         self.embed, self.lm_head = w["text/embed"], w["text/lm_head"]
         self.mixer_hc = HyperConnection(n, h, eps, _group(w, "text/mixer_hc/"), ops)
         gdn_class = SigmoidGatedDeltaNet if cfg.output_gate_type == "sigmoid" else GatedDeltaNet

@@ -56,11 +56,7 @@ class Qwen4ExpProgram(HostExpertCaches, SpeculativeProgram, ModelProgram):
         super().__init__(init, model_layout(cfg, init.options.dtype, mtp=backend == "mtp"))
         self.cfg = cfg
         f = init.features
-        self.model = Qwen4ExpModel(cfg, init.weights, init.ops, self.device, init.options.dtype,
-                                   host_experts=f.host_experts, expert_cache_slots=f.expert_cache_slots,
-                                   expert_copy_min_tokens=f.expert_copy_min_tokens,
-                                   host_expert_threads=f.host_expert_threads,
-                                   host_expert_kernel=f.host_expert_kernel)
+        self.model = Qwen4ExpModel(cfg, init.weights, init.ops, self.device, init.options.dtype, features=f)
         if backend == "mtp":
             head = Qwen4ExpMTPHead(cfg, init.config, init.weights, self.model.embed, self.model.lm_head, init.ops,
                                    self.device, init.options.dtype)

@@ -27,6 +27,7 @@ import time
 from dataclasses import replace
 
 import torch
+from ninfer.contracts.features import StartupFeatures
 from ninfer.errors import NotSupportedError
 from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.reference.moe import shared_expert_fp32
@@ -113,24 +114,25 @@ class ExpertStage:
         return self._buffers
 
 
-def host_expert_options(hidden: int, inter: int, experts: int, device: torch.device, dtype: torch.dtype, *,
-                        host_experts: bool, cache_slots: int, copy_min: int | None,
-                        threads: int | None = None, kernel: str = "torch") -> dict:
-    """The host-expert keyword arguments of every :class:`~ninfer_qwen3_5.layers.moe.SparseMoE` of one model
-    (``{}`` without host experts): ``cache_slots`` per layer; the copy path's rule, a fixed token threshold
-    ``copy_min`` or else the :class:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts` measured once for the model
-    (None on the CPU); the one :class:`ExpertStage` all its layers share; the host's thread count
-    (:func:`host_threads`); with ``kernel`` "compiled", the host's pair kernel
+def host_expert_options(hidden: int, inter: int, experts: int, device: torch.device, dtype: torch.dtype,
+                        features: StartupFeatures) -> dict:
+    """The host-expert keyword arguments of every :class:`~ninfer_qwen3_5.layers.moe.SparseMoE` of one model, from
+    its ``features`` (``{}`` without host experts): ``expert_cache_slots`` per layer; the copy path's rule, a fixed
+    token threshold ``expert_copy_min_tokens`` or else the :class:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts`
+    measured once for the model (None on the CPU); the one :class:`ExpertStage` all its layers share; the host's
+    thread count (:func:`host_threads`); with ``host_expert_kernel`` "compiled", the host's pair kernel
     (:func:`~ninfer_qwen3_5.layers.host_compute.compiled_rows`, compiled here)."""
-    if not host_experts:
+    if not features.host_experts:
         return {}
-    threads = host_threads(device, threads)
-    rows = compiled_rows(hidden, inter, dtype, threads) if kernel == "compiled" else None
+    copy_min = features.expert_copy_min_tokens
+    threads = host_threads(device, features.host_expert_threads)
+    rows = compiled_rows(hidden, inter, dtype, threads) if features.host_expert_kernel == "compiled" else None
     costs = measure_expert_costs(hidden, inter, device, dtype, threads, rows) if copy_min is None else None
     stage = (ExpertStage((2 * inter, hidden), (hidden, inter), device, dtype, min(STAGE_SLOTS, experts))
              if copy_min is not None or costs is not None else None)
-    return dict(host_experts=True, cache_slots=cache_slots, device=device, dtype=dtype, copy_min_tokens=copy_min,
-                costs=costs, stage=stage, threads=threads, adapt_costs=costs is not None, rows=rows)
+    return dict(host_experts=True, cache_slots=features.expert_cache_slots, device=device, dtype=dtype,
+                copy_min_tokens=copy_min, costs=costs, stage=stage, threads=threads, adapt_costs=costs is not None,
+                rows=rows)
 
 
 def expert_caches(moes) -> list:
