@@ -70,3 +70,12 @@ def test_the_varlen_prefill_kernels_build_for_sm90(tmp_path):
     assert set(reports) == {"gdn_prep_varlen", "gdn_scan_varlen", "conv_varlen", "conv_varlen_state"}
     assert all(reports[k]["stack"] == 0 for k in ("gdn_prep_varlen", "gdn_scan_varlen", "conv_varlen"))
     assert all(r["reg"] > 0 and r["instructions"] > 0 for r in reports.values())
+
+
+def test_the_qsa_kernels_build_for_sm90(tmp_path):
+    """Qwen4-Exp's QSA kernels at the published shapes build for the H200 (the selection's, the attention's decode
+    and prefill builds, the combine) with no spills."""
+    reports, _ = _report(tmp_path, "qsa")
+    assert set(reports) == {"qsa_block_keys", "qsa_scores", "qsa_select", "qsa_attn_decode", "qsa_attn_prefill",
+                            "qsa_combine"}
+    assert all(r["stack"] == 0 and r["reg"] > 0 and r["instructions"] > 0 for r in reports.values()), reports

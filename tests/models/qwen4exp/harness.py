@@ -114,8 +114,9 @@ class Cases:
 
 
 def make_program(case: Case, *, config: dict | None = None, page_size: int = 4, num_pages: int = 128,
-                 max_sequences: int = 4, checkpoint_slots: int = 0):
-    ops = resolve_ops(get_registry().ops, "cpu", torch.float32, force="reference")
+                 max_sequences: int = 4, checkpoint_slots: int = 0, ops=None):
+    """A Program of ``case`` on the CPU in fp32, on the torch reference ops unless ``ops`` (an OpSet) is given."""
+    ops = ops or resolve_ops(get_registry().ops, "cpu", torch.float32, force="reference")
     options = ProgramOptions(device=torch.device("cpu"), dtype=torch.float32, max_sequences=max_sequences,
                              page_size=page_size, num_pages=num_pages, max_context=num_pages * page_size,
                              checkpoint_slots=checkpoint_slots)

@@ -1,0 +1,413 @@
+"""Triton QSA: the indexer's block selection (``qsa_select``) and the attention over the selected positions
+(``qsa_attention``), for prefill and decode, with no host synchronisation (every grid and buffer follows from
+tensor shapes, so both ops can be captured in CUDA graphs).
+
+``qsa_select`` is three kernels and one ``torch.topk``:
+
+1. ``_block_keys_kernel``, program (row, tile of blocks): the key of every complete block of the row, from the side
+   pools' raw token keys and angles: the fp32 mean of the block's r keys rounded to the activation dtype, the
+   ``1 + w`` RMSNorm rounded, its first R dims rotated with the cos | sin of the block's first token, rounded:
+   the reference's ``_block_keys``, cast for cast. Written to a scratch ``[rows, NB, d]``, where NB is the most
+   complete blocks the page table's width can describe.
+2. ``_scores_kernel``, program (query, tile of blocks): ``s_j = sum_heads relu(q_h . k_j) / sqrt(d)`` as an IEEE
+   fp32 product of the query's ``[h, d]`` (heads padded to the dot's 16 rows) and the blocks' ``[d, tile]``;
+   blocks the query does not see (``j >= n_vis``) score ``-inf``. Queries are taken in chunks so that one launch's
+   scores stay within :data:`SCORE_ELEMENTS` fp32 values.
+3. ``torch.topk`` of each query's scores gives the ``block_topk``-th best score, the threshold.
+4. ``_select_kernel``, program (query): blocks scoring above the threshold, then blocks equal to it, lowest block
+   id first, until ``block_topk`` are kept; their positions are written in ascending block order, then the tail
+   ``[n_vis * r, p]``, then ``-1``. A query that sees at most ``block_topk`` complete blocks keeps ``[0, p]``.
+
+Relation to the reference (``ninfer_qwen4exp.ops.reference.qsa``): the same block keys and scores up to the order
+of fp32 sums (the block mean, the norm's statistic, the dot products, the sum over heads), hence the same
+selection wherever no two scores are within that rounding of each other at the boundary. Where scores tie exactly
+at the threshold (``relu`` makes exact zeros common) the kernel keeps the lowest block ids; ``torch.topk``'s choice
+among equal values is unspecified, so both are the contract. Positions come out sorted (the contract sets no order).
+
+``qsa_attention``, program (query, KV head, split): the R query heads of one KV head (a ``BLOCK_H >= 16`` tile,
+so each gathered K/V tile serves the whole GQA group) over one run of the query's ``sel`` entries, gathering each
+listed position through the row's page table; an online softmax in base 2, fp32 scores and accumulation, as
+core's paged attention (``ninfer.ops.triton.attention``). Entries that are ``-1`` or not below the row's KV length
+are masked (never read), so garbage in a row's unused entries cannot reach memory it does not own.
+
+- A call with one query per row (``q.shape[0] == rows``: decode rows) cuts each query's entries into runs of
+  :data:`SPLIT_ENTRIES` (flash-decoding: a decode step has too few queries to fill the device) and a combine
+  kernel merges them in run order; the probabilities enter ``P @ V`` as a hi + lo pair of the KV dtype (core's
+  decode practice). Any other call (prefill chunks) runs one program per (query, KV head) over all its entries and
+  rounds the probabilities once to the KV dtype (core's prefill practice). The partition is a function of the
+  selection's width only, so a query's arithmetic never depends on the other queries of its call.
+- Row of a query: found on the device from ``cu_q`` (the count of rows whose queries all come before it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from ninfer.ops.registry import OpImpl
+from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, mm, next_pow2
+
+_LOG2E = 1.4426950408889634
+_NEG = tl.constexpr(-1.0e30)   # the running max's start: finite, so a fully masked run never forms inf - inf
+
+#: Selected positions per program when a call has one query per row (decode).
+SPLIT_ENTRIES = 64
+#: Most fp32 scores one ``_scores_kernel`` launch materialises (queries are taken in chunks beyond it), and most
+#: fp32 partial values one split attention launch writes.
+SCORE_ELEMENTS = 1 << 22
+PARTIAL_ELEMENTS = 1 << 24
+
+
+@triton.jit
+def _row_of(cu_q_ptr, t, n_rows, BLOCK_B: tl.constexpr):
+    """The row of query ``t``: the number of rows whose queries all come before it."""
+    offs = tl.arange(0, BLOCK_B)
+    ends = tl.load(cu_q_ptr + 1 + offs, mask=offs < n_rows, other=2147483647)
+    return tl.sum((ends <= t).to(tl.int32), 0)
+
+
+@triton.jit
+def _position(cu_q_ptr, kv_lens_ptr, t, n_rows, BLOCK_B: tl.constexpr):
+    """(row, KV length, position) of query ``t``: the row's queries are its last positions."""
+    b = _row_of(cu_q_ptr, t, n_rows, BLOCK_B)
+    start = tl.load(cu_q_ptr + b)
+    end = tl.load(cu_q_ptr + b + 1)
+    kv_len = tl.load(kv_lens_ptr + b)
+    return b, kv_len, kv_len - (end - start) + (t - start)
+
+
+@triton.jit
+def _pooled(key_ptr, koff, pm, c, cm, RATIO: tl.constexpr, DT: tl.constexpr, INTERP: tl.constexpr):
+    """The blocks' mean raw keys at columns ``c`` (fp32 mean of the r tokens, rounded to DT), as fp32 ``[J, C]``."""
+    x = tl.load(key_ptr + koff[:, :, None] + c[None, None, :], mask=pm[:, :, None] & cm[None, None, :],
+                other=0.0).to(tl.float32)
+    return cast(tl.sum(x, 1) / RATIO, DT, INTERP).to(tl.float32)
+
+
+@triton.jit
+def _block_keys_kernel(key_ptr, rope_ptr, kn_ptr, kv_lens_ptr, pt_ptr, blk_ptr, eps,
+                       stride_kp, stride_ks, stride_rp, stride_rs, stride_ptb, stride_bb, stride_bj,
+                       RATIO: tl.constexpr, DI: tl.constexpr, ROT: tl.constexpr, PAGE: tl.constexpr,
+                       BLOCK_J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr, INTERP: tl.constexpr):
+    """Program (row, tile of blocks): the keys of the row's complete blocks in the tile (module docstring, 1)."""
+    DT: tl.constexpr = blk_ptr.dtype.element_ty
+    HALF: tl.constexpr = ROT // 2
+    b = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    jm = j < tl.load(kv_lens_ptr + b) // RATIO
+    i = tl.arange(0, BLOCK_R)
+    pos = j[:, None] * RATIO + i[None, :]
+    pm = jm[:, None] & (i[None, :] < RATIO)
+    page = tl.load(pt_ptr + b * stride_ptb + pos // PAGE, mask=pm, other=0).to(tl.int64)
+    koff = page * stride_kp + (pos % PAGE) * stride_ks
+    cols = tl.arange(0, BLOCK_D)
+    whole = _pooled(key_ptr, koff, pm, cols, cols < DI, RATIO, DT, INTERP)
+    inv = tl.rsqrt(tl.sum(whole * whole, 1) / DI + eps)
+    # The rotated halves (dims h and HALF + h) and the rest (dims >= ROT), each normalised with the row's one inv.
+    h = tl.arange(0, BLOCK_HALF)
+    hm = h < HALF
+    rest = ROT + tl.arange(0, BLOCK_REST)
+    rm = rest < DI
+    n1 = cast(_normed(key_ptr, koff, pm, h, hm, kn_ptr, inv, RATIO, DT, INTERP), DT, INTERP).to(tl.float32)
+    n2 = cast(_normed(key_ptr, koff, pm, HALF + h, hm, kn_ptr, inv, RATIO, DT, INTERP), DT, INTERP).to(tl.float32)
+    nr = _normed(key_ptr, koff, pm, rest, rm, kn_ptr, inv, RATIO, DT, INTERP)
+    first = tl.load(pt_ptr + b * stride_ptb + (j * RATIO) // PAGE, mask=jm, other=0).to(tl.int64)
+    roff = (first * stride_rp + ((j * RATIO) % PAGE) * stride_rs)[:, None]
+    am = jm[:, None] & hm[None, :]
+    c1 = tl.load(rope_ptr + roff + h[None, :], mask=am, other=0.0).to(tl.float32)
+    c2 = tl.load(rope_ptr + roff + HALF + h[None, :], mask=am, other=0.0).to(tl.float32)
+    s1 = tl.load(rope_ptr + roff + ROT + h[None, :], mask=am, other=0.0).to(tl.float32)
+    s2 = tl.load(rope_ptr + roff + ROT + HALF + h[None, :], mask=am, other=0.0).to(tl.float32)
+    out = blk_ptr + b * stride_bb + j[:, None] * stride_bj
+    tl.store(out + h[None, :], cast(n1 * c1 - n2 * s1, DT, INTERP), mask=am)
+    tl.store(out + HALF + h[None, :], cast(n2 * c2 + n1 * s2, DT, INTERP), mask=am)
+    tl.store(out + rest[None, :], cast(nr, DT, INTERP), mask=jm[:, None] & rm[None, :])
+
+
+@triton.jit
+def _normed(key_ptr, koff, pm, c, cm, kn_ptr, inv, RATIO: tl.constexpr, DT: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 ``x * inv * (1 + w)`` of the blocks' mean keys at columns ``c``, before its rounding to DT."""
+    w = tl.load(kn_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    return (_pooled(key_ptr, koff, pm, c, cm, RATIO, DT, INTERP) * inv[:, None]) * (1.0 + w[None, :])
+
+
+@triton.jit(do_not_specialize=["n_rows", "t0", "nb"])
+def _scores_kernel(q_ptr, blk_ptr, cu_q_ptr, kv_lens_ptr, sc_ptr, sqrt_d, n_rows, t0, nb,
+                   stride_qt, stride_qh, stride_bb, stride_bj, stride_sc,
+                   H: tl.constexpr, DI: tl.constexpr, RATIO: tl.constexpr, BLOCK_B: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_J: tl.constexpr, INTERP: tl.constexpr):
+    """Program (query of the chunk, tile of blocks): the query's scores of the tile (module docstring, 2)."""
+    tq = tl.program_id(0)
+    t = t0 + tq
+    b, _, p = _position(cu_q_ptr, kv_lens_ptr, t, n_rows, BLOCK_B)
+    n_vis = (p + 1) // RATIO
+    hh = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < DI
+    q = tl.load(q_ptr + t * stride_qt + hh[:, None] * stride_qh + d[None, :],
+                mask=(hh[:, None] < H) & dm[None, :], other=0.0).to(tl.float32)
+    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+    jm = j < n_vis
+    k = tl.load(blk_ptr + b * stride_bb + j[:, None] * stride_bj + d[None, :], mask=jm[:, None] & dm[None, :],
+                other=0.0).to(tl.float32)
+    s = tl.sum(tl.maximum(mm(q, tl.trans(k), True, INTERP), 0.0), 0) / sqrt_d
+    tl.store(sc_ptr + tq * stride_sc + j, tl.where(jm, s, float("-inf")), mask=j < nb)
+
+
+@triton.jit(do_not_specialize=["n_rows", "t0"])
+def _select_kernel(sc_ptr, thr_ptr, cu_q_ptr, kv_lens_ptr, sel_ptr, n_rows, t0, stride_sc, stride_sel,
+                   RATIO: tl.constexpr, TOPK: tl.constexpr, WIDTH: tl.constexpr, SPARSE: tl.constexpr,
+                   BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Program (query of the chunk): its row of ``sel`` (module docstring, 4). Every entry is stored once."""
+    tq = tl.program_id(0)
+    t = t0 + tq
+    _, _, p = _position(cu_q_ptr, kv_lens_ptr, t, n_rows, BLOCK_B)
+    n_vis = (p + 1) // RATIO
+    row = sel_ptr + t * stride_sel
+    kept_end = tl.full([], 0, tl.int32)    # entries [0, kept_end) hold the kept blocks' positions
+    tail_at = tl.full([], 0, tl.int32)     # the entry where the tail (dense: position 0) starts
+    tail_from = tl.full([], 0, tl.int32)   # the tail's first position
+    if SPARSE:
+        if n_vis > TOPK:
+            thr = tl.load(thr_ptr + tq)
+            better = tl.full([], 0, tl.int32)
+            for j0 in range(0, n_vis, BLOCK_J):
+                j = j0 + tl.arange(0, BLOCK_J)
+                s = tl.load(sc_ptr + tq * stride_sc + j, mask=j < n_vis, other=float("-inf"))
+                better += tl.sum((s > thr).to(tl.int32), 0)
+            need = TOPK - better   # blocks scoring exactly thr to keep, the lowest ids first
+            kept = tl.full([], 0, tl.int32)
+            ties = tl.full([], 0, tl.int32)
+            i = tl.arange(0, BLOCK_R)
+            for j0 in range(0, n_vis, BLOCK_J):
+                j = j0 + tl.arange(0, BLOCK_J)
+                jm = j < n_vis
+                s = tl.load(sc_ptr + tq * stride_sc + j, mask=jm, other=float("-inf"))
+                tie = ((s == thr) & jm).to(tl.int32)
+                keep = (jm & ((s > thr) | ((tie > 0) & (ties + tl.cumsum(tie, 0) - tie < need)))).to(tl.int32)
+                at = kept + tl.cumsum(keep, 0) - keep
+                tl.store(row + at[:, None] * RATIO + i[None, :], (j[:, None] * RATIO + i[None, :]).to(tl.int64),
+                         mask=(keep[:, None] > 0) & (at[:, None] < TOPK) & (i[None, :] < RATIO))
+                kept += tl.sum(keep, 0)
+                ties += tl.sum(tie, 0)
+            kept_end = tl.minimum(kept, TOPK) * RATIO
+            tail_at = kept_end * 0 + TOPK * RATIO
+            tail_from = n_vis * RATIO
+    # The tail (or the whole dense range [0, p]) and the padding, past the kept blocks' entries.
+    for w0 in range(0, WIDTH, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        off = w - tail_at
+        val = tl.where((off >= 0) & (off <= p - tail_from), tail_from + off, -1)
+        tl.store(row + w, val.to(tl.int64), mask=(w >= kept_end) & (w < WIDTH))
+
+
+@triton.jit(do_not_specialize=["n_rows", "t0", "stride_ptb"])
+def _attn_kernel(q_ptr, k_ptr, v_ptr, sel_ptr, cu_q_ptr, kv_lens_ptr, pt_ptr, acc_ptr, ml_ptr, out_ptr, qk_scale,
+                 n_rows, t0,
+                 stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb,
+                 stride_st, stride_at, stride_ah, stride_as, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh,
+                 R: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WIDTH: tl.constexpr, PER: tl.constexpr,
+                 BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DIRECT: tl.constexpr, P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr):
+    """Program (query of the chunk, KV head, run of entries): the GQA group's heads over the run (module docstring);
+    DIRECT: the one run of all entries, stored normalised; else unnormalised partials (acc, m, l)."""
+    tq = tl.program_id(0)
+    t = t0 + tq
+    g = tl.program_id(1)
+    s = tl.program_id(2)
+    b, kv_len, _ = _position(cu_q_ptr, kv_lens_ptr, t, n_rows, BLOCK_B)
+    hh = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    hm = hh < R
+    dm = d < D
+    heads = g * R + hh
+    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=hm[:, None] & dm[None, :],
+                other=0.0)
+    m_i = tl.full([BLOCK_H], _NEG, tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    lo = s * PER
+    hi = tl.minimum(lo + PER, WIDTH)
+    for e0 in range(lo, hi, BLOCK_N):
+        e = e0 + tl.arange(0, BLOCK_N)
+        pos = tl.load(sel_ptr + t * stride_st + e, mask=e < hi, other=-1)
+        valid = (pos >= 0) & (pos < kv_len)
+        pos = tl.where(valid, pos, 0)
+        page = tl.load(pt_ptr + b * stride_ptb + pos // PAGE, mask=valid, other=0).to(tl.int64)
+        slot = (pos % PAGE).to(tl.int64)
+        kvm = valid[:, None] & dm[None, :]
+        k = tl.load(k_ptr + (page * stride_kp + slot * stride_ks + g * stride_kh)[:, None] + d[None, :], mask=kvm,
+                    other=0.0)
+        v = tl.load(v_ptr + (page * stride_vp + slot * stride_vs + g * stride_vh)[:, None] + d[None, :], mask=kvm,
+                    other=0.0)
+        scores = tl.where(valid[None, :], mm(q, tl.trans(k), FP32_DOT, INTERP) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p_hi = cast(p, v.dtype, INTERP)
+        pv = mm(p_hi, v, FP32_DOT, INTERP)
+        if P_SPLIT:   # p as hi + lo of V's dtype: ~16 significant bits instead of 8
+            pv += mm(cast(p - p_hi.to(tl.float32), v.dtype, INTERP), v, FP32_DOT, INTERP)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    om = hm[:, None] & dm[None, :]
+    if DIRECT:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :],
+                 cast(out, out_ptr.dtype.element_ty, INTERP), mask=om)
+    else:
+        base = tq * stride_at + heads * stride_ah + s * stride_as
+        tl.store(acc_ptr + base[:, None] + d[None, :], acc, mask=om)
+        mb = tq * stride_mt + heads * stride_mh + s * stride_ms
+        tl.store(ml_ptr + mb, m_i, mask=hm)
+        tl.store(ml_ptr + mb + 1, l_i, mask=hm)
+
+
+@triton.jit
+def _combine_kernel(acc_ptr, ml_ptr, out_ptr, t0, stride_at, stride_ah, stride_as, stride_mt, stride_mh, stride_ms,
+                    stride_ot, stride_oh, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                    BLOCK_D: tl.constexpr, INTERP: tl.constexpr):
+    """Program (query of the chunk, query head): merges the runs in run order (a fixed order)."""
+    tq = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    sm = sp < SPLITS
+    mb = tq * stride_mt + h * stride_mh + sp * stride_ms
+    m = tl.load(ml_ptr + mb, mask=sm, other=_NEG)
+    l_s = tl.load(ml_ptr + mb + 1, mask=sm, other=0.0)
+    m_max = tl.max(m, 0)
+    l_tot = tl.sum(tl.exp2(m - m_max) * l_s, 0)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s in range(0, SPLITS):
+        m_s = tl.load(ml_ptr + tq * stride_mt + h * stride_mh + s * stride_ms)
+        part = tl.load(acc_ptr + tq * stride_at + h * stride_ah + s * stride_as + d, mask=dm, other=0.0)
+        acc = acc + tl.exp2(m_s - m_max) * part
+    out = acc / tl.where(l_tot > 0, l_tot, 1.0)
+    tl.store(out_ptr + (t0 + tq) * stride_ot + h * stride_oh + d, cast(out, out_ptr.dtype.element_ty, INTERP), mask=dm)
+
+
+def _meta(q: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor,
+          page_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The row metadata as int32 device tensors (what the kernels read), and the row count."""
+    as_i32 = dict(device=q.device, dtype=torch.int32)
+    cu_q, kv_lens, page_tables = cu_q.to(**as_i32), kv_lens.to(**as_i32), page_tables.to(**as_i32)
+    if cu_q.shape[0] != kv_lens.shape[0] + 1 or page_tables.shape[0] != kv_lens.shape[0]:
+        raise ValueError(f"QSA: cu_q {tuple(cu_q.shape)}, kv_lens {tuple(kv_lens.shape)} and page tables "
+                         f"{tuple(page_tables.shape)} do not describe the same rows")
+    return cu_q, kv_lens, page_tables.contiguous(), kv_lens.shape[0]
+
+
+def qsa_select(q: torch.Tensor, key_pool: torch.Tensor, rope_pool: torch.Tensor, k_norm: torch.Tensor, eps: float,
+               cu_q: torch.Tensor, kv_lens: torch.Tensor, page_tables: torch.Tensor, ratio: int, block_topk: int,
+               rotary: int) -> torch.Tensor:
+    """The positions each query attends to (the contract; module docstring for the kernels and ties)."""
+    launch_ok(q)
+    t, h, d = q.shape
+    page, width_w = key_pool.shape[1], key_pool.shape[-1]
+    if 2 * rotary > rope_pool.shape[-1] or d > width_w or rotary % 2 or rotary > d:
+        raise ValueError(f"qsa_select: pools of width {width_w} cannot hold keys of {d} and rotary {rotary}")
+    if key_pool.shape[2] != 1 or rope_pool.shape[:3] != key_pool.shape[:3] or key_pool.stride(-1) != 1 \
+            or rope_pool.stride(-1) != 1:
+        raise ValueError(f"qsa_select: side pools {tuple(key_pool.shape)} and {tuple(rope_pool.shape)} must be "
+                         f"[P, page, 1, W] with a contiguous last dim")
+    width = block_topk * ratio + ratio - 1
+    sel = torch.empty((t, width), dtype=torch.int64, device=q.device)
+    if t == 0:
+        return sel
+    cu_q, kv_lens, page_tables, n_rows = _meta(q, cu_q, kv_lens, page_tables)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    nb = page_tables.shape[1] * page // ratio     # the most complete blocks a row of this table can hold
+    sparse = nb > block_topk                     # else every query keeps all it sees
+    block_b = next_pow2(n_rows)
+    common = dict(RATIO=ratio, BLOCK_B=block_b)
+    chunk = max(1, SCORE_ELEMENTS // max(nb, 1)) if sparse else t
+    if sparse:
+        blk = torch.empty((n_rows, nb, d), dtype=q.dtype, device=q.device)
+        block_j = 16
+        _block_keys_kernel[(n_rows, triton.cdiv(nb, block_j))](
+            key_pool, rope_pool, k_norm, kv_lens, page_tables, blk, float(eps), key_pool.stride(0),
+            key_pool.stride(1), rope_pool.stride(0), rope_pool.stride(1), page_tables.stride(0), blk.stride(0),
+            blk.stride(1), RATIO=ratio, DI=d, ROT=rotary, PAGE=page, BLOCK_J=block_j, BLOCK_R=next_pow2(ratio),
+            BLOCK_D=next_pow2(d), BLOCK_HALF=next_pow2(rotary // 2), BLOCK_REST=next_pow2(max(d - rotary, 1)),
+            INTERP=INTERPRET)
+    for t0 in range(0, t, chunk):
+        tc = min(chunk, t - t0)
+        scores = thr = sel   # unused by a dense-only select
+        if sparse:
+            scores = torch.empty((tc, nb), dtype=torch.float32, device=q.device)
+            block_js = 64   # with 8 warps: no spills at d = 128 in the sm_90 build (tools/sass_report.py qsa)
+            _scores_kernel[(tc, triton.cdiv(nb, block_js))](
+                q, blk, cu_q, kv_lens, scores, math.sqrt(d), n_rows, t0, nb, q.stride(0), q.stride(1),
+                blk.stride(0), blk.stride(1), scores.stride(0), H=h, DI=d, BLOCK_H=max(16, next_pow2(h)),
+                BLOCK_D=next_pow2(d), BLOCK_J=block_js, INTERP=INTERPRET, **({} if INTERPRET else {"num_warps": 8}),
+                **common)
+            thr = torch.topk(scores, block_topk, dim=1).values[:, -1].contiguous()
+        _select_kernel[(tc,)](
+            scores, thr, cu_q, kv_lens, sel, n_rows, t0, scores.stride(0), sel.stride(0), TOPK=block_topk,
+            WIDTH=width, SPARSE=sparse, BLOCK_J=256, BLOCK_R=next_pow2(ratio), BLOCK_W=min(1024, next_pow2(width)),
+            **common)
+    return sel
+
+
+def qsa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, sel: torch.Tensor,
+                  cu_q: torch.Tensor, kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention of each query over the positions its ``sel`` row lists (the contract; module docstring)."""
+    launch_ok(q)
+    t, hq, dh = q.shape
+    page, hkv = k_pool.shape[1], k_pool.shape[2]
+    if hq % hkv:
+        raise ValueError(f"qsa_attention: {hq} query heads are not a multiple of {hkv} KV heads")
+    if dh > 256 or k_pool.shape[3] != dh or v_pool.shape != k_pool.shape or k_pool.stride(-1) != 1 \
+            or v_pool.stride(-1) != 1:
+        raise ValueError(f"qsa_attention: head dim {dh} (<= 256) must match pools {tuple(k_pool.shape)} with a "
+                         f"contiguous last dim")
+    if sel.dim() != 2 or sel.shape[0] != t:
+        raise ValueError(f"qsa_attention: sel {tuple(sel.shape)} must be [{t}, S]")
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    width = sel.shape[1]
+    if t == 0 or width == 0:
+        return out.zero_()
+    cu_q, kv_lens, page_tables, n_rows = _meta(q, cu_q, kv_lens, page_tables)
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    sel = sel.to(device=q.device, dtype=torch.int64).contiguous()
+    r, block_d = hq // hkv, max(16, next_pow2(dh))
+    wide = q.dtype == torch.float32
+    block_n = 32 if block_d * (4 if wide else 2) > 256 else 64
+    per = SPLIT_ENTRIES if t == n_rows else triton.cdiv(width, block_n) * block_n
+    splits = triton.cdiv(width, per)
+    direct = splits == 1
+    chunk = t if direct else max(1, PARTIAL_ELEMENTS // (hq * splits * block_d))
+    launch = dict(R=r, D=dh, PAGE=page, WIDTH=width, PER=per, BLOCK_B=next_pow2(n_rows), BLOCK_H=max(16, next_pow2(r)),
+                  BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, P_SPLIT=not direct and not wide, FP32_DOT=wide,
+                  INTERP=INTERPRET, num_warps=8 if wide and block_d > 128 else 4)
+    for t0 in range(0, t, chunk):
+        tc = min(chunk, t - t0)
+        if direct:
+            acc = ml = out
+            sa = (0, 0, 0, 0, 0, 0)
+        else:
+            acc = torch.empty((tc, hq, splits, block_d), dtype=torch.float32, device=q.device)
+            ml = torch.empty((tc, hq, splits, 2), dtype=torch.float32, device=q.device)
+            sa = acc.stride()[:3] + ml.stride()[:3]
+        _attn_kernel[(tc, hkv, splits)](
+            q, k_pool, v_pool, sel, cu_q, kv_lens, page_tables, acc, ml, out, scale * _LOG2E, n_rows, t0,
+            q.stride(0), q.stride(1), *k_pool.stride()[:3], *v_pool.stride()[:3], page_tables.stride(0),
+            sel.stride(0), *sa, out.stride(0), out.stride(1), **launch)
+        if not direct:
+            _combine_kernel[(tc, hq)](acc, ml, out, t0, *sa, out.stride(0), out.stride(1), D=dh, SPLITS=splits,
+                                      BLOCK_S=next_pow2(splits), BLOCK_D=block_d, INTERP=INTERPRET, num_warps=4)
+    return out
+
+
+OPS = [
+    OpImpl(op="qsa_select", name="triton", fn=qsa_select, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
+           priority=10),
+    OpImpl(op="qsa_attention", name="triton", fn=qsa_attention, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
+           priority=10),
+]

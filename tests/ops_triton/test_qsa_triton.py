@@ -1,0 +1,224 @@
+"""Triton QSA (``ninfer_qwen4exp.ops.triton.qsa``): the indexer's selection and the attention over it, against the
+contract's fp64 oracles and the torch reference.
+
+Criteria:
+- ``qsa_select``: on tie-free scores (positive keys and queries) exactly the fp64 oracle's set for every query,
+  in fp32 and bf16, for prefill chunks, decode rows and rows of both kinds; on scores that all tie (relu zeros) the
+  lowest block ids (the kernel's documented tie rule, which a stable fp64 sort reproduces). Every row is the kept
+  positions in ascending order, then ``-1``; each position at most once. Several score chunks give the same rows
+  as one.
+- ``qsa_attention``: within 1e-5 (fp32) / 2^-8 relative to the largest output (bf16) of the fp64 softmax over
+  exactly the listed positions, with ``-1`` entries and entries past the row's KV length ignored; a decode call
+  (one query per row, cut into runs and combined) and a prefill call (one run); bit-identical per query whether a
+  query is computed alone or beside others; several partial chunks give the same output as one.
+"""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from ninfer_qwen4exp.ops.reference import qsa as ref  # noqa: E402
+from ninfer_qwen4exp.ops.triton import qsa  # noqa: E402
+
+from .conftest import DEVICE  # noqa: E402
+
+EPS = 1e-6
+
+
+def _paged(rows: list[torch.Tensor], page: int, pages: int, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``[n_b, width]`` per sequence on shuffled pages: (pool [P, page, 1, width], page tables)."""
+    perm = torch.randperm(pages, generator=torch.Generator().manual_seed(seed)).tolist()
+    pool = torch.zeros(pages, page, 1, width)
+    tables, at = [], 0
+    for r in rows:
+        own = perm[at:at + -(-r.shape[0] // page)]
+        at += len(own)
+        for t in range(r.shape[0]):
+            pool[own[t // page], t % page, 0, :r.shape[1]] = r[t]
+        tables.append(own)
+    wide = max(len(t) for t in tables) + 1   # one spare entry: the table describes more than any row holds
+    return pool, torch.tensor([t + [0] * (wide - len(t)) for t in tables], dtype=torch.int32)
+
+
+def _select_case(g: torch.Generator, lens: list[int], q_lens: list[int], *, d=8, h=3, rot=4, negative=False):
+    keys = [torch.rand(n, d, generator=g) + 0.1 for n in lens]
+    angles = []
+    for n in lens:
+        theta = torch.arange(n).float()[:, None] * torch.rand(rot // 2, generator=g)[None, :]
+        angles.append(torch.cat((theta.cos(), theta.cos(), theta.sin(), theta.sin()), dim=1))
+    key_pool, tables = _paged(keys, 4, 40, 12, seed=1)
+    rope_pool, _ = _paged(angles, 4, 40, 12, seed=1)
+    q = torch.rand(sum(q_lens), h, d, generator=g) * (-1.0 if negative else 1.0)
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    return dict(q=q, keys=keys, angles=angles, key_pool=key_pool, rope_pool=rope_pool, tables=tables, cu=cu,
+                lens=lens, q_lens=q_lens, k_norm=torch.rand(d, generator=g) * 0.2, rot=rot)
+
+
+def _oracle(q, keys, angles, k_norm, r, topk, rot, p, dtype):
+    """The contract's selection for position ``p``: fp64 math rounded to ``dtype`` where the contract rounds (the
+    block mean, the normed key, the rotated key); ties broken by the lower block id (a stable sort)."""
+    n_vis = (p + 1) // r
+    if n_vis <= topk:
+        return list(range(p + 1))
+    d = keys.shape[1]
+    rnd = lambda x: x.to(dtype).double()   # noqa: E731
+    scores = []
+    for j in range(n_vis):
+        pooled = rnd(keys[j * r:(j + 1) * r].double().mean(0))
+        normed = rnd(pooled * torch.rsqrt(pooled.square().mean() + EPS) * (1 + k_norm.double()))
+        cos, sin = angles[j * r, :rot].double(), angles[j * r, rot:2 * rot].double()
+        x1, x2 = normed[:rot // 2], normed[rot // 2:rot]
+        key = torch.cat((rnd(x1 * cos[:rot // 2] - x2 * sin[:rot // 2]), rnd(x2 * cos[rot // 2:] + x1 * sin[rot // 2:]),
+                         normed[rot:]))
+        scores.append(float(torch.relu(q.double() @ key).sum()) / math.sqrt(d))
+    best = sorted(sorted(range(n_vis), key=lambda j: -scores[j])[:topk])
+    return [j * r + i for j in best for i in range(r)] + list(range(n_vis * r, p + 1))
+
+
+def _run_select(c: dict, dtype: torch.dtype, r: int, topk: int) -> torch.Tensor:
+    dev = dict(device=DEVICE, dtype=dtype)
+    return qsa.qsa_select(c["q"].to(**dev), c["key_pool"].to(**dev), c["rope_pool"].to(**dev),
+                          c["k_norm"].to(**dev), EPS, c["cu"].to(DEVICE), torch.tensor(c["lens"], dtype=torch.int32,
+                                                                                   device=DEVICE),
+                          c["tables"].to(DEVICE), r, topk, c["rot"]).cpu()
+
+
+def _check_rows(sel: torch.Tensor, c: dict, dtype: torch.dtype, r: int, topk: int) -> None:
+    assert sel.shape == (sum(c["q_lens"]), topk * r + r - 1)
+    rd = lambda x: x.to(dtype).double()   # noqa: E731 (the inputs as the kernel saw them)
+    for b, (n, m) in enumerate(zip(c["lens"], c["q_lens"], strict=True)):
+        for i in range(m):
+            t = int(c["cu"][b]) + i
+            want = _oracle(rd(c["q"][t]), rd(c["keys"][b]), rd(c["angles"][b]), rd(c["k_norm"]), r, topk, c["rot"],
+                           n - m + i, dtype)
+            row = sel[t].tolist()
+            assert row == want + [-1] * (len(row) - len(want)), (b, i)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("r", "topk"), [(2, 3), (4, 2), (3, 50)])
+def test_select_is_the_oracle_for_prefill_and_decode_rows(gen, dtype, r, topk):
+    # Rows: a prefill chunk after a cached prefix, a decode row, a whole prompt, an empty row.
+    c = _select_case(gen, [23, 9, 14, 5], [5, 1, 14, 0])
+    _check_rows(_run_select(c, dtype, r, topk), c, dtype, r, topk)
+
+
+def test_select_on_decode_rows(gen):
+    c = _select_case(gen, [17, 30, 4], [1, 1, 1])
+    _check_rows(_run_select(c, torch.float32, 2, 3), c, torch.float32, 2, 3)
+
+
+def test_ties_keep_the_lowest_blocks(gen):
+    # Negative queries against positive keys: every score is relu(<0) = 0, so every block ties.
+    c = _select_case(gen, [26, 21], [6, 1], negative=True)
+    sel = _run_select(c, torch.float32, 2, 4)
+    _check_rows(sel, c, torch.float32, 2, 4)
+    assert sel[0, :8].tolist() == list(range(8))   # blocks 0..3 of the first query (position 20)
+
+
+def test_score_chunks_give_the_same_rows(gen, monkeypatch):
+    c = _select_case(gen, [23, 9, 14], [5, 1, 14])
+    whole = _run_select(c, torch.float32, 2, 3)
+    monkeypatch.setattr(qsa, "SCORE_ELEMENTS", 16)   # a chunk of one query at a time (16 blocks a row)
+    assert torch.equal(_run_select(c, torch.float32, 2, 3), whole)
+
+
+def _attention_case(g: torch.Generator, lens: list[int], q_lens: list[int], *, hq=6, hkv=2, d=16, width=9):
+    ks = [torch.randn(n, hkv * d, generator=g) for n in lens]
+    vs = [torch.randn(n, hkv * d, generator=g) for n in lens]
+    k_pool, tables = _paged(ks, 4, 24, hkv * d, seed=2)
+    v_pool, _ = _paged(vs, 4, 24, hkv * d, seed=2)
+    shape = (24, 4, hkv, d)
+    q = torch.randn(sum(q_lens), hq, d, generator=g)
+    sel = torch.full((sum(q_lens), width), -1, dtype=torch.int64)
+    t = 0
+    for n, m in zip(lens, q_lens, strict=True):
+        for _ in range(m):
+            k = int(torch.randint(1, width + 1, (1,), generator=g))
+            picks = torch.randperm(n, generator=g)[:k]
+            sel[t, :picks.numel()] = picks
+            if picks.numel() < width:
+                sel[t, -1] = n + 3        # past the row's KV length: must be ignored
+            t += 1
+    cu = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+    return dict(q=q, ks=ks, vs=vs, k_pool=k_pool.view(shape), v_pool=v_pool.view(shape), tables=tables, sel=sel,
+                cu=cu, lens=lens, q_lens=q_lens, hkv=hkv, d=d)
+
+
+def _run_attention(c: dict, dtype: torch.dtype, rows=None) -> torch.Tensor:
+    dev = dict(device=DEVICE, dtype=dtype)
+    return qsa.qsa_attention(c["q"].to(**dev), c["k_pool"].to(**dev), c["v_pool"].to(**dev), c["sel"].to(DEVICE),
+                             c["cu"].to(DEVICE), torch.tensor(c["lens"], dtype=torch.int32, device=DEVICE),
+                             c["tables"].to(DEVICE), 0.3).cpu()
+
+
+def _attention_oracle(c: dict, dtype: torch.dtype) -> torch.Tensor:
+    hq, hkv, d = c["q"].shape[1], c["hkv"], c["d"]
+    out = torch.zeros(c["q"].shape, dtype=torch.float64)
+    for b, n in enumerate(c["lens"]):
+        for t in range(int(c["cu"][b]), int(c["cu"][b + 1])):
+            p = [x for x in c["sel"][t].tolist() if 0 <= x < n]
+            k = c["ks"][b][p].to(dtype).double().view(len(p), hkv, d).repeat_interleave(hq // hkv, dim=1)
+            v = c["vs"][b][p].to(dtype).double().view(len(p), hkv, d).repeat_interleave(hq // hkv, dim=1)
+            w = torch.softmax(torch.einsum("hd,khd->hk", c["q"][t].to(dtype).double(), k) * 0.3, dim=-1)
+            out[t] = torch.einsum("hk,khd->hd", w, v)
+    return out
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = 1e-5 if dtype == torch.float32 else 2 ** -8 * float(want.abs().max())
+    assert float((got.double() - want).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_prefill_call_is_the_oracle(gen, dtype):
+    c = _attention_case(gen, [11, 6, 9], [3, 6, 4])
+    _close(_run_attention(c, dtype), _attention_oracle(c, dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_decode_call_is_the_oracle_in_runs(gen, dtype, monkeypatch):
+    monkeypatch.setattr(qsa, "SPLIT_ENTRIES", 4)    # 3 runs of a 9-entry row, combined
+    c = _attention_case(gen, [11, 6, 9], [1, 1, 1])
+    _close(_run_attention(c, dtype), _attention_oracle(c, dtype), dtype)
+
+
+def test_attention_matches_the_reference_op(gen):
+    c = _attention_case(gen, [11, 6], [3, 2])
+    got = _run_attention(c, torch.float32)
+    want = ref.qsa_attention(c["q"], c["k_pool"], c["v_pool"], torch.where(c["sel"] < torch.tensor(
+        [[11]] * 3 + [[6]] * 2), c["sel"], -1), c["cu"], torch.tensor(c["lens"], dtype=torch.int32), c["tables"], 0.3)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_a_decode_query_is_the_same_alone_or_batched(gen, monkeypatch):
+    monkeypatch.setattr(qsa, "SPLIT_ENTRIES", 4)
+    c = _attention_case(gen, [11, 6, 9], [1, 1, 1])
+    batched = _run_attention(c, torch.bfloat16)
+    alone = dict(c, q=c["q"][1:2], sel=c["sel"][1:2], cu=torch.tensor([0, 1], dtype=torch.int32), lens=[6],
+                 tables=c["tables"][1:2])
+    assert torch.equal(_run_attention(alone, torch.bfloat16)[0], batched[1])
+
+
+def test_partial_chunks_give_the_same_output(gen, monkeypatch):
+    monkeypatch.setattr(qsa, "SPLIT_ENTRIES", 4)
+    c = _attention_case(gen, [11, 6, 9], [1, 1, 1])
+    whole = _run_attention(c, torch.float32)
+    monkeypatch.setattr(qsa, "PARTIAL_ELEMENTS", 6 * 3 * 16)   # one query's partials a launch
+    assert torch.equal(_run_attention(c, torch.float32), whole)
+
+
+def test_bad_shapes_are_refused_with_the_problem(gen):
+    c = _attention_case(gen, [11], [2])
+    with pytest.raises(ValueError, match="not a multiple"):
+        qsa.qsa_attention(c["q"][:, :5].to(DEVICE), c["k_pool"].to(DEVICE), c["v_pool"].to(DEVICE),
+                          c["sel"].to(DEVICE), c["cu"].to(DEVICE), torch.tensor([11], dtype=torch.int32,
+                                                                                device=DEVICE),
+                          c["tables"].to(DEVICE), 0.3)
+    with pytest.raises(ValueError, match="do not describe the same rows"):
+        qsa.qsa_attention(c["q"].to(DEVICE), c["k_pool"].to(DEVICE), c["v_pool"].to(DEVICE), c["sel"].to(DEVICE),
+                          torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE),
+                          torch.tensor([11], dtype=torch.int32, device=DEVICE), c["tables"].to(DEVICE), 0.3)
