@@ -16,8 +16,9 @@ verify chunks step every piece of StateImage state per position into snapshots (
 and n-gram context in :mod:`ninfer_qwen4exp.layers.ple`), QSA K/V and indexer keys beyond the accepted extent are
 never read. The MTP taps are the target's pre-reduction banks.
 
-Not yet: decode CUDA graphs (the reference QSA and PLE ops read row metadata on the host, so every step runs
-eagerly) and lookahead decode (not declared).
+Decode CUDA graphs (without speculation): the base's, with the QSA ops on their Triton kernels (no host reads) and
+each PLE layer's host-table gather as a host step between graph segments (:mod:`ninfer.program.host_steps`). With
+speculation every unit runs eagerly (no verify or draft graphs yet). Not yet: lookahead decode (not declared).
 """
 
 from __future__ import annotations
@@ -67,4 +68,6 @@ class Qwen4ExpProgram(HostExpertCaches, SpeculativeProgram, ModelProgram):
         return self.model.forward(batch.tokens, self.step_context(batch), batch.logit_rows)
 
     def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
-        return ()   # the reference QSA and PLE ops synchronise with the host: no graph can hold them
+        if self.speculation is not None:
+            return ()   # verify and draft graphs are Qwen3.5's; Qwen4-Exp's verify steps run eagerly
+        return super().capture_decode_graphs(max_batch)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
+from ninfer.program.host_steps import host_step
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import project, row_groups
 
@@ -120,7 +121,7 @@ class PLELayer:
         """The bank ``x[N, n*H]`` with this layer's embedding added to every stream."""
         ops, n, h, t = self.ops, self.n, self.h, x.shape[0]
         ids = ops.ngram_hash(windows, self.multipliers, self.sizes, self.offsets, self.eos, self.heads_per_ngram)
-        emb = ops.ple_gather(self.table, ids, x.dtype)
+        emb = self._gather(ids, x.dtype, x.device)
         key, value = project(ops, emb, self.kv_groups)
         k = ops.rms_norm_unit_offset_grouped(key, self.w_norm_key, h, self.eps).view(t, n, h)
         q = ops.rms_norm_unit_offset_grouped(x, self.w_norm_query, h, self.eps).view(t, n, h)
@@ -129,6 +130,14 @@ class PLELayer:
         gated = torch.sigmoid(g) * value.unsqueeze(1)
         normed = ops.rms_norm_unit_offset_grouped(gated.flatten(1), self.w_norm_conv, h, self.eps)
         return x + (gated.flatten(1) + self._conv(normed, ctx))
+
+    def _gather(self, ids: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """The table rows of ``ids``; from a host table on a GPU run, a host step (a captured decode graph is cut
+        there, :mod:`ninfer.program.host_steps`: the host reads the ids the graph computed)."""
+        gather = lambda: self.ops.ple_gather(self.table, ids, dtype)   # noqa: E731
+        if self.table.device == device:
+            return gather()
+        return host_step(gather, (ids.shape[0], ids.shape[1] * self.table.shape[1]), dtype, device)
 
     def _conv(self, c: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         states, b_rows = ctx.states.field(self.conv_name), ctx.num_decode

@@ -10,8 +10,10 @@ best ``indexer_budget / r`` of them plus the incomplete tail, and ``qsa_attentio
 the output is gated by ``sigmoid(gate)`` and projected.
 
 While a row's KV length stays within ``block_topk * r + r - 1`` positions every query sees at most ``block_topk``
-complete blocks and selects them all: the layer is exactly causal attention, and runs core's paged attention
-(checked per call from the rows' KV lengths, read on the host).
+complete blocks and selects them all: the layer is exactly causal attention. When the call's page tables cannot
+describe more than ``block_topk`` complete blocks (a shape, so no host read and nothing a CUDA graph cannot hold),
+every row is in that regime and the layer runs core's paged attention; otherwise the QSA ops, which keep every
+position of a query that sees at most ``block_topk`` blocks.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class QSAAttention:
         ops = self.ops
         k_pool, v_pool = ctx.kv.pools(self.index)
         q = q.contiguous()
-        if int(kv_lens.max()) // self.ratio <= self.block_topk:   # every query selects everything it sees
+        if page_tables.shape[1] * k_pool.shape[1] // self.ratio <= self.block_topk:   # every query keeps all it sees
             return ops.paged_attention(q, k_pool, v_pool, cu_q, kv_lens, page_tables, self.scale)
         ik_pool, rope_pool = ctx.kv.pools(self.pool_name)
         sel = ops.qsa_select(iq, ik_pool, rope_pool, self.w_ikn, self.eps, cu_q, kv_lens, page_tables, self.ratio,
