@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""GPU benchmark at the published Qwen3.5 shapes (random bf16 weights): `ninfer bench` through the public
-Engine, and Hugging Face transformers on the same weights in the same run (issue #8 item 4).
+"""GPU benchmark at the published Qwen3.5 and Qwen4-Exp shapes (random bf16 weights): `ninfer bench` through the
+public Engine, and Hugging Face transformers on the same weights in the same run (issue #8 item 4, issue #35 item 4).
 
 Phases (each timed and printed; a summary JSON goes under ``--out``):
 
@@ -36,6 +36,15 @@ every 4th, the other three Gated DeltaNet; rms eps 1e-6):
 | 9b | 4096 | 32 | 16 / 4 | 16 / 32 | 12288 | no |
 | 35b-a3b | 2048 | 40 (default here 12) | 16 / 2 | 16 / 32 | 256 experts top-8 of 512, shared expert 512 | no |
 
+| qwen4exp | 2560 | 48 (default here 8) | 24 / 2 | 16 / 48 | 512 experts top-10 of 640, shared 640 | no |
+
+Qwen4-Exp (Qwen3.8-Flash-Next's text model): 4 residual streams (rank-320 mixers), PLE on layer 2 (trigrams, 8 hash
+heads per order), QSA on every 4th layer (4 indexer heads of 128, blocks of 4, 512 kept), vocabulary 248,320,
+rotary 64 of 256. Two changes from the published config: 8 of 48 layers by default (a layer's experts are 5 GB in
+bf16; 8 layers are ~44 GB, which the 64 GiB disk and, with transformers' copy beside ours, the GPU hold), and PLE
+prime sizes from 200,003 instead of 20,000,000 (a ~1 GB table instead of ~100 GB; a step gathers the same 16 rows
+a token whatever the table's size).
+
 Sources: the Qwen3.5-0.8B / -9B / -35B-A3B model cards (hidden layout, heads, FFN / expert widths, layer
 counts), the Qwen3.5-9B config.json as re-published by derivatives (layer_types, linear heads,
 intermediate size) and transformers' Qwen3_5TextConfig / Qwen3_5MoeTextConfig defaults, which are the 9B
@@ -53,6 +62,7 @@ extra column stays empty).
 
     python3 tools/gpu_bench_shapes.py --shape 9b --tokenizer .gpu_assets/tokenizer.json --out $OUT
     python3 tools/gpu_bench_shapes.py --shape 35b-a3b --layers 12 --tokenizer .gpu_assets/tokenizer.json --out $OUT
+    python3 tools/gpu_bench_shapes.py --shape qwen4exp --tokenizer .gpu_assets/tokenizer.json --out $OUT
     python3 tools/gpu_bench_shapes.py --tiny --device cpu --tokenizer .gpu_assets/tokenizer.json --out /tmp/x
 """
 
@@ -92,7 +102,20 @@ SHAPES = {
                     num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
                     tie_word_embeddings=False),
 }
-DEFAULT_LAYERS = {"0.8b": 24, "9b": 32, "35b-a3b": 12}
+# Qwen4-Exp (Qwen3.8-Flash-Next, docs/architectures/qwen4exp.md) with one change: the PLE table's per-head prime
+# sizes start at 200,003 instead of 20,000,000 (3.2 M rows, ~1 GB, instead of 320 M rows, ~100 GB, which neither the
+# device's 64 GiB disk nor its host memory holds); a PLE step gathers 16 rows a token whatever the table's size.
+SHAPES["qwen4exp"] = dict(
+    _COMMON, kind="qwen4exp", hidden_size=2560, num_hidden_layers=48, num_attention_heads=24, num_key_value_heads=2,
+    linear_num_key_heads=16, linear_num_value_heads=48, num_experts=512, num_experts_per_tok=10,
+    moe_intermediate_size=640, shared_expert_intermediate_size=640, tie_word_embeddings=False,
+    rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25), hc_count=4, hc_lowrank=320,
+    ple_layer_ids=[2], ple_embed_dim=2560, ple_conv_kernel_size=4, ngram_size=3, heads_per_ngram=8,
+    ngram_vocab_size_base=200_000, make_ngram_vocab_size_divisible_by=128, split_ngram_parts=128, indexer_n_heads=4,
+    indexer_kv_heads=1, indexer_head_dim=128, indexer_budget=2048, indexer_compress_ratio=4, output_gate_type="sigmoid",
+    eos_token_id=248046)
+DEFAULT_LAYERS = {"0.8b": 24, "9b": 32, "35b-a3b": 12, "qwen4exp": 8}
+FAMILY = {"0.8b": "Qwen3.5", "9b": "Qwen3.5", "35b-a3b": "Qwen3.5", "qwen4exp": "Qwen4-Exp"}
 _TINY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
              linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
              rope_parameters=dict(ROPE, mrope_section=[1, 1, 0]))
@@ -101,7 +124,12 @@ TINY = {
     "9b": dict(SHAPES["9b"], **_TINY, intermediate_size=96),
     "35b-a3b": dict(SHAPES["35b-a3b"], **_TINY, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                     shared_expert_intermediate_size=32),
+    "qwen4exp": dict(SHAPES["qwen4exp"], **_TINY, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                     shared_expert_intermediate_size=32, hc_lowrank=8, ple_embed_dim=64, ngram_vocab_size_base=50,
+                     make_ngram_vocab_size_divisible_by=8, split_ngram_parts=2, indexer_head_dim=16,
+                     indexer_budget=8),
 }
+TINY["qwen4exp"]["rope_parameters"] = dict(SHAPES["qwen4exp"]["rope_parameters"])
 # Frontend resources an Engine needs (as tools/gpu_bench_0_8b.py): our EOS, Qwen's generation EOS ids.
 TOKENIZER_CONFIG = {"eos_token": "<|im_end|>"}
 GENERATION_CONFIG = {"eos_token_id": [248046, 248044]}
@@ -246,6 +274,8 @@ def build_hf(geometry: dict, device, seed: int):
     cfg = {k: v for k, v in geometry.items() if k != "kind"}
     if geometry["kind"] == "dense":
         cls, config = tf.Qwen3_5ForCausalLM, tf.Qwen3_5TextConfig(**cfg)
+    elif geometry["kind"] == "qwen4exp":
+        cls, config = tf.Qwen4ExpForCausalLM, tf.Qwen4ExpTextConfig(**cfg)
     else:
         cls, config = tf.Qwen3_5MoeForCausalLM, tf.Qwen3_5MoeTextConfig(**cfg)
     model = random_model(lambda: cls(config), device, torch.bfloat16, seed)
@@ -620,7 +650,7 @@ def summarize(args, geometry, weights, conversion, ours, hf) -> dict:
             profile = ModelProfile(**{k: v for k, v in report["profile"].items() if k in fields})
         except Exception as exc:  # noqa: BLE001
             summary["profile_error"] = f"{type(exc).__name__}: {exc}"
-    moe = geometry["kind"] == "moe"
+    moe = "num_experts" in geometry
 
     def active_bytes(batch: int, step_bytes: float) -> float | None:
         # An untied input embedding is read one row per token, not whole (a tied one is the LM head: read whole);
@@ -689,7 +719,7 @@ def summarize(args, geometry, weights, conversion, ours, hf) -> dict:
 
 def print_table(s: dict) -> None:
     lim = s["limits"]
-    print(f"\n== Qwen3.5 {s['shape']} shape, {s['layers']} of {s['published_layers']} layers, "
+    print(f"\n== {FAMILY[s['shape']]} {s['shape']} shape, {s['layers']} of {s['published_layers']} layers, "
           f"{s['weights']['bytes'] / 1e9:.2f} GB bf16 ({s['weights']['parameters'] / 1e9:.3f} B params)")
     if lim:
         after = lim.get("copy_bytes_per_s_after")
@@ -754,8 +784,9 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     folder = work / "src"
     folder.mkdir(exist_ok=True)
-    artifact = work / f"qwen3_5-{args.shape}-{geometry['num_hidden_layers']}l.ninfer"
-    name = f"qwen3_5-{args.shape}-shape-{geometry['num_hidden_layers']}l{'-tiny' if args.tiny else ''}"
+    family = FAMILY[args.shape].lower().replace("-", "").replace(".", "_")
+    artifact = work / f"{family}-{args.shape}-{geometry['num_hidden_layers']}l.ninfer"
+    name = f"{family}-{args.shape}-shape-{geometry['num_hidden_layers']}l{'-tiny' if args.tiny else ''}"
     ours = hf = conversion = None
     summary_path = args.out / f"shapes_{args.shape}.json"
     try:
