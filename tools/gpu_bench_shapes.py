@@ -35,7 +35,6 @@ every 4th, the other three Gated DeltaNet; rms eps 1e-6):
 | 0.8b | 1024 | 24 | 8 / 2 | 16 / 16 | 3584 | yes |
 | 9b | 4096 | 32 | 16 / 4 | 16 / 32 | 12288 | no |
 | 35b-a3b | 2048 | 40 (default here 12) | 16 / 2 | 16 / 32 | 256 experts top-8 of 512, shared expert 512 | no |
-
 | qwen4exp | 2560 | 48 (default here 8) | 24 / 2 | 16 / 48 | 512 experts top-10 of 640, shared 640 | no |
 
 Qwen4-Exp (Qwen3.8-Flash-Next's text model): 4 residual streams (rank-320 mixers), PLE on layer 2 (trigrams, 8 hash
