@@ -22,11 +22,11 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton ships no cuobjdump here")
-def _report(tmp_path, preset: str) -> tuple[dict, subprocess.CompletedProcess]:
-    """tools/sass_report.py run on ``preset`` (compiled, never interpreted): its JSON report and the process."""
+def _report(tmp_path, *presets: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """tools/sass_report.py run on ``presets`` (compiled, never interpreted): its JSON report and the process."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "report.json"
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_report.py"), preset, "--json", str(out)],
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_report.py"), *presets, "--json", str(out)],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(out.read_text()), run
@@ -72,10 +72,11 @@ def test_the_varlen_prefill_kernels_build_for_sm90(tmp_path):
     assert all(r["reg"] > 0 and r["instructions"] > 0 for r in reports.values())
 
 
-def test_the_qsa_kernels_build_for_sm90(tmp_path):
-    """Qwen4-Exp's QSA kernels at the published shapes build for the H200 (the selection's, the attention's decode
-    and prefill builds, the combine) with no spills."""
-    reports, _ = _report(tmp_path, "qsa")
+def test_the_qwen4exp_kernels_build_for_sm90(tmp_path):
+    """Qwen4-Exp's kernels at the published shapes build for the H200 with no spills: QSA's (the selection's, the
+    attention's decode and prefill builds, the combine), the hyper-connection steps and the norms. (A build catches
+    what the interpreter lets through: a variable whose type two branches disagree on.)"""
+    reports, _ = _report(tmp_path, "qsa", "q4x")
     assert set(reports) == {"qsa_block_keys", "qsa_scores", "qsa_select", "qsa_attn_decode", "qsa_attn_prefill",
-                            "qsa_combine"}
+                            "qsa_combine", "q4x_hc_mix", "q4x_hc_write", "q4x_grouped_norm", "q4x_gated_norm_sigmoid"}
     assert all(r["stack"] == 0 and r["reg"] > 0 and r["instructions"] > 0 for r in reports.values()), reports

@@ -139,9 +139,9 @@ class Qwen4ExpModel:
             u, inject = layer.attn_hc.read(bank)
             y = layer.mixer(u, ctx) if isinstance(layer.mixer, QSAAttention) else layer.mixer(NormInput.formed(u),
                                                                                                ctx)[0]
-            bank = HyperConnection.write(bank, y, inject)
+            bank = layer.attn_hc.write(bank, y, inject)
             u, inject = layer.mlp_hc.read(bank)
-            bank = HyperConnection.write(bank, layer.moe(NormInput.formed(u))[0], inject)
+            bank = layer.mlp_hc.write(bank, layer.moe(NormInput.formed(u))[0], inject)
         selected = bank if logit_rows is None else bank.index_select(0, logit_rows)
         h, _ = self.mixer_hc.read(selected)
         logits = self.ops.logits(h, self.lm_head)

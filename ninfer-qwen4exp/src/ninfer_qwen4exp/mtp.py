@@ -126,9 +126,9 @@ class Qwen4ExpMTPHead(Qwen35MTPHead):
                                      True)
         ctx = replace(ctx, cos=cos, sin=sin)
         u, inject = self.attn_hc.read(x)
-        x = HyperConnection.write(x, self.attention(u, ctx), inject)
+        x = self.attn_hc.write(x, self.attention(u, ctx), inject)
         u, inject = self.mlp_hc.read(x)
-        x = HyperConnection.write(x, self.moe(NormInput.formed(u))[0], inject)
+        x = self.mlp_hc.write(x, self.moe(NormInput.formed(u))[0], inject)
         if logit_rows is not None:
             x = x.index_select(0, logit_rows)
         mixed, _ = self.mixer_hc.read(x)

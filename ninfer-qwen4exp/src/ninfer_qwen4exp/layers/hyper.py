@@ -11,8 +11,10 @@ every stream. A module reads it as
 
 and after the sub-layer F writes ``X_k <- X_k + a_k * F(u)`` into the un-normalised bank. The final reduction reads
 the bank the same way without injection; its ``u`` is what the LM head multiplies (there is no final norm).
-W_down and W_inject read the same normed bank: they are one GEMM (one ``mix_in`` parent). Every operation keeps
-the checkpoint module's roundings (each elementwise step in the activation dtype, the mean in torch's).
+W_down and W_inject read the same normed bank: they are one GEMM (one ``mix_in`` parent). The steps after the up
+projection (``hc_mix``: the sigmoid, the gated mean over streams, the injection weights) and the write (``hc_write``)
+are ops, so a kernel does each in one launch. Every operation keeps the checkpoint module's roundings (each
+elementwise step in the activation dtype, the mean in torch's).
 """
 
 from __future__ import annotations
@@ -31,14 +33,12 @@ class HyperConnection:
 
     def read(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(u[T, H], injection weights[T, n] or None for the final reduction)`` of the bank ``x[T, n*H]``."""
-        ops, n, t = self.ops, self.n, x.shape[0]
+        ops, n = self.ops, self.n
         xn = ops.rms_norm_unit_offset_grouped(x, self.w_norm, self.h, self.eps)
         outs = project(ops, xn, self.in_groups)
-        mix = torch.sigmoid(ops.linear(F.silu(outs[0] / n), self.w_up))
-        u = (mix.view(t, n, self.h) * xn.view(t, n, self.h)).mean(dim=1)
-        return u, (2 * torch.sigmoid(outs[1] / n) if self.inject else None)
+        z = ops.linear(F.silu(outs[0] / n), self.w_up)
+        return ops.hc_mix(z, xn, outs[1] if self.inject else None, n)
 
-    @staticmethod
-    def write(x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def write(self, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The bank after injecting the sub-layer output ``y[T, H]`` with ``weights[T, n]``."""
-        return x + (y.unsqueeze(1) * weights.unsqueeze(-1)).flatten(1)
+        return self.ops.hc_write(x, y, weights)

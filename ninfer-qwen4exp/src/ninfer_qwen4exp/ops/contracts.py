@@ -2,8 +2,9 @@
 
 Core's contracts (linear, logits, unit-offset RMSNorm, rope, KV write, paged attention, MoE) and Qwen3.5's (the GDN
 ops, causal conv1d, MRoPE, q/k norm + RoPE + KV write) are reused as they are. These add the per-stream norm of the
-hyper-connections and PLE, the GDN output norm with a sigmoid gate, the PLE n-gram hash and its host-table gather,
-and the two halves of QSA: the indexer's block selection and the attention over the selected keys.
+hyper-connections and PLE, the hyper-connections' stream mixing and injection, the GDN output norm with a sigmoid
+gate, the PLE n-gram hash and its host-table gather, and the two halves of QSA: the indexer's block selection and the
+attention over the selected keys.
 
 Shapes use: T tokens, B rows (sequences), G groups or hash heads, h indexer heads, d indexer head dim, W the indexer
 pool width, r the compression ratio, Hq/Hkv attention heads, D head dim, R rotary dims. Unless stated, outputs have
@@ -22,6 +23,13 @@ CONTRACTS: tuple[OpContract, ...] = (
     OpContract("gated_rms_norm_sigmoid", "gated_rms_norm_sigmoid(x[..., N], gate[..., N], weight[N], eps) -> [..., N]",
                "gated_rms_norm with a sigmoid gate: n = fp32 rmsnorm(x) cast to x.dtype; n*weight (plain weight, "
                "x.dtype product); times sigmoid(gate.float()); cast to x.dtype."),
+    OpContract("hc_mix",
+               "hc_mix(z[T, n*H], xn[T, n*H], g[T, n] or None, streams n) -> (u[T, H], inject[T, n] or None)",
+               "A hyper-connection's read after its up projection z: u = mean over streams k of "
+               "x.dtype(x.dtype(sigmoid(z_k)) * xn_k), the mean summed in fp32 and rounded once; inject = "
+               "2 * x.dtype(sigmoid(x.dtype(g / n))) when g is given (the checkpoint module's roundings)."),
+    OpContract("hc_write", "hc_write(x[T, n*H], y[T, H], inject[T, n]) -> [T, n*H]",
+               "A hyper-connection's write: x_k + x.dtype(inject_k * y) for every stream k, rounded to x.dtype."),
     OpContract("ngram_hash",
                "ngram_hash(windows[T, n] int64, multipliers[n] int64, sizes[G] int64, offsets[G] int64, eos, "
                "heads_per_ngram) -> ids[T, G] int64",

@@ -19,19 +19,27 @@ from ninfer.ops.triton.norm import as_rows, inv_rms, row_config
 
 
 @triton.jit
+def normed_weighted(xf, w, eps, N: tl.constexpr, X_DTYPE: tl.constexpr, NW_DTYPE: tl.constexpr,
+                    INTERP: tl.constexpr):
+    """The gated norms' ungated part of [rows, BLOCK_N] fp32 values of x (X_DTYPE): ``NW_DTYPE(X_DTYPE(x * inv) *
+    w)`` as fp32."""
+    n = cast(xf * inv_rms(xf, N, eps)[:, None], X_DTYPE, INTERP).to(tl.float32)
+    return cast(n * w[None, :], NW_DTYPE, INTERP).to(tl.float32)
+
+
+@triton.jit
 def gated_norm_rows(xf, g, w, eps, N: tl.constexpr, X_DTYPE: tl.constexpr, NW_DTYPE: tl.constexpr,
                     INTERP: tl.constexpr):
     """``gated_rms_norm`` of [rows, BLOCK_N] fp32 values of x (X_DTYPE) and gate g (masked columns 0), in fp32
     with the contract's two roundings (shared with ``gdn_decode``)."""
-    n = cast(xf * inv_rms(xf, N, eps)[:, None], X_DTYPE, INTERP).to(tl.float32)
-    nw = cast(n * w[None, :], NW_DTYPE, INTERP).to(tl.float32)
-    return nw * (g / (1.0 + tl.exp(-g)))
+    return normed_weighted(xf, w, eps, N, X_DTYPE, NW_DTYPE, INTERP) * (g / (1.0 + tl.exp(-g)))
 
 
 @triton.jit(do_not_specialize=["M"])
 def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, GH, stride_g0, stride_g1, stride_y,
                            N: tl.constexpr, NW_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           INTERP: tl.constexpr, PDL: tl.constexpr):
+                           INTERP: tl.constexpr, PDL: tl.constexpr, SIGMOID: tl.constexpr = False):
+    """SIGMOID: the gate is ``sigmoid(fp32 gate)`` instead of ``silu`` (Qwen4-Exp's ``gated_rms_norm_sigmoid``)."""
     pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -42,12 +50,22 @@ def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, GH, str
     g_rows = (rows64 // GH) * stride_g0 + (rows64 % GH) * stride_g1
     g = tl.load(g_ptr + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = gated_norm_rows(xf, g, w, eps, N, y_ptr.dtype.element_ty, NW_DTYPE, INTERP)
+    if SIGMOID:
+        y = normed_weighted(xf, w, eps, N, y_ptr.dtype.element_ty, NW_DTYPE, INTERP) * (1.0 / (1.0 + tl.exp(-g)))
+    else:
+        y = gated_norm_rows(xf, g, w, eps, N, y_ptr.dtype.element_ty, NW_DTYPE, INTERP)
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``(cast_x(norm(x)) * weight) * silu(fp32(gate))`` cast to x.dtype; norm over the last dim."""
+    return launch_gated_norm(x, gate, weight, eps, sigmoid=False)
+
+
+def launch_gated_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                      sigmoid: bool) -> torch.Tensor:
+    """``gated_rms_norm`` with the SiLU gate, or with ``sigmoid`` a sigmoid gate (``(cast_x(norm(x)) * weight) *
+    sigmoid(fp32(gate))``: Qwen4-Exp's ``gated_rms_norm_sigmoid``)."""
     launch_ok(x)
     n = x.shape[-1]
     x2 = as_rows(x, n)
@@ -66,7 +84,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
         _gated_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
             x2, g2, weight.contiguous(), y, m, eps, x2.stride(0), max(gh, 1), sg0, sg1, y.stride(0), N=n,
             NW_DTYPE=nw_dtype, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET,
-            num_warps=cfg["num_warps"], **pdl(x2))
+            num_warps=cfg["num_warps"], SIGMOID=sigmoid, **pdl(x2))
     return y.view(x.shape)
 
 

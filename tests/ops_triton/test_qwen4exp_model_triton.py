@@ -1,11 +1,15 @@
-"""The Qwen4-Exp model with its QSA ops on the Triton kernels (``ninfer_qwen4exp.ops.triton.qsa``; the other ops the
-torch references) against transformers, fp32 (on the CPU under TRITON_INTERPRET=1).
+"""The Qwen4-Exp model on its own Triton kernels (``ninfer_qwen4exp.ops.triton``: QSA, the per-stream and sigmoid-gated
+norms, the hyper-connections' mixing and write; every other op the torch references) against transformers, fp32 (on
+the CPU under TRITON_INTERPRET=1).
 
-The op suite (test_qsa_triton.py) checks each kernel alone; this checks them in the layer, on the side pools the
-model writes, across chunk boundaries that cut QSA blocks and on decode rows: the cases whose budgets make long
-prompts sparse (``sparse``: blocks of 2, 2 kept; ``plain``: blocks of 4, 3 kept). Criteria: the oracle suite's
+The op suites (test_qsa_triton.py, test_qwen4exp_hc_norm_triton.py) check each kernel alone; this checks them in the
+model: QSA on the side pools the model writes, across chunk boundaries that cut QSA blocks and on decode rows, in
+the cases whose budgets make long prompts sparse (``sparse``: blocks of 2, 2 kept, PLE and sigmoid-gated GDN;
+``plain``: blocks of 4, 3 kept). Criteria: the oracle suite's
 (tests/models/qwen4exp/test_qwen4exp_oracle.py): logits of every position within ``5e-4 + 1e-4 |ref|`` of
-transformers', whole and in chunks of 3, and transformers' greedy tokens.
+transformers', whole and in chunks of 3, and transformers' greedy tokens. Slow (~45 s interpreted):
+NINFER_RUN_SLOW=1 runs it; on a GPU the Engine test (tests/engine/test_qwen4exp_gpu.py) runs the same kernels
+compiled.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ def _ops():
 def _program(c):
     program = H.make_program(c, ops=_ops())
     described = program.model.ops.describe()
-    assert described["qsa_select"] == described["qsa_attention"] == "triton", described
+    mine = ("qsa_select", "qsa_attention", "rms_norm_unit_offset_grouped", "gated_rms_norm_sigmoid", "hc_mix",
+            "hc_write")
+    assert all(described[op] == "triton" for op in mine), described
     return program
 
 
@@ -54,10 +60,11 @@ def _close(ours, ref, what):
     assert torch.all(err <= ATOL + RTOL * ref.abs()), f"{what}: max err {err.max().item():.3e}"
 
 
+@pytest.mark.slow_interpreted
 @pytest.mark.skipif(CUDA, reason="the CPU Program with the kernels interpreted; the GPU lane runs the engine")
 @pytest.mark.parametrize("name", ["sparse", "plain"])
 @pytest.mark.parametrize("chunks", [None, 3])
-def test_logits_on_the_qsa_kernels_match_transformers(case, name, chunks):
+def test_logits_on_the_kernels_match_transformers(case, name, chunks):
     c = case(name)
     ids = H.prompt(seed=5, length=40, eos_every=13)
     sizes = [len(ids)] if chunks is None else [min(chunks, len(ids) - i) for i in range(0, len(ids), chunks)]
@@ -71,9 +78,10 @@ def test_logits_on_the_qsa_kernels_match_transformers(case, name, chunks):
     _close(torch.cat(out).float(), H.hf_logits(c, ids), f"{name} chunks {chunks}")
 
 
+@pytest.mark.slow_interpreted
 @pytest.mark.skipif(CUDA, reason="the CPU Program with the kernels interpreted; the GPU lane runs the engine")
 @pytest.mark.parametrize("name", ["sparse", "plain"])
-def test_greedy_decode_on_the_qsa_kernels_matches_transformers(case, name):
+def test_greedy_decode_on_the_kernels_matches_transformers(case, name):
     c = case(name)
     ids = H.prompt(seed=9, length=17, eos_every=7)
     run = H.Runner(_program(c))
