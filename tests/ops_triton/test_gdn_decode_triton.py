@@ -8,6 +8,8 @@ lookahead form (out slots) must leave the read slots untouched and give the in-p
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -33,12 +35,16 @@ def test_gdn_decode_matches_the_composed_oracles(dtype, bsz, hk, hv, dk, dv, gen
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gdn_decode_agrees_with_the_reference_op(dtype, gen):
+@pytest.mark.parametrize("sigmoid_gate", [False, True])
+@pytest.mark.parametrize("one_kernel", [True, False])
+def test_gdn_decode_agrees_with_the_reference_op(dtype, sigmoid_gate, one_kernel, gen):
+    """Both output gates (SiLU; sigmoid: ``GDNDecodeParams.sigmoid_gate``, Qwen4-Exp) on both launch paths."""
     bsz, hk, hv, dk, dv = (4, 16, 32, 128, 128) if CUDA else (2, 2, 4, 16, 16)
     args, conv_states, states, slots = gdn_decode_case(gen, DEVICE, dtype, bsz, hk, hv, dk, dv)
+    args = (*args[:4], dataclasses.replace(args[4], sigmoid_gate=sigmoid_gate))
     conv_ref, states_ref = conv_states.clone(), states.clone()
     o_ref = reference(dtype).gdn_decode(*args, conv_ref, states_ref, slots)
-    o = triton_ops(dtype).gdn_decode(*args, conv_states, states, slots)
+    o = triton_ops(dtype).gdn_decode(*args, conv_states, states, slots, one_kernel=one_kernel)
     assert_normwise(o, o_ref.float(), OUT[dtype], "triton vs reference output")
     assert_bits(conv_states.cpu(), conv_ref.cpu(), "triton vs reference conv states")
     assert_normwise(states, states_ref, STATE, "triton vs reference states")

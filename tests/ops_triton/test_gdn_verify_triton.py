@@ -7,6 +7,8 @@ Runs on CUDA when present, otherwise under TRITON_INTERPRET=1 at tiny sizes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -82,9 +84,12 @@ def test_gdn_verify_equals_the_stepwise_decode_bitwise(dtype, n, rows, gen):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gdn_verify_agrees_with_the_reference_op(dtype, gen):
+@pytest.mark.parametrize("sigmoid_gate", [False, True])
+def test_gdn_verify_agrees_with_the_reference_op(dtype, sigmoid_gate, gen):
+    """Both output gates: SiLU (Qwen3.5) and sigmoid (``GDNDecodeParams.sigmoid_gate``, Qwen4-Exp)."""
     n, rows = LAYOUTS[1]
     args, conv, states, snap_conv, snap_states, index = _case(gen, dtype, n, rows)
+    args = (*args[:4], dataclasses.replace(args[4], sigmoid_gate=sigmoid_gate))
     ref_conv, ref_states = snap_conv.clone(), snap_states.clone()
     want = torch.zeros((n, HEADS[1], HEADS[3]), dtype=dtype, device=DEVICE)
     reference(dtype).gdn_verify(*args, conv, states, ref_conv, ref_states, **index, out=want)

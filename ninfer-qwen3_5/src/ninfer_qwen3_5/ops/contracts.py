@@ -26,7 +26,9 @@ class GDNDecodeParams:
 
     ``conv_weight[C, K]`` with C = 2 Hk Dk + Hv Dv (channels in q | k | v order); ``neg_a[Hv]`` = -exp(A_log) and
     ``dt_bias[Hv]``, both fp32; ``norm_weight[Dv]`` the output norm's plain weight; ``eps`` its epsilon;
-    ``scale`` the query scale (Dk ** -0.5). Invariants: Hv is a multiple of Hk, and conv_weight has C rows.
+    ``scale`` the query scale (Dk ** -0.5); ``sigmoid_gate``: the output norm gates with ``sigmoid(fp32 gate)``
+    instead of SiLU (``gated_rms_norm``'s cast chain otherwise; Qwen4-Exp's ``output_gate_type: sigmoid``).
+    Invariants: Hv is a multiple of Hk, and conv_weight has C rows.
     """
 
     conv_weight: torch.Tensor
@@ -39,6 +41,7 @@ class GDNDecodeParams:
     value_dim: int
     eps: float
     scale: float
+    sigmoid_gate: bool = False
 
 
 CONTRACTS: tuple[OpContract, ...] = (

@@ -20,4 +20,11 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return ((n * weight) * F.silu(gate.float())).to(x.dtype)
 
 
+def gated_rms_norm_sigmoid(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``gated_rms_norm`` with a sigmoid gate: ``(cast_x(norm(x)) * weight) * sigmoid(fp32(gate))`` cast to x.dtype
+    (the op is Qwen4-Exp's; ``gdn_decode`` of a ``sigmoid_gate`` layer ends with it)."""
+    n = rms_normalise_fp32(x, eps).to(x.dtype)
+    return ((n * weight) * torch.sigmoid(gate.float())).to(x.dtype)
+
+
 OPS = [OpImpl(op="gated_rms_norm", name="torch_reference", fn=gated_rms_norm, priority=0)]

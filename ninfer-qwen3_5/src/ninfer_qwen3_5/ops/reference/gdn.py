@@ -35,7 +35,7 @@ from ninfer.ops.registry import OpImpl
 
 from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
 from ninfer_qwen3_5.ops.reference.conv1d import causal_conv1d_update
-from ninfer_qwen3_5.ops.reference.gated_norm import gated_rms_norm
+from ninfer_qwen3_5.ops.reference.gated_norm import gated_rms_norm, gated_rms_norm_sigmoid
 
 CHUNK = 64
 # Chunks whose intra-chunk matrices are materialised at once; bounds memory to
@@ -159,7 +159,7 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
     q, k, v = y.split([kd, kd, p.value_heads * p.value_dim], dim=-1)
     o = gdn_recurrent_step(q.reshape(n, p.key_heads, p.key_dim), k.reshape(n, p.key_heads, p.key_dim),
                            v.reshape(n, p.value_heads, p.value_dim), g, beta, states, slots, p.scale, out_slots)
-    return gated_rms_norm(o, z, p.norm_weight, p.eps)
+    return (gated_rms_norm_sigmoid if p.sigmoid_gate else gated_rms_norm)(o, z, p.norm_weight, p.eps)
 
 
 def gdn_verify(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.Tensor, params: GDNDecodeParams,

@@ -29,10 +29,16 @@ def normed_weighted(xf, w, eps, N: tl.constexpr, X_DTYPE: tl.constexpr, NW_DTYPE
 
 @triton.jit
 def gated_norm_rows(xf, g, w, eps, N: tl.constexpr, X_DTYPE: tl.constexpr, NW_DTYPE: tl.constexpr,
-                    INTERP: tl.constexpr):
+                    INTERP: tl.constexpr, SIGMOID: tl.constexpr = False):
     """``gated_rms_norm`` of [rows, BLOCK_N] fp32 values of x (X_DTYPE) and gate g (masked columns 0), in fp32
-    with the contract's two roundings (shared with ``gdn_decode``)."""
-    return normed_weighted(xf, w, eps, N, X_DTYPE, NW_DTYPE, INTERP) * (g / (1.0 + tl.exp(-g)))
+    with the contract's two roundings (shared with ``gdn_decode``); SIGMOID: the gate is ``sigmoid(g)``, not
+    ``silu(g)``."""
+    nw = normed_weighted(xf, w, eps, N, X_DTYPE, NW_DTYPE, INTERP)
+    if SIGMOID:
+        out = nw * (1.0 / (1.0 + tl.exp(-g)))
+    else:
+        out = nw * (g / (1.0 + tl.exp(-g)))
+    return out
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -50,10 +56,7 @@ def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, M, eps, stride_x, GH, str
     g_rows = (rows64 // GH) * stride_g0 + (rows64 % GH) * stride_g1
     g = tl.load(g_ptr + g_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    if SIGMOID:
-        y = normed_weighted(xf, w, eps, N, y_ptr.dtype.element_ty, NW_DTYPE, INTERP) * (1.0 / (1.0 + tl.exp(-g)))
-    else:
-        y = gated_norm_rows(xf, g, w, eps, N, y_ptr.dtype.element_ty, NW_DTYPE, INTERP)
+    y = gated_norm_rows(xf, g, w, eps, N, y_ptr.dtype.element_ty, NW_DTYPE, INTERP, SIGMOID)
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 

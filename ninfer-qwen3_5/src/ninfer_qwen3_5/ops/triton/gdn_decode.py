@@ -111,7 +111,7 @@ def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slot
                       H, stride_yb, stride_zb, stride_zh, stride_ob, stride_oh, ss_s, ss_h, ss_k,
                       R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_DIM: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr,
-                      PDL: tl.constexpr):
+                      PDL: tl.constexpr, SIGMOID: tl.constexpr):
     row, h, hk, dk, dv, dkm, dvm = _head_lanes(R, DK, DV, BK, BV)
     # Before the wait: nothing the conv/gates kernel writes (module docstring).
     slot = tl.load(slots_ptr + row)
@@ -132,7 +132,7 @@ def _step_norm_kernel(y_ptr, z_ptr, g_ptr, beta_ptr, st_ptr, slots_ptr, out_slot
     tl.store(s_ptrs + (out_slot - slot) * ss_s, s, mask=smask)
     # o rounded to the activation dtype (as gdn_recurrent_step returns it), then the gated norm over the head.
     o16 = cast(o, o_ptr.dtype.element_ty, INTERP).to(tl.float32)
-    out = gated_norm_rows(o16[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP)
+    out = gated_norm_rows(o16[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP, SIGMOID)
     tl.store(o_ptr + row * stride_ob + h * stride_oh + dv[None, :], cast(out, o_ptr.dtype.element_ty, INTERP),
              mask=dvm[None, :])
 
@@ -192,7 +192,8 @@ def _token_step(x_ptr, z_ptr, a_ptr, b_ptr, cs_ptr, o_ptr, row, out_slot, h, cq,
                 qw0, qw1, qw2, qw3, qu0, qu1, qu2, kw0, kw1, kw2, kw3, ku0, ku1, ku2,
                 vw0, vw1, vw2, vw3, vu0, vu1, vu2, s, s_out_ptrs, smask, na, dt, nw, scale, eps,
                 stride_xb, stride_zb, stride_zh, stride_ab, stride_bb, stride_cs, stride_cc, stride_ck, stride_ob,
-                stride_oh, R: tl.constexpr, DV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr):
+                stride_oh, R: tl.constexpr, DV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr,
+                SIGMOID: tl.constexpr):
     """One token of one (row, value head) after the PDL wait, shared by ``_decode_kernel`` and ``gdn_verify``'s
     kernel: its x, z, a, b; the conv + SiLU over the window (rounded to x.dtype, as ``causal_conv1d_update`` returns
     it); the rolled window to ``out_slot`` (the q/k channels only in the program whose ``writer_key % R`` is
@@ -218,7 +219,7 @@ def _token_step(x_ptr, z_ptr, a_ptr, b_ptr, cs_ptr, o_ptr, row, out_slot, h, cq,
     s, o = recurrent_update(s, q.to(tl.float32), k.to(tl.float32), v.to(tl.float32), g, beta, scale)
     tl.store(s_out_ptrs, s, mask=smask)
     o16 = cast(o, o_ptr.dtype.element_ty, INTERP).to(tl.float32)
-    out = gated_norm_rows(o16[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP)
+    out = gated_norm_rows(o16[None, :], z[None, :], nw, eps, DV, o_ptr.dtype.element_ty, NW_DTYPE, INTERP, SIGMOID)
     tl.store(o_ptr + row * stride_ob + h * stride_oh + dv[None, :], cast(out, o_ptr.dtype.element_ty, INTERP),
              mask=dvm[None, :])
     return s, x_q, x_k, x_v
@@ -229,7 +230,8 @@ def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr
                    nw_ptr, tk_ptr, o_ptr, scale, eps, HK, stride_xb, stride_zb, stride_zh, stride_ab, stride_bb,
                    stride_wc, stride_wk, stride_cs, stride_cc, stride_ck, stride_ob, stride_oh, ss_s, ss_h, ss_k,
                    R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_DIM: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+                   BV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr,
+                   SIGMOID: tl.constexpr):
     # Program (row, value head h): the whole decode tail of one head in one launch (conv width 4). The conv of the
     # head's v channels is its own; the conv of its key head's q and k channels is computed by each of the R
     # programs of that key head (the same values), and the rolled q/k conv state is written by the last of them
@@ -261,7 +263,8 @@ def _decode_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, slots_ptr
     _token_step(x_ptr, z_ptr, a_ptr, b_ptr, cs_ptr, o_ptr, row, out_slot, h, cq, ck, cv, dk, dv, dkm, dvm, ticket, R - 1,
                 qw0, qw1, qw2, qw3, qu0, qu1, qu2, kw0, kw1, kw2, kw3, ku0, ku1, ku2, vw0, vw1, vw2, vw3, vu0, vu1, vu2,
                 s, s_ptrs + (out_slot - slot) * ss_s, smask, na, dt, nw, scale, eps, stride_xb, stride_zb, stride_zh,
-                stride_ab, stride_bb, stride_cs, stride_cc, stride_ck, stride_ob, stride_oh, R, DV, NW_DTYPE, INTERP)
+                stride_ab, stride_bb, stride_cs, stride_cc, stride_ck, stride_ob, stride_oh, R, DV, NW_DTYPE, INTERP,
+                SIGMOID)
     if ticket % R == R - 1:
         tl.atomic_add(tk, -R, sem="relaxed", scope="gpu")
 
@@ -346,7 +349,7 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
             float(p.scale), float(p.eps), hk, mixed.stride(0), z.stride(0), z.stride(1), a.stride(0), b.stride(0),
             *p.conv_weight.stride(), *conv_states.stride(), o.stride(0), o.stride(1), *states.stride()[:3],
             R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk),
-            BV=next_pow2(dv), NW_DTYPE=nw_dtype, INTERP=INTERPRET,
+            BV=next_pow2(dv), NW_DTYPE=nw_dtype, INTERP=INTERPRET, SIGMOID=p.sigmoid_gate,
             **({} if INTERPRET else {"num_warps": step_warps}), **({"PDL": False} if converted else pdl(mixed)))
         return o
     y = torch.empty((bsz, channels), dtype=mixed.dtype, device=mixed.device)
@@ -362,7 +365,7 @@ def gdn_decode(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
         y, z, g, beta, states, slots, out_slots, nw, o, float(p.scale), float(p.eps), hv,
         y.stride(0), z.stride(0), z.stride(1), o.stride(0), o.stride(1), *states.stride()[:3],
         R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk), BV=next_pow2(dv), NW_DTYPE=nw_dtype,
-        INTERP=INTERPRET, **({} if INTERPRET else {"num_warps": step_warps}), **pdl(mixed))
+        INTERP=INTERPRET, SIGMOID=p.sigmoid_gate, **({} if INTERPRET else {"num_warps": step_warps}), **pdl(mixed))
     return o
 
 

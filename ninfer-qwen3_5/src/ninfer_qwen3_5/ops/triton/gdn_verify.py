@@ -61,7 +61,8 @@ def _verify_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, scs_ptr, 
                    stride_ab, stride_bb, stride_wc, stride_wk, stride_cs, stride_cc, stride_ck, stride_scs,
                    stride_scc, stride_sck, stride_ob, stride_oh, ss_s, ss_h, ss_k, sss_s, sss_h, sss_k, stride_snap,
                    R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_DIM: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+                   BV: tl.constexpr, NW_DTYPE: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr,
+                   SIGMOID: tl.constexpr):
     i, h, hk, dk, dv, dkm, dvm = _head_lanes(R, DK, DV, BK, BV)
     cq = hk * DK + dk
     ck = KEY_DIM + cq
@@ -88,7 +89,7 @@ def _verify_kernel(x_ptr, z_ptr, a_ptr, b_ptr, cw_ptr, cs_ptr, st_ptr, scs_ptr, 
             x_ptr, z_ptr, a_ptr, b_ptr, scs_ptr, o_ptr, r, snap, h, cq, ck, cv, dk, dv, dkm, dvm, h, 0,   # h % R == 0 writes q/k
             qw0, qw1, qw2, qw3, qu0, qu1, qu2, kw0, kw1, kw2, kw3, ku0, ku1, ku2, vw0, vw1, vw2, vw3, vu0, vu1, vu2,
             s, snap_tile + snap * sss_s, smask, na, dt, nw, scale, eps, stride_xb, stride_zb, stride_zh, stride_ab,
-            stride_bb, stride_scs, stride_scc, stride_sck, stride_ob, stride_oh, R, DV, NW_DTYPE, INTERP)
+            stride_bb, stride_scs, stride_scc, stride_sck, stride_ob, stride_oh, R, DV, NW_DTYPE, INTERP, SIGMOID)
         # The window the next token reads: what this token's stores wrote.
         qu0, qu1, qu2 = _stored(qu1, x_dt, s_dt, INTERP), _stored(qu2, x_dt, s_dt, INTERP), cast(x_q, s_dt, INTERP)
         ku0, ku1, ku2 = _stored(ku1, x_dt, s_dt, INTERP), _stored(ku2, x_dt, s_dt, INTERP), cast(x_k, s_dt, INTERP)
@@ -141,7 +142,8 @@ def gdn_verify(mixed: torch.Tensor, z: torch.Tensor, a: torch.Tensor, b: torch.T
         *states.stride()[:3], *snap_states.stride()[:3], snaps.stride(0),
         R=hv // hk, DK=dk, DV=dv, KEY_DIM=hk * dk, BK=next_pow2(dk), BV=next_pow2(dv),
         NW_DTYPE=TL_DTYPE[torch.promote_types(mixed.dtype, p.norm_weight.dtype)], INTERP=INTERPRET,
-        **({} if INTERPRET else {"num_warps": num_warps}), **({"PDL": False} if converted else pdl(mixed)))
+        SIGMOID=p.sigmoid_gate, **({} if INTERPRET else {"num_warps": num_warps}),
+        **({"PDL": False} if converted else pdl(mixed)))
 
 
 OPS = [OpImpl(op="gdn_verify", name="triton", fn=gdn_verify, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,

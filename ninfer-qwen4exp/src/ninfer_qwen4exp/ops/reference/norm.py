@@ -4,7 +4,8 @@ residual streams) and the GDN output norm with a sigmoid gate.
 Invariants: statistics in fp32 with eps inside the rsqrt (core's :func:`~ninfer.ops.reference.norm.
 rms_normalise_fp32`); ``rms_norm_unit_offset_grouped`` rounds once; ``gated_rms_norm_sigmoid`` keeps the cast order
 of the checkpoint's module (normalised value rounded to x.dtype, times the plain weight, times the fp32 sigmoid of
-the gate, rounded), exactly as Qwen3.5's SiLU-gated ``gated_rms_norm``.
+the gate, rounded), exactly as Qwen3.5's SiLU-gated ``gated_rms_norm``; its reference lives beside that one in
+ninfer-qwen3_5, whose ``gdn_decode`` ends with it for a ``sigmoid_gate`` layer, and is registered here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 from ninfer.ops.reference.norm import rms_normalise_fp32
 from ninfer.ops.registry import OpImpl
+from ninfer_qwen3_5.ops.reference.gated_norm import gated_rms_norm_sigmoid  # the GDN decode step's too
 
 
 def rms_norm_unit_offset_grouped(x: torch.Tensor, weight: torch.Tensor, group: int, eps: float) -> torch.Tensor:
@@ -22,12 +24,6 @@ def rms_norm_unit_offset_grouped(x: torch.Tensor, weight: torch.Tensor, group: i
                          f"into groups of {group}")
     grouped = rms_normalise_fp32(x.reshape(*x.shape[:-1], n // group, group), eps).reshape(x.shape)
     return (grouped * (1.0 + weight.float())).to(x.dtype)
-
-
-def gated_rms_norm_sigmoid(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``(cast_x(norm(x)) * weight) * sigmoid(fp32(gate))`` cast to x.dtype; norm over the last dim."""
-    n = rms_normalise_fp32(x, eps).to(x.dtype)
-    return ((n * weight) * torch.sigmoid(gate.float())).to(x.dtype)
 
 
 OPS = [
