@@ -186,6 +186,31 @@ def test_attention_decode_call_is_the_oracle_in_runs(gen, dtype, monkeypatch):
     _close(_run_attention(c, dtype), _attention_oracle(c, dtype), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("q_lens", [[3, 2], [1, 1]], ids=["prefill", "decode"])
+def test_the_output_gate_is_the_reference_ops(gen, dtype, q_lens, monkeypatch):
+    """``gate[T, Hq*D]`` (a column view of a wider projection, as the layer passes it) applied where the output is
+    stored, in the one-run (prefill) and the combined (decode) calls: within one ulp of the reference op's
+    ``o * sigmoid(gate)`` on the same selection."""
+    monkeypatch.setattr(qsa, "SPLIT_ENTRIES", 4)
+    c = _attention_case(gen, [11, 6], q_lens)
+    t, hq, d = c["q"].shape
+    wide = torch.randn(t, hq * d + 8, generator=gen) * 3
+    gate = wide[:, 8:].to(DEVICE, dtype)
+    sel = torch.where(c["sel"] < torch.tensor([[11]] * q_lens[0] + [[6]] * q_lens[1]), c["sel"], -1)
+    dev = dict(device=DEVICE, dtype=dtype)
+    args = (c["q"].to(**dev), c["k_pool"].to(**dev), c["v_pool"].to(**dev), sel.to(DEVICE), c["cu"].to(DEVICE),
+            torch.tensor(c["lens"], dtype=torch.int32, device=DEVICE), c["tables"].to(DEVICE), 0.3)
+    got = qsa.qsa_attention(*args, gate).cpu()
+    want = ref.qsa_attention(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args), gate.cpu())
+    plain = qsa.qsa_attention(*args).cpu()
+    assert not torch.equal(got, plain)
+    if dtype == torch.float32:
+        assert torch.allclose(got, want, atol=1e-5)
+    else:
+        assert float((got.float() - want.float()).abs().max()) <= 2 ** -7 * float(want.float().abs().max())
+
+
 def test_attention_matches_the_reference_op(gen):
     c = _attention_case(gen, [11, 6], [3, 2])
     got = _run_attention(c, torch.float32)

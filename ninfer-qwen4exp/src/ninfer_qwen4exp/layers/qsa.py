@@ -6,8 +6,8 @@ One GEMM projects the layer input to query, key, value, output gate, indexer que
 paged pools (``qk_norm_rope_cache``); the indexer's queries get their own (1 + w) norm and the same RoPE, and each
 token's raw indexer key and rotary cos | sin go to the layer's side pool (``kv_cache_write``), so a later step can
 pool any complete block of r tokens. Then per query: ``qsa_select`` ranks the complete blocks it sees and keeps the
-best ``indexer_budget / r`` of them plus the incomplete tail, and ``qsa_attention`` attends over those positions;
-the output is gated by ``sigmoid(gate)`` and projected.
+best ``indexer_budget / r`` of them plus the incomplete tail, and ``qsa_attention`` attends over those positions
+and gates its output by ``sigmoid(gate)`` as it stores it; the result is projected.
 
 While a row's KV length stays within ``block_topk * r + r - 1`` positions every query sees at most ``block_topk``
 complete blocks and selects them all: the layer is exactly causal attention. When the call's page tables cannot
@@ -51,28 +51,29 @@ class QSAAttention:
         ik_pool, rope_pool = ctx.kv.pools(self.pool_name)
         angles = torch.cat((ctx.cos, ctx.sin), dim=-1).to(u.dtype)
         ops.kv_cache_write(self._wide(ik), self._wide(angles), ik_pool, rope_pool, ctx.slot_mapping)
-        outs = []
+        outs = []   # each gated by sigmoid(gate) where the attention stores it
         if b_rows:
             cu = torch.arange(b_rows + 1, dtype=torch.int32, device=u.device)
-            outs.append(self._attend(q[:b_rows], iq[:b_rows], cu, ctx.decode_kv_lens, ctx.decode_page_tables, ctx))
+            outs.append(self._attend(q[:b_rows], iq[:b_rows], gate[:b_rows], cu, ctx.decode_kv_lens,
+                                     ctx.decode_page_tables, ctx))
         if ctx.num_chunk:
-            outs.append(self._attend(q[b_rows:], iq[b_rows:], ctx.chunk_cu_q, ctx.chunk_kv_lens,
+            outs.append(self._attend(q[b_rows:], iq[b_rows:], gate[b_rows:], ctx.chunk_cu_q, ctx.chunk_kv_lens,
                                      ctx.chunk_page_tables, ctx))
         o = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, self.nq * self.d)
-        return ops.linear(o * torch.sigmoid(gate), self.w_out)
+        return ops.linear(o, self.w_out)
 
     def _wide(self, x: torch.Tensor) -> torch.Tensor:
         """``x[N, c]`` zero-padded to the side pool's width, as one head: ``[N, 1, W]``."""
         return F.pad(x, (0, self.width - x.shape[-1])).unsqueeze(1)
 
-    def _attend(self, q: torch.Tensor, iq: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor,
-                page_tables: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, iq: torch.Tensor, gate: torch.Tensor, cu_q: torch.Tensor,
+                kv_lens: torch.Tensor, page_tables: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         ops = self.ops
         k_pool, v_pool = ctx.kv.pools(self.index)
         q = q.contiguous()
         if page_tables.shape[1] * k_pool.shape[1] // self.ratio <= self.block_topk:   # every query keeps all it sees
-            return ops.paged_attention(q, k_pool, v_pool, cu_q, kv_lens, page_tables, self.scale)
+            return ops.paged_attention(q, k_pool, v_pool, cu_q, kv_lens, page_tables, self.scale, gate)
         ik_pool, rope_pool = ctx.kv.pools(self.pool_name)
         sel = ops.qsa_select(iq, ik_pool, rope_pool, self.w_ikn, self.eps, cu_q, kv_lens, page_tables, self.ratio,
                              self.block_topk, self.rotary)
-        return ops.qsa_attention(q, k_pool, v_pool, sel, cu_q, kv_lens, page_tables, self.scale)
+        return ops.qsa_attention(q, k_pool, v_pool, sel, cu_q, kv_lens, page_tables, self.scale, gate)

@@ -55,7 +55,8 @@ CONTRACTS: tuple[OpContract, ...] = (
                "positions n_vis*r..p; -1 pads. Each position appears at most once, in no set order."),
     OpContract("qsa_attention",
                "qsa_attention(q[T, Hq, D], k_pool, v_pool, sel[T, S] int64, cu_q[B+1] int32, kv_lens[B] int32, "
-               "page_tables[B, maxp] int32, scale) -> o[T, Hq, D]",
+               "page_tables[B, maxp] int32, scale, gate[T, Hq*D] or None) -> o[T, Hq, D]",
                "paged_attention of each query over exactly the positions its sel row lists (-1 entries ignored; "
-               "every listed position is < kv_lens[b]): GQA head h reads KV head h // (Hq/Hkv), softmax in fp32."),
+               "every listed position is < kv_lens[b]): GQA head h reads KV head h // (Hq/Hkv), softmax in fp32; "
+               "with gate, times sigmoid(gate) as torch computes it in q.dtype (paged_attention's gate)."),
 )

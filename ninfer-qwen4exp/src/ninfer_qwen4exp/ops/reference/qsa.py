@@ -91,8 +91,10 @@ def qsa_select(q: torch.Tensor, key_pool: torch.Tensor, rope_pool: torch.Tensor,
 
 
 def qsa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, sel: torch.Tensor, cu_q: torch.Tensor,
-                  kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention of each query over the positions its ``sel`` row lists (see the contract)."""
+                  kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float,
+                  gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of each query over the positions its ``sel`` row lists (see the contract); with ``gate[T, Hq*D]``,
+    times ``sigmoid(gate)`` in q.dtype."""
     t, hq, dh = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
     if hq % hkv:
@@ -113,6 +115,10 @@ def qsa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, s
         scores = scores.masked_fill(~mask[None], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[q0:q0 + n_q] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+    if gate is not None:
+        if gate.shape != (t, hq * dh):
+            raise ValueError(f"qsa_attention: gate {tuple(gate.shape)} must be [rows, Hq*D] = {(t, hq * dh)}")
+        out = out * torch.sigmoid(gate.reshape(t, hq, dh).to(q.dtype))
     return out
 
 

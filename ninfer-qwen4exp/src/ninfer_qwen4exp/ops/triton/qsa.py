@@ -204,14 +204,26 @@ def _select_kernel(sc_ptr, thr_ptr, cu_q_ptr, kv_lens_ptr, sel_ptr, n_rows, t0, 
         tl.store(row + w, val.to(tl.int64), mask=(w >= kept_end) & (w < WIDTH))
 
 
+@triton.jit
+def _gated(out, gate_ptr, DT: tl.constexpr, INTERP: tl.constexpr, HAS_GATE: tl.constexpr, mask):
+    """``out`` (fp32), times ``sigmoid(gate)`` as torch computes ``o * sigmoid(gate)`` in DT (o and the sigmoid each
+    rounded to DT; the caller's store rounds the product) when HAS_GATE."""
+    if HAS_GATE:
+        g = tl.load(gate_ptr, mask=mask, other=0.0).to(tl.float32)
+        out = cast(out, DT, INTERP).to(tl.float32) * cast(1.0 / (1.0 + tl.exp(-g)), DT, INTERP).to(tl.float32)
+    return out
+
+
 @triton.jit(do_not_specialize=["n_rows", "t0", "stride_ptb"])
-def _attn_kernel(q_ptr, k_ptr, v_ptr, sel_ptr, cu_q_ptr, kv_lens_ptr, pt_ptr, acc_ptr, ml_ptr, out_ptr, qk_scale,
-                 n_rows, t0,
+def _attn_kernel(q_ptr, k_ptr, v_ptr, sel_ptr, cu_q_ptr, kv_lens_ptr, pt_ptr, acc_ptr, ml_ptr, out_ptr, gate_ptr,
+                 qk_scale, n_rows, t0,
                  stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_ptb,
                  stride_st, stride_at, stride_ah, stride_as, stride_mt, stride_mh, stride_ms, stride_ot, stride_oh,
+                 stride_gt,
                  R: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, WIDTH: tl.constexpr, PER: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                 DIRECT: tl.constexpr, P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr):
+                 DIRECT: tl.constexpr, P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr,
+                 HAS_GATE: tl.constexpr):
     """Program (query of the chunk, KV head, run of entries): the GQA group's heads over the run (module docstring);
     DIRECT: the one run of all entries, stored normalised; else unnormalised partials (acc, m, l)."""
     tq = tl.program_id(0)
@@ -257,6 +269,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, sel_ptr, cu_q_ptr, kv_lens_ptr, pt_ptr, ac
     om = hm[:, None] & dm[None, :]
     if DIRECT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out = _gated(out, gate_ptr + t * stride_gt + heads[:, None] * D + d[None, :], out_ptr.dtype.element_ty, INTERP,
+                     HAS_GATE, om)
         tl.store(out_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :],
                  cast(out, out_ptr.dtype.element_ty, INTERP), mask=om)
     else:
@@ -268,9 +282,9 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, sel_ptr, cu_q_ptr, kv_lens_ptr, pt_ptr, ac
 
 
 @triton.jit
-def _combine_kernel(acc_ptr, ml_ptr, out_ptr, t0, stride_at, stride_ah, stride_as, stride_mt, stride_mh, stride_ms,
-                    stride_ot, stride_oh, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-                    BLOCK_D: tl.constexpr, INTERP: tl.constexpr):
+def _combine_kernel(acc_ptr, ml_ptr, out_ptr, gate_ptr, t0, stride_at, stride_ah, stride_as, stride_mt, stride_mh,
+                    stride_ms, stride_ot, stride_oh, stride_gt, D: tl.constexpr, SPLITS: tl.constexpr,
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr, HAS_GATE: tl.constexpr):
     """Program (query of the chunk, query head): merges the runs in run order (a fixed order)."""
     tq = tl.program_id(0)
     h = tl.program_id(1)
@@ -289,6 +303,7 @@ def _combine_kernel(acc_ptr, ml_ptr, out_ptr, t0, stride_at, stride_ah, stride_a
         part = tl.load(acc_ptr + tq * stride_at + h * stride_ah + s * stride_as + d, mask=dm, other=0.0)
         acc = acc + tl.exp2(m_s - m_max) * part
     out = acc / tl.where(l_tot > 0, l_tot, 1.0)
+    out = _gated(out, gate_ptr + (t0 + tq) * stride_gt + h * D + d, out_ptr.dtype.element_ty, INTERP, HAS_GATE, dm)
     tl.store(out_ptr + (t0 + tq) * stride_ot + h * stride_oh + d, cast(out, out_ptr.dtype.element_ty, INTERP), mask=dm)
 
 
@@ -356,8 +371,10 @@ def qsa_select(q: torch.Tensor, key_pool: torch.Tensor, rope_pool: torch.Tensor,
 
 
 def qsa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, sel: torch.Tensor,
-                  cu_q: torch.Tensor, kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention of each query over the positions its ``sel`` row lists (the contract; module docstring)."""
+                  cu_q: torch.Tensor, kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float,
+                  gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of each query over the positions its ``sel`` row lists (the contract; module docstring); with
+    ``gate[T, Hq*D]`` (row-strided allowed), times ``sigmoid(gate)`` where the output is stored."""
     launch_ok(q)
     t, hq, dh = q.shape
     page, hkv = k_pool.shape[1], k_pool.shape[2]
@@ -369,9 +386,12 @@ def qsa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, s
                          f"contiguous last dim")
     if sel.dim() != 2 or sel.shape[0] != t:
         raise ValueError(f"qsa_attention: sel {tuple(sel.shape)} must be [{t}, S]")
+    if gate is not None and (gate.shape != (t, hq * dh) or gate.dtype != q.dtype):
+        raise ValueError(f"qsa_attention: gate {tuple(gate.shape)} {gate.dtype} must be [rows, Hq*D] = "
+                         f"{(t, hq * dh)} {q.dtype}")
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     width = sel.shape[1]
-    if t == 0 or width == 0:
+    if t == 0 or width == 0:   # nothing selected: zeros (gated zeros too)
         return out.zero_()
     cu_q, kv_lens, page_tables, n_rows = _meta(q, cu_q, kv_lens, page_tables)
     q = q if q.stride(-1) == 1 else q.contiguous()
@@ -385,7 +405,10 @@ def qsa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, s
     chunk = t if direct else max(1, PARTIAL_ELEMENTS // (hq * splits * block_d))
     launch = dict(R=r, D=dh, PAGE=page, WIDTH=width, PER=per, BLOCK_B=next_pow2(n_rows), BLOCK_H=max(16, next_pow2(r)),
                   BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, P_SPLIT=not direct and not wide, FP32_DOT=wide,
-                  INTERP=INTERPRET, num_warps=8 if wide and block_d > 128 else 4)
+                  INTERP=INTERPRET, HAS_GATE=gate is not None, num_warps=8 if wide and block_d > 128 else 4)
+    if gate is not None and gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    g, sg = (gate, gate.stride(0)) if gate is not None else (out, 0)
     for t0 in range(0, t, chunk):
         tc = min(chunk, t - t0)
         if direct:
@@ -396,12 +419,13 @@ def qsa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, s
             ml = torch.empty((tc, hq, splits, 2), dtype=torch.float32, device=q.device)
             sa = acc.stride()[:3] + ml.stride()[:3]
         _attn_kernel[(tc, hkv, splits)](
-            q, k_pool, v_pool, sel, cu_q, kv_lens, page_tables, acc, ml, out, scale * _LOG2E, n_rows, t0,
+            q, k_pool, v_pool, sel, cu_q, kv_lens, page_tables, acc, ml, out, g, scale * _LOG2E, n_rows, t0,
             q.stride(0), q.stride(1), *k_pool.stride()[:3], *v_pool.stride()[:3], page_tables.stride(0),
-            sel.stride(0), *sa, out.stride(0), out.stride(1), **launch)
+            sel.stride(0), *sa, out.stride(0), out.stride(1), sg, **launch)
         if not direct:
-            _combine_kernel[(tc, hq)](acc, ml, out, t0, *sa, out.stride(0), out.stride(1), D=dh, SPLITS=splits,
-                                      BLOCK_S=next_pow2(splits), BLOCK_D=block_d, INTERP=INTERPRET, num_warps=4)
+            _combine_kernel[(tc, hq)](acc, ml, out, g, t0, *sa, out.stride(0), out.stride(1), sg, D=dh, SPLITS=splits,
+                                      BLOCK_S=next_pow2(splits), BLOCK_D=block_d, INTERP=INTERPRET,
+                                      HAS_GATE=gate is not None, num_warps=4)
     return out
 
 
