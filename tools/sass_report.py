@@ -161,6 +161,8 @@ def _presets() -> dict[str, Preset]:
                               dict(D=256, SPLITS=33, BLOCK_S=64, BLOCK_D=256, INTERP=False, HAS_GATE=True), 4,
                               {"acc_ptr": "*fp32", "ml_ptr": "*fp32"}),
         # Qwen4-Exp's hyper-connection steps and per-stream norm at the published bank (4 streams of 2560, bf16).
+        "q4x_hc_act": Preset("ninfer_qwen4exp.ops.triton.hyper", "_act_kernel",
+                             dict(R=320, STREAMS=4, BLOCK_T=8, BLOCK_R=512, INTERP=False), 4),
         "q4x_hc_mix": Preset("ninfer_qwen4exp.ops.triton.hyper", "_mix_kernel",
                              dict(STREAMS=4, HAS_G=True, BLOCK_H=1024, BLOCK_S=4, INTERP=False), 4),
         "q4x_hc_write": Preset("ninfer_qwen4exp.ops.triton.hyper", "_write_kernel",

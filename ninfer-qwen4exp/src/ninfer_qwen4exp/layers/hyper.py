@@ -11,16 +11,15 @@ every stream. A module reads it as
 
 and after the sub-layer F writes ``X_k <- X_k + a_k * F(u)`` into the un-normalised bank. The final reduction reads
 the bank the same way without injection; its ``u`` is what the LM head multiplies (there is no final norm).
-W_down and W_inject read the same normed bank: they are one GEMM (one ``mix_in`` parent). The steps after the up
-projection (``hc_mix``: the sigmoid, the gated mean over streams, the injection weights) and the write (``hc_write``)
-are ops, so a kernel does each in one launch. Every operation keeps the checkpoint module's roundings (each
+W_down and W_inject read the same normed bank: they are one GEMM (one ``mix_in`` parent). The low-rank activation
+(``hc_act``), the steps after the up projection (``hc_mix``: the sigmoid, the gated mean over streams, the injection
+weights) and the write (``hc_write``) are ops, so a kernel does each in one launch. Every operation keeps the checkpoint module's roundings (each
 elementwise step in the activation dtype, the mean in torch's).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from ninfer_qwen3_5.layers.fused import project, row_groups
 
 
@@ -36,7 +35,7 @@ class HyperConnection:
         ops, n = self.ops, self.n
         xn = ops.rms_norm_unit_offset_grouped(x, self.w_norm, self.h, self.eps)
         outs = project(ops, xn, self.in_groups)
-        z = ops.linear(F.silu(outs[0] / n), self.w_up)
+        z = ops.linear(ops.hc_act(outs[0], n), self.w_up)
         return ops.hc_mix(z, xn, outs[1] if self.inject else None, n)
 
     def write(self, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

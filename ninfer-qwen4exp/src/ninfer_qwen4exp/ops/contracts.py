@@ -23,6 +23,9 @@ CONTRACTS: tuple[OpContract, ...] = (
     OpContract("gated_rms_norm_sigmoid", "gated_rms_norm_sigmoid(x[..., N], gate[..., N], weight[N], eps) -> [..., N]",
                "gated_rms_norm with a sigmoid gate: n = fp32 rmsnorm(x) cast to x.dtype; n*weight (plain weight, "
                "x.dtype product); times sigmoid(gate.float()); cast to x.dtype."),
+    OpContract("hc_act", "hc_act(d[T, R], streams n) -> [T, R]",
+               "A hyper-connection's low-rank activation before its up projection: silu(x.dtype(d / n)), the SiLU "
+               "in fp32 rounded once to d.dtype (the checkpoint module's F.silu(d / n))."),
     OpContract("hc_mix",
                "hc_mix(z[T, n*H], xn[T, n*H], g[T, n] or None, streams n) -> (u[T, H], inject[T, n] or None)",
                "A hyper-connection's read after its up projection z: u = mean over streams k of "

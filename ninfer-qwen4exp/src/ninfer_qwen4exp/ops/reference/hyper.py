@@ -1,5 +1,6 @@
-"""Torch reference of the hyper-connections' elementwise steps around their projections: the stream mixing that makes
-a sub-layer's input (``hc_mix``) and the injection of its output into every stream (``hc_write``).
+"""Torch reference of the hyper-connections' elementwise steps around their projections: the low-rank activation
+(``hc_act``), the stream mixing that makes a sub-layer's input (``hc_mix``) and the injection of its output into
+every stream (``hc_write``).
 
 Invariant: each is the checkpoint module's torch expression in the activation dtype, rounding where torch rounds
 (``sigmoid`` to x.dtype, each product to x.dtype, the mean over streams summed in fp32 and rounded once), so the
@@ -9,6 +10,7 @@ model's hyper-connections on these ops are transformers' arithmetic.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from ninfer.ops.registry import OpImpl
 
 
@@ -17,6 +19,11 @@ def check_bank(op: str, x: torch.Tensor, streams: int) -> int:
     if streams < 1 or x.dim() != 2 or x.shape[1] % streams:
         raise ValueError(f"{op}: a bank of shape {tuple(x.shape)} does not hold {streams} streams")
     return x.shape[1] // streams
+
+
+def hc_act(d: torch.Tensor, streams: int) -> torch.Tensor:
+    """``silu(d / n)`` (the contract)."""
+    return F.silu(d / streams)
 
 
 def hc_mix(z: torch.Tensor, xn: torch.Tensor, g: torch.Tensor | None,
@@ -42,6 +49,7 @@ def hc_write(x: torch.Tensor, y: torch.Tensor, inject: torch.Tensor) -> torch.Te
 
 
 OPS = [
+    OpImpl(op="hc_act", name="torch_reference", fn=hc_act, priority=0),
     OpImpl(op="hc_mix", name="torch_reference", fn=hc_mix, priority=0),
     OpImpl(op="hc_write", name="torch_reference", fn=hc_write, priority=0),
 ]

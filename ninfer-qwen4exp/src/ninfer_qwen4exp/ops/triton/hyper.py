@@ -1,10 +1,12 @@
-"""Triton hyper-connection steps (``hc_mix``, ``hc_write``): each one launch where the torch expression is several.
+"""Triton hyper-connection steps (``hc_act``, ``hc_mix``, ``hc_write``): each one launch where the torch expression
+is several.
 
 Invariants (those of :mod:`ninfer_qwen4exp.ops.reference.hyper`, kept cast for cast):
 - ``hc_mix``, program (token, tile of H): for each stream k in order, ``s = x.dtype(sigmoid(z_k))``, ``p =
   x.dtype(s * xn_k)``, summed in fp32; ``u = x.dtype(sum / n)``. The programs of tile 0 also store
   ``inject = 2 * x.dtype(sigmoid(x.dtype(g / n)))``. The sigmoid is ``1 / (1 + exp(-z))`` in fp32, so a value may
   differ from torch's in its last fp32 bit before the rounding to x.dtype.
+- ``hc_act``, program (tile of rows): ``y = x / (1 + exp(-x))`` for ``x = x.dtype(d / n)``, rounded once.
 - ``hc_write``, program (token, tile of n*H): ``x_k + x.dtype(inject_k * y)``, rounded to x.dtype.
 - Banks and outputs are row-contiguous ``[T, n*H]``; any T, n, H.
 """
@@ -23,6 +25,19 @@ from ninfer_qwen4exp.ops.reference.hyper import check_bank
 @triton.jit
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit(do_not_specialize=["T"])
+def _act_kernel(d_ptr, y_ptr, T, stride_d, stride_y, R: tl.constexpr, STREAMS: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_R: tl.constexpr, INTERP: tl.constexpr):
+    DT: tl.constexpr = y_ptr.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_R)
+    m = (rows[:, None] < T) & (cols[None, :] < R)
+    rows64 = rows.to(tl.int64)
+    x = cast(tl.load(d_ptr + rows64[:, None] * stride_d + cols[None, :], mask=m, other=0.0).to(tl.float32) / STREAMS,
+             DT, INTERP).to(tl.float32)
+    tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(x / (1.0 + tl.exp(-x)), DT, INTERP), mask=m)
 
 
 @triton.jit(do_not_specialize=["H"])
@@ -67,6 +82,22 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def hc_act(d: torch.Tensor, streams: int) -> torch.Tensor:
+    """``silu(d / n)`` (the contract), one launch; ``d`` may be a row-strided view ``[T, R]``."""
+    launch_ok(d)
+    if d.dim() != 2 or streams < 1:
+        raise ValueError(f"hc_act: d must be [T, R] and the streams positive, got {tuple(d.shape)} and {streams}")
+    d = _rows(d)
+    t, r = d.shape
+    y = torch.empty((t, r), dtype=d.dtype, device=d.device)
+    if t:
+        block_r = next_pow2(r)
+        block_t = max(1, min(16, 4096 // block_r))
+        _act_kernel[(triton.cdiv(t, block_t),)](d, y, t, d.stride(0), y.stride(0), R=r, STREAMS=streams,
+                                                BLOCK_T=block_t, BLOCK_R=block_r, INTERP=INTERPRET)
+    return y
+
+
 def hc_mix(z: torch.Tensor, xn: torch.Tensor, g: torch.Tensor | None,
            streams: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(u[T, H], inject[T, n] or None)`` (the contract), one launch."""
@@ -107,6 +138,7 @@ def hc_write(x: torch.Tensor, y: torch.Tensor, inject: torch.Tensor) -> torch.Te
 
 
 OPS = [
+    OpImpl(op="hc_act", name="triton", fn=hc_act, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES, priority=10),
     OpImpl(op="hc_mix", name="triton", fn=hc_mix, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES, priority=10),
     OpImpl(op="hc_write", name="triton", fn=hc_write, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES, priority=10),
 ]
