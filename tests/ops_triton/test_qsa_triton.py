@@ -119,6 +119,27 @@ def test_ties_keep_the_lowest_blocks(gen):
     assert sel[0, :8].tolist() == list(range(8))   # blocks 0..3 of the first query (position 20)
 
 
+@pytest.mark.parametrize("n_vis,levels", [(1000, 7), (700, 1000000), (300, 2)])
+def test_the_selection_of_many_blocks_is_the_stable_top_k(gen, n_vis, levels):
+    """The selection kernel alone on one query that sees ``n_vis`` blocks (several 256-block tiles) with scores drawn
+    from ``levels`` values (many exact ties, a few, or two levels): the kept blocks are those a stable sort by
+    descending score puts first (ties to the lowest ids), then the tail, in ascending order."""
+    r, topk = 4, 64
+    p = n_vis * r + 2                                 # a tail of 3 positions
+    scores = torch.randint(0, levels, (1, n_vis + 5), generator=gen).float() * 0.25
+    scores[0, n_vis:] = 1e9                            # past what the query sees: must never be read
+    width = topk * r + r - 1
+    sel = torch.full((1, width), -7, dtype=torch.int64, device=DEVICE)
+    cu = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
+    kv = torch.tensor([p + 1], dtype=torch.int32, device=DEVICE)
+    qsa._select_kernel[(1,)](scores.to(DEVICE), cu, kv, sel, 1, 0, scores.stride(0), sel.stride(0), RATIO=r,
+                             TOPK=topk, WIDTH=width, SPARSE=True, BLOCK_B=1, BLOCK_J=256, BLOCK_R=4, BLOCK_W=256)
+    vis = scores[0, :n_vis].tolist()
+    best = sorted(sorted(range(n_vis), key=lambda j: -vis[j])[:topk])
+    want = [j * r + i for j in best for i in range(r)] + list(range(n_vis * r, p + 1))
+    assert sel[0].cpu().tolist() == want + [-1] * (width - len(want))
+
+
 def test_score_chunks_give_the_same_rows(gen, monkeypatch):
     c = _select_case(gen, [23, 9, 14], [5, 1, 14])
     whole = _run_select(c, torch.float32, 2, 3)

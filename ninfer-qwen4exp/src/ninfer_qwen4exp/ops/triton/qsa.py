@@ -2,7 +2,7 @@
 (``qsa_attention``), for prefill and decode, with no host synchronisation (every grid and buffer follows from
 tensor shapes, so both ops can be captured in CUDA graphs).
 
-``qsa_select`` is three kernels and one ``torch.topk``:
+``qsa_select`` is three kernels:
 
 1. ``_block_keys_kernel``, program (row, tile of blocks): the key of every complete block of the row, from the side
    pools' raw token keys and angles: the fp32 mean of the block's r keys rounded to the activation dtype, the
@@ -10,12 +10,14 @@ tensor shapes, so both ops can be captured in CUDA graphs).
    the reference's ``_block_keys``, cast for cast. Written to a scratch ``[rows, NB, d]``, where NB is the most
    complete blocks the page table's width can describe.
 2. ``_scores_kernel``, program (query, tile of blocks): ``s_j = sum_heads relu(q_h . k_j) / sqrt(d)`` as an IEEE
-   fp32 product of the query's ``[h, d]`` (heads padded to the dot's 16 rows) and the blocks' ``[d, tile]``;
-   blocks the query does not see (``j >= n_vis``) score ``-inf``. Queries are taken in chunks so that one launch's
-   scores stay within :data:`SCORE_ELEMENTS` fp32 values.
-3. ``torch.topk`` of each query's scores gives the ``block_topk``-th best score, the threshold.
-4. ``_select_kernel``, program (query): blocks scoring above the threshold, then blocks equal to it, lowest block
-   id first, until ``block_topk`` are kept; their positions are written in ascending block order, then the tail
+   fp32 product of the query's ``[h, d]`` (heads padded to the dot's 16 rows) and the blocks' ``[d, tile]``; tiles
+   past the blocks the query sees (``j >= n_vis``) do nothing, as do the block-key programs past a row's blocks,
+   so a decode graph's grids, sized for the longest row its page tables allow, cost little at short contexts.
+   Queries are taken in chunks so that one launch's scores stay within :data:`SCORE_ELEMENTS` fp32 values.
+3. ``_select_kernel``, program (query): the ``block_topk``-th best of its ``n_vis`` scores, found exactly by
+   bisection over the scores' order-preserving 32-bit keys (32 counting passes over the visible scores only: no
+   sort, nothing sized by the page tables); then blocks scoring above it, then blocks equal to it, lowest block id
+   first, until ``block_topk`` are kept; their positions are written in ascending block order, then the tail
    ``[n_vis * r, p]``, then ``-1``. A query that sees at most ``block_topk`` complete blocks keeps ``[0, p]``.
 
 Relation to the reference (``ninfer_qwen4exp.ops.reference.qsa``): the same block keys and scores up to the order
@@ -93,11 +95,23 @@ def _block_keys_kernel(key_ptr, rope_ptr, kn_ptr, kv_lens_ptr, pt_ptr, blk_ptr, 
                        BLOCK_J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr, INTERP: tl.constexpr):
     """Program (row, tile of blocks): the keys of the row's complete blocks in the tile (module docstring, 1)."""
+    b = tl.program_id(0)
+    nb = tl.load(kv_lens_ptr + b) // RATIO
+    if tl.program_id(1) * BLOCK_J < nb:   # tiles past the row's complete blocks: nothing to do
+        _block_keys_tile(key_ptr, rope_ptr, kn_ptr, pt_ptr, blk_ptr, eps, b, nb, stride_kp, stride_ks, stride_rp,
+                         stride_rs, stride_ptb, stride_bb, stride_bj, RATIO, DI, ROT, PAGE, BLOCK_J, BLOCK_R, BLOCK_D,
+                         BLOCK_HALF, BLOCK_REST, INTERP)
+
+
+@triton.jit
+def _block_keys_tile(key_ptr, rope_ptr, kn_ptr, pt_ptr, blk_ptr, eps, b, nb, stride_kp, stride_ks, stride_rp, stride_rs,
+                     stride_ptb, stride_bb, stride_bj, RATIO: tl.constexpr, DI: tl.constexpr, ROT: tl.constexpr,
+                     PAGE: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_HALF: tl.constexpr, BLOCK_REST: tl.constexpr, INTERP: tl.constexpr):
     DT: tl.constexpr = blk_ptr.dtype.element_ty
     HALF: tl.constexpr = ROT // 2
-    b = tl.program_id(0)
     j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
-    jm = j < tl.load(kv_lens_ptr + b) // RATIO
+    jm = j < nb
     i = tl.arange(0, BLOCK_R)
     pos = j[:, None] * RATIO + i[None, :]
     pm = jm[:, None] & (i[None, :] < RATIO)
@@ -149,16 +163,41 @@ def _scores_kernel(q_ptr, blk_ptr, cu_q_ptr, kv_lens_ptr, sc_ptr, sqrt_d, n_rows
     dm = d < DI
     q = tl.load(q_ptr + t * stride_qt + hh[:, None] * stride_qh + d[None, :],
                 mask=(hh[:, None] < H) & dm[None, :], other=0.0).to(tl.float32)
-    j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
-    jm = j < n_vis
-    k = tl.load(blk_ptr + b * stride_bb + j[:, None] * stride_bj + d[None, :], mask=jm[:, None] & dm[None, :],
-                other=0.0).to(tl.float32)
-    s = tl.sum(tl.maximum(mm(q, tl.trans(k), True, INTERP), 0.0), 0) / sqrt_d
-    tl.store(sc_ptr + tq * stride_sc + j, tl.where(jm, s, float("-inf")), mask=j < nb)
+    if tl.program_id(1) * BLOCK_J < n_vis:   # tiles past what the query sees: nothing to score (never read)
+        j = tl.program_id(1) * BLOCK_J + tl.arange(0, BLOCK_J)
+        jm = j < n_vis
+        k = tl.load(blk_ptr + b * stride_bb + j[:, None] * stride_bj + d[None, :], mask=jm[:, None] & dm[None, :],
+                    other=0.0).to(tl.float32)
+        s = tl.sum(tl.maximum(mm(q, tl.trans(k), True, INTERP), 0.0), 0) / sqrt_d
+        tl.store(sc_ptr + tq * stride_sc + j, s, mask=jm & (j < nb))
+
+
+@triton.jit
+def _score_keys(s):
+    """Order-preserving int64 keys in [0, 2^32) of fp32 scores (+0.0 for -0.0, so equal scores get equal keys)."""
+    bits = (s + 0.0).to(tl.int32, bitcast=True)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) + 2147483648
+
+
+@triton.jit
+def _kth_key(sc_row, n_vis, TOPK: tl.constexpr, BLOCK_J: tl.constexpr):
+    """The key of the TOPK-th best of the ``n_vis`` scores at ``sc_row``: the largest key k with at least TOPK keys
+    >= k, found bit by bit from the top (32 counting passes over the visible scores only)."""
+    prefix = tl.full([], 0, tl.int64)
+    for step in range(0, 32):
+        cand = prefix | (tl.full([], 1, tl.int64) << (31 - step))
+        count = tl.full([], 0, tl.int32)
+        for j0 in range(0, n_vis, BLOCK_J):
+            j = j0 + tl.arange(0, BLOCK_J)
+            jm = j < n_vis
+            key = _score_keys(tl.load(sc_row + j, mask=jm, other=0.0))
+            count += tl.sum(((key >= cand) & jm).to(tl.int32), 0)
+        prefix = tl.where(count >= TOPK, cand, prefix)
+    return prefix
 
 
 @triton.jit(do_not_specialize=["n_rows", "t0"])
-def _select_kernel(sc_ptr, thr_ptr, cu_q_ptr, kv_lens_ptr, sel_ptr, n_rows, t0, stride_sc, stride_sel,
+def _select_kernel(sc_ptr, cu_q_ptr, kv_lens_ptr, sel_ptr, n_rows, t0, stride_sc, stride_sel,
                    RATIO: tl.constexpr, TOPK: tl.constexpr, WIDTH: tl.constexpr, SPARSE: tl.constexpr,
                    BLOCK_B: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
     """Program (query of the chunk): its row of ``sel`` (module docstring, 4). Every entry is stored once."""
@@ -172,22 +211,24 @@ def _select_kernel(sc_ptr, thr_ptr, cu_q_ptr, kv_lens_ptr, sel_ptr, n_rows, t0, 
     tail_from = tl.full([], 0, tl.int32)   # the tail's first position
     if SPARSE:
         if n_vis > TOPK:
-            thr = tl.load(thr_ptr + tq)
+            sc_row = sc_ptr + tq * stride_sc
+            thr = _kth_key(sc_row, n_vis, TOPK, BLOCK_J)
             better = tl.full([], 0, tl.int32)
             for j0 in range(0, n_vis, BLOCK_J):
                 j = j0 + tl.arange(0, BLOCK_J)
-                s = tl.load(sc_ptr + tq * stride_sc + j, mask=j < n_vis, other=float("-inf"))
-                better += tl.sum((s > thr).to(tl.int32), 0)
-            need = TOPK - better   # blocks scoring exactly thr to keep, the lowest ids first
+                jm = j < n_vis
+                key = _score_keys(tl.load(sc_row + j, mask=jm, other=0.0))
+                better += tl.sum(((key > thr) & jm).to(tl.int32), 0)
+            need = TOPK - better   # blocks scoring exactly the threshold to keep, the lowest ids first
             kept = tl.full([], 0, tl.int32)
             ties = tl.full([], 0, tl.int32)
             i = tl.arange(0, BLOCK_R)
             for j0 in range(0, n_vis, BLOCK_J):
                 j = j0 + tl.arange(0, BLOCK_J)
                 jm = j < n_vis
-                s = tl.load(sc_ptr + tq * stride_sc + j, mask=jm, other=float("-inf"))
-                tie = ((s == thr) & jm).to(tl.int32)
-                keep = (jm & ((s > thr) | ((tie > 0) & (ties + tl.cumsum(tie, 0) - tie < need)))).to(tl.int32)
+                key = _score_keys(tl.load(sc_row + j, mask=jm, other=0.0))
+                tie = ((key == thr) & jm).to(tl.int32)
+                keep = (jm & ((key > thr) | ((tie > 0) & (ties + tl.cumsum(tie, 0) - tie < need)))).to(tl.int32)
                 at = kept + tl.cumsum(keep, 0) - keep
                 tl.store(row + at[:, None] * RATIO + i[None, :], (j[:, None] * RATIO + i[None, :]).to(tl.int64),
                          mask=(keep[:, None] > 0) & (at[:, None] < TOPK) & (i[None, :] < RATIO))
@@ -353,7 +394,7 @@ def qsa_select(q: torch.Tensor, key_pool: torch.Tensor, rope_pool: torch.Tensor,
             INTERP=INTERPRET)
     for t0 in range(0, t, chunk):
         tc = min(chunk, t - t0)
-        scores = thr = sel   # unused by a dense-only select
+        scores = sel   # unused by a dense-only select
         if sparse:
             scores = torch.empty((tc, nb), dtype=torch.float32, device=q.device)
             block_js = 64   # with 8 warps: no spills at d = 128 in the sm_90 build (tools/sass_report.py qsa)
@@ -362,9 +403,8 @@ def qsa_select(q: torch.Tensor, key_pool: torch.Tensor, rope_pool: torch.Tensor,
                 blk.stride(0), blk.stride(1), scores.stride(0), H=h, DI=d, BLOCK_H=max(16, next_pow2(h)),
                 BLOCK_D=next_pow2(d), BLOCK_J=block_js, INTERP=INTERPRET, **({} if INTERPRET else {"num_warps": 8}),
                 **common)
-            thr = torch.topk(scores, block_topk, dim=1).values[:, -1].contiguous()
         _select_kernel[(tc,)](
-            scores, thr, cu_q, kv_lens, sel, n_rows, t0, scores.stride(0), sel.stride(0), TOPK=block_topk,
+            scores, cu_q, kv_lens, sel, n_rows, t0, scores.stride(0), sel.stride(0), TOPK=block_topk,
             WIDTH=width, SPARSE=sparse, BLOCK_J=256, BLOCK_R=next_pow2(ratio), BLOCK_W=min(1024, next_pow2(width)),
             **common)
     return sel
