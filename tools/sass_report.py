@@ -132,6 +132,9 @@ def _presets() -> dict[str, Preset]:
                            {"ids_ptr": "*i64", "rw_ptr": "*fp32"}),
         # Qwen4-Exp's QSA at the published shapes (4 indexer heads of 128, blocks of 4, 512 kept, 24 query and 2 KV
         # heads of 256, 16-token pages, bf16): the selection's kernels and the attention's decode and prefill builds.
+        "qsa_side_write": Preset("ninfer_qwen4exp.ops.triton.qsa", "_side_write_kernel",
+                                 dict(DI=128, R=64, W=256, PAGE=16, BLOCK_W=256, INTERP=False), 1,
+                                 {"c_ptr": "*fp32", "s_ptr": "*fp32", "slot_ptr": "*i64"}),
         "qsa_block_keys": Preset("ninfer_qwen4exp.ops.triton.qsa", "_block_keys_kernel",
                                  dict(RATIO=4, DI=128, ROT=64, PAGE=16, BLOCK_J=16, BLOCK_R=4, BLOCK_D=128,
                                       BLOCK_HALF=32, BLOCK_REST=64, INTERP=False), 4,

@@ -147,6 +147,36 @@ def test_score_chunks_give_the_same_rows(gen, monkeypatch):
     assert torch.equal(_run_select(c, torch.float32, 2, 3), whole)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_side_pool_write_is_the_reference_bitwise(gen, dtype):
+    """``indexer_cache_write`` writes each token's key and cos | sin, zero-padded, at its slot, exactly as the
+    reference's ``kv_cache_write`` of the padded rows; every other pool row stays as it was."""
+    t, d, r, width, page, pages = 5, 12, 4, 16, 4, 6
+    key = (torch.randn(t, d + 3, generator=gen) * 2).to(dtype)[:, 3:]   # a column view, as the layer passes it
+    theta = torch.randn(t, r, generator=gen)
+    cos, sin = theta.cos(), theta.sin()
+    slots = torch.tensor([3, 17, 0, 22, 9])
+    pools = [torch.randn(pages, page, 1, width, generator=gen).to(dtype) for _ in range(2)]
+    want = [p.clone() for p in pools]
+    ref.indexer_cache_write(key, cos, sin, *want, slots)
+    got = [p.to(DEVICE) for p in pools]
+    qsa.indexer_cache_write(key.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), *got, slots.to(DEVICE))
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.cpu(), w)
+    assert torch.equal(want[0].flatten(0, 1)[slots, 0, d:], torch.zeros(t, width - d, dtype=dtype))
+
+
+def test_the_side_pool_write_refuses_or_drops_slots_out_of_range(gen):
+    key, cos = torch.zeros(2, 8), torch.zeros(2, 4)
+    pools = [torch.zeros(2, 4, 1, 8, device=DEVICE) for _ in range(2)]
+    if DEVICE == "cpu":   # a host mapping is checked before the launch
+        with pytest.raises(IndexError, match=r"outside \[0, 8\)"):
+            qsa.indexer_cache_write(key, cos, cos, *pools, torch.tensor([1, 8]))
+    qsa.indexer_cache_write((key + 1).to(DEVICE), cos.to(DEVICE), cos.to(DEVICE), *pools,
+                            torch.tensor([1, -1], device=DEVICE) if DEVICE != "cpu" else torch.tensor([1, 3]))
+    assert float(pools[0].sum()) == (8 if DEVICE != "cpu" else 16)
+
+
 def _attention_case(g: torch.Generator, lens: list[int], q_lens: list[int], *, hq=6, hkv=2, d=16, width=9):
     ks = [torch.randn(n, hkv * d, generator=g) for n in lens]
     vs = [torch.randn(n, hkv * d, generator=g) for n in lens]

@@ -78,7 +78,7 @@ def test_the_qwen4exp_kernels_build_for_sm90(tmp_path):
     GDN decode kernel. (A build catches
     what the interpreter lets through: a variable whose type two branches disagree on.)"""
     reports, _ = _report(tmp_path, "qsa", "q4x")
-    assert set(reports) == {"qsa_block_keys", "qsa_scores", "qsa_select", "qsa_attn_decode", "qsa_attn_prefill",
+    assert set(reports) == {"qsa_side_write", "qsa_block_keys", "qsa_scores", "qsa_select", "qsa_attn_decode", "qsa_attn_prefill",
                             "qsa_combine", "q4x_hc_act", "q4x_hc_mix", "q4x_hc_write", "q4x_grouped_norm", "q4x_gated_norm_sigmoid",
                             "q4x_gdn_decode_sigmoid"}
     assert all(r["stack"] == 0 and r["reg"] > 0 and r["instructions"] > 0 for r in reports.values()), reports

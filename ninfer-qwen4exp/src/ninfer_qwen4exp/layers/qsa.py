@@ -4,7 +4,7 @@
 One GEMM projects the layer input to query, key, value, output gate, indexer queries and the indexer's token key
 (one ``attention/in_proj`` parent). q and k get Qwen3.5's (1 + w) norms and partial RoPE and K/V go to the layer's
 paged pools (``qk_norm_rope_cache``); the indexer's queries get their own (1 + w) norm and the same RoPE, and each
-token's raw indexer key and rotary cos | sin go to the layer's side pool (``kv_cache_write``), so a later step can
+token's raw indexer key and rotary cos | sin go to the layer's side pool (``indexer_cache_write``), so a later step can
 pool any complete block of r tokens. Then per query: ``qsa_select`` ranks the complete blocks it sees and keeps the
 best ``indexer_budget / r`` of them plus the incomplete tail, and ``qsa_attention`` attends over those positions
 and gates its output by ``sigmoid(gate)`` as it stores it; the result is projected.
@@ -19,7 +19,6 @@ position of a query that sees at most ``block_topk`` blocks.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import project, row_groups
 
@@ -31,7 +30,7 @@ class QSAAttention:
     def __init__(self, cfg: Qwen4ExpConfig, index: int, w: dict[str, torch.Tensor], ops) -> None:
         self.ops, self.index, self.eps = ops, index, cfg.rms_norm_eps
         self.nq, self.nkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.ih, self.idim, self.width = cfg.indexer_heads, cfg.indexer_head_dim, cfg.indexer_width
+        self.ih, self.idim = cfg.indexer_heads, cfg.indexer_head_dim
         self.ratio, self.block_topk, self.rotary = cfg.indexer_compress_ratio, cfg.block_topk, cfg.rotary_dim
         self.scale = self.d ** -0.5
         self.in_groups = row_groups([w["query"], w["key"], w["value"], w["gate"], w["indexer_q"], w["indexer_k"]])
@@ -49,8 +48,7 @@ class QSAAttention:
         iq = ops.rope(ops.rms_norm_unit_offset(iq.reshape(n, self.ih, self.idim), self.w_iqn, self.eps),
                       ctx.cos, ctx.sin)
         ik_pool, rope_pool = ctx.kv.pools(self.pool_name)
-        angles = torch.cat((ctx.cos, ctx.sin), dim=-1).to(u.dtype)
-        ops.kv_cache_write(self._wide(ik), self._wide(angles), ik_pool, rope_pool, ctx.slot_mapping)
+        ops.indexer_cache_write(ik, ctx.cos, ctx.sin, ik_pool, rope_pool, ctx.slot_mapping)
         outs = []   # each gated by sigmoid(gate) where the attention stores it
         if b_rows:
             cu = torch.arange(b_rows + 1, dtype=torch.int32, device=u.device)
@@ -61,10 +59,6 @@ class QSAAttention:
                                      ctx.chunk_page_tables, ctx))
         o = (outs[0] if len(outs) == 1 else torch.cat(outs)).reshape(n, self.nq * self.d)
         return ops.linear(o, self.w_out)
-
-    def _wide(self, x: torch.Tensor) -> torch.Tensor:
-        """``x[N, c]`` zero-padded to the side pool's width, as one head: ``[N, 1, W]``."""
-        return F.pad(x, (0, self.width - x.shape[-1])).unsqueeze(1)
 
     def _attend(self, q: torch.Tensor, iq: torch.Tensor, gate: torch.Tensor, cu_q: torch.Tensor,
                 kv_lens: torch.Tensor, page_tables: torch.Tensor, ctx: StepContext) -> torch.Tensor:

@@ -45,6 +45,12 @@ CONTRACTS: tuple[OpContract, ...] = (
                "ple_gather(table[R, D], ids[T, G] int64, dtype) -> [T, G*D]",
                "table[ids] rows concatenated per token, cast to dtype, on ids' device. The table may live in host "
                "memory while ids are on the device: only the T*G rows are read and copied."),
+    OpContract("indexer_cache_write",
+               "indexer_cache_write(key[T, d], cos[T, R], sin[T, R], key_pool[P, page, 1, W], "
+               "rope_pool[P, page, 1, W], slot_mapping[T]) -> None",
+               "Each token's indexer side-pool rows at its slot, in place: key_pool gets key then zeros, rope_pool "
+               "cos then sin (cast to x.dtype) then zeros; kv_cache_write of those zero-padded rows (its slot "
+               "checks included)."),
     OpContract("qsa_select",
                "qsa_select(q[T, h, d], key_pool[P, page, 1, W], rope_pool[P, page, 1, W], k_norm[d], eps, "
                "cu_q[B+1] int32, kv_lens[B] int32, page_tables[B, maxp] int32, ratio r, block_topk, rotary R) "

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
+from ninfer.ops.reference.kv_cache import kv_cache_write
 from ninfer.ops.registry import OpImpl
 
 
@@ -54,6 +56,19 @@ def _block_keys(keys: torch.Tensor, rope: torch.Tensor, k_norm: torch.Tensor, ep
     x1, x2 = x[:, :half], x[:, half:]
     rotated = torch.cat((x1 * cos[:, :half] - x2 * sin[:, :half], x2 * cos[:, half:] + x1 * sin[:, half:]), dim=-1)
     return torch.cat((rotated.to(keys.dtype), normed[:, rotary:]), dim=-1)
+
+
+def indexer_cache_write(key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_pool: torch.Tensor,
+                        rope_pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """The tokens' raw indexer keys and rotary cos | sin, zero-padded to the side pools' width, written at their
+    slots (the contract: ``kv_cache_write`` of those rows)."""
+    width = key_pool.shape[-1]
+    if key.shape[-1] > width or 2 * cos.shape[-1] > width or cos.shape != sin.shape:
+        raise ValueError(f"indexer_cache_write: keys of {key.shape[-1]} and angles of {cos.shape[-1]} + "
+                         f"{sin.shape[-1]} do not fit side pools of width {width}")
+    angles = torch.cat((cos, sin), dim=-1).to(key.dtype)
+    kv_cache_write(F.pad(key, (0, width - key.shape[-1])).unsqueeze(1),
+                   F.pad(angles, (0, width - angles.shape[-1])).unsqueeze(1), key_pool, rope_pool, slot_mapping)
 
 
 def qsa_select(q: torch.Tensor, key_pool: torch.Tensor, rope_pool: torch.Tensor, k_norm: torch.Tensor, eps: float,
@@ -123,6 +138,7 @@ def qsa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, s
 
 
 OPS = [
+    OpImpl(op="indexer_cache_write", name="torch_reference", fn=indexer_cache_write, priority=0),
     OpImpl(op="qsa_select", name="torch_reference", fn=qsa_select, priority=0),
     OpImpl(op="qsa_attention", name="torch_reference", fn=qsa_attention, priority=0),
 ]

@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, mm, next_pow2
+from ninfer.ops.triton.kv_cache import check_on_host
 
 _LOG2E = 1.4426950408889634
 _NEG = tl.constexpr(-1.0e30)   # the running max's start: finite, so a fully masked run never forms inf - inf
@@ -348,6 +349,53 @@ def _combine_kernel(acc_ptr, ml_ptr, out_ptr, gate_ptr, t0, stride_at, stride_ah
     tl.store(out_ptr + (t0 + tq) * stride_ot + h * stride_oh + d, cast(out, out_ptr.dtype.element_ty, INTERP), mask=dm)
 
 
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr"])
+def _side_write_kernel(k_ptr, c_ptr, s_ptr, kp_ptr, rp_ptr, slot_ptr, capacity, stride_k, stride_c, stride_s,
+                       stride_kpp, stride_kps, stride_rpp, stride_rps, DI: tl.constexpr, R: tl.constexpr,
+                       W: tl.constexpr, PAGE: tl.constexpr, BLOCK_W: tl.constexpr, INTERP: tl.constexpr):
+    """Program (token): its side-pool rows (the contract), zero-padded; an out-of-range slot stores nothing."""
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    ok = (slot >= 0) & (slot < capacity)
+    page = slot // PAGE
+    off = slot % PAGE
+    w = tl.arange(0, BLOCK_W)
+    store = w < tl.where(ok, W, 0)   # a vector bound, not a scalar mask (the interpreter wants one)
+    DT: tl.constexpr = kp_ptr.dtype.element_ty
+    key = tl.load(k_ptr + t * stride_k + w, mask=w < DI, other=0.0)
+    tl.store(kp_ptr + page * stride_kpp + off * stride_kps + w, cast(key.to(tl.float32), DT, INTERP), mask=store)
+    cos = tl.load(c_ptr + t * stride_c + w, mask=w < R, other=0.0).to(tl.float32)
+    sin = tl.load(s_ptr + t * stride_s + (w - R), mask=(w >= R) & (w < 2 * R), other=0.0).to(tl.float32)
+    # As the reference: the angles rounded to the keys' dtype, then stored in the pool's.
+    ang = cast(cast(tl.where(w < R, cos, sin), k_ptr.dtype.element_ty, INTERP).to(tl.float32),
+               rp_ptr.dtype.element_ty, INTERP)
+    tl.store(rp_ptr + page * stride_rpp + off * stride_rps + w, ang, mask=store)
+
+
+def indexer_cache_write(key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_pool: torch.Tensor,
+                        rope_pool: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """The tokens' raw indexer keys and rotary cos | sin, zero-padded, at their slots (the contract), one launch."""
+    launch_ok(key_pool)
+    t, d = key.shape
+    r, width, page = cos.shape[-1], key_pool.shape[-1], key_pool.shape[1]
+    if d > width or 2 * r > width or cos.shape != sin.shape or key_pool.shape != rope_pool.shape:
+        raise ValueError(f"indexer_cache_write: keys of {d} and angles of {r} + {sin.shape[-1]} do not fit side "
+                         f"pools {tuple(key_pool.shape)} and {tuple(rope_pool.shape)}")
+    if key_pool.shape[2] != 1 or key_pool.stride(-1) != 1 or rope_pool.stride(-1) != 1:
+        raise ValueError("indexer_cache_write: side pools must be [P, page, 1, W] with a contiguous last dim")
+    capacity = key_pool.shape[0] * page
+    if t == 0:
+        return
+    if check_on_host(slot_mapping, key_pool.device) and bool(((slot_mapping < 0) | (slot_mapping >= capacity)).any()):
+        raise IndexError(f"indexer_cache_write: slot_mapping outside [0, {capacity})")
+    key, cos, sin = (x if x.stride(-1) == 1 else x.contiguous() for x in (key, cos, sin))
+    slots = slot_mapping.to(device=key_pool.device, dtype=torch.int64)
+    _side_write_kernel[(t,)](
+        key, cos, sin, key_pool, rope_pool, slots, capacity, key.stride(0), cos.stride(0), sin.stride(0),
+        key_pool.stride(0), key_pool.stride(1), rope_pool.stride(0), rope_pool.stride(1), DI=d, R=r, W=width,
+        PAGE=page, BLOCK_W=next_pow2(width), INTERP=INTERPRET, num_warps=1 if width <= 256 else 4)
+
+
 def _meta(q: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor,
           page_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """The row metadata as int32 device tensors (what the kernels read), and the row count."""
@@ -470,6 +518,8 @@ def qsa_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, s
 
 
 OPS = [
+    OpImpl(op="indexer_cache_write", name="triton", fn=indexer_cache_write, devices=frozenset({"cuda"}),
+           dtypes=KERNEL_DTYPES, priority=10),
     OpImpl(op="qsa_select", name="triton", fn=qsa_select, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
            priority=10),
     OpImpl(op="qsa_attention", name="triton", fn=qsa_attention, devices=frozenset({"cuda"}), dtypes=KERNEL_DTYPES,
