@@ -66,6 +66,8 @@ def test_metrics_exposition(scripted):
             usages.append(sse_json(r.text)[-1]["usage"] if req.get("stream") else r.json()["usage"])
         assert c.post("/v1/chat/completions", json={**chat("x"), "model": "zzz"}).status_code == 404
         assert c.post("/v1/messages", json={"model": MODEL_ID}).status_code == 400
+        # A response can reach the client before the worker's next step publishes the stats the gauges read.
+        wait_idle(scripted)
         text = c.get("/metrics").text
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
