@@ -1,5 +1,5 @@
-"""Triton QSA (``ninfer_qwen4exp.ops.triton.qsa``): the indexer's selection and the attention over it, against the
-contract's fp64 oracles and the torch reference.
+"""Triton QSA (``ninfer_qwen4exp.ops.triton.indexer`` and ``.sparse_attention``): the indexer's selection and the
+attention over it, against the contract's fp64 oracles and the torch reference.
 
 Criteria:
 - ``qsa_select``: on tie-free scores (positive keys and queries) exactly the fp64 oracle's set for every query,
@@ -21,7 +21,7 @@ import torch
 pytest.importorskip("triton")
 
 from ninfer_qwen4exp.ops.reference import qsa as ref  # noqa: E402
-from ninfer_qwen4exp.ops.triton import qsa  # noqa: E402
+from ninfer_qwen4exp.ops.triton import indexer, sparse_attention  # noqa: E402
 
 from .conftest import DEVICE  # noqa: E402
 
@@ -80,7 +80,7 @@ def _oracle(q, keys, angles, k_norm, r, topk, rot, p, dtype):
 
 def _run_select(c: dict, dtype: torch.dtype, r: int, topk: int) -> torch.Tensor:
     dev = dict(device=DEVICE, dtype=dtype)
-    return qsa.qsa_select(c["q"].to(**dev), c["key_pool"].to(**dev), c["rope_pool"].to(**dev),
+    return indexer.qsa_select(c["q"].to(**dev), c["key_pool"].to(**dev), c["rope_pool"].to(**dev),
                           c["k_norm"].to(**dev), EPS, c["cu"].to(DEVICE), torch.tensor(c["lens"], dtype=torch.int32,
                                                                                    device=DEVICE),
                           c["tables"].to(DEVICE), r, topk, c["rot"]).cpu()
@@ -132,7 +132,7 @@ def test_the_selection_of_many_blocks_is_the_stable_top_k(gen, n_vis, levels):
     sel = torch.full((1, width), -7, dtype=torch.int64, device=DEVICE)
     cu = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
     kv = torch.tensor([p + 1], dtype=torch.int32, device=DEVICE)
-    qsa._select_kernel[(1,)](scores.to(DEVICE), cu, kv, sel, 1, 0, scores.stride(0), sel.stride(0), RATIO=r,
+    indexer._select_kernel[(1,)](scores.to(DEVICE), cu, kv, sel, 1, 0, scores.stride(0), sel.stride(0), RATIO=r,
                              TOPK=topk, WIDTH=width, SPARSE=True, BLOCK_B=1, BLOCK_J=256, BLOCK_R=4, BLOCK_W=256)
     vis = scores[0, :n_vis].tolist()
     best = sorted(sorted(range(n_vis), key=lambda j: -vis[j])[:topk])
@@ -143,7 +143,7 @@ def test_the_selection_of_many_blocks_is_the_stable_top_k(gen, n_vis, levels):
 def test_score_chunks_give_the_same_rows(gen, monkeypatch):
     c = _select_case(gen, [23, 9, 14], [5, 1, 14])
     whole = _run_select(c, torch.float32, 2, 3)
-    monkeypatch.setattr(qsa, "SCORE_ELEMENTS", 16)   # a chunk of one query at a time (16 blocks a row)
+    monkeypatch.setattr(indexer, "SCORE_ELEMENTS", 16)   # a chunk of one query at a time (16 blocks a row)
     assert torch.equal(_run_select(c, torch.float32, 2, 3), whole)
 
 
@@ -160,7 +160,7 @@ def test_the_side_pool_write_is_the_reference_bitwise(gen, dtype):
     want = [p.clone() for p in pools]
     ref.indexer_cache_write(key, cos, sin, *want, slots)
     got = [p.to(DEVICE) for p in pools]
-    qsa.indexer_cache_write(key.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), *got, slots.to(DEVICE))
+    indexer.indexer_cache_write(key.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE), *got, slots.to(DEVICE))
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g.cpu(), w)
     assert torch.equal(want[0].flatten(0, 1)[slots, 0, d:], torch.zeros(t, width - d, dtype=dtype))
@@ -171,8 +171,8 @@ def test_the_side_pool_write_refuses_or_drops_slots_out_of_range(gen):
     pools = [torch.zeros(2, 4, 1, 8, device=DEVICE) for _ in range(2)]
     if DEVICE == "cpu":   # a host mapping is checked before the launch
         with pytest.raises(IndexError, match=r"outside \[0, 8\)"):
-            qsa.indexer_cache_write(key, cos, cos, *pools, torch.tensor([1, 8]))
-    qsa.indexer_cache_write((key + 1).to(DEVICE), cos.to(DEVICE), cos.to(DEVICE), *pools,
+            indexer.indexer_cache_write(key, cos, cos, *pools, torch.tensor([1, 8]))
+    indexer.indexer_cache_write((key + 1).to(DEVICE), cos.to(DEVICE), cos.to(DEVICE), *pools,
                             torch.tensor([1, -1], device=DEVICE) if DEVICE != "cpu" else torch.tensor([1, 3]))
     assert float(pools[0].sum()) == (8 if DEVICE != "cpu" else 16)
 
@@ -201,7 +201,7 @@ def _attention_case(g: torch.Generator, lens: list[int], q_lens: list[int], *, h
 
 def _run_attention(c: dict, dtype: torch.dtype, rows=None) -> torch.Tensor:
     dev = dict(device=DEVICE, dtype=dtype)
-    return qsa.qsa_attention(c["q"].to(**dev), c["k_pool"].to(**dev), c["v_pool"].to(**dev), c["sel"].to(DEVICE),
+    return sparse_attention.qsa_attention(c["q"].to(**dev), c["k_pool"].to(**dev), c["v_pool"].to(**dev), c["sel"].to(DEVICE),
                              c["cu"].to(DEVICE), torch.tensor(c["lens"], dtype=torch.int32, device=DEVICE),
                              c["tables"].to(DEVICE), 0.3).cpu()
 
@@ -232,7 +232,7 @@ def test_attention_prefill_call_is_the_oracle(gen, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_decode_call_is_the_oracle_in_runs(gen, dtype, monkeypatch):
-    monkeypatch.setattr(qsa, "SPLIT_ENTRIES", 4)    # 3 runs of a 9-entry row, combined
+    monkeypatch.setattr(sparse_attention, "SPLIT_ENTRIES", 4)    # 3 runs of a 9-entry row, combined
     c = _attention_case(gen, [11, 6, 9], [1, 1, 1])
     _close(_run_attention(c, dtype), _attention_oracle(c, dtype), dtype)
 
@@ -243,7 +243,7 @@ def test_the_output_gate_is_the_reference_ops(gen, dtype, q_lens, monkeypatch):
     """``gate[T, Hq*D]`` (a column view of a wider projection, as the layer passes it) applied where the output is
     stored, in the one-run (prefill) and the combined (decode) calls: within one ulp of the reference op's
     ``o * sigmoid(gate)`` on the same selection."""
-    monkeypatch.setattr(qsa, "SPLIT_ENTRIES", 4)
+    monkeypatch.setattr(sparse_attention, "SPLIT_ENTRIES", 4)
     c = _attention_case(gen, [11, 6], q_lens)
     t, hq, d = c["q"].shape
     wide = torch.randn(t, hq * d + 8, generator=gen) * 3
@@ -252,9 +252,9 @@ def test_the_output_gate_is_the_reference_ops(gen, dtype, q_lens, monkeypatch):
     dev = dict(device=DEVICE, dtype=dtype)
     args = (c["q"].to(**dev), c["k_pool"].to(**dev), c["v_pool"].to(**dev), sel.to(DEVICE), c["cu"].to(DEVICE),
             torch.tensor(c["lens"], dtype=torch.int32, device=DEVICE), c["tables"].to(DEVICE), 0.3)
-    got = qsa.qsa_attention(*args, gate).cpu()
+    got = sparse_attention.qsa_attention(*args, gate).cpu()
     want = ref.qsa_attention(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args), gate.cpu())
-    plain = qsa.qsa_attention(*args).cpu()
+    plain = sparse_attention.qsa_attention(*args).cpu()
     assert not torch.equal(got, plain)
     if dtype == torch.float32:
         assert torch.allclose(got, want, atol=1e-5)
@@ -271,7 +271,7 @@ def test_attention_matches_the_reference_op(gen):
 
 
 def test_a_decode_query_is_the_same_alone_or_batched(gen, monkeypatch):
-    monkeypatch.setattr(qsa, "SPLIT_ENTRIES", 4)
+    monkeypatch.setattr(sparse_attention, "SPLIT_ENTRIES", 4)
     c = _attention_case(gen, [11, 6, 9], [1, 1, 1])
     batched = _run_attention(c, torch.bfloat16)
     alone = dict(c, q=c["q"][1:2], sel=c["sel"][1:2], cu=torch.tensor([0, 1], dtype=torch.int32), lens=[6],
@@ -280,21 +280,21 @@ def test_a_decode_query_is_the_same_alone_or_batched(gen, monkeypatch):
 
 
 def test_partial_chunks_give_the_same_output(gen, monkeypatch):
-    monkeypatch.setattr(qsa, "SPLIT_ENTRIES", 4)
+    monkeypatch.setattr(sparse_attention, "SPLIT_ENTRIES", 4)
     c = _attention_case(gen, [11, 6, 9], [1, 1, 1])
     whole = _run_attention(c, torch.float32)
-    monkeypatch.setattr(qsa, "PARTIAL_ELEMENTS", 6 * 3 * 16)   # one query's partials a launch
+    monkeypatch.setattr(sparse_attention, "PARTIAL_ELEMENTS", 6 * 3 * 16)   # one query's partials a launch
     assert torch.equal(_run_attention(c, torch.float32), whole)
 
 
 def test_bad_shapes_are_refused_with_the_problem(gen):
     c = _attention_case(gen, [11], [2])
     with pytest.raises(ValueError, match="not a multiple"):
-        qsa.qsa_attention(c["q"][:, :5].to(DEVICE), c["k_pool"].to(DEVICE), c["v_pool"].to(DEVICE),
+        sparse_attention.qsa_attention(c["q"][:, :5].to(DEVICE), c["k_pool"].to(DEVICE), c["v_pool"].to(DEVICE),
                           c["sel"].to(DEVICE), c["cu"].to(DEVICE), torch.tensor([11], dtype=torch.int32,
                                                                                 device=DEVICE),
                           c["tables"].to(DEVICE), 0.3)
     with pytest.raises(ValueError, match="do not describe the same rows"):
-        qsa.qsa_attention(c["q"].to(DEVICE), c["k_pool"].to(DEVICE), c["v_pool"].to(DEVICE), c["sel"].to(DEVICE),
+        sparse_attention.qsa_attention(c["q"].to(DEVICE), c["k_pool"].to(DEVICE), c["v_pool"].to(DEVICE), c["sel"].to(DEVICE),
                           torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE),
                           torch.tensor([11], dtype=torch.int32, device=DEVICE), c["tables"].to(DEVICE), 0.3)
