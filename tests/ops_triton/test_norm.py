@@ -56,6 +56,24 @@ def test_rms_norm_strided_rows(gen):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("groups", [1, 3, 4])
+def test_rms_norm_groups_is_the_plain_norm_of_each_group(dtype, groups, gen):
+    # The grouped launch (a weight slice per group, for plugins' per-stream norms) gives each group the bits the
+    # plain kernel gives that group alone with its slice of the weight.
+    from ninfer.ops.triton.norm import rms_norm_groups, rms_norm_unit_offset
+    n = 48
+    x = randn(gen, 5, groups * n, dtype=dtype, device=DEVICE, scale=2.5)
+    w = randn(gen, groups * n, dtype=dtype, device=DEVICE, scale=0.3)
+    out = rms_norm_groups(x, w, n, EPS)
+    for g in range(groups):
+        cols = slice(g * n, (g + 1) * n)
+        assert_bits(out[:, cols], rms_norm_unit_offset(x[:, cols].contiguous(), w[cols].contiguous(), EPS),
+                    f"group {g} of {groups}")
+    with pytest.raises(ValueError, match="groups of 7"):
+        rms_norm_groups(x, w, 7, EPS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_add_rms_norm(dtype, gen):
     ops = triton_ops(dtype)
     x, res, w, y, new_res = check_add_rms_norm(ops, DEVICE, dtype, 640, gen, CRIT[dtype], EPS)

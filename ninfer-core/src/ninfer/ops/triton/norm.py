@@ -51,7 +51,7 @@ def unit_offset_norm_rows(xf, inv, w):
 
 
 @triton.jit(do_not_specialize=["M"])
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.constexpr,
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.constexpr, GROUPS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -59,8 +59,13 @@ def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, M, eps, stride_x, stride_y, N: tl.cons
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     rows64 = rows.to(tl.int64)
     xf = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = unit_offset_norm_rows(xf, inv_rms(xf, N, eps), w)
+    inv = inv_rms(xf, N, eps)
+    if GROUPS == 1:
+        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        y = unit_offset_norm_rows(xf, inv, w)
+    else:   # row r uses weight slice r % GROUPS (the same expression, a per-row weight)
+        w = tl.load(w_ptr + (rows % GROUPS)[:, None] * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = (xf * inv[:, None]) * (1.0 + w)
     tl.store(y_ptr + rows64[:, None] * stride_y + cols[None, :], cast(y, y_ptr.dtype.element_ty, INTERP), mask=mask)
 
 
@@ -107,16 +112,27 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, res_ptr, M, eps, stride_x, 
 
 def rms_norm_unit_offset(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim scaled by ``1 + weight``; ``weight[N]`` is the offset from 1."""
+    return rms_norm_groups(x, weight, x.shape[-1], eps)
+
+
+def rms_norm_groups(x: torch.Tensor, weight: torch.Tensor, group: int, eps: float) -> torch.Tensor:
+    """``rms_norm_unit_offset`` of each consecutive ``group`` elements of the last dim, each group scaled by
+    ``1 + `` its own slice of ``weight`` (same shape as that dim); ``group`` = the whole dim is the plain norm.
+    Each group is normalised exactly as the plain norm normalises a row (one statistic, one rounding), so an
+    architecture's grouped norms (per-stream, per-head) reuse this kernel."""
     launch_ok(x)
     n = x.shape[-1]
-    x2 = as_rows(x, n)
+    if group < 1 or n % group or weight.shape != (n,):
+        raise ValueError(f"rms norm: last dim {n} and weight {tuple(weight.shape)} do not split into groups of "
+                         f"{group}")
+    x2 = as_rows(x, group)
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     m = x2.shape[0]
     if m:
-        cfg = row_config(n)
+        cfg = row_config(group)
         _rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
-            x2, weight.contiguous(), y, m, eps, x2.stride(0), y.stride(0), N=n, BLOCK_M=cfg["BLOCK_M"],
-            BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET, num_warps=cfg["num_warps"], **pdl(x2))
+            x2, weight.contiguous(), y, m, eps, x2.stride(0), y.stride(0), N=group, GROUPS=n // group,
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERP=INTERPRET, num_warps=cfg["num_warps"], **pdl(x2))
     return y.view(x.shape)
 
 
