@@ -66,8 +66,8 @@ def bf16_impls(x: torch.Tensor, ws: list) -> list:
 
 def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
     """(label, call(c)) of the engine's GEMV and each candidate of ``variants`` (``BNxGxWARPS`` for
-    :func:`quant_gemv_candidates.gemv`, ``tcBNxWARPS`` for the tensor-core candidate, ``gemm`` for the engine's
-    GEMM)."""
+    :func:`quant_gemv_candidates.gemv`, ``tcBNxWARPS`` for the tensor-core candidate, ``t3BNxGPI`` / ``t5BNxGPI``
+    for :func:`quant_gemv_candidates.gemv_tc35` on q4 weights, ``gemm`` for the engine's GEMM)."""
     import quant_gemv_candidates as cand
     from ninfer.ops.triton.quant_gemm import gemm
     from ninfer.ops.triton.quant_gemv import gemv
@@ -76,8 +76,19 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
         return kws[c % len(kws)]
 
     impls = [("current", lambda c: gemv(x, w(c)))]
+    xp = None
     for v in variants:
-        if v == "gemm":
+        if v[:2] in ("t3", "t5"):   # q4 only: t3BNxGPI / t5BNxGPI (tc3 takes x pre-permuted, outside the timing)
+            if kws[0].format != "q4_g64_fp16":
+                continue
+            bn, gpi = (int(t) for t in v[2:].split("x"))
+            natural = v[:2] == "t5"
+            if not natural and xp is None:
+                xp = x[:, cand.perm_tc3(x.shape[1]).to(x.device)].contiguous()
+            xin = x if natural else xp
+            impls.append((f"{v[:2]} bn={bn} gpi={gpi}", lambda c, bn=bn, gpi=gpi, xin=xin, natural=natural:
+                          cand.gemv_tc35(xin, w(c), natural_x=natural, bn=bn, gpi=gpi)))
+        elif v == "gemm":
             impls.append(("quant gemm", lambda c: gemm(x, w(c))))
         elif v.startswith("tc"):
             bn, wa = (int(t) for t in v[2:].split("x"))
@@ -97,7 +108,8 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--shapes", default="")
     ap.add_argument("--variants", default="2x32x4,4x16x4,8x16x4,tc64x4,tc128x4,tc128x8,tc64x8,gemm",
-                    help="candidates: BNxGxWARPS (CUDA-core), tcBNxWARPS (tensor-core), gemm (the engine's GEMM)")
+                    help="candidates: BNxGxWARPS (CUDA-core), tcBNxWARPS (tensor-core), t3BNxGPI / t5BNxGPI (q4, "
+                         "tensor cores, PTX decode, split-K; t3 with x pre-permuted), gemm (the engine's GEMM)")
     args = ap.parse_args()
     from ninfer.ops.triton._quant import kernel_weight
 
