@@ -47,6 +47,7 @@ class Preset:
     pointers: dict = field(default_factory=dict)      # pointer arg -> dtype (default *bf16)
     floats: tuple = ("eps", "scale", "qk_scale")
     divisible: tuple = ()                              # integer args compiled as divisible by 16 (row strides)
+    loop_bytes: float = 0.0                            # weight bytes a thread reads per K-loop iteration, if any
 
 
 def _presets() -> dict[str, Preset]:
@@ -179,6 +180,20 @@ def _presets() -> dict[str, Preset]:
         "q4x_gated_norm_sigmoid": Preset("ninfer_qwen3_5.ops.triton.gated_norm", "_gated_rms_norm_kernel",
                                          dict(N=128, NW_DTYPE=tl.bfloat16, BLOCK_M=32, BLOCK_N=128, INTERP=False,
                                               PDL=True, SIGMOID=True), 4),
+        # The q4 decode GEMV at one row of x (9B projections: K = 4096): the engine's CUDA-core kernel against the
+        # tensor-core candidates of tools/quant_gemv_candidates.py; loop_bytes = base-plane bytes a thread reads
+        # per K-loop iteration (engine: 4 rows x 1,024 B / 128 threads; tc3/tc5: 128 rows x 256 B / 128 threads).
+        "qgemv_q4": Preset("ninfer.ops.triton.quant_gemv", "_qgemv_kernel",
+                           dict(KIND=0, BITS=4, BM=1, BN=4, BB=1024, EVEN=True, SPLIT=1, NORM=False, SWIGLU=False,
+                                INTERP=False, PDL=True), 4,
+                           {"b_ptr": "*u8", "h_ptr": "*u8", "s_ptr": "*fp16", "part_ptr": "*fp32"},
+                           divisible=("K", "BYTES", "sx", "sb", "sh", "ss", "sy", "sr", "shn", "sro"), loop_bytes=32),
+        "qgemv_q4_tc3": Preset("quant_gemv_candidates", "_qgemv_tc3", dict(BN=128, GPI=8, MP=1, M=1, INTERP=False), 4,
+                               {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32"},
+                               divisible=("BYTES", "sx", "sb", "ss", "sp"), loop_bytes=256),
+        "qgemv_q4_tc5": Preset("quant_gemv_candidates", "_qgemv_tc5", dict(BN=128, GPI=8, MP=1, M=1, INTERP=False), 4,
+                               {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32"},
+                               divisible=("BYTES", "sx", "sb", "ss", "sp"), loop_bytes=256),
         "qmoe_nvfp4_gate_up": Preset("ninfer.ops.triton.quant_moe_gemv", "_gate_up_kernel",
                                      dict(FMT=2, TOPK=8, BN=8, NG=32, NCH=4, INTERP=False, PDL=True), 4,
                                      {"ids_ptr": "*i64", "act_ptr": "*fp32", **nv_planes}, divisible=nv_strides),
@@ -237,6 +252,27 @@ def compile_sm90(p: Preset):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": p.warps})
 
 
+def _inner_loop(sass: str) -> list[str]:
+    """Opcodes of the largest innermost loop (a backward branch's body, with no loop inside it); [] if none."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            words = [w for w in m.group(2).split() if not w.startswith("@")]
+            if words:
+                ins.append((int(m.group(1), 16), words))
+    loops = []
+    for addr, words in ins:
+        target = re.search(r"0x([0-9a-f]+)", " ".join(words[1:])) if words[0].startswith("BRA") else None
+        if target and int(target.group(1), 16) <= addr:
+            loops.append((int(target.group(1), 16), addr))
+    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    if not inner:
+        return []
+    lo, hi = max(inner, key=lambda lp: lp[1] - lp[0])
+    return [words[0] for addr, words in ins if lo <= addr <= hi]
+
+
 def report(name: str, p: Preset) -> dict:
     k = compile_sm90(p)
     with tempfile.TemporaryDirectory() as d:
@@ -268,7 +304,10 @@ def report(name: str, p: Preset) -> dict:
         else:
             order.append([mark, 1])
     layouts = [ln.split("=", 1)[1].strip() for ln in k.asm["ttgir"].splitlines() if ln.startswith("#blocked")]
-    return {"kernel": f"{p.module.rsplit('.', 1)[1]}.{p.kernel}", "warps": p.warps,
+    loop = _inner_loop(sass)
+    per_byte = {"loop_per_byte": round(len(loop) / p.loop_bytes, 2)} if p.loop_bytes and loop else {}
+    return {"loop_instructions": len(loop), **per_byte,
+            "kernel": f"{p.module.rsplit('.', 1)[-1]}.{p.kernel}", "warps": p.warps,
             **{key.lower(): int(v) for key, v in res.items()}, "instructions": len(ops),
             "counts": {kind: counts[kind] for kind in KINDS if counts[kind]},
             "issue_order": " ".join(f"{m}x{n}" for m, n in order), "layouts": layouts}
@@ -291,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
               f"shared {r.get('shared')} B, {r['instructions']} instructions")
         print("   " + ", ".join(f"{k} {v}" for k, v in r["counts"].items()))
         print("   order: " + r["issue_order"])
+        if r["loop_instructions"]:
+            per = f" = {r['loop_per_byte']} per weight byte a thread" if "loop_per_byte" in r else ""
+            print(f"   innermost loop: {r['loop_instructions']} instructions{per}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -82,3 +82,17 @@ def test_the_qwen4exp_kernels_build_for_sm90(tmp_path):
                             "qsa_combine", "q4x_hc_act", "q4x_hc_mix", "q4x_hc_write", "q4x_grouped_norm", "q4x_gated_norm_sigmoid",
                             "q4x_gdn_decode_sigmoid"}
     assert all(r["stack"] == 0 and r["reg"] > 0 and r["instructions"] > 0 for r in reports.values()), reports
+
+
+def test_the_q4_gemv_candidates_cut_the_loop_instructions_per_byte(tmp_path):
+    """The q4 decode GEMV's K loop, read from the sm_90 build: the tensor-core candidates (codes decoded by inline
+    PTX, A from registers) spend well under half the engine kernel's instructions per weight byte, on HMMA, with no
+    barrier-bound layout conversion per step; the report's innermost-loop count finds each kernel's K loop."""
+    reports, run = _report(tmp_path, "qgemv")
+    assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5"}
+    engine = reports["qgemv_q4"]["loop_per_byte"]
+    for name in ("qgemv_q4_tc3", "qgemv_q4_tc5"):
+        r = reports[name]
+        assert r["stack"] == 0 and r["counts"].get("HMMA", 0) + r["counts"].get("HGMMA", 0) > 0, r
+        assert r["loop_per_byte"] < engine / 2, (name, r["loop_per_byte"], engine)
+    assert "innermost loop" in run.stdout
