@@ -85,13 +85,13 @@ def test_the_qwen4exp_kernels_build_for_sm90(tmp_path):
 
 
 def test_the_q4_gemv_candidates_cut_the_loop_instructions_per_byte(tmp_path):
-    """The q4 decode GEMV's K loop, read from the sm_90 build: the tensor-core candidates (codes decoded by inline
-    PTX, A from registers) spend well under half the engine kernel's instructions per weight byte, on HMMA, with no
+    """The q4 decode GEMV's K loop, read from the sm_90 build: the tensor-core kernel and its candidates (codes
+    decoded by inline PTX, A from registers) spend well under half the engine kernel's instructions per weight byte, on HMMA, with no
     barrier-bound layout conversion per step; the report's innermost-loop count finds each kernel's K loop."""
     reports, run = _report(tmp_path, "qgemv")
-    assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5"}
+    assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc"}
     engine = reports["qgemv_q4"]["loop_per_byte"]
-    for name in ("qgemv_q4_tc3", "qgemv_q4_tc5"):
+    for name in ("qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc"):
         r = reports[name]
         assert r["stack"] == 0 and r["counts"].get("HMMA", 0) + r["counts"].get("HGMMA", 0) > 0, r
         assert r["loop_per_byte"] < engine / 2, (name, r["loop_per_byte"], engine)

@@ -21,7 +21,9 @@ on the CUDA cores once per row of x, so its cost grows with the rows; the GEMM d
 operands whose cost does not grow up to 16 rows, but takes 64 weight rows a program and does not split K, so it
 needs a weight with many rows to fill the device (docs/kernels.md has the measured crossover). The fused norm and SwiGLU variants take
 the GEMV's prologue/epilogue for one row (the decode step), else the Triton norm, the product and the Triton
-``silu_and_mul`` in sequence. Activations of another dtype than the kernels take go to the reference ops.
+``silu_and_mul`` in sequence. With ``NINFER_Q4_GEMV=tc``, q4 weights with bf16 activations of up to
+:data:`~ninfer.ops.triton.quant_gemv_tc.MAX_ROWS` rows take the tensor-core GEMV (:mod:`~ninfer.ops.triton.quant_gemv_tc`)
+instead, the fused variants as the norm, the product and ``silu_and_mul`` in sequence. Activations of another dtype than the kernels take go to the reference ops.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from ninfer.ops.reference import quantized as _reference
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import activation as _activation
 from ninfer.ops.triton import norm as _norm
-from ninfer.ops.triton import quant_nvfp4
+from ninfer.ops.triton import quant_gemv_tc, quant_nvfp4
 from ninfer.ops.triton._common import KERNEL_DTYPES, launch_ok
 from ninfer.ops.triton._quant import KERNEL_FORMATS, KIND_NVFP4, KernelWeight, check_input, kernel_weight
 from ninfer.ops.triton.quant_gemm import gemm, gemm_a8
@@ -65,6 +67,8 @@ def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = N
     if w.kind == KIND_NVFP4:
         kernel = quant_nvfp4.gemv if takes_gemv(x2.shape[0], w) else quant_nvfp4.gemm
         return kernel(x2, w, out_dtype=out_dtype)
+    if quant_gemv_tc.takes(x2, w):
+        return quant_gemv_tc.gemv_tc(x2, w, out_dtype=out_dtype)
     if takes_gemv(x2.shape[0], w):
         return gemv(x2, w, out_dtype=out_dtype)
     if a8 and x2.shape[0] > MAX_ROWS:
@@ -129,7 +133,8 @@ def add_rms_norm_unit_offset_linear(x: torch.Tensor, residual: torch.Tensor, nor
     w = _prepare(x, weight, op)
     if w is None:
         return _reference.add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, weight)
-    if x.numel() == x.shape[-1] and residual.dtype == x.dtype and w.kind != KIND_NVFP4:
+    if x.numel() == x.shape[-1] and residual.dtype == x.dtype and w.kind != KIND_NVFP4 \
+            and not quant_gemv_tc.takes(x.reshape(-1, w.k), w):
         return _fused_norm(x, residual, norm_weight, eps, w, swiglu=False)
     normed, new_residual = _norm.add_rms_norm_unit_offset(x, residual, norm_weight, eps)
     return product(_rows(normed, w.k), w, a8=_a8(weight)).view(*x.shape[:-1], w.n), normed, new_residual
@@ -145,7 +150,8 @@ def add_rms_norm_unit_offset_swiglu(x: torch.Tensor, residual: torch.Tensor, nor
     w = _prepare(x, gate_up, op)
     if w is None:
         return _reference.add_rms_norm_unit_offset_swiglu(x, residual, norm_weight, eps, gate_up)
-    if x.numel() == x.shape[-1] and residual.dtype == x.dtype and w.kind != KIND_NVFP4:
+    if x.numel() == x.shape[-1] and residual.dtype == x.dtype and w.kind != KIND_NVFP4 \
+            and not quant_gemv_tc.takes(x.reshape(-1, w.k), w):
         return _fused_norm(x, residual, norm_weight, eps, w, swiglu=True)
     y, normed, new_residual = add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, gate_up)
     return _activation.silu_and_mul(y), normed, new_residual

@@ -1,0 +1,205 @@
+"""Decode-sized products with a q4 weight on the tensor cores: the dequant-GEMV's alternative for ``q4_g64_fp16``
+weights and bf16 activations, up to :data:`MAX_ROWS` rows of x.
+
+Why: the CUDA-core GEMV (:mod:`~ninfer.ops.triton.quant_gemv`) multiplies every decoded code by x on the CUDA cores
+(a nibble extracted, converted and multiplied: about 16 instructions a weight byte in its sm_90 build), so it is
+bound by instruction issue well before the H200's bandwidth (~7 instructions a byte at full speed). Here the codes
+become exact bf16 values two at a time by integer tricks in inline PTX, and the tensor cores do the multiplying:
+about 4.4 loop instructions a byte (``tools/sass_report.py qgemv``).
+
+Per program: ``BN`` weight rows, ``GPI`` scale groups (64 lanes each) a K step; split-K over programs so that a
+weight of few rows still fills the device.
+
+- Decode: the base plane is read as uint16 (four nibbles, lanes ``4e .. 4e+3``). The PTX turns a 32-bit word into
+  four bf16 pairs, each with one ``lop3`` (the nibble, xor 8, into the mantissa of the bf16 ``128 + code``) and one
+  ``bf16x2`` fma (minus 136): exact, since every code is an integer of -8..7. Under the interpreter the same values
+  come from plain integer ops.
+- A = the codes ``[BN, 64 * GPI]`` straight from registers (Triton carries the dot-operand layout back through the
+  join, permute and reshape to the load, so no layout conversion runs in the loop). Within a group the decode's
+  lane order is ``k = c * 16 + e`` for physical lane ``4e + c``; x is loaded in its natural order and permuted the
+  same way in registers.
+- B = a block-diagonal x^T ``[64 * GPI, GPI * MP]``: column ``g * MP + m`` holds row m of x on group g's lanes and
+  zeros elsewhere, so one dot yields every row's sum over each group. The fp16 group scale multiplies each group's
+  sum in fp32, the groups are added after the loop.
+- Split-K (``S > 1``): partials ``[S, M, N]`` in fp32, added in a fixed order by a second kernel that rounds once to
+  the output dtype (deterministic). ``S == 1`` rounds and stores in the same kernel.
+
+Exactness: the weights are exactly the decoded ``code * scale``; products are exact (a 4-bit code times a bf16);
+sums run in the tensor cores' fp32 accumulation (per dot) and in fp32 (scales, groups, partials): the bound of
+tensor-core sums (tests/ops_triton/quant_cases.py ``U_TC``), not the CUDA-core GEMV's round-to-nearest one. A row's
+result does not depend on the other rows of the call for a given launch shape (MP, GPI, BN and the split follow
+from the row count, so a call's rows share them).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.ops.triton._common import INTERPRET, cast, next_pow2, pdl, pdl_wait
+from ninfer.ops.triton._quant import KernelWeight
+
+#: Most rows of x the tensor-core GEMV takes (x's rows are the B operand's columns, padded to MP).
+MAX_ROWS = 8
+#: Whether the dense q4 ops use this kernel: ``NINFER_Q4_GEMV=tc`` (an A/B switch until the H200 has timed both;
+#: read once, like NINFER_PDL).
+ENABLED = os.environ.get("NINFER_Q4_GEMV", "cuda") == "tc"
+# (BN, GPI) by MP: weight rows a program, scale groups a K step (GPI * MP >= 8, the tensor cores' narrowest N).
+_SHAPES = {1: (128, 8), 2: (128, 4), 4: (128, 2), 8: (256, 2)}
+# Programs to aim for with split-K: about two a streaming multiprocessor on the H200.
+_TARGET_PROGRAMS = 264
+
+_ASM = tl.constexpr("""{
+.reg .b32 t, one, m;
+mov.b32 one, 0x3F803F80;
+mov.b32 m, 0xC308C308;
+lop3.b32 t, $4, 0x000F000F, 0x43084308, 0x6a;
+fma.rn.bf16x2 $0, t, one, m;
+shr.u32 t, $4, 4;
+lop3.b32 t, t, 0x000F000F, 0x43084308, 0x6a;
+fma.rn.bf16x2 $1, t, one, m;
+shr.u32 t, $4, 8;
+lop3.b32 t, t, 0x000F000F, 0x43084308, 0x6a;
+fma.rn.bf16x2 $2, t, one, m;
+shr.u32 t, $4, 12;
+lop3.b32 t, t, 0x000F000F, 0x43084308, 0x6a;
+fma.rn.bf16x2 $3, t, one, m;
+}""")
+
+
+@triton.jit
+def _codes(h, INTERP: tl.constexpr):
+    """uint16 elements ``h`` (four nibbles each) -> bf16 codes of nibble 0, 1, 2, 3 of every element."""
+    if INTERP:
+        v = h.to(tl.int32)
+        c0 = (((v & 15) ^ 8) - 8).to(tl.float32).to(tl.bfloat16)
+        c1 = ((((v >> 4) & 15) ^ 8) - 8).to(tl.float32).to(tl.bfloat16)
+        c2 = ((((v >> 8) & 15) ^ 8) - 8).to(tl.float32).to(tl.bfloat16)
+        c3 = ((((v >> 12) & 15) ^ 8) - 8).to(tl.float32).to(tl.bfloat16)
+        return c0, c1, c2, c3
+    else:
+        return tl.inline_asm_elementwise(_ASM, "=r,=r,=r,=r,r", [h],
+                                         dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+                                         is_pure=True, pack=2)
+
+
+@triton.jit(do_not_specialize=["M", "TPS"])
+def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, M, N, BYTES, TPS, sx, sb, ss, sy, sp,
+                  BN: tl.constexpr, GPI: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr,
+                  INTERP: tl.constexpr, PDL: tl.constexpr):
+    BB: tl.constexpr = 32 * GPI          # bytes of a row per K step
+    HB: tl.constexpr = 16 * GPI          # uint16 elements of a row per K step
+    NC: tl.constexpr = GPI * MP
+    pid = tl.program_id(0)
+    sid = tl.program_id(1)
+    n = pid * BN + tl.arange(0, BN)
+    nm = n < N
+    r = tl.where(nm, n, 0)               # in-bounds rows: only the store is masked
+    g3 = tl.arange(0, GPI)[None, :, None]
+    e3 = tl.arange(0, 16)[None, None, :]
+    # x's K step as [MP, GPI, 16 (e), 4 (c)] in natural lane order; rows past M repeat row M - 1 (masked to 0).
+    m4 = tl.arange(0, MP)[:, None, None, None]
+    g4 = tl.arange(0, GPI)[None, :, None, None]
+    e4 = tl.arange(0, 16)[None, None, :, None]
+    c4 = tl.arange(0, 4)[None, None, None, :]
+    xoff = tl.minimum(m4, M - 1) * sx + g4 * 64 + e4 * 4 + c4
+    xmask = (m4 < M) & (c4 >= 0) & (e4 >= 0) & (g4 >= 0)
+    kk = tl.arange(0, 2 * BB)[:, None]
+    cc = tl.arange(0, NC)[None, :]
+    diag = (kk // 64) == (cc // MP)
+    gcol = cc // MP
+    acc = tl.zeros((BN, NC), dtype=tl.float32)
+    t0 = sid * TPS
+    t1 = tl.minimum(t0 + TPS, BYTES // BB)
+    sbh = sb // 2
+    pdl_wait(PDL)
+    for t in range(t0, t1):
+        h = tl.load(b_ptr + r[:, None, None] * sbh + t * HB + g3 * 16 + e3)       # [BN, GPI, 16] uint16
+        c0, c1, c2, c3 = _codes(h, INTERP)
+        cw = tl.join(tl.join(c0, c1), tl.join(c2, c3))                           # [..., 2 (i1), 2 (i0)]: c_{2 i0 + i1}
+        a = tl.reshape(tl.permute(cw, (0, 1, 4, 3, 2)), (BN, 2 * BB))            # k = g * 64 + c * 16 + e
+        xv = tl.load(x_ptr + xoff + 2 * t * BB, mask=xmask, other=0.0)            # [MP, GPI, 16, 4]
+        xt = tl.trans(tl.reshape(tl.permute(xv, (0, 1, 3, 2)), (MP, 2 * BB)))     # [2 BB, MP], the decode's order
+        xw = tl.reshape(tl.broadcast_to(xt[:, None, :], (2 * BB, GPI, MP)), (2 * BB, NC))
+        xb = tl.where(diag, xw, 0.0)
+        if INTERP:
+            d = tl.dot(a.to(tl.float32), xb.to(tl.float32), input_precision="ieee")
+        else:
+            d = tl.dot(a, xb)
+        sc = tl.load(s_ptr + r[:, None] * ss + t * GPI + gcol).to(tl.float32)
+        acc += d * sc
+    out = tl.sum(tl.reshape(acc, (BN, GPI, MP)), 1)                               # [BN, MP]
+    mm = tl.arange(0, MP)[None, :]
+    keep = nm[:, None] & (mm < M)
+    if SPLIT:
+        tl.store(y_ptr + sid * sp + mm * N + n[:, None], out, mask=keep)
+    else:
+        y = cast(out, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + mm * sy + n[:, None], y, mask=keep)
+
+
+@triton.jit
+def _sum_kernel(p_ptr, y_ptr, x_ptr, S, MN, sp, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """y = round_to_x_dtype(sum over s of p[s]) (the partials added in split order)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    msk = i < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, S):
+        acc += tl.load(p_ptr + s * sp + i, mask=msk, other=0.0)
+    y = cast(acc, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + i, y, mask=msk)
+
+
+def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
+    """(MP, BN, GPI) for ``rows`` rows of x with ``w``, or None when this kernel cannot take the call (not q4, too
+    many rows, or a row's bytes not whole K steps)."""
+    if w.format != "q4_g64_fp16" or not 1 <= rows <= MAX_ROWS:
+        return None
+    if w.base.storage_offset() % 2 or w.base_stride % 2:   # the base plane is read as uint16
+        return None
+    mp = next_pow2(rows)
+    bn, gpi = _SHAPES[mp]
+    if (w.lanes // 2) % (32 * gpi):
+        return None
+    return mp, bn, gpi
+
+
+def takes(x2: torch.Tensor, w: KernelWeight) -> bool:
+    """Whether the dense q4 ops run this kernel for ``x2`` (enabled, bf16, a shape it takes)."""
+    return ENABLED and x2.dtype == torch.bfloat16 and launch_shape(x2.shape[0], w) is not None
+
+
+def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, out_dtype: torch.dtype | None = None,
+            split: int | None = None) -> torch.Tensor:
+    """``x2[M, K] @ decode(w).T`` for a q4 weight and bf16 ``x2`` (row-contiguous, ``M <= MAX_ROWS``), rounded to
+    x2's dtype, stored as ``out_dtype`` (default x2's); ``split``: K runs (default: enough programs to fill the
+    device). A ``ValueError`` when :func:`launch_shape` refuses the call."""
+    m, _ = x2.shape
+    shape = launch_shape(m, w)
+    if shape is None or x2.dtype != torch.bfloat16:
+        raise ValueError(f"q4 tensor-core gemv: cannot take {m} rows of {x2.dtype} with a {w.format} weight of "
+                         f"{w.lanes} lanes a row")
+    mp, bn, gpi = shape
+    y = torch.empty((m, w.n), dtype=out_dtype or x2.dtype, device=x2.device)
+    if w.n == 0:
+        return y
+    nbytes = w.lanes // 2
+    steps = nbytes // (32 * gpi)
+    programs = triton.cdiv(w.n, bn)
+    s = split or max(1, min(steps, -(-_TARGET_PROGRAMS // programs)))
+    tps = -(-steps // s)
+    s = -(-steps // tps)                                   # no empty splits
+    part = torch.empty((s, m, w.n), dtype=torch.float32, device=x2.device) if s > 1 else y
+    kw = {} if INTERPRET else {"num_warps": 4}
+    _q4_tc_kernel[(programs, s)](
+        x2, w.base.view(torch.uint16), w.scales, part, m, w.n, nbytes, tps, x2.stride(0), w.base_stride,
+        w.scale_stride, y.stride(0), part.stride(0), BN=bn, GPI=gpi, MP=mp, SPLIT=s > 1, INTERP=INTERPRET,
+        **pdl(x2), **kw)
+    if s > 1:
+        block = 1024
+        _sum_kernel[(triton.cdiv(m * w.n, block),)](part, y, x2, s, m * w.n, part.stride(0), BLOCK=block,
+                                                    INTERP=INTERPRET)
+    return y

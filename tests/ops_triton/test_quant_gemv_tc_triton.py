@@ -1,0 +1,101 @@
+"""The q4 tensor-core decode GEMV (``ninfer.ops.triton.quant_gemv_tc``) against the fp64 oracle of the decoded
+weights with the tensor-core bound of tests/ops_triton/quant_cases.py (``U_TC``): 1 to 8 rows of x (every launch
+shape), the row mask, split-K and its partials' kernel, logits stored as fp32, and the dense q4 ops routed to it
+when ``NINFER_Q4_GEMV=tc`` (the fused norm and SwiGLU variants as their composition). What it refuses (other
+formats, more rows, rows that are not whole K steps, a base plane at an odd byte) goes to the CUDA-core GEMV.
+Runs on CUDA when present (where it checks the PTX decode), otherwise under TRITON_INTERPRET=1 at tiny sizes."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from ops.conftest import randn  # noqa: E402
+
+from .conftest import CUDA, DEVICE, triton_ops  # noqa: E402
+from .quant_cases import U_TC, assert_dot_bound, random_packed  # noqa: E402
+
+FMT = "q4_g64_fp16"
+SHAPES = [(1, 40, 512), (2, 70, 512), (3, 33, 1024), (5, 9, 256), (8, 130, 512)]
+if CUDA:
+    SHAPES += [(1, 4096, 4096), (1, 2048, 12288), (8, 1000, 4096), (4, 24576, 4096)]
+
+
+def _kw(w):
+    from ninfer.ops.triton._quant import kernel_weight
+
+    return kernel_weight(w, "t")
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_within_the_tensor_core_bound(m, n, k, gen):
+    from ninfer.ops.triton.quant_gemv_tc import gemv_tc
+
+    w = random_packed(gen, FMT, n, k, DEVICE)
+    x = randn(gen, m, k, dtype=torch.bfloat16, device=DEVICE)
+    out = gemv_tc(x, _kw(w))
+    assert out.shape == (m, n) and out.dtype == torch.bfloat16
+    assert_dot_bound(out, x, w, u=U_TC, extra=2, what=f"tc gemv {m}x{k}->{n}")
+
+
+@pytest.mark.parametrize("split", [1, 2, 3])
+def test_split_k_and_fp32_logits(split, gen):
+    """Splits (partials summed in a second kernel, rounded once) stay within the bound, and logits are stored as
+    fp32 from the same rounding to bf16."""
+    from ninfer.ops.triton.quant_gemv_tc import gemv_tc
+
+    w = random_packed(gen, FMT, 21, 1536, DEVICE)
+    x = randn(gen, 2, 1536, dtype=torch.bfloat16, device=DEVICE)
+    out = gemv_tc(x, _kw(w), split=split)
+    assert_dot_bound(out, x, w, u=U_TC, extra=2, what=f"split {split}")
+    logits = gemv_tc(x, _kw(w), split=split, out_dtype=torch.float32)
+    assert logits.dtype == torch.float32 and torch.equal(logits, out.float())
+
+
+def test_refuses_what_it_cannot_take(gen):
+    from ninfer.ops.triton.quant_gemv_tc import gemv_tc, launch_shape
+
+    x = randn(gen, 1, 384, dtype=torch.bfloat16, device=DEVICE)
+    assert launch_shape(1, _kw(random_packed(gen, FMT, 8, 384, DEVICE))) is None      # 192 bytes: not 256-byte steps
+    assert launch_shape(9, _kw(random_packed(gen, FMT, 8, 512, DEVICE))) is None       # more rows than MAX_ROWS
+    assert launch_shape(1, _kw(random_packed(gen, "q8_g32_fp16", 8, 512, DEVICE))) is None
+    assert launch_shape(1, _kw(random_packed(gen, FMT, 8, 514, DEVICE, skip=1))) is None  # base at an odd byte
+    with pytest.raises(ValueError, match="cannot take"):
+        gemv_tc(x, _kw(random_packed(gen, FMT, 8, 384, DEVICE)))
+    with pytest.raises(ValueError, match="cannot take"):
+        gemv_tc(randn(gen, 1, 512, device=DEVICE), _kw(random_packed(gen, FMT, 8, 512, DEVICE)))   # fp32 x
+
+
+@pytest.fixture
+def tc_on(monkeypatch):
+    from ninfer.ops.triton import quant_gemv_tc
+
+    monkeypatch.setattr(quant_gemv_tc, "ENABLED", True)
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_dense_ops_take_it_when_enabled(rows, gen, tc_on, monkeypatch):
+    """linear, logits and the fused norm / SwiGLU ops on a q4 weight run the tensor-core GEMV (counted) and stay
+    within its bound; the fused ops are the Triton norm, the product and silu_and_mul in sequence."""
+    from ninfer.ops.triton import quant_gemv_tc
+
+    calls = []
+    real = quant_gemv_tc.gemv_tc
+    monkeypatch.setattr(quant_gemv_tc, "gemv_tc", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ops = triton_ops(torch.bfloat16)
+    hidden, inter = 512, 24
+    w = random_packed(gen, FMT, 37, hidden, DEVICE)
+    x = randn(gen, rows, hidden, dtype=torch.bfloat16, device=DEVICE)
+    assert_dot_bound(ops.linear(x, w), x, w, u=U_TC, extra=2, what="linear")
+    lg = ops.logits(x, w)
+    assert lg.dtype == torch.float32 and torch.equal(lg, ops.linear(x, w).float())
+    res = randn(gen, rows, hidden, dtype=torch.bfloat16, device=DEVICE, scale=4.0)
+    nw = randn(gen, hidden, dtype=torch.bfloat16, device=DEVICE, scale=0.3)
+    y, h, new_res = ops.add_rms_norm_unit_offset_linear(x, res, nw, 1e-6, w)
+    h_sep, res_sep = ops.add_rms_norm_unit_offset(x, res, nw, 1e-6)
+    assert torch.equal(h, h_sep) and torch.equal(new_res, res_sep)
+    assert torch.equal(y, ops.linear(h, w))
+    gate_up = random_packed(gen, FMT, 2 * inter, hidden, DEVICE)
+    act, h2, _ = ops.add_rms_norm_unit_offset_swiglu(x, res, nw, 1e-6, gate_up)
+    assert torch.equal(h2, h_sep) and torch.equal(act, ops.silu_and_mul(ops.linear(h, gate_up)))
+    assert len(calls) == 7   # linear x3, logits, the fused linear, the fused SwiGLU, linear of gate_up
