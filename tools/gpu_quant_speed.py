@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -35,7 +36,8 @@ def parse_args(argv=None):
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--recipes", default="q4,q8,fp8+a8,bf16", help="in the order run (default q4,q8,fp8+a8,bf16)")
+    ap.add_argument("--recipes", default="q4,q8,fp8+a8,bf16",
+                    help="in the order run (default q4,q8,fp8+a8,bf16); RECIPE@tc benches with NINFER_Q4_GEMV=tc")
     ap.add_argument("--batches", default=None, help="default 1,8 (tiny: 1,2)")
     ap.add_argument("--prefill-lengths", default=None, help="default 8192 (tiny: 32)")
     ap.add_argument("--bench-args", default="")
@@ -79,19 +81,23 @@ def main(argv=None) -> int:
             results.append({"recipe": recipe, "skipped": f"{left:.0f} s left, the slowest recipe took {slowest:.0f} s"})
             continue
         t0 = time.perf_counter()
-        artifact = args.work / f"{recipe.replace('+', '_')}.ninfer"
+        # "q4@tc": the q4 artifact benched with NINFER_Q4_GEMV=tc (the tensor-core decode GEMV), an A/B in one run.
+        fmt, _, gemv_kind = recipe.partition("@")
+        tag = recipe.replace("+", "_").replace("@", "_")
+        artifact = args.work / f"{tag}.ninfer"
         entry: dict = {"recipe": recipe}
         try:
-            conv = shapes.convert_in_memory(model, folder, artifact, f"quant-speed-{recipe}",
-                                            quantize=None if recipe == "bf16" else recipe)
+            conv = shapes.convert_in_memory(model, folder, artifact, f"quant-speed-{tag}",
+                                            quantize=None if fmt == "bf16" else fmt)
             entry["convert_s"] = round(time.perf_counter() - t0, 1)
             entry["artifact_bytes"] = sum(Path(p).stat().st_size for p in conv["paths"])
             entry["quantized"] = conv["quantized"]
-            out = args.out / f"bench_{recipe.replace('+', '_')}.json"
+            out = args.out / f"bench_{tag}.json"
             cmd = [sys.executable, "-m", "ninfer.cli.main", "bench", str(artifact), "--output", str(out),
                    "--device", args.device, "--batches", batches, "--prefill-lengths", lengths,
                    *(["--dtype", "bfloat16"] if args.device.startswith("cuda") else []), *shlex.split(bench_args)]
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60.0, left - 20))
+            env = dict(os.environ, **({"NINFER_Q4_GEMV": gemv_kind} if gemv_kind else {}))
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60.0, left - 20), env=env)
             if run.returncode != 0:
                 entry["error"] = f"ninfer bench exited {run.returncode}: {run.stderr[-3000:]}"
             else:
