@@ -89,9 +89,9 @@ def test_the_q4_gemv_candidates_cut_the_loop_instructions_per_byte(tmp_path):
     decoded by inline PTX, A from registers) spend well under half the engine kernel's instructions per weight byte, on HMMA, with no
     barrier-bound layout conversion per step; the report's innermost-loop count finds each kernel's K loop."""
     reports, run = _report(tmp_path, "qgemv")
-    assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc"}
+    assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc", "qgemv_q4_tc_norm"}
     engine = reports["qgemv_q4"]["loop_per_byte"]
-    for name in ("qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc"):
+    for name in ("qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc", "qgemv_q4_tc_norm"):
         r = reports[name]
         assert r["stack"] == 0 and r["counts"].get("HMMA", 0) + r["counts"].get("HGMMA", 0) > 0, r
         assert r["loop_per_byte"] < engine / 2, (name, r["loop_per_byte"], engine)

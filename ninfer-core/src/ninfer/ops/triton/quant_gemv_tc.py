@@ -86,9 +86,26 @@ def _codes(h, INTERP: tl.constexpr):
                                          is_pure=True, pack=2)
 
 
+@triton.jit
+def _inv_rms(x_ptr, r_ptr, res_ty, M, K, eps, sx, sr, MP: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """``rsqrt(mean(res^2) + eps)`` of each row's rounded ``res = x + r`` (the block's pre-norm), ``[MP]`` fp32."""
+    m = tl.arange(0, MP)[:, None]
+    row = tl.minimum(m, M - 1)
+    ss2 = tl.zeros((MP,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        k = k0 + tl.arange(0, BLOCK)[None, :]
+        km = (k < K) & (m < M)
+        xv = tl.load(x_ptr + row * sx + k, mask=km, other=0.0).to(tl.float32)
+        rv = tl.load(r_ptr + row * sr + k, mask=km, other=0.0).to(tl.float32)
+        res = cast(xv + rv, res_ty, INTERP).to(tl.float32)
+        ss2 += tl.sum(res * res, 1)
+    return tl.rsqrt(ss2 / K + eps)
+
+
 @triton.jit(do_not_specialize=["M", "TPS"])
-def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, M, N, BYTES, TPS, sx, sb, ss, sy, sp,
-                  BN: tl.constexpr, GPI: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr,
+def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, BYTES, TPS, sx, sb, ss,
+                  sy, sp, sr, sh, sro,
+                  BN: tl.constexpr, GPI: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
                   INTERP: tl.constexpr, PDL: tl.constexpr):
     BB: tl.constexpr = 32 * GPI          # bytes of a row per K step
     HB: tl.constexpr = 16 * GPI          # uint16 elements of a row per K step
@@ -116,12 +133,27 @@ def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, M, N, BYTES, TPS, sx, sb, ss, sy, 
     t1 = tl.minimum(t0 + TPS, BYTES // BB)
     sbh = sb // 2
     pdl_wait(PDL)
+    if NORM:   # x is the residual stream's new part: every program forms the normed lanes it needs
+        inv = _inv_rms(x_ptr, r_ptr, ro_ptr.dtype.element_ty, M, K, eps, sx, sr, MP, 512, INTERP)[:, None, None, None]
+        roff = tl.minimum(m4, M - 1) * sr + g4 * 64 + e4 * 4 + c4
+        # Row-block 0's programs store the normed rows and the new residual over their K range (each lane once).
+        nstore = xmask & ((m4 * 0 + pid) == 0)   # a tensor, not a scalar mask (the interpreter wants one)
     for t in range(t0, t1):
         h = tl.load(b_ptr + r[:, None, None] * sbh + t * HB + g3 * 16 + e3)       # [BN, GPI, 16] uint16
         c0, c1, c2, c3 = _codes(h, INTERP)
         cw = tl.join(tl.join(c0, c1), tl.join(c2, c3))                           # [..., 2 (i1), 2 (i0)]: c_{2 i0 + i1}
         a = tl.reshape(tl.permute(cw, (0, 1, 4, 3, 2)), (BN, 2 * BB))            # k = g * 64 + c * 16 + e
-        xv = tl.load(x_ptr + xoff + 2 * t * BB, mask=xmask, other=0.0)            # [MP, GPI, 16, 4]
+        lane = 2 * t * BB + g4 * 64 + e4 * 4 + c4
+        lmask = xmask & (lane < K)                                                # lanes past K (padding): 0
+        xv = tl.load(x_ptr + xoff + 2 * t * BB, mask=lmask, other=0.0)            # [MP, GPI, 16, 4]
+        if NORM:
+            rv = tl.load(r_ptr + roff + 2 * t * BB, mask=lmask, other=0.0)
+            res = cast(xv.to(tl.float32) + rv.to(tl.float32), ro_ptr.dtype.element_ty, INTERP)
+            nw = tl.load(nw_ptr + lane, mask=lane < K, other=0.0).to(tl.float32)
+            xv = cast((res.to(tl.float32) * inv) * (1.0 + nw), h_ptr.dtype.element_ty, INTERP)
+            rows_lane = tl.minimum(m4, M - 1)
+            tl.store(ro_ptr + rows_lane * sro + lane, res, mask=nstore & (lane < K))
+            tl.store(h_ptr + rows_lane * sh + lane, xv, mask=nstore & (lane < K))
         xt = tl.trans(tl.reshape(tl.permute(xv, (0, 1, 3, 2)), (MP, 2 * BB)))     # [2 BB, MP], the decode's order
         xw = tl.reshape(tl.broadcast_to(xt[:, None, :], (2 * BB, GPI, MP)), (2 * BB, NC))
         xb = tl.where(diag, xw, 0.0)
@@ -142,15 +174,25 @@ def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, M, N, BYTES, TPS, sx, sb, ss, sy, 
 
 
 @triton.jit
-def _sum_kernel(p_ptr, y_ptr, x_ptr, S, MN, sp, BLOCK: tl.constexpr, INTERP: tl.constexpr):
-    """y = round_to_x_dtype(sum over s of p[s]) (the partials added in split order)."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    msk = i < MN
+def _sum_kernel(p_ptr, y_ptr, x_ptr, S, N, OUT, sp, SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
+                INTERP: tl.constexpr):
+    """Program (row m, block of outputs): the partials ``p[s, m, :]`` added in split order and rounded once to x's
+    dtype; with SWIGLU output j is ``silu(g) * u`` of the rounded gate sum g (column j) and up sum u (OUT + j)."""
+    m = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    msk = j < OUT
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in range(0, S):
-        acc += tl.load(p_ptr + s * sp + i, mask=msk, other=0.0)
+        acc += tl.load(p_ptr + s * sp + m * N + j, mask=msk, other=0.0)
+        if SWIGLU:
+            acc_u += tl.load(p_ptr + s * sp + m * N + OUT + j, mask=msk, other=0.0)
+    if SWIGLU:
+        g = cast(acc, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
+        u = cast(acc_u, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
+        acc = g / (1.0 + tl.exp(-g)) * u
     y = cast(acc, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + i, y, mask=msk)
+    tl.store(y_ptr + m * OUT + j, y, mask=msk)
 
 
 def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
@@ -172,18 +214,24 @@ def takes(x2: torch.Tensor, w: KernelWeight) -> bool:
     return ENABLED and x2.dtype == torch.bfloat16 and launch_shape(x2.shape[0], w) is not None
 
 
-def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, out_dtype: torch.dtype | None = None,
-            split: int | None = None) -> torch.Tensor:
+def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,
+            out_dtype: torch.dtype | None = None, split: int | None = None) -> torch.Tensor:
     """``x2[M, K] @ decode(w).T`` for a q4 weight and bf16 ``x2`` (row-contiguous, ``M <= MAX_ROWS``), rounded to
-    x2's dtype, stored as ``out_dtype`` (default x2's); ``split``: K runs (default: enough programs to fill the
-    device). A ``ValueError`` when :func:`launch_shape` refuses the call."""
-    m, _ = x2.shape
+    x2's dtype, stored as ``out_dtype`` (default x2's). ``norm = (residual2, norm_weight, eps, normed_out,
+    residual_out)``: x2 is first replaced by its ``add_rms_norm_unit_offset`` with residual2 (formed in every
+    program), stored to the given ``[M, K]`` outputs. ``swiglu``: w is ``[2I, K]`` (gate rows, then up rows), the
+    result ``silu_and_mul`` of the product, ``[M, I]``, applied where the partials are added. ``split``: K runs
+    (default: enough programs to fill the device). A ``ValueError`` when :func:`launch_shape` refuses the call."""
+    m, k = x2.shape
     shape = launch_shape(m, w)
     if shape is None or x2.dtype != torch.bfloat16:
         raise ValueError(f"q4 tensor-core gemv: cannot take {m} rows of {x2.dtype} with a {w.format} weight of "
                          f"{w.lanes} lanes a row")
+    if swiglu and w.n % 2:
+        raise ValueError(f"add_rms_norm_unit_offset_swiglu: gate_up has {w.n} rows, not [2I, N]")
     mp, bn, gpi = shape
-    y = torch.empty((m, w.n), dtype=out_dtype or x2.dtype, device=x2.device)
+    n_out = w.n // 2 if swiglu else w.n
+    y = torch.empty((m, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
     if w.n == 0:
         return y
     nbytes = w.lanes // 2
@@ -192,14 +240,21 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, out_dtype: torch.dtype | None 
     s = split or max(1, min(steps, -(-_TARGET_PROGRAMS // programs)))
     tps = -(-steps // s)
     s = -(-steps // tps)                                   # no empty splits
-    part = torch.empty((s, m, w.n), dtype=torch.float32, device=x2.device) if s > 1 else y
+    partials = s > 1 or swiglu
+    part = torch.empty((s, m, w.n), dtype=torch.float32, device=x2.device) if partials else y
+    if norm is None:
+        r2 = nw = hn = ro = x2
+        eps = 0.0
+    else:
+        r2, nw, eps, hn, ro = norm
     kw = {} if INTERPRET else {"num_warps": 4}
     _q4_tc_kernel[(programs, s)](
-        x2, w.base.view(torch.uint16), w.scales, part, m, w.n, nbytes, tps, x2.stride(0), w.base_stride,
-        w.scale_stride, y.stride(0), part.stride(0), BN=bn, GPI=gpi, MP=mp, SPLIT=s > 1, INTERP=INTERPRET,
-        **pdl(x2), **kw)
-    if s > 1:
+        x2, w.base.view(torch.uint16), w.scales, part, r2, nw, hn, ro, float(eps), m, w.n, k, nbytes, tps,
+        x2.stride(0), w.base_stride, w.scale_stride, y.stride(0), part.stride(0) if partials else 0, r2.stride(0),
+        hn.stride(0), ro.stride(0), BN=bn, GPI=gpi, MP=mp, SPLIT=partials, NORM=norm is not None,
+        INTERP=INTERPRET, **pdl(x2), **kw)
+    if partials:
         block = 1024
-        _sum_kernel[(triton.cdiv(m * w.n, block),)](part, y, x2, s, m * w.n, part.stride(0), BLOCK=block,
-                                                    INTERP=INTERPRET)
+        _sum_kernel[(m, triton.cdiv(n_out, block))](part, y, x2, s, w.n, n_out, part.stride(0), SWIGLU=swiglu,
+                                                    BLOCK=block, INTERP=INTERPRET)
     return y

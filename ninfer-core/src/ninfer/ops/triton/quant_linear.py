@@ -23,7 +23,7 @@ needs a weight with many rows to fill the device (docs/kernels.md has the measur
 the GEMV's prologue/epilogue for one row (the decode step), else the Triton norm, the product and the Triton
 ``silu_and_mul`` in sequence. With ``NINFER_Q4_GEMV=tc``, q4 weights with bf16 activations of up to
 :data:`~ninfer.ops.triton.quant_gemv_tc.MAX_ROWS` rows take the tensor-core GEMV (:mod:`~ninfer.ops.triton.quant_gemv_tc`)
-instead, the fused variants as the norm, the product and ``silu_and_mul`` in sequence. Activations of another dtype than the kernels take go to the reference ops.
+instead, with the norm formed in its programs and the SwiGLU applied where its partials are added. Activations of another dtype than the kernels take go to the reference ops.
 """
 
 from __future__ import annotations
@@ -113,13 +113,23 @@ def _norm_args(x, residual, norm_weight, op: str) -> None:
                          f"{tuple(norm_weight.shape)}")
 
 
+def _takes_fused(x: torch.Tensor, residual: torch.Tensor, w: KernelWeight) -> bool:
+    """Whether the norm (and SwiGLU) run inside the product's kernels: one row on the CUDA-core GEMV, or the rows
+    the q4 tensor-core GEMV takes."""
+    if residual.dtype != x.dtype or w.kind == KIND_NVFP4:
+        return False
+    return x.numel() == x.shape[-1] or quant_gemv_tc.takes(_rows(x, w.k), w)
+
+
 def _fused_norm(x, residual, norm_weight, eps, w: KernelWeight, swiglu: bool):
-    """One row through the GEMV with the norm prologue (and the SwiGLU epilogue)."""
+    """The rows through the GEMV with the norm prologue (and the SwiGLU epilogue)."""
     n_in = x.shape[-1]
     x2, r2 = _rows(x, n_in), _rows(residual, n_in)
     normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    y = gemv(x2, w, norm=(r2, norm_weight.contiguous(), eps, normed, new_residual), swiglu=swiglu)
+    norm = (r2, norm_weight.contiguous(), eps, normed, new_residual)
+    kernel = quant_gemv_tc.gemv_tc if quant_gemv_tc.takes(x2, w) else gemv
+    y = kernel(x2, w, norm=norm, swiglu=swiglu)
     lead = x.shape[:-1]
     return y.view(*lead, y.shape[-1]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
 
@@ -133,8 +143,7 @@ def add_rms_norm_unit_offset_linear(x: torch.Tensor, residual: torch.Tensor, nor
     w = _prepare(x, weight, op)
     if w is None:
         return _reference.add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, weight)
-    if x.numel() == x.shape[-1] and residual.dtype == x.dtype and w.kind != KIND_NVFP4 \
-            and not quant_gemv_tc.takes(x.reshape(-1, w.k), w):
+    if _takes_fused(x, residual, w):
         return _fused_norm(x, residual, norm_weight, eps, w, swiglu=False)
     normed, new_residual = _norm.add_rms_norm_unit_offset(x, residual, norm_weight, eps)
     return product(_rows(normed, w.k), w, a8=_a8(weight)).view(*x.shape[:-1], w.n), normed, new_residual
@@ -150,8 +159,7 @@ def add_rms_norm_unit_offset_swiglu(x: torch.Tensor, residual: torch.Tensor, nor
     w = _prepare(x, gate_up, op)
     if w is None:
         return _reference.add_rms_norm_unit_offset_swiglu(x, residual, norm_weight, eps, gate_up)
-    if x.numel() == x.shape[-1] and residual.dtype == x.dtype and w.kind != KIND_NVFP4 \
-            and not quant_gemv_tc.takes(x.reshape(-1, w.k), w):
+    if _takes_fused(x, residual, w):
         return _fused_norm(x, residual, norm_weight, eps, w, swiglu=True)
     y, normed, new_residual = add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, gate_up)
     return _activation.silu_and_mul(y), normed, new_residual
