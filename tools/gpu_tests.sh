@@ -15,6 +15,8 @@
 #   --workers N          parallel pytest workers of the kernel steps (default 8)
 #   --test-timeout S     one test (default 300)
 #   --no-install         use what is installed (a dry run on a development machine)
+#   --concurrent         run the gpu step beside the kernel steps instead of before them (the whole lane in one
+#                        device call of ~10 minutes instead of two; the GPU has room for both, the CPUs are shared)
 #   -- ARGS              more arguments for every pytest run, e.g. `-- --collect-only`
 #
 # Steps, in this order (default: all three):
@@ -37,6 +39,7 @@ budget=540
 workers=8
 test_timeout=300
 install=1
+concurrent=0
 steps=()
 extra=()
 while [ $# -gt 0 ]; do
@@ -48,6 +51,7 @@ while [ $# -gt 0 ]; do
         --workers) workers="$2"; shift 2 ;;
         --test-timeout) test_timeout="$2"; shift 2 ;;
         --no-install) install=0; shift ;;
+        --concurrent) concurrent=1; shift ;;
         gpu|ops|triton) steps+=("$1"); shift ;;
         --) shift; extra=("$@"); break ;;
         *) echo "gpu_tests.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
@@ -116,14 +120,15 @@ python3 -c "import xdist" 2>/dev/null && parallel=(-n "$workers") ||
     say "pytest-xdist missing: the kernel steps run in one process"
 per_test=()
 python3 -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout "$test_timeout") || say "pytest-timeout missing"
-declare -A step_rc step_s
-for step in "${steps[@]}"; do
+# One step: its pytest run within what is left of the budget; "rc seconds" written to $out/.step_<step>.
+run_step() {
+    local step=$1 left t0 rc
     rm -f "$out/junit_$step.xml"
     left=$(( budget - ($(date +%s) - start) - 20 ))
     if [ "$left" -lt 30 ]; then
         say "step $step: not started, the budget of ${budget}s is spent"
-        step_rc[$step]=124; step_s[$step]=0
-        continue
+        echo "124 0" > "$out/.step_$step"
+        return
     fi
     case "$step" in
         gpu) args=(-m gpu tests --ignore=tests/ops --ignore=tests/ops_triton) ;;
@@ -135,9 +140,25 @@ for step in "${steps[@]}"; do
     timeout -s INT -k 30 "$left" python3 -m pytest -q -rfE --continue-on-collection-errors --durations=10 \
         "${per_test[@]}" --junitxml "$out/junit_$step.xml" -o junit_family=xunit2 "${args[@]}" "${extra[@]}" 2>&1 \
         | tee -a "$log" | grep -E "^(FAILED|ERROR) | in [0-9.]+s( \(|=|$)" | cut -c1-300
-    step_rc[$step]=${PIPESTATUS[0]}
-    step_s[$step]=$(( $(date +%s) - t0 ))
-    [ "${step_rc[$step]}" -eq 124 ] && say "step $step: cut off after ${left}s (the log shows how far it got)"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 124 ] && say "step $step: cut off after ${left}s (the log shows how far it got)"
+    echo "$rc $(( $(date +%s) - t0 ))" > "$out/.step_$step"
+}
+declare -A step_rc step_s
+background=""
+for step in "${steps[@]}"; do
+    if [ "$concurrent" -eq 1 ] && [ "$step" = gpu ] && [ ${#steps[@]} -gt 1 ]; then
+        run_step gpu &            # beside the kernel steps: the engines plan their memory before those tests grow
+        background=$!
+        sleep 20
+    else
+        run_step "$step"
+    fi
+done
+[ -n "$background" ] && wait "$background"
+for step in "${steps[@]}"; do
+    read -r step_rc[$step] step_s[$step] < "$out/.step_$step"
+    rm -f "$out/.step_$step"
 done
 
 # -- summary ----------------------------------------------------------------------------------------------------
