@@ -37,7 +37,7 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--recipes", default="q4,q8,fp8+a8,bf16",
-                    help="in the order run (default q4,q8,fp8+a8,bf16); RECIPE@tc benches with NINFER_Q4_GEMV=tc")
+                    help="in the order run (default q4,q8,fp8+a8,bf16); RECIPE@tc benches with NINFER_QUANT_GEMV=tc")
     ap.add_argument("--batches", default=None, help="default 1,8 (tiny: 1,2)")
     ap.add_argument("--prefill-lengths", default=None, help="default 8192 (tiny: 32)")
     ap.add_argument("--bench-args", default="")
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
             results.append({"recipe": recipe, "skipped": f"{left:.0f} s left, the slowest recipe took {slowest:.0f} s"})
             continue
         t0 = time.perf_counter()
-        # "q4@tc": the q4 artifact benched with NINFER_Q4_GEMV=tc (the tensor-core decode GEMV), an A/B in one run.
+        # "q4@tc": the q4 artifact benched with NINFER_QUANT_GEMV=tc (the tensor-core decode GEMV), an A/B in one run.
         fmt, _, gemv_kind = recipe.partition("@")
         tag = recipe.replace("+", "_").replace("@", "_")
         artifact = args.work / f"{tag}.ninfer"
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
             cmd = [sys.executable, "-m", "ninfer.cli.main", "bench", str(artifact), "--output", str(out),
                    "--device", args.device, "--batches", batches, "--prefill-lengths", lengths,
                    *(["--dtype", "bfloat16"] if args.device.startswith("cuda") else []), *shlex.split(bench_args)]
-            env = dict(os.environ, **({"NINFER_Q4_GEMV": gemv_kind} if gemv_kind else {}))
+            env = dict(os.environ, **({"NINFER_QUANT_GEMV": gemv_kind} if gemv_kind else {}))
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60.0, left - 20), env=env)
             if run.returncode != 0:
                 entry["error"] = f"ninfer bench exited {run.returncode}: {run.stderr[-3000:]}"

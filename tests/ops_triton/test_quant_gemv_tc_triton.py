@@ -1,7 +1,7 @@
 """The q4 tensor-core decode GEMV (``ninfer.ops.triton.quant_gemv_tc``) against the fp64 oracle of the decoded
 weights with the tensor-core bound of tests/ops_triton/quant_cases.py (``U_TC``): 1 to 8 rows of x (every launch
 shape), the row mask, split-K and its partials' kernel, logits stored as fp32, and the dense q4 ops routed to it
-when ``NINFER_Q4_GEMV=tc`` (the fused norm and SwiGLU variants as their composition). What it refuses (other
+when ``NINFER_QUANT_GEMV=tc`` (the fused norm and SwiGLU variants as their composition). What it refuses (other
 formats, more rows, rows that are not whole K steps, a base plane at an odd byte) goes to the CUDA-core GEMV.
 Runs on CUDA when present (where it checks the PTX decode), otherwise under TRITON_INTERPRET=1 at tiny sizes."""
 

@@ -44,9 +44,9 @@ from ninfer.ops.triton._quant import KernelWeight
 
 #: Most rows of x the tensor-core GEMV takes (x's rows are the B operand's columns, padded to MP).
 MAX_ROWS = 8
-#: Whether the dense q4 ops use this kernel: ``NINFER_Q4_GEMV=tc`` (an A/B switch until the H200 has timed both;
+#: Whether the dense q4 ops use this kernel: ``NINFER_QUANT_GEMV=tc`` (an A/B switch until the H200 has timed both;
 #: read once, like NINFER_PDL).
-ENABLED = os.environ.get("NINFER_Q4_GEMV", "cuda") == "tc"
+ENABLED = os.environ.get("NINFER_QUANT_GEMV", "cuda") == "tc"
 # (BN, GPI) by MP: weight rows a program, scale groups a K step (GPI * MP >= 8, the tensor cores' narrowest N).
 _SHAPES = {1: (128, 8), 2: (128, 4), 4: (128, 2), 8: (256, 2)}
 # Programs to aim for with split-K: about two a streaming multiprocessor on the H200.

@@ -21,7 +21,7 @@ on the CUDA cores once per row of x, so its cost grows with the rows; the GEMM d
 operands whose cost does not grow up to 16 rows, but takes 64 weight rows a program and does not split K, so it
 needs a weight with many rows to fill the device (docs/kernels.md has the measured crossover). The fused norm and SwiGLU variants take
 the GEMV's prologue/epilogue for one row (the decode step), else the Triton norm, the product and the Triton
-``silu_and_mul`` in sequence. With ``NINFER_Q4_GEMV=tc``, q4 weights with bf16 activations of up to
+``silu_and_mul`` in sequence. With ``NINFER_QUANT_GEMV=tc``, q4 weights with bf16 activations of up to
 :data:`~ninfer.ops.triton.quant_gemv_tc.MAX_ROWS` rows take the tensor-core GEMV
 (:mod:`~ninfer.ops.triton.quant_gemv_tc`) instead, with the norm formed in its programs and the SwiGLU applied
 where its partials are added. Activations of another dtype than the kernels take go to the reference ops.
