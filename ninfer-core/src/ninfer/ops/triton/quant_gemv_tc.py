@@ -87,7 +87,7 @@ def _codes(h, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _inv_rms(x_ptr, r_ptr, res_ty, M, K, eps, sx, sr, MP: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
+def inv_rms(x_ptr, r_ptr, res_ty, M, K, eps, sx, sr, MP: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr):
     """``rsqrt(mean(res^2) + eps)`` of each row's rounded ``res = x + r`` (the block's pre-norm), ``[MP]`` fp32."""
     m = tl.arange(0, MP)[:, None]
     row = tl.minimum(m, M - 1)
@@ -134,7 +134,7 @@ def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps,
     sbh = sb // 2
     pdl_wait(PDL)
     if NORM:   # x is the residual stream's new part: every program forms the normed lanes it needs
-        inv = _inv_rms(x_ptr, r_ptr, ro_ptr.dtype.element_ty, M, K, eps, sx, sr, MP, 512, INTERP)[:, None, None, None]
+        inv = inv_rms(x_ptr, r_ptr, ro_ptr.dtype.element_ty, M, K, eps, sx, sr, MP, 512, INTERP)[:, None, None, None]
         roff = tl.minimum(m4, M - 1) * sr + g4 * 64 + e4 * 4 + c4
         # Row-block 0's programs store the normed rows and the new residual over their K range (each lane once).
         nstore = xmask & ((m4 * 0 + pid) == 0)   # a tensor, not a scalar mask (the interpreter wants one)
@@ -227,15 +227,24 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
     if shape is None or x2.dtype != torch.bfloat16:
         raise ValueError(f"q4 tensor-core gemv: cannot take {m} rows of {x2.dtype} with a {w.format} weight of "
                          f"{w.lanes} lanes a row")
+    mp, bn, gpi = shape
+    return launch(_q4_tc_kernel, x2, w, nbytes=w.lanes // 2, step=32 * gpi, bn=bn, norm=norm, swiglu=swiglu,
+                  out_dtype=out_dtype, split=split, GPI=gpi, MP=mp)
+
+
+def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int, bn: int, norm: tuple | None,
+           swiglu: bool, out_dtype: torch.dtype | None, split: int | None, **constexprs) -> torch.Tensor:
+    """Run a tensor-core GEMV ``kernel`` of this module's signature (also :mod:`~ninfer.ops.triton.quant_gemv_tc8`'s):
+    ``bn`` weight rows a program, ``nbytes`` of a row read ``step`` bytes a K step, split-K to fill the device,
+    then the partials' sum (and SwiGLU)."""
+    m, k = x2.shape
     if swiglu and w.n % 2:
         raise ValueError(f"add_rms_norm_unit_offset_swiglu: gate_up has {w.n} rows, not [2I, N]")
-    mp, bn, gpi = shape
     n_out = w.n // 2 if swiglu else w.n
     y = torch.empty((m, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
     if w.n == 0:
         return y
-    nbytes = w.lanes // 2
-    steps = nbytes // (32 * gpi)
+    steps = nbytes // step
     programs = triton.cdiv(w.n, bn)
     s = split or max(1, min(steps, -(-_TARGET_PROGRAMS // programs)))
     tps = -(-steps // s)
@@ -248,11 +257,11 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
     else:
         r2, nw, eps, hn, ro = norm
     kw = {} if INTERPRET else {"num_warps": 4}
-    _q4_tc_kernel[(programs, s)](
+    kernel[(programs, s)](
         x2, w.base.view(torch.uint16), w.scales, part, r2, nw, hn, ro, float(eps), m, w.n, k, nbytes, tps,
         x2.stride(0), w.base_stride, w.scale_stride, y.stride(0), part.stride(0) if partials else 0, r2.stride(0),
-        hn.stride(0), ro.stride(0), BN=bn, GPI=gpi, MP=mp, SPLIT=partials, NORM=norm is not None,
-        INTERP=INTERPRET, **pdl(x2), **kw)
+        hn.stride(0), ro.stride(0), BN=bn, SPLIT=partials, NORM=norm is not None, INTERP=INTERPRET,
+        **constexprs, **pdl(x2), **kw)
     if partials:
         block = 1024
         _sum_kernel[(m, triton.cdiv(n_out, block))](part, y, x2, s, w.n, n_out, part.stride(0), SWIGLU=swiglu,
