@@ -88,10 +88,11 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
             xin = x if natural else xp
             impls.append((f"{v[:2]} bn={bn} gpi={gpi}", lambda c, bn=bn, gpi=gpi, xin=xin, natural=natural:
                           cand.gemv_tc35(xin, w(c), natural_x=natural, bn=bn, gpi=gpi)))
-        elif v == "engine_tc":   # the engine's q4 tensor-core GEMV at its own launch shape
-            from ninfer.ops.triton import quant_gemv_tc
-            if quant_gemv_tc.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
-                impls.append(("engine tc", lambda c: quant_gemv_tc.gemv_tc(x, w(c))))
+        elif v == "engine_tc":   # the engine's tensor-core GEMV of the format (q4, q8, fp8) at its launch shape
+            from ninfer.ops.triton import quant_gemv_tc, quant_gemv_tc8
+            for module in (quant_gemv_tc, quant_gemv_tc8):
+                if module.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
+                    impls.append(("engine tc", lambda c, module=module: module.gemv_tc(x, w(c))))
         elif v == "gemm":
             impls.append(("quant gemm", lambda c: gemm(x, w(c))))
         elif v.startswith("tc"):
@@ -113,7 +114,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="")
     ap.add_argument("--variants", default="2x32x4,4x16x4,8x16x4,tc64x4,tc128x4,tc128x8,tc64x8,gemm",
                     help="candidates: BNxGxWARPS (CUDA-core), tcBNxWARPS (tensor-core), t3BNxGPI / t5BNxGPI (q4, "
-                         "tensor cores, PTX decode, split-K; t3 with x pre-permuted), engine_tc (ninfer.ops.triton.quant_gemv_tc), "
+                         "tensor cores, PTX decode, split-K; t3 with x pre-permuted), engine_tc (ninfer.ops.triton.quant_gemv_tc / _tc8), "
                          "gemm (the engine's GEMM)")
     args = ap.parse_args()
     from ninfer.ops.triton._quant import kernel_weight

@@ -204,6 +204,35 @@ def _presets() -> dict[str, Preset]:
                                    {"b_ptr": "*u16", "s_ptr": "*fp16", "y_ptr": "*fp32"},
                                    divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                                    loop_bytes=256),
+        "qgemv_q8": Preset("ninfer.ops.triton.quant_gemv", "_qgemv_kernel",
+                           dict(KIND=1, BITS=8, BM=1, BN=4, BB=1024, EVEN=True, SPLIT=1, NORM=False, SWIGLU=False,
+                                INTERP=False, PDL=True), 4,
+                           {"b_ptr": "*u8", "h_ptr": "*u8", "s_ptr": "*fp16", "part_ptr": "*fp32"},
+                           divisible=("K", "BYTES", "sx", "sb", "sh", "ss", "sy", "sr", "shn", "sro"), loop_bytes=32),
+        "qgemv_fp8": Preset("ninfer.ops.triton.quant_gemv", "_qgemv_kernel",
+                            dict(KIND=2, BITS=8, BM=1, BN=4, BB=1024, EVEN=True, SPLIT=1, NORM=False, SWIGLU=False,
+                                 INTERP=False, PDL=True), 4,
+                            {"b_ptr": "*u8", "h_ptr": "*u8", "s_ptr": "*bf16", "part_ptr": "*fp32"},
+                            divisible=("K", "BYTES", "sx", "sb", "sh", "ss", "sy", "sr", "shn", "sro"), loop_bytes=32),
+        # The 8-bit tensor-core GEMVs at one row (q8: 128 rows x 256 B / 128 threads a step; fp8: x as 8 columns).
+        "qgemv_q8_tc": Preset("ninfer.ops.triton.quant_gemv_tc8", "_q8_tc_kernel",
+                              dict(BN=128, GPI=8, MP=1, SPLIT=True, NORM=False, PERM=1, INTERP=False, PDL=True,
+                                   CODES="jit:ninfer.ops.triton.quant_gemv_tc8.q8_codes"), 4,
+                              {"b_ptr": "*u16", "s_ptr": "*fp16", "y_ptr": "*fp32"},
+                              divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
+                              loop_bytes=256),
+        "qgemv_q8_tc_norm": Preset("ninfer.ops.triton.quant_gemv_tc8", "_q8_tc_kernel",
+                                   dict(BN=128, GPI=8, MP=1, SPLIT=True, NORM=True, PERM=1, INTERP=False, PDL=True,
+                                        CODES="jit:ninfer.ops.triton.quant_gemv_tc8.q8_codes"), 4,
+                                   {"b_ptr": "*u16", "s_ptr": "*fp16", "y_ptr": "*fp32"},
+                                   divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
+                                   loop_bytes=256),
+        "qgemv_fp8_tc": Preset("ninfer.ops.triton.quant_gemv_tc8", "_fp8_tc_kernel",
+                               dict(BN=128, BK=256, MP=8, SPLIT=True, NORM=False, PERM=1, INTERP=False, PDL=True,
+                                    CODES="jit:ninfer.ops.triton.quant_gemv_tc8.fp8_codes"), 4,
+                               {"b_ptr": "*u16", "s_ptr": "*bf16", "y_ptr": "*fp32"},
+                               divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
+                               loop_bytes=256),
         "qmoe_nvfp4_gate_up": Preset("ninfer.ops.triton.quant_moe_gemv", "_gate_up_kernel",
                                      dict(FMT=2, TOPK=8, BN=8, NG=32, NCH=4, INTERP=False, PDL=True), 4,
                                      {"ids_ptr": "*i64", "act_ptr": "*fp32", **nv_planes}, divisible=nv_strides),
@@ -232,6 +261,15 @@ def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
 
+def _resolve(value):
+    """A constexpr's value; ``"jit:module.name"`` names a ``@triton.jit`` function (a kernel's device-function
+    argument)."""
+    if isinstance(value, str) and value.startswith("jit:"):
+        module, name = value[4:].rsplit(".", 1)
+        return getattr(importlib.import_module(module), name)
+    return value
+
+
 def compile_sm90(p: Preset):
     """The preset's kernel built for sm_90 (no device needed); returns triton's compiled kernel."""
     import triton
@@ -257,8 +295,8 @@ def compile_sm90(p: Preset):
             if re.match(r"^(stride|s[a-z]{0,2}_)", n) or n in p.divisible:
                 div.append(n)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div}
-    src = ASTSource(fn=fn, signature=sig, constexprs={k: v for k, v in p.constexprs.items() if k in names},
-                    attrs=attrs)
+    consts = {k: _resolve(v) for k, v in p.constexprs.items() if k in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": p.warps})
 
 

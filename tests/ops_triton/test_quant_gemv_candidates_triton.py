@@ -2,7 +2,8 @@
 exact bf16 by inline PTX on the GPU, by the same arithmetic in plain ops under the interpreter) against the fp64
 oracle of the decoded weights, with the tensor-core bound of tests/ops_triton/quant_cases.py: one and several rows,
 several programs' worth of rows (the row mask), split-K, x read in its natural order (tc5) and pre-permuted (tc3).
-They are experiments the engine does not call; on CUDA this is the first check that the PTX decode is exact."""
+They are experiments the engine does not call; on CUDA this is the first check that the PTX decode is exact. Also
+the 8-bit decode variants of tools/quant_gemv_tc8_candidates.py (the engine's kernels with another decode)."""
 
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from .quant_cases import U_TC, assert_dot_bound, random_packed  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import quant_gemv_candidates as cand  # noqa: E402
+import quant_gemv_tc8_candidates as cand8  # noqa: E402
 
 CASES = [(1, 40, 512, 64, 8, None), (2, 70, 1024, 64, 4, 2), (5, 33, 1024, 64, 2, None)]
 if CUDA:
@@ -46,3 +48,18 @@ def test_tc35_refuses_what_it_cannot_read(gen):
         cand.gemv_tc35(x, kernel_weight(random_packed(gen, "q4_g64_fp16", 8, 640, DEVICE), "t"), natural_x=True)
     with pytest.raises(ValueError, match="q4_g64_fp16"):
         cand.gemv_tc35(x, kernel_weight(random_packed(gen, "q8_g32_fp16", 8, 640, DEVICE), "t"), natural_x=True)
+
+
+@pytest.mark.parametrize("fmt,dec", sorted(cand8.CODES))
+@pytest.mark.parametrize("perm", [0, 1])
+def test_tc8_decode_variants_within_the_tensor_core_bound(fmt, dec, perm, gen):
+    """Every 8-bit decode variant in both lane orders, at one row and at eight (fp8's x always 8 columns), with
+    split-K: within the tensor-core bound of the oracle (on CUDA the variant's PTX runs)."""
+    from ninfer.ops.triton._quant import kernel_weight
+
+    k = 4096 if CUDA else 512
+    w = random_packed(gen, fmt, 300 if CUDA else 40, k, DEVICE)
+    for m in (1, 8):
+        x = randn(gen, m, k, dtype=torch.bfloat16, device=DEVICE)
+        out = cand8.gemv_tc8(x, kernel_weight(w, "t"), dec=dec, perm=perm, split=2)
+        assert_dot_bound(out, x, w, u=U_TC, extra=2, what=f"{fmt} dec {dec} perm {perm} rows {m}")

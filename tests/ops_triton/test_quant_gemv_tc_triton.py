@@ -1,9 +1,10 @@
-"""The q4 tensor-core decode GEMV (``ninfer.ops.triton.quant_gemv_tc``) against the fp64 oracle of the decoded
-weights with the tensor-core bound of tests/ops_triton/quant_cases.py (``U_TC``): 1 to 8 rows of x (every launch
-shape), the row mask, split-K and its partials' kernel, logits stored as fp32, and the dense q4 ops routed to it
-when ``NINFER_QUANT_GEMV=tc`` (the fused norm and SwiGLU variants as their composition). What it refuses (other
-formats, more rows, rows that are not whole K steps, a base plane at an odd byte) goes to the CUDA-core GEMV.
-Runs on CUDA when present (where it checks the PTX decode), otherwise under TRITON_INTERPRET=1 at tiny sizes."""
+"""The tensor-core decode GEMVs (``ninfer.ops.triton.quant_gemv_tc`` for q4, ``quant_gemv_tc8`` for q8 and fp8)
+against the fp64 oracle of the decoded weights with the tensor-core bound of tests/ops_triton/quant_cases.py
+(``U_TC``): 1 to 8 rows of x (every launch shape), the row mask, split-K and its partials' kernel, logits stored as
+fp32, and the dense ops routed to them when ``NINFER_QUANT_GEMV=tc`` (the fused norm and SwiGLU variants as their
+composition). What they refuse (other formats, more rows, rows that are not whole K steps, a base plane at an odd
+byte) goes to the CUDA-core GEMV. Runs on CUDA when present (where it checks the PTX decodes), otherwise under
+TRITON_INTERPRET=1 at tiny sizes."""
 
 import pytest
 import torch
@@ -15,7 +16,8 @@ from ops.conftest import randn  # noqa: E402
 from .conftest import CUDA, DEVICE, triton_ops  # noqa: E402
 from .quant_cases import U_TC, assert_dot_bound, random_packed  # noqa: E402
 
-FMT = "q4_g64_fp16"
+Q4, Q8, FP8 = "q4_g64_fp16", "q8_g32_fp16", "fp8_e4m3fn_row_bf16"
+FORMATS = [Q4, Q8, FP8]
 SHAPES = [(1, 40, 512), (2, 70, 512), (3, 33, 1024), (5, 9, 256), (8, 130, 512)]
 if CUDA:
     SHAPES += [(1, 4096, 4096), (1, 2048, 12288), (8, 1000, 4096), (4, 24576, 4096)]
@@ -27,43 +29,81 @@ def _kw(w):
     return kernel_weight(w, "t")
 
 
+def _module(fmt):
+    from ninfer.ops.triton import quant_gemv_tc, quant_gemv_tc8
+
+    return quant_gemv_tc if fmt == Q4 else quant_gemv_tc8
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_within_the_tensor_core_bound(m, n, k, gen):
-    from ninfer.ops.triton.quant_gemv_tc import gemv_tc
-
-    w = random_packed(gen, FMT, n, k, DEVICE)
+def test_within_the_tensor_core_bound(fmt, m, n, k, gen):
+    w = random_packed(gen, fmt, n, k, DEVICE)
     x = randn(gen, m, k, dtype=torch.bfloat16, device=DEVICE)
-    out = gemv_tc(x, _kw(w))
+    out = _module(fmt).gemv_tc(x, _kw(w))
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
-    assert_dot_bound(out, x, w, u=U_TC, extra=2, what=f"tc gemv {m}x{k}->{n}")
+    assert_dot_bound(out, x, w, u=U_TC, extra=2, what=f"tc gemv {fmt} {m}x{k}->{n}")
 
 
+def test_every_8_bit_code_decodes_exactly(gen):
+    """All 256 byte values of each 8-bit format: weight row r holds byte r at lane r (zeros elsewhere, unit
+    scales), x the identity's rows, so output (r, r) is the decoded code itself and must equal the format's value
+    exactly (the PTX decode on CUDA, the integer path under the interpreter). fp8's two NaN codes are skipped."""
+    import dataclasses
+
+    from ninfer.ops.triton import quant_gemv_tc8
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    eye = torch.eye(256, dtype=torch.bfloat16, device=DEVICE)
+    for fmt, want in ((Q8, codes.view(torch.int8).float()), (FP8, codes.view(torch.float8_e4m3fn).float())):
+        kw = _kw(random_packed(gen, fmt, 256, 256, DEVICE))
+        base = torch.diag(codes).to(DEVICE)
+        scales = torch.ones_like(kw.scales)
+        kw = dataclasses.replace(kw, base=base, base_stride=256, scales=scales, scale_stride=scales.stride(0))
+        got = torch.cat([quant_gemv_tc8.gemv_tc(eye[i:i + 8], kw, out_dtype=torch.float32)
+                         for i in range(0, 256, 8)])
+        diag = got.diagonal().cpu()
+        finite = ~want.isnan()
+        assert int(finite.sum()) == (256 if fmt == Q8 else 254)
+        assert torch.equal(diag[finite], want[finite]), fmt
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("split", [1, 2, 3])
-def test_split_k_and_fp32_logits(split, gen):
+def test_split_k_and_fp32_logits(fmt, split, gen):
     """Splits (partials summed in a second kernel, rounded once) stay within the bound, and logits are stored as
     fp32 from the same rounding to bf16."""
-    from ninfer.ops.triton.quant_gemv_tc import gemv_tc
-
-    w = random_packed(gen, FMT, 21, 1536, DEVICE)
+    gemv_tc = _module(fmt).gemv_tc
+    w = random_packed(gen, fmt, 21, 1536, DEVICE)
     x = randn(gen, 2, 1536, dtype=torch.bfloat16, device=DEVICE)
     out = gemv_tc(x, _kw(w), split=split)
-    assert_dot_bound(out, x, w, u=U_TC, extra=2, what=f"split {split}")
+    assert_dot_bound(out, x, w, u=U_TC, extra=2, what=f"{fmt} split {split}")
     logits = gemv_tc(x, _kw(w), split=split, out_dtype=torch.float32)
     assert logits.dtype == torch.float32 and torch.equal(logits, out.float())
 
 
 def test_refuses_what_it_cannot_take(gen):
+    from ninfer.ops.triton import quant_gemv_tc8
     from ninfer.ops.triton.quant_gemv_tc import gemv_tc, launch_shape
 
     x = randn(gen, 1, 384, dtype=torch.bfloat16, device=DEVICE)
-    assert launch_shape(1, _kw(random_packed(gen, FMT, 8, 384, DEVICE))) is None      # 192 bytes: not 256-byte steps
-    assert launch_shape(9, _kw(random_packed(gen, FMT, 8, 512, DEVICE))) is None       # more rows than MAX_ROWS
-    assert launch_shape(1, _kw(random_packed(gen, "q8_g32_fp16", 8, 512, DEVICE))) is None
-    assert launch_shape(1, _kw(random_packed(gen, FMT, 8, 514, DEVICE, skip=1))) is None  # base at an odd byte
+    assert launch_shape(1, _kw(random_packed(gen, Q4, 8, 384, DEVICE))) is None      # 192 bytes: not 256-byte steps
+    assert launch_shape(9, _kw(random_packed(gen, Q4, 8, 512, DEVICE))) is None       # more rows than MAX_ROWS
+    assert launch_shape(1, _kw(random_packed(gen, Q8, 8, 512, DEVICE))) is None
+    assert launch_shape(1, _kw(random_packed(gen, Q4, 8, 514, DEVICE, skip=1))) is None  # base at an odd byte
     with pytest.raises(ValueError, match="cannot take"):
-        gemv_tc(x, _kw(random_packed(gen, FMT, 8, 384, DEVICE)))
+        gemv_tc(x, _kw(random_packed(gen, Q4, 8, 384, DEVICE)))
     with pytest.raises(ValueError, match="cannot take"):
-        gemv_tc(randn(gen, 1, 512, device=DEVICE), _kw(random_packed(gen, FMT, 8, 512, DEVICE)))   # fp32 x
+        gemv_tc(randn(gen, 1, 512, device=DEVICE), _kw(random_packed(gen, Q4, 8, 512, DEVICE)))   # fp32 x
+    shape8 = quant_gemv_tc8.launch_shape
+    assert shape8(1, _kw(random_packed(gen, Q8, 8, 384, DEVICE))) is None             # 384 lanes: not 256-lane steps
+    assert shape8(8, _kw(random_packed(gen, Q8, 8, 384, DEVICE))) is not None         # 32-lane steps at 8 rows
+    assert shape8(1, _kw(random_packed(gen, FP8, 8, 500, DEVICE))) is None            # K not a multiple of 256
+    assert shape8(9, _kw(random_packed(gen, FP8, 8, 512, DEVICE))) is None
+    assert shape8(1, _kw(random_packed(gen, Q4, 8, 512, DEVICE))) is None
+    assert shape8(1, _kw(random_packed(gen, FP8, 8, 513, DEVICE, skip=1))) is None    # base at an odd byte
+    with pytest.raises(ValueError, match="cannot take"):
+        quant_gemv_tc8.gemv_tc(x, _kw(random_packed(gen, FP8, 8, 384, DEVICE)))
 
 
 @pytest.fixture
@@ -73,20 +113,20 @@ def tc_on(monkeypatch):
     monkeypatch.setattr(quant_gemv_tc, "ENABLED", True)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [1, 6])
-def test_dense_ops_take_it_when_enabled(rows, gen, tc_on, monkeypatch):
-    """linear, logits and the fused norm / SwiGLU ops on a q4 weight run the tensor-core GEMV (counted) and stay
-    within its bound. Fused: the new residual is the Triton norm's bit for bit, the normed rows within one bf16 ulp
-    of it (another order of the sum of squares), the product is the plain call's on the normed rows it stored, and
-    the SwiGLU is silu_and_mul of that product (its partials rounded to bf16 first, as the op rounds)."""
-    from ninfer.ops.triton import quant_gemv_tc
-
+def test_dense_ops_take_it_when_enabled(fmt, rows, gen, tc_on, monkeypatch):
+    """linear, logits and the fused norm / SwiGLU ops run the format's tensor-core GEMV (counted) and stay within
+    its bound. Fused: the new residual is the Triton norm's bit for bit, the normed rows within one bf16 ulp of it
+    (another order of the sum of squares), the product is the plain call's on the normed rows it stored, and the
+    SwiGLU is silu_and_mul of that product (its partials rounded to bf16 first, as the op rounds)."""
+    module = _module(fmt)
     calls = []
-    real = quant_gemv_tc.gemv_tc
-    monkeypatch.setattr(quant_gemv_tc, "gemv_tc", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = module.gemv_tc
+    monkeypatch.setattr(module, "gemv_tc", lambda *a, **k: calls.append(1) or real(*a, **k))
     ops = triton_ops(torch.bfloat16)
-    hidden, inter = 500, 24      # K not a multiple of 128: the padded lanes are masked
-    w = random_packed(gen, FMT, 37, hidden, DEVICE)
+    hidden, inter = (512 if fmt == FP8 else 500), 24    # groupwise K not a multiple of 128: padded lanes masked
+    w = random_packed(gen, fmt, 37, hidden, DEVICE)
     x = randn(gen, rows, hidden, dtype=torch.bfloat16, device=DEVICE)
     assert_dot_bound(ops.linear(x, w), x, w, u=U_TC, extra=2, what="linear")
     lg = ops.logits(x, w)
@@ -98,21 +138,22 @@ def test_dense_ops_take_it_when_enabled(rows, gen, tc_on, monkeypatch):
     assert torch.equal(new_res, res_sep)
     assert (h.float() - h_sep.float()).abs().max() <= h_sep.float().abs().max() * 2.0 ** -7
     assert torch.equal(y, ops.linear(h, w))
-    gate_up = random_packed(gen, FMT, 2 * inter, hidden, DEVICE)
+    gate_up = random_packed(gen, fmt, 2 * inter, hidden, DEVICE)
     act, h2, res2 = ops.add_rms_norm_unit_offset_swiglu(x, res, nw, 1e-6, gate_up)
     assert torch.equal(h2, h) and torch.equal(res2, new_res)
     assert act.shape == (rows, inter) and torch.equal(act, ops.silu_and_mul(ops.linear(h, gate_up)))
     assert len(calls) == 7   # linear x2, logits, the fused linear, linear(h), the fused SwiGLU, linear of gate_up
 
 
-def test_norm_stores_are_complete_with_split_k(gen):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_norm_stores_are_complete_with_split_k(fmt, gen):
     """With several K runs and several row blocks, the normed rows and the new residual are stored whole (each
     lane by row block 0's program of its run)."""
     from ninfer.ops.triton import norm as tnorm
-    from ninfer.ops.triton.quant_gemv_tc import gemv_tc
 
+    gemv_tc = _module(fmt).gemv_tc
     k = 2048
-    w = random_packed(gen, FMT, 300, k, DEVICE)
+    w = random_packed(gen, fmt, 300, k, DEVICE)
     x = randn(gen, 3, k, dtype=torch.bfloat16, device=DEVICE)
     res = randn(gen, 3, k, dtype=torch.bfloat16, device=DEVICE, scale=4.0)
     nw = randn(gen, k, dtype=torch.bfloat16, device=DEVICE, scale=0.3)

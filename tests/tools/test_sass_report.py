@@ -84,15 +84,21 @@ def test_the_qwen4exp_kernels_build_for_sm90(tmp_path):
     assert all(r["stack"] == 0 and r["reg"] > 0 and r["instructions"] > 0 for r in reports.values()), reports
 
 
-def test_the_q4_gemv_candidates_cut_the_loop_instructions_per_byte(tmp_path):
-    """The q4 decode GEMV's K loop, read from the sm_90 build: the tensor-core kernel and its candidates (codes
-    decoded by inline PTX, A from registers) spend well under half the engine kernel's instructions per weight byte, on HMMA, with no
-    barrier-bound layout conversion per step; the report's innermost-loop count finds each kernel's K loop."""
+def test_the_tensor_core_gemvs_cut_the_loop_instructions_per_byte(tmp_path):
+    """The quantized decode GEMVs' K loop, read from the sm_90 build: the tensor-core kernels (q4 and its
+    candidates, q8, fp8: codes decoded by inline PTX, A from registers) spend well under half the CUDA-core
+    kernel's instructions per weight byte of the same format, on HMMA, with no barrier-bound layout conversion per
+    step; the report's innermost-loop count finds each kernel's K loop."""
     reports, run = _report(tmp_path, "qgemv")
-    assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc", "qgemv_q4_tc_norm"}
-    engine = reports["qgemv_q4"]["loop_per_byte"]
-    for name in ("qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc", "qgemv_q4_tc_norm"):
+    assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc", "qgemv_q4_tc_norm", "qgemv_q8",
+                            "qgemv_q8_tc", "qgemv_q8_tc_norm", "qgemv_fp8", "qgemv_fp8_tc"}
+    for name, engine in (("qgemv_q4_tc3", "qgemv_q4"), ("qgemv_q4_tc5", "qgemv_q4"), ("qgemv_q4_tc", "qgemv_q4"),
+                         ("qgemv_q4_tc_norm", "qgemv_q4"), ("qgemv_q8_tc", "qgemv_q8"),
+                         ("qgemv_q8_tc_norm", "qgemv_q8"), ("qgemv_fp8_tc", "qgemv_fp8")):
         r = reports[name]
-        assert r["stack"] == 0 and r["counts"].get("HMMA", 0) + r["counts"].get("HGMMA", 0) > 0, r
-        assert r["loop_per_byte"] < engine / 2, (name, r["loop_per_byte"], engine)
+        # Triton 3.9 builds q8 at one row with HGMMA and a few spilled registers (3.6, the device's, with HMMA and
+        # none): a small stack is allowed there, a large one is a regression.
+        assert r["stack"] <= (0 if "q4" in name else 64), r
+        assert r["counts"].get("HMMA", 0) + r["counts"].get("HGMMA", 0) > 0, r
+        assert r["loop_per_byte"] < reports[engine]["loop_per_byte"] / 2, (name, r["loop_per_byte"], engine)
     assert "innermost loop" in run.stdout

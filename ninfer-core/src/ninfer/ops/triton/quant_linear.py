@@ -21,9 +21,9 @@ on the CUDA cores once per row of x, so its cost grows with the rows; the GEMM d
 operands whose cost does not grow up to 16 rows, but takes 64 weight rows a program and does not split K, so it
 needs a weight with many rows to fill the device (docs/kernels.md has the measured crossover). The fused norm and SwiGLU variants take
 the GEMV's prologue/epilogue for one row (the decode step), else the Triton norm, the product and the Triton
-``silu_and_mul`` in sequence. With ``NINFER_QUANT_GEMV=tc``, q4 weights with bf16 activations of up to
-:data:`~ninfer.ops.triton.quant_gemv_tc.MAX_ROWS` rows take the tensor-core GEMV
-(:mod:`~ninfer.ops.triton.quant_gemv_tc`) instead, with the norm formed in its programs and the SwiGLU applied
+``silu_and_mul`` in sequence. With ``NINFER_QUANT_GEMV=tc``, q4, q8 and fp8 weights with bf16 activations of up
+to 8 rows take the tensor-core GEMVs (:mod:`~ninfer.ops.triton.quant_gemv_tc`,
+:mod:`~ninfer.ops.triton.quant_gemv_tc8`) instead, with the norm formed in its programs and the SwiGLU applied
 where its partials are added. Activations of another dtype than the kernels take go to the reference ops.
 """
 
@@ -35,7 +35,7 @@ from ninfer.ops.reference import quantized as _reference
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import activation as _activation
 from ninfer.ops.triton import norm as _norm
-from ninfer.ops.triton import quant_gemv_tc, quant_nvfp4
+from ninfer.ops.triton import quant_gemv_tc, quant_gemv_tc8, quant_nvfp4
 from ninfer.ops.triton._common import KERNEL_DTYPES, launch_ok
 from ninfer.ops.triton._quant import KERNEL_FORMATS, KIND_NVFP4, KernelWeight, check_input, kernel_weight
 from ninfer.ops.triton.quant_gemm import gemm, gemm_a8
@@ -59,6 +59,14 @@ def takes_gemv(rows: int, w: KernelWeight) -> bool:
     return rows <= MAX_ROWS and (rows < GEMM_MIN_ROWS or w.n < GEMM_MIN_N)
 
 
+def _tc(x2: torch.Tensor, w: KernelWeight):
+    """The tensor-core GEMV module that takes ``x2`` with ``w`` (q4, or q8/fp8), or None."""
+    for module in (quant_gemv_tc, quant_gemv_tc8):
+        if module.takes(x2, w):
+            return module
+    return None
+
+
 def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = None, *,
             a8: bool = False) -> torch.Tensor:
     """``x2[M, K] @ decode(w).T``: the GEMV where :func:`takes_gemv`, else the GEMM (with ``a8``, above MAX_ROWS
@@ -68,8 +76,9 @@ def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = N
     if w.kind == KIND_NVFP4:
         kernel = quant_nvfp4.gemv if takes_gemv(x2.shape[0], w) else quant_nvfp4.gemm
         return kernel(x2, w, out_dtype=out_dtype)
-    if quant_gemv_tc.takes(x2, w):
-        return quant_gemv_tc.gemv_tc(x2, w, out_dtype=out_dtype)
+    tc = _tc(x2, w)
+    if tc is not None:
+        return tc.gemv_tc(x2, w, out_dtype=out_dtype)
     if takes_gemv(x2.shape[0], w):
         return gemv(x2, w, out_dtype=out_dtype)
     if a8 and x2.shape[0] > MAX_ROWS:
@@ -116,10 +125,10 @@ def _norm_args(x, residual, norm_weight, op: str) -> None:
 
 def _takes_fused(x: torch.Tensor, residual: torch.Tensor, w: KernelWeight) -> bool:
     """Whether the norm (and SwiGLU) run inside the product's kernels: one row on the CUDA-core GEMV, or the rows
-    the q4 tensor-core GEMV takes."""
+    a tensor-core GEMV takes."""
     if residual.dtype != x.dtype or w.kind == KIND_NVFP4:
         return False
-    return x.numel() == x.shape[-1] or quant_gemv_tc.takes(_rows(x, w.k), w)
+    return x.numel() == x.shape[-1] or _tc(_rows(x, w.k), w) is not None
 
 
 def _fused_norm(x, residual, norm_weight, eps, w: KernelWeight, swiglu: bool):
@@ -129,7 +138,8 @@ def _fused_norm(x, residual, norm_weight, eps, w: KernelWeight, swiglu: bool):
     normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     norm = (r2, norm_weight.contiguous(), eps, normed, new_residual)
-    kernel = quant_gemv_tc.gemv_tc if quant_gemv_tc.takes(x2, w) else gemv
+    tc = _tc(x2, w)
+    kernel = gemv if tc is None else tc.gemv_tc
     y = kernel(x2, w, norm=norm, swiglu=swiglu)
     lead = x.shape[:-1]
     return y.view(*lead, y.shape[-1]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
