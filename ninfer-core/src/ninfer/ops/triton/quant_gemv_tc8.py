@@ -152,15 +152,19 @@ def _dot(a, xb, INTERP: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M", "TPS"])
-def _q8_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, BYTES, TPS, sx, sb, ss,
-                  sy, sp, sr, sh, sro,
-                  BN: tl.constexpr, GPI: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
-                  CODES: tl.constexpr, PERM: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
-    """q8_g32_fp16, program (row block, K run): ``acc[BN, GPI * MP] += codes[BN, 32 GPI] @ blockdiag(x^T)``, each
-    group's column times its fp16 scale, the groups added after the loop."""
-    BB: tl.constexpr = 32 * GPI          # bytes (= lanes) of a row a K step
-    HB: tl.constexpr = 16 * GPI          # uint16 elements of a row a K step
-    NC: tl.constexpr = GPI * MP
+def _tc8_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, BYTES, TPS, sx, sb, ss,
+                sy, sp, sr, sh, sro,
+                BN: tl.constexpr, BB: tl.constexpr, MP: tl.constexpr, FP8: tl.constexpr, SPLIT: tl.constexpr,
+                NORM: tl.constexpr, CODES: tl.constexpr, PERM: tl.constexpr, INTERP: tl.constexpr,
+                PDL: tl.constexpr):
+    """Program (row block, K run) reading ``BB`` bytes (= lanes) of each of ``BN`` rows a K step.
+
+    q8 (``GPI = BB // 32`` groups a step): ``acc[BN, GPI * MP] += codes[BN, BB] @ blockdiag(x^T)``, each group's
+    column times its fp16 scale, the groups added after the loop. fp8: ``acc[BN, MP] += codes[BN, BB] @ x^T``
+    (MP >= 8, rows past M zero), times the row's bf16 scale after the loop."""
+    GPI: tl.constexpr = BB // 32
+    HB: tl.constexpr = BB // 2           # uint16 elements of a row a K step
+    NC: tl.constexpr = MP if FP8 else GPI * MP
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     n = pid * BN + tl.arange(0, BN)
@@ -173,9 +177,8 @@ def _q8_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps,
     roff = tl.minimum(m2, M - 1) * sr + k2
     xmask = (m2 < M) & (k2 >= 0)
     nstore = xmask & ((m2 * 0 + pid) == 0)
-    kk = tl.arange(0, BB)[:, None]
     cc = tl.arange(0, NC)[None, :]
-    diag = (kk // 32) == (cc // MP)
+    diag = (tl.arange(0, BB)[:, None] // 32) == (cc // MP)
     gcol = cc // MP
     acc = tl.zeros((BN, NC), dtype=tl.float32)
     t0 = sid * TPS
@@ -192,50 +195,16 @@ def _q8_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps,
         xv = _x_step(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, xoff + t * BB, roff + t * BB, lane,
                      xmask & (lane < K), nstore, sh, sro, M, K, MP, NORM, INTERP)
         xt = tl.trans(_x_order(xv, MP, BB, PERM))                                   # [BB, MP]
-        xw = tl.reshape(tl.broadcast_to(xt[:, None, :], (BB, GPI, MP)), (BB, NC))
-        d = _dot(a, tl.where(diag, xw, 0.0), INTERP)
-        sc = tl.load(s_ptr + r[:, None] * ss + t * GPI + gcol).to(tl.float32)
-        acc += d * sc
-    out = tl.sum(tl.reshape(acc, (BN, GPI, MP)), 1)                                 # [BN, MP]
-    _store(out, y_ptr, x_ptr, n, nm, sid, sp, sy, M, N, MP, SPLIT, INTERP)
-
-
-@triton.jit(do_not_specialize=["M", "TPS"])
-def _fp8_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, BYTES, TPS, sx, sb, ss,
-                   sy, sp, sr, sh, sro,
-                   BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
-                   CODES: tl.constexpr, PERM: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
-    """fp8_e4m3fn_row_bf16, program (row block, K run): ``acc[BN, MP] += codes[BN, BK] @ x^T[BK, MP]`` (MP >= 8,
-    rows past M zero), times the row's bf16 scale after the loop."""
-    HB: tl.constexpr = BK // 2
-    pid = tl.program_id(0)
-    sid = tl.program_id(1)
-    n = pid * BN + tl.arange(0, BN)
-    nm = n < N
-    r = tl.where(nm, n, 0)
-    hh = tl.arange(0, HB)[None, :]
-    m2 = tl.arange(0, MP)[:, None]
-    k2 = tl.arange(0, BK)[None, :]
-    xoff = tl.minimum(m2, M - 1) * sx + k2
-    roff = tl.minimum(m2, M - 1) * sr + k2
-    xmask = (m2 < M) & (k2 >= 0)
-    nstore = xmask & ((m2 * 0 + pid) == 0)
-    acc = tl.zeros((BN, MP), dtype=tl.float32)
-    t0 = sid * TPS
-    t1 = tl.minimum(t0 + TPS, BYTES // BK)
-    pdl_wait(PDL)
-    inv = tl.zeros((MP, 1), dtype=tl.float32)
-    if NORM:
-        inv = inv_rms(x_ptr, r_ptr, ro_ptr.dtype.element_ty, M, K, eps, sx, sr, MP, 512, INTERP)[:, None]
-    for t in range(t0, t1):
-        h = tl.load(b_ptr + r[:, None] * (sb // 2) + t * HB + hh)                  # [BN, HB] uint16
-        c0, c1 = CODES(h, INTERP)
-        a = _a_order(c0, c1, BN, BK, PERM)
-        lane = t * BK + k2
-        xv = _x_step(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, xoff + t * BK, roff + t * BK, lane,
-                     xmask & (lane < K), nstore, sh, sro, M, K, MP, NORM, INTERP)
-        acc += _dot(a, tl.trans(_x_order(xv, MP, BK, PERM)), INTERP)
-    out = acc * tl.load(s_ptr + r * ss).to(tl.float32)[:, None]
+        if FP8:
+            acc += _dot(a, xt, INTERP)
+        else:
+            xw = tl.reshape(tl.broadcast_to(xt[:, None, :], (BB, GPI, MP)), (BB, NC))
+            d = _dot(a, tl.where(diag, xw, 0.0), INTERP)
+            acc += d * tl.load(s_ptr + r[:, None] * ss + t * GPI + gcol).to(tl.float32)
+    if FP8:
+        out = acc * tl.load(s_ptr + r * ss).to(tl.float32)[:, None]
+    else:
+        out = tl.sum(tl.reshape(acc, (BN, GPI, MP)), 1)                             # [BN, MP]
     _store(out, y_ptr, x_ptr, n, nm, sid, sp, sy, M, N, MP, SPLIT, INTERP)
 
 
@@ -283,9 +252,7 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
                          f"{w.lanes} lanes a row")
     mp, bn, q = shape or chosen
     fp8 = w.format == FP8
-    kernel = _fp8_tc_kernel if fp8 else _q8_tc_kernel
     step = q if fp8 else 32 * q
-    extra = {"BK": q} if fp8 else {"GPI": q}
-    return quant_gemv_tc.launch(kernel, x2, w, nbytes=w.lanes, step=step, bn=bn, norm=norm, swiglu=swiglu,
-                                out_dtype=out_dtype, split=split, MP=mp, PERM=perm,
-                                CODES=codes or (fp8_codes if fp8 else q8_codes), **extra)
+    return quant_gemv_tc.launch(_tc8_kernel, x2, w, nbytes=w.lanes, step=step, bn=bn, norm=norm, swiglu=swiglu,
+                                out_dtype=out_dtype, split=split, BB=step, MP=mp, FP8=fp8, PERM=perm,
+                                CODES=codes or (fp8_codes if fp8 else q8_codes))
