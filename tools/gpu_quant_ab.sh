@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call for the quantized decode A/B (issue 32): the CUDA-core against the tensor-core decode GEMVs
+# (NINFER_QUANT_GEMV=tc), kernel by kernel, then end to end on the same random 9B-shape weights.
+#   1. tools/gpu_quant_gemv_sweep.py: the engine's GEMV, its tensor-core GEMV (engine_tc), the GEMM and the bf16
+#      baselines at 1 and 8 rows of x on the 9B projections, for q4, q8 and fp8;
+#   2. tools/gpu_quant_speed.py: `ninfer bench` (B = 1 and 8, one prefill length) of each RECIPE and RECIPE@tc,
+#      and bf16, one artifact at a time.
+# Each step has its own time limit; results under $OUT (sweep.jsonl, sweep.log, quant_speed.json, quant.log).
+#
+#   bash tools/gpu_quant_ab.sh                     # on the device, carry .gpu-wheels
+#   RECIPES=q4,q4@tc,bf16 SWEEP_S=60 bash tools/gpu_quant_ab.sh
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+out="${OUT:-$PWD/quant-ab-results}"
+work=/tmp/ninfer_quant_ab
+recipes="${RECIPES:-q4,q4@tc,q8,q8@tc,fp8+a8,fp8+a8@tc,bf16}"
+sweep_s="${SWEEP_S:-100}"
+quant_s="${QUANT_S:-420}"
+mkdir -p "$out" "$work"
+cd "$root"
+export PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+t0=$(date +%s)
+say() { echo "[quant-ab $(( $(date +%s) - t0 ))s] $*"; }
+
+say "installing the carried wheels and this checkout"
+python3 -m pip install -q --no-index --no-cache-dir --find-links .gpu-wheels -r .gpu-wheels/requirements.txt || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./ninfer-core -e ./ninfer-qwen3_5 \
+    -e ./ninfer-qwen4exp -e ./ninfer-convert -e ./ninfer-serve || exit 1
+python3 - tests/frontend/conftest.py "$work/tokenizer.json" <<'PY' || exit 1
+import importlib.util, pathlib, sys
+spec = importlib.util.spec_from_file_location("frontend_conftest", sys.argv[1])
+module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+module._build_tokenizer_json(pathlib.Path(sys.argv[2]))
+PY
+
+say "kernel sweep (${sweep_s}s)"
+timeout "$sweep_s" python3 tools/gpu_quant_gemv_sweep.py --out "$out" --rows 1,8 \
+    --formats q4_g64_fp16,q8_g32_fp16,fp8_e4m3fn_row_bf16 --shapes "gdn in,lm head,mlp down" \
+    --variants engine_tc,gemm > "$out/sweep.log" 2>&1
+say "sweep rc $?"
+grep -v '^{' "$out/sweep.log" | tail -40
+
+say "end to end: $recipes (${quant_s}s)"
+timeout "$quant_s" python3 tools/gpu_quant_speed.py --tokenizer "$work/tokenizer.json" --out "$out" \
+    --recipes "$recipes" --prefill-lengths 1024 --budget-s $(( quant_s - 20 )) > "$out/quant.log" 2>&1
+say "quant rc $?"
+grep -v '^\[' "$out/quant.log" | tail -30
