@@ -24,8 +24,8 @@ registers. ``PERM`` 0 (natural order, a layout conversion in the loop) and other
 tools/quant_gemv_tc8_candidates.py's comparison.
 
 Products: q8 as q4 (``acc[BN, GPI * MP] += codes @ blockdiag(x^T)`` over GPI groups of 32 lanes, each group's sum
-times its fp16 scale in fp32); fp8 ``acc[BN, NP] += codes[BN, BK] @ x^T[BK, NP]`` with x's rows in the first
-columns (always 8: the tensor cores' narrowest N, rows past M masked to zero) and the row's bf16 scale applied
+times its fp16 scale in fp32); fp8 ``acc[BN, MP] += codes[BN, BK] @ x^T[BK, MP]`` with x's rows in the first
+columns (MP always 8: the tensor cores' narrowest N, rows past M masked to zero) and the row's bf16 scale applied
 after the loop. Exactness as in quant_gemv_tc (the ``U_TC`` bound of tests/ops_triton/quant_cases.py). fp8 takes
 rows whose K is a multiple of :data:`FP8_BK`; q8 rows of whole K steps.
 """
