@@ -33,7 +33,8 @@ import tempfile
 from dataclasses import dataclass, field
 
 # Instruction kinds counted; a kind is matched on the opcode's first dot-separated word (LDG.E.128 -> LDG).
-KINDS = ("LDG", "LDGSTS", "LDS", "LDL", "STG", "STS", "STL", "SHFL", "REDUX", "BAR", "HMMA", "HGMMA", "FFMA", "MUFU")
+KINDS = ("LDG", "LDGSTS", "LDS", "LDL", "STG", "STS", "STL", "SHFL", "REDUX", "BAR", "HMMA", "HGMMA", "FFMA", "HFMA2",
+         "MUFU")
 # Issue-order markers: memory traffic against the math it may wait behind.
 ORDER = ("LDGSTS", "LDG", "STG", "HMMA", "HGMMA", "MUFU", "BAR", "REDUX", "SHFL")
 
@@ -48,6 +49,7 @@ class Preset:
     floats: tuple = ("eps", "scale", "qk_scale")
     divisible: tuple = ()                              # integer args compiled as divisible by 16 (row strides)
     loop_bytes: float = 0.0                            # weight bytes a thread reads per K-loop iteration, if any
+    options: dict = field(default_factory=dict)        # more compile options, as the launch passes them
 
 
 def _presets() -> dict[str, Preset]:
@@ -144,6 +146,12 @@ def _presets() -> dict[str, Preset]:
                              dict(H=4, DI=128, RATIO=4, BLOCK_B=8, BLOCK_H=16, BLOCK_D=128, BLOCK_J=64, INTERP=False),
                              8, {"cu_q_ptr": "*i32", "kv_lens_ptr": "*i32", "sc_ptr": "*fp32"},
                              floats=("sqrt_d",)),
+        # The scores kernel at a test model's indexer width (8), with the launch's dot width for it (16).
+        "qsa_scores_narrow": Preset("ninfer_qwen4exp.ops.triton.indexer", "_scores_kernel",
+                                    dict(H=4, DI=8, RATIO=4, BLOCK_B=8, BLOCK_H=16, BLOCK_D=16, BLOCK_J=64,
+                                         INTERP=False),
+                                    8, {"cu_q_ptr": "*i32", "kv_lens_ptr": "*i32", "sc_ptr": "*fp32"},
+                                    floats=("sqrt_d",)),
         "qsa_select": Preset("ninfer_qwen4exp.ops.triton.indexer", "_select_kernel",
                              dict(RATIO=4, TOPK=512, WIDTH=2051, SPARSE=True, BLOCK_B=8, BLOCK_J=256, BLOCK_R=4,
                                   BLOCK_W=1024), 4,
@@ -168,8 +176,13 @@ def _presets() -> dict[str, Preset]:
                              dict(R=320, STREAMS=4, BLOCK_T=8, BLOCK_R=512, INTERP=False), 4),
         "q4x_hc_mix": Preset("ninfer_qwen4exp.ops.triton.hyper", "_mix_kernel",
                              dict(STREAMS=4, HAS_G=True, BLOCK_H=1024, BLOCK_S=4, INTERP=False), 4),
+        # hc_write as launched: fp fusion off (the product rounds before the sum), in bf16 and fp32.
         "q4x_hc_write": Preset("ninfer_qwen4exp.ops.triton.hyper", "_write_kernel",
-                               dict(STREAMS=4, BLOCK=2048, INTERP=False), 4),
+                               dict(STREAMS=4, BLOCK=2048, INTERP=False), 4, options={"enable_fp_fusion": False}),
+        "q4x_hc_write_fp32": Preset("ninfer_qwen4exp.ops.triton.hyper", "_write_kernel",
+                                    dict(STREAMS=4, BLOCK=2048, INTERP=False), 4,
+                                    {p: "*fp32" for p in ("x_ptr", "y_ptr", "a_ptr", "out_ptr")},
+                                    options={"enable_fp_fusion": False}),
         "q4x_grouped_norm": Preset("ninfer.ops.triton.norm", "_rms_norm_kernel",
                                    dict(N=2560, GROUPS=4, BLOCK_M=1, BLOCK_N=4096, INTERP=False, PDL=True), 4),
         "q4x_gdn_decode_sigmoid": Preset("ninfer_qwen3_5.ops.triton.gdn_decode", "_decode_kernel",
@@ -297,7 +310,7 @@ def compile_sm90(p: Preset):
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div}
     consts = {k: _resolve(v) for k, v in p.constexprs.items() if k in names}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": p.warps})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": p.warps, **p.options})
 
 
 def _inner_loop(sass: str) -> list[str]:
@@ -354,7 +367,8 @@ def report(name: str, p: Preset) -> dict:
     layouts = [ln.split("=", 1)[1].strip() for ln in k.asm["ttgir"].splitlines() if ln.startswith("#blocked")]
     loop = _inner_loop(sass)
     per_byte = {"loop_per_byte": round(len(loop) / p.loop_bytes, 2)} if p.loop_bytes and loop else {}
-    return {"loop_instructions": len(loop), **per_byte,
+    ptx_fma = sum(1 for ln in k.asm["ptx"].splitlines() if ln.strip().startswith("fma."))
+    return {"loop_instructions": len(loop), **per_byte, "ptx_fma": ptx_fma,
             "kernel": f"{p.module.rsplit('.', 1)[-1]}.{p.kernel}", "warps": p.warps,
             **{key.lower(): int(v) for key, v in res.items()}, "instructions": len(ops),
             "counts": {kind: counts[kind] for kind in KINDS if counts[kind]},

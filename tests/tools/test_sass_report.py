@@ -78,10 +78,22 @@ def test_the_qwen4exp_kernels_build_for_sm90(tmp_path):
     GDN decode kernel. (A build catches
     what the interpreter lets through: a variable whose type two branches disagree on.)"""
     reports, _ = _report(tmp_path, "qsa", "q4x")
-    assert set(reports) == {"qsa_side_write", "qsa_block_keys", "qsa_scores", "qsa_select", "qsa_attn_decode", "qsa_attn_prefill",
-                            "qsa_combine", "q4x_hc_act", "q4x_hc_mix", "q4x_hc_write", "q4x_grouped_norm", "q4x_gated_norm_sigmoid",
+    assert set(reports) == {"qsa_side_write", "qsa_block_keys", "qsa_scores", "qsa_scores_narrow", "qsa_select",
+                            "qsa_attn_decode", "qsa_attn_prefill", "qsa_combine", "q4x_hc_act", "q4x_hc_mix",
+                            "q4x_hc_write", "q4x_hc_write_fp32", "q4x_grouped_norm", "q4x_gated_norm_sigmoid",
                             "q4x_gdn_decode_sigmoid"}
     assert all(r["stack"] == 0 and r["reg"] > 0 and r["instructions"] > 0 for r in reports.values()), reports
+    # hc_write's contract rounds the product before the sum: no fused multiply-add in its PTX (with fp fusion
+    # on, the GPU made x + a*y one fma in both dtypes and lost the bitwise match).
+    assert reports["q4x_hc_write"]["ptx_fma"] == reports["q4x_hc_write_fp32"]["ptx_fma"] == 0
+
+
+def test_the_scores_dot_is_never_narrower_than_the_tensor_cores_take():
+    """A dot's K below 16 does not build for the GPU (a test model's indexer width of 8 failed there): the launch
+    widens it (qsa_scores_narrow builds that width above)."""
+    from ninfer_qwen4exp.ops.triton.indexer import dot_width
+
+    assert [dot_width(d) for d in (1, 8, 16, 24, 128)] == [16, 16, 16, 32, 128]
 
 
 def test_the_tensor_core_gemvs_cut_the_loop_instructions_per_byte(tmp_path):

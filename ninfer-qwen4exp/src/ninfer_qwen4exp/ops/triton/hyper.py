@@ -120,7 +120,8 @@ def hc_mix(z: torch.Tensor, xn: torch.Tensor, g: torch.Tensor | None,
 
 
 def hc_write(x: torch.Tensor, y: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:
-    """``x_k + inject_k * y`` for every stream (the contract), one launch."""
+    """``x_k + inject_k * y`` for every stream (the contract), one launch. The product is rounded before the sum,
+    as the contract's two ops round: the build turns off fp fusion, which would make it one fma (one rounding)."""
     launch_ok(x)
     t, streams = inject.shape
     h = check_bank("hc_write", x, streams)
@@ -133,7 +134,7 @@ def hc_write(x: torch.Tensor, y: torch.Tensor, inject: torch.Tensor) -> torch.Te
         block = min(2048, next_pow2(streams * h))
         _write_kernel[(t, triton.cdiv(streams * h, block))](
             x, y, inject, out, h, x.stride(0), y.stride(0), inject.stride(0), out.stride(0), STREAMS=streams,
-            BLOCK=block, INTERP=INTERPRET)
+            BLOCK=block, INTERP=INTERPRET, **({} if INTERPRET else {"enable_fp_fusion": False}))
     return out
 
 

@@ -256,6 +256,12 @@ def indexer_cache_write(key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         PAGE=page, BLOCK_W=next_pow2(width), INTERP=INTERPRET, num_warps=1 if width <= 256 else 4)
 
 
+def dot_width(d: int) -> int:
+    """The scores kernel's lanes for indexer width ``d``: a power of two, at least 16 (the tensor cores' narrowest
+    K; a narrower dot does not build for the GPU)."""
+    return max(16, next_pow2(d))
+
+
 def qsa_select(q: torch.Tensor, key_pool: torch.Tensor, rope_pool: torch.Tensor, k_norm: torch.Tensor, eps: float,
                cu_q: torch.Tensor, kv_lens: torch.Tensor, page_tables: torch.Tensor, ratio: int, block_topk: int,
                rotary: int) -> torch.Tensor:
@@ -298,7 +304,7 @@ def qsa_select(q: torch.Tensor, key_pool: torch.Tensor, rope_pool: torch.Tensor,
             _scores_kernel[(tc, triton.cdiv(nb, block_js))](
                 q, blk, cu_q, kv_lens, scores, math.sqrt(d), n_rows, t0, nb, q.stride(0), q.stride(1),
                 blk.stride(0), blk.stride(1), scores.stride(0), H=h, DI=d, BLOCK_H=max(16, next_pow2(h)),
-                BLOCK_D=next_pow2(d), BLOCK_J=block_js, INTERP=INTERPRET, **({} if INTERPRET else {"num_warps": 8}),
+                BLOCK_D=dot_width(d), BLOCK_J=block_js, INTERP=INTERPRET, **({} if INTERPRET else {"num_warps": 8}),
                 **common)
         _select_kernel[(tc,)](
             scores, cu_q, kv_lens, sel, n_rows, t0, scores.stride(0), sel.stride(0), TOPK=block_topk,
