@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # One device call for the quantized decode A/B (issue 32): the CUDA-core against the tensor-core decode GEMVs
-# (NINFER_QUANT_GEMV=tc), kernel by kernel, then end to end on the same random 9B-shape weights.
+# (NINFER_QUANT_GEMV=cuda against the default auto), kernel by kernel, then end to end on the same random 9B-shape
+# weights.
 #   1. tools/gpu_quant_gemv_sweep.py: the engine's GEMV, its tensor-core GEMV (engine_tc), the GEMM and the bf16
 #      baselines at 1 and 8 rows of x on the 9B projections, for q4, q8 and fp8;
-#   2. tools/gpu_quant_speed.py: `ninfer bench` (B = 1 and 8, one prefill length) of each RECIPE and RECIPE@tc,
+#   2. tools/gpu_quant_speed.py: `ninfer bench` (B = 1 and 8, one prefill length) of each RECIPE@cuda and RECIPE,
 #      and bf16, one artifact at a time.
-# Each step has its own time limit; results under $OUT (sweep.jsonl, sweep.log, quant_speed.json, quant.log).
+# Each step has its own time limit; results under $OUT (quant_gemv_sweep.json, sweep.log, quant_speed.json,
+# bench_*.json, quant.log).
 #
 #   bash tools/gpu_quant_ab.sh                     # on the device, carry .gpu-wheels
-#   RECIPES=q4,q4@tc,bf16 SWEEP_S=60 bash tools/gpu_quant_ab.sh
+#   RECIPES=q4@cuda,q4,bf16 SWEEP_S=60 bash tools/gpu_quant_ab.sh
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${OUT:-$PWD/quant-ab-results}"
 work=/tmp/ninfer_quant_ab
-recipes="${RECIPES:-q4,q4@tc,q8,q8@tc,fp8+a8,fp8+a8@tc,bf16}"
+recipes="${RECIPES:-q4@cuda,q4,q8@cuda,q8,fp8+a8@cuda,fp8+a8,bf16}"
 sweep_s="${SWEEP_S:-100}"
 quant_s="${QUANT_S:-420}"
 mkdir -p "$out" "$work"

@@ -37,7 +37,8 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--recipes", default="q4,q8,fp8+a8,bf16",
-                    help="in the order run (default q4,q8,fp8+a8,bf16); RECIPE@tc benches with NINFER_QUANT_GEMV=tc")
+                    help="in the order run (default q4,q8,fp8+a8,bf16); RECIPE@MODE benches with NINFER_QUANT_GEMV=MODE "
+                         "(auto, tc, cuda)")
     ap.add_argument("--batches", default=None, help="default 1,8 (tiny: 1,2)")
     ap.add_argument("--prefill-lengths", default=None, help="default 8192 (tiny: 32)")
     ap.add_argument("--bench-args", default="")
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
             results.append({"recipe": recipe, "skipped": f"{left:.0f} s left, the slowest recipe took {slowest:.0f} s"})
             continue
         t0 = time.perf_counter()
-        # "q4@tc": the q4 artifact benched with NINFER_QUANT_GEMV=tc (the tensor-core decode GEMV), an A/B in one run.
+        # "q4@cuda": the q4 artifact benched with NINFER_QUANT_GEMV=cuda (no tensor-core decode GEMV), an A/B in one run.
         fmt, _, gemv_kind = recipe.partition("@")
         tag = recipe.replace("+", "_").replace("@", "_")
         artifact = args.work / f"{tag}.ninfer"

@@ -82,3 +82,13 @@ def qwen_program(case, ops_kind: str):
                              num_pages=128, max_context=256)
     weights = {k: v.to(DEVICE) for k, v in case.weights.items()}
     return case.spec.create_program(ProgramInit(config=case.config, weights=weights, ops=ops, options=options))
+
+
+@pytest.fixture
+def cuda_core_gemv(monkeypatch):
+    """The dense quantized ops without the tensor-core GEMVs (``NINFER_QUANT_GEMV=cuda``): for the tests of the
+    CUDA-core GEMV and the GEMM through the ops, whose bounds are theirs (test_quant_gemv_tc_triton.py covers the
+    rest)."""
+    from ninfer.ops.triton import quant_gemv_tc
+
+    monkeypatch.setattr(quant_gemv_tc, "MODE", "cuda")

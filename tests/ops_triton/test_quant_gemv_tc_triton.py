@@ -1,8 +1,8 @@
 """The tensor-core decode GEMVs (``ninfer.ops.triton.quant_gemv_tc`` for q4, ``quant_gemv_tc8`` for q8 and fp8)
 against the fp64 oracle of the decoded weights with the tensor-core bound of tests/ops_triton/quant_cases.py
 (``U_TC``): 1 to 8 rows of x (every launch shape), the row mask, split-K and its partials' kernel, logits stored as
-fp32, and the dense ops routed to them when ``NINFER_QUANT_GEMV=tc`` (the fused norm and SwiGLU variants as their
-composition). What they refuse (other formats, more rows, rows that are not whole K steps, a base plane at an odd
+fp32, the dense ops routed to them when ``NINFER_QUANT_GEMV=tc`` (the fused norm and SwiGLU variants as their
+composition) and where ``auto`` routes them. What they refuse (other formats, more rows, rows that are not whole K steps, a base plane at an odd
 byte) goes to the CUDA-core GEMV. Runs on CUDA when present (where it checks the PTX decodes), otherwise under
 TRITON_INTERPRET=1 at tiny sizes."""
 
@@ -110,7 +110,45 @@ def test_refuses_what_it_cannot_take(gen):
 def tc_on(monkeypatch):
     from ninfer.ops.triton import quant_gemv_tc
 
-    monkeypatch.setattr(quant_gemv_tc, "ENABLED", True)
+    monkeypatch.setattr(quant_gemv_tc, "MODE", "tc")
+
+
+def test_auto_runs_them_where_they_were_measured_faster(gen, monkeypatch):
+    """``NINFER_QUANT_GEMV=auto`` (the default): q4 from one row, over the GEMM too; fp8 from two rows, over the
+    GEMM too; q8 from two rows where the CUDA-core GEMV would run, not where the GEMM would. ``tc`` takes every
+    call they can, ``cuda`` none; fp32 activations never."""
+    from ninfer.ops.triton import quant_gemv_tc
+    from ninfer.ops.triton.quant_linear import GEMM_MIN_N, tc_module
+
+    def chosen(fmt, rows, n, dtype=torch.bfloat16):
+        x = torch.zeros(rows, 512, dtype=dtype, device=DEVICE)
+        module = tc_module(x, _kw(random_packed(gen, fmt, n, 512, DEVICE)))
+        return None if module is None else module.__name__.rsplit(".", 1)[-1]
+
+    assert quant_gemv_tc.MODE == "auto"
+    wide = GEMM_MIN_N
+    assert [chosen(Q4, r, 64) for r in (1, 2, 8)] == ["quant_gemv_tc"] * 3
+    assert chosen(Q4, 8, wide) == "quant_gemv_tc"
+    assert [chosen(FP8, r, 64) for r in (1, 2, 8)] == [None, "quant_gemv_tc8", "quant_gemv_tc8"]
+    assert chosen(FP8, 8, wide) == "quant_gemv_tc8"
+    assert [chosen(Q8, r, 64) for r in (1, 2, 8)] == [None, "quant_gemv_tc8", "quant_gemv_tc8"]
+    assert chosen(Q8, 3, wide) == "quant_gemv_tc8" and chosen(Q8, 4, wide) is None    # the GEMM's from 4 rows
+    assert chosen(Q4, 1, 64, torch.float32) is None
+    monkeypatch.setattr(quant_gemv_tc, "MODE", "tc")
+    assert chosen(FP8, 1, 64) == "quant_gemv_tc8" and chosen(Q8, 8, wide) == "quant_gemv_tc8"
+    monkeypatch.setattr(quant_gemv_tc, "MODE", "cuda")
+    assert chosen(Q4, 1, 64) is None and chosen(FP8, 8, 64) is None
+
+
+def test_an_unknown_mode_is_named():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NINFER_QUANT_GEMV="fast")
+    run = subprocess.run([sys.executable, "-c", "import ninfer.ops.triton.quant_gemv_tc"], capture_output=True,
+                         text=True, env=env)
+    assert run.returncode != 0 and "NINFER_QUANT_GEMV='fast': expected one of auto, tc, cuda" in run.stderr
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

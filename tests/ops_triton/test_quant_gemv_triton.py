@@ -9,6 +9,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.usefixtures("cuda_core_gemv")
 
 from ops.conftest import randn  # noqa: E402
 

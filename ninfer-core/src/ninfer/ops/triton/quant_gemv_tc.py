@@ -44,9 +44,13 @@ from ninfer.ops.triton._quant import KernelWeight
 
 #: Most rows of x the tensor-core GEMV takes (x's rows are the B operand's columns, padded to MP).
 MAX_ROWS = 8
-#: Whether the dense q4 ops use this kernel: ``NINFER_QUANT_GEMV=tc`` (an A/B switch until the H200 has timed both;
-#: read once, like NINFER_PDL).
-ENABLED = os.environ.get("NINFER_QUANT_GEMV", "cuda") == "tc"
+#: Which decode GEMV the dense quantized ops run (``NINFER_QUANT_GEMV``, read once, like NINFER_PDL): ``auto`` (the
+#: default) the tensor-core GEMVs where they were measured faster (:func:`ninfer.ops.triton.quant_linear.tc_module`
+#: has the table), ``tc`` them wherever they take the call, ``cuda`` never (the CUDA-core GEMV and the GEMM).
+MODE = os.environ.get("NINFER_QUANT_GEMV", "auto")
+MODES = ("auto", "tc", "cuda")
+if MODE not in MODES:
+    raise ValueError(f"NINFER_QUANT_GEMV={MODE!r}: expected one of {', '.join(MODES)}")
 # (BN, GPI) by MP: weight rows a program, scale groups a K step (GPI * MP >= 8, the tensor cores' narrowest N).
 _SHAPES = {1: (128, 8), 2: (128, 4), 4: (128, 2), 8: (256, 2)}
 # Programs to aim for with split-K: about two a streaming multiprocessor on the H200.
@@ -210,8 +214,8 @@ def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
 
 
 def takes(x2: torch.Tensor, w: KernelWeight) -> bool:
-    """Whether the dense q4 ops run this kernel for ``x2`` (enabled, bf16, a shape it takes)."""
-    return ENABLED and x2.dtype == torch.bfloat16 and launch_shape(x2.shape[0], w) is not None
+    """Whether this kernel can take ``x2`` (bf16, a shape it takes) with ``w``."""
+    return x2.dtype == torch.bfloat16 and launch_shape(x2.shape[0], w) is not None
 
 
 def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,

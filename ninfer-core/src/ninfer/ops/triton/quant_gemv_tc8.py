@@ -1,6 +1,6 @@
 """Decode-sized products with an 8-bit weight on the tensor cores: :mod:`~ninfer.ops.triton.quant_gemv_tc`'s
 scheme for ``q8_g32_fp16`` and ``fp8_e4m3fn_row_bf16`` weights and bf16 activations, up to :data:`MAX_ROWS` rows
-of x, behind the same switch (``NINFER_QUANT_GEMV=tc``) and with the same launch (:func:`quant_gemv_tc.launch`:
+of x, chosen by the same switch (``NINFER_QUANT_GEMV``) and with the same launch (:func:`quant_gemv_tc.launch`:
 split-K, the partials' kernel, the norm prologue and the SwiGLU epilogue).
 
 Decode: the base plane is read as uint16, so one 32-bit register holds the bytes of lanes ``2e .. 2e+3``; inline
@@ -236,8 +236,8 @@ def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
 
 
 def takes(x2: torch.Tensor, w: KernelWeight) -> bool:
-    """Whether the dense 8-bit ops run these kernels for ``x2`` (enabled, bf16, a shape they take)."""
-    return quant_gemv_tc.ENABLED and x2.dtype == torch.bfloat16 and launch_shape(x2.shape[0], w) is not None
+    """Whether these kernels can take ``x2`` (bf16, a shape they take) with ``w``."""
+    return x2.dtype == torch.bfloat16 and launch_shape(x2.shape[0], w) is not None
 
 
 def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,

@@ -21,9 +21,10 @@ on the CUDA cores once per row of x, so its cost grows with the rows; the GEMM d
 operands whose cost does not grow up to 16 rows, but takes 64 weight rows a program and does not split K, so it
 needs a weight with many rows to fill the device (docs/kernels.md has the measured crossover). The fused norm and SwiGLU variants take
 the GEMV's prologue/epilogue for one row (the decode step), else the Triton norm, the product and the Triton
-``silu_and_mul`` in sequence. With ``NINFER_QUANT_GEMV=tc``, q4, q8 and fp8 weights with bf16 activations of up
-to 8 rows take the tensor-core GEMVs (:mod:`~ninfer.ops.triton.quant_gemv_tc`,
-:mod:`~ninfer.ops.triton.quant_gemv_tc8`) instead, with the norm formed in its programs and the SwiGLU applied
+``silu_and_mul`` in sequence. q4, q8 and fp8 weights with bf16 activations of up to 8 rows take the tensor-core
+GEMVs (:mod:`~ninfer.ops.triton.quant_gemv_tc`, :mod:`~ninfer.ops.triton.quant_gemv_tc8`) where
+:func:`tc_module` says (``NINFER_QUANT_GEMV``: ``auto`` by the measured table :data:`AUTO_TC`, ``tc``, ``cuda``)
+instead, with the norm formed in its programs and the SwiGLU applied
 where its partials are added. Activations of another dtype than the kernels take go to the reference ops.
 """
 
@@ -59,12 +60,25 @@ def takes_gemv(rows: int, w: KernelWeight) -> bool:
     return rows <= MAX_ROWS and (rows < GEMM_MIN_ROWS or w.n < GEMM_MIN_N)
 
 
-def _tc(x2: torch.Tensor, w: KernelWeight):
-    """The tensor-core GEMV module that takes ``x2`` with ``w`` (q4, or q8/fp8), or None."""
-    for module in (quant_gemv_tc, quant_gemv_tc8):
-        if module.takes(x2, w):
-            return module
-    return None
+#: Where ``NINFER_QUANT_GEMV=auto`` runs the tensor-core GEMVs, by format: (fewest rows of x, whether they also
+#: replace the GEMM). Measured kernel by kernel on the 9B projections at 1 and 8 rows (docs/kernels.md): q4 wins
+#: everywhere, over the GEMM too; fp8 loses to the CUDA-core GEMV at one row on the narrower projections and wins
+#: at eight, over the GEMM too; q8 wins over the GEMV at eight rows but loses to the GEMM on the LM head.
+AUTO_TC = {"q4_g64_fp16": (1, True), "fp8_e4m3fn_row_bf16": (2, True), "q8_g32_fp16": (2, False)}
+
+
+def tc_module(x2: torch.Tensor, w: KernelWeight):
+    """The tensor-core GEMV module that runs ``x2`` with ``w`` under ``NINFER_QUANT_GEMV`` (q4:
+    :mod:`~ninfer.ops.triton.quant_gemv_tc`, q8/fp8: :mod:`~ninfer.ops.triton.quant_gemv_tc8`), or None."""
+    mode = quant_gemv_tc.MODE
+    if mode == "cuda":
+        return None
+    module = next((m for m in (quant_gemv_tc, quant_gemv_tc8) if m.takes(x2, w)), None)
+    if module is None or mode == "tc":
+        return module
+    fewest, over_gemm = AUTO_TC.get(w.format, (MAX_ROWS + 1, False))
+    rows = x2.shape[0]
+    return module if rows >= fewest and (over_gemm or takes_gemv(rows, w)) else None
 
 
 def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = None, *,
@@ -76,7 +90,7 @@ def product(x2: torch.Tensor, w: KernelWeight, out_dtype: torch.dtype | None = N
     if w.kind == KIND_NVFP4:
         kernel = quant_nvfp4.gemv if takes_gemv(x2.shape[0], w) else quant_nvfp4.gemm
         return kernel(x2, w, out_dtype=out_dtype)
-    tc = _tc(x2, w)
+    tc = tc_module(x2, w)
     if tc is not None:
         return tc.gemv_tc(x2, w, out_dtype=out_dtype)
     if takes_gemv(x2.shape[0], w):
@@ -128,7 +142,7 @@ def _takes_fused(x: torch.Tensor, residual: torch.Tensor, w: KernelWeight) -> bo
     a tensor-core GEMV takes."""
     if residual.dtype != x.dtype or w.kind == KIND_NVFP4:
         return False
-    return x.numel() == x.shape[-1] or _tc(_rows(x, w.k), w) is not None
+    return x.numel() == x.shape[-1] or tc_module(_rows(x, w.k), w) is not None
 
 
 def _fused_norm(x, residual, norm_weight, eps, w: KernelWeight, swiglu: bool):
@@ -138,7 +152,7 @@ def _fused_norm(x, residual, norm_weight, eps, w: KernelWeight, swiglu: bool):
     normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     norm = (r2, norm_weight.contiguous(), eps, normed, new_residual)
-    tc = _tc(x2, w)
+    tc = tc_module(x2, w)
     kernel = gemv if tc is None else tc.gemv_tc
     y = kernel(x2, w, norm=norm, swiglu=swiglu)
     lead = x.shape[:-1]
