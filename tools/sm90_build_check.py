@@ -20,6 +20,7 @@ Exit status: 0 when every recorded launch builds, 1 when one does not, 2 when th
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import runpy
@@ -97,8 +98,8 @@ def record(argv: list[str], out: Path) -> int:
 
 
 def _launch(kernel, args, kwargs) -> dict:
-    params = __import__("inspect").signature(kernel.fn).parameters
-    bound = dict(zip(kernel.arg_names, args))
+    params = inspect.signature(kernel.fn).parameters
+    bound = dict(zip(kernel.arg_names, args, strict=False))   # the rest by keyword or default
     bound.update({k: v for k, v in kwargs.items() if k not in _OPTIONS})
     constexprs, signature = {}, {}
     for name, param in params.items():
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     if status not in (0, 5):   # pytest's 5: nothing collected (still a valid record)
         print(f"sm90_build_check: the command exited with {status}", file=sys.stderr)
         return 2
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # "0", not unset: a test module that defines a kernel may `setdefault` the interpreter on when imported.
+    env = dict(os.environ, TRITON_INTERPRET="0")
     # The run's own import paths (this checkout's sources, the tools, a test's folder), not this interpreter's
     # installed packages: the build's interpreter may bring another Triton.
     prefixes = (sys.prefix, sys.base_prefix)
