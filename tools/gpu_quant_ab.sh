@@ -20,21 +20,14 @@ sweep_s="${SWEEP_S:-100}"
 quant_s="${QUANT_S:-420}"
 mkdir -p "$out" "$work"
 cd "$root"
+. tools/gpu_setup.sh
 export PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 t0=$(date +%s)
 say() { echo "[quant-ab $(( $(date +%s) - t0 ))s] $*"; }
 
 say "installing the carried wheels and this checkout"
-python3 -m pip install -q --no-index --no-cache-dir --find-links .gpu-wheels -r .gpu-wheels/requirements.txt || exit 1
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./ninfer-core -e ./ninfer-qwen3_5 \
-    -e ./ninfer-qwen4exp -e ./ninfer-convert -e ./ninfer-serve || exit 1
-python3 - tests/frontend/conftest.py "$work/tokenizer.json" <<'PY' || exit 1
-import importlib.util, pathlib, sys
-spec = importlib.util.spec_from_file_location("frontend_conftest", sys.argv[1])
-module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-module._build_tokenizer_json(pathlib.Path(sys.argv[2]))
-PY
+install_checkout || exit 1
+make_tokenizer "$work/tokenizer.json" || exit 1
 
 say "kernel sweep (${sweep_s}s)"
 timeout "$sweep_s" python3 tools/gpu_quant_gemv_sweep.py --out "$out" --rows 1,8 \

@@ -25,15 +25,14 @@ if [ "${TINY:-0}" = 1 ]; then
 fi
 mkdir -p "$out" "$work"
 cd "$root"
+. tools/gpu_setup.sh
 export PYTHONUNBUFFERED=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 t0=$(date +%s)
 say() { echo "[serving $(( $(date +%s) - t0 ))s] $*"; }
 
 if [ "$install" = 1 ]; then
     say "installing the carried wheels and this checkout"
-    python3 -m pip install -q --no-index --no-cache-dir --find-links .gpu-wheels -r .gpu-wheels/requirements.txt || exit 1
-    python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./ninfer-core -e ./ninfer-qwen3_5 \
-        -e ./ninfer-qwen4exp -e ./ninfer-convert -e ./ninfer-serve || exit 1
+    install_checkout || exit 1
 fi
 
 art=$(ls "$work"/art/*.ninfer 2>/dev/null | head -1)
@@ -41,13 +40,7 @@ if [ -n "$art" ]; then
     say "reusing the artifact $art"
 else
 say "tokenizer and the 9B artifact"
-python3 - tests/frontend/conftest.py "$work/tokenizer.json" <<'EOF' || exit 1
-import importlib.util, pathlib, sys
-spec = importlib.util.spec_from_file_location("frontend_conftest", sys.argv[1])
-module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-module._build_tokenizer_json(pathlib.Path(sys.argv[2]))
-EOF
+make_tokenizer "$work/tokenizer.json" || exit 1
 timeout 200 python3 tools/gpu_bench_shapes.py "${shape[@]}" --tokenizer "$work/tokenizer.json" --out "$work/shapes" \
     --no-hf --no-ours --keep-artifact --work "$work/art" --device $device > "$out/artifact.log" 2>&1 || { say "artifact failed"; tail -20 "$out/artifact.log"; exit 1; }
 art=$(ls "$work"/art/*.ninfer | head -1)

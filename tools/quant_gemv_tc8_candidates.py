@@ -1,6 +1,6 @@
 """Decode variants of the 8-bit tensor-core GEMVs (ninfer.ops.triton.quant_gemv_tc8, q8_g32_fp16 and
 fp8_e4m3fn_row_bf16) for their comparison (tools/sass_report.py, tools/gpu_quant_gemv_sweep.py): each variant is the
-engine's kernel with another decode function (its ``CODES``), lane order (``PERM``) or launch shape. The engine runs
+engine's kernel with another decode (its ``ASM``), lane order (``PERM``) or launch shape. The engine runs
 q8 DEC 0 and fp8 DEC 1, both with PERM 1.
 
 Decode (inline PTX, inputs read as uint16 elements, pack=2: one 32-bit register w = bytes b0 b1 b2 b3 of lanes
@@ -29,11 +29,9 @@ fp8 (E4M3FN bits s eeee mmm):
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 from ninfer.ops.triton import quant_gemv_tc8
 
-_Q8_F32_MAGIC = tl.constexpr("""{
+_Q8_F32_MAGIC = """{
 .reg .b32 u, k, f0, f1, f2, f3;
 .reg .f32 g0, g1, g2, g3, off;
 mov.b32 k, 0x4B4B0000;
@@ -53,9 +51,9 @@ sub.f32 g2, g2, off;
 sub.f32 g3, g3, off;
 cvt.rn.bf16x2.f32 $0, g2, g0;
 cvt.rn.bf16x2.f32 $1, g3, g1;
-}""")
+}"""
 
-_FP8_SHIFT = tl.constexpr("""{
+_FP8_SHIFT = """{
 .reg .b32 t, u, s, k;
 mov.b32 k, 0x7B807B80;
 mov.b32 s, 0x80008000;
@@ -68,9 +66,9 @@ shl.b32 t, $2, 4;
 and.b32 t, t, 0x07F007F0;
 lop3.b32 t, u, 0x80008000, t, 0xea;
 fma.rn.bf16x2 $0, t, k, s;
-}""")
+}"""
 
-_FP8_CVT = tl.constexpr("""{
+_FP8_CVT = """{
 .reg .b16 lo, hi;
 .reg .b32 h0, h1;
 .reg .f16 e0, e1, e2, e3;
@@ -86,48 +84,18 @@ cvt.f32.f16 f2, e2;
 cvt.f32.f16 f3, e3;
 cvt.rn.bf16x2.f32 $0, f2, f0;
 cvt.rn.bf16x2.f32 $1, f3, f1;
-}""")
+}"""
 
 
-@triton.jit
-def q8_codes_f32_magic(h, INTERP: tl.constexpr):
-    """q8 DEC 1."""
-    if INTERP:
-        return quant_gemv_tc8.q8_codes(h, INTERP)
-    else:
-        return tl.inline_asm_elementwise(_Q8_F32_MAGIC, "=r,=r,r", [h], dtype=(tl.bfloat16, tl.bfloat16),
-                                         is_pure=True, pack=2)
-
-
-@triton.jit
-def fp8_codes_shift(h, INTERP: tl.constexpr):
-    """fp8 DEC 0."""
-    if INTERP:
-        return quant_gemv_tc8.fp8_codes(h, INTERP)
-    else:
-        return tl.inline_asm_elementwise(_FP8_SHIFT, "=r,=r,r", [h], dtype=(tl.bfloat16, tl.bfloat16),
-                                         is_pure=True, pack=2)
-
-
-@triton.jit
-def fp8_codes_cvt(h, INTERP: tl.constexpr):
-    """fp8 DEC 2."""
-    if INTERP:
-        return quant_gemv_tc8.fp8_codes(h, INTERP)
-    else:
-        return tl.inline_asm_elementwise(_FP8_CVT, "=r,=r,r", [h], dtype=(tl.bfloat16, tl.bfloat16),
-                                         is_pure=True, pack=2)
-
-
-#: The decode functions by (format, DEC).
-CODES = {("q8_g32_fp16", 0): quant_gemv_tc8.q8_codes, ("q8_g32_fp16", 1): q8_codes_f32_magic,
-         ("fp8_e4m3fn_row_bf16", 0): fp8_codes_shift, ("fp8_e4m3fn_row_bf16", 1): quant_gemv_tc8.fp8_codes,
-         ("fp8_e4m3fn_row_bf16", 2): fp8_codes_cvt}
+#: The decodes by (format, DEC): PTX of the engine kernel's operands (quant_gemv_tc8.Q8_ASM's).
+ASM = {("q8_g32_fp16", 0): quant_gemv_tc8.Q8_ASM, ("q8_g32_fp16", 1): _Q8_F32_MAGIC,
+       ("fp8_e4m3fn_row_bf16", 0): _FP8_SHIFT, ("fp8_e4m3fn_row_bf16", 1): quant_gemv_tc8.FP8_ASM,
+       ("fp8_e4m3fn_row_bf16", 2): _FP8_CVT}
 
 
 def gemv_tc8(x2: torch.Tensor, w, *, dec: int = 0, perm: int = 1, shape: tuple[int, int, int] | None = None,
              norm=None, split: int | None = None, out_dtype=None) -> torch.Tensor:
     """The engine's 8-bit tensor-core GEMV with decode ``dec`` of the weight's format, lane order ``perm`` and
     launch ``shape`` (MP, BN, GPI for q8 or BK for fp8; default the engine's)."""
-    return quant_gemv_tc8.gemv_tc(x2, w, codes=CODES[(w.format, dec)], perm=perm, shape=shape, norm=norm,
+    return quant_gemv_tc8.gemv_tc(x2, w, asm=ASM[(w.format, dec)], perm=perm, shape=shape, norm=norm,
                                   split=split, out_dtype=out_dtype)

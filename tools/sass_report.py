@@ -230,19 +230,19 @@ def _presets() -> dict[str, Preset]:
         # The 8-bit tensor-core GEMVs at one row (q8: 128 rows x 256 B / 128 threads a step; fp8: x as 8 columns).
         "qgemv_q8_tc": Preset("ninfer.ops.triton.quant_gemv_tc8", "_tc8_kernel",
                               dict(BN=128, BB=256, MP=1, FP8=False, SPLIT=True, NORM=False, PERM=1, INTERP=False, PDL=True,
-                                   CODES="jit:ninfer.ops.triton.quant_gemv_tc8.q8_codes"), 4,
+                                   ASM="ref:ninfer.ops.triton.quant_gemv_tc8.Q8_ASM"), 4,
                               {"b_ptr": "*u16", "s_ptr": "*fp16", "y_ptr": "*fp32"},
                               divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                               loop_bytes=256),
         "qgemv_q8_tc_norm": Preset("ninfer.ops.triton.quant_gemv_tc8", "_tc8_kernel",
                                    dict(BN=128, BB=256, MP=1, FP8=False, SPLIT=True, NORM=True, PERM=1, INTERP=False, PDL=True,
-                                        CODES="jit:ninfer.ops.triton.quant_gemv_tc8.q8_codes"), 4,
+                                        ASM="ref:ninfer.ops.triton.quant_gemv_tc8.Q8_ASM"), 4,
                                    {"b_ptr": "*u16", "s_ptr": "*fp16", "y_ptr": "*fp32"},
                                    divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                                    loop_bytes=256),
         "qgemv_fp8_tc": Preset("ninfer.ops.triton.quant_gemv_tc8", "_tc8_kernel",
                                dict(BN=128, BB=256, MP=8, FP8=True, SPLIT=True, NORM=False, PERM=1, INTERP=False, PDL=True,
-                                    CODES="jit:ninfer.ops.triton.quant_gemv_tc8.fp8_codes"), 4,
+                                    ASM="ref:ninfer.ops.triton.quant_gemv_tc8.FP8_ASM"), 4,
                                {"b_ptr": "*u16", "s_ptr": "*bf16", "y_ptr": "*fp32"},
                                divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                                loop_bytes=256),
@@ -275,9 +275,8 @@ def _tool(name: str) -> str:
 
 
 def _resolve(value):
-    """A constexpr's value; ``"jit:module.name"`` names a ``@triton.jit`` function (a kernel's device-function
-    argument)."""
-    if isinstance(value, str) and value.startswith("jit:"):
+    """A constexpr's value; ``"ref:module.NAME"`` is that module attribute (e.g. a kernel's PTX decode string)."""
+    if isinstance(value, str) and value.startswith("ref:"):
         module, name = value[4:].rsplit(".", 1)
         return getattr(importlib.import_module(module), name)
     return value

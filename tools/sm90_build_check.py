@@ -45,9 +45,6 @@ def _constexpr(value):
         return value
     if isinstance(value, tl.dtype):
         return f"dtype:{value.name}"
-    fn = getattr(value, "fn", None)
-    if callable(fn):   # a @triton.jit device function passed as an argument
-        return f"jit:{fn.__module__}.{fn.__name__}"
     raise TypeError(f"constexpr value {value!r} of type {type(value).__name__}")
 
 
@@ -126,9 +123,6 @@ def build(launches: list[dict]) -> list[tuple[dict, str]]:
     def value(v):
         if isinstance(v, str) and v.startswith("dtype:"):
             return getattr(tl, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(v[6:], v[6:]))
-        if isinstance(v, str) and v.startswith("jit:"):
-            module, name = v[4:].rsplit(".", 1)
-            return getattr(importlib.import_module(module), name)
         return v
 
     failures = []

@@ -50,7 +50,7 @@ def test_tc35_refuses_what_it_cannot_read(gen):
         cand.gemv_tc35(x, kernel_weight(random_packed(gen, "q8_g32_fp16", 8, 640, DEVICE), "t"), natural_x=True)
 
 
-@pytest.mark.parametrize("fmt,dec", sorted(cand8.CODES))
+@pytest.mark.parametrize("fmt,dec", sorted(cand8.ASM))
 @pytest.mark.parametrize("perm", [0, 1])
 def test_tc8_decode_variants_within_the_tensor_core_bound(fmt, dec, perm, gen):
     """Every 8-bit decode variant in both lane orders, at one row and at eight (fp8's x always 8 columns), with

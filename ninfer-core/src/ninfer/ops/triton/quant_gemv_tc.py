@@ -106,6 +106,19 @@ def inv_rms(x_ptr, r_ptr, res_ty, M, K, eps, sx, sr, MP: tl.constexpr, BLOCK: tl
     return tl.rsqrt(ss2 / K + eps)
 
 
+@triton.jit
+def store_out(out, y_ptr, x_ptr, n, nm, sid, sp, sy, M, N, MP: tl.constexpr, SPLIT: tl.constexpr,
+           INTERP: tl.constexpr):
+    """``out[BN, MP]``: the fp32 partial of K run ``sid``, or (one run) rounded to x's dtype and stored."""
+    mm = tl.arange(0, MP)[None, :]
+    keep = nm[:, None] & (mm < M)
+    if SPLIT:
+        tl.store(y_ptr + sid * sp + mm * N + n[:, None], out, mask=keep)
+    else:
+        y = cast(out, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + mm * sy + n[:, None], y, mask=keep)
+
+
 @triton.jit(do_not_specialize=["M", "TPS"])
 def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, BYTES, TPS, sx, sb, ss,
                   sy, sp, sr, sh, sro,
@@ -168,13 +181,7 @@ def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps,
         sc = tl.load(s_ptr + r[:, None] * ss + t * GPI + gcol).to(tl.float32)
         acc += d * sc
     out = tl.sum(tl.reshape(acc, (BN, GPI, MP)), 1)                               # [BN, MP]
-    mm = tl.arange(0, MP)[None, :]
-    keep = nm[:, None] & (mm < M)
-    if SPLIT:
-        tl.store(y_ptr + sid * sp + mm * N + n[:, None], out, mask=keep)
-    else:
-        y = cast(out, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + mm * sy + n[:, None], y, mask=keep)
+    store_out(out, y_ptr, x_ptr, n, nm, sid, sp, sy, M, N, MP, SPLIT, INTERP)
 
 
 @triton.jit
@@ -211,11 +218,6 @@ def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
     if (w.lanes // 2) % (32 * gpi):
         return None
     return mp, bn, gpi
-
-
-def takes(x2: torch.Tensor, w: KernelWeight) -> bool:
-    """Whether this kernel can take ``x2`` (bf16, a shape it takes) with ``w``."""
-    return x2.dtype == torch.bfloat16 and launch_shape(x2.shape[0], w) is not None
 
 
 def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,

@@ -19,9 +19,8 @@ come from plain integer ops.
 
 Lane order (``PERM`` 1): within each 32-lane chunk, A's column ``i * 16 + e`` is lane ``2e + i``: a decode
 register's pair (2e, 2e+2) is then adjacent in k as the dot operand wants it; x is permuted the same way in
-registers. ``PERM`` 0 (natural order, a layout conversion in the loop) and other decodes (``CODES``, a
-``@triton.jit`` function of the uint16 elements returning the even-lane and odd-lane bf16 codes) are for
-tools/quant_gemv_tc8_candidates.py's comparison.
+registers. ``PERM`` 0 (natural order, a layout conversion in the loop) and other decodes (``ASM``, PTX of the
+same operands) are for tools/quant_gemv_tc8_candidates.py's comparison.
 
 Products: q8 as q4 (``acc[BN, GPI * MP] += codes @ blockdiag(x^T)`` over GPI groups of 32 lanes, each group's sum
 times its fp16 scale in fp32); fp8 ``acc[BN, MP] += codes[BN, BK] @ x^T[BK, MP]`` with x's rows in the first
@@ -39,7 +38,7 @@ import triton.language as tl
 from ninfer.ops.triton import quant_gemv_tc
 from ninfer.ops.triton._common import cast, next_pow2, pdl_wait
 from ninfer.ops.triton._quant import KernelWeight
-from ninfer.ops.triton.quant_gemv_tc import inv_rms
+from ninfer.ops.triton.quant_gemv_tc import inv_rms, store_out
 
 #: Most rows of x the kernels take.
 MAX_ROWS = 8
@@ -51,7 +50,8 @@ FP8 = "fp8_e4m3fn_row_bf16"
 Q8_SHAPES = {1: (128, 8), 2: (256, 4), 4: (256, 2), 8: (256, 1)}
 FP8_BN = 128
 
-_Q8_ASM = tl.constexpr("""{
+#: The decodes the engine runs (PTX; ``$2`` the input word, ``$0``/``$1`` the even-lane and odd-lane bf16x2 pairs).
+Q8_ASM = """{
 .reg .b32 t, c, w1, one;
 mov.b32 one, 0x3F803F80;
 lop3.b32 t, $2, 0x007F007F, 0x43004300, 0xea;
@@ -61,9 +61,9 @@ shr.u32 w1, $2, 8;
 lop3.b32 t, w1, 0x007F007F, 0x43004300, 0xea;
 lop3.b32 c, w1, 0x00800080, 0xC300C300, 0xea;
 fma.rn.bf16x2 $1, t, one, c;
-}""")
+}"""
 
-_FP8_ASM = tl.constexpr("""{
+FP8_ASM = """{
 .reg .b32 t, s, k;
 mov.b32 k, 0x7B807B80;
 mov.b32 s, 0x80008000;
@@ -75,31 +75,24 @@ prmt.b32 t, $2, 0, 0xB391;
 shl.b32 t, t, 4;
 and.b32 t, t, 0x87F087F0;
 fma.rn.bf16x2 $1, t, k, s;
-}""")
+}"""
 
 
 @triton.jit
-def q8_codes(h, INTERP: tl.constexpr):
-    """uint16 elements ``h`` (two int8 codes each) -> bf16 codes of byte 0 and byte 1 of every element."""
+def codes(h, ASM: tl.constexpr, FP8: tl.constexpr, INTERP: tl.constexpr):
+    """uint16 elements ``h`` (two codes each) -> the bf16 values of byte 0 and byte 1 of every element, by the PTX
+    ``ASM`` on the GPU and by plain ops under the interpreter (q8: int8 codes, FP8: E4M3FN)."""
     if INTERP:
-        v = h.to(tl.int32)
-        c0 = (((v & 255) ^ 128) - 128).to(tl.float32).to(tl.bfloat16)
-        c1 = ((((v >> 8) & 255) ^ 128) - 128).to(tl.float32).to(tl.bfloat16)
+        if FP8:
+            c0 = (h & 255).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.bfloat16)
+            c1 = (h >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.bfloat16)
+        else:
+            v = h.to(tl.int32)
+            c0 = (((v & 255) ^ 128) - 128).to(tl.float32).to(tl.bfloat16)
+            c1 = ((((v >> 8) & 255) ^ 128) - 128).to(tl.float32).to(tl.bfloat16)
         return c0, c1
     else:
-        return tl.inline_asm_elementwise(_Q8_ASM, "=r,=r,r", [h], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
-                                         pack=2)
-
-
-@triton.jit
-def fp8_codes(h, INTERP: tl.constexpr):
-    """uint16 elements ``h`` (two E4M3FN codes each) -> bf16 values of byte 0 and byte 1 of every element."""
-    if INTERP:
-        b0 = (h & 255).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.bfloat16)
-        b1 = (h >> 8).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.bfloat16)
-        return b0, b1
-    else:
-        return tl.inline_asm_elementwise(_FP8_ASM, "=r,=r,r", [h], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
+        return tl.inline_asm_elementwise(ASM, "=r,=r,r", [h], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
                                          pack=2)
 
 
@@ -155,7 +148,7 @@ def _dot(a, xb, INTERP: tl.constexpr):
 def _tc8_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, BYTES, TPS, sx, sb, ss,
                 sy, sp, sr, sh, sro,
                 BN: tl.constexpr, BB: tl.constexpr, MP: tl.constexpr, FP8: tl.constexpr, SPLIT: tl.constexpr,
-                NORM: tl.constexpr, CODES: tl.constexpr, PERM: tl.constexpr, INTERP: tl.constexpr,
+                NORM: tl.constexpr, ASM: tl.constexpr, PERM: tl.constexpr, INTERP: tl.constexpr,
                 PDL: tl.constexpr):
     """Program (row block, K run) reading ``BB`` bytes (= lanes) of each of ``BN`` rows a K step.
 
@@ -189,7 +182,7 @@ def _tc8_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M
         inv = inv_rms(x_ptr, r_ptr, ro_ptr.dtype.element_ty, M, K, eps, sx, sr, MP, 512, INTERP)[:, None]
     for t in range(t0, t1):
         h = tl.load(b_ptr + r[:, None] * (sb // 2) + t * HB + hh)                  # [BN, HB] uint16
-        c0, c1 = CODES(h, INTERP)
+        c0, c1 = codes(h, ASM, FP8, INTERP)
         a = _a_order(c0, c1, BN, BB, PERM)
         lane = t * BB + k2
         xv = _x_step(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, xoff + t * BB, roff + t * BB, lane,
@@ -205,20 +198,7 @@ def _tc8_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M
         out = acc * tl.load(s_ptr + r * ss).to(tl.float32)[:, None]
     else:
         out = tl.sum(tl.reshape(acc, (BN, GPI, MP)), 1)                             # [BN, MP]
-    _store(out, y_ptr, x_ptr, n, nm, sid, sp, sy, M, N, MP, SPLIT, INTERP)
-
-
-@triton.jit
-def _store(out, y_ptr, x_ptr, n, nm, sid, sp, sy, M, N, MP: tl.constexpr, SPLIT: tl.constexpr,
-           INTERP: tl.constexpr):
-    """``out[BN, MP]``: the fp32 partial of K run ``sid``, or (one run) rounded to x's dtype and stored."""
-    mm = tl.arange(0, MP)[None, :]
-    keep = nm[:, None] & (mm < M)
-    if SPLIT:
-        tl.store(y_ptr + sid * sp + mm * N + n[:, None], out, mask=keep)
-    else:
-        y = cast(out, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + mm * sy + n[:, None], y, mask=keep)
+    store_out(out, y_ptr, x_ptr, n, nm, sid, sp, sy, M, N, MP, SPLIT, INTERP)
 
 
 def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
@@ -235,15 +215,10 @@ def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
     return (mp, bn, gpi) if w.lanes % (32 * gpi) == 0 else None
 
 
-def takes(x2: torch.Tensor, w: KernelWeight) -> bool:
-    """Whether these kernels can take ``x2`` (bf16, a shape they take) with ``w``."""
-    return x2.dtype == torch.bfloat16 and launch_shape(x2.shape[0], w) is not None
-
-
 def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,
-            out_dtype: torch.dtype | None = None, split: int | None = None, codes=None, perm: int = 1,
+            out_dtype: torch.dtype | None = None, split: int | None = None, asm: str | None = None, perm: int = 1,
             shape: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """:func:`quant_gemv_tc.gemv_tc`'s contract for a q8 or fp8 weight. ``codes``, ``perm`` and ``shape`` (MP, BN,
+    """:func:`quant_gemv_tc.gemv_tc`'s contract for a q8 or fp8 weight. ``asm``, ``perm`` and ``shape`` (MP, BN,
     GPI or BK) replace the decode, the lane order and the launch shape (for the candidates' comparison)."""
     m, _ = x2.shape
     chosen = launch_shape(m, w)
@@ -255,4 +230,4 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
     step = q if fp8 else 32 * q
     return quant_gemv_tc.launch(_tc8_kernel, x2, w, nbytes=w.lanes, step=step, bn=bn, norm=norm, swiglu=swiglu,
                                 out_dtype=out_dtype, split=split, BB=step, MP=mp, FP8=fp8, PERM=perm,
-                                CODES=codes or (fp8_codes if fp8 else q8_codes))
+                                ASM=asm or (FP8_ASM if fp8 else Q8_ASM))

@@ -71,9 +71,9 @@ def tc_module(x2: torch.Tensor, w: KernelWeight):
     """The tensor-core GEMV module that runs ``x2`` with ``w`` under ``NINFER_QUANT_GEMV`` (q4:
     :mod:`~ninfer.ops.triton.quant_gemv_tc`, q8/fp8: :mod:`~ninfer.ops.triton.quant_gemv_tc8`), or None."""
     mode = quant_gemv_tc.MODE
-    if mode == "cuda":
+    if mode == "cuda" or x2.dtype != torch.bfloat16:
         return None
-    module = next((m for m in (quant_gemv_tc, quant_gemv_tc8) if m.takes(x2, w)), None)
+    module = next((m for m in (quant_gemv_tc, quant_gemv_tc8) if m.launch_shape(x2.shape[0], w) is not None), None)
     if module is None or mode == "tc":
         return module
     fewest, over_gemm = AUTO_TC.get(w.format, (MAX_ROWS + 1, False))
