@@ -15,6 +15,8 @@
 #   --workers N          parallel pytest workers of the kernel steps (default 8)
 #   --test-timeout S     one test (default 300)
 #   --no-install         use what is installed (a dry run on a development machine)
+#   --triton-paths "P.."  run these test files/folders in the triton step instead of the whole tests/ops_triton
+#                        (a partial lane, for re-running what changed after a full run; the summary says so)
 #   --concurrent         run the gpu step beside the kernel steps instead of before them (the whole lane in one
 #                        device call of ~10 minutes instead of two; the GPU has room for both, the CPUs are shared)
 #   -- ARGS              more arguments for every pytest run, e.g. `-- --collect-only`
@@ -40,6 +42,7 @@ workers=8
 test_timeout=300
 install=1
 concurrent=0
+triton_paths="tests/ops_triton"
 steps=()
 extra=()
 while [ $# -gt 0 ]; do
@@ -52,6 +55,7 @@ while [ $# -gt 0 ]; do
         --test-timeout) test_timeout="$2"; shift 2 ;;
         --no-install) install=0; shift ;;
         --concurrent) concurrent=1; shift ;;
+        --triton-paths) triton_paths="$2"; shift 2 ;;
         gpu|ops|triton) steps+=("$1"); shift ;;
         --) shift; extra=("$@"); break ;;
         *) echo "gpu_tests.sh: unknown argument $1 (see the header of this script)" >&2; exit 2 ;;
@@ -133,7 +137,7 @@ run_step() {
     case "$step" in
         gpu) args=(-m gpu tests --ignore=tests/ops --ignore=tests/ops_triton) ;;
         ops) args=("${parallel[@]}" -m gpu tests/ops) ;;
-        triton) args=("${parallel[@]}" tests/ops_triton) ;;
+        triton) read -r -a paths <<< "$triton_paths"; args=("${parallel[@]}" "${paths[@]}") ;;
     esac
     say "step $step (at most ${left}s): python3 -m pytest ${args[*]}"
     t0=$(date +%s)
@@ -164,7 +168,8 @@ done
 # -- summary ----------------------------------------------------------------------------------------------------
 steps_spec=""
 for step in "${steps[@]}"; do steps_spec="$steps_spec $step:${step_rc[$step]}:${step_s[$step]}"; done
-python3 - "$out" "$commit" "$install_rc" "$(( $(date +%s) - start ))" $steps_spec <<'PY' | tee -a "$log"
+TRITON_PATHS="$triton_paths" python3 - "$out" "$commit" "$install_rc" "$(( $(date +%s) - start ))" $steps_spec <<'PY' | tee -a "$log"
+import os
 import sys
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
@@ -188,6 +193,8 @@ for spec in specs:
         note = f"no junit ({'not started or cut off' if rc == '124' else f'pytest rc {rc}'})"
     for k in totals:
         totals[k] += counts[k]
+    if step == "triton" and os.environ["TRITON_PATHS"] != "tests/ops_triton":
+        note += f"; partial: {os.environ['TRITON_PATHS']}"
     lines.append(f"{step:<7} {counts['passed']:>5} passed {counts['failed']:>4} failed {counts['errors']:>4} errors "
                  f"{counts['skipped']:>4} skipped  {seconds:>4}s  {note}")
 try:
