@@ -11,12 +11,13 @@
 #
 #   bash tools/gpu_quant_ab.sh                     # on the device, carry .gpu-wheels
 #   RECIPES=q4@cuda,q4,bf16 SWEEP_S=60 bash tools/gpu_quant_ab.sh
+#   RECIPES=bf16,q4,q8,fp8+a8 SWEEP_S=0 QUANT_S=540 bash tools/gpu_quant_ab.sh   # end to end only
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${OUT:-$PWD/quant-ab-results}"
 work=/tmp/ninfer_quant_ab
 recipes="${RECIPES:-q4@cuda,q4,q8@cuda,q8,fp8+a8@cuda,fp8+a8,bf16}"
-sweep_s="${SWEEP_S:-100}"
+sweep_s="${SWEEP_S:-100}"   # PREFILL: the prefill lengths benched (default 1024)
 quant_s="${QUANT_S:-420}"
 mkdir -p "$out" "$work"
 cd "$root"
@@ -29,15 +30,17 @@ say "installing the carried wheels and this checkout"
 install_checkout || exit 1
 make_tokenizer "$work/tokenizer.json" || exit 1
 
-say "kernel sweep (${sweep_s}s)"
-timeout "$sweep_s" python3 tools/gpu_quant_gemv_sweep.py --out "$out" --rows 1,8 \
-    --formats q4_g64_fp16,q8_g32_fp16,fp8_e4m3fn_row_bf16 --shapes "gdn in,lm head,mlp down" \
-    --variants engine_tc,gemm > "$out/sweep.log" 2>&1
-say "sweep rc $?"
-grep -v '^{' "$out/sweep.log" | tail -40
+if [ "$sweep_s" -gt 0 ]; then  # SWEEP_S=0 skips the kernel sweep (`timeout 0` would mean no limit)
+    say "kernel sweep (${sweep_s}s)"
+    timeout "$sweep_s" python3 tools/gpu_quant_gemv_sweep.py --out "$out" --rows 1,8 \
+        --formats q4_g64_fp16,q8_g32_fp16,fp8_e4m3fn_row_bf16 --shapes "gdn in,lm head,mlp down" \
+        --variants engine_tc,gemm > "$out/sweep.log" 2>&1
+    say "sweep rc $?"
+    grep -v '^{' "$out/sweep.log" | tail -40
+fi
 
 say "end to end: $recipes (${quant_s}s)"
 timeout "$quant_s" python3 tools/gpu_quant_speed.py --tokenizer "$work/tokenizer.json" --out "$out" \
-    --recipes "$recipes" --prefill-lengths 1024 --budget-s $(( quant_s - 20 )) > "$out/quant.log" 2>&1
+    --recipes "$recipes" --prefill-lengths "${PREFILL:-1024}" --budget-s $(( quant_s - 20 )) > "$out/quant.log" 2>&1
 say "quant rc $?"
 grep -v '^\[' "$out/quant.log" | tail -30
