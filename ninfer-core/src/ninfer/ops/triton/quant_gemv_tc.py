@@ -21,8 +21,11 @@ weight of few rows still fills the device.
 - B = a block-diagonal x^T ``[64 * GPI, GPI * MP]``: column ``g * MP + m`` holds row m of x on group g's lanes and
   zeros elsewhere, so one dot yields every row's sum over each group. The fp16 group scale multiplies each group's
   sum in fp32, the groups are added after the loop.
-- Split-K (``S > 1``): partials ``[S, M, N]`` in fp32, added in a fixed order by a second kernel that rounds once to
-  the output dtype (deterministic). ``S == 1`` rounds and stores in the same kernel.
+- Split-K (``S > 1``): partials ``[S, M, N]`` in fp32. The program that arrives last at its output block (a ticket
+  counter per block, taken with release/acquire after the partial is stored) adds the block's partials in split
+  order and rounds once to the output dtype: deterministic, and no second launch, whose latency is a large share of
+  a narrow projection's time at one row. (A SwiGLU weight whose half is not whole blocks of ``BN`` rows falls back
+  to a second kernel for the sum.) ``S == 1`` rounds and stores in the same kernel.
 
 Exactness: the weights are exactly the decoded ``code * scale``; products are exact (a 4-bit code times a bf16);
 sums run in the tensor cores' fp32 accumulation (per dot) and in fp32 (scales, groups, partials): the bound of
@@ -107,23 +110,53 @@ def inv_rms(x_ptr, r_ptr, res_ty, M, K, eps, sx, sr, MP: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
-def store_out(out, y_ptr, x_ptr, n, nm, sid, sp, sy, M, N, MP: tl.constexpr, SPLIT: tl.constexpr,
-           INTERP: tl.constexpr):
-    """``out[BN, MP]``: the fp32 partial of K run ``sid``, or (one run) rounded to x's dtype and stored."""
+def store_out(out, y_ptr, p_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, S, sp, sy, M, N, OUT, BN: tl.constexpr,
+              MP: tl.constexpr, SPLIT: tl.constexpr, REDUCE: tl.constexpr, SWIGLU: tl.constexpr,
+              INTERP: tl.constexpr):
+    """``out[BN, MP]``, program (``pid``, K run ``sid``): one run (not SPLIT) rounds to x's dtype and stores it. SPLIT
+    stores the fp32 partial; with REDUCE the program that arrives last at its output block then adds the block's
+    partials in split order and rounds once (SWIGLU: ``silu(gate) * up``; the block is then gate rows ``pid`` and up
+    rows ``pid + OUT // BN``, ``2 S`` arrivals) and resets the block's ticket counter for the next launch. Without
+    REDUCE :func:`_sum_kernel` adds them."""
     mm = tl.arange(0, MP)[None, :]
     keep = nm[:, None] & (mm < M)
     if SPLIT:
-        tl.store(y_ptr + sid * sp + mm * N + n[:, None], out, mask=keep)
+        tl.store(p_ptr + sid * sp + mm * N + n[:, None], out, mask=keep)
+        if REDUCE:
+            if SWIGLU:
+                blk = pid % (OUT // BN)
+                arrivals = 2 * S
+            else:
+                blk = pid
+                arrivals = S
+            tl.debug_barrier()   # every thread's partial is written before the (release) ticket is taken
+            ticket = tl.atomic_add(cnt_ptr + blk, 1, sem="acq_rel", scope="gpu")
+            if ticket == arrivals - 1:
+                j = blk * BN + tl.arange(0, BN)[:, None]
+                jm = (j < OUT) & (mm < M)
+                acc = tl.zeros((BN, MP), dtype=tl.float32)
+                acc_u = tl.zeros((BN, MP), dtype=tl.float32)
+                for s in range(0, S):   # L2 loads (.cg): the other programs' partials, never in this SM's L1
+                    acc += tl.load(p_ptr + s * sp + mm * N + j, mask=jm, other=0.0, cache_modifier=".cg")
+                    if SWIGLU:
+                        acc_u += tl.load(p_ptr + s * sp + mm * N + OUT + j, mask=jm, other=0.0, cache_modifier=".cg")
+                if SWIGLU:
+                    g = cast(acc, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
+                    u = cast(acc_u, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
+                    acc = g / (1.0 + tl.exp(-g)) * u
+                y = cast(acc, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
+                tl.store(y_ptr + mm * sy + j, y, mask=jm)
+                tl.atomic_xchg(cnt_ptr + blk, 0, sem="relaxed", scope="gpu")
     else:
         y = cast(out, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + mm * sy + n[:, None], y, mask=keep)
 
 
-@triton.jit(do_not_specialize=["M", "TPS"])
-def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, BYTES, TPS, sx, sb, ss,
-                  sy, sp, sr, sh, sro,
-                  BN: tl.constexpr, GPI: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr,
-                  INTERP: tl.constexpr, PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["M", "TPS", "S"])
+def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, OUT, K, BYTES,
+                  TPS, S, sx, sb, ss, sy, sp, sr, sh, sro,
+                  BN: tl.constexpr, GPI: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr, REDUCE: tl.constexpr,
+                  SWIGLU: tl.constexpr, NORM: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     BB: tl.constexpr = 32 * GPI          # bytes of a row per K step
     HB: tl.constexpr = 16 * GPI          # uint16 elements of a row per K step
     NC: tl.constexpr = GPI * MP
@@ -181,7 +214,8 @@ def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps,
         sc = tl.load(s_ptr + r[:, None] * ss + t * GPI + gcol).to(tl.float32)
         acc += d * sc
     out = tl.sum(tl.reshape(acc, (BN, GPI, MP)), 1)                               # [BN, MP]
-    store_out(out, y_ptr, x_ptr, n, nm, sid, sp, sy, M, N, MP, SPLIT, INTERP)
+    store_out(out, y_ptr, p_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, S, sp, sy, M, N, OUT, BN, MP, SPLIT, REDUCE, SWIGLU,
+              INTERP)
 
 
 @triton.jit
@@ -257,6 +291,9 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
     s = -(-steps // tps)                                   # no empty splits
     partials = s > 1 or swiglu
     part = torch.empty((s, m, w.n), dtype=torch.float32, device=x2.device) if partials else y
+    # The last program of an output block adds the block's partials (no second launch) where every block's
+    # programs are known: SwiGLU needs its gate and up rows in whole blocks of bn.
+    cnt = _tickets(x2.device, programs) if partials and not (swiglu and n_out % bn) else None
     if norm is None:
         r2 = nw = hn = ro = x2
         eps = 0.0
@@ -264,12 +301,29 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
         r2, nw, eps, hn, ro = norm
     kw = {} if INTERPRET else {"num_warps": 4}
     kernel[(programs, s)](
-        x2, w.base.view(torch.uint16), w.scales, part, r2, nw, hn, ro, float(eps), m, w.n, k, nbytes, tps,
-        x2.stride(0), w.base_stride, w.scale_stride, y.stride(0), part.stride(0) if partials else 0, r2.stride(0),
-        hn.stride(0), ro.stride(0), BN=bn, SPLIT=partials, NORM=norm is not None, INTERP=INTERPRET,
-        **constexprs, **pdl(x2), **kw)
-    if partials:
+        x2, w.base.view(torch.uint16), w.scales, y, part, part if cnt is None else cnt, r2, nw, hn, ro, float(eps), m,
+        w.n, n_out, k, nbytes, tps, s, x2.stride(0), w.base_stride, w.scale_stride, y.stride(0),
+        part.stride(0) if partials else 0, r2.stride(0), hn.stride(0), ro.stride(0), BN=bn, SPLIT=partials,
+        REDUCE=cnt is not None, SWIGLU=swiglu, NORM=norm is not None, INTERP=INTERPRET, **constexprs, **pdl(x2), **kw)
+    if partials and cnt is None:
         block = 1024
         _sum_kernel[(m, triton.cdiv(n_out, block))](part, y, x2, s, w.n, n_out, part.stride(0), SWIGLU=swiglu,
                                                     BLOCK=block, INTERP=INTERPRET)
     return y
+
+
+# Ticket counters of the in-kernel split-K sum, one per output block, per device. Zero between launches (the last
+# program of a block resets its own); launches never overlap on them: the engine runs its kernels on one stream, and
+# a PDL launch touches them only after pdl_wait, when the previous launch has completed.
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+_MAX_BLOCKS = 1 << 16
+
+
+def _tickets(device: torch.device, blocks: int) -> torch.Tensor | None:
+    """The device's ticket counters, or None when a weight has more output blocks than there are counters."""
+    if blocks > _MAX_BLOCKS:
+        return None
+    t = _TICKETS.get(device)
+    if t is None:
+        t = _TICKETS[device] = torch.zeros(_MAX_BLOCKS, dtype=torch.int32, device=device)
+    return t

@@ -145,10 +145,10 @@ def _dot(a, xb, INTERP: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M", "TPS"])
-def _tc8_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, K, BYTES, TPS, sx, sb, ss,
-                sy, sp, sr, sh, sro,
+def _tc8_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, OUT, K, BYTES,
+                TPS, S, sx, sb, ss, sy, sp, sr, sh, sro,
                 BN: tl.constexpr, BB: tl.constexpr, MP: tl.constexpr, FP8: tl.constexpr, SPLIT: tl.constexpr,
-                NORM: tl.constexpr, ASM: tl.constexpr, PERM: tl.constexpr, INTERP: tl.constexpr,
+                REDUCE: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr, ASM: tl.constexpr, PERM: tl.constexpr, INTERP: tl.constexpr,
                 PDL: tl.constexpr):
     """Program (row block, K run) reading ``BB`` bytes (= lanes) of each of ``BN`` rows a K step.
 
@@ -198,7 +198,8 @@ def _tc8_kernel(x_ptr, b_ptr, s_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M
         out = acc * tl.load(s_ptr + r * ss).to(tl.float32)[:, None]
     else:
         out = tl.sum(tl.reshape(acc, (BN, GPI, MP)), 1)                             # [BN, MP]
-    store_out(out, y_ptr, x_ptr, n, nm, sid, sp, sy, M, N, MP, SPLIT, INTERP)
+    store_out(out, y_ptr, p_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, S, sp, sy, M, N, OUT, BN, MP, SPLIT, REDUCE, SWIGLU,
+              INTERP)
 
 
 def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
