@@ -12,6 +12,7 @@
 #   bash tools/gpu_quant_ab.sh                     # on the device, carry .gpu-wheels
 #   RECIPES=q4@cuda,q4,bf16 SWEEP_S=60 bash tools/gpu_quant_ab.sh
 #   RECIPES=bf16,q4,q8,fp8+a8 SWEEP_S=0 QUANT_S=540 bash tools/gpu_quant_ab.sh   # end to end only
+#   VARIANTS=engine_tc,engine_tc_sum2 ...                                    # the sweep's variants
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${OUT:-$PWD/quant-ab-results}"
@@ -34,7 +35,7 @@ if [ "$sweep_s" -gt 0 ]; then  # SWEEP_S=0 skips the kernel sweep (`timeout 0` w
     say "kernel sweep (${sweep_s}s)"
     timeout "$sweep_s" python3 tools/gpu_quant_gemv_sweep.py --out "$out" --rows 1,8 \
         --formats q4_g64_fp16,q8_g32_fp16,fp8_e4m3fn_row_bf16 --shapes "gdn in,lm head,mlp down" \
-        --variants engine_tc,gemm > "$out/sweep.log" 2>&1
+        --variants "${VARIANTS:-engine_tc,gemm}" > "$out/sweep.log" 2>&1
     say "sweep rc $?"
     grep -v '^{' "$out/sweep.log" | tail -40
 fi

@@ -64,6 +64,19 @@ def bf16_impls(x: torch.Tensor, ws: list) -> list:
             ("triton bf16", lambda c: bf16_gemv(x, ws[c % len(ws)]))]
 
 
+def _tc_call(module, x: torch.Tensor, kw, second_sum_kernel: bool):
+    """The engine's tensor-core GEMV; ``second_sum_kernel``: with no ticket counters, so the split-K partials are
+    added by the separate sum kernel (the A/B of the in-kernel sum)."""
+    from ninfer.ops.triton import quant_gemv_tc
+
+    old = quant_gemv_tc._MAX_BLOCKS
+    quant_gemv_tc._MAX_BLOCKS = 0 if second_sum_kernel else old
+    try:
+        return module.gemv_tc(x, kw)
+    finally:
+        quant_gemv_tc._MAX_BLOCKS = old
+
+
 def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
     """(label, call(c)) of the engine's GEMV and each candidate of ``variants`` (``BNxGxWARPS`` for
     :func:`quant_gemv_candidates.gemv`, ``tcBNxWARPS`` for the tensor-core candidate, ``t3BNxGPI`` / ``t5BNxGPI``
@@ -88,11 +101,15 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
             xin = x if natural else xp
             impls.append((f"{v[:2]} bn={bn} gpi={gpi}", lambda c, bn=bn, gpi=gpi, xin=xin, natural=natural:
                           cand.gemv_tc35(xin, w(c), natural_x=natural, bn=bn, gpi=gpi)))
-        elif v == "engine_tc":   # the engine's tensor-core GEMV of the format (q4, q8, fp8) at its launch shape
+        elif v in ("engine_tc", "engine_tc_sum2"):
+            # The engine's tensor-core GEMV of the format (q4, q8, fp8) at its launch shape; _sum2 with the split-K
+            # sum in a second kernel, as before the in-kernel sum.
             from ninfer.ops.triton import quant_gemv_tc, quant_gemv_tc8
+            two = v.endswith("sum2")
             for module in (quant_gemv_tc, quant_gemv_tc8):
                 if module.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
-                    impls.append(("engine tc", lambda c, module=module: module.gemv_tc(x, w(c))))
+                    impls.append(("engine tc" + (" sum2" if two else ""),
+                                  lambda c, module=module, two=two: _tc_call(module, x, w(c), two)))
         elif v == "gemm":
             impls.append(("quant gemm", lambda c: gemm(x, w(c))))
         elif v.startswith("tc"):
@@ -115,6 +132,7 @@ def main() -> None:
     ap.add_argument("--variants", default="2x32x4,4x16x4,8x16x4,tc64x4,tc128x4,tc128x8,tc64x8,gemm",
                     help="candidates: BNxGxWARPS (CUDA-core), tcBNxWARPS (tensor-core), t3BNxGPI / t5BNxGPI (q4, "
                          "tensor cores, PTX decode, split-K; t3 with x pre-permuted), engine_tc (ninfer.ops.triton.quant_gemv_tc / _tc8), "
+                         "engine_tc_sum2 (the same with the split-K sum in a second kernel), "
                          "gemm (the engine's GEMM)")
     args = ap.parse_args()
     from ninfer.ops.triton._quant import kernel_weight
