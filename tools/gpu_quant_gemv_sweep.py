@@ -67,14 +67,14 @@ def bf16_impls(x: torch.Tensor, ws: list) -> list:
 def _tc_call(module, x: torch.Tensor, kw, second_sum_kernel: bool):
     """The engine's tensor-core GEMV; ``second_sum_kernel``: with no ticket counters, so the split-K partials are
     added by the separate sum kernel (the A/B of the in-kernel sum)."""
-    from ninfer.ops.triton import quant_gemv_tc
+    from ninfer.ops.triton import _splitk
 
-    old = quant_gemv_tc._MAX_BLOCKS
-    quant_gemv_tc._MAX_BLOCKS = 0 if second_sum_kernel else old
+    old = _splitk._MAX_BLOCKS
+    _splitk._MAX_BLOCKS = 0 if second_sum_kernel else old
     try:
         return module.gemv_tc(x, kw)
     finally:
-        quant_gemv_tc._MAX_BLOCKS = old
+        _splitk._MAX_BLOCKS = old
 
 
 def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:

@@ -197,7 +197,7 @@ def _presets() -> dict[str, Preset]:
         # tensor-core candidates of tools/quant_gemv_candidates.py; loop_bytes = base-plane bytes a thread reads
         # per K-loop iteration (engine: 4 rows x 1,024 B / 128 threads; tc3/tc5: 128 rows x 256 B / 128 threads).
         "qgemv_q4": Preset("ninfer.ops.triton.quant_gemv", "_qgemv_kernel",
-                           dict(KIND=0, BITS=4, BM=1, BN=4, BB=1024, EVEN=True, SPLIT=1, NORM=False, SWIGLU=False,
+                           dict(KIND=0, BITS=4, BM=1, BN=4, BB=1024, EVEN=True, SPLIT=1, REDUCE=False, NORM=False, SWIGLU=False,
                                 INTERP=False, PDL=True), 4,
                            {"b_ptr": "*u8", "h_ptr": "*u8", "s_ptr": "*fp16", "part_ptr": "*fp32"},
                            divisible=("K", "BYTES", "sx", "sb", "sh", "ss", "sy", "sr", "shn", "sro"), loop_bytes=32),
@@ -218,12 +218,12 @@ def _presets() -> dict[str, Preset]:
                                    divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                                    loop_bytes=256),
         "qgemv_q8": Preset("ninfer.ops.triton.quant_gemv", "_qgemv_kernel",
-                           dict(KIND=1, BITS=8, BM=1, BN=4, BB=1024, EVEN=True, SPLIT=1, NORM=False, SWIGLU=False,
+                           dict(KIND=1, BITS=8, BM=1, BN=4, BB=1024, EVEN=True, SPLIT=1, REDUCE=False, NORM=False, SWIGLU=False,
                                 INTERP=False, PDL=True), 4,
                            {"b_ptr": "*u8", "h_ptr": "*u8", "s_ptr": "*fp16", "part_ptr": "*fp32"},
                            divisible=("K", "BYTES", "sx", "sb", "sh", "ss", "sy", "sr", "shn", "sro"), loop_bytes=32),
         "qgemv_fp8": Preset("ninfer.ops.triton.quant_gemv", "_qgemv_kernel",
-                            dict(KIND=2, BITS=8, BM=1, BN=4, BB=1024, EVEN=True, SPLIT=1, NORM=False, SWIGLU=False,
+                            dict(KIND=2, BITS=8, BM=1, BN=4, BB=1024, EVEN=True, SPLIT=1, REDUCE=False, NORM=False, SWIGLU=False,
                                  INTERP=False, PDL=True), 4,
                             {"b_ptr": "*u8", "h_ptr": "*u8", "s_ptr": "*bf16", "part_ptr": "*fp32"},
                             divisible=("K", "BYTES", "sx", "sb", "sh", "ss", "sy", "sr", "shn", "sro"), loop_bytes=32),

@@ -92,3 +92,14 @@ def cuda_core_gemv(monkeypatch):
     from ninfer.ops.triton import quant_gemv_tc
 
     monkeypatch.setattr(quant_gemv_tc, "MODE", "cuda")
+
+
+class CountLaunches:
+    """Stands in for a Triton kernel (``kernel[grid](...)``): counts launches and runs the real one."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]

@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from ops.conftest import randn  # noqa: E402
 
-from .conftest import CUDA, DEVICE, triton_ops  # noqa: E402
+from .conftest import CUDA, DEVICE, CountLaunches, triton_ops  # noqa: E402
 from .quant_cases import U_TC, assert_dot_bound, random_packed  # noqa: E402
 
 Q4, Q8, FP8 = "q4_g64_fp16", "q8_g32_fp16", "fp8_e4m3fn_row_bf16"
@@ -204,17 +204,6 @@ def test_norm_stores_are_complete_with_split_k(fmt, gen):
     assert torch.equal(y, gemv_tc(h, _kw(w), split=4))
 
 
-class _CountLaunches:
-    """Stands in for a Triton kernel: counts launches and runs the real one."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("swiglu,n,split", [(False, 300, 3), (False, 256, 1), (True, 512, 1), (True, 512, 3)])
@@ -223,20 +212,20 @@ def test_split_k_sum_in_the_kernel_equals_the_sum_kernel(fmt, rows, swiglu, n, s
     kernel's result bit for bit (the same fp32 order, one rounding, SwiGLU of the rounded gate and up); the block
     ticket counters are all zero again after the call. Without the counters (more output blocks than counters, or
     a SwiGLU half that is not whole blocks) the second kernel runs."""
-    from ninfer.ops.triton import quant_gemv_tc
+    from ninfer.ops.triton import _splitk
 
     module = _module(fmt)
     k = 2048   # K steps enough for three runs in every format
     w = _kw(random_packed(gen, fmt, n, k, DEVICE))
     x = randn(gen, rows, k, dtype=torch.bfloat16, device=DEVICE)
-    counted = _CountLaunches(quant_gemv_tc._sum_kernel)
-    monkeypatch.setattr(quant_gemv_tc, "_sum_kernel", counted)
+    counted = CountLaunches(_splitk._sum_kernel)
+    monkeypatch.setattr(_splitk, "_sum_kernel", counted)
     fused = module.gemv_tc(x, w, swiglu=swiglu, split=split)
     partials = split > 1 or swiglu
     assert counted.launches == 0
     if partials:
-        assert not quant_gemv_tc._TICKETS[x.device].any()
-    monkeypatch.setattr(quant_gemv_tc, "_MAX_BLOCKS", 0)
+        assert not _splitk._TICKETS[x.device].any()
+    monkeypatch.setattr(_splitk, "_MAX_BLOCKS", 0)
     second = module.gemv_tc(x, w, swiglu=swiglu, split=split)
     assert counted.launches == (1 if partials else 0)
     assert torch.equal(fused, second)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("cuda_core_gemv")
 
 from ops.conftest import randn  # noqa: E402
 
-from .conftest import CUDA, DEVICE, triton_ops  # noqa: E402
+from .conftest import CUDA, DEVICE, CountLaunches, triton_ops  # noqa: E402
 from .quant_cases import FORMATS, U_RN, assert_dot_bound, random_packed  # noqa: E402
 
 SHAPES = [(1, 7, 100), (2, 9, 64), (3, 13, 200), (5, 4, 257), (16, 6, 130)]
@@ -40,8 +40,8 @@ def test_linear_gemv_within_fp32_bound(fmt, dtype, m, n, k, gen):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("split,lanes", [(2, 64), (3, 128), (None, 64)])
 def test_split_k_and_small_tiles(fmt, split, lanes, gen):
-    """Several K tiles (the prefetch loop), split-K partials summed on the launch side, and the automatic split
-    (few rows: ``None``) all stay within the bound."""
+    """Several K tiles (the prefetch loop), split-K partials summed in the kernel, and the automatic split (few
+    rows: ``None``) all stay within the bound."""
     from ninfer.ops.triton._quant import kernel_weight
     from ninfer.ops.triton.quant_gemv import gemv
 
@@ -49,6 +49,25 @@ def test_split_k_and_small_tiles(fmt, split, lanes, gen):
     x = randn(gen, 2, 300, dtype=torch.bfloat16, device=DEVICE)
     out = gemv(x, kernel_weight(w, "linear"), split=split, lanes=lanes)
     assert_dot_bound(out, x, w, u=U_RN, extra=1, what=f"{fmt} split {split} lanes {lanes}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_split_k_sum_in_the_kernel_equals_the_sum_kernel(fmt, rows, gen, monkeypatch):
+    """With several row blocks and three K runs, the last program of each row block adds the partials (no second
+    launch) and gets the sum kernel's bits; the ticket counters are zero again afterwards."""
+    from ninfer.ops.triton import _splitk
+    from ninfer.ops.triton._quant import kernel_weight
+    from ninfer.ops.triton.quant_gemv import gemv
+
+    w = kernel_weight(random_packed(gen, fmt, 70, 600, DEVICE), "linear")
+    x = randn(gen, rows, 600, dtype=torch.bfloat16, device=DEVICE)
+    counted = CountLaunches(_splitk._sum_kernel)
+    monkeypatch.setattr(_splitk, "_sum_kernel", counted)
+    fused = gemv(x, w, split=3, lanes=128, block_n=16)
+    assert counted.launches == 0 and not _splitk._TICKETS[x.device].any()
+    monkeypatch.setattr(_splitk, "_MAX_BLOCKS", 0)
+    assert torch.equal(gemv(x, w, split=3, lanes=128, block_n=16), fused) and counted.launches == 1
 
 
 def test_auto_split_fills_the_device_only_for_few_rows():

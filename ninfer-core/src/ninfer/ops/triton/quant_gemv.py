@@ -10,8 +10,8 @@ formats each byte's two lanes multiply x's even and odd lanes (two strided loads
 fp8 rows accumulate ``code * x`` and take their bf16 row scale once at the end.
 
 Split-K (``split > 1``, for weights with too few rows to occupy the device): program ``(i, s)`` reduces the
-s-th run of K tiles into an fp32 partial ``[S, M, N]``; the partials are summed in a fixed order on the host
-side of the launch (deterministic) and rounded once.
+s-th run of K tiles into an fp32 partial ``[S, M, N]``; the program that arrives last at its row block adds them
+in split order and rounds once (:mod:`~ninfer.ops.triton._splitk`: deterministic, no second launch).
 
 Fused variants, as :mod:`~ninfer.ops.triton.linear` fuses the bf16 GEMV: ``norm`` forms the block's
 ``add_rms_norm_unit_offset`` of x in every program (a first pass over the row for its sum of squares, then the
@@ -32,6 +32,7 @@ import triton.language as tl
 
 from ninfer.ops.triton._common import INTERPRET, cast, next_pow2, pdl, pdl_wait
 from ninfer.ops.triton._quant import KIND_FP8, KIND_NIBBLE, KernelWeight, decode_tile, load_tile
+from ninfer.ops.triton._splitk import store_out, sum_partials, tickets
 
 # Most rows of x the GEMV takes (the weight tile is reduced against each row on the CUDA cores; the GEMM's tensor
 # cores win beyond some row count that the H200 sweep has to find).
@@ -89,11 +90,11 @@ def _reduce(acc, c0, c1, sc, x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, invs, M, K, k0
 
 
 @triton.jit
-def _qgemv_kernel(x_ptr, b_ptr, h_ptr, s_ptr, y_ptr, part_ptr, r_ptr, nw_ptr, hn_ptr, ro_ptr, eps,
+def _qgemv_kernel(x_ptr, b_ptr, h_ptr, s_ptr, y_ptr, part_ptr, cnt_ptr, r_ptr, nw_ptr, hn_ptr, ro_ptr, eps,
                   M, N, K, NI, BYTES, TPS, sx, sb, sh, ss, sy, sr, shn, sro,
                   KIND: tl.constexpr, BITS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
-                  EVEN: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr,
-                  INTERP: tl.constexpr, PDL: tl.constexpr):
+                  EVEN: tl.constexpr, SPLIT: tl.constexpr, REDUCE: tl.constexpr, NORM: tl.constexpr,
+                  SWIGLU: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     LPB: tl.constexpr = 2 if KIND == 0 else 1       # lanes per byte
     pid = tl.program_id(0)
     sid = tl.program_id(1)
@@ -147,8 +148,9 @@ def _qgemv_kernel(x_ptr, b_ptr, h_ptr, s_ptr, y_ptr, part_ptr, r_ptr, nw_ptr, hn
         if SWIGLU:
             acc_u = acc_u * tl.load(s_ptr + n_up * ss).to(tl.float32)[None, :]
     keep = (rows[:, None] < M) & nm[None, :]
-    if SPLIT > 1:  # unrounded fp32 partial sums; the launcher adds them
-        tl.store(part_ptr + (sid * M + rows[:, None]) * N + n[None, :], acc, mask=keep)
+    if SPLIT > 1:  # unrounded fp32 partial sums, added by the last program of the row block (or after the launch)
+        store_out(tl.trans(acc), y_ptr, part_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, SPLIT, M * N, sy, M, N, N, BN, BM,
+                  True, REDUCE, False, INTERP)
     else:
         if SWIGLU:
             g = cast(acc, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
@@ -203,6 +205,7 @@ def gemv(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu
     if n == 0:
         return y
     part = torch.empty((s, m, n), dtype=torch.float32, device=x2.device) if s > 1 else y
+    cnt = tickets(x2.device, programs) if s > 1 else None
     if norm is None:
         r2 = nw = hn = ro = x2
         eps = 0.0
@@ -210,10 +213,11 @@ def gemv(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu
         r2, nw, eps, hn, ro = norm
     kw = {} if INTERPRET else {"num_warps": warps}
     _qgemv_kernel[(programs, s)](
-        x2, w.base, w.high, w.scales, y, part, r2, nw, hn, ro, float(eps), m, n, k, n, row_bytes, tps,
-        x2.stride(0), w.base_stride, w.high_stride, w.scale_stride, y.stride(0), r2.stride(0), hn.stride(0),
-        ro.stride(0), KIND=w.kind, BITS=w.bits, BM=next_pow2(m), BN=bn, BB=bb, EVEN=row_bytes % bb == 0, SPLIT=s,
-        NORM=norm is not None, SWIGLU=swiglu, INTERP=INTERPRET, **pdl(x2), **kw)
-    if s > 1:
-        y.copy_(part.sum(0).to(x2.dtype))
+        x2, w.base, w.high, w.scales, y, part, part if cnt is None else cnt, r2, nw, hn, ro, float(eps), m, n, k, n,
+        row_bytes, tps, x2.stride(0), w.base_stride, w.high_stride, w.scale_stride, y.stride(0), r2.stride(0),
+        hn.stride(0), ro.stride(0), KIND=w.kind, BITS=w.bits, BM=next_pow2(m), BN=bn, BB=bb,
+        EVEN=row_bytes % bb == 0, SPLIT=s, REDUCE=cnt is not None, NORM=norm is not None, SWIGLU=swiglu,
+        INTERP=INTERPRET, **pdl(x2), **kw)
+    if s > 1 and cnt is None:
+        sum_partials(part, y, x2, False)
     return y

@@ -21,11 +21,9 @@ weight of few rows still fills the device.
 - B = a block-diagonal x^T ``[64 * GPI, GPI * MP]``: column ``g * MP + m`` holds row m of x on group g's lanes and
   zeros elsewhere, so one dot yields every row's sum over each group. The fp16 group scale multiplies each group's
   sum in fp32, the groups are added after the loop.
-- Split-K (``S > 1``): partials ``[S, M, N]`` in fp32. The program that arrives last at its output block (a ticket
-  counter per block, taken with release/acquire after the partial is stored) adds the block's partials in split
-  order and rounds once to the output dtype: deterministic, and no second launch, whose latency is a large share of
-  a narrow projection's time at one row. (A SwiGLU weight whose half is not whole blocks of ``BN`` rows falls back
-  to a second kernel for the sum.) ``S == 1`` rounds and stores in the same kernel.
+- Split-K (``S > 1``, and always with SwiGLU): fp32 partials ``[S, M, N]``, added in the kernel by the program that
+  arrives last at its output block (:mod:`~ninfer.ops.triton._splitk`: deterministic, no second launch); SwiGLU
+  there too, from the rounded gate and up sums. ``S == 1`` rounds and stores in the same kernel.
 
 Exactness: the weights are exactly the decoded ``code * scale``; products are exact (a 4-bit code times a bf16);
 sums run in the tensor cores' fp32 accumulation (per dot) and in fp32 (scales, groups, partials): the bound of
@@ -44,6 +42,7 @@ import triton.language as tl
 
 from ninfer.ops.triton._common import INTERPRET, cast, next_pow2, pdl, pdl_wait
 from ninfer.ops.triton._quant import KernelWeight
+from ninfer.ops.triton._splitk import store_out, sum_partials, tickets
 
 #: Most rows of x the tensor-core GEMV takes (x's rows are the B operand's columns, padded to MP).
 MAX_ROWS = 8
@@ -107,49 +106,6 @@ def inv_rms(x_ptr, r_ptr, res_ty, M, K, eps, sx, sr, MP: tl.constexpr, BLOCK: tl
         res = cast(xv + rv, res_ty, INTERP).to(tl.float32)
         ss2 += tl.sum(res * res, 1)
     return tl.rsqrt(ss2 / K + eps)
-
-
-@triton.jit
-def store_out(out, y_ptr, p_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, S, sp, sy, M, N, OUT, BN: tl.constexpr,
-              MP: tl.constexpr, SPLIT: tl.constexpr, REDUCE: tl.constexpr, SWIGLU: tl.constexpr,
-              INTERP: tl.constexpr):
-    """``out[BN, MP]``, program (``pid``, K run ``sid``): one run (not SPLIT) rounds to x's dtype and stores it. SPLIT
-    stores the fp32 partial; with REDUCE the program that arrives last at its output block then adds the block's
-    partials in split order and rounds once (SWIGLU: ``silu(gate) * up``; the block is then gate rows ``pid`` and up
-    rows ``pid + OUT // BN``, ``2 S`` arrivals) and resets the block's ticket counter for the next launch. Without
-    REDUCE :func:`_sum_kernel` adds them."""
-    mm = tl.arange(0, MP)[None, :]
-    keep = nm[:, None] & (mm < M)
-    if SPLIT:
-        tl.store(p_ptr + sid * sp + mm * N + n[:, None], out, mask=keep)
-        if REDUCE:
-            if SWIGLU:
-                blk = pid % (OUT // BN)
-                arrivals = 2 * S
-            else:
-                blk = pid
-                arrivals = S
-            tl.debug_barrier()   # every thread's partial is written before the (release) ticket is taken
-            ticket = tl.atomic_add(cnt_ptr + blk, 1, sem="acq_rel", scope="gpu")
-            if ticket == arrivals - 1:
-                j = blk * BN + tl.arange(0, BN)[:, None]
-                jm = (j < OUT) & (mm < M)
-                acc = tl.zeros((BN, MP), dtype=tl.float32)
-                acc_u = tl.zeros((BN, MP), dtype=tl.float32)
-                for s in range(0, S):   # L2 loads (.cg): the other programs' partials, never in this SM's L1
-                    acc += tl.load(p_ptr + s * sp + mm * N + j, mask=jm, other=0.0, cache_modifier=".cg")
-                    if SWIGLU:
-                        acc_u += tl.load(p_ptr + s * sp + mm * N + OUT + j, mask=jm, other=0.0, cache_modifier=".cg")
-                if SWIGLU:
-                    g = cast(acc, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
-                    u = cast(acc_u, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
-                    acc = g / (1.0 + tl.exp(-g)) * u
-                y = cast(acc, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
-                tl.store(y_ptr + mm * sy + j, y, mask=jm)
-                tl.atomic_xchg(cnt_ptr + blk, 0, sem="relaxed", scope="gpu")
-    else:
-        y = cast(out, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + mm * sy + n[:, None], y, mask=keep)
 
 
 @triton.jit(do_not_specialize=["M", "TPS", "S"])
@@ -218,28 +174,6 @@ def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_p
               INTERP)
 
 
-@triton.jit
-def _sum_kernel(p_ptr, y_ptr, x_ptr, S, N, OUT, sp, SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
-                INTERP: tl.constexpr):
-    """Program (row m, block of outputs): the partials ``p[s, m, :]`` added in split order and rounded once to x's
-    dtype; with SWIGLU output j is ``silu(g) * u`` of the rounded gate sum g (column j) and up sum u (OUT + j)."""
-    m = tl.program_id(0)
-    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    msk = j < OUT
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, S):
-        acc += tl.load(p_ptr + s * sp + m * N + j, mask=msk, other=0.0)
-        if SWIGLU:
-            acc_u += tl.load(p_ptr + s * sp + m * N + OUT + j, mask=msk, other=0.0)
-    if SWIGLU:
-        g = cast(acc, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
-        u = cast(acc_u, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
-        acc = g / (1.0 + tl.exp(-g)) * u
-    y = cast(acc, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + m * OUT + j, y, mask=msk)
-
-
 def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
     """(MP, BN, GPI) for ``rows`` rows of x with ``w``, or None when this kernel cannot take the call (not q4, too
     many rows, or a row's bytes not whole K steps)."""
@@ -293,7 +227,7 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
     part = torch.empty((s, m, w.n), dtype=torch.float32, device=x2.device) if partials else y
     # The last program of an output block adds the block's partials (no second launch) where every block's
     # programs are known: SwiGLU needs its gate and up rows in whole blocks of bn.
-    cnt = _tickets(x2.device, programs) if partials and not (swiglu and n_out % bn) else None
+    cnt = tickets(x2.device, programs) if partials and not (swiglu and n_out % bn) else None
     if norm is None:
         r2 = nw = hn = ro = x2
         eps = 0.0
@@ -306,24 +240,6 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
         part.stride(0) if partials else 0, r2.stride(0), hn.stride(0), ro.stride(0), BN=bn, SPLIT=partials,
         REDUCE=cnt is not None, SWIGLU=swiglu, NORM=norm is not None, INTERP=INTERPRET, **constexprs, **pdl(x2), **kw)
     if partials and cnt is None:
-        block = 1024
-        _sum_kernel[(m, triton.cdiv(n_out, block))](part, y, x2, s, w.n, n_out, part.stride(0), SWIGLU=swiglu,
-                                                    BLOCK=block, INTERP=INTERPRET)
+        sum_partials(part, y, x2, swiglu)
     return y
 
-
-# Ticket counters of the in-kernel split-K sum, one per output block, per device. Zero between launches (the last
-# program of a block resets its own); launches never overlap on them: the engine runs its kernels on one stream, and
-# a PDL launch touches them only after pdl_wait, when the previous launch has completed.
-_TICKETS: dict[torch.device, torch.Tensor] = {}
-_MAX_BLOCKS = 1 << 16
-
-
-def _tickets(device: torch.device, blocks: int) -> torch.Tensor | None:
-    """The device's ticket counters, or None when a weight has more output blocks than there are counters."""
-    if blocks > _MAX_BLOCKS:
-        return None
-    t = _TICKETS.get(device)
-    if t is None:
-        t = _TICKETS[device] = torch.zeros(_MAX_BLOCKS, dtype=torch.int32, device=device)
-    return t

@@ -38,7 +38,8 @@ import triton.language as tl
 from ninfer.ops.triton import quant_gemv_tc
 from ninfer.ops.triton._common import cast, next_pow2, pdl_wait
 from ninfer.ops.triton._quant import KernelWeight
-from ninfer.ops.triton.quant_gemv_tc import inv_rms, store_out
+from ninfer.ops.triton._splitk import store_out
+from ninfer.ops.triton.quant_gemv_tc import inv_rms
 
 #: Most rows of x the kernels take.
 MAX_ROWS = 8
