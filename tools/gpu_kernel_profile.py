@@ -11,6 +11,7 @@ starts the public Engine (CUDA graphs on), then:
 Writes ``kernel_profile_<shape>.json`` and text tables under ``--out``.
 
     python3 tools/gpu_kernel_profile.py --shape 35b-a3b --layers 4 --tokenizer /tmp/tok.json --out $OUT
+    python3 tools/gpu_kernel_profile.py --shape 9b --layers 32 --quantize q4 --prefill 1024 --tokenizer ... --out $OUT
 """
 
 from __future__ import annotations
@@ -36,15 +37,17 @@ def _shapes_module():
     return mod
 
 
-def random_artifact(shapes, shape: str, layers: int, tokenizer: Path) -> tuple[dict, Path]:
+def random_artifact(shapes, shape: str, layers: int, tokenizer: Path,
+                    quantize: str | None = None) -> tuple[dict, Path]:
     """The random bf16 model of tools/gpu_bench_shapes.py at ``shape`` with ``layers`` layers, converted in
-    memory into a temporary artifact (the transformers model is freed). Returns (geometry, artifact)."""
+    memory into a temporary artifact (``quantize``: with that ``ninfer-convert --quantize`` recipe; the transformers
+    model is freed). Returns (geometry, artifact)."""
     geometry = shapes.geometry_for(argparse.Namespace(tiny=False, shape=shape, layers=layers))
     work = Path(tempfile.mkdtemp())
     model = shapes.build_hf(geometry, torch.device("cuda"), seed=0)
     shapes.write_frontend(work, tokenizer)
     artifact = work / "m.ninfer"
-    shapes.convert_in_memory(model, work, artifact, f"{shape}-{layers}l")
+    shapes.convert_in_memory(model, work, artifact, f"{shape}-{layers}l", quantize=quantize)
     del model
     torch.cuda.empty_cache()
     return geometry, artifact
@@ -167,6 +170,7 @@ def main() -> int:
     ap = model_args(__doc__)
     ap.add_argument("--prefill", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--quantize", default=None, help="a ninfer-convert --quantize recipe (default: bf16 as built)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = _shapes_module()
@@ -175,9 +179,10 @@ def main() -> int:
     from ninfer.program.graphs import input_views
     from torch.profiler import ProfilerActivity, profile
 
-    geometry, artifact = random_artifact(shapes, args.shape, args.layers, args.tokenizer)
+    geometry, artifact = random_artifact(shapes, args.shape, args.layers, args.tokenizer, args.quantize)
 
-    report: dict = {"shape": args.shape, "layers": args.layers, "types": geometry["layer_types"]}
+    report: dict = {"shape": args.shape, "layers": args.layers, "types": geometry["layer_types"],
+                    "quantize": args.quantize}
     text = []
     opts = EngineOptions(device="cuda", max_concurrency=8, max_context=args.prefill + 256)
     with Engine.start(artifact, opts) as engine:
