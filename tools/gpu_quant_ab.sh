@@ -12,6 +12,7 @@
 #   bash tools/gpu_quant_ab.sh                     # on the device, carry .gpu-wheels
 #   RECIPES=q4@cuda,q4,bf16 SWEEP_S=60 bash tools/gpu_quant_ab.sh
 #   RECIPES=bf16,q4,q8,fp8+a8 SWEEP_S=0 QUANT_S=540 bash tools/gpu_quant_ab.sh   # end to end only
+#   PROFILE=q4 QUANT_S=0 ...                                                 # the q4 decode step's kernels
 #   VARIANTS=engine_tc,engine_tc_sum2 ...                                    # the sweep's variants
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +40,15 @@ if [ "$sweep_s" -gt 0 ]; then  # SWEEP_S=0 skips the kernel sweep (`timeout 0` w
     say "sweep rc $?"
     grep -v '^{' "$out/sweep.log" | tail -40
 fi
+
+if [ -n "${PROFILE:-}" ]; then   # PROFILE=q4: where a decode step's GPU time goes with that recipe (9B, B=1 and 8)
+    say "kernel profile of $PROFILE (${PROFILE_S:-200}s)"
+    timeout "${PROFILE_S:-200}" python3 tools/gpu_kernel_profile.py --shape 9b --layers 32 --quantize "$PROFILE" \
+        --prefill 1024 --steps 20 --tokenizer "$work/tokenizer.json" --out "$out" > "$out/profile.log" 2>&1
+    say "profile rc $?"
+    grep -A28 "^== decode B=" "$out/profile.log" | grep -v "timeline" | head -70
+fi
+[ "$quant_s" -gt 0 ] || exit 0   # QUANT_S=0: no end-to-end benches
 
 say "end to end: $recipes (${quant_s}s)"
 timeout "$quant_s" python3 tools/gpu_quant_speed.py --tokenizer "$work/tokenizer.json" --out "$out" \
