@@ -6,6 +6,8 @@ composition) and where ``auto`` routes them. What they refuse (other formats, mo
 byte) goes to the CUDA-core GEMV. Runs on CUDA when present (where it checks the PTX decodes), otherwise under
 TRITON_INTERPRET=1 at tiny sizes."""
 
+import threading
+
 import pytest
 import torch
 
@@ -224,7 +226,7 @@ def test_split_k_sum_in_the_kernel_equals_the_sum_kernel(fmt, rows, swiglu, n, s
     partials = split > 1 or swiglu
     assert counted.launches == 0
     if partials:
-        assert not _splitk._TICKETS[x.device].any()
+        assert not _splitk._TICKETS[x.device, threading.get_ident()].any()
     monkeypatch.setattr(_splitk, "_MAX_BLOCKS", 0)
     second = module.gemv_tc(x, w, swiglu=swiglu, split=split)
     assert counted.launches == (1 if partials else 0)

@@ -5,6 +5,8 @@ nearest: u = 2^-24; the fp8 row scale is one more rounding): odd K (not a multip
 norm/SwiGLU variants, logits, registration by format, and rows independent of the batch.
 Runs on CUDA when present (larger shapes too), otherwise under TRITON_INTERPRET=1 at tiny sizes."""
 
+import threading
+
 import pytest
 import torch
 
@@ -65,9 +67,24 @@ def test_split_k_sum_in_the_kernel_equals_the_sum_kernel(fmt, rows, gen, monkeyp
     counted = CountLaunches(_splitk._sum_kernel)
     monkeypatch.setattr(_splitk, "_sum_kernel", counted)
     fused = gemv(x, w, split=3, lanes=128, block_n=16)
-    assert counted.launches == 0 and not _splitk._TICKETS[x.device].any()
+    assert counted.launches == 0 and not _splitk._TICKETS[x.device, threading.get_ident()].any()
     monkeypatch.setattr(_splitk, "_MAX_BLOCKS", 0)
     assert torch.equal(gemv(x, w, split=3, lanes=128, block_n=16), fused) and counted.launches == 1
+
+
+def test_each_thread_has_its_own_ticket_counters():
+    """Two threads (two Engines' workers, whose streams may run at once) never share counters; one thread's
+    launches do, and more output blocks than counters is None (the sum kernel then runs)."""
+    from ninfer.ops.triton import _splitk
+
+    dev = torch.device(DEVICE)
+    got = {}
+    t = threading.Thread(target=lambda: got.update(other=_splitk.tickets(dev, 4)))
+    t.start()
+    t.join()
+    mine = _splitk.tickets(dev, 4)
+    assert mine is _splitk.tickets(dev, 8) and got["other"] is not mine
+    assert _splitk.tickets(dev, _splitk._MAX_BLOCKS + 1) is None
 
 
 def test_auto_split_fills_the_device_only_for_few_rows():

@@ -15,6 +15,8 @@ give the same bits.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import triton
 import triton.language as tl
@@ -97,18 +99,22 @@ def sum_partials(part: torch.Tensor, y: torch.Tensor, x2: torch.Tensor, swiglu: 
                                                 BLOCK=block, INTERP=INTERPRET)
 
 
-# Ticket counters of the in-kernel split-K sum, one per output block, per device. Zero between launches (the last
-# program of a block resets its own); launches never overlap on them: the engine runs its kernels on one stream, and
-# a PDL launch touches them only after pdl_wait, when the previous launch has completed.
-_TICKETS: dict[torch.device, torch.Tensor] = {}
-_MAX_BLOCKS = 1 << 16
+# Ticket counters of the in-kernel split-K sum, one per output block, per (device, launching thread). Zero between
+# launches (the last program of a block resets its own). Launches that share a set never overlap on it: one thread
+# (an Engine's worker) queues its kernels on one stream in order, and a PDL launch touches the counters only after
+# pdl_wait, when the previous launch has completed. Two threads (two Engines on one device) get two sets, since
+# their streams may run at once.
+_TICKETS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_MAX_BLOCKS = 1 << 14
 
 
 def tickets(device: torch.device, blocks: int) -> torch.Tensor | None:
-    """The device's ticket counters, or None when a weight has more output blocks than there are counters."""
+    """The counters of this thread's launches on ``device``, or None when a weight has more output blocks than
+    there are counters (then :func:`sum_partials` runs)."""
     if blocks > _MAX_BLOCKS:
         return None
-    t = _TICKETS.get(device)
+    key = (device, threading.get_ident())
+    t = _TICKETS.get(key)
     if t is None:
-        t = _TICKETS[device] = torch.zeros(_MAX_BLOCKS, dtype=torch.int32, device=device)
+        t = _TICKETS[key] = torch.zeros(_MAX_BLOCKS, dtype=torch.int32, device=device)
     return t
