@@ -110,6 +110,20 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
                 if module.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
                     impls.append(("engine tc" + (" sum2" if two else ""),
                                   lambda c, module=module, two=two: _tc_call(module, x, w(c), two)))
+        elif v in ("engine_tc_pf", "engine_tc_norm", "engine_tc_norm_pf"):
+            # q4's tensor-core GEMV with its first weight tile loaded before the PDL wait (_pf), and the fused
+            # add + norm prologue (_norm: timed on a random residual; its output is x's normed product, so rel_err
+            # against the plain product is not a check)
+            from ninfer.ops.triton import quant_gemv_tc
+            if quant_gemv_tc.launch_shape(x.shape[0], kws[0]) is None or x.dtype != torch.bfloat16:
+                continue
+            norm = None
+            if "norm" in v:
+                res, nw = torch.randn_like(x), torch.rand(x.shape[1], device=x.device, dtype=x.dtype)
+                norm = (res, nw, 1e-6, torch.empty_like(x), torch.empty_like(x))
+            pf = v.endswith("_pf")
+            impls.append((v.replace("_", " "), lambda c, norm=norm, pf=pf:
+                          quant_gemv_tc.gemv_tc(x, w(c), norm=norm, prefetch=pf)))
         elif v == "gemm":
             impls.append(("quant gemm", lambda c: gemm(x, w(c))))
         elif v.startswith("tc"):
@@ -132,7 +146,9 @@ def main() -> None:
     ap.add_argument("--variants", default="2x32x4,4x16x4,8x16x4,tc64x4,tc128x4,tc128x8,tc64x8,gemm",
                     help="candidates: BNxGxWARPS (CUDA-core), tcBNxWARPS (tensor-core), t3BNxGPI / t5BNxGPI (q4, "
                          "tensor cores, PTX decode, split-K; t3 with x pre-permuted), engine_tc (ninfer.ops.triton.quant_gemv_tc / _tc8), "
-                         "engine_tc_sum2 (the same with the split-K sum in a second kernel), "
+                         "engine_tc_sum2 (the same with the split-K sum in a second kernel), engine_tc_pf / "
+                         "engine_tc_norm / engine_tc_norm_pf (q4: the first weight tile before the PDL wait; with the "
+                         "fused norm prologue), "
                          "gemm (the engine's GEMM)")
     args = ap.parse_args()
     from ninfer.ops.triton._quant import kernel_weight

@@ -237,3 +237,28 @@ def test_split_k_sum_in_the_kernel_equals_the_sum_kernel(fmt, rows, swiglu, n, s
         want = (g * torch.sigmoid(g) * u).bfloat16().float()
         assert fused.shape == (rows, n // 2)
         assert ((fused.float() - want).abs() <= want.abs() * 2.0 ** -7).all()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("variant", ["plain", "split", "norm", "swiglu"])
+def test_q4_prefetch_gives_the_same_bits(rows, variant, gen):
+    """The first weight tile loaded before the PDL wait and the norm prologue (``prefetch``): the same products in
+    the same order, so the same bits, the norm's stored rows included."""
+    from ninfer.ops.triton import quant_gemv_tc
+
+    k = 2048
+    n = 512 if variant == "swiglu" else 300
+    w = _kw(random_packed(gen, Q4, n, k, DEVICE))
+    x = randn(gen, rows, k, dtype=torch.bfloat16, device=DEVICE)
+    res = randn(gen, rows, k, dtype=torch.bfloat16, device=DEVICE, scale=4.0)
+    nw = randn(gen, k, dtype=torch.bfloat16, device=DEVICE, scale=0.3)
+
+    def call(prefetch):
+        h, ro = torch.empty_like(x), torch.empty_like(x)
+        norm = (res, nw, 1e-6, h, ro) if variant in ("norm", "swiglu") else None
+        y = quant_gemv_tc.gemv_tc(x, w, norm=norm, swiglu=variant == "swiglu",
+                                  split=3 if variant == "split" else None, prefetch=prefetch)
+        return (y, h, ro) if norm else (y,)
+
+    for a, b in zip(call(False), call(True), strict=True):
+        assert torch.equal(a, b)

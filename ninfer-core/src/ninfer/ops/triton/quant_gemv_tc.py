@@ -108,11 +108,49 @@ def inv_rms(x_ptr, r_ptr, res_ty, M, K, eps, sx, sr, MP: tl.constexpr, BLOCK: tl
     return tl.rsqrt(ss2 / K + eps)
 
 
+@triton.jit
+def _k_step(acc, h, t, x_ptr, s_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, r, xoff, roff, xmask, nstore, diag, gcol,
+            M, K, ss, sh, sro, BN: tl.constexpr, GPI: tl.constexpr, MP: tl.constexpr, NORM: tl.constexpr,
+            INTERP: tl.constexpr):
+    """``acc`` plus K step ``t``: the weight tile ``h`` ([BN, GPI, 16] uint16) decoded and multiplied by x's lanes
+    of the step (with NORM the normed lanes, stored by row block 0's programs)."""
+    BB: tl.constexpr = 32 * GPI
+    NC: tl.constexpr = GPI * MP
+    m4 = tl.arange(0, MP)[:, None, None, None]
+    g4 = tl.arange(0, GPI)[None, :, None, None]
+    e4 = tl.arange(0, 16)[None, None, :, None]
+    c4 = tl.arange(0, 4)[None, None, None, :]
+    c0, c1, c2, c3 = _codes(h, INTERP)
+    cw = tl.join(tl.join(c0, c1), tl.join(c2, c3))                           # [..., 2 (i1), 2 (i0)]: c_{2 i0 + i1}
+    a = tl.reshape(tl.permute(cw, (0, 1, 4, 3, 2)), (BN, 2 * BB))            # k = g * 64 + c * 16 + e
+    lane = 2 * t * BB + g4 * 64 + e4 * 4 + c4
+    lmask = xmask & (lane < K)                                                # lanes past K (padding): 0
+    xv = tl.load(x_ptr + xoff + 2 * t * BB, mask=lmask, other=0.0)            # [MP, GPI, 16, 4]
+    if NORM:
+        rv = tl.load(r_ptr + roff + 2 * t * BB, mask=lmask, other=0.0)
+        res = cast(xv.to(tl.float32) + rv.to(tl.float32), ro_ptr.dtype.element_ty, INTERP)
+        nw = tl.load(nw_ptr + lane, mask=lane < K, other=0.0).to(tl.float32)
+        xv = cast((res.to(tl.float32) * inv) * (1.0 + nw), h_ptr.dtype.element_ty, INTERP)
+        rows_lane = tl.minimum(m4, M - 1)
+        tl.store(ro_ptr + rows_lane * sro + lane, res, mask=nstore & (lane < K))
+        tl.store(h_ptr + rows_lane * sh + lane, xv, mask=nstore & (lane < K))
+    xt = tl.trans(tl.reshape(tl.permute(xv, (0, 1, 3, 2)), (MP, 2 * BB)))     # [2 BB, MP], the decode's order
+    xw = tl.reshape(tl.broadcast_to(xt[:, None, :], (2 * BB, GPI, MP)), (2 * BB, NC))
+    xb = tl.where(diag, xw, 0.0)
+    if INTERP:
+        d = tl.dot(a.to(tl.float32), xb.to(tl.float32), input_precision="ieee")
+    else:
+        d = tl.dot(a, xb)
+    sc = tl.load(s_ptr + r[:, None] * ss + t * GPI + gcol).to(tl.float32)
+    return acc + d * sc
+
+
 @triton.jit(do_not_specialize=["M", "TPS", "S"])
 def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, OUT, K, BYTES,
                   TPS, S, sx, sb, ss, sy, sp, sr, sh, sro,
                   BN: tl.constexpr, GPI: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr, REDUCE: tl.constexpr,
-                  SWIGLU: tl.constexpr, NORM: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+                  SWIGLU: tl.constexpr, NORM: tl.constexpr, PREFETCH: tl.constexpr, INTERP: tl.constexpr,
+                  PDL: tl.constexpr):
     BB: tl.constexpr = 32 * GPI          # bytes of a row per K step
     HB: tl.constexpr = 16 * GPI          # uint16 elements of a row per K step
     NC: tl.constexpr = GPI * MP
@@ -138,37 +176,26 @@ def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_p
     t0 = sid * TPS
     t1 = tl.minimum(t0 + TPS, BYTES // BB)
     sbh = sb // 2
+    if PREFETCH:   # the run's first weight tile streams before the wait (weights are never written)
+        h_first = tl.load(b_ptr + r[:, None, None] * sbh + t0 * HB + g3 * 16 + e3)
     pdl_wait(PDL)
+    inv = tl.zeros((MP, 1, 1, 1), dtype=tl.float32)
+    roff = xoff
+    nstore = xmask
     if NORM:   # x is the residual stream's new part: every program forms the normed lanes it needs
         inv = inv_rms(x_ptr, r_ptr, ro_ptr.dtype.element_ty, M, K, eps, sx, sr, MP, 512, INTERP)[:, None, None, None]
         roff = tl.minimum(m4, M - 1) * sr + g4 * 64 + e4 * 4 + c4
         # Row-block 0's programs store the normed rows and the new residual over their K range (each lane once).
         nstore = xmask & ((m4 * 0 + pid) == 0)   # a tensor, not a scalar mask (the interpreter wants one)
-    for t in range(t0, t1):
+    start = t0
+    if PREFETCH:
+        acc = _k_step(acc, h_first, t0, x_ptr, s_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, r, xoff, roff, xmask, nstore,
+                      diag, gcol, M, K, ss, sh, sro, BN, GPI, MP, NORM, INTERP)
+        start = t0 + 1
+    for t in range(start, t1):
         h = tl.load(b_ptr + r[:, None, None] * sbh + t * HB + g3 * 16 + e3)       # [BN, GPI, 16] uint16
-        c0, c1, c2, c3 = _codes(h, INTERP)
-        cw = tl.join(tl.join(c0, c1), tl.join(c2, c3))                           # [..., 2 (i1), 2 (i0)]: c_{2 i0 + i1}
-        a = tl.reshape(tl.permute(cw, (0, 1, 4, 3, 2)), (BN, 2 * BB))            # k = g * 64 + c * 16 + e
-        lane = 2 * t * BB + g4 * 64 + e4 * 4 + c4
-        lmask = xmask & (lane < K)                                                # lanes past K (padding): 0
-        xv = tl.load(x_ptr + xoff + 2 * t * BB, mask=lmask, other=0.0)            # [MP, GPI, 16, 4]
-        if NORM:
-            rv = tl.load(r_ptr + roff + 2 * t * BB, mask=lmask, other=0.0)
-            res = cast(xv.to(tl.float32) + rv.to(tl.float32), ro_ptr.dtype.element_ty, INTERP)
-            nw = tl.load(nw_ptr + lane, mask=lane < K, other=0.0).to(tl.float32)
-            xv = cast((res.to(tl.float32) * inv) * (1.0 + nw), h_ptr.dtype.element_ty, INTERP)
-            rows_lane = tl.minimum(m4, M - 1)
-            tl.store(ro_ptr + rows_lane * sro + lane, res, mask=nstore & (lane < K))
-            tl.store(h_ptr + rows_lane * sh + lane, xv, mask=nstore & (lane < K))
-        xt = tl.trans(tl.reshape(tl.permute(xv, (0, 1, 3, 2)), (MP, 2 * BB)))     # [2 BB, MP], the decode's order
-        xw = tl.reshape(tl.broadcast_to(xt[:, None, :], (2 * BB, GPI, MP)), (2 * BB, NC))
-        xb = tl.where(diag, xw, 0.0)
-        if INTERP:
-            d = tl.dot(a.to(tl.float32), xb.to(tl.float32), input_precision="ieee")
-        else:
-            d = tl.dot(a, xb)
-        sc = tl.load(s_ptr + r[:, None] * ss + t * GPI + gcol).to(tl.float32)
-        acc += d * sc
+        acc = _k_step(acc, h, t, x_ptr, s_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, r, xoff, roff,
+                      xmask, nstore, diag, gcol, M, K, ss, sh, sro, BN, GPI, MP, NORM, INTERP)
     out = tl.sum(tl.reshape(acc, (BN, GPI, MP)), 1)                               # [BN, MP]
     store_out(out, y_ptr, p_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, S, sp, sy, M, N, OUT, BN, MP, SPLIT, REDUCE, SWIGLU,
               INTERP)
@@ -189,13 +216,15 @@ def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
 
 
 def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,
-            out_dtype: torch.dtype | None = None, split: int | None = None) -> torch.Tensor:
+            out_dtype: torch.dtype | None = None, split: int | None = None, prefetch: bool = False) -> torch.Tensor:
     """``x2[M, K] @ decode(w).T`` for a q4 weight and bf16 ``x2`` (row-contiguous, ``M <= MAX_ROWS``), rounded to
     x2's dtype, stored as ``out_dtype`` (default x2's). ``norm = (residual2, norm_weight, eps, normed_out,
     residual_out)``: x2 is first replaced by its ``add_rms_norm_unit_offset`` with residual2 (formed in every
     program), stored to the given ``[M, K]`` outputs. ``swiglu``: w is ``[2I, K]`` (gate rows, then up rows), the
     result ``silu_and_mul`` of the product, ``[M, I]``, applied where the partials are added. ``split``: K runs
-    (default: enough programs to fill the device). A ``ValueError`` when :func:`launch_shape` refuses the call."""
+    (default: enough programs to fill the device). ``prefetch``: each program loads its first weight tile before
+    the PDL wait and the norm prologue, the same sums in the same order (a candidate until timed: the engine's ops
+    leave it off). A ``ValueError`` when :func:`launch_shape` refuses the call."""
     m, k = x2.shape
     shape = launch_shape(m, w)
     if shape is None or x2.dtype != torch.bfloat16:
@@ -203,7 +232,7 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
                          f"{w.lanes} lanes a row")
     mp, bn, gpi = shape
     return launch(_q4_tc_kernel, x2, w, nbytes=w.lanes // 2, step=32 * gpi, bn=bn, norm=norm, swiglu=swiglu,
-                  out_dtype=out_dtype, split=split, GPI=gpi, MP=mp)
+                  out_dtype=out_dtype, split=split, GPI=gpi, MP=mp, PREFETCH=prefetch)
 
 
 def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int, bn: int, norm: tuple | None,
