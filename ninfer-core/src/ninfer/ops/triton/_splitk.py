@@ -49,17 +49,7 @@ def store_out(out, y_ptr, p_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, S, sp, sy, M, 
             if ticket == arrivals - 1:
                 j = blk * BN + tl.arange(0, BN)[:, None]
                 jm = (j < OUT) & (mm < M)
-                acc = tl.zeros((BN, MP), dtype=tl.float32)
-                acc_u = tl.zeros((BN, MP), dtype=tl.float32)
-                for s in range(0, S):   # L2 loads (.cg): the other programs' partials, never in this SM's L1
-                    acc += tl.load(p_ptr + s * sp + mm * N + j, mask=jm, other=0.0, cache_modifier=".cg")
-                    if SWIGLU:
-                        acc_u += tl.load(p_ptr + s * sp + mm * N + OUT + j, mask=jm, other=0.0, cache_modifier=".cg")
-                if SWIGLU:
-                    g = cast(acc, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
-                    u = cast(acc_u, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
-                    acc = g / (1.0 + tl.exp(-g)) * u
-                y = cast(acc, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
+                y = _summed(p_ptr, mm * N + j, jm, S, sp, OUT, x_ptr, y_ptr, SWIGLU, INTERP)
                 tl.store(y_ptr + mm * sy + j, y, mask=jm)
                 tl.atomic_xchg(cnt_ptr + blk, 0, sem="relaxed", scope="gpu")
     else:
@@ -68,25 +58,32 @@ def store_out(out, y_ptr, p_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, S, sp, sy, M, 
 
 
 @triton.jit
-def _sum_kernel(p_ptr, y_ptr, x_ptr, S, N, OUT, sp, SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
-                INTERP: tl.constexpr):
-    """Program (row m, block of outputs): the partials ``p[s, m, :]`` added in split order and rounded once to x's
-    dtype; with SWIGLU output j is ``silu(g) * u`` of the rounded gate sum g (column j) and up sum u (OUT + j)."""
-    m = tl.program_id(0)
-    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    msk = j < OUT
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK,), dtype=tl.float32)
+def _summed(p_ptr, off, msk, S, sp, OUT, x_ptr, y_ptr, SWIGLU: tl.constexpr, INTERP: tl.constexpr):
+    """The partials at ``off`` of every split added in split order and rounded once to x's dtype, as y's dtype;
+    with SWIGLU ``silu(g) * u`` of the rounded gate sum g (at ``off``) and up sum u (at ``off + OUT``). One code for
+    both paths, so the in-kernel sum and :func:`sum_partials` give the same bits. Loads from L2 (``.cg``): in the
+    kernel the partials are other programs' stores, never in this SM's L1."""
+    acc = tl.zeros_like(off).to(tl.float32)
+    acc_u = tl.zeros_like(off).to(tl.float32)
     for s in range(0, S):
-        acc += tl.load(p_ptr + s * sp + m * N + j, mask=msk, other=0.0)
+        acc += tl.load(p_ptr + s * sp + off, mask=msk, other=0.0, cache_modifier=".cg")
         if SWIGLU:
-            acc_u += tl.load(p_ptr + s * sp + m * N + OUT + j, mask=msk, other=0.0)
+            acc_u += tl.load(p_ptr + s * sp + OUT + off, mask=msk, other=0.0, cache_modifier=".cg")
     if SWIGLU:
         g = cast(acc, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
         u = cast(acc_u, x_ptr.dtype.element_ty, INTERP).to(tl.float32)
         acc = g / (1.0 + tl.exp(-g)) * u
-    y = cast(acc, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + m * OUT + j, y, mask=msk)
+    return cast(acc, x_ptr.dtype.element_ty, INTERP).to(y_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _sum_kernel(p_ptr, y_ptr, x_ptr, S, N, OUT, sp, SWIGLU: tl.constexpr, BLOCK: tl.constexpr,
+                INTERP: tl.constexpr):
+    """Program (row m, block of outputs): :func:`_summed` of the row's partials ``p[s, m, :]``."""
+    m = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    msk = j < OUT
+    tl.store(y_ptr + m * OUT + j, _summed(p_ptr, m * N + j, msk, S, sp, OUT, x_ptr, y_ptr, SWIGLU, INTERP), mask=msk)
 
 
 def sum_partials(part: torch.Tensor, y: torch.Tensor, x2: torch.Tensor, swiglu: bool) -> None:
