@@ -102,10 +102,12 @@ def test_the_tensor_core_gemvs_cut_the_loop_instructions_per_byte(tmp_path):
     kernel's instructions per weight byte of the same format, on HMMA, with no barrier-bound layout conversion per
     step; the report's innermost-loop count finds each kernel's K loop."""
     reports, run = _report(tmp_path, "qgemv")
-    assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc", "qgemv_q4_tc_norm", "qgemv_q8",
-                            "qgemv_q8_tc", "qgemv_q8_tc_norm", "qgemv_fp8", "qgemv_fp8_tc"}
+    assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc", "qgemv_q4_tc_norm",
+                            "qgemv_q4_tc_prefetch", "qgemv_q4_tc_norm_prefetch", "qgemv_q8", "qgemv_q8_tc",
+                            "qgemv_q8_tc_norm", "qgemv_fp8", "qgemv_fp8_tc"}
     for name, engine in (("qgemv_q4_tc3", "qgemv_q4"), ("qgemv_q4_tc5", "qgemv_q4"), ("qgemv_q4_tc", "qgemv_q4"),
-                         ("qgemv_q4_tc_norm", "qgemv_q4"), ("qgemv_q8_tc", "qgemv_q8"),
+                         ("qgemv_q4_tc_norm", "qgemv_q4"), ("qgemv_q4_tc_prefetch", "qgemv_q4"),
+                         ("qgemv_q4_tc_norm_prefetch", "qgemv_q4"), ("qgemv_q8_tc", "qgemv_q8"),
                          ("qgemv_q8_tc_norm", "qgemv_q8"), ("qgemv_fp8_tc", "qgemv_fp8")):
         r = reports[name]
         # Triton 3.9 builds q8 at one row with HGMMA and a few spilled registers (3.6, the device's, with HMMA and
@@ -113,4 +115,8 @@ def test_the_tensor_core_gemvs_cut_the_loop_instructions_per_byte(tmp_path):
         assert r["stack"] <= (0 if "q4" in name else 64), r
         assert r["counts"].get("HMMA", 0) + r["counts"].get("HGMMA", 0) > 0, r
         assert r["loop_per_byte"] < reports[engine]["loop_per_byte"] / 2, (name, r["loop_per_byte"], engine)
+    # The prefetch candidate peels the first K step off the loop and leaves the loop itself as it was.
+    for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm"):
+        plain, pf = reports[name]["loop_per_byte"], reports[name + "_prefetch"]["loop_per_byte"]
+        assert abs(pf - plain) <= 0.02 * plain, (name, plain, pf)
     assert "innermost loop" in run.stdout
