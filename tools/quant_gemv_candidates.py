@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from ninfer.ops.triton._common import cast, mm, pdl_wait
 from ninfer.ops.triton._quant import fp8_code, int_code
+from ninfer.ops.triton.quant_gemv_tc import _k_step
 
 
 @triton.jit
@@ -300,21 +301,10 @@ def _qgemv_tc5(x_ptr, b_ptr, s_ptr, p_ptr, M, N, BYTES, TPS, sx, sb, ss, sp,
     t0 = sid * TPS
     t1 = tl.minimum(t0 + TPS, BYTES // BB)
     sbh = sb // 2
-    for t in range(t0, t1):
+    for t in range(t0, t1):   # the engine's K step (its _codes is dec_b's decode), without the norm
         h = tl.load(b_ptr + r3 * sbh + t * HB + g3 * 16 + e3)         # [BN, GPI, 16] uint16
-        c0, c1, c2, c3 = dec_b(h, INTERP)
-        cw = tl.join(tl.join(c0, c1), tl.join(c2, c3))
-        a = tl.reshape(tl.permute(cw, (0, 1, 4, 3, 2)), (BN, 2 * BB))
-        xv = tl.load(x_ptr + xoff + 2 * t * BB, mask=xmask, other=0.0)           # [MP, GPI, 16, 4]
-        xt = tl.trans(tl.reshape(tl.permute(xv, (0, 1, 3, 2)), (MP, 2 * BB)))     # [2BB, MP], k = g*64+c*16+e
-        xw = tl.reshape(tl.broadcast_to(xt[:, None, :], (2 * BB, GPI, MP)), (2 * BB, NC))
-        xb = tl.where(diag, xw, 0.0)
-        if INTERP:
-            d = tl.dot(a.to(tl.float32), xb.to(tl.float32), input_precision="ieee")
-        else:
-            d = tl.dot(a, xb)
-        sc = tl.load(s_ptr + r[:, None] * ss + t * GPI + gcol).to(tl.float32)
-        acc += d * sc
+        acc = _k_step(acc, h, t, x_ptr, s_ptr, x_ptr, x_ptr, x_ptr, x_ptr, 0.0, r, xoff, xoff, xmask, xmask, diag,
+                      gcol, M, 2 * BYTES, ss, 0, 0, BN, GPI, MP, False, INTERP)
     out = tl.sum(tl.reshape(acc, (BN, GPI, MP)), 1)
     mm = tl.arange(0, MP)[None, :]
     tl.store(p_ptr + sid * sp + mm * N + n[:, None], out, mask=nm[:, None] & (mm < M))

@@ -30,7 +30,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Instruction kinds counted; a kind is matched on the opcode's first dot-separated word (LDG.E.128 -> LDG).
 KINDS = ("LDG", "LDGSTS", "LDS", "LDL", "STG", "STS", "STL", "SHFL", "REDUX", "BAR", "HMMA", "HGMMA", "FFMA", "HFMA2",
@@ -60,7 +60,7 @@ def _presets() -> dict[str, Preset]:
     # (a 512-lane chunk is 32 blocks); prefill: 64-row blocks (T = 2048, k = 8, E = 256), BK one tile column.
     nv_planes = {"w0": "*u8", "w1": "*fp32", "w2": "*u8"}
     nv_strides = ("s0", "s1", "s2")
-    return {
+    presets = {
         "router": Preset("ninfer.ops.triton.moe_router", "_router_kernel", dict(TOPK=8, KP=8, BE=256, PDL=True), 1,
                          {"w_ptr": "*fp32", "i_ptr": "*i64"}),
         "gdn_conv_gates": Preset("ninfer_qwen3_5.ops.triton.gdn_decode", "_conv_gates_kernel",
@@ -212,18 +212,8 @@ def _presets() -> dict[str, Preset]:
                               {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32", "cnt_ptr": "*i32"},
                               divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                               loop_bytes=256),
-        "qgemv_q4_tc_prefetch": Preset("ninfer.ops.triton.quant_gemv_tc", "_q4_tc_kernel",
-                              dict(BN=128, GPI=8, MP=1, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=False, PREFETCH=True, INTERP=False, PDL=True), 4,
-                              {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32", "cnt_ptr": "*i32"},
-                              divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
-                              loop_bytes=256),
         "qgemv_q4_tc_norm": Preset("ninfer.ops.triton.quant_gemv_tc", "_q4_tc_kernel",
                                    dict(BN=128, GPI=8, MP=1, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=True, PREFETCH=False, INTERP=False, PDL=True), 4,
-                                   {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32", "cnt_ptr": "*i32"},
-                                   divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
-                                   loop_bytes=256),
-        "qgemv_q4_tc_norm_prefetch": Preset("ninfer.ops.triton.quant_gemv_tc", "_q4_tc_kernel",
-                                   dict(BN=128, GPI=8, MP=1, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=True, PREFETCH=True, INTERP=False, PDL=True), 4,
                                    {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32", "cnt_ptr": "*i32"},
                                    divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                                    loop_bytes=256),
@@ -276,6 +266,11 @@ def _presets() -> dict[str, Preset]:
                                           {"pair_ptr": "*i64", "bexp_ptr": "*i64", "rw_ptr": "*fp32",
                                            "y_ptr": "*fp32", **nv_planes}, divisible=nv_strides),
     }
+    # The q4 tensor-core GEMVs with the first weight tile loaded before the PDL wait (the prefetch candidate).
+    for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm"):
+        p = presets[name]
+        presets[name + "_prefetch"] = replace(p, constexprs={**p.constexprs, "PREFETCH": True})
+    return presets
 
 
 def _tool(name: str) -> str:
