@@ -17,21 +17,23 @@ from .conftest import f64, rand, randn
 
 
 def gdn_oracle(q, k, v, g, beta, state, scale):
-    """Naive token loop; returns (o[T, Hv, Dv], final state[Hv, Dk, Dv]) in fp64."""
+    """Naive token loop (all heads of a token at once); returns (o[T, Hv, Dv], final state[Hv, Dk, Dv]) in fp64.
+
+    Per value head j (reading key head j // (Hv / Hk)): s = exp(g) s; s += k (beta (v - s^T k))^T; o = s^T q, with
+    q and k L2-normalised and q scaled."""
     q, k, v, g, beta, s = f64(q), f64(k), f64(v), f64(g), f64(beta), f64(state).clone()
     t_len, hk, _ = q.shape
     hv = v.shape[1]
     r = hv // hk
     o = torch.empty(t_len, hv, v.shape[2], dtype=torch.float64)
     for t in range(t_len):
-        for j in range(hv):
-            qt, kt = q[t, j // r], k[t, j // r]
-            qt = scale * qt / torch.sqrt((qt * qt).sum() + 1e-6)
-            kt = kt / torch.sqrt((kt * kt).sum() + 1e-6)
-            s[j] = torch.exp(g[t, j]) * s[j]
-            delta = beta[t, j] * (v[t, j] - s[j].t() @ kt)
-            s[j] = s[j] + torch.outer(kt, delta)
-            o[t, j] = s[j].t() @ qt
+        qt, kt = q[t].repeat_interleave(r, 0), k[t].repeat_interleave(r, 0)     # [Hv, Dk]
+        qt = scale * qt / torch.sqrt((qt * qt).sum(-1, keepdim=True) + 1e-6)
+        kt = kt / torch.sqrt((kt * kt).sum(-1, keepdim=True) + 1e-6)
+        s.mul_(torch.exp(g[t])[:, None, None])
+        delta = beta[t][:, None] * (v[t] - torch.bmm(kt[:, None, :], s)[:, 0])
+        s.baddbmm_(kt[:, :, None], delta[:, None, :])
+        o[t] = torch.bmm(qt[:, None, :], s)[:, 0]
     return o, s
 
 
@@ -69,12 +71,12 @@ def moe_experts_oracle(x, weights, ids, gate_up, down, shared=None):
     sigmoid(shared.gate_logit[t]) * shared.down @ (silu(g) * u), [g | u] = shared.projected[t], when given."""
     xd, gu, dn, w = f64(x), f64(gate_up), f64(down), f64(weights)
     inter = dn.shape[-1]
+    ids = ids.cpu()
     ref = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float64)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            h_gate, h_up = gu[e, :inter] @ xd[t], gu[e, inter:] @ xd[t]
-            ref[t] += w[t, j] * (dn[e] @ (h_gate / (1.0 + torch.exp(-h_gate)) * h_up))
+    for e in torch.unique(ids).tolist():                # one expert at a time, over every (token, slot) routed to it
+        t, j = (ids == e).nonzero(as_tuple=True)
+        h_gate, h_up = xd[t] @ gu[e, :inter].t(), xd[t] @ gu[e, inter:].t()
+        ref.index_add_(0, t, w[t, j][:, None] * ((h_gate / (1.0 + torch.exp(-h_gate)) * h_up) @ dn[e].t()))
     if shared is not None:
         p, sd, gl = f64(shared.projected), f64(shared.down), f64(shared.gate_logit)
         si = sd.shape[-1]
