@@ -13,6 +13,8 @@
 #                        tools/, else `git rev-parse` in a git checkout, else "unknown")
 #   --budget SECONDS     the whole run (default 540: a device command is cut at 600); each step gets what is left
 #   --workers N          parallel pytest workers of the kernel steps (default 8)
+#   --gpu-workers N      parallel pytest workers of the gpu step (default 1), whole files to a worker; the tests
+#                        marked `gpu_serial` (they read the device's free memory as a whole) then run alone
 #   --test-timeout S     one test (default 300)
 #   --no-install         use what is installed (a dry run on a development machine)
 #   --triton-paths "P.."  run these test files/folders in the triton step instead of the whole tests/ops_triton
@@ -22,15 +24,18 @@
 #   -- ARGS              more arguments for every pytest run, e.g. `-- --collect-only`
 #
 # Steps, in this order (default: all three):
-#   gpu     every test marked `gpu` outside the kernel suites (engine, startup, artifact, ...), in one process:
-#           engines plan from the device's free memory, so two at once would disturb each other's plan
+#   gpu     every test marked `gpu` outside the kernel suites (engine, startup, artifact, ...), in one process, or
+#           with --gpu-workers in several (a file to a worker) and then the `gpu_serial` tests in one: a test
+#           model's plan stops at what its requests need, far below a shared device's free memory, but the tests
+#           of the planner's own measurements must see the device alone
 #   ops     the CUDA cases of the reference op suite (tests/ops -m gpu), in parallel
 #   triton  the whole Triton kernel suite (tests/ops_triton): with CUDA every test there compiles and runs its
 #           kernels on the GPU (on a CPU machine the same tests run under Triton's interpreter), in parallel
 # Together they are every `gpu` test plus the Triton suite at its GPU sizes.
 #
-# Writes into the output folder (5 files, within the device tool's limit of 8): gpu_tests.log (install and pytest
-# output), junit_<step>.xml, summary.txt; the last line printed is the one-line summary with the commit.
+# Writes into the output folder (at most 6 files, within the device tool's limit of 8): gpu_tests.log (install and
+# pytest output), junit_<step>.xml (and junit_gpu_serial.xml), summary.txt; the last line printed is the one-line
+# summary with the commit.
 set -u
 start=$(date +%s)
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,6 +44,7 @@ wheels="$root/.gpu-wheels"
 commit=""
 budget=540
 workers=8
+gpu_workers=1
 test_timeout=300
 install=1
 concurrent=0
@@ -52,6 +58,7 @@ while [ $# -gt 0 ]; do
         --commit) commit="$2"; shift 2 ;;
         --budget) budget="$2"; shift 2 ;;
         --workers) workers="$2"; shift 2 ;;
+        --gpu-workers) gpu_workers="$2"; shift 2 ;;
         --test-timeout) test_timeout="$2"; shift 2 ;;
         --no-install) install=0; shift ;;
         --concurrent) concurrent=1; shift ;;
@@ -122,12 +129,17 @@ tail -n 16 "$log" | grep -E "^(python|  )" || true
 parallel=()
 python3 -c "import xdist" 2>/dev/null && parallel=(-n "$workers") ||
     say "pytest-xdist missing: the kernel steps run in one process"
+# The kernel steps' workers share the CPUs: one torch thread pool each of the whole machine's size oversubscribes
+# it, and the fp64 oracles (CPU work) then slow down many times over; each worker gets its share instead.
+threads=$(( $(nproc) / workers )); [ "$threads" -lt 1 ] && threads=1
+gpu_threads=$(( $(nproc) / gpu_workers )); [ "$gpu_threads" -lt 1 ] && gpu_threads=1
+if [ ${#parallel[@]} -eq 0 ]; then threads=$(nproc); gpu_threads=$(nproc); gpu_workers=1; fi
 per_test=()
 python3 -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout "$test_timeout") || say "pytest-timeout missing"
 # One step: its pytest run within what is left of the budget; "rc seconds" written to $out/.step_<step>.
 run_step() {
-    local step=$1 left t0 rc
-    rm -f "$out/junit_$step.xml"
+    local step=$1 left t0 rc omp=$(nproc)
+    rm -f "$out/junit_$step.xml" "$out/junit_${step}_serial.xml"
     left=$(( budget - ($(date +%s) - start) - 20 ))
     if [ "$left" -lt 30 ]; then
         say "step $step: not started, the budget of ${budget}s is spent"
@@ -135,16 +147,33 @@ run_step() {
         return
     fi
     case "$step" in
-        gpu) args=(-m gpu tests --ignore=tests/ops --ignore=tests/ops_triton) ;;
-        ops) args=("${parallel[@]}" -m gpu tests/ops) ;;
-        triton) read -r -a paths <<< "$triton_paths"; args=("${parallel[@]}" "${paths[@]}") ;;
+        gpu) args=(-m gpu tests --ignore=tests/ops --ignore=tests/ops_triton)
+             if [ "$gpu_workers" -gt 1 ]; then
+                 args=(-n "$gpu_workers" --dist loadfile -m "gpu and not gpu_serial" tests --ignore=tests/ops
+                       --ignore=tests/ops_triton)
+                 omp=$gpu_threads
+             fi ;;
+        ops) args=("${parallel[@]}" -m gpu tests/ops); omp=$threads ;;
+        triton) read -r -a paths <<< "$triton_paths"; args=("${parallel[@]}" "${paths[@]}"); omp=$threads ;;
     esac
-    say "step $step (at most ${left}s): python3 -m pytest ${args[*]}"
+    say "step $step (at most ${left}s, $omp torch threads per process): python3 -m pytest ${args[*]}"
     t0=$(date +%s)
-    timeout -s INT -k 30 "$left" python3 -m pytest -q -rfE --continue-on-collection-errors --durations=10 \
+    OMP_NUM_THREADS=$omp timeout -s INT -k 30 "$left" python3 -m pytest -q -rfE --continue-on-collection-errors --durations=10 \
         "${per_test[@]}" --junitxml "$out/junit_$step.xml" -o junit_family=xunit2 "${args[@]}" "${extra[@]}" 2>&1 \
         | tee -a "$log" | grep -E "^(FAILED|ERROR) | in [0-9.]+s( \(|=|$)" | cut -c1-300
     rc=${PIPESTATUS[0]}
+    if [ "$step" = gpu ] && [ "$gpu_workers" -gt 1 ] && [ "$rc" -ne 124 ]; then
+        local rest=$(( budget - ($(date +%s) - start) - 20 )) rc2
+        say "step gpu, the gpu_serial tests alone (at most ${rest}s)"
+        timeout -s INT -k 30 "$rest" python3 -m pytest -q -rfE --continue-on-collection-errors "${per_test[@]}" \
+            --junitxml "$out/junit_gpu_serial.xml" -o junit_family=xunit2 -m "gpu and gpu_serial" tests \
+            --ignore=tests/ops --ignore=tests/ops_triton "${extra[@]}" 2>&1 \
+            | tee -a "$log" | grep -E "^(FAILED|ERROR) | in [0-9.]+s( \(|=|$)" | cut -c1-300
+        rc2=${PIPESTATUS[0]}
+        # pytest's 5 is "nothing collected": no gpu_serial test among the selected paths is not a failure
+        [ "$rc2" -eq 5 ] && rc2=0
+        [ "$rc" -eq 0 ] && rc=$rc2
+    fi
     [ "$rc" -eq 124 ] && say "step $step: cut off after ${left}s (the log shows how far it got)"
     echo "$rc $(( $(date +%s) - t0 ))" > "$out/.step_$step"
 }
@@ -179,10 +208,10 @@ out, commit, install_rc, total_s, specs = Path(sys.argv[1]), sys.argv[2], int(sy
 lines, failed, totals = [], [], dict(passed=0, failed=0, errors=0, skipped=0)
 for spec in specs:
     step, rc, seconds = spec.split(":")
-    junit = out / f"junit_{step}.xml"
+    junits = [j for j in (out / f"junit_{step}.xml", out / f"junit_{step}_serial.xml") if j.is_file()]
     counts = dict(passed=0, failed=0, errors=0, skipped=0)
-    if junit.is_file():
-        for case in ET.parse(junit).iter("testcase"):
+    if junits:
+        for case in (c for j in junits for c in ET.parse(j).iter("testcase")):
             kind = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
             key = {"failure": "failed", "error": "errors"}.get(kind, kind)
             counts[key] += 1

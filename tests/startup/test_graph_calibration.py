@@ -300,6 +300,7 @@ def test_engine_start_rebuilds_a_real_program_from_the_same_weights(default_arti
 
 # -- on the GPU ------------------------------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.gpu_serial   # the free memory it measures must fall only with its own engine
 def test_the_rebuild_frees_the_first_build_on_the_gpu(default_artifact, monkeypatch):
     """Real capture, drop and recapture: the first measurement is made 1 MiB short (margin 0: 64 pages of
     16 KiB fewer), the second is the real one and must keep the headroom. Dropping the first graphs frees
@@ -331,6 +332,7 @@ def test_the_rebuild_frees_the_first_build_on_the_gpu(default_artifact, monkeypa
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_serial   # the capped budget's "held" is everything the device has in use, other processes included
 def test_a_budget_without_room_for_the_graphs_fails_on_the_gpu(default_artifact, monkeypatch):
     """The plan reserves nothing for the graphs and fills the capped budget with one request + 2 pages of KV; the
     graphs are really captured, and what stays free after them is measured 1 MiB short of the headroom: the pool
