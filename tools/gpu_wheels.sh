@@ -5,6 +5,7 @@
 #
 #   sh tools/gpu_wheels.sh [DIR]          # default .gpu-wheels (git-ignored); then carry DIR in the device call
 #   sh tools/gpu_wheels.sh --vision [DIR] # default .gpu-wheels-vision: ninfer-core's requirements and PyAV only
+#   sh tools/gpu_wheels.sh --vision-halves # that set in two folders that each fit a device call beside the tree
 #
 # PyAV (~36 MB) is left out of the lane's set: with the working tree it would pass the device tool's 64 MiB. The
 # tests that decode video on the GPU run in a call of their own that carries the vision set instead
@@ -23,6 +24,23 @@ set -eu
 cd "$(dirname "$0")/.."
 vision=0
 [ "${1:-}" = "--vision" ] && { vision=1; shift; }
+if [ "${1:-}" = "--vision-halves" ]; then
+    # The vision set cut in two folders of about 24 and 18 MiB, so that each fits beside the working tree in one
+    # device call: .gpu-wheels-vision-1 (every wheel but PyAV's, the first half of PyAV's, the requirements and
+    # PyAV's SHA-256) and .gpu-wheels-vision-2 (the second half). tools/gpu_vision_tests.sh joins them on the device.
+    sh "$0" --vision .gpu-wheels-vision || exit 1
+    rm -rf .gpu-wheels-vision-1 .gpu-wheels-vision-2
+    mkdir -p .gpu-wheels-vision-1 .gpu-wheels-vision-2
+    av=$(ls .gpu-wheels-vision/av-*.whl) || exit 1
+    half=$(( ($(wc -c < "$av") + 1) / 2 ))
+    head -c "$half" "$av" > .gpu-wheels-vision-1/av.part1
+    tail -c +"$(( half + 1 ))" "$av" > .gpu-wheels-vision-2/av.part2
+    (cd .gpu-wheels-vision && sha256sum "$(basename "$av")") > .gpu-wheels-vision-1/av.sha256
+    for f in .gpu-wheels-vision/*; do [ "$f" = "$av" ] || cp "$f" .gpu-wheels-vision-1/; done
+    rm -rf .gpu-wheels-vision
+    du -sh .gpu-wheels-vision-1 .gpu-wheels-vision-2
+    exit 0
+fi
 if [ "$vision" -eq 1 ]; then dest="${1:-.gpu-wheels-vision}"; else dest="${1:-.gpu-wheels}"; fi
 rm -rf "$dest"
 mkdir -p "$dest"
