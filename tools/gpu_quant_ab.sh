@@ -13,7 +13,7 @@
 #   RECIPES=q4@cuda,q4,bf16 SWEEP_S=60 bash tools/gpu_quant_ab.sh
 #   RECIPES=bf16,q4,q8,fp8+a8 SWEEP_S=0 QUANT_S=540 bash tools/gpu_quant_ab.sh   # end to end only
 #   PROFILE=q4 QUANT_S=0 ...                                                 # the q4 decode step's kernels
-#   VARIANTS=engine_tc,engine_tc_sum2 ...                                    # the sweep's variants
+#   VARIANTS=engine_tc,engine_tc_sum1,engine_tc_sum2 ...                     # the sweep's variants
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${OUT:-$PWD/quant-ab-results}"

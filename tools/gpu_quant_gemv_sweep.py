@@ -64,17 +64,10 @@ def bf16_impls(x: torch.Tensor, ws: list) -> list:
             ("triton bf16", lambda c: bf16_gemv(x, ws[c % len(ws)]))]
 
 
-def _tc_call(module, x: torch.Tensor, kw, second_sum_kernel: bool):
-    """The engine's tensor-core GEMV; ``second_sum_kernel``: with no ticket counters, so the split-K partials are
-    added by the separate sum kernel (the A/B of the in-kernel sum)."""
-    from ninfer.ops.triton import _splitk
-
-    old = _splitk._MAX_BLOCKS
-    _splitk._MAX_BLOCKS = 0 if second_sum_kernel else old
-    try:
-        return module.gemv_tc(x, kw)
-    finally:
-        _splitk._MAX_BLOCKS = old
+def _tc_call(module, x: torch.Tensor, kw, in_kernel_sum: bool | None):
+    """The engine's tensor-core GEMV; ``in_kernel_sum`` True / False forces where the split-K partials are added
+    (the last program of each block / the separate sum kernel), None is the module's default (the A/B of the two)."""
+    return module.gemv_tc(x, kw) if in_kernel_sum is None else module.gemv_tc(x, kw, in_kernel_sum=in_kernel_sum)
 
 
 def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
@@ -101,15 +94,15 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
             xin = x if natural else xp
             impls.append((f"{v[:2]} bn={bn} gpi={gpi}", lambda c, bn=bn, gpi=gpi, xin=xin, natural=natural:
                           cand.gemv_tc35(xin, w(c), natural_x=natural, bn=bn, gpi=gpi)))
-        elif v in ("engine_tc", "engine_tc_sum2"):
-            # The engine's tensor-core GEMV of the format (q4, q8, fp8) at its launch shape; _sum2 with the split-K
-            # sum in a second kernel, as before the in-kernel sum.
+        elif v in ("engine_tc", "engine_tc_sum1", "engine_tc_sum2"):
+            # The engine's tensor-core GEMV of the format (q4, q8, fp8) at its launch shape, as the engine runs it;
+            # _sum1 with the split-K sum forced into the kernel, _sum2 forced into the second kernel.
             from ninfer.ops.triton import quant_gemv_tc, quant_gemv_tc8
-            two = v.endswith("sum2")
+            where = {"engine_tc": None, "engine_tc_sum1": True, "engine_tc_sum2": False}[v]
             for module in (quant_gemv_tc, quant_gemv_tc8):
                 if module.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
-                    impls.append(("engine tc" + (" sum2" if two else ""),
-                                  lambda c, module=module, two=two: _tc_call(module, x, w(c), two)))
+                    impls.append((v.replace("_", " "),
+                                  lambda c, module=module, where=where: _tc_call(module, x, w(c), where)))
         elif v in ("engine_tc_pf", "engine_tc_norm", "engine_tc_norm_pf"):
             # q4's tensor-core GEMV with its first weight tile loaded before the PDL wait (_pf), and the fused
             # add + norm prologue (_norm: timed on a random residual; its output is x's normed product, so rel_err
@@ -145,8 +138,9 @@ def main() -> None:
     ap.add_argument("--shapes", default="")
     ap.add_argument("--variants", default="2x32x4,4x16x4,8x16x4,tc64x4,tc128x4,tc128x8,tc64x8,gemm",
                     help="candidates: BNxGxWARPS (CUDA-core), tcBNxWARPS (tensor-core), t3BNxGPI / t5BNxGPI (q4, "
-                         "tensor cores, PTX decode, split-K; t3 with x pre-permuted), engine_tc (ninfer.ops.triton.quant_gemv_tc / _tc8), "
-                         "engine_tc_sum2 (the same with the split-K sum in a second kernel), engine_tc_pf / "
+                         "tensor cores, PTX decode, split-K; t3 with x pre-permuted), engine_tc (ninfer.ops.triton.quant_gemv_tc / _tc8, as the "
+                         "engine runs them), engine_tc_sum1 / engine_tc_sum2 (the same with the split-K sum forced into "
+                         "the kernel / into a second kernel), engine_tc_pf / "
                          "engine_tc_norm / engine_tc_norm_pf (q4: the first weight tile before the PDL wait; with the "
                          "fused norm prologue), "
                          "gemm (the engine's GEMM)")

@@ -212,8 +212,9 @@ def test_norm_stores_are_complete_with_split_k(fmt, gen):
 def test_split_k_sum_in_the_kernel_equals_the_sum_kernel(fmt, rows, swiglu, n, split, gen, monkeypatch):
     """The last program of an output block adds the partials in the kernel (no second launch) and gets the second
     kernel's result bit for bit (the same fp32 order, one rounding, SwiGLU of the rounded gate and up); the block
-    ticket counters are all zero again after the call. Without the counters (more output blocks than counters, or
-    a SwiGLU half that is not whole blocks) the second kernel runs."""
+    ticket counters are all zero again after the call. With ``in_kernel_sum=False`` (the 8-bit kernels' default),
+    or without the counters (more output blocks than counters, or a SwiGLU half that is not whole blocks), the
+    second kernel runs."""
     from ninfer.ops.triton import _splitk
 
     module = _module(fmt)
@@ -222,15 +223,20 @@ def test_split_k_sum_in_the_kernel_equals_the_sum_kernel(fmt, rows, swiglu, n, s
     x = randn(gen, rows, k, dtype=torch.bfloat16, device=DEVICE)
     counted = CountLaunches(_splitk._sum_kernel)
     monkeypatch.setattr(_splitk, "_sum_kernel", counted)
-    fused = module.gemv_tc(x, w, swiglu=swiglu, split=split)
+    fused = module.gemv_tc(x, w, swiglu=swiglu, split=split, in_kernel_sum=True)
     partials = split > 1 or swiglu
     assert counted.launches == 0
     if partials:
         assert not _splitk._TICKETS[x.device, threading.get_ident()].any()
-    monkeypatch.setattr(_splitk, "_MAX_BLOCKS", 0)
-    second = module.gemv_tc(x, w, swiglu=swiglu, split=split)
+    chosen = module.gemv_tc(x, w, swiglu=swiglu, split=split, in_kernel_sum=False)
     assert counted.launches == (1 if partials else 0)
-    assert torch.equal(fused, second)
+    # The module's default: the q4 kernel sums in the kernel, the 8-bit ones in the second kernel.
+    default = module.gemv_tc(x, w, swiglu=swiglu, split=split)
+    assert counted.launches == (1 if partials else 0) * (1 if fmt == Q4 else 2)
+    monkeypatch.setattr(_splitk, "_MAX_BLOCKS", 0)
+    second = module.gemv_tc(x, w, swiglu=swiglu, split=split, in_kernel_sum=True)
+    assert counted.launches == (1 if partials else 0) * (2 if fmt == Q4 else 3)
+    assert torch.equal(fused, second) and torch.equal(fused, chosen) and torch.equal(fused, default)
     if swiglu:   # silu(gate) * up of the plain product's rounded halves (to one bf16 ulp: exp's implementation)
         plain = module.gemv_tc(x, w, split=split).float()
         g, u = plain[:, : n // 2], plain[:, n // 2:]

@@ -216,7 +216,8 @@ def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
 
 
 def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,
-            out_dtype: torch.dtype | None = None, split: int | None = None, prefetch: bool = False) -> torch.Tensor:
+            out_dtype: torch.dtype | None = None, split: int | None = None, prefetch: bool = False,
+            in_kernel_sum: bool = True) -> torch.Tensor:
     """``x2[M, K] @ decode(w).T`` for a q4 weight and bf16 ``x2`` (row-contiguous, ``M <= MAX_ROWS``), rounded to
     x2's dtype, stored as ``out_dtype`` (default x2's). ``norm = (residual2, norm_weight, eps, normed_out,
     residual_out)``: x2 is first replaced by its ``add_rms_norm_unit_offset`` with residual2 (formed in every
@@ -224,7 +225,8 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
     result ``silu_and_mul`` of the product, ``[M, I]``, applied where the partials are added. ``split``: K runs
     (default: enough programs to fill the device). ``prefetch``: each program loads its first weight tile before
     the PDL wait and the norm prologue, the same sums in the same order (a candidate until timed: the engine's ops
-    leave it off). A ``ValueError`` when :func:`launch_shape` refuses the call."""
+    leave it off). ``in_kernel_sum``: split-K partials added by the last program of each output block (else by
+    the second kernel; the same bits either way). A ``ValueError`` when :func:`launch_shape` refuses the call."""
     m, k = x2.shape
     shape = launch_shape(m, w)
     if shape is None or x2.dtype != torch.bfloat16:
@@ -232,14 +234,16 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
                          f"{w.lanes} lanes a row")
     mp, bn, gpi = shape
     return launch(_q4_tc_kernel, x2, w, nbytes=w.lanes // 2, step=32 * gpi, bn=bn, norm=norm, swiglu=swiglu,
-                  out_dtype=out_dtype, split=split, GPI=gpi, MP=mp, PREFETCH=prefetch)
+                  out_dtype=out_dtype, split=split, in_kernel_sum=in_kernel_sum, GPI=gpi, MP=mp, PREFETCH=prefetch)
 
 
 def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int, bn: int, norm: tuple | None,
-           swiglu: bool, out_dtype: torch.dtype | None, split: int | None, **constexprs) -> torch.Tensor:
+           swiglu: bool, out_dtype: torch.dtype | None, split: int | None, in_kernel_sum: bool = True,
+           **constexprs) -> torch.Tensor:
     """Run a tensor-core GEMV ``kernel`` of this module's signature (also :mod:`~ninfer.ops.triton.quant_gemv_tc8`'s):
     ``bn`` weight rows a program, ``nbytes`` of a row read ``step`` bytes a K step, split-K to fill the device,
-    then the partials' sum (and SwiGLU)."""
+    then the partials' sum (and SwiGLU): in the kernel where ``in_kernel_sum`` and the ticket counters allow, else
+    in the second kernel."""
     m, k = x2.shape
     if swiglu and w.n % 2:
         raise ValueError(f"add_rms_norm_unit_offset_swiglu: gate_up has {w.n} rows, not [2I, N]")
@@ -256,7 +260,7 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
     part = torch.empty((s, m, w.n), dtype=torch.float32, device=x2.device) if partials else y
     # The last program of an output block adds the block's partials (no second launch) where every block's
     # programs are known: SwiGLU needs its gate and up rows in whole blocks of bn.
-    cnt = tickets(x2.device, programs) if partials and not (swiglu and n_out % bn) else None
+    cnt = tickets(x2.device, programs) if in_kernel_sum and partials and not (swiglu and n_out % bn) else None
     if norm is None:
         r2 = nw = hn = ro = x2
         eps = 0.0

@@ -43,6 +43,11 @@ from ninfer.ops.triton.quant_gemv_tc import inv_rms
 
 #: Most rows of x the kernels take.
 MAX_ROWS = 8
+#: Whether split-K partials are added inside the kernel by default (``gemv_tc(in_kernel_sum=None)``). Off: with
+#: the ticket epilogue these kernels' K loops build differently (more registers; at eight rows of q8 more loads
+#: issued ahead of the math), and the separate sum kernel measured faster at every split 9B shape, one and eight
+#: rows (docs/kernels.md).
+IN_KERNEL_SUM = False
 #: K lanes of an fp8 program's step.
 FP8_BK = 256
 Q8 = "q8_g32_fp16"
@@ -219,9 +224,10 @@ def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
 
 def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,
             out_dtype: torch.dtype | None = None, split: int | None = None, asm: str | None = None, perm: int = 1,
-            shape: tuple[int, int, int] | None = None) -> torch.Tensor:
+            shape: tuple[int, int, int] | None = None, in_kernel_sum: bool | None = None) -> torch.Tensor:
     """:func:`quant_gemv_tc.gemv_tc`'s contract for a q8 or fp8 weight. ``asm``, ``perm`` and ``shape`` (MP, BN,
-    GPI or BK) replace the decode, the lane order and the launch shape (for the candidates' comparison)."""
+    GPI or BK) replace the decode, the lane order and the launch shape (for the candidates' comparison);
+    ``in_kernel_sum`` None is :data:`IN_KERNEL_SUM`."""
     m, _ = x2.shape
     chosen = launch_shape(m, w)
     if chosen is None or x2.dtype != torch.bfloat16:
@@ -231,5 +237,7 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
     fp8 = w.format == FP8
     step = q if fp8 else 32 * q
     return quant_gemv_tc.launch(_tc8_kernel, x2, w, nbytes=w.lanes, step=step, bn=bn, norm=norm, swiglu=swiglu,
-                                out_dtype=out_dtype, split=split, BB=step, MP=mp, FP8=fp8, PERM=perm,
+                                out_dtype=out_dtype, split=split,
+                                in_kernel_sum=IN_KERNEL_SUM if in_kernel_sum is None else in_kernel_sum,
+                                BB=step, MP=mp, FP8=fp8, PERM=perm,
                                 ASM=asm or (FP8_ASM if fp8 else Q8_ASM))
