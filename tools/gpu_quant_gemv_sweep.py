@@ -64,10 +64,18 @@ def bf16_impls(x: torch.Tensor, ws: list) -> list:
             ("triton bf16", lambda c: bf16_gemv(x, ws[c % len(ws)]))]
 
 
-def _tc_call(module, x: torch.Tensor, kw, in_kernel_sum: bool | None):
+def _tc_call(module, x: torch.Tensor, kw, in_kernel_sum: bool | None, split_rule: str | None = None):
     """The engine's tensor-core GEMV; ``in_kernel_sum`` True / False forces where the split-K partials are added
-    (the last program of each block / the separate sum kernel), None is the module's default (the A/B of the two)."""
-    return module.gemv_tc(x, kw) if in_kernel_sum is None else module.gemv_tc(x, kw, in_kernel_sum=in_kernel_sum)
+    (the last program of each block / the separate sum kernel), None is the module's default (the A/B of the two);
+    ``split_rule`` replaces ``NINFER_QUANT_SPLIT``'s for the call."""
+    from ninfer.ops.triton import quant_gemv_tc
+
+    old = quant_gemv_tc.SPLIT_RULE
+    quant_gemv_tc.SPLIT_RULE = split_rule or old
+    try:
+        return module.gemv_tc(x, kw) if in_kernel_sum is None else module.gemv_tc(x, kw, in_kernel_sum=in_kernel_sum)
+    finally:
+        quant_gemv_tc.SPLIT_RULE = old
 
 
 def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
@@ -94,15 +102,17 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
             xin = x if natural else xp
             impls.append((f"{v[:2]} bn={bn} gpi={gpi}", lambda c, bn=bn, gpi=gpi, xin=xin, natural=natural:
                           cand.gemv_tc35(xin, w(c), natural_x=natural, bn=bn, gpi=gpi)))
-        elif v in ("engine_tc", "engine_tc_sum1", "engine_tc_sum2"):
+        elif v in ("engine_tc", "engine_tc_sum1", "engine_tc_sum2", "engine_tc_wave"):
             # The engine's tensor-core GEMV of the format (q4, q8, fp8) at its launch shape, as the engine runs it;
-            # _sum1 with the split-K sum forced into the kernel, _sum2 forced into the second kernel.
+            # _sum1 with the split-K sum forced into the kernel, _sum2 forced into the second kernel; _wave with the
+            # `wave` split rule.
             from ninfer.ops.triton import quant_gemv_tc, quant_gemv_tc8
-            where = {"engine_tc": None, "engine_tc_sum1": True, "engine_tc_sum2": False}[v]
+            where = {"engine_tc_sum1": True, "engine_tc_sum2": False}.get(v)
+            rule = "wave" if v == "engine_tc_wave" else None
             for module in (quant_gemv_tc, quant_gemv_tc8):
                 if module.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
-                    impls.append((v.replace("_", " "),
-                                  lambda c, module=module, where=where: _tc_call(module, x, w(c), where)))
+                    impls.append((v.replace("_", " "), lambda c, module=module, where=where, rule=rule:
+                                  _tc_call(module, x, w(c), where, rule)))
         elif v in ("engine_tc_pf", "engine_tc_norm", "engine_tc_norm_pf"):
             # q4's tensor-core GEMV with its first weight tile loaded before the PDL wait (_pf), and the fused
             # add + norm prologue (_norm: timed on a random residual; its output is x's normed product, so rel_err
@@ -140,7 +150,7 @@ def main() -> None:
                     help="candidates: BNxGxWARPS (CUDA-core), tcBNxWARPS (tensor-core), t3BNxGPI / t5BNxGPI (q4, "
                          "tensor cores, PTX decode, split-K; t3 with x pre-permuted), engine_tc (ninfer.ops.triton.quant_gemv_tc / _tc8, as the "
                          "engine runs them), engine_tc_sum1 / engine_tc_sum2 (the same with the split-K sum forced into "
-                         "the kernel / into a second kernel), engine_tc_pf / "
+                         "the kernel / into a second kernel), engine_tc_wave (NINFER_QUANT_SPLIT=wave), engine_tc_pf / "
                          "engine_tc_norm / engine_tc_norm_pf (q4: the first weight tile before the PDL wait; with the "
                          "fused norm prologue), "
                          "gemm (the engine's GEMM)")

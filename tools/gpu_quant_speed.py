@@ -3,8 +3,10 @@
 
 Builds the random-weight model of ``--shape`` once (tools/gpu_bench_shapes.py), then for each recipe of
 ``--recipes`` (``bf16`` = as stored, or an ``ninfer-convert --quantize`` preset such as ``fp8+a8``, ``q8``, ``q4``)
-converts it in memory with the converter's own encoders (run on the model's device), runs ``ninfer bench`` on the
-artifact, and deletes it. Each decode row's share of the copy ceiling is recomputed from the bytes the step really
+converts it in memory with the converter's own encoders (run on the model's device; consecutive recipes of one
+format share the artifact), runs ``ninfer bench`` on the artifact (in the environment of the recipe's ``@``
+settings: ``q4@wave/pf`` is the q4 artifact with ``NINFER_QUANT_SPLIT=wave NINFER_QUANT_PREFETCH=1``), and deletes
+it. Each decode row's share of the copy ceiling is recomputed from the bytes the step really
 reads: ``ninfer bench`` counts every weight at the run dtype, so the quantized objects' bf16 bytes are replaced by
 their stored bytes (codes, high bits and scales). Writes ``quant_speed.json`` (every report) and prints a table.
 
@@ -37,8 +39,10 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--recipes", default="q4,q8,fp8+a8,bf16",
-                    help="in the order run (default q4,q8,fp8+a8,bf16); RECIPE@MODE benches with NINFER_QUANT_GEMV=MODE "
-                         "(auto, tc, cuda)")
+                    help="in the order run (default q4,q8,fp8+a8,bf16); RECIPE@SETTING[/SETTING...] benches the "
+                         "recipe's artifact with settings: auto, tc, cuda (NINFER_QUANT_GEMV), fill, wave "
+                         "(NINFER_QUANT_SPLIT), pf (NINFER_QUANT_PREFETCH=1); consecutive recipes of one format "
+                         "share one conversion")
     ap.add_argument("--batches", default=None, help="default 1,8 (tiny: 1,2)")
     ap.add_argument("--prefill-lengths", default=None, help="default 8192 (tiny: 32)")
     ap.add_argument("--bench-args", default="")
@@ -55,6 +59,22 @@ def read_bytes_ratio(row: dict, quantized: dict, embedding_ids: set[str]) -> dic
     step = row["bytes_per_step"] - saved
     return {"batch": row["batch"], "tokens_per_s": row["tokens_per_s"], "step_ms": row["step_ms"],
             "read_bytes_per_step": step, "copy_ratio": step / (row["step_ms"] / 1e3) / copy}
+
+
+SETTINGS = {"auto": ("NINFER_QUANT_GEMV", "auto"), "tc": ("NINFER_QUANT_GEMV", "tc"),
+            "cuda": ("NINFER_QUANT_GEMV", "cuda"), "fill": ("NINFER_QUANT_SPLIT", "fill"),
+            "wave": ("NINFER_QUANT_SPLIT", "wave"), "pf": ("NINFER_QUANT_PREFETCH", "1")}
+
+
+def setting_env(settings: str) -> dict[str, str]:
+    """The environment of a recipe's ``@SETTING/SETTING`` part (``--recipes``)."""
+    env = {}
+    for word in filter(None, settings.split("/")):
+        if word not in SETTINGS:
+            raise ValueError(f"recipe setting {word!r}: expected one of {', '.join(SETTINGS)}")
+        name, value = SETTINGS[word]
+        env[name] = value
+    return env
 
 
 def main(argv=None) -> int:
@@ -76,6 +96,13 @@ def main(argv=None) -> int:
     folder.mkdir(exist_ok=True)
     shapes.write_frontend(folder, args.tokenizer)
     results, slowest = [], 0.0
+    converted = None   # (format, artifact path, conversion report) of the artifact on disk
+
+    def drop(conv) -> None:
+        if conv is not None:
+            for p in args.work.glob(f"{conv[1].stem}*"):
+                p.unlink(missing_ok=True)
+
     for recipe in args.recipes.split(","):
         left = args.budget_s - (time.perf_counter() - START)
         if slowest and left < slowest * 1.1:
@@ -83,21 +110,25 @@ def main(argv=None) -> int:
             continue
         t0 = time.perf_counter()
         # "q4@cuda": the q4 artifact benched with NINFER_QUANT_GEMV=cuda (no tensor-core decode GEMV), an A/B in one run.
-        fmt, _, gemv_kind = recipe.partition("@")
-        tag = recipe.replace("+", "_").replace("@", "_")
-        artifact = args.work / f"{tag}.ninfer"
+        fmt, _, settings = recipe.partition("@")
+        tag = recipe.replace("+", "_").replace("@", "_").replace("/", "_")
         entry: dict = {"recipe": recipe}
         try:
-            conv = shapes.convert_in_memory(model, folder, artifact, f"quant-speed-{tag}",
-                                            quantize=None if fmt == "bf16" else fmt)
-            entry["convert_s"] = round(time.perf_counter() - t0, 1)
+            env = dict(os.environ, **setting_env(settings))
+            if converted is None or converted[0] != fmt:
+                drop(converted)
+                converted = None
+                artifact = args.work / f"{fmt.replace('+', '_')}.ninfer"
+                converted = (fmt, artifact, shapes.convert_in_memory(model, folder, artifact, f"quant-speed-{tag}",
+                                                                      quantize=None if fmt == "bf16" else fmt))
+                entry["convert_s"] = round(time.perf_counter() - t0, 1)
+            _, artifact, conv = converted
             entry["artifact_bytes"] = sum(Path(p).stat().st_size for p in conv["paths"])
             entry["quantized"] = conv["quantized"]
             out = args.out / f"bench_{tag}.json"
             cmd = [sys.executable, "-m", "ninfer.cli.main", "bench", str(artifact), "--output", str(out),
                    "--device", args.device, "--batches", batches, "--prefill-lengths", lengths,
                    *(["--dtype", "bfloat16"] if args.device.startswith("cuda") else []), *shlex.split(bench_args)]
-            env = dict(os.environ, **({"NINFER_QUANT_GEMV": gemv_kind} if gemv_kind else {}))
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60.0, left - 20), env=env)
             if run.returncode != 0:
                 entry["error"] = f"ninfer bench exited {run.returncode}: {run.stderr[-3000:]}"
@@ -109,14 +140,12 @@ def main(argv=None) -> int:
                                     for r in report["prefill"]]
         except Exception as exc:  # noqa: BLE001 - one recipe's failure must not lose the others' figures
             entry["error"] = f"{type(exc).__name__}: {exc}"
-        finally:
-            for p in args.work.glob(f"{artifact.stem}*"):
-                p.unlink(missing_ok=True)
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         slowest = max(slowest, entry["seconds"])
         results.append(entry)
         (args.out / "quant_speed.json").write_text(json.dumps({"shape": args.shape, "results": results}, indent=1))
         print(f"[quant] {recipe}: {entry.get('error') or 'ok'} in {entry['seconds']} s", flush=True)
+    drop(converted)
     base = next((r for r in results if r["recipe"] == "bf16" and "decode" in r), None)
     print(f"\n{'recipe':<8} {'GB':>6} {'B':>3} {'tok/s':>9} {'x bf16':>7} {'of copy':>8}   {'prefill tok/s':>13} {'x bf16':>7}")
     for r in results:

@@ -153,6 +153,67 @@ def test_an_unknown_mode_is_named():
     assert run.returncode != 0 and "NINFER_QUANT_GEMV='fast': expected one of auto, tc, cuda" in run.stderr
 
 
+@pytest.mark.parametrize("name,value,message", [("NINFER_QUANT_SPLIT", "most", "expected one of fill, wave"),
+                                                ("NINFER_QUANT_PREFETCH", "yes", "expected 0 or 1")])
+def test_an_unknown_candidate_setting_is_named(name, value, message):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **{name: value})
+    run = subprocess.run([sys.executable, "-c", "import ninfer.ops.triton.quant_gemv_tc"], capture_output=True,
+                         text=True, env=env)
+    assert run.returncode != 0 and f"{name}={value!r}: {message}" in run.stderr
+
+
+def test_the_candidate_settings_reach_the_launch(gen, monkeypatch):
+    """``NINFER_QUANT_SPLIT`` and ``NINFER_QUANT_PREFETCH`` (read at import into SPLIT_RULE and PREFETCH) are what a
+    call without ``split`` / ``prefetch`` launches with."""
+    from ninfer.ops.triton import quant_gemv_tc
+
+    seen = []
+    real = quant_gemv_tc._q4_tc_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                seen.append((grid[1], kw["PREFETCH"]))
+                return real[grid](*args, **kw)
+            return run
+
+    monkeypatch.setattr(quant_gemv_tc, "_q4_tc_kernel", Spy())
+    # 3 row blocks of 8 K steps at one row, 8 programs at once: fill takes 3 runs (9 programs, two waves), wave 2.
+    monkeypatch.setattr(quant_gemv_tc, "_TARGET_PROGRAMS", 8)
+    w = _kw(random_packed(gen, Q4, 3 * 128, 4096, DEVICE))
+    x = randn(gen, 1, 4096, dtype=torch.bfloat16, device=DEVICE)
+    plain = quant_gemv_tc.gemv_tc(x, w)
+    monkeypatch.setattr(quant_gemv_tc, "SPLIT_RULE", "wave")
+    monkeypatch.setattr(quant_gemv_tc, "PREFETCH", True)
+    chosen = quant_gemv_tc.gemv_tc(x, w)
+    assert seen == [(3, False), (2, True)]
+    assert (chosen.float() - plain.float()).abs().max() <= plain.float().abs().max() * 2.0 ** -7
+
+
+def test_split_rules():
+    """``fill``: at least the target's programs (no more runs than steps); ``wave``: no program spilled into a
+    partial wave when one fewer run avoids it (the 9B in-projection at one row: 97 row blocks x 3 runs are 291
+    programs, two waves of 264, so 2 runs), and more runs where whole waves come out shorter; never an empty run."""
+    from ninfer.ops.triton.quant_gemv_tc import split_count
+
+    assert [split_count(p, 8, "fill", 264) for p in (97, 192, 32, 1940)] == [3, 2, 8, 1]
+    assert [split_count(p, 8, "wave", 264) for p in (97, 192, 32, 1940)] == [2, 1, 8, 1]
+    assert split_count(49, 32, "wave", 264) == 5 and split_count(49, 32, "fill", 264) == 6
+    assert split_count(96, 32, "wave", 264) == 8      # 768 programs: three nearly full waves of 4 steps
+    for programs in (1, 7, 97, 300):
+        for steps in (1, 3, 8, 24, 100):
+            for rule in ("fill", "wave"):
+                s = split_count(programs, steps, rule, 264)
+                tps = -(-steps // s)
+                assert 1 <= s <= steps and (s - 1) * tps < steps, (programs, steps, rule, s)
+    with pytest.raises(ValueError, match="split rule 'most'"):
+        split_count(4, 4, "most")
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [1, 6])
 def test_dense_ops_take_it_when_enabled(fmt, rows, gen, tc_on, monkeypatch):

@@ -55,8 +55,48 @@ if MODE not in MODES:
     raise ValueError(f"NINFER_QUANT_GEMV={MODE!r}: expected one of {', '.join(MODES)}")
 # (BN, GPI) by MP: weight rows a program, scale groups a K step (GPI * MP >= 8, the tensor cores' narrowest N).
 _SHAPES = {1: (128, 8), 2: (128, 4), 4: (128, 2), 8: (256, 2)}
-# Programs to aim for with split-K: about two a streaming multiprocessor on the H200.
+# Programs to aim for with split-K: about two a streaming multiprocessor on the H200 (what fits at once: these
+# kernels' shared memory allows two CTAs an SM).
 _TARGET_PROGRAMS = 264
+#: How the tensor-core GEMVs choose split-K (``NINFER_QUANT_SPLIT``, read once): ``fill`` (the default) at least
+#: ``_TARGET_PROGRAMS`` programs; ``wave`` the split whose programs finish soonest in a model of whole waves
+#: (:func:`split_count`), a candidate until timed in a decode step.
+SPLIT_RULE = os.environ.get("NINFER_QUANT_SPLIT", "fill")
+SPLIT_RULES = ("fill", "wave")
+if SPLIT_RULE not in SPLIT_RULES:
+    raise ValueError(f"NINFER_QUANT_SPLIT={SPLIT_RULE!r}: expected one of {', '.join(SPLIT_RULES)}")
+# The wave model's fixed cost of a program (launch, PDL wait, epilogue), in K steps.
+_PROGRAM_COST_STEPS = 1
+#: Whether the q4 tensor-core GEMV loads each program's first weight tile before the PDL wait by default
+#: (``NINFER_QUANT_PREFETCH`` ``0`` or ``1``, read once; ``gemv_tc(prefetch=None)``): a candidate until timed in a
+#: decode step, off.
+_PREFETCH_ENV = os.environ.get("NINFER_QUANT_PREFETCH", "0")
+if _PREFETCH_ENV not in ("0", "1"):
+    raise ValueError(f"NINFER_QUANT_PREFETCH={_PREFETCH_ENV!r}: expected 0 or 1")
+PREFETCH = _PREFETCH_ENV == "1"
+
+
+def split_count(programs: int, steps: int, rule: str | None = None, slots: int | None = None) -> int:
+    """K runs for ``programs`` row blocks of ``steps`` K steps each (>= 1, every run non-empty); ``rule`` None is
+    :data:`SPLIT_RULE`, ``slots`` None the programs that fit the device at once.
+
+    ``fill``: enough runs for ``slots`` programs (no more runs than steps). ``wave``: the count that minimises
+    ``ceil(programs * s / slots) * (cost + ceil(steps / s))``, the time of whole waves of ``slots`` programs that
+    each pay a fixed ``cost`` and their steps; ties go to fewer runs (fewer partials to add). A split that spills
+    a few programs into a second wave doubles its time in this model, where ``fill`` would take it."""
+    rule = rule or SPLIT_RULE
+    slots = slots or _TARGET_PROGRAMS
+    if rule == "fill":
+        s = max(1, min(steps, -(-slots // programs)))
+    elif rule == "wave":
+        def cost(s: int) -> int:
+            return -(-programs * s // slots) * (_PROGRAM_COST_STEPS + -(-steps // s))
+
+        s = min(range(1, max(1, steps) + 1), key=lambda s: (cost(s), s))
+    else:
+        raise ValueError(f"split rule {rule!r}: expected one of {', '.join(SPLIT_RULES)}")
+    tps = -(-steps // s)
+    return -(-steps // tps)                                  # no empty runs
 
 _ASM = tl.constexpr("""{
 .reg .b32 t, one, m;
@@ -216,16 +256,16 @@ def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
 
 
 def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,
-            out_dtype: torch.dtype | None = None, split: int | None = None, prefetch: bool = False,
+            out_dtype: torch.dtype | None = None, split: int | None = None, prefetch: bool | None = None,
             in_kernel_sum: bool = True) -> torch.Tensor:
     """``x2[M, K] @ decode(w).T`` for a q4 weight and bf16 ``x2`` (row-contiguous, ``M <= MAX_ROWS``), rounded to
     x2's dtype, stored as ``out_dtype`` (default x2's). ``norm = (residual2, norm_weight, eps, normed_out,
     residual_out)``: x2 is first replaced by its ``add_rms_norm_unit_offset`` with residual2 (formed in every
     program), stored to the given ``[M, K]`` outputs. ``swiglu``: w is ``[2I, K]`` (gate rows, then up rows), the
     result ``silu_and_mul`` of the product, ``[M, I]``, applied where the partials are added. ``split``: K runs
-    (default: enough programs to fill the device). ``prefetch``: each program loads its first weight tile before
-    the PDL wait and the norm prologue, the same sums in the same order (a candidate until timed: the engine's ops
-    leave it off). ``in_kernel_sum``: split-K partials added by the last program of each output block (else by
+    (default: :func:`split_count` by :data:`SPLIT_RULE`). ``prefetch``: each program loads its first weight tile before
+    the PDL wait and the norm prologue, the same sums in the same order (a candidate until timed; None:
+    :data:`PREFETCH`). ``in_kernel_sum``: split-K partials added by the last program of each output block (else by
     the second kernel; the same bits either way). A ``ValueError`` when :func:`launch_shape` refuses the call."""
     m, k = x2.shape
     shape = launch_shape(m, w)
@@ -234,7 +274,8 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
                          f"{w.lanes} lanes a row")
     mp, bn, gpi = shape
     return launch(_q4_tc_kernel, x2, w, nbytes=w.lanes // 2, step=32 * gpi, bn=bn, norm=norm, swiglu=swiglu,
-                  out_dtype=out_dtype, split=split, in_kernel_sum=in_kernel_sum, GPI=gpi, MP=mp, PREFETCH=prefetch)
+                  out_dtype=out_dtype, split=split, in_kernel_sum=in_kernel_sum, GPI=gpi, MP=mp,
+                  PREFETCH=PREFETCH if prefetch is None else prefetch)
 
 
 def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int, bn: int, norm: tuple | None,
@@ -253,7 +294,7 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
         return y
     steps = nbytes // step
     programs = triton.cdiv(w.n, bn)
-    s = split or max(1, min(steps, -(-_TARGET_PROGRAMS // programs)))
+    s = split_count(programs, steps) if split is None else split
     tps = -(-steps // s)
     s = -(-steps // tps)                                   # no empty splits
     partials = s > 1 or swiglu
