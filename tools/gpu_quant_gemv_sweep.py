@@ -64,18 +64,27 @@ def bf16_impls(x: torch.Tensor, ws: list) -> list:
             ("triton bf16", lambda c: bf16_gemv(x, ws[c % len(ws)]))]
 
 
-def _tc_call(module, x: torch.Tensor, kw, in_kernel_sum: bool | None, split_rule: str | None = None):
+def _tc_call(module, x: torch.Tensor, kw, in_kernel_sum: bool | None, split_rule: str | None = None,
+             stages: int | None = None):
     """The engine's tensor-core GEMV; ``in_kernel_sum`` True / False forces where the split-K partials are added
     (the last program of each block / the separate sum kernel), None is the module's default (the A/B of the two);
-    ``split_rule`` replaces ``NINFER_QUANT_SPLIT``'s for the call."""
+    ``split_rule`` replaces ``NINFER_QUANT_SPLIT``'s for the call; ``stages`` builds the kernel with that many
+    software-pipeline stages, with the split target of the CTAs that then fit an SM (q4: 2 stages, ~42 KB of shared
+    memory and 128 registers, fit 4 an SM against 2 at the default 3 stages)."""
     from ninfer.ops.triton import quant_gemv_tc
 
-    old = quant_gemv_tc.SPLIT_RULE
-    quant_gemv_tc.SPLIT_RULE = split_rule or old
+    saved = quant_gemv_tc.SPLIT_RULE, dict(quant_gemv_tc.LAUNCH_OPTIONS), quant_gemv_tc._TARGET_PROGRAMS
+    quant_gemv_tc.SPLIT_RULE = split_rule or saved[0]
+    if stages is not None:
+        quant_gemv_tc.LAUNCH_OPTIONS["num_stages"] = stages
+        quant_gemv_tc._TARGET_PROGRAMS = saved[2] * 2 if stages == 2 else saved[2]
     try:
         return module.gemv_tc(x, kw) if in_kernel_sum is None else module.gemv_tc(x, kw, in_kernel_sum=in_kernel_sum)
     finally:
-        quant_gemv_tc.SPLIT_RULE = old
+        quant_gemv_tc.SPLIT_RULE = saved[0]
+        quant_gemv_tc.LAUNCH_OPTIONS.clear()
+        quant_gemv_tc.LAUNCH_OPTIONS.update(saved[1])
+        quant_gemv_tc._TARGET_PROGRAMS = saved[2]
 
 
 def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
@@ -102,17 +111,21 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
             xin = x if natural else xp
             impls.append((f"{v[:2]} bn={bn} gpi={gpi}", lambda c, bn=bn, gpi=gpi, xin=xin, natural=natural:
                           cand.gemv_tc35(xin, w(c), natural_x=natural, bn=bn, gpi=gpi)))
-        elif v in ("engine_tc", "engine_tc_sum1", "engine_tc_sum2", "engine_tc_wave"):
+        elif v in ("engine_tc", "engine_tc_sum1", "engine_tc_sum2", "engine_tc_wave", "engine_tc_st2",
+                   "engine_tc_st2_wave"):
             # The engine's tensor-core GEMV of the format (q4, q8, fp8) at its launch shape, as the engine runs it;
             # _sum1 with the split-K sum forced into the kernel, _sum2 forced into the second kernel; _wave with the
-            # `wave` split rule.
+            # `wave` split rule; _st2 (q4 only) built with 2 pipeline stages, 4 CTAs an SM.
             from ninfer.ops.triton import quant_gemv_tc, quant_gemv_tc8
             where = {"engine_tc_sum1": True, "engine_tc_sum2": False}.get(v)
-            rule = "wave" if v == "engine_tc_wave" else None
+            rule = "wave" if v.endswith("_wave") else None
+            stages = 2 if "_st2" in v else None
             for module in (quant_gemv_tc, quant_gemv_tc8):
+                if stages and module is not quant_gemv_tc:
+                    continue
                 if module.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
-                    impls.append((v.replace("_", " "), lambda c, module=module, where=where, rule=rule:
-                                  _tc_call(module, x, w(c), where, rule)))
+                    impls.append((v.replace("_", " "), lambda c, module=module, where=where, rule=rule, stages=stages:
+                                  _tc_call(module, x, w(c), where, rule, stages)))
         elif v in ("engine_tc_pf", "engine_tc_norm", "engine_tc_norm_pf"):
             # q4's tensor-core GEMV with its first weight tile loaded before the PDL wait (_pf), and the fused
             # add + norm prologue (_norm: timed on a random residual; its output is x's normed product, so rel_err
@@ -150,7 +163,8 @@ def main() -> None:
                     help="candidates: BNxGxWARPS (CUDA-core), tcBNxWARPS (tensor-core), t3BNxGPI / t5BNxGPI (q4, "
                          "tensor cores, PTX decode, split-K; t3 with x pre-permuted), engine_tc (ninfer.ops.triton.quant_gemv_tc / _tc8, as the "
                          "engine runs them), engine_tc_sum1 / engine_tc_sum2 (the same with the split-K sum forced into "
-                         "the kernel / into a second kernel), engine_tc_wave (NINFER_QUANT_SPLIT=wave), engine_tc_pf / "
+                         "the kernel / into a second kernel), engine_tc_wave (NINFER_QUANT_SPLIT=wave), engine_tc_st2 / "
+                         "engine_tc_st2_wave (q4 built with 2 pipeline stages: 4 CTAs an SM), engine_tc_pf / "
                          "engine_tc_norm / engine_tc_norm_pf (q4: the first weight tile before the PDL wait; with the "
                          "fused norm prologue), "
                          "gemm (the engine's GEMM)")

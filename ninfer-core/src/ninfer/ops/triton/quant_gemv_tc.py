@@ -67,6 +67,8 @@ if SPLIT_RULE not in SPLIT_RULES:
     raise ValueError(f"NINFER_QUANT_SPLIT={SPLIT_RULE!r}: expected one of {', '.join(SPLIT_RULES)}")
 # The wave model's fixed cost of a program (launch, PDL wait, epilogue), in K steps.
 _PROGRAM_COST_STEPS = 1
+# Launch options of the tensor-core GEMVs on a GPU (Triton's default 3 pipeline stages); a sweep may change them.
+LAUNCH_OPTIONS = {"num_warps": 4}
 #: Whether the q4 tensor-core GEMV loads each program's first weight tile before the PDL wait by default
 #: (``NINFER_QUANT_PREFETCH`` ``0`` or ``1``, read once; ``gemv_tc(prefetch=None)``): a candidate until timed in a
 #: decode step, off.
@@ -307,7 +309,7 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
         eps = 0.0
     else:
         r2, nw, eps, hn, ro = norm
-    kw = {} if INTERPRET else {"num_warps": 4}
+    kw = {} if INTERPRET else dict(LAUNCH_OPTIONS)
     kernel[(programs, s)](
         x2, w.base.view(torch.uint16), w.scales, y, part, part if cnt is None else cnt, r2, nw, hn, ro, float(eps), m,
         w.n, n_out, k, nbytes, tps, s, x2.stride(0), w.base_stride, w.scale_stride, y.stride(0),
