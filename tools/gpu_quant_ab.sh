@@ -14,7 +14,7 @@
 #   RECIPES=bf16,q4,q8,fp8+a8 SWEEP_S=0 QUANT_S=540 bash tools/gpu_quant_ab.sh   # end to end only
 #   PROFILE=q4 QUANT_S=0 ...                                                 # the q4 decode step's kernels
 #   VARIANTS=engine_tc,engine_tc_sum1,engine_tc_sum2 ...                     # the sweep's variants
-#   RECIPES=q4,q4@wave,q4@pf,q4@wave/pf SWEEP_S=0 ...                       # the decode candidates end to end
+#   RECIPES=q4,q4@wave,q4@pf,q4@sep,q4@wave/sep SWEEP_S=0 ...               # the decode candidates end to end
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${OUT:-$PWD/quant-ab-results}"

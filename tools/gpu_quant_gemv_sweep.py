@@ -126,6 +126,18 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
                 if module.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
                     impls.append((v.replace("_", " "), lambda c, module=module, where=where, rule=rule, stages=stages:
                                   _tc_call(module, x, w(c), where, rule, stages)))
+        elif v == "engine_tc_norm_sep":
+            # NINFER_QUANT_NORM=separate: the Triton add + norm kernel, then the plain tensor-core GEMV (any format),
+            # against engine_tc_norm's prologue in every program (timed on the same kind of random residual)
+            from ninfer.ops.triton import norm as tnorm
+            from ninfer.ops.triton import quant_gemv_tc, quant_gemv_tc8
+            module = next((m for m in (quant_gemv_tc, quant_gemv_tc8)
+                           if m.launch_shape(x.shape[0], kws[0]) is not None), None)
+            if module is None or x.dtype != torch.bfloat16:
+                continue
+            res, nw = torch.randn_like(x), torch.rand(x.shape[1], device=x.device, dtype=x.dtype)
+            impls.append(("engine tc norm sep", lambda c, module=module, res=res, nw=nw:
+                          module.gemv_tc(tnorm.add_rms_norm_unit_offset(x, res, nw, 1e-6)[0], w(c))))
         elif v in ("engine_tc_pf", "engine_tc_norm", "engine_tc_norm_pf"):
             # q4's tensor-core GEMV with its first weight tile loaded before the PDL wait (_pf), and the fused
             # add + norm prologue (_norm: timed on a random residual; its output is x's normed product, so rel_err
@@ -164,7 +176,8 @@ def main() -> None:
                          "tensor cores, PTX decode, split-K; t3 with x pre-permuted), engine_tc (ninfer.ops.triton.quant_gemv_tc / _tc8, as the "
                          "engine runs them), engine_tc_sum1 / engine_tc_sum2 (the same with the split-K sum forced into "
                          "the kernel / into a second kernel), engine_tc_wave (NINFER_QUANT_SPLIT=wave), engine_tc_st2 / "
-                         "engine_tc_st2_wave (q4 built with 2 pipeline stages: 4 CTAs an SM), engine_tc_pf / "
+                         "engine_tc_st2_wave (q4 built with 2 pipeline stages: 4 CTAs an SM), engine_tc_norm_sep (the Triton norm "
+                         "kernel, then the plain GEMV: NINFER_QUANT_NORM=separate), engine_tc_pf / "
                          "engine_tc_norm / engine_tc_norm_pf (q4: the first weight tile before the PDL wait; with the "
                          "fused norm prologue), "
                          "gemm (the engine's GEMM)")

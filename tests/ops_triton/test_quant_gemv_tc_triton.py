@@ -154,14 +154,15 @@ def test_an_unknown_mode_is_named():
 
 
 @pytest.mark.parametrize("name,value,message", [("NINFER_QUANT_SPLIT", "most", "expected one of fill, wave"),
-                                                ("NINFER_QUANT_PREFETCH", "yes", "expected 0 or 1")])
+                                                ("NINFER_QUANT_PREFETCH", "yes", "expected 0 or 1"),
+                                                ("NINFER_QUANT_NORM", "both", "expected one of fused, separate")])
 def test_an_unknown_candidate_setting_is_named(name, value, message):
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, **{name: value})
-    run = subprocess.run([sys.executable, "-c", "import ninfer.ops.triton.quant_gemv_tc"], capture_output=True,
+    run = subprocess.run([sys.executable, "-c", "import ninfer.ops.triton.quant_linear"], capture_output=True,
                          text=True, env=env)
     assert run.returncode != 0 and f"{name}={value!r}: {message}" in run.stderr
 
@@ -216,11 +217,16 @@ def test_split_rules():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [1, 6])
-def test_dense_ops_take_it_when_enabled(fmt, rows, gen, tc_on, monkeypatch):
+@pytest.mark.parametrize("norm_mode", ["fused", "separate"])
+def test_dense_ops_take_it_when_enabled(fmt, rows, norm_mode, gen, tc_on, monkeypatch):
     """linear, logits and the fused norm / SwiGLU ops run the format's tensor-core GEMV (counted) and stay within
     its bound. Fused: the new residual is the Triton norm's bit for bit, the normed rows within one bf16 ulp of it
-    (another order of the sum of squares), the product is the plain call's on the normed rows it stored, and the
-    SwiGLU is silu_and_mul of that product (its partials rounded to bf16 first, as the op rounds)."""
+    (another order of the sum of squares; ``NINFER_QUANT_NORM=separate``: the norm kernel's, bit for bit), the
+    product is the plain call's on the normed rows it stored, and the SwiGLU is silu_and_mul of that product (its
+    partials rounded to bf16 first, as the op rounds)."""
+    from ninfer.ops.triton import quant_linear
+
+    monkeypatch.setattr(quant_linear, "NORM_MODE", norm_mode)
     module = _module(fmt)
     calls = []
     real = module.gemv_tc
@@ -238,6 +244,7 @@ def test_dense_ops_take_it_when_enabled(fmt, rows, gen, tc_on, monkeypatch):
     h_sep, res_sep = ops.add_rms_norm_unit_offset(x, res, nw, 1e-6)
     assert torch.equal(new_res, res_sep)
     assert (h.float() - h_sep.float()).abs().max() <= h_sep.float().abs().max() * 2.0 ** -7
+    assert norm_mode == "fused" or torch.equal(h, h_sep)
     assert torch.equal(y, ops.linear(h, w))
     gate_up = random_packed(gen, fmt, 2 * inter, hidden, DEVICE)
     act, h2, res2 = ops.add_rms_norm_unit_offset_swiglu(x, res, nw, 1e-6, gate_up)

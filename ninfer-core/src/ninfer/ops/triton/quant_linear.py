@@ -26,9 +26,14 @@ GEMVs (:mod:`~ninfer.ops.triton.quant_gemv_tc`, :mod:`~ninfer.ops.triton.quant_g
 :func:`tc_module` says (``NINFER_QUANT_GEMV``: ``auto`` by the measured table :data:`AUTO_TC`, ``tc``, ``cuda``)
 instead, with the norm formed in its programs and the SwiGLU applied
 where its partials are added. Activations of another dtype than the kernels take go to the reference ops.
+``NINFER_QUANT_NORM=separate`` (a candidate until timed in a decode step) forms the norm in the Triton norm kernel
+first and runs the same GEMV without its prologue (the SwiGLU stays in the GEMV): the normed rows are then the norm
+kernel's, which may differ from the prologue's by one ulp of x's dtype.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -53,6 +58,11 @@ def _rows(x: torch.Tensor, k: int) -> torch.Tensor:
 GEMM_MIN_ROWS = 4
 #: Weight rows from which the GEMM fills the device (at 64 rows a program: 128 programs).
 GEMM_MIN_N = 8192
+#: Where the fused norm ops form the norm when the GEMV takes the call (``NINFER_QUANT_NORM``, read once): ``fused``
+#: (the default) in every program of the GEMV, ``separate`` in the Triton norm kernel before it.
+NORM_MODE = os.environ.get("NINFER_QUANT_NORM", "fused")
+if NORM_MODE not in ("fused", "separate"):
+    raise ValueError(f"NINFER_QUANT_NORM={NORM_MODE!r}: expected one of fused, separate")
 
 
 def takes_gemv(rows: int, w: KernelWeight) -> bool:
@@ -146,15 +156,19 @@ def _takes_fused(x: torch.Tensor, residual: torch.Tensor, w: KernelWeight) -> bo
 
 
 def _fused_norm(x, residual, norm_weight, eps, w: KernelWeight, swiglu: bool):
-    """The rows through the GEMV with the norm prologue (and the SwiGLU epilogue)."""
+    """The rows through the GEMV with the norm prologue (``NORM_MODE`` ``separate``: after the norm kernel), and
+    the SwiGLU epilogue."""
     n_in = x.shape[-1]
     x2, r2 = _rows(x, n_in), _rows(residual, n_in)
-    normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    norm = (r2, norm_weight.contiguous(), eps, normed, new_residual)
     tc = tc_module(x2, w)
     kernel = gemv if tc is None else tc.gemv_tc
-    y = kernel(x2, w, norm=norm, swiglu=swiglu)
+    if NORM_MODE == "separate":
+        normed, new_residual = _norm.add_rms_norm_unit_offset(x2, r2, norm_weight, eps)
+        y = kernel(normed, w, swiglu=swiglu)
+    else:
+        normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+        new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+        y = kernel(x2, w, norm=(r2, norm_weight.contiguous(), eps, normed, new_residual), swiglu=swiglu)
     lead = x.shape[:-1]
     return y.view(*lead, y.shape[-1]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
 
