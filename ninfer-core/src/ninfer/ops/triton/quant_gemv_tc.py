@@ -88,15 +88,17 @@ def split_count(programs: int, steps: int, rule: str | None = None, slots: int |
     a few programs into a second wave doubles its time in this model, where ``fill`` would take it."""
     rule = rule or SPLIT_RULE
     slots = slots or _TARGET_PROGRAMS
+    if rule not in SPLIT_RULES:
+        raise ValueError(f"split rule {rule!r}: expected one of {', '.join(SPLIT_RULES)}")
+    if steps < 2:
+        return 1
     if rule == "fill":
         s = max(1, min(steps, -(-slots // programs)))
-    elif rule == "wave":
+    else:   # wave
         def cost(s: int) -> int:
             return -(-programs * s // slots) * (_PROGRAM_COST_STEPS + -(-steps // s))
 
-        s = min(range(1, max(1, steps) + 1), key=lambda s: (cost(s), s))
-    else:
-        raise ValueError(f"split rule {rule!r}: expected one of {', '.join(SPLIT_RULES)}")
+        s = min(range(1, steps + 1), key=lambda s: (cost(s), s))
     tps = -(-steps // s)
     return -(-steps // tps)                                  # no empty runs
 
@@ -297,8 +299,8 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
     steps = nbytes // step
     programs = triton.cdiv(w.n, bn)
     s = split_count(programs, steps) if split is None else split
-    tps = -(-steps // s)
-    s = -(-steps // tps)                                   # no empty splits
+    tps = max(1, -(-steps // s))
+    s = max(1, -(-steps // tps))                           # no empty splits
     partials = s > 1 or swiglu
     part = torch.empty((s, m, w.n), dtype=torch.float32, device=x2.device) if partials else y
     # The last program of an output block adds the block's partials (no second launch) where every block's
