@@ -69,14 +69,15 @@ def conv1d_oracle(x, w, state):
 def moe_experts_oracle(x, weights, ids, gate_up, down, shared=None):
     """sum_j w[t, j] * down[e] @ (silu(gate[e] x) * (up[e] x)), e = ids[t, j]; gate rows come first; plus
     sigmoid(shared.gate_logit[t]) * shared.down @ (silu(g) * u), [g | u] = shared.projected[t], when given."""
-    xd, gu, dn, w = f64(x), f64(gate_up), f64(down), f64(weights)
-    inter = dn.shape[-1]
+    xd, w = f64(x), f64(weights)
+    inter = down.shape[-1]
     ids = ids.cpu()
     ref = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float64)
     for e in torch.unique(ids).tolist():                # one expert at a time, over every (token, slot) routed to it
         t, j = (ids == e).nonzero(as_tuple=True)
-        h_gate, h_up = xd[t] @ gu[e, :inter].t(), xd[t] @ gu[e, inter:].t()
-        ref.index_add_(0, t, w[t, j][:, None] * ((h_gate / (1.0 + torch.exp(-h_gate)) * h_up) @ dn[e].t()))
+        gu, dn = f64(gate_up[e]), f64(down[e])          # only the routed experts, not the whole bank, in fp64
+        h_gate, h_up = xd[t] @ gu[:inter].t(), xd[t] @ gu[inter:].t()
+        ref.index_add_(0, t, w[t, j][:, None] * ((h_gate / (1.0 + torch.exp(-h_gate)) * h_up) @ dn.t()))
     if shared is not None:
         p, sd, gl = f64(shared.projected), f64(shared.down), f64(shared.gate_logit)
         si = sd.shape[-1]
