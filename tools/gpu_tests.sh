@@ -164,6 +164,11 @@ run_step() {
     rc=${PIPESTATUS[0]}
     if [ "$step" = gpu ] && [ "$gpu_workers" -gt 1 ] && [ "$rc" -ne 124 ]; then
         local rest=$(( budget - ($(date +%s) - start) - 20 )) rc2
+        if [ "$rest" -lt 30 ]; then
+            say "step gpu: the gpu_serial tests not started, the budget of ${budget}s is spent"
+            echo "124 $(( $(date +%s) - t0 ))" > "$out/.step_$step"
+            return
+        fi
         say "step gpu, the gpu_serial tests alone (at most ${rest}s)"
         timeout -s INT -k 30 "$rest" python3 -m pytest -q -rfE --continue-on-collection-errors "${per_test[@]}" \
             --junitxml "$out/junit_gpu_serial.xml" -o junit_family=xunit2 -m "gpu and gpu_serial" tests \
