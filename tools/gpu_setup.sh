@@ -1,9 +1,12 @@
-# Shared steps of the device scripts (tools/gpu_serving_run.sh, tools/gpu_quant_ab.sh), sourced from the checkout's
-# root: install the carried wheels and this checkout, and build the test tokenizer (no network on the device).
+# Shared steps of the device scripts (tools/gpu_serving_run.sh, tools/gpu_quant_ab.sh, tools/gpu_vision_tests.sh),
+# sourced from the checkout's root: install the carried wheels and this checkout, and build the test tokenizer (no
+# network on the device).
 
-# The wheels carried in .gpu-wheels (tools/gpu_wheels.sh), then this checkout's five distributions, editable.
+# install_checkout [DIR]: the wheels carried in DIR (default .gpu-wheels, tools/gpu_wheels.sh), then this
+# checkout's five distributions, editable.
 install_checkout() {
-    python3 -m pip install -q --no-index --no-cache-dir --find-links .gpu-wheels -r .gpu-wheels/requirements.txt \
+    local wheels="${1:-.gpu-wheels}"
+    python3 -m pip install -q --no-index --no-cache-dir --find-links "$wheels" -r "$wheels/requirements.txt" \
         || return 1
     python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./ninfer-core -e ./ninfer-qwen3_5 \
         -e ./ninfer-qwen4exp -e ./ninfer-convert -e ./ninfer-serve

@@ -37,9 +37,8 @@ if ! (cd "$wheels" && sha256sum -c --quiet "$root/$one/av.sha256"); then
         | tee "$log"
     exit 2
 fi
-{ python3 -m pip install -q --no-index --no-cache-dir --find-links "$wheels" -r "$wheels/requirements.txt" \
-    && python3 -m pip install -q --no-deps --no-build-isolation --no-index -e ./ninfer-core -e ./ninfer-qwen3_5 \
-        -e ./ninfer-qwen4exp -e ./ninfer-convert; } > "$log" 2>&1 || { echo "vision tests $commit: install FAILED" | tee -a "$log"; exit 1; }
+. tools/gpu_setup.sh
+install_checkout "$wheels" > "$log" 2>&1 || { echo "vision tests $commit: install FAILED" | tee -a "$log"; exit 1; }
 python3 -m pytest -q -n "$workers" --junitxml "$out/junit_vision.xml" -o junit_family=xunit2 \
     tests/engine/test_engine_vision_gpu.py tests/ops/test_vision_ops.py tests/ops_triton/test_qwen35_vision_triton.py \
     tests/frontend/test_vision_preprocess.py tests/engine/test_engine_vision.py 2>&1 | tee -a "$log" \
