@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     # The run's own import paths (this checkout's sources, the tools, a test's folder), not this interpreter's
     # installed packages: the build's interpreter may bring another Triton.
     prefixes = (sys.prefix, sys.base_prefix)
-    own = [p for p in sys.path[1:] if p and not p.startswith(prefixes)]
+    # Every entry, not a slice: where a test's folder lands in sys.path depends on PYTHONPATH being set.
+    own = [p for p in sys.path if p and not p.startswith(prefixes)]
     env["PYTHONPATH"] = os.pathsep.join(own + [env.get("PYTHONPATH", "")])
     return subprocess.run([args.python, __file__, "--build", str(out)], env=env).returncode
 
