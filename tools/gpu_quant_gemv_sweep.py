@@ -65,12 +65,13 @@ def bf16_impls(x: torch.Tensor, ws: list) -> list:
 
 
 def _tc_call(module, x: torch.Tensor, kw, in_kernel_sum: bool | None, split_rule: str | None = None,
-             stages: int | None = None):
+             stages: int | None = None, l2: bool = False):
     """The engine's tensor-core GEMV; ``in_kernel_sum`` True / False forces where the split-K partials are added
     (the last program of each block / the separate sum kernel), None is the module's default (the A/B of the two);
     ``split_rule`` replaces ``NINFER_QUANT_SPLIT``'s for the call; ``stages`` builds the kernel with that many
     software-pipeline stages, with the split target of the CTAs that then fit an SM (q4: 2 stages, ~42 KB of shared
-    memory and 128 registers, fit 4 an SM against 2 at the default 3 stages)."""
+    memory and 128 registers, fit 4 an SM against 2 at the default 3 stages); ``l2`` asks L2 for each program's
+    weight run before the PDL wait (NINFER_QUANT_L2_PREFETCH=1)."""
     from ninfer.ops.triton import quant_gemv_tc
 
     saved = quant_gemv_tc.SPLIT_RULE, dict(quant_gemv_tc.LAUNCH_OPTIONS), quant_gemv_tc._TARGET_PROGRAMS
@@ -79,7 +80,8 @@ def _tc_call(module, x: torch.Tensor, kw, in_kernel_sum: bool | None, split_rule
         quant_gemv_tc.LAUNCH_OPTIONS["num_stages"] = stages
         quant_gemv_tc._TARGET_PROGRAMS = saved[2] * 2 if stages == 2 else saved[2]
     try:
-        return module.gemv_tc(x, kw) if in_kernel_sum is None else module.gemv_tc(x, kw, in_kernel_sum=in_kernel_sum)
+        extra = {} if in_kernel_sum is None else {"in_kernel_sum": in_kernel_sum}
+        return module.gemv_tc(x, kw, l2_prefetch=l2, **extra)
     finally:
         quant_gemv_tc.SPLIT_RULE = saved[0]
         quant_gemv_tc.LAUNCH_OPTIONS.clear()
@@ -112,20 +114,21 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
             impls.append((f"{v[:2]} bn={bn} gpi={gpi}", lambda c, bn=bn, gpi=gpi, xin=xin, natural=natural:
                           cand.gemv_tc35(xin, w(c), natural_x=natural, bn=bn, gpi=gpi)))
         elif v in ("engine_tc", "engine_tc_sum1", "engine_tc_sum2", "engine_tc_wave", "engine_tc_st2",
-                   "engine_tc_st2_wave"):
+                   "engine_tc_st2_wave", "engine_tc_l2", "engine_tc_wave_l2"):
             # The engine's tensor-core GEMV of the format (q4, q8, fp8) at its launch shape, as the engine runs it;
             # _sum1 with the split-K sum forced into the kernel, _sum2 forced into the second kernel; _wave with the
-            # `wave` split rule; _st2 (q4 only) built with 2 pipeline stages, 4 CTAs an SM.
+            # `wave` split rule; _st2 (q4 only) built with 2 pipeline stages, 4 CTAs an SM; _l2 with the L2 prefetch.
             from ninfer.ops.triton import quant_gemv_tc, quant_gemv_tc8
             where = {"engine_tc_sum1": True, "engine_tc_sum2": False}.get(v)
-            rule = "wave" if v.endswith("_wave") else None
+            rule = "wave" if "_wave" in v else None
+            l2 = v.endswith("_l2")
             stages = 2 if "_st2" in v else None
             for module in (quant_gemv_tc, quant_gemv_tc8):
                 if stages and module is not quant_gemv_tc:
                     continue
                 if module.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
-                    impls.append((v.replace("_", " "), lambda c, module=module, where=where, rule=rule, stages=stages:
-                                  _tc_call(module, x, w(c), where, rule, stages)))
+                    impls.append((v.replace("_", " "), lambda c, module=module, where=where, rule=rule, stages=stages,
+                                  l2=l2: _tc_call(module, x, w(c), where, rule, stages, l2)))
         elif v == "engine_tc_norm_sep":
             # NINFER_QUANT_NORM=separate: the Triton add + norm kernel, then the plain tensor-core GEMV (any format),
             # against engine_tc_norm's prologue in every program (timed on the same kind of random residual)
@@ -138,7 +141,7 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
             res, nw = torch.randn_like(x), torch.rand(x.shape[1], device=x.device, dtype=x.dtype)
             impls.append(("engine tc norm sep", lambda c, module=module, res=res, nw=nw:
                           module.gemv_tc(tnorm.add_rms_norm_unit_offset(x, res, nw, 1e-6)[0], w(c))))
-        elif v in ("engine_tc_pf", "engine_tc_norm", "engine_tc_norm_pf"):
+        elif v in ("engine_tc_pf", "engine_tc_norm", "engine_tc_norm_pf", "engine_tc_norm_l2"):
             # q4's tensor-core GEMV with its first weight tile loaded before the PDL wait (_pf), and the fused
             # add + norm prologue (_norm: timed on a random residual; its output is x's normed product, so rel_err
             # against the plain product is not a check)
@@ -149,9 +152,9 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
             if "norm" in v:
                 res, nw = torch.randn_like(x), torch.rand(x.shape[1], device=x.device, dtype=x.dtype)
                 norm = (res, nw, 1e-6, torch.empty_like(x), torch.empty_like(x))
-            pf = v.endswith("_pf")
-            impls.append((v.replace("_", " "), lambda c, norm=norm, pf=pf:
-                          quant_gemv_tc.gemv_tc(x, w(c), norm=norm, prefetch=pf)))
+            pf, l2 = v.endswith("_pf"), v.endswith("_l2")
+            impls.append((v.replace("_", " "), lambda c, norm=norm, pf=pf, l2=l2:
+                          quant_gemv_tc.gemv_tc(x, w(c), norm=norm, prefetch=pf, l2_prefetch=l2)))
         elif v == "gemm":
             impls.append(("quant gemm", lambda c: gemm(x, w(c))))
         elif v.startswith("tc"):
@@ -179,7 +182,8 @@ def main() -> None:
                          "engine_tc_st2_wave (q4 built with 2 pipeline stages: 4 CTAs an SM), engine_tc_norm_sep (the Triton norm "
                          "kernel, then the plain GEMV: NINFER_QUANT_NORM=separate), engine_tc_pf / "
                          "engine_tc_norm / engine_tc_norm_pf (q4: the first weight tile before the PDL wait; with the "
-                         "fused norm prologue), "
+                         "fused norm prologue), engine_tc_l2 / engine_tc_wave_l2 / engine_tc_norm_l2 (each program's "
+                         "weight run asked of L2 before the PDL wait: NINFER_QUANT_L2_PREFETCH=1), "
                          "gemm (the engine's GEMM)")
     args = ap.parse_args()
     from ninfer.ops.triton._quant import kernel_weight

@@ -41,7 +41,7 @@ def parse_args(argv=None):
     ap.add_argument("--recipes", default="q4,q8,fp8+a8,bf16",
                     help="in the order run (default q4,q8,fp8+a8,bf16); RECIPE@SETTING[/SETTING...] benches the "
                          "recipe's artifact with settings: auto, tc, cuda (NINFER_QUANT_GEMV), fill, wave "
-                         "(NINFER_QUANT_SPLIT), pf (NINFER_QUANT_PREFETCH=1), sep (NINFER_QUANT_NORM=separate); consecutive recipes of one format "
+                         "(NINFER_QUANT_SPLIT), pf (NINFER_QUANT_PREFETCH=1), sep (NINFER_QUANT_NORM=separate), l2 (NINFER_QUANT_L2_PREFETCH=1); consecutive recipes of one format "
                          "share one conversion")
     ap.add_argument("--batches", default=None, help="default 1,8 (tiny: 1,2)")
     ap.add_argument("--prefill-lengths", default=None, help="default 8192 (tiny: 32)")
@@ -64,7 +64,7 @@ def read_bytes_ratio(row: dict, quantized: dict, embedding_ids: set[str]) -> dic
 SETTINGS = {"auto": ("NINFER_QUANT_GEMV", "auto"), "tc": ("NINFER_QUANT_GEMV", "tc"),
             "cuda": ("NINFER_QUANT_GEMV", "cuda"), "fill": ("NINFER_QUANT_SPLIT", "fill"),
             "wave": ("NINFER_QUANT_SPLIT", "wave"), "pf": ("NINFER_QUANT_PREFETCH", "1"),
-            "sep": ("NINFER_QUANT_NORM", "separate")}
+            "sep": ("NINFER_QUANT_NORM", "separate"), "l2": ("NINFER_QUANT_L2_PREFETCH", "1")}
 
 
 def setting_env(settings: str) -> dict[str, str]:

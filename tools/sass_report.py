@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 # Instruction kinds counted; a kind is matched on the opcode's first dot-separated word (LDG.E.128 -> LDG).
 KINDS = ("LDG", "LDGSTS", "LDS", "LDL", "STG", "STS", "STL", "SHFL", "REDUX", "BAR", "HMMA", "HGMMA", "FFMA", "HFMA2",
-         "MUFU")
+         "MUFU", "UBLKPF", "ACQBULK")
 # Issue-order markers: memory traffic against the math it may wait behind.
 ORDER = ("LDGSTS", "LDG", "STG", "HMMA", "HGMMA", "MUFU", "BAR", "REDUX", "SHFL")
 
@@ -208,12 +208,12 @@ def _presets() -> dict[str, Preset]:
                                {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32"},
                                divisible=("BYTES", "sx", "sb", "ss", "sp"), loop_bytes=256),
         "qgemv_q4_tc": Preset("ninfer.ops.triton.quant_gemv_tc", "_q4_tc_kernel",
-                              dict(BN=128, GPI=8, MP=1, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=False, PREFETCH=False, INTERP=False, PDL=True), 4,
+                              dict(BN=128, GPI=8, MP=1, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=False, PREFETCH=False, L2PF=False, INTERP=False, PDL=True), 4,
                               {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32", "cnt_ptr": "*i32"},
                               divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                               loop_bytes=256),
         "qgemv_q4_tc_norm": Preset("ninfer.ops.triton.quant_gemv_tc", "_q4_tc_kernel",
-                                   dict(BN=128, GPI=8, MP=1, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=True, PREFETCH=False, INTERP=False, PDL=True), 4,
+                                   dict(BN=128, GPI=8, MP=1, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=True, PREFETCH=False, L2PF=False, INTERP=False, PDL=True), 4,
                                    {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32", "cnt_ptr": "*i32"},
                                    divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                                    loop_bytes=256),
@@ -229,19 +229,19 @@ def _presets() -> dict[str, Preset]:
                             divisible=("K", "BYTES", "sx", "sb", "sh", "ss", "sy", "sr", "shn", "sro"), loop_bytes=32),
         # The 8-bit tensor-core GEMVs at one row (q8: 128 rows x 256 B / 128 threads a step; fp8: x as 8 columns).
         "qgemv_q8_tc": Preset("ninfer.ops.triton.quant_gemv_tc8", "_tc8_kernel",
-                              dict(BN=128, BB=256, MP=1, FP8=False, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=False, PERM=1, INTERP=False, PDL=True,
+                              dict(BN=128, BB=256, MP=1, FP8=False, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=False, PERM=1, L2PF=False, INTERP=False, PDL=True,
                                    ASM="ref:ninfer.ops.triton.quant_gemv_tc8.Q8_ASM"), 4,
                               {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32", "cnt_ptr": "*i32"},
                               divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                               loop_bytes=256),
         "qgemv_q8_tc_norm": Preset("ninfer.ops.triton.quant_gemv_tc8", "_tc8_kernel",
-                                   dict(BN=128, BB=256, MP=1, FP8=False, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=True, PERM=1, INTERP=False, PDL=True,
+                                   dict(BN=128, BB=256, MP=1, FP8=False, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=True, PERM=1, L2PF=False, INTERP=False, PDL=True,
                                         ASM="ref:ninfer.ops.triton.quant_gemv_tc8.Q8_ASM"), 4,
                                    {"b_ptr": "*u16", "s_ptr": "*fp16", "p_ptr": "*fp32", "cnt_ptr": "*i32"},
                                    divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
                                    loop_bytes=256),
         "qgemv_fp8_tc": Preset("ninfer.ops.triton.quant_gemv_tc8", "_tc8_kernel",
-                               dict(BN=128, BB=256, MP=8, FP8=True, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=False, PERM=1, INTERP=False, PDL=True,
+                               dict(BN=128, BB=256, MP=8, FP8=True, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=False, PERM=1, L2PF=False, INTERP=False, PDL=True,
                                     ASM="ref:ninfer.ops.triton.quant_gemv_tc8.FP8_ASM"), 4,
                                {"b_ptr": "*u16", "s_ptr": "*bf16", "p_ptr": "*fp32", "cnt_ptr": "*i32"},
                                divisible=("K", "BYTES", "sx", "sb", "ss", "sy", "sp", "sr", "sh", "sro"),
@@ -270,6 +270,10 @@ def _presets() -> dict[str, Preset]:
     for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm"):
         p = presets[name]
         presets[name + "_prefetch"] = replace(p, constexprs={**p.constexprs, "PREFETCH": True})
+    # The tensor-core GEMVs asking L2 for each program's weight run before the PDL wait (the L2 prefetch candidate).
+    for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm", "qgemv_q8_tc", "qgemv_fp8_tc"):
+        p = presets[name]
+        presets[name + "_l2"] = replace(p, constexprs={**p.constexprs, "L2PF": True})
     return presets
 
 
@@ -371,6 +375,12 @@ def report(name: str, p: Preset) -> dict:
     layouts = [ln.split("=", 1)[1].strip() for ln in k.asm["ttgir"].splitlines() if ln.startswith("#blocked")]
     loop = _inner_loop(sass)
     per_byte = {"loop_per_byte": round(len(loop) / p.loop_bytes, 2)} if p.loop_bytes and loop else {}
+    # sm_90 builds PDL's griddepcontrol.wait as ACQBULK: a bulk L2 prefetch (UBLKPF) ahead of it streams while the
+    # previous kernel finishes.
+    heads = [op.split(".")[0] for op in ops]
+    if "UBLKPF" in heads:
+        wait = heads.index("ACQBULK") if "ACQBULK" in heads else len(heads)
+        per_byte["l2_prefetch_before_wait"] = heads.index("UBLKPF") < wait
     ptx_fma = sum(1 for ln in k.asm["ptx"].splitlines() if ln.strip().startswith("fma."))
     return {"loop_instructions": len(loop), **per_byte, "ptx_fma": ptx_fma,
             "kernel": f"{p.module.rsplit('.', 1)[-1]}.{p.kernel}", "warps": p.warps,

@@ -20,7 +20,6 @@ from ninfer.contracts.events import GenerationDelta, GenerationError, Generation
 from ninfer.contracts.sampling import SamplingParams
 
 from .conftest import worker_threads
-
 from .streams import check_stream
 
 

@@ -155,6 +155,7 @@ def test_an_unknown_mode_is_named():
 
 @pytest.mark.parametrize("name,value,message", [("NINFER_QUANT_SPLIT", "most", "expected one of fill, wave"),
                                                 ("NINFER_QUANT_PREFETCH", "yes", "expected 0 or 1"),
+                                                ("NINFER_QUANT_L2_PREFETCH", "on", "expected 0 or 1"),
                                                 ("NINFER_QUANT_NORM", "both", "expected one of fused, separate")])
 def test_an_unknown_candidate_setting_is_named(name, value, message):
     import os
@@ -168,8 +169,9 @@ def test_an_unknown_candidate_setting_is_named(name, value, message):
 
 
 def test_the_candidate_settings_reach_the_launch(gen, monkeypatch):
-    """``NINFER_QUANT_SPLIT`` and ``NINFER_QUANT_PREFETCH`` (read at import into SPLIT_RULE and PREFETCH) are what a
-    call without ``split`` / ``prefetch`` launches with."""
+    """``NINFER_QUANT_SPLIT``, ``NINFER_QUANT_PREFETCH`` and ``NINFER_QUANT_L2_PREFETCH`` (read at import into
+    SPLIT_RULE, PREFETCH and L2_PREFETCH) are what a call without ``split`` / ``prefetch`` / ``l2_prefetch``
+    launches with; the L2 prefetch only where its 16-byte alignment holds."""
     from ninfer.ops.triton import quant_gemv_tc
 
     seen = []
@@ -178,7 +180,7 @@ def test_the_candidate_settings_reach_the_launch(gen, monkeypatch):
     class Spy:
         def __getitem__(self, grid):
             def run(*args, **kw):
-                seen.append((grid[1], kw["PREFETCH"]))
+                seen.append((grid[1], kw["PREFETCH"], kw["L2PF"]))
                 return real[grid](*args, **kw)
             return run
 
@@ -190,8 +192,15 @@ def test_the_candidate_settings_reach_the_launch(gen, monkeypatch):
     plain = quant_gemv_tc.gemv_tc(x, w)
     monkeypatch.setattr(quant_gemv_tc, "SPLIT_RULE", "wave")
     monkeypatch.setattr(quant_gemv_tc, "PREFETCH", True)
+    monkeypatch.setattr(quant_gemv_tc, "L2_PREFETCH", True)
     chosen = quant_gemv_tc.gemv_tc(x, w)
-    assert seen == [(3, False), (2, True)]
+    # The same weight read from a base plane 2 bytes into its storage: no bulk prefetch of unaligned rows.
+    import dataclasses
+    shifted = torch.empty(w.base.numel() + 2, dtype=torch.uint8, device=DEVICE)[2:].view(w.base.shape)
+    shifted.copy_(w.base)
+    again = quant_gemv_tc.gemv_tc(x, dataclasses.replace(w, base=shifted))
+    assert seen == [(3, False, False), (2, True, True), (2, True, False)]
+    assert torch.equal(again, chosen)
     assert (chosen.float() - plain.float()).abs().max() <= plain.float().abs().max() * 2.0 ** -7
 
 
@@ -336,3 +345,29 @@ def test_q4_prefetch_gives_the_same_bits(rows, variant, gen):
 
     for a, b in zip(call(False), call(True), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("variant", ["split", "norm_swiglu"])
+def test_l2_prefetch_gives_the_same_bits(fmt, variant, gen):
+    """Each program's weight run asked of L2 before the PDL wait (``l2_prefetch``): no value passes through it, so
+    the same bits, the norm's stored rows included (on CUDA, the bulk prefetch instruction runs; the interpreter
+    has no cache and skips it)."""
+    k = 1024
+    rows = (1, 8) if CUDA else (3,)
+    n = 512 if variant == "norm_swiglu" else 300
+    w = _kw(random_packed(gen, fmt, n, k, DEVICE))
+    for m in rows:
+        x = randn(gen, m, k, dtype=torch.bfloat16, device=DEVICE)
+        res = randn(gen, m, k, dtype=torch.bfloat16, device=DEVICE, scale=4.0)
+        nw = randn(gen, k, dtype=torch.bfloat16, device=DEVICE, scale=0.3)
+
+        def call(l2, x=x, res=res, nw=nw):
+            h, ro = torch.empty_like(x), torch.empty_like(x)
+            norm = (res, nw, 1e-6, h, ro) if variant == "norm_swiglu" else None
+            y = _module(fmt).gemv_tc(x, w, norm=norm, swiglu=norm is not None,
+                                     split=None if norm else 2, l2_prefetch=l2)
+            return (y, h, ro) if norm else (y,)
+
+        for a, b in zip(call(False), call(True), strict=True):
+            assert torch.equal(a, b)

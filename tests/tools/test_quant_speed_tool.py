@@ -24,7 +24,9 @@ def test_recipe_settings_become_the_environment():
     assert qs.setting_env("wave/pf/sep") == {"NINFER_QUANT_SPLIT": "wave", "NINFER_QUANT_PREFETCH": "1",
                                              "NINFER_QUANT_NORM": "separate"}
     assert qs.setting_env("cuda") == {"NINFER_QUANT_GEMV": "cuda"}
-    with pytest.raises(ValueError, match="recipe setting 'fast': expected one of auto, tc, cuda, fill, wave, pf, sep"):
+    assert qs.setting_env("l2/sep") == {"NINFER_QUANT_L2_PREFETCH": "1", "NINFER_QUANT_NORM": "separate"}
+    with pytest.raises(ValueError,
+                       match="recipe setting 'fast': expected one of auto, tc, cuda, fill, wave, pf, sep, l2"):
         qs.setting_env("wave/fast")
 
 

@@ -104,7 +104,8 @@ def test_the_tensor_core_gemvs_cut_the_loop_instructions_per_byte(tmp_path):
     reports, run = _report(tmp_path, "qgemv")
     assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc", "qgemv_q4_tc_norm",
                             "qgemv_q4_tc_prefetch", "qgemv_q4_tc_norm_prefetch", "qgemv_q8", "qgemv_q8_tc",
-                            "qgemv_q8_tc_norm", "qgemv_fp8", "qgemv_fp8_tc"}
+                            "qgemv_q8_tc_norm", "qgemv_fp8", "qgemv_fp8_tc", "qgemv_q4_tc_l2", "qgemv_q4_tc_norm_l2",
+                            "qgemv_q8_tc_l2", "qgemv_fp8_tc_l2"}
     for name, engine in (("qgemv_q4_tc3", "qgemv_q4"), ("qgemv_q4_tc5", "qgemv_q4"), ("qgemv_q4_tc", "qgemv_q4"),
                          ("qgemv_q4_tc_norm", "qgemv_q4"), ("qgemv_q4_tc_prefetch", "qgemv_q4"),
                          ("qgemv_q4_tc_norm_prefetch", "qgemv_q4"), ("qgemv_q8_tc", "qgemv_q8"),
@@ -119,4 +120,11 @@ def test_the_tensor_core_gemvs_cut_the_loop_instructions_per_byte(tmp_path):
     for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm"):
         plain, pf = reports[name]["loop_per_byte"], reports[name + "_prefetch"]["loop_per_byte"]
         assert abs(pf - plain) <= 0.02 * plain, (name, plain, pf)
+    # The L2 prefetch candidate: one bulk prefetch (in a loop over the rows' addresses) issued before the PDL wait,
+    # the K loop as it was.
+    for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm", "qgemv_q8_tc", "qgemv_fp8_tc"):
+        plain, l2 = reports[name], reports[name + "_l2"]
+        assert l2["counts"].get("UBLKPF", 0) >= 1 and l2["l2_prefetch_before_wait"] is True, (name, l2)
+        assert "UBLKPF" not in plain["counts"], (name, plain)
+        assert abs(l2["loop_per_byte"] - plain["loop_per_byte"]) <= 0.03 * plain["loop_per_byte"], (name, l2, plain)
     assert "innermost loop" in run.stdout

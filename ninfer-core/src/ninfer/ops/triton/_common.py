@@ -107,3 +107,22 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+
+
+# sm_90's bulk prefetch: one instruction asks L2 for a whole contiguous range; the dummy output keeps the statement
+# (the asm is not pure, so it is never removed).
+_L2_PREFETCH_ASM = tl.constexpr("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;")
+
+
+@triton.jit
+def l2_prefetch(ptrs, nbytes, ENABLED: tl.constexpr, INTERP: tl.constexpr):
+    """Ask L2 for ``nbytes`` (an int32 tensor shaped like ``ptrs``) at each address of ``ptrs``.
+
+    No register receives the bytes and nothing waits for them, so the values a kernel computes are unchanged; what
+    changes is when the bytes leave HBM. Before :func:`pdl_wait` a kernel may prefetch only memory no kernel writes
+    (weights), the rule for any read there. Every address must be 16-byte aligned and every size a multiple of 16
+    (the caller's launch checks). A no-op unless ``ENABLED``, and under the interpreter (no cache to warm)."""
+    if ENABLED:
+        if not INTERP:
+            tl.inline_asm_elementwise(_L2_PREFETCH_ASM, "=r,l,r", [ptrs, nbytes], dtype=tl.int32, is_pure=False,
+                                      pack=1)

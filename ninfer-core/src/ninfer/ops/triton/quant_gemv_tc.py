@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.ops.triton._common import INTERPRET, cast, next_pow2, pdl, pdl_wait
+from ninfer.ops.triton._common import INTERPRET, cast, l2_prefetch, next_pow2, pdl, pdl_wait
 from ninfer.ops.triton._quant import KernelWeight
 from ninfer.ops.triton._splitk import store_out, sum_partials, tickets
 
@@ -76,6 +76,14 @@ _PREFETCH_ENV = os.environ.get("NINFER_QUANT_PREFETCH", "0")
 if _PREFETCH_ENV not in ("0", "1"):
     raise ValueError(f"NINFER_QUANT_PREFETCH={_PREFETCH_ENV!r}: expected 0 or 1")
 PREFETCH = _PREFETCH_ENV == "1"
+#: Whether the tensor-core GEMVs (q4 and 8-bit) ask L2 for each program's whole weight run before the PDL wait by
+#: default (``NINFER_QUANT_L2_PREFETCH`` ``0`` or ``1``, read once; ``gemv_tc(l2_prefetch=None)``): sm_90's bulk
+#: prefetch, one instruction a weight row, no registers, the same values. A candidate until timed in a decode step,
+#: off.
+_L2_PREFETCH_ENV = os.environ.get("NINFER_QUANT_L2_PREFETCH", "0")
+if _L2_PREFETCH_ENV not in ("0", "1"):
+    raise ValueError(f"NINFER_QUANT_L2_PREFETCH={_L2_PREFETCH_ENV!r}: expected 0 or 1")
+L2_PREFETCH = _L2_PREFETCH_ENV == "1"
 
 
 def split_count(programs: int, steps: int, rule: str | None = None, slots: int | None = None) -> int:
@@ -193,8 +201,8 @@ def _k_step(acc, h, t, x_ptr, s_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, r, xoff,
 def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, OUT, K, BYTES,
                   TPS, S, sx, sb, ss, sy, sp, sr, sh, sro,
                   BN: tl.constexpr, GPI: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr, REDUCE: tl.constexpr,
-                  SWIGLU: tl.constexpr, NORM: tl.constexpr, PREFETCH: tl.constexpr, INTERP: tl.constexpr,
-                  PDL: tl.constexpr):
+                  SWIGLU: tl.constexpr, NORM: tl.constexpr, PREFETCH: tl.constexpr, L2PF: tl.constexpr,
+                  INTERP: tl.constexpr, PDL: tl.constexpr):
     BB: tl.constexpr = 32 * GPI          # bytes of a row per K step
     HB: tl.constexpr = 16 * GPI          # uint16 elements of a row per K step
     NC: tl.constexpr = GPI * MP
@@ -220,6 +228,8 @@ def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_p
     t0 = sid * TPS
     t1 = tl.minimum(t0 + TPS, BYTES // BB)
     sbh = sb // 2
+    # The run's bytes of every row asked of L2 while the previous kernel finishes (weights are never written).
+    l2_prefetch(b_ptr + r * sbh + t0 * HB, tl.zeros((BN,), dtype=tl.int32) + (t1 - t0) * BB, L2PF, INTERP)
     if PREFETCH:   # the run's first weight tile streams before the wait (weights are never written)
         h_first = tl.load(b_ptr + r[:, None, None] * sbh + t0 * HB + g3 * 16 + e3)
     pdl_wait(PDL)
@@ -261,7 +271,7 @@ def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
 
 def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,
             out_dtype: torch.dtype | None = None, split: int | None = None, prefetch: bool | None = None,
-            in_kernel_sum: bool = True) -> torch.Tensor:
+            in_kernel_sum: bool = True, l2_prefetch: bool | None = None) -> torch.Tensor:
     """``x2[M, K] @ decode(w).T`` for a q4 weight and bf16 ``x2`` (row-contiguous, ``M <= MAX_ROWS``), rounded to
     x2's dtype, stored as ``out_dtype`` (default x2's). ``norm = (residual2, norm_weight, eps, normed_out,
     residual_out)``: x2 is first replaced by its ``add_rms_norm_unit_offset`` with residual2 (formed in every
@@ -270,7 +280,9 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
     (default: :func:`split_count` by :data:`SPLIT_RULE`). ``prefetch``: each program loads its first weight tile before
     the PDL wait and the norm prologue, the same sums in the same order (a candidate until timed; None:
     :data:`PREFETCH`). ``in_kernel_sum``: split-K partials added by the last program of each output block (else by
-    the second kernel; the same bits either way). A ``ValueError`` when :func:`launch_shape` refuses the call."""
+    the second kernel; the same bits either way). ``l2_prefetch``: each program asks L2 for its whole weight run
+    before the PDL wait (None: :data:`L2_PREFETCH`; the same bits). A ``ValueError`` when :func:`launch_shape`
+    refuses the call."""
     m, k = x2.shape
     shape = launch_shape(m, w)
     if shape is None or x2.dtype != torch.bfloat16:
@@ -278,17 +290,18 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
                          f"{w.lanes} lanes a row")
     mp, bn, gpi = shape
     return launch(_q4_tc_kernel, x2, w, nbytes=w.lanes // 2, step=32 * gpi, bn=bn, norm=norm, swiglu=swiglu,
-                  out_dtype=out_dtype, split=split, in_kernel_sum=in_kernel_sum, GPI=gpi, MP=mp,
-                  PREFETCH=PREFETCH if prefetch is None else prefetch)
+                  out_dtype=out_dtype, split=split, in_kernel_sum=in_kernel_sum, l2_prefetch=l2_prefetch, GPI=gpi,
+                  MP=mp, PREFETCH=PREFETCH if prefetch is None else prefetch)
 
 
 def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int, bn: int, norm: tuple | None,
            swiglu: bool, out_dtype: torch.dtype | None, split: int | None, in_kernel_sum: bool = True,
-           **constexprs) -> torch.Tensor:
+           l2_prefetch: bool | None = None, **constexprs) -> torch.Tensor:
     """Run a tensor-core GEMV ``kernel`` of this module's signature (also :mod:`~ninfer.ops.triton.quant_gemv_tc8`'s):
     ``bn`` weight rows a program, ``nbytes`` of a row read ``step`` bytes a K step, split-K to fill the device,
     then the partials' sum (and SwiGLU): in the kernel where ``in_kernel_sum`` and the ticket counters allow, else
-    in the second kernel."""
+    in the second kernel. ``l2_prefetch`` (None: :data:`L2_PREFETCH`) takes effect where the bulk prefetch's
+    alignment holds (a 16-byte aligned base plane and row stride)."""
     m, k = x2.shape
     if swiglu and w.n % 2:
         raise ValueError(f"add_rms_norm_unit_offset_swiglu: gate_up has {w.n} rows, not [2I, N]")
@@ -311,12 +324,15 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
         eps = 0.0
     else:
         r2, nw, eps, hn, ro = norm
+    l2 = (L2_PREFETCH if l2_prefetch is None else l2_prefetch) and w.base.data_ptr() % 16 == 0 and \
+        w.base_stride % 16 == 0
     kw = {} if INTERPRET else dict(LAUNCH_OPTIONS)
     kernel[(programs, s)](
         x2, w.base.view(torch.uint16), w.scales, y, part, part if cnt is None else cnt, r2, nw, hn, ro, float(eps), m,
         w.n, n_out, k, nbytes, tps, s, x2.stride(0), w.base_stride, w.scale_stride, y.stride(0),
         part.stride(0) if partials else 0, r2.stride(0), hn.stride(0), ro.stride(0), BN=bn, SPLIT=partials,
-        REDUCE=cnt is not None, SWIGLU=swiglu, NORM=norm is not None, INTERP=INTERPRET, **constexprs, **pdl(x2), **kw)
+        REDUCE=cnt is not None, SWIGLU=swiglu, NORM=norm is not None, L2PF=l2, INTERP=INTERPRET, **constexprs,
+        **pdl(x2), **kw)
     if partials and cnt is None:
         sum_partials(part, y, x2, swiglu)
     return y

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.triton import quant_gemv_tc
-from ninfer.ops.triton._common import cast, next_pow2, pdl_wait
+from ninfer.ops.triton._common import cast, l2_prefetch, next_pow2, pdl_wait
 from ninfer.ops.triton._quant import KernelWeight
 from ninfer.ops.triton._splitk import store_out
 from ninfer.ops.triton.quant_gemv_tc import inv_rms
@@ -154,8 +154,8 @@ def _dot(a, xb, INTERP: tl.constexpr):
 def _tc8_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, OUT, K, BYTES,
                 TPS, S, sx, sb, ss, sy, sp, sr, sh, sro,
                 BN: tl.constexpr, BB: tl.constexpr, MP: tl.constexpr, FP8: tl.constexpr, SPLIT: tl.constexpr,
-                REDUCE: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr, ASM: tl.constexpr, PERM: tl.constexpr, INTERP: tl.constexpr,
-                PDL: tl.constexpr):
+                REDUCE: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr, ASM: tl.constexpr, PERM: tl.constexpr,
+                L2PF: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
     """Program (row block, K run) reading ``BB`` bytes (= lanes) of each of ``BN`` rows a K step.
 
     q8 (``GPI = BB // 32`` groups a step): ``acc[BN, GPI * MP] += codes[BN, BB] @ blockdiag(x^T)``, each group's
@@ -182,6 +182,8 @@ def _tc8_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr
     acc = tl.zeros((BN, NC), dtype=tl.float32)
     t0 = sid * TPS
     t1 = tl.minimum(t0 + TPS, BYTES // BB)
+    # The run's bytes of every row asked of L2 while the previous kernel finishes (weights are never written).
+    l2_prefetch(b_ptr + r * (sb // 2) + t0 * HB, tl.zeros((BN,), dtype=tl.int32) + (t1 - t0) * BB, L2PF, INTERP)
     pdl_wait(PDL)
     inv = tl.zeros((MP, 1), dtype=tl.float32)
     if NORM:
@@ -224,10 +226,12 @@ def launch_shape(rows: int, w: KernelWeight) -> tuple[int, int, int] | None:
 
 def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swiglu: bool = False,
             out_dtype: torch.dtype | None = None, split: int | None = None, asm: str | None = None, perm: int = 1,
-            shape: tuple[int, int, int] | None = None, in_kernel_sum: bool | None = None) -> torch.Tensor:
+            shape: tuple[int, int, int] | None = None, in_kernel_sum: bool | None = None,
+            l2_prefetch: bool | None = None) -> torch.Tensor:
     """:func:`quant_gemv_tc.gemv_tc`'s contract for a q8 or fp8 weight. ``asm``, ``perm`` and ``shape`` (MP, BN,
     GPI or BK) replace the decode, the lane order and the launch shape (for the candidates' comparison);
-    ``in_kernel_sum`` None is :data:`IN_KERNEL_SUM`."""
+    ``in_kernel_sum`` None is :data:`IN_KERNEL_SUM`; ``l2_prefetch`` None is
+    :data:`quant_gemv_tc.L2_PREFETCH`."""
     m, _ = x2.shape
     chosen = launch_shape(m, w)
     if chosen is None or x2.dtype != torch.bfloat16:
@@ -239,5 +243,6 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
     return quant_gemv_tc.launch(_tc8_kernel, x2, w, nbytes=w.lanes, step=step, bn=bn, norm=norm, swiglu=swiglu,
                                 out_dtype=out_dtype, split=split,
                                 in_kernel_sum=IN_KERNEL_SUM if in_kernel_sum is None else in_kernel_sum,
+                                l2_prefetch=l2_prefetch,
                                 BB=step, MP=mp, FP8=fp8, PERM=perm,
                                 ASM=asm or (FP8_ASM if fp8 else Q8_ASM))
