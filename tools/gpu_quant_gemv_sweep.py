@@ -129,6 +129,18 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
                 if module.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
                     impls.append((v.replace("_", " "), lambda c, module=module, where=where, rule=rule, stages=stages,
                                   l2=l2: _tc_call(module, x, w(c), where, rule, stages, l2)))
+        elif v in ("engine_tc_streamk", "engine_tc_streamk_l2", "engine_tc_norm_streamk"):
+            # q4 with stream-K shares (NINFER_QUANT_SPLIT=streamk), with the L2 prefetch (_l2) or the norm prologue
+            from ninfer.ops.triton import quant_gemv_streamk
+            if quant_gemv_streamk.launch_shape(x.shape[0], kws[0]) is None or x.dtype != torch.bfloat16:
+                continue
+            norm = None
+            if "norm" in v:
+                res, nw = torch.randn_like(x), torch.rand(x.shape[1], device=x.device, dtype=x.dtype)
+                norm = (res, nw, 1e-6, torch.empty_like(x), torch.empty_like(x))
+            l2 = v.endswith("_l2")
+            impls.append((v.replace("_", " "), lambda c, norm=norm, l2=l2:
+                          quant_gemv_streamk.gemv_tc(x, w(c), norm=norm, l2_prefetch=l2)))
         elif v == "engine_tc_norm_sep":
             # NINFER_QUANT_NORM=separate: the Triton add + norm kernel, then the plain tensor-core GEMV (any format),
             # against engine_tc_norm's prologue in every program (timed on the same kind of random residual)
@@ -184,6 +196,8 @@ def main() -> None:
                          "engine_tc_norm / engine_tc_norm_pf (q4: the first weight tile before the PDL wait; with the "
                          "fused norm prologue), engine_tc_l2 / engine_tc_wave_l2 / engine_tc_norm_l2 (each program's "
                          "weight run asked of L2 before the PDL wait: NINFER_QUANT_L2_PREFETCH=1), "
+                         "engine_tc_streamk / engine_tc_streamk_l2 / engine_tc_norm_streamk (q4, stream-K shares: "
+                         "NINFER_QUANT_SPLIT=streamk), "
                          "gemm (the engine's GEMM)")
     args = ap.parse_args()
     from ninfer.ops.triton._quant import kernel_weight

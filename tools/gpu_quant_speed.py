@@ -40,9 +40,9 @@ def parse_args(argv=None):
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--recipes", default="q4,q8,fp8+a8,bf16",
                     help="in the order run (default q4,q8,fp8+a8,bf16); RECIPE@SETTING[/SETTING...] benches the "
-                         "recipe's artifact with settings: auto, tc, cuda (NINFER_QUANT_GEMV), fill, wave "
-                         "(NINFER_QUANT_SPLIT), pf (NINFER_QUANT_PREFETCH=1), sep (NINFER_QUANT_NORM=separate), l2 (NINFER_QUANT_L2_PREFETCH=1); consecutive recipes of one format "
-                         "share one conversion")
+                         "recipe's artifact with settings: auto, tc, cuda (NINFER_QUANT_GEMV), fill, wave, streamk "
+                         "(NINFER_QUANT_SPLIT), pf (NINFER_QUANT_PREFETCH=1), sep (NINFER_QUANT_NORM=separate), l2 "
+                         "(NINFER_QUANT_L2_PREFETCH=1); consecutive recipes of one format share one conversion")
     ap.add_argument("--batches", default=None, help="default 1,8 (tiny: 1,2)")
     ap.add_argument("--prefill-lengths", default=None, help="default 8192 (tiny: 32)")
     ap.add_argument("--bench-args", default="")
@@ -63,7 +63,8 @@ def read_bytes_ratio(row: dict, quantized: dict, embedding_ids: set[str]) -> dic
 
 SETTINGS = {"auto": ("NINFER_QUANT_GEMV", "auto"), "tc": ("NINFER_QUANT_GEMV", "tc"),
             "cuda": ("NINFER_QUANT_GEMV", "cuda"), "fill": ("NINFER_QUANT_SPLIT", "fill"),
-            "wave": ("NINFER_QUANT_SPLIT", "wave"), "pf": ("NINFER_QUANT_PREFETCH", "1"),
+            "wave": ("NINFER_QUANT_SPLIT", "wave"), "streamk": ("NINFER_QUANT_SPLIT", "streamk"),
+            "pf": ("NINFER_QUANT_PREFETCH", "1"),
             "sep": ("NINFER_QUANT_NORM", "separate"), "l2": ("NINFER_QUANT_L2_PREFETCH", "1")}
 
 

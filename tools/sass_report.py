@@ -270,6 +270,12 @@ def _presets() -> dict[str, Preset]:
     for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm"):
         p = presets[name]
         presets[name + "_prefetch"] = replace(p, constexprs={**p.constexprs, "PREFETCH": True})
+    # The q4 GEMV with stream-K shares (NINFER_QUANT_SPLIT=streamk): the same K step in a loop over a share's pieces.
+    for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm"):
+        p = presets[name]
+        c = {k: v for k, v in p.constexprs.items() if k not in ("SPLIT", "REDUCE", "PREFETCH")}
+        presets[name.replace("_tc", "_streamk")] = replace(p, module="ninfer.ops.triton.quant_gemv_streamk",
+                                                           kernel="_q4_streamk_kernel", constexprs=c)
     # The tensor-core GEMVs asking L2 for each program's weight run before the PDL wait (the L2 prefetch candidate).
     for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm", "qgemv_q8_tc", "qgemv_fp8_tc"):
         p = presets[name]

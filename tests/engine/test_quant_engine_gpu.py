@@ -62,3 +62,23 @@ def test_graphs_equal_eager_and_scores_stay_near_the_reference(quantized, preset
     diff = (torch.tensor(gpu, dtype=torch.float64) - torch.tensor(ref, dtype=torch.float64)).abs()
     assert len(gpu) == len(ref) > 10
     assert float(diff.mean()) < 0.05 and float(diff.max()) < 0.5, (float(diff.mean()), float(diff.max()))
+
+
+@pytest.mark.parametrize("setting", ["streamk", "l2"])
+def test_the_candidate_kernels_through_the_engine(quantized, setting, monkeypatch):
+    """The q4 decode GEMV candidates (``NINFER_QUANT_SPLIT=streamk``, ``NINFER_QUANT_L2_PREFETCH=1``, set on the
+    modules as their variables would at import): captured graphs equal eager (stream-K's ticket counters zero at
+    every replay), and the greedy tokens stay those of the default kernels on most of the prompts (bf16 sums in
+    another grouping may part near-ties)."""
+    from ninfer.ops.triton import quant_gemv_tc
+
+    default = _generate(quantized["q4"])
+    if setting == "streamk":
+        monkeypatch.setattr(quant_gemv_tc, "SPLIT_RULE", "streamk")
+    else:
+        monkeypatch.setattr(quant_gemv_tc, "L2_PREFETCH", True)
+    graphed = _generate(quantized["q4"])
+    monkeypatch.setenv("NINFER_CUDA_GRAPHS", "0")
+    assert _generate(quantized["q4"]) == graphed
+    same = sum(a[0] == b[0] for a, b in zip(graphed, default, strict=True))
+    assert same >= len(PROMPTS) - 1 if setting == "streamk" else graphed == default

@@ -153,7 +153,7 @@ def test_an_unknown_mode_is_named():
     assert run.returncode != 0 and "NINFER_QUANT_GEMV='fast': expected one of auto, tc, cuda" in run.stderr
 
 
-@pytest.mark.parametrize("name,value,message", [("NINFER_QUANT_SPLIT", "most", "expected one of fill, wave"),
+@pytest.mark.parametrize("name,value,message", [("NINFER_QUANT_SPLIT", "most", "expected one of fill, wave, streamk"),
                                                 ("NINFER_QUANT_PREFETCH", "yes", "expected 0 or 1"),
                                                 ("NINFER_QUANT_L2_PREFETCH", "on", "expected 0 or 1"),
                                                 ("NINFER_QUANT_NORM", "both", "expected one of fused, separate")])

@@ -24,9 +24,10 @@ def test_recipe_settings_become_the_environment():
     assert qs.setting_env("wave/pf/sep") == {"NINFER_QUANT_SPLIT": "wave", "NINFER_QUANT_PREFETCH": "1",
                                              "NINFER_QUANT_NORM": "separate"}
     assert qs.setting_env("cuda") == {"NINFER_QUANT_GEMV": "cuda"}
+    assert qs.setting_env("streamk/l2") == {"NINFER_QUANT_SPLIT": "streamk", "NINFER_QUANT_L2_PREFETCH": "1"}
     assert qs.setting_env("l2/sep") == {"NINFER_QUANT_L2_PREFETCH": "1", "NINFER_QUANT_NORM": "separate"}
     with pytest.raises(ValueError,
-                       match="recipe setting 'fast': expected one of auto, tc, cuda, fill, wave, pf, sep, l2"):
+                       match="recipe setting 'fast': expected one of auto, tc, cuda, fill, wave, streamk, pf, sep, l2"):
         qs.setting_env("wave/fast")
 
 

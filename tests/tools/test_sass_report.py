@@ -105,7 +105,7 @@ def test_the_tensor_core_gemvs_cut_the_loop_instructions_per_byte(tmp_path):
     assert set(reports) == {"qgemv_q4", "qgemv_q4_tc3", "qgemv_q4_tc5", "qgemv_q4_tc", "qgemv_q4_tc_norm",
                             "qgemv_q4_tc_prefetch", "qgemv_q4_tc_norm_prefetch", "qgemv_q8", "qgemv_q8_tc",
                             "qgemv_q8_tc_norm", "qgemv_fp8", "qgemv_fp8_tc", "qgemv_q4_tc_l2", "qgemv_q4_tc_norm_l2",
-                            "qgemv_q8_tc_l2", "qgemv_fp8_tc_l2"}
+                            "qgemv_q8_tc_l2", "qgemv_fp8_tc_l2", "qgemv_q4_streamk", "qgemv_q4_streamk_norm"}
     for name, engine in (("qgemv_q4_tc3", "qgemv_q4"), ("qgemv_q4_tc5", "qgemv_q4"), ("qgemv_q4_tc", "qgemv_q4"),
                          ("qgemv_q4_tc_norm", "qgemv_q4"), ("qgemv_q4_tc_prefetch", "qgemv_q4"),
                          ("qgemv_q4_tc_norm_prefetch", "qgemv_q4"), ("qgemv_q8_tc", "qgemv_q8"),
@@ -127,4 +127,9 @@ def test_the_tensor_core_gemvs_cut_the_loop_instructions_per_byte(tmp_path):
         assert l2["counts"].get("UBLKPF", 0) >= 1 and l2["l2_prefetch_before_wait"] is True, (name, l2)
         assert "UBLKPF" not in plain["counts"], (name, plain)
         assert abs(l2["loop_per_byte"] - plain["loop_per_byte"]) <= 0.03 * plain["loop_per_byte"], (name, l2, plain)
+    # Stream-K shares: the same K step in the loop over a share's pieces, no spills.
+    for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm"):
+        plain, sk = reports[name], reports[name.replace("_tc", "_streamk")]
+        assert sk["stack"] == 0 and sk["counts"].get("HMMA", 0) + sk["counts"].get("HGMMA", 0) > 0, (name, sk)
+        assert abs(sk["loop_per_byte"] - plain["loop_per_byte"]) <= 0.03 * plain["loop_per_byte"], (name, sk, plain)
     assert "innermost loop" in run.stdout

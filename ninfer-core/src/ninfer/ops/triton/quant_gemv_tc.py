@@ -60,9 +60,11 @@ _SHAPES = {1: (128, 8), 2: (128, 4), 4: (128, 2), 8: (256, 2)}
 _TARGET_PROGRAMS = 264
 #: How the tensor-core GEMVs choose split-K (``NINFER_QUANT_SPLIT``, read once): ``fill`` (the default) at least
 #: ``_TARGET_PROGRAMS`` programs; ``wave`` the split whose programs finish soonest in a model of whole waves
-#: (:func:`split_count`), a candidate until timed in a decode step.
+#: (:func:`split_count`); ``streamk`` q4 weights through :mod:`~ninfer.ops.triton.quant_gemv_streamk` (equal shares
+#: of all (row block, K step) units, ``fill`` for the 8-bit kernels and where stream-K declines). Candidates until
+#: timed in a decode step.
 SPLIT_RULE = os.environ.get("NINFER_QUANT_SPLIT", "fill")
-SPLIT_RULES = ("fill", "wave")
+SPLIT_RULES = ("fill", "wave", "streamk")
 if SPLIT_RULE not in SPLIT_RULES:
     raise ValueError(f"NINFER_QUANT_SPLIT={SPLIT_RULE!r}: expected one of {', '.join(SPLIT_RULES)}")
 # The wave model's fixed cost of a program (launch, PDL wait, epilogue), in K steps.
@@ -100,7 +102,7 @@ def split_count(programs: int, steps: int, rule: str | None = None, slots: int |
         raise ValueError(f"split rule {rule!r}: expected one of {', '.join(SPLIT_RULES)}")
     if steps < 2:
         return 1
-    if rule == "fill":
+    if rule in ("fill", "streamk"):   # streamk: the row-block kernels' split where stream-K does not run
         s = max(1, min(steps, -(-slots // programs)))
     else:   # wave
         def cost(s: int) -> int:

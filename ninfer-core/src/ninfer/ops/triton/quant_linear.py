@@ -41,7 +41,7 @@ from ninfer.ops.reference import quantized as _reference
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import activation as _activation
 from ninfer.ops.triton import norm as _norm
-from ninfer.ops.triton import quant_gemv_tc, quant_gemv_tc8, quant_nvfp4
+from ninfer.ops.triton import quant_gemv_streamk, quant_gemv_tc, quant_gemv_tc8, quant_nvfp4
 from ninfer.ops.triton._common import KERNEL_DTYPES, launch_ok
 from ninfer.ops.triton._quant import KERNEL_FORMATS, KIND_NVFP4, KernelWeight, check_input, kernel_weight
 from ninfer.ops.triton.quant_gemm import gemm, gemm_a8
@@ -79,11 +79,14 @@ AUTO_TC = {"q4_g64_fp16": (1, True), "fp8_e4m3fn_row_bf16": (2, True), "q8_g32_f
 
 def tc_module(x2: torch.Tensor, w: KernelWeight):
     """The tensor-core GEMV module that runs ``x2`` with ``w`` under ``NINFER_QUANT_GEMV`` (q4:
-    :mod:`~ninfer.ops.triton.quant_gemv_tc`, q8/fp8: :mod:`~ninfer.ops.triton.quant_gemv_tc8`), or None."""
+    :mod:`~ninfer.ops.triton.quant_gemv_tc`, or :mod:`~ninfer.ops.triton.quant_gemv_streamk` under
+    ``NINFER_QUANT_SPLIT=streamk``; q8/fp8: :mod:`~ninfer.ops.triton.quant_gemv_tc8`), or None."""
     mode = quant_gemv_tc.MODE
     if mode == "cuda" or x2.dtype != torch.bfloat16:
         return None
     module = next((m for m in (quant_gemv_tc, quant_gemv_tc8) if m.launch_shape(x2.shape[0], w) is not None), None)
+    if module is quant_gemv_tc and quant_gemv_tc.SPLIT_RULE == "streamk":
+        module = quant_gemv_streamk
     if module is None or mode == "tc":
         return module
     fewest, over_gemm = AUTO_TC.get(w.format, (MAX_ROWS + 1, False))
