@@ -14,6 +14,7 @@ of the decoded weight.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -129,18 +130,6 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
                 if module.launch_shape(x.shape[0], kws[0]) is not None and x.dtype == torch.bfloat16:
                     impls.append((v.replace("_", " "), lambda c, module=module, where=where, rule=rule, stages=stages,
                                   l2=l2: _tc_call(module, x, w(c), where, rule, stages, l2)))
-        elif v in ("engine_tc_streamk", "engine_tc_streamk_l2", "engine_tc_norm_streamk"):
-            # q4 with stream-K shares (NINFER_QUANT_SPLIT=streamk), with the L2 prefetch (_l2) or the norm prologue
-            from ninfer.ops.triton import quant_gemv_streamk
-            if quant_gemv_streamk.launch_shape(x.shape[0], kws[0]) is None or x.dtype != torch.bfloat16:
-                continue
-            norm = None
-            if "norm" in v:
-                res, nw = torch.randn_like(x), torch.rand(x.shape[1], device=x.device, dtype=x.dtype)
-                norm = (res, nw, 1e-6, torch.empty_like(x), torch.empty_like(x))
-            l2 = v.endswith("_l2")
-            impls.append((v.replace("_", " "), lambda c, norm=norm, l2=l2:
-                          quant_gemv_streamk.gemv_tc(x, w(c), norm=norm, l2_prefetch=l2)))
         elif v == "engine_tc_norm_sep":
             # NINFER_QUANT_NORM=separate: the Triton add + norm kernel, then the plain tensor-core GEMV (any format),
             # against engine_tc_norm's prologue in every program (timed on the same kind of random residual)
@@ -153,20 +142,23 @@ def quant_impls(x: torch.Tensor, kws: list, variants: list[str]) -> list:
             res, nw = torch.randn_like(x), torch.rand(x.shape[1], device=x.device, dtype=x.dtype)
             impls.append(("engine tc norm sep", lambda c, module=module, res=res, nw=nw:
                           module.gemv_tc(tnorm.add_rms_norm_unit_offset(x, res, nw, 1e-6)[0], w(c))))
-        elif v in ("engine_tc_pf", "engine_tc_norm", "engine_tc_norm_pf", "engine_tc_norm_l2"):
-            # q4's tensor-core GEMV with its first weight tile loaded before the PDL wait (_pf), and the fused
-            # add + norm prologue (_norm: timed on a random residual; its output is x's normed product, so rel_err
-            # against the plain product is not a check)
-            from ninfer.ops.triton import quant_gemv_tc
+        elif v in ("engine_tc_pf", "engine_tc_norm", "engine_tc_norm_pf", "engine_tc_norm_l2", "engine_tc_streamk",
+                   "engine_tc_streamk_l2", "engine_tc_norm_streamk"):
+            # q4's tensor-core GEMV with its first weight tile loaded before the PDL wait (_pf), its weight run asked
+            # of L2 there (_l2), stream-K shares (_streamk: NINFER_QUANT_SPLIT=streamk), and the fused add + norm
+            # prologue (_norm: timed on a random residual; its output is x's normed product, so rel_err against the
+            # plain product is not a check)
+            from ninfer.ops.triton import quant_gemv_streamk, quant_gemv_tc
             if quant_gemv_tc.launch_shape(x.shape[0], kws[0]) is None or x.dtype != torch.bfloat16:
                 continue
             norm = None
             if "norm" in v:
                 res, nw = torch.randn_like(x), torch.rand(x.shape[1], device=x.device, dtype=x.dtype)
                 norm = (res, nw, 1e-6, torch.empty_like(x), torch.empty_like(x))
-            pf, l2 = v.endswith("_pf"), v.endswith("_l2")
-            impls.append((v.replace("_", " "), lambda c, norm=norm, pf=pf, l2=l2:
-                          quant_gemv_tc.gemv_tc(x, w(c), norm=norm, prefetch=pf, l2_prefetch=l2)))
+            kw = {"norm": norm, "l2_prefetch": v.endswith("_l2")}
+            fn = (quant_gemv_streamk.gemv_tc if "streamk" in v
+                  else functools.partial(quant_gemv_tc.gemv_tc, prefetch=v.endswith("_pf")))
+            impls.append((v.replace("_", " "), lambda c, fn=fn, kw=kw: fn(x, w(c), **kw)))
         elif v == "gemm":
             impls.append(("quant gemm", lambda c: gemm(x, w(c))))
         elif v.startswith("tc"):

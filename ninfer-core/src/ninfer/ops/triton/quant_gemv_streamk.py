@@ -31,7 +31,7 @@ from ninfer.ops.triton import quant_gemv_tc
 from ninfer.ops.triton._common import INTERPRET, cast, l2_prefetch, pdl, pdl_wait
 from ninfer.ops.triton._quant import KernelWeight
 from ninfer.ops.triton._splitk import tickets
-from ninfer.ops.triton.quant_gemv_tc import _k_step, inv_rms
+from ninfer.ops.triton.quant_gemv_tc import _k_step, inv_rms, lanes
 
 
 @triton.jit
@@ -60,18 +60,7 @@ def _q4_streamk_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr
     pid = tl.program_id(0)
     u0 = pid * UNITS // P
     u1 = (pid + 1) * UNITS // P
-    g3 = tl.arange(0, GPI)[None, :, None]
-    e3 = tl.arange(0, 16)[None, None, :]
-    m4 = tl.arange(0, MP)[:, None, None, None]
-    g4 = tl.arange(0, GPI)[None, :, None, None]
-    e4 = tl.arange(0, 16)[None, None, :, None]
-    c4 = tl.arange(0, 4)[None, None, None, :]
-    xoff = tl.minimum(m4, M - 1) * sx + g4 * 64 + e4 * 4 + c4
-    xmask = (m4 < M) & (c4 >= 0) & (e4 >= 0) & (g4 >= 0)
-    kk = tl.arange(0, 2 * BB)[:, None]
-    cc = tl.arange(0, NC)[None, :]
-    diag = (kk // 64) == (cc // MP)
-    gcol = cc // MP
+    g3, e3, m4, g4, e4, c4, xoff, xmask, diag, gcol = lanes(M, sx, GPI, MP)
     mm = tl.arange(0, MP)[None, :]
     sbh = sb // 2
     # The share's bytes of every row, piece by piece, asked of L2 while the previous kernel finishes.

@@ -163,6 +163,28 @@ def inv_rms(x_ptr, r_ptr, res_ty, M, K, eps, sx, sr, MP: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
+def lanes(M, sx, GPI: tl.constexpr, MP: tl.constexpr):
+    """The index tensors of a q4 tensor-core program: a weight tile's ``[GPI, 16]`` uint16 offsets (``g3``, ``e3``),
+    x's K step as ``[MP, GPI, 16 (e), 4 (c)]`` in natural lane order (``m4 .. c4``, offsets ``xoff``; rows past M
+    repeat row M - 1, masked to 0 by ``xmask``), and the block-diagonal B's mask ``diag`` ``[64 GPI, GPI MP]`` with
+    each column's scale group ``gcol``."""
+    NC: tl.constexpr = GPI * MP
+    g3 = tl.arange(0, GPI)[None, :, None]
+    e3 = tl.arange(0, 16)[None, None, :]
+    m4 = tl.arange(0, MP)[:, None, None, None]
+    g4 = tl.arange(0, GPI)[None, :, None, None]
+    e4 = tl.arange(0, 16)[None, None, :, None]
+    c4 = tl.arange(0, 4)[None, None, None, :]
+    xoff = tl.minimum(m4, M - 1) * sx + g4 * 64 + e4 * 4 + c4
+    xmask = (m4 < M) & (c4 >= 0) & (e4 >= 0) & (g4 >= 0)
+    kk = tl.arange(0, 64 * GPI)[:, None]
+    cc = tl.arange(0, NC)[None, :]
+    diag = (kk // 64) == (cc // MP)
+    gcol = cc // MP
+    return g3, e3, m4, g4, e4, c4, xoff, xmask, diag, gcol
+
+
+@triton.jit
 def _k_step(acc, h, t, x_ptr, s_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, r, xoff, roff, xmask, nstore, diag, gcol,
             M, K, ss, sh, sro, BN: tl.constexpr, GPI: tl.constexpr, MP: tl.constexpr, NORM: tl.constexpr,
             INTERP: tl.constexpr):
@@ -213,19 +235,7 @@ def _q4_tc_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_p
     n = pid * BN + tl.arange(0, BN)
     nm = n < N
     r = tl.where(nm, n, 0)               # in-bounds rows: only the store is masked
-    g3 = tl.arange(0, GPI)[None, :, None]
-    e3 = tl.arange(0, 16)[None, None, :]
-    # x's K step as [MP, GPI, 16 (e), 4 (c)] in natural lane order; rows past M repeat row M - 1 (masked to 0).
-    m4 = tl.arange(0, MP)[:, None, None, None]
-    g4 = tl.arange(0, GPI)[None, :, None, None]
-    e4 = tl.arange(0, 16)[None, None, :, None]
-    c4 = tl.arange(0, 4)[None, None, None, :]
-    xoff = tl.minimum(m4, M - 1) * sx + g4 * 64 + e4 * 4 + c4
-    xmask = (m4 < M) & (c4 >= 0) & (e4 >= 0) & (g4 >= 0)
-    kk = tl.arange(0, 2 * BB)[:, None]
-    cc = tl.arange(0, NC)[None, :]
-    diag = (kk // 64) == (cc // MP)
-    gcol = cc // MP
+    g3, e3, m4, g4, e4, c4, xoff, xmask, diag, gcol = lanes(M, sx, GPI, MP)
     acc = tl.zeros((BN, NC), dtype=tl.float32)
     t0 = sid * TPS
     t1 = tl.minimum(t0 + TPS, BYTES // BB)
