@@ -4,8 +4,9 @@ Qwen3.5-9B and 35B-A3B projection shapes, one to eight rows, on the GPU (diagnos
 
 Each case runs inside one CUDA graph of ``--calls`` calls rotating over enough weight copies (>= 400 MB in all)
 that every call reads its weight from HBM, as a decode step does. Reported per case: microseconds per call and
-the weight bytes over that time (GB/s), for cuBLAS and for each GEMV launch shape (outputs checked against
-cuBLAS: bf16 rounding of a reordered fp32 sum, within 2e-2 relative).
+the weight bytes over that time (GB/s), for cuBLAS, for each GEMV launch shape and for the tensor-core GEMV of
+``ninfer.ops.triton.linear_tc`` (the ``NINFER_GEMV_TC=1`` candidate; ``tc s=N``: built with N pipeline stages);
+outputs checked against cuBLAS: bf16 rounding of a reordered fp32 sum, within 2e-2 relative.
 
     python3 tools/gpu_gemv_sweep.py --out $OUT
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from ninfer.ops.triton import linear_tc
 from ninfer.ops.triton.linear import _TILE, gemv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,6 +35,17 @@ SHAPES = [
     ("9b mlp down", 4096, 12288), ("9b attn q", 8192, 4096), ("9b attn kv", 1024, 4096),
     ("35b lm head", 248320, 2048), ("9b lm head", 248320, 4096),
 ]
+
+
+def _tc(x: torch.Tensor, w: torch.Tensor, stages: int) -> torch.Tensor:
+    """The tensor-core GEMV built with ``stages`` software-pipeline stages."""
+    saved = dict(linear_tc.LAUNCH_OPTIONS)
+    linear_tc.LAUNCH_OPTIONS["num_stages"] = stages
+    try:
+        return linear_tc.gemv_tc(x, w)
+    finally:
+        linear_tc.LAUNCH_OPTIONS.clear()
+        linear_tc.LAUNCH_OPTIONS.update(saved)
 
 
 def main() -> None:
@@ -58,11 +71,16 @@ def main() -> None:
                                              for bn in sorted({max(1, default_bn // 2), default_bn, default_bn * 2,
                                                                default_bn * 4})
                                              for w in (4, 8)]
+            variants += [(f"tc s={st}", {"stages": st}) for st in (2, 3, 4)]
             ref = [F.linear(x, ws[c % copies]) for c in range(args.calls)]
             for label, kw in variants:
                 def call(c: int, kw=kw, x=x, ws=ws, copies=copies) -> torch.Tensor:
                     w = ws[c % copies]
-                    return F.linear(x, w) if kw is None else gemv(x, w, **kw)
+                    if kw is None:
+                        return F.linear(x, w)
+                    if "stages" in kw:
+                        return _tc(x, w, kw["stages"])
+                    return gemv(x, w, **kw)
                 try:
                     us, err = graph_call_us(call, args.calls, args.replays, ref)
                     row = dict(shape=name, n=n, k=k, rows=m, impl=label, us=round(us, 2),

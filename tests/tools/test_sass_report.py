@@ -133,3 +133,14 @@ def test_the_tensor_core_gemvs_cut_the_loop_instructions_per_byte(tmp_path):
         assert sk["stack"] == 0 and sk["counts"].get("HMMA", 0) + sk["counts"].get("HGMMA", 0) > 0, (name, sk)
         assert abs(sk["loop_per_byte"] - plain["loop_per_byte"]) <= 0.03 * plain["loop_per_byte"], (name, sk, plain)
     assert "innermost loop" in run.stdout
+
+
+def test_the_bf16_tensor_core_gemv_streams_through_shared_memory(tmp_path):
+    """``linear_tc``'s K loop (NINFER_GEMV_TC=1): the weight tiles arrive by async copies into shared memory
+    (LDGSTS, the software pipeline) and feed HMMA (HGMMA on newer Triton builds), with no spills and under one
+    instruction a weight byte a thread; a CUDA-core GEMV spends several an element on every row it multiplies."""
+    reports, _ = _report(tmp_path, "gemv_tc_bf16")
+    r = reports["gemv_tc_bf16"]
+    assert r["stack"] == 0 and r["counts"].get("LDGSTS", 0) > 0, r
+    assert r["counts"].get("HMMA", 0) + r["counts"].get("HGMMA", 0) > 0, r
+    assert r["loop_per_byte"] < 1.0, r

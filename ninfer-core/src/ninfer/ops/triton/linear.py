@@ -2,7 +2,8 @@
 
 Same contract as :func:`ninfer.ops.reference.linear.linear` (``x @ w.T``, fp32 accumulation, output in x's dtype).
 Only the shapes where it beats cuBLAS take this path (:func:`use_gemv`); everything else -- prefill, several rows of
-a large weight, mixed dtypes -- is the reference's ``F.linear``.
+a large weight, mixed dtypes -- is the reference's ``F.linear``, except that with ``NINFER_GEMV_TC=1`` 2-8 rows of a
+large weight take the tensor-core GEMV of :mod:`~ninfer.ops.triton.linear_tc` (a candidate).
 
 Why: with one to a few rows a GEMM is a weight stream, and what decides its speed is how many bytes are in flight.
 cuBLAS picks split-K kernels plus a reduce kernel for the narrow ones (the MoE router + shared-expert projection,
@@ -33,6 +34,7 @@ import triton.language as tl
 from ninfer.ops.reference import linear as _reference
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import activation as _activation
+from ninfer.ops.triton import linear_tc
 from ninfer.ops.triton import norm as _norm
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, next_pow2, pdl, pdl_wait
 
@@ -159,12 +161,23 @@ def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, s
     return y
 
 
+def _tensor_core_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x's rows as ``[M, K]`` where ``NINFER_GEMV_TC=1`` gives a call the GEMV refuses to the tensor-core GEMV
+    (:mod:`~ninfer.ops.triton.linear_tc`: 2 to 8 rows), else None."""
+    if not linear_tc.ENABLED or x.numel() == 0:
+        return None
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if linear_tc.takes(x2, weight) else None
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x[..., in] @ weight[out, in].T -> [..., out]``: the GEMV for a few rows, else the reference."""
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: x has {x.shape[-1]} input features, weight expects {weight.shape[-1]}")
     if not use_gemv(x, weight):
-        return _reference.linear(x, weight)
+        tc = _tensor_core_rows(x, weight)
+        return _reference.linear(x, weight) if tc is None else linear_tc.gemv_tc(tc, weight).view(
+            *x.shape[:-1], weight.shape[0])
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -177,6 +190,9 @@ def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"logits: x has {x.shape[-1]} input features, weight expects {weight.shape[-1]}")
     if not use_gemv(x, weight):
+        tc = _tensor_core_rows(x, weight)
+        if tc is not None:
+            return linear_tc.gemv_tc(tc, weight, out_dtype=torch.float32).view(*x.shape[:-1], weight.shape[0])
         return _reference.linear(x, weight).float()
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:

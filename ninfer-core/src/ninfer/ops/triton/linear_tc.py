@@ -1,0 +1,110 @@
+"""bf16 / fp16 decode products of 2 to 8 rows on the tensor cores (``NINFER_GEMV_TC=1``, a candidate).
+
+Why: :func:`ninfer.ops.triton.linear.linear` streams a weight through the CUDA cores, one multiply-add per weight
+element and row, so from a few rows on a large weight it runs out of issue slots and the reference's cuBLAS GEMM
+takes the call (:data:`~ninfer.ops.triton.linear.MAX_ROW_BYTES`). cuBLAS reads the weight near the copy rate, but its
+kernels do not overlap their launch with the previous kernel's tail (no PDL) and add split-K reduce launches for
+the narrow projections: in a verify step (k + 1 rows a sequence) and a decode step of 2-8 sequences that is a
+launch gap per projection. Here the weight tile is the A operand of ``tl.dot`` straight from memory and x^T the B
+operand (``[BK, 8]``, rows past M zero), so the products cost the tensor cores next to nothing; split-K over about
+264 programs fills the device and the fp32 partials are added by the last program of each output block
+(:mod:`~ninfer.ops.triton._splitk`, no second launch); the kernel follows the PDL protocol.
+
+Exactness: a bf16 (fp16) product is exact in fp32; sums run in the tensor cores' fp32 accumulation, then in fp32
+across K runs in split order, then one rounding to x's dtype: the ``U_TC`` bound of the quantized tensor-core GEMVs.
+A row's result does not depend on the other rows of the call for a given launch shape.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.ops.triton._common import INTERPRET, pdl, pdl_wait
+from ninfer.ops.triton._splitk import store_out, sum_partials, tickets
+from ninfer.ops.triton.quant_gemv_tc import split_count
+
+#: Whether ``linear`` and ``logits`` run 2 to :data:`MAX_ROWS` rows of a weight the CUDA-core GEMV leaves to the
+#: reference on this kernel (``NINFER_GEMV_TC`` ``0`` or ``1``, read once): a candidate until timed in a decode and
+#: a verify step, off.
+_ENV = os.environ.get("NINFER_GEMV_TC", "0")
+if _ENV not in ("0", "1"):
+    raise ValueError(f"NINFER_GEMV_TC={_ENV!r}: expected 0 or 1")
+ENABLED = _ENV == "1"
+#: Most rows of x (the B operand's columns, padded to 8).
+MAX_ROWS = 8
+# Weight rows a program and K elements a step: [128, 128] bf16 tiles, 32 KB a step (the q4 kernel's bytes a step).
+_BN, _BK = 128, 128
+_MP = 8
+LAUNCH_OPTIONS = {"num_warps": 4}
+
+
+@triton.jit(do_not_specialize=["M", "TPS", "S"])
+def _tc_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, TPS, S, sx, sw, sy, sp,
+               BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr, REDUCE: tl.constexpr,
+               INTERP: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    sid = tl.program_id(1)
+    n = pid * BN + tl.arange(0, BN)
+    nm = n < N
+    r = tl.where(nm, n, 0)               # in-bounds rows: only the store is masked
+    m2 = tl.arange(0, MP)[:, None]
+    k2 = tl.arange(0, BK)[None, :]
+    xrow = tl.minimum(m2, M - 1) * sx
+    t0 = sid * TPS
+    t1 = tl.minimum(t0 + TPS, tl.cdiv(K, BK))
+    pdl_wait(PDL)
+    acc = tl.zeros((BN, MP), dtype=tl.float32)
+    for t in range(t0, t1):
+        kk = t * BK + k2
+        km = kk < K
+        w = tl.load(w_ptr + r[:, None] * sw + kk, mask=km, other=0.0)                      # [BN, BK]
+        xv = tl.load(x_ptr + xrow + kk, mask=(m2 < M) & km, other=0.0)                       # [MP, BK]
+        if INTERP:
+            acc += tl.dot(w.to(tl.float32), tl.trans(xv.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(w, tl.trans(xv))
+    store_out(acc, y_ptr, p_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, S, sp, sy, M, N, N, BN, MP, SPLIT, REDUCE, False,
+              INTERP)
+
+
+def takes(x2: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`gemv_tc` can take ``x2 @ weight.T``: 1 to 8 rows, bf16 or fp16 for both, row-contiguous, on
+    CUDA (or the interpreter)."""
+    return (x2.dim() == 2 and weight.dim() == 2 and x2.dtype == weight.dtype
+            and x2.dtype in (torch.bfloat16, torch.float16) and 1 <= x2.shape[0] <= MAX_ROWS
+            and x2.shape[1] == weight.shape[1] and x2.stride(1) == 1 and weight.stride(1) == 1
+            and x2.device == weight.device and (x2.device.type == "cuda" or INTERPRET))
+
+
+def gemv_tc(x2: torch.Tensor, weight: torch.Tensor, *, out_dtype: torch.dtype | None = None,
+            split: int | None = None, in_kernel_sum: bool = True) -> torch.Tensor:
+    """``x2[M, K] @ weight[N, K].T`` rounded to x2's dtype, stored as ``out_dtype`` (default x2's). ``split``: K runs
+    (default: :func:`quant_gemv_tc.split_count`); ``in_kernel_sum``: the partials added by the last program of
+    each output block (else by the second kernel; the same bits). A ``ValueError`` when :func:`takes` refuses."""
+    if not takes(x2, weight):
+        raise ValueError(f"tensor-core gemv: cannot take {tuple(x2.shape)} {x2.dtype} rows with a "
+                         f"{tuple(weight.shape)} {weight.dtype} weight")
+    m, k = x2.shape
+    n = weight.shape[0]
+    y = torch.empty((m, n), dtype=out_dtype or x2.dtype, device=x2.device)
+    if n == 0:
+        return y
+    steps = triton.cdiv(k, _BK)
+    programs = triton.cdiv(n, _BN)
+    s = split_count(programs, steps, "fill") if split is None else split
+    tps = max(1, -(-steps // s))
+    s = max(1, -(-steps // tps))                           # no empty runs
+    part = torch.empty((s, m, n), dtype=torch.float32, device=x2.device) if s > 1 else y
+    cnt = tickets(x2.device, programs) if in_kernel_sum and s > 1 else None
+    kw = {} if INTERPRET else dict(LAUNCH_OPTIONS)
+    _tc_kernel[(programs, s)](
+        x2, weight, y, part, part if cnt is None else cnt, m, n, k, tps, s, x2.stride(0), weight.stride(0),
+        y.stride(0), part.stride(0) if s > 1 else 0, BN=_BN, BK=_BK, MP=_MP, SPLIT=s > 1, REDUCE=cnt is not None,
+        INTERP=INTERPRET, **pdl(x2), **kw)
+    if s > 1 and cnt is None:
+        sum_partials(part, y, x2, False)
+    return y
