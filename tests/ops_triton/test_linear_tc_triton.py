@@ -99,3 +99,65 @@ def test_an_unknown_setting_is_named():
     run = subprocess.run([sys.executable, "-c", "import ninfer.ops.triton.linear"], capture_output=True, text=True,
                          env=env)
     assert run.returncode != 0 and "NINFER_GEMV_TC='yes': expected 0 or 1" in run.stderr
+
+
+@pytest.mark.parametrize("m", [2, 5, 8])
+def test_the_norm_prologue_multiplies_the_rows_it_stores(m, gen):
+    """``norm``: every program forms ``add_rms_norm_unit_offset`` of x and the residual; the product is the plain
+    kernel's of the stored normed rows, bit for bit, and those rows and the new residual are the Triton norm
+    kernel's to the last bit of bf16 (another reduction order for the sum of squares)."""
+    from ninfer.ops.triton import linear_tc
+    from ninfer.ops.triton import norm as tnorm
+
+    k, n = 640, 300
+    x = randn(gen, m, k, dtype=torch.bfloat16, device=DEVICE)
+    res = randn(gen, m, k, dtype=torch.bfloat16, device=DEVICE, scale=4.0)
+    nw = randn(gen, k, dtype=torch.bfloat16, device=DEVICE, scale=0.3)
+    w = randn(gen, n, k, dtype=torch.bfloat16, device=DEVICE, scale=k ** -0.5)
+    h, ro = torch.empty_like(x), torch.empty_like(x)
+    y = linear_tc.gemv_tc(x, w, norm=(res, nw, 1e-6, h, ro), split=2)
+    assert torch.equal(y, linear_tc.gemv_tc(h, w, split=2))
+    want_h, want_r = tnorm.add_rms_norm_unit_offset(x, res, nw, 1e-6)
+    assert torch.equal(ro, want_r)
+    assert ((h.float() - want_h.float()).abs() <= want_h.float().abs() * 2.0 ** -7).all()
+
+
+@pytest.mark.parametrize("n_out", [256, 200])
+def test_swiglu_where_the_partials_are_added(n_out, gen):
+    """``swiglu``: silu(gate) * up of the plain product's rounded halves, to a bf16 ulp (exp's implementation);
+    whole row blocks (I = 256) add them in the kernel, others (I = 200) in the sum kernel: the same bits."""
+    from ninfer.ops.triton import linear_tc
+
+    k = 384
+    x = randn(gen, 3, k, dtype=torch.bfloat16, device=DEVICE)
+    w = randn(gen, 2 * n_out, k, dtype=torch.bfloat16, device=DEVICE, scale=k ** -0.5)
+    fused = linear_tc.gemv_tc(x, w, swiglu=True)
+    assert torch.equal(fused, linear_tc.gemv_tc(x, w, swiglu=True, in_kernel_sum=False))
+    plain = linear_tc.gemv_tc(x, w).float()
+    g, u = plain[:, :n_out], plain[:, n_out:]
+    want = (g * torch.sigmoid(g) * u).bfloat16().float()
+    assert fused.shape == (3, n_out)
+    assert ((fused.float() - want).abs() <= want.abs() * 2.0 ** -7 + 1e-30).all()
+
+
+def test_the_fused_norm_ops_take_one_launch_when_on(gen, monkeypatch):
+    """With ``NINFER_GEMV_TC=1`` and the CUDA-core GEMV refusing, ``add_rms_norm_unit_offset_linear`` and
+    ``_swiglu`` of several rows are one tensor-core launch each, with the unfused composition's values."""
+    from ninfer.ops.triton import linear, linear_tc
+
+    monkeypatch.setattr(linear_tc, "ENABLED", True)
+    monkeypatch.setattr(linear, "MAX_ROW_BYTES", 1)
+    counted = CountLaunches(linear_tc._tc_kernel)
+    monkeypatch.setattr(linear_tc, "_tc_kernel", counted)
+    k = 256
+    x = randn(gen, 3, k, dtype=torch.bfloat16, device=DEVICE)
+    res = randn(gen, 3, k, dtype=torch.bfloat16, device=DEVICE, scale=4.0)
+    nw = randn(gen, k, dtype=torch.bfloat16, device=DEVICE, scale=0.3)
+    w = randn(gen, 256, k, dtype=torch.bfloat16, device=DEVICE, scale=k ** -0.5)
+    y, h, r = linear.add_rms_norm_unit_offset_linear(x, res, nw, 1e-6, w)
+    a, h2, r2 = linear.add_rms_norm_unit_offset_swiglu(x, res, nw, 1e-6, w)
+    assert counted.launches == 2
+    assert torch.equal(h, h2) and torch.equal(r, r2)
+    monkeypatch.setattr(linear_tc, "_tc_kernel", counted.kernel)
+    assert torch.equal(y, linear_tc.gemv_tc(h, w))
+    assert a.shape == (3, 128) and torch.equal(a, linear_tc.gemv_tc(h, w, swiglu=True))

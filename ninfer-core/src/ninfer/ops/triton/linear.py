@@ -170,6 +170,25 @@ def _tensor_core_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | N
     return x2 if linear_tc.takes(x2, weight) else None
 
 
+def _fuses_on_tensor_cores(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a fused norm op's rows go to the tensor-core GEMV with its norm prologue: where ``linear`` would send
+    the product there (``NINFER_GEMV_TC=1``, the CUDA-core GEMV refusing) and the residual is x's kind."""
+    return (not use_gemv(x, weight) and _tensor_core_rows(x, weight) is not None and residual.dtype == x.dtype
+            and residual.shape == x.shape and residual.stride(-1) == 1)
+
+
+def _tensor_core_norm(x, residual, norm_weight, eps, weight, swiglu: bool):
+    """``(product, normed, new_residual)`` of a fused norm op in one tensor-core GEMV launch (SwiGLU: the product is
+    ``silu_and_mul`` of it)."""
+    n_in = x.shape[-1]
+    x2, r2 = x.reshape(-1, n_in), residual.reshape(-1, n_in)
+    normed = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    new_residual = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    y = linear_tc.gemv_tc(x2, weight, norm=(r2, norm_weight.contiguous(), eps, normed, new_residual), swiglu=swiglu)
+    lead = x.shape[:-1]
+    return y.view(*lead, y.shape[-1]), normed.view(*lead, n_in), new_residual.view(*lead, n_in)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x[..., in] @ weight[out, in].T -> [..., out]``: the GEMV for a few rows, else the reference."""
     if x.shape[-1] != weight.shape[-1]:
@@ -210,6 +229,8 @@ def add_rms_norm_unit_offset_linear(x: torch.Tensor, residual: torch.Tensor, nor
         raise ValueError(f"add_rms_norm_unit_offset_linear: x {tuple(x.shape)}, residual {tuple(residual.shape)}, "
                          f"norm weight {tuple(norm_weight.shape)}")
     rows = x.numel() // n_in if n_in else 0
+    if rows > 1 and _fuses_on_tensor_cores(x, residual, weight):
+        return _tensor_core_norm(x, residual, norm_weight, eps, weight, swiglu=False)
     if not (rows == 1 and use_gemv(x, weight) and n_in <= _TILE and residual.dtype == x.dtype
             and residual.stride(-1) == 1):
         normed, new_residual = _norm.add_rms_norm_unit_offset(x, residual, norm_weight, eps)
@@ -232,6 +253,9 @@ def add_rms_norm_unit_offset_swiglu(x: torch.Tensor, residual: torch.Tensor, nor
     if gate_up.shape[0] % 2:
         raise ValueError(f"add_rms_norm_unit_offset_swiglu: gate_up has {gate_up.shape[0]} rows, not [2I, N]")
     rows = x.numel() // n_in if n_in else 0
+    if (rows > 1 and residual.shape == x.shape and norm_weight.shape == (n_in,)
+            and _fuses_on_tensor_cores(x, residual, gate_up)):
+        return _tensor_core_norm(x, residual, norm_weight, eps, gate_up, swiglu=True)
     if not (rows == 1 and residual.shape == x.shape and norm_weight.shape == (n_in,) and use_gemv(x, gate_up)
             and n_in <= _TILE and residual.dtype == x.dtype and residual.stride(-1) == 1):
         y, normed, new_residual = add_rms_norm_unit_offset_linear(x, residual, norm_weight, eps, gate_up)

@@ -8,7 +8,10 @@ the narrow projections: in a verify step (k + 1 rows a sequence) and a decode st
 launch gap per projection. Here the weight tile is the A operand of ``tl.dot`` straight from memory and x^T the B
 operand (``[BK, 8]``, rows past M zero), so the products cost the tensor cores next to nothing; split-K over about
 264 programs fills the device and the fp32 partials are added by the last program of each output block
-(:mod:`~ninfer.ops.triton._splitk`, no second launch); the kernel follows the PDL protocol.
+(:mod:`~ninfer.ops.triton._splitk`, no second launch); the kernel follows the PDL protocol. As the quantized
+tensor-core GEMVs, it can form a block's pre-norm in every program (``NORM``: ``add_rms_norm_unit_offset`` of x and
+the residual, stored by row block 0's programs) and end in SwiGLU where the partials are added, so a verify step's
+norm, gate/up projection and activation are one launch.
 
 Exactness: a bf16 (fp16) product is exact in fp32; sums run in the tensor cores' fp32 accumulation, then in fp32
 across K runs in split order, then one rounding to x's dtype: the ``U_TC`` bound of the quantized tensor-core GEMVs.
@@ -25,7 +28,8 @@ import triton.language as tl
 
 from ninfer.ops.triton._common import INTERPRET, pdl, pdl_wait
 from ninfer.ops.triton._splitk import store_out, sum_partials, tickets
-from ninfer.ops.triton.quant_gemv_tc import split_count
+from ninfer.ops.triton.quant_gemv_tc import inv_rms, split_count
+from ninfer.ops.triton.quant_gemv_tc8 import x_step
 
 #: Whether ``linear`` and ``logits`` run 2 to :data:`MAX_ROWS` rows of a weight the CUDA-core GEMV leaves to the
 #: reference on this kernel (``NINFER_GEMV_TC`` ``0`` or ``1``, read once): a candidate until timed in a decode and
@@ -43,9 +47,10 @@ LAUNCH_OPTIONS = {"num_warps": 4}
 
 
 @triton.jit(do_not_specialize=["M", "TPS", "S"])
-def _tc_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, TPS, S, sx, sw, sy, sp,
-               BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr, REDUCE: tl.constexpr,
-               INTERP: tl.constexpr, PDL: tl.constexpr):
+def _tc_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, OUT, K, TPS, S, sx, sw,
+               sy, sp, sr, sh, sro, BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr,
+               REDUCE: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr, INTERP: tl.constexpr,
+               PDL: tl.constexpr):
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     n = pid * BN + tl.arange(0, BN)
@@ -53,21 +58,27 @@ def _tc_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, TPS, S, sx, sw, sy,
     r = tl.where(nm, n, 0)               # in-bounds rows: only the store is masked
     m2 = tl.arange(0, MP)[:, None]
     k2 = tl.arange(0, BK)[None, :]
-    xrow = tl.minimum(m2, M - 1) * sx
+    xoff = tl.minimum(m2, M - 1) * sx + k2          # rows past M repeat row M - 1, masked to 0
+    roff = tl.minimum(m2, M - 1) * sr + k2
+    xmask = (m2 < M) & (k2 >= 0)
+    nstore = xmask & ((m2 * 0 + pid) == 0)          # row block 0's programs store the normed rows over their K run
     t0 = sid * TPS
     t1 = tl.minimum(t0 + TPS, tl.cdiv(K, BK))
     pdl_wait(PDL)
+    inv = tl.zeros((MP, 1), dtype=tl.float32)
+    if NORM:
+        inv = inv_rms(x_ptr, r_ptr, ro_ptr.dtype.element_ty, M, K, eps, sx, sr, MP, 512, INTERP)[:, None]
     acc = tl.zeros((BN, MP), dtype=tl.float32)
     for t in range(t0, t1):
-        kk = t * BK + k2
-        km = kk < K
-        w = tl.load(w_ptr + r[:, None] * sw + kk, mask=km, other=0.0)                      # [BN, BK]
-        xv = tl.load(x_ptr + xrow + kk, mask=(m2 < M) & km, other=0.0)                       # [MP, BK]
+        lane = t * BK + k2
+        w = tl.load(w_ptr + r[:, None] * sw + lane, mask=lane < K, other=0.0)                 # [BN, BK]
+        xv = x_step(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, xoff + t * BK, roff + t * BK, lane,
+                    xmask & (lane < K), nstore, sh, sro, M, K, MP, NORM, INTERP)             # [MP, BK]
         if INTERP:
             acc += tl.dot(w.to(tl.float32), tl.trans(xv.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(w, tl.trans(xv))
-    store_out(acc, y_ptr, p_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, S, sp, sy, M, N, N, BN, MP, SPLIT, REDUCE, False,
+    store_out(acc, y_ptr, p_ptr, cnt_ptr, x_ptr, n, nm, pid, sid, S, sp, sy, M, N, OUT, BN, MP, SPLIT, REDUCE, SWIGLU,
               INTERP)
 
 
@@ -80,17 +91,25 @@ def takes(x2: torch.Tensor, weight: torch.Tensor) -> bool:
             and x2.device == weight.device and (x2.device.type == "cuda" or INTERPRET))
 
 
-def gemv_tc(x2: torch.Tensor, weight: torch.Tensor, *, out_dtype: torch.dtype | None = None,
-            split: int | None = None, in_kernel_sum: bool = True) -> torch.Tensor:
-    """``x2[M, K] @ weight[N, K].T`` rounded to x2's dtype, stored as ``out_dtype`` (default x2's). ``split``: K runs
-    (default: :func:`quant_gemv_tc.split_count`); ``in_kernel_sum``: the partials added by the last program of
-    each output block (else by the second kernel; the same bits). A ``ValueError`` when :func:`takes` refuses."""
+def gemv_tc(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, swiglu: bool = False,
+            out_dtype: torch.dtype | None = None, split: int | None = None,
+            in_kernel_sum: bool = True) -> torch.Tensor:
+    """``x2[M, K] @ weight[N, K].T`` rounded to x2's dtype, stored as ``out_dtype`` (default x2's). ``norm =
+    (residual2, norm_weight, eps, normed_out, residual_out)``: x2 is first replaced by its
+    ``add_rms_norm_unit_offset`` with residual2 (formed in every program), stored to the given ``[M, K]`` outputs.
+    ``swiglu``: weight is ``[2I, K]`` (gate rows, then up rows) and the result ``silu_and_mul`` of the product,
+    ``[M, I]``, formed where the partials are added. ``split``: K runs (default: :func:`quant_gemv_tc.split_count`'s
+    ``fill``); ``in_kernel_sum``: the partials added by the last program of each output block (else by the second
+    kernel; the same bits). A ``ValueError`` when :func:`takes` refuses."""
     if not takes(x2, weight):
         raise ValueError(f"tensor-core gemv: cannot take {tuple(x2.shape)} {x2.dtype} rows with a "
                          f"{tuple(weight.shape)} {weight.dtype} weight")
     m, k = x2.shape
     n = weight.shape[0]
-    y = torch.empty((m, n), dtype=out_dtype or x2.dtype, device=x2.device)
+    if swiglu and n % 2:
+        raise ValueError(f"add_rms_norm_unit_offset_swiglu: gate_up has {n} rows, not [2I, N]")
+    n_out = n // 2 if swiglu else n
+    y = torch.empty((m, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
     if n == 0:
         return y
     steps = triton.cdiv(k, _BK)
@@ -98,13 +117,21 @@ def gemv_tc(x2: torch.Tensor, weight: torch.Tensor, *, out_dtype: torch.dtype | 
     s = split_count(programs, steps, "fill") if split is None else split
     tps = max(1, -(-steps // s))
     s = max(1, -(-steps // tps))                           # no empty runs
-    part = torch.empty((s, m, n), dtype=torch.float32, device=x2.device) if s > 1 else y
-    cnt = tickets(x2.device, programs) if in_kernel_sum and s > 1 else None
+    partials = s > 1 or swiglu
+    part = torch.empty((s, m, n), dtype=torch.float32, device=x2.device) if partials else y
+    # SwiGLU's gate and up rows must be whole row blocks for one counter to see both halves.
+    cnt = tickets(x2.device, programs) if in_kernel_sum and partials and not (swiglu and n_out % _BN) else None
+    if norm is None:
+        r2 = nw = hn = ro = x2
+        eps = 0.0
+    else:
+        r2, nw, eps, hn, ro = norm
     kw = {} if INTERPRET else dict(LAUNCH_OPTIONS)
     _tc_kernel[(programs, s)](
-        x2, weight, y, part, part if cnt is None else cnt, m, n, k, tps, s, x2.stride(0), weight.stride(0),
-        y.stride(0), part.stride(0) if s > 1 else 0, BN=_BN, BK=_BK, MP=_MP, SPLIT=s > 1, REDUCE=cnt is not None,
-        INTERP=INTERPRET, **pdl(x2), **kw)
-    if s > 1 and cnt is None:
-        sum_partials(part, y, x2, False)
+        x2, weight, y, part, part if cnt is None else cnt, r2, nw, hn, ro, float(eps), m, n, n_out, k, tps, s,
+        x2.stride(0), weight.stride(0), y.stride(0), part.stride(0) if partials else 0, r2.stride(0), hn.stride(0),
+        ro.stride(0), BN=_BN, BK=_BK, MP=_MP, SPLIT=partials, REDUCE=cnt is not None, SWIGLU=swiglu,
+        NORM=norm is not None, INTERP=INTERPRET, **pdl(x2), **kw)
+    if partials and cnt is None:
+        sum_partials(part, y, x2, swiglu)
     return y
