@@ -16,6 +16,7 @@ give the same bits.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -115,3 +116,32 @@ def tickets(device: torch.device, blocks: int) -> torch.Tensor | None:
     if t is None:
         t = _TICKETS[key] = torch.zeros(_MAX_BLOCKS, dtype=torch.int32, device=device)
     return t
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """How a split-K GEMV launch runs K: ``runs`` K runs of ``steps_per_run`` steps (every run non-empty); with
+    ``partials`` (several runs, or SwiGLU) ``part`` holds the fp32 partials ``[runs, M, N]``, else it is the output
+    itself, which the kernel stores straight to; ``counters`` the ticket counters when the last program of each block adds the partials, else None
+    (then :func:`sum_partials` runs after the launch)."""
+
+    runs: int
+    steps_per_run: int
+    partials: bool
+    part: torch.Tensor
+    counters: torch.Tensor | None
+
+
+def plan(x2: torch.Tensor, y: torch.Tensor, n: int, steps: int, programs: int, block_n: int, runs: int, *,
+         swiglu: bool, in_kernel_sum: bool) -> SplitPlan:
+    """The launch's :class:`SplitPlan` for ``runs`` requested K runs over ``steps`` steps, ``programs`` row blocks of
+    ``block_n`` rows of an ``n``-row weight (SwiGLU: gate rows then up rows; its halves must be whole blocks for one
+    counter to see both, else the sum kernel adds them)."""
+    tps = max(1, -(-steps // runs))
+    runs = max(1, -(-steps // tps))                        # no empty runs
+    partials = runs > 1 or swiglu
+    part = torch.empty((runs, x2.shape[0], n), dtype=torch.float32, device=x2.device) if partials else y
+    n_out = n // 2 if swiglu else n
+    counters = (tickets(x2.device, programs) if in_kernel_sum and partials and not (swiglu and n_out % block_n)
+                else None)
+    return SplitPlan(runs, tps, partials, part, counters)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.triton._common import INTERPRET, pdl, pdl_wait
-from ninfer.ops.triton._splitk import store_out, sum_partials, tickets
+from ninfer.ops.triton._splitk import plan, store_out, sum_partials
 from ninfer.ops.triton.quant_gemv_tc import inv_rms, split_count
 from ninfer.ops.triton.quant_gemv_tc8 import x_step
 
@@ -114,24 +114,16 @@ def gemv_tc(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None
         return y
     steps = triton.cdiv(k, _BK)
     programs = triton.cdiv(n, _BN)
-    s = split_count(programs, steps, "fill") if split is None else split
-    tps = max(1, -(-steps // s))
-    s = max(1, -(-steps // tps))                           # no empty runs
-    partials = s > 1 or swiglu
-    part = torch.empty((s, m, n), dtype=torch.float32, device=x2.device) if partials else y
-    # SwiGLU's gate and up rows must be whole row blocks for one counter to see both halves.
-    cnt = tickets(x2.device, programs) if in_kernel_sum and partials and not (swiglu and n_out % _BN) else None
-    if norm is None:
-        r2 = nw = hn = ro = x2
-        eps = 0.0
-    else:
-        r2, nw, eps, hn, ro = norm
+    sp = plan(x2, y, n, steps, programs, _BN, split_count(programs, steps, "fill") if split is None else split,
+              swiglu=swiglu, in_kernel_sum=in_kernel_sum)
+    r2, nw, eps, hn, ro = norm or (x2, x2, 0.0, x2, x2)
     kw = {} if INTERPRET else dict(LAUNCH_OPTIONS)
-    _tc_kernel[(programs, s)](
-        x2, weight, y, part, part if cnt is None else cnt, r2, nw, hn, ro, float(eps), m, n, n_out, k, tps, s,
-        x2.stride(0), weight.stride(0), y.stride(0), part.stride(0) if partials else 0, r2.stride(0), hn.stride(0),
-        ro.stride(0), BN=_BN, BK=_BK, MP=_MP, SPLIT=partials, REDUCE=cnt is not None, SWIGLU=swiglu,
-        NORM=norm is not None, INTERP=INTERPRET, **pdl(x2), **kw)
-    if partials and cnt is None:
-        sum_partials(part, y, x2, swiglu)
+    _tc_kernel[(programs, sp.runs)](
+        x2, weight, y, sp.part, sp.part if sp.counters is None else sp.counters, r2, nw, hn, ro, float(eps), m, n,
+        n_out, k, sp.steps_per_run, sp.runs, x2.stride(0), weight.stride(0), y.stride(0),
+        sp.part.stride(0) if sp.partials else 0, r2.stride(0), hn.stride(0), ro.stride(0), BN=_BN, BK=_BK, MP=_MP,
+        SPLIT=sp.partials, REDUCE=sp.counters is not None, SWIGLU=swiglu, NORM=norm is not None, INTERP=INTERPRET,
+        **pdl(x2), **kw)
+    if sp.partials and sp.counters is None:
+        sum_partials(sp.part, y, x2, swiglu)
     return y

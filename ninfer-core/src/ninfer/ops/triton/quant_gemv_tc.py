@@ -42,7 +42,7 @@ import triton.language as tl
 
 from ninfer.ops.triton._common import INTERPRET, cast, l2_prefetch, next_pow2, pdl, pdl_wait
 from ninfer.ops.triton._quant import KernelWeight
-from ninfer.ops.triton._splitk import store_out, sum_partials, tickets
+from ninfer.ops.triton._splitk import plan, store_out, sum_partials
 
 #: Most rows of x the tensor-core GEMV takes (x's rows are the B operand's columns, padded to MP).
 MAX_ROWS = 8
@@ -323,29 +323,19 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
         return y
     steps = nbytes // step
     programs = triton.cdiv(w.n, bn)
-    s = split_count(programs, steps) if split is None else split
-    tps = max(1, -(-steps // s))
-    s = max(1, -(-steps // tps))                           # no empty splits
-    partials = s > 1 or swiglu
-    part = torch.empty((s, m, w.n), dtype=torch.float32, device=x2.device) if partials else y
-    # The last program of an output block adds the block's partials (no second launch) where every block's
-    # programs are known: SwiGLU needs its gate and up rows in whole blocks of bn.
-    cnt = tickets(x2.device, programs) if in_kernel_sum and partials and not (swiglu and n_out % bn) else None
-    if norm is None:
-        r2 = nw = hn = ro = x2
-        eps = 0.0
-    else:
-        r2, nw, eps, hn, ro = norm
+    sp = plan(x2, y, w.n, steps, programs, bn, split_count(programs, steps) if split is None else split,
+              swiglu=swiglu, in_kernel_sum=in_kernel_sum)
+    r2, nw, eps, hn, ro = norm or (x2, x2, 0.0, x2, x2)
     l2 = (L2_PREFETCH if l2_prefetch is None else l2_prefetch) and w.base.data_ptr() % 16 == 0 and \
         w.base_stride % 16 == 0
     kw = {} if INTERPRET else dict(LAUNCH_OPTIONS)
-    kernel[(programs, s)](
-        x2, w.base.view(torch.uint16), w.scales, y, part, part if cnt is None else cnt, r2, nw, hn, ro, float(eps), m,
-        w.n, n_out, k, nbytes, tps, s, x2.stride(0), w.base_stride, w.scale_stride, y.stride(0),
-        part.stride(0) if partials else 0, r2.stride(0), hn.stride(0), ro.stride(0), BN=bn, SPLIT=partials,
-        REDUCE=cnt is not None, SWIGLU=swiglu, NORM=norm is not None, L2PF=l2, INTERP=INTERPRET, **constexprs,
-        **pdl(x2), **kw)
-    if partials and cnt is None:
-        sum_partials(part, y, x2, swiglu)
+    kernel[(programs, sp.runs)](
+        x2, w.base.view(torch.uint16), w.scales, y, sp.part, sp.part if sp.counters is None else sp.counters, r2, nw,
+        hn, ro, float(eps), m, w.n, n_out, k, nbytes, sp.steps_per_run, sp.runs, x2.stride(0), w.base_stride,
+        w.scale_stride, y.stride(0), sp.part.stride(0) if sp.partials else 0, r2.stride(0), hn.stride(0),
+        ro.stride(0), BN=bn, SPLIT=sp.partials, REDUCE=sp.counters is not None, SWIGLU=swiglu, NORM=norm is not None,
+        L2PF=l2, INTERP=INTERPRET, **constexprs, **pdl(x2), **kw)
+    if sp.partials and sp.counters is None:
+        sum_partials(sp.part, y, x2, swiglu)
     return y
 
