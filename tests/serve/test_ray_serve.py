@@ -389,11 +389,16 @@ def test_a_killed_replica_fails_its_request_and_new_ones_go_elsewhere(http):
     events = sse_json(b"".join(received).decode())
     assert "replica" in events[-1]["error"]["message"], events[-1]
     assert b"".join(received).rstrip().endswith(b"data: [DONE]")
-    # The whole-answer request gets a 503 in OpenAI's error shape.
+    # The whole-answer request gets a 503 in OpenAI's error shape. On a loaded machine it may still be waiting in the
+    # victim's queue when the victim dies, never started there: Ray Serve then routes it to a running replica, which
+    # answers it (never the victim).
     failed = outcome["response"]
-    assert failed.status_code == 503, failed.text
-    error = failed.json()["error"]
-    assert error["type"] == "server_error" and "replica" in error["message"] and "failed" in error["message"]
+    if failed.status_code == 200:
+        assert failed.headers[REPLICA] != victim, (victim, failed.headers[REPLICA])
+    else:
+        assert failed.status_code == 503, failed.text
+        error = failed.json()["error"]
+        assert error["type"] == "server_error" and "replica" in error["message"] and "failed" in error["message"]
 
     # New requests (the same session's too) are answered by a replica still running.
     for n in range(3):
