@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from ninfer.ops.triton._common import cast, mm, pdl_wait
 from ninfer.ops.triton._quant import fp8_code, int_code
-from ninfer.ops.triton.quant_gemv_tc import _k_step
+from ninfer.ops.triton.quant_gemv_tc import _k_step, lanes
 
 
 @triton.jit
@@ -284,19 +284,7 @@ def _qgemv_tc5(x_ptr, b_ptr, s_ptr, p_ptr, M, N, BYTES, TPS, sx, sb, ss, sp,
     nm = n < N
     r = tl.where(nm, n, 0)
     r3 = r[:, None, None]
-    g3 = tl.arange(0, GPI)[None, :, None]
-    e3 = tl.arange(0, 16)[None, None, :]
-    # x chunk offsets [MP, GPI, 16, 4], natural order
-    m4 = tl.arange(0, MP)[:, None, None, None]
-    g4 = tl.arange(0, GPI)[None, :, None, None]
-    e4 = tl.arange(0, 16)[None, None, :, None]
-    c4 = tl.arange(0, 4)[None, None, None, :]
-    xoff = tl.minimum(m4, M - 1) * sx + g4 * 64 + e4 * 4 + c4
-    xmask = (m4 < M) & (c4 >= 0) & (e4 >= 0) & (g4 >= 0)
-    kk = tl.arange(0, 2 * BB)[:, None]
-    cc = tl.arange(0, NC)[None, :]
-    diag = (kk // 64) == (cc // MP)
-    gcol = tl.arange(0, NC)[None, :] // MP
+    g3, e3, m4, g4, e4, c4, xoff, xmask, diag, gcol = lanes(M, sx, GPI, MP)   # x in natural lane order
     acc = tl.zeros((BN, NC), dtype=tl.float32)
     t0 = sid * TPS
     t1 = tl.minimum(t0 + TPS, BYTES // BB)

@@ -120,8 +120,7 @@ def stress_until_closed(engine, **stress):
         assert not report.errors, report.errors[:5]
     finally:
         engine.close(timeout=60)
-    # Only workers started since the test began are its own: another directory's session-scoped engine (the serve
-    # tests' shared one, when a pytest-xdist worker ran those first) stays open on purpose.
+    # Only the workers this test started: other directories' session-scoped engines stay open by design.
     assert not worker_threads(), "a worker thread survived"
     cap = program.capacity()
     assert cap.free_pages == cap.total_pages and cap.free_state_slots == cap.total_state_slots

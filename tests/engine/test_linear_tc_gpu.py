@@ -7,32 +7,18 @@ the tokens stay the default kernels' on most prompts (bf16 sums in another order
 from __future__ import annotations
 
 import pytest
-from ninfer import Engine, EngineOptions
-from ninfer.contracts.events import GenerationDelta
-from ninfer.contracts.sampling import SamplingParams
+
+from .gpu_runs import PROMPTS, greedy_runs
 
 pytestmark = pytest.mark.gpu
 
-PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n    def", "for i in range(10):"]
-
-
-def _generate(artifact) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
-    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=True)
-    out = []
-    with Engine.start(artifact, EngineOptions(device="cuda", dtype="bfloat16", max_context=128, max_concurrency=4,
-                                              speculative="mtp", num_speculative_tokens=3)) as engine:
-        for prompt in PROMPTS:   # one at a time: the same step composition in every run
-            with engine.submit(prompt, sampling=sp) as h:
-                lps = [lp.logprob for ev in h if isinstance(ev, GenerationDelta) for lp in (ev.logprobs or ())]
-                r = h.result()
-            out.append((tuple(r.token_ids), tuple(lps)))
-    return out
+MTP = {"speculative": "mtp", "num_speculative_tokens": 3}
 
 
 def test_verify_rows_on_the_tensor_core_gemv(default_artifact, monkeypatch):
     from ninfer.ops.triton import linear, linear_tc
 
-    default = _generate(default_artifact)
+    default = greedy_runs(default_artifact, **MTP)
     launches = []
     real = linear_tc.gemv_tc
 
@@ -43,9 +29,9 @@ def test_verify_rows_on_the_tensor_core_gemv(default_artifact, monkeypatch):
     monkeypatch.setattr(linear, "MAX_ROW_BYTES", 1)
     monkeypatch.setattr(linear_tc, "ENABLED", True)
     monkeypatch.setattr(linear_tc, "gemv_tc", counted)
-    graphed = _generate(default_artifact)
+    graphed = greedy_runs(default_artifact, **MTP)
     assert launches and max(launches) >= 4
     monkeypatch.setenv("NINFER_CUDA_GRAPHS", "0")
-    assert _generate(default_artifact) == graphed
+    assert greedy_runs(default_artifact, **MTP) == graphed
     same = sum(a[0] == b[0] for a, b in zip(graphed, default, strict=True))
     assert same >= len(PROMPTS) - 1, (graphed, default)

@@ -8,13 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ninfer import Engine, EngineOptions
-from ninfer.contracts.events import GenerationDelta
-from ninfer.contracts.sampling import SamplingParams
+from ninfer import Engine
+
+from .gpu_runs import PROMPTS, greedy_runs
 
 pytestmark = pytest.mark.gpu
 
-PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:\n    def", "for i in range(10):"]
 TEXT = "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n"
 SOURCE = "qwen3_5-stdlib"
 
@@ -33,26 +32,13 @@ def quantized(tmp_path_factory) -> dict[str, Path]:
     return arts
 
 
-def _generate(artifact: Path) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
-    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=True)
-    out = []
-    with Engine.start(artifact, EngineOptions(device="cuda", dtype="bfloat16", max_context=128,
-                                              max_concurrency=4)) as engine:
-        for prompt in PROMPTS:   # one at a time: the same step composition in both runs
-            with engine.submit(prompt, sampling=sp) as h:
-                lps = [lp.logprob for ev in h if isinstance(ev, GenerationDelta) for lp in (ev.logprobs or ())]
-                r = h.result()
-            out.append((tuple(r.token_ids), tuple(lps)))
-    return out
-
-
 @pytest.mark.parametrize("preset", ["q4", "q8", "fp8"])
 def test_graphs_equal_eager_and_scores_stay_near_the_reference(quantized, preset, monkeypatch):
     import torch
 
-    graphed = _generate(quantized[preset])
+    graphed = greedy_runs(quantized[preset])
     monkeypatch.setenv("NINFER_CUDA_GRAPHS", "0")
-    eager = _generate(quantized[preset])
+    eager = greedy_runs(quantized[preset])
     assert graphed == eager
     monkeypatch.delenv("NINFER_CUDA_GRAPHS")
     with Engine.start(quantized[preset], device="cuda", dtype="bfloat16", purpose="causal_scoring") as eng:
@@ -72,13 +58,13 @@ def test_the_candidate_kernels_through_the_engine(quantized, setting, monkeypatc
     another grouping may part near-ties)."""
     from ninfer.ops.triton import quant_gemv_tc
 
-    default = _generate(quantized["q4"])
+    default = greedy_runs(quantized["q4"])
     if setting == "streamk":
         monkeypatch.setattr(quant_gemv_tc, "SPLIT_RULE", "streamk")
     else:
         monkeypatch.setattr(quant_gemv_tc, "L2_PREFETCH", True)
-    graphed = _generate(quantized["q4"])
+    graphed = greedy_runs(quantized["q4"])
     monkeypatch.setenv("NINFER_CUDA_GRAPHS", "0")
-    assert _generate(quantized["q4"]) == graphed
+    assert greedy_runs(quantized["q4"]) == graphed
     same = sum(a[0] == b[0] for a, b in zip(graphed, default, strict=True))
     assert same >= len(PROMPTS) - 1 if setting == "streamk" else graphed == default

@@ -173,8 +173,8 @@ def _tensor_core_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | N
 def _fuses_on_tensor_cores(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a fused norm op's rows go to the tensor-core GEMV with its norm prologue: where ``linear`` would send
     the product there (``NINFER_GEMV_TC=1``, the CUDA-core GEMV refusing) and the residual is x's kind."""
-    return (not use_gemv(x, weight) and _tensor_core_rows(x, weight) is not None and residual.dtype == x.dtype
-            and residual.shape == x.shape and residual.stride(-1) == 1)
+    return (linear_tc.ENABLED and not use_gemv(x, weight) and _tensor_core_rows(x, weight) is not None
+            and residual.dtype == x.dtype and residual.shape == x.shape and residual.stride(-1) == 1)
 
 
 def _tensor_core_norm(x, residual, norm_weight, eps, weight, swiglu: bool):
