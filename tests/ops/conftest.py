@@ -9,6 +9,7 @@ tests/ops/shared_checks.py.
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 
@@ -44,12 +45,32 @@ def reference_ops(device: str, dtype: torch.dtype):
     return resolve_ops(get_registry().ops, torch.device(device).type, dtype, force="reference")
 
 
+#: Above this many elements a CUDA input is drawn on its device, from a seed the CPU generator draws. Only sizes
+#: that the GPU alone runs get there (a 35B-A3B expert bank is 5e8 values, ~30 s to draw in fp64 on one CPU thread),
+#: so the rule that every device sees the same values holds wherever a size runs on both.
+DEVICE_DRAW = 1 << 22
+
+
+def _draw_on_device(gen: torch.Generator, shape, device) -> torch.Generator | None:
+    if len(shape) == 1 and not isinstance(shape[0], int):   # randn(gen, (a, b)) as well as randn(gen, a, b)
+        shape = tuple(shape[0])
+    if torch.device(device).type != "cuda" or math.prod(shape) <= DEVICE_DRAW:
+        return None
+    seed = int(torch.randint(0, 2 ** 62, (1,), generator=gen))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def randn(gen: torch.Generator, *shape, dtype=torch.float32, device="cpu", scale=1.0) -> torch.Tensor:
-    """Normal inputs drawn on CPU (identical values for every device), cast to dtype, then moved."""
+    """Normal inputs drawn on CPU (identical values for every device), cast to dtype, then moved; past
+    :data:`DEVICE_DRAW` elements on CUDA, drawn there in fp32 (still reproducible per test)."""
+    if (dev_gen := _draw_on_device(gen, shape, device)) is not None:
+        return (torch.randn(*shape, generator=dev_gen, dtype=torch.float32, device=device) * scale).to(dtype)
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(dtype).to(device)
 
 
 def rand(gen: torch.Generator, *shape, lo=0.0, hi=1.0, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    if (dev_gen := _draw_on_device(gen, shape, device)) is not None:
+        return (lo + (hi - lo) * torch.rand(*shape, generator=dev_gen, dtype=torch.float32, device=device)).to(dtype)
     return (lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=torch.float64)).to(dtype).to(device)
 
 
