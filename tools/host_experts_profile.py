@@ -6,9 +6,11 @@ for each of ``--batch`` random prompts, and prints the decode rate, the per-laye
 copies) and the engine worker's cProfile by own and cumulative time, so that the share of the host's expert sums
 (``routed_experts_fp32``), the waits for the device (``_to_host``), the cache's refreshes and the eager model
 forward can be read off. ``--compare`` also runs the same decode with the experts on the device and no CUDA graphs
-(``NINFER_CUDA_GRAPHS=0``): the eager step without host experts.
+(``NINFER_CUDA_GRAPHS=0``): the eager step without host experts. ``--host-expert-kernel torch,compiled`` measures
+each host kernel in turn on the same model (an A/B in one run; ``--host-expert-threads`` sets the host's threads).
 
     python3 tools/host_experts_profile.py /tmp/off/model.ninfer --vram-budget-mib 5271 --out $OUT/profile.txt
+    python3 tools/host_experts_profile.py /tmp/off/model.ninfer --vram-budget-mib 5271 --host-expert-kernel torch,compiled
     python3 tools/host_experts_profile.py MOE.ninfer --device cpu --tokens 8      # a CPU smoke run (a MoE model)
 """
 
@@ -44,28 +46,14 @@ def decode(engine, batch: int, tokens: int, seed: int, profile: bool) -> tuple[f
     return sum(len(r.token_ids) for r in done) / seconds, text
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", help="a MoE model's artifact")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--vram-budget-mib", type=float, default=None)
-    ap.add_argument("--expert-cache-slots", type=int, default=None)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compare", action="store_true", help="also the device-resident eager decode")
-    ap.add_argument("--out", type=Path, default=None, help="write the report here too")
-    args = ap.parse_args(argv)
-
-    from ninfer import Engine, EngineOptions
-
+def host_run(engine_cls, args, opts) -> list[str]:
+    """One host-expert engine's report lines: decode rate, the host step's phases, cache counts and the profile."""
     lines = []
-    opts = EngineOptions(device=args.device, max_concurrency=max(1, args.batch), max_context=1024,
-                         host_experts=True, vram_budget_mib=args.vram_budget_mib,
-                         expert_cache_slots=args.expert_cache_slots)
-    with Engine.start(args.model, opts) as engine:
+    with engine_cls.start(args.model, opts) as engine:
         rate, prof = decode(engine, args.batch, args.tokens, args.seed, profile=False)
-        lines.append(f"host experts: B={args.batch} decode {rate:,.1f} tok/s (whole requests, prompt 64)")
+        lines.append(f"host experts ({opts.host_expert_kernel} kernel, threads "
+                     f"{opts.host_expert_threads or 'auto'}): B={args.batch} decode {rate:,.1f} tok/s "
+                     f"(whole requests, prompt 64)")
         layers = [getattr(layer, "mlp", getattr(layer, "moe", None)) for layer in engine._program.model.layers]  # noqa: SLF001
         hosts = [m.host for m in layers if m is not None and getattr(m, "host", None) is not None]
         for h in hosts:
@@ -85,6 +73,34 @@ def main(argv=None) -> int:
         lines.append(f"cache copies per layer {[h.cache.copies if h.cache else 0 for h in hosts]}, "
                      f"copy-path experts {[h.copied_experts for h in hosts]}")
         lines.append(prof)
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", help="a MoE model's artifact")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--vram-budget-mib", type=float, default=None)
+    ap.add_argument("--expert-cache-slots", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--host-expert-kernel", default="torch",
+                    help="the host's expert kernel(s), comma-separated, each measured in turn: torch, compiled")
+    ap.add_argument("--host-expert-threads", type=int, default=None, help="the host's compute threads (default: auto)")
+    ap.add_argument("--compare", action="store_true", help="also the device-resident eager decode")
+    ap.add_argument("--out", type=Path, default=None, help="write the report here too")
+    args = ap.parse_args(argv)
+
+    from ninfer import Engine, EngineOptions
+
+    lines = []
+    for kernel in args.host_expert_kernel.split(","):
+        opts = EngineOptions(device=args.device, max_concurrency=max(1, args.batch), max_context=1024,
+                             host_experts=True, vram_budget_mib=args.vram_budget_mib,
+                             expert_cache_slots=args.expert_cache_slots, host_expert_kernel=kernel,
+                             host_expert_threads=args.host_expert_threads)
+        lines += host_run(Engine, args, opts)
     if args.compare:
         before = os.environ.get("NINFER_CUDA_GRAPHS")
         os.environ["NINFER_CUDA_GRAPHS"] = "0"

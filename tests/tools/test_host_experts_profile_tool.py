@@ -31,7 +31,8 @@ def test_profile_reports_rates_counts_and_the_host_sum(tmp_path, monkeypatch):
     assert host_experts_profile.main([str(artifact), "--device", "cpu", "--tokens", "6", "--batch", "2",
                                       "--expert-cache-slots", "2", "--compare", "--out", str(out)]) == 0
     report = out.read_text()
-    assert float(re.search(r"host experts: B=2 decode ([\d,.]+) tok/s", report)[1].replace(",", "")) > 0
+    assert float(re.search(r"host experts \(torch kernel, threads auto\): B=2 decode ([\d,.]+) tok/s",
+                           report)[1].replace(",", "")) > 0
     hits = [int(n) for n in re.search(r"cache hits per layer \[([^\]]*)\]", report)[1].split(",")]
     misses = [int(n) for n in re.search(r"misses \[([^\]]*)\]", report)[1].split(",")]
     assert len(hits) == len(misses) == 4 and len({h + m for h, m in zip(hits, misses, strict=True)}) == 1
@@ -42,3 +43,20 @@ def test_profile_reports_rates_counts_and_the_host_sum(tmp_path, monkeypatch):
     assert int(phases[1]) >= 6 and float(phases[5]) > 0   # every forward's host sum is timed
     assert re.search(r"experts on the device, no CUDA graphs: B=2 decode [\d,.]+ tok/s", report)
     assert os.environ["NINFER_CUDA_GRAPHS"] == "1"   # the tool put it back
+
+
+def test_each_host_kernel_is_measured_in_turn(tmp_path):
+    """``--host-expert-kernel torch,compiled``: one report block per kernel, in that order, with the threads set."""
+    torch.manual_seed(0)
+    model = tiny_text_model("moe", dict(GEOMETRY, num_experts=8, num_experts_per_tok=2), seed=5)
+    model.config.architectures = ["Qwen3_5MoeForCausalLM"]
+    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    write_byte_tokenizer(tmp_path / "hf")
+    artifact = convert(tmp_path / "hf", tmp_path / "m.ninfer", progress=False).paths[0]
+    out = tmp_path / "report.txt"
+    assert host_experts_profile.main([str(artifact), "--device", "cpu", "--tokens", "4", "--host-expert-kernel",
+                                      "torch,compiled", "--host-expert-threads", "1", "--out", str(out)]) == 0
+    report = out.read_text()
+    kernels = re.findall(r"host experts \((\w+) kernel, threads 1\): B=1 decode [\d,.]+ tok/s", report)
+    assert kernels == ["torch", "compiled"]
+    assert len(re.findall(r"host step phases over", report)) == 2
