@@ -19,13 +19,19 @@ import host_experts_profile  # noqa: E402
 from engine.test_host_experts import GEOMETRY  # noqa: E402
 
 
-def test_profile_reports_rates_counts_and_the_host_sum(tmp_path, monkeypatch):
+def _tiny_moe(tmp_path: Path) -> Path:
+    """A converted top-2 of 8 MoE model (the host-expert tests' geometry)."""
     torch.manual_seed(0)
     model = tiny_text_model("moe", dict(GEOMETRY, num_experts=8, num_experts_per_tok=2), seed=5)
     model.config.architectures = ["Qwen3_5MoeForCausalLM"]
     model.save_pretrained(tmp_path / "hf", safe_serialization=True)
     write_byte_tokenizer(tmp_path / "hf")
     artifact = convert(tmp_path / "hf", tmp_path / "m.ninfer", progress=False).paths[0]
+    return artifact
+
+
+def test_profile_reports_rates_counts_and_the_host_sum(tmp_path, monkeypatch):
+    artifact = _tiny_moe(tmp_path)
     monkeypatch.setenv("NINFER_CUDA_GRAPHS", "1")   # restored afterwards whatever the tool does
     out = tmp_path / "report.txt"
     assert host_experts_profile.main([str(artifact), "--device", "cpu", "--tokens", "6", "--batch", "2",
@@ -47,12 +53,7 @@ def test_profile_reports_rates_counts_and_the_host_sum(tmp_path, monkeypatch):
 
 def test_each_host_kernel_is_measured_in_turn(tmp_path):
     """``--host-expert-kernel torch,compiled``: one report block per kernel, in that order, with the threads set."""
-    torch.manual_seed(0)
-    model = tiny_text_model("moe", dict(GEOMETRY, num_experts=8, num_experts_per_tok=2), seed=5)
-    model.config.architectures = ["Qwen3_5MoeForCausalLM"]
-    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
-    write_byte_tokenizer(tmp_path / "hf")
-    artifact = convert(tmp_path / "hf", tmp_path / "m.ninfer", progress=False).paths[0]
+    artifact = _tiny_moe(tmp_path)
     out = tmp_path / "report.txt"
     assert host_experts_profile.main([str(artifact), "--device", "cpu", "--tokens", "4", "--host-expert-kernel",
                                       "torch,compiled", "--host-expert-threads", "1", "--out", str(out)]) == 0
