@@ -120,7 +120,7 @@ def stress_until_closed(engine, **stress):
         assert not report.errors, report.errors[:5]
     finally:
         engine.close(timeout=60)
-    # Only the workers this test started: other directories' session-scoped engines stay open by design.
+    # worker_threads() counts this test's engines only: session-scoped engines of other test folders stay open.
     assert not worker_threads(), "a worker thread survived"
     cap = program.capacity()
     assert cap.free_pages == cap.total_pages and cap.free_state_slots == cap.total_state_slots

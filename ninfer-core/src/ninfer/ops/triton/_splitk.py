@@ -122,8 +122,8 @@ def tickets(device: torch.device, blocks: int) -> torch.Tensor | None:
 class SplitPlan:
     """How a split-K GEMV launch runs K: ``runs`` K runs of ``steps_per_run`` steps (every run non-empty); with
     ``partials`` (several runs, or SwiGLU) ``part`` holds the fp32 partials ``[runs, M, N]``, else it is the output
-    itself, which the kernel stores straight to; ``counters`` the ticket counters when the last program of each block adds the partials, else None
-    (then :func:`sum_partials` runs after the launch)."""
+    itself, which the kernel stores straight to; ``counters``: the ticket counters when the last program of each
+    block adds the partials, else None (then :func:`sum_partials` runs after the launch)."""
 
     runs: int
     steps_per_run: int

@@ -107,7 +107,7 @@ def gemv_tc(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None
     m, k = x2.shape
     n = weight.shape[0]
     if swiglu and n % 2:
-        raise ValueError(f"add_rms_norm_unit_offset_swiglu: gate_up has {n} rows, not [2I, N]")
+        raise ValueError(f"tensor-core gemv with SwiGLU: the weight has {n} rows, not [2I, K]")
     n_out = n // 2 if swiglu else n
     y = torch.empty((m, n_out), dtype=out_dtype or x2.dtype, device=x2.device)
     if n == 0:

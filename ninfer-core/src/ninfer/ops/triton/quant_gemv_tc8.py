@@ -126,7 +126,7 @@ def _x_order(xv, MP: tl.constexpr, BB: tl.constexpr, PERM: tl.constexpr):
 
 @triton.jit
 def x_step(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, xoff, roff, lane, lmask, nstore, sh, sro, M, K,
-            MP: tl.constexpr, NORM: tl.constexpr, INTERP: tl.constexpr):
+           MP: tl.constexpr, NORM: tl.constexpr, INTERP: tl.constexpr):
     """x's K step ``[MP, BB]`` at ``lane``; with NORM the normed rows of ``x + r`` (stored by row block 0's
     programs, with the new residual, over their K run)."""
     xv = tl.load(x_ptr + xoff, mask=lmask, other=0.0)
@@ -194,7 +194,7 @@ def _tc8_kernel(x_ptr, b_ptr, s_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr
         a = _a_order(c0, c1, BN, BB, PERM)
         lane = t * BB + k2
         xv = x_step(x_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, inv, xoff + t * BB, roff + t * BB, lane,
-                     xmask & (lane < K), nstore, sh, sro, M, K, MP, NORM, INTERP)
+                    xmask & (lane < K), nstore, sh, sro, M, K, MP, NORM, INTERP)
         xt = tl.trans(_x_order(xv, MP, BB, PERM))                                   # [BB, MP]
         if FP8:
             acc += _dot(a, xt, INTERP)
