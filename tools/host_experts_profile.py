@@ -6,11 +6,12 @@ for each of ``--batch`` random prompts, and prints the decode rate, the per-laye
 copies) and the engine worker's cProfile by own and cumulative time, so that the share of the host's expert sums
 (``routed_experts_fp32``), the waits for the device (``_to_host``), the cache's refreshes and the eager model
 forward can be read off. ``--compare`` also runs the same decode with the experts on the device and no CUDA graphs
-(``NINFER_CUDA_GRAPHS=0``): the eager step without host experts. ``--host-expert-kernel torch,compiled`` measures
-each host kernel in turn on the same model (an A/B in one run; ``--host-expert-threads`` sets the host's threads).
+(``NINFER_CUDA_GRAPHS=0``): the eager step without host experts. ``--host-expert-kernel torch,compiled,native``
+measures each host kernel in turn on the same model (an A/B in one run; ``--host-expert-threads`` sets the host's
+threads).
 
     python3 tools/host_experts_profile.py /tmp/off/model.ninfer --vram-budget-mib 5271 --out $OUT/profile.txt
-    python3 tools/host_experts_profile.py /tmp/off/model.ninfer --vram-budget-mib 5271 --host-expert-kernel torch,compiled
+    python3 tools/host_experts_profile.py /tmp/off/model.ninfer --vram-budget-mib 5271 --host-expert-kernel torch,native,compiled
     python3 tools/host_experts_profile.py MOE.ninfer --device cpu --tokens 8      # a CPU smoke run (a MoE model)
 """
 
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--host-expert-kernel", default="torch",
-                    help="the host's expert kernel(s), comma-separated, each measured in turn: torch, compiled")
+                    help="the host's expert kernel(s), comma-separated, each measured in turn: torch, compiled, native")
     ap.add_argument("--host-expert-threads", type=int, default=None, help="the host's compute threads (default: auto)")
     ap.add_argument("--compare", action="store_true", help="also the device-resident eager decode")
     ap.add_argument("--out", type=Path, default=None, help="write the report here too")

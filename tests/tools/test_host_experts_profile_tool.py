@@ -52,12 +52,13 @@ def test_profile_reports_rates_counts_and_the_host_sum(tmp_path, monkeypatch):
 
 
 def test_each_host_kernel_is_measured_in_turn(tmp_path):
-    """``--host-expert-kernel torch,compiled``: one report block per kernel, in that order, with the threads set."""
+    """``--host-expert-kernel torch,compiled,native``: one report block per kernel, in that order, with the threads
+    set."""
     artifact = _tiny_moe(tmp_path)
     out = tmp_path / "report.txt"
     assert host_experts_profile.main([str(artifact), "--device", "cpu", "--tokens", "4", "--host-expert-kernel",
-                                      "torch,compiled", "--host-expert-threads", "1", "--out", str(out)]) == 0
+                                      "torch,compiled,native", "--host-expert-threads", "1", "--out", str(out)]) == 0
     report = out.read_text()
     kernels = re.findall(r"host experts \((\w+) kernel, threads 1\): B=1 decode [\d,.]+ tok/s", report)
-    assert kernels == ["torch", "compiled"]
-    assert len(re.findall(r"host step phases over", report)) == 2
+    assert kernels == ["torch", "compiled", "native"]
+    assert len(re.findall(r"host step phases over", report)) == 3

@@ -108,9 +108,11 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "start)")
     g.add_argument("--host-expert-threads", type=int, default=None, metavar="N",
                    help="with host experts on a GPU: the CPU threads computing them (default: half the host's cores)")
-    g.add_argument("--host-expert-kernel", choices=("torch", "compiled"), default=None,
-                   help="with host experts: how the CPU computes them: 'torch' (default, two GEMMs an expert) or "
-                        "'compiled' (one torch.compile kernel for all of a step's experts; compiled at start)")
+    g.add_argument("--host-expert-kernel", choices=("torch", "compiled", "native"), default=None,
+                   help="with host experts: how the CPU computes them: 'torch' (default, two GEMMs an expert), "
+                        "'compiled' (one torch.compile kernel for all of a step's experts; compiled at start) or "
+                        "'native' (NInfer's C kernel: each expert read once, q4/q8 banks read as stored; built "
+                        "at start with the host's C compiler)")
     g.add_argument("--expert-routing-file", default=None, metavar="FILE",
                    help="with an expert cache: start it with the experts this file counts most, and write this "
                         "run's routing into it at close (created when missing; docs/memory.md)")

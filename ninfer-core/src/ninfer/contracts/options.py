@@ -28,6 +28,8 @@ DEFAULT_MAX_STEP_TOKENS = 2048
 # patches of 16 x 16 pixels are 4.2 megapixels (2048 x 2048); through Qwen3.5's 27-layer tower that is about the
 # compute of a 2,048-token step of a 9B text model, and the planner reserves its workspace (docs/vision.md).
 DEFAULT_MAX_ENCODE_ROWS = 16384
+# How the host computes host experts (``EngineOptions.host_expert_kernel``); the first is the default.
+HOST_EXPERT_KERNELS = ("torch", "compiled", "native")
 
 
 class InvalidEngineOptions(NInferError):
@@ -121,8 +123,10 @@ class EngineOptions:
       the CPU (one memory). ``host_expert_threads`` (>= 1): the host's compute threads for host experts on a GPU
       run (None, default: half the host's cores; on the CPU torch's own count is kept). ``host_expert_kernel``:
       how the host computes its experts: "torch" (None, default: two torch GEMMs an expert, bitwise the reference
-      op on the CPU) or "compiled" (one torch.compile-generated CPU kernel for all of a call's experts, within
-      accumulation-order tolerance; compiled at start, which needs a C++ toolchain).
+      op on the CPU), "compiled" (one torch.compile-generated CPU kernel for all of a call's experts, within
+      accumulation-order tolerance; compiled at start, which needs a C++ toolchain) or "native" (the
+      architecture's own C kernel, each expert read once for all of its tokens and quantized banks read as
+      stored; within accumulation-order tolerance; built at start with the host's C compiler).
       ``expert_routing_file`` (a path): with an expert cache, read at start when it exists (the caches start
       with the experts it counts most) and written at close with its counts plus this run's
       (``ninfer.engine.expert_routing``); a scoring engine only reads it. Ignored, with a warning, without an
@@ -252,8 +256,8 @@ class EngineOptions:
                                                      or not isinstance(self.host_expert_threads, int)
                                                      or self.host_expert_threads < 1):
             raise bad("host_expert_threads", "must be an int >= 1 or None (auto: half the host's cores)")
-        if self.host_expert_kernel not in (None, "torch", "compiled"):
-            raise bad("host_expert_kernel", "must be 'torch', 'compiled' or None (torch)")
+        if self.host_expert_kernel not in (None, *HOST_EXPERT_KERNELS):
+            raise bad("host_expert_kernel", "must be 'torch', 'compiled', 'native' or None (torch)")
         if not isinstance(self.prefill_graphs, bool):
             raise bad("prefill_graphs", "must be a bool")
         if self.expert_routing_file is not None and (not isinstance(self.expert_routing_file, str)

@@ -15,7 +15,9 @@ order), checked by ``tests/engine/test_host_experts.py``.
 in one ``torch.compile``-generated CPU kernel, gathering each pair's expert weights inside its reductions: one
 parallel region for all of a call's experts instead of two GEMMs an expert. The same roundings (the projections'
 outputs and the SwiGLU to the activation dtype); the fp32 sums in the kernel's order, so equal to the reference
-within accumulation-order tolerance, not bitwise.
+within accumulation-order tolerance, not bitwise. ``host_expert_kernel="native"``
+(:class:`~ninfer_qwen3_5.layers.host_native.NativeRows`) is NInfer's own C kernel: each expert read once for all
+of its tokens, quantized banks (q4, q8) read as stored; the same tolerance.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from ninfer.errors import NotSupportedError
+from ninfer.ops.reference.quantized import DecodedBank
+
+from ninfer_qwen3_5.layers.host_native import NativeRows
 
 #: Up to this many routed pairs (a decode step's), the pairs are sorted by expert in Python lists: at that size a
 #: handful of list operations costs less than the tensor operations that sort large prefill chunks.
@@ -91,7 +96,8 @@ def routed_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     """``routed_experts_fp32(x, weights, ids, gate_up, down, skip)``: the fp32 ``[T, H]`` sum on x's device, for
     banks that are tensors ``[E, ...]`` or anything indexable by expert with ``shape`` and ``dtype`` (a quantized
     bank decoded per expert); ``skip`` (bool ``[T, k]``): pairs left out (computed elsewhere). With ``rows``
-    (:func:`compiled_rows`) and tensor banks, the pairs' expert outputs come from that kernel."""
+    (:func:`compiled_rows` and tensor banks, or a :class:`NativeRows` and banks it reads), the pairs' expert
+    outputs come from that kernel."""
     t_len, k = ids.shape
     inter, hidden = down.shape[-1], x.shape[-1]
     out = torch.zeros((t_len, hidden), dtype=torch.float32, device=x.device)
@@ -101,7 +107,11 @@ def routed_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     tokens = order // k
     wide = torch.promote_types(x.dtype, gate_up.dtype)
     xs = x.index_select(0, tokens).to(wide)
-    if rows is not None and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor):
+    if isinstance(rows, NativeRows):
+        stored = [b.bank if isinstance(b, DecodedBank) else b for b in (gate_up, down)]   # read as stored
+        if rows.supports(*stored):
+            return rows.add_routed(out, xs, tokens, weights.reshape(-1)[order], groups, *stored, wide)
+    elif rows is not None and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor):
         experts = ids.reshape(-1)[order]
         single = experts.numel() == 1   # a size-1 dimension would compile a second kernel: pad it
         # The kernel reads the banks as stored (in fp32) and rounds to the activation dtype ``wide``, as xs is.

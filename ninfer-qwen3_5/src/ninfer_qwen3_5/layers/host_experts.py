@@ -38,6 +38,7 @@ from ninfer.quant import PackedWeight, QuantizationError
 from ninfer_qwen3_5.layers.expert_cache import ExpertCache
 from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, measure_expert_costs
 from ninfer_qwen3_5.layers.host_compute import compiled_rows, expert_groups, routed_sum
+from ninfer_qwen3_5.layers.host_native import NativeRows
 
 _HOST = torch.device("cpu")
 
@@ -121,12 +122,15 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
     token threshold ``expert_copy_min_tokens`` or else the :class:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts`
     measured once for the model (None on the CPU); the one :class:`ExpertStage` all its layers share; the host's
     thread count (:func:`host_threads`); with ``host_expert_kernel`` "compiled", the host's pair kernel
-    (:func:`~ninfer_qwen3_5.layers.host_compute.compiled_rows`, compiled here)."""
+    (:func:`~ninfer_qwen3_5.layers.host_compute.compiled_rows`, compiled here), with "native" NInfer's C kernel
+    (:class:`~ninfer_qwen3_5.layers.host_native.NativeRows`, built here)."""
     if not features.host_experts:
         return {}
     copy_min = features.expert_copy_min_tokens
     threads = host_threads(device, features.host_expert_threads)
-    rows = compiled_rows(hidden, inter, dtype, threads) if features.host_expert_kernel == "compiled" else None
+    kernel = features.host_expert_kernel
+    rows = (compiled_rows(hidden, inter, dtype, threads) if kernel == "compiled"
+            else NativeRows(threads) if kernel == "native" else None)
     costs = measure_expert_costs(hidden, inter, device, dtype, threads, rows) if copy_min is None else None
     stage = (ExpertStage((2 * inter, hidden), (hidden, inter), device, dtype, min(STAGE_SLOTS, experts))
              if copy_min is not None or costs is not None else None)
@@ -151,7 +155,7 @@ class HostExperts:
     a call routes at least N tokens to; else with ``costs`` (:class:`ExpertCosts`), the busiest ones, as many as
     balances the copy engine against the host (with ``adapt_costs``, the host's costs corrected by the host time
     the layer measures). The rest run on the host, with ``threads`` intra-op threads (None: torch's count) set on
-    the calling thread, by torch's GEMMs or, with ``rows``, the compiled pair kernel."""
+    the calling thread, by torch's GEMMs or, with ``rows``, the compiled pair kernel or the native kernel."""
 
     def __init__(self, gate_up: torch.Tensor | PackedWeight, down: torch.Tensor | PackedWeight, *,
                  cache_slots: int = 0, ops=None, device: torch.device | None = None,
@@ -170,7 +174,7 @@ class HostExperts:
         if (copy_min_tokens is not None or costs is not None) and stage is None:
             raise ValueError("the copy path (copy_min_tokens or costs) needs an ExpertStage")
         self.copy_min_tokens, self.costs, self.stage, self.threads = copy_min_tokens, costs, stage, threads
-        self.rows = rows   # the compiled pair kernel (host_compute.compiled_rows), or None: torch's GEMMs
+        self.rows = rows   # host_compute.compiled_rows's kernel, a host_native.NativeRows, or None: torch's GEMMs
         # With adapt_costs, the measured over the estimated host time of this layer's host shares (module constant
         # ADAPT_RATE), by which the cost model scales its host costs.
         self.adapt_costs, self.host_scale = adapt_costs and costs is not None, 1.0

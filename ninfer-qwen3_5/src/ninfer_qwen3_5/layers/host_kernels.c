@@ -1,0 +1,315 @@
+/* NInfer's host-expert kernel: one MoE layer's routed sum on the CPU, for the (token, expert) pairs of a call sorted by
+ * expert, reading the expert banks as stored (bf16, fp32, q4_g64_fp16, q8_g32_fp16):
+ *
+ *   out[token(p)] += weight(p) * down_e(round(silu(round(g)) * round(u))),  (g, u) = round(gate_up_e @ x(p))
+ *
+ * with e = e(p), every product summed in fp32, "round" to bf16 when the wider of the activation and weight dtypes
+ * is bf16 (the reference's roundings; none for fp32 or quantized banks, which the reference decodes to fp32), and
+ * the pairs' weighted outputs added in pair order, as the reference's index_add_ does.
+ *
+ * Built at first use by host_native.py with the host's C compiler (-O3 -march=native -fopenmp); GCC/Clang vector
+ * extensions, no intrinsics, so the compiler picks the host's widest vectors.
+ *
+ * Why a kernel of our own: a decode step's pairs are a few tokens per expert. torch's GEMMs wake the thread team per
+ * expert and a dequantizing bank decodes whole experts to fp32 first; here one parallel region covers every expert
+ * of the call, each expert's weights are read once for all of its tokens (token tiles of up to TILE), and quantized
+ * codes are expanded in registers (q4 through a 16-entry table of its code values, q8 by widening).
+ *
+ * Work split, in one OpenMP parallel region: the inputs' layout per pair; the gate_up projection as items (expert
+ * group, block of RB rows) statically over the threads, each item taking the group's pairs a tile at a time and a
+ * row's dot products for the tile's tokens; the SwiGLU per pair; the down projection the same way; the weighted sum
+ * by column ranges, each in pair order. Dot products are fp32 per 16-lane vector, then across the lanes: equal to
+ * the fp64 reference within fp32 accumulation-order tolerance.
+ *
+ * Layouts (all row-major, contiguous):
+ *   bank       rows of one expert follow each other; expert e's row r at (e * rows + r)
+ *   bf16/fp32  [E * rows, K] elements
+ *   q4_g64     base [E * rows, gpr * 32] bytes (byte j of a group: lane 2j in the low nibble, lane 2j+1 in the high,
+ *              4-bit two's complement), scales [E * rows, gpr] fp16
+ *   q8_g32     base [E * rows, gpr * 32] int8 codes, scales [E * rows, gpr] fp16
+ *   x          [pairs, K] fp32, the pairs' inputs (prepared here: padded to gpr * group lanes for the groupwise
+ *              formats; for q4 each group's 64 lanes stored as its 32 even lanes then its 32 odd lanes)
+ *   first      [groups + 1]: group g's pairs are first[g] .. first[g + 1] - 1, all routed to expert[g]
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
+typedef int32_t v16i32 __attribute__((vector_size(64)));
+/* Unaligned, aliasing views for loads: a memcpy into a vector can become two scalar loads whose bytes are then
+ * converted one at a time. */
+typedef uint8_t v16u8_un __attribute__((vector_size(16), aligned(1), may_alias));
+typedef float v16f_un __attribute__((vector_size(64), aligned(1), may_alias));
+typedef uint16_t v16u16_un __attribute__((vector_size(32), aligned(1), may_alias));
+
+static inline v16u8 load_u8(const void *p) { return *(const v16u8_un *)p; }
+
+/* int8 codes to floats through 32-bit integers (a direct byte-to-float conversion is scalar code in some compilers),
+ * widening code + 128, the byte with its top bit flipped: a byte widened straight from a load can be assembled one
+ * at a time. */
+static inline v16f i8_to_f(v16u8 b) {
+    v16i32 v = __builtin_convertvector(b ^ 0x80, v16i32);
+    return __builtin_convertvector(v - 128, v16f);
+}
+
+#define TILE 4   /* tokens whose dot products share one pass over a row */
+#define RB 16    /* rows per work item */
+
+static inline v16f load_f(const float *p) { return *(const v16f_un *)p; }
+
+static inline float hsum(v16f v) {
+    float s = 0.0f;
+    for (int i = 0; i < 16; i++) s += v[i];
+    return s;
+}
+
+/* IEEE binary16 to binary32, subnormals included (a groupwise scale may be the smallest subnormal). */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+    float f;
+    if (exp == 0) {
+        f = (float)mant * 5.9604644775390625e-08f;   /* mant * 2^-24, exact */
+        return sign ? -f : f;
+    }
+    bits = sign | (exp == 31 ? (0xffu << 23) | (mant << 13) : ((exp + 112u) << 23) | (mant << 13));
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline v16f bf16_to_f(const uint16_t *p) {
+    v16u16 h = *(const v16u16_un *)p;
+    v16u32 w = __builtin_convertvector(h, v16u32) << 16;
+    v16f f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
+
+/* One row's dot products with the tile's tokens x[t] (t < tt), per format; out[t] gets the fp32 result. */
+static inline __attribute__((always_inline)) void
+row_f32(const float *w, int64_t k, const float *const *x, int tt, float *out) {
+    v16f acc[TILE] = {{0}};
+    float tail[TILE] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        v16f wv = load_f(w + i);
+        for (int t = 0; t < tt; t++) acc[t] += wv * load_f(x[t] + i);
+    }
+    for (; i < k; i++)
+        for (int t = 0; t < tt; t++) tail[t] += w[i] * x[t][i];
+    for (int t = 0; t < tt; t++) out[t] = hsum(acc[t]) + tail[t];
+}
+
+static inline __attribute__((always_inline)) void
+row_bf16(const uint16_t *w, int64_t k, const float *const *x, int tt, float *out) {
+    v16f acc[TILE] = {{0}};
+    float tail[TILE] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        v16f wv = bf16_to_f(w + i);
+        for (int t = 0; t < tt; t++) acc[t] += wv * load_f(x[t] + i);
+    }
+    for (; i < k; i++) {
+        uint32_t bits = (uint32_t)w[i] << 16;
+        float wf;
+        memcpy(&wf, &bits, sizeof wf);
+        for (int t = 0; t < tt; t++) tail[t] += wf * x[t][i];
+    }
+    for (int t = 0; t < tt; t++) out[t] = hsum(acc[t]) + tail[t];
+}
+
+/* A row's fp16 group scales as floats (the compiler's half type where it has one: one conversion instruction). */
+static inline void row_scales(const uint16_t *sc, int64_t n, float *out) {
+#ifdef __FLT16_MAX__
+    const _Float16 *h = (const _Float16 *)sc;
+    for (int64_t g = 0; g < n; g++) out[g] = (float)h[g];
+#else
+    for (int64_t g = 0; g < n; g++) out[g] = half_to_float(sc[g]);
+#endif
+}
+
+/* q4: each nibble's code (4-bit two's complement) looked up in a 16-entry table of its float values. */
+static inline __attribute__((always_inline)) void
+row_q4(const uint8_t *w, const uint16_t *sc, int64_t gpr, const float *const *x, int tt, float *out) {
+    v16f acc[TILE] = {{0}};
+    const v16f codes = {0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1};
+    const v16u8 low = (v16u8){0} + 0x0f;
+    float s[gpr];
+    row_scales(sc, gpr, s);
+    for (int64_t g = 0; g < gpr; g++) {
+        v16u8 b0 = load_u8(w + g * 32), b1 = load_u8(w + g * 32 + 16);
+        v16f l0 = __builtin_shuffle(codes, __builtin_convertvector(b0 & low, v16i32));
+        v16f h0 = __builtin_shuffle(codes, __builtin_convertvector(b0 >> 4, v16i32));
+        v16f l1 = __builtin_shuffle(codes, __builtin_convertvector(b1 & low, v16i32));
+        v16f h1 = __builtin_shuffle(codes, __builtin_convertvector(b1 >> 4, v16i32));
+        for (int t = 0; t < tt; t++) {
+            const float *xg = x[t] + g * 64;   /* even lanes 0..31, then odd lanes 0..31 */
+            v16f d = l0 * load_f(xg) + l1 * load_f(xg + 16) + h0 * load_f(xg + 32) + h1 * load_f(xg + 48);
+            acc[t] += s[g] * d;
+        }
+    }
+    for (int t = 0; t < tt; t++) out[t] = hsum(acc[t]);
+}
+
+static inline __attribute__((always_inline)) void
+row_q8(const int8_t *w, const uint16_t *sc, int64_t gpr, const float *const *x, int tt, float *out) {
+    v16f acc[TILE] = {{0}};
+    float s[gpr];
+    row_scales(sc, gpr, s);
+    for (int64_t g = 0; g < gpr; g++) {
+        v16u8 b0 = load_u8(w + g * 32), b1 = load_u8(w + g * 32 + 16);
+        v16f c0 = i8_to_f(b0), c1 = i8_to_f(b1);
+        for (int t = 0; t < tt; t++) {
+            const float *xg = x[t] + g * 32;
+            acc[t] += s[g] * (c0 * load_f(xg) + c1 * load_f(xg + 16));
+        }
+    }
+    for (int t = 0; t < tt; t++) out[t] = hsum(acc[t]);
+}
+
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q4 = 2, FMT_Q8 = 3 };
+
+/* Lanes a scale covers (the groupwise formats); a dense row is one group of its whole length. */
+static inline int64_t group_of(int fmt) { return fmt == FMT_Q4 ? 64 : 32; }
+static inline int64_t padded(int fmt, int64_t k) {
+    return fmt == FMT_Q4 || fmt == FMT_Q8 ? (k + 127) / 128 * 128 : k;   /* the groupwise rows' 128-lane padding */
+}
+
+static inline float round_bf16(float f) {   /* to the nearest bf16, ties to even, as torch's .to(bfloat16) */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7f800000u) == 0x7f800000u)
+        u = (u & 0xffff0000u) | ((u & 0xffffu) ? 0x00400000u : 0);   /* inf stays, NaN stays NaN */
+    else
+        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* A pair's input row src[k] as the format's kernel reads it, in dst[padded(k)]. */
+static void prepare(int fmt, const float *src, int64_t k, float *dst) {
+    int64_t kp = padded(fmt, k);
+    if (fmt != FMT_Q4) {
+        memcpy(dst, src, k * sizeof *dst);
+        memset(dst + k, 0, (kp - k) * sizeof *dst);
+        return;
+    }
+    for (int64_t g = 0; g < kp / 64; g++)
+        for (int j = 0; j < 32; j++) {
+            int64_t even = g * 64 + 2 * j, odd = even + 1;
+            dst[g * 64 + j] = even < k ? src[even] : 0.0f;
+            dst[g * 64 + 32 + j] = odd < k ? src[odd] : 0.0f;
+        }
+}
+
+/* The tile's rows [r0, r1) of expert e, with a compile-time tile width so the accumulators stay in registers. */
+static inline __attribute__((always_inline)) void
+tile_rows(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64_t k, int64_t e, int64_t r0,
+          int64_t r1, const float *const *x, float *const *y, int tt) {
+    float out[TILE];
+    int64_t gpr = k / group_of(fmt);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t row = e * rows + r;
+        switch (fmt) {
+        case FMT_F32: row_f32((const float *)base + row * k, k, x, tt, out); break;
+        case FMT_BF16: row_bf16((const uint16_t *)base + row * k, k, x, tt, out); break;
+        case FMT_Q4: row_q4((const uint8_t *)base + row * gpr * 32, scales + row * gpr, gpr, x, tt, out); break;
+        default: row_q8((const int8_t *)base + row * gpr * 32, scales + row * gpr, gpr, x, tt, out); break;
+        }
+        for (int t = 0; t < tt; t++) y[t][r] = out[t];
+    }
+}
+
+/* y[p, :rows] = W_{e(p)} x[p] for every pair, x prepared (padded length kp): a worksharing loop, run by the threads
+ * of the enclosing parallel region. */
+static void project(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64_t kp,
+                    const int64_t *expert, const int64_t *first, int64_t groups, const float *x, float *y) {
+    int64_t blocks = (rows + RB - 1) / RB;
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < groups * blocks; item++) {
+        int64_t g = item / blocks, r0 = (item % blocks) * RB, r1 = r0 + RB < rows ? r0 + RB : rows;
+        for (int64_t p = first[g]; p < first[g + 1]; p += TILE) {
+            int tt = first[g + 1] - p < TILE ? (int)(first[g + 1] - p) : TILE;
+            const float *xt[TILE];
+            float *yt[TILE];
+            for (int t = 0; t < tt; t++) {
+                xt[t] = x + (p + t) * kp;
+                yt[t] = y + (p + t) * rows;
+            }
+            switch (tt) {   /* constant tile widths: the accumulator loops unroll */
+            case 4: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, yt, 4); break;
+            case 3: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, yt, 3); break;
+            case 2: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, yt, 2); break;
+            default: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, yt, 1); break;
+            }
+        }
+    }
+}
+
+static int known(int fmt) { return fmt >= FMT_F32 && fmt <= FMT_Q8; }
+
+/* One projection: y[p] = W_{e(p)} x[p] ([pairs, rows]) for x [pairs, k]. Returns 0, -1 for an unknown format, -2
+ * when out of memory. */
+int ninfer_expert_rows(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64_t k,
+                       const int64_t *expert, const int64_t *first, int64_t groups, const float *x, float *y,
+                       int threads) {
+    if (!known(fmt)) return -1;
+    int64_t pairs = first[groups], kp = padded(fmt, k);
+    float *xp = malloc((size_t)(pairs * kp + 1) * sizeof *xp);
+    if (!xp) return -2;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pairs; p++) prepare(fmt, x + p * k, k, xp + p * kp);
+        project(fmt, base, scales, rows, kp, expert, first, groups, xp, y);
+    }
+    free(xp);
+    return 0;
+}
+
+/* The routed sum (module comment) of x [pairs, hidden] into out [tokens, hidden] (added to what it holds), for
+ * gate_up [E, 2 * inter, hidden] and down [E, hidden, inter] in format fmt, token[p] and weight[p] per pair;
+ * round_bf16 != 0 rounds as a bf16 run does. Returns 0, -1 for an unknown format, -2 when out of memory. */
+int ninfer_routed_sum(int fmt, const void *gu_base, const uint16_t *gu_scales, const void *dn_base,
+                      const uint16_t *dn_scales, int64_t hidden, int64_t inter, const int64_t *expert,
+                      const int64_t *first, int64_t groups, const float *x, const int64_t *token,
+                      const float *weight, int round, float *out, int threads) {
+    if (!known(fmt)) return -1;
+    int64_t pairs = first[groups], kh = padded(fmt, hidden), ki = padded(fmt, inter);
+    float *xp = malloc((size_t)(pairs * (kh + 2 * inter + ki + hidden) + 1) * sizeof *xp);
+    if (!xp) return -2;
+    float *h = xp + pairs * kh, *ap = h + pairs * 2 * inter, *y = ap + pairs * ki;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pairs; p++) prepare(fmt, x + p * hidden, hidden, xp + p * kh);
+        project(fmt, gu_base, gu_scales, 2 * inter, kh, expert, first, groups, xp, h);
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pairs; p++) {
+            float *hp = h + p * 2 * inter, act[inter];
+            for (int64_t j = 0; j < inter; j++) {
+                float g = round ? round_bf16(hp[j]) : hp[j], u = round ? round_bf16(hp[inter + j]) : hp[inter + j];
+                float a = g / (1.0f + expf(-g)) * u;
+                act[j] = round ? round_bf16(a) : a;
+            }
+            prepare(fmt, act, inter, ap + p * ki);
+        }
+        project(fmt, dn_base, dn_scales, hidden, ki, expert, first, groups, ap, y);
+        /* Columns split over the threads; each column adds the pairs in order (the reference's index_add_). */
+#pragma omp for schedule(static)
+        for (int64_t c0 = 0; c0 < hidden; c0 += 64) {
+            int64_t c1 = c0 + 64 < hidden ? c0 + 64 : hidden;
+            for (int64_t p = 0; p < pairs; p++) {
+                float *o = out + token[p] * hidden;
+                const float *yp = y + p * hidden;
+                for (int64_t c = c0; c < c1; c++) o[c] += (round ? round_bf16(yp[c]) : yp[c]) * weight[p];
+            }
+        }
+    }
+    free(xp);
+    return 0;
+}

@@ -1,0 +1,181 @@
+"""NInfer's own host-expert kernel (``EngineOptions.host_expert_kernel="native"``): ``host_kernels.c``, built with
+the host's C compiler at first use and called through ctypes.
+
+It computes the projections of a call's (token, expert) pairs, sorted by expert, straight from the banks as stored
+(bf16, fp32, ``q4_g64_fp16``, ``q8_g32_fp16``): one OpenMP parallel region per projection for all of the call's
+experts, each expert's weights read once for all of its tokens, quantized codes expanded in registers (no
+decoded copy of an expert), and the whole routed sum of a call (both projections, the SwiGLU between them and the
+weighted sum) is one call into it: :meth:`NativeRows.add_routed`.
+
+Exactness: the projections sum in fp32 in the kernel's order (16-lane partial sums, then across lanes; for q4 the
+codes as ``code + 8`` less 8 times the group's lane sum), so the result equals the reference
+``routed_experts_fp32`` within fp32 accumulation-order tolerance; its roundings (a bf16 bank's projections rounded
+to the activation dtype, a quantized bank's kept in fp32, as its decoded fp32 weights give) are the reference's.
+
+The library is cached under ``<cache dir>/kernels`` (``NINFER_CACHE_DIR``, else ``~/.cache/ninfer``), keyed by the
+source, the compiler, its flags and the host CPU, since ``-march=native`` code runs only on CPUs like the one it
+was built on. A host without a working C compiler with OpenMP gets a NotSupportedError naming the option.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib.resources import files
+from pathlib import Path
+
+import torch
+from ninfer.errors import NotSupportedError
+from ninfer.model_source.store import cache_dir
+from ninfer.quant import PackedWeight
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+#: The kernel's format codes (host_kernels.c), by bank dtype or quantized format name.
+FORMATS: dict[object, int] = {torch.float32: 0, torch.bfloat16: 1, "q4_g64_fp16": 2, "q8_g32_fp16": 3}
+_GROUPWISE = ("q4_g64_fp16", "q8_g32_fp16")
+_OPTION = "host_expert_kernel='native' (--host-expert-kernel native)"
+_library: ctypes.CDLL | None = None
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` depends on: the CPU's model and feature flags (the machine name where /proc has
+    none)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    keep = [line for line in info.splitlines() if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(sorted(set(keep))) or platform.machine()
+
+
+def build(directory: Path | None = None) -> Path:
+    """The kernel library's path, compiled there first unless a build of the same source, compiler, flags and
+    CPU is cached; ``directory`` defaults to ``<cache dir>/kernels``. NotSupportedError if it cannot be built."""
+    source = files("ninfer_qwen3_5.layers").joinpath("host_kernels.c").read_bytes()
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise NotSupportedError(f"{_OPTION} needs a C compiler (cc or gcc, or $CC) to build its kernel at start, "
+                                f"and this host has none; use host_expert_kernel 'torch'")
+    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS).encode(),
+                                     _cpu_signature().encode()])).hexdigest()[:20]
+    directory = directory or cache_dir() / "kernels"
+    path = directory / f"host_kernels-{key}.so"
+    if path.exists():
+        return path
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        src, out = Path(tmp) / "host_kernels.c", Path(tmp) / "host_kernels.so"
+        src.write_bytes(source)
+        try:
+            done = subprocess.run([compiler, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True,
+                                  timeout=300, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NotSupportedError(f"{_OPTION}: running the C compiler {compiler} failed ({exc}); use "
+                                    f"host_expert_kernel 'torch'") from None
+        if done.returncode != 0:
+            raise NotSupportedError(f"{_OPTION}: the C compiler {compiler} could not build the host-expert kernel "
+                                    f"(exit {done.returncode}): {done.stderr.strip()[-400:]}; use "
+                                    f"host_expert_kernel 'torch'")
+        os.replace(out, path)   # atomic: a concurrent start finds a whole library or none
+    return path
+
+
+def library() -> ctypes.CDLL:
+    """The loaded kernel library (built on first use, then loaded once per process)."""
+    global _library
+    if _library is None:
+        lib = ctypes.CDLL(str(build()))
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.ninfer_expert_rows.restype = lib.ninfer_routed_sum.restype = i32
+        lib.ninfer_expert_rows.argtypes = [i32, p, p, i64, i64, p, p, i64, p, p, i32]
+        lib.ninfer_routed_sum.argtypes = [i32, p, p, p, p, i64, i64, p, p, i64, p, p, p, i32, p, i32]
+        _library = lib
+    return _library
+
+
+def bank_format(bank) -> object | None:
+    """The kernel's key for ``bank`` (a tensor ``[E, N, K]`` or a :class:`PackedWeight`), None if it has no
+    kernel for it (then the host falls back to torch's GEMMs)."""
+    if isinstance(bank, PackedWeight):
+        return bank.format if bank.format in _GROUPWISE and all(p.is_contiguous() for p in bank.planes) else None
+    if isinstance(bank, torch.Tensor) and bank.dtype in FORMATS and bank.is_contiguous():
+        return bank.dtype
+    return None
+
+
+def _planes(bank) -> tuple[int, int | None]:
+    """(the codes' or values' address, the fp16 scales' address or None) of a bank the kernel reads."""
+    if isinstance(bank, PackedWeight):
+        return bank.planes[0].data_ptr(), bank.planes[2].data_ptr()
+    return bank.data_ptr(), None
+
+
+def _groups(groups: list[tuple[int, int]]) -> torch.Tensor:
+    """``[experts..., first...]``: each group's expert, then the groups' first pairs and the pair count."""
+    first = [0]
+    for _, n in groups:
+        first.append(first[-1] + n)
+    return torch.tensor([e for e, _ in groups] + first, dtype=torch.int64)
+
+
+def _check(status: int, fmt) -> None:
+    if status == -2:
+        raise MemoryError("the host-expert kernel could not allocate its working buffers")
+    if status != 0:
+        raise RuntimeError(f"the host-expert kernel rejected format {fmt!r}")
+
+
+def project(x: torch.Tensor, bank, groups: list[tuple[int, int]], threads: int) -> torch.Tensor:
+    """``y[p] = W_{e(p)} @ x[p]`` in fp32 ``[pairs, N]`` for ``x [pairs, K]`` (any float dtype) whose rows are
+    grouped by expert as ``groups`` ``(expert, count)`` in order, ``bank`` a tensor ``[E, N, K]`` or a packed
+    ``q4_g64_fp16`` / ``q8_g32_fp16`` bank (:func:`bank_format` not None)."""
+    fmt = bank_format(bank)
+    xf = x.float().contiguous()
+    y = torch.empty((x.shape[0], bank.shape[1]), dtype=torch.float32)
+    meta = _groups(groups)
+    step = meta.element_size()
+    status = library().ninfer_expert_rows(FORMATS[fmt], *_planes(bank), bank.shape[1], x.shape[1], meta.data_ptr(),
+                                          meta.data_ptr() + len(groups) * step, len(groups), xf.data_ptr(),
+                                          y.data_ptr(), threads)
+    _check(status, fmt)
+    return y
+
+
+class NativeRows:
+    """The native kernel for a host-expert layer, with ``threads`` OpenMP threads (None: torch's intra-op count at
+    the call); see the module docstring for its arithmetic."""
+
+    def __init__(self, threads: int | None = None) -> None:
+        library()   # build now: a start-up failure, not a first-request one
+        self.threads = threads
+
+    @staticmethod
+    def supports(gate_up, down) -> bool:
+        """Whether both banks are stored in one format the kernel reads."""
+        fmt = bank_format(gate_up)
+        return fmt is not None and bank_format(down) == fmt
+
+    def add_routed(self, out: torch.Tensor, xs: torch.Tensor, tokens: torch.Tensor, pair_weights: torch.Tensor,
+                   groups: list[tuple[int, int]], gate_up, down, wide: torch.dtype) -> torch.Tensor:
+        """Adds the routed sum to ``out`` (fp32 ``[T, H]``, contiguous) and returns it: pair ``p`` (``xs[p]``, its
+        rows in ``wide``, grouped by expert as ``groups``) adds ``pair_weights[p]`` times its expert's output to
+        row ``tokens[p]``, in pair order; projections and SwiGLU rounded to ``wide`` as the reference does."""
+        fmt = bank_format(gate_up)
+        inter = down.shape[-1]
+        xf = xs.float().contiguous()
+        tokens = tokens.to(torch.int64).contiguous()
+        pair_weights = pair_weights.float().contiguous()
+        meta = _groups(groups)
+        step = meta.element_size()
+        status = library().ninfer_routed_sum(
+            FORMATS[fmt], *_planes(gate_up), *_planes(down), out.shape[1], inter, meta.data_ptr(),
+            meta.data_ptr() + len(groups) * step, len(groups), xf.data_ptr(), tokens.data_ptr(),
+            pair_weights.data_ptr(), int(wide == torch.bfloat16), out.data_ptr(),
+            self.threads or torch.get_num_threads())
+        _check(status, fmt)
+        return out

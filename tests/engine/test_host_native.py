@@ -1,0 +1,162 @@
+"""NInfer's own host-expert kernel (``host_expert_kernel="native"``, ``ninfer_qwen3_5/layers/host_native.py``).
+
+Checked here: each projection against an fp64 oracle for every format it reads (fp32, bf16, q4_g64, q8_g32), at
+row lengths with vector tails and quantization padding, at token counts that fill and leave partial token tiles;
+the layer's sum against the fp64 oracle at Qwen3.5-MoE's top-8 of 256 and Qwen4-Exp's top-10 of 512 experts, with
+no experts, all of them and some of them cached; greedy tokens of tiny MoE models equal to those without host
+experts; the build (cached per source and CPU, a failing compiler named in the error).
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from ninfer import EngineOptions
+from ninfer.errors import NotSupportedError
+from ninfer.ops.reference.moe import moe_experts, routed_experts_fp32
+from ninfer.ops.reference.quantized import DecodedBank
+from ninfer.quant.packed import packed_view
+from ninfer_qwen3_5.layers import host_native
+from ninfer_qwen3_5.layers.host_compute import expert_groups, routed_sum
+from ninfer_qwen3_5.layers.host_experts import HostExperts, host_expert_options
+from ninfer_qwen3_5.layers.host_native import NativeRows, bank_format, project
+from ops_triton.quant_cases import parent_bytes
+
+from engine.test_host_experts import MOES, _case, _fp64_moe, _generate, artifacts  # noqa: F401 (a fixture)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built():
+    """The kernel library, or a skip naming why it cannot be built on this host (no C compiler)."""
+    try:
+        host_native.library()
+    except NotSupportedError as exc:
+        pytest.skip(str(exc))
+
+
+def _bank(fmt, experts, rows, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(experts, rows, k, generator=g) * 0.1
+    if fmt in ("float32", "bfloat16"):
+        return dense.to(getattr(torch, fmt))
+    parent = parent_bytes(fmt, dense.reshape(-1, k))
+    return packed_view(fmt, parent, tuple(dense.shape), 0, dense.numel(), tuple(dense.shape))
+
+
+def _values(bank) -> torch.Tensor:
+    return bank.dequantize(torch.float64) if not isinstance(bank, torch.Tensor) else bank.double()
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "q4_g64_fp16", "q8_g32_fp16"])
+@pytest.mark.parametrize("k", [64, 200, 256])           # 200: a vector tail, and groupwise padding to 256
+@pytest.mark.parametrize("counts", [[1], [4, 1, 7], [9, 2]])   # whole and partial 4-token tiles
+def test_a_projection_against_fp64(fmt, k, counts):
+    """``y[p] = W_{e(p)} @ x[p]`` for pairs grouped by expert, rows not a multiple of the 16-row work item."""
+    bank = _bank(fmt, experts=6, rows=37, k=k, seed=k)
+    experts = [5, 0, 3][:len(counts)]
+    groups = list(zip(experts, counts, strict=True))
+    x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(1))
+    got = project(x, bank, groups, threads=2)
+    w = _values(bank)
+    e_of_pair = torch.tensor([e for e, n in groups for _ in range(n)])
+    want = torch.einsum("prk,pk->pr", w[e_of_pair], x.double())
+    assert got.shape == (sum(counts), 37) and got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    # Every pair reads its own expert (another expert's rows would be far off).
+    assert not torch.allclose(got.double(), torch.einsum("prk,pk->pr", w[(e_of_pair + 1) % 6], x.double()),
+                              atol=1e-3)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "q4_g64_fp16", "q8_g32_fp16", "float32"])
+@pytest.mark.parametrize("experts,k,tokens", [(256, 8, 1), (256, 8, 24), (512, 10, 1), (512, 10, 24)])
+def test_the_native_sum_against_the_reference(fmt, experts, k, tokens):
+    """routed_sum with the native kernel: the reference ``routed_experts_fp32`` within accumulation order (its
+    fp32 sums) and the bank's roundings (bf16: each projection rounded, so a few last-place flips)."""
+    x, w, ids, gate_up, down, _ = _case(torch.float32, experts=experts, k=k, tokens=tokens, hidden=64, inter=32)
+    gate_up, down = _bank(fmt, experts, 64, 64, seed=1), _bank(fmt, experts, 64, 32, seed=2)
+    if fmt == "bfloat16":
+        x = x.bfloat16()
+    banks = [b if isinstance(b, torch.Tensor) else DecodedBank(b) for b in (gate_up, down)]
+    skip = torch.rand(ids.shape, generator=torch.Generator().manual_seed(3)) < 0.3
+    for skipped in (None, skip):
+        want = routed_experts_fp32(x, w, ids, *banks, skip=skipped)
+        got = routed_sum(x, w, ids, *banks, skip=skipped, rows=NativeRows(threads=2))
+        rel = ((got - want).norm() / want.norm()).item()
+        assert rel < (1e-4 if fmt == "bfloat16" else 2e-6), rel
+        if skipped is not None:   # a skipped pair's token gets nothing from it
+            none = skipped.all(-1)
+            assert not got[none].any()
+
+
+@pytest.mark.parametrize("experts,k,tokens", [(256, 8, 1), (512, 10, 24)])
+@pytest.mark.parametrize("slots,rounds", [("all", 0), ("all", 3), (3, 3)])
+def test_the_native_layer_against_fp64_with_a_cache(experts, k, tokens, slots, rounds):
+    """The layer with the native kernel on the host and none, all or some experts cached on the (CPU) device."""
+    ops = types.SimpleNamespace(moe_experts=moe_experts)
+    slots = experts if slots == "all" else slots
+    x, w, ids, gate_up, down, shared = _case(torch.float32, experts=experts, k=k, tokens=tokens, hidden=32,
+                                             inter=16, shared_inter=24)
+    layer = HostExperts(gate_up, down, cache_slots=slots, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
+                        rows=NativeRows(threads=2))
+    for _ in range(rounds):
+        layer(x, w, ids, shared)
+    got = layer(x, w, ids, shared)
+    assert torch.allclose(got.double(), _fp64_moe(x, w, ids, gate_up, down, shared), rtol=1e-5, atol=1e-6)
+
+
+def test_quantized_banks_are_read_as_stored(monkeypatch):
+    """A q4 bank goes to the kernel as its packed planes (no expert is decoded), and a format the kernel has no
+    code for (fp8 row) falls back to torch's GEMMs on the decoded experts."""
+    q4, fp8 = _bank("q4_g64_fp16", 4, 32, 64, 0), _bank("fp8_e4m3fn_row_bf16", 4, 32, 64, 0)
+    assert bank_format(q4) == "q4_g64_fp16" and bank_format(fp8) is None
+    assert bank_format(torch.zeros(2, 3, 4, dtype=torch.float16)) is None
+    assert not NativeRows.supports(q4, _bank("q8_g32_fp16", 4, 64, 16, 1))   # one format for both banks
+    x, w, ids = torch.randn(3, 64), torch.full((3, 2), 0.5), torch.tensor([[0, 1], [2, 3], [1, 2]])
+    down8 = _bank("fp8_e4m3fn_row_bf16", 4, 64, 16, 1)
+    fallback = routed_sum(x, w, ids, DecodedBank(fp8), DecodedBank(down8), rows=NativeRows(threads=1))
+    assert torch.equal(fallback, routed_experts_fp32(x, w, ids, DecodedBank(fp8), DecodedBank(down8)))
+    decoded = []
+    real = DecodedBank.__getitem__
+    monkeypatch.setattr(DecodedBank, "__getitem__", lambda self, e: decoded.append(e) or real(self, e))
+    down4 = _bank("q4_g64_fp16", 4, 64, 16, 1)
+    got = routed_sum(x, w, ids, DecodedBank(q4), DecodedBank(down4), rows=NativeRows(threads=1))
+    assert decoded == []
+    want = routed_experts_fp32(x, w, ids, DecodedBank(q4), DecodedBank(down4))
+    assert decoded and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_groups_give_each_expert_its_pairs():
+    """expert_groups' (expert, count) order is the order of the sorted pairs the kernel's ``first`` offsets
+    follow."""
+    ids = torch.tensor([[3, 1], [1, 0], [3, 2]])
+    order, groups = expert_groups(ids, None, 4)
+    assert groups == [(0, 1), (1, 2), (2, 1), (3, 2)]
+    assert ids.reshape(-1)[order].tolist() == [0, 1, 1, 2, 3, 3]
+
+
+@pytest.mark.parametrize("name", list(MOES))
+def test_greedy_tokens_equal_with_the_native_kernel(artifacts, name):  # noqa: F811 (the fixture)
+    plain = _generate(artifacts[name], host_experts=False)
+    assert _generate(artifacts[name], host_experts=True, host_expert_kernel="native") == plain
+
+
+def test_options_select_the_native_kernel():
+    features = EngineOptions(host_experts=True, host_expert_kernel="native").features()
+    assert features.host_expert_kernel == "native"
+    opts = host_expert_options(64, 32, 8, torch.device("cpu"), torch.float32, features)
+    assert isinstance(opts["rows"], NativeRows) and opts["rows"].threads is None   # torch's count on the CPU
+
+
+def test_the_build_is_cached_and_a_failing_compiler_is_named(tmp_path, monkeypatch):
+    first = host_native.build(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert host_native.build(tmp_path) == first and first.stat().st_mtime_ns == stamp   # reused, not rebuilt
+    monkeypatch.setenv("CC", "false")   # a compiler that always fails: another key, a build that fails
+    with pytest.raises(NotSupportedError, match=r"host_expert_kernel='native'.*could not build"):
+        host_native.build(tmp_path)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(NotSupportedError, match="running the C compiler"):
+        host_native.build(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]   # no partial library left behind

@@ -1,0 +1,36 @@
+"""tools/host_kernel_bench.py at a tiny expert geometry: one timed run per format, kernel and token count, each with
+the distinct experts it read and its read rate as a share of the host's measured read bandwidth."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from ninfer.errors import NotSupportedError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import host_kernel_bench  # noqa: E402
+
+
+def test_the_bench_reports_every_format_kernel_and_token_count(tmp_path):
+    from ninfer_qwen3_5.layers import host_native
+
+    try:
+        host_native.library()
+    except NotSupportedError as exc:
+        pytest.skip(str(exc))
+    out = tmp_path / "report.json"
+    assert host_kernel_bench.main(["--hidden", "128", "--inter", "64", "--experts", "16", "--k", "4", "--tokens",
+                                   "1,3", "--threads", "1", "--repeats", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["read_bandwidth_gbs"] > 0 and report["threads"] == 1
+    runs = {(r["format"], r["kernel"], r["tokens"]): r for r in report["runs"]}
+    assert set(runs) == {(f, k, t) for f in ("bf16", "q4_g64_fp16", "q8_g32_fp16") for k in ("torch", "native")
+                         for t in (1, 3)}
+    for (_, _, tokens), run in runs.items():
+        assert run["ms"] > 0 and 4 <= run["distinct_experts"] <= 4 * tokens
+        assert run["read_gbs"] == pytest.approx(run["share_of_read_bandwidth"] * report["read_bandwidth_gbs"])
+    with pytest.raises(SystemExit, match="unknown format"):
+        host_kernel_bench.main(["--formats", "q3", "--hidden", "128", "--inter", "64", "--repeats", "1"])

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""The host-expert kernels alone (issue 36; docs/memory.md "Host experts"): one MoE layer's routed sum on the CPU.
+
+For each stored format and host kernel, times ``routed_sum`` (what a host-expert layer runs on the host) over
+random routing of ``--tokens`` tokens to ``--k`` of ``--experts`` experts of ``--hidden`` x ``--inter``, and
+reports milliseconds and the rate at which the layer's distinct routed experts' stored bytes were read, against
+the host's read bandwidth measured in the same run (the maximum of a 512 MiB bf16 buffer, same threads): the
+physical limit of a step that reads each routed expert once. No model and no GPU are needed.
+
+    python3 tools/host_kernel_bench.py --threads 8 --out $OUT/host-kernels.json
+    python3 tools/host_kernel_bench.py --formats bf16,q4_g64_fp16 --kernels torch,native,compiled --tokens 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+FORMATS = ("bf16", "q4_g64_fp16", "q8_g32_fp16")
+KERNELS = ("torch", "native")
+
+
+def read_bandwidth(threads: int, mib: int = 512) -> float:
+    """Bytes a second the host's ``threads`` read (the best of five maxima of a bf16 buffer of ``mib`` MiB: a
+    reduction with next to no arithmetic a byte)."""
+    torch.set_num_threads(threads)
+    buf = torch.ones(mib << 19, dtype=torch.bfloat16)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        buf.max()
+        best = min(best, time.perf_counter() - t0)
+    return buf.numel() * 2 / best
+
+
+def banks(fmt: str, experts: int, hidden: int, inter: int, seed: int):
+    """The (gate_up, down) banks routed_sum reads for ``fmt`` (a quantized bank as the host layer wraps it) and the
+    stored bytes of one expert."""
+    from ninfer.ops.reference.quantized import DecodedBank
+    from ninfer.quant.groupwise import GROUPWISE
+    from ninfer.quant.packed import PackedWeight
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for rows, k in ((2 * inter, hidden), (hidden, inter)):
+        dense = torch.randn(experts * rows, k, generator=g) * 0.02
+        if fmt == "bf16":
+            out.append(dense.to(torch.bfloat16).view(experts, rows, k))
+        else:
+            out.append(PackedWeight(fmt, (experts, rows, k), GROUPWISE[fmt].encode(dense)))
+    per_expert = sum(b.nbytes if isinstance(b, PackedWeight) else b.numel() * b.element_size() for b in out) / experts
+    return [DecodedBank(b) if isinstance(b, PackedWeight) else b for b in out], per_expert
+
+
+def rows_for(kernel: str, hidden: int, inter: int, threads: int):
+    from ninfer_qwen3_5.layers.host_compute import compiled_rows
+    from ninfer_qwen3_5.layers.host_native import NativeRows
+
+    if kernel == "torch":
+        return None
+    if kernel == "native":
+        return NativeRows(threads)
+    if kernel == "compiled":
+        return compiled_rows(hidden, inter, torch.bfloat16, threads)
+    raise SystemExit(f"unknown kernel {kernel!r}: torch, native or compiled")
+
+
+def measure(args) -> dict:
+    from ninfer_qwen3_5.layers.host_compute import routed_sum
+
+    torch.set_num_threads(args.threads)
+    limit = read_bandwidth(args.threads)
+    report = {"threads": args.threads, "hidden": args.hidden, "inter": args.inter, "experts": args.experts,
+              "k": args.k, "read_bandwidth_gbs": limit / 1e9, "runs": []}
+    g = torch.Generator().manual_seed(args.seed)
+    for fmt in args.formats.split(","):
+        if fmt not in FORMATS:
+            raise SystemExit(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")
+        (gate_up, down), per_expert = banks(fmt, args.experts, args.hidden, args.inter, args.seed)
+        for kernel in args.kernels.split(","):
+            if kernel == "compiled" and fmt != "bf16":
+                continue   # the compiled kernel reads tensor banks only
+            rows = rows_for(kernel, args.hidden, args.inter, args.threads)
+            for tokens in (int(t) for t in args.tokens.split(",")):
+                x = torch.randn(tokens, args.hidden, generator=g).to(torch.bfloat16)
+                w = torch.softmax(torch.randn(tokens, args.k, generator=g), -1)
+                calls = [torch.stack([torch.randperm(args.experts, generator=g)[:args.k] for _ in range(tokens)])
+                         for _ in range(args.repeats)]
+                routed_sum(x, w, calls[0], gate_up, down, rows=rows)   # first touch, thread team start
+                t0 = time.perf_counter()
+                for ids in calls:
+                    routed_sum(x, w, ids, gate_up, down, rows=rows)
+                seconds = (time.perf_counter() - t0) / len(calls)
+                distinct = sum(len(set(ids.reshape(-1).tolist())) for ids in calls) / len(calls)
+                rate = distinct * per_expert / seconds
+                run = {"format": fmt, "kernel": kernel, "tokens": tokens, "ms": seconds * 1e3,
+                       "distinct_experts": distinct, "read_gbs": rate / 1e9, "share_of_read_bandwidth": rate / limit}
+                report["runs"].append(run)
+                print(f"{fmt:12s} {kernel:8s} T={tokens:<3d} {run['ms']:8.3f} ms  {distinct:5.1f} experts  "
+                      f"{run['read_gbs']:6.1f} GB/s = {100 * run['share_of_read_bandwidth']:5.1f}% of "
+                      f"{limit / 1e9:.1f} GB/s", flush=True)
+    return report
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--inter", type=int, default=512)
+    ap.add_argument("--experts", type=int, default=64, help="experts in the bank (random routing among them)")
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--tokens", default="1,4,8")
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--kernels", default=",".join(KERNELS))
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="write the report here as JSON too")
+    args = ap.parse_args(argv)
+    report = measure(args)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
