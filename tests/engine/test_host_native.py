@@ -127,6 +127,34 @@ def test_quantized_banks_are_read_as_stored(monkeypatch):
     assert decoded and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("fmt", ["q4_g64_fp16", "q8_g32_fp16", "fp8_e4m3fn_row_bf16"])
+@pytest.mark.parametrize("kernel", ["torch", "native"])
+def test_quantized_banks_are_cached_and_copied_as_stored(fmt, kernel):
+    """With a quantized bank the device cache and the copy path hold experts as stored (for the device's quantized
+    ``moe_experts``; here the CPU's reference), and the layer's result is the quantized reference's."""
+    from ninfer.ops.reference.quantized import moe_experts as quantized_moe_experts
+    from ninfer.quant import PackedWeight
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage
+
+    ops = types.SimpleNamespace(moe_experts=quantized_moe_experts)
+    x, w, ids, _, _, shared = _case(torch.float32, experts=8, k=3, tokens=9, hidden=64, inter=64)
+    gate_up, down = _bank(fmt, 8, 128, 64, seed=1), _bank(fmt, 8, 64, 64, seed=2)
+    stage = ExpertStage((128, 64), (64, 64), torch.device("cpu"), torch.float32, slots=2)
+    layer = HostExperts(gate_up, down, cache_slots=3, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
+                        copy_min_tokens=3, stage=stage, rows=NativeRows(threads=2) if kernel == "native" else None)
+    want = quantized_moe_experts(x, w, ids, gate_up, down, shared=shared)
+    for _ in range(3):
+        got = layer(x, w, ids, shared)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    cache = layer.cache
+    assert isinstance(cache.gate_up, PackedWeight) and cache.gate_up.format == fmt and cache.hits > 0
+    staged = stage.buffers(gate_up, down)[0]
+    assert isinstance(staged, PackedWeight) and staged.format == fmt and layer.copied_experts > 0
+    for slot, expert in enumerate(cache.expert_in):   # each slot holds its expert's stored bytes
+        if expert >= 0:
+            assert all(torch.equal(a, b) for a, b in zip(cache.down[slot].planes, down[expert].planes, strict=True))
+
+
 def test_groups_give_each_expert_its_pairs():
     """expert_groups' (expert, count) order is the order of the sorted pairs the kernel's ``first`` offsets
     follow."""
@@ -140,6 +168,19 @@ def test_groups_give_each_expert_its_pairs():
 def test_greedy_tokens_equal_with_the_native_kernel(artifacts, name):  # noqa: F811 (the fixture)
     plain = _generate(artifacts[name], host_experts=False)
     assert _generate(artifacts[name], host_experts=True, host_expert_kernel="native") == plain
+
+
+def test_greedy_tokens_equal_with_quantized_host_experts(artifacts, tmp_path_factory):  # noqa: F811 (the fixture)
+    """A tiny MoE model converted with the "mixed" recipe (experts q4, the rest q8): the native kernel reading the
+    q4 banks as stored gives the greedy tokens of the experts on the (CPU) device, and of torch's GEMMs."""
+    from ninfer.conversion import convert
+
+    source = artifacts["top2of8"].parent / "top2of8"
+    quantized = convert(source, tmp_path_factory.mktemp("mixed") / "m.ninfer", progress=False,
+                        quantize="mixed").paths[0]
+    plain = _generate(quantized, host_experts=False)
+    assert _generate(quantized, host_experts=True, host_expert_kernel="native") == plain
+    assert _generate(quantized, host_experts=True) == plain
 
 
 def test_options_select_the_native_kernel():

@@ -5,11 +5,13 @@ from ninfer.quant.errors import QuantizationError
 from ninfer.quant.packed import (
     QUANTIZED_FORMATS,
     PackedWeight,
+    copy_expert,
+    empty_bank,
     encoded_size,
     is_quantized_format,
     packed_view,
     row_tile,
 )
 
-__all__ = ["QUANTIZED_FORMATS", "PackedWeight", "QuantizationError", "encoded_size", "is_quantized_format", "packed_view",
-           "row_tile"]
+__all__ = ["QUANTIZED_FORMATS", "PackedWeight", "QuantizationError", "copy_expert", "empty_bank", "encoded_size",
+           "is_quantized_format", "packed_view", "row_tile"]

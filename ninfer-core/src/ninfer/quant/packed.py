@@ -84,6 +84,29 @@ class PackedWeight:
         return flat.reshape(self.shape)
 
 
+def empty_bank(like: PackedWeight, experts: int, device: torch.device | str) -> PackedWeight:
+    """A zeroed bank of ``experts`` experts on ``device`` laid out as the bank ``like`` (``[E, N, K]``, separable:
+    ``like[e]`` is a view) stores one: every plane's rows for one expert times ``experts``; nvfp4's divisor, shared
+    by the whole tensor, is ``like``'s. What a device cache of a host bank's experts holds (:func:`copy_expert`)."""
+    one = like[0]
+    planes = [torch.zeros((experts * p.shape[0], *p.shape[1:]), dtype=p.dtype, device=device) for p in one.planes]
+    if like.format == nvfp4.FORMAT:
+        planes[2] = one.planes[2].to(device=device, copy=True)
+    return PackedWeight(like.format, (experts, *like.shape[1:]), tuple(planes), like.activations)
+
+
+def copy_expert(dst: PackedWeight, slot: int, src: PackedWeight, expert: int, non_blocking: bool = False) -> None:
+    """Copy expert ``expert`` of bank ``src`` into slot ``slot`` of bank ``dst`` (same format and expert shape),
+    plane by plane; nvfp4's shared divisor is not copied (:func:`empty_bank` took it from the source)."""
+    if dst.format != src.format or dst.shape[1:] != src.shape[1:]:
+        raise QuantizationError(f"an expert of a {src.format} bank {list(src.shape)} does not fit a slot of a "
+                                f"{dst.format} bank {list(dst.shape)}")
+    planes = zip(dst[slot].planes, src[expert].planes, strict=True)
+    for i, (d, s) in enumerate(planes):
+        if not (dst.format == nvfp4.FORMAT and i == 2):
+            d.copy_(s, non_blocking=non_blocking)
+
+
 QUANTIZED_FORMATS: tuple[str, ...] = (*GROUPWISE, FP8_ROW, nvfp4.FORMAT)
 
 

@@ -1,7 +1,8 @@
 """A device cache of host experts (``EngineOptions.expert_cache_slots``, docs/memory.md "Host experts").
 
 One MoE layer whose routed banks live in host memory keeps copies of ``slots`` of its experts on the run device,
-in the run dtype. Policy: every routed (token, expert) pair the layer sees adds one to its expert's score, and all
+in the run dtype, or as stored for a quantized bank (its planes, which the device's quantized ``moe_experts``
+reads: a quarter of the bytes of bf16 at 4 bits, per slot and per copy). Policy: every routed (token, expert) pair the layer sees adds one to its expert's score, and all
 scores decay by :data:`DECAY` per call; when the layer is called next, the best-scored experts that are not cached
 (score above zero) fill the empty slots, then each replaces the worst-scored cached expert when its score beats
 that one's by :data:`ADMIT_MARGIN`, at most :data:`MAX_ADMITS` replacements a call (one host-to-device copy of its
@@ -24,6 +25,7 @@ admission queues the copies before it records them). Which experts are cached ch
 from __future__ import annotations
 
 import torch
+from ninfer.quant import PackedWeight, copy_expert, empty_bank
 
 #: Per-call decay of the routing scores: a pair's weight halves after about 70 calls of the layer.
 DECAY = 0.99
@@ -34,18 +36,17 @@ MAX_ADMITS = 2
 
 
 class ExpertCache:
-    """``slots`` experts of the host banks ``gate_up[E, 2I, H]`` / ``down[E, H, I]`` (float tensors) on
-    ``device`` in ``dtype`` (module docstring). ``hits`` / ``misses`` count routed pairs computed on the device /
-    on the host."""
+    """``slots`` experts of the host banks ``gate_up[E, 2I, H]`` / ``down[E, H, I]`` (float tensors, kept on
+    ``device`` in ``dtype``, or :class:`~ninfer.quant.PackedWeight` banks, kept as stored) on ``device`` (module
+    docstring). ``hits`` / ``misses`` count routed pairs computed on the device / on the host."""
 
-    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, slots: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(self, gate_up: torch.Tensor | PackedWeight, down: torch.Tensor | PackedWeight, slots: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
         experts = gate_up.shape[0]
         if not 0 < slots <= experts:
             raise ValueError(f"an expert cache needs 1..{experts} slots, got {slots}")
         self.host_gate_up, self.host_down = gate_up, down
-        self.gate_up = torch.zeros((slots, *gate_up.shape[1:]), dtype=dtype, device=device)
-        self.down = torch.zeros((slots, *down.shape[1:]), dtype=dtype, device=device)
+        self.gate_up, self.down = (device_bank(b, slots, device, dtype) for b in (gate_up, down))
         self.slot_of = torch.full((experts,), -1, dtype=torch.int64)   # host: expert -> slot
         self.expert_in = [-1] * slots                                  # slot -> expert
         self.score = torch.zeros(experts, dtype=torch.float64)
@@ -115,8 +116,8 @@ class ExpertCache:
 
     def _load(self, expert: int, slot: int) -> None:
         # The banks are immutable (pinned on a GPU host): the copies need not hold the host back.
-        self.gate_up[slot].copy_(self.host_gate_up[expert], non_blocking=True)
-        self.down[slot].copy_(self.host_down[expert], non_blocking=True)
+        load_expert(self.gate_up, slot, self.host_gate_up, expert)
+        load_expert(self.down, slot, self.host_down, expert)
         self.expert_in[slot], self.slot_of[expert] = expert, slot
         self.copies += 1
 
@@ -167,3 +168,19 @@ class ExpertCache:
             self.hits += hits
             self.misses += cached.numel() - hits
         return cached, slot.clamp(min=0)
+
+
+def device_bank(like: torch.Tensor | PackedWeight, slots: int, device: torch.device,
+                dtype: torch.dtype) -> torch.Tensor | PackedWeight:
+    """A zeroed device bank of ``slots`` experts for the host bank ``like``: in ``dtype``, or as stored when packed."""
+    if isinstance(like, PackedWeight):
+        return empty_bank(like, slots, device)
+    return torch.zeros((slots, *like.shape[1:]), dtype=dtype, device=device)
+
+
+def load_expert(dst: torch.Tensor | PackedWeight, slot: int, src: torch.Tensor | PackedWeight, expert: int) -> None:
+    """Queue the copy of host expert ``expert`` of ``src`` into ``dst``'s slot (non-blocking from pinned memory)."""
+    if isinstance(dst, PackedWeight):
+        copy_expert(dst, slot, src, expert, non_blocking=True)
+    else:
+        dst[slot].copy_(src[expert], non_blocking=True)

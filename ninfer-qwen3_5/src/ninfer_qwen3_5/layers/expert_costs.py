@@ -10,10 +10,12 @@ alone, a layer's host share runs in the engine's thread among the device's work.
 
 :func:`measure_expert_costs` measures the three constants once per model at start (about half a second):
 
-- ``copy_s``: one expert's ``3 * inter * hidden`` weights over the pinned host-to-device bandwidth;
+- ``copy_s``: one expert's stored bytes (``3 * inter * hidden`` weights in the run dtype, or what a quantized
+  expert takes) over the pinned host-to-device bandwidth;
 - ``host_s`` / ``host_token_s``: the host computing one expert for one routed token, and each further token. A
   single-token expert is bound by reading its weights from memory (a GEMV), so this is timed on a bank larger than
-  the CPU's caches, with the host thread count the layer will run with, through the same function the layer uses.
+  the CPU's caches, with the host thread count the layer will run with, through the same function the layer uses,
+  on dense weights in the run dtype; for a quantized bank the layers' measured host times correct it.
 """
 
 from __future__ import annotations
@@ -85,15 +87,16 @@ def _copy_bandwidth(device: torch.device) -> float:
 
 
 def measure_expert_costs(hidden: int, inter: int, device: torch.device, dtype: torch.dtype,
-                         threads: int | None = None, rows=None) -> ExpertCosts | None:
+                         threads: int | None = None, rows=None, stored_bytes: int | None = None) -> ExpertCosts | None:
     """:class:`ExpertCosts` for experts of ``hidden`` x ``inter`` stored in ``dtype`` on a ``device`` run, the
     host computing with ``threads`` intra-op threads (None: torch's current count) and the pair kernel ``rows``
-    (None: torch's GEMMs); None on the CPU (one memory: nothing to copy)."""
+    (None: torch's GEMMs), ``stored_bytes`` the bytes one expert is stored in (None: dense in ``dtype``); None on the
+    CPU (one memory: nothing to copy)."""
     if device.type == "cpu":
         return None
     size = torch.empty((), dtype=dtype).element_size()
     expert_bytes = 3 * inter * hidden * size
-    copy_s = expert_bytes / _copy_bandwidth(device)
+    copy_s = (stored_bytes or expert_bytes) / _copy_bandwidth(device)
 
     k = HOST_PROBE_EXPERTS
     experts = max(2 * k, HOST_PROBE_BYTES // expert_bytes // k * k)

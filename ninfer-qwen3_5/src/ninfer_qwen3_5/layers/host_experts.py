@@ -35,7 +35,7 @@ from ninfer.ops.reference.quantized import DecodedBank
 from ninfer.program.host_steps import host_step
 from ninfer.quant import PackedWeight, QuantizationError
 
-from ninfer_qwen3_5.layers.expert_cache import ExpertCache
+from ninfer_qwen3_5.layers.expert_cache import ExpertCache, device_bank, load_expert
 from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, measure_expert_costs
 from ninfer_qwen3_5.layers.host_compute import compiled_rows, expert_groups, routed_sum
 from ninfer_qwen3_5.layers.host_native import NativeRows
@@ -99,28 +99,35 @@ STAGE_SLOTS = 8
 
 
 class ExpertStage:
-    """The copy path's device buffers, ``slots`` experts of ``gate_up_shape`` / ``down_shape`` in ``dtype``,
-    shared by every layer of a model (the layers run one after another; stream order keeps a layer's copies
-    behind the previous one's kernels). Allocated at the first copy."""
+    """The copy path's device buffers, ``slots`` experts of ``gate_up_shape`` / ``down_shape`` in ``dtype`` (or,
+    for quantized banks, as they are stored), shared by every layer of a model (the layers run one after another;
+    stream order keeps a layer's copies behind the previous one's kernels). Allocated at the first copy."""
 
     def __init__(self, gate_up_shape: tuple[int, ...], down_shape: tuple[int, ...], device: torch.device,
                  dtype: torch.dtype, slots: int = STAGE_SLOTS) -> None:
         self.shapes, self.device, self.dtype, self.slots = (gate_up_shape, down_shape), device, dtype, slots
-        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._buffers: dict[str | None, tuple] = {}   # by the banks' stored format (None: dense)
 
-    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._buffers is None:
-            self._buffers = tuple(torch.empty((self.slots, *shape), dtype=self.dtype, device=self.device)
-                                  for shape in self.shapes)
-        return self._buffers
+    def buffers(self, gate_up=None, down=None) -> tuple:
+        """The (gate_up, down) staging banks for host banks ``gate_up`` / ``down``: packed like them when they are
+        :class:`~ninfer.quant.PackedWeight`, else dense in the stage's dtype."""
+        key = gate_up.format if isinstance(gate_up, PackedWeight) else None
+        if key not in self._buffers:
+            if key is None:
+                self._buffers[key] = tuple(torch.empty((self.slots, *shape), dtype=self.dtype, device=self.device)
+                                           for shape in self.shapes)
+            else:
+                self._buffers[key] = (device_bank(gate_up, self.slots, self.device, self.dtype),
+                                      device_bank(down, self.slots, self.device, self.dtype))
+        return self._buffers[key]
 
 
 def host_expert_options(hidden: int, inter: int, experts: int, device: torch.device, dtype: torch.dtype,
-                        features: StartupFeatures) -> dict:
+                        features: StartupFeatures, stored_bytes: int | None = None) -> dict:
     """The host-expert keyword arguments of every :class:`~ninfer_qwen3_5.layers.moe.SparseMoE` of one model, from
     its ``features`` (``{}`` without host experts): ``expert_cache_slots`` per layer; the copy path's rule, a fixed
     token threshold ``expert_copy_min_tokens`` or else the :class:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts`
-    measured once for the model (None on the CPU); the one :class:`ExpertStage` all its layers share; the host's
+    measured once for the model (None on the CPU; ``stored_bytes``: one expert's stored bytes, None if dense); the one :class:`ExpertStage` all its layers share; the host's
     thread count (:func:`host_threads`); with ``host_expert_kernel`` "compiled", the host's pair kernel
     (:func:`~ninfer_qwen3_5.layers.host_compute.compiled_rows`, compiled here), with "native" NInfer's C kernel
     (:class:`~ninfer_qwen3_5.layers.host_native.NativeRows`, built here)."""
@@ -131,7 +138,8 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
     kernel = features.host_expert_kernel
     rows = (compiled_rows(hidden, inter, dtype, threads) if kernel == "compiled"
             else NativeRows(threads) if kernel == "native" else None)
-    costs = measure_expert_costs(hidden, inter, device, dtype, threads, rows) if copy_min is None else None
+    costs = (measure_expert_costs(hidden, inter, device, dtype, threads, rows, stored_bytes) if copy_min is None
+             else None)
     stage = (ExpertStage((2 * inter, hidden), (hidden, inter), device, dtype, min(STAGE_SLOTS, experts))
              if copy_min is not None or costs is not None else None)
     return dict(host_experts=True, cache_slots=features.expert_cache_slots, device=device, dtype=dtype,
@@ -167,10 +175,13 @@ class HostExperts:
                 raise ValueError(f"host experts need their {name} bank in host memory, got one on {bank.device}")
             if isinstance(bank, PackedWeight):
                 _check_separable(name, bank)
-        # A quantized bank decodes only the experts a step routes to, to fp32.
+        # The banks as stored: the cache and the copy path move them so (a quantized one packed, for the device's
+        # quantized op), the native kernel reads them so. For torch's GEMMs a quantized bank decodes only the
+        # experts a step routes to, to fp32.
+        self.stored = (gate_up, down)
         self.gate_up, self.down = (DecodedBank(b) if isinstance(b, PackedWeight) else b for b in (gate_up, down))
         self.ops, self.device, self.dtype = ops, device, dtype
-        self.cache = (ExpertCache(self.gate_up, self.down, cache_slots, device, dtype) if cache_slots else None)
+        self.cache = ExpertCache(gate_up, down, cache_slots, device, dtype) if cache_slots else None
         if (copy_min_tokens is not None or costs is not None) and stage is None:
             raise ValueError("the copy path (copy_min_tokens or costs) needs an ExpertStage")
         self.copy_min_tokens, self.costs, self.stage, self.threads = copy_min_tokens, costs, stage, threads
@@ -288,14 +299,14 @@ class HostExperts:
         if not busy:
             return cached
         left = ids_h if cached is None else torch.where(cached, -1, ids_h)
-        gu, dn = self.stage.buffers()
+        gu, dn = self.stage.buffers(*self.stored)
         skip = torch.zeros_like(ids_h, dtype=torch.bool) if cached is None else cached.clone()
         for at in range(0, len(busy), gu.shape[0]):
             group = busy[at:at + gu.shape[0]]
             row = torch.zeros(self.gate_up.shape[0], dtype=torch.int64)
             for i, e in enumerate(group):   # stream order keeps these behind the last group's kernels
-                gu[i].copy_(self.gate_up[e], non_blocking=True)
-                dn[i].copy_(self.down[e], non_blocking=True)
+                load_expert(gu, i, self.stored[0], e)
+                load_expert(dn, i, self.stored[1], e)
                 row[e] = i
             mine = torch.isin(left, torch.tensor(group))
             parts.append(self._on_device(x, w_h, mine, row[ids_h], gu, dn))
