@@ -170,17 +170,37 @@ def test_greedy_tokens_equal_with_the_native_kernel(artifacts, name):  # noqa: F
     assert _generate(artifacts[name], host_experts=True, host_expert_kernel="native") == plain
 
 
-def test_greedy_tokens_equal_with_quantized_host_experts(artifacts, tmp_path_factory):  # noqa: F811 (the fixture)
-    """A tiny MoE model converted with the "mixed" recipe (experts q4, the rest q8): the native kernel reading the
-    q4 banks as stored gives the greedy tokens of the experts on the (CPU) device, and of torch's GEMMs."""
+@pytest.fixture(scope="module")
+def mixed(artifacts, tmp_path_factory):  # noqa: F811 (the fixture)
+    """The top-2 of 8 model converted with the "mixed" recipe: experts q4, the rest q8."""
     from ninfer.conversion import convert
 
     source = artifacts["top2of8"].parent / "top2of8"
-    quantized = convert(source, tmp_path_factory.mktemp("mixed") / "m.ninfer", progress=False,
-                        quantize="mixed").paths[0]
-    plain = _generate(quantized, host_experts=False)
-    assert _generate(quantized, host_experts=True, host_expert_kernel="native") == plain
-    assert _generate(quantized, host_experts=True) == plain
+    return convert(source, tmp_path_factory.mktemp("mixed") / "m.ninfer", progress=False, quantize="mixed").paths[0]
+
+
+def test_greedy_tokens_equal_with_quantized_host_experts(mixed):
+    """The native kernel reading the q4 banks as stored gives the greedy tokens of the experts on the (CPU)
+    device, and of torch's GEMMs."""
+    plain = _generate(mixed, host_experts=False)
+    assert _generate(mixed, host_experts=True, host_expert_kernel="native") == plain
+    assert _generate(mixed, host_experts=True) == plain
+
+
+def test_a_quantized_cache_slot_is_planned_as_stored(mixed, monkeypatch):
+    """The planner prices a cache slot of a quantized bank at its byte-per-weight view, not the run dtype's."""
+    import dataclasses
+
+    from ninfer.planning import planner
+
+    from engine.test_host_experts import _fake_gpu
+
+    opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16,
+                         host_experts=True)
+    _fake_gpu(monkeypatch, 1 << 40)
+    none = planner.plan(mixed, dataclasses.replace(opts, expert_cache_slots=0))
+    one = planner.plan(mixed, dataclasses.replace(opts, expert_cache_slots=1))
+    assert one.model.profile.weight_bytes - none.model.profile.weight_bytes == 4 * 3 * 32 * 64   # a byte a weight
 
 
 def test_options_select_the_native_kernel():

@@ -40,7 +40,7 @@ from ninfer_qwen3_5.dflash.parameters import drafter_config
 from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS
 from ninfer_qwen3_5.layers.moe import fused_input_rows
 from ninfer_qwen3_5.ops.reference.segment_attention import QUERY_BLOCK
-from ninfer_qwen3_5.parameters import parameter_specs
+from ninfer_qwen3_5.parameters import layer_prefix, parameter_specs
 from ninfer_qwen3_5.state import state_layout
 from ninfer_qwen3_5.vision.config import VisionConfig
 
@@ -85,10 +85,13 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
     # The fused MoE input weight's zero rows (layers/moe.py: ROW_ALIGN), made at construction.
     pad = (cfg.num_layers * (fused_input_rows(cfg) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
            * cfg.hidden_size * run.itemsize if cfg.is_moe else 0)
-    # The device cache of host experts (layers/expert_cache.py), in the run dtype.
+    # The device cache of host experts (layers/expert_cache.py), in the run dtype, or as stored when quantized (a
+    # byte a weight: the binder's uint8 view, at most the stored size of the formats below 8 bits).
     # Plus the copy path's staging buffer (layers/host_experts.py), counted whether or not it is ever allocated.
+    bank = stored.get(layer_prefix("text", 0) + "/moe/experts/gate_up", run)
+    per_weight = bank.itemsize if bank == torch.uint8 else run.itemsize
     cache = ((cfg.num_layers * features.expert_cache_slots + min(STAGE_SLOTS, cfg.num_experts))
-             * 3 * cfg.moe_intermediate_size * cfg.hidden_size * run.itemsize
+             * 3 * cfg.moe_intermediate_size * cfg.hidden_size * per_weight
              if cfg.is_moe and features.host_experts else 0)
     return resident + inv_freq + pad + cache, converted + inv_freq + pad + cache, host
 
