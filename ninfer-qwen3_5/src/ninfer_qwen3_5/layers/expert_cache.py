@@ -2,8 +2,10 @@
 
 One MoE layer whose routed banks live in host memory keeps copies of ``slots`` of its experts on the run device,
 in the run dtype, or as stored for a quantized bank (its planes, which the device's quantized ``moe_experts``
-reads: a quarter of the bytes of bf16 at 4 bits, per slot and per copy). Policy: every routed (token, expert) pair the layer sees adds one to its expert's score, and all
-scores decay by :data:`DECAY` per call; when the layer is called next, the best-scored experts that are not cached
+reads: a quarter of the bytes of bf16 at 4 bits, per slot and per copy).
+
+Policy: every routed (token, expert) pair the layer sees adds one to its expert's score, and all scores decay by
+:data:`DECAY` per call; when the layer is called next, the best-scored experts that are not cached
 (score above zero) fill the empty slots, then each replaces the worst-scored cached expert when its score beats
 that one's by :data:`ADMIT_MARGIN`, at most :data:`MAX_ADMITS` replacements a call (one host-to-device copy of its
 two matrices each). So the cache follows the routing of recent steps, and routing with no favourites (every

@@ -6,9 +6,10 @@ the run device as usual; only the routed experts' weighted sum is computed on th
 1. the layer's normed hidden rows ``x[T, H]``, the routing weights and ids go to the host (one copy each, one
    wait for all three: the host waits for the device here, which is why lookahead is off with host experts, and
    why a captured decode graph is cut in segments here, :mod:`ninfer.program.host_steps`);
-2. the CPU computes ``sum_j w[t, j] * expert_{ids[t, j]}(x_t)`` in fp32 with torch's CPU kernels (its intra-op
-   thread team), tokens grouped by expert, in whatever format the bank is stored (a quantized bank decodes only
-   the experts the step routes to): :func:`~ninfer_qwen3_5.layers.host_compute.routed_sum`;
+2. the CPU computes ``sum_j w[t, j] * expert_{ids[t, j]}(x_t)`` in fp32, tokens grouped by expert, in whatever
+   format the bank is stored: :func:`~ninfer_qwen3_5.layers.host_compute.routed_sum`, with torch's CPU kernels
+   (its intra-op thread team; a quantized bank decodes only the experts the step routes to) or the kernel
+   ``host_expert_kernel`` names (the native one reads quantized banks as stored);
 3. the fp32 sum goes back to the device, where the shared expert's fp32 term is added and the total is rounded
    once to the activation dtype.
 
@@ -127,8 +128,9 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
     """The host-expert keyword arguments of every :class:`~ninfer_qwen3_5.layers.moe.SparseMoE` of one model, from
     its ``features`` (``{}`` without host experts): ``expert_cache_slots`` per layer; the copy path's rule, a fixed
     token threshold ``expert_copy_min_tokens`` or else the :class:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts`
-    measured once for the model (None on the CPU; ``stored_bytes``: one expert's stored bytes, None if dense); the one :class:`ExpertStage` all its layers share; the host's
-    thread count (:func:`host_threads`); with ``host_expert_kernel`` "compiled", the host's pair kernel
+    measured once for the model (None on the CPU; ``stored_bytes``: one expert's stored bytes, None if dense); the
+    one :class:`ExpertStage` all its layers share; the host's thread count (:func:`host_threads`); with
+    ``host_expert_kernel`` "compiled", the host's pair kernel
     (:func:`~ninfer_qwen3_5.layers.host_compute.compiled_rows`, compiled here), with "native" NInfer's C kernel
     (:class:`~ninfer_qwen3_5.layers.host_native.NativeRows`, built here)."""
     if not features.host_experts:
