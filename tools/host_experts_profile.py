@@ -13,6 +13,8 @@ threads).
     python3 tools/host_experts_profile.py /tmp/off/model.ninfer --vram-budget-mib 5271 --out $OUT/profile.txt
     python3 tools/host_experts_profile.py /tmp/off/model.ninfer --vram-budget-mib 5271 --host-expert-kernel torch,native,compiled
     python3 tools/host_experts_profile.py MOE.ninfer --device cpu --tokens 8      # a CPU smoke run (a MoE model)
+    python3 tools/host_experts_profile.py MOE.ninfer --expert-cache-slots 0 --expert-copy-min-tokens 1000000 \
+        --host-expert-kernel torch,native                                       # every routed expert on the host
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--vram-budget-mib", type=float, default=None)
     ap.add_argument("--expert-cache-slots", type=int, default=None)
+    ap.add_argument("--expert-copy-min-tokens", type=int, default=None,
+                    help="the copy path's fixed threshold (a large number: every routed expert on the host)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
@@ -100,6 +104,7 @@ def main(argv=None) -> int:
         opts = EngineOptions(device=args.device, max_concurrency=max(1, args.batch), max_context=1024,
                              host_experts=True, vram_budget_mib=args.vram_budget_mib,
                              expert_cache_slots=args.expert_cache_slots, host_expert_kernel=kernel,
+                             expert_copy_min_tokens=args.expert_copy_min_tokens,
                              host_expert_threads=args.host_expert_threads)
         lines += host_run(Engine, args, opts)
     if args.compare:

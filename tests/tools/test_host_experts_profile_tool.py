@@ -62,3 +62,17 @@ def test_each_host_kernel_is_measured_in_turn(tmp_path):
     kernels = re.findall(r"host experts \((\w+) kernel, threads 1\): B=1 decode [\d,.]+ tok/s", report)
     assert kernels == ["torch", "compiled", "native"]
     assert len(re.findall(r"host step phases over", report)) == 3
+
+
+def test_the_copy_threshold_reaches_the_engine(tmp_path):
+    """``--expert-copy-min-tokens 1``: every routed expert takes the copy path (on the CPU a copy into the staging
+    buffer), which the report's copy-path counts show; a threshold no call reaches leaves them at zero."""
+    artifact = _tiny_moe(tmp_path)
+    counts = {}
+    for threshold in ("1", "1000000"):
+        out = tmp_path / f"report-{threshold}.txt"
+        assert host_experts_profile.main([str(artifact), "--device", "cpu", "--tokens", "4", "--expert-cache-slots",
+                                          "0", "--expert-copy-min-tokens", threshold, "--out", str(out)]) == 0
+        listed = re.search(r"copy-path experts \[([\d, ]+)\]", out.read_text()).group(1)
+        counts[threshold] = [int(n) for n in listed.split(",")]
+    assert all(n > 0 for n in counts["1"]) and not any(counts["1000000"])
