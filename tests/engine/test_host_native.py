@@ -155,6 +155,23 @@ def test_quantized_banks_are_cached_and_copied_as_stored(fmt, kernel):
             assert all(torch.equal(a, b) for a, b in zip(cache.down[slot].planes, down[expert].planes, strict=True))
 
 
+def test_a_dense_prefill_call_goes_to_torch_and_a_quantized_one_stays_native(monkeypatch):
+    """Above NATIVE_DENSE_TOKENS tokens an expert a dense bank's call is torch's (bitwise the reference); a q4
+    bank's stays with the native kernel whatever the count."""
+    x, w, ids, gate_up, down, _ = _case(torch.float32, experts=4, k=2, tokens=12)   # 6 tokens an expert
+    calls = []
+    real = NativeRows.add_routed
+    monkeypatch.setattr(NativeRows, "add_routed", lambda self, *a: calls.append(len(a[1])) or real(self, *a))
+    rows = NativeRows(threads=1)
+    assert torch.equal(routed_sum(x, w, ids, gate_up, down, rows=rows), routed_experts_fp32(x, w, ids, gate_up, down))
+    assert calls == []
+    routed_sum(x[:4], w[:4], ids[:4], gate_up, down, rows=rows)   # 2 tokens an expert
+    assert calls == [8]
+    q4, dn4 = _bank("q4_g64_fp16", 4, 64, 64, 0), _bank("q4_g64_fp16", 4, 64, 32, 1)
+    routed_sum(x, w, ids, DecodedBank(q4), DecodedBank(dn4), rows=rows)
+    assert calls == [8, 24]
+
+
 def test_groups_give_each_expert_its_pairs():
     """expert_groups' (expert, count) order is the order of the sorted pairs the kernel's ``first`` offsets
     follow."""

@@ -17,7 +17,8 @@ parallel region for all of a call's experts instead of two GEMMs an expert. The 
 outputs and the SwiGLU to the activation dtype); the fp32 sums in the kernel's order, so equal to the reference
 within accumulation-order tolerance, not bitwise. ``host_expert_kernel="native"``
 (:class:`~ninfer_qwen3_5.layers.host_native.NativeRows`) is NInfer's own C kernel: each expert read once for all
-of its tokens, quantized banks (q4, q8) read as stored; the same tolerance.
+of its tokens, quantized banks (q4, q8) read as stored; the same tolerance. A dense bank's call with many tokens
+an expert (a prefill chunk's, :data:`NATIVE_DENSE_TOKENS`) goes to torch's GEMMs instead.
 """
 
 from __future__ import annotations
@@ -26,8 +27,14 @@ import torch
 import torch.nn.functional as F
 from ninfer.errors import NotSupportedError
 from ninfer.ops.reference.quantized import DecodedBank
+from ninfer.quant import PackedWeight
 
 from ninfer_qwen3_5.layers.host_native import NativeRows
+
+#: A dense bank goes to the native kernel while a call's routed experts average at most this many tokens (a decode
+#: step's): above that torch's GEMMs use each expert's weights better than the kernel's tiles of four tokens. A
+#: quantized bank always does (torch's path decodes each expert to fp32 first, which costs more than either).
+NATIVE_DENSE_TOKENS = 4
 
 #: Up to this many routed pairs (a decode step's), the pairs are sorted by expert in Python lists: at that size a
 #: handful of list operations costs less than the tensor operations that sort large prefill chunks.
@@ -109,7 +116,8 @@ def routed_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     xs = x.index_select(0, tokens).to(wide)
     if isinstance(rows, NativeRows):
         stored = [b.bank if isinstance(b, DecodedBank) else b for b in (gate_up, down)]   # read as stored
-        if rows.supports(*stored):
+        few = len(order) <= NATIVE_DENSE_TOKENS * len(groups)
+        if rows.supports(*stored) and (few or isinstance(stored[0], PackedWeight)):
             return rows.add_routed(out, xs, tokens, weights.reshape(-1)[order], groups, *stored, wide)
     elif rows is not None and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor):
         experts = ids.reshape(-1)[order]
