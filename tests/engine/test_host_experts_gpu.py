@@ -90,6 +90,33 @@ def test_cuda_engine_with_the_compiled_host_kernel_equals_device_experts(artifac
     assert compiled == plain
 
 
+def test_cuda_engine_with_the_native_host_kernel_equals_device_experts(artifacts):  # noqa: F811
+    """The native kernel in a CUDA engine (decode graphs in segments around it), every expert on the host, and with
+    the cache and the copy path: the greedy tokens of the experts on the device."""
+    path = artifacts["top2of8"]
+    plain, _, _ = _cuda_generate(path, host_experts=False)
+    native, _, _ = _cuda_generate(path, host_experts=True, host_expert_kernel="native", expert_cache_slots=0,
+                                  expert_copy_min_tokens=10**6)
+    assert native == plain
+    mixed, _, _ = _cuda_generate(path, host_experts=True, host_expert_kernel="native", expert_cache_slots=3,
+                                 expert_copy_min_tokens=3)
+    assert mixed == plain
+
+
+def test_cuda_quantized_experts_cached_and_copied_packed(artifacts, tmp_path):  # noqa: F811
+    """A "mixed" artifact (experts q4): the cache's slots and the copy path's stage hold packed experts that the
+    device's quantized moe_experts reads; greedy tokens equal the experts on the device, with either host kernel."""
+    from ninfer.conversion import convert
+
+    source = artifacts["top2of8"].parent / "top2of8"
+    mixed = convert(source, tmp_path / "mixed.ninfer", progress=False, quantize="mixed").paths[0]
+    plain, _, _ = _cuda_generate(mixed, host_experts=False)
+    for kernel in ("torch", "native"):
+        got, stats, _ = _cuda_generate(mixed, host_experts=True, host_expert_kernel=kernel, expert_cache_slots=3,
+                                       expert_copy_min_tokens=3)
+        assert got == plain and all(h > 0 for h in stats.expert_cache_hits)
+
+
 def test_cuda_scoring_with_host_experts_equals_device_experts(artifacts):  # noqa: F811
     path = artifacts["top2of8"]
     want = torch.tensor(_cuda_logprobs(path, host_experts=False))
