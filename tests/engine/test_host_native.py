@@ -172,6 +172,25 @@ def test_a_dense_prefill_call_goes_to_torch_and_a_quantized_one_stays_native(mon
     assert calls == [8, 24]
 
 
+@pytest.mark.parametrize("fmt", ["q4_g64_fp16", "q8_g32_fp16", "fp8_e4m3fn_row_bf16", None])
+def test_the_cost_probe_times_a_bank_stored_as_the_models(fmt):
+    """The start-up host timing reads a probe bank in the model's stored format (groupwise: packed planes the host
+    layer reads as it reads the model's), else dense in the run dtype."""
+    from ninfer.quant import encoded_size
+    from ninfer_qwen3_5.layers.expert_costs import probe_bank
+
+    gate_up = probe_bank(16, 64, 128, torch.bfloat16, fmt, pin=False)
+    down = probe_bank(16, 128, 32, torch.bfloat16, fmt, pin=False)
+    if fmt in ("q4_g64_fp16", "q8_g32_fp16"):
+        assert isinstance(gate_up, DecodedBank) and gate_up.bank.format == fmt
+        assert gate_up.bank.nbytes <= encoded_size(fmt, (16, 64, 128)) and bank_format(gate_up.bank) == fmt
+    else:
+        assert isinstance(gate_up, torch.Tensor) and gate_up.dtype == torch.bfloat16 and gate_up.shape == (16, 64, 128)
+    x, w = torch.full((3, 128), 0.01, dtype=torch.bfloat16), torch.full((3, 8), 1.0 / 8)
+    got = routed_sum(x, w, torch.arange(8).expand(3, 8), gate_up, down, rows=NativeRows(threads=1))
+    assert got.shape == (3, 128) and bool(torch.isfinite(got).all()) and got.abs().sum() > 0
+
+
 def test_groups_give_each_expert_its_pairs():
     """expert_groups' (expert, count) order is the order of the sorted pairs the kernel's ``first`` offsets
     follow."""

@@ -81,12 +81,12 @@ def inverse_frequencies(cfg: Qwen35Config) -> torch.Tensor:
     return 1.0 / (cfg.rope_theta ** (torch.arange(0, r, 2, dtype=torch.int64).float() / r))
 
 
-def _stored_expert_bytes(cfg: Qwen35Config, weights: Mapping[str, torch.Tensor]) -> int | None:
-    """One routed expert's stored bytes when the first MoE layer's banks are quantized, else None (dense)."""
+def _stored_experts(cfg: Qwen35Config, weights: Mapping[str, torch.Tensor]) -> tuple[str, int] | None:
+    """(format, one routed expert's stored bytes) when the first MoE layer's banks are quantized, else None."""
     banks = [weights.get(layer_prefix("text", 0) + f"/moe/experts/{name}") for name in ("gate_up", "down")]
     if not all(isinstance(b, PackedWeight) for b in banks):
         return None
-    return sum(b.nbytes for b in banks) // cfg.num_experts
+    return banks[0].format, sum(b.nbytes for b in banks) // cfg.num_experts
 
 
 class Qwen35Model:
@@ -99,7 +99,7 @@ class Qwen35Model:
         self.cfg, self.ops = cfg, ops
         self.host_experts = features.host_experts
         hosted = (host_expert_options(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, device, dtype,
-                                      features, _stored_expert_bytes(cfg, weights)) if cfg.is_moe else {})
+                                      features, _stored_experts(cfg, weights)) if cfg.is_moe else {})
         weights = self._prepare_weights(weights, dtype)
         self.embed, self.lm_head, self.norm = weights["text/embed"], weights["text/lm_head"], weights["text/norm"]
         self.layers: list[_Layer] = []

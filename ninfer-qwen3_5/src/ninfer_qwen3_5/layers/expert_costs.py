@@ -15,7 +15,8 @@ alone, a layer's host share runs in the engine's thread among the device's work.
 - ``host_s`` / ``host_token_s``: the host computing one expert for one routed token, and each further token. A
   single-token expert is bound by reading its weights from memory (a GEMV), so this is timed on a bank larger than
   the CPU's caches, with the host thread count the layer will run with, through the same function the layer uses,
-  on dense weights in the run dtype; for a quantized bank the layers' measured host times correct it.
+  on a bank stored as the model's is (a groupwise quantized format's planes filled with arbitrary codes, which the
+  kernels' time does not depend on; dense in the run dtype otherwise).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import time
 from dataclasses import dataclass
 
 import torch
+from ninfer.ops.reference.quantized import DecodedBank
+from ninfer.quant import PackedWeight
+from ninfer.quant.groupwise import GROUPWISE
 
 from ninfer_qwen3_5.layers.host_compute import routed_sum
 
@@ -86,12 +90,27 @@ def _copy_bandwidth(device: torch.device) -> float:
     return payload.numel() / _best(lambda: target.copy_(payload, non_blocking=True), device)
 
 
+def probe_bank(experts: int, rows: int, k: int, dtype: torch.dtype, stored_format: str | None, pin: bool = True):
+    """A host bank ``[experts, rows, k]`` for timing (in page-locked memory with ``pin``): the groupwise quantized
+    ``stored_format``'s planes filled with arbitrary codes and small scales (wrapped as the host layer wraps a packed
+    bank), else dense in ``dtype``."""
+    spec = GROUPWISE.get(stored_format) if stored_format is not None else None
+    if spec is None:
+        return torch.empty((experts, rows, k), dtype=dtype, pin_memory=pin).fill_(0.01)
+    gpr, n = spec.groups_per_row(k), experts * rows
+    planes = (torch.empty((n, gpr * 32), dtype=torch.uint8, pin_memory=pin).fill_(0x5A),
+              torch.empty((n, gpr * spec.high_bytes), dtype=torch.uint8, pin_memory=pin).fill_(0x5A),
+              torch.empty((n, gpr), dtype=torch.float16, pin_memory=pin).fill_(1e-3))
+    return DecodedBank(PackedWeight(stored_format, (experts, rows, k), planes))
+
+
 def measure_expert_costs(hidden: int, inter: int, device: torch.device, dtype: torch.dtype,
-                         threads: int | None = None, rows=None, stored_bytes: int | None = None) -> ExpertCosts | None:
-    """:class:`ExpertCosts` for experts of ``hidden`` x ``inter`` stored in ``dtype`` on a ``device`` run, the
-    host computing with ``threads`` intra-op threads (None: torch's current count) and the pair kernel ``rows``
-    (None: torch's GEMMs), ``stored_bytes`` the bytes one expert is stored in (None: dense in ``dtype``); None on the
-    CPU (one memory: nothing to copy)."""
+                         threads: int | None = None, rows=None, stored_bytes: int | None = None,
+                         stored_format: str | None = None) -> ExpertCosts | None:
+    """:class:`ExpertCosts` for experts of ``hidden`` x ``inter`` on a ``device`` run in ``dtype``, the host
+    computing with ``threads`` intra-op threads (None: torch's current count) and the pair kernel ``rows`` (None:
+    torch's GEMMs); the experts stored in ``stored_format`` at ``stored_bytes`` an expert (None: dense in
+    ``dtype``). None on the CPU (one memory: nothing to copy)."""
     if device.type == "cpu":
         return None
     size = torch.empty((), dtype=dtype).element_size()
@@ -99,9 +118,9 @@ def measure_expert_costs(hidden: int, inter: int, device: torch.device, dtype: t
     copy_s = (stored_bytes or expert_bytes) / _copy_bandwidth(device)
 
     k = HOST_PROBE_EXPERTS
-    experts = max(2 * k, HOST_PROBE_BYTES // expert_bytes // k * k)
-    gate_up = torch.empty((experts, 2 * inter, hidden), dtype=dtype, pin_memory=True).fill_(0.01)
-    down = torch.empty((experts, hidden, inter), dtype=dtype, pin_memory=True).fill_(0.01)
+    experts = max(2 * k, HOST_PROBE_BYTES // (stored_bytes or expert_bytes) // k * k)
+    gate_up = probe_bank(experts, 2 * inter, hidden, dtype, stored_format)
+    down = probe_bank(experts, hidden, inter, dtype, stored_format)
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)

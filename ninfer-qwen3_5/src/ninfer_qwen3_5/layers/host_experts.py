@@ -124,11 +124,12 @@ class ExpertStage:
 
 
 def host_expert_options(hidden: int, inter: int, experts: int, device: torch.device, dtype: torch.dtype,
-                        features: StartupFeatures, stored_bytes: int | None = None) -> dict:
+                        features: StartupFeatures, stored: tuple[str, int] | None = None) -> dict:
     """The host-expert keyword arguments of every :class:`~ninfer_qwen3_5.layers.moe.SparseMoE` of one model, from
     its ``features`` (``{}`` without host experts): ``expert_cache_slots`` per layer; the copy path's rule, a fixed
     token threshold ``expert_copy_min_tokens`` or else the :class:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts`
-    measured once for the model (None on the CPU; ``stored_bytes``: one expert's stored bytes, None if dense); the
+    measured once for the model (None on the CPU; ``stored``: the experts' quantized format and one expert's stored
+    bytes, None if dense); the
     one :class:`ExpertStage` all its layers share; the host's thread count (:func:`host_threads`); with
     ``host_expert_kernel`` "compiled", the host's pair kernel
     (:func:`~ninfer_qwen3_5.layers.host_compute.compiled_rows`, compiled here), with "native" NInfer's C kernel
@@ -140,7 +141,8 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
     kernel = features.host_expert_kernel
     rows = (compiled_rows(hidden, inter, dtype, threads) if kernel == "compiled"
             else NativeRows(threads) if kernel == "native" else None)
-    costs = (measure_expert_costs(hidden, inter, device, dtype, threads, rows, stored_bytes) if copy_min is None
+    fmt, nbytes = stored if stored is not None else (None, None)
+    costs = (measure_expert_costs(hidden, inter, device, dtype, threads, rows, nbytes, fmt) if copy_min is None
              else None)
     stage = (ExpertStage((2 * inter, hidden), (hidden, inter), device, dtype, min(STAGE_SLOTS, experts))
              if copy_min is not None or costs is not None else None)
