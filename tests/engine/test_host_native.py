@@ -191,6 +191,20 @@ def test_the_cost_probe_times_a_bank_stored_as_the_models(fmt):
     assert got.shape == (3, 128) and bool(torch.isfinite(got).all()) and got.abs().sum() > 0
 
 
+def test_a_large_call_runs_in_chunks_of_whole_groups_with_the_same_sum(monkeypatch):
+    """Above CHUNK_PAIRS pairs the kernel runs on consecutive runs of whole groups (a larger group alone): the same
+    pairs added in the same order, so the same sum bit for bit."""
+    x, w, ids, _, _, _ = _case(torch.float32, experts=16, k=4, tokens=20, hidden=64, inter=32)
+    gate_up, down = _bank("q8_g32_fp16", 16, 64, 64, seed=1), _bank("q8_g32_fp16", 16, 64, 32, seed=2)
+    banks = [DecodedBank(gate_up), DecodedBank(down)]
+    whole = routed_sum(x, w, ids, *banks, rows=NativeRows(threads=2))
+    assert len(host_native._chunks([(0, 3), (1, 4), (2, 9), (3, 1)])) == 1
+    monkeypatch.setattr(host_native, "CHUNK_PAIRS", 7)
+    assert host_native._chunks([(0, 3), (1, 4), (2, 9), (3, 1)]) == [[(0, 3), (1, 4)], [(2, 9)], [(3, 1)]]
+    chunked = routed_sum(x, w, ids, *banks, rows=NativeRows(threads=2))
+    assert torch.equal(chunked, whole) and whole.abs().sum() > 0
+
+
 def test_groups_give_each_expert_its_pairs():
     """expert_groups' (expert, count) order is the order of the sorted pairs the kernel's ``first`` offsets
     follow."""

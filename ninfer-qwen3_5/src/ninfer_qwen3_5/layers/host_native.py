@@ -35,6 +35,7 @@ from ninfer.model_source.store import cache_dir
 from ninfer.quant import PackedWeight
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+LIBS = ("-lm",)
 #: The kernel's format codes (host_kernels.c), by bank dtype or quantized format name.
 FORMATS: dict[object, int] = {torch.float32: 0, torch.bfloat16: 1, "q4_g64_fp16": 2, "q8_g32_fp16": 3}
 _GROUPWISE = ("q4_g64_fp16", "q8_g32_fp16")
@@ -61,7 +62,7 @@ def build(directory: Path | None = None) -> Path:
     if compiler is None:
         raise NotSupportedError(f"{_OPTION} needs a C compiler (cc or gcc, or $CC) to build its kernel at start, "
                                 f"and this host has none; use host_expert_kernel 'torch'")
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS).encode(),
+    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS + LIBS).encode(),
                                      _cpu_signature().encode()])).hexdigest()[:20]
     directory = directory or cache_dir() / "kernels"
     path = directory / f"host_kernels-{key}.so"
@@ -72,8 +73,8 @@ def build(directory: Path | None = None) -> Path:
         src, out = Path(tmp) / "host_kernels.c", Path(tmp) / "host_kernels.so"
         src.write_bytes(source)
         try:
-            done = subprocess.run([compiler, *FLAGS, str(src), "-o", str(out)], capture_output=True, text=True,
-                                  timeout=300, check=False)
+            done = subprocess.run([compiler, *FLAGS, str(src), "-o", str(out), *LIBS], capture_output=True,
+                                  text=True, timeout=300, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise NotSupportedError(f"{_OPTION}: running the C compiler {compiler} failed ({exc}); use "
                                     f"host_expert_kernel 'torch'") from None
@@ -164,18 +165,43 @@ class NativeRows:
                    groups: list[tuple[int, int]], gate_up, down, wide: torch.dtype) -> torch.Tensor:
         """Adds the routed sum to ``out`` (fp32 ``[T, H]``, contiguous) and returns it: pair ``p`` (``xs[p]``, its
         rows in ``wide``, grouped by expert as ``groups``) adds ``pair_weights[p]`` times its expert's output to
-        row ``tokens[p]``, in pair order; projections and SwiGLU rounded to ``wide`` as the reference does."""
+        row ``tokens[p]``, in pair order; projections and SwiGLU rounded to ``wide`` as the reference does. The
+        kernel's working buffers grow with the pairs, so a large call runs as consecutive calls of whole groups
+        of at most :data:`CHUNK_PAIRS` pairs (one group may exceed it), in order: the same sum."""
         fmt = bank_format(gate_up)
         inter = down.shape[-1]
         xf = xs.float().contiguous()
         tokens = tokens.to(torch.int64).contiguous()
         pair_weights = pair_weights.float().contiguous()
-        meta = _groups(groups)
-        step = meta.element_size()
-        status = library().ninfer_routed_sum(
-            FORMATS[fmt], *_planes(gate_up), *_planes(down), out.shape[1], inter, meta.data_ptr(),
-            meta.data_ptr() + len(groups) * step, len(groups), xf.data_ptr(), tokens.data_ptr(),
-            pair_weights.data_ptr(), int(wide == torch.bfloat16), out.data_ptr(),
-            self.threads or torch.get_num_threads())
-        _check(status, fmt)
+        threads = self.threads or torch.get_num_threads()
+        start = 0
+        for chunk in _chunks(groups):
+            pairs = sum(n for _, n in chunk)
+            meta = _groups(chunk)
+            status = library().ninfer_routed_sum(
+                FORMATS[fmt], *_planes(gate_up), *_planes(down), out.shape[1], inter, meta.data_ptr(),
+                meta.data_ptr() + len(chunk) * meta.element_size(), len(chunk), xf[start].data_ptr(),
+                tokens[start:].data_ptr(), pair_weights[start:].data_ptr(), int(wide == torch.bfloat16),
+                out.data_ptr(), threads)
+            _check(status, fmt)
+            start += pairs
         return out
+
+
+#: Pairs per kernel call of :meth:`NativeRows.add_routed`: its working buffers take about
+#: ``pairs * (2 * hidden + 3 * inter) * 4`` bytes (92 MB at the 35B-A3B shape).
+CHUNK_PAIRS = 4096
+
+
+def _chunks(groups: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """``groups`` cut into consecutive runs of whole groups of at most :data:`CHUNK_PAIRS` pairs (a larger group
+    alone)."""
+    chunks: list[list[tuple[int, int]]] = [[]]
+    size = 0
+    for group in groups:
+        if chunks[-1] and size + group[1] > CHUNK_PAIRS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(group)
+        size += group[1]
+    return chunks
