@@ -23,6 +23,7 @@ from ninfer_qwen3_5.layers.host_compute import expert_groups, routed_sum
 from ninfer_qwen3_5.layers.host_experts import HostExperts, host_expert_options
 from ninfer_qwen3_5.layers.host_native import NativeRows, bank_format, project
 from ops_triton.quant_cases import parent_bytes
+from support.native import require_native_kernel
 
 from engine.test_host_experts import MOES, _case, _fp64_moe, _generate, artifacts  # noqa: F401 (a fixture)
 
@@ -30,10 +31,7 @@ from engine.test_host_experts import MOES, _case, _fp64_moe, _generate, artifact
 @pytest.fixture(scope="module", autouse=True)
 def _built():
     """The kernel library, or a skip naming why it cannot be built on this host (no C compiler)."""
-    try:
-        host_native.library()
-    except NotSupportedError as exc:
-        pytest.skip(str(exc))
+    require_native_kernel()
 
 
 def _bank(fmt, experts, rows, k, seed):

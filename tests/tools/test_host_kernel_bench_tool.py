@@ -8,19 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from ninfer.errors import NotSupportedError
+from support.native import require_native_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import host_kernel_bench  # noqa: E402
 
 
 def test_the_bench_reports_every_format_kernel_and_token_count(tmp_path):
-    from ninfer_qwen3_5.layers import host_native
-
-    try:
-        host_native.library()
-    except NotSupportedError as exc:
-        pytest.skip(str(exc))
+    require_native_kernel()
     out = tmp_path / "report.json"
     assert host_kernel_bench.main(["--hidden", "128", "--inter", "64", "--experts", "16", "--k", "4", "--tokens",
                                    "1,3", "--threads", "1", "--repeats", "2", "--out", str(out)]) == 0

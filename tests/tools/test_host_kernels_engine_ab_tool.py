@@ -7,20 +7,14 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-from ninfer.errors import NotSupportedError
+from support.native import require_native_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import host_kernels_engine_ab  # noqa: E402
 
 
 def test_one_line_per_format_batch_and_kernel(tmp_path):
-    from ninfer_qwen3_5.layers import host_native
-
-    try:
-        host_native.library()
-    except NotSupportedError as exc:
-        pytest.skip(str(exc))
+    require_native_kernel()
     out = tmp_path / "ab.txt"
     assert host_kernels_engine_ab.main(["--device", "cpu", "--tiny", "--layers", "2", "--experts", "8", "--tokens",
                                         "4", "--batches", "1,2", "--out", str(out)]) == 0
