@@ -269,3 +269,13 @@ def test_the_build_is_cached_and_a_failing_compiler_is_named(tmp_path, monkeypat
     with pytest.raises(NotSupportedError, match="running the C compiler"):
         host_native.build(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]   # no partial library left behind
+
+
+def test_a_library_that_does_not_load_is_named(tmp_path, monkeypatch):
+    broken = tmp_path / "host_kernels-broken.so"
+    broken.write_bytes(b"not a shared object")
+    monkeypatch.setattr(host_native, "_library", None)
+    monkeypatch.setattr(host_native, "build", lambda: broken)
+    with pytest.raises(NotSupportedError, match=r"host-expert-kernel native.*does not load"):
+        host_native.library()
+    assert host_native._library is None   # nothing half-loaded kept

@@ -1,16 +1,16 @@
 """NInfer's own host-expert kernel (``EngineOptions.host_expert_kernel="native"``): ``host_kernels.c``, built with
 the host's C compiler at first use and called through ctypes.
 
-It computes the projections of a call's (token, expert) pairs, sorted by expert, straight from the banks as stored
-(bf16, fp32, ``q4_g64_fp16``, ``q8_g32_fp16``): one OpenMP parallel region per projection for all of the call's
-experts, each expert's weights read once for all of its tokens, quantized codes expanded in registers (no
-decoded copy of an expert), and the whole routed sum of a call (both projections, the SwiGLU between them and the
-weighted sum) is one call into it: :meth:`NativeRows.add_routed`.
+A call's whole routed sum (both projections, the SwiGLU between them and the weighted sum over its (token, expert)
+pairs, sorted by expert) is one call into it, :meth:`NativeRows.add_routed`, and one OpenMP parallel region there:
+each expert's weights read once for all of its tokens, straight from the banks as stored (bf16, fp32,
+``q4_g64_fp16``, ``q8_g32_fp16``), quantized codes expanded in registers (no decoded copy of an expert).
+:func:`project` is one projection alone (for tests and tools).
 
-Exactness: the projections sum in fp32 in the kernel's order (16-lane partial sums, then across lanes; for q4 the
-codes as ``code + 8`` less 8 times the group's lane sum), so the result equals the reference
-``routed_experts_fp32`` within fp32 accumulation-order tolerance; its roundings (a bf16 bank's projections rounded
-to the activation dtype, a quantized bank's kept in fp32, as its decoded fp32 weights give) are the reference's.
+Exactness: the projections sum in fp32 in the kernel's order (16-lane partial sums, then across lanes), so the
+result equals the reference ``routed_experts_fp32`` within fp32 accumulation-order tolerance; its roundings (a bf16
+bank's projections and SwiGLU rounded to bf16, a quantized bank's kept in fp32, as its decoded fp32 weights give)
+and its pair order in the weighted sum are the reference's.
 
 The library is cached under ``<cache dir>/kernels`` (``NINFER_CACHE_DIR``, else ``~/.cache/ninfer``), keyed by the
 source, the compiler, its flags and the host CPU, since ``-march=native`` code runs only on CPUs like the one it
@@ -90,7 +90,12 @@ def library() -> ctypes.CDLL:
     """The loaded kernel library (built on first use, then loaded once per process)."""
     global _library
     if _library is None:
-        lib = ctypes.CDLL(str(build()))
+        path = build()
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            raise NotSupportedError(f"{_OPTION}: the built kernel {path} does not load ({exc}); remove it to rebuild, "
+                                    f"or use host_expert_kernel 'torch'") from None
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.ninfer_expert_rows.restype = lib.ninfer_routed_sum.restype = i32
         lib.ninfer_expert_rows.argtypes = [i32, p, p, i64, i64, p, p, i64, p, p, i32]
