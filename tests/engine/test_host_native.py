@@ -67,6 +67,25 @@ def test_a_projection_against_fp64(fmt, k, counts):
                               atol=1e-3)
 
 
+@pytest.mark.parametrize("fmt", ["q4_g64_fp16", "q8_g32_fp16"])
+def test_subnormal_scales_are_read_exactly(fmt):
+    """Groups of tiny weights get fp16 subnormal scales (down to the smallest, 2^-24); the kernel's conversion of
+    each row's scales keeps them exact."""
+    dense = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(3)) * 1e-7
+    dense[:, :8] *= 1e5   # half the rows with normal scales beside them
+    parent = parent_bytes(fmt, dense.reshape(-1, 64))
+    bank = packed_view(fmt, parent, tuple(dense.shape), 0, dense.numel(), tuple(dense.shape))
+    scales = bank.planes[2].float()
+    assert bool(((scales > 0) & (scales < 2.0 ** -14)).any())   # subnormal fp16 scales are there
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    got = project(x, bank, [(1, 2), (0, 1)], threads=1)
+    w = bank.dequantize(torch.float64)[[1, 1, 0]]
+    want = torch.einsum("prk,pk->pr", w, x.double())
+    tiny = want[:, 8:]
+    assert torch.allclose(got[:, 8:].double(), tiny, rtol=1e-5, atol=1e-6 * tiny.abs().max().item())
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+
+
 @pytest.mark.parametrize("fmt", ["bfloat16", "q4_g64_fp16", "q8_g32_fp16", "float32"])
 @pytest.mark.parametrize("experts,k,tokens", [(256, 8, 1), (256, 8, 24), (512, 10, 1), (512, 10, 24)])
 def test_the_native_sum_against_the_reference(fmt, experts, k, tokens):

@@ -125,7 +125,8 @@ row_bf16(const uint16_t *w, int64_t k, const float *const *x, int tt, float *out
 /* A row's fp16 group scales as floats (the compiler's half type where it has one: one conversion instruction). */
 static inline void row_scales(const uint16_t *sc, int64_t n, float *out) {
 #ifdef __FLT16_MAX__
-    const _Float16 *h = (const _Float16 *)sc;
+    typedef _Float16 half_alias __attribute__((may_alias));   /* the scales are stored as 16-bit words */
+    const half_alias *h = (const half_alias *)sc;
     for (int64_t g = 0; g < n; g++) out[g] = (float)h[g];
 #else
     for (int64_t g = 0; g < n; g++) out[g] = half_to_float(sc[g]);
