@@ -120,7 +120,7 @@ def stress_until_closed(engine, **stress):
         assert not report.errors, report.errors[:5]
     finally:
         engine.close(timeout=60)
-    # worker_threads() counts this test's engines only: session-scoped engines of other test folders stay open.
+    # worker_threads() counts this test's engines only: engines other test folders keep for the whole run stay open.
     assert not worker_threads(), "a worker thread survived"
     cap = program.capacity()
     assert cap.free_pages == cap.total_pages and cap.free_state_slots == cap.total_state_slots

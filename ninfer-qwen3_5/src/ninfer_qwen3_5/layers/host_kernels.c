@@ -91,33 +91,23 @@ static inline v16f bf16_to_f(const uint16_t *p) {
 
 /* One row's dot products with the tile's tokens x[t] (t < tt), per format; out[t] gets the fp32 result. */
 static inline __attribute__((always_inline)) void
-row_f32(const float *w, int64_t k, const float *const *x, int tt, float *out) {
+row_dense(const void *w, int bf16, int64_t k, const float *const *x, int tt, float *out) {
+    /* bf16 is a constant at every call: the compiler keeps one of the two loads. */
+    const float *wf = w;
+    const uint16_t *wh = w;
     v16f acc[TILE] = {{0}};
     float tail[TILE] = {0};
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
-        v16f wv = load_f(w + i);
-        for (int t = 0; t < tt; t++) acc[t] += wv * load_f(x[t] + i);
-    }
-    for (; i < k; i++)
-        for (int t = 0; t < tt; t++) tail[t] += w[i] * x[t][i];
-    for (int t = 0; t < tt; t++) out[t] = hsum(acc[t]) + tail[t];
-}
-
-static inline __attribute__((always_inline)) void
-row_bf16(const uint16_t *w, int64_t k, const float *const *x, int tt, float *out) {
-    v16f acc[TILE] = {{0}};
-    float tail[TILE] = {0};
-    int64_t i = 0;
-    for (; i + 16 <= k; i += 16) {
-        v16f wv = bf16_to_f(w + i);
+        v16f wv = bf16 ? bf16_to_f(wh + i) : load_f(wf + i);
         for (int t = 0; t < tt; t++) acc[t] += wv * load_f(x[t] + i);
     }
     for (; i < k; i++) {
-        uint32_t bits = (uint32_t)w[i] << 16;
-        float wf;
-        memcpy(&wf, &bits, sizeof wf);
-        for (int t = 0; t < tt; t++) tail[t] += wf * x[t][i];
+        uint32_t bits = (uint32_t)(bf16 ? wh[i] : 0) << 16;
+        float wi;
+        memcpy(&wi, &bits, sizeof wi);
+        wi = bf16 ? wi : wf[i];
+        for (int t = 0; t < tt; t++) tail[t] += wi * x[t][i];
     }
     for (int t = 0; t < tt; t++) out[t] = hsum(acc[t]) + tail[t];
 }
@@ -216,8 +206,8 @@ tile_rows(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64
     for (int64_t r = r0; r < r1; r++) {
         int64_t row = e * rows + r;
         switch (fmt) {
-        case FMT_F32: row_f32((const float *)base + row * k, k, x, tt, out); break;
-        case FMT_BF16: row_bf16((const uint16_t *)base + row * k, k, x, tt, out); break;
+        case FMT_F32: row_dense((const float *)base + row * k, 0, k, x, tt, out); break;
+        case FMT_BF16: row_dense((const uint16_t *)base + row * k, 1, k, x, tt, out); break;
         case FMT_Q4: row_q4((const uint8_t *)base + row * gpr * 32, scales + row * gpr, gpr, x, tt, out); break;
         default: row_q8((const int8_t *)base + row * gpr * 32, scales + row * gpr, gpr, x, tt, out); break;
         }
