@@ -398,7 +398,7 @@ def test_copied_experts_against_fp64(min_tokens, cache):
 
     ops = types.SimpleNamespace(moe_experts=moe_experts)
     x, w, ids, gate_up, down, shared = _case(torch.float32, tokens=9, k=3)
-    stage = ExpertStage(tuple(gate_up.shape[1:]), tuple(down.shape[1:]), torch.device("cpu"), torch.float32, slots=2)
+    stage = ExpertStage(torch.device("cpu"), torch.float32, slots=2)
     layer = HostExperts(gate_up, down, cache_slots=cache, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
                         copy_min_tokens=min_tokens, stage=stage)
     layer(x, w, ids, shared)    # the cache (if any) sees the routing
@@ -434,8 +434,7 @@ def test_the_cost_model_follows_the_host_time_the_layer_measures(monkeypatch):
     costs = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5)
     layers = {adapt: HostExperts(gate_up, down, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
                                  costs=costs, adapt_costs=adapt,
-                                 stage=ExpertStage(tuple(gate_up.shape[1:]), tuple(down.shape[1:]),
-                                                   torch.device("cpu"), torch.float32, slots=2))
+                                 stage=ExpertStage(torch.device("cpu"), torch.float32, slots=2))
               for adapt in (False, True)}
     copied = {}
     for adapt, layer in layers.items():
@@ -466,7 +465,7 @@ def test_the_compiled_host_kernel_against_fp64(dtype):
                     type(shared)(shared.projected.float(), shared.down.float(), shared.gate_logit))
     ops = types.SimpleNamespace(moe_experts=moe_experts)
     for extra in ({}, {"cache_slots": 3, "costs": ExpertCosts(1.0, 1.0, 0.5),
-                       "stage": ExpertStage((64, 64), (64, 32), torch.device("cpu"), dtype, slots=2)}):
+                       "stage": ExpertStage(torch.device("cpu"), dtype, slots=2)}):
         layer = HostExperts(gate_up, down, ops=ops, device=torch.device("cpu"), dtype=dtype, rows=rows, **extra)
         for _ in range(2):
             got = layer(x, w, ids, shared)
@@ -487,7 +486,7 @@ def test_copied_experts_enter_the_cache_unless_the_call_reads_the_slot():
     ops = types.SimpleNamespace(moe_experts=moe_experts)
     x, _, _, gate_up, down, shared = _case(torch.float32, experts=8, k=2, tokens=4)
     w = torch.softmax(torch.randn(4, 2, generator=torch.Generator().manual_seed(2)), -1)
-    stage = ExpertStage(tuple(gate_up.shape[1:]), tuple(down.shape[1:]), torch.device("cpu"), torch.float32, slots=2)
+    stage = ExpertStage(torch.device("cpu"), torch.float32, slots=2)
     layer = HostExperts(gate_up, down, cache_slots=2, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
                         copy_min_tokens=1, stage=stage)
 
@@ -568,7 +567,7 @@ def test_cost_model_copies_against_fp64(cache, tokens, k):
 
     ops = types.SimpleNamespace(moe_experts=moe_experts)
     x, w, ids, gate_up, down, shared = _case(torch.float32, tokens=tokens, k=k)
-    stage = ExpertStage(tuple(gate_up.shape[1:]), tuple(down.shape[1:]), torch.device("cpu"), torch.float32, slots=2)
+    stage = ExpertStage(torch.device("cpu"), torch.float32, slots=2)
     costs = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5)
     layer = HostExperts(gate_up, down, cache_slots=cache, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
                         costs=costs, stage=stage, threads=torch.get_num_threads())

@@ -37,7 +37,7 @@ def test_cuda_host_experts_against_fp64(dtype, cache, copy):
     want = _fp64_moe(x.to(dtype).float(), w, ids, gate_up.to(dtype).float(), down.to(dtype).float(),
                      type(shared)(shared.projected.to(dtype).float(), shared.down.to(dtype).float(),
                                   shared.gate_logit))
-    stage = ExpertStage((64, 64), (64, 32), dev, dtype, slots=2) if copy else None
+    stage = ExpertStage(dev, dtype, slots=2) if copy else None
     layer = HostExperts(gate_up.to(dtype), down.to(dtype), cache_slots=cache, ops=_cuda_ops(dtype), device=dev,
                         dtype=dtype, stage=stage, threads=torch.get_num_threads(),
                         **({"costs": ExpertCosts(1.0, 1.0, 0.5)} if copy == "costs" else {"copy_min_tokens": copy}))

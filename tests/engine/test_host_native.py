@@ -156,7 +156,7 @@ def test_quantized_banks_are_cached_and_copied_as_stored(fmt, kernel):
     ops = types.SimpleNamespace(moe_experts=quantized_moe_experts)
     x, w, ids, _, _, shared = _case(torch.float32, experts=8, k=3, tokens=9, hidden=64, inter=64)
     gate_up, down = _bank(fmt, 8, 128, 64, seed=1), _bank(fmt, 8, 64, 64, seed=2)
-    stage = ExpertStage((128, 64), (64, 64), torch.device("cpu"), torch.float32, slots=2)
+    stage = ExpertStage(torch.device("cpu"), torch.float32, slots=2)
     layer = HostExperts(gate_up, down, cache_slots=3, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
                         copy_min_tokens=3, stage=stage, rows=NativeRows(threads=2) if kernel == "native" else None)
     want = quantized_moe_experts(x, w, ids, gate_up, down, shared=shared)

@@ -55,6 +55,8 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
     ``--context-cache``/``--no-context-cache`` says otherwise (off for a benchmark, whose repeated prompts
     must be computed). ``warmup_flag``: the name of the start-up warm-up flag (``--NAME``/``--no-NAME``;
     bench says ``engine-warmup``: its ``--warmup N`` counts its excluded measurement runs)."""
+    from ninfer.contracts.options import HOST_EXPERT_KERNELS
+
     add_model_arg(p)
     g = p.add_argument_group("engine")
     g.add_argument("--max-concurrency", type=int, default=None, metavar="N",
@@ -108,7 +110,7 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "start)")
     g.add_argument("--host-expert-threads", type=int, default=None, metavar="N",
                    help="with host experts on a GPU: the CPU threads computing them (default: half the host's cores)")
-    g.add_argument("--host-expert-kernel", choices=("torch", "compiled", "native"), default=None,
+    g.add_argument("--host-expert-kernel", choices=HOST_EXPERT_KERNELS, default=None,
                    help="with host experts: how the CPU computes them: 'torch' (default, two GEMMs an expert), "
                         "'compiled' (one torch.compile kernel for all of a step's experts; compiled at start) or "
                         "'native' (NInfer's C kernel: each expert read once, q4/q8 banks read as stored; built "

@@ -100,26 +100,21 @@ STAGE_SLOTS = 8
 
 
 class ExpertStage:
-    """The copy path's device buffers, ``slots`` experts of ``gate_up_shape`` / ``down_shape`` in ``dtype`` (or,
-    for quantized banks, as they are stored), shared by every layer of a model (the layers run one after another;
-    stream order keeps a layer's copies behind the previous one's kernels). Allocated at the first copy."""
+    """The copy path's device buffers: ``slots`` experts like the host banks a layer passes to :meth:`buffers`, in
+    ``dtype`` (or, for quantized banks, as they are stored), shared by every layer of a model (the layers run one
+    after another; stream order keeps a layer's copies behind the previous one's kernels). Allocated at the first
+    copy."""
 
-    def __init__(self, gate_up_shape: tuple[int, ...], down_shape: tuple[int, ...], device: torch.device,
-                 dtype: torch.dtype, slots: int = STAGE_SLOTS) -> None:
-        self.shapes, self.device, self.dtype, self.slots = (gate_up_shape, down_shape), device, dtype, slots
+    def __init__(self, device: torch.device, dtype: torch.dtype, slots: int = STAGE_SLOTS) -> None:
+        self.device, self.dtype, self.slots = device, dtype, slots
         self._buffers: dict[str | None, tuple] = {}   # by the banks' stored format (None: dense)
 
-    def buffers(self, gate_up=None, down=None) -> tuple:
-        """The (gate_up, down) staging banks for host banks ``gate_up`` / ``down``: packed like them when they are
-        :class:`~ninfer.quant.PackedWeight`, else dense in the stage's dtype."""
+    def buffers(self, gate_up, down) -> tuple:
+        """The (gate_up, down) staging banks for the host banks ``gate_up`` / ``down``
+        (:func:`~ninfer_qwen3_5.layers.expert_cache.device_bank`)."""
         key = gate_up.format if isinstance(gate_up, PackedWeight) else None
         if key not in self._buffers:
-            if key is None:
-                self._buffers[key] = tuple(torch.empty((self.slots, *shape), dtype=self.dtype, device=self.device)
-                                           for shape in self.shapes)
-            else:
-                self._buffers[key] = (device_bank(gate_up, self.slots, self.device, self.dtype),
-                                      device_bank(down, self.slots, self.device, self.dtype))
+            self._buffers[key] = tuple(device_bank(b, self.slots, self.device, self.dtype) for b in (gate_up, down))
         return self._buffers[key]
 
 
@@ -129,9 +124,8 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
     its ``features`` (``{}`` without host experts): ``expert_cache_slots`` per layer; the copy path's rule, a fixed
     token threshold ``expert_copy_min_tokens`` or else the :class:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts`
     measured once for the model (None on the CPU; ``stored``: the experts' quantized format and one expert's stored
-    bytes, None if dense); the
-    one :class:`ExpertStage` all its layers share; the host's thread count (:func:`host_threads`); with
-    ``host_expert_kernel`` "compiled", the host's pair kernel
+    bytes, None if dense); the one :class:`ExpertStage` all its layers share; the host's thread count
+    (:func:`host_threads`); with ``host_expert_kernel`` "compiled", the host's pair kernel
     (:func:`~ninfer_qwen3_5.layers.host_compute.compiled_rows`, compiled here), with "native" NInfer's C kernel
     (:class:`~ninfer_qwen3_5.layers.host_native.NativeRows`, built here)."""
     if not features.host_experts:
@@ -144,7 +138,7 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
     fmt, nbytes = stored if stored is not None else (None, None)
     costs = (measure_expert_costs(hidden, inter, device, dtype, threads, rows, nbytes, fmt) if copy_min is None
              else None)
-    stage = (ExpertStage((2 * inter, hidden), (hidden, inter), device, dtype, min(STAGE_SLOTS, experts))
+    stage = (ExpertStage(device, dtype, min(STAGE_SLOTS, experts))
              if copy_min is not None or costs is not None else None)
     return dict(host_experts=True, cache_slots=features.expert_cache_slots, device=device, dtype=dtype,
                 copy_min_tokens=copy_min, costs=costs, stage=stage, threads=threads, adapt_costs=costs is not None,
