@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Does a device-side grid barrier beat a kernel boundary at decode? A probe for issue 39's persistent decode.
+
+A decode step at small shapes is bounded by its chain of dependent launches, not by its bytes (docs/dev/perf-log.md:
+the 0.8B spends ~24 us a layer on ~10 us of weights). Before a persistent decode is built, this probe measures the
+one thing it rests on, on the simplest block that has the chain: a stack of ``L`` dense SwiGLU MLP blocks at B = 1,
+
+    res' = x + res;  h = rms_norm_unit_offset(res');  act = silu(gate h) * (up h);  x' = down act
+
+run four ways on the same weights, each captured as one CUDA graph:
+
+- ``ops``: today's ops, two launches a block (``add_rms_norm_unit_offset_swiglu``, then ``linear``), with PDL;
+- ``split``: this probe's kernel, one launch per phase (2L launches): its efficiency without any barrier;
+- ``layer``: one persistent launch per block (its two phases meet at one grid barrier), with PDL between blocks;
+- ``chain``: one persistent launch for all L blocks (2L - 1 grid barriers, no launch boundary).
+
+A persistent program walks its phase's row tiles grid-stride and requests the first weight tile of its next
+phase before it waits at the barrier (weights depend on nothing), so the wait overlaps a load instead of leaving the
+memory system idle. Every variant's final output is compared with ``ops`` (max relative difference); ``split``,
+``layer`` and ``chain`` run the same arithmetic and must agree bitwise.
+
+The grid barrier is an arrival counter: each program adds 1 (release) after a CTA barrier and spins until the count
+reaches ``syncs * programs`` (acquire); the last program out resets it. It needs every program resident at once,
+so the grid is at most the SM count times the programs one SM holds (``--programs-per-sm``). Under
+``TRITON_INTERPRET=1`` programs run one after another, so only a one-program grid can take the persistent path
+there (the CPU tests do exactly that).
+
+    python3 tools/gpu_persistent_probe.py --out $OUT/persistent.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from ninfer.ops.triton._common import INTERPRET, cast, next_pow2, pdl, pdl_wait
+
+# (name, hidden, intermediate, blocks): the dense MLP of Qwen3.5-0.8B, 4B and 9B.
+SHAPES = [("0.8b mlp", 1024, 3584, 16), ("4b mlp", 2560, 9216, 8), ("9b mlp", 4096, 12288, 6)]
+# Rows per tile: gate/up pairs of phase 1, down rows of phase 2 (the widths of today's GEMVs).
+BN1, BN2 = 2, 2
+BK2 = 4096
+
+
+@triton.jit
+def _grid_sync(bar_ptr, target):
+    """Wait until every program of the grid has arrived: the count reaches ``target`` (syncs so far x programs)."""
+    tl.debug_barrier()   # every thread's stores are issued before the (release) arrival
+    tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")
+    while tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu") < target:
+        pass
+    tl.debug_barrier()
+
+
+@triton.jit
+def _mlp_kernel(xs_ptr, res_ptr, nw_ptr, w1_ptr, w2_ptr, act_ptr, bar_ptr, eps, H, NI, LAYER0, LAYERS,
+                BKH: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, BK2: tl.constexpr,
+                PHASE: tl.constexpr, PERSIST: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr):
+    # PERSIST: blocks LAYER0 .. LAYER0 + LAYERS - 1, both phases, grid barriers between them. Otherwise one phase
+    # (PHASE 1 or 2) of block LAYER0. xs[blk] is block blk's input x (xs[blk + 1] its output), res[blk] its residual input.
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    kk = tl.arange(0, BKH)
+    km = kk < H
+    k2 = tl.arange(0, BK2)
+    r1 = tl.arange(0, BN1)
+    r2 = tl.arange(0, BN2)
+    n1 = tl.cdiv(NI, BN1)
+    n2 = tl.cdiv(H, BN2)
+    syncs = 0
+    # The first weight tile of this program's first phase: before the PDL wait (weights are no kernel's output).
+    if PERSIST or PHASE == 1:
+        n = pid * BN1 + r1
+        n_in = tl.where(n < NI, n, 0)
+        g_next = tl.load(w1_ptr + LAYER0 * 2 * NI * H + n_in[:, None] * H + kk[None, :],
+                         mask=(n < NI)[:, None] & km[None, :], other=0.0)
+        u_next = tl.load(w1_ptr + LAYER0 * 2 * NI * H + (NI + n_in)[:, None] * H + kk[None, :],
+                         mask=(n < NI)[:, None] & km[None, :], other=0.0)
+    if PERSIST or PHASE == 2:
+        m = pid * BN2 + r2
+        d_next = tl.load(w2_ptr + LAYER0 * H * NI + tl.where(m < H, m, 0)[:, None] * NI + k2[None, :],
+                         mask=(m < H)[:, None] & (k2[None, :] < NI), other=0.0)
+    pdl_wait(PDL)
+    for blk in range(LAYER0, LAYER0 + LAYERS):
+        if PERSIST or PHASE == 1:
+            # Phase 1: h from x and the residual (every program, from L2), then gate/up row pairs -> act.
+            x = tl.load(xs_ptr + blk * H + kk, mask=km, other=0.0).to(tl.float32)
+            rr = tl.load(res_ptr + blk * H + kk, mask=km, other=0.0).to(tl.float32)
+            res = cast(x + rr, xs_ptr.dtype.element_ty, INTERP)
+            rf = res.to(tl.float32)
+            nw = tl.load(nw_ptr + blk * H + kk, mask=km, other=0.0).to(tl.float32)
+            h = cast(rf * tl.rsqrt(tl.sum(rf * rf, 0) / H + eps) * (1.0 + nw), xs_ptr.dtype.element_ty,
+                     INTERP).to(tl.float32)
+            tl.store(res_ptr + (blk + 1) * H + kk, res, mask=km & (kk * 0 + pid == 0))   # program 0 only (a tensor mask: the interpreter)
+            for t in range(pid, n1, nprog):
+                n = t * BN1 + r1
+                g = cast(tl.sum(g_next.to(tl.float32) * h[None, :], 1), xs_ptr.dtype.element_ty, INTERP)
+                u = cast(tl.sum(u_next.to(tl.float32) * h[None, :], 1), xs_ptr.dtype.element_ty, INTERP)
+                nn = (t + nprog) * BN1 + r1   # the next tile in flight while this one is reduced
+                nn_in = tl.where(nn < NI, nn, 0)
+                g_next = tl.load(w1_ptr + blk * 2 * NI * H + nn_in[:, None] * H + kk[None, :],
+                                 mask=(nn < NI)[:, None] & km[None, :], other=0.0)
+                u_next = tl.load(w1_ptr + blk * 2 * NI * H + (NI + nn_in)[:, None] * H + kk[None, :],
+                                 mask=(nn < NI)[:, None] & km[None, :], other=0.0)
+                gf, uf = g.to(tl.float32), u.to(tl.float32)
+                a = cast(gf / (1.0 + tl.exp(-gf)) * uf, xs_ptr.dtype.element_ty, INTERP)
+                tl.store(act_ptr + blk * NI + n, a, mask=n < NI)
+            if PERSIST:
+                syncs += 1
+                _grid_sync(bar_ptr, syncs * nprog)
+        if PERSIST or PHASE == 2:
+            # Phase 2: down rows over act (K = NI, in BK2 chunks; the first chunk of a tile is already loaded).
+            for t in range(pid, n2, nprog):
+                m = t * BN2 + r2
+                m_in = tl.where(m < H, m, 0)
+                a0 = tl.load(act_ptr + blk * NI + k2, mask=k2 < NI, other=0.0).to(tl.float32)
+                acc = tl.sum(d_next.to(tl.float32) * a0[None, :], 1)
+                for k0 in range(BK2, NI, BK2):
+                    w = tl.load(w2_ptr + blk * H * NI + m_in[:, None] * NI + k0 + k2[None, :],
+                                mask=(k0 + k2[None, :]) < NI, other=0.0).to(tl.float32)
+                    ak = tl.load(act_ptr + blk * NI + k0 + k2, mask=(k0 + k2) < NI, other=0.0).to(tl.float32)
+                    acc += tl.sum(w * ak[None, :], 1)
+                mm = (t + nprog) * BN2 + r2
+                d_next = tl.load(w2_ptr + blk * H * NI + tl.where(mm < H, mm, 0)[:, None] * NI + k2[None, :],
+                                 mask=(mm < H)[:, None] & (k2[None, :] < NI), other=0.0)
+                tl.store(xs_ptr + (blk + 1) * H + m, cast(acc, xs_ptr.dtype.element_ty, INTERP), mask=m < H)
+            if PERSIST:
+                # The next block's first tiles, requested before the wait (masked off after the last block).
+                nxt = blk + 1 < LAYER0 + LAYERS
+                i_lim = tl.where(nxt, NI, 0)   # no rows after the last block
+                h_lim = tl.where(nxt, H, 0)
+                n = pid * BN1 + r1
+                n_in = tl.where(n < NI, n, 0)
+                g_next = tl.load(w1_ptr + (blk + 1) * 2 * NI * H + n_in[:, None] * H + kk[None, :],
+                                 mask=(n < i_lim)[:, None] & km[None, :], other=0.0)
+                u_next = tl.load(w1_ptr + (blk + 1) * 2 * NI * H + (NI + n_in)[:, None] * H + kk[None, :],
+                                 mask=(n < i_lim)[:, None] & km[None, :], other=0.0)
+                m = pid * BN2 + r2
+                d_next = tl.load(w2_ptr + (blk + 1) * H * NI + tl.where(m < H, m, 0)[:, None] * NI + k2[None, :],
+                                 mask=(m < h_lim)[:, None] & (k2[None, :] < NI), other=0.0)
+                if nxt:
+                    syncs += 1
+                    _grid_sync(bar_ptr, syncs * nprog)
+    if PERSIST:
+        # The last program out resets the counter for the next launch: every program has left its last wait.
+        done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == nprog - 1:
+            tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(bar_ptr + 1, 0, sem="relaxed", scope="gpu")
+
+
+class MLPStack:
+    """``L`` MLP blocks' weights and activation buffers; ``xs[0]``/``res[0]`` hold the input."""
+
+    def __init__(self, hidden: int, inter: int, layers: int, device, dtype, seed: int = 0) -> None:
+        g = torch.Generator(device=device).manual_seed(seed)
+        self.h, self.i, self.layers = hidden, inter, layers
+        self.w1 = (torch.randn(layers, 2 * inter, hidden, generator=g, device=device) * hidden ** -0.5).to(dtype)
+        self.w2 = (torch.randn(layers, hidden, inter, generator=g, device=device) * inter ** -0.5).to(dtype)
+        self.nw = (torch.randn(layers, hidden, generator=g, device=device) * 0.1).to(dtype)
+        self.xs = torch.zeros(layers + 1, hidden, device=device, dtype=dtype)
+        self.res = torch.zeros(layers + 1, hidden, device=device, dtype=dtype)
+        self.xs[0] = torch.randn(hidden, generator=g, device=device).to(dtype)
+        self.res[0] = torch.randn(hidden, generator=g, device=device).to(dtype)
+        self.act = torch.zeros(layers, inter, device=device, dtype=dtype)
+        self.bar = torch.zeros(2, device=device, dtype=torch.int32)
+        self.eps = 1e-6
+
+    def weight_bytes(self) -> int:
+        return (self.w1.numel() + self.w2.numel()) * self.w1.element_size()
+
+    def _launch(self, grid: int, layer0: int, layers: int, phase: int, persist: bool, warps: int) -> None:
+        kw = {} if INTERPRET else {"num_warps": warps}
+        launch = pdl(self.xs) if persist else {"PDL": False}
+        _mlp_kernel[(grid,)](self.xs, self.res, self.nw, self.w1, self.w2, self.act, self.bar, self.eps, self.h,
+                             self.i, layer0, layers, BKH=next_pow2(self.h), BN1=BN1, BN2=BN2,
+                             BK2=min(BK2, next_pow2(self.i)), PHASE=phase, PERSIST=persist, INTERP=INTERPRET,
+                             **launch, **kw)
+
+    def split(self, warps: int = 4) -> None:
+        """One launch per phase, grids as wide as the tiles (no barrier)."""
+        for blk in range(self.layers):
+            self._launch(triton.cdiv(self.i, BN1), blk, 1, 1, False, warps)
+            self._launch(triton.cdiv(self.h, BN2), blk, 1, 2, False, warps)
+
+    def layer(self, programs: int, warps: int = 4) -> None:
+        """One persistent launch per block."""
+        for blk in range(self.layers):
+            self._launch(programs, blk, 1, 0, True, warps)
+
+    def chain(self, programs: int, warps: int = 4) -> None:
+        """One persistent launch for every block."""
+        self._launch(programs, 0, self.layers, 0, True, warps)
+
+    def ops(self) -> None:
+        """Today's ops: the fused norm + gate/up + SwiGLU GEMV, then the down GEMV, per block."""
+        from ninfer.ops.triton import linear
+        x, res = self.xs[0:1], self.res[0:1]
+        for blk in range(self.layers):
+            act, _, res = linear.add_rms_norm_unit_offset_swiglu(x, res, self.nw[blk], self.eps, self.w1[blk])
+            x = linear.linear(act, self.w2[blk])
+        self.xs[self.layers].copy_(x[0])   # one small copy per stack, so the outputs compare
+
+    def reference(self) -> torch.Tensor:
+        """The stack in fp32 torch with the kernels' roundings: the final block's output."""
+        dt = self.xs.dtype
+        x, r = self.xs[0].float(), self.res[0].float()
+        for blk in range(self.layers):
+            res = (x + r).to(dt).float()
+            h = (res * torch.rsqrt((res * res).mean() + self.eps) * (1.0 + self.nw[blk].float())).to(dt).float()
+            gu = (self.w1[blk].float() @ h).to(dt).float()
+            g, u = gu[:self.i], gu[self.i:]
+            act = (torch.nn.functional.silu(g) * u).to(dt).float()
+            x, r = (self.w2[blk].float() @ act).to(dt).float(), res
+        return x
+
+
+def _graph_us(fn, replays: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(replays):
+        graph.replay()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) * 1000 / replays
+
+
+def measure(args) -> dict:
+    from ninfer.bench.limits import measure_copy_bandwidth
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    copy = measure_copy_bandwidth(dev, 1 << 30)
+    report = {"device": torch.cuda.get_device_name(dev), "sms": sms, "copy_bytes_per_s": copy, "shapes": []}
+    for name, hidden, inter, layers in SHAPES:
+        st = MLPStack(hidden, inter, layers, dev, torch.bfloat16)
+        variants = {"ops": st.ops, "split": st.split}
+        for per_sm in args.programs_per_sm:
+            for warps in args.warps:
+                variants[f"layer p{per_sm * sms} w{warps}"] = lambda p=per_sm * sms, w=warps, s=st: s.layer(p, w)
+                variants[f"chain p{per_sm * sms} w{warps}"] = lambda p=per_sm * sms, w=warps, s=st: s.chain(p, w)
+        ref = st.reference()
+        row = {"shape": name, "hidden": hidden, "inter": inter, "blocks": layers, "weight_bytes": st.weight_bytes(),
+               "variants": {}}
+        outs = {}
+        for vname, fn in variants.items():
+            st.xs[1:].zero_()
+            fn()
+            torch.cuda.synchronize()
+            outs[vname] = st.xs[layers].clone()
+            us = _graph_us(fn, args.replays)
+            err = float((outs[vname].float() - ref).abs().max() / ref.abs().max())
+            row["variants"][vname] = {
+                "us_per_block": us / layers, "of_copy_ceiling": st.weight_bytes() / (us * 1e-6) / copy,
+                "rel_err_vs_fp32": err,
+                "bitwise_eq_split": bool(torch.equal(outs[vname], outs["split"])) if "split" in outs else None,
+                "rel_diff_vs_ops": float((outs[vname].float() - outs["ops"].float()).abs().max()
+                                         / outs["ops"].float().abs().max())}
+            print(f"{name:10s} {vname:16s} {us / layers:8.2f} us/block "
+                  f"{100 * row['variants'][vname]['of_copy_ceiling']:5.1f}% of copy  err {err:.2e}", flush=True)
+        report["shapes"].append(row)
+        torch.cuda.empty_cache()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument("--programs-per-sm", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_persistent_probe: needs a CUDA device (the CPU tests run its kernel under the interpreter)",
+              file=sys.stderr)
+        return 2
+    report = measure(args)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
