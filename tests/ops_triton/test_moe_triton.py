@@ -88,6 +88,22 @@ def test_agrees_with_reference_op_and_tile_choices(gen):
     assert torch.equal(tm.moe_experts(*args), tm.moe_experts(*args))
 
 
+@pytest.mark.parametrize("tiles", [tm.PrefillTiles(), tm.PrefillTiles(128, (128, 128), 64, 8, 3),
+                                   tm.PrefillTiles(128, (64, 64), 32, 4, 4), tm.PrefillTiles(32, (32, 256), 64, 8, 2)],
+                         ids=["default", "m128-n128-w8", "m128-k32-s4", "m32-n256"])
+def test_prefill_tile_choices_agree(tiles, gen):
+    # Whatever the launch shape (tools/gpu_moe_prefill_sweep.py's candidates), the grouped path's result is the
+    # reference's within bf16. Row blocks and column tiles change no sum order in the dots' K steps (only block_k
+    # does); under the interpreter that makes the results equal, while on the GPU the MMA instruction shape that
+    # the compiler picks for a tile may order a step's products differently, so there the bound alone holds.
+    t_len, hidden, inter, n_exp, top_k = (600, 512, 256, 16, 8) if _CUDA else (40, 40, 24, 4, 3)
+    args = make(gen, t_len, hidden, inter, n_exp, top_k, torch.bfloat16)
+    out = tm.moe_experts(*args, gemv=False, tiles=tiles)
+    assert_normwise(out, moe_experts_oracle(*args), EXPERTS[torch.bfloat16], f"tiles {tiles}")
+    if not _CUDA:
+        assert torch.equal(out, tm.moe_experts(*args, gemv=False, tiles=tm.PrefillTiles(block_k=tiles.block_k)))
+
+
 def test_mixed_dtypes_fall_back_to_reference(gen):
     x, weights, ids, gate_up, down = make(gen, 5, 32, 24, 6, 2, torch.float32)
     out = tm.moe_experts(x.to(torch.bfloat16), weights, ids, gate_up, down)

@@ -29,6 +29,8 @@ trusted to lie in [0, E) (the router produces them); out-of-range ids are not ch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -148,11 +150,25 @@ def _moe_sum_kernel(y_ptr, extra_ptr, out_ptr, H, so_t, TOPK: tl.constexpr, BH: 
     tl.store(out_ptr + t * so_t + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
 
 
-def _block_m(tk: int, n_exp: int) -> int:
-    # Rows per block ~ the mean pairs per expert, in [16, 64]: decode (a few pairs per expert) wastes at most
+@dataclass(frozen=True)
+class PrefillTiles:
+    """The grouped path's launch shape: row blocks of up to ``block_m_max`` pairs (fewer when experts get fewer
+    pairs on average), ``block_n`` output columns of the gate/up and down kernels, ``block_k`` inputs per dot step
+    (32 in fp32), and the kernels' warps and pipeline stages. Any value gives the same result up to the dots'
+    accumulation order (``block_k``); tools/gpu_moe_prefill_sweep.py times the alternatives."""
+
+    block_m_max: int = 64
+    block_n: tuple[int, int] = (64, 128)
+    block_k: int = 64
+    warps: int = 4
+    stages: int = 3
+
+
+def _block_m(tk: int, n_exp: int, cap: int = 64) -> int:
+    # Rows per block ~ the mean pairs per expert, in [16, cap]: decode (a few pairs per expert) wastes at most
     # 15 padded rows per expert; prefill (T=2048, k=8, E=256: 64 per expert) fills 64-row tiles.
     mean = -(-tk // n_exp)
-    return min(64, max(16, triton.next_power_of_2(mean)))
+    return min(cap, max(16, triton.next_power_of_2(mean)))
 
 
 @triton.jit(do_not_specialize=["TK", "MAXB"])
@@ -236,9 +252,11 @@ def _align(ids: torch.Tensor, n_exp: int, bm: int) -> tuple[torch.Tensor, torch.
 
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                 down: torch.Tensor, *, shared: SharedExpert | None = None,
-                block_n: tuple[int, int] | None = None, gemv: bool | None = None) -> torch.Tensor:
+                block_n: tuple[int, int] | None = None, gemv: bool | None = None,
+                tiles: PrefillTiles | None = None) -> torch.Tensor:
     """Weighted sum of the routed experts' SwiGLU MLPs for ``x[T, H]`` (plus the shared expert when given);
-    returns [T, H] in x.dtype. ``gemv`` forces (True) or forbids (False) the decode path (None: by size)."""
+    returns [T, H] in x.dtype. ``gemv`` forces (True) or forbids (False) the decode path (None: by size);
+    ``tiles`` overrides the grouped path's launch shape (``block_n`` its column tiles alone)."""
     same = x.dtype == gate_up.dtype == down.dtype and x.dtype in _DTYPES
     if shared is not None:
         same = same and shared.projected.dtype == x.dtype == shared.down.dtype
@@ -260,7 +278,7 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
         return moe_gemv.moe_experts_gemv(x, weights, ids, gate_up, down, shared)
     rw = weights.reshape(-1).float().contiguous()
     tk = t_len * top_k
-    bm = _block_m(tk, n_exp)
+    bm = _block_m(tk, n_exp, tiles.block_m_max if tiles else 64)
     pairs, block_expert, max_blocks = _align_fused(ids, n_exp, bm)
     ieee = x.dtype == torch.float32
     interp = x.device.type != "cuda"
@@ -270,14 +288,16 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
     upcast = interp and x.dtype != torch.float32
     # Decode grids are small (T=1, k=8: 8 blocks): narrower N tiles put more programs on the SMs to stream the
     # expert weights; prefill keeps wider tiles for reuse.
-    if block_n is not None:
+    if tiles is not None:
+        bn1, bn2 = tiles.block_n
+    elif block_n is not None:
         bn1, bn2 = block_n
     elif max_blocks <= 32:
         bn1, bn2 = 32, 64
     else:
         bn1, bn2 = 64, 128
-    bk = 64 if not ieee else 32
-    kw = {} if interp else {"num_warps": 4, "num_stages": 3}
+    bk = 32 if ieee else tiles.block_k if tiles else 64
+    kw = {} if interp else {"num_warps": tiles.warps if tiles else 4, "num_stages": tiles.stages if tiles else 3}
     act = torch.empty((max_blocks * bm, inter), dtype=x.dtype, device=x.device)
     _moe_gate_up_kernel[(max_blocks, triton.cdiv(inter, bn1))](
         x, gate_up, act, pairs, block_expert, hidden, inter, tk, n_exp,
