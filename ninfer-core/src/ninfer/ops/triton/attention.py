@@ -298,7 +298,7 @@ def _prefill_config(d: int, dtype: torch.dtype) -> dict:
     if dtype == torch.float32:  # the smallest spill-free tile at D=256 in the sm_90 build (IEEE FMA dots)
         return dict(BLOCK_M=16, BLOCK_N=32, num_warps=8, num_stages=1)
     if block_d > 128:
-        return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8, num_stages=2)
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2)
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 
 
