@@ -89,8 +89,9 @@ def test_agrees_with_reference_op_and_tile_choices(gen):
 
 
 @pytest.mark.parametrize("tiles", [tm.PrefillTiles(), tm.PrefillTiles(128, (128, 128), 64, 8, 3),
-                                   tm.PrefillTiles(128, (64, 64), 32, 4, 4), tm.PrefillTiles(32, (32, 256), 64, 8, 2)],
-                         ids=["default", "m128-n128-w8", "m128-k32-s4", "m32-n256"])
+                                   tm.PrefillTiles(128, (64, 64), 32, 4, 4), tm.PrefillTiles(32, (32, 256), 64, 8, 2),
+                                   tm.LARGE_TILES],
+                         ids=["default", "m128-n128-w8", "m128-k32-s4", "m32-n256", "large"])
 def test_prefill_tile_choices_agree(tiles, gen):
     # Whatever the launch shape (tools/gpu_moe_prefill_sweep.py's candidates), the grouped path's result is the
     # reference's within bf16. Row blocks and column tiles change no sum order in the dots' K steps (only block_k
@@ -102,6 +103,16 @@ def test_prefill_tile_choices_agree(tiles, gen):
     assert_normwise(out, moe_experts_oracle(*args), EXPERTS[torch.bfloat16], f"tiles {tiles}")
     if not _CUDA:
         assert torch.equal(out, tm.moe_experts(*args, gemv=False, tiles=tm.PrefillTiles(block_k=tiles.block_k)))
+
+
+def test_large_calls_take_the_large_tiles(gen, monkeypatch):
+    # A call of at least LARGE_PAIRS pairs (a long prefill chunk) launches LARGE_TILES; lowered here so a small call
+    # is "large": its result is the explicit LARGE_TILES launch's, bitwise (one launch shape, one program).
+    t_len, hidden, inter, n_exp, top_k = (600, 512, 256, 16, 8) if _CUDA else (40, 40, 24, 4, 3)
+    args = make(gen, t_len, hidden, inter, n_exp, top_k, torch.bfloat16)
+    monkeypatch.setattr(tm, "LARGE_PAIRS", t_len * top_k)
+    assert torch.equal(tm.moe_experts(*args, gemv=False), tm.moe_experts(*args, gemv=False, tiles=tm.LARGE_TILES))
+    assert_normwise(tm.moe_experts(*args, gemv=False), moe_experts_oracle(*args), EXPERTS[torch.bfloat16], "large")
 
 
 def test_mixed_dtypes_fall_back_to_reference(gen):

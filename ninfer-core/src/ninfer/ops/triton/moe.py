@@ -164,6 +164,13 @@ class PrefillTiles:
     stages: int = 3
 
 
+# Prefill chunks of at least LARGE_PAIRS token-expert pairs take LARGE_TILES (16-bit dtypes): wider row blocks and
+# column tiles, 8 warps (tools/gpu_moe_prefill_sweep.py: the fastest candidate at 2,048 and 8,192 tokens of the
+# 35B-A3B expert shape).
+LARGE_PAIRS = 16384
+LARGE_TILES = PrefillTiles(128, (128, 256), 64, 8, 3)
+
+
 def _block_m(tk: int, n_exp: int, cap: int = 64) -> int:
     # Rows per block ~ the mean pairs per expert, in [16, cap]: decode (a few pairs per expert) wastes at most
     # 15 padded rows per expert; prefill (T=2048, k=8, E=256: 64 per expert) fills 64-row tiles.
@@ -278,6 +285,8 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
         return moe_gemv.moe_experts_gemv(x, weights, ids, gate_up, down, shared)
     rw = weights.reshape(-1).float().contiguous()
     tk = t_len * top_k
+    if tiles is None and block_n is None and tk >= LARGE_PAIRS and x.dtype != torch.float32:
+        tiles = LARGE_TILES
     bm = _block_m(tk, n_exp, tiles.block_m_max if tiles else 64)
     pairs, block_expert, max_blocks = _align_fused(ids, n_exp, bm)
     ieee = x.dtype == torch.float32
