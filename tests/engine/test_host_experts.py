@@ -533,7 +533,7 @@ def test_copy_threshold_options():
     with pytest.raises(InvalidEngineOptions, match="host_expert_kernel"):
         EngineOptions(host_expert_kernel="fast").validate()
     assert EngineOptions(host_experts=True, host_expert_kernel="compiled").features().host_expert_kernel == "compiled"
-    assert EngineOptions(host_experts=True).features().host_expert_kernel == "torch"
+    assert EngineOptions(host_experts=True).features().host_expert_kernel == "auto"
 
 
 def test_the_cost_model_balances_the_copy_engine_against_the_host():

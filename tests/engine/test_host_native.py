@@ -277,6 +277,26 @@ def test_options_select_the_native_kernel():
     assert isinstance(opts["rows"], NativeRows) and opts["rows"].threads is None   # torch's count on the CPU
 
 
+def test_auto_takes_the_native_kernel_on_a_gpu_run_and_torch_where_it_cannot(monkeypatch, caplog):
+    # The default ("auto"): torch's GEMMs on the CPU (the reference op, bitwise); on a GPU run the native kernel,
+    # or torch's with a warning that names why when this host cannot build it. host_expert_options reads only the
+    # device's type before any CUDA work, so a "cuda" device object is enough to take the GPU branch here.
+    from ninfer_qwen3_5.layers import host_experts
+    features = EngineOptions(host_experts=True).features()
+    assert features.host_expert_kernel == "auto"
+    assert host_experts._auto_rows(torch.device("cpu"), None) is None
+    require_native_kernel()
+    assert isinstance(host_experts._auto_rows(torch.device("cuda"), 2), NativeRows)
+
+    def no_compiler():
+        raise NotSupportedError("host_expert_kernel='native' needs a C compiler")
+
+    monkeypatch.setattr(host_native, "library", no_compiler)
+    with caplog.at_level("WARNING", logger="ninfer_qwen3_5.layers.host_experts"):
+        assert host_experts._auto_rows(torch.device("cuda"), 2) is None
+    assert "torch's GEMMs compute them instead" in caplog.text and "needs a C compiler" in caplog.text
+
+
 def test_the_build_is_cached_and_a_failing_compiler_is_named(tmp_path, monkeypatch):
     first = host_native.build(tmp_path)
     stamp = first.stat().st_mtime_ns

@@ -211,7 +211,7 @@ def host_experts_summary(options, stats) -> dict:
     return {"expert_cache_slots": options.expert_cache_slots,
             "expert_copy_min_tokens": options.expert_copy_min_tokens,
             "host_expert_threads": options.host_expert_threads,
-            "host_expert_kernel": options.host_expert_kernel or "torch",
+            "host_expert_kernel": options.host_expert_kernel or "auto",
             "cache_hits": list(stats.expert_cache_hits), "cache_misses": list(stats.expert_cache_misses),
             "cache_hit_rate_by_layer": list(stats.expert_cache_hit_rate_by_layer())}
 

@@ -111,7 +111,8 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
     g.add_argument("--host-expert-threads", type=int, default=None, metavar="N",
                    help="with host experts on a GPU: the CPU threads computing them (default: half the host's cores)")
     g.add_argument("--host-expert-kernel", choices=HOST_EXPERT_KERNELS, default=None,
-                   help="with host experts: how the CPU computes them: 'torch' (default, two GEMMs an expert), "
+                   help="with host experts: how the CPU computes them: 'auto' (default: 'native' on a GPU where it "
+                        "builds, else 'torch'), 'torch' (two GEMMs an expert), "
                         "'compiled' (one torch.compile kernel for all of a step's experts; compiled at start) or "
                         "'native' (NInfer's C kernel: each expert read once, q4/q8 banks read as stored; built "
                         "at start with the host's C compiler)")

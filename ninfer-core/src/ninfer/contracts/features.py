@@ -15,7 +15,7 @@ class StartupFeatures:
     (``EngineOptions.host_experts``, resolved); ``expert_cache_slots`` of them per layer are also cached on the
     device (0 without host experts); ``expert_copy_min_tokens``: the copy path's threshold (None: the
     architecture's start-up cost model); ``host_expert_threads``: the host's compute threads (None: the
-    architecture's default); ``host_expert_kernel``: "torch", "compiled" or "native" (``EngineOptions.host_expert_kernel``)."""
+    architecture's default); ``host_expert_kernel``: "auto", "torch", "compiled" or "native" (``EngineOptions.host_expert_kernel``)."""
 
     vision: bool = False
     speculative: str | None = None  # None, "mtp", "dflash" or "dflash2"

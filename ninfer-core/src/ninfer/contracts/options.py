@@ -28,8 +28,9 @@ DEFAULT_MAX_STEP_TOKENS = 2048
 # patches of 16 x 16 pixels are 4.2 megapixels (2048 x 2048); through Qwen3.5's 27-layer tower that is about the
 # compute of a 2,048-token step of a 9B text model, and the planner reserves its workspace (docs/vision.md).
 DEFAULT_MAX_ENCODE_ROWS = 16384
-# How the host computes host experts (``EngineOptions.host_expert_kernel``); the first is the default.
-HOST_EXPERT_KERNELS = ("torch", "compiled", "native")
+# How the host computes host experts (``EngineOptions.host_expert_kernel``); the first is the default: on a GPU
+# run the native kernel where it builds, else torch's GEMMs; on the CPU torch's (the reference op, bitwise).
+HOST_EXPERT_KERNELS = ("auto", "torch", "compiled", "native")
 
 
 class InvalidEngineOptions(NInferError):
@@ -122,8 +123,8 @@ class EngineOptions:
       once), from the host-to-device bandwidth and the host's expert rate measured at start on a GPU; never on
       the CPU (one memory). ``host_expert_threads`` (>= 1): the host's compute threads for host experts on a GPU
       run (None, default: half the host's cores; on the CPU torch's own count is kept). ``host_expert_kernel``:
-      how the host computes its experts: "torch" (None, default: two torch GEMMs an expert, bitwise the reference
-      op on the CPU), "compiled" (one torch.compile-generated CPU kernel for all of a call's experts, within
+      how the host computes its experts: "auto" (None, default: "native" on a GPU run where the host's C compiler
+      builds it, else "torch"), "torch" (two torch GEMMs an expert, bitwise the reference op on the CPU), "compiled" (one torch.compile-generated CPU kernel for all of a call's experts, within
       accumulation-order tolerance; compiled at start, which needs a C++ toolchain) or "native" (the
       architecture's own C kernel, each expert read once for all of its tokens and quantized banks read as
       stored; within accumulation-order tolerance; built at start with the host's C compiler).
@@ -257,7 +258,7 @@ class EngineOptions:
                                                      or self.host_expert_threads < 1):
             raise bad("host_expert_threads", "must be an int >= 1 or None (auto: half the host's cores)")
         if self.host_expert_kernel not in (None, *HOST_EXPERT_KERNELS):
-            raise bad("host_expert_kernel", "must be 'torch', 'compiled', 'native' or None (torch)")
+            raise bad("host_expert_kernel", "must be 'auto', 'torch', 'compiled', 'native' or None (auto)")
         if not isinstance(self.prefill_graphs, bool):
             raise bad("prefill_graphs", "must be a bool")
         if self.expert_routing_file is not None and (not isinstance(self.expert_routing_file, str)
@@ -346,5 +347,5 @@ class EngineOptions:
                                expert_cache_slots=(self.expert_cache_slots or 0) if self.host_experts else 0,
                                expert_copy_min_tokens=self.expert_copy_min_tokens if self.host_experts else None,
                                host_expert_threads=self.host_expert_threads if self.host_experts else None,
-                               host_expert_kernel=(self.host_expert_kernel or "torch") if self.host_experts
+                               host_expert_kernel=(self.host_expert_kernel or "auto") if self.host_experts
                                else "torch")

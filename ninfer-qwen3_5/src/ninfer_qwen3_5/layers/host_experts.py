@@ -23,6 +23,7 @@ dtype before they join the fp32 sum: the same terms, one more rounding of a part
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import replace
@@ -40,6 +41,8 @@ from ninfer_qwen3_5.layers.expert_cache import ExpertCache, device_bank, load_ex
 from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, measure_expert_costs
 from ninfer_qwen3_5.layers.host_compute import compiled_rows, expert_groups, routed_sum
 from ninfer_qwen3_5.layers.host_native import NativeRows
+
+log = logging.getLogger(__name__)
 
 _HOST = torch.device("cpu")
 
@@ -133,8 +136,11 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
     copy_min = features.expert_copy_min_tokens
     threads = host_threads(device, features.host_expert_threads)
     kernel = features.host_expert_kernel
-    rows = (compiled_rows(hidden, inter, dtype, threads) if kernel == "compiled"
-            else NativeRows(threads) if kernel == "native" else None)
+    if kernel == "auto":
+        rows = _auto_rows(device, threads)
+    else:
+        rows = (compiled_rows(hidden, inter, dtype, threads) if kernel == "compiled"
+                else NativeRows(threads) if kernel == "native" else None)
     fmt, nbytes = stored if stored is not None else (None, None)
     costs = (measure_expert_costs(hidden, inter, device, dtype, threads, rows, nbytes, fmt) if copy_min is None
              else None)
@@ -143,6 +149,19 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
     return dict(host_experts=True, cache_slots=features.expert_cache_slots, device=device, dtype=dtype,
                 copy_min_tokens=copy_min, costs=costs, stage=stage, threads=threads, adapt_costs=costs is not None,
                 rows=rows)
+
+
+def _auto_rows(device: torch.device, threads: int | None):
+    """``host_expert_kernel`` "auto": on a GPU run the native kernel (it reads each expert once and quantized banks
+    as stored, which torch's GEMMs cannot), unless this host cannot build or load it, when torch's GEMMs compute
+    instead and a warning says why; on the CPU torch's (bitwise the reference op)."""
+    if device.type == "cpu":
+        return None
+    try:
+        return NativeRows(threads)
+    except NotSupportedError as exc:
+        log.warning("host experts: the native kernel is not available, torch's GEMMs compute them instead (%s)", exc)
+        return None
 
 
 def expert_caches(moes) -> list:
