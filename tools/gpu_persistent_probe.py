@@ -174,10 +174,10 @@ class MLPStack:
     def weight_bytes(self) -> int:
         return (self.w1.numel() + self.w2.numel()) * self.w1.element_size()
 
-    def _launch(self, grid: int, layer0: int, layers: int, phase: int, persist: bool, warps: int) -> None:
+    def _launch(self, grid: int, layer0: int, layers: int, phase: int, persist: bool, warps: int):
         kw = {} if INTERPRET else {"num_warps": warps}
         launch = pdl(self.xs) if persist else {"PDL": False}
-        _mlp_kernel[(grid,)](self.xs, self.res, self.nw, self.w1, self.w2, self.act, self.bar, self.eps, self.h,
+        return _mlp_kernel[(grid,)](self.xs, self.res, self.nw, self.w1, self.w2, self.act, self.bar, self.eps, self.h,
                              self.i, layer0, layers, BKH=next_pow2(self.h), BN1=BN1, BN2=BN2,
                              BK2=min(BK2, next_pow2(self.i)), PHASE=phase, PERSIST=persist, INTERP=INTERPRET,
                              **launch, **kw)
@@ -196,6 +196,19 @@ class MLPStack:
     def chain(self, programs: int, warps: int = 4) -> None:
         """One persistent launch for every block."""
         self._launch(programs, 0, self.layers, 0, True, warps)
+
+    def resident_per_sm(self, warps: int) -> int:
+        """How many persistent programs one SM holds at once, from the compiled kernel's registers and shared
+        memory (compiled by a one-program launch, which cannot hang): a larger grid's barrier would wait forever
+        for programs that cannot start."""
+        k = self._launch(1, 0, 1, 0, True, warps)
+        props = torch.cuda.get_device_properties(self.xs.device)
+        # Hopper's per-SM limits where this torch does not report them.
+        regs = getattr(props, "regs_per_multiprocessor", 65536) // max(1, k.n_regs * 32 * warps)
+        smem = k.metadata.shared
+        by_smem = getattr(props, "shared_memory_per_multiprocessor", 228 << 10) // smem if smem else regs
+        threads = getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps)
+        return max(0, min(regs, by_smem, threads))
 
     def ops(self) -> None:
         """Today's ops: the fused norm + gate/up + SwiGLU GEMV, then the down GEMV, per block."""
@@ -248,6 +261,10 @@ def measure(args) -> dict:
         variants = {"ops": st.ops, "split": st.split}
         for per_sm in args.programs_per_sm:
             for warps in args.warps:
+                if per_sm > st.resident_per_sm(warps):
+                    print(f"{name}: {per_sm} programs an SM at {warps} warps cannot all be resident; skipped",
+                          flush=True)
+                    continue
                 variants[f"layer p{per_sm * sms} w{warps}"] = lambda p=per_sm * sms, w=warps, s=st: s.layer(p, w)
                 variants[f"chain p{per_sm * sms} w{warps}"] = lambda p=per_sm * sms, w=warps, s=st: s.chain(p, w)
         ref = st.reference()
