@@ -9,8 +9,9 @@ top-8, for prefill chunks of ``--tokens`` tokens with uniform random routing:
    as TFLOP/s and a share of the bf16 matmul peak measured in the same run, with its largest difference from the
    default's result;
 2. the default's kernels one by one (torch.profiler): the alignment, the gate/up GEMM, the down GEMM, the sum;
-3. ``torch._grouped_mm`` over the same sorted pairs where this torch has it, and one dense GEMM of the same FLOPs
-   (the tensor cores' rate at this K with no grouping), as yardsticks.
+3. ``torch._grouped_mm`` over the same sorted pairs where this torch has it (the two GEMMs alone, and the whole
+   ``moe_experts(grouped_mm=True)`` path that ``NINFER_MOE_GROUPED_MM=1`` selects), and one dense GEMM of the same
+   FLOPs (the tensor cores' rate at this K with no grouping), as yardsticks.
 
     python3 tools/gpu_moe_prefill_sweep.py --out $OUT/moe_prefill.json
 """
@@ -128,6 +129,14 @@ def _measure(tokens: int, peak: float) -> dict:
               f"diff {diff:.1e}", flush=True)
     run["default_kernels"] = _profile(call)
     run["grouped_mm_ms"] = _grouped_mm_ms(x, ids, gate_up, down)
+    # The whole candidate path (NINFER_MOE_GROUPED_MM=1): the sort, both grouped GEMMs, the pair scatter, the sum.
+    path = functools.partial(call, grouped_mm=True)
+    try:
+        diff = float((path().float() - base).abs().max() / base.abs().max())
+        run["grouped_mm_path"] = {"ms": _graph_ms(path), "max_rel_diff_vs_default": diff}
+        print(f"T={tokens}: the grouped_mm path {run['grouped_mm_path']['ms']:.3f} ms, diff {diff:.1e}", flush=True)
+    except Exception as exc:  # noqa: BLE001 (this torch's grouped_mm may refuse the device or the capture)
+        run["grouped_mm_path"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     a = torch.randn(tokens * K, H, device="cuda").to(torch.bfloat16)
     b = torch.randn(H, 3 * INTER, device="cuda").to(torch.bfloat16)
     run["dense_gemm_same_flops_ms"] = _graph_ms(functools.partial(torch.matmul, a, b))

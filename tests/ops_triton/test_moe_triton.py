@@ -115,6 +115,24 @@ def test_large_calls_take_the_large_tiles(gen, monkeypatch):
     assert_normwise(tm.moe_experts(*args, gemv=False), moe_experts_oracle(*args), EXPERTS[torch.bfloat16], "large")
 
 
+@pytest.mark.parametrize("with_shared", [False, True], ids=["routed", "shared"])
+def test_the_grouped_mm_candidate_matches_the_oracle(with_shared, gen, monkeypatch):
+    # NINFER_MOE_GROUPED_MM's path: torch._grouped_mm for both GEMMs, then the same j-ordered fp32 sum. Within the
+    # bf16 bound of the oracle, deterministic run to run, and taken by default for large bf16 calls when enabled.
+    t_len, hidden, inter, n_exp, top_k = (600, 512, 256, 16, 8) if _CUDA else (40, 48, 32, 5, 3)
+    args = make(gen, t_len, hidden, inter, n_exp, top_k, torch.bfloat16)
+    shared = shared_expert(gen, t_len, hidden, 32, torch.bfloat16) if with_shared else None
+    out = tm.moe_experts(*args, shared=shared, gemv=False, grouped_mm=True)
+    assert_normwise(out, moe_experts_oracle(*args, shared=shared), EXPERTS[torch.bfloat16], "grouped_mm")
+    assert torch.equal(out, tm.moe_experts(*args, shared=shared, gemv=False, grouped_mm=True))
+    monkeypatch.setattr(tm, "GROUPED_MM", True)
+    monkeypatch.setattr(tm, "LARGE_PAIRS", t_len * top_k)
+    assert torch.equal(tm.moe_experts(*args, shared=shared, gemv=False), out)
+    monkeypatch.setattr(tm, "LARGE_PAIRS", t_len * top_k + 1)   # below the size: the Triton kernels
+    assert torch.equal(tm.moe_experts(*args, shared=shared, gemv=False),
+                       tm.moe_experts(*args, shared=shared, gemv=False, grouped_mm=False))
+
+
 def test_mixed_dtypes_fall_back_to_reference(gen):
     x, weights, ids, gate_up, down = make(gen, 5, 32, 24, 6, 2, torch.float32)
     out = tm.moe_experts(x.to(torch.bfloat16), weights, ids, gate_up, down)

@@ -29,12 +29,15 @@ trusted to lie in [0, E) (the router produces them); out-of-range ids are not ch
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ninfer.errors import NotSupportedError
 from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.reference import moe as _reference
 from ninfer.ops.registry import OpImpl
@@ -169,6 +172,12 @@ class PrefillTiles:
 # 35B-A3B expert shape).
 LARGE_PAIRS = 16384
 LARGE_TILES = PrefillTiles(128, (128, 256), 64, 8, 3)
+# NINFER_MOE_GROUPED_MM=1 (read once): bf16 calls of at least LARGE_PAIRS pairs run their two expert GEMMs through
+# torch._grouped_mm instead of the Triton kernels (a candidate; tools/gpu_moe_prefill_sweep.py times both).
+_ENV = os.environ.get("NINFER_MOE_GROUPED_MM", "0")
+if _ENV not in ("0", "1"):
+    raise ValueError(f"NINFER_MOE_GROUPED_MM={_ENV!r}: expected 0 or 1")
+GROUPED_MM = _ENV == "1"
 
 
 def _block_m(tk: int, n_exp: int, cap: int = 64) -> int:
@@ -260,10 +269,11 @@ def _align(ids: torch.Tensor, n_exp: int, bm: int) -> tuple[torch.Tensor, torch.
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
                 down: torch.Tensor, *, shared: SharedExpert | None = None,
                 block_n: tuple[int, int] | None = None, gemv: bool | None = None,
-                tiles: PrefillTiles | None = None) -> torch.Tensor:
+                tiles: PrefillTiles | None = None, grouped_mm: bool | None = None) -> torch.Tensor:
     """Weighted sum of the routed experts' SwiGLU MLPs for ``x[T, H]`` (plus the shared expert when given);
     returns [T, H] in x.dtype. ``gemv`` forces (True) or forbids (False) the decode path (None: by size);
-    ``tiles`` overrides the grouped path's launch shape (``block_n`` its column tiles alone)."""
+    ``tiles`` overrides the grouped path's launch shape (``block_n`` its column tiles alone); ``grouped_mm`` forces
+    (True) or forbids (False) the torch._grouped_mm GEMMs (None: :data:`GROUPED_MM` for large bf16 calls)."""
     same = x.dtype == gate_up.dtype == down.dtype and x.dtype in _DTYPES
     if shared is not None:
         same = same and shared.projected.dtype == x.dtype == shared.down.dtype
@@ -285,6 +295,10 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
         return moe_gemv.moe_experts_gemv(x, weights, ids, gate_up, down, shared)
     rw = weights.reshape(-1).float().contiguous()
     tk = t_len * top_k
+    if grouped_mm is None:
+        grouped_mm = GROUPED_MM and tk >= LARGE_PAIRS and x.dtype == torch.bfloat16
+    if grouped_mm:
+        return _grouped_mm_experts(x, rw, ids, gate_up, down, shared, out)
     if tiles is None and block_n is None and tk >= LARGE_PAIRS and x.dtype != torch.float32:
         tiles = LARGE_TILES
     bm = _block_m(tk, n_exp, tiles.block_m_max if tiles else 64)
@@ -322,6 +336,35 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
     bh = min(1024, triton.next_power_of_2(hidden))
     _moe_sum_kernel[(t_len, triton.cdiv(hidden, bh))](y, y if extra is None else extra, out, hidden, out.stride(0),
                                                       TOPK=top_k, BH=bh, HAS_EXTRA=extra is not None)
+    return out
+
+
+def _grouped_mm_experts(x: torch.Tensor, rw: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                        down: torch.Tensor, shared: SharedExpert | None, out: torch.Tensor) -> torch.Tensor:
+    """The routed sum with both expert GEMMs as torch._grouped_mm over the pairs sorted by expert (no padding: the
+    groups end at the experts' cumulative pair counts, all on the device). The roundings are the reference's: each
+    GEMM's output in x's dtype, the SwiGLU in fp32 rounded to x's dtype, the routing weight applied in fp32. Each
+    pair's weighted row is written at its pair index and ``_moe_sum_kernel`` sums them in j order, as the Triton
+    path does: deterministic."""
+    if not hasattr(torch, "_grouped_mm"):
+        raise NotSupportedError("moe_experts(grouped_mm=True) needs torch._grouped_mm, which this torch lacks")
+    t_len, top_k = ids.shape
+    n_exp, two_i, hidden = gate_up.shape
+    inter = two_i // 2
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(n_exp, dtype=torch.int32, device=x.device).scatter_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    h = torch._grouped_mm(x.index_select(0, order // top_k), gate_up.transpose(1, 2), offs=offs)
+    act = (F.silu(h[:, :inter].float()) * h[:, inter:].float()).to(x.dtype)
+    y = torch._grouped_mm(act, down.transpose(1, 2), offs=offs)
+    pairs = torch.empty((t_len * top_k, hidden), dtype=torch.float32, device=x.device)
+    pairs.index_copy_(0, order, y.float() * rw.index_select(0, order)[:, None])
+    extra = None if shared is None else _reference.shared_expert_fp32(shared, x.dtype).contiguous()
+    bh = min(1024, triton.next_power_of_2(hidden))
+    _moe_sum_kernel[(t_len, triton.cdiv(hidden, bh))](pairs, pairs if extra is None else extra, out, hidden,
+                                                      out.stride(0), TOPK=top_k, BH=bh, HAS_EXTRA=extra is not None)
     return out
 
 
