@@ -14,6 +14,10 @@ run four ways on the same weights, each captured as one CUDA graph:
 - ``layer``: one persistent launch per block (its two phases meet at one grid barrier), with PDL between blocks;
 - ``chain``: one persistent launch for all L blocks (2L - 1 grid barriers, no launch boundary).
 
+Beside them, the cost of one grid barrier alone (a kernel of 64 barriers and nothing else) against one launch
+boundary (64 empty PDL-launched kernels in a graph), at one and two programs an SM; and the persistent forms with
+wider tiles (``--rows``: 2, 4 or 8 rows of each phase a tile), which put more weight bytes in flight per program.
+
 A persistent program walks its phase's row tiles grid-stride and requests the first weight tile of its next
 phase before it waits at the barrier (weights depend on nothing), so the wait overlaps a load instead of leaving the
 memory system idle. Every variant's final output is compared with ``ops`` (max relative difference); ``split``,
@@ -31,6 +35,7 @@ there (the CPU tests do exactly that).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -42,8 +47,10 @@ from ninfer.ops.triton._common import INTERPRET, cast, next_pow2, pdl, pdl_wait
 
 # (name, hidden, intermediate, blocks): the dense MLP of Qwen3.5-0.8B, 4B and 9B.
 SHAPES = [("0.8b mlp", 1024, 3584, 16), ("4b mlp", 2560, 9216, 8), ("9b mlp", 4096, 12288, 6)]
-# Rows per tile: gate/up pairs of phase 1, down rows of phase 2 (the widths of today's GEMVs).
-BN1, BN2 = 2, 2
+# Rows per tile by default: gate/up pairs of phase 1, down rows of phase 2 (the widths of today's GEMVs);
+# ``--rows`` tries wider tiles (more weight bytes in flight per program) where a tile stays within MAX_TILE elements.
+ROWS = 2
+MAX_TILE = 8192
 BK2 = 4096
 
 
@@ -55,6 +62,35 @@ def _grid_sync(bar_ptr, target):
     while tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu") < target:
         pass
     tl.debug_barrier()
+
+
+@triton.jit
+def _sync_kernel(bar_ptr, SYNCS: tl.constexpr, PDL: tl.constexpr):
+    """``SYNCS`` grid barriers and nothing else: what one costs, against a launch boundary (:func:`_empty_kernel`)."""
+    pdl_wait(PDL)
+    nprog = tl.num_programs(0)
+    for s in range(1, SYNCS + 1):
+        _grid_sync(bar_ptr, s * nprog)
+    done = tl.atomic_add(bar_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if done == nprog - 1:
+        tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(bar_ptr + 1, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _empty_kernel(bar_ptr, PDL: tl.constexpr):
+    pdl_wait(PDL)
+
+
+def barrier_us(programs: int, syncs: int = 64, replays: int = 20) -> dict:
+    """Microseconds per grid barrier of ``programs`` programs, and per launch boundary of as many empty
+    PDL-launched kernels in one CUDA graph (the boundary a persistent kernel replaces)."""
+    bar = torch.zeros(2, device="cuda", dtype=torch.int32)
+    launch = pdl(bar)
+    sync = _graph_us(lambda: _sync_kernel[(programs,)](bar, SYNCS=syncs, **launch), replays)
+    empty = _graph_us(lambda: [_empty_kernel[(programs,)](bar, **launch) for _ in range(syncs)], replays)
+    one = _graph_us(lambda: _sync_kernel[(programs,)](bar, SYNCS=1, **launch), replays)
+    return {"programs": programs, "us_per_sync": (sync - one) / (syncs - 1), "us_per_launch": empty / syncs}
 
 
 @triton.jit
@@ -157,7 +193,8 @@ def _mlp_kernel(xs_ptr, res_ptr, nw_ptr, w1_ptr, w2_ptr, act_ptr, bar_ptr, eps, 
 class MLPStack:
     """``L`` MLP blocks' weights and activation buffers; ``xs[0]``/``res[0]`` hold the input."""
 
-    def __init__(self, hidden: int, inter: int, layers: int, device, dtype, seed: int = 0) -> None:
+    def __init__(self, hidden: int, inter: int, layers: int, device, dtype, seed: int = 0, rows: int = ROWS) -> None:
+        self.rows = rows   # rows per tile of both phases
         g = torch.Generator(device=device).manual_seed(seed)
         self.h, self.i, self.layers = hidden, inter, layers
         self.w1 = (torch.randn(layers, 2 * inter, hidden, generator=g, device=device) * hidden ** -0.5).to(dtype)
@@ -178,15 +215,15 @@ class MLPStack:
         kw = {} if INTERPRET else {"num_warps": warps}
         launch = pdl(self.xs) if persist else {"PDL": False}
         return _mlp_kernel[(grid,)](self.xs, self.res, self.nw, self.w1, self.w2, self.act, self.bar, self.eps, self.h,
-                             self.i, layer0, layers, BKH=next_pow2(self.h), BN1=BN1, BN2=BN2,
+                             self.i, layer0, layers, BKH=next_pow2(self.h), BN1=self.rows, BN2=self.rows,
                              BK2=min(BK2, next_pow2(self.i)), PHASE=phase, PERSIST=persist, INTERP=INTERPRET,
                              **launch, **kw)
 
     def split(self, warps: int = 4) -> None:
         """One launch per phase, grids as wide as the tiles (no barrier)."""
         for blk in range(self.layers):
-            self._launch(triton.cdiv(self.i, BN1), blk, 1, 1, False, warps)
-            self._launch(triton.cdiv(self.h, BN2), blk, 1, 2, False, warps)
+            self._launch(triton.cdiv(self.i, self.rows), blk, 1, 1, False, warps)
+            self._launch(triton.cdiv(self.h, self.rows), blk, 1, 2, False, warps)
 
     def layer(self, programs: int, warps: int = 4) -> None:
         """One persistent launch per block."""
@@ -250,23 +287,39 @@ def _graph_us(fn, replays: int) -> float:
     return e0.elapsed_time(e1) * 1000 / replays
 
 
+def _with_rows(st: MLPStack, rows: int, mode: str, programs: int, warps: int) -> None:
+    st.rows = rows
+    getattr(st, mode)(programs, warps)
+    st.rows = ROWS
+
+
 def measure(args) -> dict:
     from ninfer.bench.limits import measure_copy_bandwidth
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     copy = measure_copy_bandwidth(dev, 1 << 30)
-    report = {"device": torch.cuda.get_device_name(dev), "sms": sms, "copy_bytes_per_s": copy, "shapes": []}
+    report = {"device": torch.cuda.get_device_name(dev), "sms": sms, "copy_bytes_per_s": copy, "shapes": [],
+              "barrier": [barrier_us(p) for p in (sms, 2 * sms)]}
+    for b in report["barrier"]:
+        print(f"grid barrier, {b['programs']} programs: {b['us_per_sync']:.2f} us; launch boundary (empty PDL "
+              f"kernels in a graph): {b['us_per_launch']:.2f} us", flush=True)
     for name, hidden, inter, layers in SHAPES:
         st = MLPStack(hidden, inter, layers, dev, torch.bfloat16)
         variants = {"ops": st.ops, "split": st.split}
-        for per_sm in args.programs_per_sm:
-            for warps in args.warps:
-                if per_sm > st.resident_per_sm(warps):
-                    print(f"{name}: {per_sm} programs an SM at {warps} warps cannot all be resident; skipped",
-                          flush=True)
-                    continue
-                variants[f"layer p{per_sm * sms} w{warps}"] = lambda p=per_sm * sms, w=warps, s=st: s.layer(p, w)
-                variants[f"chain p{per_sm * sms} w{warps}"] = lambda p=per_sm * sms, w=warps, s=st: s.chain(p, w)
+        for rows in args.rows:
+            if rows * next_pow2(hidden) > MAX_TILE:
+                continue
+            st.rows = rows
+            for per_sm in args.programs_per_sm:
+                for warps in args.warps:
+                    if per_sm > st.resident_per_sm(warps):
+                        print(f"{name}: {per_sm} programs an SM at {warps} warps and {rows} rows cannot all be "
+                              f"resident; skipped", flush=True)
+                        continue
+                    for mode in ("layer", "chain"):
+                        variants[f"{mode} r{rows} p{per_sm * sms} w{warps}"] = functools.partial(
+                            _with_rows, st, rows, mode, per_sm * sms, warps)
+        st.rows = ROWS
         ref = st.reference()
         row = {"shape": name, "hidden": hidden, "inter": inter, "blocks": layers, "weight_bytes": st.weight_bytes(),
                "variants": {}}
@@ -284,7 +337,7 @@ def measure(args) -> dict:
                 "bitwise_eq_split": bool(torch.equal(outs[vname], outs["split"])) if "split" in outs else None,
                 "rel_diff_vs_ops": float((outs[vname].float() - outs["ops"].float()).abs().max()
                                          / outs["ops"].float().abs().max())}
-            print(f"{name:10s} {vname:16s} {us / layers:8.2f} us/block "
+            print(f"{name:10s} {vname:20s} {us / layers:8.2f} us/block "
                   f"{100 * row['variants'][vname]['of_copy_ceiling']:5.1f}% of copy  err {err:.2e}", flush=True)
         report["shapes"].append(row)
         torch.cuda.empty_cache()
@@ -297,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--programs-per-sm", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--rows", type=int, nargs="+", default=[2, 4, 8],
+                    help="rows per tile of the persistent forms (a tile of more than 8,192 weights is skipped)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_persistent_probe: needs a CUDA device (the CPU tests run its kernel under the interpreter)",

@@ -59,6 +59,29 @@ def test_every_mode_computes_the_same_stack(hidden, inter, blocks):
                 assert stack.bar.tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("rows", [4, 8])
+def test_wider_tiles_compute_the_same_stack(rows):
+    # --rows: more rows a tile, the same dots. Under the interpreter the row sums come out bitwise equal; on CUDA
+    # a tile's shape may change the order of its in-register reduction, so there within one bf16 rounding.
+    stack = probe.MLPStack(64, 96, 2, DEVICE, torch.bfloat16, seed=4)
+    want, _ = _run(stack, "split")
+    stack.rows = rows
+    for mode in ("split", "layer", "chain"):
+        got, _ = _run(stack, mode, _programs()[-1])
+        if CUDA:
+            assert (got[2].float() - want[2].float()).abs().max() <= 2 ** -7 * want[2].float().abs().max()
+        else:
+            assert torch.equal(got, want), (mode, rows)
+        assert stack.bar.tolist() == [0, 0]
+
+
+def test_the_barrier_only_kernel_resets_its_counter():
+    bar = torch.zeros(2, device=DEVICE, dtype=torch.int32)
+    for _ in range(2):
+        probe._sync_kernel[(_programs()[-1],)](bar, SYNCS=5, PDL=False)
+        assert bar.tolist() == [0, 0]
+
+
 def test_the_stack_matches_todays_ops_on_cuda():
     if not CUDA:
         pytest.skip("today's fused GEMVs take the GEMV path only on CUDA (the interpreter's op set falls back)")
