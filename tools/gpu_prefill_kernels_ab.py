@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The prefill kernels' launch choices A/B'd end to end: one model, one engine, the choices switched in process.
+
+Issue 39 items 2-3. The prefill attention's tile at D = 256 and the MoE grouped path's tiles and GEMMs are chosen
+at each call from module state, so one engine can time every combination on the same artifact in one process
+(no restart, no second model in memory):
+
+- ``attention``: the 16-bit tile at head dims over 128, ``old`` 64 x 32 or ``new`` 128 x 64 (today's default),
+  both with 8 warps;
+- ``moe`` (MoE shapes): ``old`` the 64-row tiles for every call, ``large`` today's ``LARGE_TILES`` for calls of
+  16,384 or more pairs, ``grouped_mm`` those calls through torch._grouped_mm (``NINFER_MOE_GROUPED_MM=1``).
+
+For each combination: the median TTFT of ``--repeats`` single-token generations of each ``--lengths`` prompt, the
+prefill rate and its share of the bf16 matmul peak measured in the same run (``ninfer bench``'s FLOP count),
+and the greedy first token (the roundings differ between combinations, so a random model's near-tie may
+flip it; a flip is worth a look, not proof of a fault).
+
+    python3 tools/gpu_prefill_kernels_ab.py --shape 9b --layers 8 --tokenizer /tmp/tok.json --out $OUT
+    python3 tools/gpu_prefill_kernels_ab.py --shape 35b-a3b --layers 8 --tokenizer /tmp/tok.json --out $OUT
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from gpu_kernel_profile import _shapes_module, model_args, random_artifact  # noqa: E402
+
+OLD_ATTENTION = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
+
+
+@contextlib.contextmanager
+def choices(attention_tile: str, moe: str):
+    """The module state of one combination, restored on exit."""
+    from ninfer.ops.triton import attention
+    from ninfer.ops.triton import moe as tm
+    saved = attention._prefill_config, tm.LARGE_PAIRS, tm.GROUPED_MM
+    try:
+        if attention_tile == "old":
+            base = saved[0]
+
+            def old(d, dtype):
+                cfg = base(d, dtype)
+                wide = max(16, 1 << (d - 1).bit_length()) > 128
+                return dict(OLD_ATTENTION) if wide and dtype != torch.float32 else cfg
+            attention._prefill_config = old
+        if moe == "old":
+            tm.LARGE_PAIRS = 1 << 62
+        tm.GROUPED_MM = moe == "grouped_mm"
+        yield
+    finally:
+        attention._prefill_config, tm.LARGE_PAIRS, tm.GROUPED_MM = saved
+
+
+def main() -> int:
+    ap = model_args(__doc__)
+    ap.add_argument("--lengths", default="8192")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    shapes = _shapes_module()
+    from ninfer import Engine, EngineOptions
+    from ninfer.bench.limits import measure_matmul_peak
+    from ninfer.bench.report import prefill_flops
+    from ninfer.contracts.sampling import SamplingParams
+    from ninfer.planning.planner import artifact_profile
+
+    geometry, artifact = random_artifact(shapes, args.shape, args.layers, args.tokenizer)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    options = EngineOptions(device="cuda", max_concurrency=1, max_context=max(lengths) + 64)
+    profile = artifact_profile(artifact, options).profile
+    peak = measure_matmul_peak(torch.device("cuda"), torch.bfloat16, 8192)
+    moe_choices = ("old", "large", "grouped_mm") if geometry.get("num_experts") else ("old",)
+    combos = [(a, m) for a in ("old", "new") for m in moe_choices]
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    report = {"shape": args.shape, "layers": args.layers, "matmul_peak_flops": peak, "runs": []}
+    with Engine.start(artifact, options) as engine:
+        for n in lengths:
+            prompt = torch.randint(0, geometry["vocab_size"], (n,), generator=torch.Generator().manual_seed(n)).tolist()
+            flops = prefill_flops(profile, n)
+            for attention_tile, moe in combos:
+                with choices(attention_tile, moe):
+                    samples, tokens = [], set()
+                    for _ in range(args.repeats + 1):   # the first compiles what this combination launches
+                        res = engine.generate(prompt, sampling=one)
+                        samples.append(res.timings.ttft_s)
+                        tokens.add(tuple(res.token_ids))
+                ttft = statistics.median(samples[1:])
+                row = {"tokens": n, "attention": attention_tile, "moe": moe, "ttft_ms": ttft * 1e3,
+                       "tok_per_s": n / ttft, "of_peak": flops / ttft / peak, "samples_s": samples,
+                       "first_tokens": sorted(tokens)}
+                report["runs"].append(row)
+                print(f"{n} tokens, attention {attention_tile}, moe {moe}: TTFT {ttft * 1e3:.1f} ms, "
+                      f"{100 * row['of_peak']:.1f}% of peak, first token {sorted(tokens)}", flush=True)
+    firsts = {tuple(map(tuple, r["first_tokens"])) for r in report["runs"] if r["tokens"] == lengths[0]}
+    report["first_tokens_agree"] = len(firsts) == 1
+    print(f"first tokens agree across combinations: {report['first_tokens_agree']}", flush=True)
+    (args.out / f"prefill_kernels_ab_{args.shape}.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
