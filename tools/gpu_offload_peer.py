@@ -69,14 +69,16 @@ def prepare(args) -> int:
     log(f"model: {geometry['num_hidden_layers']} layers, {stats['bytes'] / 1e9:.2f} GB "
         f"({stats['expert_bytes'] / 1e9:.2f} GB routed experts), saved in {time.perf_counter() - t0:.0f} s")
     t1 = time.perf_counter()
-    result = convert(hf, work / "model.ninfer", name="qwen3_5-35b-a3b-random", progress=False)
-    log(f"ninfer artifact: {result.tensor_bytes / 1e9:.2f} GB in {time.perf_counter() - t1:.0f} s")
+    result = convert(hf, work / "model.ninfer", name="qwen3_5-35b-a3b-random", progress=False,
+                     quantize=args.quantize)
+    log(f"ninfer artifact ({args.quantize or 'bf16'}): {result.tensor_bytes / 1e9:.2f} GB in "
+        f"{time.perf_counter() - t1:.0f} s")
     if not args.no_gguf:   # --no-gguf: our side only (the peer's from an earlier prepare of the same seed)
         rc = _gguf(args, hf, work)
         if rc:
             return rc
     shutil.rmtree(hf)
-    (work / "prepared.json").write_text(json.dumps({"geometry": geometry, "weights": stats,
+    (work / "prepared.json").write_text(json.dumps({"geometry": geometry, "weights": stats, "quantize": args.quantize,
                                                     "artifact": [str(p) for p in result.paths]}, indent=1))
     return 0
 
@@ -139,7 +141,7 @@ def _run(cmd: list[str], timeout: float) -> tuple[str, int | None]:
 
 def llama(args, n_cpu_moe: int) -> dict:
     bins = args.lcp / "build" / "bin"
-    gguf = str(args.work / "m.gguf")
+    gguf = str(args.work / args.gguf)
     out, peak = _run([str(bins / "llama-bench"), "-m", gguf, "-ngl", "99", "-fa", "1", "-ncmoe", str(n_cpu_moe),
                       "-p", str(args.prefill), "-n", "128", "-r", str(args.repeats), "-o", "json"], args.step_timeout)
     row: dict = {"n_cpu_moe": n_cpu_moe, "peak_mib": peak}
@@ -245,6 +247,9 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="tiny widths: a CPU smoke run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-gguf", action="store_true", help="write our artifact only, not llama.cpp's GGUF")
+    p.add_argument("--quantize", default=None,
+                   help="our artifact's ninfer-convert --quantize recipe (default: bf16 as built); the GGUF stays "
+                        "bf16: quantize it with llama-quantize and name it to bench with --gguf")
     b = sub.add_parser("bench")
     b.add_argument("--configs", default="resident:0,24g:6,16g:7",
                    help="NAME:N[:MIB],...: llama.cpp -ncmoe N, ours under MIB (default: llama.cpp's peak minus "
@@ -257,6 +262,7 @@ def main(argv=None) -> int:
                    help="more `ninfer bench` arguments (default: llama.cpp-sized prefill chunks, whose workspace fits "
                         "small budgets)")
     b.add_argument("--prefill", type=int, default=8192)
+    b.add_argument("--gguf", default="m.gguf", help="llama.cpp's model file in --work (default: the bf16 one)")
     b.add_argument("--repeats", type=int, default=2)
     b.add_argument("--step-timeout", type=float, default=240.0)
     b.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))

@@ -3,15 +3,19 @@
 # the work; docs/benchmarks.md "Reproduce" says what it measures). The llama.cpp build (about 5 minutes on 16
 # cores) runs beside the preparation of the weights, so both fit one call.
 #
-#   bash tools/gpu_offload_run.sh prepare [LAYERS]    # carry .gpu-wheels and .gpu_assets (llamacpp-src.tgz)
-#   bash tools/gpu_offload_run.sh bench [CONFIGS] [NINFER_ARGS...]   # the next call, on the same machine
+#   bash tools/gpu_offload_run.sh prepare [LAYERS [RECIPE GGUF_TYPE]]   # carry .gpu-wheels and .gpu_assets
+#   bash tools/gpu_offload_run.sh bench [CONFIGS [GGUF [NINFER_ARGS...]]]  # the next call, on the same machine
+#
+# e.g. 4-bit experts on both sides: `prepare 8 mixed Q4_K_M`, then `bench 24g:6,16g:7 m-Q4_K_M.gguf`.
 #
 # prepare: installs the carried wheels and this checkout, builds the test tokenizer, unpacks the llama.cpp source
 # into /tmp/lcp and builds llama-bench and llama-batched-bench there in the background while gpu_offload_peer.py
-# prepare writes the random 35B-A3B-shape model (LAYERS of 40, default 8) as our artifact and a bf16 GGUF under
-# /tmp/off. bench: gpu_offload_peer.py bench over CONFIGS (default 24g:6,16g:7: the issue's budgets scaled to
-# 8 layers, as docs/benchmarks.md explains), the rest passed to `ninfer bench` through --ninfer-args.
-# Results and logs go to $OUT (at most 5 files).
+# prepare writes the random 35B-A3B-shape model (LAYERS of 40, default 8) as our artifact (converted with the
+# ninfer-convert --quantize RECIPE, if given) and a bf16 GGUF under /tmp/off; with GGUF_TYPE, llama-quantize then
+# writes m-GGUF_TYPE.gguf beside it once the build is done. bench: gpu_offload_peer.py bench over CONFIGS (default
+# 24g:6,16g:7: the issue's budgets scaled to 8 layers, as docs/benchmarks.md explains) with llama.cpp on GGUF
+# (default m.gguf), the rest passed to `ninfer bench` through --ninfer-args.
+# Results and logs go to $OUT (at most 4 files a call).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 2
@@ -24,6 +28,10 @@ shift || true
 case "$step" in
     prepare)
         layers="${1:-8}"
+        recipe="${2:-}"
+        gguf_type="${3:-}"
+        quantize=()
+        [ -n "$recipe" ] && quantize=(--quantize "$recipe")
         # shellcheck source=tools/gpu_setup.sh
         . tools/gpu_setup.sh
         install_checkout .gpu-wheels > "$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
@@ -33,29 +41,37 @@ case "$step" in
             cd "$lcp" && cmake -S . -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF \
                 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
                 -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release \
-                && cmake --build build -j 12 --target llama-bench llama-batched-bench
+                && cmake --build build -j 12 --target llama-bench llama-batched-bench llama-quantize
         ) > "$out/lcp-build.log" 2>&1 &
         build=$!
         python3 tools/gpu_offload_peer.py prepare --layers "$layers" --device cuda --tokenizer /tmp/tok.json \
-            --lcp "$lcp" --work "$work" 2>&1 | grep -v Warning | tee "$out/prepare.log" | tail -15
+            --lcp "$lcp" --work "$work" "${quantize[@]}" 2>&1 | grep -v Warning | tee "$out/prepare.log" | tail -15
         prep=${PIPESTATUS[0]}
         wait "$build"
         built=$?
         tail -3 "$out/lcp-build.log"
-        echo "prepare rc $prep, llama.cpp build rc $built"
-        [ "$prep" -eq 0 ] && [ "$built" -eq 0 ]
+        quant=0
+        if [ -n "$gguf_type" ] && [ "$prep" -eq 0 ] && [ "$built" -eq 0 ]; then
+            "$lcp/build/bin/llama-quantize" "$work/m.gguf" "$work/m-$gguf_type.gguf" "$gguf_type" \
+                > "$out/quantize.log" 2>&1
+            quant=$?
+            tail -2 "$out/quantize.log"
+        fi
+        echo "prepare rc $prep, llama.cpp build rc $built, llama-quantize rc $quant"
+        [ "$prep" -eq 0 ] && [ "$built" -eq 0 ] && [ "$quant" -eq 0 ]
         ;;
     bench)
         configs="${1:-24g:6,16g:7}"
-        shift || true
+        gguf="${2:-m.gguf}"
+        shift 2 || shift $#
         extra=()
         [ $# -gt 0 ] && extra=(--ninfer-args "$*")
         [ -x "$lcp/build/bin/llama-bench" ] || { echo "no llama.cpp build in $lcp: run the prepare step first"; exit 1; }
-        python3 tools/gpu_offload_peer.py bench --work "$work" --lcp "$lcp" --configs "$configs" --out "$out" \
+        python3 tools/gpu_offload_peer.py bench --work "$work" --lcp "$lcp" --configs "$configs" --gguf "$gguf" --out "$out" \
             "${extra[@]}" 2>&1 | grep -v Warning | tail -40
         ;;
     *)
-        echo "gpu_offload_run.sh: prepare [LAYERS] | bench [CONFIGS] [NINFER_ARGS...] (see the header)" >&2
+        echo "gpu_offload_run.sh: prepare [LAYERS [RECIPE GGUF_TYPE]] | bench [CONFIGS [GGUF [NINFER_ARGS...]]]" >&2
         exit 2
         ;;
 esac
