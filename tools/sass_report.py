@@ -83,8 +83,8 @@ def _presets() -> dict[str, Preset]:
                                       dict(TOPK=8, BM=64, BN=64, BK=64, EVEN_K=True, IEEE=False, UPCAST=False), 4,
                                       {"pair_ptr": "*i64", "bexp_ptr": "*i64"}, divisible=("H", "NI")),
         "moe_down_prefill": Preset("ninfer.ops.triton.moe", "_moe_down_kernel",
-                                   dict(BM=64, BN=128, BK=64, EVEN_K=True, IEEE=False, UPCAST=False), 4,
-                                   {"pair_ptr": "*i64", "bexp_ptr": "*i64", "rw_ptr": "*fp32", "y_ptr": "*fp32"},
+                                   dict(BM=64, BN=128, BK=64, EVEN_K=True, IEEE=False, UPCAST=False, INTERP=False),
+                                   4, {"pair_ptr": "*i64", "bexp_ptr": "*i64", "y_ptr": "*bf16"},
                                    divisible=("H", "NI")),
         # The prefill kernels that read a step's chunks from device offsets (bf16, the 35B-A3B GDN heads).
         "gdn_prep_varlen": Preset("ninfer_qwen3_5.ops.triton.gdn", "_gdn_chunk_prep_kernel",

@@ -11,11 +11,12 @@ Pipeline (no host synchronisation: every size below depends only on T, k, E and 
 2. ``_moe_gate_up_kernel``, grid (blocks, I / BN): gathers the block's token rows of x, multiplies them by the
    expert's gate and up rows (two fp32 accumulators over one pass of x), applies silu(gate) * up in fp32 and
    rounds it to the activation dtype (as the model's module does before the down projection).
-3. ``_moe_down_kernel``, grid (blocks, H / BN): act @ down_e^T in fp32, times the pair's routing weight, written
-   in fp32 to row t*k+j of a [T*k, H] buffer (a scatter by pair index).
-4. ``_moe_sum_kernel``: out[t] = sum_j y[t*k+j] in fp32, in j order, rounded once to x.dtype.
+3. ``_moe_down_kernel``, grid (blocks, H / BN): act @ down_e^T in fp32, rounded to the activation dtype (the
+   reference's rounding of an expert's output) and written to row t*k+j of a [T*k, H] buffer (a scatter by pair
+   index).
+4. ``_moe_sum_kernel``: out[t] = sum_j weight[t, j] * y[t*k+j] in fp32, in j order, rounded once to x.dtype.
 Steps 3-4 replace an atomic fp32 scatter-add: the sum order is fixed, so the result is deterministic run to
-run and independent of how other tokens were routed, for one extra T*k*H*4-byte round trip.
+run and independent of how other tokens were routed, for one extra T*k*H-element round trip in x's dtype.
 
 Decode sizes (T * k <= ``moe_gemv.MAX_PAIRS``) skip the alignment and take the two GEMV kernels of
 :mod:`ninfer.ops.triton.moe_gemv` instead (the shared expert fused into the down GEMV). On this grouped path a
@@ -42,6 +43,7 @@ from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.reference import moe as _reference
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import moe_gemv
+from ninfer.ops.triton._common import cast
 
 
 @triton.jit(do_not_specialize=["TK"])
@@ -98,10 +100,10 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, act_ptr, pair_ptr, bexp_ptr,
 
 
 @triton.jit(do_not_specialize=["TK"])
-def _moe_down_kernel(act_ptr, w_ptr, y_ptr, pair_ptr, bexp_ptr, rw_ptr,
+def _moe_down_kernel(act_ptr, w_ptr, y_ptr, pair_ptr, bexp_ptr,
                      H, NI, TK, E, sw_e, sw_n,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-                     IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                     IEEE: tl.constexpr, UPCAST: tl.constexpr, INTERP: tl.constexpr):
     pm = tl.program_id(0)
     pn = tl.program_id(1)
     e = tl.load(bexp_ptr + pm)
@@ -134,20 +136,20 @@ def _moe_down_kernel(act_ptr, w_ptr, y_ptr, pair_ptr, bexp_ptr, rw_ptr,
                 acc = tl.dot(a, wd, acc)
             a_ptrs += BK
             w_ptrs += BK
-        rw = tl.load(rw_ptr + pair, mask=valid, other=0.0)
-        acc = acc * rw[:, None]
-        tl.store(y_ptr + pair[:, None] * H + n[None, :], acc, mask=valid[:, None] & (n < H)[None, :])
+        tl.store(y_ptr + pair[:, None] * H + n[None, :], cast(acc, y_ptr.dtype.element_ty, INTERP),
+                 mask=valid[:, None] & (n < H)[None, :])
 
 
 @triton.jit
-def _moe_sum_kernel(y_ptr, extra_ptr, out_ptr, H, so_t, TOPK: tl.constexpr, BH: tl.constexpr,
+def _moe_sum_kernel(y_ptr, rw_ptr, extra_ptr, out_ptr, H, so_t, TOPK: tl.constexpr, BH: tl.constexpr,
                     HAS_EXTRA: tl.constexpr):
     t = tl.program_id(0)
     n = tl.program_id(1) * BH + tl.arange(0, BH)
     nm = n < H
     acc = tl.zeros((BH,), dtype=tl.float32)
     for j in tl.static_range(TOPK):
-        acc += tl.load(y_ptr + (t * TOPK + j) * H + n, mask=nm, other=0.0)
+        w = tl.load(rw_ptr + t * TOPK + j)
+        acc += tl.load(y_ptr + (t * TOPK + j) * H + n, mask=nm, other=0.0).to(tl.float32) * w
     if HAS_EXTRA:  # the shared expert's fp32 term [T, H]
         acc += tl.load(extra_ptr + t * H + n, mask=nm, other=0.0)
     tl.store(out_ptr + t * so_t + n, acc.to(out_ptr.dtype.element_ty), mask=nm)
@@ -326,16 +328,16 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
         x, gate_up, act, pairs, block_expert, hidden, inter, tk, n_exp,
         x.stride(0), gate_up.stride(0), gate_up.stride(1),
         TOPK=top_k, BM=bm, BN=bn1, BK=bk, EVEN_K=hidden % bk == 0, IEEE=ieee, UPCAST=upcast, **kw)
-    y = torch.empty((tk, hidden), dtype=torch.float32, device=x.device)
+    y = torch.empty((tk, hidden), dtype=x.dtype, device=x.device)
     _moe_down_kernel[(max_blocks, triton.cdiv(hidden, bn2))](
-        act, down, y, pairs, block_expert, rw, hidden, inter, tk, n_exp,
+        act, down, y, pairs, block_expert, hidden, inter, tk, n_exp,
         down.stride(0), down.stride(1),
         BM=bm, BN=bn2, BK=bk, EVEN_K=inter % bk == 0, IEEE=ieee,
-        UPCAST=upcast, **kw)
+        UPCAST=upcast, INTERP=interp, **kw)
     extra = None if shared is None else _reference.shared_expert_fp32(shared, x.dtype).contiguous()
     bh = min(1024, triton.next_power_of_2(hidden))
-    _moe_sum_kernel[(t_len, triton.cdiv(hidden, bh))](y, y if extra is None else extra, out, hidden, out.stride(0),
-                                                      TOPK=top_k, BH=bh, HAS_EXTRA=extra is not None)
+    _moe_sum_kernel[(t_len, triton.cdiv(hidden, bh))](y, rw, y if extra is None else extra, out, hidden,
+                                                      out.stride(0), TOPK=top_k, BH=bh, HAS_EXTRA=extra is not None)
     return out
 
 
@@ -344,8 +346,8 @@ def _grouped_mm_experts(x: torch.Tensor, rw: torch.Tensor, ids: torch.Tensor, ga
     """The routed sum with both expert GEMMs as torch._grouped_mm over the pairs sorted by expert (no padding: the
     groups end at the experts' cumulative pair counts, all on the device). The roundings are the reference's: each
     GEMM's output in x's dtype, the SwiGLU in fp32 rounded to x's dtype, the routing weight applied in fp32. Each
-    pair's weighted row is written at its pair index and ``_moe_sum_kernel`` sums them in j order, as the Triton
-    path does: deterministic."""
+    pair's row is written at its pair index and ``_moe_sum_kernel`` weights and sums them in j order, as the Triton
+    path does: deterministic, and the same sum of the same rounded rows."""
     if not hasattr(torch, "_grouped_mm"):
         raise NotSupportedError("moe_experts(grouped_mm=True) needs torch._grouped_mm, which this torch lacks")
     t_len, top_k = ids.shape
@@ -359,11 +361,11 @@ def _grouped_mm_experts(x: torch.Tensor, rw: torch.Tensor, ids: torch.Tensor, ga
     h = torch._grouped_mm(x.index_select(0, order // top_k), gate_up.transpose(1, 2), offs=offs)
     act = (F.silu(h[:, :inter].float()) * h[:, inter:].float()).to(x.dtype)
     y = torch._grouped_mm(act, down.transpose(1, 2), offs=offs)
-    pairs = torch.empty((t_len * top_k, hidden), dtype=torch.float32, device=x.device)
-    pairs.index_copy_(0, order, y.float() * rw.index_select(0, order)[:, None])
+    pairs = torch.empty((t_len * top_k, hidden), dtype=x.dtype, device=x.device)
+    pairs.index_copy_(0, order, y)
     extra = None if shared is None else _reference.shared_expert_fp32(shared, x.dtype).contiguous()
     bh = min(1024, triton.next_power_of_2(hidden))
-    _moe_sum_kernel[(t_len, triton.cdiv(hidden, bh))](pairs, pairs if extra is None else extra, out, hidden,
+    _moe_sum_kernel[(t_len, triton.cdiv(hidden, bh))](pairs, rw, pairs if extra is None else extra, out, hidden,
                                                       out.stride(0), TOPK=top_k, BH=bh, HAS_EXTRA=extra is not None)
     return out
 
