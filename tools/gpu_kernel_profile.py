@@ -153,6 +153,18 @@ def replay_us(graph: torch.cuda.CUDAGraph, replays: int) -> float:
 
 
 
+def graph_us(fn, replays: int, calls: int = 1) -> float:
+    """Microseconds per call of ``fn()``: run once eagerly (compiling what it launches), then ``calls`` calls
+    captured as one CUDA graph and timed over ``replays`` replays (:func:`replay_us`)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return replay_us(graph, replays) / calls
+
+
 def graph_call_us(call, calls: int, replays: int, reference: list[torch.Tensor]) -> tuple[float, float]:
     """``call(c)`` for c < ``calls``: (microseconds per call, timed as one captured CUDA graph of all the calls,
     and the largest relative max-abs difference of their eager outputs from ``reference``)."""

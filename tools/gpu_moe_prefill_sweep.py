@@ -27,6 +27,9 @@ from pathlib import Path
 import torch
 from ninfer.ops.triton import moe as tm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kernel_profile import graph_us  # noqa: E402
+
 H, INTER, E, K = 2048, 512, 256, 8
 CANDIDATES = [
     tm.PrefillTiles(),
@@ -55,21 +58,7 @@ def _inputs(tokens: int, seed: int = 0):
 
 
 def _graph_ms(fn, calls: int = 3, replays: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(replays):
-        graph.replay()
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1) / (replays * calls)
+    return graph_us(fn, replays, calls) / 1000
 
 
 def _profile(fn) -> list[dict]:

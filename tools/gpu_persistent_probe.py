@@ -45,6 +45,9 @@ import triton
 import triton.language as tl
 from ninfer.ops.triton._common import INTERPRET, cast, next_pow2, pdl, pdl_wait
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kernel_profile import graph_us  # noqa: E402
+
 # (name, hidden, intermediate, blocks): the dense MLP of Qwen3.5-0.8B, 4B and 9B.
 SHAPES = [("0.8b mlp", 1024, 3584, 16), ("4b mlp", 2560, 9216, 8), ("9b mlp", 4096, 12288, 6)]
 # Rows per tile by default: gate/up pairs of phase 1, down rows of phase 2 (the widths of today's GEMVs);
@@ -87,9 +90,9 @@ def barrier_us(programs: int, syncs: int = 64, replays: int = 20) -> dict:
     PDL-launched kernels in one CUDA graph (the boundary a persistent kernel replaces)."""
     bar = torch.zeros(2, device="cuda", dtype=torch.int32)
     launch = pdl(bar)
-    sync = _graph_us(lambda: _sync_kernel[(programs,)](bar, SYNCS=syncs, **launch), replays)
-    empty = _graph_us(lambda: [_empty_kernel[(programs,)](bar, **launch) for _ in range(syncs)], replays)
-    one = _graph_us(lambda: _sync_kernel[(programs,)](bar, SYNCS=1, **launch), replays)
+    sync = graph_us(lambda: _sync_kernel[(programs,)](bar, SYNCS=syncs, **launch), replays)
+    empty = graph_us(lambda: [_empty_kernel[(programs,)](bar, **launch) for _ in range(syncs)], replays)
+    one = graph_us(lambda: _sync_kernel[(programs,)](bar, SYNCS=1, **launch), replays)
     return {"programs": programs, "us_per_sync": (sync - one) / (syncs - 1), "us_per_launch": empty / syncs}
 
 
@@ -270,23 +273,6 @@ class MLPStack:
         return x
 
 
-def _graph_us(fn, replays: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(replays):
-        graph.replay()
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1) * 1000 / replays
-
-
 def _with_rows(st: MLPStack, rows: int, mode: str, programs: int, warps: int) -> None:
     st.rows = rows
     getattr(st, mode)(programs, warps)
@@ -329,7 +315,7 @@ def measure(args) -> dict:
             fn()
             torch.cuda.synchronize()
             outs[vname] = st.xs[layers].clone()
-            us = _graph_us(fn, args.replays)
+            us = graph_us(fn, args.replays)
             err = float((outs[vname].float() - ref).abs().max() / ref.abs().max())
             row["variants"][vname] = {
                 "us_per_block": us / layers, "of_copy_ceiling": st.weight_bytes() / (us * 1e-6) / copy,

@@ -21,27 +21,13 @@ from pathlib import Path
 import torch
 from ninfer.ops.triton import attention
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_kernel_profile import graph_us  # noqa: E402
+
 HQ, HKV, D, PAGE = 16, 4, 256, 16
 # (BLOCK_M, BLOCK_N, warps, stages[, P_SPLIT]): today's first.
 CONFIGS = [(64, 32, 8, 2), (64, 16, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (32, 32, 4, 2), (64, 32, 8, 3),
            (64, 16, 4, 2), (128, 16, 8, 2), (64, 32, 8, 1), (128, 64, 8, 2)]
-
-
-def _graph_ms(fn, replays: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(replays):
-        graph.replay()
-    e1.record()
-    e1.synchronize()
-    return e0.elapsed_time(e1) / replays
 
 
 def _measure(tokens: int, peak: float) -> dict:
@@ -69,7 +55,7 @@ def _measure(tokens: int, peak: float) -> dict:
         one = functools.partial(call, config=cfg)
         try:
             out = one().float()
-            ms = _graph_ms(one)
+            ms = graph_us(one, 5) / 1000
         except Exception as exc:  # noqa: BLE001 (a tile this Triton cannot build: report it, go on)
             run["configs"].append({"config": cfg, "error": f"{type(exc).__name__}: {exc}"[:300]})
             print(f"T={tokens} {cfg}: {type(exc).__name__}", flush=True)
@@ -83,7 +69,7 @@ def _measure(tokens: int, peak: float) -> dict:
     sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, qt, kt, vt, is_causal=True,
                              scale=scale, enable_gqa=True)
     try:
-        run["sdpa_ms"] = _graph_ms(sdpa)
+        run["sdpa_ms"] = graph_us(sdpa, 5) / 1000
         print(f"T={tokens} SDPA: {run['sdpa_ms']:.3f} ms, {100 * flops / (run['sdpa_ms'] * 1e-3) / peak:.1f}% of "
               f"peak", flush=True)
     except RuntimeError as exc:
