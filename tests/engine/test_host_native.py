@@ -297,6 +297,21 @@ def test_auto_takes_the_native_kernel_on_a_gpu_run_and_torch_where_it_cannot(mon
     assert "torch's GEMMs compute them instead" in caplog.text and "needs a C compiler" in caplog.text
 
 
+def test_the_engine_reports_the_kernel_it_resolved(artifacts):  # noqa: F811 (the fixture)
+    # Engine.info["host_expert_kernel"]: what the host computes with, "auto" resolved (torch on the CPU); None
+    # without host experts. ninfer bench's host-expert summary reports the same.
+    from ninfer import Engine
+    opts = dict(device="cpu", dtype="float32", max_concurrency=2, max_context=64, page_size=4)
+    with Engine.start(artifacts["top2of8"], EngineOptions(host_experts=True, **opts)) as engine:
+        assert engine.info["host_expert_kernel"] == "torch"
+    with Engine.start(artifacts["top2of8"], EngineOptions(**opts)) as engine:
+        assert engine.info["host_expert_kernel"] is None
+    require_native_kernel()
+    with Engine.start(artifacts["top2of8"], EngineOptions(host_experts=True, host_expert_kernel="native",
+                                                          **opts)) as engine:
+        assert engine.info["host_expert_kernel"] == "native"
+
+
 def test_the_build_is_cached_and_a_failing_compiler_is_named(tmp_path, monkeypatch):
     first = host_native.build(tmp_path)
     stamp = first.stat().st_mtime_ns

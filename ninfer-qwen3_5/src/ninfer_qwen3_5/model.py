@@ -33,7 +33,7 @@ from ninfer_qwen3_5.layers.attention import GatedAttention
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
-from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options
+from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options, kernel_name
 from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, layer_prefix, text_shapes
@@ -100,6 +100,7 @@ class Qwen35Model:
         self.host_experts = features.host_experts
         hosted = (host_expert_options(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, device, dtype,
                                       features, _stored_experts(cfg, weights)) if cfg.is_moe else {})
+        self.host_expert_kernel = kernel_name(hosted)   # what the host computes with ("auto" resolved)
         weights = self._prepare_weights(weights, dtype)
         self.embed, self.lm_head, self.norm = weights["text/embed"], weights["text/lm_head"], weights["text/norm"]
         self.layers: list[_Layer] = []

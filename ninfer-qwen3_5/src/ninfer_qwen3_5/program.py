@@ -97,6 +97,7 @@ class Qwen35Program(HostExpertCaches, SpeculativeProgram, ModelProgram):
                                             vision=init.features.vision))
         self.cfg = cfg
         self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype, features=init.features)
+        self.host_expert_kernel = self.model.host_expert_kernel
         self.snapshots: SpeculativeSnapshots | None = None
         self.speculation: SpeculativeDecoding | None = None
         self.tower: VisionTower | None = None

@@ -26,7 +26,7 @@ from ninfer.quant import PackedWeight
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
-from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options
+from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options, kernel_name
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.model import inverse_frequencies
 from ninfer_qwen3_5.parameters import layer_prefix
@@ -97,6 +97,7 @@ class Qwen4ExpModel:
         w = prepare_weights(cfg, weights, dtype, features.host_experts)
         n, h, eps, c35 = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps, cfg.qwen35
         hosted = host_expert_options(h, cfg.moe_intermediate_size, cfg.num_experts, device, dtype, features)
+        self.host_expert_kernel = kernel_name(hosted)   # what the host computes with ("auto" resolved)
         self.embed, self.lm_head = w["text/embed"], w["text/lm_head"]
         self.mixer_hc = HyperConnection(n, h, eps, _group(w, "text/mixer_hc/"), ops)
         gdn_class = SigmoidGatedDeltaNet if cfg.output_gate_type == "sigmoid" else GatedDeltaNet

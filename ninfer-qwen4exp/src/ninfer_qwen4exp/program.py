@@ -58,6 +58,7 @@ class Qwen4ExpProgram(HostExpertCaches, SpeculativeProgram, ModelProgram):
         self.cfg = cfg
         f = init.features
         self.model = Qwen4ExpModel(cfg, init.weights, init.ops, self.device, init.options.dtype, features=f)
+        self.host_expert_kernel = self.model.host_expert_kernel
         if backend == "mtp":
             head = Qwen4ExpMTPHead(cfg, init.config, init.weights, self.model.embed, self.model.lm_head, init.ops,
                                    self.device, init.options.dtype)

@@ -171,7 +171,8 @@ def run(args) -> int:
         if engine.options.speculative is not None:
             engine_info["speculation"] = speculation_summary(engine.options, stats)
         if engine.options.host_experts:
-            engine_info["host_experts"] = host_experts_summary(engine.options, stats)
+            engine_info["host_experts"] = host_experts_summary(engine.options, stats,
+                                                               engine.info.get("host_expert_kernel"))
     run_settings = work.settings
     if batches:
         # The same copy again once the engine's memory is free: the ceiling drifts with what the device just ran
@@ -205,13 +206,14 @@ def run(args) -> int:
     return 0
 
 
-def host_experts_summary(options, stats) -> dict:
+def host_experts_summary(options, stats, kernel: str | None = None) -> dict:
     """Host experts (docs/memory.md): the device cache's slots per layer and, per MoE layer, the routed pairs
-    computed from it and on the host over the whole run (warm-up excluded), and their hit rate."""
+    computed from it and on the host over the whole run (warm-up excluded), and their hit rate; ``kernel``: the
+    host kernel the engine resolved (``Engine.info["host_expert_kernel"]``; None: the option as given)."""
     return {"expert_cache_slots": options.expert_cache_slots,
             "expert_copy_min_tokens": options.expert_copy_min_tokens,
             "host_expert_threads": options.host_expert_threads,
-            "host_expert_kernel": options.host_expert_kernel or "auto",
+            "host_expert_kernel": kernel or options.host_expert_kernel or "auto",
             "cache_hits": list(stats.expert_cache_hits), "cache_misses": list(stats.expert_cache_misses),
             "cache_hit_rate_by_layer": list(stats.expert_cache_hit_rate_by_layer())}
 

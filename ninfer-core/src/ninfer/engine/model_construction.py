@@ -234,6 +234,7 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
             "cuda_graphs": list(started.graph_sizes), "lookahead": resolved.lookahead_slots > 0,
             "prefill_graphs": list(program.prefill_graphs.buckets) if getattr(program, "prefill_graphs", None) else [],
             "vision": bool(effective.vision), "vision_tower": "vision" in components,
+            "host_expert_kernel": getattr(program, "host_expert_kernel", None),
             # Start-up seconds by phase; the Engine adds its warm-up and the whole start.
             "startup": {"load_s": time.perf_counter() - begun - started.graphs_s, "graphs_s": started.graphs_s}}
     memory = startup.memory.with_num_pages(num_pages).summary(resolved.dtype,

@@ -70,7 +70,9 @@ class ModelLayout:
 class ModelProgram(SequenceProgram):
     """A SequenceProgram whose ``forward`` is the architecture's :meth:`forward_packed` (see the module
     docstring). ``graphs``: the captured decode graphs, or None; ``prefill_graphs``: the captured prefill-step
-    graphs, or None.
+    graphs, or None; ``host_expert_kernel``: with host experts, the kernel the host computes them with as the
+    architecture resolved ``StartupFeatures.host_expert_kernel`` ("torch", "compiled" or "native"; never "auto"),
+    else None (``Engine.info["host_expert_kernel"]``).
 
     ``flat_steps`` (class attribute): the architecture's :meth:`forward_packed` runs padded flat calls
     (:mod:`ninfer.program.flat_batch`) without reading anything of them on the host, so its steps that prefill can
@@ -96,6 +98,7 @@ class ModelProgram(SequenceProgram):
         self.layout = layout
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
+        self.host_expert_kernel: str | None = None
         self._pad_slot = self.states.allocate() if spare else None
         self.held_state_slots = spare
 

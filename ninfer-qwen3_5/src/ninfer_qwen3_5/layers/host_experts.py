@@ -164,6 +164,15 @@ def _auto_rows(device: torch.device, threads: int | None):
         return None
 
 
+def kernel_name(options: dict) -> str | None:
+    """The host kernel that :func:`host_expert_options`'s ``options`` compute with: "native", "compiled" or
+    "torch" (None without host experts)."""
+    if not options.get("host_experts"):
+        return None
+    rows = options.get("rows")
+    return "native" if isinstance(rows, NativeRows) else "compiled" if rows is not None else "torch"
+
+
 def expert_caches(moes) -> list:
     """The device caches of host experts of the MoE blocks ``moes`` (SparseMoE or None), in order."""
     hosts = (getattr(moe, "host", None) for moe in moes)
