@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The prefill attention at the 9B's head shape (16 query / 4 KV heads of 256, output gate): launch tiles timed.
 
-Issue 39 item 3. The sm_90 build of today's tile (64 x 32, 8 warps) spills at D = 256 (docs/dev/perf-log.md reads
-the SASS of each candidate offline); this times the candidates on the device for one prompt of ``--tokens``
+Issue 39 item 3. The sm_90 build of the old tile (64 x 32, 8 warps) spills at D = 256 (docs/dev/perf-log.md reads
+the SASS of each candidate offline; the first sweep on an H100 replaced it by 128 x 64); this times the candidates
+on the device for one prompt of ``--tokens``
 tokens, each as a share of the bf16 matmul peak measured in the same run (causal FLOPs: ``2 * T^2 * Hq * D``),
 with its largest difference from the default's output. torch's SDPA over the same (contiguous) K and V, causal,
 is the yardstick.
@@ -25,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernel_profile import graph_us  # noqa: E402
 
 HQ, HKV, D, PAGE = 16, 4, 256, 16
-# (BLOCK_M, BLOCK_N, warps, stages[, P_SPLIT]): today's first.
-CONFIGS = [(64, 32, 8, 2), (64, 16, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (32, 32, 4, 2), (64, 32, 8, 3),
-           (64, 16, 4, 2), (128, 16, 8, 2), (64, 32, 8, 1), (128, 64, 8, 2)]
+# (BLOCK_M, BLOCK_N, warps, stages): today's default first, then the old one (64 x 32) and wider tiles.
+CONFIGS = [(128, 64, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2),
+           (128, 64, 4, 2), (256, 64, 8, 2), (128, 32, 4, 2), (64, 64, 4, 2)]
 
 
 def _measure(tokens: int, peak: float) -> dict:
