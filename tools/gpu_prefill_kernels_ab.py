@@ -6,7 +6,7 @@ at each call from module state, so one engine can time every combination on the 
 (no restart, no second model in memory):
 
 - ``attention``: the 16-bit tile at head dims over 128, ``old`` 64 x 32 or ``new`` 128 x 64 (today's default),
-  both with 8 warps;
+  both with 8 warps, or ``sdpa``: torch's fused attention (``NINFER_ATTN_SDPA=1``, a candidate);
 - ``moe`` (MoE shapes): ``old`` the 64-row tiles for every call, ``large`` today's ``LARGE_TILES`` for calls of
   16,384 or more pairs, ``grouped_mm`` those calls through torch._grouped_mm (``NINFER_MOE_GROUPED_MM=1``).
 
@@ -40,9 +40,9 @@ OLD_ATTENTION = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
 @contextlib.contextmanager
 def choices(attention_tile: str, moe: str):
     """The module state of one combination, restored on exit."""
-    from ninfer.ops.triton import attention
+    from ninfer.ops.triton import attention, attention_sdpa
     from ninfer.ops.triton import moe as tm
-    saved = attention._prefill_config, tm.LARGE_PAIRS, tm.GROUPED_MM
+    saved = attention._prefill_config, tm.LARGE_PAIRS, tm.GROUPED_MM, attention_sdpa.ENABLED
     try:
         if attention_tile == "old":
             base = saved[0]
@@ -55,9 +55,10 @@ def choices(attention_tile: str, moe: str):
         if moe == "old":
             tm.LARGE_PAIRS = 1 << 62
         tm.GROUPED_MM = moe == "grouped_mm"
+        attention_sdpa.ENABLED = attention_tile == "sdpa"
         yield
     finally:
-        attention._prefill_config, tm.LARGE_PAIRS, tm.GROUPED_MM = saved
+        attention._prefill_config, tm.LARGE_PAIRS, tm.GROUPED_MM, attention_sdpa.ENABLED = saved
 
 
 def main() -> int:
@@ -79,7 +80,7 @@ def main() -> int:
     profile = artifact_profile(artifact, options).profile
     peak = measure_matmul_peak(torch.device("cuda"), torch.bfloat16, 8192)
     moe_choices = ("old", "large", "grouped_mm") if geometry.get("num_experts") else ("old",)
-    combos = [(a, m) for a in ("old", "new") for m in moe_choices]
+    combos = [(a, m) for a in ("old", "new", "sdpa") for m in moe_choices]
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     report = {"shape": args.shape, "layers": args.layers, "matmul_peak_flops": peak, "runs": []}
     with Engine.start(artifact, options) as engine:

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import gpu_prefill_kernels_ab as ab  # noqa: E402
-from ninfer.ops.triton import attention  # noqa: E402
+from ninfer.ops.triton import attention, attention_sdpa  # noqa: E402
 from ninfer.ops.triton import moe as tm  # noqa: E402
 
 
@@ -25,7 +25,10 @@ def test_each_combination_sets_and_restores_the_module_state():
         assert tm.LARGE_PAIRS > 1 << 40 and tm.GROUPED_MM is False
     with ab.choices("new", "grouped_mm"):
         assert attention._prefill_config(256, torch.bfloat16) == today[0]
-        assert tm.LARGE_PAIRS == today[1] and tm.GROUPED_MM is True
+        assert tm.LARGE_PAIRS == today[1] and tm.GROUPED_MM is True and attention_sdpa.ENABLED is False
+    with ab.choices("sdpa", "large"):
+        assert attention_sdpa.ENABLED is True and tm.GROUPED_MM is False
+    assert attention_sdpa.ENABLED is False
     with pytest.raises(RuntimeError), ab.choices("old", "large"):
         raise RuntimeError("a failed measurement")
     assert (attention._prefill_config(256, torch.bfloat16), tm.LARGE_PAIRS, tm.GROUPED_MM) == today

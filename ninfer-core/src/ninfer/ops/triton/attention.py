@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.registry import OpImpl
+from ninfer.ops.triton import attention_sdpa
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, mm, next_pow2, pdl, pdl_wait
 
 _LOG2E = 1.4426950408889634
@@ -386,6 +387,8 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     hq, hkv, d, page = _check(q, k_pool, v_pool)
     t_len, n_rows = q.shape[0], kv_lens.shape[0]
     gate = _gate_input("paged_attention", gate, q)
+    if config is None and attention_sdpa.usable(q):   # NINFER_ATTN_SDPA=1, a candidate
+        return attention_sdpa.paged_attention_sdpa(q, k_pool, v_pool, cu_q, kv_lens, page_tables, scale, gate)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if t_len == 0 or n_rows == 0:
         return out
