@@ -153,6 +153,21 @@ def replay_us(graph: torch.cuda.CUDAGraph, replays: int) -> float:
 
 
 
+def require_cuda(tool: str) -> bool:
+    """Whether a CUDA device is here; if not, says so on stderr for ``tool`` (its main then returns 2)."""
+    if torch.cuda.is_available():
+        return True
+    print(f"{tool}: needs a CUDA device", file=sys.stderr)
+    return False
+
+
+def write_report(path: Path | None, report: dict) -> None:
+    """``report`` as indented JSON at ``path`` (its folder made), if a path is given."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1))
+
+
 def graph_us(fn, replays: int, calls: int = 1) -> float:
     """Microseconds per call of ``fn()``: run once eagerly (compiling what it launches), then ``calls`` calls
     captured as one CUDA graph and timed over ``replays`` replays (:func:`replay_us`)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch
 from ninfer.ops.triton import moe as tm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernel_profile import graph_us  # noqa: E402
+from gpu_kernel_profile import graph_us, require_cuda, write_report  # noqa: E402
 
 H, INTER, E, K = 2048, 512, 256, 8
 CANDIDATES = [
@@ -141,17 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_moe_prefill_sweep: needs a CUDA device", file=sys.stderr)
+    if not require_cuda("gpu_moe_prefill_sweep"):
         return 2
     from ninfer.bench.limits import measure_matmul_peak
     peak = measure_matmul_peak(torch.device("cuda"), torch.bfloat16, 8192)
     report = {"device": torch.cuda.get_device_name(), "matmul_peak_flops": peak, "shape": [H, INTER, E, K], "runs": []}
     for tokens in args.tokens:
         report["runs"].append(_measure(tokens, peak))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+    write_report(args.out, report)
     return 0
 
 

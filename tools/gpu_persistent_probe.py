@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -46,7 +45,7 @@ import triton.language as tl
 from ninfer.ops.triton._common import INTERPRET, cast, next_pow2, pdl, pdl_wait
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernel_profile import graph_us  # noqa: E402
+from gpu_kernel_profile import graph_us, require_cuda, write_report  # noqa: E402
 
 # (name, hidden, intermediate, blocks): the dense MLP of Qwen3.5-0.8B, 4B and 9B.
 SHAPES = [("0.8b mlp", 1024, 3584, 16), ("4b mlp", 2560, 9216, 8), ("9b mlp", 4096, 12288, 6)]
@@ -63,7 +62,7 @@ def _grid_sync(bar_ptr, target):
     tl.debug_barrier()   # every thread's stores are issued before the (release) arrival
     tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")
     while tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu") < target:
-        pass
+        pass   # spin: the loop's condition (an acquire read of the count) is the whole wait
     tl.debug_barrier()
 
 
@@ -339,14 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[2, 4, 8],
                     help="rows per tile of the persistent forms (a tile of more than 8,192 weights is skipped)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_persistent_probe: needs a CUDA device (the CPU tests run its kernel under the interpreter)",
-              file=sys.stderr)
+    if not require_cuda("gpu_persistent_probe"):
         return 2
     report = measure(args)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+    write_report(args.out, report)
     return 0
 
 

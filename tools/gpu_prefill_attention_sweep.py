@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 from ninfer.ops.triton import attention
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_kernel_profile import graph_us  # noqa: E402
+from gpu_kernel_profile import graph_us, require_cuda, write_report  # noqa: E402
 
 HQ, HKV, D, PAGE = 16, 4, 256, 16
 # (BLOCK_M, BLOCK_N, warps, stages): today's default first, then the old one (64 x 32) and wider tiles.
@@ -83,16 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192])
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu_prefill_attention_sweep: needs a CUDA device", file=sys.stderr)
+    if not require_cuda("gpu_prefill_attention_sweep"):
         return 2
     from ninfer.bench.limits import measure_matmul_peak
     peak = measure_matmul_peak(torch.device("cuda"), torch.bfloat16, 8192)
     report = {"device": torch.cuda.get_device_name(), "matmul_peak_flops": peak, "heads": [HQ, HKV, D],
               "runs": [_measure(t, peak) for t in args.tokens]}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+    write_report(args.out, report)
     return 0
 
 
