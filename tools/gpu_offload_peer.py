@@ -57,6 +57,14 @@ def prepare(args) -> int:
     t0 = time.perf_counter()
     model = shapes.build_hf(geometry, args.device, args.seed)
     stats = shapes.weight_stats(model, geometry)
+    # The Hugging Face folder, our artifact and the GGUF are all on disk at once before the folder is deleted.
+    copies = 2 if args.no_gguf else 3
+    free = shutil.disk_usage(work).free
+    if free < copies * stats["bytes"] * 1.05:
+        log(f"not enough disk under {work}: {copies} copies of {stats['bytes'] / 1e9:.2f} GB need "
+            f"{copies * stats['bytes'] * 1.05 / 1e9:.1f} GB, {free / 1e9:.1f} GB free (earlier runs' temporary "
+            "artifacts under /tmp?)")
+        return 1
     hf = work / "hf"
     model.save_pretrained(hf)
     del model

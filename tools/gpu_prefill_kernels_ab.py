@@ -61,6 +61,15 @@ def choices(attention_tile: str, moe: str):
         attention._prefill_config, tm.LARGE_PAIRS, tm.GROUPED_MM, attention_sdpa.ENABLED = saved
 
 
+def first_tokens_by_length(runs: list[dict]) -> dict[int, dict[str, list[str]]]:
+    """For each prompt length, each distinct greedy first token (as text) and the combinations that gave it."""
+    seen: dict[int, dict[str, list[str]]] = {}
+    for r in runs:
+        key = " ".join(str(list(t)) for t in r["first_tokens"])
+        seen.setdefault(r["tokens"], {}).setdefault(key, []).append(f"{r['attention']}/{r['moe']}")
+    return seen
+
+
 def main() -> int:
     ap = model_args(__doc__)
     ap.add_argument("--lengths", default="8192")
@@ -101,9 +110,13 @@ def main() -> int:
                 report["runs"].append(row)
                 print(f"{n} tokens, attention {attention_tile}, moe {moe}: TTFT {ttft * 1e3:.1f} ms, "
                       f"{100 * row['of_peak']:.1f}% of peak, first token {sorted(tokens)}", flush=True)
-    firsts = {tuple(map(tuple, r["first_tokens"])) for r in report["runs"] if r["tokens"] == lengths[0]}
-    report["first_tokens_agree"] = len(firsts) == 1
+    report["first_tokens_by_length"] = first_tokens_by_length(report["runs"])
+    report["first_tokens_agree"] = all(len(v) == 1 for v in report["first_tokens_by_length"].values())
     print(f"first tokens agree across combinations: {report['first_tokens_agree']}", flush=True)
+    for n, seen in report["first_tokens_by_length"].items():
+        if len(seen) > 1:
+            print(f"  {n} tokens: " + "; ".join(f"{tok} from {', '.join(who)}" for tok, who in seen.items()),
+                  flush=True)
     (args.out / f"prefill_kernels_ab_{args.shape}.json").write_text(json.dumps(report, indent=1))
     return 0
 

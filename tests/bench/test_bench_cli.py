@@ -72,6 +72,7 @@ def test_bench_cli_writes_a_complete_report(bench_env, tmp_path):
     assert "start-up:" in run.stdout and "first burst after ready: 2 requests" in run.stdout
     assert report["engine"]["device"] == "cpu" and report["engine"]["max_context"] == 300
     assert report["prefill_lengths_requested"] == [32, 1000]
+    assert report["device_held_bytes"] == {"before_limits": None, "before_engine": None}   # a CPU run
     limits = report["limits"]
     assert all(limits[k] > 0 for k in LIMIT_FIELDS)
     assert [r["batch"] for r in report["decode"]] == [1, 2]

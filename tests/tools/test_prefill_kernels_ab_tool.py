@@ -32,3 +32,13 @@ def test_each_combination_sets_and_restores_the_module_state():
     with pytest.raises(RuntimeError), ab.choices("old", "large"):
         raise RuntimeError("a failed measurement")
     assert (attention._prefill_config(256, torch.bfloat16), tm.LARGE_PAIRS, tm.GROUPED_MM) == today
+
+
+def test_first_tokens_are_compared_at_every_length_and_a_flip_names_its_combinations():
+    runs = [{"tokens": n, "attention": a, "moe": m, "first_tokens": [(tok,)]}
+            for n, a, m, tok in ((2048, "old", "old", 5), (2048, "new", "large", 5),
+                                 (8192, "old", "old", 7), (8192, "new", "grouped_mm", 9))]
+    seen = ab.first_tokens_by_length(runs)
+    assert seen == {2048: {"[5]": ["old/old", "new/large"]},
+                    8192: {"[7]": ["old/old"], "[9]": ["new/grouped_mm"]}}
+    assert not all(len(v) == 1 for v in seen.values())   # the tool's agreement flag is False for these runs

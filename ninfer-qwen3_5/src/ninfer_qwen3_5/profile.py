@@ -206,7 +206,8 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         experts_per_token=cfg.num_experts_per_tok if cfg.is_moe else 0,
         encoder_bytes_per_row=_encoder_bytes_per_row(config, s) if features.vision else 0,
         default_speculative_tokens=default_tokens,
-        host_weight_bytes=host_bytes)
+        host_weight_bytes=host_bytes,
+        routed_experts_on_host=bool(cfg.is_moe and features.host_experts))
 
 
 def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:

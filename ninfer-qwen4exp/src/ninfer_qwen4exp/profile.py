@@ -153,7 +153,8 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         embedding_bytes=embedding,
         routed_expert_bytes=experts,
         num_experts=cfg.num_experts,
-        experts_per_token=cfg.num_experts_per_tok)
+        experts_per_token=cfg.num_experts_per_tok,
+        routed_experts_on_host=bool(features.host_experts))
 
 
 def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:

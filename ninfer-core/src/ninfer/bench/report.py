@@ -11,7 +11,9 @@ Accounting (from the architecture's ModelProfile; a multiply-add is two FLOPs):
   but B rows, ``embedding_bytes * (1 - B / vocab)``; of a MoE's routed experts all but the expected
   distinct experts of B independent uniform top-k routings, ``E * (1 - (1 - k/E)^B)`` per layer -- a
   random-weight benchmark's routing; a trained router's may differ), per row the KV it reads (``context *
-  kv_bytes_per_token``) and writes (one token), and its StateImage read and written back.
+  kv_bytes_per_token``) and writes (one token), and its StateImage read and written back. Routed experts placed
+  in host memory (``routed_experts_on_host``) count the same, as if read from the device: the share then says how
+  far the step is from an all-resident model's floor.
 
 Start-up (``startup``): ``Engine.info["startup"]`` (seconds by phase: load, decode graphs, warm-up, and the whole
 start) and the first burst after ready (:meth:`~ninfer.bench.workload.Workload.first_burst`), the cold-start figure.
@@ -59,10 +61,13 @@ def expected_distinct_experts(experts: int, top_k: int, rows: int) -> float:
 def decode_weight_bytes(profile: ModelProfile, batch: int) -> float:
     """Weight bytes one decode step of ``batch`` rows reads (module docstring)."""
     unread = profile.embedding_bytes * (1.0 - min(1.0, batch / max(1, profile.vocab_size)))
+    total = profile.weight_bytes
+    if profile.routed_experts_on_host:   # not in weight_bytes; counted as read all the same
+        total += profile.routed_expert_bytes
     if profile.routed_expert_bytes and profile.num_experts:
         e, k = profile.num_experts, profile.experts_per_token
         unread += profile.routed_expert_bytes * (1.0 - expected_distinct_experts(e, k, batch) / e)
-    return profile.weight_bytes - unread
+    return total - unread
 
 
 def decode_step_bytes(profile: ModelProfile, batch: int, context: float) -> float:

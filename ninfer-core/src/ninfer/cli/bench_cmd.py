@@ -144,9 +144,11 @@ def run(args) -> int:
     planned = artifact_profile(artifact, options)
     # Limits first, on an empty device: the engine's KV pool may take the memory the buffers need.
     say(f"measuring copy bandwidth and matmul peak on {planned.device}")
+    held = {"before_limits": _device_held(planned.device)}
     limits = measure_limits(planned.device, planned.dtype,
                             copy_bytes=None if args.copy_mib is None else args.copy_mib << 20,
                             matmul_n=args.matmul_size)
+    held["before_engine"] = _device_held(planned.device)
     say(f"starting the engine ({artifact.name})")
     with Engine.start(artifact, options) as engine:
         cap = engine.max_context - 1
@@ -193,7 +195,9 @@ def run(args) -> int:
             "ninfer_version": __version__, "git_commit": _git_commit(), "machine": _machine(planned.device),
             "model": {"name": info.get("name"), "architecture": info.get("architecture"),
                       "artifact": str(artifact), "artifact_id": info.get("artifact_id")},
-            "prefill_lengths_requested": list(lengths)}
+            "prefill_lengths_requested": list(lengths),
+            # What a --vram-budget-mib cap is charged before the engine plans (CUDA: total - free, context included).
+            "device_held_bytes": held}
     report = build_report(meta=meta, engine_info=engine_info, profile=planned.profile, limits=limits,
                           settings=run_settings, decode=decode, prefill=prefill,
                           memory=summary.as_dict() if summary is not None else None,
@@ -204,6 +208,16 @@ def run(args) -> int:
         args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         say(f"report written to {args.output}")
     return 0
+
+
+def _device_held(device) -> int | None:
+    """Bytes in use on a CUDA device now (``total - free``, as the device budget counts them); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    return int(total - free)
 
 
 def host_experts_summary(options, stats, kernel: str | None = None) -> dict:

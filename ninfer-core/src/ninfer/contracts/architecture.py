@@ -62,7 +62,8 @@ class ModelProfile:
     Parts of ``weight_bytes`` a decode step reads only in part (benchmark byte counts; 0 = read whole):
     ``embedding_bytes`` (an input table read one row per token; 0 when it is also the tied LM head) and
     ``routed_expert_bytes`` (all MoE layers' routed experts, of which a row reads ``experts_per_token`` of
-    ``num_experts`` per layer).
+    ``num_experts`` per layer). ``routed_experts_on_host``: the routed experts are placed in host memory (part of
+    ``host_weight_bytes``, not of ``weight_bytes``); ``routed_expert_bytes`` still counts them all, wherever they are.
     ``encoder_bytes_per_row`` (0: no encoder bound): an estimate of the transient bytes of one encoder call per
     input row (an image patch), its attention's live scores included, valid for a call of up to
     ``EngineOptions.max_encode_rows`` rows; the planner reserves it for that many rows.
@@ -90,6 +91,7 @@ class ModelProfile:
     encoder_bytes_per_row: int = 0
     default_speculative_tokens: int = 0
     host_weight_bytes: int = 0
+    routed_experts_on_host: bool = False
 
 
 @dataclass(frozen=True)
