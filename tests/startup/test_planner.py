@@ -146,6 +146,20 @@ def test_cuda_budget_is_free_memory_capped_by_the_env(monkeypatch):
     assert (b.budget_bytes, b.held_bytes) == (80 << 30, 0)
 
 
+def test_the_cuda_headroom_can_be_set_and_a_bad_one_is_named(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: ((140 << 30) - 512 * MIB, 140 << 30))
+    b = mb.device_budget(torch.device("cuda"), env={mb.BUDGET_ENV: "4096", mb.HEADROOM_ENV: "256"})
+    assert (b.budget_bytes, b.headroom_bytes) == (3584 * MIB, 256 * MIB)
+    assert mb.device_budget(torch.device("cuda"), env={mb.HEADROOM_ENV: "0"}).headroom_bytes == 0
+    assert mb.device_budget(torch.device("cuda"), env={mb.HEADROOM_ENV: " "}).headroom_bytes == 1 << 30
+    for bad in ("-1", "lots", "nan"):
+        with pytest.raises(InvalidEngineOptions, match="NINFER_VRAM_HEADROOM_MIB"):
+            mb.device_budget(torch.device("cuda"), env={mb.HEADROOM_ENV: bad})
+    # The CPU keeps its proportionate headroom: the variable is about the GPU's driver-side allocations.
+    cpu = mb.device_budget(torch.device("cpu"), env={mb.BUDGET_ENV: "512", mb.HEADROOM_ENV: "0"})
+    assert cpu.headroom_bytes == int(512 * MIB * mb.CPU_HEADROOM_FRACTION)
+
+
 def test_engine_start_shrinks_kv_under_a_budget_and_refuses_below_one_request(default_artifact, monkeypatch):
     from ninfer import Engine
 

@@ -1,7 +1,9 @@
 """The device budget (docs/design.md section 7): how many bytes a plan may use, and how many stay free.
 
 - CUDA: the free memory ``torch.cuda.mem_get_info`` reports now, capped by ``NINFER_VRAM_BUDGET_MIB``
-  when set; headroom ``CUDA_HEADROOM_BYTES`` (1 GiB) is kept free on top of the plan. The cap bounds the
+  when set; headroom ``CUDA_HEADROOM_BYTES`` (1 GiB, or ``NINFER_VRAM_HEADROOM_MIB`` when set, 0 allowed) is kept
+  free on top of the plan: it covers what the plan does not model (kernel images, library workspaces,
+  the allocator's fragmentation), which the start-up calibration measures after graph capture. The cap bounds the
   process's whole device footprint, the figure nvidia-smi shows: what the device already has in use when the
   plan is made (the CUDA context, this process's earlier allocations, and on a shared device other
   processes' memory too, so the cap is then conservative) is taken off it (``DeviceBudget.held_bytes``).
@@ -29,6 +31,7 @@ MIB = 1 << 20
 GIB = 1 << 30
 BUDGET_ENV = "NINFER_VRAM_BUDGET_MIB"
 HOST_BUDGET_ENV = "NINFER_HOST_BUDGET_MIB"
+HEADROOM_ENV = "NINFER_VRAM_HEADROOM_MIB"
 CUDA_HEADROOM_BYTES = GIB
 CPU_BUDGET_FRACTION = 0.5
 CPU_HEADROOM_FRACTION = 0.1
@@ -70,6 +73,20 @@ def _env_budget(env: Mapping[str, str], name: str = BUDGET_ENV) -> int | None:
     return int(value * MIB)
 
 
+def _cuda_headroom(env: Mapping[str, str]) -> int:
+    """``NINFER_VRAM_HEADROOM_MIB`` (a number of MiB, 0 or more) when set, else ``CUDA_HEADROOM_BYTES``."""
+    raw = env.get(HEADROOM_ENV)
+    if raw is None or raw.strip() == "":
+        return CUDA_HEADROOM_BYTES
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise InvalidEngineOptions(f"{HEADROOM_ENV}={raw!r} must be a number of MiB, 0 or more")
+    return int(value * MIB)
+
+
 def physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -79,13 +96,14 @@ def device_budget(device: torch.device, env: Mapping[str, str] | None = None) ->
     env = os.environ if env is None else env
     capped = _env_budget(env)
     if device.type == "cuda":
+        headroom = _cuda_headroom(env)
         free, total = torch.cuda.mem_get_info(device)
         held = total - free
         if capped is not None and capped - held < free:
-            return DeviceBudget(str(device), max(0, capped - held), CUDA_HEADROOM_BYTES,
+            return DeviceBudget(str(device), max(0, capped - held), headroom,
                                 f"{BUDGET_ENV}={capped // MIB} less {mib(held)} already in use on the device "
                                 f"(CUDA context included; CUDA free {mib(free)} of {mib(total)})", held)
-        return DeviceBudget(str(device), int(free), CUDA_HEADROOM_BYTES, f"CUDA free memory {mib(free)} of {mib(total)}")
+        return DeviceBudget(str(device), int(free), headroom, f"CUDA free memory {mib(free)} of {mib(total)}")
     if device.type != "cpu":
         raise InvalidEngineOptions(f"no memory planning rule for device {device}")
     if capped is not None:
