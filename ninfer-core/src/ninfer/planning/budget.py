@@ -60,7 +60,9 @@ class DeviceBudget:
     held_bytes: int = 0
 
 
-def _env_budget(env: Mapping[str, str], name: str = BUDGET_ENV) -> int | None:
+def _env_mib(env: Mapping[str, str], name: str, *, zero_ok: bool) -> int | None:
+    """The variable ``name`` as bytes (it holds MiB), None when unset or blank; an error naming it unless it is a
+    positive number (or 0 too, with ``zero_ok``)."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return None
@@ -68,23 +70,20 @@ def _env_budget(env: Mapping[str, str], name: str = BUDGET_ENV) -> int | None:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise InvalidEngineOptions(f"{name}={raw!r} must be a positive number of MiB")
+    if not (value >= 0 if zero_ok else value > 0):
+        raise InvalidEngineOptions(f"{name}={raw!r} must be " + ("a number of MiB, 0 or more" if zero_ok
+                                                                 else "a positive number of MiB"))
     return int(value * MIB)
+
+
+def _env_budget(env: Mapping[str, str], name: str = BUDGET_ENV) -> int | None:
+    return _env_mib(env, name, zero_ok=False)
 
 
 def _cuda_headroom(env: Mapping[str, str]) -> int:
-    """``NINFER_VRAM_HEADROOM_MIB`` (a number of MiB, 0 or more) when set, else ``CUDA_HEADROOM_BYTES``."""
-    raw = env.get(HEADROOM_ENV)
-    if raw is None or raw.strip() == "":
-        return CUDA_HEADROOM_BYTES
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise InvalidEngineOptions(f"{HEADROOM_ENV}={raw!r} must be a number of MiB, 0 or more")
-    return int(value * MIB)
+    """``NINFER_VRAM_HEADROOM_MIB`` when set, else ``CUDA_HEADROOM_BYTES``."""
+    headroom = _env_mib(env, HEADROOM_ENV, zero_ok=True)
+    return CUDA_HEADROOM_BYTES if headroom is None else headroom
 
 
 def physical_memory_bytes() -> int:
