@@ -81,13 +81,16 @@ def prepare(args) -> int:
                      quantize=args.quantize)
     log(f"ninfer artifact ({args.quantize or 'bf16'}): {result.tensor_bytes / 1e9:.2f} GB in "
         f"{time.perf_counter() - t1:.0f} s")
+    # Written before the GGUF: if llama.cpp's converter fails, the bench of our side still has what it reads, and
+    # the GGUF can be written again from the kept folder (its command is in the log).
+    (work / "prepared.json").write_text(json.dumps({"geometry": geometry, "weights": stats, "quantize": args.quantize,
+                                                    "artifact": [str(p) for p in result.paths]}, indent=1))
     if not args.no_gguf:   # --no-gguf: our side only (the peer's from an earlier prepare of the same seed)
         rc = _gguf(args, hf, work)
         if rc:
+            log(f"kept {hf} for a retry of the GGUF")
             return rc
     shutil.rmtree(hf)
-    (work / "prepared.json").write_text(json.dumps({"geometry": geometry, "weights": stats, "quantize": args.quantize,
-                                                    "artifact": [str(p) for p in result.paths]}, indent=1))
     return 0
 
 
@@ -97,6 +100,7 @@ def _gguf(args, hf: Path, work: Path) -> int:
     env = dict(os.environ, PYTHONPATH=str(args.lcp / "gguf-py"))
     cmd = [sys.executable, str(args.lcp / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(work / "m.gguf"),
            "--outtype", "bf16", "--no-mtp"]
+    log("$ PYTHONPATH=" + env["PYTHONPATH"] + " " + " ".join(cmd))
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
