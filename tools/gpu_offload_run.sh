@@ -5,6 +5,7 @@
 #
 #   bash tools/gpu_offload_run.sh prepare [LAYERS [RECIPE GGUF_TYPE]]   # carry .gpu-wheels and .gpu_assets
 #   bash tools/gpu_offload_run.sh bench [CONFIGS [GGUF [NINFER_ARGS...]]]  # the next call, on the same machine
+#   bash tools/gpu_offload_run.sh profile MIB [BATCHES]   # where a host-expert decode step's time goes, same machine
 #
 # e.g. 4-bit experts on both sides: `prepare 8 mixed Q4_K_M`, then `bench 24g:6,16g:7 m-Q4_K_M.gguf`.
 #
@@ -15,6 +16,8 @@
 # writes m-GGUF_TYPE.gguf beside it once the build is done. bench: gpu_offload_peer.py bench over CONFIGS (default
 # 24g:6,16g:7: the issue's budgets scaled to 8 layers, as docs/benchmarks.md explains) with llama.cpp on GGUF
 # (default m.gguf), the rest passed to `ninfer bench` through --ninfer-args.
+# profile: tools/host_experts_profile.py on the prepared artifact under --vram-budget-mib MIB with the native kernel,
+# at each of BATCHES (default 1,8): the host step's phases, cache counts and the engine worker's profile.
 # Results and logs go to $OUT (at most 4 files a call).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -70,8 +73,20 @@ case "$step" in
         python3 tools/gpu_offload_peer.py bench --work "$work" --lcp "$lcp" --configs "$configs" --gguf "$gguf" --out "$out" \
             "${extra[@]}" 2>&1 | grep -v Warning | tail -40
         ;;
+    profile)
+        mib="${1:-}"
+        [ -n "$mib" ] || { echo "profile needs a budget in MiB" >&2; exit 2; }
+        [ -f "$work/prepared.json" ] || { echo "no prepared model in $work: run the prepare step first"; exit 1; }
+        rc=0
+        for b in $(echo "${2:-1,8}" | tr ',' ' '); do
+            python3 tools/host_experts_profile.py "$work/model.ninfer" --vram-budget-mib "$mib" --batch "$b" \
+                --host-expert-kernel native --out "$out/host-profile-b$b.txt" > "$out/host-profile-b$b.log" 2>&1 || rc=1
+            grep -v Warning "$out/host-profile-b$b.log" | head -12
+        done
+        exit $rc
+        ;;
     *)
-        echo "gpu_offload_run.sh: prepare [LAYERS [RECIPE GGUF_TYPE]] | bench [CONFIGS [GGUF [NINFER_ARGS...]]]" >&2
+        echo "gpu_offload_run.sh: prepare [LAYERS [RECIPE GGUF_TYPE]] | bench [CONFIGS [GGUF [NINFER_ARGS...]]] | profile MIB [BATCHES]" >&2
         exit 2
         ;;
 esac
