@@ -177,18 +177,20 @@ def _plan_mtp(b: PlanBuilder, cfg: Qwen35Config, text_cfg: Mapping[str, Any]) ->
     return ComponentPlan(id="mtp", config=config, target="text")
 
 
-def _plan_vision(b: PlanBuilder, hf: Mapping[str, Any], names: list[str], cfg: Qwen35Config) -> ComponentPlan:
-    """The tower: every ``model.visual.*`` tensor in its own ``vision`` object, bound whole under its HF path
-    (:mod:`ninfer_qwen3_5.vision.parameters`); the set of tensors and their shapes must be exactly what the
-    vision config implies."""
+def plan_vision(b: PlanBuilder, hf: Mapping[str, Any], names: list[str], text_hidden: int, moe: bool,
+                error: type[Exception] = Qwen35ConfigError) -> ComponentPlan:
+    """The tower (Qwen3.5's or Qwen3.5-MoE's, by ``moe``; Qwen4-Exp's is the latter): every ``model.visual.*``
+    tensor in its own ``vision`` object, bound whole under its HF path (:mod:`ninfer_qwen3_5.vision.parameters`);
+    the set of tensors and their shapes must be exactly what the vision config implies, whose output width must
+    be ``text_hidden``. Config errors are ``error``."""
     if hf.get("vision_config") is None:
-        raise Qwen35ConfigError("the checkpoint has model.visual.* tensors but the config has no vision_config")
-    config = compact_vision_config(hf, cfg.hidden_size, cfg.is_moe)
+        raise error("the checkpoint has model.visual.* tensors but the config has no vision_config")
+    config = compact_vision_config(hf, text_hidden, moe)
     shapes = vision_shapes(VisionConfig.from_compact(config))
     expected = {vision_source_name(n): n for n in shapes}
     unknown = sorted(set(names) - set(expected))
     if unknown:
-        raise Qwen35ConfigError(f"vision tensors not part of a Qwen3.5 tower: {', '.join(unknown[:8])}")
+        raise error(f"vision tensors not part of a Qwen3.5 tower: {', '.join(unknown[:8])}")
     for src, name in expected.items():
         b.bind(name, b.obj(name, "vision", [(src, shapes[name])]), shapes[name])
     return ComponentPlan(id="vision", config=config, target="text")
@@ -213,7 +215,7 @@ class Qwen35SourceMapping:
             components.append(_plan_mtp(b, cfg, text_cfg))
         visual = sorted(n for n in tensors if n.startswith(VISION_SOURCE_PREFIX))
         if visual:
-            vision = _plan_vision(b, config, visual, cfg)
+            vision = plan_vision(b, config, visual, cfg.hidden_size, cfg.is_moe)
             components.append(vision)
             # parameter_specs, profile and the Program see the text config only: it carries the tower's too.
             components[0] = ComponentPlan(id="text", config={**compact, "vision_config": vision.config})

@@ -18,7 +18,7 @@ Exact figures mirror what :class:`~ninfer_qwen3_5.program.Qwen35Program` allocat
 - State: the StateImage of :mod:`ninfer_qwen3_5.state` (conv in the run dtype, recurrent fp32; with vision the
   rope delta too).
 - Vision (``features.vision``): the tower's parameters, all in the run dtype (selected by ``parameter_specs``),
-  and the encoder's workspace per input row (:func:`_encoder_bytes_per_row`).
+  and the encoder's workspace per input row (:func:`encoder_bytes_per_row`).
 
 The workspace terms are estimates of the torch reference path's temporaries (the planner's headroom
 covers their error); the compute terms count multiply-adds as two FLOPs.
@@ -121,7 +121,7 @@ def _activation_bytes_per_token(cfg: Qwen35Config, s: int) -> int:
     return 4 * H * s + max(widest, mlp)
 
 
-def _encoder_bytes_per_row(config: Mapping[str, Any], s: int) -> int:
+def encoder_bytes_per_row(config: Mapping[str, Any], s: int) -> int:
     """Transient bytes of one tower call per input row (:mod:`ninfer_qwen3_5.vision.tower` on the torch reference
     ops), summed over its stages rather than maximised (an upper bound): the input rows and the fp32 position
     taps (4 taps, weighted, summed); a block's residual, norm, qkv, rotated q and k, fp32 attention output and its
@@ -204,7 +204,7 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         routed_expert_bytes=experts,
         num_experts=cfg.num_experts if cfg.is_moe else 0,
         experts_per_token=cfg.num_experts_per_tok if cfg.is_moe else 0,
-        encoder_bytes_per_row=_encoder_bytes_per_row(config, s) if features.vision else 0,
+        encoder_bytes_per_row=encoder_bytes_per_row(config, s) if features.vision else 0,
         default_speculative_tokens=default_tokens,
         host_weight_bytes=host_bytes,
         routed_experts_on_host=bool(cfg.is_moe and features.host_experts))

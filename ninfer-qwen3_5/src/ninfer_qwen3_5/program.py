@@ -22,12 +22,11 @@ snapshots for ``max_sequences`` rows of ``k + 1`` inputs, and runs every unit th
 :class:`~ninfer_qwen3_5.speculative_decode.SpeculativeDecoding` (with the target's taps; verify graphs, no decode
 graphs, no lookahead). With ``k = 0`` none of this exists.
 
-Vision (``ProgramInit.features.vision``, :mod:`ninfer_qwen3_5.vision`): the Program also builds the tower and
-takes media with a prompt (:meth:`Qwen35Program.open_sequence`). A call with a chunk of such a sequence gives the
-model its tokens' three MRoPE axes and the media embeddings over the placeholders, encoding each medium when a
-chunk first needs it (:meth:`Qwen35Program.forward`); decode rows are at ``index + delta`` on all three axes, the
-delta a field of the sequence's StateImage (:mod:`ninfer_qwen3_5.state`), so decode graphs and lookahead steps
-read it on the device and checkpoints keep it.
+Vision (``ProgramInit.features.vision``, :class:`~ninfer_qwen3_5.vision.program.MediaProgram`): the Program also
+builds the tower and takes media with a prompt. A call with a chunk of such a sequence gives the model its tokens'
+three MRoPE axes and the media embeddings over the placeholders, encoding each medium when a chunk first needs it;
+decode rows are at ``index + delta`` on all three axes, the delta a field of the sequence's StateImage
+(:mod:`ninfer_qwen3_5.state`), so decode graphs and lookahead steps read it on the device and checkpoints keep it.
 Vision and speculative decoding are not combined yet (refused).
 
 A decode step rewrites every field of the StateImage (each GDN layer's conv window and recurrent
@@ -36,17 +35,10 @@ state) in ``decode_out_slots``, so this architecture declares lookahead decode (
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
-
 import torch
 from ninfer.contracts.architecture import ProgramInit
-from ninfer.contracts.media import MediaInput
-from ninfer.contracts.program import (
-    ProgramError,
-    SeqId,
-)
-from ninfer.program.batch import ForwardBatch, PackedBatch, pack_batch
+from ninfer.contracts.program import ProgramError
+from ninfer.program.batch import PackedBatch
 from ninfer.program.model import KVGeometry, ModelLayout, ModelProgram
 
 from ninfer_qwen3_5.config import Qwen35Config
@@ -61,11 +53,8 @@ from ninfer_qwen3_5.mtp.decoding import MTPDecoding
 from ninfer_qwen3_5.speculative_decode import SpeculativeDecoding
 from ninfer_qwen3_5.speculative_program import SpeculativeProgram
 from ninfer_qwen3_5.speculative_state import SpeculativeSnapshots
-from ninfer_qwen3_5.state import ROPE_DELTA, state_layout
-from ninfer_qwen3_5.vision.config import VisionConfig
-from ninfer_qwen3_5.vision.inputs import media_step, release_consumed
-from ninfer_qwen3_5.vision.media import MediaError, SequenceMedia, sequence_media
-from ninfer_qwen3_5.vision.tower import VisionTower
+from ninfer_qwen3_5.state import state_layout
+from ninfer_qwen3_5.vision.program import MediaProgram
 
 
 def model_layout(cfg: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False,
@@ -81,7 +70,7 @@ def model_layout(cfg: Qwen35Config, dtype: torch.dtype, *, mtp: bool = False,
                        state=state_layout(cfg, dtype, vision=vision))
 
 
-class Qwen35Program(HostExpertCaches, SpeculativeProgram, ModelProgram):
+class Qwen35Program(MediaProgram, HostExpertCaches, SpeculativeProgram, ModelProgram):
     def __init__(self, init: ProgramInit) -> None:
         cfg = Qwen35Config.from_compact(init.config)
         k = init.options.speculative_tokens
@@ -100,14 +89,10 @@ class Qwen35Program(HostExpertCaches, SpeculativeProgram, ModelProgram):
         self.host_expert_kernel = self.model.host_expert_kernel
         self.snapshots: SpeculativeSnapshots | None = None
         self.speculation: SpeculativeDecoding | None = None
-        self.tower: VisionTower | None = None
-        self.vision_cfg: VisionConfig | None = None
-        self.rope_delta: torch.Tensor | None = None     # int64 [state slots, 1]: the StateImages' rope deltas
-        self._media: dict[SeqId, SequenceMedia] = {}
         if init.features.vision:
             if k:
                 raise ProgramError("vision with speculative decoding is not supported yet")
-            self._build_vision(init)
+            self.build_vision(init, cfg.vocab_size, cfg.rotary_dim)
         if backend == "mtp":
             head = Qwen35MTPHead(cfg, init.config, init.weights, self.model.embed, self.model.lm_head, init.ops,
                                  self.device, init.options.dtype)
@@ -121,98 +106,8 @@ class Qwen35Program(HostExpertCaches, SpeculativeProgram, ModelProgram):
         if k:
             self.configure_speculation(init.options.max_sequences, k + 1)
 
-    def _build_vision(self, init: ProgramInit) -> None:
-        vision = init.config.get("vision_config")
-        if vision is None:
-            raise ProgramError("vision is on but the text config has no vision_config (an artifact without a "
-                               "vision tower, or converted before ninfer stored it: re-convert)")
-        self.vision_cfg = vcfg = VisionConfig.from_compact(vision)
-        sections, half = self.model.multimodal_sections, self.cfg.rotary_dim // 2
-        if len(sections) != 3 or sum(sections) != half:
-            raise ProgramError(f"mrope_section {list(sections)} must be three sizes summing to the {half} rotary "
-                               f"frequencies for multimodal positions")
-        bad = [t for t in (vcfg.image_token_id, vcfg.video_token_id) if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise ProgramError(f"vision placeholder token ids {bad} are outside the vocabulary of "
-                               f"{self.cfg.vocab_size}")
-        self.tower = VisionTower(vcfg, init.weights, init.ops, self.device, init.options.dtype)
-        self.rope_delta = self.states.field(ROPE_DELTA)
-
-    # -- media -------------------------------------------------------------------------------------
-    def open_sequence(self, tokens: Sequence[int], prompt_length: int | None = None,
-                      media: Sequence[MediaInput] = ()) -> SeqId:
-        """As the base; ``media`` (images and videos, :mod:`ninfer_qwen3_5.vision.media`) are checked against
-        the prompt first, and need the vision tower (a MediaError otherwise)."""
-        checked = self._check_media(tokens, prompt_length, media)
-        seq = super().open_sequence(tokens, prompt_length)
-        self._bind_media(seq, checked)
-        return seq
-
-    def open_sequence_from(self, checkpoint, tokens: Sequence[int], prompt_length: int | None = None,
-                           media: Sequence[MediaInput] = ()) -> SeqId:
-        checked = self._check_media(tokens, prompt_length, media)
-        seq = super().open_sequence_from(checkpoint, tokens, prompt_length)
-        self._bind_media(seq, checked)
-        return seq
-
-    def check_media(self, tokens: Sequence[int], prompt_length: int | None,
-                    media: Sequence[MediaInput]) -> tuple[int, ...]:
-        """As :meth:`open_sequence` checks them (nothing opened); the pixel rows of each span, in token order (a
-        span is one encode unit: an image, or one temporal patch of a video)."""
-        checked = self._check_media(tokens, prompt_length, media)
-        return () if checked is None else tuple(rows for _, rows in checked.work(0, checked.prompt_length))
-
-    def encode_work(self, seq: SeqId, end: int) -> tuple[tuple[int, int], ...]:
-        start = self.computed(seq)
-        m = self._media.get(seq)
-        return () if m is None or end <= start else tuple(m.work(start, end))
-
-    def _check_media(self, tokens: Sequence[int], prompt_length: int | None, media: Sequence[MediaInput]
-                     ) -> SequenceMedia | None:
-        if not media:
-            return None
-        if self.tower is None:
-            raise MediaError(f"this model was started without a vision tower, so it takes no images or videos "
-                             f"(got {len(media)}): its artifact has none, or vision is off")
-        tokens = list(tokens)
-        return sequence_media(tokens, len(tokens) if prompt_length is None else int(prompt_length), media,
-                              self.vision_cfg)
-
-    def _bind_media(self, seq: SeqId, checked: SequenceMedia | None) -> None:
-        if self.rope_delta is not None:
-            # Every open sets it: a sequence opened from a checkpoint starts from the checkpoint's image.
-            self.states.slot_field(ROPE_DELTA, self._seqs[seq].slot).fill_(checked.delta if checked else 0)
-        if checked is not None:
-            self._media[seq] = checked
-
-    def _free(self, seq: SeqId, s) -> None:
-        self._media.pop(seq, None)
-        super()._free(seq, s)   # SpeculativeProgram forgets the drafter's bookkeeping, then the base
-
-    @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """As the base, except a call with a chunk of a sequence with media: its tokens' three position axes and
-        its media embeddings (encoded by the tower when a chunk first needs them) go to the model
-        (:mod:`ninfer_qwen3_5.vision.inputs`)."""
-        if self.tower is None or not any(c.seq in self._media for c in batch.chunks):
-            return super().forward(batch)
-        step = media_step(batch, self._media, self.tower, self.device)
-        packed = pack_batch(batch, self.device)
-        logits = self.model.forward(packed.tokens, self.step_context(packed), packed.logit_rows,
-                                    positions3=step.positions, media_rows=step.rows)
-        release_consumed(batch, self._media)
-        return logits
-
     def forward_packed(self, batch: PackedBatch) -> torch.Tensor:
-        ctx = self.step_context(batch)
-        if self.rope_delta is not None and batch.num_decode:
-            # A decode row of a sequence with media is at (index + delta) on all three axes. The delta is a
-            # StateImage field, so it is rewritten in the out slot like every other (a lookahead step's spare).
-            # Device-side: decode graphs capture it.
-            b = batch.num_decode
-            delta = self.rope_delta.index_select(0, batch.decode_slots)
-            self.rope_delta.index_copy_(0, batch.decode_out_slots, delta)
-            ctx = replace(ctx, positions=torch.cat((batch.positions[:b] + delta[:, 0], batch.positions[b:])))
+        ctx = self.media_decode_context(batch, self.step_context(batch))
         if isinstance(self.speculation, DFlashDecoding):   # score_chunk: the drafter's context follows every forward
             return self.speculation.plain_forward(batch, ctx)
         return self.model.forward(batch.tokens, ctx, batch.logit_rows)
