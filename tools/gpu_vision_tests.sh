@@ -41,7 +41,8 @@ fi
 install_checkout "$wheels" > "$log" 2>&1 || { echo "vision tests $commit: install FAILED" | tee -a "$log"; exit 1; }
 python3 -m pytest -q -n "$workers" --junitxml "$out/junit_vision.xml" -o junit_family=xunit2 \
     tests/engine/test_engine_vision_gpu.py tests/ops/test_vision_ops.py tests/ops_triton/test_qwen35_vision_triton.py \
-    tests/frontend/test_vision_preprocess.py tests/engine/test_engine_vision.py 2>&1 | tee -a "$log" \
+    tests/frontend/test_vision_preprocess.py tests/engine/test_engine_vision.py \
+    tests/engine/test_engine_vision_qwen4exp.py tests/models/qwen4exp/test_qwen4exp_vision.py 2>&1 | tee -a "$log" \
     | grep -E "^(FAILED|ERROR) | in [0-9.]+s( \(|=|$)"
 rc=${PIPESTATUS[0]}
 verdict=$([ "$rc" -eq 0 ] && echo PASS || echo "FAIL (pytest rc $rc)")

@@ -54,22 +54,45 @@ _DRAWS = {
 }
 
 
-def tiny_vision_model(seed: int = 31):
-    """The transformers model (fp32, eval), random weights with O(1) logits."""
+# A Qwen4-Exp text model of the same width for the same tower: 4 layers (3 GDN + QSA keeping 2 blocks of 2 tokens),
+# 3 streams, PLE on GDN layer 2, MRoPE sections (3, 3, 2) over 16 rotary dims.
+QWEN4EXP_TEXT = dict(vocab_size=320, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                     linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                     linear_num_key_heads=2, linear_num_value_heads=4, num_hidden_layers=4,
+                     max_position_embeddings=4096, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                     num_experts=8, num_experts_per_tok=2, hc_count=3, hc_lowrank=8, ple_layer_ids=[2],
+                     ple_embed_dim=32, ngram_size=3, heads_per_ngram=2, ngram_vocab_size_base=50,
+                     make_ngram_vocab_size_divisible_by=8, split_ngram_parts=3, indexer_n_heads=2,
+                     indexer_head_dim=16, indexer_kv_heads=1, indexer_budget=4, indexer_compress_ratio=2,
+                     output_gate_type="sigmoid", eos_token_id=IM_END, tie_word_embeddings=False,
+                     rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5,
+                                          mrope_section=[3, 3, 2], mrope_interleaved=True))
+
+
+def tiny_vision_model(seed: int = 31, arch: str = "qwen3_5"):
+    """The transformers model (fp32, eval), random weights with O(1) logits: Qwen3.5's, or with ``arch``
+    "qwen4exp" Qwen4-Exp's text model behind the same tower."""
     import transformers as tf
 
-    model = tf.Qwen3_5ForConditionalGeneration(tf.Qwen3_5Config(
-        text_config=TEXT, vision_config=VISION, tie_word_embeddings=False, **TOKENS))
+    if arch == "qwen4exp":
+        model = tf.Qwen4ExpForConditionalGeneration(tf.Qwen4ExpConfig(
+            text_config=QWEN4EXP_TEXT, vision_config=VISION, **TOKENS))
+    else:
+        model = tf.Qwen3_5ForConditionalGeneration(tf.Qwen3_5Config(
+            text_config=TEXT, vision_config=VISION, tie_word_embeddings=False, **TOKENS))
     randomize_weights(model, seed, draws=_DRAWS)
+    if arch == "qwen4exp":
+        with torch.no_grad():   # the stream reduction's output is ~0.5 in size: a wider head gives O(1) logits
+            model.lm_head.weight.mul_(3.0)
     return model.float().eval()
 
 
-def tiny_vision_artifact(root: Path, seed: int = 31) -> tuple[Path, object]:
+def tiny_vision_artifact(root: Path, seed: int = 31, arch: str = "qwen3_5") -> tuple[Path, object]:
     """``(artifact, hf_model)``: the model saved with the tokenizer, generation config (EOS <|im_end|>) and the
-    preprocessing settings, converted to ``root/vision.ninfer``."""
+    preprocessing settings, converted to ``root/vision.ninfer`` (``arch``: as :func:`tiny_vision_model`)."""
     from ninfer.conversion import convert
 
-    model = tiny_vision_model(seed)
+    model = tiny_vision_model(seed, arch)
     folder = root / "vision_hf"
     model.save_pretrained(folder)
     write_byte_tokenizer(folder, specials=SPECIALS, added=ADDED, eos="<|im_end|>")

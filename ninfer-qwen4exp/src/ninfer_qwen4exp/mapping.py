@@ -1,7 +1,8 @@
 """The Qwen4-Exp source mapping: HF checkpoint tensors -> artifact components, objects, bindings, uses.
 
 Components: ``text`` (always), ``vision`` (the ``model.visual.*`` tower of a ``Qwen4ExpForConditionalGeneration``
-checkpoint, its own objects, bound by no runtime feature yet) and ``mtp`` (the checkpoint's ``mtp.*`` head: input
+checkpoint: Qwen3.5-MoE's tower, stored and checked as :mod:`ninfer_qwen3_5.mapping` stores that one, its compact
+config also copied into the text config under ``vision_config``) and ``mtp`` (the checkpoint's ``mtp.*`` head: input
 fusion, one indexed-attention layer, its stream reduction; :func:`_plan_mtp`). Ignored: the PLE hash buffers
 (``layer_multipliers``, ``ngram_heads_vocab_sizes``, ``ngram_heads_offsets``: :mod:`~ninfer_qwen4exp.ple_hash` derives them from the config), the n-gram statistics some
 checkpoints carry (``hashstats_*``, ``token_lookup``) and the final mixer's unused ``block_inject_weight``.
@@ -31,8 +32,9 @@ from typing import Any
 from ninfer.artifact.plan_builder import PlanBuilder
 from ninfer.artifact.source_mapping import ComponentPlan, ConversionPlan, SourceRows, SourceTensor, UsePlan
 from ninfer.errors import NotSupportedError
-from ninfer_qwen3_5.mapping import text_prefix
+from ninfer_qwen3_5.mapping import plan_vision, text_prefix
 from ninfer_qwen3_5.parameters import layer_prefix
+from ninfer_qwen3_5.vision.parameters import SOURCE_PREFIX as VISION_SOURCE_PREFIX
 
 from ninfer_qwen4exp.config import (
     INDEXED,
@@ -219,22 +221,6 @@ def _plan_mtp(b: PlanBuilder, cfg: Qwen4ExpConfig, text_cfg: Mapping[str, Any]) 
     return ComponentPlan(id=MTP_COMPONENT, config=config, target="text")
 
 
-def _plan_vision(b: PlanBuilder, hf: Mapping[str, Any], names: list[str]) -> ComponentPlan:
-    vision_cfg = hf.get("vision_config")
-    if vision_cfg is None:
-        raise Qwen4ExpConfigError("the checkpoint has model.visual.* tensors but the config has no vision_config")
-    for name in names:
-        oid = "vision/" + name[len("model.visual."):].replace(".", "/")
-        shape = tuple(b.tensors[name].shape)
-        b.bind(oid, b.obj(oid, "vision", [(name, shape)]), shape)
-    config = {k: v for k, v in vision_cfg.items() if k != "architectures"}
-    config["architectures"] = ["Qwen4ExpVision"]
-    for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
-        if key in hf:
-            config[key] = hf[key]
-    return ComponentPlan(id="vision", config=config, target="text")
-
-
 @dataclass(frozen=True)
 class Qwen4ExpSourceMapping:
     """Converts ``Qwen4ExpForCausalLM`` and ``Qwen4ExpForConditionalGeneration`` checkpoints."""
@@ -250,7 +236,10 @@ class Qwen4ExpSourceMapping:
         _plan_text(b, cfg, text_prefix(tensors, Qwen4ExpConfigError))
         if any(n.startswith("mtp.") for n in tensors):
             components.append(_plan_mtp(b, cfg, config.get("text_config", config)))
-        visual = sorted(n for n in tensors if n.startswith("model.visual."))
+        visual = sorted(n for n in tensors if n.startswith(VISION_SOURCE_PREFIX))
         if visual:
-            components.append(_plan_vision(b, config, visual))
+            vision = plan_vision(b, config, visual, cfg.hidden_size, moe=True, error=Qwen4ExpConfigError)
+            components.append(vision)
+            # parameter_specs, profile and the Program see the text config only: it carries the tower's too.
+            components[0] = ComponentPlan(id="text", config={**compact, "vision_config": vision.config})
         return b.finish(components, "a Qwen4-Exp model")

@@ -124,15 +124,35 @@ class Qwen4ExpModel:
         pos3 = positions.unsqueeze(0).expand(3, -1)
         return self.ops.mrope_cos_sin(pos3, self.inv_freq, self.sections, True)
 
+    @property
+    def multimodal_sections(self) -> tuple[int, ...]:
+        """The MRoPE sections of 3-axis positions: the config's, else HF's default (11, 11, 10)."""
+        return tuple(self.sections or (11, 11, 10))
+
+    def rotary3(self, positions3: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of per-axis positions ``[3, N]`` (multimodal prompts; text tokens have three equal rows)."""
+        return self.ops.mrope_cos_sin(positions3, self.inv_freq, self.multimodal_sections, True)
+
     def forward(self, tokens: torch.Tensor, ctx: StepContext, logit_rows: torch.Tensor | None,
-                return_bank: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                return_bank: bool = False, *, positions3: torch.Tensor | None = None,
+                media_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """fp32 logits ``[len(logit_rows), V]`` of the tokens at ``logit_rows`` (None: every token); with
         ``return_bank``, ``(logits, bank)``: ``bank`` ``[N, n*H]`` every token's hyper-connection bank after the
-        last layer, before the final reduction (what the MTP head takes, :mod:`ninfer_qwen4exp.mtp`)."""
+        last layer, before the final reduction (what the MTP head takes, :mod:`ninfer_qwen4exp.mtp`).
+
+        Multimodal calls, as Qwen3.5's: ``positions3`` int64 ``[3, N]``, every token's T/H/W positions (None:
+        ``ctx.positions`` on all three axes); ``media_rows`` ``(index [M], rows [M, H])``: the embeddings of tokens
+        ``index`` are ``rows`` instead of their token's, before the streams are formed. The n-gram windows still
+        hash the token ids, placeholders included (transformers' ``ple_input_ids``)."""
         cfg = self.cfg
-        cos, sin = self.rotary(ctx.positions)
+        cos, sin = self.rotary(ctx.positions) if positions3 is None else self.rotary3(positions3)
         ctx = replace(ctx, cos=cos, sin=sin)
-        bank = self.embed.index_select(0, tokens).repeat(1, cfg.hc_count)
+        embedded = self.embed.index_select(0, tokens)
+        if media_rows is not None:
+            index, rows = media_rows
+            embedded = embedded.index_copy(0, index, rows.to(embedded.dtype))
+        bank = embedded.repeat(1, cfg.hc_count)
         windows = ngram_windows(tokens, ctx, cfg.ngram_size, cfg.eos_token_id) if cfg.ple_layers else None
         for layer in self.layers:
             if layer.ple is not None:

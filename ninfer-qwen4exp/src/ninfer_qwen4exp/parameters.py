@@ -37,7 +37,7 @@ from ninfer.contracts.architecture import ParameterSpec
 from ninfer.contracts.features import StartupFeatures
 from ninfer.errors import NotSupportedError
 from ninfer_qwen3_5.config import FULL
-from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, layer_prefix
+from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, layer_prefix, vision_parameter_specs
 from ninfer_qwen3_5.parameters import layer_shapes as qwen35_layer_shapes
 
 from ninfer_qwen4exp.config import INDEXED, Qwen4ExpConfig
@@ -148,10 +148,12 @@ def is_host_expert_bank(name: str) -> bool:
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
     """The ``text`` parameters (the PLE tables placed in host memory, and with ``features.host_experts`` the text
     layers' routed expert banks too), plus the ``mtp`` component's with ``features.speculative == "mtp"`` (an
-    artifact without that component is refused when they are bound). Vision and any other speculative backend are
+    artifact without that component is refused when they are bound), plus the ``vision`` component's (Qwen3.5-MoE's
+    tower) with ``features.vision``. Any other speculative backend, and vision together with speculation, are
     refused."""
-    if features.vision:
-        raise NotSupportedError("Qwen4-Exp vision is not supported yet (the artifact stores the tower)")
+    if features.vision and features.speculative is not None:
+        raise NotSupportedError("Qwen4-Exp vision with speculative decoding is not supported yet: start without "
+                                "the speculative backend, or without vision")
     if features.speculative not in (None, "mtp"):
         raise NotSupportedError(f"Qwen4-Exp speculative backend {features.speculative!r} is not supported (mtp)")
     cfg = Qwen4ExpConfig.from_compact(config)
@@ -164,4 +166,6 @@ def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> lis
              for n, s in text_shapes(cfg).items()]
     if features.speculative == "mtp":
         specs.extend(mtp_parameter_specs(config))
+    if features.vision:
+        specs.extend(vision_parameter_specs(config))
     return specs

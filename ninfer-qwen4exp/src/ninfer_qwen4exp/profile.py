@@ -15,7 +15,9 @@ Exact figures mirror what :class:`~ninfer_qwen4exp.program.Qwen4ExpProgram` allo
 - KV: per indexed-attention layer, K and V of ``Nkv * D`` and the indexer's side pool (K and V rows of
   ``max(d, 2R)``), run dtype; with ``speculative == "mtp"`` the MTP layer's too, and the weights then include the
   ``mtp`` component's (with the MTP layer's fused MoE input and its own inverse frequencies).
-- State: the StateImage of :mod:`ninfer_qwen4exp.state`.
+- State: the StateImage of :mod:`ninfer_qwen4exp.state` (with vision the rope delta too).
+- Vision (``features.vision``): the tower's parameters in the run dtype and the encoder's workspace per input row,
+  as Qwen3.5-MoE's (:func:`ninfer_qwen3_5.profile.encoder_bytes_per_row`).
 
 The workspace terms are estimates of the torch reference path's temporaries; compute terms count a multiply-add
 as two FLOPs (the MoE counts its routed top-k).
@@ -32,6 +34,7 @@ from ninfer.contracts.architecture import ModelProfile
 from ninfer.contracts.features import StartupFeatures
 from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS
 from ninfer_qwen3_5.layers.moe import fused_input_rows
+from ninfer_qwen3_5.profile import encoder_bytes_per_row
 
 from ninfer_qwen4exp.config import Qwen4ExpConfig
 from ninfer_qwen4exp.parameters import parameter_specs
@@ -124,7 +127,7 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
     run = dtype or torch.bfloat16
     s = run.itemsize
     weight_bytes, converted, host = _weights(cfg, config, features, run, stored_dtypes or {})
-    layout = model_layout(cfg, run, mtp=features.speculative == "mtp")
+    layout = model_layout(cfg, run, mtp=features.speculative == "mtp", vision=features.vision)
     kv = layout.kv
     per_token = len(kv.layers) * 2 * kv.num_kv_heads * kv.head_dim * s + sum(
         2 * p.num_heads * p.head_dim * s for p in kv.side)
@@ -154,6 +157,7 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         routed_expert_bytes=experts,
         num_experts=cfg.num_experts,
         experts_per_token=cfg.num_experts_per_tok,
+        encoder_bytes_per_row=encoder_bytes_per_row(config, s) if features.vision else 0,
         routed_experts_on_host=bool(features.host_experts))
 
 

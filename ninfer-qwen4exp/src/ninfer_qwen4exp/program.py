@@ -16,6 +16,12 @@ verify chunks step every piece of StateImage state per position into snapshots (
 and n-gram context in :mod:`ninfer_qwen4exp.layers.ple`), QSA K/V and indexer keys beyond the accepted extent are
 never read. The MTP taps are the target's pre-reduction banks.
 
+Vision (``ProgramInit.features.vision``): Qwen3.5-MoE's tower and media handling
+(:class:`~ninfer_qwen3_5.vision.program.MediaProgram`): media embeddings replace their placeholders' token
+embeddings before the residual streams are formed, every token of a chunk with media gets its three MRoPE axes, and
+decode rows the StateImage's rope delta. The n-gram windows hash the placeholder ids, as transformers does. Not
+combined with speculation (refused).
+
 Decode CUDA graphs (without speculation): the base's, with the QSA ops on their Triton kernels (no host reads) and
 each PLE layer's host-table gather as a host step between graph segments (:mod:`ninfer.program.host_steps`). With
 speculation every unit runs eagerly (no verify or draft graphs yet). Not yet: lookahead decode (not declared).
@@ -31,6 +37,7 @@ from ninfer.program.model import ModelProgram
 from ninfer_qwen3_5.expert_caches import HostExpertCaches
 from ninfer_qwen3_5.mtp.decoding import MTPDecoding
 from ninfer_qwen3_5.speculative_program import SpeculativeProgram
+from ninfer_qwen3_5.vision.program import MediaProgram
 
 from ninfer_qwen4exp.config import Qwen4ExpConfig
 from ninfer_qwen4exp.model import Qwen4ExpModel
@@ -45,7 +52,7 @@ class Qwen4ExpMTPDecoding(MTPDecoding):
         return self.p.model.forward(packed.tokens, ctx, packed.logit_rows, return_bank=True)
 
 
-class Qwen4ExpProgram(HostExpertCaches, SpeculativeProgram, ModelProgram):
+class Qwen4ExpProgram(MediaProgram, HostExpertCaches, SpeculativeProgram, ModelProgram):
     def __init__(self, init: ProgramInit) -> None:
         cfg = Qwen4ExpConfig.from_compact(init.config)
         k = init.options.speculative_tokens
@@ -54,11 +61,15 @@ class Qwen4ExpProgram(HostExpertCaches, SpeculativeProgram, ModelProgram):
         backend = (init.features.speculative or "mtp") if k else None
         if backend not in (None, "mtp"):
             raise ProgramError(f"the Qwen4-Exp Program has no speculative backend {backend!r} (mtp)")
-        super().__init__(init, model_layout(cfg, init.options.dtype, mtp=backend == "mtp"))
-        self.cfg = cfg
         f = init.features
+        if f.vision and k:
+            raise ProgramError("Qwen4-Exp vision with speculative decoding is not supported yet")
+        super().__init__(init, model_layout(cfg, init.options.dtype, mtp=backend == "mtp", vision=f.vision))
+        self.cfg = cfg
         self.model = Qwen4ExpModel(cfg, init.weights, init.ops, self.device, init.options.dtype, features=f)
         self.host_expert_kernel = self.model.host_expert_kernel
+        if f.vision:
+            self.build_vision(init, cfg.vocab_size, cfg.rotary_dim)
         if backend == "mtp":
             head = Qwen4ExpMTPHead(cfg, init.config, init.weights, self.model.embed, self.model.lm_head, init.ops,
                                    self.device, init.options.dtype)
@@ -66,7 +77,8 @@ class Qwen4ExpProgram(HostExpertCaches, SpeculativeProgram, ModelProgram):
             self.configure_speculation(init.options.max_sequences, k + 1)
 
     def forward_packed(self, batch: PackedBatch) -> torch.Tensor:
-        return self.model.forward(batch.tokens, self.step_context(batch), batch.logit_rows)
+        ctx = self.media_decode_context(batch, self.step_context(batch))
+        return self.model.forward(batch.tokens, ctx, batch.logit_rows)
 
     def capture_decode_graphs(self, max_batch: int) -> tuple[int, ...]:
         if self.speculation is not None:

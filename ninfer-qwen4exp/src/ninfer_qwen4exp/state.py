@@ -8,7 +8,9 @@ StateImage fields (fixed size per sequence; the context cache's checkpoints copy
 - with any PLE layer, ``ngram`` ``[ngram_size - 1]`` int64: the sequence's last ngram_size - 1 token ids, oldest
   first, each stored as ``id + 1`` so that the zeroed initial image (0) reads as "before the sequence", which the
   hash treats as EOS (the n-gram windows of the first tokens are EOS-padded). One field serves every PLE layer (they
-  hash the same windows).
+  hash the same windows);
+- with vision, Qwen3.5's ``rope_delta`` (:mod:`ninfer_qwen3_5.state`): the offset of a decode row's three MRoPE
+  axes after the sequence's media.
 
 Paged KV: each indexed-attention layer ``i`` owns a K and a V pool ``[pages, page, Hkv, D]`` (K normed and rotated,
 V raw, as Qwen3.5) and a side pool ``layers/{i}/indexer`` of width W = max(d, 2R) and one head: its K row holds the
@@ -37,8 +39,8 @@ def indexer_pool(layer: int) -> str:
     return f"layers/{layer}/indexer"
 
 
-def state_layout(cfg: Qwen4ExpConfig, activation_dtype: torch.dtype) -> StateLayout:
-    fields = list(qwen35_state_layout(cfg.qwen35, activation_dtype).fields)
+def state_layout(cfg: Qwen4ExpConfig, activation_dtype: torch.dtype, *, vision: bool = False) -> StateLayout:
+    fields = list(qwen35_state_layout(cfg.qwen35, activation_dtype, vision=vision).fields)
     for i in cfg.ple_layers:
         fields.append(StateField(ple_conv_field(i), (cfg.hc_width, cfg.ple_conv_history), activation_dtype))
     if cfg.ple_layers:
@@ -59,6 +61,6 @@ def kv_geometry(cfg: Qwen4ExpConfig, mtp: bool = False) -> KVGeometry:
     return KVGeometry(layers, cfg.num_kv_heads, cfg.head_dim, side=side)
 
 
-def model_layout(cfg: Qwen4ExpConfig, dtype: torch.dtype, mtp: bool = False) -> ModelLayout:
+def model_layout(cfg: Qwen4ExpConfig, dtype: torch.dtype, mtp: bool = False, vision: bool = False) -> ModelLayout:
     return ModelLayout(vocab_size=cfg.vocab_size, max_positions=cfg.max_position_embeddings,
-                       kv=kv_geometry(cfg, mtp), state=state_layout(cfg, dtype))
+                       kv=kv_geometry(cfg, mtp), state=state_layout(cfg, dtype, vision=vision))

@@ -113,7 +113,8 @@ def test_bad_configs_name_the_field(changes, error, match):
 
 def test_composite_checkpoint_converts_text_and_stores_the_tower(tmp_path, q4x_case):
     """``Qwen4ExpForConditionalGeneration``: text under ``model.language_model.`` converts to the same weights as
-    the causal LM; the vision tower becomes its own component (the ``mtp`` component: test_qwen4exp_mtp_head.py)."""
+    the causal LM; the vision tower becomes its own component, stored as Qwen3.5-MoE's (the ``mtp`` component:
+    test_qwen4exp_mtp_head.py)."""
     import transformers as tf
 
     text = dict(CASES["sparse"])
@@ -131,8 +132,13 @@ def test_composite_checkpoint_converts_text_and_stores_the_tower(tmp_path, q4x_c
     convert(folder, tmp_path / "composite.ninfer", progress=False)
     with ArtifactReader.open(tmp_path / "composite.ninfer") as reader:
         assert set(reader.directory.components) == {"text", "vision"}
-        assert reader.component("text").config == q4x_case("sparse").config
-        assert reader.component("vision").config["architectures"] == ["Qwen4ExpVision"]
+        text_config = reader.component("text").config
+        vision_config = reader.component("vision").config
+        # The text config carries the tower's (what parameter_specs, profile and the Program read); the rest of it
+        # is the causal LM's.
+        assert text_config == {**q4x_case("sparse").config, "vision_config": vision_config}
+        assert vision_config["architectures"] == ["Qwen3_5MoeVision"]     # Qwen3.5-MoE's tower
+        assert vision_config["out_hidden_size"] == text["hidden_size"] and vision_config["depth"] == 1
 
 
 def test_plan_ignores_exactly_what_it_derives_or_does_not_run():

@@ -1,0 +1,52 @@
+"""Images and videos end to end through the public Engine on a tiny random Qwen4-Exp vision artifact
+(``Qwen4ExpForConditionalGeneration``: Qwen3.5-MoE's tower in front of the Qwen4-Exp text model; CPU, fp32, reference
+ops; tests/support/vision_models.py), with the conversations and helpers of test_engine_vision.py.
+
+Oracle: transformers' greedy tokens for the same prepared prompt (its token ids and pixel rows). Then the scheduling
+paths must leave a request's tokens unchanged: batched with text-only and other multimodal requests, and with chunk
+boundaries inside image spans. The Program-level oracle (logits at every position, decode logits) is
+tests/models/qwen4exp/test_qwen4exp_vision.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from support.vision_models import hf_greedy, tiny_vision_artifact
+
+from .test_engine_vision import STEPS, conversations, greedy, start, user
+
+pytest.importorskip("transformers.models.qwen4_exp")
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory):
+    """``(artifact, transformers model)``."""
+    return tiny_vision_artifact(tmp_path_factory.mktemp("tiny_vision_qwen4exp"), seed=43, arch="qwen4exp")
+
+
+@pytest.fixture(scope="module")
+def reference(vision):
+    """Each conversation's prompt and its tokens alone (one request, the whole prompt in one chunk)."""
+    artifact, _ = vision
+    with start(artifact, max_concurrency=1, prefill_chunk_size=256, context_cache=False) as engine:
+        assert engine.options.vision is True and engine.info["vision"] is True
+        assert engine.info["architecture"] == "Qwen4ExpForCausalLM"
+        prompts = [engine.frontend.prepare_chat(c, enable_thinking=False) for c in conversations()]
+        return prompts, [greedy(engine, [p])[0] for p in prompts]
+
+
+def test_chat_with_media_matches_transformers(vision, reference):
+    _, hf = vision
+    prompts, tokens = reference
+    assert all(p.media for p in prompts)
+    for p, t in zip(prompts, tokens, strict=True):
+        assert list(t) == hf_greedy(hf, p, STEPS)
+
+
+def test_batched_and_chunked_requests_keep_their_tokens(vision, reference):
+    artifact, _ = vision
+    prompts, tokens = reference
+    with start(artifact, max_concurrency=4, prefill_chunk_size=16, context_cache=False) as engine:
+        text = engine.frontend.prepare_chat(user("Say something."), enable_thinking=False)
+        out = greedy(engine, [*prompts, text])
+    assert out[:len(prompts)] == tokens
