@@ -6,7 +6,8 @@ bank into one input for the mixer (Gated DeltaNet, or QSA attention) and injects
 hyper-connection does the same around the MoE (Qwen3.5-MoE's block: softmax top-k router, routed experts, a
 sigmoid-gated shared expert). There is no final norm: the final reduction's mixed streams go to the LM head. Only
 the rows that sample (``logit_rows``) go through the reduction and the head. Positions are text positions (the
-computed index); the rotary tables are Qwen3.5's MRoPE tables with three identical position rows.
+computed index); the rotary tables are Qwen3.5's MRoPE tables with three identical position rows, except in a call
+with media (:meth:`Qwen4ExpModel.forward`'s ``positions3`` and ``media_rows``).
 
 Parameter preparation: the loader never casts; each float weight stored in another float dtype is cast to the
 activation dtype once, here (tied embed / lm_head stay one tensor). ``gdn/A_log`` and ``gdn/dt_bias`` keep their
