@@ -113,3 +113,23 @@ def test_remeasure_copy_waits_only_on_a_gpu(monkeypatch):
     assert slept == [lim.AFTER_SETTLE_S] and lim.AFTER_SETTLE_S >= 1.0 and out.copy_bytes_per_s_after == 5.0
     lim.remeasure_copy(base, torch.device("cuda"), settle_s=0.5)
     assert slept[-1] == 0.5
+
+
+def test_the_limits_prime_the_matmul_workspace_and_empty_the_cache_between_measurements(monkeypatch):
+    """On CUDA: the matmul library's long-lived workspace is made on an empty cache, before the 1 GiB copy buffers,
+    and the cache is emptied after each measurement, so no freed buffer's segment stays pinned (the engine's budget
+    would count it as held). Checked as the order of calls; the CPU runs none of it."""
+    import torch
+    from ninfer.bench import limits as lim
+
+    calls = []
+    monkeypatch.setattr(lim, "_prime_matmul", lambda device, dtype: calls.append("prime"))
+    monkeypatch.setattr(lim, "measure_copy_bandwidth", lambda *a, **k: calls.append("copy") or 2.0)
+    monkeypatch.setattr(lim, "measure_matmul_peak", lambda *a, **k: calls.append("matmul") or 3.0)
+    monkeypatch.setattr(lim.torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    out = lim.measure_limits(torch.device("cuda"), torch.bfloat16)
+    assert calls == ["prime", "copy", "empty", "matmul", "empty"]
+    assert (out.copy_bytes_per_s, out.matmul_flops_per_s) == (2.0, 3.0)
+    calls.clear()
+    lim.measure_limits(torch.device("cpu"), torch.float32)
+    assert calls == ["copy", "matmul"]

@@ -102,14 +102,30 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, n: int, *, rep
     return 2.0 * n ** 3 / t
 
 
+def _prime_matmul(device: torch.device, dtype: torch.dtype) -> None:
+    """One small matmul on an emptied CUDA cache: the library handle and its workspace get a segment of their own."""
+    torch.cuda.empty_cache()
+    a = torch.ones(64, 64, device=device, dtype=dtype)
+    torch.matmul(a, a)
+    torch.cuda.synchronize(device)
+
+
 def measure_limits(device: torch.device, dtype: torch.dtype, *, copy_bytes: int | None = None,
                    matmul_n: int | None = None, repeats: int = 10) -> DeviceLimits:
     """Both ceilings; sizes default to ones that dwarf a large GPU's L2 (CUDA) or the CPU caches. Buffers are freed
-    (and the CUDA cache emptied) before returning, so the engine started next sees the memory."""
+    (and the CUDA cache emptied) before returning, so the engine started next sees the memory.
+
+    On CUDA the matmul library's workspace, which lives as long as the process, is made first, on an empty cache,
+    and the cache is emptied after each measurement: a workspace carved from a freed 1 GiB copy buffer still in the
+    cache would pin that whole segment, and the engine's budget would count it as memory in use."""
     cuda = device.type == "cuda"
     copy_bytes = copy_bytes or (CUDA_COPY_BYTES if cuda else CPU_COPY_BYTES)
     matmul_n = matmul_n or (CUDA_MATMUL_N if cuda else CPU_MATMUL_N)
+    if cuda:
+        _prime_matmul(device, dtype)
     bw = measure_copy_bandwidth(device, copy_bytes, repeats=repeats)
+    if cuda:
+        torch.cuda.empty_cache()
     peak = measure_matmul_peak(device, dtype, matmul_n, repeats=repeats)
     if cuda:
         torch.cuda.empty_cache()
