@@ -5,9 +5,10 @@ ops; tests/support/vision_models.py), with the conversations and helpers of test
 Oracle: transformers' greedy tokens for the same prepared prompt (its token ids and pixel rows). Then the scheduling
 paths must leave a request's tokens unchanged: batched with text-only and other multimodal requests, with chunk
 boundaries inside image spans, under an encoder budget, preempted and resumed by Replay and from Snapshots, and a
-second turn about the same image must hit the context cache past the image and score as a cold run. Those last
-three are test_engine_vision.py's own tests, collected here again with this module's ``vision`` and ``reference``
-fixtures. The Program-level oracle (logits at every position, decode logits) is
+second turn about the same image must hit the context cache past the image and score as a cold run; and bad media
+requests (vision off, over the encoder budget or the media limits, misplaced placeholders) are refused with errors
+that name the cause. Those are test_engine_vision.py's own tests, collected here again with this module's
+``vision`` and ``reference`` fixtures. The Program-level oracle (logits at every position, decode logits) is
 tests/models/qwen4exp/test_qwen4exp_vision.py.
 """
 
@@ -18,7 +19,9 @@ from support.vision_models import hf_greedy, tiny_vision_artifact
 
 from .test_engine_vision import STEPS, conversations, greedy, start, user
 from .test_engine_vision import test_encoder_budget_spreads_media_over_steps as test_encoder_budget  # noqa: F401
+from .test_engine_vision import test_media_prompt_must_place_its_media_in_the_prompt as test_misplaced  # noqa: F401
 from .test_engine_vision import test_preempted_multimodal_requests_resume_with_their_media as test_preempted  # noqa: F401
+from .test_engine_vision import test_refusals_name_their_cause as test_refusals  # noqa: F401
 from .test_engine_vision import test_second_turn_about_the_same_image_hits_the_cache as test_cache_hit  # noqa: F401
 
 pytest.importorskip("transformers.models.qwen4_exp")
