@@ -5,7 +5,7 @@
 #
 #   bash tools/gpu_offload_run.sh prepare [LAYERS [RECIPE GGUF_TYPE]]   # carry .gpu-wheels and .gpu_assets
 #   bash tools/gpu_offload_run.sh bench [CONFIGS [GGUF [NINFER_ARGS...]]]  # the next call, on the same machine
-#   bash tools/gpu_offload_run.sh profile MIB [BATCHES]   # where a host-expert decode step's time goes, same machine
+#   bash tools/gpu_offload_run.sh profile MIB [BATCHES [THREADS]]   # where a host-expert decode step's time goes
 #
 # e.g. 4-bit experts on both sides: `prepare 8 mixed Q4_K_M`, then `bench 24g:6,16g:7 m-Q4_K_M.gguf`.
 #
@@ -17,8 +17,9 @@
 # 24g:6,16g:7: the issue's budgets scaled to 8 layers, as docs/benchmarks.md explains) with llama.cpp on GGUF
 # (default m.gguf), the rest passed to `ninfer bench` through --ninfer-args.
 # profile: tools/host_experts_profile.py on the prepared artifact under --vram-budget-mib MIB with the native kernel,
-# at each of BATCHES (default 1,8): the host step's phases, cache counts and the engine worker's profile.
-# Results and logs go to $OUT (at most 4 files a call).
+# at each of BATCHES (default 1,8) and each host thread count of THREADS (default: the engine's own choice, half
+# the cores): the host step's phases, cache counts and the engine worker's profile.
+# Results and logs go to $OUT (the device tool brings back 8 files at most: profile keeps its logs on the machine).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 2
@@ -79,14 +80,20 @@ case "$step" in
         [ -f "$work/prepared.json" ] || { echo "no prepared model in $work: run the prepare step first"; exit 1; }
         rc=0
         for b in $(echo "${2:-1,8}" | tr ',' ' '); do
-            python3 tools/host_experts_profile.py "$work/model.ninfer" --vram-budget-mib "$mib" --batch "$b" \
-                --host-expert-kernel native --out "$out/host-profile-b$b.txt" > "$out/host-profile-b$b.log" 2>&1 || rc=1
-            grep -v Warning "$out/host-profile-b$b.log" | head -12
+            for t in $(echo "${3:-auto}" | tr ',' ' '); do
+                threads=()
+                [ "$t" = auto ] || threads=(--host-expert-threads "$t")
+                # The reports come back from $OUT (8 files at most); the logs stay on the machine.
+                python3 tools/host_experts_profile.py "$work/model.ninfer" --vram-budget-mib "$mib" --batch "$b" \
+                    --host-expert-kernel native "${threads[@]}" --out "$out/host-profile-b$b-t$t.txt" \
+                    > "$work/host-profile-b$b-t$t.log" 2>&1 || { rc=1; tail -5 "$work/host-profile-b$b-t$t.log"; }
+                grep -v Warning "$work/host-profile-b$b-t$t.log" | head -4
+            done
         done
         exit $rc
         ;;
     *)
-        echo "gpu_offload_run.sh: prepare [LAYERS [RECIPE GGUF_TYPE]] | bench [CONFIGS [GGUF [NINFER_ARGS...]]] | profile MIB [BATCHES]" >&2
+        echo "gpu_offload_run.sh: prepare [LAYERS [RECIPE GGUF_TYPE]] | bench [CONFIGS [GGUF [NINFER_ARGS...]]] | profile MIB [BATCHES [THREADS]]" >&2
         exit 2
         ;;
 esac
