@@ -17,7 +17,8 @@
  *
  * Work split, in one OpenMP parallel region: the inputs' layout per pair; the gate_up projection as items (expert
  * group, block of RB rows) statically over the threads, each item taking the group's pairs a tile at a time and a
- * row's dot products for the tile's tokens; the SwiGLU per pair; the down projection the same way; the weighted sum
+ * row's dot products for the tile's tokens (dense rows four at a time, quantized rows with their codes prefetched:
+ * either way a core keeps enough of its reads in flight); the SwiGLU per pair; the down projection the same way; the weighted sum
  * by column ranges, each in pair order. Dot products are fp32 per 16-lane vector, then across the lanes: equal to
  * the fp64 reference within fp32 accumulation-order tolerance.
  *
