@@ -76,10 +76,6 @@ def _env_mib(env: Mapping[str, str], name: str, *, zero_ok: bool) -> int | None:
     return int(value * MIB)
 
 
-def _env_budget(env: Mapping[str, str], name: str = BUDGET_ENV) -> int | None:
-    return _env_mib(env, name, zero_ok=False)
-
-
 def _cuda_headroom(env: Mapping[str, str]) -> int:
     """``NINFER_VRAM_HEADROOM_MIB`` when set, else ``CUDA_HEADROOM_BYTES``."""
     headroom = _env_mib(env, HEADROOM_ENV, zero_ok=True)
@@ -93,7 +89,7 @@ def physical_memory_bytes() -> int:
 def device_budget(device: torch.device, env: Mapping[str, str] | None = None) -> DeviceBudget:
     """The budget rule of the module docstring, read now (``env``: None reads ``os.environ``)."""
     env = os.environ if env is None else env
-    capped = _env_budget(env)
+    capped = _env_mib(env, BUDGET_ENV, zero_ok=False)
     if device.type == "cuda":
         headroom = _cuda_headroom(env)
         free, total = torch.cuda.mem_get_info(device)
@@ -116,7 +112,7 @@ def device_budget(device: torch.device, env: Mapping[str, str] | None = None) ->
 def host_budget(env: Mapping[str, str] | None = None) -> DeviceBudget:
     """The host memory a CUDA run may use for host-placed weights and the Host tier (module docstring)."""
     env = os.environ if env is None else env
-    capped = _env_budget(env, HOST_BUDGET_ENV)
+    capped = _env_mib(env, HOST_BUDGET_ENV, zero_ok=False)
     if capped is not None:
         budget, source = capped, f"{HOST_BUDGET_ENV}={capped // MIB}"
     else:
