@@ -368,6 +368,58 @@ def test_the_cache_fills_what_the_budget_leaves(artifacts, monkeypatch):
     assert auto.options.options.host_experts is True and auto.options.options.expert_cache_slots == 3
 
 
+def test_graph_calibration_takes_the_automatic_cache_before_the_kv(artifacts, monkeypatch):
+    """The plan fills the room it leaves with 3 cache slots per layer; the (faked) graph capture then leaves 1.5
+    slots' worth too little free, so the one corrective rebuild builds the Program with 1 slot and every planned KV
+    page (the cache is what the plan sized last). It serves what an engine started with 1 slot serves."""
+    from ninfer.contracts.memory import format_memory_summary
+    from ninfer.engine import model_construction as mc
+    from ninfer.planning import calibration as cal
+    from ninfer.planning import resolution
+
+    path = artifacts["top2of8"]
+    opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=2, max_context=64, page_size=4,
+                         prefill_chunk_size=16, host_experts=True)
+    with Engine.start(path, dataclasses.replace(opts, expert_cache_slots=1)) as engine:
+        reference = [engine.generate(p, sampling=GREEDY).token_ids for p in PROMPTS[:2]]
+        one_slot = engine.memory_summary()
+    monkeypatch.setattr(resolution, "graph_batches", lambda device, options: options.max_concurrency)
+    _fake_gpu(monkeypatch, 1 << 40)
+    none = planner.plan(path, dataclasses.replace(opts, expert_cache_slots=0))
+    per_slot = planner.plan(path, dataclasses.replace(opts, expert_cache_slots=1)).model.profile.weight_bytes \
+        - none.model.profile.weight_bytes
+    _fake_gpu(monkeypatch, max(none.memory.runtime_bytes, none.memory.startup_peak_bytes) + int(3.5 * per_slot))
+    planned = planner.plan(path, opts)
+    assert (planned.options.options.expert_cache_slots, planned.memory.cache_slots) == (3, 3)
+    assert planned.memory.slot_bytes == per_slot
+
+    measured, built = [], []
+
+    def measure(device, budget, probe, *, pending_bytes, released_bytes):
+        measured.append(budget.headroom_bytes - (int(1.5 * per_slot) if not measured else 0))
+        return measured[-1]
+
+    def capture(program, max_batch, device):
+        built.append(program)
+        return (1, 2), 5 << 20
+
+    monkeypatch.setattr(mc, "_capture_graphs", capture)
+    monkeypatch.setattr(mc, "runtime_free_bytes", measure)
+    monkeypatch.setattr(cal, "calibration_margin", lambda deficit: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 0)
+    with Engine.start(path, opts) as engine:
+        m = engine.memory_summary()
+        assert len(measured) == 2 and len(built) == 2 and engine.options.expert_cache_slots == 1
+        assert (m.cache_slots_before_rebuild, m.cache_slots_after_rebuild, m.kv_pages_before_rebuild) == (3, 1, 0)
+        assert m.num_pages == planned.memory.num_pages == engine.stats().pages_total
+        assert m.weights_bytes == planned.memory.weights_bytes - 2 * per_slot
+        assert m.startup_retained_bytes == one_slot.startup_retained_bytes   # the Program holds one slot a layer
+        assert "expert cache shrunk from 3 to 1 slots per layer after calibration" in format_memory_summary(m)
+        assert engine.info["memory"]["cache_slots_before_rebuild"] == 3
+        assert [engine.generate(p, sampling=GREEDY).token_ids for p in PROMPTS[:2]] == reference
+
+
 def test_cache_hits_reach_the_stats_and_metrics(artifacts):
     from ninfer_serve.metrics import EngineCollector
 

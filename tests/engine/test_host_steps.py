@@ -68,3 +68,44 @@ def test_without_host_steps_one_segment_and_a_failed_capture_is_undone():
     with pytest.raises(ValueError, match="the forward failed"):
         SegmentedGraph().capture(broken)
     assert torch.equal((a * 2).cpu(), torch.full((8,), 4.0))   # the stream is out of capture mode
+
+
+def _captured_growth(stream_for) -> tuple[int, int]:
+    """Reserved bytes that capturing a host-step forward for sizes 8..1 into one pool adds, each size's graph
+    captured on ``stream_for(b)`` (None: the shared capture stream), and one size-8 step's temporary bytes."""
+    dev = torch.device("cuda")
+    unit = 1 << 20   # floats a row: a 4 MiB temporary per row, freed inside the step
+    a = torch.randn(8 * unit, device=dev)
+
+    def forward(b: int) -> torch.Tensor:
+        t = a[: b * unit] * 2
+        total = t.sum().reshape(1)   # the host step reads only this; ``t`` is freed before it
+        del t
+        scale = host_step(lambda: total.cpu().to(dev), (1,), total.dtype, dev)
+        return (a[: b * unit] * scale).sum()
+
+    graphs = []
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    pool = None
+    for b in range(8, 0, -1):
+        graph = SegmentedGraph()
+        graph.capture(lambda: forward(b), pool, stream_for(b))   # noqa: B023 (called here)
+        pool = graph.pool()
+        graphs.append(graph)
+    torch.cuda.synchronize()
+    grown = torch.cuda.memory_reserved() - before
+    graphs.clear()
+    return grown, 8 * unit * 4
+
+
+@pytest.mark.gpu
+def test_graphs_sharing_a_pool_reuse_its_blocks_across_sizes():
+    # Every capture records on the device's one capture stream, so the smaller sizes' temporaries reuse the
+    # largest's freed blocks: the pool holds about one size-8 step, not the sum over sizes (36 rows' worth).
+    shared, step = _captured_growth(lambda b: None)
+    assert shared <= 2 * step, f"{shared / 2**20:.1f} MiB reserved for graphs whose largest step is {step / 2**20} MiB"
+    # The measurement's power: a stream of each graph's own (what captures did before) cannot reuse them.
+    own, _ = _captured_growth(lambda b: torch.cuda.Stream())
+    assert own > 3 * step, f"{own / 2**20:.1f} MiB"

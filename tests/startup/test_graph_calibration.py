@@ -32,9 +32,11 @@ GIB = 1 << 30
 
 
 # -- the decision ----------------------------------------------------------------------------------
-def decide(free_mib: float, *, page_mib: float = 2, pages: int = 1000, min_pages: int = 256, shrinkable=True):
+def decide(free_mib: float, *, page_mib: float = 2, pages: int = 1000, min_pages: int = 256, shrinkable=True,
+           cache_slots: int = 0, slot_mib: float = 0):
     return cal.calibrate_kv(free_bytes=int(free_mib * MIB), headroom_bytes=GIB, page_bytes=int(page_mib * MIB),
-                           num_pages=pages, min_pages=min_pages, shrinkable=shrinkable)
+                           num_pages=pages, min_pages=min_pages, shrinkable=shrinkable, cache_slots=cache_slots,
+                           slot_bytes=int(slot_mib * MIB))
 
 
 def test_enough_headroom_keeps_the_pool():
@@ -68,6 +70,23 @@ def test_below_one_request_or_an_explicit_pool_fails_with_the_numbers():
     assert d.action == "fail" and "1000 pages was sized explicitly" in d.reason and "--num-pages" in d.reason
     d = decide(1024 - 100, page_mib=0)
     assert d.action == "fail" and "no KV pages to shrink" in d.reason
+
+
+def test_an_automatic_expert_cache_gives_up_slots_before_the_kv():
+    # 100 MiB short + 16 MiB margin: 3 slots of 40 MiB (120 MiB) cover it; the KV pool stays whole.
+    d = decide(1024 - 100, cache_slots=9, slot_mib=40)
+    assert (d.action, d.num_pages, d.cache_slots) == ("shrink", 1000, 6)
+    assert d.reason.endswith("3 of the 9 expert cache slots per layer give it up")
+    # Every slot (2 x 40 MiB) and then 36 MiB of KV: 18 pages of 2 MiB.
+    d = decide(1024 - 100, cache_slots=2, slot_mib=40)
+    assert (d.action, d.num_pages, d.cache_slots) == ("shrink", 982, 0)
+    assert "after all 2 expert cache slots per layer, the KV pool gives up the rest" in d.reason
+    # An explicit pool cannot take the rest; without a deficit nothing changes.
+    d = decide(1024 - 100, cache_slots=2, slot_mib=40, shrinkable=False)
+    assert d.action == "fail" and "after all 2 expert cache slots per layer, and the KV pool of 1000 pages" in d.reason
+    assert decide(1024, cache_slots=9, slot_mib=40) == cal.KVCalibration("keep", 1000)
+    # Explicit slots (planned as 0 automatic ones) are never taken.
+    assert decide(1024 - 100, cache_slots=0, slot_mib=40).cache_slots is None
 
 
 # -- the measurement -------------------------------------------------------------------------------
@@ -144,11 +163,12 @@ class FakeProgram:
 def harness(fake_cuda, monkeypatch):
     """start_program on a fake CUDA device: built Programs (weakly), measurements, and a settable rule for
     what stays free with N pages."""
-    h = {"built": [], "measured": [], "free": lambda pages: 10 * GIB}
+    h = {"built": [], "measured": [], "slots": [], "free": lambda pages: 10 * GIB}
 
-    def make(pages: int) -> FakeProgram:
+    def make(pages: int, slots: int | None) -> FakeProgram:
         p = FakeProgram(fake_cuda, pages)
         h["built"].append((pages, weakref.ref(p)))
+        h["slots"].append(slots)
         return p
 
     def measure(device, budget, probe, *, pending_bytes, released_bytes):
@@ -208,6 +228,31 @@ def test_a_short_headroom_rebuilds_once_with_fewer_pages(harness):
             "after release; KV shrunk from 1000 to 942 pages after calibration)") in text
     kept = dataclasses.replace(m, kv_pages_before_rebuild=0, graph_retained_after_release_bytes=0)
     assert "(captured; planned 50.0 MiB)" in format_memory_summary(kept)
+
+
+def test_a_short_headroom_takes_automatic_expert_cache_slots_first(harness):
+    # 100 MiB short; slots of 40 MiB: the rebuild keeps the 1000 pages and 6 of the 9 slots.
+    planned = dataclasses.replace(PLAN, cache_slots=9, slot_bytes=40 * MIB, weights_bytes=GIB + 9 * 40 * MIB)
+    harness["free"] = lambda pages: GIB - 100 * MIB + (120 * MIB if len(harness["slots"]) > 1 else 0)  # 3 slots fewer
+    s = start(harness, planned)
+    assert [pages for pages, _ in harness["built"]] == [1000, 1000] and harness["slots"] == [None, 6]
+    assert (s.num_pages, s.planned_pages, s.cache_slots, s.rebuilt) == (1000, 1000, 6, True)
+    final = planned.with_cache_slots(6)
+    assert (final.cache_slots, final.weights_bytes, final.num_pages) == (6, GIB + 6 * 40 * MIB, 1000)
+    with pytest.raises(ValueError, match="outside the planned 0..9"):
+        planned.with_cache_slots(10)
+    m = dataclasses.replace(final.summary("bfloat16", retained_bytes=0), graph_calibration_growth_bytes=GROWTH,
+                            graph_retained_after_release_bytes=RETAINED, graph_final_growth_bytes=GROWTH,
+                            cache_slots_before_rebuild=9, cache_slots_after_rebuild=6)
+    assert ("(captured; planned 50.0 MiB; first capture 300.0 MiB, 10.0 MiB retained after release; expert cache "
+            "shrunk from 9 to 6 slots per layer after calibration)") in format_memory_summary(m)
+    # Still short after it: the error names both changes.
+    harness["built"].clear()
+    harness["slots"].clear()
+    harness["free"] = lambda pages: GIB - 100 * MIB
+    with pytest.raises(mb.MemoryPlanError, match=r"still short after one corrective rebuild \(1000 -> 1000 KV pages, "
+                                                 r"9 -> 6 expert cache slots per layer\)"):
+        start(harness, planned)
 
 
 def test_still_short_after_the_rebuild_fails(harness):

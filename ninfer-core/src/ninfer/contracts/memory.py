@@ -16,8 +16,10 @@ Invariants:
   calibration found less than ``headroom_bytes`` free and made the one corrective rebuild (smaller
   automatic KV pool, graphs captured again); then ``kv_pages_before_rebuild`` is the pool the plan
   had fixed (``num_pages`` is the final one, ``kv_bytes`` its size) and
-  ``graph_retained_after_release_bytes`` is what stayed reserved after dropping the first graphs.
-  Without a rebuild both are 0.
+  ``graph_retained_after_release_bytes`` is what stayed reserved after dropping the first graphs. A rebuild
+  takes from an automatic expert cache before the KV pool: then ``cache_slots_before_rebuild`` and
+  ``cache_slots_after_rebuild`` are its slots per layer as planned and as built (``weights_bytes`` counts the
+  latter), and ``kv_pages_before_rebuild`` stays 0 when the cache alone gave enough. Without a rebuild all are 0.
 - ``host_weights_bytes``: the parameters placed in host memory (``ParameterSpec.placement``), exact; on a CPU run
   they are part of ``weights_bytes`` too (one memory), on another device they are not, and
   ``host_budget_bytes`` is the host budget they were checked against (0 when none was).
@@ -58,7 +60,9 @@ class MemorySummary:
     graph_retained_after_release_bytes: int = 0
     graph_rebuild_estimate_bytes: int = 0
     graph_final_growth_bytes: int = 0
-    kv_pages_before_rebuild: int = 0  # 0: no corrective rebuild; else the planned pool, shrunk to num_pages
+    kv_pages_before_rebuild: int = 0  # 0: no corrective rebuild shrank the KV; else the planned pool, now num_pages
+    cache_slots_before_rebuild: int = 0   # 0: no corrective rebuild took expert cache slots; else the planned ones
+    cache_slots_after_rebuild: int = 0    # the expert cache slots per layer the rebuild left (with the field above)
     host_weights_bytes: int = 0
     host_budget_bytes: int = 0
 
@@ -90,10 +94,15 @@ def _graphs_line(s: MemorySummary) -> str:
         return f"  graphs            {_mib(s.graph_rebuild_estimate_bytes)}  (estimate, decode graphs planned)"
     text = (f"  graphs            {_mib(s.graph_final_growth_bytes)}  (captured; planned "
             f"{_mib(s.graph_rebuild_estimate_bytes)}")
-    if s.kv_pages_before_rebuild:
+    if s.kv_pages_before_rebuild or s.cache_slots_before_rebuild:
         text += (f"; first capture {_mib(s.graph_calibration_growth_bytes)}, "
-                 f"{_mib(s.graph_retained_after_release_bytes)} retained after release; KV shrunk from "
-                 f"{s.kv_pages_before_rebuild} to {s.num_pages} pages after calibration")
+                 f"{_mib(s.graph_retained_after_release_bytes)} retained after release")
+        if s.cache_slots_before_rebuild:
+            text += (f"; expert cache shrunk from {s.cache_slots_before_rebuild} to {s.cache_slots_after_rebuild} "
+                     f"slots per layer")
+        if s.kv_pages_before_rebuild:
+            text += f"; KV shrunk from {s.kv_pages_before_rebuild} to {s.num_pages} pages"
+        text += " after calibration"
     return text + ")"
 
 

@@ -9,9 +9,9 @@ option again: every figure comes from the plan.
 
 Graph calibration (docs/design.md section 7): after the decode graphs are captured, startup measures what
 stays free (``planning.calibration.runtime_free_bytes``). When that is below the headroom it makes at most
-one corrective rebuild: it drops the graphs and the Program, shrinks an automatic KV pool by the deficit
-(``planning.calibration.calibrate_kv``), builds the Program again from the same loaded weights and captures
-again; still short, or a pool that cannot shrink, is a MemoryPlanError. Each build gets its own copy of
+one corrective rebuild: it drops the graphs and the Program, gives up the deficit from an automatic expert cache,
+then from an automatic KV pool (``planning.calibration.calibrate_kv``), builds the Program again from the same
+loaded weights and captures again; still short, or nothing that can shrink, is a MemoryPlanError. Each build gets its own copy of
 the weights mapping (``create_program`` may rearrange its dict; the tensors are read-only views by the
 ProgramInit contract: a Program that casts makes new tensors, never in place), so the rebuild sees the
 weights as loaded.
@@ -103,7 +103,8 @@ def _reserved(device: torch.device) -> int:
 @dataclass(frozen=True)
 class StartedProgram:
     """What :func:`start_program` built: the Program with its graphs, the final KV pages (fewer than
-    ``planned_pages`` after a corrective rebuild) and the graph memory it measured."""
+    ``planned_pages`` after a corrective rebuild), the expert cache slots per layer a rebuild gave it (None: as
+    planned) and the graph memory it measured."""
 
     program: Program
     num_pages: int
@@ -113,10 +114,11 @@ class StartedProgram:
     retained_after_release_bytes: int = 0  # reserved above the first capture's base after dropping its graphs
     final_growth_bytes: int = 0            # the capture the engine serves with
     graphs_s: float = 0.0                  # seconds from the first Program built to the graphs served with
+    cache_slots: int | None = None         # the automatic expert cache after a rebuild (None: as planned)
 
     @property
     def rebuilt(self) -> bool:
-        return self.num_pages != self.planned_pages
+        return self.num_pages != self.planned_pages or self.cache_slots is not None
 
 
 def _drop_graphs(program: Program, device: torch.device, base: int) -> int:
@@ -126,34 +128,35 @@ def _drop_graphs(program: Program, device: torch.device, base: int) -> int:
     return max(0, _reserved(device) - base)
 
 
-def start_program(make_program: Callable[[int], Program], memory: MemoryPlan, options: ResolvedOptions,
+def start_program(make_program: Callable[[int, int | None], Program], memory: MemoryPlan, options: ResolvedOptions,
                   probe: StartupProbe, *,
                   released_bytes: Callable[[Program], int] = lambda program: 0) -> StartedProgram:
-    """Build the Program with ``memory.num_pages`` KV pages (``make_program(num_pages)``), capture its decode
-    graphs (``options.graph_batches`` sizes on ``options.device``), and calibrate (module docstring): with
-    less than ``memory.budget.headroom_bytes`` left, one corrective rebuild with fewer pages.
+    """Build the Program with ``memory.num_pages`` KV pages (``make_program(num_pages, None)``; the second argument
+    is the expert cache slots per layer, None: as planned), capture its decode graphs (``options.graph_batches``
+    sizes on ``options.device``), and calibrate (module docstring): with less than ``memory.budget.headroom_bytes``
+    left, one corrective rebuild with fewer expert cache slots, then fewer pages.
     ``released_bytes(program)``: device bytes construction frees when it returns (the stored weight originals
     the Program does not keep)."""
     device, num_pages = options.device, memory.num_pages
-    program = make_program(num_pages)
+    program = make_program(num_pages, None)
     built = time.perf_counter()
     base = _reserved(device) if options.graph_batches else 0
     sizes, first = _capture_graphs(program, options.graph_batches, device)
     if not sizes:
         return StartedProgram(program, num_pages, num_pages, (), graphs_s=time.perf_counter() - built)
 
-    def headroom_decision(p: Program, pages: int):
+    def headroom_decision(p: Program, pages: int, slots: int):
         free = runtime_free_bytes(device, memory.budget, probe, pending_bytes=memory.workspace_bytes,
                                   released_bytes=released_bytes(p))
         return calibrate_kv(free_bytes=free, headroom_bytes=memory.budget.headroom_bytes,
                             page_bytes=memory.page_bytes, num_pages=pages, min_pages=memory.min_pages,
-                            shrinkable=memory.kv_shrinkable)
+                            shrinkable=memory.kv_shrinkable, cache_slots=slots, slot_bytes=memory.slot_bytes)
 
     def graphs(growth: int) -> str:
         return (f"decode CUDA graphs for batch sizes 1..{max(sizes)} grew reserved memory by {growth / 2**20:,.1f} "
                 f"MiB (planned {memory.graph_bytes / 2**20:,.1f} MiB)")
 
-    decision = headroom_decision(program, num_pages)
+    decision = headroom_decision(program, num_pages, memory.cache_slots)
     if decision.action == "keep":
         return StartedProgram(program, num_pages, num_pages, sizes, first, 0, first, time.perf_counter() - built)
     if decision.action == "fail":
@@ -162,19 +165,20 @@ def start_program(make_program: Callable[[int], Program], memory: MemoryPlan, op
     program = None  # the only reference: the KV pool, State and converted weights go with it
     gc.collect()
     torch.cuda.empty_cache()
-    log.info("graph calibration: %s; %s: rebuilding the Program with %d instead of %d KV pages",
-             graphs(first), decision.reason, decision.num_pages, num_pages)
+    slots = decision.cache_slots
+    change = f"{memory.num_pages} -> {decision.num_pages} KV pages" + (
+        "" if slots is None else f", {memory.cache_slots} -> {slots} expert cache slots per layer")
+    log.info("graph calibration: %s; %s: rebuilding the Program (%s)", graphs(first), decision.reason, change)
     num_pages = decision.num_pages
-    program = make_program(num_pages)
+    program = make_program(num_pages, slots)
     sizes, final = _capture_graphs(program, options.graph_batches, device)
-    again = headroom_decision(program, num_pages)
+    again = headroom_decision(program, num_pages, memory.cache_slots if slots is None else slots)
     if again.action != "keep":
         reason = again.reason if again.action == "fail" else f"{again.reason}; {CALIBRATION_WAYS}"
-        raise MemoryPlanError(f"still short after one corrective rebuild ({memory.num_pages} -> {num_pages} KV "
-                              f"pages): {graphs(final)}, {retained / 2**20:,.1f} MiB stayed reserved after "
-                              f"dropping the first graphs; {reason}")
+        raise MemoryPlanError(f"still short after one corrective rebuild ({change}): {graphs(final)}, "
+                              f"{retained / 2**20:,.1f} MiB stayed reserved after dropping the first graphs; {reason}")
     return StartedProgram(program, num_pages, memory.num_pages, sizes, first, retained, final,
-                          time.perf_counter() - built)
+                          time.perf_counter() - built, cache_slots=slots)
 
 
 def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress=None) -> ModelInstance:
@@ -219,14 +223,19 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
     ops = resolve_ops(registry.ops, device.type, resolved.dtype)
     features = resolved.options.features()
 
-    def make_program(pages: int) -> Program:
+    def make_program(pages: int, cache_slots: int | None) -> Program:
+        bound = features if cache_slots is None else dataclasses.replace(features, expert_cache_slots=cache_slots)
         return spec.create_program(ProgramInit(config=model.config, weights=dict(weights), ops=ops,
-                                               options=resolved.program_options(pages), features=features))
+                                               options=resolved.program_options(pages), features=bound))
 
     started = start_program(make_program, startup.memory, resolved, probe,
                             released_bytes=lambda p: released_weight_bytes(weights, p, device))
     program, num_pages = started.program, started.num_pages
     effective = resolved.engine_options(num_pages)
+    final_plan = startup.memory.with_num_pages(num_pages)
+    if started.cache_slots is not None:   # the corrective rebuild gave up expert cache slots
+        effective = dataclasses.replace(effective, expert_cache_slots=started.cache_slots)
+        final_plan = final_plan.with_cache_slots(started.cache_slots)
     info = {"architecture": spec.name, "name": metadata.get("name") or Path(artifact).stem, "artifact_id": artifact_id,
             "device": effective.device, "dtype": effective.dtype, "num_pages": num_pages,
             "page_size": effective.page_size, "max_context": max_context,
@@ -237,13 +246,15 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
             "host_expert_kernel": getattr(program, "host_expert_kernel", None),
             # Start-up seconds by phase; the Engine adds its warm-up and the whole start.
             "startup": {"load_s": time.perf_counter() - begun - started.graphs_s, "graphs_s": started.graphs_s}}
-    memory = startup.memory.with_num_pages(num_pages).summary(resolved.dtype,
-                                                              retained_bytes=probe.retained_bytes(program))
+    memory = final_plan.summary(resolved.dtype, retained_bytes=probe.retained_bytes(program))
     if started.graph_sizes:
-        before = startup.memory.num_pages if started.rebuilt else 0
+        shrunk = started.num_pages != started.planned_pages
+        slots = started.cache_slots
         memory = dataclasses.replace(memory, graph_calibration_growth_bytes=started.calibration_growth_bytes,
                                      graph_retained_after_release_bytes=started.retained_after_release_bytes,
                                      graph_final_growth_bytes=started.final_growth_bytes,
-                                     kv_pages_before_rebuild=before)
+                                     kv_pages_before_rebuild=startup.memory.num_pages if shrunk else 0,
+                                     cache_slots_before_rebuild=0 if slots is None else startup.memory.cache_slots,
+                                     cache_slots_after_rebuild=slots or 0)
     info["memory"] = memory.as_dict()
     return ModelInstance(program=program, frontend=frontend, options=effective, info=info, memory=memory)

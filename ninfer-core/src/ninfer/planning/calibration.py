@@ -8,9 +8,11 @@ graphs (CUDA only), then asks this module:
   fell since the :class:`StartupProbe`; the same two caps as ``planning.budget.device_budget``), plus the
   stored weight originals the Program does not keep (:func:`released_weight_bytes`, freed when
   construction returns), minus the planned workspace (allocated by the first steps, not yet).
-- :func:`calibrate_kv` (pure) decides: keep the pool when that keeps ``headroom`` free, else shrink an
-  automatic pool by the deficit plus :func:`calibration_margin` in whole pages, else fail (an explicit
-  pool, or fewer pages than one max_context request).
+- :func:`calibrate_kv` (pure) decides: keep the pool when that keeps ``headroom`` free, else give up the deficit
+  plus :func:`calibration_margin`: first from an expert cache the plan sized automatically (whole slots per layer;
+  the plan places the KV for max_concurrency x max_context before it and fills the cache with what is left, so
+  the cache is what yields), then from an automatic KV pool in whole pages, else fail (an explicit pool, or fewer
+  pages than one max_context request).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from ninfer.planning.budget import BUDGET_ENV, MIB, DeviceBudget, mib
 @dataclass(frozen=True)
 class KVCalibration:
     """What :func:`calibrate_kv` decided: ``action`` is ``"keep"`` (``num_pages`` unchanged),
-    ``"shrink"`` (rebuild with ``num_pages``) or ``"fail"`` (``reason`` says why and what to change)."""
+    ``"shrink"`` (rebuild with ``num_pages`` and, unless None, ``cache_slots`` expert cache slots per layer) or
+    ``"fail"`` (``reason`` says why and what to change)."""
 
     action: str
     num_pages: int
     reason: str = ""
+    cache_slots: int | None = None
 
 
 CALIBRATION_WAYS = (f"lower --max-context or --max-concurrency, raise {BUDGET_ENV} / free device memory, or "
@@ -45,29 +49,41 @@ def calibration_margin(deficit_bytes: int) -> int:
 
 
 def calibrate_kv(*, free_bytes: int, headroom_bytes: int, page_bytes: int, num_pages: int, min_pages: int,
-                 shrinkable: bool = True) -> KVCalibration:
-    """The final KV capacity after graph capture (pure; module docstring). ``free_bytes``: what stays free
-    while serving with ``num_pages`` pages of ``page_bytes`` (:func:`runtime_free_bytes`); ``min_pages``:
-    one max_context request; ``shrinkable``: the pool was sized automatically."""
+                 shrinkable: bool = True, cache_slots: int = 0, slot_bytes: int = 0) -> KVCalibration:
+    """The final KV capacity (and expert cache) after graph capture (pure; module docstring). ``free_bytes``: what
+    stays free while serving with ``num_pages`` pages of ``page_bytes`` (:func:`runtime_free_bytes`);
+    ``min_pages``: one max_context request; ``shrinkable``: the pool was sized automatically; ``cache_slots``:
+    expert cache slots per layer the plan sized automatically (0: none, or set explicitly), each costing
+    ``slot_bytes`` over all layers."""
     deficit = headroom_bytes - free_bytes
     if deficit <= 0:
         return KVCalibration("keep", num_pages)
     short = (f"{mib(free_bytes)} stays free after graph capture, {mib(deficit)} short of the "
              f"{mib(headroom_bytes)} headroom")
+    need = deficit + calibration_margin(deficit)
+    slots = cache_slots
+    if cache_slots > 0 and slot_bytes > 0:
+        drop_slots = min(cache_slots, -(-need // slot_bytes))
+        slots, need = cache_slots - drop_slots, need - drop_slots * slot_bytes
+        if need <= 0:
+            return KVCalibration("shrink", num_pages, f"{short}: {drop_slots} of the {cache_slots} expert cache "
+                                                      f"slots per layer give it up", cache_slots=slots)
+    left = "" if slots == cache_slots else f"after all {cache_slots} expert cache slots per layer, "
     ways = CALIBRATION_WAYS
     if not shrinkable:
-        return KVCalibration("fail", num_pages, f"{short}, and the KV pool of {num_pages} pages was sized "
+        return KVCalibration("fail", num_pages, f"{short}, {left}and the KV pool of {num_pages} pages was sized "
                                                 f"explicitly; lower --num-pages / --kv-budget-mib, or {ways}")
     if page_bytes <= 0:
-        return KVCalibration("fail", num_pages, f"{short}, and the model has no KV pages to shrink; {ways}")
-    drop = -(-(deficit + calibration_margin(deficit)) // page_bytes)
+        return KVCalibration("fail", num_pages, f"{short}, {left}and the model has no KV pages to shrink; {ways}")
+    drop = -(-need // page_bytes)
     pages = num_pages - drop
     if pages < min_pages:
         return KVCalibration("fail", num_pages, (
-            f"{short}: the KV pool would have to shrink by {drop} pages of {mib(page_bytes)} (deficit + "
+            f"{short}: {left}the KV pool would have to shrink by {drop} pages of {mib(page_bytes)} (deficit + "
             f"margin) from {num_pages} to {pages}, below the {min_pages} pages one max_context request "
             f"needs; {ways}"))
-    return KVCalibration("shrink", pages, short)
+    return KVCalibration("shrink", pages, short if not left else f"{short}: {left}the KV pool gives up the rest",
+                         cache_slots=None if slots == cache_slots else slots)
 
 
 # -- measuring what startup left --------------------------------------------------------------------

@@ -81,6 +81,8 @@ class MemoryPlan:
     page_bytes: int = 0           # KV bytes of one page (page_size x the profile's KV bytes per token)
     host_weights_bytes: int = 0   # weights placed in host memory (part of weights_bytes on a CPU run)
     host_budget_bytes: int = 0    # the host budget they were checked against (0: a CPU run, or none placed)
+    cache_slots: int = 0          # expert cache slots per layer the planner sized (0: none, or set explicitly)
+    slot_bytes: int = 0           # device bytes one such slot per layer adds (part of weights_bytes)
 
     @property
     def runtime_bytes(self) -> int:
@@ -101,6 +103,14 @@ class MemoryPlan:
         """This plan with a pool of ``num_pages`` (after a corrective rebuild; the startup peak stays the
         first build's, which had the larger pool)."""
         return dataclasses.replace(self, num_pages=num_pages, kv_bytes=num_pages * self.page_bytes)
+
+    def with_cache_slots(self, cache_slots: int) -> MemoryPlan:
+        """This plan with ``cache_slots`` (at most the planned ones) automatic expert cache slots per layer (after a
+        corrective rebuild gave some up; the startup peak stays the first build's)."""
+        if not 0 <= cache_slots <= self.cache_slots:
+            raise ValueError(f"{cache_slots} expert cache slots outside the planned 0..{self.cache_slots}")
+        return dataclasses.replace(self, cache_slots=cache_slots,
+                                   weights_bytes=self.weights_bytes - (self.cache_slots - cache_slots) * self.slot_bytes)
 
     def summary(self, dtype: torch.dtype | str, *, retained_bytes: int | None = None) -> MemorySummary:
         """The MemorySummary of this plan; ``retained_bytes`` (measured after construction) makes it an

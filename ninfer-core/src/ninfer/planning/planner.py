@@ -254,9 +254,11 @@ def _fill_expert_cache(artifact, options: EngineOptions, model: ArtifactProfile,
         return StartupPlan(model=model, memory=memory)
     cached = artifact_profile(artifact, dataclasses.replace(options, expert_cache_slots=int(slots)))
     try:
-        return StartupPlan(model=cached, memory=_plan_memory(cached, budget, env))
+        filled = _plan_memory(cached, budget, env)
     except MemoryPlanError:   # an estimate a slot too far: keep the plan without the cache
         return StartupPlan(model=model, memory=memory)
+    # Recorded so that graph calibration takes from the cache before the KV (ninfer.planning.calibration).
+    return StartupPlan(model=cached, memory=dataclasses.replace(filled, cache_slots=int(slots), slot_bytes=per_slot))
 
 
 def _plan_memory(model: ArtifactProfile, budget: DeviceBudget, env: Mapping[str, str]) -> MemoryPlan:

@@ -42,7 +42,7 @@ import torch
 
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import DecodeRows, HostTokens
-from ninfer.program.host_steps import SegmentedGraph
+from ninfer.program.host_steps import SegmentedGraph, capture_stream
 
 # forward(tokens, positions, slots, out_slots, kv_lens, page_tables, slot_mapping) -> fp32 logits [B, V]
 DecodeForward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
@@ -219,8 +219,10 @@ def capture_sizes(device: torch.device, sizes: list[int], prepare: Callable[[int
     """Capture ``record(b)`` for every size in ``sizes`` (largest first, so smaller graphs reuse the pool's blocks),
     each after ``prepare(b)`` wrote valid static inputs. Every size first runs eagerly on a side stream (compiling
     kernels, settling allocator blocks), then is recorded into one shared memory pool. Returns ``{b: (graph,
-    outputs)}`` and the pool (``pool`` if given, else the first graph's)."""
-    stream = torch.cuda.Stream(device)
+    outputs)}`` and the pool (``pool`` if given, else the first graph's). The eager runs use the capture stream
+    too (:func:`~ninfer.program.host_steps.capture_stream`): a stream made per call could leave per-stream state
+    behind each time (cuBLAS keeps a workspace per stream, which emptying the cache does not return)."""
+    stream = capture_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         for b in sizes:

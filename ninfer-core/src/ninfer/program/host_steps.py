@@ -17,6 +17,10 @@ Invariants:
   allocator's cached blocks, record on a side stream into ``pool``).
 - One capture at a time per thread; all segments share one memory pool (``pool`` or the first segment's) and are
   replayed in capture order, so a segment's freed temporaries may be reused by the next one's.
+- Every capture on a device records on that device's one capture stream (:func:`capture_stream`), as
+  ``torch.cuda.graph`` does: the caching allocator hands a freed block only to allocations on the stream that freed
+  it, so graphs captured on streams of their own could not reuse each other's pool blocks, and a set of graphs
+  sharing a pool would reserve the sum of their steps' temporaries instead of the largest.
 """
 
 from __future__ import annotations
@@ -28,6 +32,18 @@ from collections.abc import Callable
 import torch
 
 _local = threading.local()
+_streams: dict[int, torch.cuda.Stream] = {}
+_streams_lock = threading.Lock()
+
+
+def capture_stream(device: torch.device | int | None = None) -> torch.cuda.Stream:
+    """The one stream every capture on ``device`` (None: the current one) records on (module docstring)."""
+    index = torch.device("cuda", device).index if isinstance(device, int) else None if device is None else device.index
+    index = torch.cuda.current_device() if index is None else index
+    with _streams_lock:
+        if index not in _streams:
+            _streams[index] = torch.cuda.Stream(index)
+        return _streams[index]
 
 
 def host_step(fn: Callable[[], torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype,
@@ -52,15 +68,16 @@ class SegmentedGraph:
         """The memory pool the segments share (after :meth:`capture`)."""
         return self._pool
 
-    def capture(self, record: Callable[[], object], pool=None) -> object:
+    def capture(self, record: Callable[[], object], pool=None, stream: torch.cuda.Stream | None = None) -> object:
         """Record ``record()`` (its kernels; host steps become segment boundaries) into ``pool`` (None: the first
-        segment's new one); returns what ``record`` returned, whose tensors each replay rewrites."""
+        segment's new one) on ``stream`` (None: the device's :func:`capture_stream`; another stream only to measure
+        what sharing one saves); returns what ``record`` returned, whose tensors each replay rewrites."""
         if self.graphs:
             raise RuntimeError("a SegmentedGraph is captured once")
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         self._pool = pool
-        stream = torch.cuda.Stream()
+        stream = capture_stream() if stream is None else stream
         with torch.cuda.stream(stream):
             self._begin()
             _local.capture = self
