@@ -17,6 +17,7 @@ bf16 GGUF (llama.cpp's ``convert_hf_to_gguf.py`` from ``--lcp``, the peer source
   resident run, no host experts);
 
 each run's peak device memory sampled by ``nvidia-smi``. Writes ``offload.json`` and ``offload.md`` under ``--out``.
+With ``--no-peer`` only our runs (the ``prepare --no-gguf`` model is enough).
 
     python3 tools/gpu_offload_peer.py prepare --layers 8 --tokenizer /tmp/tok.json --lcp /tmp/lcp --work /tmp/off
     python3 tools/gpu_offload_peer.py bench --work /tmp/off --lcp /tmp/lcp --configs resident:0,24g:6,16g:7 --out $OUT
@@ -213,7 +214,10 @@ def bench(args) -> int:
     results = []
     for config in args.configs.split(","):
         name, n, *mib = config.split(":")
-        row = {"config": name, "llama": llama(args, int(n))}
+        if args.no_peer and int(n) and not mib:
+            raise SystemExit(f"--no-peer needs each configuration's MIB (NAME:N:MIB), got {config!r}")
+        row = {"config": name, "llama": {"n_cpu_moe": int(n), "skipped": "--no-peer"} if args.no_peer
+               else llama(args, int(n))}
         log(f"llama.cpp {name}: {row['llama']}")
         if int(n) == 0:
             budget = None
@@ -277,6 +281,9 @@ def main(argv=None) -> int:
     b.add_argument("--gguf", default="m.gguf", help="llama.cpp's model file in --work (default: the bf16 one)")
     b.add_argument("--repeats", type=int, default=2)
     b.add_argument("--step-timeout", type=float, default=240.0)
+    b.add_argument("--no-peer", action="store_true",
+                   help="our runs only (each configuration then names its MIB): when the machine that built llama.cpp "
+                        "is gone and the peer's figures on the same seed are in an earlier report")
     b.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     for q in (p, b):
         q.add_argument("--work", type=Path, required=True)

@@ -19,6 +19,9 @@
 # profile: tools/host_experts_profile.py on the prepared artifact under --vram-budget-mib MIB with the native kernel,
 # at each of BATCHES (default 1,8) and each host thread count of THREADS (default: the engine's own choice, half
 # the cores): the host step's phases, cache counts and the engine worker's profile.
+# NO_PEER=1 (either step): our side only. prepare skips llama.cpp's build and the GGUF (about 4 minutes less), bench
+# skips llama.cpp, and each configuration must then name its MiB (NAME:N:MIB): for a fresh machine after the one that
+# ran the peer went back, whose figures on the same seed are in an earlier report.
 # Results and logs go to $OUT (the device tool brings back 8 files at most: profile keeps its logs on the machine).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,6 +43,11 @@ case "$step" in
         . tools/gpu_setup.sh
         install_checkout .gpu-wheels > "$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
         make_tokenizer /tmp/tok.json || exit 1
+        if [ -n "${NO_PEER:-}" ]; then
+            python3 tools/gpu_offload_peer.py prepare --layers "$layers" --device cuda --tokenizer /tmp/tok.json \
+                --lcp "$lcp" --work "$work" --no-gguf "${quantize[@]}" 2>&1 | grep -v Warning | tee "$out/prepare.log" | tail -5
+            exit "${PIPESTATUS[0]}"
+        fi
         mkdir -p "$lcp" && tar -xzf .gpu_assets/llamacpp-src.tgz -C "$lcp" || exit 1
         (
             cd "$lcp" && cmake -S . -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF \
@@ -70,9 +78,14 @@ case "$step" in
         shift 2 || shift $#
         extra=()
         [ $# -gt 0 ] && extra=(--ninfer-args "$*")
-        [ -x "$lcp/build/bin/llama-bench" ] || { echo "no llama.cpp build in $lcp: run the prepare step first"; exit 1; }
+        peer=()
+        if [ -n "${NO_PEER:-}" ]; then
+            peer=(--no-peer)
+        else
+            [ -x "$lcp/build/bin/llama-bench" ] || { echo "no llama.cpp build in $lcp: run the prepare step first"; exit 1; }
+        fi
         python3 tools/gpu_offload_peer.py bench --work "$work" --lcp "$lcp" --configs "$configs" --gguf "$gguf" --out "$out" \
-            "${extra[@]}" 2>&1 | grep -v Warning | tail -40
+            "${peer[@]}" "${extra[@]}" 2>&1 | grep -v Warning | tail -40
         ;;
     profile)
         mib="${1:-}"
