@@ -13,7 +13,7 @@ import types
 
 import pytest
 import torch
-from ninfer import EngineOptions
+from ninfer import Engine, EngineOptions
 from ninfer.errors import NotSupportedError
 from ninfer.ops.reference.moe import moe_experts, routed_experts_fp32
 from ninfer.ops.reference.quantized import DecodedBank
@@ -268,6 +268,33 @@ def test_a_quantized_cache_slot_is_planned_as_stored(mixed, monkeypatch):
     none = planner.plan(mixed, dataclasses.replace(opts, expert_cache_slots=0))
     one = planner.plan(mixed, dataclasses.replace(opts, expert_cache_slots=1))
     assert one.model.profile.weight_bytes - none.model.profile.weight_bytes == 4 * 3 * 32 * 64   # a byte a weight
+
+
+def test_calibration_prices_a_quantized_slot_as_stored(mixed, monkeypatch):
+    """The slot size graph calibration drops slots by is what a slot of the q4 banks really holds (the storages of
+    the Program's cache banks with one slot a layer), not the profile's byte a weight: dropping by a figure larger
+    than the real one would free too little."""
+    import dataclasses
+
+    from ninfer.planning import planner
+
+    from engine.test_host_experts import _fake_gpu
+
+    opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16,
+                         host_experts=True)
+    from ninfer.planning.calibration import tensor_storages
+
+    with Engine.start(mixed, dataclasses.replace(opts, expert_cache_slots=1)) as engine:
+        caches = engine._program.model.expert_caches()   # noqa: SLF001
+        banks = sum(sum(tensor_storages([c.gate_up, c.down]).values()) for c in caches)
+    _fake_gpu(monkeypatch, 1 << 40)
+    auto = planner.plan(mixed, opts)
+    assert auto.memory.cache_slots == 8 and len(caches) == 4   # room for every expert; 4 MoE layers
+    assert auto.memory.slot_bytes == banks
+    # The profile's byte a weight differs (here it is less: these tiny rows are padded to 128 lanes when packed).
+    one = planner.plan(mixed, dataclasses.replace(opts, expert_cache_slots=1)).model.profile.weight_bytes
+    assert one - planner.plan(mixed, dataclasses.replace(opts, expert_cache_slots=0)).model.profile.weight_bytes \
+        == 4 * 3 * 32 * 64 != banks
 
 
 def test_options_select_the_native_kernel():

@@ -166,8 +166,10 @@ def start_program(make_program: Callable[[int, int | None], Program], memory: Me
     gc.collect()
     torch.cuda.empty_cache()
     slots = decision.cache_slots
-    change = f"{memory.num_pages} -> {decision.num_pages} KV pages" + (
-        "" if slots is None else f", {memory.cache_slots} -> {slots} expert cache slots per layer")
+    change = ", ".join(part for part in (
+        f"{memory.cache_slots} -> {slots} expert cache slots per layer" if slots is not None else "",
+        f"{memory.num_pages} -> {decision.num_pages} KV pages" if decision.num_pages != memory.num_pages else "")
+        if part)
     log.info("graph calibration: %s; %s: rebuilding the Program (%s)", graphs(first), decision.reason, change)
     num_pages = decision.num_pages
     program = make_program(num_pages, slots)

@@ -258,7 +258,21 @@ def _fill_expert_cache(artifact, options: EngineOptions, model: ArtifactProfile,
     except MemoryPlanError:   # an estimate a slot too far: keep the plan without the cache
         return StartupPlan(model=model, memory=memory)
     # Recorded so that graph calibration takes from the cache before the KV (ninfer.planning.calibration).
-    return StartupPlan(model=cached, memory=dataclasses.replace(filled, cache_slots=int(slots), slot_bytes=per_slot))
+    return StartupPlan(model=cached, memory=dataclasses.replace(filled, cache_slots=int(slots),
+                                                                 slot_bytes=_stored_slot_bytes(model, per_slot)))
+
+
+def _stored_slot_bytes(model: ArtifactProfile, per_slot: int) -> int:
+    """The device bytes one cache slot per layer holds. A profile may price a slot of quantized banks at a byte a
+    weight (their uint8 view), while a slot holds an expert as stored: about half that at 4 bits, a little more at 8
+    bits with fp16 scales. Graph calibration drops slots by this figure and must free what it counts, so for banks
+    stored packed (uint8) it is scaled by the banks' stored bytes over the profile's host bytes for them; dense
+    banks are cached in the run dtype, which the profile prices exactly."""
+    host = [s.name for s in model.parameter_specs if s.placement == "host"]
+    stored = model.source.stored_dtypes
+    if not host or model.profile.host_weight_bytes <= 0 or any(stored.get(n) != torch.uint8 for n in host):
+        return per_slot
+    return per_slot * model.source.host_load_bytes // model.profile.host_weight_bytes
 
 
 def _plan_memory(model: ArtifactProfile, budget: DeviceBudget, env: Mapping[str, str]) -> MemoryPlan:

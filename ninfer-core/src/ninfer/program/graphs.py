@@ -234,7 +234,7 @@ def capture_sizes(device: torch.device, sizes: list[int], prepare: Callable[[int
     for b in sizes:
         prepare(b)
         graph = SegmentedGraph()   # one segment unless the forward takes host steps (ninfer.program.host_steps)
-        out = graph.capture(lambda: record(b), pool)   # noqa: B023 (called here, before b changes)
+        out = graph.capture(lambda: record(b), pool, stream)   # noqa: B023 (called here, before b changes)
         pool = graph.pool()
         graphs[b] = (graph, out)
     torch.cuda.synchronize(device)

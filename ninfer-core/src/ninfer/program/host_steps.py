@@ -15,7 +15,7 @@ Invariants:
   their pool blocks are never given to a later capture, and each replay rewrites them before the step reads them.
 - A forward without host steps is one segment, captured as ``torch.cuda.graph`` captures (synchronize, release the
   allocator's cached blocks, record on a side stream into ``pool``).
-- One capture at a time per thread; all segments share one memory pool (``pool`` or the first segment's) and are
+- One capture at a time per device in a process (they share its capture stream); all segments share one memory pool (``pool`` or the first segment's) and are
   replayed in capture order, so a segment's freed temporaries may be reused by the next one's.
 - Every capture on a device records on that device's one capture stream (:func:`capture_stream`), as
   ``torch.cuda.graph`` does: the caching allocator hands a freed block only to allocations on the stream that freed
@@ -70,14 +70,14 @@ class SegmentedGraph:
 
     def capture(self, record: Callable[[], object], pool=None, stream: torch.cuda.Stream | None = None) -> object:
         """Record ``record()`` (its kernels; host steps become segment boundaries) into ``pool`` (None: the first
-        segment's new one) on ``stream`` (None: the device's :func:`capture_stream`; another stream only to measure
+        segment's new one) on ``stream`` (None: the current device's :func:`capture_stream`; another stream only to measure
         what sharing one saves); returns what ``record`` returned, whose tensors each replay rewrites."""
         if self.graphs:
             raise RuntimeError("a SegmentedGraph is captured once")
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
         self._pool = pool
         stream = capture_stream() if stream is None else stream
+        torch.cuda.synchronize(stream.device)
+        torch.cuda.empty_cache()
         with torch.cuda.stream(stream):
             self._begin()
             _local.capture = self
