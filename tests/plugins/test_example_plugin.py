@@ -91,7 +91,8 @@ def test_the_installed_example_registers_its_hooks(session):
     assert plugin is not None, "the installed example's entry point 'llama_mini' was not loaded"
     assert (plugin["distribution"], plugin["version"]) == ("ninfer-llama-mini", "0.1.0")
     assert plugin["registered"] == {"architectures": ["LlamaMiniForCausalLM"], "op_contracts": ["llama_rms_norm"],
-                                    "ops": ["llama_rms_norm:torch_reference"], "source_mappings": ["llama_mini"]}
+                                    "ops": ["llama_rms_norm:torch_reference"], "source_mappings": ["llama_mini"],
+                                    "source_architectures": ["LlamaForCausalLM"]}
     engine = session.results["engine"]
     assert engine["architecture"] == "LlamaMiniForCausalLM"
     assert engine["ops"]["llama_rms_norm"] == "torch_reference"

@@ -87,6 +87,9 @@ def _collect(results: list[list] | None) -> list:
 # What plugins register, in indexing order: each is a hook ``ninfer_<kind>`` and a registry attribute.
 KINDS: tuple[str, ...] = ("architectures", "frontends", "op_contracts", "ops", "speculative_backends",
                           "source_mappings", "default_models", "cli_commands")
+# What `ninfer plugins` lists per plugin: the kinds, and after its source mappings the checkpoint classes they take.
+_LISTED: tuple[str, ...] = tuple(k for kind in KINDS
+                                 for k in ((kind, "source_architectures") if kind == "source_mappings" else (kind,)))
 
 
 class PluginRegistry:
@@ -189,6 +192,11 @@ class PluginRegistry:
         for owner, names in labels.items():
             if names:
                 self._labels.setdefault(owner, {})[kind] = tuple(names)
+        if kind == "source_mappings":   # the checkpoint classes each plugin converts, for `ninfer plugins`
+            for owner in labels:
+                keys = tuple(key for key, who in owners.items() if who == owner)
+                if keys:
+                    self._labels.setdefault(owner, {})["source_architectures"] = keys
         return table
 
     @property
@@ -228,7 +236,7 @@ class PluginRegistry:
         """Every loaded plugin with what it registered (indexes every kind)."""
         self._index_all()
         return [PluginInfo(name, modpath, dist, version, default,
-                           {k: self._labels[name][k] for k in KINDS if k in self._labels.get(name, {})})
+                           {k: self._labels[name][k] for k in _LISTED if k in self._labels.get(name, {})})
                 for name, (modpath, dist, version, default) in self._meta.items()]
 
     def architecture(self, name: str):
