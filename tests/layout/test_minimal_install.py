@@ -1,5 +1,6 @@
 """``pip install ./ninfer-core ./ninfer-qwen3_5`` alone gives a working ``ninfer generate`` (issue 37 item 5): in a
-fresh virtual environment without the other distributions, the embedded default model converts and generates.
+fresh virtual environment without the other distributions, the embedded default model converts and generates. And
+``ninfer-qwen4exp`` installs beside them alone (issue 35 item 1): ``ninfer plugins`` lists it.
 
 Slow (a virtual environment with torch; minutes): skipped unless ``NINFER_RUN_SLOW=1``. A local torch wheel in
 ``NINFER_TORCH_WHEELS`` (a folder, e.g. /opt/wheels) is used when present, else the package index.
@@ -20,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_core_and_qwen3_5_alone_generate(tmp_path):
+def _fresh_install(tmp_path: Path, names: tuple[str, ...]) -> Path:
+    """A new virtual environment with torch and only the distributions ``names`` installed; its bin folder."""
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     py = env_dir / "bin" / "python"
@@ -33,16 +35,41 @@ def test_core_and_qwen3_5_alone_generate(tmp_path):
     subprocess.run([py, "-m", "pip", "install", "-q", *find, *torch_req], check=True)
     # Installed from copies: a non-editable build writes build/ into the source folder.
     sources = [shutil.copytree(ROOT / name, tmp_path / "src" / name, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-               for name in ("ninfer-core", "ninfer-qwen3_5")]
+               for name in names]
     subprocess.run([py, "-m", "pip", "install", "-q", *map(str, sources)], check=True)
-    listed = subprocess.run([py, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
-                            check=True).stdout
+    return env_dir / "bin"
+
+
+def _installed(bin_dir: Path) -> str:
+    return subprocess.run([bin_dir / "python", "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_core_and_qwen3_5_alone_generate(tmp_path):
+    bin_dir = _fresh_install(tmp_path, ("ninfer-core", "ninfer-qwen3_5"))
+    listed = _installed(bin_dir)
     assert "ninfer-serve" not in listed and "ninfer-convert" not in listed and "ninfer-qwen4exp" not in listed
     env = dict(os.environ, NINFER_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH="")
-    out = subprocess.run([env_dir / "bin" / "ninfer", "generate", "-p", "def fibonacci(n):", "-n", "8"],
+    out = subprocess.run([bin_dir / "ninfer", "generate", "-p", "def fibonacci(n):", "-n", "8"],
                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "8 generated tokens" in out.stderr and out.stdout.strip()
-    version = subprocess.run([env_dir / "bin" / "ninfer", "--version"], capture_output=True, text=True, env=env,
+    version = subprocess.run([bin_dir / "ninfer", "--version"], capture_output=True, text=True, env=env,
                              check=True).stdout
     assert "ninfer-qwen3_5" in version and "ninfer-serve" not in version
+
+
+def test_qwen4exp_installs_beside_core_and_is_listed(tmp_path):
+    """``pip install ./ninfer-core ./ninfer-qwen3_5 ./ninfer-qwen4exp`` (qwen4exp's one plugin dependency is
+    ninfer-qwen3_5, whose GDN, MoE and vision code it shares): ``ninfer plugins`` lists it with both architectures
+    and its source mapping."""
+    bin_dir = _fresh_install(tmp_path, ("ninfer-core", "ninfer-qwen3_5", "ninfer-qwen4exp"))
+    listed = _installed(bin_dir)
+    assert "ninfer-qwen4exp" in listed and "ninfer-serve" not in listed and "ninfer-convert" not in listed
+    env = dict(os.environ, NINFER_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH="")
+    out = subprocess.run([bin_dir / "ninfer", "plugins"], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    print(out.stdout)
+    assert "ninfer-qwen4exp" in out.stdout and "Qwen4ExpForCausalLM" in out.stdout
+    assert "Qwen4ExpForConditionalGeneration" in out.stdout
