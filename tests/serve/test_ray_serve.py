@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -309,6 +310,17 @@ def test_a_session_stays_on_its_replica_and_hits_the_cache(http, key):
 
 
 def test_least_loaded_spreads_independent_requests(http):
+    # Ray routes by a queue length it caches per replica, refreshed when the replica accepts a request or, once the
+    # entry is older than RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S, by asking the replica. The tests before leave
+    # entries from their busy streams (counted when accepted, not lowered when cancelled), so an idle replica can
+    # look as busy as the one this test loads: outwait them, and the replicas are asked.
+    try:
+        from ray.serve._private.constants import RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S as cache_s
+    except ImportError:   # a private module: its default where it moved
+        cache_s = float(os.environ.get("RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S", 10.0))
+
+    _poll("the replicas to be idle", lambda: all(_ongoing(a) == 0 for a in _engine_actors()))
+    time.sleep(cache_s + 0.5)
     long = chat("Count slowly.", max_tokens=LONG, ignore_eos=True, stream=True)
     with http.stream("POST", "/v1/chat/completions", json=long) as busy:
         assert busy.status_code == 200
