@@ -8,6 +8,7 @@ the host's read bandwidth measured in the same run (the maximum of a 512 MiB bf1
 physical limit of a step that reads each routed expert once. No model and no GPU are needed.
 
     python3 tools/host_kernel_bench.py --threads 8 --out $OUT/host-kernels.json
+    python3 tools/host_kernel_bench.py --threads 4,8,12,16 --formats bf16 --kernels native --tokens 1,8
     python3 tools/host_kernel_bench.py --formats bf16,q4_g64_fp16 --kernels torch,native,compiled --tokens 1,8
 """
 
@@ -72,22 +73,25 @@ def rows_for(kernel: str, hidden: int, inter: int, threads: int):
     raise SystemExit(f"unknown kernel {kernel!r}: torch, native or compiled")
 
 
-def measure(args) -> dict:
+def measure(args, threads: int, bank_sets: dict) -> dict:
+    """One thread count's report; ``bank_sets`` caches each format's banks across thread counts."""
     from ninfer_qwen3_5.layers.host_compute import routed_sum
 
-    torch.set_num_threads(args.threads)
-    limit = read_bandwidth(args.threads)
-    report = {"threads": args.threads, "hidden": args.hidden, "inter": args.inter, "experts": args.experts,
+    torch.set_num_threads(threads)
+    limit = read_bandwidth(threads)
+    report = {"threads": threads, "hidden": args.hidden, "inter": args.inter, "experts": args.experts,
               "k": args.k, "read_bandwidth_gbs": limit / 1e9, "runs": []}
     g = torch.Generator().manual_seed(args.seed)
     for fmt in args.formats.split(","):
         if fmt not in FORMATS:
             raise SystemExit(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")
-        (gate_up, down), per_expert = banks(fmt, args.experts, args.hidden, args.inter, args.seed)
+        if fmt not in bank_sets:
+            bank_sets[fmt] = banks(fmt, args.experts, args.hidden, args.inter, args.seed)
+        (gate_up, down), per_expert = bank_sets[fmt]
         for kernel in args.kernels.split(","):
             if kernel == "compiled" and fmt != "bf16":
                 continue   # the compiled kernel reads tensor banks only
-            rows = rows_for(kernel, args.hidden, args.inter, args.threads)
+            rows = rows_for(kernel, args.hidden, args.inter, threads)
             for tokens in (int(t) for t in args.tokens.split(",")):
                 x = torch.randn(tokens, args.hidden, generator=g).to(torch.bfloat16)
                 w = torch.softmax(torch.randn(tokens, args.k, generator=g), -1)
@@ -103,9 +107,9 @@ def measure(args) -> dict:
                 run = {"format": fmt, "kernel": kernel, "tokens": tokens, "ms": seconds * 1e3,
                        "distinct_experts": distinct, "read_gbs": rate / 1e9, "share_of_read_bandwidth": rate / limit}
                 report["runs"].append(run)
-                print(f"{fmt:12s} {kernel:8s} T={tokens:<3d} {run['ms']:8.3f} ms  {distinct:5.1f} experts  "
-                      f"{run['read_gbs']:6.1f} GB/s = {100 * run['share_of_read_bandwidth']:5.1f}% of "
-                      f"{limit / 1e9:.1f} GB/s", flush=True)
+                print(f"{fmt:12s} {kernel:8s} threads {threads:<3d} T={tokens:<3d} {run['ms']:8.3f} ms  "
+                      f"{distinct:5.1f} experts  {run['read_gbs']:6.1f} GB/s = "
+                      f"{100 * run['share_of_read_bandwidth']:5.1f}% of {limit / 1e9:.1f} GB/s", flush=True)
     return report
 
 
@@ -118,12 +122,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="1,4,8")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--kernels", default=",".join(KERNELS))
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--threads", default=str(torch.get_num_threads()),
+                    help="host threads, or a comma list of counts to sweep in one process (the banks built once)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write the report here as JSON too")
     args = ap.parse_args(argv)
-    report = measure(args)
+    counts = [int(t) for t in str(args.threads).split(",")]
+    bank_sets: dict = {}
+    reports = [measure(args, t, bank_sets) for t in counts]
+    report = reports[0] if len(reports) == 1 else {"by_threads": reports}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))

@@ -27,5 +27,11 @@ def test_the_bench_reports_every_format_kernel_and_token_count(tmp_path):
     for (_, _, tokens), run in runs.items():
         assert run["ms"] > 0 and 4 <= run["distinct_experts"] <= 4 * tokens
         assert run["read_gbs"] == pytest.approx(run["share_of_read_bandwidth"] * report["read_bandwidth_gbs"])
+    # A sweep of thread counts in one process: a report per count.
+    assert host_kernel_bench.main(["--hidden", "128", "--inter", "64", "--experts", "16", "--k", "4", "--tokens", "1",
+                                   "--formats", "bf16", "--kernels", "native", "--threads", "1,2", "--repeats", "2",
+                                   "--out", str(out)]) == 0
+    sweep = json.loads(out.read_text())["by_threads"]
+    assert [r["threads"] for r in sweep] == [1, 2] and all(len(r["runs"]) == 1 for r in sweep)
     with pytest.raises(SystemExit, match="unknown format"):
         host_kernel_bench.main(["--formats", "q3", "--hidden", "128", "--inter", "64", "--repeats", "1"])
