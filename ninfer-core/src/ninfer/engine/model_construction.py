@@ -11,9 +11,9 @@ Graph calibration (docs/design.md section 7): after the decode graphs are captur
 stays free (``planning.calibration.runtime_free_bytes``). When that is below the headroom it makes at most
 one corrective rebuild: it drops the graphs and the Program, gives up the deficit from an automatic expert cache,
 then from an automatic KV pool (``planning.calibration.calibrate_kv``), builds the Program again from the same
-loaded weights and captures again; still short, or nothing that can shrink, is a MemoryPlanError. Each build gets its own copy of
-the weights mapping (``create_program`` may rearrange its dict; the tensors are read-only views by the
-ProgramInit contract: a Program that casts makes new tensors, never in place), so the rebuild sees the
+loaded weights and captures again; still short, or nothing that can shrink, is a MemoryPlanError. Each build
+gets its own copy of the weights mapping (``create_program`` may rearrange its dict; the tensors are read-only
+views by the ProgramInit contract: a Program that casts makes new tensors, never in place), so the rebuild sees the
 weights as loaded.
 
 Only the selected features' parameters are read. The reader is closed before returning: the weights

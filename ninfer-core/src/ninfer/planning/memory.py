@@ -109,8 +109,8 @@ class MemoryPlan:
         corrective rebuild gave some up; the startup peak stays the first build's)."""
         if not 0 <= cache_slots <= self.cache_slots:
             raise ValueError(f"{cache_slots} expert cache slots outside the planned 0..{self.cache_slots}")
-        return dataclasses.replace(self, cache_slots=cache_slots,
-                                   weights_bytes=self.weights_bytes - (self.cache_slots - cache_slots) * self.slot_bytes)
+        freed = (self.cache_slots - cache_slots) * self.slot_bytes
+        return dataclasses.replace(self, cache_slots=cache_slots, weights_bytes=self.weights_bytes - freed)
 
     def summary(self, dtype: torch.dtype | str, *, retained_bytes: int | None = None) -> MemorySummary:
         """The MemorySummary of this plan; ``retained_bytes`` (measured after construction) makes it an

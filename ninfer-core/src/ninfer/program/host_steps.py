@@ -15,8 +15,9 @@ Invariants:
   their pool blocks are never given to a later capture, and each replay rewrites them before the step reads them.
 - A forward without host steps is one segment, captured as ``torch.cuda.graph`` captures (synchronize, release the
   allocator's cached blocks, record on a side stream into ``pool``).
-- One capture at a time per device in a process (they share its capture stream); all segments share one memory pool (``pool`` or the first segment's) and are
-  replayed in capture order, so a segment's freed temporaries may be reused by the next one's.
+- One capture at a time per device in a process (they share its capture stream); all segments share one memory
+  pool (``pool`` or the first segment's) and are replayed in capture order, so a segment's freed temporaries may be
+  reused by the next one's.
 - Every capture on a device records on that device's one capture stream (:func:`capture_stream`), as
   ``torch.cuda.graph`` does: the caching allocator hands a freed block only to allocations on the stream that freed
   it, so graphs captured on streams of their own could not reuse each other's pool blocks, and a set of graphs
@@ -38,8 +39,9 @@ _streams_lock = threading.Lock()
 
 def capture_stream(device: torch.device | int | None = None) -> torch.cuda.Stream:
     """The one stream every capture on ``device`` (None: the current one) records on (module docstring)."""
-    index = torch.device("cuda", device).index if isinstance(device, int) else None if device is None else device.index
-    index = torch.cuda.current_device() if index is None else index
+    index = device if isinstance(device, int) else getattr(device, "index", None)
+    if index is None:
+        index = torch.cuda.current_device()
     with _streams_lock:
         if index not in _streams:
             _streams[index] = torch.cuda.Stream(index)
@@ -70,8 +72,8 @@ class SegmentedGraph:
 
     def capture(self, record: Callable[[], object], pool=None, stream: torch.cuda.Stream | None = None) -> object:
         """Record ``record()`` (its kernels; host steps become segment boundaries) into ``pool`` (None: the first
-        segment's new one) on ``stream`` (None: the current device's :func:`capture_stream`; another stream only to measure
-        what sharing one saves); returns what ``record`` returned, whose tensors each replay rewrites."""
+        segment's new one) on ``stream`` (None: the current device's :func:`capture_stream`; another stream only to
+        measure what sharing one saves); returns what ``record`` returned, whose tensors each replay rewrites."""
         if self.graphs:
             raise RuntimeError("a SegmentedGraph is captured once")
         self._pool = pool
