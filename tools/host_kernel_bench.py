@@ -10,6 +10,12 @@ physical limit of a step that reads each routed expert once. No model and no GPU
     python3 tools/host_kernel_bench.py --threads 8 --out $OUT/host-kernels.json
     python3 tools/host_kernel_bench.py --threads 4,8,12,16 --formats bf16 --kernels native --tokens 1,8
     python3 tools/host_kernel_bench.py --formats bf16,q4_g64_fp16 --kernels torch,native,compiled --tokens 1,8
+    python3 tools/host_kernel_bench.py --threads 8,16 --formats bf16 --kernels native --tokens 1 --breakdown
+
+``--breakdown`` (native kernel) splits a call's time: the C kernel alone on prepared arguments (``kernel_ms``, the
+median call), the same kernel with no pairs (``empty_ms``: entering the thread team, the working buffer, the
+phases' barriers), and both again after ``--gap-us`` of busy waiting before each call (``*_after_gap_ms``), as a
+decode step's host calls are spaced by GPU work, during which idle OpenMP threads may go to sleep.
 """
 
 from __future__ import annotations
@@ -110,7 +116,60 @@ def measure(args, threads: int, bank_sets: dict) -> dict:
                 print(f"{fmt:12s} {kernel:8s} threads {threads:<3d} T={tokens:<3d} {run['ms']:8.3f} ms  "
                       f"{distinct:5.1f} experts  {run['read_gbs']:6.1f} GB/s = "
                       f"{100 * run['share_of_read_bandwidth']:5.1f}% of {limit / 1e9:.1f} GB/s", flush=True)
+                if args.breakdown and kernel == "native":
+                    run.update(breakdown(rows, x, w, calls, gate_up, down, args.gap_us))
+                    print(f"{'':21s} kernel {run['kernel_ms']:.3f} ms, empty {run['empty_ms']:.3f} ms; after "
+                          f"{run['gap_us']:.0f} us idle: kernel {run['kernel_after_gap_ms']:.3f} ms, empty "
+                          f"{run['empty_after_gap_ms']:.3f} ms", flush=True)
     return report
+
+
+def _median_ms(call, count: int, gap_us: float) -> float:
+    """The median of ``count`` timed ``call()``s in milliseconds, each after ``gap_us`` of busy waiting."""
+    times = []
+    for _ in range(count):
+        until = time.perf_counter() + gap_us * 1e-6
+        while time.perf_counter() < until:
+            pass
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def breakdown(rows, x, w, routings, gate_up, down, gap_us: float) -> dict:
+    """The C kernel's share of a native routed sum (module docstring, ``--breakdown``), over the same routings as
+    the timed sums, in turn: one routing repeated would read its experts from the last-level cache."""
+    from ninfer.ops.reference.quantized import DecodedBank
+    from ninfer_qwen3_5.layers.host_compute import expert_groups
+    from ninfer_qwen3_5.layers.host_native import library
+
+    stored = [b.bank if isinstance(b, DecodedBank) else b for b in (gate_up, down)]
+    wide = torch.promote_types(x.dtype, gate_up.dtype)
+    out = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.float32)
+    prepared = []
+    for ids in routings:
+        order, groups = expert_groups(ids, None, stored[0].shape[0])
+        tokens = order // ids.shape[1]
+        prepared.append(rows.kernel_calls(out, x.index_select(0, tokens).to(wide), tokens, w.reshape(-1)[order],
+                                          groups, *stored, wide))
+    none = torch.zeros(1, dtype=torch.int64)   # no groups: first[0] = 0 pairs
+    empty = list(prepared[0][0][0])
+    empty[7:10] = [none.data_ptr(), none.data_ptr(), 0]
+    fn = library().ninfer_routed_sum
+    turn = iter(range(1 << 62))
+
+    def kernel():
+        for args, _ in prepared[next(turn) % len(prepared)]:
+            fn(*args)
+
+    def nothing():
+        fn(*empty)
+
+    count = len(prepared)
+    return {"kernel_ms": _median_ms(kernel, count, 0.0), "empty_ms": _median_ms(nothing, count, 0.0),
+            "kernel_after_gap_ms": _median_ms(kernel, count, gap_us),
+            "empty_after_gap_ms": _median_ms(nothing, count, gap_us), "gap_us": gap_us}
 
 
 def main(argv=None) -> int:
@@ -126,6 +185,10 @@ def main(argv=None) -> int:
                     help="host threads, or a comma list of counts to sweep in one process (the banks built once)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="native kernel: time the C call alone, an empty call, and both after --gap-us idle")
+    ap.add_argument("--gap-us", type=float, default=1000.0,
+                    help="busy wait before each --breakdown call (a decode step's GPU work between host calls)")
     ap.add_argument("--out", type=Path, default=None, help="write the report here as JSON too")
     args = ap.parse_args(argv)
     counts = [int(t) for t in str(args.threads).split(",")]

@@ -33,5 +33,14 @@ def test_the_bench_reports_every_format_kernel_and_token_count(tmp_path):
                                    "--out", str(out)]) == 0
     sweep = json.loads(out.read_text())["by_threads"]
     assert [r["threads"] for r in sweep] == [1, 2] and all(len(r["runs"]) == 1 for r in sweep)
+    # The breakdown: the C call alone, an empty call, and both after an idle gap, for the native kernel only.
+    assert host_kernel_bench.main(["--hidden", "128", "--inter", "64", "--experts", "16", "--k", "4", "--tokens", "2",
+                                   "--formats", "bf16", "--kernels", "torch,native", "--threads", "1", "--repeats",
+                                   "3", "--breakdown", "--gap-us", "50", "--out", str(out)]) == 0
+    runs = {r["kernel"]: r for r in json.loads(out.read_text())["runs"]}
+    assert "kernel_ms" not in runs["torch"]
+    native = runs["native"]
+    assert native["gap_us"] == 50
+    assert all(native[f] > 0 for f in ("kernel_ms", "empty_ms", "kernel_after_gap_ms", "empty_after_gap_ms"))
     with pytest.raises(SystemExit, match="unknown format"):
         host_kernel_bench.main(["--formats", "q3", "--hidden", "128", "--inter", "64", "--repeats", "1"])

@@ -173,24 +173,30 @@ class NativeRows:
         row ``tokens[p]``, in pair order; projections and SwiGLU rounded to ``wide`` as the reference does. The
         kernel's working buffers grow with the pairs, so a large call runs as consecutive calls of whole groups
         of at most :data:`CHUNK_PAIRS` pairs (one group may exceed it), in order: the same sum."""
+        for args, _ in self.kernel_calls(out, xs, tokens, pair_weights, groups, gate_up, down, wide):
+            _check(library().ninfer_routed_sum(*args), bank_format(gate_up))
+        return out
+
+    def kernel_calls(self, out: torch.Tensor, xs: torch.Tensor, tokens: torch.Tensor, pair_weights: torch.Tensor,
+                     groups: list[tuple[int, int]], gate_up, down, wide: torch.dtype) -> list[tuple[tuple, list]]:
+        """The ``ninfer_routed_sum`` calls :meth:`add_routed` makes, in order, each as (its ctypes arguments, the
+        tensors those arguments point into, which must outlive the call). Calling them adds to ``out``."""
         fmt = bank_format(gate_up)
         inter = down.shape[-1]
         xf = xs.float().contiguous()
         tokens = tokens.to(torch.int64).contiguous()
         pair_weights = pair_weights.float().contiguous()
         threads = self.threads or torch.get_num_threads()
-        start = 0
+        calls, start = [], 0
         for chunk in _chunks(groups):
-            pairs = sum(n for _, n in chunk)
             meta = _groups(chunk)
-            status = library().ninfer_routed_sum(
-                FORMATS[fmt], *_planes(gate_up), *_planes(down), out.shape[1], inter, meta.data_ptr(),
-                meta.data_ptr() + len(chunk) * meta.element_size(), len(chunk), xf[start].data_ptr(),
-                tokens[start:].data_ptr(), pair_weights[start:].data_ptr(), int(wide == torch.bfloat16),
-                out.data_ptr(), threads)
-            _check(status, fmt)
-            start += pairs
-        return out
+            args = (FORMATS[fmt], *_planes(gate_up), *_planes(down), out.shape[1], inter, meta.data_ptr(),
+                    meta.data_ptr() + len(chunk) * meta.element_size(), len(chunk),
+                    xf[start].data_ptr(), tokens[start:].data_ptr(), pair_weights[start:].data_ptr(),
+                    int(wide == torch.bfloat16), out.data_ptr(), threads)
+            calls.append((args, [xf, tokens, pair_weights, meta, out]))
+            start += sum(n for _, n in chunk)
+        return calls
 
 
 #: Pairs per kernel call of :meth:`NativeRows.add_routed`: its working buffers take about
