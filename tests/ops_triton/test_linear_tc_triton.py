@@ -1,5 +1,5 @@
 """The tensor-core bf16/fp16 GEMV (``ninfer.ops.triton.linear_tc``, ``NINFER_GEMV_TC=1``) against the fp64 oracle
-with the tensor-core bound (tests/ops_triton/quant_cases.py ``U_TC``): 1 to 8 rows, K and N not whole tiles,
+with the tensor-core bound (tests/ops_triton/quant_cases.py ``U_TC``): 1 to 16 rows (B operands of 8 and 16 columns), K and N not whole tiles,
 split-K with the partials added in the kernel or by the second kernel (the same bits), fp32 logits equal to the
 rounded product; and ``linear`` / ``logits`` routing to it only when the setting is on and the CUDA-core GEMV
 refuses the call. Runs on CUDA when present, otherwise under TRITON_INTERPRET=1 at tiny sizes."""
@@ -14,9 +14,10 @@ from ops.conftest import randn  # noqa: E402
 from .conftest import CUDA, DEVICE, CountLaunches  # noqa: E402
 from .quant_cases import U_OUT, U_TC  # noqa: E402
 
-SHAPES = [(1, 200, 384), (2, 130, 256), (3, 257, 1000), (5, 64, 130), (8, 300, 640)]
+SHAPES = [(1, 200, 384), (2, 130, 256), (3, 257, 1000), (5, 64, 130), (8, 300, 640), (9, 140, 300),
+          (16, 129, 256)]
 if CUDA:
-    SHAPES += [(4, 4096, 4096), (8, 12288, 4096), (2, 2048, 12288), (4, 248320 // 8, 4096)]
+    SHAPES += [(4, 4096, 4096), (8, 12288, 4096), (2, 2048, 12288), (4, 248320 // 8, 4096), (16, 12352, 4096)]
 
 
 def _within_bound(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, what: str) -> None:
@@ -64,7 +65,7 @@ def test_refusals_are_named():
     x = torch.zeros(2, 64, dtype=torch.bfloat16, device=DEVICE)
     w = torch.zeros(32, 64, dtype=torch.bfloat16, device=DEVICE)
     assert linear_tc.takes(x, w)
-    for bad_x, bad_w in ((x.float(), w.float()), (torch.zeros(9, 64, dtype=torch.bfloat16, device=DEVICE), w),
+    for bad_x, bad_w in ((x.float(), w.float()), (torch.zeros(17, 64, dtype=torch.bfloat16, device=DEVICE), w),
                          (x, w.half()), (x[:, :32], w[:, :32].t().contiguous().t())):
         assert not linear_tc.takes(bad_x, bad_w)
     with pytest.raises(ValueError, match="tensor-core gemv: cannot take"):
@@ -101,7 +102,7 @@ def test_an_unknown_setting_is_named():
     assert run.returncode != 0 and "NINFER_GEMV_TC='yes': expected 0 or 1" in run.stderr
 
 
-@pytest.mark.parametrize("m", [2, 5, 8])
+@pytest.mark.parametrize("m", [2, 5, 8, 12])
 def test_the_norm_prologue_multiplies_the_rows_it_stores(m, gen):
     """``norm``: every program forms ``add_rms_norm_unit_offset`` of x and the residual; the product is the plain
     kernel's of the stored normed rows, bit for bit, and those rows and the new residual are the Triton norm
@@ -122,21 +123,22 @@ def test_the_norm_prologue_multiplies_the_rows_it_stores(m, gen):
     assert ((h.float() - want_h.float()).abs() <= want_h.float().abs() * 2.0 ** -7).all()
 
 
+@pytest.mark.parametrize("m", [3, 12])
 @pytest.mark.parametrize("n_out", [256, 200])
-def test_swiglu_where_the_partials_are_added(n_out, gen):
+def test_swiglu_where_the_partials_are_added(n_out, m, gen):
     """``swiglu``: silu(gate) * up of the plain product's rounded halves, to a bf16 ulp (exp's implementation);
     whole row blocks (I = 256) add them in the kernel, others (I = 200) in the sum kernel: the same bits."""
     from ninfer.ops.triton import linear_tc
 
     k = 384
-    x = randn(gen, 3, k, dtype=torch.bfloat16, device=DEVICE)
+    x = randn(gen, m, k, dtype=torch.bfloat16, device=DEVICE)
     w = randn(gen, 2 * n_out, k, dtype=torch.bfloat16, device=DEVICE, scale=k ** -0.5)
     fused = linear_tc.gemv_tc(x, w, swiglu=True)
     assert torch.equal(fused, linear_tc.gemv_tc(x, w, swiglu=True, in_kernel_sum=False))
     plain = linear_tc.gemv_tc(x, w).float()
     g, u = plain[:, :n_out], plain[:, n_out:]
     want = (g * torch.sigmoid(g) * u).bfloat16().float()
-    assert fused.shape == (3, n_out)
+    assert fused.shape == (m, n_out)
     assert ((fused.float() - want).abs() <= want.abs() * 2.0 ** -7 + 1e-30).all()
 
 

@@ -2,7 +2,7 @@
 
 Same contract as :func:`ninfer.ops.reference.linear.linear` (``x @ w.T``, fp32 accumulation, output in x's dtype).
 Only the shapes where it beats cuBLAS take this path (:func:`use_gemv`); everything else -- prefill, several rows of
-a large weight, mixed dtypes -- is the reference's ``F.linear``, except that with ``NINFER_GEMV_TC=1`` 2-8 rows of a
+a large weight, mixed dtypes -- is the reference's ``F.linear``, except that with ``NINFER_GEMV_TC=1`` 2-16 rows of a
 large weight take the tensor-core GEMV of :mod:`~ninfer.ops.triton.linear_tc` (a candidate).
 
 Why: with one to a few rows a GEMM is a weight stream, and what decides its speed is how many bytes are in flight.
@@ -163,7 +163,7 @@ def gemv(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, s
 
 def _tensor_core_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """x's rows as ``[M, K]`` where ``NINFER_GEMV_TC=1`` gives a call the GEMV refuses to the tensor-core GEMV
-    (:mod:`~ninfer.ops.triton.linear_tc`: 2 to 8 rows), else None."""
+    (:mod:`~ninfer.ops.triton.linear_tc`: 2 to 16 rows), else None."""
     if not linear_tc.ENABLED or x.numel() == 0:
         return None
     x2 = x.reshape(-1, x.shape[-1])

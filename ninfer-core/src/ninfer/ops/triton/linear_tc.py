@@ -1,14 +1,15 @@
-"""bf16 / fp16 decode products of 2 to 8 rows on the tensor cores (``NINFER_GEMV_TC=1``, a candidate).
+"""bf16 / fp16 decode products of 2 to 16 rows on the tensor cores (``NINFER_GEMV_TC=1``, a candidate).
 
 Why: :func:`ninfer.ops.triton.linear.linear` streams a weight through the CUDA cores, one multiply-add per weight
 element and row, so from a few rows on a large weight it runs out of issue slots and the reference's cuBLAS GEMM
 takes the call (:data:`~ninfer.ops.triton.linear.MAX_ROW_BYTES`). cuBLAS reads the weight near the copy rate, but its
 kernels do not overlap their launch with the previous kernel's tail (no PDL) and add split-K reduce launches for
-the narrow projections: in a verify step (k + 1 rows a sequence) and a decode step of 2-8 sequences that is a
+the narrow projections: in a verify step (k + 1 rows a sequence) and a decode step of 2-16 sequences that is a
 launch gap per projection. Here the weight tile is the A operand of ``tl.dot`` straight from memory and x^T the B
-operand (``[BK, 8]``, rows past M zero), so the products cost the tensor cores next to nothing; split-K over about
+operand (``[BK, 8]``, or ``[BK, 16]`` from nine rows on; rows past M zero), so the products cost the tensor cores next to nothing; split-K over about
 264 programs fills the device and the fp32 partials are added by the last program of each output block
-(:mod:`~ninfer.ops.triton._splitk`, no second launch); the kernel follows the PDL protocol. As the quantized
+(:mod:`~ninfer.ops.triton._splitk`, no second launch); the kernel follows the PDL protocol. Up to 16 rows covers a 16-token DFlash block's verify and a verify of two
+sequences at k = 7. As the quantized
 tensor-core GEMVs, it can form a block's pre-norm in every program (``NORM``: ``add_rms_norm_unit_offset`` of x and
 the residual, stored by row block 0's programs) and end in SwiGLU where the partials are added, so a verify step's
 norm, gate/up projection and activation are one launch.
@@ -38,11 +39,10 @@ _ENV = os.environ.get("NINFER_GEMV_TC", "0")
 if _ENV not in ("0", "1"):
     raise ValueError(f"NINFER_GEMV_TC={_ENV!r}: expected 0 or 1")
 ENABLED = _ENV == "1"
-#: Most rows of x (the B operand's columns, padded to 8).
-MAX_ROWS = 8
+#: Most rows of x (the B operand's columns, padded to 8, or to 16 above 8).
+MAX_ROWS = 16
 # Weight rows a program and K elements a step: [128, 128] bf16 tiles, 32 KB a step (the q4 kernel's bytes a step).
 _BN, _BK = 128, 128
-_MP = 8
 LAUNCH_OPTIONS = {"num_warps": 4}
 
 
@@ -83,7 +83,7 @@ def _tc_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr
 
 
 def takes(x2: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`gemv_tc` can take ``x2 @ weight.T``: 1 to 8 rows, bf16 or fp16 for both, row-contiguous, on
+    """Whether :func:`gemv_tc` can take ``x2 @ weight.T``: 1 to :data:`MAX_ROWS` rows, bf16 or fp16 for both, row-contiguous, on
     CUDA (or the interpreter)."""
     return (x2.dim() == 2 and weight.dim() == 2 and x2.dtype == weight.dtype
             and x2.dtype in (torch.bfloat16, torch.float16) and 1 <= x2.shape[0] <= MAX_ROWS
@@ -121,7 +121,8 @@ def gemv_tc(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None
     _tc_kernel[(programs, sp.runs)](
         x2, weight, y, sp.part, sp.part if sp.counters is None else sp.counters, r2, nw, hn, ro, float(eps), m, n,
         n_out, k, sp.steps_per_run, sp.runs, x2.stride(0), weight.stride(0), y.stride(0),
-        sp.part.stride(0) if sp.partials else 0, r2.stride(0), hn.stride(0), ro.stride(0), BN=_BN, BK=_BK, MP=_MP,
+        sp.part.stride(0) if sp.partials else 0, r2.stride(0), hn.stride(0), ro.stride(0), BN=_BN, BK=_BK,
+        MP=8 if m <= 8 else 16,
         SPLIT=sp.partials, REDUCE=sp.counters is not None, SWIGLU=swiglu, NORM=norm is not None, INTERP=INTERPRET,
         **pdl(x2), **kw)
     if sp.partials and sp.counters is None:
