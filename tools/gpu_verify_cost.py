@@ -38,6 +38,7 @@ stage's milliseconds (``draft_ms_b1``, the device time on CUDA, else the host's)
 ``device_round_over_decode_b1``: (verify replay + the draft's device time) / the decode replay at B = 1.
 
     python3 tools/gpu_verify_cost.py --tokenizer tok.json --out $OUT                  # 9B shape, on the H200
+    python3 tools/gpu_verify_cost.py --ks 0,3 --gemv-tc 0,1 --tokenizer tok.json --out $OUT   # the TC GEMV A/B
     python3 tools/gpu_verify_cost.py --tiny --device cpu --tokenizer tok.json --out /tmp/vc   # the method on the CPU
     python3 tools/gpu_verify_cost.py --speculative dflash --ks 0,7,15 --stages --tokenizer tok.json --out $OUT
 """
@@ -77,6 +78,9 @@ def parse_args(argv=None):
                     help="mean accepted lengths to project speed-ups for; default per --speculative")
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ninfer_verify_cost"))
+    ap.add_argument("--gemv-tc", default="",
+                    help="comma list of 0/1: run every k with the tensor-core GEMV for 2-16 rows off and on (the "
+                         "NINFER_GEMV_TC candidate) on the one artifact; default: as the environment says")
     ap.add_argument("--stages", action="store_true", help="also time the stages of a speculative step (B=1)")
     ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
                     help="also list the top kernels of each graph's replay at B=1 (ROWS kernels; torch.profiler)")
@@ -290,8 +294,9 @@ def build_artifact(args, geometry: dict, device) -> tuple[Path, dict | None]:
 
 def derive(result: dict, accepted: list[float], dflash: bool) -> None:
     """Each speculating k's ratios to the k = 0 entry and its projected speed-ups (module docstring)."""
-    base = next((e for e in result["ks"] if e.get("k") == 0 and "graph_ms" in e), None)
     for e in result["ks"]:
+        base = next((b for b in result["ks"] if b.get("k") == 0 and "graph_ms" in b
+                     and b.get("gemv_tc") == e.get("gemv_tc")), None)
         if base is None or not e.get("k") or "graph_ms" not in e:
             continue
         e["verify_over_decode"] = {b: (v / base["graph_ms"][b] if v and base["graph_ms"].get(b) else None)
@@ -310,12 +315,13 @@ def derive(result: dict, accepted: list[float], dflash: bool) -> None:
 
 def print_table(result: dict, batches: list[int], dflash: bool) -> None:
     step = "round" if dflash else "step"
-    print(f"{'k':>2} | " + " | ".join(f"graph B={b} ms (x decode)" for b in batches)
+    print(f"{'tc':>2} {'k':>2} | " + " | ".join(f"graph B={b} ms (x decode)" for b in batches)
           + (" | draft B=1 ms (x decode)" if dflash else "")
           + f" | e2e B=1 ms/{step} (x decode) | projected speed-up B=1")
     for e in result["ks"]:
+        tc = {None: "-", False: "0", True: "1"}[e.get("gemv_tc")]
         if "graph_ms" not in e:
-            print(f"{e['k']:>2} | {e.get('skipped')}")
+            print(f"{tc:>2} {e['k']:>2} | {e.get('skipped')}")
             continue
         cells = []
         for b in batches:
@@ -326,7 +332,7 @@ def print_table(result: dict, batches: list[int], dflash: bool) -> None:
             cells.append(f"{e['draft_ms_b1']:.3f} ({e['draft_over_decode_b1']:.2f}x)" if "draft_ms_b1" in e else "-")
         e2e = e["end_to_end_b1"]["ms_per_token"]
         proj = ", ".join(f"a={a}: {s:.2f}x" for a, s in (e.get("projected_speedup_b1") or {}).items())
-        print(f"{e['k']:>2} | " + " | ".join(cells) + f" | {e2e:.3f}"
+        print(f"{tc:>2} {e['k']:>2} | " + " | ".join(cells) + f" | {e2e:.3f}"
               + (f" ({e['step_over_decode_b1']:.2f}x)" if "step_over_decode_b1" in e else "") + f" | {proj}")
 
 
@@ -351,15 +357,21 @@ def main(argv=None) -> int:
     if dflash:
         result.update(speculative=args.speculative, drafter=drafter)
         print(f"drafter: {json.dumps(drafter)}", flush=True)
+    from ninfer.ops.triton import linear_tc
+
+    settings = [None] if not args.gemv_tc else [{"0": False, "1": True}[v] for v in args.gemv_tc.split(",")]
     try:
-        for k in [int(x) for x in args.ks.split(",")]:
+        for tc, k in [(tc, int(x)) for tc in settings for x in args.ks.split(",")]:
             if time.perf_counter() - t_start > args.budget_s:
-                result["ks"].append({"k": k, "skipped": "budget"})
+                result["ks"].append({"k": k, "skipped": "budget", **({} if tc is None else {"gemv_tc": tc})})
                 continue
+            if tc is not None:
+                linear_tc.ENABLED = tc   # read at each call: the graphs captured at start bake it in
             opts = EngineOptions(device=args.device, dtype="bfloat16" if device.type == "cuda" else "float32",
                                  max_concurrency=max(batches), max_context=2048, warmup=False,
                                  **({"speculative": args.speculative, "num_speculative_tokens": k} if k else {}))
-            entry: dict = {"k": k, **({"block": k + 1} if dflash and k else {})}
+            entry: dict = {"k": k, **({"block": k + 1} if dflash and k else {}),
+                           **({} if tc is None else {"gemv_tc": tc})}
             with Engine.start(artifact, opts) as engine:
                 program = engine._program   # noqa: SLF001 - the tool times the Program's own graphs
                 graphs = program.speculation.graphs if k else program.graphs
