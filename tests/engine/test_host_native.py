@@ -360,3 +360,43 @@ def test_a_library_that_does_not_load_is_named(tmp_path, monkeypatch):
     with pytest.raises(NotSupportedError, match=r"host-expert-kernel native.*does not load"):
         host_native.library()
     assert host_native._library is None   # nothing half-loaded kept
+
+
+@pytest.fixture
+def own_pool():
+    """Restores OpenMP's team (the default) after a test that switches to the kernel's own pool."""
+    yield host_native.set_spin
+    host_native.set_spin(0)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "q4_g64_fp16"])
+def test_the_own_pool_sums_the_same_bits_as_openmp(fmt, own_pool):
+    """``set_spin(N > 0)``: the kernel's own thread pool. Each loop splits its items in the same contiguous shares
+    as OpenMP's static schedule and every output element is summed by one thread in one order, so the sums are the
+    same bits, at any thread count, when the pool grows or shrinks between calls, and when its workers have gone to
+    sleep between calls (a 1 us spin) or are still spinning."""
+    experts, k, tokens = 64, 8, 9
+    x, w, ids, _, _, _ = _case(torch.float32, experts=experts, k=k, tokens=tokens, hidden=64, inter=32)
+    banks = [_bank(fmt, experts, 64, 64, seed=1), _bank(fmt, experts, 64, 32, seed=2)]
+    banks = [b if isinstance(b, torch.Tensor) else DecodedBank(b) for b in banks]
+    if fmt == "bfloat16":
+        x = x.bfloat16()
+    want = routed_sum(x, w, ids, *banks, rows=NativeRows(threads=2))
+    one = project(x.float(), banks[0] if isinstance(banks[0], torch.Tensor) else banks[0].bank, [(3, 4), (7, 5)], 2)
+    for spin in (1, 200_000):
+        own_pool(spin)
+        for threads in (3, 2, 1, 5, 2):
+            for _ in range(3):
+                assert torch.equal(routed_sum(x, w, ids, *banks, rows=NativeRows(threads=threads)), want)
+            bank = banks[0] if isinstance(banks[0], torch.Tensor) else banks[0].bank
+            assert torch.equal(project(x.float(), bank, [(3, 4), (7, 5)], threads), one)
+
+
+def test_the_pool_setting_is_checked(monkeypatch):
+    with pytest.raises(ValueError, match="negative"):
+        host_native.set_spin(-1)
+    monkeypatch.setenv(host_native.SPIN_ENV, "fast")
+    with pytest.raises(ValueError, match="NINFER_HOST_SPIN_US='fast': expected a whole number"):
+        host_native._spin_from_env()
+    monkeypatch.setenv(host_native.SPIN_ENV, "2500")
+    assert host_native._spin_from_env() == 2500
