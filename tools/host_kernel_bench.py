@@ -11,7 +11,6 @@ physical limit of a step that reads each routed expert once. No model and no GPU
     python3 tools/host_kernel_bench.py --threads 4,8,12,16 --formats bf16 --kernels native --tokens 1,8
     python3 tools/host_kernel_bench.py --formats bf16,q4_g64_fp16 --kernels torch,native,compiled --tokens 1,8
     python3 tools/host_kernel_bench.py --threads 8,16 --formats bf16 --kernels native --tokens 1 --breakdown
-    python3 tools/host_kernel_bench.py --threads 8,16 --kernels native --spin-us 0,3000 --breakdown   # pool A/B
 
 ``--breakdown`` (native kernel) splits a call's time: the C kernel alone on prepared arguments (``kernel_ms``, the
 median call), the same kernel with no pairs (``empty_ms``: entering the thread team, the working buffer, the
@@ -186,27 +185,15 @@ def main(argv=None) -> int:
                     help="host threads, or a comma list of counts to sweep in one process (the banks built once)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--spin-us", default="0",
-                    help="native kernel's team: 0, OpenMP's; N > 0, its own pool spinning N us between calls "
-                         "(NINFER_HOST_SPIN_US); a comma list sweeps them")
     ap.add_argument("--breakdown", action="store_true",
                     help="native kernel: time the C call alone, an empty call, and both after --gap-us idle")
     ap.add_argument("--gap-us", type=float, default=1000.0,
                     help="busy wait before each --breakdown call (a decode step's GPU work between host calls)")
     ap.add_argument("--out", type=Path, default=None, help="write the report here as JSON too")
     args = ap.parse_args(argv)
-    from ninfer_qwen3_5.layers.host_native import set_spin
-
     counts = [int(t) for t in str(args.threads).split(",")]
-    spins = [int(s) for s in str(args.spin_us).split(",")]
     bank_sets: dict = {}
-    reports = []
-    for spin in spins:
-        if "native" in args.kernels.split(","):
-            set_spin(spin)
-        print(f"-- native kernel team: {'OpenMP' if spin == 0 else f'own pool, {spin} us spin'}", flush=True)
-        for t in counts:
-            reports.append({**measure(args, t, bank_sets), "spin_us": spin})
+    reports = [measure(args, t, bank_sets) for t in counts]
     report = reports[0] if len(reports) == 1 else {"by_threads": reports}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@
  * of the call, each expert's weights are read once for all of its tokens (token tiles of up to TILE), and quantized
  * codes are expanded in registers (q4 through a 16-entry table of its code values, q8 by widening).
  *
- * Work split, in one parallel region of the thread team (below): the inputs' layout per pair; the gate_up projection as items (expert
+ * Work split, in one OpenMP parallel region: the inputs' layout per pair; the gate_up projection as items (expert
  * group, block of RB rows) statically over the threads, each item taking the group's pairs a tile at a time and a
  * row's dot products for the tile's tokens (dense rows four at a time, quantized rows with their codes prefetched:
  * either way a core keeps enough of its reads in flight); the SwiGLU per pair; the down projection the same way; the weighted sum
@@ -264,175 +264,13 @@ tile_rows(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64
     }
 }
 
-/* ---- The thread team. A call's work runs as body(ctx, tid, nth) on nth threads, with team_barrier() between its
- * phases and each loop split by span() (contiguous static shares, the split of OpenMP's schedule(static)), so the
- * results do not depend on who runs the team: OpenMP's (the default), or, after ninfer_host_pool(spin_us) with
- * spin_us > 0, a pool of our own whose workers wait for the next call by spinning for spin_us microseconds before
- * they sleep. Why a pool: a decode step calls the kernel once a layer with GPU work between the calls, long enough
- * for OpenMP's idle threads to go to sleep, and waking a team costs a scheduler wake-up per thread on each call. */
-#include <omp.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
-#include <time.h>
-
-typedef void (*team_fn)(void *ctx, int tid, int nth);
-
-#define POOL_MAX 256
-static struct {
-    pthread_mutex_t run;          /* one call at a time (ctypes callers may be several Python threads) */
-    pthread_mutex_t mu;           /* with cv: a worker's sleep and the call that wakes it */
-    pthread_cond_t cv;
-    int workers;                  /* pool threads started (thread ids 1..workers) */
-    atomic_long spin_ns;          /* 0: OpenMP's team */
-    int omp;                      /* the running call's team is OpenMP's */
-    atomic_uint gen;              /* the call's number: a change starts the workers */
-    atomic_int pending;           /* workers yet to finish the call */
-    int sleepers;                 /* under mu */
-    team_fn fn;
-    void *ctx;
-    int nth;
-    atomic_int bar_count;         /* team_barrier's arrivals and round */
-    atomic_uint bar_gen;
-    unsigned born[POOL_MAX];      /* the call number when each worker was started: it waits for the next */
-} pool = {.run = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-
-static inline void relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-static long now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1000000000L + t.tv_nsec;
-}
-
-/* All nth threads of the running call meet here (sense by round number: the last to arrive resets the count, then
- * opens the round; a waiter read the round before arriving). */
-static void team_barrier(int nth) {
-    if (nth <= 1) return;
-    if (pool.omp) {
-#pragma omp barrier
-        return;
-    }
-    unsigned round = atomic_load_explicit(&pool.bar_gen, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&pool.bar_count, 1, memory_order_acq_rel) == nth - 1) {
-        atomic_store_explicit(&pool.bar_count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&pool.bar_gen, 1, memory_order_release);
-    } else {
-        for (unsigned spins = 1; atomic_load_explicit(&pool.bar_gen, memory_order_acquire) == round; spins++)
-            if (spins % 16384) relax();
-            else sched_yield();   /* more threads than free cores: let the one we wait for run */
-    }
-}
-
-/* Thread tid's share [lo, hi) of n items: contiguous, the first n % nth threads one item more. */
-static void span(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi) {
-    int64_t q = n / nth, r = n % nth;
-    *lo = tid * q + (tid < r ? tid : r);
-    *hi = *lo + q + (tid < r);
-}
-
-static void *pool_worker(void *arg) {
-    int id = (int)(intptr_t)arg;
-    unsigned seen = pool.born[id];   /* not the number now: the call that started it may have begun already */
-    for (;;) {
-        long t0 = now_ns();
-        unsigned g;
-        while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen) {
-            if (now_ns() - t0 < atomic_load_explicit(&pool.spin_ns, memory_order_relaxed)) {
-                relax();
-                continue;
-            }
-            pthread_mutex_lock(&pool.mu);
-            pool.sleepers++;
-            while (atomic_load_explicit(&pool.gen, memory_order_acquire) == seen) pthread_cond_wait(&pool.cv, &pool.mu);
-            pool.sleepers--;
-            pthread_mutex_unlock(&pool.mu);
-        }
-        seen = g;
-        if (id < pool.nth) pool.fn(pool.ctx, id, pool.nth);
-        atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
-    }
-    return NULL;
-}
-
-/* Runs fn on threads threads; returns -2 if the pool could not start them. */
-static int team_run(team_fn fn, void *ctx, int threads) {
-    if (threads < 1) threads = 1;
-    pthread_mutex_lock(&pool.run);
-    atomic_store_explicit(&pool.bar_count, 0, memory_order_relaxed);
-    pool.omp = atomic_load_explicit(&pool.spin_ns, memory_order_relaxed) == 0;
-    if (pool.omp || threads == 1) {
-        if (threads == 1) fn(ctx, 0, 1);
-        else {
-#pragma omp parallel num_threads(threads)
-            fn(ctx, omp_get_thread_num(), omp_get_num_threads());
-        }
-        pthread_mutex_unlock(&pool.run);
-        return 0;
-    }
-    if (threads > POOL_MAX) threads = POOL_MAX;
-    while (pool.workers < threads - 1) {
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pool.born[pool.workers + 1] = atomic_load_explicit(&pool.gen, memory_order_relaxed);
-        int failed = pthread_create(&t, &attr, pool_worker, (void *)(intptr_t)(pool.workers + 1));
-        pthread_attr_destroy(&attr);
-        if (failed) {
-            pthread_mutex_unlock(&pool.run);
-            return -2;
-        }
-        pool.workers++;
-    }
-    pool.fn = fn;
-    pool.ctx = ctx;
-    pool.nth = threads;
-    atomic_store_explicit(&pool.pending, pool.workers, memory_order_relaxed);
-    pthread_mutex_lock(&pool.mu);   /* a worker checks the number under mu before it sleeps: no lost wake-up */
-    atomic_fetch_add_explicit(&pool.gen, 1, memory_order_release);
-    if (pool.sleepers) pthread_cond_broadcast(&pool.cv);
-    pthread_mutex_unlock(&pool.mu);
-    fn(ctx, 0, threads);
-    while (atomic_load_explicit(&pool.pending, memory_order_acquire) != 0) relax();
-    pthread_mutex_unlock(&pool.run);
-    return 0;
-}
-
-static void pool_after_fork(void);
-static void pool_once(void) { pthread_atfork(NULL, NULL, pool_after_fork); }
-
-/* A forked child has none of the parent's pool threads: it starts its own when it needs them. */
-static void pool_after_fork(void) {
-    pthread_mutex_init(&pool.run, NULL);
-    pthread_mutex_init(&pool.mu, NULL);
-    pthread_cond_init(&pool.cv, NULL);
-    pool.workers = pool.sleepers = 0;
-}
-
-/* How later calls run their team: spin_us > 0, our pool spinning that long between calls; 0, OpenMP's team. */
-void ninfer_host_pool(int spin_us) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, pool_once);
-    pthread_mutex_lock(&pool.run);
-    atomic_store_explicit(&pool.spin_ns, spin_us > 0 ? spin_us * 1000L : 0, memory_order_relaxed);
-    pthread_mutex_unlock(&pool.run);
-}
-
-/* y[p, :rows] = W_{e(p)} x[p] for every pair, x prepared (padded length kp): thread tid's share of the items (expert
- * group, block of RB rows), then the team's barrier. */
+/* y[p, :rows] = W_{e(p)} x[p] for every pair, x prepared (padded length kp): a worksharing loop, run by the threads
+ * of the enclosing parallel region. */
 static void project(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64_t kp,
-                    const int64_t *expert, const int64_t *first, int64_t groups, const float *x, float *y, int tid,
-                    int nth) {
-    int64_t blocks = (rows + RB - 1) / RB, lo, hi;
-    span(groups * blocks, tid, nth, &lo, &hi);
-    for (int64_t item = lo; item < hi; item++) {
+                    const int64_t *expert, const int64_t *first, int64_t groups, const float *x, float *y) {
+    int64_t blocks = (rows + RB - 1) / RB;
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < groups * blocks; item++) {
         int64_t g = item / blocks, r0 = (item % blocks) * RB, r1 = r0 + RB < rows ? r0 + RB : rows;
         for (int64_t p = first[g]; p < first[g + 1]; p += TILE) {
             int tt = first[g + 1] - p < TILE ? (int)(first[g + 1] - p) : TILE;
@@ -450,34 +288,9 @@ static void project(int fmt, const void *base, const uint16_t *scales, int64_t r
             }
         }
     }
-    team_barrier(nth);
-}
-
-/* Every pair's input row prepared for fmt: thread tid's share, then the team's barrier. */
-static void prepare_all(int fmt, const float *x, int64_t k, int64_t kp, int64_t pairs, float *xp, int tid, int nth) {
-    int64_t lo, hi;
-    span(pairs, tid, nth, &lo, &hi);
-    for (int64_t p = lo; p < hi; p++) prepare(fmt, x + p * k, k, xp + p * kp);
-    team_barrier(nth);
 }
 
 static int known(int fmt) { return fmt >= FMT_F32 && fmt <= FMT_Q8; }
-
-struct rows_call {
-    int fmt;
-    const void *base;
-    const uint16_t *scales;
-    int64_t rows, k, kp, groups;
-    const int64_t *expert, *first;
-    const float *x;
-    float *xp, *y;
-};
-
-static void rows_body(void *arg, int tid, int nth) {
-    struct rows_call *c = arg;
-    prepare_all(c->fmt, c->x, c->k, c->kp, c->first[c->groups], c->xp, tid, nth);
-    project(c->fmt, c->base, c->scales, c->rows, c->kp, c->expert, c->first, c->groups, c->xp, c->y, tid, nth);
-}
 
 /* One projection: y[p] = W_{e(p)} x[p] ([pairs, rows]) for x [pairs, k]. Returns 0, -1 for an unknown format, -2
  * when out of memory. */
@@ -488,52 +301,14 @@ int ninfer_expert_rows(int fmt, const void *base, const uint16_t *scales, int64_
     int64_t pairs = first[groups], kp = padded(fmt, k);
     float *xp = malloc((size_t)(pairs * kp + 1) * sizeof *xp);
     if (!xp) return -2;
-    struct rows_call c = {fmt, base, scales, rows, k, kp, groups, expert, first, x, xp, y};
-    int status = team_run(rows_body, &c, threads);
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pairs; p++) prepare(fmt, x + p * k, k, xp + p * kp);
+        project(fmt, base, scales, rows, kp, expert, first, groups, xp, y);
+    }
     free(xp);
-    return status;
-}
-
-struct routed_call {
-    int fmt, round;
-    const void *gu_base, *dn_base;
-    const uint16_t *gu_scales, *dn_scales;
-    int64_t hidden, inter, kh, ki, groups;
-    const int64_t *expert, *first, *token;
-    const float *x, *weight;
-    float *xp, *h, *ap, *y, *out;
-};
-
-static void routed_body(void *arg, int tid, int nth) {
-    struct routed_call *c = arg;
-    int64_t pairs = c->first[c->groups], inter = c->inter, hidden = c->hidden, lo, hi;
-    int round = c->round;
-    prepare_all(c->fmt, c->x, hidden, c->kh, pairs, c->xp, tid, nth);
-    project(c->fmt, c->gu_base, c->gu_scales, 2 * inter, c->kh, c->expert, c->first, c->groups, c->xp, c->h, tid,
-            nth);
-    span(pairs, tid, nth, &lo, &hi);
-    for (int64_t p = lo; p < hi; p++) {
-        float *hp = c->h + p * 2 * inter, act[inter];
-        for (int64_t j = 0; j < inter; j++) {
-            float g = round ? round_bf16(hp[j]) : hp[j], u = round ? round_bf16(hp[inter + j]) : hp[inter + j];
-            float a = g / (1.0f + expf(-g)) * u;
-            act[j] = round ? round_bf16(a) : a;
-        }
-        prepare(c->fmt, act, inter, c->ap + p * c->ki);
-    }
-    team_barrier(nth);
-    project(c->fmt, c->dn_base, c->dn_scales, hidden, c->ki, c->expert, c->first, c->groups, c->ap, c->y, tid, nth);
-    /* Columns split over the threads; each column adds the pairs in order (the reference's index_add_). */
-    span((hidden + 63) / 64, tid, nth, &lo, &hi);
-    for (int64_t cb = lo; cb < hi; cb++) {
-        int64_t c0 = cb * 64, c1 = c0 + 64 < hidden ? c0 + 64 : hidden;
-        for (int64_t p = 0; p < pairs; p++) {
-            float *o = c->out + c->token[p] * hidden;
-            const float *yp = c->y + p * hidden;
-            float w = c->weight[p];
-            for (int64_t col = c0; col < c1; col++) o[col] += (round ? round_bf16(yp[col]) : yp[col]) * w;
-        }
-    }
+    return 0;
 }
 
 /* The routed sum (module comment) of x [pairs, hidden] into out [tokens, hidden] (added to what it holds), for
@@ -548,9 +323,33 @@ int ninfer_routed_sum(int fmt, const void *gu_base, const uint16_t *gu_scales, c
     float *xp = malloc((size_t)(pairs * (kh + 2 * inter + ki + hidden) + 1) * sizeof *xp);
     if (!xp) return -2;
     float *h = xp + pairs * kh, *ap = h + pairs * 2 * inter, *y = ap + pairs * ki;
-    struct routed_call c = {fmt, round, gu_base, dn_base, gu_scales, dn_scales, hidden, inter, kh, ki, groups,
-                            expert, first, token, x, weight, xp, h, ap, y, out};
-    int status = team_run(routed_body, &c, threads);
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pairs; p++) prepare(fmt, x + p * hidden, hidden, xp + p * kh);
+        project(fmt, gu_base, gu_scales, 2 * inter, kh, expert, first, groups, xp, h);
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < pairs; p++) {
+            float *hp = h + p * 2 * inter, act[inter];
+            for (int64_t j = 0; j < inter; j++) {
+                float g = round ? round_bf16(hp[j]) : hp[j], u = round ? round_bf16(hp[inter + j]) : hp[inter + j];
+                float a = g / (1.0f + expf(-g)) * u;
+                act[j] = round ? round_bf16(a) : a;
+            }
+            prepare(fmt, act, inter, ap + p * ki);
+        }
+        project(fmt, dn_base, dn_scales, hidden, ki, expert, first, groups, ap, y);
+        /* Columns split over the threads; each column adds the pairs in order (the reference's index_add_). */
+#pragma omp for schedule(static)
+        for (int64_t c0 = 0; c0 < hidden; c0 += 64) {
+            int64_t c1 = c0 + 64 < hidden ? c0 + 64 : hidden;
+            for (int64_t p = 0; p < pairs; p++) {
+                float *o = out + token[p] * hidden;
+                const float *yp = y + p * hidden;
+                for (int64_t c = c0; c < c1; c++) o[c] += (round ? round_bf16(yp[c]) : yp[c]) * weight[p];
+            }
+        }
+    }
     free(xp);
-    return status;
+    return 0;
 }

@@ -34,24 +34,13 @@ from ninfer.errors import NotSupportedError
 from ninfer.model_source.store import cache_dir
 from ninfer.quant import PackedWeight
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-pthread", "-shared", "-fPIC", "-std=gnu11")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 LIBS = ("-lm",)
 #: The kernel's format codes (host_kernels.c), by bank dtype or quantized format name.
 FORMATS: dict[object, int] = {torch.float32: 0, torch.bfloat16: 1, "q4_g64_fp16": 2, "q8_g32_fp16": 3}
 _GROUPWISE = ("q4_g64_fp16", "q8_g32_fp16")
 _OPTION = "host_expert_kernel='native' (--host-expert-kernel native)"
 _library: ctypes.CDLL | None = None
-#: Microseconds the kernel's own thread pool spins for the next call before its threads sleep
-#: (``NINFER_HOST_SPIN_US``, read when the library loads; 0, the default: OpenMP's team, whose idle threads sleep
-#: sooner). A candidate for hosts where waking a team costs a scheduler wake-up per thread on every call.
-SPIN_ENV = "NINFER_HOST_SPIN_US"
-
-
-def _spin_from_env() -> int:
-    value = os.environ.get(SPIN_ENV, "0")
-    if not value.isdigit():
-        raise ValueError(f"{SPIN_ENV}={value!r}: expected a whole number of microseconds (0: OpenMP's team)")
-    return int(value)
 
 
 def _cpu_signature() -> str:
@@ -111,19 +100,8 @@ def library() -> ctypes.CDLL:
         lib.ninfer_expert_rows.restype = lib.ninfer_routed_sum.restype = i32
         lib.ninfer_expert_rows.argtypes = [i32, p, p, i64, i64, p, p, i64, p, p, i32]
         lib.ninfer_routed_sum.argtypes = [i32, p, p, p, p, i64, i64, p, p, i64, p, p, p, i32, p, i32]
-        lib.ninfer_host_pool.restype = None
-        lib.ninfer_host_pool.argtypes = [i32]
-        lib.ninfer_host_pool(_spin_from_env())
         _library = lib
     return _library
-
-
-def set_spin(microseconds: int) -> None:
-    """Runs the kernel's later calls on its own pool spinning ``microseconds`` between calls (0: OpenMP's team).
-    The sums are the same bits either way: each loop splits its items in the same contiguous shares."""
-    if microseconds < 0:
-        raise ValueError(f"host pool spin: {microseconds} us is negative")
-    library().ninfer_host_pool(int(microseconds))
 
 
 def bank_format(bank) -> object | None:
