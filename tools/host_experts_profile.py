@@ -74,7 +74,11 @@ def host_run(engine_cls, args, opts) -> list[str]:
         lines.append(f"host cost scale per layer (measured over estimated host time) "
                      f"{[round(h.host_scale, 2) for h in hosts]}")
         lines.append(f"cache copies per layer {[h.cache.copies if h.cache else 0 for h in hosts]}, "
-                     f"copy-path experts {[h.copied_experts for h in hosts]}")
+                     f"copy-path experts {[h.copied_experts for h in hosts]}, "
+                     f"cached pairs computed on the host {[h.cached_on_host for h in hosts]}")
+        ms = lambda v: None if v is None else round(1e3 * v, 3)  # noqa: E731
+        lines.append(f"host ms to queue a device call per layer {[ms(h.issue.call_s) for h in hosts]}, "
+                     f"an expert's copies {[ms(h.issue.expert_s) for h in hosts]}")
         lines.append(prof)
     return lines
 

@@ -608,6 +608,61 @@ def test_the_cost_model_balances_the_copy_engine_against_the_host():
         ExpertCosts(copy_s=0.0, host_s=1.0, host_token_s=1.0)
 
 
+def test_the_cost_model_counts_the_hosts_issue_of_the_device_share():
+    """The host thread queues the copies and the device call before it computes its own share, so that time delays
+    both sides: a copy pays only where it still lowers the later finish after its issue."""
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, IssueCosts
+
+    even = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5)
+    assert even.copies([1] * 8, issue=IssueCosts()) == even.copies([1] * 8) == 4   # unmeasured: free
+    assert even.copies([1] * 8, issue=IssueCosts(call_s=2.5, expert_s=0.0)) == 4   # 2.5 + 4 against 8
+    assert even.copies([1] * 8, issue=IssueCosts(call_s=4.5, expert_s=0.0)) == 0   # 4.5 + 4 against 8
+    assert even.copies([1] * 8, issue=IssueCosts(call_s=0.0, expert_s=1.0)) == 0   # an expert's issue = its compute
+    assert even.copies([9, 1, 1], issue=IssueCosts(call_s=1.0, expert_s=0.5)) == 1  # the busy one still pays
+    issue = IssueCosts(rate=0.5)
+    assert issue.of(3) == 0.0
+    issue.observe("call_s", 4.0)      # the first measurement is taken whole
+    issue.observe("call_s", 2.0)      # then averaged at the rate
+    issue.observe("expert_s", 1.0)
+    assert (issue.call_s, issue.expert_s) == (3.0, 1.0)
+    assert issue.of(0) == 0.0 and issue.of(2) == 5.0
+
+
+@pytest.mark.parametrize("adapt", [False, True])
+def test_a_costly_device_call_leaves_the_pairs_to_the_host(adapt, monkeypatch):
+    """With adapt_costs, a layer that measures its device calls (routing copies and launches) as costing the host
+    more than computing the pairs stops making them: the cached pairs are computed on the host, which holds every
+    expert, and nothing is copied; the sum stays the fp64 oracle's. Without it every call goes as before."""
+    from ninfer_qwen3_5.layers import host_experts as he
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage
+
+    now = [0.0]
+    monkeypatch.setattr(he, "_clock", lambda: now[0])
+
+    def slow_device(*args, **kwargs):   # every device call takes the host 50 (fake) seconds to queue
+        now[0] += 50.0
+        return moe_experts(*args, **kwargs)
+
+    ops = types.SimpleNamespace(moe_experts=slow_device)
+    x, w, ids, gate_up, down, shared = _case(torch.float32, tokens=9, k=3)
+    costs = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5)
+    layer = HostExperts(gate_up, down, cache_slots=3, ops=ops, device=torch.device("cpu"), dtype=torch.float32,
+                        costs=costs, adapt_costs=adapt, stage=ExpertStage(torch.device("cpu"), torch.float32, 2))
+    for _ in range(3):
+        layer(x, w, ids, shared)
+    copied, on_host = layer.copied_experts, layer.cached_on_host
+    got = layer(x, w, ids, shared)
+    assert torch.allclose(got.double(), _fp64_moe(x, w, ids, gate_up, down, shared), rtol=1e-5, atol=1e-6)
+    hits = int(torch.isin(ids, torch.tensor(sorted(layer.cache.expert_in))).sum())
+    assert hits > 0
+    if adapt:
+        assert layer.issue.call_s >= 50.0
+        assert layer.copied_experts == copied and layer.cached_on_host - on_host == hits
+    else:
+        assert layer.issue.call_s is None and layer.cached_on_host == 0 and layer.copied_experts > copied
+
+
 @pytest.mark.parametrize("cache", [0, 3])
 @pytest.mark.parametrize("tokens,k", [(9, 3), (80, 2)])
 def test_cost_model_copies_against_fp64(cache, tokens, k):

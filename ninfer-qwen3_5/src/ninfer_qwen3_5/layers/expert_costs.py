@@ -8,6 +8,13 @@ the two sides are about even: :meth:`ExpertCosts.copies` balances their estimate
 corrects the host's side by the host time it measures (``HostExperts.host_scale``): the start-up timing runs
 alone, a layer's host share runs in the engine's thread among the device's work.
 
+Queueing the device's share is not free either: the same host thread first issues the copies and the device
+op's launches (eager, between two graph segments), and only then computes its own share, so that issue time
+delays both sides. At one token per expert it can exceed what moving an expert saves the host. A layer measures
+it as it goes (:class:`IssueCosts`: the host seconds of one device call and of one expert's copies), and the
+balance counts it, so a call copies only where the copies still pay after their issue; the same measure decides
+whether a call's cached pairs are worth a device call or cheaper on the host, which holds every expert too.
+
 :func:`measure_expert_costs` measures the three constants once per model at start (about half a second):
 
 - ``copy_s``: one expert's stored bytes (``3 * inter * hidden`` weights in the run dtype, or what a quantized
@@ -54,22 +61,45 @@ class ExpertCosts:
     def host_cost(self, tokens: int) -> float:
         return self.host_s + (tokens - 1) * self.host_token_s
 
-    def copies(self, counts: list[int], host_scale: float = 1.0) -> int:
+    def copies(self, counts: list[int], host_scale: float = 1.0, issue: IssueCosts | None = None) -> int:
         """How many of the uncached experts with token ``counts`` (sorted descending) to copy, the busiest
-        first: each move from the host to the copy engine must lower the later of the two sides' finishing
-        times (they run concurrently). ``host_scale`` multiplies the host's costs (what the layer has measured
-        its host time to be, against this estimate)."""
-        host = host_scale * sum(self.host_cost(n) for n in counts)
-        copy = 0.0
-        moved = 0
-        for n in counts:
-            cost = host_scale * self.host_cost(n)
-            if max(host - cost, copy + self.copy_s) >= max(host, copy):
-                break
-            host -= cost
-            copy += self.copy_s
-            moved += 1
+        first: the fewest that give the earliest finish of the later of the two sides (they run concurrently),
+        the host's side being its issue of the copies and the device call (``issue``, what the layer measured;
+        None: free) and then its compute of the rest. ``host_scale`` multiplies the host's costs (what the layer
+        has measured its host time to be, against this estimate)."""
+        rest = host_scale * sum(self.host_cost(n) for n in counts)
+        best, moved = rest, 0
+        for m, n in enumerate(counts, 1):
+            rest -= host_scale * self.host_cost(n)
+            queued = issue.of(m) if issue is not None else 0.0
+            finish = queued + max(rest, m * self.copy_s)
+            if finish < best:
+                best, moved = finish, m
         return moved
+
+
+@dataclass
+class IssueCosts:
+    """What queueing the device's share of a layer call costs the host, in seconds, as one layer measures it (an
+    exponential average at ``rate``, its first measurement taken whole; None until measured, which counts as
+    free): ``call_s`` one device call of a group of pairs (their routing copied to the device and the op's
+    launches), ``expert_s`` the copies of one expert's banks to the staging buffer. Owned and updated by the layer
+    that measures them, on the engine's worker thread."""
+
+    call_s: float | None = None
+    expert_s: float | None = None
+    rate: float = 0.1
+
+    def of(self, experts: int) -> float:
+        """The host's seconds to queue ``experts`` copied experts and their device call (0 for none)."""
+        if experts == 0:
+            return 0.0
+        return (self.call_s or 0.0) + experts * (self.expert_s or 0.0)
+
+    def observe(self, what: str, seconds: float) -> None:
+        """Folds one measurement of ``what`` ("call_s" or "expert_s") in."""
+        old = getattr(self, what)
+        setattr(self, what, seconds if old is None else old + self.rate * (seconds - old))
 
 
 def _best(fn, device: torch.device, repeats: int = 3) -> float:

@@ -38,7 +38,7 @@ from ninfer.program.host_steps import host_step
 from ninfer.quant import PackedWeight, QuantizationError
 
 from ninfer_qwen3_5.layers.expert_cache import ExpertCache, device_bank, load_expert
-from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, measure_expert_costs
+from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, IssueCosts, measure_expert_costs
 from ninfer_qwen3_5.layers.host_compute import compiled_rows, expert_groups, routed_sum
 from ninfer_qwen3_5.layers.host_native import NativeRows
 
@@ -215,6 +215,10 @@ class HostExperts:
         # With adapt_costs, the measured over the estimated host time of this layer's host shares (module constant
         # ADAPT_RATE), by which the cost model scales its host costs.
         self.adapt_costs, self.host_scale = adapt_costs and costs is not None, 1.0
+        # With adapt_costs, the host's measured seconds to queue the device's share (expert_costs.IssueCosts),
+        # which the copy decision and the cached pairs' device-or-host choice count.
+        self.issue = IssueCosts(rate=ADAPT_RATE)
+        self.cached_on_host = 0   # cached pairs a call found cheaper to compute on the host, so far
         self._shared_down: tuple[PackedWeight, torch.Tensor] | None = None
         self.copied_experts = 0   # experts copied to the staging buffer so far
         # Wall seconds of each phase of the host step over all calls, when a profiler sets a dict here: "wait"
@@ -270,7 +274,14 @@ class HostExperts:
                     self.copied_experts += len(admitted)
             skip = self._staged(x, w_h, ids_h, cached, busy, parts)
         if cached is not None and bool(cached.any()):
-            parts.append(self._on_device(x, w_h, cached, slot, self.cache.gate_up, self.cache.down))
+            host_cost = self._host_cost(ids_h[cached])
+            if self.adapt_costs and self.issue.call_s is not None and host_cost < self.issue.call_s:
+                skip = skip & ~cached   # one device call would cost the host more than computing these
+                skip = skip if bool(skip.any()) else None
+                estimate += host_cost
+                self.cached_on_host += int(cached.sum())
+            else:
+                parts.append(self._on_device(x, w_h, cached, slot, self.cache.gate_up, self.cache.down))
         t = self._lap("copy", t)
         started = _clock()
         routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip, rows=self.rows)
@@ -305,7 +316,18 @@ class HostExperts:
                    gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
         """``moe_experts`` over device banks for the pairs ``mine`` (bool ``[T, k]``) at bank rows ``slot``; the
         other pairs weigh zero (their slot is any valid row)."""
-        return self.ops.moe_experts(x, _to_device(w_h * mine, x.device), _to_device(slot, x.device), gate_up, down)
+        started = _clock()
+        out = self.ops.moe_experts(x, _to_device(w_h * mine, x.device), _to_device(slot, x.device), gate_up, down)
+        if self.adapt_costs:
+            self.issue.observe("call_s", _clock() - started)
+        return out
+
+    def _host_cost(self, ids: torch.Tensor) -> float:
+        """The cost model's host seconds (times :attr:`host_scale`) for the routed expert ids ``ids``."""
+        if self.costs is None or ids.numel() == 0:
+            return 0.0
+        counts = torch.bincount(ids.reshape(-1)).tolist()
+        return self.host_scale * sum(self.costs.host_cost(n) for n in counts if n)
 
     def _busy(self, ids_h: torch.Tensor, cached: torch.Tensor | None) -> tuple[list[int], float]:
         """The uncached experts the copy path takes this call (class docstring), busiest first (ties: the lower
@@ -315,7 +337,7 @@ class HostExperts:
         counted = sorted(groups, key=lambda ec: -ec[1])   # stable: ascending ids within a count
         if self.copy_min_tokens is not None:
             return [e for e, n in counted if n >= self.copy_min_tokens], 0.0
-        moved = self.costs.copies([n for _, n in counted], self.host_scale)
+        moved = self.costs.copies([n for _, n in counted], self.host_scale, self.issue if self.adapt_costs else None)
         return [e for e, _ in counted[:moved]], sum(self.costs.host_cost(n) for _, n in counted[moved:])
 
     def _staged(self, x: torch.Tensor, w_h: torch.Tensor, ids_h: torch.Tensor, cached: torch.Tensor | None,
@@ -330,10 +352,13 @@ class HostExperts:
         for at in range(0, len(busy), gu.shape[0]):
             group = busy[at:at + gu.shape[0]]
             row = torch.zeros(self.gate_up.shape[0], dtype=torch.int64)
+            started = _clock()
             for i, e in enumerate(group):   # stream order keeps these behind the last group's kernels
                 load_expert(gu, i, self.stored[0], e)
                 load_expert(dn, i, self.stored[1], e)
                 row[e] = i
+            if self.adapt_costs:
+                self.issue.observe("expert_s", (_clock() - started) / len(group))
             mine = torch.isin(left, torch.tensor(group))
             parts.append(self._on_device(x, w_h, mine, row[ids_h], gu, dn))
             skip |= mine
