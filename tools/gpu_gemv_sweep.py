@@ -5,7 +5,7 @@ Qwen3.5-9B and 35B-A3B projection shapes, one to eight rows, on the GPU (diagnos
 Each case runs inside one CUDA graph of ``--calls`` calls rotating over enough weight copies (>= 400 MB in all)
 that every call reads its weight from HBM, as a decode step does. Reported per case: microseconds per call and
 the weight bytes over that time (GB/s), for cuBLAS, for each GEMV launch shape and for the tensor-core GEMV of
-``ninfer.ops.triton.linear_tc`` (the ``NINFER_GEMV_TC=1`` candidate; ``tc s=N``: built with N pipeline stages);
+``ninfer.ops.triton.linear_tc`` (the ``NINFER_GEMV_TC=1`` candidate; ``tc s=N``: built with N pipeline stages, ``wave``: K runs for whole waves of programs);
 outputs checked against cuBLAS: bf16 rounding of a reordered fp32 sum, within 2e-2 relative.
 
     python3 tools/gpu_gemv_sweep.py --out $OUT
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from ninfer.ops.triton import linear_tc
 from ninfer.ops.triton.linear import _TILE, gemv
+from ninfer.ops.triton.quant_gemv_tc import split_count
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernel_profile import graph_call_us  # noqa: E402
@@ -37,12 +38,14 @@ SHAPES = [
 ]
 
 
-def _tc(x: torch.Tensor, w: torch.Tensor, stages: int) -> torch.Tensor:
-    """The tensor-core GEMV built with ``stages`` software-pipeline stages."""
+def _tc(x: torch.Tensor, w: torch.Tensor, stages: int, rule: str = "fill") -> torch.Tensor:
+    """The tensor-core GEMV built with ``stages`` software-pipeline stages, its K runs by split ``rule``
+    (``quant_gemv_tc.split_count``: "fill", the default's, or "wave", whole waves of programs)."""
     saved = dict(linear_tc.LAUNCH_OPTIONS)
     linear_tc.LAUNCH_OPTIONS["num_stages"] = stages
+    programs, steps = -(-w.shape[0] // 128), -(-w.shape[1] // 128)
     try:
-        return linear_tc.gemv_tc(x, w)
+        return linear_tc.gemv_tc(x, w, split=split_count(programs, steps, rule))
     finally:
         linear_tc.LAUNCH_OPTIONS.clear()
         linear_tc.LAUNCH_OPTIONS.update(saved)
@@ -72,6 +75,7 @@ def main() -> None:
                                                                default_bn * 4})
                                              for w in (4, 8)]
             variants += [(f"tc s={st}", {"stages": st}) for st in (2, 3, 4)]
+            variants += [(f"tc s={st} wave", {"stages": st, "rule": "wave"}) for st in (2, 3)]
             ref = [F.linear(x, ws[c % copies]) for c in range(args.calls)]
             for label, kw in variants:
                 def call(c: int, kw=kw, x=x, ws=ws, copies=copies) -> torch.Tensor:
@@ -79,7 +83,7 @@ def main() -> None:
                     if kw is None:
                         return F.linear(x, w)
                     if "stages" in kw:
-                        return _tc(x, w, kw["stages"])
+                        return _tc(x, w, kw["stages"], kw.get("rule", "fill"))
                     return gemv(x, w, **kw)
                 try:
                     us, err = graph_call_us(call, args.calls, args.replays, ref)
