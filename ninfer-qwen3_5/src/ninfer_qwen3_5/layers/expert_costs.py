@@ -28,6 +28,7 @@ whether a call's cached pairs are worth a device call or cheaper on the host, wh
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -96,8 +97,11 @@ class IssueCosts:
             return 0.0
         return (self.call_s or 0.0) + experts * (self.expert_s or 0.0)
 
-    def observe(self, what: str, seconds: float) -> None:
-        """Folds one measurement of ``what`` ("call_s" or "expert_s") in."""
+    def observe(self, what: str, seconds: float, ceiling: float = math.inf) -> None:
+        """Folds one measurement of ``what`` ("call_s" or "expert_s") in, clamped to ``ceiling``: a first call that
+        compiles its kernels would otherwise stand as the estimate, and an estimate that keeps the work on the host
+        makes no device call that could correct it."""
+        seconds = min(seconds, ceiling)
         old = getattr(self, what)
         setattr(self, what, seconds if old is None else old + self.rate * (seconds - old))
 

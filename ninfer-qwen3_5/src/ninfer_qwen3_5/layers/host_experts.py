@@ -95,6 +95,10 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 #: How fast a layer's measured host time corrects the cost model's host estimate (:attr:`HostExperts.host_scale`,
 #: an exponential average of their ratio, each call's ratio clamped to [1/10, 10]).
 ADAPT_RATE = 0.1
+#: The most one measurement of the host's issue time (:class:`IssueCosts`) counts for, in multiples of the cost
+#: model's one-expert time (host compute for a device call, copy for an expert's copies): enough to keep a small
+#: call's pairs on the host, not so much that a compiling first call decides every later one.
+ISSUE_CEILING = 10.0
 _clock = time.perf_counter   # the host-time measurement's clock (tests replace it)
 
 
@@ -319,7 +323,7 @@ class HostExperts:
         started = _clock()
         out = self.ops.moe_experts(x, _to_device(w_h * mine, x.device), _to_device(slot, x.device), gate_up, down)
         if self.adapt_costs:
-            self.issue.observe("call_s", _clock() - started)
+            self.issue.observe("call_s", _clock() - started, ISSUE_CEILING * self.costs.host_s)
         return out
 
     def _host_cost(self, ids: torch.Tensor) -> float:
@@ -358,7 +362,7 @@ class HostExperts:
                 load_expert(dn, i, self.stored[1], e)
                 row[e] = i
             if self.adapt_costs:
-                self.issue.observe("expert_s", (_clock() - started) / len(group))
+                self.issue.observe("expert_s", (_clock() - started) / len(group), ISSUE_CEILING * self.costs.copy_s)
             mine = torch.isin(left, torch.tensor(group))
             parts.append(self._on_device(x, w_h, mine, row[ids_h], gu, dn))
             skip |= mine
