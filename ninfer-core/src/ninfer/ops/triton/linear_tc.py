@@ -6,13 +6,14 @@ takes the call (:data:`~ninfer.ops.triton.linear.MAX_ROW_BYTES`). cuBLAS reads t
 kernels do not overlap their launch with the previous kernel's tail (no PDL) and add split-K reduce launches for
 the narrow projections: in a verify step (k + 1 rows a sequence) and a decode step of 2-16 sequences that is a
 launch gap per projection. Here the weight tile is the A operand of ``tl.dot`` straight from memory and x^T the B
-operand (``[BK, 8]``, or ``[BK, 16]`` from nine rows on; rows past M zero), so the products cost the tensor cores next to nothing; split-K over about
-264 programs fills the device and the fp32 partials are added by the last program of each output block
-(:mod:`~ninfer.ops.triton._splitk`, no second launch); the kernel follows the PDL protocol. Up to 16 rows covers a 16-token DFlash block's verify and a verify of two
-sequences at k = 7. As the quantized
-tensor-core GEMVs, it can form a block's pre-norm in every program (``NORM``: ``add_rms_norm_unit_offset`` of x and
-the residual, stored by row block 0's programs) and end in SwiGLU where the partials are added, so a verify step's
-norm, gate/up projection and activation are one launch.
+operand (``[BK, 8]``, or ``[BK, 16]`` from nine rows on; rows past M zero), so the products cost the tensor cores
+next to nothing; split-K over about 264 programs fills the device and the fp32 partials are added by the last
+program of each output block (:mod:`~ninfer.ops.triton._splitk`, no second launch); the kernel follows the PDL
+protocol. Up to 16 rows covers a 16-token DFlash block's verify and a verify of two sequences at k = 7. As the
+quantized tensor-core GEMVs, it can form a block's pre-norm in every program (``NORM``: ``add_rms_norm_unit_offset``
+of x and the residual, stored by row block 0's programs) and end in SwiGLU where the partials are added, so a verify
+step's norm, gate/up projection and activation are one launch. Measured in a 9B verify and decode step it is slower
+than cuBLAS at 4 and 8 rows (docs/benchmarks.md), so it stays off.
 
 Exactness: a bf16 (fp16) product is exact in fp32; sums run in the tensor cores' fp32 accumulation, then in fp32
 across K runs in split order, then one rounding to x's dtype: the ``U_TC`` bound of the quantized tensor-core GEMVs.
@@ -83,8 +84,8 @@ def _tc_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr
 
 
 def takes(x2: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`gemv_tc` can take ``x2 @ weight.T``: 1 to :data:`MAX_ROWS` rows, bf16 or fp16 for both, row-contiguous, on
-    CUDA (or the interpreter)."""
+    """Whether :func:`gemv_tc` can take ``x2 @ weight.T``: 1 to :data:`MAX_ROWS` rows, bf16 or fp16 for both,
+    row-contiguous, on CUDA (or the interpreter)."""
     return (x2.dim() == 2 and weight.dim() == 2 and x2.dtype == weight.dtype
             and x2.dtype in (torch.bfloat16, torch.float16) and 1 <= x2.shape[0] <= MAX_ROWS
             and x2.shape[1] == weight.shape[1] and x2.stride(1) == 1 and weight.stride(1) == 1
