@@ -177,8 +177,10 @@ def test_a_dense_prefill_call_goes_to_torch_and_a_quantized_one_stays_native(mon
     bank's stays with the native kernel whatever the count."""
     x, w, ids, gate_up, down, _ = _case(torch.float32, experts=4, k=2, tokens=12)   # 6 tokens an expert
     calls = []
-    real = NativeRows.add_routed
+    real, real_ids = NativeRows.add_routed, NativeRows.add_routed_ids
     monkeypatch.setattr(NativeRows, "add_routed", lambda self, *a: calls.append(len(a[1])) or real(self, *a))
+    monkeypatch.setattr(NativeRows, "add_routed_ids",   # a decode-sized call: its pairs counted from ids
+                        lambda self, *a: calls.append(a[3].numel()) or real_ids(self, *a))
     rows = NativeRows(threads=1)
     assert torch.equal(routed_sum(x, w, ids, gate_up, down, rows=rows), routed_experts_fp32(x, w, ids, gate_up, down))
     assert calls == []
@@ -360,3 +362,35 @@ def test_a_library_that_does_not_load_is_named(tmp_path, monkeypatch):
     with pytest.raises(NotSupportedError, match=r"host-expert-kernel native.*does not load"):
         host_native.library()
     assert host_native._library is None   # nothing half-loaded kept
+
+
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "q4_g64_fp16", "q8_g32_fp16"])
+@pytest.mark.parametrize("tokens", [1, 3, 4])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_call_sorted_in_the_kernel_is_the_same_sum(fmt, tokens, x_dtype):
+    """A decode-sized call goes to the kernel with the router's ids and weights as they are (``add_routed_ids``):
+    the kernel sorts the pairs by expert as ``expert_groups`` does and widens x's rows as it gathers them, so the
+    sum is the Python-sorted call's bit for bit, with and without skipped pairs, and an id outside the bank is named."""
+    experts, k = 64, 8
+    x, w, ids, _, _, _ = _case(torch.float32, experts=experts, k=k, tokens=tokens, hidden=64, inter=32)
+    banks = [_bank(fmt, experts, 64, 64, seed=1), _bank(fmt, experts, 64, 32, seed=2)]
+    stored = banks
+    banks = [b if isinstance(b, torch.Tensor) else DecodedBank(b) for b in banks]
+    x = x.to(x_dtype)
+    rows = NativeRows(threads=2)
+    wide = torch.promote_types(x.dtype, banks[0].dtype)
+    skip = torch.rand(ids.shape, generator=torch.Generator().manual_seed(5)) < 0.4
+    for skipped in (None, skip, torch.ones_like(skip)):
+        out = torch.zeros((tokens, 64))
+        got = rows.add_routed_ids(out, x, w, ids, skipped, *stored, wide)
+        want = torch.zeros((tokens, 64))
+        order, groups = expert_groups(ids, skipped, experts)
+        if groups:
+            pair = order // k
+            rows.add_routed(want, x.index_select(0, pair).to(wide), pair, w.reshape(-1)[order], groups, *stored, wide)
+        assert torch.equal(got, want)
+        assert torch.equal(routed_sum(x, w, ids, *banks, skip=skipped, rows=rows), want)
+        assert skipped is not None or want.abs().sum() > 0
+    assert got.abs().sum() == 0 and want.abs().sum() == 0   # every pair skipped: nothing added
+    with pytest.raises(ValueError, match="expert id outside the bank"):
+        rows.add_routed_ids(torch.zeros((tokens, 64)), x, w, ids + experts, None, *stored, wide)

@@ -29,6 +29,7 @@ from ninfer.errors import NotSupportedError
 from ninfer.ops.reference.quantized import DecodedBank
 from ninfer.quant import PackedWeight
 
+from ninfer_qwen3_5.layers import host_native
 from ninfer_qwen3_5.layers.host_native import NativeRows
 
 #: A dense bank goes to the native kernel while a call's routed experts average at most this many tokens (a decode
@@ -108,11 +109,17 @@ def routed_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     t_len, k = ids.shape
     inter, hidden = down.shape[-1], x.shape[-1]
     out = torch.zeros((t_len, hidden), dtype=torch.float32, device=x.device)
+    wide = torch.promote_types(x.dtype, gate_up.dtype)
+    small = ids.numel() <= min(SMALL_PAIRS, host_native.CHUNK_PAIRS)
+    if isinstance(rows, NativeRows) and small and x.dtype in (torch.float32, torch.bfloat16):
+        stored = [b.bank if isinstance(b, DecodedBank) else b for b in (gate_up, down)]   # read as stored
+        # At most NATIVE_DENSE_TOKENS tokens, every expert has at most that many: the rule below holds for them.
+        if rows.supports(*stored) and (t_len <= NATIVE_DENSE_TOKENS or isinstance(stored[0], PackedWeight)):
+            return rows.add_routed_ids(out, x, weights, ids, skip, *stored, wide)   # a decode step's call
     order, groups = expert_groups(ids, skip, gate_up.shape[0])
     if not groups:
         return out
     tokens = order // k
-    wide = torch.promote_types(x.dtype, gate_up.dtype)
     xs = x.index_select(0, tokens).to(wide)
     if isinstance(rows, NativeRows):
         stored = [b.bank if isinstance(b, DecodedBank) else b for b in (gate_up, down)]   # read as stored

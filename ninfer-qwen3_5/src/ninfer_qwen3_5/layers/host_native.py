@@ -5,7 +5,9 @@ A call's whole routed sum (both projections, the SwiGLU between them and the wei
 pairs, sorted by expert) is one call into it, :meth:`NativeRows.add_routed`, and one OpenMP parallel region there:
 each expert's weights read once for all of its tokens, straight from the banks as stored (bf16, fp32,
 ``q4_g64_fp16``, ``q8_g32_fp16``), quantized codes expanded in registers (no decoded copy of an expert).
-:func:`project` is one projection alone (for tests and tools).
+A decode-sized call passes the router's ids and weights as they are
+(:meth:`NativeRows.add_routed_ids`): the kernel sorts the pairs by expert itself, one crossing from Python instead
+of a dozen small tensor operations. :func:`project` is one projection alone (for tests and tools).
 
 Exactness: the projections sum in fp32 in the kernel's order (16-lane partial sums, then across lanes), so the
 result equals the reference ``routed_experts_fp32`` within fp32 accumulation-order tolerance; its roundings (a bf16
@@ -100,6 +102,8 @@ def library() -> ctypes.CDLL:
         lib.ninfer_expert_rows.restype = lib.ninfer_routed_sum.restype = i32
         lib.ninfer_expert_rows.argtypes = [i32, p, p, i64, i64, p, p, i64, p, p, i32]
         lib.ninfer_routed_sum.argtypes = [i32, p, p, p, p, i64, i64, p, p, i64, p, p, p, i32, p, i32]
+        lib.ninfer_routed_sum_ids.restype = i32
+        lib.ninfer_routed_sum_ids.argtypes = [i32, p, p, p, p, i64, i64, i64, p, p, p, i64, i64, p, i32, i32, p, i32]
         _library = lib
     return _library
 
@@ -132,6 +136,8 @@ def _groups(groups: list[tuple[int, int]]) -> torch.Tensor:
 def _check(status: int, fmt) -> None:
     if status == -2:
         raise MemoryError("the host-expert kernel could not allocate its working buffers")
+    if status == -3:
+        raise ValueError("the host-expert kernel was given an expert id outside the bank")
     if status != 0:
         raise RuntimeError(f"the host-expert kernel rejected format {fmt!r}")
 
@@ -175,6 +181,30 @@ class NativeRows:
         of at most :data:`CHUNK_PAIRS` pairs (one group may exceed it), in order: the same sum."""
         for args, _ in self.kernel_calls(out, xs, tokens, pair_weights, groups, gate_up, down, wide):
             _check(library().ninfer_routed_sum(*args), bank_format(gate_up))
+        return out
+
+    def add_routed_ids(self, out: torch.Tensor, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                       skip: torch.Tensor | None, gate_up, down, wide: torch.dtype) -> torch.Tensor:
+        """:meth:`add_routed` for a call's routing as the router gives it (``ids``/``weights`` ``[T, k]``, ``skip``
+        bool ``[T, k]`` or None, ``x [T, H]`` fp32 or bf16): the kernel sorts the pairs by expert, as
+        :func:`~ninfer_qwen3_5.layers.host_compute.expert_groups` does, and gathers and widens their rows of x, so
+        the sum is the same bits in one call from Python. For calls small enough that their working buffers need
+        no chunking (:data:`CHUNK_PAIRS`)."""
+        if ids.numel() > CHUNK_PAIRS:
+            raise ValueError(f"add_routed_ids: {ids.numel()} pairs, more than one call takes ({CHUNK_PAIRS})")
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"add_routed_ids: x is {x.dtype}, not float32 or bfloat16")
+        fmt = bank_format(gate_up)
+        x, ids = x.contiguous(), ids.to(torch.int64).contiguous()
+        weights = weights.float().contiguous()
+        flags = None if skip is None else skip.to(torch.bool).contiguous().view(torch.uint8)
+        threads = self.threads or torch.get_num_threads()
+        status = library().ninfer_routed_sum_ids(
+            FORMATS[fmt], *_planes(gate_up), *_planes(down), out.shape[1], down.shape[-1], gate_up.shape[0],
+            ids.data_ptr(), None if flags is None else flags.data_ptr(), weights.data_ptr(), ids.shape[0],
+            ids.shape[1], x.data_ptr(), int(x.dtype == torch.bfloat16), int(wide == torch.bfloat16), out.data_ptr(),
+            threads)
+        _check(status, fmt)
         return out
 
     def kernel_calls(self, out: torch.Tensor, xs: torch.Tensor, tokens: torch.Tensor, pair_weights: torch.Tensor,
