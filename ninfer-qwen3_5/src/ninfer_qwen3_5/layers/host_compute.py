@@ -110,19 +110,19 @@ def routed_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_u
     inter, hidden = down.shape[-1], x.shape[-1]
     out = torch.zeros((t_len, hidden), dtype=torch.float32, device=x.device)
     wide = torch.promote_types(x.dtype, gate_up.dtype)
-    small = ids.numel() <= min(SMALL_PAIRS, host_native.CHUNK_PAIRS)
-    if isinstance(rows, NativeRows) and small and x.dtype in (torch.float32, torch.bfloat16):
-        stored = [b.bank if isinstance(b, DecodedBank) else b for b in (gate_up, down)]   # read as stored
-        # At most NATIVE_DENSE_TOKENS tokens, every expert has at most that many: the rule below holds for them.
-        if rows.supports(*stored) and (t_len <= NATIVE_DENSE_TOKENS or isinstance(stored[0], PackedWeight)):
-            return rows.add_routed_ids(out, x, weights, ids, skip, *stored, wide)   # a decode step's call
+    native = isinstance(rows, NativeRows)
+    stored = [b.bank if isinstance(b, DecodedBank) else b for b in (gate_up, down)] if native else None
+    if (native and ids.numel() <= min(SMALL_PAIRS, host_native.CHUNK_PAIRS) and rows.supports(*stored)
+            and x.dtype in (torch.float32, torch.bfloat16)
+            # At most NATIVE_DENSE_TOKENS tokens, no expert has more: the rule below holds without counting.
+            and (t_len <= NATIVE_DENSE_TOKENS or isinstance(stored[0], PackedWeight))):
+        return rows.add_routed_ids(out, x, weights, ids, skip, *stored, wide)   # a decode step's call: sorted in C
     order, groups = expert_groups(ids, skip, gate_up.shape[0])
     if not groups:
         return out
     tokens = order // k
     xs = x.index_select(0, tokens).to(wide)
-    if isinstance(rows, NativeRows):
-        stored = [b.bank if isinstance(b, DecodedBank) else b for b in (gate_up, down)]   # read as stored
+    if native:   # the banks read as stored
         few = len(order) <= NATIVE_DENSE_TOKENS * len(groups)
         if rows.supports(*stored) and (few or isinstance(stored[0], PackedWeight)):
             return rows.add_routed(out, xs, tokens, weights.reshape(-1)[order], groups, *stored, wide)
