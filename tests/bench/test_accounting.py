@@ -84,14 +84,20 @@ def test_decode_step_bytes_of_a_moe_by_hand():
     unread_table = 160 * 9 / 10
     assert decode_weight_bytes(p, 1) == p.weight_bytes - unread_table - 2 * 2 * per_expert
     assert decode_weight_bytes(p, 2) == p.weight_bytes - 160 * 8 / 10 - 2 * 1 * per_expert
-    # Experts in host memory are not in weight_bytes; the step still counts the ones it reads, as if resident.
+    # Experts (and, with them, the input embedding) in host memory are not in weight_bytes; the step still counts
+    # what it reads, as if resident. With one layer's experts whole on the device, half the experts are on the host.
     hosted = profile(moe, StartupFeatures(host_experts=True))
-    assert hosted.routed_experts_on_host and not p.routed_experts_on_host
-    assert hosted.routed_expert_bytes == p.routed_expert_bytes
-    assert hosted.weight_bytes < p.weight_bytes
-    device_rest = hosted.weight_bytes - (p.weight_bytes - p.routed_expert_bytes)   # the device cache and staging
+    half = profile(moe, StartupFeatures(host_experts=True, device_expert_layers=1))
+    assert hosted.routed_experts_on_host and half.routed_experts_on_host and not p.routed_experts_on_host
+    assert hosted.routed_expert_bytes == half.routed_expert_bytes == p.routed_expert_bytes
+    assert hosted.host_read_bytes == p.routed_expert_bytes + p.embedding_bytes and p.host_read_bytes == 0
+    assert half.host_read_bytes == p.routed_expert_bytes // 2 + p.embedding_bytes
+    assert hosted.weight_bytes < half.weight_bytes < p.weight_bytes
+    # the device cache and staging buffer
+    device_rest = hosted.weight_bytes - (p.weight_bytes - p.routed_expert_bytes - p.embedding_bytes)
     for b in (1, 2, 8):
         assert decode_weight_bytes(hosted, b) == decode_weight_bytes(p, b) + device_rest > 0
+        assert decode_weight_bytes(half, b) == decode_weight_bytes(hosted, b)
 
 
 def test_remeasure_copy_waits_only_on_a_gpu(monkeypatch):

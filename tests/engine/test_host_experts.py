@@ -163,8 +163,9 @@ def test_preempted_and_scored_equal(artifacts):
 def test_host_experts_are_host_placed_and_shown(artifacts):
     plan = planner.plan(artifacts["top4of16"], EngineOptions(device="cpu", dtype="float32", host_experts=True))
     summary = plan.summary()
-    banks = [s for s in plan.model.parameter_specs if s.placement == "host"]
-    assert {s.name.rsplit("/", 1)[-1] for s in banks} == {"gate_up", "down"} and len(banks) == 2 * 4
+    hosted = [s for s in plan.model.parameter_specs if s.placement == "host"]
+    # Every layer's banks, and the input embedding (an untied table the device reads a row of per token).
+    assert {s.name.rsplit("/", 1)[-1] for s in hosted} == {"gate_up", "down", "embed"} and len(hosted) == 2 * 4 + 1
     assert summary.host_weights_bytes == plan.model.profile.host_weight_bytes > 0
     plain = planner.plan(artifacts["top4of16"], EngineOptions(device="cpu", dtype="float32"))
     assert plain.model.profile.host_weight_bytes == 0
@@ -347,7 +348,7 @@ def test_expert_cache_options(artifacts):
 def test_the_cache_fills_what_the_budget_leaves(artifacts, monkeypatch):
     path = artifacts["top2of8"]
     opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16,
-                         host_experts=True)
+                         host_experts=True, device_expert_layers=0)   # whole device layers: test_device_expert_layers
     _fake_gpu(monkeypatch, 1 << 40)
     none = planner.plan(path, dataclasses.replace(opts, expert_cache_slots=0))
     one = planner.plan(path, dataclasses.replace(opts, expert_cache_slots=1))
@@ -364,8 +365,10 @@ def test_the_cache_fills_what_the_budget_leaves(artifacts, monkeypatch):
     assert planner.plan(path, dataclasses.replace(opts, expert_cache_slots=0)).options.options.expert_cache_slots == 0
     # Moved to the host by the planner (host_experts unset: all 8 experts on the device need more), the cache fills
     # the room too.
-    auto = planner.plan(path, dataclasses.replace(opts, host_experts=None))
-    assert auto.options.options.host_experts is True and auto.options.options.expert_cache_slots == 3
+    auto = planner.plan(path, dataclasses.replace(opts, host_experts=None, device_expert_layers=None))
+    assert auto.options.options.host_experts is True
+    # Room for 3 slots on each of 4 layers: one whole layer (8 experts) first, then 4 experts over the 3 host layers.
+    assert auto.options.options.device_expert_layers == 1 and auto.options.options.expert_cache_slots == 1
 
 
 def test_graph_calibration_takes_the_automatic_cache_before_the_kv(artifacts, monkeypatch):
@@ -379,7 +382,7 @@ def test_graph_calibration_takes_the_automatic_cache_before_the_kv(artifacts, mo
 
     path = artifacts["top2of8"]
     opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=2, max_context=64, page_size=4,
-                         prefill_chunk_size=16, host_experts=True)
+                         prefill_chunk_size=16, host_experts=True, device_expert_layers=0)
     with Engine.start(path, dataclasses.replace(opts, expert_cache_slots=1)) as engine:
         reference = [engine.generate(p, sampling=GREEDY).token_ids for p in PROMPTS[:2]]
         one_slot = engine.memory_summary()
@@ -733,7 +736,8 @@ def test_bench_reports_the_cache(artifacts, tmp_path):
     hosted = json.loads(out.read_text())["engine"]["host_experts"]
     assert hosted["expert_cache_slots"] == 4 and len(hosted["cache_hits"]) == 4
     assert all(0.0 <= r <= 1.0 for r in hosted["cache_hit_rate_by_layer"]) and sum(hosted["cache_misses"]) > 0
-    assert "host experts: 4 cached per layer, hit rate" in run.stdout
+    assert hosted["device_expert_layers"] is None   # on the CPU: no device layers (one memory)
+    assert "host experts: 0 MoE layers whole on the device, 4 cached per host layer, hit rate" in run.stdout
 
 
 # -- the expert routing file ---------------------------------------------------------------------------------------

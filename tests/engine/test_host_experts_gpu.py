@@ -55,6 +55,9 @@ def test_cuda_host_experts_against_fp64(dtype, cache, copy):
 
 
 def _cuda_generate(path, **options):
+    # Every layer on the host unless a test asks otherwise: the tiny models fit the device whole, so the automatic
+    # count would keep all but one layer's experts there.
+    options.setdefault("device_expert_layers", 0)
     opts = EngineOptions(device="cuda", dtype="float32", max_concurrency=4, max_context=256, prefill_chunk_size=16,
                          page_size=4, **options)
     with Engine.start(path, opts) as engine:
@@ -64,6 +67,7 @@ def _cuda_generate(path, **options):
 
 
 def _cuda_logprobs(path, **options):
+    options.setdefault("device_expert_layers", 0)
     with Engine.start(path, device="cuda", dtype="float32", purpose="causal_scoring", **options) as engine:
         return [t.logprob for t in engine.score([PROMPTS[3]], logprobs=True).texts[0].token_logprobs]
 
@@ -167,3 +171,22 @@ def test_cuda_moe_prefill_graphs_equal_eager(artifacts):  # noqa: F811
     with Engine.start(path, EngineOptions(device="cuda", dtype="float32", max_concurrency=4, max_context=256,
                                           page_size=4, host_experts=True, prefill_graphs=True)) as engine:
         assert engine.info["prefill_graphs"] == []
+
+
+def test_cuda_whole_device_layers_and_a_host_embedding_keep_the_tokens(artifacts):  # noqa: F811
+    """With host experts the input embedding is read from page-locked host memory, and whole layers may keep their
+    experts on the device: the automatic count (the default budget holds every layer, so all but one), an explicit
+    one, and none all give the device-resident model's greedy tokens; only the host layers have caches."""
+    path = artifacts["top2of8"]
+    plain, _, _ = _cuda_generate(path, host_experts=False)
+    auto, stats, memory = _cuda_generate(path, host_experts=True, device_expert_layers=None)
+    assert auto == plain
+    assert len(stats.expert_cache_hits) == 1   # layers 0-2 whole on the device, layer 3's experts on the host
+    assert memory.host_weights_bytes > 0
+    two, stats, _ = _cuda_generate(path, host_experts=True, device_expert_layers=2, expert_cache_slots=1)
+    assert two == plain and len(stats.expert_cache_hits) == 2
+    with Engine.start(path, EngineOptions(device="cuda", dtype="float32", max_concurrency=1, max_context=64,
+                                          host_experts=True, device_expert_layers=1)) as engine:
+        embed = engine._program.model.embed   # noqa: SLF001
+        assert embed.device.type == "cpu" and embed.is_pinned()
+        assert engine.options.device_expert_layers == 1

@@ -147,6 +147,30 @@ def test_embed_rms_norm_equals_gather_then_rms_norm_bitwise(dtype, tokens, gen):
     assert ops.embed_rms_norm_unit_offset(ids[:0], table, w, EPS)[0].shape == (0, 96)
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="a page-locked host table read by the GPU needs CUDA")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embed_rms_norm_reads_a_pinned_host_table(gen, dtype):
+    """A page-locked table in host memory (host experts place the input embedding there): the kernel reads its rows
+    over the bus, the same bits as from a device copy of the table, inside a CUDA graph too."""
+    ops = triton_ops(dtype)
+    table = randn(gen, 50, 96, dtype=dtype, device="cpu", scale=2.5).pin_memory()
+    w = randn(gen, 96, dtype=dtype, device=DEVICE, scale=0.3)
+    ids = torch.tensor([3, 49, 0, 3, 17], device=DEVICE)
+    normed, rows = ops.embed_rms_norm_unit_offset(ids, table, w, EPS)
+    want, want_rows = ops.embed_rms_norm_unit_offset(ids, table.to(DEVICE), w, EPS)
+    assert normed.device.type == "cuda" and rows.device.type == "cuda"
+    assert_bits(rows, want_rows, "rows from the host table")
+    assert_bits(normed, want, "normed from the host table")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, _ = ops.embed_rms_norm_unit_offset(ids, table, w, EPS)
+    ids.copy_(torch.tensor([1, 2, 3, 4, 5], device=DEVICE))
+    graph.replay()
+    assert_bits(captured, ops.embed_rms_norm_unit_offset(ids, table.to(DEVICE), w, EPS)[0], "replayed")
+    with pytest.raises(ValueError, match="page-locked"):
+        ops.embed_rms_norm_unit_offset(ids, table.clone(), w, EPS)
+
+
 def test_embed_rms_norm_rejects_bad_arguments():
     ops = triton_ops(torch.float32)
     table, w = torch.zeros(10, 8, device=DEVICE), torch.zeros(8, device=DEVICE)

@@ -36,7 +36,7 @@ from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
 from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options, kernel_name
 from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
-from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, layer_prefix, text_shapes
+from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, host_expert_layers, layer_prefix, text_shapes
 
 # The ops that read a matmul weight: each must take the quantized formats of the parameters it reads.
 _DENSE_WEIGHT_OPS = ("linear", "logits", "add_rms_norm_unit_offset_linear", "add_rms_norm_unit_offset_swiglu")
@@ -92,12 +92,15 @@ def _stored_experts(cfg: Qwen35Config, weights: Mapping[str, torch.Tensor]) -> t
 class Qwen35Model:
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
                  dtype: torch.dtype, *, features: StartupFeatures | None = None) -> None:
-        """``features`` (None: the defaults): with ``host_experts``, the text layers' routed banks are in host memory,
+        """``features`` (None: the defaults): with ``host_experts``, the routed banks of the text layers but the last
+        ``device_expert_layers`` are in host memory (:func:`~.parameters.host_expert_layers`),
         as ``expert_cache_slots``, ``expert_copy_min_tokens``, ``host_expert_threads`` and ``host_expert_kernel``
         say (:func:`~.layers.host_experts.host_expert_options`, docs/memory.md "Host experts")."""
         features = features or StartupFeatures()
         self.cfg, self.ops = cfg, ops
         self.host_experts = features.host_experts
+        host_layers = set(host_expert_layers(cfg, features))
+        self.host_banks = frozenset(layer_prefix("text", i) + bank for i in host_layers for bank in HOST_EXPERT_BANKS)
         hosted = (host_expert_options(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, device, dtype,
                                       features, _stored_experts(cfg, weights)) if cfg.is_moe else {})
         self.host_expert_kernel = kernel_name(hosted)   # what the host computes with ("auto" resolved)
@@ -108,7 +111,8 @@ class Qwen35Model:
             p = layer_prefix("text", i) + "/"
             mixer = (GatedAttention(cfg, i, _group(weights, p + "attention/"), ops) if kind == FULL
                      else GatedDeltaNet(cfg, i, _group(weights, p + "gdn/"), ops))
-            mlp = (SparseMoE(cfg, _group(weights, p + "moe/"), ops, **hosted) if cfg.is_moe
+            mlp = (SparseMoE(cfg, _group(weights, p + "moe/"), ops, **(hosted if i in host_layers else {}))
+                   if cfg.is_moe
                    else DenseMLP(_group(weights, p + "mlp/"), ops))
             self.layers.append(_Layer(weights[p + "input_norm"], weights[p + "post_norm"], mixer, mlp))
         self.inv_freq = inverse_frequencies(cfg).to(device)
@@ -131,17 +135,18 @@ class Qwen35Model:
                 if name == "text/embed":
                     raise ProgramError(f"parameter {name!r} is stored {w.format}; the embedding table must be a "
                                        f"float format")
-                if not (self.host_experts and name.endswith(HOST_EXPERT_BANKS)):   # the host decodes any format
+                if name not in self.host_banks:   # the host decodes any format
                     packed[name] = w.format
                 continue
             if not w.dtype.is_floating_point:
                 raise ProgramError(f"parameter {name!r} is {w.dtype}; Qwen3.5 weights must be floating point")
-            if self.host_experts and name.endswith(HOST_EXPERT_BANKS):
+            if name in self.host_banks:
                 continue   # kept as stored in host memory: the host computes in the wider dtype
             if w.dtype != dtype and not name.endswith(_ANY_FLOAT):
                 key = (w.device, w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride())
                 if key not in cast:
-                    cast[key] = w.to(dtype)
+                    # A host-placed table stays page-locked: the device reads it in place.
+                    cast[key] = w.to(dtype).pin_memory() if w.is_pinned() else w.to(dtype)
                 prepared[name] = cast[key]
         check_weight_formats(self.ops, packed)
         return prepared

@@ -134,6 +134,26 @@ def vision_parameter_specs(text_config: Mapping[str, Any]) -> list[ParameterSpec
 HOST_EXPERT_BANKS = ("/moe/experts/gate_up", "/moe/experts/down")
 
 
+def host_expert_layers(cfg: Qwen35Config, features: StartupFeatures) -> tuple[int, ...]:
+    """The text layers whose routed banks are in host memory: with ``features.host_experts``, every MoE layer
+    but the last ``features.device_expert_layers`` (those keep their banks whole on the device)."""
+    if not (features.host_experts and cfg.is_moe):
+        return ()
+    return tuple(range(max(0, cfg.num_layers - features.device_expert_layers)))
+
+
+def host_placed(cfg: Qwen35Config, features: StartupFeatures) -> frozenset[str]:
+    """The ``text`` parameters placed in host memory: the host layers' routed banks and, with host experts, the
+    embedding table unless the LM head shares it or a DFlash drafter gathers from it on the device. The device
+    reads embedding rows from the page-locked table over the bus (a row per token, a few KiB a step), which frees
+    the table's device memory for expert layers and cache slots; the LM head reads its whole table every step,
+    so it stays."""
+    names = {layer_prefix("text", i) + bank for i in host_expert_layers(cfg, features) for bank in HOST_EXPERT_BANKS}
+    if names and not cfg.tie_word_embeddings and features.speculative not in ("dflash", "dflash2"):
+        names.add("text/embed")
+    return frozenset(names)
+
+
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
     """The parameters the selected features bind: the ``text`` component, plus the ``mtp`` component's own
     parameters when ``features.speculative == "mtp"`` (an artifact without that component is refused when
@@ -154,8 +174,12 @@ def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> lis
     if cfg.is_moe and features.expert_cache_slots > cfg.num_experts:
         raise NotSupportedError(f"expert_cache_slots={features.expert_cache_slots} (--expert-cache-slots): this "
                                 f"model's layers have {cfg.num_experts} experts, so at most that many can be cached")
-    specs = [ParameterSpec(name=n, shape=s, component="text",
-                           placement="host" if features.host_experts and n.endswith(HOST_EXPERT_BANKS) else "device")
+    if features.host_experts and features.device_expert_layers >= cfg.num_layers:
+        raise NotSupportedError(f"device_expert_layers={features.device_expert_layers} (--device-expert-layers): "
+                                f"this model has {cfg.num_layers} MoE layers and host experts keep at least one on "
+                                f"the host; to keep every layer's experts on the device, start with --no-host-experts")
+    hosted = host_placed(cfg, features)
+    specs = [ParameterSpec(name=n, shape=s, component="text", placement="host" if n in hosted else "device")
              for n, s in text_shapes(cfg).items()]
     if features.speculative == "mtp":
         # The converter copies the head's config keys into the text config; an artifact converted without

@@ -40,7 +40,7 @@ from ninfer_qwen3_5.dflash.parameters import drafter_config
 from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS
 from ninfer_qwen3_5.layers.moe import fused_input_rows
 from ninfer_qwen3_5.ops.reference.segment_attention import QUERY_BLOCK
-from ninfer_qwen3_5.parameters import layer_prefix, parameter_specs
+from ninfer_qwen3_5.parameters import host_expert_layers, host_placed, layer_prefix, parameter_specs
 from ninfer_qwen3_5.state import state_layout
 from ninfer_qwen3_5.vision.config import VisionConfig
 
@@ -64,7 +64,7 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
         if cfg.tie_word_embeddings and s.name == "text/lm_head":
             continue  # the same tensor as text/embed
         held = stored.get(s.name, run)
-        if s.placement == "host":   # host expert banks are kept as stored (layers/host_experts.py)
+        if s.placement == "host":   # host expert banks and a host embedding are kept as stored
             host += prod(s.shape) * held.itemsize
             continue
         if s.name.endswith(_FP32_DERIVED):
@@ -90,7 +90,8 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
     # Plus the copy path's staging buffer (layers/host_experts.py), counted whether or not it is ever allocated.
     bank = stored.get(layer_prefix("text", 0) + "/moe/experts/gate_up", run)
     per_weight = bank.itemsize if bank == torch.uint8 else run.itemsize
-    cache = ((cfg.num_layers * features.expert_cache_slots + min(STAGE_SLOTS, cfg.num_experts))
+    slots = len(host_expert_layers(cfg, features)) * features.expert_cache_slots
+    cache = ((slots + min(STAGE_SLOTS, cfg.num_experts))
              * 3 * cfg.moe_intermediate_size * cfg.hidden_size * per_weight
              if cfg.is_moe and features.host_experts else 0)
     return resident + inv_freq + pad + cache, converted + inv_freq + pad + cache, host
@@ -181,6 +182,9 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
     embedding = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * s
     experts = (cfg.num_layers * cfg.num_experts * 3 * cfg.moe_intermediate_size * cfg.hidden_size * s
                if cfg.is_moe else 0)
+    host_layers = len(host_expert_layers(cfg, features))
+    host_read = (experts * host_layers // cfg.num_layers
+                 + (embedding if "text/embed" in host_placed(cfg, features) else 0))
     return ModelProfile(
         weight_bytes=weight_bytes,
         kv_bytes_per_token=n_kv * 2 * kd * s + drafter_kv,
@@ -207,7 +211,9 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         encoder_bytes_per_row=encoder_bytes_per_row(config, s) if features.vision else 0,
         default_speculative_tokens=default_tokens,
         host_weight_bytes=host_bytes,
-        routed_experts_on_host=bool(cfg.is_moe and features.host_experts))
+        routed_experts_on_host=bool(host_layers),
+        moe_layers=cfg.num_layers if cfg.is_moe else 0,
+        host_read_bytes=host_read)
 
 
 def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from ninfer_qwen4exp.layers.gdn import SigmoidGatedDeltaNet
 from ninfer_qwen4exp.layers.hyper import HyperConnection
 from ninfer_qwen4exp.layers.ple import PLELayer, ngram_windows
 from ninfer_qwen4exp.layers.qsa import QSAAttention
-from ninfer_qwen4exp.parameters import is_host_expert_bank, is_host_parameter, text_shapes
+from ninfer_qwen4exp.parameters import host_expert_layers, host_expert_names, is_host_parameter, text_shapes
 from ninfer_qwen4exp.ple_hash import config_hash
 
 # Parameters read only in fp32, so any stored float dtype is fine.
@@ -58,9 +58,9 @@ def _group(weights: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.
 
 
 def prepare_weights(cfg: Qwen4ExpConfig, weights: Mapping[str, torch.Tensor],
-                    dtype: torch.dtype, host_experts: bool = False) -> dict[str, torch.Tensor]:
+                    dtype: torch.dtype, host_banks: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
     """Every text parameter, checked, in ``dtype`` where the model computes with it (module docstring); host
-    tables and (``host_experts``) host expert banks as stored."""
+    tables and the ``host_banks`` (host expert banks) as stored."""
     prepared: dict[str, torch.Tensor] = {}
     cast: dict[tuple, torch.Tensor] = {}
     for name, shape in text_shapes(cfg).items():
@@ -74,7 +74,7 @@ def prepare_weights(cfg: Qwen4ExpConfig, weights: Mapping[str, torch.Tensor],
             raise ProgramError(f"parameter {name!r} has shape {tuple(w.shape)}, expected {shape}")
         if not w.dtype.is_floating_point:
             raise ProgramError(f"parameter {name!r} is {w.dtype}; Qwen4-Exp weights must be floating point")
-        host = is_host_parameter(name) or (host_experts and is_host_expert_bank(name))   # kept as stored
+        host = is_host_parameter(name) or name in host_banks   # kept as stored
         if w.dtype != dtype and not name.endswith(_ANY_FLOAT) and not host:
             key = (w.device, w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride())
             if key not in cast:
@@ -92,10 +92,11 @@ class Qwen4ExpModel:
     def __init__(self, cfg: Qwen4ExpConfig, weights: Mapping[str, torch.Tensor], ops, device: torch.device,
                  dtype: torch.dtype, *, features: StartupFeatures | None = None) -> None:
         """``features``: the host-expert ones as Qwen3.5's model reads them (the text layers' routed experts in host
-        memory, docs/memory.md "Host experts")."""
+        memory, but the last ``device_expert_layers`` layers', docs/memory.md "Host experts")."""
         features = features or StartupFeatures()
         self.cfg, self.ops = cfg, ops
-        w = prepare_weights(cfg, weights, dtype, features.host_experts)
+        w = prepare_weights(cfg, weights, dtype, host_expert_names(cfg, features))
+        host_layers = set(host_expert_layers(cfg, features))
         n, h, eps, c35 = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps, cfg.qwen35
         hosted = host_expert_options(h, cfg.moe_intermediate_size, cfg.num_experts, device, dtype, features)
         self.host_expert_kernel = kernel_name(hosted)   # what the host computes with ("auto" resolved)
@@ -113,7 +114,8 @@ class Qwen4ExpModel:
                                eps, _group(w, p + "ple/"), ops, device)
             self.layers.append(_Layer(ple, HyperConnection(n, h, eps, _group(w, p + "attn_hc/"), ops), mixer,
                                       HyperConnection(n, h, eps, _group(w, p + "mlp_hc/"), ops),
-                                      SparseMoE(c35, _group(w, p + "moe/"), ops, **hosted)))
+                                      SparseMoE(c35, _group(w, p + "moe/"), ops,
+                                                **(hosted if i in host_layers else {}))))
         self.inv_freq = inverse_frequencies(c35).to(device)
         self.sections = cfg.mrope_section
 

@@ -139,15 +139,24 @@ def is_host_parameter(name: str) -> bool:
     return name.endswith("/" + PLE_TABLE)
 
 
-def is_host_expert_bank(name: str) -> bool:
-    """A text layer's routed expert bank, which ``StartupFeatures.host_experts`` places in host memory (the MTP
-    head's stay on the device)."""
-    return name.startswith("text/") and name.endswith(HOST_EXPERT_BANKS)
+def host_expert_layers(cfg: Qwen4ExpConfig, features: StartupFeatures) -> tuple[int, ...]:
+    """The text layers whose routed banks are in host memory: with ``features.host_experts``, every layer but the
+    last ``features.device_expert_layers`` (those keep their banks whole on the device)."""
+    if not features.host_experts:
+        return ()
+    return tuple(range(max(0, cfg.num_layers - features.device_expert_layers)))
+
+
+def host_expert_names(cfg: Qwen4ExpConfig, features: StartupFeatures) -> frozenset[str]:
+    """The text layers' routed expert banks placed in host memory (:func:`host_expert_layers`; the MTP head's stay on
+    the device)."""
+    return frozenset(layer_prefix("text", i) + bank for i in host_expert_layers(cfg, features)
+                     for bank in HOST_EXPERT_BANKS)
 
 
 def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> list[ParameterSpec]:
     """The ``text`` parameters (the PLE tables placed in host memory, and with ``features.host_experts`` the text
-    layers' routed expert banks too), plus the ``mtp`` component's with ``features.speculative == "mtp"`` (an
+    layers' routed expert banks too, but the last ``features.device_expert_layers`` layers'), plus the ``mtp`` component's with ``features.speculative == "mtp"`` (an
     artifact without that component is refused when they are bound), plus the ``vision`` component's (Qwen3.5-MoE's
     tower) with ``features.vision``. Any other speculative backend, and vision together with speculation, are
     refused."""
@@ -157,10 +166,14 @@ def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> lis
     if features.speculative not in (None, "mtp"):
         raise NotSupportedError(f"Qwen4-Exp speculative backend {features.speculative!r} is not supported (mtp)")
     cfg = Qwen4ExpConfig.from_compact(config)
+    if features.host_experts and features.device_expert_layers >= cfg.num_layers:
+        raise NotSupportedError(f"device_expert_layers={features.device_expert_layers} (--device-expert-layers): "
+                                f"this model has {cfg.num_layers} MoE layers and host experts keep at least one on "
+                                f"the host; to keep every layer's experts on the device, start with --no-host-experts")
+    banks = host_expert_names(cfg, features)
 
     def placement(name: str) -> str:
-        hosted = is_host_parameter(name) or (features.host_experts and is_host_expert_bank(name))
-        return "host" if hosted else "device"
+        return "host" if is_host_parameter(name) or name in banks else "device"
 
     specs = [ParameterSpec(name=n, shape=s, component="text", placement=placement(n))
              for n, s in text_shapes(cfg).items()]

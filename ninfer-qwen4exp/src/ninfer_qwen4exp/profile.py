@@ -37,7 +37,7 @@ from ninfer_qwen3_5.layers.moe import fused_input_rows
 from ninfer_qwen3_5.profile import encoder_bytes_per_row
 
 from ninfer_qwen4exp.config import Qwen4ExpConfig
-from ninfer_qwen4exp.parameters import parameter_specs
+from ninfer_qwen4exp.parameters import host_expert_layers, parameter_specs
 from ninfer_qwen4exp.state import model_layout
 
 _F32, _I64 = 4, 8
@@ -74,7 +74,8 @@ def _weights(cfg: Qwen4ExpConfig, config: Mapping[str, Any], features: StartupFe
              * cfg.hidden_size * run.itemsize)
     # The device cache of host experts and the copy path's staging buffer (ninfer_qwen3_5.layers.host_experts).
     if features.host_experts:
-        made += ((cfg.num_layers * features.expert_cache_slots + min(STAGE_SLOTS, cfg.num_experts))
+        slots = len(host_expert_layers(cfg, features)) * features.expert_cache_slots
+        made += ((slots + min(STAGE_SLOTS, cfg.num_experts))
                  * 3 * cfg.moe_intermediate_size * cfg.hidden_size * run.itemsize)
     return resident + made, converted + made, host
 
@@ -158,7 +159,9 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         num_experts=cfg.num_experts,
         experts_per_token=cfg.num_experts_per_tok,
         encoder_bytes_per_row=encoder_bytes_per_row(config, s) if features.vision else 0,
-        routed_experts_on_host=bool(features.host_experts))
+        routed_experts_on_host=bool(features.host_experts),
+        moe_layers=cfg.num_layers,
+        host_read_bytes=experts * len(host_expert_layers(cfg, features)) // cfg.num_layers)
 
 
 def summarize_config(config: Mapping[str, Any]) -> dict[str, Any]:

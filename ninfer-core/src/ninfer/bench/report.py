@@ -11,9 +11,9 @@ Accounting (from the architecture's ModelProfile; a multiply-add is two FLOPs):
   but B rows, ``embedding_bytes * (1 - B / vocab)``; of a MoE's routed experts all but the expected
   distinct experts of B independent uniform top-k routings, ``E * (1 - (1 - k/E)^B)`` per layer -- a
   random-weight benchmark's routing; a trained router's may differ), per row the KV it reads (``context *
-  kv_bytes_per_token``) and writes (one token), and its StateImage read and written back. Routed experts placed
-  in host memory (``routed_experts_on_host``) count the same, as if read from the device: the share then says how
-  far the step is from an all-resident model's floor.
+  kv_bytes_per_token``) and writes (one token), and its StateImage read and written back. Routed experts and an
+  input embedding placed in host memory (``host_read_bytes``) count the same, as if read from the device: the
+  share then says how far the step is from an all-resident model's floor.
 
 Start-up (``startup``): ``Engine.info["startup"]`` (seconds by phase: load, decode graphs, warm-up, and the whole
 start) and the first burst after ready (:meth:`~ninfer.bench.workload.Workload.first_burst`), the cold-start figure.
@@ -61,9 +61,7 @@ def expected_distinct_experts(experts: int, top_k: int, rows: int) -> float:
 def decode_weight_bytes(profile: ModelProfile, batch: int) -> float:
     """Weight bytes one decode step of ``batch`` rows reads (module docstring)."""
     unread = profile.embedding_bytes * (1.0 - min(1.0, batch / max(1, profile.vocab_size)))
-    total = profile.weight_bytes
-    if profile.routed_experts_on_host:   # not in weight_bytes; counted as read all the same
-        total += profile.routed_expert_bytes
+    total = profile.weight_bytes + profile.host_read_bytes   # host tables: counted as read all the same
     if profile.routed_expert_bytes and profile.num_experts:
         e, k = profile.num_experts, profile.experts_per_token
         unread += profile.routed_expert_bytes * (1.0 - expected_distinct_experts(e, k, batch) / e)
@@ -167,7 +165,8 @@ def format_report(report: dict[str, Any]) -> str:
     if hosted is not None:
         hits, misses = sum(hosted["cache_hits"]), sum(hosted["cache_misses"])
         rate = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
-        lines.append(f"host experts: {hosted['expert_cache_slots'] or 0} cached per layer, hit rate {rate} of "
+        lines.append(f"host experts: {hosted.get('device_expert_layers') or 0} MoE layers whole on the device, "
+                     f"{hosted['expert_cache_slots'] or 0} cached per host layer, hit rate {rate} of "
                      f"{hits + misses} routed pairs (the byte shares below count every expert byte as read from "
                      f"the device)")
     if report["decode"]:

@@ -221,10 +221,12 @@ def _device_held(device) -> int | None:
 
 
 def host_experts_summary(options, stats, kernel: str | None = None) -> dict:
-    """Host experts (docs/memory.md): the device cache's slots per layer and, per MoE layer, the routed pairs
-    computed from it and on the host over the whole run (warm-up excluded), and their hit rate; ``kernel``: the
+    """Host experts (docs/memory.md): the MoE layers kept whole on the device, the device cache's slots per host
+    layer and, per host MoE layer, the routed pairs computed from it and on the host over the whole run (warm-up
+    excluded), and their hit rate; ``kernel``: the
     host kernel the engine resolved (``Engine.info["host_expert_kernel"]``; None: the option as given)."""
-    return {"expert_cache_slots": options.expert_cache_slots,
+    return {"device_expert_layers": options.device_expert_layers,
+            "expert_cache_slots": options.expert_cache_slots,
             "expert_copy_min_tokens": options.expert_copy_min_tokens,
             "host_expert_threads": options.host_expert_threads,
             "host_expert_kernel": kernel or options.host_expert_kernel or "auto",

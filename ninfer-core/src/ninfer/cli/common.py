@@ -101,9 +101,14 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                    help="keep a MoE model's routed experts in host memory and compute them on the CPU (like "
                         "llama.cpp's --cpu-moe); slower, but the model needs only its other weights on the GPU "
                         "(default: only when the model does not fit the device budget)")
+    g.add_argument("--device-expert-layers", type=int, default=None, metavar="N",
+                   help="with host experts: keep the last N MoE layers' experts whole on the device (llama.cpp's "
+                        "--n-cpu-moe counts the others; default: as many as the device budget has room for, at "
+                        "least one layer staying on the host; 0: none)")
     g.add_argument("--expert-cache-slots", type=int, default=None, metavar="N",
-                   help="with host experts: per MoE layer, keep this many experts (the most routed lately) on the "
-                        "device too (default: what the device budget has room for; 0: none)")
+                   help="with host experts: per host MoE layer, keep this many experts (the most routed lately) on "
+                        "the device too (default: what the device budget has room for after the device layers; "
+                        "0: none)")
     g.add_argument("--expert-copy-min-tokens", type=int, default=None, metavar="N",
                    help="with host experts: copy an uncached expert to the GPU when one layer call routes at least N "
                         "tokens to it, instead of computing it on the CPU (default: from a cost model measured at "
@@ -185,7 +190,8 @@ def engine_options(args: argparse.Namespace):
 
     kw: dict[str, Any] = {}
     for flag in ("max_concurrency", "max_context", "num_pages", "device", "dtype", "prefill_chunk_size",
-                 "max_step_tokens", "vision", "max_encode_rows", "host_experts", "expert_cache_slots",
+                 "max_step_tokens", "vision", "max_encode_rows", "host_experts", "device_expert_layers",
+                 "expert_cache_slots",
                  "expert_copy_min_tokens", "host_expert_threads", "host_expert_kernel", "expert_routing_file",
                  "prefill_graphs"):
         value = getattr(args, flag, None)

@@ -44,12 +44,15 @@ def add_arguments(p) -> None:
                    help="most device memory to plan for (default: NINFER_VRAM_BUDGET_MIB, else free memory)")
     g.add_argument("--host-experts", action=argparse.BooleanOptionalAction, default=None,
                    help="a MoE model's routed experts in host memory (default: only when the model does not fit)")
+    g.add_argument("--device-expert-layers", type=int, default=None, metavar="N",
+                   help="with host experts: the last N MoE layers keep their experts on the device")
     g.add_argument("--expert-cache-slots", type=int, default=None, metavar="N",
-                   help="with host experts: experts per MoE layer also cached on the device")
+                   help="with host experts: experts per host MoE layer also cached on the device")
 
 
 _MEMORY_FLAGS = ("device", "dtype", "max_concurrency", "max_context", "page_size", "num_pages", "kv_budget_mib",
-                 "prefill_chunk_size", "vram_budget_mib", "host_experts", "expert_cache_slots")
+                 "prefill_chunk_size", "vram_budget_mib", "host_experts", "device_expert_layers",
+                 "expert_cache_slots")
 
 
 def _memory_plan(artifact, args):

@@ -62,8 +62,11 @@ class ModelProfile:
     Parts of ``weight_bytes`` a decode step reads only in part (benchmark byte counts; 0 = read whole):
     ``embedding_bytes`` (an input table read one row per token; 0 when it is also the tied LM head) and
     ``routed_expert_bytes`` (all MoE layers' routed experts, of which a row reads ``experts_per_token`` of
-    ``num_experts`` per layer). ``routed_experts_on_host``: the routed experts are placed in host memory (part of
-    ``host_weight_bytes``, not of ``weight_bytes``); ``routed_expert_bytes`` still counts them all, wherever they are.
+    ``num_experts`` per layer), over ``moe_layers`` MoE layers. ``routed_experts_on_host``: routed experts are placed
+    in host memory (all of them, or all but some whole layers'; part of ``host_weight_bytes``, not of
+    ``weight_bytes``). ``host_read_bytes``: the part of ``host_weight_bytes`` the decode byte accounting counts as if
+    the device read it (host routed experts, a host input embedding); ``embedding_bytes`` and
+    ``routed_expert_bytes`` still count their tables whole, wherever they are.
     ``encoder_bytes_per_row`` (0: no encoder bound): an estimate of the transient bytes of one encoder call per
     input row (an image patch), its attention's live scores included, valid for a call of up to
     ``EngineOptions.max_encode_rows`` rows; the planner reserves it for that many rows.
@@ -92,6 +95,8 @@ class ModelProfile:
     default_speculative_tokens: int = 0
     host_weight_bytes: int = 0
     routed_experts_on_host: bool = False
+    moe_layers: int = 0
+    host_read_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -112,11 +112,14 @@ class EngineOptions:
       the device. None (default): on the device when the model and one ``max_context`` request fit the budget,
       else in host memory. With host experts a step waits for the host in every MoE layer, so lookahead is off
       by default and the decode CUDA graphs are captured in segments around those waits. An architecture without routed experts ignores None and refuses True.
-      ``expert_cache_slots`` (>= 0): with host experts, per MoE layer this many experts are also kept on the
+      ``device_expert_layers`` (>= 0): with host experts, the last this many MoE layers keep all their experts on
+      the device (no host step for them; llama.cpp's ``--n-cpu-moe`` names the complement). None (default): as
+      many whole layers as the device budget has room for once the weights and the KV and State of
+      ``max_concurrency`` requests at ``max_context`` are planned, at least one layer staying on the host; 0: none.
+      ``expert_cache_slots`` (>= 0): with host experts, per host MoE layer this many experts are also kept on the
       device, chosen by observed routing (counts with decay, refreshed as the layer runs); a routed pair whose
       expert is cached is computed on the device, the rest on the host. Counted as device weights. None
-      (default): as many as the device budget has room for once the weights and the KV and State of
-      ``max_concurrency`` requests at ``max_context`` are planned (at most every expert); 0: none.
+      (default): as many as the room left after the whole device layers holds (at most every expert); 0: none.
       ``expert_copy_min_tokens`` (>= 1): with host experts, an uncached expert that one layer call routes at least
       this many tokens to is copied to the device and computed there instead of on the host. None (default): the
       busiest uncached experts of each call, as many as balances the copy engine against the host (both run at
@@ -170,6 +173,7 @@ class EngineOptions:
     warmup: bool | None = None
     vram_budget_mib: float | None = None
     host_experts: bool | None = None
+    device_expert_layers: int | None = None
     expert_cache_slots: int | None = None
     expert_copy_min_tokens: int | None = None
     host_expert_threads: int | None = None
@@ -267,6 +271,13 @@ class EngineOptions:
         if self.expert_routing_file is not None and self.host_experts is False:
             raise bad("expert_routing_file", "warms the device cache of host experts: it needs host_experts "
                                              "(not False)")
+        if self.device_expert_layers is not None and (isinstance(self.device_expert_layers, bool)
+                                                      or not isinstance(self.device_expert_layers, int)
+                                                      or self.device_expert_layers < 0):
+            raise bad("device_expert_layers", "must be an int >= 0 or None (auto: what the budget has room for)")
+        if self.device_expert_layers and self.host_experts is False:
+            raise bad("device_expert_layers", "keeps some layers' experts on the device beside host experts: it "
+                                              "needs host_experts (not False)")
         if self.expert_cache_slots and self.host_experts is False:
             raise bad("expert_cache_slots", "caches host experts on the device: it needs host_experts (not False)")
         if self.host_experts and self.lookahead:
@@ -344,6 +355,7 @@ class EngineOptions:
         """The features these options bind; ``vision`` None (auto, not yet resolved for an artifact) binds none."""
         return StartupFeatures(vision=bool(self.vision), speculative=self.speculative, purpose=self.purpose,
                                host_experts=bool(self.host_experts),
+                               device_expert_layers=(self.device_expert_layers or 0) if self.host_experts else 0,
                                expert_cache_slots=(self.expert_cache_slots or 0) if self.host_experts else 0,
                                expert_copy_min_tokens=self.expert_copy_min_tokens if self.host_experts else None,
                                host_expert_threads=self.host_expert_threads if self.host_experts else None,

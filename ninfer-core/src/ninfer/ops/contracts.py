@@ -75,7 +75,9 @@ CORE_CONTRACTS: tuple[OpContract, ...] = (
                "rows = table[tokens] (a gathered copy, in table's dtype); normed = rms_norm_unit_offset(rows, "
                "norm_weight, eps): the embedding lookup and the first block's pre-norm, one launch at decode. Token "
                "ids must lie in [0, V) (the engine checks every id on entry): a kernel may clamp so a bad id cannot "
-               "fault the device; the reference raises IndexError on the CPU (torch device-asserts on CUDA)."),
+               "fault the device; the reference raises IndexError on the CPU (torch device-asserts on CUDA). "
+               "The table may be in page-locked host memory while tokens are on a GPU (a placement that keeps "
+               "the table off the device): both results are on the tokens' device, the rows read over the bus."),
     OpContract("add_rms_norm_unit_offset_linear",
                "add_rms_norm_unit_offset_linear(x[T, N], residual[T, N], norm_weight[N], eps, weight[out, N]) "
                "-> (y[T, out], normed[T, N], new_residual[T, N])",

@@ -240,16 +240,22 @@ def _plan_over_chunks(artifact, options: EngineOptions, env: Mapping[str, str]) 
 
 def _fill_expert_cache(artifact, options: EngineOptions, model: ArtifactProfile, memory: MemoryPlan,
                        budget: DeviceBudget, env: Mapping[str, str]) -> StartupPlan:
-    """The plan with host experts and ``expert_cache_slots`` None (auto): as many cache slots per layer as the room
-    the plan leaves holds (a slot's cost is what one more slot adds to the profile's device weights), at most one
-    per expert; other plans as they are. On the CPU host and device are one memory: no cache."""
-    if not options.host_experts or options.expert_cache_slots is not None or budget.device == "cpu":
+    """The plan with host experts, the room it leaves filled: with ``device_expert_layers`` None (auto), as many
+    whole MoE layers kept on the device as the room holds (at least one stays on the host), then with
+    ``expert_cache_slots`` None (auto), as many cache slots per host layer as the room left holds, at most one per
+    expert. A layer's or a slot's cost is what it adds to the profile's device weights. Whole layers come first:
+    a device layer has no host step at all (no wait for the host, no copies, no cache bookkeeping), where the
+    same bytes spread as slots over every layer turn only a share of each layer's pairs into device pairs and
+    every layer still waits for the host. Other plans as they are; on the CPU host and device are one memory."""
+    if not options.host_experts or budget.device == "cpu":
+        return StartupPlan(model=model, memory=memory)
+    if options.device_expert_layers is None:
+        options, model, memory = _whole_layers(artifact, options, model, memory, budget, env)
+    if options.expert_cache_slots is not None:
         return StartupPlan(model=model, memory=memory)
     one = artifact_profile(artifact, dataclasses.replace(options, expert_cache_slots=1))
     per_slot = one.profile.weight_bytes - model.profile.weight_bytes
-    used = max(memory.runtime_bytes, memory.startup_peak_bytes)
-    spare = budget.budget_bytes - budget.headroom_bytes - used
-    slots = min(model.profile.num_experts, spare // per_slot) if per_slot > 0 else 0
+    slots = min(model.profile.num_experts, _spare(memory, budget) // per_slot) if per_slot > 0 else 0
     if slots <= 0:
         return StartupPlan(model=model, memory=memory)
     cached = artifact_profile(artifact, dataclasses.replace(options, expert_cache_slots=int(slots)))
@@ -260,6 +266,33 @@ def _fill_expert_cache(artifact, options: EngineOptions, model: ArtifactProfile,
     # Recorded so that graph calibration takes from the cache before the KV (ninfer.planning.calibration).
     return StartupPlan(model=cached, memory=dataclasses.replace(filled, cache_slots=int(slots),
                                                                  slot_bytes=_stored_slot_bytes(model, per_slot)))
+
+
+def _spare(memory: MemoryPlan, budget: DeviceBudget) -> int:
+    """The budget a plan leaves unused (its larger of the runtime and the start-up peak counted)."""
+    return budget.budget_bytes - budget.headroom_bytes - max(memory.runtime_bytes, memory.startup_peak_bytes)
+
+
+def _whole_layers(artifact, options: EngineOptions, model: ArtifactProfile, memory: MemoryPlan,
+                  budget: DeviceBudget, env: Mapping[str, str]
+                  ) -> tuple[EngineOptions, ArtifactProfile, MemoryPlan]:
+    """``device_expert_layers`` None (auto): the options, profile and plan with as many whole device layers as fit
+    (the options resolved to that count, 0 when none)."""
+    none = dataclasses.replace(options, device_expert_layers=0)
+    layers = model.profile.moe_layers
+    if layers < 2:
+        return none, artifact_profile(artifact, none), memory
+    one = artifact_profile(artifact, dataclasses.replace(options, device_expert_layers=1))
+    per_layer = one.profile.weight_bytes - model.profile.weight_bytes
+    n = min(layers - 1, _spare(memory, budget) // per_layer) if per_layer > 0 else 0
+    while n > 0:   # the estimate may be a layer too far
+        opts = dataclasses.replace(options, device_expert_layers=int(n))
+        whole = artifact_profile(artifact, opts)
+        try:
+            return opts, whole, _plan_memory(whole, budget, env)
+        except MemoryPlanError:
+            n -= 1
+    return none, artifact_profile(artifact, none), memory
 
 
 def _stored_slot_bytes(model: ArtifactProfile, per_slot: int) -> int:

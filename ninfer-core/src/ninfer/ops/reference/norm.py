@@ -37,7 +37,11 @@ def add_rms_norm_unit_offset(x: torch.Tensor, residual: torch.Tensor, weight: to
 
 def embed_rms_norm_unit_offset(tokens: torch.Tensor, table: torch.Tensor, norm_weight: torch.Tensor,
                                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rms_norm_unit_offset(rows), rows)`` for ``rows = table[tokens]``: the embedding and the first pre-norm."""
+    """``(rms_norm_unit_offset(rows), rows)`` for ``rows = table[tokens]``: the embedding and the first pre-norm.
+    A table in host memory beside GPU tokens is gathered on the host (the ids' copy waits for the stream)."""
+    if table.device != tokens.device:
+        rows = table.index_select(0, tokens.to(table.device)).to(tokens.device)
+        return rms_norm_unit_offset(rows, norm_weight.to(tokens.device), eps), rows
     rows = table.index_select(0, tokens)
     return rms_norm_unit_offset(rows, norm_weight, eps), rows
 

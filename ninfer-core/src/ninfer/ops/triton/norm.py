@@ -139,23 +139,31 @@ def rms_norm_groups(x: torch.Tensor, weight: torch.Tensor, group: int, eps: floa
 def embed_rms_norm_unit_offset(tokens: torch.Tensor, table: torch.Tensor, weight: torch.Tensor,
                                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rms_norm_unit_offset(rows), rows)`` for ``rows = table[tokens]``, one launch (the reference's gather +
-    norm)."""
-    launch_ok(table)
-    if tokens.dim() != 1 or tokens.dtype != torch.int64 or tokens.device != table.device:
+    norm). A page-locked host table beside CUDA tokens is read in place over the bus (unified addressing: the
+    kernel loads its rows through the table's mapped pointer, so a graph captures the gather too)."""
+    launch_ok(tokens)
+    host_table = tokens.device.type == "cuda" and table.device.type == "cpu"
+    if host_table and not table.is_pinned():
+        raise ValueError("embed_rms_norm_unit_offset: a host-memory table must be page-locked (pinned) for the "
+                         "device to read it")
+    if tokens.dim() != 1 or tokens.dtype != torch.int64 or (tokens.device != table.device and not host_table):
         raise ValueError(f"embed_rms_norm_unit_offset: tokens must be int64 [T] on {table.device}, got "
                          f"{tokens.dtype} {tuple(tokens.shape)} on {tokens.device}")
-    if table.dim() != 2 or weight.shape != (table.shape[1],):
+    if table.dim() != 2 or weight.shape != (table.shape[1],) or weight.device != tokens.device:
         raise ValueError(f"embed_rms_norm_unit_offset: table {tuple(table.shape)} and norm weight "
-                         f"{tuple(weight.shape)} do not match ([V, N] and [N])")
+                         f"{tuple(weight.shape)} on {weight.device} do not match ([V, N] and [N] on "
+                         f"{tokens.device})")
     m, n = tokens.shape[0], table.shape[1]
-    y = torch.empty((m, n), dtype=table.dtype, device=table.device)
-    rows = torch.empty((m, n), dtype=table.dtype, device=table.device)
+    y = torch.empty((m, n), dtype=table.dtype, device=tokens.device)
+    rows = torch.empty((m, n), dtype=table.dtype, device=tokens.device)
     if m:
+        if host_table and table.stride(1) != 1:
+            raise ValueError("embed_rms_norm_unit_offset: a host-memory table must have contiguous rows")
         table2 = table if table.stride(1) == 1 else table.contiguous()
         w = weight.contiguous()
         # The kernel reads the norm weight before its PDL wait: a weight the wrapper just copied was written by the
         # launch right before, so then no PDL.
-        launch = pdl(table2) if w is weight else {"PDL": False}
+        launch = pdl(tokens) if w is weight else {"PDL": False}
         cfg = row_config(n)
         _embed_rms_norm_kernel[(triton.cdiv(m, cfg["BLOCK_M"]),)](
             tokens, table2, w, y, rows, m, table.shape[0], eps, table2.stride(0), y.stride(0),
