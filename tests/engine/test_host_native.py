@@ -265,7 +265,7 @@ def test_a_quantized_cache_slot_is_planned_as_stored(mixed, monkeypatch):
     from engine.test_host_experts import _fake_gpu
 
     opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16,
-                         host_experts=True)
+                         host_experts=True, device_expert_layers=0)
     _fake_gpu(monkeypatch, 1 << 40)
     none = planner.plan(mixed, dataclasses.replace(opts, expert_cache_slots=0))
     one = planner.plan(mixed, dataclasses.replace(opts, expert_cache_slots=1))
@@ -283,7 +283,7 @@ def test_calibration_prices_a_quantized_slot_as_stored(mixed, monkeypatch):
     from engine.test_host_experts import _fake_gpu
 
     opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16,
-                         host_experts=True)
+                         host_experts=True, device_expert_layers=0)
     from ninfer.planning.calibration import tensor_storages
 
     with Engine.start(mixed, dataclasses.replace(opts, expert_cache_slots=1)) as engine:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,11 +52,13 @@ class WeightSource:
     ``load_bytes``: what the loader holds at once on the run device, every parent object a device-placed
     parameter reads plus the gathered copy of every such parameter that is not one contiguous range of one
     parent; ``host_load_bytes`` the same for the parameters placed in host memory (``ParameterSpec.placement``;
-    a parent both kinds read counts in both)."""
+    a parent both kinds read counts in both); ``packed_host_load_bytes`` the same for the host-placed parameters
+    stored packed (uint8: quantized banks)."""
 
     stored_dtypes: Mapping[str, torch.dtype]
     load_bytes: int
     host_load_bytes: int = 0
+    packed_host_load_bytes: int = 0
 
 
 def weight_source(reader: ArtifactReader, specs) -> WeightSource:
@@ -63,13 +66,16 @@ def weight_source(reader: ArtifactReader, specs) -> WeightSource:
 
     bound = bind(reader, specs)
     host = {s.name for s in specs if s.placement == "host"}
-    totals = {}
-    for on_host in (False, True):
-        params = [bp for bp in bound.parameters if (bp.name in host) == on_host]
+
+    def held(params) -> int:
         parents = {piece.object.id: piece.object.bytes for bp in params for piece in bp.pieces}
-        totals[on_host] = sum(parents.values()) + sum(bp.nbytes for bp in params if not bp.is_view)
-    return WeightSource(stored_dtypes={bp.name: bp.dtype for bp in bound.parameters}, load_bytes=totals[False],
-                        host_load_bytes=totals[True])
+        return sum(parents.values()) + sum(bp.nbytes for bp in params if not bp.is_view)
+
+    on_host = [bp for bp in bound.parameters if bp.name in host]
+    return WeightSource(stored_dtypes={bp.name: bp.dtype for bp in bound.parameters},
+                        load_bytes=held([bp for bp in bound.parameters if bp.name not in host]),
+                        host_load_bytes=held(on_host),
+                        packed_host_load_bytes=held([bp for bp in on_host if bp.dtype == torch.uint8]))
 
 
 def _check_components(reader: ArtifactReader, specs, options: EngineOptions) -> None:
@@ -301,11 +307,12 @@ def _stored_slot_bytes(model: ArtifactProfile, per_slot: int) -> int:
     bits with fp16 scales. Graph calibration drops slots by this figure and must free what it counts, so for banks
     stored packed (uint8) it is scaled by the banks' stored bytes over the profile's host bytes for them; dense
     banks are cached in the run dtype, which the profile prices exactly."""
-    host = [s.name for s in model.parameter_specs if s.placement == "host"]
     stored = model.source.stored_dtypes
-    if not host or model.profile.host_weight_bytes <= 0 or any(stored.get(n) != torch.uint8 for n in host):
+    packed = [s for s in model.parameter_specs if s.placement == "host" and stored.get(s.name) == torch.uint8]
+    weights = sum(math.prod(s.shape) for s in packed)   # the profile's byte a weight for them
+    if not packed or weights <= 0 or model.source.packed_host_load_bytes <= 0:
         return per_slot
-    return per_slot * model.source.host_load_bytes // model.profile.host_weight_bytes
+    return per_slot * model.source.packed_host_load_bytes // weights
 
 
 def _plan_memory(model: ArtifactProfile, budget: DeviceBudget, env: Mapping[str, str]) -> MemoryPlan:
