@@ -196,6 +196,7 @@ def ours(args, budget_mib: int | None, label: str) -> dict:
     hosted = rep["engine"].get("host_experts")
     if hosted:
         hits, misses = sum(hosted["cache_hits"]), sum(hosted["cache_misses"])
+        row["device_expert_layers"] = hosted.get("device_expert_layers")
         row["cache_slots"] = hosted["expert_cache_slots"]
         row["hit_rate"] = hits / (hits + misses) if hits + misses else None
         row["hit_rate_by_layer"] = [h / (h + m) if h + m else None
@@ -236,7 +237,8 @@ def bench(args) -> int:
     lines = [f"35B-A3B shape, {prepared['geometry']['num_hidden_layers']} layers, bf16 "
              f"({prepared['weights']['bytes'] / 1e9:.2f} GB, routed experts "
              f"{prepared['weights']['expert_bytes'] / 1e9:.2f} GB)", "",
-             "| config | engine | device MiB (peak) | B=1 tok/s | B=8 tok/s | 8k prefill tok/s | cache hit rate |",
+             "| config | engine | device MiB (peak) | B=1 tok/s | B=8 tok/s | 8k prefill tok/s | device layers, "
+             "cache slots, hit rate |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
         lam, our = r["llama"], r.get("ours", {})
@@ -247,6 +249,7 @@ def bench(args) -> int:
         lines.append(f"| {r['config']} | NInfer budget {_fmt(our.get('vram_budget_mib'), 'd')} MiB | "
                      f"{_fmt(our.get('peak_mib'), 'd')} | {_fmt(our.get('decode_b1_tok_s'))} | "
                      f"{_fmt(our.get('decode_b8_tok_s'))} | {_fmt(our.get('prefill_tok_s'))} | "
+                     f"{_fmt(our.get('device_expert_layers'), 'd')}, {_fmt(our.get('cache_slots'), 'd')}, "
                      f"{'-' if hit is None else f'{hit:.1%}'} |")
     (args.out / "offload.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
