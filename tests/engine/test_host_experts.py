@@ -267,6 +267,27 @@ def test_expert_cache_follows_the_routing():
         ExpertCache(gate_up, down, 7, torch.device("cpu"), torch.float32)
 
 
+def test_a_settled_cache_is_one_a_refresh_leaves_as_it_is():
+    """``settled()`` (a few tensor ops, checked before each refresh) says exactly whether the Python walk of a
+    refresh would copy anything, over random routing histories with and without favourites."""
+    from ninfer_qwen3_5.layers.expert_cache import ExpertCache
+
+    g = torch.Generator().manual_seed(1)
+    gate_up, down = torch.zeros(32, 2, 2), torch.zeros(32, 2, 2)
+    seen = {True: 0, False: 0}
+    for trial in range(40):
+        cache = ExpertCache(gate_up, down, 6, torch.device("cpu"), torch.float32)
+        skew = torch.rand(32, generator=g) ** (1 + trial % 4 * 3)
+        for _ in range(30):
+            ids = torch.multinomial(skew, 4, generator=g).view(1, 4)
+            cache.observe(ids)
+            settled, before = cache.settled(), cache.copies
+            cache.refresh()
+            assert settled == (cache.copies == before), (trial, cache.expert_in)
+            seen[settled] += 1
+    assert seen[True] > 100 and seen[False] > 40
+
+
 def test_expert_cache_does_not_churn_on_routing_without_favourites():
     """Uniform routing (top-8 of 64, 16 slots): after the cache fills, near-ties do not swap experts, so most calls
     copy nothing and none copies more than MAX_ADMITS; routing with favourites gets them cached."""

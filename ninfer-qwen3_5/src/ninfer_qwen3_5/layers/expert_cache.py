@@ -71,8 +71,21 @@ class ExpertCache:
         self.routed += counts
         self.calls += 1
 
+    def settled(self) -> bool:
+        """Whether :meth:`refresh` would change nothing: no slot is empty and no uncached expert's score beats the
+        worst-scored cached one's by :data:`ADMIT_MARGIN`. A few tensor ops, where a refresh walks every expert in
+        Python: with routing without favourites most calls of a full cache are settled."""
+        cached = self.slot_of >= 0
+        if self.expert_in.count(-1):   # an empty slot takes any uncached expert routed lately
+            return not bool(((self.score > 0) & ~cached).any())
+        worst = self.score.masked_fill(~cached, float("inf")).min()
+        best = self.score.masked_fill(cached, float("-inf")).max()
+        return not bool(best > 0) or bool(best < worst + ADMIT_MARGIN)
+
     def refresh(self, max_replacements: int = MAX_ADMITS) -> None:
         """Bring the cache towards the best-scored experts (module docstring)."""
+        if self.settled():
+            return
         score = self.score.tolist()   # host lists: the loops below index them, not the tensors
         slot_of = self.slot_of.tolist()
         order = torch.argsort(self.score, descending=True, stable=True)[: self.slots].tolist()
@@ -128,8 +141,8 @@ class ExpertCache:
         (the call's reads of the slots it overwrites): on a GPU they overlap the layers that run until this layer's
         next call, which :meth:`ready` makes wait for them. Elsewhere a plain refresh."""
         device = self.gate_up.device
-        if device.type != "cuda":
-            self.refresh()
+        if device.type != "cuda" or self.settled():
+            self.refresh()   # settled: returns at once, no stream switch
             return
         if self._side is None:
             self._side = torch.cuda.Stream(device)
