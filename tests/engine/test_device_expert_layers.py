@@ -99,3 +99,22 @@ def test_bad_counts_name_the_option(artifacts):  # noqa: F811
     for bad in (-1, True, 1.5):
         with pytest.raises(InvalidEngineOptions, match="device_expert_layers"):
             dataclasses.replace(EngineOptions(), device_expert_layers=bad).validate()
+
+
+def test_info_memory_shows_the_expert_placement(artifacts):  # noqa: F811
+    import json
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "ninfer.cli.main", "info", str(artifacts["top2of8"]), "--memory", "--device", "cpu",
+            "--dtype", "float32", "--host-experts", "--device-expert-layers", "1", "--expert-cache-slots", "2"]
+    text = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert ("routed experts    1 of 4 MoE layers whole on the device; 3 in host memory, 2 cached per layer"
+            in text.stdout)
+    out = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["memory"]["routed_experts"] == {
+        "moe_layers": 4, "device_expert_layers": 1, "host_expert_layers": 3, "expert_cache_slots": 2}
+    plain = subprocess.run(base[:8], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0 and "routed experts" not in plain.stdout

@@ -60,7 +60,22 @@ def _memory_plan(artifact, args):
     from ninfer.planning.planner import plan
 
     options = EngineOptions(**{f: getattr(args, f) for f in _MEMORY_FLAGS if getattr(args, f) is not None})
-    return plan(artifact, options).summary()
+    return plan(artifact, options)
+
+
+def _expert_placement(startup) -> dict | None:
+    """Where a host-expert plan keeps the routed experts (None without host experts)."""
+    opts, profile = startup.options.options, startup.model.profile
+    if not opts.host_experts:
+        return None
+    layers = opts.device_expert_layers or 0
+    return {"moe_layers": profile.moe_layers, "device_expert_layers": layers,
+            "host_expert_layers": profile.moe_layers - layers, "expert_cache_slots": opts.expert_cache_slots or 0}
+
+
+def _placement_line(placed: dict) -> str:
+    return (f"  routed experts    {placed['device_expert_layers']} of {placed['moe_layers']} MoE layers whole on the "
+            f"device; {placed['host_expert_layers']} in host memory, {placed['expert_cache_slots']} cached per layer")
 
 
 def run(args) -> int:
@@ -81,7 +96,9 @@ def run(args) -> int:
         artifact = model  # the artifact reader names what is wrong with a missing or odd file
     else:
         artifact = resolve_model(model, progress=sys.stderr.isatty())
-    memory = _memory_plan(artifact, args) if args.memory else None
+    startup = _memory_plan(artifact, args) if args.memory else None
+    memory = startup.summary() if startup is not None else None
+    placed = _expert_placement(startup) if startup is not None else None
     with ArtifactReader.open(artifact) as reader:
         if args.verify:
             for obj in reader.directory.objects:
@@ -92,6 +109,8 @@ def run(args) -> int:
                 out["verified"] = True
             if memory is not None:
                 out["memory"] = memory.as_dict()
+                if placed is not None:
+                    out["memory"]["routed_experts"] = placed
             print(json.dumps(out, indent=2, ensure_ascii=False))
         else:
             print(describe(reader))
@@ -99,6 +118,8 @@ def run(args) -> int:
                 print(f"verified: all {len(reader.directory.objects)} object checksums match")
             if memory is not None:
                 print(format_memory_summary(memory))
+                if placed is not None:
+                    print(_placement_line(placed))
     return 0
 
 
