@@ -30,22 +30,28 @@ def _opts(**kw) -> EngineOptions:
                          host_experts=True, **kw)
 
 
-def test_whole_layers_come_before_cache_slots(artifacts, monkeypatch):  # noqa: F811
+def test_whole_layers_come_before_cache_slots(artifacts, monkeypatch, tmp_path):  # noqa: F811
+    """Whole layers first, then slots on the host layers when a routing record can warm them (the planner checks
+    that the file exists); without a record the slots stay empty."""
     path = artifacts["top2of8"]   # 4 MoE layers of 8 experts
+    record = tmp_path / "routing.json"
+    record.write_text("{}")
     _fake_gpu(monkeypatch, 1 << 40)
     none = planner.plan(path, _opts(device_expert_layers=0, expert_cache_slots=0))
     one = planner.plan(path, _opts(device_expert_layers=1, expert_cache_slots=0))
     per_layer = one.model.profile.weight_bytes - none.model.profile.weight_bytes
     assert per_layer == 8 * EXPERT
     # Room for everything: all layers but one on the device, and that one caches every expert.
-    big = planner.plan(path, _opts()).options.options
+    big = planner.plan(path, _opts(expert_routing_file=str(record))).options.options
     assert (big.device_expert_layers, big.expert_cache_slots) == (3, 8)
+    unknown = planner.plan(path, _opts()).options.options
+    assert (unknown.device_expert_layers, unknown.expert_cache_slots) == (3, 0)
     need = max(none.memory.runtime_bytes, none.memory.startup_peak_bytes)
     # (room, whole layers, slots on each of the host layers)
     for room, layers, slots in ((per_layer + 4 * EXPERT, 1, 1), (per_layer - EXPERT, 0, 1),
                                 (2 * per_layer + 2 * EXPERT, 2, 1), (3 * EXPERT, 0, 0)):
         _fake_gpu(monkeypatch, need + room)
-        plan = planner.plan(path, _opts())
+        plan = planner.plan(path, _opts(expert_routing_file=str(record)))
         got = plan.options.options
         assert (got.device_expert_layers, got.expert_cache_slots or 0) == (layers, slots), room
         host_layers = 4 - layers
@@ -53,7 +59,7 @@ def test_whole_layers_come_before_cache_slots(artifacts, monkeypatch):  # noqa: 
                                                    + host_layers * slots * EXPERT)
     # A count given is kept, and the slots fill what it leaves.
     _fake_gpu(monkeypatch, need + per_layer + 4 * EXPERT)
-    kept = planner.plan(path, _opts(device_expert_layers=0)).options.options
+    kept = planner.plan(path, _opts(device_expert_layers=0, expert_routing_file=str(record))).options.options
     assert (kept.device_expert_layers, kept.expert_cache_slots) == (0, 3)   # 12 experts over 4 layers
 
 

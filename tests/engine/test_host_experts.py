@@ -366,11 +366,20 @@ def test_expert_cache_options(artifacts):
     assert cached.model.profile.weight_bytes - base.model.profile.weight_bytes == 4 * 2 * per_expert
 
 
-def test_the_cache_fills_what_the_budget_leaves(artifacts, monkeypatch):
+def test_the_cache_fills_what_the_budget_leaves(artifacts, monkeypatch, tmp_path):
+    """With a routing record to warm it (the planner only checks that the file exists): without one the automatic
+    cache stays empty."""
     path = artifacts["top2of8"]
+    record = tmp_path / "routing.json"
+    record.write_text("{}")
     opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=1, max_context=64, num_pages=16,
-                         host_experts=True, device_expert_layers=0)   # whole device layers: test_device_expert_layers
+                         host_experts=True, device_expert_layers=0,   # whole device layers: test_device_expert_layers
+                         expert_routing_file=str(record))
     _fake_gpu(monkeypatch, 1 << 40)
+    assert planner.plan(path, dataclasses.replace(opts, expert_routing_file=None)).options.options \
+        .expert_cache_slots == 0
+    assert planner.plan(path, dataclasses.replace(opts, expert_routing_file=str(tmp_path / "none.json"))) \
+        .options.options.expert_cache_slots == 0
     none = planner.plan(path, dataclasses.replace(opts, expert_cache_slots=0))
     one = planner.plan(path, dataclasses.replace(opts, expert_cache_slots=1))
     per_slot = one.model.profile.weight_bytes - none.model.profile.weight_bytes
@@ -392,10 +401,11 @@ def test_the_cache_fills_what_the_budget_leaves(artifacts, monkeypatch):
     assert auto.options.options.device_expert_layers == 1 and auto.options.options.expert_cache_slots == 1
 
 
-def test_graph_calibration_takes_the_automatic_cache_before_the_kv(artifacts, monkeypatch):
-    """The plan fills the room it leaves with 3 cache slots per layer; the (faked) graph capture then leaves 1.5
-    slots' worth too little free, so the one corrective rebuild builds the Program with 1 slot and every planned KV
-    page (the cache is what the plan sized last). It serves what an engine started with 1 slot serves."""
+def test_graph_calibration_takes_the_automatic_cache_before_the_kv(artifacts, monkeypatch, tmp_path):
+    """The plan fills the room it leaves with 3 cache slots per layer (the reference run below writes the routing
+    record the automatic cache needs); the (faked) graph capture then leaves 1.5 slots' worth too little free, so
+    the one corrective rebuild builds the Program with 1 slot and every planned KV page (the cache is what the plan
+    sized last). It serves what an engine started with 1 slot serves."""
     from ninfer.contracts.memory import format_memory_summary
     from ninfer.engine import model_construction as mc
     from ninfer.planning import calibration as cal
@@ -403,7 +413,8 @@ def test_graph_calibration_takes_the_automatic_cache_before_the_kv(artifacts, mo
 
     path = artifacts["top2of8"]
     opts = EngineOptions(device="cpu", dtype="float32", max_concurrency=2, max_context=64, page_size=4,
-                         prefill_chunk_size=16, host_experts=True, device_expert_layers=0)
+                         prefill_chunk_size=16, host_experts=True, device_expert_layers=0,
+                         expert_routing_file=str(tmp_path / "routing.json"))
     with Engine.start(path, dataclasses.replace(opts, expert_cache_slots=1)) as engine:
         reference = [engine.generate(p, sampling=GREEDY).token_ids for p in PROMPTS[:2]]
         one_slot = engine.memory_summary()

@@ -272,7 +272,7 @@ def test_a_quantized_cache_slot_is_planned_as_stored(mixed, monkeypatch):
     assert one.model.profile.weight_bytes - none.model.profile.weight_bytes == 4 * 3 * 32 * 64   # a byte a weight
 
 
-def test_calibration_prices_a_quantized_slot_as_stored(mixed, monkeypatch):
+def test_calibration_prices_a_quantized_slot_as_stored(mixed, monkeypatch, tmp_path):
     """The slot size graph calibration drops slots by is what a slot of the q4 banks really holds (the storages of
     the Program's cache banks with one slot a layer), not the profile's byte a weight: dropping by a figure larger
     than the real one would free too little."""
@@ -290,7 +290,9 @@ def test_calibration_prices_a_quantized_slot_as_stored(mixed, monkeypatch):
         caches = engine._program.model.expert_caches()   # noqa: SLF001
         banks = sum(sum(tensor_storages([c.gate_up, c.down]).values()) for c in caches)
     _fake_gpu(monkeypatch, 1 << 40)
-    auto = planner.plan(mixed, opts)
+    record = tmp_path / "routing.json"   # the automatic cache needs a routing record (the planner checks it exists)
+    record.write_text("{}")
+    auto = planner.plan(mixed, dataclasses.replace(opts, expert_routing_file=str(record)))
     assert auto.memory.cache_slots == 8 and len(caches) == 4   # room for every expert; 4 MoE layers
     assert auto.memory.slot_bytes == banks
     # The profile's byte a weight differs (here it is less: these tiny rows are padded to 128 lanes when packed).
