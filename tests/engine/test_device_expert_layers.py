@@ -31,11 +31,10 @@ def _opts(**kw) -> EngineOptions:
 
 
 def test_whole_layers_come_before_cache_slots(artifacts, monkeypatch, tmp_path):  # noqa: F811
-    """Whole layers first, then slots on the host layers when a routing record can warm them (the planner checks
-    that the file exists); without a record the slots stay empty."""
+    """Whole layers first, then slots on the host layers when an expert routing file is given (a plan does not
+    read it); without one the slots stay empty."""
     path = artifacts["top2of8"]   # 4 MoE layers of 8 experts
     record = tmp_path / "routing.json"
-    record.write_text("{}")
     _fake_gpu(monkeypatch, 1 << 40)
     none = planner.plan(path, _opts(device_expert_layers=0, expert_cache_slots=0))
     one = planner.plan(path, _opts(device_expert_layers=1, expert_cache_slots=0))

@@ -107,8 +107,8 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "least one layer staying on the host; 0: none)")
     g.add_argument("--expert-cache-slots", type=int, default=None, metavar="N",
                    help="with host experts: per host MoE layer, keep this many experts (the most routed lately) on "
-                        "the device too (default: with an existing --expert-routing-file, what the device budget "
-                        "has room for after the device layers, else none; 0: none)")
+                        "the device too (default: with --expert-routing-file, what the device budget has room "
+                        "for after the device layers, else none; 0: none)")
     g.add_argument("--expert-copy-min-tokens", type=int, default=None, metavar="N",
                    help="with host experts: copy an uncached expert to the GPU when one layer call routes at least N "
                         "tokens to it, instead of computing it on the CPU (default: from a cost model measured at "

@@ -119,9 +119,10 @@ class EngineOptions:
       ``expert_cache_slots`` (>= 0): with host experts, per host MoE layer this many experts are also kept on the
       device, chosen by observed routing (counts with decay, refreshed as the layer runs); a routed pair whose
       expert is cached is computed on the device, the rest on the host. Counted as device weights. None
-      (default): with an ``expert_routing_file`` that exists (a record of the layers' routing to warm them), as
-      many as the room left after the whole device layers holds (at most every expert); without one, none (with
-      routing that has no favourites a cache of a few percent of the experts measured slower than none); 0: none.
+      (default): with an ``expert_routing_file`` (the record of the layers' routing that warms the caches, or that
+      this run writes), as many as the room left after the whole device layers holds (at most every expert);
+      without one, none (with routing that has no favourites a cache of a few percent of the experts measured
+      slower than none); 0: none.
       ``expert_copy_min_tokens`` (>= 1): with host experts, an uncached expert that one layer call routes at least
       this many tokens to is copied to the device and computed there instead of on the host. None (default): the
       busiest uncached experts of each call, as many as balances the copy engine against the host (both run at

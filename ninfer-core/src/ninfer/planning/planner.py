@@ -248,21 +248,22 @@ def _fill_expert_cache(artifact, options: EngineOptions, model: ArtifactProfile,
                        budget: DeviceBudget, env: Mapping[str, str]) -> StartupPlan:
     """The plan with host experts, the room it leaves filled: with ``device_expert_layers`` None (auto), as many
     whole MoE layers kept on the device as the room holds (at least one stays on the host), then with
-    ``expert_cache_slots`` None (auto) and a routing record to warm it (an existing ``expert_routing_file``), as
-    many cache slots per host layer as the room left holds, at most one per expert; without one, none. A layer's or
+    ``expert_cache_slots`` None (auto) and an ``expert_routing_file`` (the record that warms the cache, or that a
+    first run writes at close), as many cache slots per host layer as the room left holds, at most one per expert;
+    without one, none. A layer's or
     a slot's cost is what it adds to the profile's device weights. Whole layers come first: a device layer has no
     host step at all (no wait for the host, no copies, no cache bookkeeping), where the same bytes spread as slots
     over every layer turn only a share of each layer's pairs into device pairs and every layer still waits for the
-    host. Slots need a record because, with routing that has no favourites, a cache of a few percent of the
-    experts measured slower than none at B=1 and B=8 (docs/memory.md, "Device cache"). Other plans as they are;
-    on the CPU host and device are one memory."""
+    host. Slots need the routing file because, with routing that has no favourites, a cache of a few percent of
+    the experts measured slower than none at B=1 and B=8 (docs/memory.md, "Device cache"): asking for the record is
+    asking for the cache. Other plans as they are; on the CPU host and device are one memory."""
     if not options.host_experts or budget.device == "cpu":
         return StartupPlan(model=model, memory=memory)
     if options.device_expert_layers is None:
         options, model, memory = _whole_layers(artifact, options, model, memory, budget, env)
     if options.expert_cache_slots is not None:
         return StartupPlan(model=model, memory=memory)
-    if not (options.expert_routing_file and os.path.isfile(options.expert_routing_file)):
+    if not options.expert_routing_file:
         return StartupPlan(model=artifact_profile(artifact, dataclasses.replace(options, expert_cache_slots=0)),
                            memory=memory)
     one = artifact_profile(artifact, dataclasses.replace(options, expert_cache_slots=1))
