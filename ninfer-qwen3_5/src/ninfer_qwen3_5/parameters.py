@@ -134,12 +134,22 @@ def vision_parameter_specs(text_config: Mapping[str, Any]) -> list[ParameterSpec
 HOST_EXPERT_BANKS = ("/moe/experts/gate_up", "/moe/experts/down")
 
 
-def host_expert_layers(cfg: Qwen35Config, features: StartupFeatures) -> tuple[int, ...]:
-    """The text layers whose routed banks are in host memory: with ``features.host_experts``, every MoE layer
-    but the last ``features.device_expert_layers`` (those keep their banks whole on the device)."""
-    if not (features.host_experts and cfg.is_moe):
+def host_layers_of(num_layers: int, features: StartupFeatures) -> tuple[int, ...]:
+    """Of ``num_layers`` MoE layers, those whose routed banks are in host memory: with ``features.host_experts``,
+    all but the last ``features.device_expert_layers`` (those keep their banks whole on the device). A count that
+    leaves no layer on the host is a NotSupportedError naming the option (Qwen3.5's and Qwen4-Exp's rule)."""
+    if not features.host_experts:
         return ()
-    return tuple(range(max(0, cfg.num_layers - features.device_expert_layers)))
+    if features.device_expert_layers >= num_layers:
+        raise NotSupportedError(f"device_expert_layers={features.device_expert_layers} (--device-expert-layers): "
+                                f"this model has {num_layers} MoE layers and host experts keep at least one on "
+                                f"the host; to keep every layer's experts on the device, start with --no-host-experts")
+    return tuple(range(num_layers - features.device_expert_layers))
+
+
+def host_expert_layers(cfg: Qwen35Config, features: StartupFeatures) -> tuple[int, ...]:
+    """The text layers whose routed banks are in host memory (:func:`host_layers_of`; none for a dense model)."""
+    return host_layers_of(cfg.num_layers, features) if cfg.is_moe else ()
 
 
 def host_placed(cfg: Qwen35Config, features: StartupFeatures) -> frozenset[str]:
@@ -174,10 +184,6 @@ def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> lis
     if cfg.is_moe and features.expert_cache_slots > cfg.num_experts:
         raise NotSupportedError(f"expert_cache_slots={features.expert_cache_slots} (--expert-cache-slots): this "
                                 f"model's layers have {cfg.num_experts} experts, so at most that many can be cached")
-    if features.host_experts and features.device_expert_layers >= cfg.num_layers:
-        raise NotSupportedError(f"device_expert_layers={features.device_expert_layers} (--device-expert-layers): "
-                                f"this model has {cfg.num_layers} MoE layers and host experts keep at least one on "
-                                f"the host; to keep every layer's experts on the device, start with --no-host-experts")
     hosted = host_placed(cfg, features)
     specs = [ParameterSpec(name=n, shape=s, component="text", placement="host" if n in hosted else "device")
              for n, s in text_shapes(cfg).items()]

@@ -37,7 +37,7 @@ from ninfer.contracts.architecture import ParameterSpec
 from ninfer.contracts.features import StartupFeatures
 from ninfer.errors import NotSupportedError
 from ninfer_qwen3_5.config import FULL
-from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, layer_prefix, vision_parameter_specs
+from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, host_layers_of, layer_prefix, vision_parameter_specs
 from ninfer_qwen3_5.parameters import layer_shapes as qwen35_layer_shapes
 
 from ninfer_qwen4exp.config import INDEXED, Qwen4ExpConfig
@@ -140,11 +140,8 @@ def is_host_parameter(name: str) -> bool:
 
 
 def host_expert_layers(cfg: Qwen4ExpConfig, features: StartupFeatures) -> tuple[int, ...]:
-    """The text layers whose routed banks are in host memory: with ``features.host_experts``, every layer but the
-    last ``features.device_expert_layers`` (those keep their banks whole on the device)."""
-    if not features.host_experts:
-        return ()
-    return tuple(range(max(0, cfg.num_layers - features.device_expert_layers)))
+    """The text layers whose routed banks are in host memory (Qwen3.5's rule, every layer being a MoE layer)."""
+    return host_layers_of(cfg.num_layers, features)
 
 
 def host_expert_names(cfg: Qwen4ExpConfig, features: StartupFeatures) -> frozenset[str]:
@@ -166,10 +163,6 @@ def parameter_specs(config: Mapping[str, Any], features: StartupFeatures) -> lis
     if features.speculative not in (None, "mtp"):
         raise NotSupportedError(f"Qwen4-Exp speculative backend {features.speculative!r} is not supported (mtp)")
     cfg = Qwen4ExpConfig.from_compact(config)
-    if features.host_experts and features.device_expert_layers >= cfg.num_layers:
-        raise NotSupportedError(f"device_expert_layers={features.device_expert_layers} (--device-expert-layers): "
-                                f"this model has {cfg.num_layers} MoE layers and host experts keep at least one on "
-                                f"the host; to keep every layer's experts on the device, start with --no-host-experts")
     banks = host_expert_names(cfg, features)
 
     def placement(name: str) -> str:

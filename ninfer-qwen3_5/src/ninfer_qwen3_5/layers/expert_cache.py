@@ -84,8 +84,11 @@ class ExpertCache:
 
     def refresh(self, max_replacements: int = MAX_ADMITS) -> None:
         """Bring the cache towards the best-scored experts (module docstring)."""
-        if self.settled():
-            return
+        if not self.settled():
+            self._replace(max_replacements)
+
+    def _replace(self, max_replacements: int) -> None:
+        """:meth:`refresh`'s walk, for a cache that is not settled."""
         score = self.score.tolist()   # host lists: the loops below index them, not the tensors
         slot_of = self.slot_of.tolist()
         order = torch.argsort(self.score, descending=True, stable=True)[: self.slots].tolist()
@@ -140,16 +143,18 @@ class ExpertCache:
         """:meth:`refresh` with its copies on a side stream, behind the work queued on the current stream so far
         (the call's reads of the slots it overwrites): on a GPU they overlap the layers that run until this layer's
         next call, which :meth:`ready` makes wait for them. Elsewhere a plain refresh."""
+        if self.settled():   # no copies to queue: no stream switch either
+            return
         device = self.gate_up.device
-        if device.type != "cuda" or self.settled():
-            self.refresh()   # settled: returns at once, no stream switch
+        if device.type != "cuda":
+            self._replace(MAX_ADMITS)
             return
         if self._side is None:
             self._side = torch.cuda.Stream(device)
         self._side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(self._side):
             before = self.copies
-            self.refresh()
+            self._replace(MAX_ADMITS)
             self._copied = self._side.record_event() if self.copies != before else self._copied
 
     def ready(self) -> None:
