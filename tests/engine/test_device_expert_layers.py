@@ -6,7 +6,8 @@ embedding moves to host memory with the experts.
 - the engine: explicit counts give the device-resident model's greedy tokens, and only the host layers cache;
 - placement: which banks are host-placed, and the embedding with them (not when tied to the LM head or read by a
   DFlash drafter on the device);
-- errors that name the option: a count that leaves no host layer, a count without host experts.
+- errors that name the option: a count that leaves no host layer, a count without host experts;
+- start-up: when the decode graphs do not fit beside the layers the planner chose, one layer fewer at a time.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import pytest
 from ninfer import Engine, EngineOptions
 from ninfer.contracts.features import StartupFeatures
 from ninfer.contracts.options import InvalidEngineOptions
+from ninfer.engine import model_construction as mc
 from ninfer.errors import NotSupportedError
 from ninfer.planning import planner
+from ninfer.planning.budget import MemoryPlanError
 
 from .test_host_experts import GREEDY, PROMPTS, _fake_gpu, _generate, artifacts  # noqa: F401 (the fixture)
 
@@ -123,3 +126,38 @@ def test_info_memory_shows_the_expert_placement(artifacts):  # noqa: F811
         "moe_layers": 4, "device_expert_layers": 1, "host_expert_layers": 3, "expert_cache_slots": 2}
     plain = subprocess.run(base[:8], capture_output=True, text=True, timeout=300)
     assert plain.returncode == 0 and "routed experts" not in plain.stdout
+
+
+def test_layers_the_planner_chose_yield_when_the_graphs_do_not_fit(artifacts, monkeypatch):  # noqa: F811
+    """Graph calibration measures the decode graphs only after capture; when what they take leaves too little and
+    nothing automatic can shrink, the whole start runs again with one device layer fewer, down to none. A count
+    the user gave is kept: its failure is the error."""
+    path = artifacts["top2of8"]   # 4 MoE layers
+    plain = _generate(path, host_experts=False)
+    _fake_gpu(monkeypatch, 1 << 40)   # room for everything: the planner keeps 3 of the 4 layers on the device
+    real = mc.start_program
+    seen: list[int] = []
+
+    def short_above(limit: int):
+        def start(make_program, memory, resolved, probe, **kw):
+            seen.append(resolved.options.device_expert_layers)
+            if seen[-1] > limit:
+                raise MemoryPlanError(f"decode CUDA graphs short with {seen[-1]} device layers (test)")
+            return real(make_program, memory, resolved, probe, **kw)
+        return start
+
+    monkeypatch.setattr(mc, "start_program", short_above(1))
+    with Engine.start(path, dataclasses.replace(_opts(expert_cache_slots=0), max_context=256)) as engine:
+        assert seen == [3, 2, 1]
+        assert [m.mlp.host is not None for m in engine._program.model.layers] == [True, True, True, False]  # noqa: SLF001
+        assert engine.options.device_expert_layers == 1
+        assert [tuple(engine.generate(p, sampling=GREEDY).token_ids) for p in PROMPTS] == plain
+    seen.clear()
+    with pytest.raises(MemoryPlanError, match="short with 3 device layers"):
+        Engine.start(path, _opts(device_expert_layers=3, expert_cache_slots=0))
+    assert seen == [3]
+    seen.clear()
+    monkeypatch.setattr(mc, "start_program", short_above(-1))
+    with pytest.raises(MemoryPlanError, match="short with 0 device layers"):
+        Engine.start(path, _opts(expert_cache_slots=0))
+    assert seen == [3, 2, 1, 0]

@@ -14,7 +14,8 @@ then from an automatic KV pool (``planning.calibration.calibrate_kv``), builds t
 loaded weights and captures again; still short, or nothing that can shrink, is a MemoryPlanError. Each build
 gets its own copy of the weights mapping (``create_program`` may rearrange its dict; the tensors are read-only
 views by the ProgramInit contract: a Program that casts makes new tensors, never in place), so the rebuild sees the
-weights as loaded.
+weights as loaded. A MemoryPlanError there with whole device expert layers the planner chose itself starts the
+whole construction again with one layer fewer (:func:`build_model`).
 
 Only the selected features' parameters are read. The reader is closed before returning: the weights
 are materialized tensors and the frontend resources are read eagerly.
@@ -183,9 +184,39 @@ def start_program(make_program: Callable[[int, int | None], Program], memory: Me
                           time.perf_counter() - built, cache_slots=slots)
 
 
+class DeviceLayersShort(MemoryPlanError):
+    """:func:`start_program`'s MemoryPlanError for a plan whose ``layers`` whole device expert layers the planner
+    chose itself (``device_expert_layers`` None): :func:`build_model` starts again with one fewer."""
+
+    def __init__(self, message: str, layers: int) -> None:
+        super().__init__(message)
+        self.layers = layers
+
+
 def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress=None) -> ModelInstance:
     """Plan (``ninfer.planning.planner.plan``) and build what an engine serves from ``artifact`` with
-    ``options``. ``progress(bytes_read, total_bytes)`` is called while weights load (a CLI progress bar)."""
+    ``options``. ``progress(bytes_read, total_bytes)`` is called while weights load (a CLI progress bar).
+
+    With host experts and ``device_expert_layers`` None, the planner fills the room its estimates leave with whole
+    device expert layers; the decode graphs' memory is only measured after capture, and when graph calibration
+    has nothing automatic left to give (a small KV pool, no cache), the layers must yield: the whole start runs
+    again with one layer fewer (its experts loaded into host memory instead), down to none."""
+    auto_layers = options.device_expert_layers is None
+    while True:
+        try:
+            return _build_model(artifact, options, progress, auto_layers)
+        except DeviceLayersShort as exc:
+            options = dataclasses.replace(options, device_expert_layers=exc.layers - 1)
+            log.info("graph calibration: %s; starting again with %d whole device expert layers instead of %d",
+                     exc, exc.layers - 1, exc.layers)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+
+def _build_model(artifact: str | os.PathLike, options: EngineOptions, progress, auto_layers: bool) -> ModelInstance:
+    """:func:`build_model` with the device expert layers ``options`` names (``auto_layers``: the planner chose the
+    count; a calibration failure with some of them is a :class:`DeviceLayersShort`)."""
     from ninfer.artifact import ArtifactReader, load_weights
     from ninfer.artifact.errors import MissingComponentError
     from ninfer.ops.registry import resolve_ops
@@ -230,8 +261,14 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
         return spec.create_program(ProgramInit(config=model.config, weights=dict(weights), ops=ops,
                                                options=resolved.program_options(pages), features=bound))
 
-    started = start_program(make_program, startup.memory, resolved, probe,
-                            released_bytes=lambda p: released_weight_bytes(weights, p, device))
+    try:
+        started = start_program(make_program, startup.memory, resolved, probe,
+                                released_bytes=lambda p: released_weight_bytes(weights, p, device))
+    except MemoryPlanError as exc:
+        layers = resolved.options.device_expert_layers or 0
+        if auto_layers and layers > 0 and resolved.options.host_experts:
+            raise DeviceLayersShort(str(exc), layers) from None
+        raise
     program, num_pages = started.program, started.num_pages
     effective = resolved.engine_options(num_pages)
     final_plan = startup.memory.with_num_pages(num_pages)
