@@ -89,6 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--vram-budget-mib", type=float, default=None)
     ap.add_argument("--expert-cache-slots", type=int, default=None)
+    ap.add_argument("--device-expert-layers", type=int, default=None,
+                    help="MoE layers whose experts stay on the device (default: the planner's choice)")
     ap.add_argument("--expert-copy-min-tokens", type=int, default=None,
                     help="the copy path's fixed threshold (a large number: every routed expert on the host)")
     ap.add_argument("--batch", type=int, default=1)
@@ -108,6 +110,7 @@ def main(argv=None) -> int:
         opts = EngineOptions(device=args.device, max_concurrency=max(1, args.batch), max_context=1024,
                              host_experts=True, vram_budget_mib=args.vram_budget_mib,
                              expert_cache_slots=args.expert_cache_slots, host_expert_kernel=kernel,
+                             device_expert_layers=args.device_expert_layers,
                              expert_copy_min_tokens=args.expert_copy_min_tokens,
                              host_expert_threads=args.host_expert_threads)
         lines += host_run(Engine, args, opts)

@@ -47,9 +47,9 @@ def read_bandwidth(threads: int, mib: int = 2048) -> float:
     return buf.numel() * 4 / best
 
 
-def banks(fmt: str, experts: int, hidden: int, inter: int, seed: int):
+def banks(fmt: str, experts: int, hidden: int, inter: int, seed: int, pinned: bool = False):
     """The (gate_up, down) banks routed_sum reads for ``fmt`` (a quantized bank as the host layer wraps it) and the
-    stored bytes of one expert."""
+    stored bytes of one expert; with ``pinned`` (bf16 only), in page-locked memory as the engine loads them."""
     from ninfer.ops.reference.quantized import DecodedBank
     from ninfer.quant.groupwise import GROUPWISE
     from ninfer.quant.packed import PackedWeight
@@ -59,7 +59,10 @@ def banks(fmt: str, experts: int, hidden: int, inter: int, seed: int):
     for rows, k in ((2 * inter, hidden), (hidden, inter)):
         dense = torch.randn(experts * rows, k, generator=g) * 0.02
         if fmt == "bf16":
-            out.append(dense.to(torch.bfloat16).view(experts, rows, k))
+            bank = dense.to(torch.bfloat16).view(experts, rows, k)
+            out.append(bank.pin_memory() if pinned else bank)
+        elif pinned:
+            raise SystemExit("--pinned measures bf16 banks only")
         else:
             out.append(PackedWeight(fmt, (experts, rows, k), GROUPWISE[fmt].encode(dense)))
     per_expert = sum(b.nbytes if isinstance(b, PackedWeight) else b.numel() * b.element_size() for b in out) / experts
@@ -86,13 +89,13 @@ def measure(args, threads: int, bank_sets: dict) -> dict:
     torch.set_num_threads(threads)
     limit = read_bandwidth(threads)
     report = {"threads": threads, "hidden": args.hidden, "inter": args.inter, "experts": args.experts,
-              "k": args.k, "read_bandwidth_gbs": limit / 1e9, "runs": []}
+              "k": args.k, "pinned": args.pinned, "read_bandwidth_gbs": limit / 1e9, "runs": []}
     g = torch.Generator().manual_seed(args.seed)
     for fmt in args.formats.split(","):
         if fmt not in FORMATS:
             raise SystemExit(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")
         if fmt not in bank_sets:
-            bank_sets[fmt] = banks(fmt, args.experts, args.hidden, args.inter, args.seed)
+            bank_sets[fmt] = banks(fmt, args.experts, args.hidden, args.inter, args.seed, args.pinned)
         (gate_up, down), per_expert = bank_sets[fmt]
         for kernel in args.kernels.split(","):
             if kernel == "compiled" and fmt != "bf16":
@@ -190,6 +193,8 @@ def main(argv=None) -> int:
                     help="native kernel: time the C call alone, an empty call, and both after --gap-us idle")
     ap.add_argument("--gap-us", type=float, default=1000.0,
                     help="busy wait before each --breakdown call (a decode step's GPU work between host calls)")
+    ap.add_argument("--pinned", action="store_true",
+                    help="bf16 banks in page-locked memory (torch's pinned allocator, as the engine loads host experts)")
     ap.add_argument("--out", type=Path, default=None, help="write the report here as JSON too")
     args = ap.parse_args(argv)
     counts = [int(t) for t in str(args.threads).split(",")]
