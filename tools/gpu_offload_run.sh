@@ -5,7 +5,7 @@
 #
 #   bash tools/gpu_offload_run.sh prepare [LAYERS [RECIPE GGUF_TYPE]]   # carry .gpu-wheels and .gpu_assets
 #   bash tools/gpu_offload_run.sh bench [CONFIGS [GGUF [NINFER_ARGS...]]]  # the next call, on the same machine
-#   bash tools/gpu_offload_run.sh profile MIB [BATCHES [THREADS]]   # where a host-expert decode step's time goes
+#   bash tools/gpu_offload_run.sh profile MIB [BATCHES [THREADS [ARGS...]]]   # where a host-expert decode step's time goes
 #
 # e.g. 4-bit experts on both sides: `prepare 8 mixed Q4_K_M`, then `bench 24g:6,16g:7 m-Q4_K_M.gguf`.
 #
@@ -18,7 +18,8 @@
 # (default m.gguf), the rest passed to `ninfer bench` through --ninfer-args.
 # profile: tools/host_experts_profile.py on the prepared artifact under --vram-budget-mib MIB with the native kernel,
 # at each of BATCHES (default 1,8) and each host thread count of THREADS (default: the engine's own choice, half
-# the cores): the host step's phases, cache counts and the engine worker's profile.
+# the cores), ARGS passed on to it (e.g. --device-expert-layers 1 --expert-copy-min-tokens 2): the OpenMP runtimes and
+# CPU topology, the host step's phases, cache counts and the engine worker's profile.
 # NO_PEER=1 (either step): our side only. prepare skips llama.cpp's build and the GGUF (about 4 minutes less), bench
 # skips llama.cpp, and each configuration must then name its MiB (NAME:N:MIB): for a fresh machine after the one that
 # ran the peer went back, whose figures on the same seed are in an earlier report.
@@ -91,14 +92,17 @@ case "$step" in
         mib="${1:-}"
         [ -n "$mib" ] || { echo "profile needs a budget in MiB" >&2; exit 2; }
         [ -f "$work/prepared.json" ] || { echo "no prepared model in $work: run the prepare step first"; exit 1; }
+        batches="${2:-1,8}"
+        thread_counts="${3:-auto}"
+        shift 3 2>/dev/null || shift $#
         rc=0
-        for b in $(echo "${2:-1,8}" | tr ',' ' '); do
-            for t in $(echo "${3:-auto}" | tr ',' ' '); do
+        for b in $(echo "$batches" | tr ',' ' '); do
+            for t in $(echo "$thread_counts" | tr ',' ' '); do
                 threads=()
                 [ "$t" = auto ] || threads=(--host-expert-threads "$t")
                 # The reports come back from $OUT (8 files at most); the logs stay on the machine.
                 python3 tools/host_experts_profile.py "$work/model.ninfer" --vram-budget-mib "$mib" --batch "$b" \
-                    --host-expert-kernel native "${threads[@]}" --out "$out/host-profile-b$b-t$t.txt" \
+                    --host-expert-kernel native "${threads[@]}" "$@" --out "$out/host-profile-b$b-t$t.txt" \
                     > "$work/host-profile-b$b-t$t.log" 2>&1 || { rc=1; tail -5 "$work/host-profile-b$b-t$t.log"; }
                 grep -v Warning "$work/host-profile-b$b-t$t.log" | head -4
             done
@@ -106,7 +110,7 @@ case "$step" in
         exit $rc
         ;;
     *)
-        echo "gpu_offload_run.sh: prepare [LAYERS [RECIPE GGUF_TYPE]] | bench [CONFIGS [GGUF [NINFER_ARGS...]]] | profile MIB [BATCHES [THREADS]]" >&2
+        echo "gpu_offload_run.sh: prepare [LAYERS [RECIPE GGUF_TYPE]] | bench [CONFIGS [GGUF [NINFER_ARGS...]]] | profile MIB [BATCHES [THREADS [ARGS...]]]" >&2
         exit 2
         ;;
 esac

@@ -49,11 +49,32 @@ def decode(engine, batch: int, tokens: int, seed: int, profile: bool) -> tuple[f
     return sum(len(r.token_ids) for r in done) / seconds, text
 
 
+def runtime_line() -> str:
+    """The host's side of the thread question: the OpenMP runtimes mapped into this process (torch's and the native
+    kernel's: one shared library, or two thread teams), the CPUs with their SMT siblings, torch's thread count."""
+    import torch
+
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        omp = sorted({line.split()[-1] for line in maps if "gomp" in line or "libomp" in line or "iomp" in line})
+    except OSError:
+        omp = ["(no /proc/self/maps)"]
+    try:
+        siblings = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read_text().strip()
+    except OSError:
+        siblings = "?"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"runtime: OpenMP libraries mapped {omp}; {cpus} CPUs, cpu0's SMT siblings {siblings}; torch threads "
+            f"{torch.get_num_threads()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')} "
+            f"GOMP_SPINCOUNT={os.environ.get('GOMP_SPINCOUNT')}")
+
+
 def host_run(engine_cls, args, opts) -> list[str]:
     """One host-expert engine's report lines: decode rate, the host step's phases, cache counts and the profile."""
     lines = []
     with engine_cls.start(args.model, opts) as engine:
         rate, prof = decode(engine, args.batch, args.tokens, args.seed, profile=False)
+        lines.append(runtime_line())
         lines.append(f"host experts ({opts.host_expert_kernel} kernel, threads "
                      f"{opts.host_expert_threads or 'auto'}): B={args.batch} decode {rate:,.1f} tok/s "
                      f"(whole requests, prompt 64)")
