@@ -69,12 +69,30 @@ def banks(fmt: str, experts: int, hidden: int, inter: int, seed: int, pinned: bo
     return [DecodedBank(b) if isinstance(b, PackedWeight) else b for b in out], per_expert
 
 
+def kernel_runs(args) -> list[str]:
+    """The kernels to time: ``--kernels``, with "native" once per ``--row-prefetch`` build ("native/pfN")."""
+    out = []
+    for kernel in args.kernels.split(","):
+        if kernel == "native" and args.row_prefetch:
+            out += [f"native/pf{n}" for n in args.row_prefetch.split(",")]
+        else:
+            out.append(kernel)
+    return out
+
+
 def rows_for(kernel: str, hidden: int, inter: int, threads: int):
+    import os
+
+    from ninfer_qwen3_5.layers import host_native
     from ninfer_qwen3_5.layers.host_compute import compiled_rows
     from ninfer_qwen3_5.layers.host_native import NativeRows
 
     if kernel == "torch":
         return None
+    if kernel.startswith("native/pf"):   # that build of the kernel (each cached under its own key)
+        os.environ[host_native.ROW_PREFETCH_ENV] = kernel.removeprefix("native/pf")
+        host_native._library = host_native.load(host_native.build())   # noqa: SLF001 (a tool's A/B)
+        return NativeRows(threads)
     if kernel == "native":
         return NativeRows(threads)
     if kernel == "compiled":
@@ -97,7 +115,7 @@ def measure(args, threads: int, bank_sets: dict) -> dict:
         if fmt not in bank_sets:
             bank_sets[fmt] = banks(fmt, args.experts, args.hidden, args.inter, args.seed, args.pinned)
         (gate_up, down), per_expert = bank_sets[fmt]
-        for kernel in args.kernels.split(","):
+        for kernel in kernel_runs(args):
             if kernel == "compiled" and fmt != "bf16":
                 continue   # the compiled kernel reads tensor banks only
             rows = rows_for(kernel, args.hidden, args.inter, threads)
@@ -119,7 +137,7 @@ def measure(args, threads: int, bank_sets: dict) -> dict:
                 print(f"{fmt:12s} {kernel:8s} threads {threads:<3d} T={tokens:<3d} {run['ms']:8.3f} ms  "
                       f"{distinct:5.1f} experts  {run['read_gbs']:6.1f} GB/s = "
                       f"{100 * run['share_of_read_bandwidth']:5.1f}% of {limit / 1e9:.1f} GB/s", flush=True)
-                if args.breakdown and kernel == "native":
+                if args.breakdown and kernel.startswith("native"):
                     run.update(breakdown(rows, x, w, calls, gate_up, down, args.gap_us))
                     print(f"{'':21s} kernel {run['kernel_ms']:.3f} ms, empty {run['empty_ms']:.3f} ms; after "
                           f"{run['gap_us']:.0f} us idle: kernel {run['kernel_after_gap_ms']:.3f} ms, empty "
@@ -193,6 +211,8 @@ def main(argv=None) -> int:
                     help="native kernel: time the C call alone, an empty call, and both after --gap-us idle")
     ap.add_argument("--gap-us", type=float, default=1000.0,
                     help="busy wait before each --breakdown call (a decode step's GPU work between host calls)")
+    ap.add_argument("--row-prefetch", default="",
+                    help="native kernel: time these builds of NINFER_HOST_ROW_PREFETCH (e.g. 0,4,8) in one process")
     ap.add_argument("--pinned", action="store_true",
                     help="bf16 banks in page-locked memory (torch's pinned allocator, as the engine loads host experts)")
     ap.add_argument("--out", type=Path, default=None, help="write the report here as JSON too")

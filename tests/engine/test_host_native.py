@@ -355,6 +355,33 @@ def test_the_build_is_cached_and_a_failing_compiler_is_named(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]   # no partial library left behind
 
 
+def test_the_row_prefetch_build_gives_the_same_bits(tmp_path, monkeypatch):
+    """NINFER_HOST_ROW_PREFETCH builds the kernel with the bf16 reads prefetching that many rows ahead, or none (a build,
+    cached under its own key): a prefetch moves no value, so the sums are the same bits, prefill- and decode-sized,
+    and a value out of range is an error naming the variable."""
+    x, w, ids, _, _, _ = _case(torch.float32, experts=16, k=4, tokens=24, hidden=64, inter=32)
+    banks = _bank("bfloat16", 16, 64, 64, seed=1), _bank("bfloat16", 16, 64, 32, seed=2)
+    sums, built, calls = [], set(), []
+    for name in ("add_routed", "add_routed_ids"):   # both entries of the kernel, counted
+        real = getattr(NativeRows, name)
+        monkeypatch.setattr(NativeRows, name, lambda self, *a, _r=real, _n=name: calls.append(_n) or _r(self, *a))
+    for rows in ("0", "4", "8"):
+        monkeypatch.setenv(host_native.ROW_PREFETCH_ENV, rows)
+        path = host_native.build(tmp_path)
+        built.add(path.name)
+        monkeypatch.setattr(host_native, "_library", host_native.load(path))
+        native = NativeRows(threads=2)
+        sums.append([routed_sum(x[:t].bfloat16(), w[:t], ids[:t], *banks, rows=native) for t in (1, 3, 8)])
+    assert len(built) == 3
+    assert calls == ["add_routed_ids", "add_routed_ids", "add_routed"] * 3
+    for other in sums[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(sums[0], other, strict=True))
+    for bad in ("2", "65", "-4", "many"):
+        monkeypatch.setenv(host_native.ROW_PREFETCH_ENV, bad)
+        with pytest.raises(NotSupportedError, match=f"NINFER_HOST_ROW_PREFETCH={bad!r}"):
+            host_native.build(tmp_path)
+
+
 def test_a_library_that_does_not_load_is_named(tmp_path, monkeypatch):
     broken = tmp_path / "host_kernels-broken.so"
     broken.write_bytes(b"not a shared object")

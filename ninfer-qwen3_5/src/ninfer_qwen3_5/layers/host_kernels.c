@@ -61,10 +61,16 @@ static inline v16f i8_to_f(v16u8 b) {
 #define TILE 4   /* tokens whose dot products share one pass over a row */
 #define RB 16    /* rows per work item */
 /* How far ahead the groupwise rows prefetch their codes. A q4 or q8 row costs more instructions per byte than a
- * bf16 one, so a core has fewer loads in flight and the hardware prefetcher alone leaves it waiting on memory; a
- * bf16 row streams fast enough without. Past a row's end it reaches into the next row of the item (rows are
- * consecutive); a prefetch never faults. */
+ * bf16 one, so a core has fewer loads in flight and the hardware prefetcher alone leaves it waiting on memory (bf16
+ * rows: NEXT_ROWS below). Past a row's end it reaches into the next row of the item (rows are consecutive); a
+ * prefetch never faults. */
 #define PREFETCH_BYTES 2048
+/* How many rows ahead the bf16 four-row reads prefetch the next four rows, a cache line of each per line they read
+ * (0: none; host_native.py always sets it, from NINFER_HOST_ROW_PREFETCH or its default). A 2048-wide bf16 row is
+ * one 4 KB page, where the hardware prefetcher stops, so without it each new row would start its stream cold. */
+#ifndef NEXT_ROWS
+#define NEXT_ROWS 0
+#endif
 
 static inline v16f load_f(const float *p) { return *(const v16f_un *)p; }
 
@@ -130,6 +136,8 @@ rows4_dense(const void *w, int bf16, int64_t k, const float *const *x, int tt, f
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
         v16f wv[4];
+        if (NEXT_ROWS && bf16 && (i & 31) == 0)   /* a 64-byte line is 32 bf16 weights: once per line */
+            for (int j = NEXT_ROWS; j < NEXT_ROWS + 4; j++) __builtin_prefetch(wh + j * k + i, 0, 3);
         for (int j = 0; j < 4; j++) wv[j] = bf16 ? bf16_to_f(wh + j * k + i) : load_f(wf + j * k + i);
         for (int t = 0; t < tt; t++) {
             v16f xv = load_f(x[t] + i);

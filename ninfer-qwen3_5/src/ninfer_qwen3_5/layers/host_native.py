@@ -38,6 +38,12 @@ from ninfer.quant import PackedWeight
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 LIBS = ("-lm",)
+#: Rows ahead that the bf16 reads prefetch (host_kernels.c ``NEXT_ROWS``): 0 (none) or 4-64, default
+#: :data:`ROW_PREFETCH`; read at build time, so one host can A/B builds (each cached under its own key).
+ROW_PREFETCH_ENV = "NINFER_HOST_ROW_PREFETCH"
+#: The default: on the development machine's Xeon (docs/dev/perf-log.md, session 43) four rows ahead read 256-expert
+#: bf16 banks 15-30% faster than no prefetch at 1-2 threads, and eight rows no faster than four.
+ROW_PREFETCH = 4
 #: The kernel's format codes (host_kernels.c), by bank dtype or quantized format name.
 FORMATS: dict[object, int] = {torch.float32: 0, torch.bfloat16: 1, "q4_g64_fp16": 2, "q8_g32_fp16": 3}
 _GROUPWISE = ("q4_g64_fp16", "q8_g32_fp16")
@@ -56,6 +62,19 @@ def _cpu_signature() -> str:
     return "\n".join(sorted(set(keep))) or platform.machine()
 
 
+def _defines() -> tuple[str, ...]:
+    """The build's ``-D`` flags from the environment (:data:`ROW_PREFETCH_ENV`); an error naming the variable if
+    its value is not 0 or a row count from 4 to 64."""
+    raw = os.environ.get(ROW_PREFETCH_ENV, "").strip() or str(ROW_PREFETCH)
+    try:
+        rows = int(raw)
+    except ValueError:
+        rows = -1
+    if rows != 0 and not 4 <= rows <= 64:
+        raise NotSupportedError(f"{ROW_PREFETCH_ENV}={raw!r}: must be 0 (no prefetch) or a row count from 4 to 64")
+    return (f"-DNEXT_ROWS={rows}",)
+
+
 def build(directory: Path | None = None) -> Path:
     """The kernel library's path, compiled there first unless a build of the same source, compiler, flags and
     CPU is cached; ``directory`` defaults to ``<cache dir>/kernels``. NotSupportedError if it cannot be built."""
@@ -64,7 +83,8 @@ def build(directory: Path | None = None) -> Path:
     if compiler is None:
         raise NotSupportedError(f"{_OPTION} needs a C compiler (cc or gcc, or $CC) to build its kernel at start, "
                                 f"and this host has none; use host_expert_kernel 'torch'")
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS + LIBS).encode(),
+    flags = FLAGS + _defines()
+    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(flags + LIBS).encode(),
                                      _cpu_signature().encode()])).hexdigest()[:20]
     directory = directory or cache_dir() / "kernels"
     path = directory / f"host_kernels-{key}.so"
@@ -75,7 +95,7 @@ def build(directory: Path | None = None) -> Path:
         src, out = Path(tmp) / "host_kernels.c", Path(tmp) / "host_kernels.so"
         src.write_bytes(source)
         try:
-            done = subprocess.run([compiler, *FLAGS, str(src), "-o", str(out), *LIBS], capture_output=True,
+            done = subprocess.run([compiler, *flags, str(src), "-o", str(out), *LIBS], capture_output=True,
                                   text=True, timeout=300, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise NotSupportedError(f"{_OPTION}: running the C compiler {compiler} failed ({exc}); use "
@@ -92,20 +112,24 @@ def library() -> ctypes.CDLL:
     """The loaded kernel library (built on first use, then loaded once per process)."""
     global _library
     if _library is None:
-        path = build()
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as exc:
-            raise NotSupportedError(f"{_OPTION}: the built kernel {path} does not load ({exc}); remove it to rebuild, "
-                                    f"or use host_expert_kernel 'torch'") from None
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.ninfer_expert_rows.restype = lib.ninfer_routed_sum.restype = i32
-        lib.ninfer_expert_rows.argtypes = [i32, p, p, i64, i64, p, p, i64, p, p, i32]
-        lib.ninfer_routed_sum.argtypes = [i32, p, p, p, p, i64, i64, p, p, i64, p, p, p, i32, p, i32]
-        lib.ninfer_routed_sum_ids.restype = i32
-        lib.ninfer_routed_sum_ids.argtypes = [i32, p, p, p, p, i64, i64, i64, p, p, p, i64, i64, p, i32, i32, p, i32]
-        _library = lib
+        _library = load(build())
     return _library
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """The kernel library at ``path`` (a :func:`build`), its functions typed."""
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise NotSupportedError(f"{_OPTION}: the built kernel {path} does not load ({exc}); remove it to rebuild, "
+                                f"or use host_expert_kernel 'torch'") from None
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.ninfer_expert_rows.restype = lib.ninfer_routed_sum.restype = i32
+    lib.ninfer_expert_rows.argtypes = [i32, p, p, i64, i64, p, p, i64, p, p, i32]
+    lib.ninfer_routed_sum.argtypes = [i32, p, p, p, p, i64, i64, p, p, i64, p, p, p, i32, p, i32]
+    lib.ninfer_routed_sum_ids.restype = i32
+    lib.ninfer_routed_sum_ids.argtypes = [i32, p, p, p, p, i64, i64, i64, p, p, p, i64, i64, p, i32, i32, p, i32]
+    return lib
 
 
 def bank_format(bank) -> object | None:
