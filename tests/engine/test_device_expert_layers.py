@@ -13,6 +13,8 @@ embedding moves to host memory with the experts.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import pytest
 from ninfer import Engine, EngineOptions
@@ -137,11 +139,16 @@ def test_layers_the_planner_chose_yield_when_the_graphs_do_not_fit(artifacts, mo
     _fake_gpu(monkeypatch, 1 << 40)   # room for everything: the planner keeps 3 of the 4 layers on the device
     real = mc.start_program
     seen: list[int] = []
+    failed: list[weakref.ref] = []   # each failed attempt's Program, built before its graphs "did not fit"
 
     def short_above(limit: int):
         def start(make_program, memory, resolved, probe, **kw):
+            gc.collect()
+            assert all(ref() is None for ref in failed), "a failed attempt's Program is still alive"
             seen.append(resolved.options.device_expert_layers)
             if seen[-1] > limit:
+                program = make_program(memory.num_pages, None)
+                failed.append(weakref.ref(program))
                 raise MemoryPlanError(f"decode CUDA graphs short with {seen[-1]} device layers (test)")
             return real(make_program, memory, resolved, probe, **kw)
         return start

@@ -206,12 +206,14 @@ def build_model(artifact: str | os.PathLike, options: EngineOptions, *, progress
         try:
             return _build_model(artifact, options, progress, auto_layers)
         except DeviceLayersShort as exc:
-            options = dataclasses.replace(options, device_expert_layers=exc.layers - 1)
-            log.info("graph calibration: %s; starting again with %d whole device expert layers instead of %d",
-                     exc, exc.layers - 1, exc.layers)
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            layers, reason = exc.layers, str(exc)
+        # Out of the handler: the failed attempt's traceback, whose frames hold its weights and Program, is gone.
+        options = dataclasses.replace(options, device_expert_layers=layers - 1)
+        log.info("graph calibration: %s; starting again with %d whole device expert layers instead of %d",
+                 reason, layers - 1, layers)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def _build_model(artifact: str | os.PathLike, options: EngineOptions, progress, auto_layers: bool) -> ModelInstance:
