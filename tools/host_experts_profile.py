@@ -74,7 +74,6 @@ def host_run(engine_cls, args, opts) -> list[str]:
     lines = []
     with engine_cls.start(args.model, opts) as engine:
         rate, prof = decode(engine, args.batch, args.tokens, args.seed, profile=False)
-        lines.append(runtime_line())
         lines.append(f"host experts ({opts.host_expert_kernel} kernel, threads "
                      f"{opts.host_expert_threads or 'auto'}): B={args.batch} decode {rate:,.1f} tok/s "
                      f"(whole requests, prompt 64)")
@@ -87,6 +86,7 @@ def host_run(engine_cls, args, opts) -> list[str]:
         phases = {p: sum(h.phases.get(p, 0.0) for h in hosts) for p in ("wait", "cache", "copy", "host", "back")}
         lines.append(f"host step phases over {calls} forwards, ms a forward summed over the {len(hosts)} MoE layers "
                      f"(that run: {rate:,.1f} tok/s): " + ", ".join(f"{p} {1e3 * s / calls:.2f}" for p, s in phases.items()))
+        lines.append(runtime_line())
         for h in hosts:
             h.phases = None
         _, prof = decode(engine, args.batch, args.tokens, args.seed + 1, profile=True)
