@@ -14,6 +14,8 @@ import types
 import pytest
 import torch
 from ninfer import Engine, EngineOptions
+from ninfer.contracts.features import StartupFeatures
+from ninfer.contracts.options import InvalidEngineOptions
 from ninfer.errors import NotSupportedError
 from ninfer.ops.reference.moe import moe_experts, routed_experts_fp32
 from ninfer.ops.reference.quantized import DecodedBank
@@ -378,8 +380,12 @@ def test_the_row_prefetch_build_gives_the_same_bits(tmp_path, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(sums[0], other, strict=True))
     for bad in ("2", "65", "-4", "many"):
         monkeypatch.setenv(host_native.ROW_PREFETCH_ENV, bad)
-        with pytest.raises(NotSupportedError, match=f"NINFER_HOST_ROW_PREFETCH={bad!r}"):
+        with pytest.raises(InvalidEngineOptions, match=f"NINFER_HOST_ROW_PREFETCH={bad!r}"):
             host_native.build(tmp_path)
+    monkeypatch.setattr(host_native, "_library", None)   # the next start builds, and reads the variable
+    with pytest.raises(InvalidEngineOptions):   # stops "auto" too, instead of falling back to torch's kernel
+        host_expert_options(64, 32, 16, torch.device("cuda"), torch.bfloat16,
+                            StartupFeatures(host_experts=True, expert_copy_min_tokens=1, host_expert_kernel="auto"))
 
 
 def test_a_library_that_does_not_load_is_named(tmp_path, monkeypatch):

@@ -32,6 +32,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import torch
+from ninfer.contracts.options import InvalidEngineOptions
 from ninfer.errors import NotSupportedError
 from ninfer.model_source.store import cache_dir
 from ninfer.quant import PackedWeight
@@ -71,7 +72,8 @@ def _defines() -> tuple[str, ...]:
     except ValueError:
         rows = -1
     if rows != 0 and not 4 <= rows <= 64:
-        raise NotSupportedError(f"{ROW_PREFETCH_ENV}={raw!r}: must be 0 (no prefetch) or a row count from 4 to 64")
+        # Not a NotSupportedError: "auto" would fall back to torch's kernel on it instead of stopping.
+        raise InvalidEngineOptions(f"{ROW_PREFETCH_ENV}={raw!r}: must be 0 (no prefetch) or a row count from 4 to 64")
     return (f"-DNEXT_ROWS={rows}",)
 
 
