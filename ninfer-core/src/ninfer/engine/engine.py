@@ -136,6 +136,7 @@ class Engine:
         ``overrides`` replace fields of ``options`` (e.g. ``Engine.start(path, max_concurrency=2)``) and
         are validated before any conversion; ``progress(bytes_read, total)`` reports weight loading."""
         from ninfer.engine.model_construction import build_model
+        from ninfer.engine.start_thread import on_start_thread
         from ninfer.model_source import resolve_model
         from ninfer.planning.resolution import check_speculative
 
@@ -145,8 +146,13 @@ class Engine:
         named_artifact = model is not None and (Path(model).is_file() or os.fspath(model).endswith(".ninfer"))
         artifact = model if named_artifact else resolve_model(model, draft=options.speculative)
         resolved = time.perf_counter()
-        built = build_model(artifact, options, progress=progress)
-        engine = cls(built.program, built.frontend, built.options, info=built.info, _owned=built)
+
+        def build() -> Engine:
+            built = build_model(artifact, options, progress=progress)
+            return cls(built.program, built.frontend, built.options, info=built.info, _owned=built)
+
+        # Load, warm-up and worker start on a thread that then ends, taking its OpenMP pool with it (start_thread).
+        engine = on_start_thread(build)
         startup = engine._info.setdefault("startup", {})
         startup.update(resolve_s=resolved - begun, total_s=time.perf_counter() - begun)
         return engine
