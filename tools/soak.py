@@ -149,8 +149,8 @@ class Soak:
 
     async def send(self, item: t.Item, stream: bool) -> tuple[int, t.Answer | str]:
         """``item`` sent as a well-behaved client sends: a 429 (queue full, or waited too long) is retried after a
-        pause, as the OpenAI SDK does, up to 40 times."""
-        for attempt in range(40):
+        pause, as the OpenAI SDK does, up to ``--retries`` times."""
+        for attempt in range(self.args.retries):
             status, got = await t.send(self.client, item, stream)
             if status != 429:
                 return status, got
@@ -373,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-pages", type=int, default=24, help="a KV pool the running requests overflow (preemption)")
     ap.add_argument("--queue-capacity", type=int, default=8)
     ap.add_argument("--queue-timeout", type=float, default=3.0, help="seconds a request may wait for a running place")
+    ap.add_argument("--retries", type=int, default=40,
+                    help="times a well-behaved client retries a 429 (0.05-0.4 s apart) before it counts as a failure; "
+                         "a loaded host's queue timeouts can outlast the default")
     ap.add_argument("--rss-slack-mib", type=float, default=48.0,
                     help="largest resident-size growth over the second half of a run of >= 2000 requests")
     ap.add_argument("--server-arg", action="append", default=[], help="an extra `ninfer serve` argument (repeatable)")
