@@ -3,11 +3,10 @@
 Why: CPU kernels built on OpenMP (torch's CPU ops, the host-expert kernel of a plugin) keep a pool of worker threads
 per thread that runs a parallel region, for the life of that thread. GNU OpenMP counts the threads of every pool,
 and once the count exceeds the CPUs it stops spinning between regions: its workers sleep after about a hundred
-spins, and every region and barrier must wake them (a small parallel region after 200 us of other work took
-117 us instead of 24 on a 2-CPU host while a second thread's pool existed). Loading weights, measuring host costs
-and the warm-up run such regions on the thread that starts the engine, with the thread count the engine worker
-will use; the worker then builds a second pool of the same size, and past half the CPUs the two pools throttle each
-other for as long as the process runs. Started here, the start-up pool ends with this thread (OpenMP frees a
+spins, and every region and barrier must wake them (docs/memory.md, "Host threads", has the measurements).
+Loading weights, measuring host costs and the warm-up run such regions on the thread that starts the engine, with
+the thread count the engine worker will use; the worker then builds a second pool of the same size, and past half
+the CPUs the two pools throttle each other for as long as the process runs. Started here, the start-up pool ends with this thread (OpenMP frees a
 thread's pool when the thread exits), and the engine worker's team has the process's CPUs to itself.
 
 Invariants: ``fn`` runs exactly once, on a new daemon thread, and the caller waits for it; its return value is

@@ -42,8 +42,7 @@ LIBS = ("-lm",)
 #: Rows ahead that the bf16 reads prefetch (host_kernels.c ``NEXT_ROWS``): 0 (none) or 4-64, default
 #: :data:`ROW_PREFETCH`; read at build time, so one host can A/B builds (each cached under its own key).
 ROW_PREFETCH_ENV = "NINFER_HOST_ROW_PREFETCH"
-#: The default: on the development machine's Xeon (docs/dev/perf-log.md, session 43) four rows ahead read 256-expert
-#: bf16 banks 15-30% faster than no prefetch at 1-2 threads, and eight rows no faster than four.
+#: The default: four rows ahead beat none, and eight beat four nowhere measured (docs/memory.md, "Host experts").
 ROW_PREFETCH = 4
 #: The kernel's format codes (host_kernels.c), by bank dtype or quantized format name.
 FORMATS: dict[object, int] = {torch.float32: 0, torch.bfloat16: 1, "q4_g64_fp16": 2, "q8_g32_fp16": 3}
