@@ -21,12 +21,12 @@ decode step's host calls are spaced by GPU work, during which idle OpenMP thread
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+from gpu_kernel_profile import write_report
 
 FORMATS = ("bf16", "q4_g64_fp16", "q8_g32_fp16")
 KERNELS = ("torch", "native")
@@ -221,9 +221,7 @@ def main(argv=None) -> int:
     bank_sets: dict = {}
     reports = [measure(args, t, bank_sets) for t in counts]
     report = reports[0] if len(reports) == 1 else {"by_threads": reports}
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1))
+    write_report(args.out, report)
     return 0
 
 

@@ -14,7 +14,6 @@ thread that has exited). Each setup runs in a fresh process.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -22,7 +21,15 @@ import threading
 import time
 from pathlib import Path
 
+from gpu_kernel_profile import write_report
+
 SETUPS = ("clean", "mainpool", "joined")
+
+
+def busy_until(end: float) -> None:
+    """Keeps this thread busy until ``end`` (``time.perf_counter``): the engine thread spinning on the GPU."""
+    while time.perf_counter() < end:
+        continue
 
 
 def child(setup: str, threads: int, gap_us: float) -> float:
@@ -49,9 +56,7 @@ def child(setup: str, threads: int, gap_us: float) -> float:
         b = torch.empty_like(a)
         times = []
         for _ in range(400):
-            end = time.perf_counter() + gap_us * 1e-6
-            while time.perf_counter() < end:
-                pass
+            busy_until(time.perf_counter() + gap_us * 1e-6)
             t0 = time.perf_counter()
             torch.mul(a, 2.0, out=b)
             times.append(time.perf_counter() - t0)
@@ -83,9 +88,7 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"threads {threads:3d}: a small parallel region after {args.gap_us:.0f} us busy: "
               + ", ".join(f"{s} {row[s]:.1f} us" for s in SETUPS), flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(rows, indent=1))
+    write_report(args.out, rows)
     return 0
 
 

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpu_kernel_profile import write_report
+
 SETUPS = ("thread", "caller")
 
 
@@ -67,9 +69,7 @@ def main(argv=None) -> int:
             runs.append({"setup": setup, "tok_s": rates})
             print(f"start-up on {'its own thread' if setup == 'thread' else 'the calling thread'}: "
                   + " ".join(f"{r:.1f}" for r in rates) + " tok/s", flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(runs, indent=1))
+    write_report(args.out, runs)
     return 0
 
 

@@ -24,7 +24,7 @@ def test_the_result_and_the_error_come_back_and_the_thread_has_ended():
     assert seen[0] is not threading.current_thread() and not seen[0].is_alive() and seen[0].daemon
 
     class Boom(Exception):
-        pass
+        """A failure the caller must see as it was raised."""
 
     def fail():
         raise Boom("named")
