@@ -599,6 +599,34 @@ def test_greedy_tokens_equal_with_copied_experts(artifacts, min_tokens):
     assert _generate(artifacts["top2of8"], host_experts=True, expert_copy_min_tokens=min_tokens) == plain
 
 
+def test_host_threads_default_to_one_a_physical_core(tmp_path, monkeypatch):
+    from ninfer_qwen3_5.layers import host_experts
+    from ninfer_qwen3_5.layers.host_experts import host_threads, physical_cores
+
+    def topology(siblings: dict[int, str]) -> str:
+        root = tmp_path / f"sys{len(list(tmp_path.iterdir()))}"
+        for cpu, listed in siblings.items():
+            (root / f"cpu{cpu}" / "topology").mkdir(parents=True)
+            (root / f"cpu{cpu}" / "topology" / "thread_siblings_list").write_text(listed + "\n")
+        return str(root)
+
+    smt = topology({0: "0,4", 1: "1,5", 2: "2,6", 3: "3,7", 4: "0,4", 5: "1,5", 6: "2,6", 7: "3,7"})
+    assert physical_cores(list(range(8)), smt) == 4
+    assert physical_cores([0, 4], smt) == 1   # the two threads of one core
+    assert physical_cores([0, 1, 5], smt) == 2
+    plain = topology({c: str(c) for c in range(6)})   # no SMT (or a guest that does not show it)
+    assert physical_cores(list(range(6)), plain) == 6
+    assert physical_cores([0, 9], plain) is None   # a CPU without a topology entry: unknown
+
+    monkeypatch.setattr(host_experts.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(host_experts, "physical_cores", lambda cpus: physical_cores(cpus, smt))
+    assert host_threads(torch.device("cuda"), None) == 4
+    monkeypatch.setattr(host_experts, "physical_cores", lambda cpus: None)
+    assert host_threads(torch.device("cuda"), None) == 4   # unreadable topology: half the CPUs
+    assert host_threads(torch.device("cuda"), 7) == 7
+    assert host_threads(torch.device("cpu"), None) is None
+
+
 def test_copy_threshold_options():
     from ninfer_qwen3_5.layers.expert_costs import measure_expert_costs
     from ninfer_qwen3_5.layers.host_experts import host_expert_options, host_threads

@@ -331,13 +331,17 @@ def test_auto_takes_the_native_kernel_on_a_gpu_run_and_torch_where_it_cannot(mon
 
 def test_the_engine_reports_the_kernel_it_resolved(artifacts):  # noqa: F811 (the fixture)
     # Engine.info["host_expert_kernel"]: what the host computes with, "auto" resolved (torch on the CPU); None
-    # without host experts. ninfer bench's host-expert summary reports the same.
+    # without host experts; Engine.info["host_expert_threads"] with how many threads. ninfer bench's host-expert
+    # summary reports the same.
     from ninfer import Engine
     opts = dict(device="cpu", dtype="float32", max_concurrency=2, max_context=64, page_size=4)
     with Engine.start(artifacts["top2of8"], EngineOptions(host_experts=True, **opts)) as engine:
         assert engine.info["host_expert_kernel"] == "torch"
+        assert engine.info["host_expert_threads"] is None   # on the CPU torch's own count is kept
+    with Engine.start(artifacts["top2of8"], EngineOptions(host_experts=True, host_expert_threads=1, **opts)) as engine:
+        assert engine.info["host_expert_threads"] == 1
     with Engine.start(artifacts["top2of8"], EngineOptions(**opts)) as engine:
-        assert engine.info["host_expert_kernel"] is None
+        assert engine.info["host_expert_kernel"] is None and engine.info["host_expert_threads"] is None
     require_native_kernel()
     with Engine.start(artifacts["top2of8"], EngineOptions(host_experts=True, host_expert_kernel="native",
                                                           **opts)) as engine:

@@ -104,6 +104,7 @@ class Qwen35Model:
         hosted = (host_expert_options(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, device, dtype,
                                       features, _stored_experts(cfg, weights)) if cfg.is_moe else {})
         self.host_expert_kernel = kernel_name(hosted)   # what the host computes with ("auto" resolved)
+        self.host_expert_threads = hosted.get("threads")
         weights = self._prepare_weights(weights, dtype)
         self.embed, self.lm_head, self.norm = weights["text/embed"], weights["text/lm_head"], weights["text/norm"]
         self.layers: list[_Layer] = []

@@ -87,6 +87,7 @@ class Qwen35Program(MediaProgram, HostExpertCaches, SpeculativeProgram, ModelPro
         self.cfg = cfg
         self.model = Qwen35Model(cfg, init.weights, init.ops, self.device, init.options.dtype, features=init.features)
         self.host_expert_kernel = self.model.host_expert_kernel
+        self.host_expert_threads = self.model.host_expert_threads
         self.snapshots: SpeculativeSnapshots | None = None
         self.speculation: SpeculativeDecoding | None = None
         if init.features.vision:

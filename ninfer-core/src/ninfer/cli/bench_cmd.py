@@ -174,7 +174,8 @@ def run(args) -> int:
             engine_info["speculation"] = speculation_summary(engine.options, stats)
         if engine.options.host_experts:
             engine_info["host_experts"] = host_experts_summary(engine.options, stats,
-                                                               engine.info.get("host_expert_kernel"))
+                                                               engine.info.get("host_expert_kernel"),
+                                                               engine.info.get("host_expert_threads"))
     run_settings = work.settings
     if batches:
         # The same copy again once the engine's memory is free: the ceiling drifts with what the device just ran
@@ -220,15 +221,16 @@ def _device_held(device) -> int | None:
     return int(total - free)
 
 
-def host_experts_summary(options, stats, kernel: str | None = None) -> dict:
+def host_experts_summary(options, stats, kernel: str | None = None, threads: int | None = None) -> dict:
     """Host experts (docs/memory.md): the MoE layers kept whole on the device, the device cache's slots per host
     layer and, per host MoE layer, the routed pairs computed from it and on the host over the whole run (warm-up
     excluded), and their hit rate; ``kernel``: the
-    host kernel the engine resolved (``Engine.info["host_expert_kernel"]``; None: the option as given)."""
+    host kernel the engine resolved (``Engine.info["host_expert_kernel"]``; None: the option as given); ``threads``:
+    the host threads it resolved (``Engine.info["host_expert_threads"]``; None: the option as given)."""
     return {"device_expert_layers": options.device_expert_layers,
             "expert_cache_slots": options.expert_cache_slots,
             "expert_copy_min_tokens": options.expert_copy_min_tokens,
-            "host_expert_threads": options.host_expert_threads,
+            "host_expert_threads": threads or options.host_expert_threads,
             "host_expert_kernel": kernel or options.host_expert_kernel or "auto",
             "cache_hits": list(stats.expert_cache_hits), "cache_misses": list(stats.expert_cache_misses),
             "cache_hit_rate_by_layer": list(stats.expert_cache_hit_rate_by_layer())}

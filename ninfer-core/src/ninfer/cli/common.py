@@ -114,7 +114,7 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "tokens to it, instead of computing it on the CPU (default: from a cost model measured at "
                         "start)")
     g.add_argument("--host-expert-threads", type=int, default=None, metavar="N",
-                   help="with host experts on a GPU: the CPU threads computing them (default: half the host's cores)")
+                   help="with host experts on a GPU: the CPU threads computing them (default: one a physical core)")
     g.add_argument("--host-expert-kernel", choices=HOST_EXPERT_KERNELS, default=None,
                    help="with host experts: how the CPU computes them: 'auto' (default: 'native' on a GPU where it "
                         "builds, else 'torch'), 'torch' (two GEMMs an expert), "

@@ -285,6 +285,7 @@ def _build_model(artifact: str | os.PathLike, options: EngineOptions, progress, 
             "prefill_graphs": list(program.prefill_graphs.buckets) if getattr(program, "prefill_graphs", None) else [],
             "vision": bool(effective.vision), "vision_tower": "vision" in components,
             "host_expert_kernel": getattr(program, "host_expert_kernel", None),
+            "host_expert_threads": getattr(program, "host_expert_threads", None),
             # Start-up seconds by phase; the Engine adds its warm-up and the whole start.
             "startup": {"load_s": time.perf_counter() - begun - started.graphs_s, "graphs_s": started.graphs_s}}
     memory = final_plan.summary(resolved.dtype, retained_bytes=probe.retained_bytes(program))

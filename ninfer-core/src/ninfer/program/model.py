@@ -72,7 +72,8 @@ class ModelProgram(SequenceProgram):
     docstring). ``graphs``: the captured decode graphs, or None; ``prefill_graphs``: the captured prefill-step
     graphs, or None; ``host_expert_kernel``: with host experts, the kernel the host computes them with as the
     architecture resolved ``StartupFeatures.host_expert_kernel`` ("torch", "compiled" or "native"; never "auto"),
-    else None (``Engine.info["host_expert_kernel"]``).
+    else None (``Engine.info["host_expert_kernel"]``); ``host_expert_threads``: the host threads it computes with
+    as resolved (None: torch's own count; ``Engine.info["host_expert_threads"]``).
 
     ``flat_steps`` (class attribute): the architecture's :meth:`forward_packed` runs padded flat calls
     (:mod:`ninfer.program.flat_batch`) without reading anything of them on the host, so its steps that prefill can
@@ -99,6 +100,7 @@ class ModelProgram(SequenceProgram):
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
         self.host_expert_kernel: str | None = None
+        self.host_expert_threads: int | None = None
         self._pad_slot = self.states.allocate() if spare else None
         self.held_state_slots = spare
 

@@ -48,15 +48,29 @@ _HOST = torch.device("cpu")
 
 
 def host_threads(device: torch.device, threads: int | None) -> int | None:
-    """The intra-op thread count of host-expert compute on a ``device`` run: ``threads`` when given, else half the
-    host's cores on a GPU run (the other half keeps the engine's own thread and the GPU driver from waiting
-    behind a busy thread team), None (torch's own count, untouched) on the CPU."""
+    """The intra-op thread count of host-expert compute on a ``device`` run: ``threads`` when given, else on a GPU
+    run one a physical core among the CPUs this process may use (:func:`physical_cores`; half of them where the
+    topology cannot be read), None (torch's own count, untouched) on the CPU. A core's second SMT thread shares its
+    load queues, so past one thread a core the kernel waits on memory the same and only adds barrier time."""
     if threads is not None:
         return threads
     if device.type == "cpu":
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-    return max(1, cores // 2)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 2))
+    return physical_cores(cpus) or max(1, len(cpus) // 2)
+
+
+def physical_cores(cpus: list[int], root: str = "/sys/devices/system/cpu") -> int | None:
+    """How many physical cores the logical CPUs ``cpus`` are on: the distinct SMT sibling sets Linux lists for them
+    (``cpuN/topology/thread_siblings_list``; ``root`` for tests). None if any CPU's list cannot be read."""
+    sets = set()
+    for cpu in cpus:
+        try:
+            with open(f"{root}/cpu{cpu}/topology/thread_siblings_list") as f:
+                sets.add(f.read().strip())
+        except OSError:
+            return None
+    return len(sets) or None
 
 
 def _check_separable(name: str, bank: PackedWeight) -> None:
