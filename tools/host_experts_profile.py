@@ -96,8 +96,13 @@ def host_run(engine_cls, args, opts) -> list[str]:
                      f"{[round(h.host_scale, 2) for h in hosts]}")
         lines.append(f"cache copies per layer {[h.cache.copies if h.cache else 0 for h in hosts]}, "
                      f"copy-path experts {[h.copied_experts for h in hosts]}, "
-                     f"cached pairs computed on the host {[h.cached_on_host for h in hosts]}")
+                     f"cached pairs computed on the host {[h.cached_on_host for h in hosts]}, "
+                     f"pairs read over the bus {[h.bus_pairs for h in hosts]}")
         ms = lambda v: None if v is None else round(1e3 * v, 3)  # noqa: E731
+        costs = hosts[0].costs if hosts else None
+        if costs is not None:
+            lines.append(f"measured costs, ms an expert: copy {ms(costs.copy_s)}, host {ms(costs.host_s)} "
+                         f"(+{ms(costs.host_token_s)} a further token), bus {ms(costs.bus_s)} a pair")
         lines.append(f"host ms to queue a device call per layer {[ms(h.issue.call_s) for h in hosts]}, "
                      f"an expert's copies {[ms(h.issue.expert_s) for h in hosts]}")
         lines.append(prof)

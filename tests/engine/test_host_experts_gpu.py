@@ -195,3 +195,69 @@ def test_cuda_whole_device_layers_and_a_host_embedding_keep_the_tokens(artifacts
         embed = engine._program.model.embed   # noqa: SLF001
         assert embed.device.type == "cpu" and embed.is_pinned()
         assert engine.options.device_expert_layers == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens,bus_s", [(1, 1.0), (3, 1.0), (1, 0.01)])
+def test_cuda_bus_reads_against_fp64(dtype, tokens, bus_s):
+    """The device's moe_experts reading page-locked host banks in place (the last choices of each token) beside the
+    host's share: the fp64 oracle's sum within the dtype's rounding."""
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage, HostExperts
+
+    dev = torch.device("cuda")
+    x, w, ids, gate_up, down, shared = _case(torch.float32, experts=16, k=4, tokens=tokens, hidden=64, inter=32)
+    want = _fp64_moe(x.to(dtype).float(), w, ids, gate_up.to(dtype).float(), down.to(dtype).float(),
+                     type(shared)(shared.projected.to(dtype).float(), shared.down.to(dtype).float(),
+                                  shared.gate_logit))
+    costs = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=bus_s)
+    layer = HostExperts(gate_up.to(dtype).pin_memory(), down.to(dtype).pin_memory(), ops=_cuda_ops(dtype),
+                        device=dev, dtype=dtype, costs=costs, stage=ExpertStage(dev, dtype, slots=2),
+                        threads=torch.get_num_threads())
+    dshared = type(shared)(shared.projected.to(dtype).to(dev), shared.down.to(dtype).to(dev),
+                           shared.gate_logit.to(dev))
+    got = layer(x.to(dtype).to(dev), w.to(dev), ids.to(dev), dshared)
+    assert layer.bus_pairs == tokens * costs.bus_ranks(tokens, 4) > 0
+    err = (got.double().cpu() - want).norm() / want.norm()
+    assert err < (2e-6 if dtype == torch.float32 else 1.5e-2), err
+    unpinned = HostExperts(gate_up.to(dtype), down.to(dtype), ops=_cuda_ops(dtype), device=dev, dtype=dtype,
+                           costs=costs, stage=ExpertStage(dev, dtype, slots=2))
+    assert not unpinned._bus   # noqa: SLF001 (pageable memory: the device cannot read it in place)
+
+
+def test_cuda_bus_seconds_are_measured():
+    from ninfer_qwen3_5.layers.expert_costs import measure_expert_costs
+
+    dev = torch.device("cuda")
+    costs = measure_expert_costs(2048, 512, dev, torch.bfloat16, threads=4,
+                                 bus=_cuda_ops(torch.bfloat16).moe_experts)
+    # A pair reads its expert's weights over the bus: not faster than 1 TB/s, not slower than 100 MB/s.
+    expert_bytes = 3 * 2048 * 512 * 2
+    assert expert_bytes / 1e12 < costs.bus_s < expert_bytes / 1e8, costs
+    quantized = measure_expert_costs(2048, 512, dev, torch.bfloat16, threads=4, stored_format="q4_g64_fp16",
+                                     stored_bytes=expert_bytes // 4, bus=_cuda_ops(torch.bfloat16).moe_experts)
+    assert quantized.bus_s is None   # read as stored by the host only
+
+
+def test_cuda_engine_with_bus_reads_equals_device_experts(artifacts, monkeypatch):  # noqa: F811
+    """Bus reads in a CUDA engine (decode graphs in segments around the host steps), forced on by the costs: the
+    greedy tokens of the experts on the device."""
+    from ninfer_qwen3_5.layers import host_experts as he
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
+
+    path = artifacts["top2of8"]
+    plain, _, _ = _cuda_generate(path, host_experts=False)
+    used = []
+    real = he.HostExperts._bus_call
+
+    def counted(self, *args):
+        used.append(args[-1])
+        return real(self, *args)
+
+    monkeypatch.setattr(he, "measure_expert_costs",
+                        lambda *a, **k: ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=1.0))
+    monkeypatch.setattr(he.HostExperts, "_bus_call", counted)
+    for kernel in ("torch", "native"):
+        got, _, _ = _cuda_generate(path, host_experts=True, host_expert_kernel=kernel)
+        assert got == plain
+    assert used

@@ -102,7 +102,7 @@ class Qwen35Model:
         host_layers = set(host_expert_layers(cfg, features))
         self.host_banks = frozenset(layer_prefix("text", i) + bank for i in host_layers for bank in HOST_EXPERT_BANKS)
         hosted = (host_expert_options(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, device, dtype,
-                                      features, _stored_experts(cfg, weights)) if cfg.is_moe else {})
+                                      features, _stored_experts(cfg, weights), ops=ops) if cfg.is_moe else {})
         self.host_expert_kernel = kernel_name(hosted)   # what the host computes with ("auto" resolved)
         self.host_expert_threads = hosted.get("threads")
         weights = self._prepare_weights(weights, dtype)

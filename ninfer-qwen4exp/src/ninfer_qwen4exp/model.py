@@ -98,7 +98,7 @@ class Qwen4ExpModel:
         w = prepare_weights(cfg, weights, dtype, host_expert_names(cfg, features))
         host_layers = set(host_expert_layers(cfg, features))
         n, h, eps, c35 = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps, cfg.qwen35
-        hosted = host_expert_options(h, cfg.moe_intermediate_size, cfg.num_experts, device, dtype, features)
+        hosted = host_expert_options(h, cfg.moe_intermediate_size, cfg.num_experts, device, dtype, features, ops=ops)
         self.host_expert_kernel = kernel_name(hosted)   # what the host computes with ("auto" resolved)
         self.embed, self.lm_head = w["text/embed"], w["text/lm_head"]
         self.mixer_hc = HyperConnection(n, h, eps, _group(w, "text/mixer_hc/"), ops)

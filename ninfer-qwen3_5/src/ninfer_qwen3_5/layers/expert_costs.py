@@ -15,7 +15,7 @@ it as it goes (:class:`IssueCosts`: the host seconds of one device call and of o
 balance counts it, so a call copies only where the copies still pay after their issue; the same measure decides
 whether a call's cached pairs are worth a device call or cheaper on the host, which holds every expert too.
 
-:func:`measure_expert_costs` measures the three constants once per model at start (about half a second):
+:func:`measure_expert_costs` measures the constants once per model at start (about half a second):
 
 - ``copy_s``: one expert's stored bytes (``3 * inter * hidden`` weights in the run dtype, or what a quantized
   expert takes) over the pinned host-to-device bandwidth;
@@ -23,11 +23,19 @@ whether a call's cached pairs are worth a device call or cheaper on the host, wh
   single-token expert is bound by reading its weights from memory (a GEMV), so this is timed on a bank larger than
   the CPU's caches, with the host thread count the layer will run with, through the same function the layer uses,
   on a bank stored as the model's is (a groupwise quantized format's planes filled with arbitrary codes, which the
-  kernels' time does not depend on; dense in the run dtype otherwise).
+  kernels' time does not depend on; dense in the run dtype otherwise);
+- ``bus_s`` (dense page-locked banks only): the device computing one routed pair by reading its expert's weights
+  in place in host memory over the bus (unified addressing), with the device's own ``moe_experts``.
+
+Bus reads are the third way, for the few tokens of a decode step: the device's share is queued before the host's
+wait for the step's routing (so it costs no copy calls and no routing round trip) and reads the last
+:meth:`ExpertCosts.bus_ranks` choices of every token while the host computes the others. Both read host memory;
+the bus's reads go through the memory controller, not the CPU's cores, so the two shares add up.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -39,6 +47,8 @@ from ninfer.quant.groupwise import GROUPWISE
 
 from ninfer_qwen3_5.layers.host_compute import routed_sum
 
+log = logging.getLogger(__name__)
+
 #: Bytes of expert weights the host timing cycles through: more than a server CPU's last-level cache, so the
 #: timing reads from memory as a layer call does.
 HOST_PROBE_BYTES = 512 << 20
@@ -49,15 +59,33 @@ HOST_PROBE_EXPERTS = 8
 @dataclass(frozen=True)
 class ExpertCosts:
     """Seconds, measured at start: ``copy_s`` to copy one expert to the device; ``host_s`` for the host to compute
-    one expert for one token; ``host_token_s`` for each further token routed to it. Invariant: all three > 0."""
+    one expert for one token; ``host_token_s`` for each further token routed to it; ``bus_s`` for the device to
+    compute one routed pair reading its expert in host memory (None: not measured, no bus reads). Invariant: all
+    that are given > 0."""
 
     copy_s: float
     host_s: float
     host_token_s: float
+    bus_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not (self.copy_s > 0 and self.host_s > 0 and self.host_token_s > 0):
+        if not (self.copy_s > 0 and self.host_s > 0 and self.host_token_s > 0
+                and (self.bus_s is None or self.bus_s > 0)):
             raise ValueError(f"expert costs must be > 0, got {self}")
+
+    def bus_ranks(self, tokens: int, k: int, host_scale: float = 1.0) -> int:
+        """How many of each token's ``k`` choices (the last ones) the device reads over the bus in a call of
+        ``tokens`` tokens: the count whose later side finishes first, the bus's ``tokens * d`` pairs against the
+        host's ``tokens * (k - d)`` (each counted as a distinct expert: a decode step's pairs mostly are), the
+        host's scaled by ``host_scale``; the fewer on a tie. 0 without ``bus_s``."""
+        if self.bus_s is None or tokens < 1:
+            return 0
+        best, ranks = math.inf, 0
+        for d in range(k + 1):
+            finish = max(tokens * d * self.bus_s, host_scale * tokens * (k - d) * self.host_s)
+            if finish < best:
+                best, ranks = finish, d
+        return ranks
 
     def host_cost(self, tokens: int) -> float:
         return self.host_s + (tokens - 1) * self.host_token_s
@@ -140,11 +168,12 @@ def probe_bank(experts: int, rows: int, k: int, dtype: torch.dtype, stored_forma
 
 def measure_expert_costs(hidden: int, inter: int, device: torch.device, dtype: torch.dtype,
                          threads: int | None = None, rows=None, stored_bytes: int | None = None,
-                         stored_format: str | None = None) -> ExpertCosts | None:
+                         stored_format: str | None = None, bus=None) -> ExpertCosts | None:
     """:class:`ExpertCosts` for experts of ``hidden`` x ``inter`` on a ``device`` run in ``dtype``, the host
     computing with ``threads`` intra-op threads (None: torch's current count) and the pair kernel ``rows`` (None:
     torch's GEMMs); the experts stored in ``stored_format`` at ``stored_bytes`` an expert (None: dense in
-    ``dtype``). None on the CPU (one memory: nothing to copy)."""
+    ``dtype``); ``bus``: the device's ``moe_experts``, timed on page-locked dense banks for ``bus_s`` (None, or
+    a quantized format: no bus reads). None on the CPU (one memory: nothing to copy)."""
     if device.type == "cpu":
         return None
     size = torch.empty((), dtype=dtype).element_size()
@@ -173,4 +202,30 @@ def measure_expert_costs(hidden: int, inter: int, device: torch.device, dtype: t
         many = _best(lambda: call(many_tokens), device, repeats=3) / k
     finally:
         torch.set_num_threads(before)
-    return ExpertCosts(copy_s=copy_s, host_s=one, host_token_s=max(many - one, 1e-9) / (many_tokens - 1))
+    bus_s = None
+    if bus is not None and stored_format is None:
+        try:
+            bus_s = _bus_seconds(bus, gate_up, down, device, dtype)
+        except Exception as exc:   # a device or op that cannot read host memory in place: copies remain
+            log.warning("host experts: the device could not read experts in host memory (%s: %s); no bus reads",
+                        type(exc).__name__, str(exc)[:300])
+    return ExpertCosts(copy_s=copy_s, host_s=one, host_token_s=max(many - one, 1e-9) / (many_tokens - 1),
+                       bus_s=bus_s)
+
+
+def _bus_seconds(bus, gate_up: torch.Tensor, down: torch.Tensor, device: torch.device,
+                 dtype: torch.dtype) -> float:
+    """Seconds for ``bus`` (``moe_experts``) to compute one token's pair reading its expert in place in the
+    page-locked banks ``gate_up`` / ``down``: one token routed to the next :data:`HOST_PROBE_EXPERTS` experts of
+    the bank (more bytes than the device's cache holds, as in a decode step), per pair."""
+    k, experts = HOST_PROBE_EXPERTS, gate_up.shape[0]
+    x = torch.full((1, gate_up.shape[-1]), 0.01, dtype=dtype, device=device)
+    w = torch.full((1, k), 1.0 / k, device=device)
+    ids = [torch.arange(first, first + k, device=device)[None] for first in range(0, experts - k + 1, k)]
+    turn = iter(range(10**9))
+
+    def call() -> None:
+        bus(x, w, ids[next(turn) % len(ids)], gate_up, down)
+
+    call()   # compiles the kernels
+    return _best(call, device, repeats=5) / k

@@ -30,6 +30,7 @@ from dataclasses import replace
 
 import torch
 from ninfer.contracts.features import StartupFeatures
+from ninfer.contracts.options import InvalidEngineOptions
 from ninfer.errors import NotSupportedError
 from ninfer.ops.contracts import SharedExpert
 from ninfer.ops.reference.moe import shared_expert_fp32
@@ -58,6 +59,16 @@ def host_threads(device: torch.device, threads: int | None) -> int | None:
         return None
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 2))
     return physical_cores(cpus) or max(1, len(cpus) // 2)
+
+
+def bus_reads_enabled() -> bool:
+    """Whether the cost model may send a decode step's pairs over the bus (:data:`BUS_READS_ENV`: "1", the
+    default, or "0" for the copy path alone, an A/B in one run); an error naming the variable for another value."""
+    raw = os.environ.get(BUS_READS_ENV, "").strip() or "1"
+    if raw not in ("0", "1"):
+        raise InvalidEngineOptions(f"{BUS_READS_ENV}={raw!r}: must be 1 (bus reads where the cost model finds them "
+                                   f"faster) or 0 (none)")
+    return raw == "1"
 
 
 def physical_cores(cpus: list[int], root: str = "/sys/devices/system/cpu") -> int | None:
@@ -89,13 +100,23 @@ def _check_separable(name: str, bank: PackedWeight) -> None:
 def _to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """Host copies of ``tensors``: from a GPU, non-blocking copies into page-locked buffers and one wait for all
     of them (three blocking copies would wait three times per layer)."""
+    out, ready = _copies_to_host(*tensors)
+    if ready is not None:
+        ready.synchronize()
+    return out
+
+
+def _copies_to_host(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+    """:func:`_to_host` without the wait: the host buffers and, from a GPU, the event after their copies (work
+    queued after it does not delay them)."""
     if tensors[0].device.type != "cuda":
-        return [t.to(_HOST) for t in tensors]
+        return [t.to(_HOST) for t in tensors], None
     out = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]   # torch's caching host pool
     for host, t in zip(out, tensors, strict=True):
         host.copy_(t, non_blocking=True)
-    torch.cuda.current_stream(tensors[0].device).synchronize()
-    return out
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(tensors[0].device))
+    return out, ready
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -115,6 +136,12 @@ ADAPT_RATE = 0.1
 ISSUE_CEILING = 10.0
 _clock = time.perf_counter   # the host-time measurement's clock (tests replace it)
 
+
+#: The environment variable that turns bus reads off ("0") for an A/B (:func:`bus_reads_enabled`).
+BUS_READS_ENV = "NINFER_HOST_BUS_READS"
+#: The most routed pairs a call may have for bus reads (a decode step's: the device's GEMV path reads an expert once
+#: a pair, so a call with many tokens an expert reads it many times over the bus).
+BUS_PAIRS = 64
 
 #: Experts staged on the device at once by the copy path (one ``moe_experts`` call per group of this many).
 STAGE_SLOTS = 8
@@ -140,12 +167,13 @@ class ExpertStage:
 
 
 def host_expert_options(hidden: int, inter: int, experts: int, device: torch.device, dtype: torch.dtype,
-                        features: StartupFeatures, stored: tuple[str, int] | None = None) -> dict:
+                        features: StartupFeatures, stored: tuple[str, int] | None = None, ops=None) -> dict:
     """The host-expert keyword arguments of every :class:`~ninfer_qwen3_5.layers.moe.SparseMoE` of one model, from
     its ``features`` (``{}`` without host experts): ``expert_cache_slots`` per layer; the copy path's rule, a fixed
     token threshold ``expert_copy_min_tokens`` or else the :class:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts`
     measured once for the model (None on the CPU; ``stored``: the experts' quantized format and one expert's stored
-    bytes, None if dense); the one :class:`ExpertStage` all its layers share; the host's thread count
+    bytes, None if dense; with ``ops``, its ``moe_experts`` timed reading host banks over the bus for the bus reads);
+    the one :class:`ExpertStage` all its layers share; the host's thread count
     (:func:`host_threads`); with ``host_expert_kernel`` "compiled", the host's pair kernel
     (:func:`~ninfer_qwen3_5.layers.host_compute.compiled_rows`, compiled here), with "native" NInfer's C kernel
     (:class:`~ninfer_qwen3_5.layers.host_native.NativeRows`, built here)."""
@@ -160,8 +188,13 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
         rows = (compiled_rows(hidden, inter, dtype, threads) if kernel == "compiled"
                 else NativeRows(threads) if kernel == "native" else None)
     fmt, nbytes = stored if stored is not None else (None, None)
-    costs = (measure_expert_costs(hidden, inter, device, dtype, threads, rows, nbytes, fmt) if copy_min is None
-             else None)
+    bus = getattr(ops, "moe_experts", None) if bus_reads_enabled() else None
+    costs = (measure_expert_costs(hidden, inter, device, dtype, threads, rows, nbytes, fmt, bus=bus)
+             if copy_min is None else None)
+    if costs is not None:
+        log.info("host experts: measured an expert's copy %.3f ms, host compute %.3f ms (+%.3f ms a further token), "
+                 "a pair read over the bus %s", 1e3 * costs.copy_s, 1e3 * costs.host_s, 1e3 * costs.host_token_s,
+                 "not measured" if costs.bus_s is None else f"{1e3 * costs.bus_s:.3f} ms")
     stage = (ExpertStage(device, dtype, min(STAGE_SLOTS, experts))
              if copy_min is not None or costs is not None else None)
     return dict(host_experts=True, cache_slots=features.expert_cache_slots, device=device, dtype=dtype,
@@ -206,8 +239,12 @@ class HostExperts:
     their pairs computed there the same way, while the host computes the others: with ``copy_min_tokens`` N, those
     a call routes at least N tokens to; else with ``costs`` (:class:`ExpertCosts`), the busiest ones, as many as
     balances the copy engine against the host (with ``adapt_costs``, the host's costs corrected by the host time
-    the layer measures). The rest run on the host, with ``threads`` intra-op threads (None: torch's count) set on
-    the calling thread, by torch's GEMMs or, with ``rows``, the compiled pair kernel or the native kernel."""
+    the layer measures). With ``costs`` that measured ``bus_s``, no cache and dense banks the device can read in
+    place (page-locked, or one memory with the device), a call of few tokens instead has the device read the last
+    :meth:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts.bus_ranks` choices of each token over the bus, queued
+    before the host waits for the routing (expert_costs module docstring), and neither copies nor caches. The rest
+    run on the host, with ``threads`` intra-op threads (None: torch's count) set on the calling thread, by torch's
+    GEMMs or, with ``rows``, the compiled pair kernel or the native kernel."""
 
     def __init__(self, gate_up: torch.Tensor | PackedWeight, down: torch.Tensor | PackedWeight, *,
                  cache_slots: int = 0, ops=None, device: torch.device | None = None,
@@ -239,6 +276,10 @@ class HostExperts:
         self.cached_on_host = 0   # cached pairs a call found cheaper to compute on the host, so far
         self._shared_down: tuple[PackedWeight, torch.Tensor] | None = None
         self.copied_experts = 0   # experts copied to the staging buffer so far
+        self.bus_pairs = 0   # routed pairs the device computed reading host memory, so far
+        self._bus = (costs is not None and costs.bus_s is not None and self.cache is None and ops is not None
+                     and all(isinstance(b, torch.Tensor) and (device is None or device.type == "cpu" or b.is_pinned())
+                             for b in self.stored))
         # Wall seconds of each phase of the host step over all calls, when a profiler sets a dict here: "wait"
         # (the copies to the host, waiting for the device), "cache", "copy" (queueing the device's share: the
         # copy path and the cached experts' kernel), "host" (the CPU's sum) and "back" (queueing the sum's copy
@@ -270,6 +311,9 @@ class HostExperts:
         rounded once to x.dtype) added to the host's."""
         if self.threads is not None and torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)   # per calling thread (OpenMP): the engine worker's own team
+        ranks = self.costs.bus_ranks(*ids.shape, self.host_scale) if self._bus and ids.numel() <= BUS_PAIRS else 0
+        if ranks:
+            return self._bus_call(x, weights, ids, ranks)
         t = self._lap(None, 0.0)
         x_h, w_h, ids_h = _to_host(x, weights, ids)
         t = self._lap("wait", t)
@@ -316,6 +360,37 @@ class HostExperts:
             out += part.float()
         if self.cache is not None:   # the next call's cache, copied while the other layers run
             self.cache.refresh_behind()
+        if self._lap("back", t):
+            self.phases["calls"] = self.phases.get("calls", 0) + 1
+        return out
+
+    def _bus_call(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ranks: int) -> torch.Tensor:
+        """:meth:`_routed` with the device reading the last ``ranks`` choices of each token in host memory: queued
+        right behind the routing's copies to the host, so it runs while the host computes the other choices."""
+        k = ids.shape[1]
+        t = self._lap(None, 0.0)
+        (x_h, w_h, ids_h), ready = _copies_to_host(x, weights, ids)
+        part = self.ops.moe_experts(x, weights[:, k - ranks:].contiguous(), ids[:, k - ranks:].contiguous(),
+                                    self.gate_up, self.down)
+        self.bus_pairs += ids.shape[0] * ranks
+        t = self._lap("copy", t)
+        if ready is not None:
+            ready.synchronize()
+        t = self._lap("wait", t)
+        if ranks == k:
+            routed = torch.zeros((x.shape[0], x.shape[-1]), dtype=torch.float32)
+        else:
+            skip = torch.zeros(ids_h.shape, dtype=torch.bool)
+            skip[:, k - ranks:] = True
+            started = _clock()
+            routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip, rows=self.rows)
+            estimate = self._host_cost(ids_h[:, :k - ranks]) / self.host_scale if self.adapt_costs else 0.0
+            if estimate > 0:
+                ratio = min(max((_clock() - started) / estimate, 0.1), 10.0)
+                self.host_scale += ADAPT_RATE * (ratio - self.host_scale)
+        t = self._lap("host", t)
+        out = _to_device(routed, x.device)
+        out += part.float()
         if self._lap("back", t):
             self.phases["calls"] = self.phases.get("calls", 0) + 1
         return out
