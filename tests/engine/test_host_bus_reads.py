@@ -79,6 +79,16 @@ def test_the_bus_share_and_the_host_share_are_the_right_choices(monkeypatch):
     assert seen["skip"].tolist() == [[False, False, True, True]] * 2
 
 
+def test_the_split_is_fixed_at_the_first_call():
+    # The device's kernels are compiled for one count in the warm-up: a host measured slower later does not move it.
+    x, w, ids, gate_up, down, shared = _case(torch.float32, experts=16, k=4, tokens=1)
+    layer = _layer(gate_up, down, torch.float32, bus_s=3.0)   # max(3d, 4 - d): d = 1
+    layer(x, w, ids, shared)
+    layer.host_scale = 10.0   # would give d = 3
+    layer(x, w, ids, shared)
+    assert layer.bus_pairs == 2 and layer.costs.bus_ranks(1, 4, layer.host_scale) == 3
+
+
 def test_calls_that_do_not_read_over_the_bus():
     x, w, ids, gate_up, down, shared = _case(torch.float32, experts=16, k=4, tokens=3)
     cached = _layer(gate_up, down, torch.float32, cache_slots=4)

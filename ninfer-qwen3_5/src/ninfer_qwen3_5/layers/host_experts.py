@@ -241,7 +241,8 @@ class HostExperts:
     balances the copy engine against the host (with ``adapt_costs``, the host's costs corrected by the host time
     the layer measures). With ``costs`` that measured ``bus_s``, no cache and dense banks the device can read in
     place (page-locked, or one memory with the device), a call of few tokens instead has the device read the last
-    :meth:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts.bus_ranks` choices of each token over the bus, queued
+    :meth:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts.bus_ranks` choices of each token (fixed at the first call)
+    over the bus, queued
     before the host waits for the routing (expert_costs module docstring), and neither copies nor caches. The rest
     run on the host, with ``threads`` intra-op threads (None: torch's count) set on the calling thread, by torch's
     GEMMs or, with ``rows``, the compiled pair kernel or the native kernel."""
@@ -277,6 +278,7 @@ class HostExperts:
         self._shared_down: tuple[PackedWeight, torch.Tensor] | None = None
         self.copied_experts = 0   # experts copied to the staging buffer so far
         self.bus_pairs = 0   # routed pairs the device computed reading host memory, so far
+        self._bus_split: dict[int, int] = {}   # top-k -> the choices read over the bus (_bus_ranks)
         self._bus = (costs is not None and costs.bus_s is not None and self.cache is None and ops is not None
                      and all(isinstance(b, torch.Tensor) and (device is None or device.type == "cpu" or b.is_pinned())
                              for b in self.stored))
@@ -311,7 +313,7 @@ class HostExperts:
         rounded once to x.dtype) added to the host's."""
         if self.threads is not None and torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)   # per calling thread (OpenMP): the engine worker's own team
-        ranks = self.costs.bus_ranks(*ids.shape, self.host_scale) if self._bus and ids.numel() <= BUS_PAIRS else 0
+        ranks = self._bus_ranks(ids.shape[1]) if self._bus and 0 < ids.numel() <= BUS_PAIRS else 0
         if ranks:
             return self._bus_call(x, weights, ids, ranks)
         t = self._lap(None, 0.0)
@@ -363,6 +365,14 @@ class HostExperts:
         if self._lap("back", t):
             self.phases["calls"] = self.phases.get("calls", 0) + 1
         return out
+
+    def _bus_ranks(self, k: int) -> int:
+        """The choices of each token read over the bus, from the start-up's costs, fixed at the first call: the
+        device's kernels are compiled for that count (in the warm-up), and a count that followed the measured
+        ``host_scale`` would compile new ones while serving."""
+        if k not in self._bus_split:
+            self._bus_split[k] = self.costs.bus_ranks(1, k)
+        return self._bus_split[k]
 
     def _bus_call(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ranks: int) -> torch.Tensor:
         """:meth:`_routed` with the device reading the last ``ranks`` choices of each token in host memory: queued
