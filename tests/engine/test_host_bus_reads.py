@@ -94,6 +94,9 @@ def test_calls_that_do_not_read_over_the_bus():
     cached = _layer(gate_up, down, torch.float32, cache_slots=4)
     cached(x, w, ids, shared)
     assert cached.bus_pairs == 0   # a cache keeps its own device pairs
+    assert not _layer(gate_up.to(torch.bfloat16), down.to(torch.bfloat16), torch.float32)._bus  # noqa: SLF001
+    # (stored bf16 in an fp32 run: the device's op would convert the whole bank)
+    assert not _layer(gate_up.transpose(1, 2).contiguous().transpose(1, 2), down, torch.float32)._bus  # noqa: SLF001
     unmeasured = _layer(gate_up, down, torch.float32, bus_s=None)
     unmeasured(x, w, ids, shared)
     assert unmeasured.bus_pairs == 0

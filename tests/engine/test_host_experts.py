@@ -601,7 +601,7 @@ def test_greedy_tokens_equal_with_copied_experts(artifacts, min_tokens):
 
 def test_host_threads_default_to_one_a_physical_core(tmp_path, monkeypatch):
     from ninfer_qwen3_5.layers import host_experts
-    from ninfer_qwen3_5.layers.host_experts import host_threads, physical_cores
+    from ninfer_qwen3_5.layers.host_experts import cpu_quota, host_threads, physical_cores
 
     def topology(siblings: dict[int, str]) -> str:
         root = tmp_path / f"sys{len(list(tmp_path.iterdir()))}"
@@ -619,10 +619,19 @@ def test_host_threads_default_to_one_a_physical_core(tmp_path, monkeypatch):
     assert physical_cores([0, 9], plain) is None   # a CPU without a topology entry: unknown
 
     monkeypatch.setattr(host_experts.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(host_experts, "cpu_quota", lambda: None)
     monkeypatch.setattr(host_experts, "physical_cores", lambda cpus: physical_cores(cpus, smt))
     assert host_threads(torch.device("cuda"), None) == 4
+    monkeypatch.setattr(host_experts, "cpu_quota", lambda: 3)
+    assert host_threads(torch.device("cuda"), None) == 3   # a container's quota of 3 CPUs
+    monkeypatch.setattr(host_experts, "cpu_quota", lambda: None)
     monkeypatch.setattr(host_experts, "physical_cores", lambda cpus: None)
     assert host_threads(torch.device("cuda"), None) == 4   # unreadable topology: half the CPUs
+    quota = tmp_path / "cpu.max"
+    for text, want in (("max 100000\n", None), ("250000 100000\n", 3), ("50000 100000\n", 1), ("bad", None)):
+        quota.write_text(text)
+        assert cpu_quota(str(quota)) == want
+    assert cpu_quota(str(tmp_path / "none")) is None
     assert host_threads(torch.device("cuda"), 7) == 7
     assert host_threads(torch.device("cpu"), None) is None
 

@@ -223,6 +223,12 @@ def test_cuda_bus_reads_against_fp64(dtype, tokens, bus_s):
     unpinned = HostExperts(gate_up.to(dtype), down.to(dtype), ops=_cuda_ops(dtype), device=dev, dtype=dtype,
                            costs=costs, stage=ExpertStage(dev, dtype, slots=2))
     assert not unpinned._bus   # noqa: SLF001 (pageable memory: the device cannot read it in place)
+    other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+    stored_other = HostExperts(gate_up.to(other).pin_memory(), down.to(other).pin_memory(), ops=_cuda_ops(dtype),
+                               device=dev, dtype=dtype, costs=costs, stage=ExpertStage(dev, dtype, slots=2))
+    assert not stored_other._bus   # noqa: SLF001 (the device's op would convert the bank to the run dtype)
+    got = stored_other(x.to(dtype).to(dev), w.to(dev), ids.to(dev), dshared)   # the copy path and the host
+    assert got.dtype == dtype and stored_other.bus_pairs == 0
 
 
 def test_cuda_bus_seconds_are_measured():

@@ -100,6 +100,7 @@ class Qwen4ExpModel:
         n, h, eps, c35 = cfg.hc_count, cfg.hidden_size, cfg.rms_norm_eps, cfg.qwen35
         hosted = host_expert_options(h, cfg.moe_intermediate_size, cfg.num_experts, device, dtype, features, ops=ops)
         self.host_expert_kernel = kernel_name(hosted)   # what the host computes with ("auto" resolved)
+        self.host_expert_threads = hosted.get("threads")
         self.embed, self.lm_head = w["text/embed"], w["text/lm_head"]
         self.mixer_hc = HyperConnection(n, h, eps, _group(w, "text/mixer_hc/"), ops)
         gdn_class = SigmoidGatedDeltaNet if cfg.output_gate_type == "sigmoid" else GatedDeltaNet

@@ -68,6 +68,7 @@ class Qwen4ExpProgram(MediaProgram, HostExpertCaches, SpeculativeProgram, ModelP
         self.cfg = cfg
         self.model = Qwen4ExpModel(cfg, init.weights, init.ops, self.device, init.options.dtype, features=f)
         self.host_expert_kernel = self.model.host_expert_kernel
+        self.host_expert_threads = self.model.host_expert_threads
         if f.vision:
             self.build_vision(init, cfg.vocab_size, cfg.rotary_dim)
         if backend == "mtp":

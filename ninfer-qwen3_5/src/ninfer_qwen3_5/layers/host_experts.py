@@ -18,7 +18,8 @@ Invariant: without a cache, steps 2-3 are the reference ``moe_experts`` arithmet
 CPU a host-expert layer is bitwise the reference op's result, and on a GPU it differs from the device kernels only
 by their summation order. With a device cache
 (``expert_cache_slots``) the cached experts' pairs are summed on the device and rounded once to the activation
-dtype before they join the fp32 sum: the same terms, one more rounding of a part of them.
+dtype before they join the fp32 sum: the same terms, one more rounding of a part of them. So are the pairs the
+device reads over the bus (:meth:`HostExperts._bus_call`, the expert_costs module docstring).
 """
 
 from __future__ import annotations
@@ -51,14 +52,27 @@ _HOST = torch.device("cpu")
 def host_threads(device: torch.device, threads: int | None) -> int | None:
     """The intra-op thread count of host-expert compute on a ``device`` run: ``threads`` when given, else on a GPU
     run one a physical core among the CPUs this process may use (:func:`physical_cores`; half of them where the
-    topology cannot be read), None (torch's own count, untouched) on the CPU. A core's second SMT thread shares its
+    topology cannot be read), at most its cgroup's CPU quota (:func:`cpu_quota`), None (torch's own count, untouched) on the CPU. A core's second SMT thread shares its
     load queues, so past one thread a core the kernel waits on memory the same and only adds barrier time."""
     if threads is not None:
         return threads
     if device.type == "cpu":
         return None
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 2))
-    return physical_cores(cpus) or max(1, len(cpus) // 2)
+    cores = physical_cores(cpus) or max(1, len(cpus) // 2)
+    quota = cpu_quota()
+    return cores if quota is None else max(1, min(cores, quota))
+
+
+def cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    """The CPUs a cgroup v2 quota gives this process, rounded up (``cpu.max`` "QUOTA PERIOD"; ``path`` for tests),
+    None without one: a container limited to fewer CPUs than its host shows would time-slice a larger team."""
+    try:
+        with open(path) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else max(1, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        return None
 
 
 def bus_reads_enabled() -> bool:
@@ -279,9 +293,11 @@ class HostExperts:
         self.copied_experts = 0   # experts copied to the staging buffer so far
         self.bus_pairs = 0   # routed pairs the device computed reading host memory, so far
         self._bus_split: dict[int, int] = {}   # top-k -> the choices read over the bus (_bus_ranks)
+        # The device reads a bank in place only as it is: dense, contiguous, in the run dtype (its op would convert
+        # or copy it otherwise) and page-locked (or in the device's own memory: the CPU).
         self._bus = (costs is not None and costs.bus_s is not None and self.cache is None and ops is not None
-                     and all(isinstance(b, torch.Tensor) and (device is None or device.type == "cpu" or b.is_pinned())
-                             for b in self.stored))
+                     and all(isinstance(b, torch.Tensor) and b.is_contiguous() and (dtype is None or b.dtype == dtype)
+                             and (device is None or device.type == "cpu" or b.is_pinned()) for b in self.stored))
         # Wall seconds of each phase of the host step over all calls, when a profiler sets a dict here: "wait"
         # (the copies to the host, waiting for the device), "cache", "copy" (queueing the device's share: the
         # copy path and the cached experts' kernel), "host" (the CPU's sum) and "back" (queueing the sum's copy
@@ -379,6 +395,10 @@ class HostExperts:
         right behind the routing's copies to the host, so it runs while the host computes the other choices."""
         k = ids.shape[1]
         t = self._lap(None, 0.0)
+        if ranks == k:   # nothing for the host: no copies, no wait
+            part = self.ops.moe_experts(x, weights, ids, self.gate_up, self.down)
+            self.bus_pairs += ids.shape[0] * k
+            return part.float()
         (x_h, w_h, ids_h), ready = _copies_to_host(x, weights, ids)
         part = self.ops.moe_experts(x, weights[:, k - ranks:].contiguous(), ids[:, k - ranks:].contiguous(),
                                     self.gate_up, self.down)
@@ -387,17 +407,9 @@ class HostExperts:
         if ready is not None:
             ready.synchronize()
         t = self._lap("wait", t)
-        if ranks == k:
-            routed = torch.zeros((x.shape[0], x.shape[-1]), dtype=torch.float32)
-        else:
-            skip = torch.zeros(ids_h.shape, dtype=torch.bool)
-            skip[:, k - ranks:] = True
-            started = _clock()
-            routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip, rows=self.rows)
-            estimate = self._host_cost(ids_h[:, :k - ranks]) / self.host_scale if self.adapt_costs else 0.0
-            if estimate > 0:
-                ratio = min(max((_clock() - started) / estimate, 0.1), 10.0)
-                self.host_scale += ADAPT_RATE * (ratio - self.host_scale)
+        skip = torch.zeros(ids_h.shape, dtype=torch.bool)
+        skip[:, k - ranks:] = True
+        routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip, rows=self.rows)
         t = self._lap("host", t)
         out = _to_device(routed, x.device)
         out += part.float()
