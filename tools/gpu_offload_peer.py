@@ -178,17 +178,36 @@ def llama(args, n_cpu_moe: int) -> dict:
 
 
 def ours(args, budget_mib: int | None, label: str) -> dict:
-    report = args.out / f"ninfer_{label}.json"
-    cmd = [sys.executable, "-m", "ninfer.cli.main", "bench", str(args.work / "model.ninfer"), "--output",
-           str(report), "--batches", "1,8", "--prefill-lengths", str(args.prefill), "--repeats", str(args.repeats),
-           "--decode-steps", "64", "--max-context", str(args.prefill + 256), "--quiet", *shlex.split(args.ninfer_args)]
-    cmd += ["--no-host-experts"] if budget_mib is None else ["--host-experts", "--vram-budget-mib", str(budget_mib)]
-    text, peak = _run(cmd, args.step_timeout)
-    row: dict = {"vram_budget_mib": budget_mib, "peak_mib": peak}
-    if not report.exists():
-        row["error"] = text[-1500:]
-        return row
-    rep = json.loads(report.read_text())
+    """Our side of one configuration: ``ninfer bench`` under ``budget_mib`` (None: every expert on the device).
+    With ``--peer-workloads``, two engines sized as llama.cpp's two runs are: B=1 decode and the prefill with one
+    request of the prefill's context (llama-bench), B=8 decode with 8 requests sharing 4,096 tokens of KV
+    (llama-batched-bench ``-c 4096``); else one engine for all three, holding KV for 8 requests at that context."""
+    context = args.prefill + 256
+    if args.peer_workloads:
+        runs = [("b1", ["--batches", "1", "--prefill-lengths", str(args.prefill), "--max-context", str(context)]),
+                ("b8", ["--batches", "8", "--no-prefill", "--max-context", "512"])]
+    else:
+        runs = [("", ["--batches", "1,8", "--prefill-lengths", str(args.prefill), "--max-context", str(context)])]
+    row: dict = {"vram_budget_mib": budget_mib, "peak_mib": None}
+    for suffix, sizes in runs:
+        report = args.out / f"ninfer_{label}{'_' + suffix if suffix else ''}.json"
+        cmd = [sys.executable, "-m", "ninfer.cli.main", "bench", str(args.work / "model.ninfer"), "--output",
+               str(report), *sizes, "--repeats", str(args.repeats), "--decode-steps", "64", "--quiet",
+               *shlex.split(args.ninfer_args)]
+        cmd += ["--no-host-experts"] if budget_mib is None else ["--host-experts", "--vram-budget-mib", str(budget_mib)]
+        text, peak = _run(cmd, args.step_timeout)
+        row["peak_mib"] = max(p for p in (row["peak_mib"], peak) if p is not None) if (peak or row["peak_mib"]) \
+            else None
+        if not report.exists():
+            row["error" + (f"_{suffix}" if suffix else "")] = text[-1500:]
+            continue
+        _read_report(json.loads(report.read_text()), row)
+    return row
+
+
+def _read_report(rep: dict, row: dict) -> None:
+    """Adds one ``ninfer bench`` report's figures and placement to ``row`` (several reports: the same placement
+    keys, the last one's)."""
     for r in rep["decode"]:
         row[f"decode_b{r['batch']}_tok_s"] = r["tokens_per_s"]
     for r in rep["prefill"]:
@@ -196,13 +215,16 @@ def ours(args, budget_mib: int | None, label: str) -> dict:
     hosted = rep["engine"].get("host_experts")
     if hosted:
         hits, misses = sum(hosted["cache_hits"]), sum(hosted["cache_misses"])
+        layers = (row.get("device_expert_layers_by_run") or []) + [hosted.get("device_expert_layers")]
+        row["device_expert_layers_by_run"] = layers
         row["device_expert_layers"] = hosted.get("device_expert_layers")
+        row["host_expert_threads"] = hosted.get("host_expert_threads")
         row["cache_slots"] = hosted["expert_cache_slots"]
         row["hit_rate"] = hits / (hits + misses) if hits + misses else None
         row["hit_rate_by_layer"] = [h / (h + m) if h + m else None
                                     for h, m in zip(hosted["cache_hits"], hosted["cache_misses"], strict=True)]
+    row.setdefault("memory_by_run", []).append(rep.get("memory"))
     row["memory"] = rep.get("memory")
-    return row
 
 
 def _fmt(x, spec=",.1f") -> str:
@@ -249,7 +271,8 @@ def bench(args) -> int:
         lines.append(f"| {r['config']} | NInfer budget {_fmt(our.get('vram_budget_mib'), 'd')} MiB | "
                      f"{_fmt(our.get('peak_mib'), 'd')} | {_fmt(our.get('decode_b1_tok_s'))} | "
                      f"{_fmt(our.get('decode_b8_tok_s'))} | {_fmt(our.get('prefill_tok_s'))} | "
-                     f"{_fmt(our.get('device_expert_layers'), 'd')}, {_fmt(our.get('cache_slots'), 'd')}, "
+                     f"{'/'.join(_fmt(n, 'd') for n in our.get('device_expert_layers_by_run') or [None])}, "
+                     f"{_fmt(our.get('cache_slots'), 'd')}, "
                      f"{'-' if hit is None else f'{hit:.1%}'} |")
     (args.out / "offload.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -281,6 +304,10 @@ def main(argv=None) -> int:
                    help="more `ninfer bench` arguments (default: llama.cpp-sized prefill chunks, whose workspace fits "
                         "small budgets)")
     b.add_argument("--prefill", type=int, default=8192)
+    b.add_argument("--peer-workloads", action="store_true",
+                   help="our side as two engines sized as llama.cpp's two runs (B=1 and the prefill with one request; "
+                        "B=8 with 8 requests sharing 4,096 tokens of KV) instead of one engine holding KV for 8 "
+                        "requests at the prefill's context")
     b.add_argument("--gguf", default="m.gguf", help="llama.cpp's model file in --work (default: the bf16 one)")
     b.add_argument("--repeats", type=int, default=2)
     b.add_argument("--step-timeout", type=float, default=240.0)

@@ -20,6 +20,8 @@
 # at each of BATCHES (default 1,8) and each host thread count of THREADS (default: the engine's own choice, half
 # the cores), ARGS passed on to it (e.g. --device-expert-layers 1 --expert-copy-min-tokens 2): the OpenMP runtimes and
 # CPU topology, the host step's phases, cache counts and the engine worker's profile.
+# PEER_WORKLOADS=1 (bench): our side as two engines sized as llama.cpp's two runs (B=1 and the prefill with one
+# request; B=8 with 8 requests sharing 4,096 tokens of KV), instead of one engine holding KV for 8 long requests.
 # NO_PEER=1 (either step): our side only. prepare skips llama.cpp's build and the GGUF (about 4 minutes less), bench
 # skips llama.cpp, and each configuration must then name its MiB (NAME:N:MIB): for a fresh machine after the one that
 # ran the peer went back, whose figures on the same seed are in an earlier report.
@@ -85,6 +87,7 @@ case "$step" in
         else
             [ -x "$lcp/build/bin/llama-bench" ] || { echo "no llama.cpp build in $lcp: run the prepare step first"; exit 1; }
         fi
+        [ -n "${PEER_WORKLOADS:-}" ] && peer+=(--peer-workloads)
         python3 tools/gpu_offload_peer.py bench --work "$work" --lcp "$lcp" --configs "$configs" --gguf "$gguf" --out "$out" \
             "${peer[@]}" "${extra[@]}" 2>&1 | grep -v Warning | tail -40
         ;;
