@@ -169,9 +169,11 @@ def test_bus_reads_can_be_turned_off_for_an_a_b(monkeypatch):
     ops = types.SimpleNamespace(moe_experts=moe_experts)
     features = StartupFeatures(host_experts=True)
     host_expert_options(64, 32, 8, CPU, torch.float32, features, ops=ops)
+    cached = StartupFeatures(host_experts=True, expert_cache_slots=2)
+    host_expert_options(64, 32, 8, CPU, torch.float32, cached, ops=ops)   # a cache never reads over the bus
     monkeypatch.setenv(BUS_READS_ENV, "0")
     host_expert_options(64, 32, 8, CPU, torch.float32, features, ops=ops)
-    assert asked == [moe_experts, None]
+    assert asked == [moe_experts, None, None]
     monkeypatch.setenv(BUS_READS_ENV, "yes")
     with pytest.raises(InvalidEngineOptions, match="NINFER_HOST_BUS_READS='yes'"):
         host_expert_options(64, 32, 8, CPU, torch.float32, features, ops=ops)

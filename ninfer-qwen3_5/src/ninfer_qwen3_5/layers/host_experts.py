@@ -52,8 +52,9 @@ _HOST = torch.device("cpu")
 def host_threads(device: torch.device, threads: int | None) -> int | None:
     """The intra-op thread count of host-expert compute on a ``device`` run: ``threads`` when given, else on a GPU
     run one a physical core among the CPUs this process may use (:func:`physical_cores`; half of them where the
-    topology cannot be read), at most its cgroup's CPU quota (:func:`cpu_quota`), None (torch's own count, untouched) on the CPU. A core's second SMT thread shares its
-    load queues, so past one thread a core the kernel waits on memory the same and only adds barrier time."""
+    topology cannot be read), at most its cgroup's CPU quota (:func:`cpu_quota`); None (torch's own count,
+    untouched) on the CPU. A core's second SMT thread shares its load queues, so past one thread a core the kernel
+    waits on memory the same and only adds barrier time."""
     if threads is not None:
         return threads
     if device.type == "cpu":
@@ -202,7 +203,8 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
         rows = (compiled_rows(hidden, inter, dtype, threads) if kernel == "compiled"
                 else NativeRows(threads) if kernel == "native" else None)
     fmt, nbytes = stored if stored is not None else (None, None)
-    bus = getattr(ops, "moe_experts", None) if bus_reads_enabled() else None
+    # A layer with a cache keeps its own device pairs and never reads over the bus: no need to time the bus.
+    bus = getattr(ops, "moe_experts", None) if bus_reads_enabled() and not features.expert_cache_slots else None
     costs = (measure_expert_costs(hidden, inter, device, dtype, threads, rows, nbytes, fmt, bus=bus)
              if copy_min is None else None)
     if costs is not None:
@@ -255,10 +257,9 @@ class HostExperts:
     balances the copy engine against the host (with ``adapt_costs``, the host's costs corrected by the host time
     the layer measures). With ``costs`` that measured ``bus_s``, no cache and dense banks the device can read in
     place (page-locked, or one memory with the device), a call of few tokens instead has the device read the last
-    :meth:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts.bus_ranks` choices of each token (fixed at the first call)
-    over the bus, queued
-    before the host waits for the routing (expert_costs module docstring), and neither copies nor caches. The rest
-    run on the host, with ``threads`` intra-op threads (None: torch's count) set on the calling thread, by torch's
+    :meth:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts.bus_ranks` choices of each token (fixed at the first
+    call) over the bus, queued before the host waits for the routing (expert_costs module docstring), and neither
+    copies nor caches. The rest run on the host, with ``threads`` intra-op threads (None: torch's count) set on the calling thread, by torch's
     GEMMs or, with ``rows``, the compiled pair kernel or the native kernel."""
 
     def __init__(self, gate_up: torch.Tensor | PackedWeight, down: torch.Tensor | PackedWeight, *,
