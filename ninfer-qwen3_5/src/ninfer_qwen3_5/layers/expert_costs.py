@@ -30,7 +30,8 @@ whether a call's cached pairs are worth a device call or cheaper on the host, wh
 Bus reads are the third way, for the few tokens of a decode step: the device's share is queued before the host's
 wait for the step's routing (so it costs no copy calls and no routing round trip) and reads the last
 :meth:`ExpertCosts.bus_ranks` choices of every token while the host computes the others. Both read host memory;
-the bus's reads go through the memory controller, not the CPU's cores, so the two shares add up.
+the bus's reads go through the memory controller, not the CPU's cores, so the two shares should add up
+(``tools/bus_reads_bench.py`` measures whether they do).
 """
 
 from __future__ import annotations
