@@ -42,20 +42,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _copy_gbs(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    payload = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
-    target = torch.empty_like(payload, device=device)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        target.copy_(payload, non_blocking=True)
-        torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return payload.numel() / best / 1e9
-
-
 class Step:
     """One call's two shares over fixed activations and banks, for routings ``ids_h`` (``[T, k]`` on the host): the
     device's (the last ``ranks`` choices, read over the bus) and the host's (the others)."""
@@ -88,6 +74,7 @@ class Step:
 
 
 def measure(args) -> dict:
+    from ninfer_qwen3_5.layers.expert_costs import host_to_device_bandwidth
     from ninfer_qwen3_5.layers.host_native import NativeRows
 
     device = torch.device(args.device)
@@ -103,7 +90,7 @@ def measure(args) -> dict:
     rows = NativeRows(args.threads)
     ops = _ops(device)
     report = {"device": str(device), "threads": args.threads, "hidden": h, "inter": i, "experts": e, "k": k,
-              "copy_gbs": _copy_gbs(device), "host_read_gbs": read_bandwidth(args.threads) / 1e9, "runs": []}
+              "copy_gbs": host_to_device_bandwidth(device) / 1e9 if pin else None, "host_read_gbs": read_bandwidth(args.threads) / 1e9, "runs": []}
     for tokens in (int(t) for t in args.tokens.split(",")):
         x_h = torch.randn(tokens, h, generator=g).to(torch.bfloat16)
         w_h = torch.softmax(torch.randn(tokens, k, generator=g), -1)

@@ -27,16 +27,16 @@ CPU = torch.device("cpu")
 
 def test_the_split_balances_the_bus_against_the_host():
     even = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=1.0)
-    assert even.bus_ranks(1, 8) == 4
-    assert even.bus_ranks(3, 8) == 4   # both sides grow with the tokens alike
+    assert even.bus_ranks(8) == 4
+    assert even.bus_ranks(1) == 0   # one choice: max(1, 0) ties max(0, 1), the fewer on the bus
     slow_bus = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=3.0)
-    assert slow_bus.bus_ranks(1, 8) == 2   # max(3 * 2, 6) = 6 beats d = 1 (7) and d = 3 (9)
-    assert slow_bus.bus_ranks(1, 8, host_scale=3.0) == 4   # a host measured three times slower gives up more
+    assert slow_bus.bus_ranks(8) == 2   # max(3 * 2, 6) = 6 beats d = 1 (7) and d = 3 (9)
+    slow_host = ExpertCosts(copy_s=1.0, host_s=3.0, host_token_s=0.5, bus_s=1.0)
+    assert slow_host.bus_ranks(8) == 6   # a host three times slower gives up more
     fast_bus = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=0.01)
-    assert fast_bus.bus_ranks(1, 8) == 8
-    assert ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=100.0).bus_ranks(1, 8) == 0
-    assert ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5).bus_ranks(1, 8) == 0   # not measured
-    assert even.bus_ranks(0, 8) == 0
+    assert fast_bus.bus_ranks(8) == 8
+    assert ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=100.0).bus_ranks(8) == 0
+    assert ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5).bus_ranks(8) == 0   # not measured
     with pytest.raises(ValueError, match="must be > 0"):
         ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=0.0)
 
@@ -54,7 +54,7 @@ def test_the_layer_with_bus_reads_against_fp64(dtype, tokens, bus_s):
     shared_f = type(shared)(shared.projected.float(), shared.down.float(), shared.gate_logit)
     want = _fp64_moe(x.float(), w, ids, gate_up.float(), down.float(), shared_f)
     layer = _layer(gate_up, down, dtype, bus_s)
-    ranks = layer.costs.bus_ranks(tokens, 4)
+    ranks = layer.costs.bus_ranks(4)
     assert ranks > 0
     got = layer(x, w, ids, shared)
     assert layer.bus_pairs == tokens * ranks and layer.copied_experts == 0
@@ -80,13 +80,13 @@ def test_the_bus_share_and_the_host_share_are_the_right_choices(monkeypatch):
 
 
 def test_the_split_is_fixed_at_the_first_call():
-    # The device's kernels are compiled for one count in the warm-up: a host measured slower later does not move it.
+    # The device's kernels are compiled for one count in the warm-up: costs that change later do not move it.
     x, w, ids, gate_up, down, shared = _case(torch.float32, experts=16, k=4, tokens=1)
     layer = _layer(gate_up, down, torch.float32, bus_s=3.0)   # max(3d, 4 - d): d = 1
     layer(x, w, ids, shared)
-    layer.host_scale = 10.0   # would give d = 3
+    layer.costs = ExpertCosts(copy_s=1.0, host_s=10.0, host_token_s=0.5, bus_s=3.0)   # would give d = 3
     layer(x, w, ids, shared)
-    assert layer.bus_pairs == 2 and layer.costs.bus_ranks(1, 4, layer.host_scale) == 3
+    assert layer.bus_pairs == 2 and layer.costs.bus_ranks(4) == 3
 
 
 def test_calls_that_do_not_read_over_the_bus():
@@ -144,7 +144,7 @@ def test_a_bus_that_fails_to_read_leaves_the_copies(caplog):
 
     real = expert_costs._bus_seconds  # noqa: SLF001
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(expert_costs, "_copy_bandwidth", lambda device: 1e9)
+        mp.setattr(expert_costs, "host_to_device_bandwidth", lambda device: 1e9)
         mp.setattr(expert_costs, "HOST_PROBE_BYTES", 1 << 20)
         mp.setattr(torch.cuda, "synchronize", lambda device=None: None)   # the timing's sync for a "cuda" device
         mp.setattr(expert_costs, "probe_bank", lambda e, r, k, dtype, fmt: torch.zeros((e, r, k), dtype=dtype))

@@ -129,8 +129,8 @@ class EngineOptions:
       once), from the host-to-device bandwidth and the host's expert rate measured at start on a GPU; never on
       the CPU (one memory). ``host_expert_threads`` (>= 1): the host's compute threads for host experts on a GPU
       run (None, default: one a physical core this process may use; on the CPU torch's own count is kept).
-      ``host_expert_kernel``: how the host computes its experts: "auto" (None, default: "native" on a GPU run where the host's C compiler
-      builds it, else "torch"), "torch" (two torch GEMMs an expert, bitwise the reference op on the CPU), "compiled" (one torch.compile-generated CPU kernel for all of a call's experts, within
+      ``host_expert_kernel``: how the host computes its experts: "auto" (None, default: "native" on a GPU run where
+      the host's C compiler builds it, else "torch"), "torch" (two torch GEMMs an expert, bitwise the reference op on the CPU), "compiled" (one torch.compile-generated CPU kernel for all of a call's experts, within
       accumulation-order tolerance; compiled at start, which needs a C++ toolchain) or "native" (the
       architecture's own C kernel, each expert read once for all of its tokens and quantized banks read as
       stored; within accumulation-order tolerance; built at start with the host's C compiler).

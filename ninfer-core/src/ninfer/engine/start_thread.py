@@ -6,8 +6,9 @@ and once the count exceeds the CPUs it stops spinning between regions: its worke
 spins, and every region and barrier must wake them (docs/memory.md, "Host threads", has the measurements).
 Loading weights, measuring host costs and the warm-up run such regions on the thread that starts the engine, with
 the thread count the engine worker will use; the worker then builds a second pool of the same size, and past half
-the CPUs the two pools throttle each other for as long as the process runs. Started here, the start-up pool ends with this thread (OpenMP frees a
-thread's pool when the thread exits), and the engine worker's team has the process's CPUs to itself.
+the CPUs the two pools throttle each other for as long as the process runs. Started here, the start-up pool ends
+with this thread (OpenMP frees a thread's pool when the thread exits), and the engine worker's team has the
+process's CPUs to itself.
 
 Invariants: ``fn`` runs exactly once, on a new daemon thread, and the caller waits for it; its return value is
 returned and its exception raised in the caller, unchanged. A KeyboardInterrupt in the caller while it waits is

@@ -74,16 +74,16 @@ class ExpertCosts:
                 and (self.bus_s is None or self.bus_s > 0)):
             raise ValueError(f"expert costs must be > 0, got {self}")
 
-    def bus_ranks(self, tokens: int, k: int, host_scale: float = 1.0) -> int:
-        """How many of each token's ``k`` choices (the last ones) the device reads over the bus in a call of
-        ``tokens`` tokens: the count whose later side finishes first, the bus's ``tokens * d`` pairs against the
-        host's ``tokens * (k - d)`` (each counted as a distinct expert: a decode step's pairs mostly are), the
-        host's scaled by ``host_scale``; the fewer on a tie. 0 without ``bus_s``."""
-        if self.bus_s is None or tokens < 1:
+    def bus_ranks(self, k: int) -> int:
+        """How many of each token's ``k`` choices (the last ones) the device reads over the bus: the count whose
+        later side finishes first, the bus's ``d`` pairs a token against the host's ``k - d`` (each counted as a
+        distinct expert, as a decode step's pairs mostly are, so the token count scales both sides alike); the
+        fewer on a tie. 0 without ``bus_s``."""
+        if self.bus_s is None:
             return 0
         best, ranks = math.inf, 0
         for d in range(k + 1):
-            finish = max(tokens * d * self.bus_s, host_scale * tokens * (k - d) * self.host_s)
+            finish = max(d * self.bus_s, (k - d) * self.host_s)
             if finish < best:
                 best, ranks = finish, d
         return ranks
@@ -146,7 +146,7 @@ def _best(fn, device: torch.device, repeats: int = 3) -> float:
     return min(times)
 
 
-def _copy_bandwidth(device: torch.device) -> float:
+def host_to_device_bandwidth(device: torch.device) -> float:
     """Bytes a second from page-locked host memory (as the banks are, ``load_weights``) to ``device``."""
     payload = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)
     target = torch.empty_like(payload, device=device)
@@ -179,7 +179,7 @@ def measure_expert_costs(hidden: int, inter: int, device: torch.device, dtype: t
         return None
     size = torch.empty((), dtype=dtype).element_size()
     expert_bytes = 3 * inter * hidden * size
-    copy_s = (stored_bytes or expert_bytes) / _copy_bandwidth(device)
+    copy_s = (stored_bytes or expert_bytes) / host_to_device_bandwidth(device)
 
     k = HOST_PROBE_EXPERTS
     experts = max(2 * k, HOST_PROBE_BYTES // (stored_bytes or expert_bytes) // k * k)

@@ -294,6 +294,7 @@ class HostExperts:
         self.copied_experts = 0   # experts copied to the staging buffer so far
         self.bus_pairs = 0   # routed pairs the device computed reading host memory, so far
         self._bus_split: dict[int, int] = {}   # top-k -> the choices read over the bus (_bus_ranks)
+        self._bus_skips: dict[tuple[int, int], torch.Tensor] = {}   # (T, k) -> the host's skip mask of a bus call
         # The device reads a bank in place only as it is: dense, contiguous, in the run dtype (its op would convert
         # or copy it otherwise) and page-locked (or in the device's own memory: the CPU).
         self._bus = (costs is not None and costs.bus_s is not None and self.cache is None and ops is not None
@@ -388,7 +389,7 @@ class HostExperts:
         device's kernels are compiled for that count (in the warm-up), and a count that followed the measured
         ``host_scale`` would compile new ones while serving."""
         if k not in self._bus_split:
-            self._bus_split[k] = self.costs.bus_ranks(1, k)
+            self._bus_split[k] = self.costs.bus_ranks(k)
         return self._bus_split[k]
 
     def _bus_call(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, ranks: int) -> torch.Tensor:
@@ -408,8 +409,10 @@ class HostExperts:
         if ready is not None:
             ready.synchronize()
         t = self._lap("wait", t)
-        skip = torch.zeros(ids_h.shape, dtype=torch.bool)
-        skip[:, k - ranks:] = True
+        skip = self._bus_skips.get(tuple(ids_h.shape))
+        if skip is None:   # one per batch size: the split is fixed
+            skip = self._bus_skips[tuple(ids_h.shape)] = torch.zeros(ids_h.shape, dtype=torch.bool)
+            skip[:, k - ranks:] = True
         routed = routed_sum(x_h, w_h, ids_h, self.gate_up, self.down, skip=skip, rows=self.rows)
         t = self._lap("host", t)
         out = _to_device(routed, x.device)
