@@ -600,8 +600,8 @@ def test_greedy_tokens_equal_with_copied_experts(artifacts, min_tokens):
 
 
 def test_host_threads_default_to_one_a_physical_core(tmp_path, monkeypatch):
-    from ninfer_qwen3_5.layers import host_experts
-    from ninfer_qwen3_5.layers.host_experts import cpu_quota, host_threads, physical_cores
+    from ninfer_qwen3_5.layers import host_threads as threads_module
+    from ninfer_qwen3_5.layers.host_threads import cpu_quota, host_threads, physical_cores
 
     def topology(siblings: dict[int, str]) -> str:
         root = tmp_path / f"sys{len(list(tmp_path.iterdir()))}"
@@ -618,14 +618,14 @@ def test_host_threads_default_to_one_a_physical_core(tmp_path, monkeypatch):
     assert physical_cores(list(range(6)), plain) == 6
     assert physical_cores([0, 9], plain) is None   # a CPU without a topology entry: unknown
 
-    monkeypatch.setattr(host_experts.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    monkeypatch.setattr(host_experts, "cpu_quota", lambda: None)
-    monkeypatch.setattr(host_experts, "physical_cores", lambda cpus: physical_cores(cpus, smt))
+    monkeypatch.setattr(threads_module.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(threads_module, "cpu_quota", lambda: None)
+    monkeypatch.setattr(threads_module, "physical_cores", lambda cpus: physical_cores(cpus, smt))
     assert host_threads(torch.device("cuda"), None) == 4
-    monkeypatch.setattr(host_experts, "cpu_quota", lambda: 3)
+    monkeypatch.setattr(threads_module, "cpu_quota", lambda: 3)
     assert host_threads(torch.device("cuda"), None) == 3   # a container's quota of 3 CPUs
-    monkeypatch.setattr(host_experts, "cpu_quota", lambda: None)
-    monkeypatch.setattr(host_experts, "physical_cores", lambda cpus: None)
+    monkeypatch.setattr(threads_module, "cpu_quota", lambda: None)
+    monkeypatch.setattr(threads_module, "physical_cores", lambda cpus: None)
     assert host_threads(torch.device("cuda"), None) == 4   # unreadable topology: half the CPUs
     quota = tmp_path / "cpu.max"
     for text, want in (("max 100000\n", None), ("250000 100000\n", 3), ("50000 100000\n", 1), ("bad", None)):
@@ -638,7 +638,8 @@ def test_host_threads_default_to_one_a_physical_core(tmp_path, monkeypatch):
 
 def test_copy_threshold_options():
     from ninfer_qwen3_5.layers.expert_costs import measure_expert_costs
-    from ninfer_qwen3_5.layers.host_experts import host_expert_options, host_threads
+    from ninfer_qwen3_5.layers.host_experts import host_expert_options
+    from ninfer_qwen3_5.layers.host_threads import host_threads
 
     assert measure_expert_costs(64, 32, torch.device("cpu"), torch.float32) is None   # one memory: never copy
     from ninfer.contracts.features import StartupFeatures
