@@ -51,9 +51,10 @@ _HOST = torch.device("cpu")
 
 
 def bus_reads_enabled() -> bool:
-    """Whether the cost model may send a decode step's pairs over the bus (:data:`BUS_READS_ENV`: "1", the
-    default, or "0" for the copy path alone, an A/B in one run); an error naming the variable for another value."""
-    raw = os.environ.get(BUS_READS_ENV, "").strip() or "1"
+    """Whether the cost model may send a decode step's pairs over the bus (:data:`BUS_READS_ENV`: "1", or "0",
+    the default, for the copy path alone); an error naming the variable for another value. Off until bus reads have
+    run on a GPU and been measured against the copy path (docs/memory.md, "Bus reads")."""
+    raw = os.environ.get(BUS_READS_ENV, "").strip() or "0"
     if raw not in ("0", "1"):
         raise InvalidEngineOptions(f"{BUS_READS_ENV}={raw!r}: must be 1 (bus reads where the cost model finds them "
                                    f"faster) or 0 (none)")
@@ -113,7 +114,7 @@ ISSUE_CEILING = 10.0
 _clock = time.perf_counter   # the host-time measurement's clock (tests replace it)
 
 
-#: The environment variable that turns bus reads off ("0") for an A/B (:func:`bus_reads_enabled`).
+#: The environment variable that turns bus reads on ("1") or off ("0", the default) (:func:`bus_reads_enabled`).
 BUS_READS_ENV = "NINFER_HOST_BUS_READS"
 #: The most routed pairs a call may have for bus reads (a decode step's: the device's GEMV path reads an expert once
 #: a pair, so a call with many tokens an expert reads it many times over the bus).
