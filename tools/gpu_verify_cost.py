@@ -39,6 +39,7 @@ stage's milliseconds (``draft_ms_b1``, the device time on CUDA, else the host's)
 
     python3 tools/gpu_verify_cost.py --tokenizer tok.json --out $OUT                  # 9B shape, on the H200
     python3 tools/gpu_verify_cost.py --ks 0,3 --gemv-tc 0,1 --tokenizer tok.json --out $OUT   # the TC GEMV A/B
+    python3 tools/gpu_verify_cost.py --ks 0,3 --gemv-row-mib 48,256 --tokenizer tok.json --out $OUT   # 4-row GEMV A/B
     python3 tools/gpu_verify_cost.py --tiny --device cpu --tokenizer tok.json --out /tmp/vc   # the method on the CPU
     python3 tools/gpu_verify_cost.py --speculative dflash --ks 0,7,15 --stages --tokenizer tok.json --out $OUT
 """
@@ -81,6 +82,11 @@ def parse_args(argv=None):
     ap.add_argument("--gemv-tc", default="",
                     help="comma list of 0/1: run every k with the tensor-core GEMV for 2-16 rows off and on (the "
                          "NINFER_GEMV_TC candidate) on the one artifact; default: as the environment says")
+    ap.add_argument("--gemv-row-mib", default="",
+                    help="comma list of MiB: run every k (after --gemv-tc's settings) with the CUDA-core GEMV taking "
+                         "M rows while M x weight bytes stays under each (ninfer.ops.triton.linear.MAX_ROW_BYTES; "
+                         "the verify's 4 rows of a 9B projection need ~256): whether its launch overlap beats "
+                         "cuBLAS there; default: the module's own")
     ap.add_argument("--stages", action="store_true", help="also time the stages of a speculative step (B=1)")
     ap.add_argument("--profile", type=int, default=0, metavar="ROWS",
                     help="also list the top kernels of each graph's replay at B=1 (ROWS kernels; torch.profiler)")
@@ -296,7 +302,8 @@ def derive(result: dict, accepted: list[float], dflash: bool) -> None:
     """Each speculating k's ratios to the k = 0 entry and its projected speed-ups (module docstring)."""
     for e in result["ks"]:
         base = next((b for b in result["ks"] if b.get("k") == 0 and "graph_ms" in b
-                     and b.get("gemv_tc") == e.get("gemv_tc")), None)
+                     and b.get("gemv_tc") == e.get("gemv_tc") and b.get("gemv_row_mib") == e.get("gemv_row_mib")),
+                    None)
         if base is None or not e.get("k") or "graph_ms" not in e:
             continue
         e["verify_over_decode"] = {b: (v / base["graph_ms"][b] if v and base["graph_ms"].get(b) else None)
@@ -315,11 +322,12 @@ def derive(result: dict, accepted: list[float], dflash: bool) -> None:
 
 def print_table(result: dict, batches: list[int], dflash: bool) -> None:
     step = "round" if dflash else "step"
-    print(f"{'tc':>2} {'k':>2} | " + " | ".join(f"graph B={b} ms (x decode)" for b in batches)
+    print(f"{'tc':>2} {'MiB':>4} {'k':>2} | " + " | ".join(f"graph B={b} ms (x decode)" for b in batches)
           + (" | draft B=1 ms (x decode)" if dflash else "")
           + f" | e2e B=1 ms/{step} (x decode) | projected speed-up B=1")
     for e in result["ks"]:
         tc = {None: "-", False: "0", True: "1"}[e.get("gemv_tc")]
+        tc = f"{tc:>2} {e.get('gemv_row_mib', '-'):>4}"
         if "graph_ms" not in e:
             print(f"{tc:>2} {e['k']:>2} | {e.get('skipped')}")
             continue
@@ -357,21 +365,25 @@ def main(argv=None) -> int:
     if dflash:
         result.update(speculative=args.speculative, drafter=drafter)
         print(f"drafter: {json.dumps(drafter)}", flush=True)
-    from ninfer.ops.triton import linear_tc
+    from ninfer.ops.triton import linear, linear_tc
 
-    settings = [None] if not args.gemv_tc else [{"0": False, "1": True}[v] for v in args.gemv_tc.split(",")]
+    tcs = [None] if not args.gemv_tc else [{"0": False, "1": True}[v] for v in args.gemv_tc.split(",")]
+    mibs = [None] if not args.gemv_row_mib else [int(v) for v in args.gemv_row_mib.split(",")]
+    default_row_bytes = linear.MAX_ROW_BYTES
     try:
-        for tc, k in [(tc, int(x)) for tc in settings for x in args.ks.split(",")]:
+        for tc, mib, k in [(tc, mib, int(x)) for tc in tcs for mib in mibs for x in args.ks.split(",")]:
+            tagged = {**({} if tc is None else {"gemv_tc": tc}), **({} if mib is None else {"gemv_row_mib": mib})}
             if time.perf_counter() - t_start > args.budget_s:
-                result["ks"].append({"k": k, "skipped": "budget", **({} if tc is None else {"gemv_tc": tc})})
+                result["ks"].append({"k": k, "skipped": "budget", **tagged})
                 continue
             if tc is not None:
                 linear_tc.ENABLED = tc   # read at each call: the graphs captured at start bake it in
+            # Read by use_gemv at each call, as ENABLED is.
+            linear.MAX_ROW_BYTES = default_row_bytes if mib is None else mib << 20
             opts = EngineOptions(device=args.device, dtype="bfloat16" if device.type == "cuda" else "float32",
                                  max_concurrency=max(batches), max_context=2048, warmup=False,
                                  **({"speculative": args.speculative, "num_speculative_tokens": k} if k else {}))
-            entry: dict = {"k": k, **({"block": k + 1} if dflash and k else {}),
-                           **({} if tc is None else {"gemv_tc": tc})}
+            entry: dict = {"k": k, **({"block": k + 1} if dflash and k else {}), **tagged}
             with Engine.start(artifact, opts) as engine:
                 program = engine._program   # noqa: SLF001 - the tool times the Program's own graphs
                 graphs = program.speculation.graphs if k else program.graphs
