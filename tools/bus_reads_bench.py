@@ -90,7 +90,8 @@ def measure(args) -> dict:
     rows = NativeRows(args.threads)
     ops = _ops(device)
     report = {"device": str(device), "threads": args.threads, "hidden": h, "inter": i, "experts": e, "k": k,
-              "copy_gbs": host_to_device_bandwidth(device) / 1e9 if pin else None, "host_read_gbs": read_bandwidth(args.threads) / 1e9, "runs": []}
+              "copy_gbs": host_to_device_bandwidth(device) / 1e9 if pin else None,
+              "host_read_gbs": read_bandwidth(args.threads) / 1e9, "runs": []}
     for tokens in (int(t) for t in args.tokens.split(",")):
         x_h = torch.randn(tokens, h, generator=g).to(torch.bfloat16)
         w_h = torch.softmax(torch.randn(tokens, k, generator=g), -1)

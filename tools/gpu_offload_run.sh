@@ -17,8 +17,8 @@
 # 24g:6,16g:7: the budgets scaled to 8 layers, as docs/benchmarks.md explains) with llama.cpp on GGUF
 # (default m.gguf), the rest passed to `ninfer bench` through --ninfer-args.
 # profile: tools/host_experts_profile.py on the prepared artifact under --vram-budget-mib MIB with the native kernel,
-# at each of BATCHES (default 1,8) and each host thread count of THREADS (default: the engine's own choice, half
-# the cores), ARGS passed on to it (e.g. --device-expert-layers 1 --expert-copy-min-tokens 2): the OpenMP runtimes and
+# at each of BATCHES (default 1,8) and each host thread count of THREADS (default: the engine's own choice, one a
+# physical core), ARGS passed on to it (e.g. --device-expert-layers 1 --expert-copy-min-tokens 2): the OpenMP runtimes and
 # CPU topology, the host step's phases, cache counts and the engine worker's profile.
 # PEER_WORKLOADS=1 (bench): our side as two engines sized as llama.cpp's two runs (B=1 and the prefill with one
 # request; B=8 with 8 requests sharing 4,096 tokens of KV), instead of one engine holding KV for 8 long requests.

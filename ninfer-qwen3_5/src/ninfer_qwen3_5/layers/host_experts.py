@@ -221,8 +221,8 @@ class HostExperts:
     place (page-locked, or one memory with the device), a call of few tokens instead has the device read the last
     :meth:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts.bus_ranks` choices of each token (fixed at the first
     call) over the bus, queued before the host waits for the routing (expert_costs module docstring), and neither
-    copies nor caches. The rest run on the host, with ``threads`` intra-op threads (None: torch's count) set on the calling thread, by torch's
-    GEMMs or, with ``rows``, the compiled pair kernel or the native kernel."""
+    copies nor caches. The rest run on the host, with ``threads`` intra-op threads (None: torch's count) set on
+    the calling thread, by torch's GEMMs or, with ``rows``, the compiled pair kernel or the native kernel."""
 
     def __init__(self, gate_up: torch.Tensor | PackedWeight, down: torch.Tensor | PackedWeight, *,
                  cache_slots: int = 0, ops=None, device: torch.device | None = None,
