@@ -267,3 +267,80 @@ def test_cuda_engine_with_bus_reads_equals_device_experts(artifacts, monkeypatch
         got, _, _ = _cuda_generate(path, host_experts=True, host_expert_kernel=kernel)
         assert got == plain
     assert used
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["dense", "q4_g64_fp16"])
+def test_cuda_host_calls_equal_the_host_step(dtype, fmt):
+    """A host call (the mailbox kernels and the native kernel as a host function on the stream) gives the eager
+    native host step's bits, eagerly and replayed from a CUDA graph with new inputs each time; both within the
+    fp64 oracle's rounding."""
+    from ninfer.quant.packed import packed_view
+    from ninfer_qwen3_5.layers.host_experts import HostExperts
+    from ninfer_qwen3_5.layers.host_native import NativeRows
+    from ops_triton.quant_cases import parent_bytes
+
+    dev = torch.device("cuda")
+    x, w, ids, gate_up, down, shared = _case(torch.float32, experts=16, k=4, tokens=3, hidden=64, inter=32)
+    banks = [b.to(dtype).pin_memory() for b in (gate_up, down)]
+    if fmt != "dense":
+        banks = [packed_view(fmt, parent_bytes(fmt, b.reshape(-1, b.shape[-1])), tuple(b.shape), 0, b.numel(),
+                             tuple(b.shape)) for b in (gate_up, down)]
+    kw = dict(device=dev, dtype=dtype, threads=4, rows=NativeRows(4), top_k=4)
+    eager, mailed = HostExperts(*banks, **kw), HostExperts(*banks, host_calls=True, **kw)
+    assert mailed.mailbox is not None
+    dshared = type(shared)(shared.projected.to(dtype).to(dev), shared.down.to(dtype).to(dev),
+                           shared.gate_logit.to(dev))
+    xd, wd, idsd = x.to(dtype).to(dev), w.to(dev), ids.to(dev)
+    want = eager(xd, wd, idsd, dshared)
+    assert torch.equal(mailed(xd, wd, idsd, dshared), want)
+    if fmt == "dense":
+        oracle = _fp64_moe(x.to(dtype).float(), w, ids, gate_up.to(dtype).float(), down.to(dtype).float(),
+                           type(shared)(shared.projected.to(dtype).float(), shared.down.to(dtype).float(),
+                                        shared.gate_logit))
+        err = (want.double().cpu() - oracle).norm() / oracle.norm()
+        assert err < (2e-6 if dtype == torch.float32 else 1.5e-2), err
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        mailed(xd, wd, idsd, dshared)   # warm: kernels compiled outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = mailed(xd, wd, idsd, dshared)
+    for seed in range(3):
+        xn, wn, idsn, _, _, _ = _case(torch.float32, experts=16, k=4, tokens=3, hidden=64, inter=32, seed=seed + 5)
+        xd.copy_(xn.to(dtype))
+        wd.copy_(wn)
+        idsd.copy_(idsn)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager(xd, wd, idsd, dshared)), seed
+    mailed.mailbox.check()
+
+
+def test_cuda_engine_with_host_calls_equals_device_experts(artifacts, monkeypatch):  # noqa: F811
+    """NINFER_HOST_CALLS=1 in a CUDA engine, every layer's experts on the host with the native kernel: the greedy
+    tokens of the experts on the device, each decode graph captured whole (no host step cuts it), in fp32 and with
+    the bf16 scoring path's logprobs within fp32 summation order."""
+    from ninfer_qwen3_5.layers import host_experts as he
+
+    path = artifacts["top2of8"]
+    plain, _, _ = _cuda_generate(path, host_experts=False)
+    monkeypatch.setenv(he.HOST_CALLS_ENV, "1")
+    got, _, memory = _cuda_generate(path, host_experts=True, host_expert_kernel="native")
+    assert got == plain and memory.graph_final_growth_bytes > 0
+    opts = EngineOptions(device="cuda", dtype="float32", max_concurrency=4, max_context=256, prefill_chunk_size=16,
+                         page_size=4, host_experts=True, host_expert_kernel="native", device_expert_layers=0)
+    with Engine.start(path, opts) as engine:
+        handles = [engine.submit(p, sampling=GREEDY) for p in PROMPTS]
+        assert [tuple(h.result().token_ids) for h in handles] == plain
+        program = engine._program   # noqa: SLF001
+        hosts = [layer.mlp.host for layer in program.model.layers if getattr(layer.mlp, "host", None) is not None]
+        assert hosts and all(h.mailbox is not None and h.mailbox.calls > 0 for h in hosts)
+        segments = [len(graph.graphs) for graph, _ in program.graphs._graphs.values()]  # noqa: SLF001
+        assert segments and set(segments) == {1}
+    want = torch.tensor(_cuda_logprobs(path, host_experts=False))
+    got = torch.tensor(_cuda_logprobs(path, host_experts=True, expert_cache_slots=0, host_expert_kernel="native"))
+    assert torch.allclose(got, want, rtol=0, atol=1e-4), (got - want).abs().max()

@@ -42,6 +42,7 @@ from ninfer.quant import PackedWeight, QuantizationError
 from ninfer_qwen3_5.layers.expert_cache import ExpertCache, device_bank, load_expert
 from ninfer_qwen3_5.layers.expert_costs import ExpertCosts, IssueCosts, measure_expert_costs
 from ninfer_qwen3_5.layers.host_compute import compiled_rows, expert_groups, routed_sum
+from ninfer_qwen3_5.layers.host_mailbox import HostMailbox
 from ninfer_qwen3_5.layers.host_native import NativeRows
 from ninfer_qwen3_5.layers.host_threads import host_threads
 
@@ -58,6 +59,18 @@ def bus_reads_enabled() -> bool:
     if raw not in ("0", "1"):
         raise InvalidEngineOptions(f"{BUS_READS_ENV}={raw!r}: must be 1 (bus reads where the cost model finds them "
                                    f"faster) or 0 (none)")
+    return raw == "1"
+
+
+def host_calls_enabled() -> bool:
+    """Whether decode-sized calls go through a :class:`~ninfer_qwen3_5.layers.host_mailbox.HostMailbox` as host
+    functions on the stream (:data:`HOST_CALLS_ENV`: "1", or "0", the default, for the eager host step); an error
+    naming the variable for another value. Off until host calls have run on a GPU and been measured against the
+    host step (docs/memory.md, "Host calls")."""
+    raw = os.environ.get(HOST_CALLS_ENV, "").strip() or "0"
+    if raw not in ("0", "1"):
+        raise InvalidEngineOptions(f"{HOST_CALLS_ENV}={raw!r}: must be 1 (decode-sized calls as host functions on "
+                                   f"the stream, one graph a step) or 0 (the host step between graph segments)")
     return raw == "1"
 
 
@@ -116,6 +129,12 @@ _clock = time.perf_counter   # the host-time measurement's clock (tests replace 
 
 #: The environment variable that turns bus reads on ("1") or off ("0", the default) (:func:`bus_reads_enabled`).
 BUS_READS_ENV = "NINFER_HOST_BUS_READS"
+#: The environment variable that turns host calls on ("1") or off ("0", the default) (:func:`host_calls_enabled`).
+HOST_CALLS_ENV = "NINFER_HOST_CALLS"
+#: Routed pairs a host call's mailbox holds (its capacity in tokens: this over top-k): a decode step's, and few
+#: enough that the native kernel sorts them itself (host_compute.SMALL_PAIRS and up).
+MAILBOX_PAIRS = 256
+
 #: The most routed pairs a call may have for bus reads (a decode step's: the device's GEMV path reads an expert once
 #: a pair, so a call with many tokens an expert reads it many times over the bus).
 BUS_PAIRS = 64
@@ -177,7 +196,7 @@ def host_expert_options(hidden: int, inter: int, experts: int, device: torch.dev
              if copy_min is not None or costs is not None else None)
     return dict(host_experts=True, cache_slots=features.expert_cache_slots, device=device, dtype=dtype,
                 copy_min_tokens=copy_min, costs=costs, stage=stage, threads=threads, adapt_costs=costs is not None,
-                rows=rows)
+                rows=rows, host_calls=device.type == "cuda" and host_calls_enabled())
 
 
 def _auto_rows(device: torch.device, threads: int | None):
@@ -228,7 +247,8 @@ class HostExperts:
                  cache_slots: int = 0, ops=None, device: torch.device | None = None,
                  dtype: torch.dtype | None = None, copy_min_tokens: int | None = None,
                  costs: ExpertCosts | None = None, stage: ExpertStage | None = None,
-                 threads: int | None = None, adapt_costs: bool = False, rows=None) -> None:
+                 threads: int | None = None, adapt_costs: bool = False, rows=None, host_calls: bool = False,
+                 top_k: int | None = None) -> None:
         for name, bank in (("gate_up", gate_up), ("down", down)):
             if bank.device.type != "cpu":
                 raise ValueError(f"host experts need their {name} bank in host memory, got one on {bank.device}")
@@ -262,6 +282,14 @@ class HostExperts:
         self._bus = (costs is not None and costs.bus_s is not None and self.cache is None and ops is not None
                      and all(isinstance(b, torch.Tensor) and b.is_contiguous() and (dtype is None or b.dtype == dtype)
                              and (device is None or device.type == "cpu" or b.is_pinned()) for b in self.stored))
+        # With host_calls, decode-sized calls run as host functions on the stream, through this mailbox: with the
+        # native kernel reading the banks as stored, and neither a cache nor bus reads, which take those calls.
+        self.mailbox = None
+        if (host_calls and top_k and device is not None and dtype in (torch.float32, torch.bfloat16)
+                and self.cache is None and not self._bus and isinstance(rows, NativeRows)
+                and NativeRows.supports(*self.stored)):
+            self.mailbox = HostMailbox(*self.stored, top_k=top_k, capacity=max(1, MAILBOX_PAIRS // top_k),
+                                       dtype=dtype, threads=threads or torch.get_num_threads(), device=device)
         # Wall seconds of each phase of the host step over all calls, when a profiler sets a dict here: "wait"
         # (the copies to the host, waiting for the device), "cache", "copy" (queueing the device's share: the
         # copy path and the cached experts' kernel), "host" (the CPU's sum) and "back" (queueing the sum's copy
@@ -275,6 +303,8 @@ class HostExperts:
         forward (:func:`ninfer.program.host_steps.host_step`): in a CUDA graph it runs between two segments, and
         the shared expert's fp32 term before it and the sum's one rounding after it are captured in them."""
         term = self._shared_term(shared, x.dtype) if shared is not None else None
+        if self.mailbox is not None and self.mailbox.fits(x, ids):
+            return self.mailbox(x, weights, ids, term)   # no host step: a captured graph stays whole
         routed = host_step(lambda: self._routed(x, weights, ids), (x.shape[0], x.shape[-1]), torch.float32,
                            x.device)
         if term is not None:

@@ -429,3 +429,39 @@ int ninfer_routed_sum_ids(int fmt, const void *gu_base, const uint16_t *gu_scale
     free(start), free(meta), free(rows);
     return status;
 }
+
+/* A routed sum queued on a GPU stream as a host function (host_mailbox.py): the driver calls ninfer_host_job_run
+ * with the job once the stream's earlier work is done, and the stream's later work waits for it to return, so a
+ * captured CUDA graph keeps the host's share inside it as a host node. Every field is 8 bytes (host_mailbox.py
+ * mirrors the layout). The device writes the call's token count to *count and its rows of ids, weights and x to
+ * the mailbox before the node; the node writes the fp32 sum to out. A host function may make no CUDA call and
+ * cannot return an error, so a failure is kept in status (the first one; 0 while none), which the Python side
+ * reads; its out rows are then not the sum. */
+typedef struct {
+    int64_t fmt, x_bf16, round, threads;
+    const void *gu_base;
+    const uint16_t *gu_scales;
+    const void *dn_base;
+    const uint16_t *dn_scales;
+    int64_t hidden, inter, experts, k, capacity;
+    const int64_t *count, *ids;
+    const float *weights;
+    const void *x;
+    float *out;
+    int64_t status, calls;
+} ninfer_host_job;
+
+/* -4: a token count outside [0, capacity]. */
+void ninfer_host_job_run(void *arg) {
+    ninfer_host_job *j = arg;
+    int64_t tokens = *(volatile const int64_t *)j->count;
+    int status = -4;
+    if (tokens >= 0 && tokens <= j->capacity) {
+        memset(j->out, 0, (size_t)(tokens * j->hidden) * sizeof *j->out);
+        status = ninfer_routed_sum_ids((int)j->fmt, j->gu_base, j->gu_scales, j->dn_base, j->dn_scales, j->hidden,
+                                       j->inter, j->experts, j->ids, NULL, j->weights, tokens, j->k, j->x,
+                                       (int)j->x_bf16, (int)j->round, j->out, (int)j->threads);
+    }
+    if (status != 0 && j->status == 0) j->status = status;
+    j->calls++;
+}

@@ -55,8 +55,8 @@ class SparseMoE:
             self.in_groups = row_groups([self.w_in])
         self.bank_gate_up, self.bank_down = w["experts/gate_up"], w["experts/down"]
         self.w_shared_down = w["shared/down"]
-        self.host = (HostExperts(self.bank_gate_up, self.bank_down, ops=ops, **host_options) if host_experts
-                     else None)
+        self.host = (HostExperts(self.bank_gate_up, self.bank_down, ops=ops, top_k=self.top_k, **host_options)
+                     if host_experts else None)
 
     def __call__(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         ops, e, s = self.ops, self.num_experts, self.shared_width

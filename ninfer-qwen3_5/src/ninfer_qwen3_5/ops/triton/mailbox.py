@@ -1,0 +1,98 @@
+"""Triton kernels that move a host-expert call through its page-locked mailbox
+(:mod:`ninfer_qwen3_5.layers.host_mailbox`), so that a captured decode graph needs no copy node around the host's
+work.
+
+- :func:`post`: the call's rows of ``x`` (bf16 kept as it is, fp32 as it is), the router's ``weights`` (fp32)
+  and ``ids`` (int64) stored straight into the mailbox's host memory (unified addressing), and the token count
+  into its ``count`` word. One program a token.
+- :func:`fetch`: ``(sum + term).to(dtype)`` for the host's fp32 sum read from host memory in place and the
+  optional fp32 ``term`` on the device (the shared expert's): the same two operations, fp32 add then one rounding
+  (to nearest even, as torch's ``.to``), that the eager host step ends with.
+
+Invariants:
+- Host memory is written through to it (``.wt``) and read past the device's caches (``.cv``): the host writes the
+  sum between two replays of one graph, and a line of the previous replay's sum cached on the device must not be
+  read again.
+- Plain launches (no PDL): :func:`post` starts after the kernels that made ``x``, ``weights`` and ``ids`` have
+  finished, and :func:`fetch` after the host function; neither synchronizes with the host, so both are capturable.
+- Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors (the tests do).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from ninfer.ops.triton._common import INTERPRET, TL_DTYPE, cast, launch_ok, next_pow2
+
+_BLOCK_H = 1024
+
+
+@triton.jit(do_not_specialize=["T"])   # one variant for every token count (a count of 1 would be a constant)
+def _post_kernel(x_ptr, w_ptr, ids_ptr, hx_ptr, hw_ptr, hids_ptr, count_ptr, T, H, K, stride_x, stride_w,
+                 stride_ids, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    t = tl.program_id(0)
+    row = t.to(tl.int64)
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        m = cols < H
+        v = tl.load(x_ptr + row * stride_x + cols, mask=m)
+        tl.store(hx_ptr + row * H + cols, v.to(hx_ptr.dtype.element_ty), mask=m, cache_modifier=".wt")
+    kk = tl.arange(0, BLOCK_K)
+    km = kk < K
+    w = tl.load(w_ptr + row * stride_w + kk, mask=km, other=0.0).to(tl.float32)
+    e = tl.load(ids_ptr + row * stride_ids + kk, mask=km, other=0).to(tl.int64)
+    tl.store(hw_ptr + row * K + kk, w, mask=km, cache_modifier=".wt")
+    tl.store(hids_ptr + row * K + kk, e, mask=km, cache_modifier=".wt")
+    if t == 0:
+        tl.store(count_ptr, T.to(tl.int64), cache_modifier=".wt")
+
+
+@triton.jit
+def _fetch_kernel(sum_ptr, term_ptr, out_ptr, H, stride_term, stride_out, HAS_TERM: tl.constexpr,
+                  OUT_DTYPE: tl.constexpr, BLOCK_H: tl.constexpr, INTERP: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m = cols < H
+    v = tl.load(sum_ptr + t * H + cols, mask=m, other=0.0, cache_modifier=".cv")
+    if HAS_TERM:
+        v = v + tl.load(term_ptr + t * stride_term + cols, mask=m, other=0.0)
+    tl.store(out_ptr + t * stride_out + cols, cast(v, OUT_DTYPE, INTERP), mask=m)
+
+
+def post(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hx: torch.Tensor, hw: torch.Tensor,
+         hids: torch.Tensor, count: torch.Tensor) -> None:
+    """Store ``x [T, H]``, ``weights [T, k]`` and ``ids [T, k]`` into the mailbox's first T rows of ``hx`` (x's
+    dtype), ``hw`` (fp32) and ``hids`` (int64), and T (at least 1) into ``count[0]`` (int64): module docstring."""
+    launch_ok(x)
+    tokens, hidden = x.shape
+    k = ids.shape[1]
+    if tokens > hx.shape[0] or hx.dtype != x.dtype or hx.shape[1] != hidden or hids.shape[1] != k:
+        raise ValueError(f"mailbox post: {tokens} rows of {hidden} ({x.dtype}), k={k}, do not fit a mailbox of "
+                         f"{hx.shape[0]} rows of {hx.shape[1]} ({hx.dtype}), k={hids.shape[1]}")
+    if tokens == 0:
+        raise ValueError("mailbox post: a call with no tokens has nothing for the host")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    weights, ids = weights.contiguous(), ids.contiguous()
+    _post_kernel[(tokens,)](x, weights, ids, hx, hw, hids, count, tokens, hidden, k, x.stride(0), weights.stride(0),
+                            ids.stride(0), BLOCK_H=min(_BLOCK_H, next_pow2(hidden)), BLOCK_K=next_pow2(k),
+                            num_warps=4)
+
+
+def fetch(host_sum: torch.Tensor, tokens: int, term: torch.Tensor | None, dtype: torch.dtype,
+          device: torch.device) -> torch.Tensor:
+    """``(host_sum[:tokens] + term).to(dtype)`` on ``device`` (``term`` fp32 ``[tokens, H]`` or None): module
+    docstring."""
+    hidden = host_sum.shape[1]
+    out = torch.empty((tokens, hidden), dtype=dtype, device=device)
+    launch_ok(out)
+    if tokens == 0:
+        return out
+    if term is not None and term.stride(1) != 1:
+        term = term.contiguous()
+    block = min(_BLOCK_H, next_pow2(hidden))
+    _fetch_kernel[(tokens, triton.cdiv(hidden, block))](
+        host_sum, out if term is None else term, out, hidden, 0 if term is None else term.stride(0), out.stride(0),
+        HAS_TERM=term is not None, OUT_DTYPE=TL_DTYPE[dtype], BLOCK_H=block, INTERP=INTERPRET, num_warps=4)
+    return out
