@@ -132,3 +132,26 @@ def test_host_calls_are_opt_in(monkeypatch):
     monkeypatch.setenv(he.HOST_CALLS_ENV, "yes")
     with pytest.raises(InvalidEngineOptions, match="NINFER_HOST_CALLS='yes'"):
         host_calls_enabled()
+
+
+def test_a_program_raises_a_failed_host_call_after_its_step(monkeypatch):
+    """A host function that failed inside a replayed graph cannot raise: the Program's next forward does."""
+    from ninfer_qwen3_5.expert_caches import HostExpertCaches
+
+    class Base:
+        def forward(self, batch):
+            return batch
+
+    class Program(HostExpertCaches, Base):
+        pass
+
+    gate_up, down = _bank("float32", 16, 64, 48, seed=1), _bank("float32", 16, 48, 32, seed=2)
+    box = HostMailbox(gate_up, down, top_k=2, capacity=4, dtype=torch.float32, threads=1, device=CPU)
+    program = Program()
+    listed = []
+    program.model = type("M", (), {"host_mailboxes": lambda self: listed.append(1) or [box]})()
+    assert program.forward("batch") == "batch"
+    box.job.status = -2
+    with pytest.raises(RuntimeError, match="working buffers could not be allocated"):
+        program.forward("batch")
+    assert listed == [1]   # listed once

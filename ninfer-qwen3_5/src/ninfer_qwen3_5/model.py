@@ -33,7 +33,7 @@ from ninfer_qwen3_5.layers.attention import GatedAttention
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
-from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options, kernel_name
+from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options, host_mailboxes, kernel_name
 from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, host_expert_layers, layer_prefix, text_shapes
@@ -155,6 +155,10 @@ class Qwen35Model:
     def expert_caches(self) -> list:
         """The layers' device caches of host experts, in layer order (program's ``HostExpertCaches``)."""
         return expert_caches(layer.mlp for layer in self.layers)
+
+    def host_mailboxes(self) -> list:
+        """The layers' host-call mailboxes, in layer order (program's ``HostExpertCaches``)."""
+        return host_mailboxes(layer.mlp for layer in self.layers)
 
     @property
     def stages_verify_snapshots(self) -> bool:

@@ -27,7 +27,7 @@ from ninfer.quant import PackedWeight
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
-from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options, kernel_name
+from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options, host_mailboxes, kernel_name
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.model import inverse_frequencies
 from ninfer_qwen3_5.parameters import layer_prefix
@@ -123,6 +123,10 @@ class Qwen4ExpModel:
     def expert_caches(self) -> list:
         """The layers' device caches of host experts, in layer order (``HostExpertCaches``)."""
         return expert_caches(layer.moe for layer in self.layers)
+
+    def host_mailboxes(self) -> list:
+        """The layers' host-call mailboxes, in layer order (``HostExpertCaches``)."""
+        return host_mailboxes(layer.moe for layer in self.layers)
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pos3 = positions.unsqueeze(0).expand(3, -1)

@@ -227,6 +227,12 @@ def expert_caches(moes) -> list:
     return [h.cache for h in hosts if h is not None and h.cache is not None]
 
 
+def host_mailboxes(moes) -> list[HostMailbox]:
+    """The host-call mailboxes of the MoE blocks ``moes`` (SparseMoE or None), in order."""
+    hosts = (getattr(moe, "host", None) for moe in moes)
+    return [h.mailbox for h in hosts if h is not None and h.mailbox is not None]
+
+
 class HostExperts:
     """One MoE layer's routed banks in host memory: ``gate_up[E, 2I, H]`` and ``down[E, H, I]`` (tensors or
     :class:`~ninfer.quant.PackedWeight`), both on the CPU. With ``cache_slots`` > 0 (and ``ops``, ``device``,
