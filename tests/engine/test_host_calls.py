@@ -155,3 +155,45 @@ def test_a_program_raises_a_failed_host_call_after_its_step(monkeypatch):
     with pytest.raises(RuntimeError, match="working buffers could not be allocated"):
         program.forward("batch")
     assert listed == [1]   # listed once
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens,bus_s", [(1, 1.0), (3, 1.0), (2, 3.0), (1, 0.01)])
+def test_bus_reads_beside_a_host_call_give_the_host_steps_bits(dtype, tokens, bus_s):
+    """With bus reads the device computes the last choices of each token (here the CPU's reference op) while the
+    host function leaves them out: the same bits as the host step's bus call, all choices on the bus included."""
+    import types
+
+    from ninfer.ops.reference.moe import moe_experts
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage
+
+    x, w, ids, gate_up, down, shared = _case(dtype, experts=16, k=4, tokens=tokens)
+    costs = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=bus_s)
+
+    def layer(**kw):
+        return HostExperts(gate_up, down, ops=types.SimpleNamespace(moe_experts=moe_experts), device=CPU,
+                           dtype=dtype, costs=costs, stage=ExpertStage(CPU, dtype, slots=2), threads=2,
+                           rows=NativeRows(2), top_k=4, **kw)
+
+    eager, mailed = layer(), layer(host_calls=True)
+    ranks = costs.bus_ranks(4)
+    assert ranks > 0 and eager._bus and mailed._bus and mailed.mailbox is not None  # noqa: SLF001
+    want = eager(x, w, ids, shared)
+    got = mailed(x, w, ids, shared)
+    assert torch.equal(got, want)
+    assert mailed.bus_pairs == eager.bus_pairs == tokens * ranks
+    assert mailed.mailbox.calls == (0 if ranks == 4 else 1)
+    if ranks < 4:
+        assert mailed.mailbox.device_choices == ranks
+        assert mailed.mailbox.skip[0].tolist() == [0] * (4 - ranks) + [1] * ranks
+
+
+def test_leaving_choices_to_the_device_is_checked():
+    gate_up, down = _bank("float32", 16, 64, 48, seed=1), _bank("float32", 16, 48, 32, seed=2)
+    box = HostMailbox(gate_up, down, top_k=2, capacity=4, dtype=torch.float32, threads=1, device=CPU)
+    with pytest.raises(ValueError, match="3 of 2 choices"):
+        box.leave_to_device(3)
+    box.leave_to_device(1)
+    box.leave_to_device(0)
+    assert int(box.skip.sum()) == 0 and box.device_choices == 0

@@ -344,3 +344,44 @@ def test_cuda_engine_with_host_calls_equals_device_experts(artifacts, monkeypatc
     want = torch.tensor(_cuda_logprobs(path, host_experts=False))
     got = torch.tensor(_cuda_logprobs(path, host_experts=True, expert_cache_slots=0, host_expert_kernel="native"))
     assert torch.allclose(got, want, rtol=0, atol=1e-4), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_bus_reads_beside_a_host_call(dtype):
+    """Bus reads on a side stream while the host function runs: the host step's bus call's bits, eagerly and from a
+    replayed CUDA graph (a fork and join inside the capture)."""
+    from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
+    from ninfer_qwen3_5.layers.host_experts import ExpertStage, HostExperts
+    from ninfer_qwen3_5.layers.host_native import NativeRows
+
+    dev = torch.device("cuda")
+    x, w, ids, gate_up, down, shared = _case(torch.float32, experts=16, k=4, tokens=2, hidden=64, inter=32)
+    banks = [b.to(dtype).pin_memory() for b in (gate_up, down)]
+    costs = ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=1.0)
+    kw = dict(ops=_cuda_ops(dtype), device=dev, dtype=dtype, costs=costs, stage=ExpertStage(dev, dtype, slots=2),
+              threads=4, rows=NativeRows(4), top_k=4)
+    eager, mailed = HostExperts(*banks, **kw), HostExperts(*banks, host_calls=True, **kw)
+    assert mailed.mailbox is not None and mailed._side is not None  # noqa: SLF001
+    dshared = type(shared)(shared.projected.to(dtype).to(dev), shared.down.to(dtype).to(dev),
+                           shared.gate_logit.to(dev))
+    xd, wd, idsd = x.to(dtype).to(dev), w.to(dev), ids.to(dev)
+    want = eager(xd, wd, idsd, dshared)
+    assert torch.equal(mailed(xd, wd, idsd, dshared), want)
+    assert mailed.bus_pairs == 2 * costs.bus_ranks(4) > 0
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        mailed(xd, wd, idsd, dshared)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mailed(xd, wd, idsd, dshared)
+    for seed in range(3):
+        xn, wn, idsn, _, _, _ = _case(torch.float32, experts=16, k=4, tokens=2, hidden=64, inter=32, seed=seed + 9)
+        xd.copy_(xn.to(dtype))
+        wd.copy_(wn)
+        idsd.copy_(idsn)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager(xd, wd, idsd, dshared)), seed

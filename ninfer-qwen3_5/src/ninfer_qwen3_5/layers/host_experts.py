@@ -24,6 +24,7 @@ device reads over the bus (:meth:`HostExperts._bus_call`, the expert_costs modul
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -289,13 +290,15 @@ class HostExperts:
                      and all(isinstance(b, torch.Tensor) and b.is_contiguous() and (dtype is None or b.dtype == dtype)
                              and (device is None or device.type == "cpu" or b.is_pinned()) for b in self.stored))
         # With host_calls, decode-sized calls run as host functions on the stream, through this mailbox: with the
-        # native kernel reading the banks as stored, and neither a cache nor bus reads, which take those calls.
+        # native kernel reading the banks as stored and no cache (whose admissions are the host's decisions).
         self.mailbox = None
+        self._side: torch.cuda.Stream | None = None   # the bus reads' stream beside a host call's host function
         if (host_calls and top_k and device is not None and dtype in (torch.float32, torch.bfloat16)
-                and self.cache is None and not self._bus and isinstance(rows, NativeRows)
-                and NativeRows.supports(*self.stored)):
+                and self.cache is None and isinstance(rows, NativeRows) and NativeRows.supports(*self.stored)):
             self.mailbox = HostMailbox(*self.stored, top_k=top_k, capacity=max(1, MAILBOX_PAIRS // top_k),
                                        dtype=dtype, threads=threads or torch.get_num_threads(), device=device)
+            if self._bus and device.type == "cuda":
+                self._side = torch.cuda.Stream(device)
         # Wall seconds of each phase of the host step over all calls, when a profiler sets a dict here: "wait"
         # (the copies to the host, waiting for the device), "cache", "copy" (queueing the device's share: the
         # copy path and the cached experts' kernel), "host" (the CPU's sum) and "back" (queueing the sum's copy
@@ -310,7 +313,7 @@ class HostExperts:
         the shared expert's fp32 term before it and the sum's one rounding after it are captured in them."""
         term = self._shared_term(shared, x.dtype) if shared is not None else None
         if self.mailbox is not None and self.mailbox.fits(x, ids):
-            return self.mailbox(x, weights, ids, term)   # no host step: a captured graph stays whole
+            return self._host_call(x, weights, ids, term)   # no host step: a captured graph stays whole
         routed = host_step(lambda: self._routed(x, weights, ids), (x.shape[0], x.shape[-1]), torch.float32,
                            x.device)
         if term is not None:
@@ -381,6 +384,35 @@ class HostExperts:
         if self._lap("back", t):
             self.phases["calls"] = self.phases.get("calls", 0) + 1
         return out
+
+    def _host_call(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                   term: torch.Tensor | None) -> torch.Tensor:
+        """The layer's output through the mailbox (host_mailbox module docstring). With bus reads the device computes
+        the last choices of each token reading the banks over the bus, on a side stream forked after the mailbox's
+        post and joined before its fetch, so that it runs while the host function computes the other choices."""
+        box, k = self.mailbox, ids.shape[1]
+        ranks = self._bus_ranks(k) if self._bus and ids.numel() <= BUS_PAIRS else 0
+        if ranks == k:   # nothing for the host: as the host step's bus call
+            self.bus_pairs += ids.shape[0] * k
+            routed = self.ops.moe_experts(x, weights, ids, self.gate_up, self.down).float()
+            return (routed + term if term is not None else routed).to(x.dtype)
+        if box.device_choices != ranks:
+            box.leave_to_device(ranks)
+        box.post(x, weights, ids)
+        if not ranks:
+            box.run()
+            return box.fetch(x.shape[0], term, x.dtype)
+        main = torch.cuda.current_stream(x.device) if self._side is not None else None
+        if main is not None:
+            self._side.wait_stream(main)
+        with torch.cuda.stream(self._side) if main is not None else contextlib.nullcontext():
+            part = self.ops.moe_experts(x, weights[:, k - ranks:].contiguous(), ids[:, k - ranks:].contiguous(),
+                                        self.gate_up, self.down)
+        box.run()
+        if main is not None:
+            main.wait_stream(self._side)
+        self.bus_pairs += ids.shape[0] * ranks
+        return box.fetch(x.shape[0], term, x.dtype, part)
 
     def _bus_ranks(self, k: int) -> int:
         """The choices of each token read over the bus, from the start-up's costs, fixed at the first call: the

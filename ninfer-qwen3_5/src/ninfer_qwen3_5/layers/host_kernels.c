@@ -445,6 +445,7 @@ typedef struct {
     const uint16_t *dn_scales;
     int64_t hidden, inter, experts, k, capacity;
     const int64_t *count, *ids;
+    const uint8_t *skip; /* one byte a (token, choice) of the mailbox, nonzero: the device computes that pair */
     const float *weights;
     const void *x;
     float *out;
@@ -459,7 +460,7 @@ void ninfer_host_job_run(void *arg) {
     if (tokens >= 0 && tokens <= j->capacity) {
         memset(j->out, 0, (size_t)(tokens * j->hidden) * sizeof *j->out);
         status = ninfer_routed_sum_ids((int)j->fmt, j->gu_base, j->gu_scales, j->dn_base, j->dn_scales, j->hidden,
-                                       j->inter, j->experts, j->ids, NULL, j->weights, tokens, j->k, j->x,
+                                       j->inter, j->experts, j->ids, j->skip, j->weights, tokens, j->k, j->x,
                                        (int)j->x_bf16, (int)j->round, j->out, (int)j->threads);
     }
     if (status != 0 && j->status == 0) j->status = status;

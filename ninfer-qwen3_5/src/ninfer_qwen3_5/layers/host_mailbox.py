@@ -49,7 +49,7 @@ class _Job(ctypes.Structure):
     _fields_ = [("fmt", _i64), ("x_bf16", _i64), ("round", _i64), ("threads", _i64),
                 ("gu_base", _ptr), ("gu_scales", _ptr), ("dn_base", _ptr), ("dn_scales", _ptr),
                 ("hidden", _i64), ("inter", _i64), ("experts", _i64), ("k", _i64), ("capacity", _i64),
-                ("count", _ptr), ("ids", _ptr), ("weights", _ptr), ("x", _ptr), ("out", _ptr),
+                ("count", _ptr), ("ids", _ptr), ("skip", _ptr), ("weights", _ptr), ("x", _ptr), ("out", _ptr),
                 ("status", _i64), ("calls", _i64)]
 
 
@@ -82,6 +82,8 @@ class HostMailbox:
         self.x = torch.zeros((capacity, hidden), dtype=dtype, pin_memory=pinned)
         self.weights = torch.zeros((capacity, top_k), dtype=torch.float32, pin_memory=pinned)
         self.ids = torch.zeros((capacity, top_k), dtype=torch.int64, pin_memory=pinned)
+        self.skip = torch.zeros((capacity, top_k), dtype=torch.uint8)   # only the host reads it
+        self.device_choices = 0   # the last choices of each token that the device computes (leave_to_device)
         self.out = torch.zeros((capacity, hidden), dtype=torch.float32, pin_memory=pinned)
         # The reference's roundings: to bf16 when the wider of the activation and the (decoded) weight dtypes is.
         weight_dtype = torch.float32 if isinstance(gate_up, PackedWeight) else gate_up.dtype
@@ -90,7 +92,8 @@ class HostMailbox:
         self.job = _Job(fmt=FORMATS[fmt], x_bf16=int(dtype == torch.bfloat16), round=int(wide == torch.bfloat16),
                         threads=threads, gu_base=gu, gu_scales=gu_scales, dn_base=dn, dn_scales=dn_scales,
                         hidden=hidden, inter=inter, experts=experts, k=top_k, capacity=capacity,
-                        count=self.count.data_ptr(), ids=self.ids.data_ptr(), weights=self.weights.data_ptr(),
+                        count=self.count.data_ptr(), ids=self.ids.data_ptr(), skip=self.skip.data_ptr(),
+                        weights=self.weights.data_ptr(),
                         x=self.x.data_ptr(), out=self.out.data_ptr(), status=0, calls=0)
         self._fn = ctypes.cast(library().ninfer_host_job_run, ctypes.c_void_p).value
 
@@ -111,23 +114,56 @@ class HostMailbox:
             raise RuntimeError(f"the host-expert kernel failed in a host call: {_ERRORS.get(status, status)} "
                                f"(status {status})")
 
-    def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                 term: torch.Tensor | None) -> torch.Tensor:
-        """``(routed sum + term).to(x.dtype)`` ``[T, H]`` on x's device, the routed sum computed by a host function
-        queued on the current stream (module docstring); ``term``: fp32 ``[T, H]`` or None. Needs :meth:`fits`."""
+    def leave_to_device(self, choices: int) -> None:
+        """From now on the host function leaves the last ``choices`` of each token's ``top_k`` choices out (the
+        device computes them: bus reads, docs/memory.md); set before the calls that rely on it, never while a call
+        is queued, since the host function reads it."""
+        if not 0 <= choices <= self.top_k:
+            raise ValueError(f"leave_to_device: {choices} of {self.top_k} choices")
+        self.skip.zero_()
+        self.skip[:, self.top_k - choices:] = 1
+        self.device_choices = choices
+
+    def post(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:
+        """Step 1 (module docstring): the call's rows into the mailbox; raises a failure recorded earlier."""
         self.check()
-        tokens = x.shape[0]
         if self.device.type == "cuda":
-            from ninfer_qwen3_5.ops.triton.mailbox import fetch, post
+            from ninfer_qwen3_5.ops.triton.mailbox import post
 
             post(x, weights, ids, self.x, self.weights, self.ids, self.count)
-            launch_host_fn(self._fn, ctypes.addressof(self.job), x.device)
-            return fetch(self.out, tokens, term, x.dtype, x.device)
+            return
+        tokens = x.shape[0]
         self.x[:tokens].copy_(x)
         self.weights[:tokens].copy_(weights)
         self.ids[:tokens].copy_(ids)
         self.count[0] = tokens
-        launch_host_fn(self._fn, ctypes.addressof(self.job), x.device)
-        self.check()
+
+    def run(self) -> None:
+        """Step 2: the host function, queued on the current stream (on the CPU: run now, and checked)."""
+        launch_host_fn(self._fn, ctypes.addressof(self.job), self.device)
+        if self.device.type == "cpu":
+            self.check()
+
+    def fetch(self, tokens: int, term: torch.Tensor | None, dtype: torch.dtype,
+              part: torch.Tensor | None = None) -> torch.Tensor:
+        """Step 3: ``((sum + part) + term).to(dtype)`` ``[tokens, H]`` on the device, ``part`` the device's pairs
+        (``[tokens, H]``, any float dtype, widened) or None, ``term`` fp32 or None."""
+        if self.device.type == "cuda":
+            from ninfer_qwen3_5.ops.triton.mailbox import fetch
+
+            return fetch(self.out, tokens, term, dtype, self.device, part)
         routed = self.out[:tokens]
-        return (routed + term if term is not None else routed).to(x.dtype, copy=True)
+        if part is not None:
+            routed = routed + part.float()
+        if term is not None:
+            routed = routed + term
+        return routed.to(dtype, copy=True)
+
+    def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                 term: torch.Tensor | None) -> torch.Tensor:
+        """``(routed sum + term).to(x.dtype)`` ``[T, H]`` on x's device, the routed sum (of the pairs the host takes)
+        computed by a host function queued on the current stream: the three steps in order (module docstring);
+        ``term``: fp32 ``[T, H]`` or None. Needs :meth:`fits`."""
+        self.post(x, weights, ids)
+        self.run()
+        return self.fetch(x.shape[0], term, x.dtype)

@@ -5,9 +5,10 @@ work.
 - :func:`post`: the call's rows of ``x`` (bf16 kept as it is, fp32 as it is), the router's ``weights`` (fp32)
   and ``ids`` (int64) stored straight into the mailbox's host memory (unified addressing), and the token count
   into its ``count`` word. One program a token.
-- :func:`fetch`: ``(sum + term).to(dtype)`` for the host's fp32 sum read from host memory in place and the
-  optional fp32 ``term`` on the device (the shared expert's): the same two operations, fp32 add then one rounding
-  (to nearest even, as torch's ``.to``), that the eager host step ends with.
+- :func:`fetch`: ``((sum + part) + term).to(dtype)`` for the host's fp32 sum read from host memory in place, the
+  optional device ``part`` (the pairs the device read over the bus, in the activation dtype, widened) and the
+  optional fp32 ``term`` on the device (the shared expert's): the same operations in the same order, fp32 adds
+  then one rounding (to nearest even, as torch's ``.to``), that the eager host step ends with.
 
 Invariants:
 - Host memory is written through to it (``.wt``) and read past the device's caches (``.cv``): the host writes the
@@ -49,12 +50,15 @@ def _post_kernel(x_ptr, w_ptr, ids_ptr, hx_ptr, hw_ptr, hids_ptr, count_ptr, T, 
 
 
 @triton.jit
-def _fetch_kernel(sum_ptr, term_ptr, out_ptr, H, stride_term, stride_out, HAS_TERM: tl.constexpr,
-                  OUT_DTYPE: tl.constexpr, BLOCK_H: tl.constexpr, INTERP: tl.constexpr):
+def _fetch_kernel(sum_ptr, part_ptr, term_ptr, out_ptr, H, stride_part, stride_term, stride_out,
+                  HAS_PART: tl.constexpr, HAS_TERM: tl.constexpr, OUT_DTYPE: tl.constexpr, BLOCK_H: tl.constexpr,
+                  INTERP: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     m = cols < H
     v = tl.load(sum_ptr + t * H + cols, mask=m, other=0.0, cache_modifier=".cv")
+    if HAS_PART:
+        v = v + tl.load(part_ptr + t * stride_part + cols, mask=m, other=0.0).to(tl.float32)
     if HAS_TERM:
         v = v + tl.load(term_ptr + t * stride_term + cols, mask=m, other=0.0)
     tl.store(out_ptr + t * stride_out + cols, cast(v, OUT_DTYPE, INTERP), mask=m)
@@ -81,18 +85,20 @@ def post(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hx: torch.Te
 
 
 def fetch(host_sum: torch.Tensor, tokens: int, term: torch.Tensor | None, dtype: torch.dtype,
-          device: torch.device) -> torch.Tensor:
-    """``(host_sum[:tokens] + term).to(dtype)`` on ``device`` (``term`` fp32 ``[tokens, H]`` or None): module
-    docstring."""
+          device: torch.device, part: torch.Tensor | None = None) -> torch.Tensor:
+    """``((host_sum[:tokens] + part) + term).to(dtype)`` on ``device`` (``part`` ``[tokens, H]`` in any float dtype,
+    widened, or None; ``term`` fp32 ``[tokens, H]`` or None): module docstring."""
     hidden = host_sum.shape[1]
     out = torch.empty((tokens, hidden), dtype=dtype, device=device)
     launch_ok(out)
     if tokens == 0:
         return out
-    if term is not None and term.stride(1) != 1:
-        term = term.contiguous()
+    term = term if term is None or term.stride(1) == 1 else term.contiguous()
+    part = part if part is None or part.stride(1) == 1 else part.contiguous()
     block = min(_BLOCK_H, next_pow2(hidden))
     _fetch_kernel[(tokens, triton.cdiv(hidden, block))](
-        host_sum, out if term is None else term, out, hidden, 0 if term is None else term.stride(0), out.stride(0),
-        HAS_TERM=term is not None, OUT_DTYPE=TL_DTYPE[dtype], BLOCK_H=block, INTERP=INTERPRET, num_warps=4)
+        host_sum, out if part is None else part, out if term is None else term, out, hidden,
+        0 if part is None else part.stride(0), 0 if term is None else term.stride(0), out.stride(0),
+        HAS_PART=part is not None, HAS_TERM=term is not None, OUT_DTYPE=TL_DTYPE[dtype], BLOCK_H=block,
+        INTERP=INTERPRET, num_warps=4)
     return out
