@@ -14,7 +14,9 @@ in segments around it (:mod:`ninfer.program.host_steps`). A host call queues the
 
 All three are captured into a decode graph as they are, so the graph stays one graph and a replay runs the host's
 share without Python. The arithmetic is ``NativeRows.add_routed_ids``'s (the same C function on the same rows),
-so the result equals the eager native path's bits.
+so the result equals the eager native path's bits. With bus reads (:meth:`HostMailbox.leave_to_device`) the host
+function leaves the last choices of each token out, and the layer's device computes them meanwhile
+(``HostExperts._host_call``); :meth:`HostMailbox.fetch` adds its part before the term, as the host step does.
 
 Invariants:
 - One mailbox per layer, reused by every call: the stream orders a call's post, host function and fetch, and a
