@@ -159,7 +159,7 @@ def test_a_bus_that_fails_to_read_leaves_the_copies(caplog):
     assert fine.bus_s > 0   # the same timing with an op that reads them
 
 
-def test_bus_reads_are_opt_in(monkeypatch):
+def test_bus_reads_are_on_by_default(monkeypatch):
     from ninfer.contracts.features import StartupFeatures
     from ninfer.contracts.options import InvalidEngineOptions
     from ninfer_qwen3_5.layers.host_experts import BUS_READS_ENV, host_expert_options
@@ -169,14 +169,14 @@ def test_bus_reads_are_opt_in(monkeypatch):
     ops = types.SimpleNamespace(moe_experts=moe_experts)
     features = StartupFeatures(host_experts=True)
     monkeypatch.delenv(BUS_READS_ENV, raising=False)
-    host_expert_options(64, 32, 8, CPU, torch.float32, features, ops=ops)   # off by default
+    host_expert_options(64, 32, 8, CPU, torch.float32, features, ops=ops)   # on by default
     monkeypatch.setenv(BUS_READS_ENV, "1")
     host_expert_options(64, 32, 8, CPU, torch.float32, features, ops=ops)
     cached = StartupFeatures(host_experts=True, expert_cache_slots=2)
     host_expert_options(64, 32, 8, CPU, torch.float32, cached, ops=ops)   # a cache never reads over the bus
     monkeypatch.setenv(BUS_READS_ENV, "0")
     host_expert_options(64, 32, 8, CPU, torch.float32, features, ops=ops)
-    assert asked == [None, moe_experts, None, None]
+    assert asked == [moe_experts, moe_experts, None, None]
     monkeypatch.setenv(BUS_READS_ENV, "yes")
     with pytest.raises(InvalidEngineOptions, match="NINFER_HOST_BUS_READS='yes'"):
         host_expert_options(64, 32, 8, CPU, torch.float32, features, ops=ops)

@@ -122,9 +122,9 @@ def test_host_functions_run_on_cuda_streams_or_the_cpu():
         launch_host_fn(0, 0, torch.device("meta"))
 
 
-def test_host_calls_are_opt_in(monkeypatch):
+def test_host_calls_are_on_by_default(monkeypatch):
     monkeypatch.delenv(he.HOST_CALLS_ENV, raising=False)
-    assert not host_calls_enabled()
+    assert host_calls_enabled()
     monkeypatch.setenv(he.HOST_CALLS_ENV, "1")
     assert host_calls_enabled()
     monkeypatch.setenv(he.HOST_CALLS_ENV, "0")

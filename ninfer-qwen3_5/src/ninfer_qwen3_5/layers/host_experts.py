@@ -53,10 +53,10 @@ _HOST = torch.device("cpu")
 
 
 def bus_reads_enabled() -> bool:
-    """Whether the cost model may send a decode step's pairs over the bus (:data:`BUS_READS_ENV`: "1", or "0",
-    the default, for the copy path alone); an error naming the variable for another value. Off until bus reads have
-    run on a GPU and been measured against the copy path (docs/memory.md, "Bus reads")."""
-    raw = os.environ.get(BUS_READS_ENV, "").strip() or "0"
+    """Whether the cost model may send a decode step's pairs over the bus (:data:`BUS_READS_ENV`: "1", the
+    default, or "0" for the copy path alone); an error naming the variable for another value (docs/memory.md, "Bus
+    reads")."""
+    raw = os.environ.get(BUS_READS_ENV, "").strip() or "1"
     if raw not in ("0", "1"):
         raise InvalidEngineOptions(f"{BUS_READS_ENV}={raw!r}: must be 1 (bus reads where the cost model finds them "
                                    f"faster) or 0 (none)")
@@ -65,10 +65,9 @@ def bus_reads_enabled() -> bool:
 
 def host_calls_enabled() -> bool:
     """Whether decode-sized calls go through a :class:`~ninfer_qwen3_5.layers.host_mailbox.HostMailbox` as host
-    functions on the stream (:data:`HOST_CALLS_ENV`: "1", or "0", the default, for the eager host step); an error
-    naming the variable for another value. Off until host calls have run on a GPU and been measured against the
-    host step (docs/memory.md, "Host calls")."""
-    raw = os.environ.get(HOST_CALLS_ENV, "").strip() or "0"
+    functions on the stream (:data:`HOST_CALLS_ENV`: "1", the default, or "0" for the eager host step); an error
+    naming the variable for another value (docs/memory.md, "Host calls")."""
+    raw = os.environ.get(HOST_CALLS_ENV, "").strip() or "1"
     if raw not in ("0", "1"):
         raise InvalidEngineOptions(f"{HOST_CALLS_ENV}={raw!r}: must be 1 (decode-sized calls as host functions on "
                                    f"the stream, one graph a step) or 0 (the host step between graph segments)")
@@ -128,9 +127,9 @@ ISSUE_CEILING = 10.0
 _clock = time.perf_counter   # the host-time measurement's clock (tests replace it)
 
 
-#: The environment variable that turns bus reads on ("1") or off ("0", the default) (:func:`bus_reads_enabled`).
+#: The environment variable that turns bus reads on ("1", the default) or off ("0") (:func:`bus_reads_enabled`).
 BUS_READS_ENV = "NINFER_HOST_BUS_READS"
-#: The environment variable that turns host calls on ("1") or off ("0", the default) (:func:`host_calls_enabled`).
+#: The environment variable that turns host calls on ("1", the default) or off ("0") (:func:`host_calls_enabled`).
 HOST_CALLS_ENV = "NINFER_HOST_CALLS"
 #: Routed pairs a host call's mailbox holds (its capacity in tokens: this over top-k): a decode step's, and few
 #: enough that the native kernel sorts them itself (host_compute.SMALL_PAIRS and up).
