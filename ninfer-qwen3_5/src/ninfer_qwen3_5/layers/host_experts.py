@@ -13,6 +13,11 @@ the run device as usual; only the routed experts' weighted sum is computed on th
 3. the fp32 sum goes back to the device, where the shared expert's fp32 term is added and the total is rounded
    once to the activation dtype.
 
+With host calls (``host_calls``, on by default on a GPU: ``NINFER_HOST_CALLS``) a decode-sized call with the
+native kernel and no cache runs the same three steps without Python and without cutting a captured graph:
+through the layer's :class:`~ninfer_qwen3_5.layers.host_mailbox.HostMailbox`, the sum a host function on the
+stream (:meth:`HostExperts._host_call`).
+
 Invariant: without a cache, steps 2-3 are the reference ``moe_experts`` arithmetic split at its fp32 sum
 (``routed_experts_fp32``, which ``routed_sum`` equals bitwise on the CPU, then ``shared_expert_fp32``), so on the
 CPU a host-expert layer is bitwise the reference op's result, and on a GPU it differs from the device kernels only
@@ -247,7 +252,9 @@ class HostExperts:
     :meth:`~ninfer_qwen3_5.layers.expert_costs.ExpertCosts.bus_ranks` choices of each token (fixed at the first
     call) over the bus, queued before the host waits for the routing (expert_costs module docstring), and neither
     copies nor caches. The rest run on the host, with ``threads`` intra-op threads (None: torch's count) set on
-    the calling thread, by torch's GEMMs or, with ``rows``, the compiled pair kernel or the native kernel."""
+    the calling thread, by torch's GEMMs or, with ``rows``, the compiled pair kernel or the native kernel. With
+    ``host_calls``, ``top_k`` (the router's) and the native kernel, no cache and fp32 or bf16 activations, calls of
+    up to :data:`MAILBOX_PAIRS` pairs run as host calls (module docstring), bus reads beside them."""
 
     def __init__(self, gate_up: torch.Tensor | PackedWeight, down: torch.Tensor | PackedWeight, *,
                  cache_slots: int = 0, ops=None, device: torch.device | None = None,
