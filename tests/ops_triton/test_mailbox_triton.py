@@ -20,6 +20,7 @@ def _mailbox(capacity, hidden, k, dtype):
     return (torch.full((capacity, hidden), 7.0, dtype=dtype, pin_memory=pin),
             torch.full((capacity, k), 7.0, dtype=torch.float32, pin_memory=pin),
             torch.full((capacity, k), 7, dtype=torch.int64, pin_memory=pin),
+            torch.full((capacity, k), 7, dtype=torch.uint8, pin_memory=pin),
             torch.zeros(1, dtype=torch.int64, pin_memory=pin))
 
 
@@ -32,25 +33,33 @@ def test_post_stores_the_call_and_leaves_the_rest(dtype, tokens, hidden, k):
     ids = torch.randint(0, 512, (tokens, k), generator=g, dtype=torch.int32)
     from ninfer_qwen3_5.ops.triton.mailbox import post
 
-    hx, hw, hids, count = _mailbox(6, hidden, k, dtype)
-    post(x.to(DEVICE), w.to(DEVICE), ids.to(DEVICE), hx, hw, hids, count)
+    hx, hw, hids, hskip, count = _mailbox(6, hidden, k, dtype)
+    post(x.to(DEVICE), w.to(DEVICE), ids.to(DEVICE), hx, hw, hids, hskip, count, device_choices=k // 2)
     if CUDA:
         torch.cuda.synchronize()
     assert int(count[0]) == tokens
     assert torch.equal(hx[:tokens], x) and torch.equal(hw[:tokens], w.float())
     assert torch.equal(hids[:tokens], ids.long())
+    assert hskip[:tokens].tolist() == [[0] * (k - k // 2) + [1] * (k // 2)] * tokens
     assert (hx[tokens:] == 7).all() and (hw[tokens:] == 7).all() and (hids[tokens:] == 7).all()
+    assert (hskip[tokens:] == 7).all()
+    post(x.to(DEVICE), w.to(DEVICE), ids.to(DEVICE), hx, hw, hids, hskip, count)   # none to the device
+    if CUDA:
+        torch.cuda.synchronize()
+    assert int(hskip[:tokens].sum()) == 0
 
 
 def test_post_refuses_what_does_not_fit():
     from ninfer_qwen3_5.ops.triton.mailbox import post
 
-    hx, hw, hids, count = _mailbox(2, 16, 2, torch.float32)
+    hx, hw, hids, hskip, count = _mailbox(2, 16, 2, torch.float32)
     x, w, ids = torch.zeros(3, 16), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.int64)
     with pytest.raises(ValueError, match="do not fit a mailbox of 2 rows"):
-        post(x.to(DEVICE), w.to(DEVICE), ids.to(DEVICE), hx, hw, hids, count)
+        post(x.to(DEVICE), w.to(DEVICE), ids.to(DEVICE), hx, hw, hids, hskip, count)
     with pytest.raises(ValueError, match="no tokens"):
-        post(x[:0].to(DEVICE), w[:0].to(DEVICE), ids[:0].to(DEVICE), hx, hw, hids, count)
+        post(x[:0].to(DEVICE), w[:0].to(DEVICE), ids[:0].to(DEVICE), hx, hw, hids, hskip, count)
+    with pytest.raises(ValueError, match="3 of 2 choices"):
+        post(x[:1].to(DEVICE), w[:1].to(DEVICE), ids[:1].to(DEVICE), hx, hw, hids, hskip, count, device_choices=3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -72,17 +81,17 @@ def test_fetch_is_the_host_steps_add_and_rounding(dtype, term, tokens, hidden):
 def test_a_graph_replays_post_and_fetch_with_new_values():
     from ninfer_qwen3_5.ops.triton.mailbox import fetch, post
 
-    hx, hw, hids, count = _mailbox(4, 256, 8, torch.bfloat16)
+    hx, hw, hids, hskip, count = _mailbox(4, 256, 8, torch.bfloat16)
     host_sum = torch.zeros(4, 256, pin_memory=True)
     x = torch.zeros(2, 256, dtype=torch.bfloat16, device="cuda")
     w = torch.zeros(2, 8, device="cuda")
     ids = torch.zeros(2, 8, dtype=torch.int64, device="cuda")
-    post(x, w, ids, hx, hw, hids, count)
+    post(x, w, ids, hx, hw, hids, hskip, count)
     fetch(host_sum, 2, None, torch.bfloat16, x.device)   # compiled before the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        post(x, w, ids, hx, hw, hids, count)
+        post(x, w, ids, hx, hw, hids, hskip, count)
         out = fetch(host_sum, 2, None, torch.bfloat16, x.device)
     for step in range(3):
         x.fill_(step + 1)

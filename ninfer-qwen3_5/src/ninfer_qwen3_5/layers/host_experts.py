@@ -402,9 +402,7 @@ class HostExperts:
             self.bus_pairs += ids.shape[0] * k
             routed = self.ops.moe_experts(x, weights, ids, self.gate_up, self.down).float()
             return (routed + term if term is not None else routed).to(x.dtype)
-        if box.device_choices != ranks:
-            box.leave_to_device(ranks)
-        box.post(x, weights, ids)
+        box.post(x, weights, ids, device_choices=ranks)
         if not ranks:
             box.run()
             return box.fetch(x.shape[0], term, x.dtype)

@@ -14,8 +14,8 @@ in segments around it (:mod:`ninfer.program.host_steps`). A host call queues the
 
 All three are captured into a decode graph as they are, so the graph stays one graph and a replay runs the host's
 share without Python. The arithmetic is ``NativeRows.add_routed_ids``'s (the same C function on the same rows),
-so the result equals the eager native path's bits. With bus reads (:meth:`HostMailbox.leave_to_device`) the host
-function leaves the last choices of each token out, and the layer's device computes them meanwhile
+so the result equals the eager native path's bits. With bus reads (``device_choices`` of :meth:`HostMailbox.post`)
+the host function leaves the last choices of each token out, and the layer's device computes them meanwhile
 (``HostExperts._host_call``); :meth:`HostMailbox.fetch` adds its part before the term, as the host step does.
 
 Invariants:
@@ -84,8 +84,7 @@ class HostMailbox:
         self.x = torch.zeros((capacity, hidden), dtype=dtype, pin_memory=pinned)
         self.weights = torch.zeros((capacity, top_k), dtype=torch.float32, pin_memory=pinned)
         self.ids = torch.zeros((capacity, top_k), dtype=torch.int64, pin_memory=pinned)
-        self.skip = torch.zeros((capacity, top_k), dtype=torch.uint8)   # only the host reads it
-        self.device_choices = 0   # the last choices of each token that the device computes (leave_to_device)
+        self.skip = torch.zeros((capacity, top_k), dtype=torch.uint8, pin_memory=pinned)   # posted with each call
         self.out = torch.zeros((capacity, hidden), dtype=torch.float32, pin_memory=pinned)
         # The reference's roundings: to bf16 when the wider of the activation and the (decoded) weight dtypes is.
         weight_dtype = torch.float32 if isinstance(gate_up, PackedWeight) else gate_up.dtype
@@ -116,28 +115,25 @@ class HostMailbox:
             raise RuntimeError(f"the host-expert kernel failed in a host call: {_ERRORS.get(status, status)} "
                                f"(status {status})")
 
-    def leave_to_device(self, choices: int) -> None:
-        """From now on the host function leaves the last ``choices`` of each token's ``top_k`` choices out (the
-        device computes them: bus reads, docs/memory.md); set before the calls that rely on it, never while a call
-        is queued, since the host function reads it."""
-        if not 0 <= choices <= self.top_k:
-            raise ValueError(f"leave_to_device: {choices} of {self.top_k} choices")
-        self.skip.zero_()
-        self.skip[:, self.top_k - choices:] = 1
-        self.device_choices = choices
-
-    def post(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> None:
-        """Step 1 (module docstring): the call's rows into the mailbox; raises a failure recorded earlier."""
+    def post(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, device_choices: int = 0) -> None:
+        """Step 1 (module docstring): the call's rows into the mailbox, the host function told to leave the last
+        ``device_choices`` of each token's choices out (the device computes them: bus reads); raises a failure
+        recorded earlier."""
         self.check()
+        if not 0 <= device_choices <= self.top_k:
+            raise ValueError(f"host call: {device_choices} of {self.top_k} choices left to the device")
         if self.device.type == "cuda":
             from ninfer_qwen3_5.ops.triton.mailbox import post
 
-            post(x, weights, ids, self.x, self.weights, self.ids, self.count)
+            post(x, weights, ids, self.x, self.weights, self.ids, self.skip, self.count, device_choices)
             return
         tokens = x.shape[0]
         self.x[:tokens].copy_(x)
         self.weights[:tokens].copy_(weights)
         self.ids[:tokens].copy_(ids)
+        self.skip[:tokens] = 0
+        if device_choices:
+            self.skip[:tokens, self.top_k - device_choices:] = 1
         self.count[0] = tokens
 
     def run(self) -> None:

@@ -3,8 +3,10 @@
 work.
 
 - :func:`post`: the call's rows of ``x`` (bf16 kept as it is, fp32 as it is), the router's ``weights`` (fp32)
-  and ``ids`` (int64) stored straight into the mailbox's host memory (unified addressing), and the token count
-  into its ``count`` word. One program a token.
+  and ``ids`` (int64) and each pair's skip flag (the choices the device computes) stored straight into the
+  mailbox's host memory (unified addressing), and the token count into its ``count`` word. One program a token.
+  The flags are posted with the call, not set once: graphs of different batch sizes may leave different choices
+  to the device, and the host function reads them when it runs.
 - :func:`fetch`: ``((sum + part) + term).to(dtype)`` for the host's fp32 sum read from host memory in place, the
   optional device ``part`` (the pairs the device read over the bus, in the activation dtype, widened) and the
   optional fp32 ``term`` on the device (the shared expert's): the same operations in the same order, fp32 adds
@@ -30,8 +32,8 @@ _BLOCK_H = 1024
 
 
 @triton.jit(do_not_specialize=["T"])   # one variant for every token count (a count of 1 would be a constant)
-def _post_kernel(x_ptr, w_ptr, ids_ptr, hx_ptr, hw_ptr, hids_ptr, count_ptr, T, H, K, stride_x, stride_w,
-                 stride_ids, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+def _post_kernel(x_ptr, w_ptr, ids_ptr, hx_ptr, hw_ptr, hids_ptr, hskip_ptr, count_ptr, T, H, K, D, stride_x,
+                 stride_w, stride_ids, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
     t = tl.program_id(0)
     row = t.to(tl.int64)
     for h0 in range(0, H, BLOCK_H):
@@ -45,6 +47,7 @@ def _post_kernel(x_ptr, w_ptr, ids_ptr, hx_ptr, hw_ptr, hids_ptr, count_ptr, T, 
     e = tl.load(ids_ptr + row * stride_ids + kk, mask=km, other=0).to(tl.int64)
     tl.store(hw_ptr + row * K + kk, w, mask=km, cache_modifier=".wt")
     tl.store(hids_ptr + row * K + kk, e, mask=km, cache_modifier=".wt")
+    tl.store(hskip_ptr + row * K + kk, (kk >= K - D).to(tl.uint8), mask=km, cache_modifier=".wt")
     if t == 0:
         tl.store(count_ptr, T.to(tl.int64), cache_modifier=".wt")
 
@@ -65,9 +68,11 @@ def _fetch_kernel(sum_ptr, part_ptr, term_ptr, out_ptr, H, stride_part, stride_t
 
 
 def post(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hx: torch.Tensor, hw: torch.Tensor,
-         hids: torch.Tensor, count: torch.Tensor) -> None:
+         hids: torch.Tensor, hskip: torch.Tensor, count: torch.Tensor, device_choices: int = 0) -> None:
     """Store ``x [T, H]``, ``weights [T, k]`` and ``ids [T, k]`` into the mailbox's first T rows of ``hx`` (x's
-    dtype), ``hw`` (fp32) and ``hids`` (int64), and T (at least 1) into ``count[0]`` (int64): module docstring."""
+    dtype), ``hw`` (fp32) and ``hids`` (int64), each row's skip flags into ``hskip`` (uint8: 1 for its last
+    ``device_choices`` choices, which the device computes, else 0) and T (at least 1) into ``count[0]`` (int64):
+    module docstring."""
     launch_ok(x)
     tokens, hidden = x.shape
     k = ids.shape[1]
@@ -76,12 +81,14 @@ def post(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, hx: torch.Te
                          f"{hx.shape[0]} rows of {hx.shape[1]} ({hx.dtype}), k={hids.shape[1]}")
     if tokens == 0:
         raise ValueError("mailbox post: a call with no tokens has nothing for the host")
+    if not 0 <= device_choices <= k:
+        raise ValueError(f"mailbox post: {device_choices} of {k} choices left to the device")
     if x.stride(1) != 1:
         x = x.contiguous()
     weights, ids = weights.contiguous(), ids.contiguous()
-    _post_kernel[(tokens,)](x, weights, ids, hx, hw, hids, count, tokens, hidden, k, x.stride(0), weights.stride(0),
-                            ids.stride(0), BLOCK_H=min(_BLOCK_H, next_pow2(hidden)), BLOCK_K=next_pow2(k),
-                            num_warps=4)
+    _post_kernel[(tokens,)](x, weights, ids, hx, hw, hids, hskip, count, tokens, hidden, k, device_choices,
+                            x.stride(0), weights.stride(0), ids.stride(0), BLOCK_H=min(_BLOCK_H, next_pow2(hidden)),
+                            BLOCK_K=next_pow2(k), num_warps=4)
 
 
 def fetch(host_sum: torch.Tensor, tokens: int, term: torch.Tensor | None, dtype: torch.dtype,
