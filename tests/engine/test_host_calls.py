@@ -143,7 +143,7 @@ def test_a_program_raises_a_failed_host_call_after_its_step(monkeypatch):
             return batch
 
     class Program(HostExpertCaches, Base):
-        pass
+        """The mixin over a forward that returns its batch."""
 
     gate_up, down = _bank("float32", 16, 64, 48, seed=1), _bank("float32", 16, 48, 32, seed=2)
     box = HostMailbox(gate_up, down, top_k=2, capacity=4, dtype=torch.float32, threads=1, device=CPU)

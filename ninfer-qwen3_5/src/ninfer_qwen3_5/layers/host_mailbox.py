@@ -36,7 +36,7 @@ import torch
 from ninfer.program.host_calls import launch_host_fn
 from ninfer.quant import PackedWeight
 
-from ninfer_qwen3_5.layers.host_native import FORMATS, bank_format, library
+from ninfer_qwen3_5.layers.host_native import FORMATS, bank_format, bank_planes, library
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
@@ -53,12 +53,6 @@ class _Job(ctypes.Structure):
                 ("hidden", _i64), ("inter", _i64), ("experts", _i64), ("k", _i64), ("capacity", _i64),
                 ("count", _ptr), ("ids", _ptr), ("skip", _ptr), ("weights", _ptr), ("x", _ptr), ("out", _ptr),
                 ("status", _i64), ("calls", _i64)]
-
-
-def _planes(bank) -> tuple[int, int | None]:
-    if isinstance(bank, PackedWeight):
-        return bank.planes[0].data_ptr(), bank.planes[2].data_ptr()
-    return bank.data_ptr(), None
 
 
 class HostMailbox:
@@ -89,7 +83,7 @@ class HostMailbox:
         # The reference's roundings: to bf16 when the wider of the activation and the (decoded) weight dtypes is.
         weight_dtype = torch.float32 if isinstance(gate_up, PackedWeight) else gate_up.dtype
         wide = torch.promote_types(dtype, weight_dtype)
-        (gu, gu_scales), (dn, dn_scales) = _planes(gate_up), _planes(down)
+        (gu, gu_scales), (dn, dn_scales) = bank_planes(gate_up), bank_planes(down)
         self.job = _Job(fmt=FORMATS[fmt], x_bf16=int(dtype == torch.bfloat16), round=int(wide == torch.bfloat16),
                         threads=threads, gu_base=gu, gu_scales=gu_scales, dn_base=dn, dn_scales=dn_scales,
                         hidden=hidden, inter=inter, experts=experts, k=top_k, capacity=capacity,

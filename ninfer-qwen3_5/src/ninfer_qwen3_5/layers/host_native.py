@@ -143,7 +143,7 @@ def bank_format(bank) -> object | None:
     return None
 
 
-def _planes(bank) -> tuple[int, int | None]:
+def bank_planes(bank) -> tuple[int, int | None]:
     """(the codes' or values' address, the fp16 scales' address or None) of a bank the kernel reads."""
     if isinstance(bank, PackedWeight):
         return bank.planes[0].data_ptr(), bank.planes[2].data_ptr()
@@ -176,7 +176,7 @@ def project(x: torch.Tensor, bank, groups: list[tuple[int, int]], threads: int) 
     y = torch.empty((x.shape[0], bank.shape[1]), dtype=torch.float32)
     meta = _groups(groups)
     step = meta.element_size()
-    status = library().ninfer_expert_rows(FORMATS[fmt], *_planes(bank), bank.shape[1], x.shape[1], meta.data_ptr(),
+    status = library().ninfer_expert_rows(FORMATS[fmt], *bank_planes(bank), bank.shape[1], x.shape[1], meta.data_ptr(),
                                           meta.data_ptr() + len(groups) * step, len(groups), xf.data_ptr(),
                                           y.data_ptr(), threads)
     _check(status, fmt)
@@ -225,7 +225,7 @@ class NativeRows:
         flags = None if skip is None else skip.to(torch.bool).contiguous().view(torch.uint8)
         threads = self.threads or torch.get_num_threads()
         status = library().ninfer_routed_sum_ids(
-            FORMATS[fmt], *_planes(gate_up), *_planes(down), out.shape[1], down.shape[-1], gate_up.shape[0],
+            FORMATS[fmt], *bank_planes(gate_up), *bank_planes(down), out.shape[1], down.shape[-1], gate_up.shape[0],
             ids.data_ptr(), None if flags is None else flags.data_ptr(), weights.data_ptr(), ids.shape[0],
             ids.shape[1], x.data_ptr(), int(x.dtype == torch.bfloat16), int(wide == torch.bfloat16), out.data_ptr(),
             threads)
@@ -245,7 +245,7 @@ class NativeRows:
         calls, start = [], 0
         for chunk in _chunks(groups):
             meta = _groups(chunk)
-            args = (FORMATS[fmt], *_planes(gate_up), *_planes(down), out.shape[1], inter, meta.data_ptr(),
+            args = (FORMATS[fmt], *bank_planes(gate_up), *bank_planes(down), out.shape[1], inter, meta.data_ptr(),
                     meta.data_ptr() + len(chunk) * meta.element_size(), len(chunk),
                     xf[start].data_ptr(), tokens[start:].data_ptr(), pair_weights[start:].data_ptr(),
                     int(wide == torch.bfloat16), out.data_ptr(), threads)
