@@ -17,6 +17,7 @@ import pytest
 import torch
 from ninfer.ops.reference.moe import moe_experts
 from ninfer_qwen3_5.layers import host_experts as he
+from ninfer_qwen3_5.layers import host_options
 from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
 from ninfer_qwen3_5.layers.host_experts import BUS_PAIRS, ExpertStage, HostExperts
 
@@ -124,7 +125,7 @@ def test_the_engine_with_bus_reads_keeps_the_tokens(artifacts, monkeypatch):  # 
         calls.append(args[-1])
         return real(self, *args)
 
-    monkeypatch.setattr(he, "measure_expert_costs",
+    monkeypatch.setattr(host_options, "measure_expert_costs",
                         lambda *a, **k: ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=1.0))
     monkeypatch.setattr(HostExperts, "_bus_call", counted)
     plain = _generate(artifacts["top2of8"], host_experts=False)
@@ -162,10 +163,10 @@ def test_a_bus_that_fails_to_read_leaves_the_copies(caplog):
 def test_bus_reads_are_on_by_default(monkeypatch):
     from ninfer.contracts.features import StartupFeatures
     from ninfer.contracts.options import InvalidEngineOptions
-    from ninfer_qwen3_5.layers.host_experts import BUS_READS_ENV, host_expert_options
+    from ninfer_qwen3_5.layers.host_options import BUS_READS_ENV, host_expert_options
 
     asked = []
-    monkeypatch.setattr(he, "measure_expert_costs", lambda *a, **k: asked.append(k["bus"]))
+    monkeypatch.setattr(host_options, "measure_expert_costs", lambda *a, **k: asked.append(k["bus"]))
     ops = types.SimpleNamespace(moe_experts=moe_experts)
     features = StartupFeatures(host_experts=True)
     monkeypatch.delenv(BUS_READS_ENV, raising=False)

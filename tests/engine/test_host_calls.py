@@ -17,9 +17,10 @@ import torch
 from ninfer.contracts.options import InvalidEngineOptions
 from ninfer.program.host_calls import HostCallError, launch_host_fn
 from ninfer_qwen3_5.layers import host_experts as he
-from ninfer_qwen3_5.layers.host_experts import HostExperts, host_calls_enabled
+from ninfer_qwen3_5.layers.host_experts import HostExperts
 from ninfer_qwen3_5.layers.host_mailbox import HostMailbox
 from ninfer_qwen3_5.layers.host_native import NativeRows
+from ninfer_qwen3_5.layers.host_options import HOST_CALLS_ENV, host_calls_enabled
 from support.native import require_native_kernel
 
 from engine.test_host_experts import _case
@@ -123,13 +124,13 @@ def test_host_functions_run_on_cuda_streams_or_the_cpu():
 
 
 def test_host_calls_are_on_by_default(monkeypatch):
-    monkeypatch.delenv(he.HOST_CALLS_ENV, raising=False)
+    monkeypatch.delenv(HOST_CALLS_ENV, raising=False)
     assert host_calls_enabled()
-    monkeypatch.setenv(he.HOST_CALLS_ENV, "1")
+    monkeypatch.setenv(HOST_CALLS_ENV, "1")
     assert host_calls_enabled()
-    monkeypatch.setenv(he.HOST_CALLS_ENV, "0")
+    monkeypatch.setenv(HOST_CALLS_ENV, "0")
     assert not host_calls_enabled()
-    monkeypatch.setenv(he.HOST_CALLS_ENV, "yes")
+    monkeypatch.setenv(HOST_CALLS_ENV, "yes")
     with pytest.raises(InvalidEngineOptions, match="NINFER_HOST_CALLS='yes'"):
         host_calls_enabled()
 

@@ -638,7 +638,7 @@ def test_host_threads_default_to_one_a_physical_core(tmp_path, monkeypatch):
 
 def test_copy_threshold_options():
     from ninfer_qwen3_5.layers.expert_costs import measure_expert_costs
-    from ninfer_qwen3_5.layers.host_experts import host_expert_options
+    from ninfer_qwen3_5.layers.host_options import host_expert_options
     from ninfer_qwen3_5.layers.host_threads import host_threads
 
     assert measure_expert_costs(64, 32, torch.device("cpu"), torch.float32) is None   # one memory: never copy

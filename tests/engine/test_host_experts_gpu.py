@@ -249,6 +249,7 @@ def test_cuda_engine_with_bus_reads_equals_device_experts(artifacts, monkeypatch
     """Bus reads in a CUDA engine (decode graphs in segments around the host steps), forced on by the costs: the
     greedy tokens of the experts on the device."""
     from ninfer_qwen3_5.layers import host_experts as he
+    from ninfer_qwen3_5.layers import host_options
     from ninfer_qwen3_5.layers.expert_costs import ExpertCosts
 
     path = artifacts["top2of8"]
@@ -260,7 +261,7 @@ def test_cuda_engine_with_bus_reads_equals_device_experts(artifacts, monkeypatch
         used.append(args[-1])
         return real(self, *args)
 
-    monkeypatch.setattr(he, "measure_expert_costs",
+    monkeypatch.setattr(host_options, "measure_expert_costs",
                         lambda *a, **k: ExpertCosts(copy_s=1.0, host_s=1.0, host_token_s=0.5, bus_s=1.0))
     monkeypatch.setattr(he.HostExperts, "_bus_call", counted)
     for kernel in ("torch", "native"):
@@ -308,11 +309,11 @@ def test_cuda_engine_with_host_calls_equals_device_experts(artifacts, monkeypatc
     """NINFER_HOST_CALLS=1 in a CUDA engine, every layer's experts on the host with the native kernel: the greedy
     tokens of the experts on the device, each decode graph captured whole (no host step cuts it), in fp32 and with
     the bf16 scoring path's logprobs within fp32 summation order."""
-    from ninfer_qwen3_5.layers import host_experts as he
+    from ninfer_qwen3_5.layers.host_options import HOST_CALLS_ENV
 
     path = artifacts["top2of8"]
     plain, _, _ = _cuda_generate(path, host_experts=False)
-    monkeypatch.setenv(he.HOST_CALLS_ENV, "1")
+    monkeypatch.setenv(HOST_CALLS_ENV, "1")
     got, _, memory = _cuda_generate(path, host_experts=True, host_expert_kernel="native")
     assert got == plain and memory.graph_final_growth_bytes > 0
     opts = EngineOptions(device="cuda", dtype="float32", max_concurrency=4, max_context=256, prefill_chunk_size=16,

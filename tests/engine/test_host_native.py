@@ -22,8 +22,9 @@ from ninfer.ops.reference.quantized import DecodedBank
 from ninfer.quant.packed import packed_view
 from ninfer_qwen3_5.layers import host_native
 from ninfer_qwen3_5.layers.host_compute import expert_groups, routed_sum
-from ninfer_qwen3_5.layers.host_experts import HostExperts, host_expert_options
+from ninfer_qwen3_5.layers.host_experts import HostExperts
 from ninfer_qwen3_5.layers.host_native import NativeRows, bank_format, project
+from ninfer_qwen3_5.layers.host_options import host_expert_options
 from ops_triton.quant_cases import parent_bytes
 from support.native import require_native_kernel
 
@@ -313,19 +314,19 @@ def test_auto_takes_the_native_kernel_on_a_gpu_run_and_torch_where_it_cannot(mon
     # The default ("auto"): torch's GEMMs on the CPU (the reference op, bitwise); on a GPU run the native kernel,
     # or torch's with a warning that names why when this host cannot build it. host_expert_options reads only the
     # device's type before any CUDA work, so a "cuda" device object is enough to take the GPU branch here.
-    from ninfer_qwen3_5.layers import host_experts
+    from ninfer_qwen3_5.layers import host_options
     features = EngineOptions(host_experts=True).features()
     assert features.host_expert_kernel == "auto"
-    assert host_experts._auto_rows(torch.device("cpu"), None) is None
+    assert host_options._auto_rows(torch.device("cpu"), None) is None
     require_native_kernel()
-    assert isinstance(host_experts._auto_rows(torch.device("cuda"), 2), NativeRows)
+    assert isinstance(host_options._auto_rows(torch.device("cuda"), 2), NativeRows)
 
     def no_compiler():
         raise NotSupportedError("host_expert_kernel='native' needs a C compiler")
 
     monkeypatch.setattr(host_native, "library", no_compiler)
-    with caplog.at_level("WARNING", logger="ninfer_qwen3_5.layers.host_experts"):
-        assert host_experts._auto_rows(torch.device("cuda"), 2) is None
+    with caplog.at_level("WARNING", logger="ninfer_qwen3_5.layers.host_options"):
+        assert host_options._auto_rows(torch.device("cuda"), 2) is None
     assert "torch's GEMMs compute them instead" in caplog.text and "needs a C compiler" in caplog.text
 
 

@@ -33,7 +33,7 @@ from ninfer_qwen3_5.layers.attention import GatedAttention
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
-from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options, host_mailboxes, kernel_name
+from ninfer_qwen3_5.layers.host_options import expert_caches, host_expert_options, host_mailboxes, kernel_name
 from ninfer_qwen3_5.layers.mlp import DenseMLP
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.parameters import HOST_EXPERT_BANKS, host_expert_layers, layer_prefix, text_shapes
@@ -95,7 +95,7 @@ class Qwen35Model:
         """``features`` (None: the defaults): with ``host_experts``, the routed banks of the text layers but the last
         ``device_expert_layers`` are in host memory (:func:`~.parameters.host_expert_layers`),
         as ``expert_cache_slots``, ``expert_copy_min_tokens``, ``host_expert_threads`` and ``host_expert_kernel``
-        say (:func:`~.layers.host_experts.host_expert_options`, docs/memory.md "Host experts")."""
+        say (:func:`~.layers.host_options.host_expert_options`, docs/memory.md "Host experts")."""
         features = features or StartupFeatures()
         self.cfg, self.ops = cfg, ops
         self.host_experts = features.host_experts

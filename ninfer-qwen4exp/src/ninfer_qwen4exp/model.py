@@ -27,7 +27,7 @@ from ninfer.quant import PackedWeight
 from ninfer_qwen3_5.layers.context import StepContext
 from ninfer_qwen3_5.layers.fused import NormInput
 from ninfer_qwen3_5.layers.gdn import GatedDeltaNet
-from ninfer_qwen3_5.layers.host_experts import expert_caches, host_expert_options, host_mailboxes, kernel_name
+from ninfer_qwen3_5.layers.host_options import expert_caches, host_expert_options, host_mailboxes, kernel_name
 from ninfer_qwen3_5.layers.moe import SparseMoE
 from ninfer_qwen3_5.model import inverse_frequencies
 from ninfer_qwen3_5.parameters import layer_prefix

@@ -38,7 +38,7 @@ class SparseMoE:
     """``host_experts``: the routed banks are in host memory and computed there
     (:class:`~ninfer_qwen3_5.layers.host_experts.HostExperts`, ``cache_slots`` of them per layer also cached on
     ``device`` in ``dtype``; ``host_options``: the rest of its keyword arguments, from
-    :func:`~ninfer_qwen3_5.layers.host_experts.host_expert_options`); the rest of the block stays on the device."""
+    :func:`~ninfer_qwen3_5.layers.host_options.host_expert_options`); the rest of the block stays on the device."""
 
     def __init__(self, cfg: Qwen35Config, w: dict[str, torch.Tensor], ops, *, host_experts: bool = False,
                  **host_options) -> None:
