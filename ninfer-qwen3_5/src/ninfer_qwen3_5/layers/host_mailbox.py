@@ -36,15 +36,11 @@ import torch
 from ninfer.program.host_calls import launch_host_fn
 from ninfer.quant import PackedWeight
 
-from ninfer_qwen3_5.layers.host_native import FORMATS, bank_format, bank_planes, library
+from ninfer_qwen3_5.layers.host_native import FORMATS, bank_format, bank_planes, library, status_text
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 #: The native kernel's status codes (host_kernels.c), by value.
-_ERRORS = {-1: "an unknown bank format", -2: "its working buffers could not be allocated",
-           -3: "an expert id outside the bank", -4: "a token count outside the mailbox"}
-
-
 class _Job(ctypes.Structure):
     """``ninfer_host_job`` of host_kernels.c, field for field (every field 8 bytes)."""
 
@@ -106,8 +102,7 @@ class HostMailbox:
         """RuntimeError naming the first failure a host function recorded, if any."""
         status = self.job.status
         if status:
-            raise RuntimeError(f"the host-expert kernel failed in a host call: {_ERRORS.get(status, status)} "
-                               f"(status {status})")
+            raise RuntimeError(f"the host-expert kernel failed in a host call: {status_text(status)}")
 
     def post(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, device_choices: int = 0) -> None:
         """Step 1 (module docstring): the call's rows into the mailbox, the host function told to leave the last

@@ -158,13 +158,24 @@ def _groups(groups: list[tuple[int, int]]) -> torch.Tensor:
     return torch.tensor([e for e, _ in groups] + first, dtype=torch.int64)
 
 
+#: What each failure status of host_kernels.c's entry points means (one table for the direct calls' errors and the
+#: host calls' recorded ones, :class:`~ninfer_qwen3_5.layers.host_mailbox.HostMailbox`).
+STATUSES = {-1: "an unknown bank format", -2: "its working buffers could not be allocated",
+            -3: "an expert id outside the bank", -4: "a token count outside the mailbox"}
+
+
+def status_text(status: int) -> str:
+    """``status`` of the native kernel in words, the number with it."""
+    return f"{STATUSES.get(status, 'an unknown failure')} (status {status})"
+
+
 def _check(status: int, fmt) -> None:
-    if status == -2:
-        raise MemoryError("the host-expert kernel could not allocate its working buffers")
-    if status == -3:
-        raise ValueError("the host-expert kernel was given an expert id outside the bank")
-    if status != 0:
-        raise RuntimeError(f"the host-expert kernel rejected format {fmt!r}")
+    """Raises the native kernel's failure ``status`` of a direct call by kind (none for 0)."""
+    if status == 0:
+        return
+    kind = MemoryError if status == -2 else ValueError if status == -3 else RuntimeError
+    what = f" {fmt!r}" if status == -1 else ""
+    raise kind(f"the host-expert kernel failed: {status_text(status)}{what}")
 
 
 def project(x: torch.Tensor, bank, groups: list[tuple[int, int]], threads: int) -> torch.Tensor:
