@@ -33,16 +33,17 @@ def test_cuda_bf16_stress_frees_everything(tiny_qwen_artifact_bf16):
 
 
 def test_cuda_fp32_multi_prefill_burst_equals_alone(tiny_qwen_artifact):
-    """Several prefills per step on the CUDA ops, decode graphs and lookahead (issue 30): a burst of 8 mixed
-    prompts, chunked across steps by a small step budget, gives each request's tokens alone."""
+    """Several prefills per step on the CUDA ops, decode graphs and lookahead, such steps launched eagerly
+    (``prefill_graphs=False``): a burst of 8 mixed prompts, chunked across steps by a small step budget, gives each
+    request's tokens alone."""
     from .test_multi_prefill import burst, qwen_work
 
     work = qwen_work([40, 3, 33, 9, 50, 2, 21, 28], seed=7)
     with start(tiny_qwen_artifact, "float32", max_concurrency=1, prefill_chunk_size=64,
-               context_cache=False) as engine:
+               context_cache=False, prefill_graphs=False) as engine:
         alone = [engine.generate(p, sampling=sp).token_ids for p, sp in work]
     with start(tiny_qwen_artifact, "float32", max_concurrency=8, prefill_chunk_size=16,
-               max_step_tokens=12) as engine:
+               max_step_tokens=12, prefill_graphs=False) as engine:
         assert burst(engine, engine._program, work) == alone  # noqa: SLF001
         assert engine.stats().max_unit_chunks >= 2
 
@@ -55,7 +56,7 @@ def test_cuda_fp32_prefill_graphs_equal_eager(tiny_qwen_artifact):
 
     work = qwen_work([40, 3, 33, 9, 50, 2, 21, 28], seed=7)
     with start(tiny_qwen_artifact, "float32", max_concurrency=1, prefill_chunk_size=64,
-               context_cache=False) as engine:
+               context_cache=False, prefill_graphs=False) as engine:
         alone = [engine.generate(p, sampling=sp).token_ids for p, sp in work]
     with start(tiny_qwen_artifact, "float32", max_concurrency=8, prefill_chunk_size=16, max_step_tokens=12,
                prefill_graphs=True) as engine:

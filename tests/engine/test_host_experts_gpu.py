@@ -164,7 +164,7 @@ def test_cuda_moe_prefill_graphs_equal_eager(artifacts):  # noqa: F811
     """The flat prefill-step graphs over a MoE model (device experts: the grouped expert GEMMs inside the graph) give
     the eager tokens; with host experts none are captured."""
     path = artifacts["top2of8"]
-    plain, _, _ = _cuda_generate(path, host_experts=False)
+    plain, _, _ = _cuda_generate(path, host_experts=False, prefill_graphs=False)
     with Engine.start(path, EngineOptions(device="cuda", dtype="float32", max_concurrency=4, max_context=256,
                                           prefill_chunk_size=16, page_size=4, host_experts=False,
                                           prefill_graphs=True)) as engine:

@@ -388,7 +388,8 @@ def test_a_budget_without_room_for_the_graphs_fails_on_the_gpu(default_artifact,
     workspace the pool used to hold) it fit in the allocator's slack on the H200."""
     monkeypatch.delenv(mc.GRAPHS_ENV, raising=False)
     monkeypatch.setattr(mm, "graph_pool_bytes", lambda profile, max_batch, max_context, tokens_per_row=1: 0)
-    opts = EngineOptions(device="cuda", max_concurrency=8, max_context=4096)
+    # Decode graphs alone: the prefill-step graphs' pool is planned apart from graph_pool_bytes.
+    opts = EngineOptions(device="cuda", max_concurrency=8, max_context=4096, prefill_graphs=False)
     planned = plan(default_artifact, opts, env={}).summary()
     fixed = max(planned.weights_bytes + planned.state_bytes + planned.workspace_bytes,
                 planned.startup_peak_bytes - planned.kv_bytes)

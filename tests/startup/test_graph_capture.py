@@ -51,12 +51,18 @@ def test_a_failing_capture_names_the_switch(monkeypatch):
     assert p.asked == [3]
 
 
-def test_prefill_graph_buckets_are_planned_only_when_asked_and_where_they_run(monkeypatch):
+def test_prefill_graph_buckets_are_planned_by_default_where_they_run(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv(resolution.GRAPHS_ENV, raising=False)
     on = EngineOptions(prefill_graphs=True)
-    assert resolution.prefill_graph_tokens(cuda, EngineOptions()) == ()          # off by default
-    assert resolution.prefill_graph_tokens(cuda, on) == (16, 32, 64, 128, 256, 512, 1024, 2048)
+    everything = (16, 32, 64, 128, 256, 512)   # up to the default step budget
+    assert resolution.prefill_graph_tokens(cuda, EngineOptions()) == everything   # on by default
+    assert resolution.prefill_graph_tokens(cuda, on) == everything
+    assert resolution.prefill_graph_tokens(cuda, EngineOptions(max_step_tokens=2048)) \
+        == (16, 32, 64, 128, 256, 512, 1024, 2048)
+    assert resolution.prefill_graph_tokens(cuda, EngineOptions(prefill_graphs=False)) == ()
+    # An architecture that declares no flat steps (ArchitectureSpec.flat_steps) gets none planned.
+    assert resolution.prefill_graph_tokens(cuda, on, supported=False) == ()
     # Up to the first power of two that holds a step while streams decode (at most the prefill chunk).
     assert resolution.prefill_graph_tokens(cuda, EngineOptions(prefill_graphs=True, max_step_tokens=300)) \
         == (16, 32, 64, 128, 256, 512)

@@ -68,7 +68,7 @@ def test_flag_reaches_engine_options(command, required):
 def test_step_budget_flag_reaches_engine_options(command, required):
     parser = build_parser()
     default = common.engine_options(parser.parse_args([command, *required]))
-    assert default.max_step_tokens is None and default.step_tokens == 2048
+    assert default.max_step_tokens is None and default.step_tokens == 512
     set_ = common.engine_options(parser.parse_args([command, *required, "--max-step-tokens", "300"]))
     assert set_.max_step_tokens == 300 and set_.step_tokens == 300
 

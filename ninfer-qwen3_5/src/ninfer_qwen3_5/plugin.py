@@ -61,7 +61,7 @@ def architecture_specs() -> list[ArchitectureSpec]:
 
     return [ArchitectureSpec(name=name, family="qwen3_5", parameter_specs=parameter_specs, profile=profile,
                              create_program=_create_program, summarize_config=summarize_config, frontend="qwen",
-                             lookahead=True)
+                             lookahead=True, flat_steps=True)
             for name in (DENSE, MOE)]
 
 

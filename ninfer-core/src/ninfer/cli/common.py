@@ -75,12 +75,12 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "budget has no room for its workspace)")
     g.add_argument("--max-step-tokens", type=int, default=None, metavar="TOKENS",
                    help="most tokens one engine step computes while other requests stream (their decode rows "
-                        "plus prompt chunks; default 2048): smaller keeps streams smoother while prompts "
+                        "plus prompt chunks; default 512): smaller keeps streams smoother while prompts "
                         "arrive, larger gives new prompts a faster first token (batch jobs)")
     g.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="also capture CUDA graphs of the steps that prefill, one per token bucket up to "
-                        "--max-step-tokens, so such a step replays instead of launching its layers (default off; "
-                        "not with --speculative, vision or host experts)")
+                        "--max-step-tokens, so such a step replays instead of launching its layers (default on "
+                        "where decode graphs are captured; not with --speculative, vision or host experts)")
     g.add_argument("--lookahead", choices=("auto", "on", "off"), default="auto",
                    help="lookahead decode: launch the next decode step before this one's tokens reach the host "
                         "(auto: with CUDA graphs)")

@@ -151,6 +151,10 @@ class ArchitectureSpec:
       Program's decode forward reads each row's state from ``decode_slots`` and rewrites every StateImage
       field of ``decode_out_slots``. Only then does the engine give it ``ProgramOptions.lookahead_slots``
       (and plan their memory).
+    - ``flat_steps``: the one declaration that its Program can run flat padded steps (``ModelProgram.flat_steps``,
+      ``ninfer.program.flat_batch``) for some features: only then does the engine plan and ask for prefill-step
+      graphs (``ProgramOptions.prefill_graph_tokens``); the Program may still decline them for features it cannot
+      run flat (it then captures none and leaves its padding slot unheld).
     """
 
     name: str
@@ -161,3 +165,4 @@ class ArchitectureSpec:
     summarize_config: Callable[[Mapping[str, Any]], dict[str, Any]]
     frontend: str
     lookahead: bool = False
+    flat_steps: bool = False

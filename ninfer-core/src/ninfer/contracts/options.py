@@ -20,9 +20,10 @@ GENERATION_PREFILL_CHUNK = 8192
 SCORING_PREFILL_CHUNK = 2048
 # Step token budget default (``EngineOptions.max_step_tokens``): while streams are decoding, every step's tokens
 # (decode rows + prefill chunks) delay their next token, so this bounds a running stream's inter-token stall
-# while prompts prefill; a larger budget prefills faster (better TTFT) and stalls longer. A starting value, to
-# be re-chosen by measurement on the target GPU.
-DEFAULT_MAX_STEP_TOKENS = 2048
+# while prompts prefill; a larger budget prefills faster (better TTFT) and stalls longer. With prefill-step graphs,
+# 512 stalls running streams about a third as long as 2,048 for the same burst TTFT, and prefills a long prompt
+# arriving among them ~30% slower (docs/memory.md, "Prefill and decode in one step", has the measured curve).
+DEFAULT_MAX_STEP_TOKENS = 512
 # Encoder budget default (``EngineOptions.max_encode_rows``): the most encoder input rows (image patches) one step
 # encodes, and so the largest single frame (an image, or one temporal patch of a video) a request may carry. 16,384
 # patches of 16 x 16 pixels are 4.2 megapixels (2048 x 2048); through Qwen3.5's 27-layer tower that is about the
@@ -55,7 +56,7 @@ class EngineOptions:
     - ``max_step_tokens`` (>= 1): the most tokens one engine step computes while decode rows are running:
       its decode rows (one token each) plus prefill/Replay chunks of as many other requests as fit (a long
       prompt is chunked across steps). A step with no decode row may use ``prefill_chunk`` tokens (nothing
-      is stalled then). None (default): 2,048 (:attr:`step_tokens` is the resolved value). Smaller:
+      is stalled then). None (default): 512 (:attr:`step_tokens` is the resolved value). Smaller:
       shorter stalls of running streams while prompts arrive, slower TTFT for bursts and long prompts;
       larger favours TTFT (batch jobs): ``prefill_chunk + max_concurrency`` or more gives prefill the whole
       ``prefill_chunk`` beside running decode rows, as before this option. When the decode rows alone fill
@@ -144,11 +145,13 @@ class EngineOptions:
       checkpoints) so no kernel compiles while serving; it leaves nothing behind. None: on for a generation
       engine on CUDA, off otherwise (on the CPU nothing compiles: it would only cost); True forces it on (also
       on the CPU, for tests), False off. True on a causal_scoring engine is an error.
-    - ``prefill_graphs`` (default False): also capture CUDA graphs of the steps that prefill, one per token bucket
+    - ``prefill_graphs`` (default True): also capture CUDA graphs of the steps that prefill, one per token bucket
       (powers of two from 16 up to the step token budget), over the flat padded layout
-      (``ninfer.program.prefill_graphs``); a step that fits a bucket replays it instead of launching its layers.
-      Only where decode graphs are captured, and not with speculative decoding, vision or host experts (there it
-      is ignored); an architecture that cannot run flat steps captures none.
+      (``ninfer.program.prefill_graphs``); a step that fits a bucket replays it instead of launching its layers
+      (a burst's first tokens and a step's stall of running streams both shorten: docs/memory.md, "Prefill and
+      decode in one step"). Only where decode graphs are captured, and not with speculative decoding, vision or
+      host experts (there it is ignored); an architecture that cannot run flat steps
+      (``ArchitectureSpec.flat_steps``) captures none. False: such steps launch their layers eagerly.
     """
 
     max_concurrency: int = 4
@@ -182,7 +185,7 @@ class EngineOptions:
     host_expert_threads: int | None = None
     host_expert_kernel: str | None = None
     expert_routing_file: str | None = None
-    prefill_graphs: bool = False
+    prefill_graphs: bool = True
 
     def validate(self) -> EngineOptions:
         def bad(name: str, why: str) -> InvalidEngineOptions:

@@ -152,7 +152,7 @@ def artifact_profile(artifact: str | os.PathLike | ArtifactReader, options: Engi
             reader.close()
     profile = spec.profile(text.config, features, dtype=dtype, stored_dtypes=source.stored_dtypes)
     resolved = resolve_options(options, device=device, dtype=dtype, profile=profile,
-                               lookahead_supported=spec.lookahead)
+                               lookahead_supported=spec.lookahead, flat_steps_supported=spec.flat_steps)
     return ArtifactProfile(spec=spec, config=text.config, parameter_specs=specs, source=source,
                            profile=profile, options=resolved)
 

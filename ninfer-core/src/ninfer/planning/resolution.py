@@ -95,12 +95,13 @@ def explicit_pages(options: EngineOptions, profile: ModelProfile, max_context: i
     return pages
 
 
-def prefill_graph_tokens(device: torch.device, options: EngineOptions) -> tuple[int, ...]:
+def prefill_graph_tokens(device: torch.device, options: EngineOptions, supported: bool = True) -> tuple[int, ...]:
     """The token buckets of the prefill-step graphs (``EngineOptions.prefill_graphs``): powers of two from
     :data:`MIN_PREFILL_GRAPH_TOKENS` up to the first that holds a step while streams decode (``max_step_tokens``,
-    at most the prefill chunk); none unless asked for, where decode graphs are captured, without speculation,
-    vision or host experts."""
-    if (not options.prefill_graphs or not graph_batches(device, options) or options.host_experts
+    at most the prefill chunk); none when turned off, where no decode graphs are captured, for an architecture
+    that runs no flat steps (``supported``: ``ArchitectureSpec.flat_steps``), or with speculation, vision or host
+    experts."""
+    if (not options.prefill_graphs or not supported or not graph_batches(device, options) or options.host_experts
             or options.speculative or options.num_speculative_tokens or options.vision):
         return ()
     top = min(options.step_tokens, options.prefill_chunk)
@@ -238,10 +239,12 @@ class ResolvedOptions:
 
 
 def resolve_options(options: EngineOptions, *, device: torch.device, dtype: torch.dtype,
-                    profile: ModelProfile, lookahead_supported: bool) -> ResolvedOptions:
+                    profile: ModelProfile, lookahead_supported: bool,
+                    flat_steps_supported: bool = False) -> ResolvedOptions:
     """Resolve validated ``options`` (module docstring) for a model with ``profile`` on ``device`` in
     ``dtype`` (from :func:`resolve_device` / :func:`resolve_dtype`); ``lookahead_supported``: the
-    architecture's Program supports lookahead decode (``ArchitectureSpec.lookahead``)."""
+    architecture's Program supports lookahead decode (``ArchitectureSpec.lookahead``); ``flat_steps_supported``:
+    it runs flat steps, so prefill-step graphs (``ArchitectureSpec.flat_steps``)."""
     check_speculative(options)
     options = options.for_purpose()
     max_context = options.max_context
@@ -256,4 +259,4 @@ def resolve_options(options: EngineOptions, *, device: torch.device, dtype: torc
     return ResolvedOptions(options=resolved, device=device, dtype=dtype, explicit_pages=pages,
                            graph_batches=graph_batches(device, options), lookahead_slots=spares,
                            speculative_tokens=speculative_tokens(options, drafts),
-                           prefill_graph_tokens=prefill_graph_tokens(device, options))
+                           prefill_graph_tokens=prefill_graph_tokens(device, options, flat_steps_supported))
