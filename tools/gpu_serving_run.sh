@@ -5,6 +5,8 @@
 #   2. `ninfer bench` with the context cache off, then on (one pair: B=1, B=8 decode and the 8k prefill);
 #   3. tools/spec_speed.py: MTP, DFlash and DFlash2 acceptance and speed on the embedded default model;
 #   4. `ninfer bench-serve` (vLLM's bench serve protocol) against `ninfer serve` at 1, 2, 4 and 8 streams.
+#   5. tools/gpu_mixed_step_profile.py: a mixed step's kernels (7 decoding streams beside an 8k prompt's chunks) at
+#      step budgets 256, 512 and 2048, prefill-step graphs on and off (not in the default PHASES: PHASES=5).
 # Each phase has its own time limit, so a slow one cannot take the others' results with it.
 #
 #   bash tools/gpu_serving_run.sh          # on the device, carry .gpu-wheels; results under $OUT
@@ -18,10 +20,12 @@ out="${OUT:-$PWD/serving-results}"
 work=/tmp/ninfer_serving
 configs="${CONFIGS:-default,256,512,1024,ttft,nowarmup}"
 phases=",${PHASES:-1,2,3,4},"
+mixed_args=(--budgets 256,512,2048)
 device=cuda shape=(--shape 9b) bursts=() bench=() mtp=() install=1 per_stream=16 serve_io=(110 256)
 if [ "${TINY:-0}" = 1 ]; then
     device=cpu shape=(--tiny) bursts=(--tiny) install=0 mtp=(--tokens 24 --prompts 2 --runs none,mtp:2,dflash:3) per_stream=2 serve_io=(12 8)
     bench=(--decode-prompt-tokens 16 --decode-base-tokens 2 --decode-steps 4 --repeats 1 --copy-mib 16 --matmul-size 128)
+    mixed_args=(--device cpu --budgets 8,32 --graphs on --streams 2 --short 5 --long 40 --stream-tokens 400 --vocab 0,256)
 fi
 mkdir -p "$out" "$work"
 cd "$root"
@@ -63,6 +67,10 @@ esac
 case "$phases" in *,3,*)
 say "phase 3: MTP on the default model"
 timeout 150 python3 tools/spec_speed.py --device $device "${mtp[@]}" --out "$out" 2>&1 | tee "$out/mtp.log" ;;
+esac
+case "$phases" in *,5,*)
+say "phase 5: a mixed step's kernels"
+timeout 400 python3 tools/gpu_mixed_step_profile.py "$art" --out "$out" "${mixed_args[@]}" 2>&1 | tee "$out/mixed.log" ;;
 esac
 case "$phases" in *,4,*)
 say "phase 4: ninfer bench-serve at 1, 2, 4, 8 streams"

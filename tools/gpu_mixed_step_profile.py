@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Where a mixed step's GPU time goes: decode rows beside a long prompt's chunks (diagnostics, not a benchmark).
+
+The serving bursts (tools/serve_bursts.py) show a step that prefills beside running streams costing far more than
+a decode step even at the smallest step budgets. This tool finds where that time goes. For each step budget of
+``--budgets`` and each of prefill-step graphs on and off, it starts the public Engine on ARTIFACT, lets ``--streams``
+requests decode, then submits one ``--long``-token prompt and records, under torch.profiler, every GPU kernel
+until the prompt's first token (kernels replayed from CUDA graphs are recorded one by one). Each step of that
+window holds the decode rows and one chunk of the prompt, so the kernels' time over the window's steps is a mixed
+step's time. Writes ``mixed_steps.json`` and ``mixed_steps.txt`` (per configuration: the step count, the wall
+and kernel time per step, and the kernels by GPU time per step) under ``--out``.
+
+    python3 tools/gpu_mixed_step_profile.py /tmp/ninfer_serving/art/qwen3_5-9b-32l.ninfer --out $OUT \
+        --budgets 256,512,2048
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def kernel_rows(events: list[dict], steps: int) -> list[dict]:
+    """The kernel events of a Chrome trace (``cat`` "kernel", complete events) summed by name: GPU microseconds
+    and calls per step over ``steps`` steps, largest first."""
+    by: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("cat") != "kernel" or e.get("ph") != "X":
+            continue
+        acc = by.setdefault(e["name"][:100], [0.0, 0])
+        acc[0] += float(e["dur"])
+        acc[1] += 1
+    rows = [{"kernel": k, "us_per_step": v[0] / steps, "calls_per_step": v[1] / steps} for k, v in by.items()]
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return rows
+
+
+def kernel_span_us(events: list[dict]) -> float:
+    """From the first kernel's start to the last kernel's end, in microseconds (0 without kernels)."""
+    kernels = [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    if not kernels:
+        return 0.0
+    return max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
+
+
+def fmt_rows(rows: list[dict], step_us: float, limit: int = 30) -> str:
+    lines = [f"{'us/step':>9} {'%':>6} {'calls':>6}  kernel"]
+    for r in rows[:limit]:
+        share = 100 * r["us_per_step"] / step_us if step_us else 0.0
+        lines.append(f"{r['us_per_step']:9.1f} {share:6.1f} {r['calls_per_step']:6.1f}  {r['kernel']}")
+    return "\n".join(lines)
+
+
+def _trace_events(prof) -> list[dict]:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        return json.loads(Path(f.name).read_text()).get("traceEvents", [])
+
+
+def profile_config(artifact: Path, budget: int, graphs: bool, args) -> dict:
+    """One configuration's mixed-step profile (module docstring)."""
+    import torch
+    from ninfer import Engine, EngineOptions
+    from ninfer.contracts.sampling import SamplingParams
+    from torch.profiler import ProfilerActivity, profile
+
+    opts = EngineOptions(device=args.device, max_concurrency=args.streams + 1, max_context=args.long + 1024,
+                         max_step_tokens=budget, prefill_graphs=graphs)
+    cuda = args.device == "cuda"
+    gen = torch.Generator().manual_seed(5)
+    vocab = tuple(int(v) for v in args.vocab.split(","))
+
+    def prompt(n: int) -> list[int]:
+        return torch.randint(*vocab, (n,), generator=gen).tolist()
+
+    with Engine.start(artifact, opts) as engine:
+        one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        engine.generate(prompt(args.long), sampling=one)   # the long prompt's kernels compiled before timing
+        streaming = SamplingParams(temperature=0.0, max_tokens=args.stream_tokens or args.long, ignore_eos=True)
+        base = engine.stats().decode_tokens
+        streams = [engine.submit(prompt(args.short), sampling=streaming) for _ in range(args.streams)]
+        # Every stream decoding before the window opens, so its steps hold decode rows beside the prompt's chunks.
+        while engine.stats().decode_tokens - base < 4 * args.streams:
+            time.sleep(0.01)
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            # Counted from inside the window: the profiler's start takes several steps.
+            before = engine.stats()
+            t0 = time.perf_counter()
+            with engine.submit(prompt(args.long), sampling=one) as long:
+                long.result()
+            wall = time.perf_counter() - t0
+            if cuda:
+                torch.cuda.synchronize()
+        after = engine.stats()
+        for s in streams:
+            s.cancel()
+        buckets = engine.info["prefill_graphs"]
+        events = _trace_events(prof)
+    steps = max(1, after.units - before.units)
+    rows = kernel_rows(events, steps)
+    kernel_us = sum(r["us_per_step"] for r in rows)
+    return {"budget": budget, "prefill_graphs": graphs, "steps": steps, "wall_ms": wall * 1000,
+            "chunks": after.chunks - before.chunks, "prefill_tokens": after.prefill_tokens - before.prefill_tokens,
+            "decode_tokens": after.decode_tokens - before.decode_tokens,
+            "wall_us_per_step": wall * 1e6 / steps, "kernel_us_per_step": kernel_us,
+            "span_us_per_step": kernel_span_us(events) / steps, "prefill_graph_buckets": buckets,
+            "kernels": rows[:60]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifact", type=Path)
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--budgets", default="256,512,2048")
+    ap.add_argument("--graphs", default="on,off", help="prefill-step graphs: on, off or both (on,off)")
+    ap.add_argument("--streams", type=int, default=7)
+    ap.add_argument("--short", type=int, default=110)
+    ap.add_argument("--long", type=int, default=8192)
+    ap.add_argument("--stream-tokens", type=int, default=None,
+                    help="each stream's max_tokens (default --long): enough to outlast the long prompt's prefill")
+    ap.add_argument("--vocab", default="1000,30000", help="the prompts' token ids are drawn from this range")
+    ap.add_argument("--device", default="cuda", help="cpu: the engine-driving path alone, for tests (no kernels)")
+    args = ap.parse_args()
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_mixed_step_profile: needs a CUDA device", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    results, text = [], []
+    for budget in (int(b) for b in args.budgets.split(",")):
+        for flag in args.graphs.split(","):
+            r = profile_config(args.artifact, budget, flag == "on", args)
+            results.append(r)
+            head = (f"== budget {budget}, prefill graphs {flag}: {r['steps']} steps, wall {r['wall_us_per_step']:.0f} "
+                    f"us/step, kernels {r['kernel_us_per_step']:.0f} us/step, kernel span "
+                    f"{r['span_us_per_step']:.0f} us/step")
+            print(head, flush=True)
+            text.append(head + "\n" + fmt_rows(r["kernels"], r["wall_us_per_step"]))
+            (args.out / "mixed_steps.json").write_text(json.dumps(results, indent=1))
+            (args.out / "mixed_steps.txt").write_text("\n\n".join(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
