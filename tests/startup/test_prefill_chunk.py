@@ -73,6 +73,14 @@ def test_step_budget_flag_reaches_engine_options(command, required):
     assert set_.max_step_tokens == 300 and set_.step_tokens == 300
 
 
+def test_host_experts_keep_the_larger_step_budget():
+    # A host-expert step's expert copies cost about the same at any chunk size: the default budget is 2,048 there,
+    # 512 otherwise (auto host experts count as off until the plan resolves them), and an explicit budget wins.
+    assert EngineOptions(host_experts=True).step_tokens == 2048
+    assert EngineOptions(host_experts=None).step_tokens == EngineOptions(host_experts=False).step_tokens == 512
+    assert EngineOptions(host_experts=True, max_step_tokens=300).step_tokens == 300
+
+
 @pytest.mark.parametrize("bad", [0, -5, 2.5, True])
 def test_bad_step_budget_is_refused_by_name(bad):
     with pytest.raises(InvalidEngineOptions, match="max_step_tokens"):

@@ -75,8 +75,8 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "budget has no room for its workspace)")
     g.add_argument("--max-step-tokens", type=int, default=None, metavar="TOKENS",
                    help="most tokens one engine step computes while other requests stream (their decode rows "
-                        "plus prompt chunks; default 512): smaller keeps streams smoother while prompts "
-                        "arrive, larger gives new prompts a faster first token (batch jobs)")
+                        "plus prompt chunks; default 512, 2048 with host experts): smaller keeps streams smoother "
+                        "while prompts arrive, larger gives new prompts a faster first token (batch jobs)")
     g.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="also capture CUDA graphs of the steps that prefill, one per token bucket up to "
                         "--max-step-tokens, so such a step replays instead of launching its layers (default on "

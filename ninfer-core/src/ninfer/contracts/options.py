@@ -24,6 +24,9 @@ SCORING_PREFILL_CHUNK = 2048
 # 512 stalls running streams about a third as long as 2,048 for the same burst TTFT, and prefills a long prompt
 # arriving among them ~30% slower (docs/memory.md, "Prefill and decode in one step", has the measured curve).
 DEFAULT_MAX_STEP_TOKENS = 512
+# With host experts a step that prefills copies to the device (or computes on the host) most of the experts its
+# chunk routes to, whatever its token count, so a smaller budget only multiplies such steps: they keep 2,048.
+HOST_EXPERTS_MAX_STEP_TOKENS = 2048
 # Encoder budget default (``EngineOptions.max_encode_rows``): the most encoder input rows (image patches) one step
 # encodes, and so the largest single frame (an image, or one temporal patch of a video) a request may carry. 16,384
 # patches of 16 x 16 pixels are 4.2 megapixels (2048 x 2048); through Qwen3.5's 27-layer tower that is about the
@@ -56,7 +59,8 @@ class EngineOptions:
     - ``max_step_tokens`` (>= 1): the most tokens one engine step computes while decode rows are running:
       its decode rows (one token each) plus prefill/Replay chunks of as many other requests as fit (a long
       prompt is chunked across steps). A step with no decode row may use ``prefill_chunk`` tokens (nothing
-      is stalled then). None (default): 512 (:attr:`step_tokens` is the resolved value). Smaller:
+      is stalled then). None (default): 512, or 2,048 with host experts (:attr:`step_tokens` is the
+      resolved value). Smaller:
       shorter stalls of running streams while prompts arrive, slower TTFT for bursts and long prompts;
       larger favours TTFT (batch jobs): ``prefill_chunk + max_concurrency`` or more gives prefill the whole
       ``prefill_chunk`` beside running decode rows, as before this option. When the decode rows alone fill
@@ -323,8 +327,11 @@ class EngineOptions:
 
     @property
     def step_tokens(self) -> int:
-        """The most tokens a step computes while decode rows run: ``max_step_tokens``, else the default."""
-        return DEFAULT_MAX_STEP_TOKENS if self.max_step_tokens is None else self.max_step_tokens
+        """The most tokens a step computes while decode rows run: ``max_step_tokens``, else the default (with
+        ``host_experts`` True, that of host experts)."""
+        if self.max_step_tokens is not None:
+            return self.max_step_tokens
+        return HOST_EXPERTS_MAX_STEP_TOKENS if self.host_experts else DEFAULT_MAX_STEP_TOKENS
 
     @property
     def encode_rows(self) -> int:
