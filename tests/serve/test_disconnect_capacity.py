@@ -150,3 +150,33 @@ def test_stream_refused_in_the_queue_gets_an_http_status(engine, path, body):
         wait_idle(eng)
     finally:
         eng.close()
+
+
+def test_the_status_line_outwaits_the_queue_timeout(engine):
+    """With a queue timeout longer than the keep-alive, a stream's status line still waits for the queue's verdict
+    (up to the timeout plus the keep-alive): the refused request gets its 429, not a 200 whose stream then carries
+    the refusal as an error event (which clients do not retry)."""
+    eng = scripted_engine(engine.frontend, max_concurrency=1, queue_capacity=1, delay=0.2, queue_timeout_s=2.0)
+    try:
+        app, gw = app_for(eng, keepalive_s=1.5)
+        assert gw.admit_wait_s == 3.5
+
+        async def scenario():
+            running = AsgiCall(app, "/v1/completions", {"prompt": "filler", "max_tokens": 400, "ignore_eos": True,
+                                                        "stream": True}).start()
+            assert await running.status() == 200
+            await wait_running(eng)
+            queued = AsgiCall(app, "/v1/chat/completions", chat("SCRIPT:x", stream=True)).start()
+            assert await queued.status() == 429
+            assert "waited too long" in (await queued.rest()).decode()
+            await running.disconnect()
+
+        asyncio.run(scenario())
+        wait_idle(eng)
+    finally:
+        eng.close()
+    plain = scripted_engine(engine.frontend, max_concurrency=1)
+    try:
+        assert app_for(plain, keepalive_s=1.5)[1].admit_wait_s == 1.5   # no queue timeout: the keep-alive alone
+    finally:
+        plain.close()

@@ -52,6 +52,17 @@ class Gateway:
     def max_context(self) -> int:
         return int(self.engine.max_context)
 
+    @property
+    def admit_wait_s(self) -> float:
+        """How long a stream's status line waits for the engine to admit its request (:mod:`ninfer_serve.sse`):
+        ``keepalive_s``, or with an engine queue timeout that timeout plus ``keepalive_s``, so that a request the
+        queue refuses gets its HTTP 429 even when the engine settles the timeout late (a long step on a loaded
+        host), not a 200 followed by an error event that clients do not retry."""
+        options = getattr(self.engine, "options", None)
+        timeout = getattr(options, "queue_timeout_s", None)
+        keep = self.config.keepalive_s
+        return keep if not isinstance(timeout, int | float) else float(timeout) + keep
+
     # -- availability ------------------------------------------------------------------------------
     def begin_shutdown(self) -> None:
         self._shutting_down = True

@@ -91,7 +91,7 @@ async def create_response(request: Request) -> Response:
     headers = {"x-request-id": gen.request_id}
     if req.stream:
         events = response_events(gw, gen, frame, assembler, answer_expected=answer_expected, on_done=keep)
-        return await event_stream(events, gen, headers=headers, admit_wait_s=gw.config.keepalive_s)
+        return await event_stream(events, gen, headers=headers, admit_wait_s=gw.admit_wait_s)
     try:
         outcome = await unless_disconnected(request, _collect(gen, assembler))
     finally:

@@ -174,7 +174,7 @@ async def messages(request: Request) -> Response:
     headers = {"request-id": gen.request_id}
     if req.stream:
         return await event_stream(_stream(gw, gen), gen, headers=headers,
-                                  admit_wait_s=gw.config.keepalive_s)
+                                  admit_wait_s=gw.admit_wait_s)
     got = await collect_response(request, gen)
     blocks: list[Any] = []
     if got.reasoning_text:

@@ -132,7 +132,7 @@ async def chat_completions(request: Request) -> Response:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         stream = _stream(gw, gen, policy, include_usage=include_usage, logprobs=req.logprobs, top=top)
         return await event_stream(openai_events(stream, f"chat completion stream {gen.request_id}"), gen,
-                                  headers=headers, admit_wait_s=gw.config.keepalive_s)
+                                  headers=headers, admit_wait_s=gw.admit_wait_s)
     got = await collect_response(request, gen)
     text = got.text
     content = text if text or not (got.tool_calls or policy.forces_call) else None

@@ -85,7 +85,7 @@ async def completions(request: Request) -> Response:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         stream = _stream(gw, gen, echo, include_usage, req.logprobs)
         return await event_stream(openai_events(stream, f"completion stream {gen.request_id}"), gen,
-                                  headers=headers, admit_wait_s=gw.config.keepalive_s)
+                                  headers=headers, admit_wait_s=gw.admit_wait_s)
     got = await collect_response(request, gen)
     lp = (completion_logprobs(got.logprobs, TokenText(gw.frontend), req.logprobs or 0, len(echo))
           if want_lp else None)
