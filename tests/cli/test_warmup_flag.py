@@ -34,5 +34,7 @@ def test_bench_keeps_its_warmup_runs_beside_the_engine_warmup():
 def test_startup_phases_line():
     assert common.startup_phases(None) == ""
     assert common.startup_phases({"load_s": 1.04, "graphs_s": 0.5, "warmup_s": None}) == \
-        " (load 1.0 s, decode graphs 0.5 s)"
+        " (load 1.0 s, graphs 0.5 s)"
+    assert common.startup_phases({"load_s": 1.0, "graphs_s": 0.8, "prefill_graphs_s": 0.34}) == \
+        " (load 1.0 s, graphs 0.8 s, prefill graphs 0.3 s)"
     assert common.startup_phases({"load_s": 1.0, "graphs_s": 0.0, "warmup_s": 2.31}).endswith("warm-up 2.3 s)")

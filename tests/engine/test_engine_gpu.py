@@ -61,6 +61,7 @@ def test_cuda_fp32_prefill_graphs_equal_eager(tiny_qwen_artifact):
     with start(tiny_qwen_artifact, "float32", max_concurrency=8, prefill_chunk_size=16, max_step_tokens=12,
                prefill_graphs=True) as engine:
         assert engine.info["prefill_graphs"] == [16]
+        assert 0 < engine.info["startup"]["prefill_graphs_s"] <= engine.info["startup"]["graphs_s"]
         program = engine._program  # noqa: SLF001
         assert burst(engine, program, work) == alone
         assert program.prefill_graphs.replays > 0

@@ -149,8 +149,9 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     start = report.get("startup") or {}
     if start:
-        phases = [f"{label} {start[k]:.2f} s" for k, label in (("load_s", "load"), ("graphs_s", "decode graphs"),
-                                                               ("warmup_s", "warm-up")) if start.get(k) is not None]
+        names = (("load_s", "load"), ("graphs_s", "graphs"), ("prefill_graphs_s", "of which prefill graphs"),
+                 ("warmup_s", "warm-up"))
+        phases = [f"{label} {start[k]:.2f} s" for k, label in names if start.get(k) is not None]
         line = f"start-up: {start['total_s']:.2f} s" if start.get("total_s") is not None else "start-up:"
         line += f" ({', '.join(phases)})" if phases else ""
         first = start.get("first_burst")

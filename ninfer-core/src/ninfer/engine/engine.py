@@ -193,7 +193,8 @@ class Engine:
     def info(self) -> dict[str, Any]:
         """What the engine serves (architecture, public name, ...) when built from an artifact. ``startup``:
         start-up seconds by phase (``resolve_s``: finding or converting the model, ``load_s``: planning, loading
-        and building the Program, ``graphs_s``: decode graph capture and calibration, ``warmup_s``: the warm-up,
+        and building the Program, ``graphs_s``: graph capture and calibration (``prefill_graphs_s``: of which the
+        last capture of the prefill-step graphs, when there are any), ``warmup_s``: the warm-up,
         with its ``warmup_units`` and ``warmup_tokens``; ``total_s``: all of :meth:`start`); an engine built with
         :meth:`from_parts` has only the warm-up's, when it ran one."""
         return dict(self._info)

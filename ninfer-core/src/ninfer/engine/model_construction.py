@@ -287,7 +287,9 @@ def _build_model(artifact: str | os.PathLike, options: EngineOptions, progress, 
             "host_expert_kernel": getattr(program, "host_expert_kernel", None),
             "host_expert_threads": getattr(program, "host_expert_threads", None),
             # Start-up seconds by phase; the Engine adds its warm-up and the whole start.
-            "startup": {"load_s": time.perf_counter() - begun - started.graphs_s, "graphs_s": started.graphs_s}}
+            "startup": {"load_s": time.perf_counter() - begun - started.graphs_s, "graphs_s": started.graphs_s,
+                        **({"prefill_graphs_s": program.prefill_graphs_s}
+                           if getattr(program, "prefill_graphs", None) else {})}}
     memory = final_plan.summary(resolved.dtype, retained_bytes=probe.retained_bytes(program))
     if started.graph_sizes:
         shrunk = started.num_pages != started.planned_pages

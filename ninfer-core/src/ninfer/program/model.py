@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import time
 from abc import abstractmethod
 from dataclasses import dataclass
 
@@ -99,6 +100,7 @@ class ModelProgram(SequenceProgram):
         self.layout = layout
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
+        self.prefill_graphs_s = 0.0   # seconds the prefill graphs' capture took (Engine.info["startup"])
         self.host_expert_kernel: str | None = None
         self.host_expert_threads: int | None = None
         self._pad_slot = self.states.allocate() if spare else None
@@ -158,12 +160,14 @@ class ModelProgram(SequenceProgram):
         if not self.flat_steps or self._pad_slot is None:
             raise ProgramError(f"{type(self).__name__} does not run flat steps (or holds no slot for their padded "
                                f"rows): no prefill graphs")
+        started = time.perf_counter()
         graphs = PrefillGraphs(self.forward_packed, device=self.device, buckets=tuple(buckets),
                                rows=self.states.num_slots, pages=self.kv.pages_for(self.max_context),
                                pad_state_slot=self._pad_slot)
         with torch.inference_mode():
             graphs.capture()
         self.prefill_graphs = graphs
+        self.prefill_graphs_s = time.perf_counter() - started
         return graphs.buckets
 
     def precomputed_greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
