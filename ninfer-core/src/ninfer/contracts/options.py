@@ -18,6 +18,9 @@ MAX_SPECULATIVE_TOKENS = 15
 # of GPU. Scoring keeps 2,048: each of its chunks materialises [chunk, vocab] fp32 logits (2 GiB at a 248k vocabulary).
 GENERATION_PREFILL_CHUNK = 8192
 SCORING_PREFILL_CHUNK = 2048
+# With host experts the chunk's workspace competes with the experts kept on the device (each whole layer of them
+# a host step less per token), so generation keeps 2,048 there: the chunk every host-expert figure was measured with.
+HOST_EXPERTS_PREFILL_CHUNK = 2048
 # Step token budget default (``EngineOptions.max_step_tokens``): while streams are decoding, every step's tokens
 # (decode rows + prefill chunks) delay their next token, so this bounds a running stream's inter-token stall
 # while prompts prefill; a larger budget prefills faster (better TTFT) and stalls longer. With prefill-step graphs,
@@ -53,8 +56,8 @@ class EngineOptions:
     - KV sizing: ``num_pages`` wins; else ``kv_budget_mib``; else enough pages for every running request to hold
       ``max_context`` tokens. Either way the pool must hold one full ``max_context`` request.
     - ``prefill_chunk_size``: the most prompt/Replay tokens one engine step processes (its chunks of one or
-      several requests together); None (default): 8,192 for generation, 2,048 for causal scoring
-      (:attr:`prefill_chunk` is the resolved value). A larger value prefills faster (fewer host launches
+      several requests together); None (default): 8,192 for generation (2,048 with host experts), 2,048 for
+      causal scoring (:attr:`prefill_chunk` is the resolved value). A larger value prefills faster (fewer host launches
       per token); while decode rows run, ``max_step_tokens`` bounds a step further.
     - ``max_step_tokens`` (>= 1): the most tokens one engine step computes while decode rows are running:
       its decode rows (one token each) plus prefill/Replay chunks of as many other requests as fit (a long
@@ -320,10 +323,13 @@ class EngineOptions:
     @property
     def prefill_chunk(self) -> int:
         """The most prompt/Replay tokens one engine step (or one scoring chunk) processes:
-        ``prefill_chunk_size``, else the purpose's default."""
+        ``prefill_chunk_size``, else the purpose's default (for generation with ``host_experts`` True, that of host
+        experts)."""
         if self.prefill_chunk_size is not None:
             return self.prefill_chunk_size
-        return SCORING_PREFILL_CHUNK if self.purpose == "causal_scoring" else GENERATION_PREFILL_CHUNK
+        if self.purpose == "causal_scoring":
+            return SCORING_PREFILL_CHUNK
+        return HOST_EXPERTS_PREFILL_CHUNK if self.host_experts else GENERATION_PREFILL_CHUNK
 
     @property
     def step_tokens(self) -> int:
