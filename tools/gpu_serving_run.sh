@@ -18,7 +18,7 @@ set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="${OUT:-$PWD/serving-results}"
 work=/tmp/ninfer_serving
-configs="${CONFIGS:-default,256,512,1024,ttft,nowarmup}"
+configs="${CONFIGS:-default,eager2048,128,256,ttft,nowarmup}"
 phases=",${PHASES:-1,2,3,4},"
 mixed_args=(--budgets 256,512,2048)
 device=cuda shape=(--shape 9b) bursts=() bench=() mtp=() install=1 per_stream=16 serve_io=(110 256)

@@ -4,7 +4,9 @@ long prompt causes to running streams (issue 30's method).
 
 For each server configuration (``--configs``: ``default``, ``ttft`` = a step budget large enough for a whole
 prefill chunk beside the decode rows, ``nowarmup`` = the default without the start-up warm-up, a number =
-``--max-step-tokens N``, ``graphs`` / ``graphsN`` = ``--prefill-graphs`` at the default or that step budget) it starts ``ninfer serve ARTIFACT`` on a loopback port, records the seconds from
+``--max-step-tokens N``, ``graphs`` / ``graphsN`` = ``--prefill-graphs`` at the default or that step budget,
+``eager`` / ``eagerN`` = ``--no-prefill-graphs`` likewise) it starts ``ninfer serve ARTIFACT`` on a loopback port,
+records the seconds from
 spawning the process to ``/health`` answering (start-up), and runs these scenarios through streaming
 ``/v1/completions`` (token-id prompts, greedy, ``ignore_eos``, ``--max-tokens`` each):
 
@@ -165,9 +167,11 @@ def config_flags(name: str, args) -> list[str]:
         return ["--no-warmup"]
     if name == "ttft":
         return ["--max-step-tokens", str(args.long + args.max_concurrency)]
-    if name.startswith("graphs"):   # graphs, graphs512, ...: prefill-step graphs, at the default or that budget
-        rest = name.removeprefix("graphs")
-        return ["--prefill-graphs"] + (["--max-step-tokens", str(int(rest))] if rest else [])
+    for prefix, flag in (("graphs", "--prefill-graphs"), ("eager", "--no-prefill-graphs")):
+        # graphs, graphs512, eager, eager2048, ...: prefill-step graphs on or off, at the default or that budget
+        if name.startswith(prefix):
+            rest = name.removeprefix(prefix)
+            return [flag] + (["--max-step-tokens", str(int(rest))] if rest else [])
     return ["--max-step-tokens", str(int(name))]
 
 
