@@ -40,7 +40,7 @@ from ninfer_qwen3_5.layers.host_native import FORMATS, bank_format, bank_planes,
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
-#: The native kernel's status codes (host_kernels.c), by value.
+
 class _Job(ctypes.Structure):
     """``ninfer_host_job`` of host_kernels.c, field for field (every field 8 bytes)."""
 

@@ -7,12 +7,12 @@ layers (caches, mailboxes, the kernel's name)."""
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 from ninfer.contracts.features import StartupFeatures
 from ninfer.contracts.options import InvalidEngineOptions
 from ninfer.errors import NotSupportedError
+from ninfer.switches import env_switch
 
 from ninfer_qwen3_5.layers.expert_costs import measure_expert_costs
 from ninfer_qwen3_5.layers.host_compute import compiled_rows
@@ -33,22 +33,17 @@ def bus_reads_enabled() -> bool:
     """Whether the cost model may send a decode step's pairs over the bus (:data:`BUS_READS_ENV`: "1", the
     default, or "0" for the copy path alone); an error naming the variable for another value (docs/memory.md, "Bus
     reads")."""
-    raw = os.environ.get(BUS_READS_ENV, "").strip() or "1"
-    if raw not in ("0", "1"):
-        raise InvalidEngineOptions(f"{BUS_READS_ENV}={raw!r}: must be 1 (bus reads where the cost model finds them "
-                                   f"faster) or 0 (none)")
-    return raw == "1"
+    return env_switch(BUS_READS_ENV, True, error=InvalidEngineOptions,
+                      meaning="1: bus reads where the cost model finds them faster, 0: none")
 
 
 def host_calls_enabled() -> bool:
     """Whether decode-sized calls go through a :class:`~ninfer_qwen3_5.layers.host_mailbox.HostMailbox` as host
     functions on the stream (:data:`HOST_CALLS_ENV`: "1", the default, or "0" for the eager host step); an error
     naming the variable for another value (docs/memory.md, "Host calls")."""
-    raw = os.environ.get(HOST_CALLS_ENV, "").strip() or "1"
-    if raw not in ("0", "1"):
-        raise InvalidEngineOptions(f"{HOST_CALLS_ENV}={raw!r}: must be 1 (decode-sized calls as host functions on "
-                                   f"the stream, one graph a step) or 0 (the host step between graph segments)")
-    return raw == "1"
+    return env_switch(HOST_CALLS_ENV, True, error=InvalidEngineOptions,
+                      meaning="1: decode-sized calls as host functions on the stream, one graph a step, 0: the host "
+                              "step between graph segments")
 
 
 def host_expert_options(hidden: int, inter: int, experts: int, device: torch.device, dtype: torch.dtype,

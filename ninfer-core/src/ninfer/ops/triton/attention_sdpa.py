@@ -19,16 +19,13 @@ never during graph capture) and each row's KV is copied once out of the pool.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-_ENV = os.environ.get("NINFER_ATTN_SDPA", "0")
-if _ENV not in ("0", "1"):
-    raise ValueError(f"NINFER_ATTN_SDPA={_ENV!r}: expected 0 or 1")
-ENABLED = _ENV == "1"
+from ninfer.switches import env_switch
+
+ENABLED = env_switch("NINFER_ATTN_SDPA", False)
 _DTYPES = (torch.bfloat16, torch.float16)
 
 

@@ -22,8 +22,6 @@ A row's result does not depend on the other rows of the call for a given launch 
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -32,14 +30,12 @@ from ninfer.ops.triton._common import INTERPRET, pdl, pdl_wait
 from ninfer.ops.triton._splitk import plan, store_out, sum_partials
 from ninfer.ops.triton.quant_gemv_tc import inv_rms, split_count
 from ninfer.ops.triton.quant_gemv_tc8 import x_step
+from ninfer.switches import env_switch
 
 #: Whether ``linear`` and ``logits`` run 2 to :data:`MAX_ROWS` rows of a weight the CUDA-core GEMV leaves to the
 #: reference on this kernel (``NINFER_GEMV_TC`` ``0`` or ``1``, read once): a candidate until timed in a decode and
 #: a verify step, off.
-_ENV = os.environ.get("NINFER_GEMV_TC", "0")
-if _ENV not in ("0", "1"):
-    raise ValueError(f"NINFER_GEMV_TC={_ENV!r}: expected 0 or 1")
-ENABLED = _ENV == "1"
+ENABLED = env_switch("NINFER_GEMV_TC", False)
 #: Most rows of x (the B operand's columns, padded to 8, or to 16 above 8).
 MAX_ROWS = 16
 # Weight rows a program and K elements a step: [128, 128] bf16 tiles, 32 KB a step (the q4 kernel's bytes a step).

@@ -30,7 +30,6 @@ trusted to lie in [0, E) (the router produces them); out-of-range ids are not ch
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +43,7 @@ from ninfer.ops.reference import moe as _reference
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import moe_gemv
 from ninfer.ops.triton._common import cast
+from ninfer.switches import env_switch
 
 
 @triton.jit(do_not_specialize=["TK"])
@@ -176,10 +176,7 @@ LARGE_PAIRS = 16384
 LARGE_TILES = PrefillTiles(128, (128, 256), 64, 8, 3)
 # NINFER_MOE_GROUPED_MM=1 (read once): bf16 calls of at least LARGE_PAIRS pairs run their two expert GEMMs through
 # torch._grouped_mm instead of the Triton kernels (a candidate; tools/gpu_moe_prefill_sweep.py times both).
-_ENV = os.environ.get("NINFER_MOE_GROUPED_MM", "0")
-if _ENV not in ("0", "1"):
-    raise ValueError(f"NINFER_MOE_GROUPED_MM={_ENV!r}: expected 0 or 1")
-GROUPED_MM = _ENV == "1"
+GROUPED_MM = env_switch("NINFER_MOE_GROUPED_MM", False)
 
 
 def _block_m(tk: int, n_exp: int, cap: int = 64) -> int:

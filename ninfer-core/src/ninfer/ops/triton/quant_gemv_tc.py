@@ -43,6 +43,7 @@ import triton.language as tl
 from ninfer.ops.triton._common import INTERPRET, cast, l2_prefetch, next_pow2, pdl, pdl_wait
 from ninfer.ops.triton._quant import KernelWeight
 from ninfer.ops.triton._splitk import plan, store_out, sum_partials
+from ninfer.switches import env_switch
 
 #: Most rows of x the tensor-core GEMV takes (x's rows are the B operand's columns, padded to MP).
 MAX_ROWS = 8
@@ -74,18 +75,12 @@ LAUNCH_OPTIONS = {"num_warps": 4}
 #: Whether the q4 tensor-core GEMV loads each program's first weight tile before the PDL wait by default
 #: (``NINFER_QUANT_PREFETCH`` ``0`` or ``1``, read once; ``gemv_tc(prefetch=None)``): a candidate until timed in a
 #: decode step, off.
-_PREFETCH_ENV = os.environ.get("NINFER_QUANT_PREFETCH", "0")
-if _PREFETCH_ENV not in ("0", "1"):
-    raise ValueError(f"NINFER_QUANT_PREFETCH={_PREFETCH_ENV!r}: expected 0 or 1")
-PREFETCH = _PREFETCH_ENV == "1"
+PREFETCH = env_switch("NINFER_QUANT_PREFETCH", False)
 #: Whether the tensor-core GEMVs (q4 and 8-bit) ask L2 for each program's whole weight run before the PDL wait by
 #: default (``NINFER_QUANT_L2_PREFETCH`` ``0`` or ``1``, read once; ``gemv_tc(l2_prefetch=None)``): sm_90's bulk
 #: prefetch, one instruction a weight row, no registers, the same values. A candidate until timed in a decode step,
 #: off.
-_L2_PREFETCH_ENV = os.environ.get("NINFER_QUANT_L2_PREFETCH", "0")
-if _L2_PREFETCH_ENV not in ("0", "1"):
-    raise ValueError(f"NINFER_QUANT_L2_PREFETCH={_L2_PREFETCH_ENV!r}: expected 0 or 1")
-L2_PREFETCH = _L2_PREFETCH_ENV == "1"
+L2_PREFETCH = env_switch("NINFER_QUANT_L2_PREFETCH", False)
 
 
 def split_count(programs: int, steps: int, rule: str | None = None, slots: int | None = None) -> int:
