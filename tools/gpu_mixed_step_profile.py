@@ -22,44 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def kernel_rows(events: list[dict], steps: int) -> list[dict]:
-    """The kernel events of a Chrome trace (``cat`` "kernel", complete events) summed by name: GPU microseconds
-    and calls per step over ``steps`` steps, largest first."""
-    by: dict[str, list[float]] = {}
-    for e in events:
-        if e.get("cat") != "kernel" or e.get("ph") != "X":
-            continue
-        acc = by.setdefault(e["name"][:100], [0.0, 0])
-        acc[0] += float(e["dur"])
-        acc[1] += 1
-    rows = [{"kernel": k, "us_per_step": v[0] / steps, "calls_per_step": v[1] / steps} for k, v in by.items()]
-    rows.sort(key=lambda r: -r["us_per_step"])
-    return rows
-
-
-def kernel_span_us(events: list[dict]) -> float:
-    """From the first kernel's start to the last kernel's end, in microseconds (0 without kernels)."""
-    kernels = [e for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
-    if not kernels:
-        return 0.0
-    return max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
-
-
-def fmt_rows(rows: list[dict], step_us: float, limit: int = 30) -> str:
-    lines = [f"{'us/step':>9} {'%':>6} {'calls':>6}  kernel"]
-    for r in rows[:limit]:
-        share = 100 * r["us_per_step"] / step_us if step_us else 0.0
-        lines.append(f"{r['us_per_step']:9.1f} {share:6.1f} {r['calls_per_step']:6.1f}  {r['kernel']}")
-    return "\n".join(lines)
-
-
-def _trace_events(prof) -> list[dict]:
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        return json.loads(Path(f.name).read_text()).get("traceEvents", [])
+from gpu_kernel_profile import fmt, kernel_table
 
 
 def profile_config(artifact: Path, budget: int, graphs: bool, args) -> dict:
@@ -100,15 +63,13 @@ def profile_config(artifact: Path, budget: int, graphs: bool, args) -> dict:
         for s in streams:
             s.cancel()
         buckets = engine.info["prefill_graphs"]
-        events = _trace_events(prof)
     steps = max(1, after.units - before.units)
-    rows = kernel_rows(events, steps)
+    rows = kernel_table(prof, steps)
     kernel_us = sum(r["us_per_step"] for r in rows)
     return {"budget": budget, "prefill_graphs": graphs, "steps": steps, "wall_ms": wall * 1000,
             "chunks": after.chunks - before.chunks, "prefill_tokens": after.prefill_tokens - before.prefill_tokens,
             "decode_tokens": after.decode_tokens - before.decode_tokens,
-            "wall_us_per_step": wall * 1e6 / steps, "kernel_us_per_step": kernel_us,
-            "span_us_per_step": kernel_span_us(events) / steps, "prefill_graph_buckets": buckets,
+            "wall_us_per_step": wall * 1e6 / steps, "kernel_us_per_step": kernel_us, "prefill_graph_buckets": buckets,
             "kernels": rows[:60]}
 
 
@@ -138,10 +99,9 @@ def main() -> int:
             r = profile_config(args.artifact, budget, flag == "on", args)
             results.append(r)
             head = (f"== budget {budget}, prefill graphs {flag}: {r['steps']} steps, wall {r['wall_us_per_step']:.0f} "
-                    f"us/step, kernels {r['kernel_us_per_step']:.0f} us/step, kernel span "
-                    f"{r['span_us_per_step']:.0f} us/step")
+                    f"us/step, kernels {r['kernel_us_per_step']:.0f} us/step")
             print(head, flush=True)
-            text.append(head + "\n" + fmt_rows(r["kernels"], r["wall_us_per_step"]))
+            text.append(head + "\n" + fmt(r["kernels"], r["wall_us_per_step"], limit=30))
             (args.out / "mixed_steps.json").write_text(json.dumps(results, indent=1))
             (args.out / "mixed_steps.txt").write_text("\n\n".join(text))
     return 0

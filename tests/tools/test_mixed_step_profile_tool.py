@@ -1,28 +1,29 @@
-"""tools/gpu_mixed_step_profile.py: its trace arithmetic on a synthetic trace, and its engine-driving path on the CPU
+"""tools/gpu_mixed_step_profile.py: its kernel table on stand-in profiler events, and its engine-driving path on the CPU
 with the default model (streams decoding, then a long prompt whose steps are counted; the CPU has no kernels)."""
 
 from __future__ import annotations
 
 import json
 import sys
+import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import gpu_mixed_step_profile as tool  # noqa: E402
 
 
-def test_kernels_are_summed_by_name_per_step():
-    events = [{"cat": "kernel", "ph": "X", "name": "gemm", "ts": 0, "dur": 30},
-              {"cat": "kernel", "ph": "X", "name": "scan", "ts": 40, "dur": 10},
-              {"cat": "kernel", "ph": "X", "name": "gemm", "ts": 60, "dur": 50},
-              {"cat": "cpu_op", "ph": "X", "name": "aten::mm", "ts": 0, "dur": 500},
-              {"cat": "kernel", "ph": "i", "name": "marker", "ts": 5}]
-    rows = tool.kernel_rows(events, steps=2)
-    assert rows == [{"kernel": "gemm", "us_per_step": 40.0, "calls_per_step": 1.0},
-                    {"kernel": "scan", "us_per_step": 5.0, "calls_per_step": 0.5}]
-    assert tool.kernel_span_us(events) == 110
-    assert tool.kernel_span_us([]) == 0.0
-    assert "gemm" in tool.fmt_rows(rows, 45.0) and "88.9" in tool.fmt_rows(rows, 45.0)
+def test_kernels_per_step_from_the_profiler():
+    # The kernel table the tool shares with gpu_kernel_profile.py: device time per step, graph launches and host
+    # ops (no device time) left out, largest first.
+    event = types.SimpleNamespace
+    prof = event(key_averages=lambda: [event(key="gemm", device_time_total=80.0, count=2),
+                                       event(key="scan", device_time_total=10.0, count=1),
+                                       event(key="cudaGraphLaunch", device_time_total=5.0, count=2),
+                                       event(key="aten::mm", device_time_total=0.0, count=4)])
+    rows = tool.kernel_table(prof, 2)
+    assert rows == [{"kernel": "gemm", "calls_per_step": 1.0, "us_per_step": 40.0},
+                    {"kernel": "scan", "calls_per_step": 0.5, "us_per_step": 5.0}]
+    assert "gemm" in tool.fmt(rows, 45.0) and "88.9" in tool.fmt(rows, 45.0)
 
 
 def test_the_tool_drives_streams_and_a_long_prompt_on_the_cpu(default_artifact, tmp_path, monkeypatch):
