@@ -14,8 +14,10 @@ PROMPTS = [[(7 * i + 3 * j) % 250 + 1 for j in range(3 + 5 * i)] for i in range(
 
 
 def start(artifact, dtype, **options) -> Engine:
+    # Decode graphs alone: a prefill-step graph runs its step's chunks in their flat form, whose bits differ from the
+    # eager step's (tests/engine/test_flat_steps_engine.py compares those).
     return Engine.start(artifact, EngineOptions(device="cuda", dtype=dtype, max_context=96, page_size=4,
-                                                max_concurrency=4, **options))
+                                                max_concurrency=4, prefill_graphs=False, **options))
 
 
 def reserved_after_collecting() -> int:

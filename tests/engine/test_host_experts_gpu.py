@@ -308,12 +308,14 @@ def test_cuda_host_calls_equal_the_host_step(dtype, fmt):
 def test_cuda_engine_with_host_calls_equals_device_experts(artifacts, monkeypatch):  # noqa: F811
     """NINFER_HOST_CALLS=1 in a CUDA engine, every layer's experts on the host with the native kernel: the greedy
     tokens of the experts on the device, each decode graph captured whole (no host step cuts it), in fp32 and with
-    the bf16 scoring path's logprobs within fp32 summation order."""
-    from ninfer_qwen3_5.layers.host_options import HOST_CALLS_ENV
+    the bf16 scoring path's logprobs within fp32 summation order. Bus reads are off: the start-up's cost model may
+    send every choice of a decode step over the bus, and then a layer makes no host call at all."""
+    from ninfer_qwen3_5.layers.host_options import BUS_READS_ENV, HOST_CALLS_ENV
 
     path = artifacts["top2of8"]
     plain, _, _ = _cuda_generate(path, host_experts=False)
     monkeypatch.setenv(HOST_CALLS_ENV, "1")
+    monkeypatch.setenv(BUS_READS_ENV, "0")
     got, _, memory = _cuda_generate(path, host_experts=True, host_expert_kernel="native")
     assert got == plain and memory.graph_final_growth_bytes > 0
     opts = EngineOptions(device="cuda", dtype="float32", max_concurrency=4, max_context=256, prefill_chunk_size=16,

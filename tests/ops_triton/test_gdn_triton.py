@@ -221,6 +221,28 @@ def test_chunk_varlen_empty_sequences_and_a_tail(dtype, gen):
     check_gdn_varlen(_VarlenOps, DEVICE, dtype, 1, 2, 16, 16, gen, OUT[dtype], state_crit(dtype), **PADDED)
 
 
+# A flat step's layout: its decode rows are one-token sequences (before its chunks), then padded empty rows.
+FLAT = {"lens": (1, 1, 1, 70, 1, 0, 0), "slots": (4, 0, 6, 2, 8, 11, 11), "tail": 5}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_varlen_steps_one_token_sequences_as_the_decode_step(dtype, gen):
+    """One-token sequences beside a chunked one and empty ones (a flat step): against the token loop, and each
+    one-token sequence bit for bit the decode step's update with the same Dv tile."""
+    hk, hv, dk, dv = (16, 32, 128, 128) if _CUDA else (1, 2, 16, 16)
+    inputs, before, states, cu, ids, out = check_gdn_varlen(_VarlenOps, DEVICE, dtype, hk, hv, dk, dv, gen,
+                                                            OUT[dtype], state_crit(dtype), **FLAT)
+    q, k, v, g, beta = inputs
+    bounds = cu.tolist()
+    ones = [i for i in range(len(bounds) - 1) if bounds[i + 1] - bounds[i] == 1]
+    rows = torch.tensor([bounds[i] for i in ones], device=DEVICE)
+    stepped = before.clone()
+    o = tg.gdn_recurrent_step(q[rows], k[rows], v[rows], g[rows], beta[rows], stepped, ids[ones], dk ** -0.5,
+                              block_v=tg._ONE_BV)
+    assert torch.equal(out[rows], o)
+    assert torch.equal(states[ids[ones]], stepped[ids[ones]])
+
+
 def test_chunk_varlen_strided_views_and_a_single_sequence(gen):
     # q/k/v as column views of one fused projection (as the model passes them); one sequence is the plain op.
     lens, hk, hv, dk, dv = (3, 66), 1, 2, 16, 16

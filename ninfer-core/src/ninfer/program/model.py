@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ninfer.contracts.architecture import ProgramInit
-from ninfer.contracts.program import ProgramError
+from ninfer.contracts.program import ProgramError, WarmupLimits, WarmupSummary
 from ninfer.program.base import SequenceProgram
 from ninfer.program.batch import ForwardBatch, HostTokens, PackedBatch, pack_batch
 from ninfer.program.graphs import DecodeGraphs
@@ -169,6 +169,17 @@ class ModelProgram(SequenceProgram):
         self.prefill_graphs = graphs
         self.prefill_graphs_s = time.perf_counter() - started
         return graphs.buckets
+
+    def warm_up(self, limits: WarmupLimits) -> WarmupSummary:
+        """The warm-up with the prefill-step graphs set aside: a step that fits a bucket may still run eagerly while
+        serving (a verify or scoring chunk, a lookahead's decode rows; :func:`~ninfer.program.flat_batch.flat_needs`),
+        so the warm-up compiles the eager step's variants for every shape; the graphs' own were compiled by their
+        capture, and replaying one compiles nothing."""
+        graphs, self.prefill_graphs = self.prefill_graphs, None
+        try:
+            return super().warm_up(limits)
+        finally:
+            self.prefill_graphs = graphs
 
     def precomputed_greedy(self, logits: torch.Tensor) -> torch.Tensor | None:
         return self.graphs.greedy_for(logits) if self.graphs is not None else None

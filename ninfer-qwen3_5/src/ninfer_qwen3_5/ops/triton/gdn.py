@@ -37,6 +37,9 @@ Prefill pipeline (chunks of L = 64 tokens), per segment of at most ``_SEG_CHUNKS
    It reads the initial state from, and writes the final state back into, the caller's state tensor.
 Segments bound the scratch (and keep in-kernel offsets within int32); they split at chunk boundaries, so the
 result does not depend on the segment size.
+A call of one token, and each one-token sequence of a VARLEN call, is one step of the recurrence instead
+(``_gdn_one_token_kernel``, the decode step's update): prep and scan would spend a whole 64-row chunk on it, and a
+flat step (a prefill-step graph) carries each decode row as such a sequence.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ _DOT_PRECISION = "ieee"  # fp32 inputs; see the module docstring before changing
 _DOT_PRECISION_16 = "tf32"  # 16-bit inputs, chunked prefill only
 _PREP_KW = {"num_warps": 8, "num_stages": 1}
 _SCAN_KW = {"num_warps": 8, "num_stages": 1}
+# The one-token kernel's Dv tile: fixed (not by the call's size), so a token gets the same bits in either form.
+_ONE_BV = 64
 
 
 def _pow2(n: int, lo: int = 16) -> int:
@@ -108,6 +113,41 @@ def _gdn_step_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, slot_ptr, out_sl
     out_slot = tl.load(out_slot_ptr + b)
     tl.store(s_ptrs + (out_slot - slot) * ss_s, s, mask=smask)
     tl.store(o_ptr + b * so_b + h * so_h + dv, o.to(o_ptr.dtype.element_ty), mask=dvm)
+
+
+@triton.jit(do_not_specialize_on_alignment=["cu_ptr", "slot_ptr"])
+def _gdn_one_token_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, st_ptr, cu_ptr, slot_ptr, o_ptr, scale,
+                          sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, so_t, so_h, ss_s, ss_h, ss_k,
+                          R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                          VARLEN: tl.constexpr):
+    # Program (sequence i, value head, Dv tile). VARLEN: sequence i of the call (``cu_ptr``), stepped only when it is
+    # one token long, from and into ``states[slot_ptr[i]]``; otherwise the call's one token and ``st_ptr`` its state.
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    vb = tl.program_id(2)
+    t = i * 0
+    n = i * 0 + 1
+    if VARLEN:
+        t = tl.load(cu_ptr + i)
+        n = tl.load(cu_ptr + i + 1) - t
+        st_ptr += tl.load(slot_ptr + i).to(tl.int64) * ss_s
+    if n == 1:
+        hk = h // R
+        dk = tl.arange(0, BK)
+        dv = vb * BV + tl.arange(0, BV)
+        dkm = dk < DK
+        dvm = dv < DV
+        t64 = t.to(tl.int64)
+        q = tl.load(q_ptr + t64 * sq_t + hk * sq_h + dk, mask=dkm, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + t64 * sk_t + hk * sk_h + dk, mask=dkm, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + t64 * sv_t + h * sv_h + dv, mask=dvm, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + t64 * sg_t + h * sg_h).to(tl.float32)
+        beta = tl.load(b_ptr + t64 * sb_t + h * sb_h).to(tl.float32)
+        s_ptrs = st_ptr + h * ss_h + dk[:, None] * ss_k + dv[None, :]
+        smask = dkm[:, None] & dvm[None, :]
+        s, o = recurrent_update(tl.load(s_ptrs, mask=smask, other=0.0), q, k, v, g, beta, scale)
+        tl.store(s_ptrs, s, mask=smask)
+        tl.store(o_ptr + t64 * so_t + h * so_h + dv, o.to(o_ptr.dtype.element_ty), mask=dvm)
 
 
 @triton.jit
@@ -212,9 +252,16 @@ def _unit_lower_inv_inplace(p, BT: tl.constexpr):
 
 
 @triton.jit
+def seq_chunks(length, BT: tl.constexpr):
+    """The chunks of a VARLEN call's sequence of ``length`` tokens: ceil(length / BT), except none for one token (the
+    one-token kernel steps such a sequence: a decode row of a flat step)."""
+    return tl.where(length == 1, 0, (length + BT - 1) // BT)
+
+
+@triton.jit
 def varlen_chunk(cu_ptr, NSEQ, c, BT: tl.constexpr):
     """Chunk ``c`` of a call over NSEQ sequences (``cu_ptr``: their NSEQ + 1 token offsets; sequence i has
-    ceil(len_i / BT) chunks, in sequence order): (its sequence's first token, that sequence's length, the chunk's
+    :func:`seq_chunks` chunks, in sequence order): (its sequence's first token, that sequence's length, the chunk's
     index within it, the call's chunk count). A ``c`` past the count matches no sequence."""
     start = c * 0
     length = c * 0
@@ -223,7 +270,7 @@ def varlen_chunk(cu_ptr, NSEQ, c, BT: tl.constexpr):
     for i in range(NSEQ):
         s0 = tl.load(cu_ptr + i)
         s1 = tl.load(cu_ptr + i + 1)
-        n = (s1 - s0 + BT - 1) // BT
+        n = seq_chunks(s1 - s0, BT)
         hit = (c >= base) & (c < base + n)
         start = tl.where(hit, s0, start)
         length = tl.where(hit, s1 - s0, length)
@@ -370,10 +417,12 @@ def _gdn_chunk_scan_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, st_ptr
         i = tl.program_id(2)
         start = tl.load(cu_ptr + i)
         length = tl.load(cu_ptr + i + 1) - start
-        nch = (length + BT - 1) // BT
+        if length == 1:   # the one-token kernel's: its state is not this program's to load or store
+            return
+        nch = seq_chunks(length, BT)
         base = i * 0
         for j in range(i):
-            base += (tl.load(cu_ptr + j + 1) - tl.load(cu_ptr + j) + BT - 1) // BT
+            base += seq_chunks(tl.load(cu_ptr + j + 1) - tl.load(cu_ptr + j), BT)
         st_ptr += tl.load(slot_ptr + i).to(tl.int64) * ss_s
     s_ptrs = st_ptr + h * ss_h + dk[:, None] * ss_k + dv[None, :]
     s = tl.load(s_ptrs, mask=smask, other=0.0)
@@ -477,11 +526,30 @@ def run_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         R=r, DK=dk, DV=dv, BK=bk, BV=bv, BT=CHUNK, PREC=prec, VARLEN=varlen, **({} if interp else _PREP_KW))
+    if varlen:
+        run_one_token(q, k, v, g, beta, o, state, scale, r=r, cu=cu, slots=slots)
     state_strides = state.stride()[:3] if varlen else (0, *state.stride()[:2])
     _gdn_chunk_scan_kernel[(hv, triton.cdiv(dv, bvs)) + ((nseq,) if varlen else ())](
         w, u, qg, kd, aqk, gl, state, o, cu if varlen else gl, slots if varlen else gl, t_len, npad, chunks, glw,
         *state_strides, o.stride(0), o.stride(1),
         DK=dk, DV=dv, BK=bk, BV=bv, BVS=bvs, BT=CHUNK, PREC=prec, VARLEN=varlen, **({} if interp else _SCAN_KW))
+
+
+def run_one_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                  o: torch.Tensor, state: torch.Tensor, scale: float, *, r: int, cu: torch.Tensor | None = None,
+                  slots: torch.Tensor | None = None) -> None:
+    """One recurrence step: of the call's one token (``state[Hv, Dk, Dv]``), or, with ``cu`` and ``slots``, of each of
+    the sequences they describe that is one token long (``state[S, Hv, Dk, Dv]``; the chunk kernels skip those). The
+    tile width is fixed, so both forms give a token the same bits."""
+    hv, dk, dv = v.shape[1], q.shape[2], v.shape[2]
+    bv = min(_ONE_BV, _pow2(dv, 2))
+    varlen = cu is not None
+    strides = state.stride()[:3] if varlen else (0, *state.stride()[:2])
+    _gdn_one_token_kernel[(slots.shape[0] if varlen else 1, hv, triton.cdiv(dv, bv))](
+        q, k, v, g, beta, state, cu if varlen else g, slots if varlen else g, o, float(scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1), *strides,
+        R=r, DK=dk, DV=dv, BK=_pow2(dk, 2), BV=bv, VARLEN=varlen, num_warps=4)
 
 
 def gdn_chunk_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -491,6 +559,9 @@ def gdn_chunk_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     t_len, hv, dv = q.shape[0], v.shape[1], v.shape[2]
     o = torch.empty((t_len, hv, dv), dtype=q.dtype, device=q.device)
     if t_len == 0:
+        return o
+    if t_len == 1:   # a step of the recurrence, as a one-token sequence of a VARLEN call gets (the same bits)
+        run_one_token(q, k, v, g, beta, o, state, scale, r=r)
         return o
     # Scan tile over Dv: the scan is the sequential critical path, so it is split over Dv to put more
     # programs on the SMs (Hv * Dv / 16 = 128 for Hv = 16, Dv = 128), at the cost of re-reading the chunk's

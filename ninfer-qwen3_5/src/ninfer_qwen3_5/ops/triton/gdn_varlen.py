@@ -1,12 +1,15 @@
-"""Triton ``gdn_chunk_varlen``: the chunked prefill of several sequences in one call, two launches in all.
+"""Triton ``gdn_chunk_varlen``: the chunked prefill of several sequences in one call, three launches in all.
 
-The kernels are :mod:`ninfer_qwen3_5.ops.triton.gdn`'s prep and scan kernels with ``VARLEN`` set (read that module's
-docstring for the pipeline). Invariants:
+The kernels are :mod:`ninfer_qwen3_5.ops.triton.gdn`'s prep, scan and one-token kernels with ``VARLEN`` set (read that
+module's docstring for the pipeline). Invariants:
 
 - Sequence i is tokens ``cu_seqlens[i] .. cu_seqlens[i + 1] - 1`` and is chunked from its own first token, so each of
-  its chunks computes exactly what ``gdn_chunk_prefill`` computes for it alone: the results are the same bits.
-- The call's chunks are numbered sequence after sequence; their count is at most ``ceil(T / 64) + N - 1``, which
-  sizes the grid and the scratch from shapes alone. Prep programs past the real count return at once.
+  its chunks computes exactly what ``gdn_chunk_prefill`` computes for it alone: the results are the same bits. A
+  sequence of one token is not chunked: the one-token kernel steps it, as ``gdn_chunk_prefill`` does a one-token call
+  (the same bits again).
+- The call's chunks are numbered sequence after sequence (none for a one-token sequence); their count is at most
+  ``ceil(T / 64) + N - 1``, which sizes the grid and the scratch from shapes alone. Prep programs past the real count
+  return at once; scan and one-token programs of a sequence that is not theirs return before touching its state.
 - Scan program (value head, Dv tile, sequence i) reads and writes only ``states[slots[i]]``; the slots of non-empty
   sequences are distinct. An empty sequence has no chunk: its program stores the state it loaded, so empty sequences
   may share a slot (a padded call's spare rows). Tokens past ``cu_seqlens[N]`` belong to no chunk and their output
