@@ -55,7 +55,7 @@ def test_prefill_graph_buckets_are_planned_by_default_where_they_run(monkeypatch
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.delenv(resolution.GRAPHS_ENV, raising=False)
     on = EngineOptions(prefill_graphs=True)
-    everything = (16, 32, 64, 128, 256, 512)   # up to the default step budget
+    everything = (16, 32, 64, 128, 256)   # up to the default step budget
     assert resolution.prefill_graph_tokens(cuda, EngineOptions()) == everything   # on by default
     assert resolution.prefill_graph_tokens(cuda, on) == everything
     assert resolution.prefill_graph_tokens(cuda, EngineOptions(max_step_tokens=2048)) \

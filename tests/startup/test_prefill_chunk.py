@@ -68,7 +68,7 @@ def test_flag_reaches_engine_options(command, required):
 def test_step_budget_flag_reaches_engine_options(command, required):
     parser = build_parser()
     default = common.engine_options(parser.parse_args([command, *required]))
-    assert default.max_step_tokens is None and default.step_tokens == 512
+    assert default.max_step_tokens is None and default.step_tokens == 256
     set_ = common.engine_options(parser.parse_args([command, *required, "--max-step-tokens", "300"]))
     assert set_.max_step_tokens == 300 and set_.step_tokens == 300
 
@@ -77,7 +77,7 @@ def test_host_experts_keep_the_larger_step_budget_and_a_smaller_chunk():
     # A host-expert step's expert copies cost about the same at any chunk size: the default budget is 2,048 there,
     # 512 otherwise (auto host experts count as off until the plan resolves them), and an explicit budget wins.
     assert EngineOptions(host_experts=True).step_tokens == 2048
-    assert EngineOptions(host_experts=None).step_tokens == EngineOptions(host_experts=False).step_tokens == 512
+    assert EngineOptions(host_experts=None).step_tokens == EngineOptions(host_experts=False).step_tokens == 256
     assert EngineOptions(host_experts=True, max_step_tokens=300).step_tokens == 300
     # Likewise the prefill chunk: 2,048 with host experts (its workspace competes with device expert layers).
     assert EngineOptions(host_experts=True).prefill_chunk == 2048

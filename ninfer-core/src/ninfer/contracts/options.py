@@ -23,10 +23,11 @@ SCORING_PREFILL_CHUNK = 2048
 HOST_EXPERTS_PREFILL_CHUNK = 2048
 # Step token budget default (``EngineOptions.max_step_tokens``): while streams are decoding, every step's tokens
 # (decode rows + prefill chunks) delay their next token, so this bounds a running stream's inter-token stall
-# while prompts prefill; a larger budget prefills faster (better TTFT) and stalls longer. With prefill-step graphs,
-# 512 stalls running streams about a third as long as 2,048 for the same burst TTFT, and prefills a long prompt
-# arriving among them ~30% slower (docs/memory.md, "Prefill and decode in one step", has the measured curve).
-DEFAULT_MAX_STEP_TOKENS = 512
+# while prompts prefill; a larger budget prefills faster (better TTFT) and stalls longer. With prefill-step graphs
+# (whose buckets are powers of two, so a budget between two costs the larger's step), 256 is the largest budget
+# that keeps a stream's p99 gap under 3x its p50 while a long prompt arrives among running streams, at the same
+# burst TTFT and throughput as 512 (docs/memory.md, "Prefill and decode in one step", has the measured curve).
+DEFAULT_MAX_STEP_TOKENS = 256
 # With host experts a step that prefills copies to the device (or computes on the host) most of the experts its
 # chunk routes to, whatever its token count, so a smaller budget only multiplies such steps: they keep 2,048.
 HOST_EXPERTS_MAX_STEP_TOKENS = 2048

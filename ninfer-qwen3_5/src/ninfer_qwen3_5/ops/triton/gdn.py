@@ -259,24 +259,24 @@ def seq_chunks(length, BT: tl.constexpr):
 
 
 @triton.jit
-def varlen_chunk(cu_ptr, NSEQ, c, BT: tl.constexpr):
-    """Chunk ``c`` of a call over NSEQ sequences (``cu_ptr``: their NSEQ + 1 token offsets; sequence i has
+def varlen_chunk(cu_ptr, NSEQ, c, BT: tl.constexpr, BS: tl.constexpr):
+    """Chunk ``c`` of a call over NSEQ <= BS sequences (``cu_ptr``: their NSEQ + 1 token offsets; sequence i has
     :func:`seq_chunks` chunks, in sequence order): (its sequence's first token, that sequence's length, the chunk's
-    index within it, the call's chunk count). A ``c`` past the count matches no sequence."""
-    start = c * 0
-    length = c * 0
-    local = c * 0
-    base = c * 0
-    for i in range(NSEQ):
-        s0 = tl.load(cu_ptr + i)
-        s1 = tl.load(cu_ptr + i + 1)
-        n = seq_chunks(s1 - s0, BT)
-        hit = (c >= base) & (c < base + n)
-        start = tl.where(hit, s0, start)
-        length = tl.where(hit, s1 - s0, length)
-        local = tl.where(hit, c - base, local)
-        base += n
-    return start, length, local, base
+    index within it, the call's chunk count). A ``c`` past the count matches no sequence. The offsets are read in
+    one vector load, not one sequence after another: a flat step's many short rows made that serial chain of loads
+    the cost of every program."""
+    i = tl.arange(0, BS)
+    m = i < NSEQ
+    s0 = tl.load(cu_ptr + i, mask=m, other=0)
+    lens = tl.load(cu_ptr + i + 1, mask=m, other=0) - s0
+    n = seq_chunks(lens, BT)
+    cum = tl.cumsum(n, 0)                        # inclusive
+    seq = tl.sum((cum <= c).to(tl.int32), 0)     # sequences whose chunks all come before c
+    sel = i == seq
+    start = tl.sum(tl.where(sel, s0, 0), 0)
+    length = tl.sum(tl.where(sel, lens, 0), 0)
+    local = c - tl.sum(tl.where(sel, cum - n, 0), 0)
+    return start, length, local, tl.sum(n, 0)
 
 
 # In the prep kernel every head dim (Dk, Dv <= 128) is handled as 4 column slices of KS = max(16, B / 4)
@@ -292,7 +292,7 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
                            sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h,
                            R: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                            BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
-                           VARLEN: tl.constexpr = False):
+                           VARLEN: tl.constexpr = False, BS: tl.constexpr = 2):
     # c: the chunk of the segment (one sequence of T tokens), or VARLEN of the call (NSEQ sequences at cu_ptr,
     # each chunked from its own first token; programs past the call's chunk count return at once).
     c = tl.program_id(0)
@@ -305,7 +305,7 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
     length = T
     local = c
     if VARLEN:
-        start, length, local, total = varlen_chunk(cu_ptr, NSEQ, c, BT)
+        start, length, local, total = varlen_chunk(cu_ptr, NSEQ, c, BT, BS)
         if c >= total:
             return
     t = local * BT + rows      # within the sequence
@@ -397,7 +397,8 @@ def _gdn_chunk_prep_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr,
 def _gdn_chunk_scan_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, st_ptr, o_ptr, cu_ptr, slot_ptr,
                            T, NPAD, NCH, GLW, ss_s, ss_h, ss_k, so_t, so_h,
                            DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                           BVS: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr = False):
+                           BVS: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr = False,
+                           BS: tl.constexpr = 2):
     # The whole [Dk, BVS] state tile stays in registers; its dots have a narrow N (BVS), which keeps the
     # FMA dot's operands small enough (a 4-slice variant like the prep kernel's compiled worse here).
     # VARLEN: program_id(2) is the call's sequence i, whose chunks follow those of sequences 0..i-1 and whose
@@ -417,12 +418,12 @@ def _gdn_chunk_scan_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, aqk_ptr, gl_ptr, st_ptr
         i = tl.program_id(2)
         start = tl.load(cu_ptr + i)
         length = tl.load(cu_ptr + i + 1) - start
-        if length == 1:   # the one-token kernel's: its state is not this program's to load or store
+        if length <= 1:   # empty (its state stays as it is), or the one-token kernel's (not ours to touch)
             return
         nch = seq_chunks(length, BT)
-        base = i * 0
-        for j in range(i):
-            base += seq_chunks(tl.load(cu_ptr + j + 1) - tl.load(cu_ptr + j), BT)
+        j = tl.arange(0, BS)   # the chunks of sequences 0..i-1, from one vector load of their offsets
+        j0 = tl.load(cu_ptr + j, mask=j < i, other=0)
+        base = tl.sum(seq_chunks(tl.load(cu_ptr + j + 1, mask=j < i, other=0) - j0, BT), 0)
         st_ptr += tl.load(slot_ptr + i).to(tl.int64) * ss_s
     s_ptrs = st_ptr + h * ss_h + dk[:, None] * ss_k + dv[None, :]
     s = tl.load(s_ptrs, mask=smask, other=0.0)
@@ -525,14 +526,16 @@ def run_chunks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
         q, k, v, g, beta, w, u, qg, kd, aqk, gl, cu if varlen else gl, t_len, npad, glw, nseq, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        R=r, DK=dk, DV=dv, BK=bk, BV=bv, BT=CHUNK, PREC=prec, VARLEN=varlen, **({} if interp else _PREP_KW))
+        R=r, DK=dk, DV=dv, BK=bk, BV=bv, BT=CHUNK, PREC=prec, VARLEN=varlen, BS=_pow2(nseq, 2),
+        **({} if interp else _PREP_KW))
     if varlen:
         run_one_token(q, k, v, g, beta, o, state, scale, r=r, cu=cu, slots=slots)
     state_strides = state.stride()[:3] if varlen else (0, *state.stride()[:2])
     _gdn_chunk_scan_kernel[(hv, triton.cdiv(dv, bvs)) + ((nseq,) if varlen else ())](
         w, u, qg, kd, aqk, gl, state, o, cu if varlen else gl, slots if varlen else gl, t_len, npad, chunks, glw,
         *state_strides, o.stride(0), o.stride(1),
-        DK=dk, DV=dv, BK=bk, BV=bv, BVS=bvs, BT=CHUNK, PREC=prec, VARLEN=varlen, **({} if interp else _SCAN_KW))
+        DK=dk, DV=dv, BK=bk, BV=bv, BVS=bvs, BT=CHUNK, PREC=prec, VARLEN=varlen, BS=_pow2(nseq, 2),
+        **({} if interp else _SCAN_KW))
 
 
 def run_one_token(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

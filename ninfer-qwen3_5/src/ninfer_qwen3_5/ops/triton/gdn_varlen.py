@@ -10,9 +10,10 @@ module's docstring for the pipeline). Invariants:
 - The call's chunks are numbered sequence after sequence (none for a one-token sequence); their count is at most
   ``ceil(T / 64) + N - 1``, which sizes the grid and the scratch from shapes alone. Prep programs past the real count
   return at once; scan and one-token programs of a sequence that is not theirs return before touching its state.
+- The kernels read the offsets as one vector of ``next_pow2(N)`` lanes (a compiled variant per power of two of N).
 - Scan program (value head, Dv tile, sequence i) reads and writes only ``states[slots[i]]``; the slots of non-empty
-  sequences are distinct. An empty sequence has no chunk: its program stores the state it loaded, so empty sequences
-  may share a slot (a padded call's spare rows). Tokens past ``cu_seqlens[N]`` belong to no chunk and their output
+  sequences are distinct. An empty sequence has no chunk and its programs touch no state, so empty sequences may
+  share a slot (a padded call's spare rows). Tokens past ``cu_seqlens[N]`` belong to no chunk and their output
   rows are never written.
 - Offsets and slots are read on the device: no host synchronisation, and the launch depends only on T, N and the
   head shapes.
