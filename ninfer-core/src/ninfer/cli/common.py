@@ -75,7 +75,7 @@ def add_model_args(p: argparse.ArgumentParser, *, context_cache_default: bool = 
                         "budget has no room for its workspace)")
     g.add_argument("--max-step-tokens", type=int, default=None, metavar="TOKENS",
                    help="most tokens one engine step computes while other requests stream (their decode rows "
-                        "plus prompt chunks; default 512, 2048 with host experts): smaller keeps streams smoother "
+                        "plus prompt chunks; default 256, 2048 with host experts): smaller keeps streams smoother "
                         "while prompts arrive, larger gives new prompts a faster first token (batch jobs)")
     g.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="also capture CUDA graphs of the steps that prefill, one per token bucket up to "

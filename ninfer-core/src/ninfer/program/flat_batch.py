@@ -20,7 +20,7 @@ logit rows):
 ``PackedBatch.padded`` marks such a call; the model then zeroes the outputs of the tokens in no row (those past the
 last offset, a device value) where they enter the residual stream, so they stay finite. Invariant: the first
 ``num_logit_rows`` logits equal those of the ``pack_batch`` layout up to the arithmetic of the chunk path (a decode
-row's recurrence is computed in its chunked form).
+row runs the architecture's chunk path, not its decode kernels).
 
 :func:`flat_lists` gives the host description, :func:`flat_views` the PackedBatch over device buffers holding it
 (a graph's static inputs), :func:`pack_flat` both at once for an eager call.
