@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import uvicorn
 
 from ninfer_serve.app import create_app
@@ -71,6 +72,13 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def preload_async_backend() -> None:
+    """Load anyio's asyncio backend now. anyio imports it on first use, which is the gateway's first
+    ``to_thread`` call: inside the first request, on the event loop, where its ~20 ms of imports delayed the
+    first burst after start (every request in it) against later ones."""
+    anyio.run(anyio.sleep, 0, backend="asyncio")
+
+
 def serve(engine: Any, config: ServeConfig, *, host: str = "127.0.0.1", port: int = 8080,
           log_level: str = "info", shutdown_timeout_s: float = 30.0, access_log: bool | None = None,
           sock: socket.socket | None = None, on_ready: Callable[[], None] | None = None) -> None:
@@ -79,6 +87,7 @@ def serve(engine: Any, config: ServeConfig, *, host: str = "127.0.0.1", port: in
     ``sock``: an address already bound (:func:`ninfer_serve.listen.reserve_address`), else ``host:port`` is
     bound now. ``on_ready`` is called once the server accepts connections. ``access_log`` (default: at
     ``log_level`` info or debug) logs one line per request."""
+    preload_async_backend()
     gateway = Gateway(engine, config)
     app = create_app(gateway)
     if access_log is None:
