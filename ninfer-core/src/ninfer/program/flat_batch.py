@@ -22,7 +22,7 @@ last offset, a device value) where they enter the residual stream, so they stay 
 ``num_logit_rows`` logits equal those of the ``pack_batch`` layout up to the arithmetic of the chunk path (a decode
 row runs the architecture's chunk path, not its decode kernels).
 
-:func:`flat_lists` gives the host description, :func:`flat_views` the PackedBatch over device buffers holding it
+:func:`flat_tensors` gives the host description, :func:`flat_views` the PackedBatch over device buffers holding it
 (a graph's static inputs), :func:`pack_flat` both at once for an eager call.
 """
 
@@ -68,10 +68,13 @@ class FlatSizes:
             n <= cap for n, cap in zip(needs, (self.tokens, self.rows, self.pages, self.logit_rows), strict=True))
 
 
-def flat_lists(batch: ForwardBatch, sizes: FlatSizes) -> tuple[list[int], list[int]]:
-    """The host description of ``batch`` laid out flat in ``sizes``: the int64 list (tokens, positions, KV slots
-    [tokens each], logit rows [logit_rows], state slots [rows]) and the int32 list (offsets [rows + 1], KV lengths
-    [rows], page tables [rows x pages]). Raises ProgramError when the batch does not fit (:meth:`FlatSizes.holds`)."""
+def flat_tensors(batch: ForwardBatch, sizes: FlatSizes) -> tuple[torch.Tensor, torch.Tensor]:
+    """The host description of ``batch`` laid out flat in ``sizes``, as two CPU tensors: int64 (tokens, positions,
+    KV slots [tokens each], logit rows [logit_rows], state slots [rows]) and int32 (offsets [rows + 1], KV lengths
+    [rows], page tables [rows x pages]). Raises ProgramError when the batch does not fit (:meth:`FlatSizes.holds`).
+
+    The page tables are most of it (every row padded to the pages of max_context) and mostly zeros: they are
+    filled row by row into a zeroed tensor, so building them costs the pages in use, not the padded width."""
     needs = flat_needs(batch)
     if not sizes.holds(needs):
         raise ProgramError(f"a step of (tokens, rows, pages, logit rows) {needs} does not fit the flat sizes "
@@ -95,21 +98,24 @@ def flat_lists(batch: ForwardBatch, sizes: FlatSizes) -> tuple[list[int], list[i
             logits.append(at + c.num_tokens - 1)
         at += c.num_tokens
     pad, empty = sizes.tokens - len(ids), sizes.rows - len(meta)
-    wide = (ids + [0] * pad + positions + [0] * pad + kv_slots + [sizes.pad_kv_slot] * pad
-            + logits + [0] * (sizes.logit_rows - len(logits)) + [m[3] for m in meta] + [sizes.pad_state_slot] * empty)
+    wide = torch.tensor(ids + [0] * pad + positions + [0] * pad + kv_slots + [sizes.pad_kv_slot] * pad
+                        + logits + [0] * (sizes.logit_rows - len(logits)) + [m[3] for m in meta]
+                        + [sizes.pad_state_slot] * empty, dtype=torch.int64)
     cu = [0]
     for q_len, *_ in meta:
         cu.append(cu[-1] + q_len)
-    narrow = cu + [cu[-1]] * empty + [m[1] for m in meta] + [0] * empty
-    for _, _, row_pages, _ in meta:
-        narrow.extend(row_pages)
-        narrow.extend([0] * (sizes.pages - len(row_pages)))   # never read: kernels stop at each row's kv length
-    narrow.extend([0] * (sizes.pages * empty))
+    head = cu + [cu[-1]] * empty + [m[1] for m in meta] + [0] * empty
+    narrow = torch.zeros(len(head) + sizes.rows * sizes.pages, dtype=torch.int32)
+    narrow[:len(head)] = torch.tensor(head, dtype=torch.int32)
+    tables = narrow[len(head):].view(sizes.rows, sizes.pages)   # past a row's pages: never read (its kv length)
+    for r, (_, _, row_pages, _) in enumerate(meta):
+        if len(row_pages):
+            tables[r, :len(row_pages)] = torch.as_tensor(row_pages, dtype=torch.int32)
     return wide, narrow
 
 
 def flat_views(big: torch.Tensor, small: torch.Tensor, sizes: FlatSizes) -> PackedBatch:
-    """The padded flat PackedBatch over device buffers holding :func:`flat_lists`' two lists (a graph's static
+    """The padded flat PackedBatch over device buffers holding :func:`flat_tensors`' two tensors (a graph's static
     inputs, or a step's copies). Its host fields describe the padded shape only."""
     n, r, lr = sizes.tokens, sizes.rows, sizes.logit_rows
     return PackedBatch(
@@ -124,5 +130,5 @@ def flat_views(big: torch.Tensor, small: torch.Tensor, sizes: FlatSizes) -> Pack
 def pack_flat(batch: ForwardBatch, device: torch.device, sizes: FlatSizes) -> PackedBatch:
     """``batch`` as flat rows padded to ``sizes`` on ``device`` (module docstring; ProgramError when it does not
     fit)."""
-    wide, narrow = flat_lists(batch, sizes)
+    wide, narrow = flat_tensors(batch, sizes)
     return flat_views(to_device(wide, torch.int64, device), to_device(narrow, torch.int32, device), sizes)

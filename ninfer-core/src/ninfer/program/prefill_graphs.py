@@ -11,7 +11,7 @@ Invariants:
   ``logit_rows``; a step runs in the smallest bucket that holds it (:meth:`PrefillGraphs.bucket_for`), or eagerly
   when none does.
 - Each graph's inputs are two static device buffers (int64 and int32) in :func:`~ninfer.program.flat_batch.
-  flat_lists`' layout; a replay is one pinned host-to-device copy of each and the graph launch.
+  flat_tensors`' layout; a replay is one pinned host-to-device copy of each and the graph launch.
 - Padded tokens write KV slot -1 (the device KV writes drop it) and padded rows share ``pad_state_slot``, a StateImage
   slot the Program holds for this and no sequence ever gets.
 - Capture runs each forward eagerly first (compiling kernels) over an all-padded input (no row: nothing of any
@@ -28,7 +28,7 @@ import torch
 
 from ninfer.contracts.program import ProgramError
 from ninfer.program.batch import ForwardBatch, PackedBatch
-from ninfer.program.flat_batch import FlatSizes, flat_lists, flat_needs, flat_views
+from ninfer.program.flat_batch import FlatSizes, flat_needs, flat_tensors, flat_views
 
 FlatForward = Callable[[PackedBatch], torch.Tensor]   # the Program's forward_packed: fp32 logits [logit_rows, V]
 
@@ -91,9 +91,9 @@ class PrefillGraphs:
         if sizes is None:
             raise ProgramError("no prefill graph holds this step; run it eagerly")
         graph, big, small, logits = self._graphs[sizes.tokens]
-        wide, narrow = flat_lists(batch, sizes)
-        big.copy_(torch.tensor(wide, dtype=torch.int64).pin_memory(), non_blocking=True)
-        small.copy_(torch.tensor(narrow, dtype=torch.int32).pin_memory(), non_blocking=True)
+        wide, narrow = flat_tensors(batch, sizes)
+        big.copy_(wide.pin_memory(), non_blocking=True)
+        small.copy_(narrow.pin_memory(), non_blocking=True)
         graph.replay()
         self.replays += 1
         return logits[:batch.num_logit_rows]
