@@ -99,7 +99,7 @@ def _presets() -> dict[str, Preset]:
                                    "aqk_ptr": "*fp32", "gl_ptr": "*fp32", "st_ptr": "*fp32", "cu_ptr": "*i32",
                                    "slot_ptr": "*i64"}),
         "conv_varlen": Preset("ninfer_qwen3_5.ops.triton.conv1d", "_conv_varlen_kernel",
-                              dict(K=4, BLOCK_T=16, BLOCK_C=256, INTERP=False), 8,
+                              dict(K=4, BLOCK_T=16, BLOCK_C=256, INTERP=False, BS=16), 8,
                               {"cu_ptr": "*i32", "slot_ptr": "*i64"}),
         "conv_varlen_state": Preset("ninfer_qwen3_5.ops.triton.conv1d", "_conv_varlen_state_kernel",
                                     dict(K=4, BLOCK_C=256, BLOCK_K=4, INTERP=False), 4,

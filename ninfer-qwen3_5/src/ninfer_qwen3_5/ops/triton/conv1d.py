@@ -116,19 +116,19 @@ def _conv_prefill_kernel(x_ptr, w_ptr, s_ptr, y_ptr, T, C, stride_xt, stride_wc,
 @triton.jit(do_not_specialize=["T", "NSEQ"], do_not_specialize_on_alignment=["cu_ptr", "slot_ptr"])
 def _conv_varlen_kernel(x_ptr, w_ptr, s_ptr, cu_ptr, slot_ptr, y_ptr, T, C, NSEQ, stride_xt, stride_wc, stride_wk,
                         stride_ss, stride_sc, stride_sk, stride_yt, K: tl.constexpr, BLOCK_T: tl.constexpr,
-                        BLOCK_C: tl.constexpr, INTERP: tl.constexpr):
+                        BLOCK_C: tl.constexpr, INTERP: tl.constexpr, BS: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     tm = t < T
     cm = c < C
-    # Each token's sequence (the last one starting at or before it): its first token and its state slot.
-    start = t * 0
-    seq = t * 0
-    for i in range(1, NSEQ):
-        s_i = tl.load(cu_ptr + i)
-        after = t >= s_i
-        start = tl.where(after, s_i, start)
-        seq = tl.where(after, i, seq)
+    # Each token's sequence (the last one starting at or before it): its first token and its state slot. The
+    # offsets are one vector load of BS >= NSEQ lanes (a flat step has a row per state slot: a loop over them was a
+    # serial chain of loads in every program); sequence 0 and lanes past NSEQ start "never".
+    i = tl.arange(0, BS)
+    s_i = tl.load(cu_ptr + i, mask=(i >= 1) & (i < NSEQ), other=2147483647)
+    after = t[:, None] >= s_i[None, :]
+    seq = tl.sum(after.to(tl.int32), 1)     # offsets do not decrease: the last sequence started is the count
+    start = tl.max(tl.where(after, s_i[None, :], 0), 1)
     slot = tl.load(slot_ptr + seq, mask=tm, other=0).to(tl.int64)
     y = conv_taps_silu(x_ptr, w_ptr, s_ptr, t, c, tm, cm, start, (slot * stride_ss)[:, None], stride_xt,
                        stride_wc, stride_wk, stride_sc, stride_sk, K, BLOCK_T, BLOCK_C, INTERP)
@@ -180,7 +180,7 @@ def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, conv_states: tor
     # conv_varlen), not at 8.
     _conv_varlen_kernel[(triton.cdiv(t_len, block_t), triton.cdiv(channels, block_c))](
         x, weight, conv_states, cu, ids, y, t_len, channels, nseq, x.stride(0), *weight.stride(), *conv_states.stride(),
-        y.stride(0), K=k, BLOCK_T=block_t, BLOCK_C=block_c, INTERP=INTERPRET, num_warps=8)
+        y.stride(0), K=k, BLOCK_T=block_t, BLOCK_C=block_c, INTERP=INTERPRET, BS=max(2, next_pow2(nseq)), num_warps=8)
     if k > 1:
         _conv_varlen_state_kernel[(nseq, triton.cdiv(channels, block_c))](
             x, conv_states, cu, ids, channels, x.stride(0), *conv_states.stride(), K=k, BLOCK_C=block_c,
