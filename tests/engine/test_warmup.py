@@ -212,3 +212,26 @@ def test_speculative_warmup_runs_verify_rows_and_changes_no_token(default_artifa
             handles = [engine.submit(p, sampling=sp) for p in prompts for sp in sampling]
             outs.append([h.result(120).token_ids for h in handles])
     assert outs[0] == outs[1]
+
+
+def test_warmup_runs_its_units_with_the_prefill_graphs_set_aside(tiny_qwen_artifact, monkeypatch):
+    """A step the graphs hold may still run eagerly while serving (a verify or scoring chunk, a lookahead's rows), so
+    the warm-up's units run eagerly and compile those variants; the graphs come back afterwards, also when a unit
+    fails."""
+    import ninfer.program.warmup as warmup
+
+    with qwen_engine(tiny_qwen_artifact, max_concurrency=2) as engine:
+        program = engine._program  # noqa: SLF001
+        graphs = object()
+        program.prefill_graphs = graphs
+        seen = []
+
+        def record(prog, limits):
+            seen.append(prog.prefill_graphs)
+            raise RuntimeError("a unit failed")
+
+        monkeypatch.setattr(warmup, "run_warm_up", record)
+        with pytest.raises(RuntimeError, match="a unit failed"):
+            program.warm_up(WarmupLimits(max_rows=2, prefill_chunk=16, step_tokens=8, speculative_tokens=0))
+        assert seen == [None] and program.prefill_graphs is graphs
+        program.prefill_graphs = None
