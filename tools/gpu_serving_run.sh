@@ -6,7 +6,8 @@
 #   3. tools/spec_speed.py: MTP, DFlash and DFlash2 acceptance and speed on the embedded default model;
 #   4. `ninfer bench-serve` (vLLM's bench serve protocol) against `ninfer serve` at 1, 2, 4 and 8 streams.
 #   5. tools/gpu_mixed_step_profile.py: a mixed step's kernels (7 decoding streams beside an 8k prompt's chunks) at
-#      step budgets 256, 512 and 2048, prefill-step graphs on and off (not in the default PHASES: PHASES=5).
+#      step budgets 256, 512 and 2048, prefill-step graphs on and off (not in the default PHASES: PHASES=5);
+#      MIXED_AB=NINFER_ATTN_SPLIT (any 0/1 switch) profiles it again with that switch on, graphs on, into $OUT/ab/.
 # Each phase has its own time limit, so a slow one cannot take the others' results with it.
 #
 #   bash tools/gpu_serving_run.sh          # on the device, carry .gpu-wheels; results under $OUT
@@ -70,7 +71,14 @@ timeout 150 python3 tools/spec_speed.py --device $device "${mtp[@]}" --out "$out
 esac
 case "$phases" in *,5,*)
 say "phase 5: a mixed step's kernels"
-timeout 400 python3 tools/gpu_mixed_step_profile.py "$art" --out "$out" "${mixed_args[@]}" 2>&1 | tee "$out/mixed.log" ;;
+timeout 400 python3 tools/gpu_mixed_step_profile.py "$art" --out "$out" "${mixed_args[@]}" 2>&1 | tee "$out/mixed.log"
+# MIXED_AB=NAME: the same again with the 0/1 switch NAME on (a Triton candidate), into $out/ab/
+if [ -n "${MIXED_AB:-}" ]; then
+    mkdir -p "$out/ab"
+    say "phase 5, again with $MIXED_AB=1"
+    env "$MIXED_AB=1" timeout 400 python3 tools/gpu_mixed_step_profile.py "$art" --out "$out/ab" --graphs on \
+        "${mixed_args[@]}" 2>&1 | tee "$out/ab/mixed.log"
+fi ;;
 esac
 case "$phases" in *,4,*)
 say "phase 4: ninfer bench-serve at 1, 2, 4, 8 streams"

@@ -177,3 +177,38 @@ def test_prefill_output_gate(dtype, gen):
     gated, composed = check_gated_prefill_attention(triton_ops(dtype), DEVICE, dtype, gen)
     _within_one_ulp(gated, composed, dtype)
     check_a_wrong_gate_is_refused(triton_ops(dtype), DEVICE, dtype)
+
+
+@pytest.mark.parametrize("splits", [2, 3, 7])
+def test_prefill_kv_split(splits, gen, monkeypatch):
+    """The KV-split candidate (NINFER_ATTN_SPLIT): each block's keys cut into parts, their partials merged by the
+    combine kernel. Against the oracle on the many-rows case (empty rows, parts with no key tile, a decode-like row,
+    blocks of several rows) and a D = 256 GQA geometry in bf16; gated, it equals the unsplit kernel followed by the
+    gate's composition within one ulp."""
+    from ninfer.ops.triton import attention
+
+    monkeypatch.setattr(attention, "kv_splits", lambda n_prog, hkv, device: splits)
+    rows = [(70, 90), (0, 3), (1, 40), (3, 3), (0, 1), (17, 64), (2, 9), (0, 5), (33, 33)]
+    run_case(torch.float32, 8, 8, 2, 16, rows, gen, decode=False, compare_reference=False)
+    run_case(torch.bfloat16, 16, 8, 2, 256, [(5, 150), (1, 77), (40, 40)], gen, decode=False,
+             compare_reference=False)
+    from ops.shared_checks import check_gated_prefill_attention
+
+    gated, composed = check_gated_prefill_attention(triton_ops(torch.bfloat16), DEVICE, torch.bfloat16, gen)
+    _within_one_ulp(gated, composed, torch.bfloat16)
+
+
+def test_prefill_kv_split_is_a_candidate(monkeypatch):
+    """Off by default (NINFER_ATTN_SPLIT unset): one part. On, a launch that fills the device is not split; a small
+    one is cut into enough parts for two programs per SM, at most MAX_KV_SPLITS."""
+    from ninfer.ops.triton import attention
+
+    cuda = torch.device("cuda", 0)
+    assert attention.kv_splits(2, 4, cuda) == 1 or attention.SPLIT_ENABLED
+    monkeypatch.setattr(attention, "SPLIT_ENABLED", True)
+    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
+    assert attention.kv_splits(25, 4, cuda) == 2             # 264 // 100
+    assert attention.kv_splits(8, 4, cuda) == 8
+    assert attention.kv_splits(1, 1, cuda) == attention.MAX_KV_SPLITS
+    assert attention.kv_splits(300, 4, cuda) == 1
+    assert attention.kv_splits(1, 1, torch.device("cpu")) == 1

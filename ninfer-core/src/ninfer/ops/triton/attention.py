@@ -13,14 +13,16 @@ Shared invariants (the contract's, plus how this implementation keeps them):
 - The arithmetic of a row depends only on its own kv_len and KV values: block boundaries are positions, not
   pages, so identity / offset / fragmented page tables give bit-identical outputs, and the split-K partition
   of a decode row is a function of its own kv_len (never of the batch, the page-table width or the grid).
+  The exception is the prefill's KV-split candidate (``NINFER_ATTN_SPLIT=1``, off by default): its parts follow
+  the launch's size (:func:`kv_splits`).
 - No host syncs: every grid is derived from tensor shapes, so both launches are CUDA-graph safe.
 - One compiled variant per launch configuration, whatever the batch: the integers that follow it (the row count,
   the page-table width, the grid's split count and the partial buffers' strides it sets) are not specialised on
   (``do_not_specialize``), the metadata pointers (kv lengths, page tables, row offsets: views into a step's packed
   metadata at varying offsets) not on alignment, and the combine's split tile is the policy's maximum, not the
   grid's. What still selects a variant: prefill's ``BLOCK_B`` (the
-  row count rounded up to a power of two), decode's ``DIRECT`` (a page table short enough for one split) and
-  ``HAS_GATE``; start-up warm-up (``ninfer.program.warmup``) runs each. The prefill
+  row count rounded up to a power of two), decode's ``DIRECT`` (a page table short enough for one split),
+  ``HAS_GATE`` and, with the KV-split candidate, prefill's ``KV_SPLIT`` (a small launch); start-up warm-up (``ninfer.program.warmup``) runs each. The prefill
   kernel needs no host-side maximum query length: each program finds its (row, query block) on the device
   from ``cu_q`` with a prefix sum.
 - The softmax runs in base 2 with ``scale * log2(e)`` folded into the scores; the running max starts at a
@@ -30,6 +32,8 @@ Shared invariants (the contract's, plus how this implementation keeps them):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -37,9 +41,17 @@ import triton.language as tl
 from ninfer.ops.registry import OpImpl
 from ninfer.ops.triton import attention_sdpa
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, mm, next_pow2, pdl, pdl_wait
+from ninfer.switches import env_switch
 
 _LOG2E = 1.4426950408889634
 _NEG = tl.constexpr(-1.0e30)  # a global read inside kernels must be a constexpr
+
+# Prefill KV split (a candidate, NINFER_ATTN_SPLIT=1): a launch of fewer than SPLIT_WAVES programs per SM cuts each
+# block's keys into parts run by programs of their own, at most MAX_KV_SPLITS, merged by a combine kernel. Unlike the
+# decode split the parts follow the launch's size, so a row's bits depend on the call it is in.
+SPLIT_ENABLED = env_switch("NINFER_ATTN_SPLIT", False)
+SPLIT_WAVES = 2
+MAX_KV_SPLITS = 16
 
 # Decode split-K policy (module constants, so a row's partition never depends on the launch):
 # a row of n KV tiles is cut into min(MAX_SPLITS, ceil(n_tokens / MIN_SPLIT_TOKENS)) splits of equal tile
@@ -303,24 +315,10 @@ def _prefill_config(d: int, dtype: torch.dtype) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 
 
-@triton.jit(do_not_specialize=["n_rows", "stride_ptb"],
-            do_not_specialize_on_alignment=["cu_q_ptr", "kv_lens_ptr", "pt_ptr"])
-def _prefill_kernel(
-        q_ptr, k_ptr, v_ptr, cu_q_ptr, kv_lens_ptr, pt_ptr, out_ptr, gate_ptr,
-        qk_scale, n_rows,
-        stride_qt, stride_qh, stride_qd,
-        stride_kp, stride_ks, stride_kh, stride_kd,
-        stride_vp, stride_vs, stride_vh, stride_vd,
-        stride_ptb,
-        stride_ot, stride_oh, stride_od, stride_gt,
-        R: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-        BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr, HAS_GATE: tl.constexpr = False):
-    """Program (query block, kv head). A block is BLOCK_M (query, head-in-group) pairs of one row, row-major
-    over queries (pair m = query m // R, head m % R), so one K/V tile serves the whole GQA group."""
-    pid = tl.program_id(0)
-    kvh = tl.program_id(1)
-    # Locate (row, block of that row) on the device: blocks are numbered row after row.
+@triton.jit
+def _locate(cu_q_ptr, n_rows, pid, R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Query block ``pid``'s (row, its first query token, the row's query count, the block within the row); blocks
+    are numbered row after row, and a ``pid`` past them gets row == n_rows."""
     offs_b = tl.arange(0, BLOCK_B)
     b_mask = offs_b < n_rows
     starts = tl.load(cu_q_ptr + offs_b, mask=b_mask, other=0)
@@ -328,11 +326,37 @@ def _prefill_kernel(
     n_blk = tl.cdiv((ends - starts) * R, BLOCK_M)
     cum = tl.cumsum(n_blk, 0)                       # inclusive
     row = tl.sum((cum <= pid).to(tl.int32), 0)      # rows whose blocks all come before pid
+    sel = offs_b == row
+    q_start = tl.sum(tl.where(sel, starts, 0), 0)
+    q_len = tl.sum(tl.where(sel, ends - starts, 0), 0)
+    blk = pid - tl.sum(tl.where(sel, cum - n_blk, 0), 0)
+    return row, q_start, q_len, blk
+
+
+@triton.jit(do_not_specialize=["n_rows", "stride_ptb", "n_split"],
+            do_not_specialize_on_alignment=["cu_q_ptr", "kv_lens_ptr", "pt_ptr"])
+def _prefill_kernel(
+        q_ptr, k_ptr, v_ptr, cu_q_ptr, kv_lens_ptr, pt_ptr, out_ptr, gate_ptr, part_ptr,
+        qk_scale, n_rows, n_split,
+        stride_qt, stride_qh, stride_qd,
+        stride_kp, stride_ks, stride_kh, stride_kd,
+        stride_vp, stride_vs, stride_vh, stride_vd,
+        stride_ptb,
+        stride_ot, stride_oh, stride_od, stride_gt,
+        R: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+        BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexpr, HAS_GATE: tl.constexpr = False,
+        KV_SPLIT: tl.constexpr = False):
+    """Program (query block, kv head). A block is BLOCK_M (query, head-in-group) pairs of one row, row-major
+    over queries (pair m = query m // R, head m % R), so one K/V tile serves the whole GQA group.
+
+    KV_SPLIT (:data:`SPLIT_ENABLED`): program (query block, kv head, part s of ``n_split``) covers the s-th of
+    ``n_split`` equal runs of the block's key tiles and stores its unnormalised partials to ``part_ptr``
+    (:func:`_part_offsets`) for :func:`_prefill_combine_kernel`."""
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    row, q_start, q_len, blk = _locate(cu_q_ptr, n_rows, pid, R, BLOCK_B, BLOCK_M)
     if row < n_rows:
-        sel = offs_b == row
-        q_start = tl.sum(tl.where(sel, starts, 0), 0)
-        q_len = tl.sum(tl.where(sel, ends - starts, 0), 0)
-        blk = pid - tl.sum(tl.where(sel, cum - n_blk, 0), 0)
         kv_len = tl.load(kv_lens_ptr + row)
 
         offs_m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -350,7 +374,13 @@ def _prefill_kernel(
         m_i = tl.full([BLOCK_M], _NEG, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for t in range(0, tl.cdiv(hi, BLOCK_N)):
+        t0 = 0
+        t1 = tl.cdiv(hi, BLOCK_N)
+        if KV_SPLIT:
+            per = tl.cdiv(t1, n_split)
+            t0 = tl.program_id(2) * per
+            t1 = tl.minimum(t1, t0 + per)
+        for t in range(t0, t1):
             offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
             n_mask = offs_n < hi
             page = tl.load(pt_ptr + row * stride_ptb + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
@@ -369,21 +399,96 @@ def _prefill_kernel(
                         + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
             acc = acc * alpha[:, None] + _pv(p, v, P_SPLIT, FP32_DOT, INTERP)
             m_i = m_new
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        if HAS_GATE:
-            g = tl.load(gate_ptr + (q_start + qi)[:, None] * stride_gt + head[:, None] * D + offs_d[None, :],
-                        mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-            out = _sigmoid_gate(out, g, out_ptr.dtype.element_ty, INTERP)
-        tl.store(out_ptr + (q_start + qi)[:, None] * stride_ot + head[:, None] * stride_oh
-                 + offs_d[None, :] * stride_od, cast(out, out_ptr.dtype.element_ty, INTERP),
-                 mask=m_mask[:, None] & d_mask[None, :])
+        if KV_SPLIT:
+            ml, part = _part_offsets(pid, kvh, tl.program_id(2), tl.num_programs(1), n_split, BLOCK_M, BLOCK_D)
+            pairs = tl.arange(0, BLOCK_M)
+            tl.store(part_ptr + ml + pairs, m_i)
+            tl.store(part_ptr + ml + BLOCK_M + pairs, l_i)
+            tl.store(part_ptr + part + pairs[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :], acc)
+        else:
+            _store_out(acc / tl.where(l_i > 0, l_i, 1.0)[:, None], out_ptr, gate_ptr, q_start, qi, head, m_mask,
+                       offs_d, d_mask, stride_ot, stride_oh, stride_od, stride_gt, D, HAS_GATE, INTERP)
+
+
+@triton.jit
+def _store_out(out, out_ptr, gate_ptr, q_start, qi, head, m_mask, offs_d, d_mask, stride_ot, stride_oh, stride_od,
+               stride_gt, D: tl.constexpr, HAS_GATE: tl.constexpr, INTERP: tl.constexpr):
+    """A block's normalised output, gated (``HAS_GATE``) where it is stored."""
+    if HAS_GATE:
+        g = tl.load(gate_ptr + (q_start + qi)[:, None] * stride_gt + head[:, None] * D + offs_d[None, :],
+                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+        out = _sigmoid_gate(out, g, out_ptr.dtype.element_ty, INTERP)
+    tl.store(out_ptr + (q_start + qi)[:, None] * stride_ot + head[:, None] * stride_oh
+             + offs_d[None, :] * stride_od, cast(out, out_ptr.dtype.element_ty, INTERP),
+             mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _part_offsets(pid, kvh, s, n_kvh, n_split, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Where part ``s`` of block ``pid``, kv head ``kvh`` keeps its partials in the fp32 buffer: (its running maxima
+    then sums, ``2 * BLOCK_M`` words; its ``[BLOCK_M, BLOCK_D]`` accumulator). Parts are laid out block-major."""
+    i = ((pid * n_kvh + kvh) * n_split + s).to(tl.int64)
+    return i * (2 * BLOCK_M + BLOCK_M * BLOCK_D), i * (2 * BLOCK_M + BLOCK_M * BLOCK_D) + 2 * BLOCK_M
+
+
+@triton.jit(do_not_specialize=["n_rows", "n_split"], do_not_specialize_on_alignment=["cu_q_ptr"])
+def _prefill_combine_kernel(cu_q_ptr, part_ptr, out_ptr, gate_ptr, n_rows, n_split,
+                            stride_ot, stride_oh, stride_od, stride_gt,
+                            R: tl.constexpr, D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr,
+                            BLOCK_D: tl.constexpr, DC: tl.constexpr, INTERP: tl.constexpr,
+                            HAS_GATE: tl.constexpr = False):
+    """Program (query block, kv head) of a KV_SPLIT launch: its parts' partials merged in part order, then
+    normalised, gated and stored as the unsplit kernel stores them. A part with no key tile holds max -1e30 and
+    sum 0, which weighs nothing; a block with no visible key at all outputs zeros, as unsplit."""
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    row, q_start, q_len, blk = _locate(cu_q_ptr, n_rows, pid, R, BLOCK_B, BLOCK_M)
+    if row < n_rows:
+        pairs = tl.arange(0, BLOCK_M)
+        m_all = tl.full([BLOCK_M], _NEG, tl.float32)
+        for s in range(n_split):
+            ml, _ = _part_offsets(pid, kvh, s, tl.num_programs(1), n_split, BLOCK_M, BLOCK_D)
+            m_all = tl.maximum(m_all, tl.load(part_ptr + ml + pairs))
+        l_all = tl.zeros([BLOCK_M], tl.float32)
+        for s in range(n_split):
+            ml, _ = _part_offsets(pid, kvh, s, tl.num_programs(1), n_split, BLOCK_M, BLOCK_D)
+            l_all += tl.exp2(tl.load(part_ptr + ml + pairs) - m_all) * tl.load(part_ptr + ml + BLOCK_M + pairs)
+        offs_m = blk * BLOCK_M + pairs
+        qi = offs_m // R
+        # The accumulators DC columns at a time: a whole [BLOCK_M, BLOCK_D] fp32 tile and the part being added spill.
+        for d0 in tl.static_range(0, BLOCK_D, DC):
+            offs_d = d0 + tl.arange(0, DC)
+            acc = tl.zeros([BLOCK_M, DC], tl.float32)
+            for s in range(n_split):
+                ml, part = _part_offsets(pid, kvh, s, tl.num_programs(1), n_split, BLOCK_M, BLOCK_D)
+                w = tl.exp2(tl.load(part_ptr + ml + pairs) - m_all)
+                acc += w[:, None] * tl.load(part_ptr + part + pairs[:, None] * BLOCK_D + offs_d[None, :])
+            _store_out(acc / tl.where(l_all > 0, l_all, 1.0)[:, None], out_ptr, gate_ptr, q_start, qi,
+                       kvh * R + offs_m % R, qi < q_len, offs_d, offs_d < D, stride_ot, stride_oh, stride_od,
+                       stride_gt, D, HAS_GATE, INTERP)
+
+
+def kv_splits(n_prog: int, hkv: int, device: torch.device) -> int:
+    """Parts each block's keys are cut into under :data:`SPLIT_ENABLED`: enough for :data:`SPLIT_WAVES` programs per
+    SM where the launch has fewer (a short chunk over a long context: one program per block walks every key), at most
+    :data:`MAX_KV_SPLITS`; 1 (the unsplit kernel) where it is off or the launch fills the device."""
+    if not SPLIT_ENABLED or device.type != "cuda":
+        return 1
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, min(MAX_KV_SPLITS, (SPLIT_WAVES * sms) // max(1, n_prog * hkv)))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, cu_q: torch.Tensor,
                     kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float, gate: torch.Tensor | None = None,
-                    *, config: dict | None = None) -> torch.Tensor:
+                    *, config: dict | None = None, splits: int | None = None) -> torch.Tensor:
     """Causal GQA for ``q[T, Hq, D]`` split into rows by ``cu_q`` (see the module invariants). ``gate[T, Hq*D]``:
-    the output gate, applied where the output is stored (no elementwise launches after)."""
+    the output gate, applied where the output is stored (no elementwise launches after). ``splits``: the parts each
+    block's keys are cut into (default :func:`kv_splits`; more than 1 runs the KV_SPLIT kernel and the combine)."""
     hq, hkv, d, page = _check(q, k_pool, v_pool)
     t_len, n_rows = q.shape[0], kv_lens.shape[0]
     gate = _gate_input("paged_attention", gate, q)
@@ -399,16 +504,26 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     # Upper bound on blocks (sum over rows of ceil(q_len * R / BLOCK_M)) from shapes alone; extra programs
     # find row == n_rows and exit.
     n_prog = triton.cdiv(t_len * r, block_m) + n_rows
+    n_split = splits or kv_splits(n_prog, hkv, q.device)
     page_tables = page_tables.to(device=q.device, dtype=torch.int32)
-    _prefill_kernel[(n_prog, hkv)](
-        q, k_pool, v_pool, cu_q.to(device=q.device, dtype=torch.int32),
-        kv_lens.to(device=q.device, dtype=torch.int32), page_tables, out, out if gate is None else gate,
-        scale * _LOG2E, n_rows, *q.stride(), *k_pool.stride(), *v_pool.stride(), page_tables.stride(0),
+    cu_q = cu_q.to(device=q.device, dtype=torch.int32)
+    block_d, gated = max(16, next_pow2(d)), out if gate is None else gate
+    # The parts' partials: per (block, kv head, part) BLOCK_M maxima and sums and a [BLOCK_M, BLOCK_D] accumulator.
+    parts = (torch.empty(n_prog * hkv * n_split * block_m * (2 + block_d), dtype=torch.float32, device=q.device)
+             if n_split > 1 else out)
+    _prefill_kernel[(n_prog, hkv, n_split)](
+        q, k_pool, v_pool, cu_q, kv_lens.to(device=q.device, dtype=torch.int32), page_tables, out, gated, parts,
+        scale * _LOG2E, n_rows, n_split, *q.stride(), *k_pool.stride(), *v_pool.stride(), page_tables.stride(0),
         *out.stride(), 0 if gate is None else gate.stride(0), HAS_GATE=gate is not None,
         R=r, D=d, PAGE=page, BLOCK_B=next_pow2(n_rows), BLOCK_M=block_m,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_D=max(16, next_pow2(d)),
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d,
         P_SPLIT=cfg.get("P_SPLIT", False) and q.dtype != torch.float32, FP32_DOT=q.dtype == torch.float32,
-        INTERP=INTERPRET, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        INTERP=INTERPRET, KV_SPLIT=n_split > 1, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if n_split > 1:
+        _prefill_combine_kernel[(n_prog, hkv)](
+            cu_q, parts, out, gated, n_rows, n_split, *out.stride(), 0 if gate is None else gate.stride(0),
+            R=r, D=d, BLOCK_B=next_pow2(n_rows), BLOCK_M=block_m, BLOCK_D=block_d, DC=min(block_d, 64),
+            INTERP=INTERPRET, HAS_GATE=gate is not None, num_warps=4)
     return out
 
 
