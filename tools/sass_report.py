@@ -116,7 +116,7 @@ def _presets() -> dict[str, Preset]:
                                              KV_SPLIT=True), 8,
                                         {"cu_q_ptr": "*i32", "kv_lens_ptr": "*i32", "pt_ptr": "*i32",
                                          "part_ptr": "*fp32"}, options={"num_stages": 2}),
-        "attn_prefill_combine": Preset("ninfer.ops.triton.attention", "_prefill_combine_kernel",
+        "attn_prefill_combine": Preset("ninfer.ops.triton.attention_parts", "_prefill_combine_kernel",
                                        dict(R=4, D=256, BLOCK_B=32, BLOCK_M=128, BLOCK_D=256, DC=64, INTERP=False,
                                             HAS_GATE=True), 4,
                                        {"cu_q_ptr": "*i32", "part_ptr": "*fp32"}),

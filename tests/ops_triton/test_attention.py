@@ -185,9 +185,9 @@ def test_prefill_kv_split(splits, gen, monkeypatch):
     combine kernel. Against the oracle on the many-rows case (empty rows, parts with no key tile, a decode-like row,
     blocks of several rows) and a D = 256 GQA geometry in bf16; gated, it equals the unsplit kernel followed by the
     gate's composition within one ulp."""
-    from ninfer.ops.triton import attention
+    from ninfer.ops.triton import attention_parts
 
-    monkeypatch.setattr(attention, "kv_splits", lambda n_prog, hkv, device: splits)
+    monkeypatch.setattr(attention_parts, "kv_splits", lambda n_prog, hkv, device: splits)
     rows = [(70, 90), (0, 3), (1, 40), (3, 3), (0, 1), (17, 64), (2, 9), (0, 5), (33, 33)]
     run_case(torch.float32, 8, 8, 2, 16, rows, gen, decode=False, compare_reference=False)
     run_case(torch.bfloat16, 16, 8, 2, 256, [(5, 150), (1, 77), (40, 40)], gen, decode=False,
@@ -201,14 +201,14 @@ def test_prefill_kv_split(splits, gen, monkeypatch):
 def test_prefill_kv_split_is_a_candidate(monkeypatch):
     """Off by default (NINFER_ATTN_SPLIT unset): one part. On, a launch that fills the device is not split; a small
     one is cut into enough parts for two programs per SM, at most MAX_KV_SPLITS."""
-    from ninfer.ops.triton import attention
+    from ninfer.ops.triton import attention_parts as parts
 
     cuda = torch.device("cuda", 0)
-    assert attention.kv_splits(2, 4, cuda) == 1 or attention.SPLIT_ENABLED
-    monkeypatch.setattr(attention, "SPLIT_ENABLED", True)
-    monkeypatch.setattr(attention, "_sm_count", lambda index: 132)
-    assert attention.kv_splits(25, 4, cuda) == 2             # 264 // 100
-    assert attention.kv_splits(8, 4, cuda) == 8
-    assert attention.kv_splits(1, 1, cuda) == attention.MAX_KV_SPLITS
-    assert attention.kv_splits(300, 4, cuda) == 1
-    assert attention.kv_splits(1, 1, torch.device("cpu")) == 1
+    assert parts.kv_splits(2, 4, cuda) == 1 or parts.SPLIT_ENABLED
+    monkeypatch.setattr(parts, "SPLIT_ENABLED", True)
+    monkeypatch.setattr(parts, "_sm_count", lambda index: 132)
+    assert parts.kv_splits(25, 4, cuda) == 2             # 264 // 100
+    assert parts.kv_splits(8, 4, cuda) == 8
+    assert parts.kv_splits(1, 1, cuda) == parts.MAX_KV_SPLITS
+    assert parts.kv_splits(300, 4, cuda) == 1
+    assert parts.kv_splits(1, 1, torch.device("cpu")) == 1

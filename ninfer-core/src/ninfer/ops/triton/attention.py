@@ -14,7 +14,7 @@ Shared invariants (the contract's, plus how this implementation keeps them):
   pages, so identity / offset / fragmented page tables give bit-identical outputs, and the split-K partition
   of a decode row is a function of its own kv_len (never of the batch, the page-table width or the grid).
   The exception is the prefill's KV-split candidate (``NINFER_ATTN_SPLIT=1``, off by default): its parts follow
-  the launch's size (:func:`kv_splits`).
+  the launch's size (:func:`~ninfer.ops.triton.attention_parts.kv_splits`).
 - No host syncs: every grid is derived from tensor shapes, so both launches are CUDA-graph safe.
 - One compiled variant per launch configuration, whatever the batch: the integers that follow it (the row count,
   the page-table width, the grid's split count and the partial buffers' strides it sets) are not specialised on
@@ -22,7 +22,8 @@ Shared invariants (the contract's, plus how this implementation keeps them):
   metadata at varying offsets) not on alignment, and the combine's split tile is the policy's maximum, not the
   grid's. What still selects a variant: prefill's ``BLOCK_B`` (the
   row count rounded up to a power of two), decode's ``DIRECT`` (a page table short enough for one split),
-  ``HAS_GATE`` and, with the KV-split candidate, prefill's ``KV_SPLIT`` (a small launch); start-up warm-up (``ninfer.program.warmup``) runs each. The prefill
+  ``HAS_GATE`` and, with the KV-split candidate, prefill's ``KV_SPLIT`` (a small launch); start-up warm-up
+  (``ninfer.program.warmup``) runs each. The prefill
   kernel needs no host-side maximum query length: each program finds its (row, query block) on the device
   from ``cu_q`` with a prefix sum.
 - The softmax runs in base 2 with ``scale * log2(e)`` folded into the scores; the running max starts at a
@@ -32,26 +33,23 @@ Shared invariants (the contract's, plus how this implementation keeps them):
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from ninfer.ops.registry import OpImpl
-from ninfer.ops.triton import attention_sdpa
+from ninfer.ops.triton import attention_parts, attention_sdpa
 from ninfer.ops.triton._common import INTERPRET, KERNEL_DTYPES, cast, launch_ok, mm, next_pow2, pdl, pdl_wait
-from ninfer.switches import env_switch
+from ninfer.ops.triton.attention_parts import (
+    _NEG,
+    _locate,
+    _part_offsets,
+    _prefill_combine_kernel,
+    _sigmoid_gate,
+    _store_out,
+)
 
 _LOG2E = 1.4426950408889634
-_NEG = tl.constexpr(-1.0e30)  # a global read inside kernels must be a constexpr
-
-# Prefill KV split (a candidate, NINFER_ATTN_SPLIT=1): a launch of fewer than SPLIT_WAVES programs per SM cuts each
-# block's keys into parts run by programs of their own, at most MAX_KV_SPLITS, merged by a combine kernel. Unlike the
-# decode split the parts follow the launch's size, so a row's bits depend on the call it is in.
-SPLIT_ENABLED = env_switch("NINFER_ATTN_SPLIT", False)
-SPLIT_WAVES = 2
-MAX_KV_SPLITS = 16
 
 # Decode split-K policy (module constants, so a row's partition never depends on the launch):
 # a row of n KV tiles is cut into min(MAX_SPLITS, ceil(n_tokens / MIN_SPLIT_TOKENS)) splits of equal tile
@@ -88,15 +86,6 @@ def _pv(p, v, P_SPLIT: tl.constexpr, FP32_DOT: tl.constexpr, INTERP: tl.constexp
     if P_SPLIT:
         out += mm(cast(p - p_hi.to(tl.float32), v.dtype, INTERP), v, FP32_DOT, INTERP)
     return out
-
-
-@triton.jit
-def _sigmoid_gate(out, g, DT: tl.constexpr, INTERP: tl.constexpr):
-    """torch's ``o * sigmoid(gate)`` in dtype DT: o rounded, sigmoid(gate) (fp32) rounded, their product (rounded
-    by the caller's store)."""
-    o = cast(out, DT, INTERP).to(tl.float32)
-    gf = g.to(tl.float32)
-    return o * cast(1.0 / (1.0 + tl.exp(-gf)), DT, INTERP).to(tl.float32)
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_ptb", "stride_ab", "stride_ah", "stride_mb", "stride_mh"],
@@ -315,24 +304,6 @@ def _prefill_config(d: int, dtype: torch.dtype) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
 
 
-@triton.jit
-def _locate(cu_q_ptr, n_rows, pid, R: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Query block ``pid``'s (row, its first query token, the row's query count, the block within the row); blocks
-    are numbered row after row, and a ``pid`` past them gets row == n_rows."""
-    offs_b = tl.arange(0, BLOCK_B)
-    b_mask = offs_b < n_rows
-    starts = tl.load(cu_q_ptr + offs_b, mask=b_mask, other=0)
-    ends = tl.load(cu_q_ptr + offs_b + 1, mask=b_mask, other=0)
-    n_blk = tl.cdiv((ends - starts) * R, BLOCK_M)
-    cum = tl.cumsum(n_blk, 0)                       # inclusive
-    row = tl.sum((cum <= pid).to(tl.int32), 0)      # rows whose blocks all come before pid
-    sel = offs_b == row
-    q_start = tl.sum(tl.where(sel, starts, 0), 0)
-    q_len = tl.sum(tl.where(sel, ends - starts, 0), 0)
-    blk = pid - tl.sum(tl.where(sel, cum - n_blk, 0), 0)
-    return row, q_start, q_len, blk
-
-
 @triton.jit(do_not_specialize=["n_rows", "stride_ptb", "n_split"],
             do_not_specialize_on_alignment=["cu_q_ptr", "kv_lens_ptr", "pt_ptr"])
 def _prefill_kernel(
@@ -350,9 +321,9 @@ def _prefill_kernel(
     """Program (query block, kv head). A block is BLOCK_M (query, head-in-group) pairs of one row, row-major
     over queries (pair m = query m // R, head m % R), so one K/V tile serves the whole GQA group.
 
-    KV_SPLIT (:data:`SPLIT_ENABLED`): program (query block, kv head, part s of ``n_split``) covers the s-th of
-    ``n_split`` equal runs of the block's key tiles and stores its unnormalised partials to ``part_ptr``
-    (:func:`_part_offsets`) for :func:`_prefill_combine_kernel`."""
+    KV_SPLIT (the candidate of :mod:`~ninfer.ops.triton.attention_parts`): program (query block, kv head, part s of
+    ``n_split``) covers the s-th of ``n_split`` equal runs of the block's key tiles and stores its unnormalised
+    partials where ``_part_offsets`` says, for the combine kernel."""
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     row, q_start, q_len, blk = _locate(cu_q_ptr, n_rows, pid, R, BLOCK_B, BLOCK_M)
@@ -410,85 +381,13 @@ def _prefill_kernel(
                        offs_d, d_mask, stride_ot, stride_oh, stride_od, stride_gt, D, HAS_GATE, INTERP)
 
 
-@triton.jit
-def _store_out(out, out_ptr, gate_ptr, q_start, qi, head, m_mask, offs_d, d_mask, stride_ot, stride_oh, stride_od,
-               stride_gt, D: tl.constexpr, HAS_GATE: tl.constexpr, INTERP: tl.constexpr):
-    """A block's normalised output, gated (``HAS_GATE``) where it is stored."""
-    if HAS_GATE:
-        g = tl.load(gate_ptr + (q_start + qi)[:, None] * stride_gt + head[:, None] * D + offs_d[None, :],
-                    mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-        out = _sigmoid_gate(out, g, out_ptr.dtype.element_ty, INTERP)
-    tl.store(out_ptr + (q_start + qi)[:, None] * stride_ot + head[:, None] * stride_oh
-             + offs_d[None, :] * stride_od, cast(out, out_ptr.dtype.element_ty, INTERP),
-             mask=m_mask[:, None] & d_mask[None, :])
-
-
-@triton.jit
-def _part_offsets(pid, kvh, s, n_kvh, n_split, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Where part ``s`` of block ``pid``, kv head ``kvh`` keeps its partials in the fp32 buffer: (its running maxima
-    then sums, ``2 * BLOCK_M`` words; its ``[BLOCK_M, BLOCK_D]`` accumulator). Parts are laid out block-major."""
-    i = ((pid * n_kvh + kvh) * n_split + s).to(tl.int64)
-    return i * (2 * BLOCK_M + BLOCK_M * BLOCK_D), i * (2 * BLOCK_M + BLOCK_M * BLOCK_D) + 2 * BLOCK_M
-
-
-@triton.jit(do_not_specialize=["n_rows", "n_split"], do_not_specialize_on_alignment=["cu_q_ptr"])
-def _prefill_combine_kernel(cu_q_ptr, part_ptr, out_ptr, gate_ptr, n_rows, n_split,
-                            stride_ot, stride_oh, stride_od, stride_gt,
-                            R: tl.constexpr, D: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_M: tl.constexpr,
-                            BLOCK_D: tl.constexpr, DC: tl.constexpr, INTERP: tl.constexpr,
-                            HAS_GATE: tl.constexpr = False):
-    """Program (query block, kv head) of a KV_SPLIT launch: its parts' partials merged in part order, then
-    normalised, gated and stored as the unsplit kernel stores them. A part with no key tile holds max -1e30 and
-    sum 0, which weighs nothing; a block with no visible key at all outputs zeros, as unsplit."""
-    pid = tl.program_id(0)
-    kvh = tl.program_id(1)
-    row, q_start, q_len, blk = _locate(cu_q_ptr, n_rows, pid, R, BLOCK_B, BLOCK_M)
-    if row < n_rows:
-        pairs = tl.arange(0, BLOCK_M)
-        m_all = tl.full([BLOCK_M], _NEG, tl.float32)
-        for s in range(n_split):
-            ml, _ = _part_offsets(pid, kvh, s, tl.num_programs(1), n_split, BLOCK_M, BLOCK_D)
-            m_all = tl.maximum(m_all, tl.load(part_ptr + ml + pairs))
-        l_all = tl.zeros([BLOCK_M], tl.float32)
-        for s in range(n_split):
-            ml, _ = _part_offsets(pid, kvh, s, tl.num_programs(1), n_split, BLOCK_M, BLOCK_D)
-            l_all += tl.exp2(tl.load(part_ptr + ml + pairs) - m_all) * tl.load(part_ptr + ml + BLOCK_M + pairs)
-        offs_m = blk * BLOCK_M + pairs
-        qi = offs_m // R
-        # The accumulators DC columns at a time: a whole [BLOCK_M, BLOCK_D] fp32 tile and the part being added spill.
-        for d0 in tl.static_range(0, BLOCK_D, DC):
-            offs_d = d0 + tl.arange(0, DC)
-            acc = tl.zeros([BLOCK_M, DC], tl.float32)
-            for s in range(n_split):
-                ml, part = _part_offsets(pid, kvh, s, tl.num_programs(1), n_split, BLOCK_M, BLOCK_D)
-                w = tl.exp2(tl.load(part_ptr + ml + pairs) - m_all)
-                acc += w[:, None] * tl.load(part_ptr + part + pairs[:, None] * BLOCK_D + offs_d[None, :])
-            _store_out(acc / tl.where(l_all > 0, l_all, 1.0)[:, None], out_ptr, gate_ptr, q_start, qi,
-                       kvh * R + offs_m % R, qi < q_len, offs_d, offs_d < D, stride_ot, stride_oh, stride_od,
-                       stride_gt, D, HAS_GATE, INTERP)
-
-
-def kv_splits(n_prog: int, hkv: int, device: torch.device) -> int:
-    """Parts each block's keys are cut into under :data:`SPLIT_ENABLED`: enough for :data:`SPLIT_WAVES` programs per
-    SM where the launch has fewer (a short chunk over a long context: one program per block walks every key), at most
-    :data:`MAX_KV_SPLITS`; 1 (the unsplit kernel) where it is off or the launch fills the device."""
-    if not SPLIT_ENABLED or device.type != "cuda":
-        return 1
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(MAX_KV_SPLITS, (SPLIT_WAVES * sms) // max(1, n_prog * hkv)))
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, cu_q: torch.Tensor,
                     kv_lens: torch.Tensor, page_tables: torch.Tensor, scale: float, gate: torch.Tensor | None = None,
                     *, config: dict | None = None, splits: int | None = None) -> torch.Tensor:
     """Causal GQA for ``q[T, Hq, D]`` split into rows by ``cu_q`` (see the module invariants). ``gate[T, Hq*D]``:
     the output gate, applied where the output is stored (no elementwise launches after). ``splits``: the parts each
-    block's keys are cut into (default :func:`kv_splits`; more than 1 runs the KV_SPLIT kernel and the combine)."""
+    block's keys are cut into (default :func:`~ninfer.ops.triton.attention_parts.kv_splits`; more than 1 runs the
+    KV_SPLIT kernel and the combine)."""
     hq, hkv, d, page = _check(q, k_pool, v_pool)
     t_len, n_rows = q.shape[0], kv_lens.shape[0]
     gate = _gate_input("paged_attention", gate, q)
@@ -504,7 +403,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     # Upper bound on blocks (sum over rows of ceil(q_len * R / BLOCK_M)) from shapes alone; extra programs
     # find row == n_rows and exit.
     n_prog = triton.cdiv(t_len * r, block_m) + n_rows
-    n_split = splits or kv_splits(n_prog, hkv, q.device)
+    n_split = splits or attention_parts.kv_splits(n_prog, hkv, q.device)
     page_tables = page_tables.to(device=q.device, dtype=torch.int32)
     cu_q = cu_q.to(device=q.device, dtype=torch.int32)
     block_d, gated = max(16, next_pow2(d)), out if gate is None else gate
