@@ -22,6 +22,7 @@ from ninfer.ops.reference import moe as rmoe
 from ninfer.ops.triton import moe as tmoe
 from ninfer_qwen3_5.ops.reference import gdn as rgdn
 from ninfer_qwen3_5.ops.triton import gdn as tgdn
+from ninfer_qwen3_5.ops.triton import gdn_step as tsgdn
 from triton.testing import do_bench
 
 ROWS: list[dict] = []
@@ -253,12 +254,12 @@ def gdn_step(quick, bw):
             beta = torch.rand(bsz, hv, device="cuda")
             # correctness at this size vs the reference op
             s_t, s_r = states.clone(), states.clone()
-            o_t = tgdn.gdn_recurrent_step(q, k, v, g, beta, s_t, slot_sets[0], dk ** -0.5)
+            o_t = tsgdn.gdn_recurrent_step(q, k, v, g, beta, s_t, slot_sets[0], dk ** -0.5)
             o_r = rgdn.gdn_recurrent_step(q, k, v, g, beta, s_r, slot_sets[0], dk ** -0.5)
             err_o, err_s = rel(o_t.float(), o_r.float()), rel(s_t, s_r)
             nbytes = bsz * hv * dk * dv * 4 * 2
             for bv in (16, 32, 64):
-                ms = graph_time([lambda s=s, bv=bv: tgdn.gdn_recurrent_step(q, k, v, g, beta, states, s,
+                ms = graph_time([lambda s=s, bv=bv: tsgdn.gdn_recurrent_step(q, k, v, g, beta, states, s,
                                                                           dk ** -0.5, block_v=bv)
                                  for s in slot_sets])
                 log(what="gdn_recurrent_step", model=label, B=bsz, block_v=bv, us=ms * 1e3,
@@ -312,7 +313,7 @@ def main():
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     tgdn._gdn_chunk_prep_kernel = Recorder(tgdn._gdn_chunk_prep_kernel, "gdn_prep")
     tgdn._gdn_chunk_scan_kernel = Recorder(tgdn._gdn_chunk_scan_kernel, "gdn_scan")
-    tgdn._gdn_step_kernel = Recorder(tgdn._gdn_step_kernel, "gdn_step")
+    tsgdn._gdn_step_kernel = Recorder(tsgdn._gdn_step_kernel, "gdn_step")
     tmoe._moe_gate_up_kernel = Recorder(tmoe._moe_gate_up_kernel, "moe_gate_up")
     tmoe._moe_down_kernel = Recorder(tmoe._moe_down_kernel, "moe_down")
     t0 = time.time()

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from ninfer.ops.triton import linear, norm
 from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
-from ninfer_qwen3_5.ops.triton import conv1d, gated_norm, gdn, gdn_decode, gdn_gates
+from ninfer_qwen3_5.ops.triton import conv1d, gated_norm, gdn_decode, gdn_gates, gdn_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_kernel_profile import graph_call_us  # noqa: E402
@@ -58,7 +58,7 @@ def gdn_cases(bsz: int, calls: int, replays: int, g: torch.Generator) -> list[di
         gg, beta = gdn_gates.gdn_gates(a, b, p.neg_a, p.dt_bias)
         y = conv1d.causal_conv1d_update(mixed, p.conv_weight, convs[j], slots, spare)
         q, k, v = y.split([HK * DK, HK * DK, HV * DV], dim=-1)
-        o = gdn.gdn_recurrent_step(q.view(bsz, HK, DK), k.view(bsz, HK, DK), v.view(bsz, HV, DV), gg, beta,
+        o = gdn_step.gdn_recurrent_step(q.view(bsz, HK, DK), k.view(bsz, HK, DK), v.view(bsz, HV, DV), gg, beta,
                                    states[j], slots, p.scale, spare)
         return gated_norm.gated_rms_norm(o, z, p.norm_weight, p.eps)
 

@@ -28,6 +28,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from ninfer_qwen3_5.ops.reference import gdn as ref  # noqa: E402
 from ninfer_qwen3_5.ops.triton import gdn as tg  # noqa: E402
+from ninfer_qwen3_5.ops.triton import gdn_step as ts  # noqa: E402
 from ninfer_qwen3_5.ops.triton import gdn_varlen as tv  # noqa: E402
 from ops.conftest import Normwise, assert_normwise, rand, randn  # noqa: E402
 from ops.oracles import gdn_inputs, gdn_oracle  # noqa: E402
@@ -41,9 +42,12 @@ from ops.shared_checks import (  # noqa: E402
 )
 from ops.test_gdn import OUT, STATE  # noqa: E402
 
-if not _CUDA and type(tg._gdn_step_kernel).__name__ != "InterpretedFunction":
-    # The module was imported earlier in this process without the interpreter (e.g. by the plugin
-    # registry); re-define its kernels as interpreted ones.
+if not _CUDA and type(ts._gdn_step_kernel).__name__ != "InterpretedFunction":
+    # The modules were imported earlier in this process without the interpreter (e.g. by the plugin
+    # registry); re-define their kernels as interpreted ones (the prefill module launches the step module's).
+    ts = importlib.reload(ts)
+    tg = importlib.reload(tg)
+if tg.run_one_token is not ts.run_one_token:
     tg = importlib.reload(tg)
 if tv.run_chunks is not tg.run_chunks:
     tv = importlib.reload(tv)   # it launches through the module above
@@ -168,13 +172,13 @@ def test_chunk_prefill_agrees_with_reference_op(dtype, gen):
 @pytest.mark.parametrize("hk,hv,dk,dv", [(2, 2, 16, 8), (1, 4, 16, 16), (2, 4, 12, 40)]
                          + ([(16, 32, 128, 128)] if _CUDA else []))
 def test_recurrent_step_slots(dtype, hk, hv, dk, dv, gen):
-    check_gdn_recurrent_slots(tg.gdn_recurrent_step, DEVICE, dtype, hk, hv, dk, dv, gen, OUT[dtype], STATE)
+    check_gdn_recurrent_slots(ts.gdn_recurrent_step, DEVICE, dtype, hk, hv, dk, dv, gen, OUT[dtype], STATE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_recurrent_step_out_slots(dtype, gen):
     hk, hv, dk, dv = (16, 32, 128, 128) if _CUDA else (1, 4, 16, 16)
-    check_gdn_recurrent_out_slots(tg.gdn_recurrent_step, DEVICE, dtype, hk, hv, dk, dv, gen)
+    check_gdn_recurrent_out_slots(ts.gdn_recurrent_step, DEVICE, dtype, hk, hv, dk, dv, gen)
 
 
 def test_recurrent_step_agrees_with_reference_op_and_block_sizes(gen):
@@ -186,7 +190,7 @@ def test_recurrent_step_agrees_with_reference_op_and_block_sizes(gen):
     o_ref = ref.gdn_recurrent_step(q, k, v, g, beta, s_ref, slots, dk ** -0.5)
     for bv in (None, 16, 32, 64):  # the Dv tiling (default: by batch size) must not change the result
         s_tri = states.clone()
-        o_tri = tg.gdn_recurrent_step(q, k, v, g, beta, s_tri, slots, dk ** -0.5, block_v=bv)
+        o_tri = ts.gdn_recurrent_step(q, k, v, g, beta, s_tri, slots, dk ** -0.5, block_v=bv)
         assert_normwise(o_tri, o_ref.float(), OUT[torch.bfloat16], f"step vs reference o BV={bv}")
         assert_normwise(s_tri, s_ref, STATE, f"step vs reference states BV={bv}")
 
@@ -237,8 +241,8 @@ def test_chunk_varlen_steps_one_token_sequences_as_the_decode_step(dtype, gen):
     ones = [i for i in range(len(bounds) - 1) if bounds[i + 1] - bounds[i] == 1]
     rows = torch.tensor([bounds[i] for i in ones], device=DEVICE)
     stepped = before.clone()
-    o = tg.gdn_recurrent_step(q[rows], k[rows], v[rows], g[rows], beta[rows], stepped, ids[ones], dk ** -0.5,
-                              block_v=tg._ONE_BV)
+    o = ts.gdn_recurrent_step(q[rows], k[rows], v[rows], g[rows], beta[rows], stepped, ids[ones], dk ** -0.5,
+                              block_v=ts._ONE_BV)
     assert torch.equal(out[rows], o)
     assert torch.equal(states[ids[ones]], stepped[ids[ones]])
 
@@ -266,9 +270,9 @@ def test_chunk_varlen_strided_views_and_a_single_sequence(gen):
 
 
 def test_ops_are_registered_for_cuda_only():
-    by_op = {impl.op: impl for impl in tg.OPS}
+    by_op = {impl.op: impl for impl in tg.OPS + ts.OPS}
     assert set(by_op) == {"gdn_chunk_prefill", "gdn_recurrent_step"}
-    for impl in tg.OPS:
+    for impl in tg.OPS + ts.OPS:
         assert impl.priority == 10 and impl.devices == frozenset({"cuda"})
         assert impl.supports("cuda", torch.bfloat16) and not impl.supports("cpu", torch.bfloat16)
 
@@ -279,6 +283,6 @@ def test_resolved_through_the_plugin():
     from .conftest import triton_ops
 
     ops = triton_ops(torch.bfloat16)
-    for name in ("gdn_chunk_prefill", "gdn_recurrent_step"):
+    for name, module in (("gdn_chunk_prefill", "gdn"), ("gdn_recurrent_step", "gdn_step")):
         impl = ops.implementation(name)
-        assert impl.name == "triton" and impl.fn.__module__ == "ninfer_qwen3_5.ops.triton.gdn", name
+        assert impl.name == "triton" and impl.fn.__module__ == f"ninfer_qwen3_5.ops.triton.{module}", name

@@ -65,8 +65,8 @@ from ninfer.ops.triton._common import (
 from ninfer_qwen3_5.ops.contracts import GDNDecodeParams
 from ninfer_qwen3_5.ops.triton.conv1d import conv_update_finish, conv_update_prologue
 from ninfer_qwen3_5.ops.triton.gated_norm import gated_norm_rows
-from ninfer_qwen3_5.ops.triton.gdn import recurrent_update
 from ninfer_qwen3_5.ops.triton.gdn_gates import gates_math, gates_row
+from ninfer_qwen3_5.ops.triton.gdn_step import recurrent_update
 
 # Channels per conv program (the conv reads ~C * K * 2 bytes of taps; 8192 channels at 256 = 32 programs/row).
 _BLOCK_C = 256

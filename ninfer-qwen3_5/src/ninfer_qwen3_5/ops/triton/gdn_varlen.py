@@ -25,7 +25,8 @@ import torch
 import triton
 from ninfer.ops.registry import OpImpl
 
-from ninfer_qwen3_5.ops.triton.gdn import _DTYPES, CHUNK, prefill_inputs, prefill_scratch, run_chunks
+from ninfer_qwen3_5.ops.triton.gdn import CHUNK, prefill_inputs, prefill_scratch, run_chunks
+from ninfer_qwen3_5.ops.triton.gdn_step import _DTYPES
 
 # In-kernel scratch offsets are int32: Hv x the padded rows x the widest scratch row must stay below 2^31.
 _MAX_SCRATCH_ELEMENTS = 1 << 31
