@@ -75,7 +75,7 @@ def test_step_budget_flag_reaches_engine_options(command, required):
 
 def test_host_experts_keep_the_larger_step_budget_and_a_smaller_chunk():
     # A host-expert step's expert copies cost about the same at any chunk size: the default budget is 2,048 there,
-    # 512 otherwise (auto host experts count as off until the plan resolves them), and an explicit budget wins.
+    # 256 otherwise (auto host experts count as off until the plan resolves them), and an explicit budget wins.
     assert EngineOptions(host_experts=True).step_tokens == 2048
     assert EngineOptions(host_experts=None).step_tokens == EngineOptions(host_experts=False).step_tokens == 256
     assert EngineOptions(host_experts=True, max_step_tokens=300).step_tokens == 300

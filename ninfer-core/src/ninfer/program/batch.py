@@ -30,10 +30,10 @@ from ninfer.contracts.program import ProgramError, SeqId
 
 
 def to_device(data: Sequence | torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Host data (a sequence, or a CPU tensor of ``dtype``) onto ``device`` without waiting for the stream: a
+    """Host data (a sequence, or a CPU tensor) as ``dtype`` onto ``device`` without waiting for the stream: a
     pinned buffer and a non-blocking copy on CUDA (a pageable copy would synchronise with a queued lookahead
     step); a plain tensor elsewhere."""
-    t = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    t = data.to(dtype) if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)

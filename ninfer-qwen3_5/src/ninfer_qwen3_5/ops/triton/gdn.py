@@ -12,12 +12,10 @@ Invariants:
   to bf16, and FMA dots made the prefill kernels the largest item of a long prefill (docs/dev/perf-log.md).
   The exception is the 16x16 merge dots of the chunk inverse (always "ieee": the inverse stays fp32-accurate
   at any input dtype; they are a small part of the prep kernel's work).
-  The decode step keeps "ieee" (it is memory-bound). ("tf32x3" is not offered: its build hit an illegal memory
-  access under Triton 3.6.)
-- States are read and written in place (``state`` / ``states[slots[b]]``), except that a decode step writes
-  ``states[out_slots[b]]`` when given (lookahead decode); other slots are never touched.
-- No host synchronisation: grids and scratch sizes depend only on shapes, the decode slot ids are read on the
-  device, so ``gdn_recurrent_step`` can be captured in a CUDA graph.
+  ("tf32x3" is not offered: its build hit an illegal memory access under Triton 3.6.)
+- States are read and written in place (``state`` / ``states[slots[b]]``); other slots are never touched.
+- No host synchronisation: grids and scratch sizes depend only on shapes and the slot ids are read on the device,
+  so a prefill step can be captured in a CUDA graph (the decode step's invariants are :mod:`.gdn_step`'s).
 - q/k/v may be strided views (the model splits them out of one conv output); only the last dim must be
   contiguous (otherwise they are copied).
 

@@ -10,7 +10,7 @@ channels it reads: its key head's q and k channels and its own v channels (the s
 layer's previous step). After the wait, everything the input projection (the previous launch) wrote: x for those
 channels, z, a and b. Then the conv + SiLU (rounded to x.dtype, as
 ``causal_conv1d_update`` returns it), the head's gates, the recurrence
-(:func:`~ninfer_qwen3_5.ops.triton.gdn.recurrent_update`), o rounded to x.dtype, and the gated RMSNorm over the head
+(:func:`~ninfer_qwen3_5.ops.triton.gdn_step.recurrent_update`), o rounded to x.dtype, and the gated RMSNorm over the head
 (:func:`~ninfer_qwen3_5.ops.triton.gated_norm.gated_norm_rows`). A program owns a whole head because the norm is over Dv.
 
 The q/k conv channels of a key head feed its R value heads, and the conv state is updated in place: the R programs

@@ -1,7 +1,7 @@
 """Triton ``gdn_chunk_varlen``: the chunked prefill of several sequences in one call, three launches in all.
 
-The kernels are :mod:`ninfer_qwen3_5.ops.triton.gdn`'s prep, scan and one-token kernels with ``VARLEN`` set (read that
-module's docstring for the pipeline). Invariants:
+The kernels are the prep and scan kernels of :mod:`ninfer_qwen3_5.ops.triton.gdn` (its docstring describes the
+pipeline) and the one-token kernel of :mod:`ninfer_qwen3_5.ops.triton.gdn_step`, with ``VARLEN`` set. Invariants:
 
 - Sequence i is tokens ``cu_seqlens[i] .. cu_seqlens[i + 1] - 1`` and is chunked from its own first token, so each of
   its chunks computes exactly what ``gdn_chunk_prefill`` computes for it alone: the results are the same bits. A
