@@ -5,8 +5,9 @@ Issue 39 items 2-3. The prefill attention's tile at D = 256 and the MoE grouped 
 at each call from module state, so one engine can time every combination on the same artifact in one process
 (no restart, no second model in memory):
 
-- ``attention``: the 16-bit tile at head dims over 128, ``old`` 64 x 32 or ``new`` 128 x 64 (today's default),
-  both with 8 warps, or ``sdpa``: torch's fused attention (``NINFER_ATTN_SDPA=1``, a candidate);
+- ``attention``: the 16-bit tile at head dims over 128, ``old`` 64 x 32, ``new`` 128 x 64 (today's default) or
+  ``n32`` 128 x 32 (the sm_90 build of ``new`` at D = 256 spills 1,136 B a thread, ``n32`` 344 B, ``old`` 48 B),
+  all with 8 warps, or ``sdpa``: torch's fused attention (``NINFER_ATTN_SDPA=1``, a candidate);
 - ``moe`` (MoE shapes): ``old`` the 64-row tiles for every call, ``large`` today's ``LARGE_TILES`` for calls of
   16,384 or more pairs, ``grouped_mm`` those calls through torch._grouped_mm (``NINFER_MOE_GROUPED_MM=1``).
 
@@ -34,7 +35,9 @@ sys.path.insert(0, str(HERE))
 
 from gpu_kernel_profile import _shapes_module, model_args, random_artifact  # noqa: E402
 
-OLD_ATTENTION = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
+# The 16-bit tiles at head dims over 128 that replace today's ("new") in a combination.
+TILES = {"old": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},
+         "n32": {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}}
 
 
 @contextlib.contextmanager
@@ -44,14 +47,14 @@ def choices(attention_tile: str, moe: str):
     from ninfer.ops.triton import moe as tm
     saved = attention._prefill_config, tm.LARGE_PAIRS, tm.GROUPED_MM, attention_sdpa.ENABLED
     try:
-        if attention_tile == "old":
-            base = saved[0]
+        if attention_tile in TILES:
+            base, tile = saved[0], TILES[attention_tile]
 
-            def old(d, dtype):
+            def config(d, dtype):
                 cfg = base(d, dtype)
                 wide = max(16, 1 << (d - 1).bit_length()) > 128
-                return dict(OLD_ATTENTION) if wide and dtype != torch.float32 else cfg
-            attention._prefill_config = old
+                return dict(tile) if wide and dtype != torch.float32 else cfg
+            attention._prefill_config = config
         if moe == "old":
             tm.LARGE_PAIRS = 1 << 62
         tm.GROUPED_MM = moe == "grouped_mm"
@@ -74,6 +77,7 @@ def main() -> int:
     ap = model_args(__doc__)
     ap.add_argument("--lengths", default="8192")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--attention", default="old,new,n32,sdpa", help="the attention choices to run (comma list)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shapes = _shapes_module()
@@ -89,7 +93,7 @@ def main() -> int:
     profile = artifact_profile(artifact, options).profile
     peak = measure_matmul_peak(torch.device("cuda"), torch.bfloat16, 8192)
     moe_choices = ("old", "large", "grouped_mm") if geometry.get("num_experts") else ("old",)
-    combos = [(a, m) for a in ("old", "new", "sdpa") for m in moe_choices]
+    combos = [(a, m) for a in args.attention.split(",") for m in moe_choices]
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     report = {"shape": args.shape, "layers": args.layers, "matmul_peak_flops": peak, "runs": []}
     with Engine.start(artifact, options) as engine:

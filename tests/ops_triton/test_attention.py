@@ -198,6 +198,20 @@ def test_prefill_kv_split(splits, gen, monkeypatch):
     _within_one_ulp(gated, composed, torch.bfloat16)
 
 
+@pytest.mark.parametrize("tile", [(64, 32), (128, 32)])
+def test_prefill_tiles_the_ab_tool_may_choose(tile, gen, monkeypatch):
+    """tools/gpu_prefill_kernels_ab.py swaps the D > 128 16-bit tile for these (the default is 128 x 64): against the
+    oracle on a D = 256 GQA geometry in bf16, rows of several blocks and a decode-like row included."""
+    from ninfer.ops.triton import attention
+
+    base = attention._prefill_config
+    monkeypatch.setattr(attention, "_prefill_config", lambda d, dtype: (
+        dict(BLOCK_M=tile[0], BLOCK_N=tile[1], num_warps=8, num_stages=2) if d > 128 and dtype != torch.float32
+        else base(d, dtype)))
+    run_case(torch.bfloat16, 16, 8, 2, 256, [(5, 150), (1, 77), (40, 40)], gen, decode=False,
+             compare_reference=False)
+
+
 def test_prefill_kv_split_is_a_candidate(monkeypatch):
     """Off by default (NINFER_ATTN_SPLIT unset): one part. On, a launch that fills the device is not split; a small
     one is cut into enough parts for two programs per SM, at most MAX_KV_SPLITS."""

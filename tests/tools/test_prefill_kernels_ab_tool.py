@@ -19,13 +19,17 @@ from ninfer.ops.triton import moe as tm  # noqa: E402
 def test_each_combination_sets_and_restores_the_module_state():
     today = attention._prefill_config(256, torch.bfloat16), tm.LARGE_PAIRS, tm.GROUPED_MM
     with ab.choices("old", "old"):
-        assert attention._prefill_config(256, torch.bfloat16) == ab.OLD_ATTENTION
+        assert attention._prefill_config(256, torch.bfloat16) == ab.TILES["old"]
         assert attention._prefill_config(128, torch.bfloat16)["BLOCK_N"] == 64            # narrow heads keep theirs
         assert attention._prefill_config(256, torch.float32)["BLOCK_M"] == 16     # fp32 keeps its own tile
         assert tm.LARGE_PAIRS > 1 << 40 and tm.GROUPED_MM is False
     with ab.choices("new", "grouped_mm"):
         assert attention._prefill_config(256, torch.bfloat16) == today[0]
         assert tm.LARGE_PAIRS == today[1] and tm.GROUPED_MM is True and attention_sdpa.ENABLED is False
+    with ab.choices("n32", "large"):
+        assert attention._prefill_config(256, torch.bfloat16) == {"BLOCK_M": 128, "BLOCK_N": 32, "num_warps": 8,
+                                                                  "num_stages": 2}
+        assert attention_sdpa.ENABLED is False
     with ab.choices("sdpa", "large"):
         assert attention_sdpa.ENABLED is True and tm.GROUPED_MM is False
     assert attention_sdpa.ENABLED is False
