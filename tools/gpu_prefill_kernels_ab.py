@@ -6,8 +6,9 @@ at each call from module state, so one engine can time every combination on the 
 (no restart, no second model in memory):
 
 - ``attention``: the 16-bit tile at head dims over 128, ``old`` 64 x 32, ``new`` 128 x 64 (today's default) or
-  ``n32`` 128 x 32 (the sm_90 build of ``new`` at D = 256 spills 1,136 B a thread, ``n32`` 344 B, ``old`` 48 B),
-  all with 8 warps, or ``sdpa``: torch's fused attention (``NINFER_ATTN_SDPA=1``, a candidate);
+  ``n32`` 128 x 32 (in the sm_90 build at D = 256, ``new`` spills the most registers, ``old`` the fewest, ``n32``
+  lies between; docs/dev/perf-log.md has the counts), all with 8 warps, or ``sdpa``: torch's fused attention
+  (``NINFER_ATTN_SDPA=1``, a candidate);
 - ``moe`` (MoE shapes): ``old`` the 64-row tiles for every call, ``large`` today's ``LARGE_TILES`` for calls of
   16,384 or more pairs, ``grouped_mm`` those calls through torch._grouped_mm (``NINFER_MOE_GROUPED_MM=1``).
 

@@ -52,6 +52,12 @@ def ray_base(request):
     from ninfer_serve.ray_serve import ReplicaSpec, ScaleOut, build_application, run_application
     from ray import serve
 
+    # Ray routes among the replicas that answer its queue-length probe within a deadline (0.1 s, doubling up to
+    # 1 s). On a loaded machine an idle replica can miss it, and the request goes to the busy one that did answer,
+    # which the least-loaded test reads as a routing fault. The cluster's processes inherit these at ray.init.
+    deadlines = {"RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "2", "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "5"}
+    saved = {k: os.environ.get(k) for k in deadlines}
+    os.environ.update(deadlines)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         spec = ReplicaSpec(model=str(default_artifact), engine_options=EngineOptions(**ENGINE),
@@ -63,6 +69,11 @@ def ray_base(request):
     finally:
         serve.shutdown()
         ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
