@@ -260,7 +260,7 @@ def gdn_step(quick, bw):
             nbytes = bsz * hv * dk * dv * 4 * 2
             for bv in (16, 32, 64):
                 ms = graph_time([lambda s=s, bv=bv: tsgdn.gdn_recurrent_step(q, k, v, g, beta, states, s,
-                                                                          dk ** -0.5, block_v=bv)
+                                                                            dk ** -0.5, block_v=bv)
                                  for s in slot_sets])
                 log(what="gdn_recurrent_step", model=label, B=bsz, block_v=bv, us=ms * 1e3,
                     GBps=nbytes / ms / 1e6, frac_of_copy_bw=nbytes / ms / 1e6 / bw,

@@ -59,7 +59,7 @@ def gdn_cases(bsz: int, calls: int, replays: int, g: torch.Generator) -> list[di
         y = conv1d.causal_conv1d_update(mixed, p.conv_weight, convs[j], slots, spare)
         q, k, v = y.split([HK * DK, HK * DK, HV * DV], dim=-1)
         o = gdn_step.gdn_recurrent_step(q.view(bsz, HK, DK), k.view(bsz, HK, DK), v.view(bsz, HV, DV), gg, beta,
-                                   states[j], slots, p.scale, spare)
+                                        states[j], slots, p.scale, spare)
         return gated_norm.gated_rms_norm(o, z, p.norm_weight, p.eps)
 
     ref = [unfused(i) for i in range(calls)]
