@@ -5,7 +5,8 @@ Qwen3.5-9B and 35B-A3B projection shapes, one to eight rows, on the GPU (diagnos
 Each case runs inside one CUDA graph of ``--calls`` calls rotating over enough weight copies (>= 400 MB in all)
 that every call reads its weight from HBM, as a decode step does. Reported per case: microseconds per call and
 the weight bytes over that time (GB/s), for cuBLAS, for each GEMV launch shape and for the tensor-core GEMV of
-``ninfer.ops.triton.linear_tc`` (the ``NINFER_GEMV_TC=1`` candidate; ``tc s=N``: built with N pipeline stages, ``wave``: K runs for whole waves of programs);
+``ninfer.ops.triton.linear_tc`` (the ``NINFER_GEMV_TC=1`` candidate; ``tc s=N``: built with N pipeline stages, ``wave``: K runs for whole waves of programs;
+``--tc-tiles``: other tiles and warps);
 outputs checked against cuBLAS: bf16 rounding of a reordered fp32 sum, within 2e-2 relative.
 
     python3 tools/gpu_gemv_sweep.py --out $OUT
@@ -38,15 +39,21 @@ SHAPES = [
 ]
 
 
-def _tc(x: torch.Tensor, w: torch.Tensor, stages: int, rule: str = "fill") -> torch.Tensor:
+def _tc(x: torch.Tensor, w: torch.Tensor, stages: int, rule: str = "fill",
+        tile: tuple[int, int, int] | None = None) -> torch.Tensor:
     """The tensor-core GEMV built with ``stages`` software-pipeline stages, its K runs by split ``rule``
-    (``quant_gemv_tc.split_count``: "fill", the default's, or "wave", whole waves of programs)."""
+    (``quant_gemv_tc.split_count``: "fill", the default's, or "wave", whole waves of programs); ``tile`` = (weight
+    rows a program, K elements a step, warps) instead of the module's."""
     saved = dict(linear_tc.LAUNCH_OPTIONS)
+    saved_tile = linear_tc._BN, linear_tc._BK
     linear_tc.LAUNCH_OPTIONS["num_stages"] = stages
-    programs, steps = -(-w.shape[0] // 128), -(-w.shape[1] // 128)
+    if tile is not None:
+        linear_tc._BN, linear_tc._BK, linear_tc.LAUNCH_OPTIONS["num_warps"] = tile
+    programs, steps = -(-w.shape[0] // linear_tc._BN), -(-w.shape[1] // linear_tc._BK)
     try:
         return linear_tc.gemv_tc(x, w, split=split_count(programs, steps, rule))
     finally:
+        linear_tc._BN, linear_tc._BK = saved_tile
         linear_tc.LAUNCH_OPTIONS.clear()
         linear_tc.LAUNCH_OPTIONS.update(saved)
 
@@ -58,6 +65,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=16)
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--shapes", default="", help="comma-separated substrings of the shape names to run (default all)")
+    ap.add_argument("--tc-tiles", default="", help="more tensor-core GEMV launch shapes, BNxBKxWARPS[xSTAGES] "
+                    "comma-separated (e.g. 64x256x4x3); each as `tc BNxBKxW sS`")
     args = ap.parse_args()
     picked = [s for s in SHAPES if not args.shapes or any(p in s[0] for p in args.shapes.split(","))]
     dev = torch.device("cuda")
@@ -76,6 +85,10 @@ def main() -> None:
                                              for w in (4, 8)]
             variants += [(f"tc s={st}", {"stages": st}) for st in (2, 3, 4)]
             variants += [(f"tc s={st} wave", {"stages": st, "rule": "wave"}) for st in (2, 3)]
+            for spec in filter(None, args.tc_tiles.split(",")):
+                bn, bk, w, *st = (int(v) for v in spec.split("x"))
+                st = st[0] if st else 3
+                variants.append((f"tc {bn}x{bk}x{w} s={st}", {"stages": st, "tile": (bn, bk, w)}))
             ref = [F.linear(x, ws[c % copies]) for c in range(args.calls)]
             for label, kw in variants:
                 def call(c: int, kw=kw, x=x, ws=ws, copies=copies) -> torch.Tensor:
@@ -83,7 +96,7 @@ def main() -> None:
                     if kw is None:
                         return F.linear(x, w)
                     if "stages" in kw:
-                        return _tc(x, w, kw["stages"], kw.get("rule", "fill"))
+                        return _tc(x, w, kw["stages"], kw.get("rule", "fill"), kw.get("tile"))
                     return gemv(x, w, **kw)
                 try:
                     us, err = graph_call_us(call, args.calls, args.replays, ref)
