@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="comma-separated substrings of the shape names to run (default all)")
     ap.add_argument("--tc-tiles", default="", help="more tensor-core GEMV launch shapes, BNxBKxWARPS[xSTAGES] "
                     "comma-separated (e.g. 64x256x4x3); each as `tc BNxBKxW sS`")
+    ap.add_argument("--only", default="", help="comma-separated prefixes of the implementations to time besides "
+                    "cuBLAS (e.g. `tc` for the tensor-core GEMV only; default all)")
     args = ap.parse_args()
     picked = [s for s in SHAPES if not args.shapes or any(p in s[0] for p in args.shapes.split(","))]
     dev = torch.device("cuda")
@@ -89,6 +91,8 @@ def main() -> None:
                 bn, bk, w, *st = (int(v) for v in spec.split("x"))
                 st = st[0] if st else 3
                 variants.append((f"tc {bn}x{bk}x{w} s={st}", {"stages": st, "tile": (bn, bk, w)}))
+            if args.only:
+                variants = [v for v in variants if v[0] == "cublas" or v[0].startswith(tuple(args.only.split(",")))]
             ref = [F.linear(x, ws[c % copies]) for c in range(args.calls)]
             for label, kw in variants:
                 def call(c: int, kw=kw, x=x, ws=ws, copies=copies) -> torch.Tensor:
