@@ -40,10 +40,11 @@ SHAPES = [
 
 
 def _tc(x: torch.Tensor, w: torch.Tensor, stages: int, rule: str = "fill",
-        tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+        tile: tuple[int, int, int] | None = None, l2: bool = False) -> torch.Tensor:
     """The tensor-core GEMV built with ``stages`` software-pipeline stages, its K runs by split ``rule``
     (``quant_gemv_tc.split_count``: "fill", the default's, or "wave", whole waves of programs); ``tile`` = (weight
-    rows a program, K elements a step, warps) instead of the module's."""
+    rows a program, K elements a step, warps) instead of the module's; ``l2``: each program's weight run asked of L2
+    before the PDL wait."""
     saved = dict(linear_tc.LAUNCH_OPTIONS)
     saved_tile = linear_tc._BN, linear_tc._BK
     linear_tc.LAUNCH_OPTIONS["num_stages"] = stages
@@ -51,7 +52,7 @@ def _tc(x: torch.Tensor, w: torch.Tensor, stages: int, rule: str = "fill",
         linear_tc._BN, linear_tc._BK, linear_tc.LAUNCH_OPTIONS["num_warps"] = tile
     programs, steps = -(-w.shape[0] // linear_tc._BN), -(-w.shape[1] // linear_tc._BK)
     try:
-        return linear_tc.gemv_tc(x, w, split=split_count(programs, steps, rule))
+        return linear_tc.gemv_tc(x, w, split=split_count(programs, steps, rule), l2_prefetch=l2)
     finally:
         linear_tc._BN, linear_tc._BK = saved_tile
         linear_tc.LAUNCH_OPTIONS.clear()
@@ -66,7 +67,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--shapes", default="", help="comma-separated substrings of the shape names to run (default all)")
     ap.add_argument("--tc-tiles", default="", help="more tensor-core GEMV launch shapes, BNxBKxWARPS[xSTAGES] "
-                    "comma-separated (e.g. 64x256x4x3); each as `tc BNxBKxW sS`")
+                    "comma-separated (e.g. 64x256x4x3, or 64x256x4x3xl2 with the L2 prefetch); each as `tc BNxBKxW sS`")
     ap.add_argument("--only", default="", help="comma-separated prefixes of the implementations to time besides "
                     "cuBLAS (e.g. `tc` for the tensor-core GEMV only; default all)")
     args = ap.parse_args()
@@ -87,10 +88,14 @@ def main() -> None:
                                              for w in (4, 8)]
             variants += [(f"tc s={st}", {"stages": st}) for st in (2, 3, 4)]
             variants += [(f"tc s={st} wave", {"stages": st, "rule": "wave"}) for st in (2, 3)]
+            variants += [(f"tc s={st} l2", {"stages": st, "l2": True}) for st in (3, 4)]
             for spec in filter(None, args.tc_tiles.split(",")):
-                bn, bk, w, *st = (int(v) for v in spec.split("x"))
+                parts = spec.split("x")
+                l2 = parts[-1] == "l2"
+                bn, bk, w, *st = (int(v) for v in parts[:len(parts) - l2])
                 st = st[0] if st else 3
-                variants.append((f"tc {bn}x{bk}x{w} s={st}", {"stages": st, "tile": (bn, bk, w)}))
+                variants.append((f"tc {bn}x{bk}x{w} s={st}{' l2' if l2 else ''}",
+                                 {"stages": st, "tile": (bn, bk, w), "l2": l2}))
             if args.only:
                 variants = [v for v in variants if v[0] == "cublas" or v[0].startswith(tuple(args.only.split(",")))]
             ref = [F.linear(x, ws[c % copies]) for c in range(args.calls)]
@@ -100,7 +105,7 @@ def main() -> None:
                     if kw is None:
                         return F.linear(x, w)
                     if "stages" in kw:
-                        return _tc(x, w, kw["stages"], kw.get("rule", "fill"), kw.get("tile"))
+                        return _tc(x, w, kw["stages"], kw.get("rule", "fill"), kw.get("tile"), kw.get("l2", False))
                     return gemv(x, w, **kw)
                 try:
                     us, err = graph_call_us(call, args.calls, args.replays, ref)

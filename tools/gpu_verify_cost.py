@@ -80,8 +80,9 @@ def parse_args(argv=None):
     ap.add_argument("--budget-s", type=float, default=480.0)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ninfer_verify_cost"))
     ap.add_argument("--gemv-tc", default="",
-                    help="comma list of 0/1: run every k with the tensor-core GEMV for 2-16 rows off and on (the "
-                         "NINFER_GEMV_TC candidate) on the one artifact; default: as the environment says")
+                    help="comma list of 0/1/l2: run every k with the tensor-core GEMV for 2-16 rows off, on (the "
+                         "NINFER_GEMV_TC candidate), or on with its L2 prefetch before the PDL wait "
+                         "(NINFER_GEMV_TC_L2_PREFETCH) on the one artifact; default: as the environment says")
     ap.add_argument("--gemv-row-mib", default="",
                     help="comma list of MiB: run every k (after --gemv-tc's settings) with the CUDA-core GEMV taking "
                          "M rows while M x weight bytes stays under each (ninfer.ops.triton.linear.MAX_ROW_BYTES; "
@@ -326,7 +327,7 @@ def print_table(result: dict, batches: list[int], dflash: bool) -> None:
           + (" | draft B=1 ms (x decode)" if dflash else "")
           + f" | e2e B=1 ms/{step} (x decode) | projected speed-up B=1")
     for e in result["ks"]:
-        tc = {None: "-", False: "0", True: "1"}[e.get("gemv_tc")]
+        tc = {None: "-", False: "0", True: "1", "l2": "l2"}[e.get("gemv_tc")]
         tc = f"{tc:>2} {e.get('gemv_row_mib', '-'):>4}"
         if "graph_ms" not in e:
             print(f"{tc:>2} {e['k']:>2} | {e.get('skipped')}")
@@ -367,7 +368,7 @@ def main(argv=None) -> int:
         print(f"drafter: {json.dumps(drafter)}", flush=True)
     from ninfer.ops.triton import linear, linear_tc
 
-    tcs = [None] if not args.gemv_tc else [{"0": False, "1": True}[v] for v in args.gemv_tc.split(",")]
+    tcs = [None] if not args.gemv_tc else [{"0": False, "1": True, "l2": "l2"}[v] for v in args.gemv_tc.split(",")]
     mibs = [None] if not args.gemv_row_mib else [int(v) for v in args.gemv_row_mib.split(",")]
     default_row_bytes = linear.MAX_ROW_BYTES
     try:
@@ -377,7 +378,8 @@ def main(argv=None) -> int:
                 result["ks"].append({"k": k, "skipped": "budget", **tagged})
                 continue
             if tc is not None:
-                linear_tc.ENABLED = tc   # read at each call: the graphs captured at start bake it in
+                # Read at each call: the graphs captured at start bake them in.
+                linear_tc.ENABLED, linear_tc.L2_PREFETCH = bool(tc), tc == "l2"
             # Read by use_gemv at each call, as ENABLED is.
             linear.MAX_ROW_BYTES = default_row_bytes if mib is None else mib << 20
             opts = EngineOptions(device=args.device, dtype="bfloat16" if device.type == "cuda" else "float32",

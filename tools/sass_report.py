@@ -286,12 +286,15 @@ def _presets() -> dict[str, Preset]:
     # The bf16 GEMV of 2-8 rows on the tensor cores (NINFER_GEMV_TC=1): [128, 128] weight tiles, 256 B a thread a step.
     presets["gemv_tc_bf16"] = Preset("ninfer.ops.triton.linear_tc", "_tc_kernel",
                                      dict(BN=128, BK=128, MP=8, SPLIT=True, REDUCE=True, SWIGLU=False, NORM=False,
-                                          INTERP=False, PDL=True), 4,
+                                          L2PF=False, INTERP=False, PDL=True), 4,
                                      {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "p_ptr": "*fp32",
                                       "cnt_ptr": "*i32"},
                                      divisible=("K", "sx", "sw", "sy", "sp"), loop_bytes=256)
     presets["gemv_tc_bf16_norm_swiglu"] = replace(presets["gemv_tc_bf16"], constexprs={
         **presets["gemv_tc_bf16"].constexprs, "NORM": True, "SWIGLU": True})
+    # ... with each program's weight run asked of L2 before the PDL wait (NINFER_GEMV_TC_L2_PREFETCH=1).
+    presets["gemv_tc_bf16_l2"] = replace(presets["gemv_tc_bf16"], constexprs={
+        **presets["gemv_tc_bf16"].constexprs, "L2PF": True})
     # The q4 GEMV with stream-K shares (NINFER_QUANT_SPLIT=streamk): the same K step in a loop over a share's pieces.
     for name in ("qgemv_q4_tc", "qgemv_q4_tc_norm"):
         p = presets[name]

@@ -138,10 +138,14 @@ def test_the_tensor_core_gemvs_cut_the_loop_instructions_per_byte(tmp_path):
 def test_the_bf16_tensor_core_gemv_streams_through_shared_memory(tmp_path):
     """``linear_tc``'s K loop (NINFER_GEMV_TC=1): the weight tiles arrive by async copies into shared memory
     (LDGSTS, the software pipeline) and feed HMMA (HGMMA on newer Triton builds), with no spills and under one
-    instruction a weight byte a thread; a CUDA-core GEMV spends several an element on every row it multiplies."""
+    instruction a weight byte a thread; a CUDA-core GEMV spends several an element on every row it multiplies. The
+    L2-prefetch build (NINFER_GEMV_TC_L2_PREFETCH=1) adds the bulk prefetch (UBLKPF) and nothing to the loop."""
     reports, _ = _report(tmp_path, "gemv_tc_bf16")
-    assert set(reports) == {"gemv_tc_bf16", "gemv_tc_bf16_norm_swiglu"}
+    assert set(reports) == {"gemv_tc_bf16", "gemv_tc_bf16_norm_swiglu", "gemv_tc_bf16_l2"}
     for r in reports.values():
         assert r["stack"] == 0 and r["counts"].get("LDGSTS", 0) > 0, r
         assert r["counts"].get("HMMA", 0) + r["counts"].get("HGMMA", 0) > 0, r
     assert reports["gemv_tc_bf16"]["loop_per_byte"] < 1.0, reports
+    plain, l2 = reports["gemv_tc_bf16"], reports["gemv_tc_bf16_l2"]
+    assert l2["counts"].get("UBLKPF", 0) > 0 and plain["counts"].get("UBLKPF", 0) == 0, (plain, l2)
+    assert l2["loop_instructions"] <= plain["loop_instructions"], (plain, l2)

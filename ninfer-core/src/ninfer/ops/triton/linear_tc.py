@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.ops.triton._common import INTERPRET, pdl, pdl_wait
+from ninfer.ops.triton._common import INTERPRET, l2_prefetch, pdl, pdl_wait
 from ninfer.ops.triton._splitk import plan, store_out, sum_partials
 from ninfer.ops.triton.quant_gemv_tc import inv_rms, split_count
 from ninfer.ops.triton.quant_gemv_tc8 import x_step
@@ -36,6 +36,10 @@ from ninfer.switches import env_switch
 #: reference on this kernel (``NINFER_GEMV_TC`` ``0`` or ``1``, read once): a candidate until timed in a decode and
 #: a verify step, off.
 ENABLED = env_switch("NINFER_GEMV_TC", False)
+#: Whether each program asks L2 for its whole weight run before the PDL wait (``NINFER_GEMV_TC_L2_PREFETCH`` ``0`` or
+#: ``1``, read once; ``gemv_tc(l2_prefetch=None)``), so the weight stream starts while the previous kernel finishes,
+#: as the CUDA-core GEMV's first tile does: a candidate until timed, off.
+L2_PREFETCH = env_switch("NINFER_GEMV_TC_L2_PREFETCH", False)
 #: Most rows of x (the B operand's columns, padded to 8, or to 16 above 8).
 MAX_ROWS = 16
 # Weight rows a program and K elements a step: [128, 128] bf16 tiles, 32 KB a step (the q4 kernel's bytes a step).
@@ -46,8 +50,8 @@ LAUNCH_OPTIONS = {"num_warps": 4}
 @triton.jit(do_not_specialize=["M", "TPS", "S"])
 def _tc_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr, eps, M, N, OUT, K, TPS, S, sx, sw,
                sy, sp, sr, sh, sro, BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr, SPLIT: tl.constexpr,
-               REDUCE: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr, INTERP: tl.constexpr,
-               PDL: tl.constexpr):
+               REDUCE: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr, L2PF: tl.constexpr,
+               INTERP: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     sid = tl.program_id(1)
     n = pid * BN + tl.arange(0, BN)
@@ -61,6 +65,9 @@ def _tc_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, r_ptr, nw_ptr, h_ptr, ro_ptr
     nstore = xmask & ((m2 * 0 + pid) == 0)          # row block 0's programs store the normed rows over their K run
     t0 = sid * TPS
     t1 = tl.minimum(t0 + TPS, tl.cdiv(K, BK))
+    # The run's bytes of every row asked of L2 while the previous kernel finishes (weights are never written).
+    run = tl.maximum(tl.minimum(t1 * BK, K) - t0 * BK, 0) * 2
+    l2_prefetch(w_ptr + r * sw + t0 * BK, tl.zeros((BN,), dtype=tl.int32) + run, L2PF, INTERP)
     pdl_wait(PDL)
     inv = tl.zeros((MP, 1), dtype=tl.float32)
     if NORM:
@@ -90,14 +97,16 @@ def takes(x2: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def gemv_tc(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None, swiglu: bool = False,
             out_dtype: torch.dtype | None = None, split: int | None = None,
-            in_kernel_sum: bool = True) -> torch.Tensor:
+            in_kernel_sum: bool = True, l2_prefetch: bool | None = None) -> torch.Tensor:
     """``x2[M, K] @ weight[N, K].T`` rounded to x2's dtype, stored as ``out_dtype`` (default x2's). ``norm =
     (residual2, norm_weight, eps, normed_out, residual_out)``: x2 is first replaced by its
     ``add_rms_norm_unit_offset`` with residual2 (formed in every program), stored to the given ``[M, K]`` outputs.
     ``swiglu``: weight is ``[2I, K]`` (gate rows, then up rows) and the result ``silu_and_mul`` of the product,
     ``[M, I]``, formed where the partials are added. ``split``: K runs (default: :func:`quant_gemv_tc.split_count`'s
     ``fill``); ``in_kernel_sum``: the partials added by the last program of each output block (else by the second
-    kernel; the same bits). A ``ValueError`` when :func:`takes` refuses."""
+    kernel; the same bits). ``l2_prefetch`` (default :data:`L2_PREFETCH`): each program asks L2 for its weight run
+    before the PDL wait, where the alignment holds (a 16-byte aligned weight, row stride and K); the same bits either
+    way. A ``ValueError`` when :func:`takes` refuses."""
     if not takes(x2, weight):
         raise ValueError(f"tensor-core gemv: cannot take {tuple(x2.shape)} {x2.dtype} rows with a "
                          f"{tuple(weight.shape)} {weight.dtype} weight")
@@ -115,13 +124,16 @@ def gemv_tc(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None
               swiglu=swiglu, in_kernel_sum=in_kernel_sum)
     r2, nw, eps, hn, ro = norm or (x2, x2, 0.0, x2, x2)
     kw = {} if INTERPRET else dict(LAUNCH_OPTIONS)
+    # 16-byte aligned prefetch addresses and sizes: the weight's base, its row stride and K (in 2-byte elements).
+    l2 = (L2_PREFETCH if l2_prefetch is None else l2_prefetch) and weight.data_ptr() % 16 == 0 and \
+        weight.stride(0) % 8 == 0 and k % 8 == 0
     _tc_kernel[(programs, sp.runs)](
         x2, weight, y, sp.part, sp.part if sp.counters is None else sp.counters, r2, nw, hn, ro, float(eps), m, n,
         n_out, k, sp.steps_per_run, sp.runs, x2.stride(0), weight.stride(0), y.stride(0),
         sp.part.stride(0) if sp.partials else 0, r2.stride(0), hn.stride(0), ro.stride(0), BN=_BN, BK=_BK,
         MP=8 if m <= 8 else 16,
-        SPLIT=sp.partials, REDUCE=sp.counters is not None, SWIGLU=swiglu, NORM=norm is not None, INTERP=INTERPRET,
-        **pdl(x2), **kw)
+        SPLIT=sp.partials, REDUCE=sp.counters is not None, SWIGLU=swiglu, NORM=norm is not None, L2PF=l2,
+        INTERP=INTERPRET, **pdl(x2), **kw)
     if sp.partials and sp.counters is None:
         sum_partials(sp.part, y, x2, swiglu)
     return y
