@@ -86,22 +86,22 @@ def test_verify_cost_dflash_tiny_cpu(tmp_path, backend, tokenizer_json_path):  #
 
 @pytest.mark.slow   # ~30 s on 2 cores (NINFER_RUN_SLOW=1 runs it)
 def test_verify_cost_runs_each_k_with_the_tensor_core_gemv_off_and_on(tmp_path, tokenizer_json_path):  # noqa: F811
-    """``--gemv-tc 0,1 --gemv-row-mib 48,256``: every k once per pair of settings on one artifact, each ratio taken
+    """``--gemv-tc 0,1,l2 --gemv-row-mib 48,256``: every k once per pair of settings on one artifact, each ratio taken
     against the k = 0 entry of its own settings, and the settings restored for the engine started next (both are
     read at each call)."""
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_verify_cost.py"), "--tiny", "--device", "cpu",
                           "--tokenizer", str(tokenizer_json_path), "--out", str(out), "--work", str(tmp_path / "w"),
                           "--ks", "0,2", "--batches", "1", "--tokens", "16", "--replays", "2", "--accepted", "2.0",
-                          "--gemv-tc", "0,1", "--gemv-row-mib", "48,256"], capture_output=True, text=True,
+                          "--gemv-tc", "0,1,l2", "--gemv-row-mib", "48,256"], capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     ks = json.loads((out / "verify_cost.json").read_text())["ks"]
     assert [(e["k"], e["gemv_tc"], e["gemv_row_mib"]) for e in ks] == [
-        (k, tc, mib) for tc in (False, True) for mib in (48, 256) for k in (0, 2)]
+        (k, tc, mib) for tc in (False, True, "l2") for mib in (48, 256) for k in (0, 2)]
     for base, spec in zip(ks[::2], ks[1::2], strict=True):
         want = spec["end_to_end_b1"]["ms_per_token"] / base["end_to_end_b1"]["ms_per_token"]
         assert spec["step_over_decode_b1"] == pytest.approx(want)
         assert "verify_over_decode" not in base
-    for row in (" 0   48  2 |", " 0  256  2 |", " 1   48  2 |", " 1  256  2 |"):
+    for row in (" 0   48  2 |", " 0  256  2 |", " 1   48  2 |", " 1  256  2 |", "l2   48  2 |", "l2  256  2 |"):
         assert run.stdout.count("\n" + row) == 1, row
