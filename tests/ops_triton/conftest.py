@@ -95,11 +95,16 @@ def cuda_core_gemv(monkeypatch):
 
 
 class CountLaunches:
-    """Stands in for a Triton kernel (``kernel[grid](...)``): counts launches and runs the real one."""
+    """Stands in for a Triton kernel (``kernel[grid](...)``): counts launches, keeps each launch's keyword arguments
+    (``calls``: constexprs and launch options) and runs the real one."""
 
     def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
+        self.kernel, self.launches, self.calls = kernel, 0, []
 
     def __getitem__(self, grid):
         self.launches += 1
-        return self.kernel[grid]
+
+        def launch(*args, **kwargs):
+            self.calls.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch

@@ -165,19 +165,6 @@ def test_the_fused_norm_ops_take_one_launch_when_on(gen, monkeypatch):
     assert a.shape == (3, 128) and torch.equal(a, linear_tc.gemv_tc(h, w, swiglu=True))
 
 
-class _RecordL2:
-    """Stands in for ``_tc_kernel``: records each launch's ``L2PF`` and runs the real kernel."""
-
-    def __init__(self, kernel):
-        self.kernel, self.l2 = kernel, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kw):
-            self.l2.append(kw["L2PF"])
-            return self.kernel[grid](*args, **kw)
-        return launch
-
-
 @pytest.mark.parametrize("m,n,k,split,aligned", [(4, 300, 704, 1, True), (4, 300, 704, 3, True),
                                                  (3, 257, 1000, 2, True), (2, 130, 250, 2, False)])
 def test_the_l2_prefetch_changes_no_bit_and_is_asked_only_where_aligned(m, n, k, split, aligned, gen, monkeypatch):
@@ -186,7 +173,7 @@ def test_the_l2_prefetch_changes_no_bit_and_is_asked_only_where_aligned(m, n, k,
     not a multiple of 16 bytes launches without it."""
     from ninfer.ops.triton import linear_tc
 
-    rec = _RecordL2(linear_tc._tc_kernel)
+    rec = CountLaunches(linear_tc._tc_kernel)
     monkeypatch.setattr(linear_tc, "_tc_kernel", rec)
     x = randn(gen, m, k, dtype=torch.bfloat16, device=DEVICE)
     w = randn(gen, n, k, dtype=torch.bfloat16, device=DEVICE, scale=k ** -0.5)
@@ -201,4 +188,4 @@ def test_the_l2_prefetch_changes_no_bit_and_is_asked_only_where_aligned(m, n, k,
         y = linear_tc.gemv_tc(x, w2, norm=(res, nw, 1e-6, h, r), swiglu=True, split=split, l2_prefetch=l2)
         outs.append((y, h, r))
     assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
-    assert rec.l2 == [aligned, False, aligned, False]
+    assert [c["L2PF"] for c in rec.calls] == [aligned, False, aligned, False]

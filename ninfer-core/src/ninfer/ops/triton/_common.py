@@ -114,6 +114,12 @@ def pdl_wait(PDL: tl.constexpr):
 _L2_PREFETCH_ASM = tl.constexpr("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;")
 
 
+def l2_prefetch_aligned(*byte_values: int) -> bool:
+    """Whether :func:`l2_prefetch` may be asked for these: every address, row stride and size a multiple of 16
+    bytes (the bulk prefetch's rule), checked by each launch that passes it ``ENABLED``."""
+    return all(v % 16 == 0 for v in byte_values)
+
+
 @triton.jit
 def l2_prefetch(ptrs, nbytes, ENABLED: tl.constexpr, INTERP: tl.constexpr):
     """Ask L2 for ``nbytes`` (an int32 tensor shaped like ``ptrs``) at each address of ``ptrs``.

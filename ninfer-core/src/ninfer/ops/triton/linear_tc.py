@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.ops.triton._common import INTERPRET, l2_prefetch, pdl, pdl_wait
+from ninfer.ops.triton._common import INTERPRET, l2_prefetch, l2_prefetch_aligned, pdl, pdl_wait
 from ninfer.ops.triton._splitk import plan, store_out, sum_partials
 from ninfer.ops.triton.quant_gemv_tc import inv_rms, split_count
 from ninfer.ops.triton.quant_gemv_tc8 import x_step
@@ -124,9 +124,9 @@ def gemv_tc(x2: torch.Tensor, weight: torch.Tensor, *, norm: tuple | None = None
               swiglu=swiglu, in_kernel_sum=in_kernel_sum)
     r2, nw, eps, hn, ro = norm or (x2, x2, 0.0, x2, x2)
     kw = {} if INTERPRET else dict(LAUNCH_OPTIONS)
-    # 16-byte aligned prefetch addresses and sizes: the weight's base, its row stride and K (in 2-byte elements).
-    l2 = (L2_PREFETCH if l2_prefetch is None else l2_prefetch) and weight.data_ptr() % 16 == 0 and \
-        weight.stride(0) % 8 == 0 and k % 8 == 0
+    # A row's run ends at K, so K's bytes must be aligned as the base and the row stride are.
+    l2 = (L2_PREFETCH if l2_prefetch is None else l2_prefetch) and l2_prefetch_aligned(
+        weight.data_ptr(), weight.stride(0) * weight.element_size(), k * weight.element_size())
     _tc_kernel[(programs, sp.runs)](
         x2, weight, y, sp.part, sp.part if sp.counters is None else sp.counters, r2, nw, hn, ro, float(eps), m, n,
         n_out, k, sp.steps_per_run, sp.runs, x2.stride(0), weight.stride(0), y.stride(0),

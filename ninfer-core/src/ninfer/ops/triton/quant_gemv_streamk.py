@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.triton import quant_gemv_tc
-from ninfer.ops.triton._common import INTERPRET, cast, l2_prefetch, pdl, pdl_wait
+from ninfer.ops.triton._common import INTERPRET, cast, l2_prefetch, l2_prefetch_aligned, pdl, pdl_wait
 from ninfer.ops.triton._quant import KernelWeight
 from ninfer.ops.triton._splitk import tickets
 from ninfer.ops.triton.quant_gemv_tc import _k_step, inv_rms, lanes
@@ -174,8 +174,8 @@ def gemv_tc(x2: torch.Tensor, w: KernelWeight, *, norm: tuple | None = None, swi
         eps = 0.0
     else:
         r2, nw, eps, hn, ro = norm
-    l2 = (quant_gemv_tc.L2_PREFETCH if l2_prefetch is None else l2_prefetch) and w.base.data_ptr() % 16 == 0 and \
-        w.base_stride % 16 == 0
+    l2 = (quant_gemv_tc.L2_PREFETCH if l2_prefetch is None else l2_prefetch) and l2_prefetch_aligned(
+        w.base.data_ptr(), w.base_stride)
     kw = {} if INTERPRET else dict(quant_gemv_tc.LAUNCH_OPTIONS)
     _q4_streamk_kernel[(programs,)](
         x2, w.base.view(torch.uint16), w.scales, y, part, cnt, r2, nw, hn, ro, float(eps), m, w.n, n_out, k, steps,

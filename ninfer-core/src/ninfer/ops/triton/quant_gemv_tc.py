@@ -40,7 +40,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ninfer.ops.triton._common import INTERPRET, cast, l2_prefetch, next_pow2, pdl, pdl_wait
+from ninfer.ops.triton._common import (
+    INTERPRET,
+    cast,
+    l2_prefetch,
+    l2_prefetch_aligned,
+    next_pow2,
+    pdl,
+    pdl_wait,
+)
 from ninfer.ops.triton._quant import KernelWeight
 from ninfer.ops.triton._splitk import plan, store_out, sum_partials
 from ninfer.switches import env_switch
@@ -321,8 +329,8 @@ def launch(kernel, x2: torch.Tensor, w: KernelWeight, *, nbytes: int, step: int,
     sp = plan(x2, y, w.n, steps, programs, bn, split_count(programs, steps) if split is None else split,
               swiglu=swiglu, in_kernel_sum=in_kernel_sum)
     r2, nw, eps, hn, ro = norm or (x2, x2, 0.0, x2, x2)
-    l2 = (L2_PREFETCH if l2_prefetch is None else l2_prefetch) and w.base.data_ptr() % 16 == 0 and \
-        w.base_stride % 16 == 0
+    l2 = (L2_PREFETCH if l2_prefetch is None else l2_prefetch) and l2_prefetch_aligned(w.base.data_ptr(),
+                                                                                       w.base_stride)
     kw = {} if INTERPRET else dict(LAUNCH_OPTIONS)
     kernel[(programs, sp.runs)](
         x2, w.base.view(torch.uint16), w.scales, y, sp.part, sp.part if sp.counters is None else sp.counters, r2, nw,
