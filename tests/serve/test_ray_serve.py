@@ -52,12 +52,17 @@ def ray_base(request):
     from ninfer_serve.ray_serve import ReplicaSpec, ScaleOut, build_application, run_application
     from ray import serve
 
-    # Ray routes among the replicas that answer its queue-length probe within a deadline (0.1 s, doubling up to
-    # 1 s). On a loaded machine an idle replica can miss it, and the request goes to the busy one that did answer,
-    # which the least-loaded test reads as a routing fault. The cluster's processes inherit these at ray.init.
-    deadlines = {"RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "2", "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "5"}
-    saved = {k: os.environ.get(k) for k in deadlines}
-    os.environ.update(deadlines)
+    # Ray routes by the queue lengths its router caches per replica. The ingress is the only sender to the engine
+    # replicas, and its router keeps them exact (+1 when it sends, the replica's own count when the replica accepts,
+    # -1 when the call ends, cancelled calls included), so the tests make the entries never go stale. With Ray's
+    # default (10 s), an entry that expired beside a fresh one made Ray pick the fresh one without asking, so a busy
+    # replica could win over an idle one. The probes of replicas without an entry (a replacement) get 2-5 s before
+    # they count as no answer instead of 0.1-1 s: on a loaded machine an idle replica could miss the deadline.
+    # The cluster's processes inherit these at ray.init.
+    ray_env = {"RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S": "3600",
+               "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "2", "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "5"}
+    saved = {k: os.environ.get(k) for k in ray_env}
+    os.environ.update(ray_env)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         spec = ReplicaSpec(model=str(default_artifact), engine_options=EngineOptions(**ENGINE),
@@ -321,17 +326,12 @@ def test_a_session_stays_on_its_replica_and_hits_the_cache(http, key):
 
 
 def test_least_loaded_spreads_independent_requests(http):
-    # Ray routes by a queue length it caches per replica, refreshed when the replica accepts a request or, once the
-    # entry is older than RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S, by asking the replica. The tests before leave
-    # entries from their busy streams (counted when accepted, not lowered when cancelled), so an idle replica can
-    # look as busy as the one this test loads: outwait them, and the replicas are asked.
-    try:
-        from ray.serve._private.constants import RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S as cache_s
-    except ImportError:   # a private module: its default where it moved
-        cache_s = float(os.environ.get("RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S", 10.0))
+    import ray
 
+    # The premise of exact routing counts (see ray_base): the cluster's processes kept the cache setting.
+    setting = ray.remote(lambda: os.environ.get("RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S"))
+    assert ray.get(setting.remote(), timeout=120) == "3600"
     _poll("the replicas to be idle", lambda: all(_ongoing(a) == 0 for a in _engine_actors()))
-    time.sleep(cache_s + 0.5)
     long = chat("Count slowly.", max_tokens=LONG, ignore_eos=True, stream=True)
     with http.stream("POST", "/v1/chat/completions", json=long) as busy:
         assert busy.status_code == 200
