@@ -223,6 +223,18 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     best_of: int | None = None
 
+    @field_validator("echo")
+    @classmethod
+    def _no_prompt_logprobs(cls, v: bool, info: ValidationInfo) -> bool:
+        # OpenAI's (and vLLM's) echo with logprobs scores the prompt's tokens too, which is how evaluation harnesses
+        # compute log-likelihoods; a serving engine computes log-probabilities of generated tokens only, and a reply
+        # without the prompt's would be read as wrong scores, not as an error.
+        if v and info.data.get("logprobs") is not None:
+            raise UnsupportedValue("echo with logprobs (log-probabilities of the prompt's tokens) is not supported: "
+                                   "score text with `ninfer score`, or send logprobs without echo for the "
+                                   "generated tokens' log-probabilities")
+        return v
+
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, v: str | None) -> str | None:

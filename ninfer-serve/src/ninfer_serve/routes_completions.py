@@ -4,7 +4,8 @@ One prompt per request: text, or token ids (a one-element list of either is acce
 OpenAI API allows lists); several prompts are a 400 (batch them as separate requests, which the
 engine runs concurrently anyway). The prompt is continued as raw text: no chat template, no
 reasoning or tool-call parsing. ``echo`` prepends the prompt text. ``logprobs: N`` returns the
-legacy logprobs object (chosen token and the N most likely alternatives at each position).
+legacy logprobs object (chosen token and the N most likely alternatives at each generated position);
+``echo`` with ``logprobs``, which in OpenAI's API also scores the prompt's tokens, is refused (400).
 ``response_format`` and vLLM's ``guided_*`` / ``structured_outputs`` constrain the continuation as in
 Chat Completions (ninfer_serve.constraints).
 """
