@@ -100,6 +100,25 @@ def test_completions_violations(client, fields, param):
     openai_error(client.post("/v1/completions", json={"prompt": "x", **fields}), 400, param)
 
 
+VLLM_REFUSED = [("min_tokens", 3), ("prompt_logprobs", 0), ("use_beam_search", True), ("bad_words", ["no"]),
+                ("allowed_token_ids", list(range(100))), ("include_stop_str_in_output", True),
+                ("truncate_prompt_tokens", 8)]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_vllm_extensions_that_would_change_the_output_are_refused_by_name(client, path):
+    # vLLM honours these; dropping them as unknown fields would answer a different request without a word.
+    base = chat("hi") if path == "/v1/chat/completions" else {"prompt": "x", "max_tokens": 2}
+    for field, value in VLLM_REFUSED:
+        err = openai_error(client.post(path, json={**base, field: value}), 400, field)
+        assert err["code"] == "unsupported_value" and f"{field}=" in err["message"] and \
+            "is not supported" in err["message"] and len(err["message"]) < 250, err
+    # Their neutral values change nothing and are accepted.
+    neutral = {"min_tokens": 0, "prompt_logprobs": None, "use_beam_search": False, "bad_words": [],
+               "allowed_token_ids": None, "include_stop_str_in_output": False, "truncate_prompt_tokens": None}
+    assert client.post(path, json={**base, **neutral}).status_code == 200
+
+
 @pytest.mark.parametrize("fields,needle", [
     ({"max_tokens": None}, "max_tokens"), ({"messages": [{"role": "system", "content": "x"}]}, "messages"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),

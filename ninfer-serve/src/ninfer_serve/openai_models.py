@@ -63,6 +63,20 @@ def _check_stop(value: str | list[str] | None) -> str | list[str] | None:
     return value
 
 
+# What each refused vLLM extension would need, for its error message (neutral values: None, 0, false, empty).
+_VLLM_UNSUPPORTED = {
+    "min_tokens": "the engine does not hold back end-of-sequence or stop tokens (ignore_eos with max_tokens gives a "
+                  "fixed length)",
+    "prompt_logprobs": "the prompt's log-probabilities come from `ninfer score`",
+    "use_beam_search": "there is no beam search",
+    "bad_words": "there are no banned words (a grammar, response_format or guided_*, constrains the output)",
+    "allowed_token_ids": "there is no allowed-token list (a grammar, response_format or guided_*, constrains the "
+                         "output)",
+    "include_stop_str_in_output": "a stop string is left out of the output",
+    "truncate_prompt_tokens": "prompts are not truncated (a prompt longer than the context is a 400)",
+}
+
+
 class SamplingFields(Lenient):
     """Sampling fields shared by Chat Completions and Completions. Range checks follow the OpenAI
     API (and vLLM for the extensions); the engine re-validates what it receives."""
@@ -91,6 +105,15 @@ class SamplingFields(Lenient):
     user: str | None = None
     # OpenAI's cache-routing key; here the context-cache session key (docs/context-cache.md).
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)
+    # vLLM's sampling extensions that this server does not honour and whose loss would change the output: declared,
+    # so that anything but their neutral value is refused by name instead of dropped as an unknown field.
+    min_tokens: int | None = None
+    prompt_logprobs: int | None = None
+    use_beam_search: bool = False
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = None
 
     @field_validator("n")
     @classmethod
@@ -117,6 +140,15 @@ class SamplingFields(Lenient):
     def _no_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         if v and any(b != 0 for b in v.values()):
             raise UnsupportedValue("non-zero logit_bias is not supported")
+        return v
+
+    @field_validator(*_VLLM_UNSUPPORTED)
+    @classmethod
+    def _vllm_unsupported(cls, v: Any, info: ValidationInfo) -> Any:
+        neutral = v is None if info.field_name in ("prompt_logprobs", "truncate_prompt_tokens") else not v
+        if not neutral:
+            shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+            raise UnsupportedValue(f"{info.field_name}={shown} is not supported: {_VLLM_UNSUPPORTED[info.field_name]}")
         return v
 
     @property
