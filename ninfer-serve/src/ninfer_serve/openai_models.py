@@ -3,7 +3,8 @@
 Requests accept and ignore unknown fields (see :mod:`ninfer_serve.body`). Fields the OpenAI API
 defines but this server cannot honour are declared and validated so that only their neutral values
 pass: ``n`` > 1, a non-zero ``logit_bias``, audio output, and
-``suffix``/``best_of`` > 1 on Completions are 400s naming the field. ``response_format`` (text,
+``suffix``/``best_of`` > 1 and ``echo`` with ``logprobs`` on Completions are 400s naming the field, and so are
+the vLLM extensions whose loss would change the answer (:data:`_VLLM_UNSUPPORTED`). ``response_format`` (text,
 json_object, json_schema) and vLLM's ``guided_*`` fields become output constraints
 (:mod:`ninfer_serve.constraints`). vLLM extensions that map onto
 the engine (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
