@@ -228,6 +228,8 @@ def test_unknown_previous_response_id_is_a_404(client):
      "input[0].arguments", None),
     ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role", None),
     ({"input": "hi", "background": True}, "background", "unsupported_value"),
+    ({"input": "hi", "include": ["message.output_text.logprobs"]}, "include", "unsupported_value"),
+    ({"input": "hi", "include": ["reasoning.encrypted_content", "bogus"]}, "include", None),
     ({}, None, None),
 ])
 def test_malformed_requests_are_400s_naming_the_field(client, fields, param, code):
@@ -236,6 +238,14 @@ def test_malformed_requests_are_400s_naming_the_field(client, fields, param, cod
     err = info.value.body
     assert info.value.status_code == 400 and err["type"] == "invalid_request_error"
     assert err["param"] == param and err["code"] == code, err
+
+
+def test_include_of_output_never_produced_changes_nothing(client):
+    # Codex-style clients ask for encrypted reasoning with store=false; there is none to include.
+    plain = create(client, input="Name a Python module.", max_output_tokens=6, reasoning=NO_THINK, store=False)
+    asked = create(client, input="Name a Python module.", max_output_tokens=6, reasoning=NO_THINK, store=False,
+                   include=["reasoning.encrypted_content", "web_search_call.results"])
+    assert asked.output_text == plain.output_text and asked.usage.input_tokens == plain.usage.input_tokens
 
 
 def test_output_items_passed_back_render_as_the_chain_does(client):

@@ -6,7 +6,8 @@ message"). Served: message items (roles user, assistant, system, developer; cont
 ``input_text`` / ``output_text`` parts), ``function_call``, ``function_call_output`` and
 ``reasoning`` items. Fields the API defines but this server cannot honour are 400s naming them with
 code ``unsupported_value``: hosted tools (web search, file search, ...), ``background``,
-``conversation``, ``truncation: auto``, ``top_logprobs``. ``top_k`` and ``seed`` are accepted as
+``conversation``, ``truncation: auto``, ``top_logprobs``, ``include`` of output logprobs (other
+``include`` values name output this server never produces and change nothing). ``top_k`` and ``seed`` are accepted as
 extensions (as on Chat Completions). Content parts other than text are refused where
 the input is converted (:mod:`ninfer_serve.responses_input`), so the error names the part's position.
 
@@ -22,6 +23,15 @@ from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, mode
 
 from ninfer_serve.errors import UnsupportedValue
 from ninfer_serve.openai_models import INT64, TOOL_NAME, Lenient, ReasoningEffort
+
+
+# The ``include`` values of the Responses API besides logprobs (refused): each names output this server never
+# produces, so asking for it changes nothing.
+_INCLUDABLE = frozenset({
+    "code_interpreter_call.outputs", "computer_call_output.output.image_url", "file_search_call.results",
+    "message.input_image.image_url", "reasoning.encrypted_content", "web_search_call.action.sources",
+    "web_search_call.results",
+})
 
 
 # -- input items ------------------------------------------------------------------------------------
@@ -151,6 +161,21 @@ class ResponsesRequest(Lenient):
     background: bool | None = None
     conversation: Any = None
     top_logprobs: int | None = None
+    include: list[str] | None = None
+
+    @field_validator("include")
+    @classmethod
+    def _include(cls, v: list[str] | None) -> list[str] | None:
+        # Every other value the API defines names output this server never produces (hosted tools' results,
+        # encrypted reasoning, input image URLs): nothing to include, so a no-op. Log-probabilities would be a silent
+        # loss, and an unknown value a typo that OpenAI refuses too.
+        for i, item in enumerate(v or ()):
+            if item == "message.output_text.logprobs":
+                raise UnsupportedValue("include 'message.output_text.logprobs' is not supported on /v1/responses "
+                                       "(use /v1/chat/completions with logprobs)")
+            if item not in _INCLUDABLE:
+                raise ValueError(f"include[{i}] {item!r} is not one of {', '.join(sorted(_INCLUDABLE))}")
+        return v
 
     @field_validator("truncation")
     @classmethod
