@@ -24,7 +24,6 @@ from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, mode
 from ninfer_serve.errors import UnsupportedValue
 from ninfer_serve.openai_models import INT64, TOOL_NAME, Lenient, ReasoningEffort
 
-
 # The ``include`` values of the Responses API besides logprobs (refused): each names output this server never
 # produces, so asking for it changes nothing.
 _INCLUDABLE = frozenset({
