@@ -1,6 +1,7 @@
 """Constrained output over HTTP: on /v1/chat/completions response_format json_object / json_schema and
 vLLM's guided_json / guided_regex / guided_choice / guided_grammar, the same fields on /v1/completions, and
 forced tool calls (Chat Completions tool_choice required/named, Anthropic /v1/messages tool_choice any/tool),
+Anthropic's structured outputs (output_config.format),
 on the real default model at temperature 1.0 (the tiny model knows no JSON: only the constraint makes the
 output valid), plus the field -> OutputConstraint mapping of ninfer_serve.constraints."""
 
@@ -42,6 +43,7 @@ def test_mapping_of_fields():
     assert tool_constraint({"type": "function", "function": {"name": "f"}}, has_tools=True, parallel=True) \
         == OutputConstraint.tools("f", parallel=True)
     assert tool_constraint("auto", has_tools=True, parallel=True) is None
+    assert body_constraint(schemas={"output_config.format.schema": SCHEMA}) == OutputConstraint.json_schema(SCHEMA)
 
 
 @pytest.mark.parametrize("call, param", [
@@ -52,6 +54,11 @@ def test_mapping_of_fields():
     (lambda: body_constraint(None, {"structured_outputs": {"regex": 5}}), "structured_outputs.regex"),
     (lambda: tool_constraint("required", has_tools=False, parallel=True), "tool_choice"),
     (lambda: request_constraint(response_format={"type": "json_object"}, tool_choice="required", has_tools=True),
+     "tool_choice"),
+    (lambda: body_constraint(schemas={"output_config.format.schema": "nope"}), "output_config.format.schema"),
+    (lambda: body_constraint(schemas={"output_config.format.schema": SCHEMA, "output_format.schema": SCHEMA}),
+     "output_format.schema"),
+    (lambda: request_constraint(schemas={"output_format.schema": SCHEMA}, tool_choice="required", has_tools=True),
      "tool_choice"),
 ])
 def test_mapping_errors_name_the_field(call, param):
@@ -187,6 +194,45 @@ def test_anthropic_forced_tool_input_satisfies_the_schema(client, thinking, temp
     [call] = [b for b in out["content"] if b["type"] == "tool_use"]
     assert call["name"] == "find"
     jsonschema.validate(call["input"], ANTHROPIC_TOOL["input_schema"])
+
+
+# Structured outputs on /v1/messages (output_config.format, and the beta's output_format): the answer's text is JSON
+# that satisfies the schema. Greedy (Anthropic requests carry no seed), with thinking off and on.
+@pytest.mark.parametrize("thinking", ["disabled", "enabled"])
+@pytest.mark.parametrize("field", ["output_config", "output_format"])
+def test_anthropic_output_format_satisfies_the_schema(client, thinking, field):
+    fmt = {"type": "json_schema", "schema": SCHEMA}
+    body = {"model": MODEL_ID, "temperature": 0.0, "thinking": {"type": thinking},
+            "messages": [{"role": "user", "content": "Describe a book."}],
+            **({"output_config": {"format": fmt, "effort": "low"}} if field == "output_config" else {field: fmt})}
+    counted = client.post("/v1/messages/count_tokens", json=body)
+    assert counted.status_code == 200, counted.text
+    body["max_tokens"] = 512 - counted.json()["input_tokens"]
+    out = client.post("/v1/messages", json=body).json()
+    assert out["stop_reason"] == "end_turn", out
+    assert [b["type"] for b in out["content"]] == (["thinking", "text"] if thinking == "enabled" else ["text"])
+    jsonschema.validate(json.loads(out["content"][-1]["text"]), SCHEMA)
+    # The same request without the format answers in prose: the constraint, not the prompt, made the JSON.
+    plain = {k: v for k, v in body.items() if k not in ("output_config", "output_format")}
+    text = client.post("/v1/messages", json=plain).json()["content"][-1]["text"]
+    with pytest.raises((ValueError, jsonschema.ValidationError)):
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_anthropic_output_format_errors(client):
+    base = {"model": MODEL_ID, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}
+    fmt = {"type": "json_schema", "schema": SCHEMA}
+    for fields, needle in (
+            ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
+            ({"output_config": {"format": {"type": "xml", "schema": SCHEMA}}}, "output_config.format.type"),
+            ({"output_format": {"type": "json_schema", "schema": {"type": "nonsense"}}}, "does not compile"),
+            ({"output_config": {"format": fmt}, "output_format": fmt}, "only one output constraint"),
+            ({"output_format": fmt, "tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "any"}}, "forced tool call")):
+        r = client.post("/v1/messages", json={**base, **fields})
+        assert r.status_code == 400, r.text
+        err = r.json()
+        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
+        assert needle in err["error"]["message"], err
 
 
 def test_extension_fields_are_not_logged_as_unknown(caplog):

@@ -3,7 +3,8 @@
 Content blocks are validated by type (a discriminated union): text, thinking, redacted_thinking,
 tool_use and tool_result are served; image and document blocks are 400s (this server serves text
 only). Server tools (``web_search`` and the like, which carry a ``type``) are 400s: only client tools
-(``name`` + ``input_schema``) are served. ``thinking.budget_tokens`` is accepted but not enforced
+(``name`` + ``input_schema``) are served. Structured outputs (``output_config.format``, or the beta's
+``output_format``: a JSON Schema) constrain the answer as ``response_format`` does on Chat Completions. ``thinking.budget_tokens`` is accepted but not enforced
 (the engine has no thinking budget yet): ``max_tokens`` bounds reasoning and answer together.
 """
 
@@ -105,6 +106,20 @@ class Thinking(Lenient):
     budget_tokens: int | None = Field(None, ge=1)
 
 
+class OutputFormat(Lenient):
+    """Structured outputs: the answer's text is JSON satisfying ``schema`` (a grammar, as response_format)."""
+
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(Lenient):
+    """``format`` is served; ``effort`` is accepted and changes nothing (no thinking budget yet)."""
+
+    format: OutputFormat | None = None
+    effort: str | None = None
+
+
 class CountTokensRequest(Lenient):
     model: str
     messages: list[Message] = Field(min_length=1)
@@ -112,6 +127,17 @@ class CountTokensRequest(Lenient):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None   # the structured-outputs beta's spelling of output_config.format
+
+    def output_schemas(self) -> dict[str, dict[str, Any]]:
+        """Field path -> the JSON Schema the answer must satisfy (two of them are a 400 at planning)."""
+        out = {}
+        if self.output_config is not None and self.output_config.format is not None:
+            out["output_config.format.schema"] = self.output_config.format.json_schema
+        if self.output_format is not None:
+            out["output_format.schema"] = self.output_format.json_schema
+        return out
 
 
 class MessagesRequest(CountTokensRequest):

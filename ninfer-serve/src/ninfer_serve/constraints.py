@@ -8,6 +8,8 @@ Accepted sources, at most one per request (two are a 400 naming the second field
 - vLLM's ``guided_json`` (schema object or JSON text), ``guided_regex``, ``guided_choice`` (list of
   strings), ``guided_grammar`` (GBNF, root rule ``root``), and the newer
   ``structured_outputs: {json | regex | choice | grammar}`` with the same meanings.
+- Anthropic's ``output_config.format`` (and its beta spelling ``output_format``):
+  ``{"type": "json_schema", "schema": {...}}``, passed in as ``schemas``.
 - ``tool_choice`` ``"required"`` or ``{"type": "function", "function": {"name": ...}}`` with tools:
   :func:`tool_constraint` (the output is a Qwen tool call whose arguments satisfy the tool's schema);
   it cannot be combined with a body constraint.
@@ -96,13 +98,23 @@ def _from_guided(field: str, value: Any, param: str) -> OutputConstraint:
     return OutputConstraint.gbnf(value)
 
 
-def body_constraint(response_format: Any = None, extra: Mapping[str, Any] | None = None) -> OutputConstraint | None:
-    """The constraint of ``response_format`` and the vLLM fields in ``extra`` (the request's unknown
-    fields, e.g. a pydantic ``model_extra``); None when the request has none."""
+def _from_schema(schema: Any, param: str) -> OutputConstraint:
+    if not isinstance(schema, Mapping):
+        raise ConstraintFieldError(f"{param} must be a JSON Schema object", param)
+    return _build(lambda: OutputConstraint.json_schema(schema), param)
+
+
+def body_constraint(response_format: Any = None, extra: Mapping[str, Any] | None = None,
+                    schemas: Mapping[str, Any] | None = None) -> OutputConstraint | None:
+    """The constraint of ``response_format``, the vLLM fields in ``extra`` (the request's unknown
+    fields, e.g. a pydantic ``model_extra``) and ``schemas`` (field path -> a JSON Schema the output must
+    satisfy: Anthropic's ``output_config.format``); None when the request has none."""
     found: list[tuple[str, OutputConstraint]] = []
     rf = _from_response_format(response_format)
     if rf is not None:
         found.append(("response_format", rf))
+    for param, schema in (schemas or {}).items():
+        found.append((param, _from_schema(schema, param)))
     extra = dict(extra or {})
     for field in GUIDED:
         if extra.get(field) is not None:
@@ -138,23 +150,24 @@ def tool_constraint(tool_choice: Any, *, has_tools: bool, parallel: bool) -> Out
 
 
 def request_constraint(*, response_format: Any = None, extra: Mapping[str, Any] | None = None,
-                       tool_choice: Any = None, has_tools: bool = False, parallel: bool = True
-                       ) -> OutputConstraint | None:
-    """The one constraint of a Chat Completions request: a body constraint or a forced tool call."""
-    body = body_constraint(response_format, extra)
+                       schemas: Mapping[str, Any] | None = None, tool_choice: Any = None, has_tools: bool = False,
+                       parallel: bool = True) -> OutputConstraint | None:
+    """The one constraint of a request: a body constraint or a forced tool call."""
+    body = body_constraint(response_format, extra, schemas)
     tools = tool_constraint(tool_choice, has_tools=has_tools, parallel=parallel)
     if body is not None and tools is not None:
-        raise ConstraintFieldError("a forced tool call (tool_choice required or named) cannot be combined with "
-                                   "response_format or guided_* output constraints", "tool_choice")
+        raise ConstraintFieldError("a forced tool call (tool_choice required or named, Anthropic's any or tool) "
+                                   "cannot be combined with an output format (response_format, output_config.format "
+                                   "or guided_*)", "tool_choice")
     return body or tools
 
 
-def constrain(policy: ToolPolicy | None, *, response_format: Any = None, extra: Mapping[str, Any] | None = None
-              ) -> OutputConstraint | None:
+def constrain(policy: ToolPolicy | None, *, response_format: Any = None, extra: Mapping[str, Any] | None = None,
+              schemas: Mapping[str, Any] | None = None) -> OutputConstraint | None:
     """A route's output constraint: the body constraint of ``response_format`` / the vLLM fields in
-    ``extra``, or the forced tool call of ``policy`` (tool_choice required/named, already checked against
-    the request's tools by ``tool_policy``). A field that describes no constraint is a 400 naming it.
-    ``policy`` None: the route has no tools (/v1/completions)."""
+    ``extra`` / the JSON Schemas in ``schemas``, or the forced tool call of ``policy`` (tool_choice
+    required/named, already checked against the request's tools by ``tool_policy``). A field that describes no
+    constraint is a 400 naming it. ``policy`` None: the route has no tools (/v1/completions)."""
     mode = policy.mode if policy is not None else "none"
     choice: Any = None  # the policy in Chat Completions' tool_choice form, which request_constraint reads
     if mode == "required":
@@ -162,7 +175,7 @@ def constrain(policy: ToolPolicy | None, *, response_format: Any = None, extra: 
     elif mode == "named":
         choice = {"type": "function", "function": {"name": policy.name}}
     try:
-        return request_constraint(response_format=response_format, extra=extra, tool_choice=choice,
+        return request_constraint(response_format=response_format, extra=extra, schemas=schemas, tool_choice=choice,
                                   has_tools=choice is not None, parallel=policy is None or policy.parallel)
     except ConstraintFieldError as exc:
         raise bad_request(str(exc), param=exc.param) from None

@@ -128,7 +128,8 @@ def _plan(req: CountTokensRequest, parallel: bool = True
         parallel = parallel and not req.tool_choice.disable_parallel_tool_use
     # any/tool: a tools constraint (valid arguments, after the thinking when it is on), as in Chat Completions.
     policy = tool_policy(tools, choice, name, parallel=parallel)
-    constraint = constrain(policy)
+    # output_config.format: the answer's JSON satisfies the schema (after the thinking when it is on).
+    constraint = constrain(policy, schemas=req.output_schemas())
     thinking = None if req.thinking is None or req.thinking.type != "disabled" else False
     options = template_options(None, field="thinking", enable_thinking=thinking)
     return messages, tools, policy, options, constraint
