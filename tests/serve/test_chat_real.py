@@ -131,6 +131,15 @@ def test_max_completion_tokens_and_length(client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
 
 
+def test_min_tokens_holds_the_stop_back(client):
+    body = chat("Say hi.", max_tokens=60, temperature=0, chat_template_kwargs={"enable_thinking": False})
+    plain = client.post("/v1/chat/completions", json=body).json()
+    assert plain["choices"][0]["finish_reason"] == "stop" and plain["usage"]["completion_tokens"] < 30, plain
+    held = client.post("/v1/chat/completions", json={**body, "min_tokens": 30}).json()
+    assert held["usage"]["completion_tokens"] >= 30, held
+    assert held["choices"][0]["message"]["content"].startswith(plain["choices"][0]["message"]["content"])
+
+
 def test_completions_default_max_tokens_is_named_when_it_does_not_fit(client):
     # 500 prompt tokens leave 12 of the 512: Completions' default max_tokens (16) does not fit, and the error says
     # it is the default the request did not set; an explicit 16 is blamed as sent, and 12 fits.

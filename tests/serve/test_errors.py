@@ -100,7 +100,7 @@ def test_completions_violations(client, fields, param):
     openai_error(client.post("/v1/completions", json={"prompt": "x", **fields}), 400, param)
 
 
-VLLM_REFUSED = [("min_tokens", 3), ("prompt_logprobs", 0), ("use_beam_search", True), ("bad_words", ["no"]),
+VLLM_REFUSED = [("prompt_logprobs", 0), ("use_beam_search", True), ("bad_words", ["no"]),
                 ("allowed_token_ids", list(range(100))), ("include_stop_str_in_output", True),
                 ("truncate_prompt_tokens", 8)]
 
@@ -117,6 +117,16 @@ def test_vllm_extensions_that_would_change_the_output_are_refused_by_name(client
     neutral = {"min_tokens": 0, "prompt_logprobs": None, "use_beam_search": False, "bad_words": [],
                "allowed_token_ids": None, "include_stop_str_in_output": False, "truncate_prompt_tokens": None}
     assert client.post(path, json={**base, **neutral}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_min_tokens_is_honoured_within_max_tokens(client, path):
+    base = (chat("hi", max_tokens=6) if path == "/v1/chat/completions" else {"prompt": "x", "max_tokens": 6})
+    err = openai_error(client.post(path, json={**base, "min_tokens": 7}), 400, "min_tokens")
+    assert err["message"] == "min_tokens (7) must be at most max_tokens (6)"
+    openai_error(client.post(path, json={**base, "min_tokens": -1}), 400, "min_tokens")
+    r = client.post(path, json={**base, "min_tokens": 6})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6, r.text
 
 
 @pytest.mark.parametrize("fields,needle", [

@@ -7,7 +7,7 @@ pass: ``n`` > 1, a non-zero ``logit_bias``, audio output, and
 the vLLM extensions whose loss would change the answer (:data:`_VLLM_UNSUPPORTED`). ``response_format`` (text,
 json_object, json_schema) and vLLM's ``guided_*`` fields become output constraints
 (:mod:`ninfer_serve.constraints`). vLLM extensions that map onto
-the engine (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
+the engine (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
 ``chat_template_kwargs``) are supported. ``reasoning_effort`` turns thinking off (``none``, ``minimal``)
 or on (the other levels), never ignored. ``prompt_cache_key`` (OpenAI's cache-routing key) is the
 engine's context-cache session key.
@@ -66,8 +66,6 @@ def _check_stop(value: str | list[str] | None) -> str | list[str] | None:
 
 # What each refused vLLM extension would need, for its error message (neutral values: None, 0, false, empty).
 _VLLM_UNSUPPORTED = {
-    "min_tokens": "the engine does not hold back end-of-sequence or stop tokens (ignore_eos with max_tokens gives a "
-                  "fixed length)",
     "prompt_logprobs": "the prompt's log-probabilities come from `ninfer score`",
     "use_beam_search": "there is no beam search",
     "bad_words": "there are no banned words (a grammar, response_format or guided_*, constrains the output)",
@@ -106,9 +104,10 @@ class SamplingFields(Lenient):
     user: str | None = None
     # OpenAI's cache-routing key; here the context-cache session key (docs/context-cache.md).
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)
+    # vLLM: stop tokens cannot be sampled before the output has this many tokens (OutputOptions.min_tokens).
+    min_tokens: int | None = Field(None, ge=0)
     # vLLM's sampling extensions that this server does not honour and whose loss would change the output: declared,
     # so that anything but their neutral value is refused by name instead of dropped as an unknown field.
-    min_tokens: int | None = None
     prompt_logprobs: int | None = None
     use_beam_search: bool = False
     bad_words: list[str] | None = None

@@ -40,6 +40,16 @@ def output_budget(requested: int | None, *, prompt_tokens: int, max_context: int
     return requested
 
 
+def min_tokens(requested: int | None, budget: int, field: str) -> int:
+    """vLLM's ``min_tokens`` for OutputOptions: at most the output budget (``field`` names where the budget came
+    from), as vLLM requires of max_tokens."""
+    value = requested or 0
+    if value > budget:
+        raise ApiError("invalid_request", f"min_tokens ({value}) must be at most {field} ({budget})",
+                       param="min_tokens")
+    return value
+
+
 def engine_seed(seed: int | None) -> int | None:
     """OpenAI seeds are signed 64-bit, the engine's are [0, 2**63): a negative seed is taken modulo
     2**63 (deterministic, so the same seed always gives the same tokens)."""

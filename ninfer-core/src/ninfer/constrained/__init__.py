@@ -5,7 +5,8 @@ the constraints on the output text itself; a frontend adds what depends on its o
 calls, a reasoning prefix) as a :class:`GrammarSource`, with :mod:`ebnf` and :mod:`rules` to write and
 compose grammar text; :mod:`compiler` compiles that text against the vocabulary with a cache shared by
 all requests; :mod:`matcher` is the per-request matcher the OutputSession previews and commits, and the
-mask provider sampling reads.
+mask provider sampling reads; :mod:`min_tokens` holds stop tokens back on top of it (or of no grammar) while an
+output is shorter than its ``min_tokens``.
 """
 
 from ninfer.constrained.compiler import GrammarCompiler, GrammarSource

@@ -88,7 +88,9 @@ class OutputOptions:
     """Per-request output interpretation. ``stop_token_ids`` add to the model's EOS ids unless
     ``ignore_eos``; ``stop`` strings are matched across token boundaries and never emitted.
     ``constraint``: the output must satisfy it (constrained decoding; compiled by
-    ``Frontend.open_session`` on the submitting thread)."""
+    ``Frontend.open_session`` on the submitting thread). ``min_tokens`` (>= 0): the stop tokens cannot be
+    sampled before the output has this many tokens (:mod:`ninfer.constrained.min_tokens`; stop strings and
+    ``max_tokens`` still end it, and so does a constraint that can only end)."""
 
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -99,6 +101,11 @@ class OutputOptions:
     parse_tool_calls: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
     constraint: OutputConstraint | None = None
+    min_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
 
 
 @runtime_checkable

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from ninfer.constrained.matcher import ConstraintMatcher
+from ninfer.constrained.min_tokens import MinTokensMask
 from ninfer.contracts.frontend import (
     OutputDelta,
     OutputFinal,
@@ -105,6 +106,7 @@ class QwenOutputSession:
             tools=ToolCallExtractor(ToolSchemas.from_tools(options.tools)) if options.parse_tool_calls else None,
         )
         self._pending: tuple[OutputPreview, _Stages] | None = None
+        self._committed = 0   # output tokens committed (min_tokens counts them)
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._tool_calls: list[ToolCall] = []
@@ -151,11 +153,17 @@ class QwenOutputSession:
         if self._state.stopped is not None:
             raise FrontendError("output session already stopped; only finish() may follow")
 
-    def token_mask(self) -> ConstraintMatcher | None:
-        """The allowed-token mask provider of the next token (None: unconstrained or ended)."""
-        if self._matcher is None or self._closed or self._state.stopped is not None or self._matcher.terminated:
+    def token_mask(self) -> ConstraintMatcher | MinTokensMask | None:
+        """The allowed-token mask provider of the next token (None: unconstrained or ended). While the output is
+        shorter than ``min_tokens`` the stop tokens are held back on top of the grammar's mask."""
+        if self._closed or self._state.stopped is not None:
             return None
-        return self._matcher
+        grammar = None if self._matcher is None or self._matcher.terminated else self._matcher
+        if self._committed < self.options.min_tokens and self._stop_ids and (grammar is not None
+                                                                              or self._matcher is None):
+            return MinTokensMask(grammar, sorted(self._stop_ids), committed=self._committed,
+                                 min_tokens=self.options.min_tokens)
+        return grammar
 
     def preview(self, tokens: Sequence[int]) -> OutputPreview:
         self._check_open()
@@ -199,6 +207,7 @@ class QwenOutputSession:
             raise FrontendError("commit() needs the most recent preview of this session")
         self._state = self._pending[1]
         self._pending = None
+        self._committed += preview.accepted
         if self._matcher is not None:
             self._matcher.commit()
         self._record(preview.deltas)
