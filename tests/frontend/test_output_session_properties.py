@@ -128,6 +128,17 @@ def test_stop_strings_cut_the_same_text_whatever_the_token_split(case, stops):
 
 
 @MANY
+@given(case=tokenized(), stops=STOPS)
+def test_include_stop_str_publishes_the_stop_string_too(case, stops):
+    data, pieces, groups = case
+    text = data.decode("utf-8", "replace")
+    options = OutputOptions(stop=tuple(stops), parse_reasoning=False, parse_tool_calls=False, include_stop_str=True)
+    previews, final = run_session(pieces, groups, options)
+    want, stop, _ = reference_stop(text, stops)
+    assert published(previews, final, "content") == final.content == want + (stop or "")
+
+
+@MANY
 @given(case=tokenized(), stops=STOPS, thinking_open=st.booleans())
 def test_reasoning_split_and_stops_whatever_the_token_split(case, stops, thinking_open):
     data, pieces, groups = case

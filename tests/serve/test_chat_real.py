@@ -140,6 +140,14 @@ def test_min_tokens_holds_the_stop_back(client):
     assert held["choices"][0]["message"]["content"].startswith(plain["choices"][0]["message"]["content"])
 
 
+def test_include_stop_str_in_output(client):
+    body = {"model": MODEL_ID, "prompt": "def fibonacci(n):", "max_tokens": 40, "temperature": 0, "stop": ["return"]}
+    cut = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert cut["finish_reason"] == "stop" and cut["stop_reason"] == "return" and "return" not in cut["text"], cut
+    kept = client.post("/v1/completions", json={**body, "include_stop_str_in_output": True}).json()["choices"][0]
+    assert kept["text"] == cut["text"] + "return" and kept["stop_reason"] == "return", kept
+
+
 def test_completions_default_max_tokens_is_named_when_it_does_not_fit(client):
     # 500 prompt tokens leave 12 of the 512: Completions' default max_tokens (16) does not fit, and the error says
     # it is the default the request did not set; an explicit 16 is blamed as sent, and 12 fits.

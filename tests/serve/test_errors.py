@@ -101,8 +101,7 @@ def test_completions_violations(client, fields, param):
 
 
 VLLM_REFUSED = [("prompt_logprobs", 0), ("use_beam_search", True), ("bad_words", ["no"]),
-                ("allowed_token_ids", list(range(100))), ("include_stop_str_in_output", True),
-                ("truncate_prompt_tokens", 8)]
+                ("allowed_token_ids", list(range(100))), ("truncate_prompt_tokens", 8)]
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])

@@ -8,7 +8,7 @@ the vLLM extensions whose loss would change the answer (:data:`_VLLM_UNSUPPORTED
 json_object, json_schema) and vLLM's ``guided_*`` fields become output constraints
 (:mod:`ninfer_serve.constraints`). vLLM extensions that map onto
 the engine (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
-``chat_template_kwargs``) are supported. ``reasoning_effort`` turns thinking off (``none``, ``minimal``)
+``include_stop_str_in_output``, ``chat_template_kwargs``) are supported. ``reasoning_effort`` turns thinking off (``none``, ``minimal``)
 or on (the other levels), never ignored. ``prompt_cache_key`` (OpenAI's cache-routing key) is the
 engine's context-cache session key.
 """
@@ -71,7 +71,6 @@ _VLLM_UNSUPPORTED = {
     "bad_words": "there are no banned words (a grammar, response_format or guided_*, constrains the output)",
     "allowed_token_ids": "there is no allowed-token list (a grammar, response_format or guided_*, constrains the "
                          "output)",
-    "include_stop_str_in_output": "a stop string is left out of the output",
     "truncate_prompt_tokens": "prompts are not truncated (a prompt longer than the context is a 400)",
 }
 
@@ -106,13 +105,14 @@ class SamplingFields(Lenient):
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)
     # vLLM: stop tokens cannot be sampled before the output has this many tokens (OutputOptions.min_tokens).
     min_tokens: int | None = Field(None, ge=0)
+    # vLLM: the stop string that ended the output is part of it (OutputOptions.include_stop_str).
+    include_stop_str_in_output: bool = False
     # vLLM's sampling extensions that this server does not honour and whose loss would change the output: declared,
     # so that anything but their neutral value is refused by name instead of dropped as an unknown field.
     prompt_logprobs: int | None = None
     use_beam_search: bool = False
     bad_words: list[str] | None = None
     allowed_token_ids: list[StrictInt] | None = None
-    include_stop_str_in_output: bool = False
     truncate_prompt_tokens: int | None = None
 
     @field_validator("n")

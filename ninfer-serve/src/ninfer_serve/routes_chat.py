@@ -123,7 +123,8 @@ async def chat_completions(request: Request) -> Response:
     }, max_tokens=budget)
     output = OutputOptions(stop=req.stop_list, tools=tuple(tools), parse_reasoning=True,
                            parse_tool_calls=policy.session_parses_calls, constraint=constraint,
-                           min_tokens=sampling.min_tokens(req.min_tokens, budget, field))
+                           min_tokens=sampling.min_tokens(req.min_tokens, budget, field),
+                           include_stop_str=req.include_stop_str_in_output)
     gen = await gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived,
                     id_prefix="chatcmpl-", prompt_param="messages", transforms=transforms_for(policy, tools),
                     session=req.prompt_cache_key)

@@ -90,7 +90,8 @@ class OutputOptions:
     ``constraint``: the output must satisfy it (constrained decoding; compiled by
     ``Frontend.open_session`` on the submitting thread). ``min_tokens`` (>= 0): the stop tokens cannot be
     sampled before the output has this many tokens (:mod:`ninfer.constrained.min_tokens`; stop strings and
-    ``max_tokens`` still end it, and so does a constraint that can only end)."""
+    ``max_tokens`` still end it, and so does a constraint that can only end). ``include_stop_str``: the stop
+    string that ended the output is published with it (vLLM's ``include_stop_str_in_output``)."""
 
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -102,6 +103,7 @@ class OutputOptions:
     extra: Mapping[str, Any] = field(default_factory=dict)
     constraint: OutputConstraint | None = None
     min_tokens: int = 0
+    include_stop_str: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:

@@ -10,7 +10,8 @@ Invariants:
   exactly the state its preview computed; only the most recent preview can be committed (identity).
 - A stop token (the model's EOS ids unless ``ignore_eos``, plus ``stop_token_ids``) ends the output: it
   is accepted (it is model state) but its text is never published. A stop string ends the output at
-  the token that completed it; text from the stop string on is never published. Tokens after a stop
+  the token that completed it; text after the stop string is never published, nor the stop string itself
+  unless ``include_stop_str``. Tokens after a stop
   are not accepted.
 - Everything published, in order, plus what ``finish`` flushes, equals the whole output's text split
   into channels (the stages only hold text back, never reorder or duplicate it). One exception: under a
@@ -189,7 +190,8 @@ class QwenOutputSession:
             if not text:
                 continue
             stop, fed = state.stop.feed(text)
-            state, more = self._route(replace(state, stop=stop), fed.text)
+            published = fed.text + (fed.stop if fed.stop is not None and self.options.include_stop_str else "")
+            state, more = self._route(replace(state, stop=stop), published)
             events.extend(more)
             if fed.stop is not None:
                 state = replace(state, stopped="string")
@@ -231,7 +233,8 @@ class QwenOutputSession:
             # Bytes of a character that never completed, then a stop-string prefix that never completed.
             tail = IncrementalDetokenizer.flush(state.detok)
             stop, fed = state.stop.feed(tail)
-            state, more = self._route(replace(state, stop=stop, detok=DetokenizerState()), fed.text)
+            published = fed.text + (fed.stop if fed.stop is not None and self.options.include_stop_str else "")
+            state, more = self._route(replace(state, stop=stop, detok=DetokenizerState()), published)
             events.extend(more)
             if fed.stop is None:
                 state, more = self._route(state, state.stop.flush())
