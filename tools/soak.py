@@ -325,10 +325,12 @@ async def soak(args) -> dict:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return report(args, s.tally, served, cleared, before, after, rss, soak_s, time.monotonic() - started)
+    return report(args, s.tally, served, cleared, before, after, rss, soak_s, time.monotonic() - started,
+                  session_answers)
 
 
-def report(args, tally: t.Tally, served, cleared, before, after, rss, soak_s: float, total_s: float) -> dict:
+def report(args, tally: t.Tally, served, cleared, before, after, rss, soak_s: float, total_s: float,
+           session_answers: list[list[t.Answer]]) -> dict:
     held = {k: cleared[f"ninfer_{k}"] for k in ("kv_pages_used", "state_slots_used", "context_cache_host_bytes",
                                                 "context_cache_checkpoints", "requests_running", "requests_paused")}
     for k, v in held.items():
@@ -351,6 +353,10 @@ def report(args, tally: t.Tally, served, cleared, before, after, rss, soak_s: fl
             "total_s": round(total_s, 1), "kinds": dict(sorted(tally.outcomes.items())),
             "faults": dict(sorted(tally.faults.items())), "compared_with_reference": tally.compared,
             "session_turns_with_cache_hits": tally.cached_turns,
+            # The same count for the reference sessions, sent alone: what the cache gives when nothing competes for
+            # it (the soak's own count also depends on what the traffic beside a session evicted meanwhile).
+            "reference_session_turns_with_cache_hits": sum(a.cached > 0 for turns in session_answers
+                                                           for a in turns[1:]),
             "server": {k.removeprefix("ninfer_"): served[k] for k in (
                 "ninfer_preemptions_total", "ninfer_replays_total", "ninfer_snapshot_resumes_total",
                 "ninfer_context_cache_hit_tokens_total", "ninfer_engine_cancelled_total",
