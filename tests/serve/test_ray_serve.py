@@ -333,12 +333,20 @@ def test_least_loaded_spreads_independent_requests(http):
     assert ray.get(setting.remote(), timeout=120) == "3600"
     _poll("the replicas to be idle", lambda: all(_ongoing(a) == 0 for a in _engine_actors()))
     long = chat("Count slowly.", max_tokens=LONG, ignore_eos=True, stream=True)
-    with http.stream("POST", "/v1/chat/completions", json=long) as busy:
+    with http.stream("POST", "/v1/chat/completions", json=long) as busy, contextlib.ExitStack() as second:
         assert busy.status_code == 200
         busy_replica = busy.headers[REPLICA]
         chunks = busy.iter_bytes()  # kept: dropping the iterator would close the stream
         received = [next(chunks)]  # generating now
-        # While the first replica holds a request, new conversations go to the idle one.
+        # A second stream of the same conversation joins it there (affinity): the busy replica holds two, so one
+        # end-of-call count of an earlier test's cancelled stream that reaches the ingress late cannot make it look
+        # as idle as the other.
+        again = second.enter_context(http.stream("POST", "/v1/chat/completions", json=long))
+        assert again.status_code == 200 and again.headers[REPLICA] == busy_replica
+        more = again.iter_bytes()
+        next(more)
+        second.callback(more.close)
+        # While the first replica holds two requests, new conversations go to the idle one.
         for n in range(2):
             r = http.post("/v1/chat/completions", json=chat(f"Independent question {n}."))
             assert r.status_code == 200, r.text
