@@ -353,8 +353,7 @@ def report(args, tally: t.Tally, served, cleared, before, after, rss, soak_s: fl
             "total_s": round(total_s, 1), "kinds": dict(sorted(tally.outcomes.items())),
             "faults": dict(sorted(tally.faults.items())), "compared_with_reference": tally.compared,
             "session_turns_with_cache_hits": tally.cached_turns,
-            # The same count for the reference sessions, sent alone: what the cache gives when nothing competes for
-            # it (the soak's own count also depends on what the traffic beside a session evicted meanwhile).
+            # The reference sessions (sent alone): their hits do not depend on the traffic beside them.
             "reference_session_turns_with_cache_hits": sum(a.cached > 0 for turns in session_answers
                                                            for a in turns[1:]),
             "server": {k.removeprefix("ninfer_"): served[k] for k in (

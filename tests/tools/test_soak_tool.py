@@ -42,9 +42,9 @@ def test_bounded_soak(tmp_path, default_model_cache):
     assert {"disconnect_mid_stream", "client_deadline", "oversize_prompt", "429_queue_full"} <= set(r["faults"])
     malformed = {k: v for k, v in r["faults"].items() if k.startswith("malformed:")}
     assert sum(malformed.values()) >= 10 and len(malformed) >= 8   # 16 bodies of 9 of the 12 kinds
-    # The sessions' later turns hit the context cache when sent alone. Under the soak's traffic a hit also needs the
-    # checkpoint to outlive what the requests beside it evicted, which a loaded host's timing decides: reported only.
-    assert r["compared_with_reference"] >= 60 and r["reference_session_turns_with_cache_hits"] > 0   # 85 measured
+    # Cache hits are checked on the reference sessions, sent alone; the soak's own sessions' hits depend on what the
+    # traffic beside them evicted, which timing decides, so they are only reported.
+    assert r["compared_with_reference"] >= 60 and r["reference_session_turns_with_cache_hits"] > 0
     server = r["server"]
     assert server["preemptions_total"] > 0 and server["context_cache_hit_tokens_total"] > 0
     assert server["engine_cancelled_total"] > 0   # disconnects and client deadlines reached the engine

@@ -4,8 +4,9 @@ Content blocks are validated by type (a discriminated union): text, thinking, re
 tool_use and tool_result are served; image and document blocks are 400s (this server serves text
 only). Server tools (``web_search`` and the like, which carry a ``type``) are 400s: only client tools
 (``name`` + ``input_schema``) are served. Structured outputs (``output_config.format``, or the beta's
-``output_format``: a JSON Schema) constrain the answer as ``response_format`` does on Chat Completions. ``thinking.budget_tokens`` is accepted but not enforced
-(the engine has no thinking budget yet): ``max_tokens`` bounds reasoning and answer together.
+``output_format``: a JSON Schema) constrain the answer as ``response_format`` does on Chat Completions.
+``thinking.budget_tokens`` is accepted but not enforced (the engine has no thinking budget yet): ``max_tokens``
+bounds reasoning and answer together.
 """
 
 from __future__ import annotations

@@ -51,6 +51,12 @@ def _plain(value: Any) -> Any:
     return dump(exclude_none=True) if callable(dump) else value
 
 
+def _from_schema(schema: Any, param: str) -> OutputConstraint:
+    if not isinstance(schema, Mapping):
+        raise ConstraintFieldError(f"{param} must be a JSON Schema object", param)
+    return _build(lambda: OutputConstraint.json_schema(schema), param)
+
+
 def _from_response_format(value: Any) -> OutputConstraint | None:
     rf = _plain(value)
     if rf is None:
@@ -64,11 +70,8 @@ def _from_response_format(value: Any) -> OutputConstraint | None:
         return OutputConstraint.json_object()
     if kind == "json_schema":
         spec = rf.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, Mapping) else None
-        if not isinstance(schema, Mapping):
-            raise ConstraintFieldError("response_format json_schema needs json_schema.schema, a JSON Schema object",
-                                       "response_format.json_schema.schema")
-        return _build(lambda: OutputConstraint.json_schema(schema), "response_format.json_schema.schema")
+        return _from_schema(spec.get("schema") if isinstance(spec, Mapping) else None,
+                            "response_format.json_schema.schema")
     raise ConstraintFieldError(f"response_format type {kind!r} is not one of text, json_object, json_schema",
                                "response_format.type")
 
@@ -96,12 +99,6 @@ def _from_guided(field: str, value: Any, param: str) -> OutputConstraint:
     if field == "guided_regex":
         return OutputConstraint.regex(value)
     return OutputConstraint.gbnf(value)
-
-
-def _from_schema(schema: Any, param: str) -> OutputConstraint:
-    if not isinstance(schema, Mapping):
-        raise ConstraintFieldError(f"{param} must be a JSON Schema object", param)
-    return _build(lambda: OutputConstraint.json_schema(schema), param)
 
 
 def body_constraint(response_format: Any = None, extra: Mapping[str, Any] | None = None,

@@ -159,12 +159,12 @@ class QwenOutputSession:
         shorter than ``min_tokens`` the stop tokens are held back on top of the grammar's mask."""
         if self._closed or self._state.stopped is not None:
             return None
-        grammar = None if self._matcher is None or self._matcher.terminated else self._matcher
-        if self._committed < self.options.min_tokens and self._stop_ids and (grammar is not None
-                                                                              or self._matcher is None):
-            return MinTokensMask(grammar, sorted(self._stop_ids), committed=self._committed,
+        if self._matcher is not None and self._matcher.terminated:
+            return None   # the grammar has ended: the output ends with it
+        if self._committed < self.options.min_tokens and self._stop_ids:
+            return MinTokensMask(self._matcher, sorted(self._stop_ids), committed=self._committed,
                                  min_tokens=self.options.min_tokens)
-        return grammar
+        return self._matcher
 
     def preview(self, tokens: Sequence[int]) -> OutputPreview:
         self._check_open()
