@@ -11,6 +11,7 @@ physical limit of a step that reads each routed expert once. No model and no GPU
     python3 tools/host_kernel_bench.py --threads 4,8,12,16 --formats bf16 --kernels native --tokens 1,8
     python3 tools/host_kernel_bench.py --formats bf16,q4_g64_fp16 --kernels torch,native,compiled --tokens 1,8
     python3 tools/host_kernel_bench.py --threads 8,16 --formats bf16 --kernels native --tokens 1 --breakdown
+    python3 tools/host_kernel_bench.py --threads 8,16 --kernels native --bf16-dot 0,1 --tokens 1,8
 
 ``--breakdown`` (native kernel) splits a call's time: the C kernel alone on prepared arguments (``kernel_ms``, the
 median call), the same kernel with no pairs (``empty_ms``: entering the thread team, the working buffer, the
@@ -70,11 +71,14 @@ def banks(fmt: str, experts: int, hidden: int, inter: int, seed: int, pinned: bo
 
 
 def kernel_runs(args) -> list[str]:
-    """The kernels to time: ``--kernels``, with "native" once per ``--row-prefetch`` build ("native/pfN")."""
+    """The kernels to time: ``--kernels``, with "native" once per build of ``--row-prefetch`` x ``--bf16-dot``
+    ("native/pfN", "native/dotN", "native/pfN/dotM")."""
     out = []
     for kernel in args.kernels.split(","):
-        if kernel == "native" and args.row_prefetch:
-            out += [f"native/pf{n}" for n in args.row_prefetch.split(",")]
+        if kernel == "native" and (args.row_prefetch or args.bf16_dot):
+            for pf in args.row_prefetch.split(",") if args.row_prefetch else [""]:
+                for dot in args.bf16_dot.split(",") if args.bf16_dot else [""]:
+                    out.append("native" + (f"/pf{pf}" if pf else "") + (f"/dot{dot}" if dot else ""))
         else:
             out.append(kernel)
     return out
@@ -89,8 +93,10 @@ def rows_for(kernel: str, hidden: int, inter: int, threads: int):
 
     if kernel == "torch":
         return None
-    if kernel.startswith("native/pf"):   # that build of the kernel (each cached under its own key)
-        os.environ[host_native.ROW_PREFETCH_ENV] = kernel.removeprefix("native/pf")
+    if kernel.startswith("native/"):   # that build of the kernel (each cached under its own key)
+        for part in kernel.split("/")[1:]:
+            env = host_native.ROW_PREFETCH_ENV if part.startswith("pf") else host_native.BF16_DOT_ENV
+            os.environ[env] = part.removeprefix("pf").removeprefix("dot")
         host_native._library = host_native.load(host_native.build())   # noqa: SLF001 (a tool's A/B)
         return NativeRows(threads)
     if kernel == "native":
@@ -213,6 +219,8 @@ def main(argv=None) -> int:
                     help="busy wait before each --breakdown call (a decode step's GPU work between host calls)")
     ap.add_argument("--row-prefetch", default="",
                     help="native kernel: time these builds of NINFER_HOST_ROW_PREFETCH (e.g. 0,4,8) in one process")
+    ap.add_argument("--bf16-dot", default="",
+                    help="native kernel: time these builds of NINFER_HOST_BF16_DOT (0,1) in one process")
     ap.add_argument("--pinned", action="store_true",
                     help="bf16 banks in page-locked memory (torch's pinned allocator, as the engine loads host experts)")
     ap.add_argument("--out", type=Path, default=None, help="write the report here as JSON too")

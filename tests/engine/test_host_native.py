@@ -53,12 +53,15 @@ def _values(bank) -> torch.Tensor:
 @pytest.mark.parametrize("fmt", ["float32", "bfloat16", "q4_g64_fp16", "q8_g32_fp16"])
 @pytest.mark.parametrize("k", [64, 200, 256])           # 200: a vector tail, and groupwise padding to 256
 @pytest.mark.parametrize("counts", [[1], [4, 1, 7], [9, 2]])   # whole and partial 4-token tiles
-def test_a_projection_against_fp64(fmt, k, counts):
+@pytest.mark.parametrize("x_values", ["fp32", "bf16"])   # bf16 values: the bf16 dot products where the CPU has them
+def test_a_projection_against_fp64(fmt, k, counts, x_values):
     """``y[p] = W_{e(p)} @ x[p]`` for pairs grouped by expert, rows not a multiple of the 16-row work item."""
     bank = _bank(fmt, experts=6, rows=37, k=k, seed=k)
     experts = [5, 0, 3][:len(counts)]
     groups = list(zip(experts, counts, strict=True))
     x = torch.randn(sum(counts), k, generator=torch.Generator().manual_seed(1))
+    if x_values == "bf16":
+        x = x.bfloat16().float()
     got = project(x, bank, groups, threads=2)
     w = _values(bank)
     e_of_pair = torch.tensor([e for e, n in groups for _ in range(n)])
@@ -391,6 +394,44 @@ def test_the_row_prefetch_build_gives_the_same_bits(tmp_path, monkeypatch):
     with pytest.raises(InvalidEngineOptions):   # stops "auto" too, instead of falling back to torch's kernel
         host_expert_options(64, 32, 16, torch.device("cuda"), torch.bfloat16,
                             StartupFeatures(host_experts=True, expert_copy_min_tokens=1, host_expert_kernel="auto"))
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "q4_g64_fp16", "q8_g32_fp16", "float32"])
+def test_the_bf16_dot_build_against_the_fp32_one(tmp_path, monkeypatch, fmt):
+    """NINFER_HOST_BF16_DOT=0 builds the kernel without the bf16 dot products. Inputs that are bf16 values (a bf16
+    model's activations) take them where the CPU has them: both builds equal the reference within fp32 accumulation
+    order, and the default build's bits differ from the other's (its sums run in another order: the dot products
+    ran). Inputs that are not all bf16 values take the fp32 path in both builds, bit for bit. Row lengths with
+    vector tails (hidden 200, inter 40) and partial token tiles; a value out of range is an error naming the
+    variable."""
+    experts, k, hidden, inter = 16, 4, 200, 40
+    x, w, ids, _, _, _ = _case(torch.float32, experts=experts, k=k, tokens=7, hidden=hidden, inter=inter)
+    stored = [_bank(fmt, experts, 2 * inter, hidden, seed=1), _bank(fmt, experts, hidden, inter, seed=2)]
+    banks = [b if isinstance(b, torch.Tensor) else DecodedBank(b) for b in stored]
+    inputs = {"bf16": x.bfloat16() if fmt == "bfloat16" else x.bfloat16().float(), "fp32": x}
+    sums, dots = {}, {}
+    for dot in ("0", "1"):
+        monkeypatch.setenv(host_native.BF16_DOT_ENV, dot)
+        monkeypatch.setattr(host_native, "_library", host_native.load(host_native.build(tmp_path)))
+        dots[dot] = host_native.bf16_dot()
+        for name, xs in inputs.items():
+            for t in (1, 3, 7):   # decode-sized (sorted in the kernel) and larger calls
+                sums[dot, name, t] = routed_sum(xs[:t], w[:t], ids[:t], *banks, rows=NativeRows(threads=2))
+    assert not dots["0"] and len(list(tmp_path.iterdir())) == 2
+    for t in (1, 3, 7):
+        assert torch.equal(sums["0", "fp32", t], sums["1", "fp32", t])
+        for dot in ("0", "1"):
+            xs = inputs["bf16"]
+            want = routed_experts_fp32(xs[:t], w[:t], ids[:t], *banks)
+            rel = ((sums[dot, "bf16", t] - want).norm() / want.norm()).item()
+            assert rel < (1e-4 if fmt == "bfloat16" else 2e-6), (dot, t, rel)
+    if dots["1"] and fmt != "float32":   # an fp32 bank never takes them
+        assert not all(torch.equal(sums["0", "bf16", t], sums["1", "bf16", t]) for t in (1, 3, 7))
+    else:
+        assert all(torch.equal(sums["0", "bf16", t], sums["1", "bf16", t]) for t in (1, 3, 7))
+    monkeypatch.setenv(host_native.BF16_DOT_ENV, "2")
+    with pytest.raises(InvalidEngineOptions, match="NINFER_HOST_BF16_DOT='2'"):
+        host_native.build(tmp_path)
 
 
 def test_a_library_that_does_not_load_is_named(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import host_kernel_bench  # noqa: E402
 
 
-def test_the_bench_reports_every_format_kernel_and_token_count(tmp_path):
+def test_the_bench_reports_every_format_kernel_and_token_count(tmp_path, monkeypatch):
     require_native_kernel()
     out = tmp_path / "report.json"
     assert host_kernel_bench.main(["--hidden", "128", "--inter", "64", "--experts", "16", "--k", "4", "--tokens",
@@ -42,5 +42,17 @@ def test_the_bench_reports_every_format_kernel_and_token_count(tmp_path):
     native = runs["native"]
     assert native["gap_us"] == 50
     assert all(native[f] > 0 for f in ("kernel_ms", "empty_ms", "kernel_after_gap_ms", "empty_after_gap_ms"))
+    # Builds of the native kernel A/B'd in one process: each NINFER_HOST_BF16_DOT value, crossed with the prefetch.
+    # (The tool sets the variables and loads each build; the test puts both back afterwards.)
+    from ninfer_qwen3_5.layers import host_native
+
+    for env in (host_native.ROW_PREFETCH_ENV, host_native.BF16_DOT_ENV):
+        monkeypatch.setenv(env, "")   # empty: the default build; undone at teardown, whatever the tool set
+    monkeypatch.setattr(host_native, "_library", host_native._library)
+    assert host_kernel_bench.main(["--hidden", "128", "--inter", "64", "--experts", "16", "--k", "4", "--tokens", "1",
+                                   "--formats", "q4_g64_fp16", "--kernels", "native", "--threads", "1", "--repeats",
+                                   "2", "--bf16-dot", "0,1", "--row-prefetch", "0,4", "--out", str(out)]) == 0
+    assert [r["kernel"] for r in json.loads(out.read_text())["runs"]] == [
+        "native/pf0/dot0", "native/pf0/dot1", "native/pf4/dot0", "native/pf4/dot1"]
     with pytest.raises(SystemExit, match="unknown format"):
         host_kernel_bench.main(["--formats", "q3", "--hidden", "128", "--inter", "64", "--repeats", "1"])

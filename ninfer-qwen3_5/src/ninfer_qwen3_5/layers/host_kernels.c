@@ -22,6 +22,15 @@
  * by column ranges, each in pair order. Dot products are fp32 per 16-lane vector, then across the lanes: equal to
  * the fp64 reference within fp32 accumulation-order tolerance.
  *
+ * bf16 dot products (BF16_DOT below): where the CPU has AVX512-BF16 and a projection's inputs are all bf16 values
+ * (a bf16 model's activations, and a bf16 bank's rounded SwiGLU), the bf16, q4 and q8 rows multiply bf16 operands
+ * with VDPBF16PS, 32 products an instruction into 16 fp32 lanes, instead of widening every weight to fp32 first.
+ * A product of two bf16 values (8 significant bits each) is exact in fp32 and the instruction sums in fp32, so the
+ * result differs from the fp32 path only in the order of its fp32 additions; q4 and q8 codes are small integers,
+ * exact in bf16, and their group scales are applied in fp32 as before. (The instruction also reads bf16 subnormals,
+ * below 1e-38, as zero.) Inputs that are not all bf16 values (fp32 activations, a quantized bank's fp32 SwiGLU)
+ * take the fp32 path: the check is per projection and call, on the values themselves.
+ *
  * Layouts (all row-major, contiguous):
  *   bank       rows of one expert follow each other; expert e's row r at (e * rows + r)
  *   bf16/fp32  [E * rows, K] elements
@@ -70,6 +79,17 @@ static inline v16f i8_to_f(v16u8 b) {
  * one 4 KB page, where the hardware prefetcher stops, so without it each new row would start its stream cold. */
 #ifndef NEXT_ROWS
 #define NEXT_ROWS 0
+#endif
+/* The bf16 dot products of the module comment: 1 (default; host_native.py sets it from NINFER_HOST_BF16_DOT) uses
+ * them where the compiler targets AVX512-BF16, 0 never. */
+#ifndef BF16_DOT
+#define BF16_DOT 1
+#endif
+#if BF16_DOT && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define HAVE_BF16_DOT 1
+#else
+#define HAVE_BF16_DOT 0
 #endif
 
 static inline v16f load_f(const float *p) { return *(const v16f_un *)p; }
@@ -208,6 +228,89 @@ row_q8(const int8_t *w, const uint16_t *sc, int64_t gpr, const float *const *x, 
     for (int t = 0; t < tt; t++) out[t] = hsum(acc[t]);
 }
 
+#if HAVE_BF16_DOT
+static inline __m512bh load_bh(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512(p); }
+/* The first n < 32 values (a row's tail; a masked-off lane is never read, so a row's end is never overrun). */
+static inline __m512bh load_bh_head(const uint16_t *p, int64_t n) {
+    return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1ull << n) - 1), p);
+}
+
+/* nr consecutive bf16 rows (w: the first; rows k apart) against the tile's bf16 inputs xb[t]: out[j][t]. As
+ * rows4_dense, several rows at once keep several streams of weights in flight. */
+static inline __attribute__((always_inline)) void
+rows_bf16_dot(const uint16_t *w, int64_t k, const uint16_t *const *xb, int tt, int nr, float out[4][TILE]) {
+    __m512 acc[4][TILE];
+    for (int j = 0; j < nr; j++)
+        for (int t = 0; t < tt; t++) acc[j][t] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= k; i += 32) {   /* 32 weights: one 64-byte line of each row */
+        __m512bh wv[4];
+        if (NEXT_ROWS)
+            for (int j = NEXT_ROWS; j < NEXT_ROWS + nr; j++) __builtin_prefetch(w + j * k + i, 0, 3);
+        for (int j = 0; j < nr; j++) wv[j] = load_bh(w + j * k + i);
+        for (int t = 0; t < tt; t++) {
+            __m512bh xv = load_bh(xb[t] + i);
+            for (int j = 0; j < nr; j++) acc[j][t] = _mm512_dpbf16_ps(acc[j][t], wv[j], xv);
+        }
+    }
+    if (i < k)
+        for (int t = 0; t < tt; t++) {
+            __m512bh xv = load_bh_head(xb[t] + i, k - i);
+            for (int j = 0; j < nr; j++) acc[j][t] = _mm512_dpbf16_ps(acc[j][t], load_bh_head(w + j * k + i, k - i), xv);
+        }
+    for (int j = 0; j < nr; j++)
+        for (int t = 0; t < tt; t++) out[j][t] = _mm512_reduce_add_ps(acc[j][t]);
+}
+
+/* bf16 bit patterns of the q4 codes 0..7, -8..-1, indexed by the nibble (lanes 16..31 unused). */
+static const uint16_t Q4_BF16[32] = {0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0,
+                                     0xc100, 0xc0e0, 0xc0c0, 0xc0a0, 0xc080, 0xc040, 0xc000, 0xbf80};
+
+/* row_q4 with bf16 inputs (laid out as prepare lays out x: a group's 32 even lanes, then its 32 odd lanes): the 32
+ * bytes of a group widened to 16-bit lanes, each nibble looked up as its code's bf16 value. */
+static inline __attribute__((always_inline)) void
+row_q4_dot(const uint8_t *w, const uint16_t *sc, int64_t gpr, const uint16_t *const *xb, int tt, float *out) {
+    __m512 acc[TILE];
+    for (int t = 0; t < tt; t++) acc[t] = _mm512_setzero_ps();
+    const __m512i table = _mm512_loadu_si512(Q4_BF16), low = _mm512_set1_epi16(0x0f);
+    float s[gpr];
+    row_scales(sc, gpr, s);
+    for (int64_t g = 0; g < gpr; g++) {
+        if ((g & 1) == 0) __builtin_prefetch(w + g * 32 + PREFETCH_BYTES, 0, 0);
+        __m512i b = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w + g * 32)));
+        __m512bh even = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(b, low), table);
+        __m512bh odd = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(b, 4), table);
+        for (int t = 0; t < tt; t++) {
+            const uint16_t *xg = xb[t] + g * 64;
+            __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), even, load_bh(xg));
+            d = _mm512_dpbf16_ps(d, odd, load_bh(xg + 32));
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(s[g]), d, acc[t]);
+        }
+    }
+    for (int t = 0; t < tt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+/* row_q8 with bf16 inputs: a group's 32 int8 codes to fp32, then to bf16 (exact: |code| <= 128). */
+static inline __attribute__((always_inline)) void
+row_q8_dot(const int8_t *w, const uint16_t *sc, int64_t gpr, const uint16_t *const *xb, int tt, float *out) {
+    __m512 acc[TILE];
+    for (int t = 0; t < tt; t++) acc[t] = _mm512_setzero_ps();
+    float s[gpr];
+    row_scales(sc, gpr, s);
+    for (int64_t g = 0; g < gpr; g++) {
+        if ((g & 1) == 0) __builtin_prefetch(w + g * 32 + PREFETCH_BYTES, 0, 0);
+        __m512 c0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + g * 32))));
+        __m512 c1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + g * 32 + 16))));
+        __m512bh c = _mm512_cvtne2ps_pbh(c1, c0);   /* lanes 0..15 from c0, 16..31 from c1 */
+        for (int t = 0; t < tt; t++) {
+            __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), c, load_bh(xb[t] + g * 32));
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(s[g]), d, acc[t]);
+        }
+    }
+    for (int t = 0; t < tt; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+#endif
+
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q4 = 2, FMT_Q8 = 3 };
 
 /* Lanes a scale covers (the groupwise formats); a dense row is one group of its whole length. */
@@ -227,29 +330,71 @@ static inline float round_bf16(float f) {   /* to the nearest bf16, ties to even
     return f;
 }
 
-/* A pair's input row src[k] as the format's kernel reads it, in dst[padded(k)]. */
-static void prepare(int fmt, const float *src, int64_t k, float *dst) {
+/* A pair's input row src[k] as the format's kernel reads it, in dst[padded(k)]; and, where dst_bf16 is not NULL,
+ * the same lanes' upper halves (their bf16 values, if they are bf16 values) in dst_bf16[padded(k)]. Returns whether
+ * every value of the row is a bf16 value (its lower half zero). */
+static int prepare(int fmt, const float *src, int64_t k, float *dst, uint16_t *dst_bf16) {
     int64_t kp = padded(fmt, k);
     if (fmt != FMT_Q4) {
         memcpy(dst, src, k * sizeof *dst);
         memset(dst + k, 0, (kp - k) * sizeof *dst);
-        return;
+    } else {
+        for (int64_t g = 0; g < kp / 64; g++)
+            for (int j = 0; j < 32; j++) {
+                int64_t even = g * 64 + 2 * j, odd = even + 1;
+                dst[g * 64 + j] = even < k ? src[even] : 0.0f;
+                dst[g * 64 + 32 + j] = odd < k ? src[odd] : 0.0f;
+            }
     }
-    for (int64_t g = 0; g < kp / 64; g++)
-        for (int j = 0; j < 32; j++) {
-            int64_t even = g * 64 + 2 * j, odd = even + 1;
-            dst[g * 64 + j] = even < k ? src[even] : 0.0f;
-            dst[g * 64 + 32 + j] = odd < k ? src[odd] : 0.0f;
-        }
+    if (!dst_bf16) return 0;
+    uint32_t low = 0;
+    for (int64_t i = 0; i < kp; i++) {
+        uint32_t u;
+        memcpy(&u, dst + i, sizeof u);
+        low |= u & 0xffffu;
+        dst_bf16[i] = (uint16_t)(u >> 16);
+    }
+    return low == 0;
+}
+
+/* The bf16 planes to pass a projection: xb where the build has the bf16 dot products, the bank is not fp32 and
+ * every input was a bf16 value; else NULL (the fp32 path). */
+static inline const uint16_t *dot_inputs(int fmt, int exact, const uint16_t *xb) {
+    return HAVE_BF16_DOT && fmt != FMT_F32 && exact ? xb : NULL;
 }
 
 /* The tile's rows [r0, r1) of expert e, with a compile-time tile width so the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void
 tile_rows(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64_t k, int64_t e, int64_t r0,
-          int64_t r1, const float *const *x, float *const *y, int tt) {
+          int64_t r1, const float *const *x, const uint16_t *const *xb, float *const *y, int tt) {
     float out[TILE];
     int64_t gpr = k / group_of(fmt);
     int64_t r = r0;
+#if HAVE_BF16_DOT
+    if (xb) {   /* bf16 dot products: bf16 rows four at a time, then one by one; groupwise rows one by one */
+        float out4[4][TILE];
+        for (; fmt == FMT_BF16 && r + 4 <= r1; r += 4) {
+            rows_bf16_dot((const uint16_t *)base + (e * rows + r) * k, k, xb, tt, 4, out4);
+            for (int j = 0; j < 4; j++)
+                for (int t = 0; t < tt; t++) y[t][r + j] = out4[j][t];
+        }
+        for (; r < r1; r++) {
+            int64_t row = e * rows + r;
+            if (fmt == FMT_BF16) {
+                rows_bf16_dot((const uint16_t *)base + row * k, k, xb, tt, 1, out4);
+                for (int t = 0; t < tt; t++) out[t] = out4[0][t];
+            } else if (fmt == FMT_Q4) {
+                row_q4_dot((const uint8_t *)base + row * gpr * 32, scales + row * gpr, gpr, xb, tt, out);
+            } else {
+                row_q8_dot((const int8_t *)base + row * gpr * 32, scales + row * gpr, gpr, xb, tt, out);
+            }
+            for (int t = 0; t < tt; t++) y[t][r] = out[t];
+        }
+        return;
+    }
+#else
+    (void)xb;
+#endif
     if (fmt == FMT_F32 || fmt == FMT_BF16) {   /* dense rows four at a time, then one by one */
         float out4[4][TILE];
         for (; r + 4 <= r1; r += 4) {
@@ -272,10 +417,12 @@ tile_rows(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64
     }
 }
 
-/* y[p, :rows] = W_{e(p)} x[p] for every pair, x prepared (padded length kp): a worksharing loop, run by the threads
- * of the enclosing parallel region. */
+/* y[p, :rows] = W_{e(p)} x[p] for every pair, x prepared (padded length kp), with the bf16 dot products where xb
+ * (x's bf16 planes, dot_inputs) is not NULL: a worksharing loop, run by the threads of the enclosing parallel
+ * region. */
 static void project(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64_t kp,
-                    const int64_t *expert, const int64_t *first, int64_t groups, const float *x, float *y) {
+                    const int64_t *expert, const int64_t *first, int64_t groups, const float *x, const uint16_t *xb,
+                    float *y) {
     int64_t blocks = (rows + RB - 1) / RB;
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < groups * blocks; item++) {
@@ -283,16 +430,19 @@ static void project(int fmt, const void *base, const uint16_t *scales, int64_t r
         for (int64_t p = first[g]; p < first[g + 1]; p += TILE) {
             int tt = first[g + 1] - p < TILE ? (int)(first[g + 1] - p) : TILE;
             const float *xt[TILE];
+            const uint16_t *xbt[TILE];
             float *yt[TILE];
             for (int t = 0; t < tt; t++) {
                 xt[t] = x + (p + t) * kp;
+                xbt[t] = xb ? xb + (p + t) * kp : NULL;
                 yt[t] = y + (p + t) * rows;
             }
+            const uint16_t *const *xbs = xb ? xbt : NULL;
             switch (tt) {   /* constant tile widths: the accumulator loops unroll */
-            case 4: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, yt, 4); break;
-            case 3: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, yt, 3); break;
-            case 2: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, yt, 2); break;
-            default: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, yt, 1); break;
+            case 4: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, xbs, yt, 4); break;
+            case 3: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, xbs, yt, 3); break;
+            case 2: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, xbs, yt, 2); break;
+            default: tile_rows(fmt, base, scales, rows, kp, expert[g], r0, r1, xt, xbs, yt, 1); break;
             }
         }
     }
@@ -308,14 +458,19 @@ int ninfer_expert_rows(int fmt, const void *base, const uint16_t *scales, int64_
     if (!known(fmt)) return -1;
     int64_t pairs = first[groups], kp = padded(fmt, k);
     float *xp = malloc((size_t)(pairs * kp + 1) * sizeof *xp);
-    if (!xp) return -2;
+    uint16_t *xb = HAVE_BF16_DOT ? malloc((size_t)(pairs * kp + 1) * sizeof *xb) : NULL;
+    if (!xp || (HAVE_BF16_DOT && !xb)) {
+        free(xp), free(xb);
+        return -2;
+    }
+    int exact = 1;
 #pragma omp parallel num_threads(threads)
     {
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < pairs; p++) prepare(fmt, x + p * k, k, xp + p * kp);
-        project(fmt, base, scales, rows, kp, expert, first, groups, xp, y);
+#pragma omp for schedule(static) reduction(&& : exact)
+        for (int64_t p = 0; p < pairs; p++) exact = prepare(fmt, x + p * k, k, xp + p * kp, xb ? xb + p * kp : NULL) && exact;
+        project(fmt, base, scales, rows, kp, expert, first, groups, xp, dot_inputs(fmt, exact, xb), y);
     }
-    free(xp);
+    free(xp), free(xb);
     return 0;
 }
 
@@ -329,14 +484,21 @@ int ninfer_routed_sum(int fmt, const void *gu_base, const uint16_t *gu_scales, c
     if (!known(fmt)) return -1;
     int64_t pairs = first[groups], kh = padded(fmt, hidden), ki = padded(fmt, inter);
     float *xp = malloc((size_t)(pairs * (kh + 2 * inter + ki + hidden) + 1) * sizeof *xp);
-    if (!xp) return -2;
+    uint16_t *xb = HAVE_BF16_DOT ? malloc((size_t)(pairs * (kh + ki) + 1) * sizeof *xb) : NULL;
+    if (!xp || (HAVE_BF16_DOT && !xb)) {
+        free(xp), free(xb);
+        return -2;
+    }
     float *h = xp + pairs * kh, *ap = h + pairs * 2 * inter, *y = ap + pairs * ki;
+    uint16_t *ab = xb ? xb + pairs * kh : NULL;
+    int x_exact = 1, act_exact = 1;
 #pragma omp parallel num_threads(threads)
     {
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < pairs; p++) prepare(fmt, x + p * hidden, hidden, xp + p * kh);
-        project(fmt, gu_base, gu_scales, 2 * inter, kh, expert, first, groups, xp, h);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) reduction(&& : x_exact)
+        for (int64_t p = 0; p < pairs; p++)
+            x_exact = prepare(fmt, x + p * hidden, hidden, xp + p * kh, xb ? xb + p * kh : NULL) && x_exact;
+        project(fmt, gu_base, gu_scales, 2 * inter, kh, expert, first, groups, xp, dot_inputs(fmt, x_exact, xb), h);
+#pragma omp for schedule(static) reduction(&& : act_exact)
         for (int64_t p = 0; p < pairs; p++) {
             float *hp = h + p * 2 * inter, act[inter];
             for (int64_t j = 0; j < inter; j++) {
@@ -344,9 +506,9 @@ int ninfer_routed_sum(int fmt, const void *gu_base, const uint16_t *gu_scales, c
                 float a = g / (1.0f + expf(-g)) * u;
                 act[j] = round ? round_bf16(a) : a;
             }
-            prepare(fmt, act, inter, ap + p * ki);
+            act_exact = prepare(fmt, act, inter, ap + p * ki, ab ? ab + p * ki : NULL) && act_exact;
         }
-        project(fmt, dn_base, dn_scales, hidden, ki, expert, first, groups, ap, y);
+        project(fmt, dn_base, dn_scales, hidden, ki, expert, first, groups, ap, dot_inputs(fmt, act_exact, ab), y);
         /* Columns split over the threads; each column adds the pairs in order (the reference's index_add_). */
 #pragma omp for schedule(static)
         for (int64_t c0 = 0; c0 < hidden; c0 += 64) {
@@ -358,7 +520,7 @@ int ninfer_routed_sum(int fmt, const void *gu_base, const uint16_t *gu_scales, c
             }
         }
     }
-    free(xp);
+    free(xp), free(xb);
     return 0;
 }
 
@@ -429,6 +591,9 @@ int ninfer_routed_sum_ids(int fmt, const void *gu_base, const uint16_t *gu_scale
     free(start), free(meta), free(rows);
     return status;
 }
+
+/* 1 if this build multiplies bf16 inputs with the bf16 dot products (module comment), else 0. */
+int ninfer_bf16_dot(void) { return HAVE_BF16_DOT; }
 
 /* A routed sum queued on a GPU stream as a host function (host_mailbox.py): the driver calls ninfer_host_job_run
  * with the job once the stream's earlier work is done, and the stream's later work waits for it to return, so a

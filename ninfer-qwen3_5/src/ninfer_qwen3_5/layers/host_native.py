@@ -12,7 +12,9 @@ of a dozen small tensor operations. :func:`project` is one projection alone (for
 Exactness: the projections sum in fp32 in the kernel's order (16-lane partial sums, then across lanes), so the
 result equals the reference ``routed_experts_fp32`` within fp32 accumulation-order tolerance; its roundings (a bf16
 bank's projections and SwiGLU rounded to bf16, a quantized bank's kept in fp32, as its decoded fp32 weights give)
-and its pair order in the weighted sum are the reference's.
+and its pair order in the weighted sum are the reference's. Where the CPU has bf16 dot-product instructions
+(AVX512-BF16) and a projection's inputs are all bf16 values, the kernel multiplies bf16 operands directly
+(:func:`bf16_dot`): each product is exact in fp32 either way, so only the order of the fp32 sums changes.
 
 The library is cached under ``<cache dir>/kernels`` (``NINFER_CACHE_DIR``, else ``~/.cache/ninfer``), keyed by the
 source, the compiler, its flags and the host CPU, since ``-march=native`` code runs only on CPUs like the one it
@@ -44,6 +46,9 @@ LIBS = ("-lm",)
 ROW_PREFETCH_ENV = "NINFER_HOST_ROW_PREFETCH"
 #: The default: four rows ahead beat none, and eight beat four nowhere measured (docs/memory.md, "Host experts").
 ROW_PREFETCH = 4
+#: Whether the bf16, q4 and q8 rows multiply bf16 inputs with the CPU's bf16 dot-product instructions where it has
+#: them (host_kernels.c ``BF16_DOT``): 1 (default) or 0; read at build time, like :data:`ROW_PREFETCH_ENV`.
+BF16_DOT_ENV = "NINFER_HOST_BF16_DOT"
 #: The kernel's format codes (host_kernels.c), by bank dtype or quantized format name.
 FORMATS: dict[object, int] = {torch.float32: 0, torch.bfloat16: 1, "q4_g64_fp16": 2, "q8_g32_fp16": 3}
 _GROUPWISE = ("q4_g64_fp16", "q8_g32_fp16")
@@ -63,8 +68,9 @@ def _cpu_signature() -> str:
 
 
 def _defines() -> tuple[str, ...]:
-    """The build's ``-D`` flags from the environment (:data:`ROW_PREFETCH_ENV`); an error naming the variable if
-    its value is not 0 or a row count from 4 to 64."""
+    """The build's ``-D`` flags from the environment (:data:`ROW_PREFETCH_ENV`, :data:`BF16_DOT_ENV`); an error
+    naming the variable if its value is out of range (a row count other than 0 or 4 to 64; a switch other than 0
+    or 1)."""
     raw = os.environ.get(ROW_PREFETCH_ENV, "").strip() or str(ROW_PREFETCH)
     try:
         rows = int(raw)
@@ -73,7 +79,11 @@ def _defines() -> tuple[str, ...]:
     if rows != 0 and not 4 <= rows <= 64:
         # Not a NotSupportedError: "auto" would fall back to torch's kernel on it instead of stopping.
         raise InvalidEngineOptions(f"{ROW_PREFETCH_ENV}={raw!r}: must be 0 (no prefetch) or a row count from 4 to 64")
-    return (f"-DNEXT_ROWS={rows}",)
+    dot = os.environ.get(BF16_DOT_ENV, "").strip() or "1"
+    if dot not in ("0", "1"):
+        raise InvalidEngineOptions(f"{BF16_DOT_ENV}={dot!r}: must be 1 (bf16 dot products where the CPU has them) "
+                                   f"or 0 (never)")
+    return (f"-DNEXT_ROWS={rows}", f"-DBF16_DOT={dot}")
 
 
 def build(directory: Path | None = None) -> Path:
@@ -130,7 +140,15 @@ def load(path: Path) -> ctypes.CDLL:
     lib.ninfer_routed_sum.argtypes = [i32, p, p, p, p, i64, i64, p, p, i64, p, p, p, i32, p, i32]
     lib.ninfer_routed_sum_ids.restype = i32
     lib.ninfer_routed_sum_ids.argtypes = [i32, p, p, p, p, i64, i64, i64, p, p, p, i64, i64, p, i32, i32, p, i32]
+    lib.ninfer_bf16_dot.restype = i32
+    lib.ninfer_bf16_dot.argtypes = []
     return lib
+
+
+def bf16_dot() -> bool:
+    """Whether the loaded kernel multiplies bf16 inputs with the CPU's bf16 dot products (built with them, on a CPU
+    that has them: AVX512-BF16). Either way the sums agree within fp32 accumulation order."""
+    return bool(library().ninfer_bf16_dot())
 
 
 def bank_format(bank) -> object | None:
