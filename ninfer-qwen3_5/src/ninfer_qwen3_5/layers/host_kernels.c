@@ -8,7 +8,8 @@
  * the pairs' weighted outputs added in pair order, as the reference's index_add_ does.
  *
  * Built at first use by host_native.py with the host's C compiler (-O3 -march=native -fopenmp); GCC/Clang vector
- * extensions, no intrinsics, so the compiler picks the host's widest vectors.
+ * extensions, so the compiler picks the host's widest vectors, except for the bf16 dot products below, which only
+ * AVX-512 intrinsics reach.
  *
  * Why a kernel of our own: a decode step's pairs are a few tokens per expert. torch's GEMMs wake the thread team per
  * expert and a dequantizing bank decodes whole experts to fp32 first; here one parallel region covers every expert
@@ -27,9 +28,10 @@
  * with VDPBF16PS, 32 products an instruction into 16 fp32 lanes, instead of widening every weight to fp32 first.
  * A product of two bf16 values (8 significant bits each) is exact in fp32 and the instruction sums in fp32, so the
  * result differs from the fp32 path only in the order of its fp32 additions; q4 and q8 codes are small integers,
- * exact in bf16, and their group scales are applied in fp32 as before. (The instruction also reads bf16 subnormals,
- * below 1e-38, as zero.) Inputs that are not all bf16 values (fp32 activations, a quantized bank's fp32 SwiGLU)
- * take the fp32 path: the check is per projection and call, on the values themselves.
+ * exact in bf16, and their group scales are applied in fp32 as before. (The instruction also flushes subnormals to
+ * zero, in its inputs, products and sums: values below 1.2e-38, far inside the tolerance.) Inputs that are not all
+ * bf16 values (fp32 activations, a quantized bank's fp32 SwiGLU) take the fp32 path: the check is per projection and
+ * call, on the values themselves.
  *
  * Layouts (all row-major, contiguous):
  *   bank       rows of one expert follow each other; expert e's row r at (e * rows + r)
@@ -256,7 +258,8 @@ rows_bf16_dot(const uint16_t *w, int64_t k, const uint16_t *const *xb, int tt, i
     if (i < k)
         for (int t = 0; t < tt; t++) {
             __m512bh xv = load_bh_head(xb[t] + i, k - i);
-            for (int j = 0; j < nr; j++) acc[j][t] = _mm512_dpbf16_ps(acc[j][t], load_bh_head(w + j * k + i, k - i), xv);
+            for (int j = 0; j < nr; j++)
+                acc[j][t] = _mm512_dpbf16_ps(acc[j][t], load_bh_head(w + j * k + i, k - i), xv);
         }
     for (int j = 0; j < nr; j++)
         for (int t = 0; t < tt; t++) out[j][t] = _mm512_reduce_add_ps(acc[j][t]);
@@ -363,6 +366,14 @@ static inline const uint16_t *dot_inputs(int fmt, int exact, const uint16_t *xb)
     return HAVE_BF16_DOT && fmt != FMT_F32 && exact ? xb : NULL;
 }
 
+/* A buffer of n bf16 planes' lanes where the bf16 dot products may read them (the build has them and the bank is
+ * not fp32), else NULL; *failed set when it could not be allocated. */
+static uint16_t *dot_buffer(int fmt, int64_t n, int *failed) {
+    uint16_t *b = HAVE_BF16_DOT && fmt != FMT_F32 ? malloc((size_t)(n + 1) * sizeof *b) : NULL;
+    *failed = HAVE_BF16_DOT && fmt != FMT_F32 && !b;
+    return b;
+}
+
 /* The tile's rows [r0, r1) of expert e, with a compile-time tile width so the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void
 tile_rows(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64_t k, int64_t e, int64_t r0,
@@ -458,8 +469,9 @@ int ninfer_expert_rows(int fmt, const void *base, const uint16_t *scales, int64_
     if (!known(fmt)) return -1;
     int64_t pairs = first[groups], kp = padded(fmt, k);
     float *xp = malloc((size_t)(pairs * kp + 1) * sizeof *xp);
-    uint16_t *xb = HAVE_BF16_DOT ? malloc((size_t)(pairs * kp + 1) * sizeof *xb) : NULL;
-    if (!xp || (HAVE_BF16_DOT && !xb)) {
+    int failed;
+    uint16_t *xb = dot_buffer(fmt, pairs * kp, &failed);
+    if (!xp || failed) {
         free(xp), free(xb);
         return -2;
     }
@@ -467,7 +479,8 @@ int ninfer_expert_rows(int fmt, const void *base, const uint16_t *scales, int64_
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static) reduction(&& : exact)
-        for (int64_t p = 0; p < pairs; p++) exact = prepare(fmt, x + p * k, k, xp + p * kp, xb ? xb + p * kp : NULL) && exact;
+        for (int64_t p = 0; p < pairs; p++)
+            exact = prepare(fmt, x + p * k, k, xp + p * kp, xb ? xb + p * kp : NULL) && exact;
         project(fmt, base, scales, rows, kp, expert, first, groups, xp, dot_inputs(fmt, exact, xb), y);
     }
     free(xp), free(xb);
@@ -484,8 +497,9 @@ int ninfer_routed_sum(int fmt, const void *gu_base, const uint16_t *gu_scales, c
     if (!known(fmt)) return -1;
     int64_t pairs = first[groups], kh = padded(fmt, hidden), ki = padded(fmt, inter);
     float *xp = malloc((size_t)(pairs * (kh + 2 * inter + ki + hidden) + 1) * sizeof *xp);
-    uint16_t *xb = HAVE_BF16_DOT ? malloc((size_t)(pairs * (kh + ki) + 1) * sizeof *xb) : NULL;
-    if (!xp || (HAVE_BF16_DOT && !xb)) {
+    int failed;
+    uint16_t *xb = dot_buffer(fmt, pairs * (kh + ki), &failed);
+    if (!xp || failed) {
         free(xp), free(xb);
         return -2;
     }
