@@ -113,3 +113,14 @@ def test_a_grammar_that_can_only_end_ends_the_output(engines):
     out = _chat(plain_engine, constraint=OutputConstraint.choice(["yes", "no"]), min_tokens=20)
     assert out.finish_reason == "stop" and len(out.token_ids) < 20
     assert out.output.content in ("yes", "no")
+
+
+def test_under_ignore_eos_the_grammars_end_is_held_back_too(engines):
+    """With ignore_eos and no stop ids, a grammar still ends on the model's EOS: min_tokens holds that back too."""
+    plain_engine, _ = engines
+    regex = OutputConstraint.regex("[a-z ]+")
+    free = _chat(plain_engine, constraint=regex, ignore_eos=True)
+    assert free.finish_reason == "stop" and len(free.token_ids) < 24, free   # the premise: the grammar ends early
+    held = _chat(plain_engine, constraint=regex, ignore_eos=True, min_tokens=24)
+    assert len(held.token_ids) >= 24 and held.token_ids[:len(free.token_ids) - 1] == free.token_ids[:-1]
+    assert set(held.output.content) <= set("abcdefghijklmnopqrstuvwxyz ")

@@ -138,6 +138,37 @@ def test_include_stop_str_publishes_the_stop_string_too(case, stops):
     assert published(previews, final, "content") == final.content == want + (stop or "")
 
 
+def reference_stop_after(data: bytes, pieces: list[bytes], stops: list[str], min_tokens: int):
+    """vLLM's rule for stop strings under ``min_tokens``: (published text, the stop string hit or None). Only a stop
+    string that completes in a token after the first ``min_tokens`` ends the output (it may begin before them)."""
+    text = data.decode("utf-8", "replace")
+    if len(pieces) <= min_tokens:
+        return text, None
+    floor = len(b"".join(pieces[:min_tokens]).decode("utf-8", "ignore"))   # characters those tokens completed
+    best = None
+    for stop in stops:
+        start = text.find(stop, max(0, floor - len(stop) + 1))   # the first occurrence ending after them
+        if start >= 0 and (best is None or (start + len(stop), start) < best[:2]):
+            best = (start + len(stop), start, stop)
+    return (text, None) if best is None else (text[:best[1]], best[2])
+
+
+@MANY
+@given(case=tokenized(), stops=STOPS, min_tokens=st.integers(0, 12), include=st.booleans())
+def test_stop_strings_end_nothing_before_min_tokens(case, stops, min_tokens, include):
+    """Whatever the token split: a stop string ends the output only if it completes after the first ``min_tokens``
+    tokens, and the text before it is published in full (with the string if ``include_stop_str``)."""
+    data, pieces, groups = case
+    options = OutputOptions(stop=tuple(stops), parse_reasoning=False, parse_tool_calls=False, min_tokens=min_tokens,
+                            include_stop_str=include)
+    previews, final = run_session(pieces, groups, options)
+    want, stop = reference_stop_after(data, pieces, stops, min_tokens)
+    assert published(previews, final, "content") == final.content == want + (stop or "" if include else "")
+    assert (previews[-1].stop_reason if previews and previews[-1].finish_reason else None) == stop
+    if stop is not None:
+        assert sum(p.accepted for p in previews) > min_tokens
+
+
 @MANY
 @given(case=tokenized(), stops=STOPS, thinking_open=st.booleans())
 def test_reasoning_split_and_stops_whatever_the_token_split(case, stops, thinking_open):

@@ -112,3 +112,45 @@ def test_stop_token_flushes_pending_partial_stop_string(frontend: QwenFrontend):
     out = stream(frontend, ids, OutputOptions(stop=("STOP",), **RAW))
     assert out.previews[-1].stop_reason == IM_END
     assert out.final.content == "result: ST"
+
+
+def test_include_stop_str_publishes_a_stop_tokens_text_but_not_a_control_tokens(frontend: QwenFrontend):
+    """vLLM's include_stop_str_in_output: a stop token's text ends the output with it, streamed in any chunking;
+    a control token (EOS) publishes none; a held partial stop string comes first, as the text came."""
+    extra = frontend.encode(" fin")[0]
+    ids = frontend.encode("result: ST") + [extra] + frontend.encode(" junk")
+    for step in (1, 3, len(ids)):
+        out = stream(frontend, ids, OutputOptions(stop=("STOP",), stop_token_ids=(extra,), include_stop_str=True,
+                                                  **RAW), step=step)
+        assert out.previews[-1].stop_reason == extra and out.accepted == len(frontend.encode("result: ST")) + 1
+        assert out.final.content == out.text("content") == "result: ST fin"
+    plain = stream(frontend, ids, OutputOptions(stop_token_ids=(extra,), **RAW))
+    assert plain.final.content == "result: ST"
+    eos = stream(frontend, frontend.encode("Done.") + [IM_END], OutputOptions(include_stop_str=True, **RAW))
+    assert eos.previews[-1].stop_reason == IM_END and eos.final.content == "Done."
+
+
+def test_a_stop_string_in_the_stop_tokens_text_ends_the_output_as_that_string(frontend: QwenFrontend):
+    """With include_stop_str the stop token's text goes through the stop strings like any other: a stop string it
+    completes is what ended the output (vLLM decodes the token, then checks its stop strings)."""
+    extra = frontend.encode(" fin")[0]
+    ids = frontend.encode("a f") + [extra]
+    out = stream(frontend, ids, OutputOptions(stop=("f fi",), stop_token_ids=(extra,), include_stop_str=True, **RAW))
+    assert (out.previews[-1].finish_reason, out.previews[-1].stop_reason) == ("stop", "f fi")
+    assert out.final.content == "a f fi"
+
+
+def test_stop_strings_wait_for_min_tokens(frontend: QwenFrontend):
+    """A stop string that completes within the first min_tokens tokens ends nothing (vLLM); one that completes
+    later ends the output, even when it began earlier."""
+    head, tail = frontend.encode("x STOP y"), frontend.encode(" ST")
+    ids = head + tail + frontend.encode("OP z")
+    early = stream(frontend, ids, OutputOptions(stop=("STOP",), **RAW))
+    assert early.final.content == "x "
+    held = stream(frontend, ids, OutputOptions(stop=("STOP",), min_tokens=len(head), **RAW))
+    assert held.final.content == "x STOP y " and held.previews[-1].stop_reason == "STOP"
+    # The second stop began in the first len(head) + 1 tokens and completes after them: it still ends the output.
+    straddle = stream(frontend, ids, OutputOptions(stop=("STOP",), min_tokens=len(head) + 1, **RAW))
+    assert straddle.final.content == "x STOP y "
+    none = stream(frontend, ids, OutputOptions(stop=("STOP",), min_tokens=len(ids), **RAW))
+    assert none.final.content == "x STOP y STOP z" and none.previews[-1].finish_reason is None

@@ -146,6 +146,18 @@ def test_include_stop_str_in_output(client):
     assert cut["finish_reason"] == "stop" and cut["stop_reason"] == "return" and "return" not in cut["text"], cut
     kept = client.post("/v1/completions", json={**body, "include_stop_str_in_output": True}).json()["choices"][0]
     assert kept["text"] == cut["text"] + "return" and kept["stop_reason"] == "return", kept
+    # Streamed: the same text, the stop string once.
+    chunks = sse_json(client.post("/v1/completions", json={**body, "include_stop_str_in_output": True,
+                                                          "stream": True}).text)
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == kept["text"]
+    # A stop token id: its text ends the output with the flag (vLLM), not without.
+    ids = client.post("/v1/completions", json={**body, "stop": None, "logprobs": 0}).json()["choices"][0]
+    stop_id = client.post("/tokenize", json={"prompt": ids["logprobs"]["tokens"][3]}).json()["tokens"][0]
+    by_id = {**body, "stop": None, "stop_token_ids": [stop_id]}
+    plain = client.post("/v1/completions", json=by_id).json()["choices"][0]
+    with_text = client.post("/v1/completions", json={**by_id, "include_stop_str_in_output": True}).json()["choices"][0]
+    assert plain["stop_reason"] == with_text["stop_reason"] == stop_id, (plain, with_text)
+    assert with_text["text"] == plain["text"] + client.post("/detokenize", json={"tokens": [stop_id]}).json()["prompt"]
 
 
 def test_completions_default_max_tokens_is_named_when_it_does_not_fit(client):

@@ -116,6 +116,13 @@ def test_vllm_extensions_that_would_change_the_output_are_refused_by_name(client
     neutral = {"min_tokens": 0, "prompt_logprobs": None, "use_beam_search": False, "bad_words": [],
                "allowed_token_ids": None, "include_stop_str_in_output": False, "truncate_prompt_tokens": None}
     assert client.post(path, json={**base, **neutral}).status_code == 200
+    nulls = {"min_tokens": None, "use_beam_search": None, "bad_words": None, "include_stop_str_in_output": None}
+    assert client.post(path, json={**base, **nulls}).status_code == 200
+    # Strict types: a JSON true is not a count, and "yes" is not a boolean.
+    for field, value in (("min_tokens", True), ("min_tokens", "3"), ("min_tokens", 1.5),
+                         ("include_stop_str_in_output", "yes"), ("include_stop_str_in_output", 1),
+                         ("use_beam_search", "false")):
+        openai_error(client.post(path, json={**base, field: value}), 400, field)
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
@@ -126,6 +133,13 @@ def test_min_tokens_is_honoured_within_max_tokens(client, path):
     openai_error(client.post(path, json={**base, "min_tokens": -1}), 400, "min_tokens")
     r = client.post(path, json={**base, "min_tokens": 6})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6, r.text
+    # Without a length field the bound is what the request did not set: Completions' default, or (chat) the context
+    # left after the prompt.
+    unset = {k: v for k, v in base.items() if k != "max_tokens"}
+    err = openai_error(client.post(path, json={**unset, "min_tokens": 100_000}), 400, "min_tokens")
+    want = ("the output budget (" if path == "/v1/chat/completions" else "max_tokens (16, its default: the request "
+                                                                          "did not set it)")
+    assert err["message"].startswith(f"min_tokens (100000) must be at most {want}"), err
 
 
 @pytest.mark.parametrize("fields,needle", [

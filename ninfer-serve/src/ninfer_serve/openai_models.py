@@ -22,6 +22,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     ValidationInfo,
     field_validator,
@@ -103,14 +104,15 @@ class SamplingFields(Lenient):
     user: str | None = None
     # OpenAI's cache-routing key; here the context-cache session key (docs/context-cache.md).
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)
-    # vLLM: stop tokens cannot be sampled before the output has this many tokens (OutputOptions.min_tokens).
-    min_tokens: int | None = Field(None, ge=0)
-    # vLLM: the stop string that ended the output is part of it (OutputOptions.include_stop_str).
-    include_stop_str_in_output: bool = False
+    # vLLM: stop tokens cannot be sampled before the output has this many tokens (OutputOptions.min_tokens). Strict,
+    # as the extensions below: a JSON true or "3" is not a count.
+    min_tokens: StrictInt | None = Field(None, ge=0)
+    # vLLM: the stop string or token that ended the output is part of it (OutputOptions.include_stop_str).
+    include_stop_str_in_output: StrictBool | None = None
     # vLLM's sampling extensions that this server does not honour and whose loss would change the output: declared,
     # so that anything but their neutral value is refused by name instead of dropped as an unknown field.
     prompt_logprobs: int | None = None
-    use_beam_search: bool = False
+    use_beam_search: StrictBool | None = None
     bad_words: list[str] | None = None
     allowed_token_ids: list[StrictInt] | None = None
     truncate_prompt_tokens: int | None = None

@@ -123,8 +123,9 @@ async def chat_completions(request: Request) -> Response:
     }, max_tokens=budget)
     output = OutputOptions(stop=req.stop_list, tools=tuple(tools), parse_reasoning=True,
                            parse_tool_calls=policy.session_parses_calls, constraint=constraint,
-                           min_tokens=sampling.min_tokens(req.min_tokens, budget, field),
-                           include_stop_str=req.include_stop_str_in_output)
+                           min_tokens=sampling.min_tokens(req.min_tokens, budget, field, source="context" if (
+                               req.max_completion_tokens or req.max_tokens) is None else "set"),
+                           include_stop_str=bool(req.include_stop_str_in_output))
     gen = await gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived,
                     id_prefix="chatcmpl-", prompt_param="messages", transforms=transforms_for(policy, tools),
                     session=req.prompt_cache_key)

@@ -78,8 +78,10 @@ async def completions(request: Request) -> Response:
         **sampling.openai_fields(req), "logprobs": want_lp or None, "top_logprobs": req.logprobs or None,
     }, max_tokens=budget)
     output = OutputOptions(stop=req.stop_list, parse_reasoning=False, parse_tool_calls=False, constraint=constraint,
-                           min_tokens=sampling.min_tokens(req.min_tokens, budget, "max_tokens"),
-                           include_stop_str=req.include_stop_str_in_output)
+                           min_tokens=sampling.min_tokens(req.min_tokens, budget, "max_tokens",
+                                                          source="set" if "max_tokens" in req.model_fields_set
+                                                          else "default"),
+                           include_stop_str=bool(req.include_stop_str_in_output))
     gen = await gw.submit(ids, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="cmpl-",
                     prompt_param="prompt", session=req.prompt_cache_key)
     headers = {"x-request-id": gen.request_id}

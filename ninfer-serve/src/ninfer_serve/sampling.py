@@ -40,13 +40,17 @@ def output_budget(requested: int | None, *, prompt_tokens: int, max_context: int
     return requested
 
 
-def min_tokens(requested: int | None, budget: int, field: str) -> int:
-    """vLLM's ``min_tokens`` for OutputOptions: at most the output budget (``field`` names where the budget came
-    from), as vLLM requires of max_tokens."""
+def min_tokens(requested: int | None, budget: int, field: str, *, source: str = "set") -> int:
+    """vLLM's ``min_tokens`` for OutputOptions: at most the output budget, as vLLM requires of max_tokens.
+    ``field`` names the length field; ``source`` says where the budget came from: "set" (the request's ``field``),
+    "default" (``field``'s default) or "context" (no length field: the context left after the prompt)."""
     value = requested or 0
     if value > budget:
-        raise ApiError("invalid_request", f"min_tokens ({value}) must be at most {field} ({budget})",
-                       param="min_tokens")
+        bound = {"set": f"{field} ({budget})", "default": f"{field} ({budget}, its default: the request did not "
+                                                           f"set it)",
+                 "context": f"the output budget ({budget} tokens: the context left after the prompt, as the "
+                            f"request sets no {field})"}[source]
+        raise ApiError("invalid_request", f"min_tokens ({value}) must be at most {bound}", param="min_tokens")
     return value
 
 

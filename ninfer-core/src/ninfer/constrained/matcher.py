@@ -41,6 +41,8 @@ class ConstraintMatcher:
         import xgrammar as xgr
 
         self._m = xgr.GrammarMatcher(compiled, override_stop_tokens=[int(t) for t in stop_token_ids])
+        #: The tokens that end the grammar (and so the output) where it may end.
+        self.stop_token_ids = tuple(dict.fromkeys(int(t) for t in stop_token_ids))
         self._provisional = 0
         self.committed = 0
 

@@ -2,8 +2,9 @@
 
 A mask provider (:class:`~ninfer.contracts.program.DraftMaskProvider`) an OutputSession gives the engine while its
 committed output is shorter than ``min_tokens``: the allowed tokens are those of the request's grammar (every token
-when it has none) less the stop tokens (EOS unless ``ignore_eos``, and ``stop_token_ids``), so the sampler cannot end
-the output early. Stop strings are not held back: they are text, matched after sampling.
+when it has none) less the tokens that would end it (EOS unless ``ignore_eos``, ``stop_token_ids``, and the grammar's own
+end tokens), so the sampler cannot end the output early. Stop strings are text, matched after sampling: the session
+does not let one end an output that is still short.
 
 Invariants: at least one token is allowed. When the grammar allows only stop tokens (it can only end here), they stay
 allowed and the output ends shorter than ``min_tokens``. The provider is built per round from the session's committed

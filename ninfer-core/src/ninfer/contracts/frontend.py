@@ -88,10 +88,12 @@ class OutputOptions:
     """Per-request output interpretation. ``stop_token_ids`` add to the model's EOS ids unless
     ``ignore_eos``; ``stop`` strings are matched across token boundaries and never emitted.
     ``constraint``: the output must satisfy it (constrained decoding; compiled by
-    ``Frontend.open_session`` on the submitting thread). ``min_tokens`` (>= 0): the stop tokens cannot be
-    sampled before the output has this many tokens (:mod:`ninfer.constrained.min_tokens`; stop strings and
-    ``max_tokens`` still end it, and so does a constraint that can only end). ``include_stop_str``: the stop
-    string that ended the output is published with it (vLLM's ``include_stop_str_in_output``)."""
+    ``Frontend.open_session`` on the submitting thread). ``min_tokens`` (>= 0, vLLM's): the stop tokens
+    cannot be sampled before the output has this many tokens, reasoning tokens included
+    (:mod:`ninfer.constrained.min_tokens`), and a stop string ends the output only if it completes after them;
+    ``max_tokens`` still ends it, and so does a constraint that can only end. ``include_stop_str``: the stop string
+    or stop token that ended the output is published with it (vLLM's ``include_stop_str_in_output``; a control
+    token such as EOS has no text)."""
 
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()

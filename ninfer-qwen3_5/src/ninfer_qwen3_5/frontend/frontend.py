@@ -192,7 +192,8 @@ class QwenFrontend:
             if not 0 <= int(token) < self.vocab_size:
                 raise FrontendError(f"stop token id {token} is outside the vocabulary [0, {self.vocab_size})")
         matcher = self._constraint_matcher(options) if options.constraint is not None else None
-        return QwenOutputSession(self._detokenizer, options, self.eos_token_ids, matcher=matcher)
+        return QwenOutputSession(self._detokenizer, options, self.eos_token_ids, matcher=matcher,
+                                 special_token_ids=self.tokenizer.special_token_ids)
 
     def grammar_compiler(self) -> GrammarCompiler:
         """The constraint compiler of this vocabulary, shared by every request (built once)."""

@@ -9,10 +9,13 @@ Invariants:
   same tokens twice gives equal previews and an uncommitted preview changes nothing. ``commit`` adopts
   exactly the state its preview computed; only the most recent preview can be committed (identity).
 - A stop token (the model's EOS ids unless ``ignore_eos``, plus ``stop_token_ids``) ends the output: it
-  is accepted (it is model state) but its text is never published. A stop string ends the output at
-  the token that completed it; text after the stop string is never published, nor the stop string itself
-  unless ``include_stop_str``. Tokens after a stop
+  is accepted (it is model state) but its text is published only with ``include_stop_str``, and never a
+  control token's (EOS). A stop string ends the output at the token that completed it; text after the stop
+  string is never published, nor the stop string itself unless ``include_stop_str``. Tokens after a stop
   are not accepted.
+- ``min_tokens``: while the output is shorter, the tokens that would end it are masked (:meth:`token_mask`),
+  and stop strings end nothing; a stop string that completes in a later token ends the output, even if it
+  began earlier (vLLM's rule). The count includes reasoning tokens.
 - Everything published, in order, plus what ``finish`` flushes, equals the whole output's text split
   into channels (the stages only hold text back, never reorder or duplicate it). One exception: under a
   ``tools`` constraint (a forced call) the content channel holds only calls, so a call the output cut
@@ -30,7 +33,7 @@ Invariants:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -91,9 +94,10 @@ class QwenOutputSession:
 
     def __init__(self, detokenizer: IncrementalDetokenizer, options: OutputOptions,
                  eos_token_ids: Sequence[int], *, call_id_prefix: str | None = None,
-                 matcher: ConstraintMatcher | None = None):
+                 matcher: ConstraintMatcher | None = None, special_token_ids: Iterable[int] = ()):
         self.options = options
         self._matcher = matcher
+        self._special = frozenset(int(t) for t in special_token_ids)   # control tokens: no published text
         self._detok = detokenizer
         stop_ids = set(options.stop_token_ids)
         if not options.ignore_eos:
@@ -156,15 +160,30 @@ class QwenOutputSession:
 
     def token_mask(self) -> ConstraintMatcher | MinTokensMask | None:
         """The allowed-token mask provider of the next token (None: unconstrained or ended). While the output is
-        shorter than ``min_tokens`` the stop tokens are held back on top of the grammar's mask."""
+        shorter than ``min_tokens`` the tokens that would end it are held back on top of the grammar's mask: the
+        stop tokens, and the grammar's own end tokens (the model's EOS even with ``ignore_eos``)."""
         if self._closed or self._state.stopped is not None:
             return None
         if self._matcher is not None and self._matcher.terminated:
             return None   # the grammar has ended: the output ends with it
-        if self._committed < self.options.min_tokens and self._stop_ids:
-            return MinTokensMask(self._matcher, sorted(self._stop_ids), committed=self._committed,
+        ends = self._stop_ids | frozenset(self._matcher.stop_token_ids if self._matcher is not None else ())
+        if self._committed < self.options.min_tokens and ends:
+            return MinTokensMask(self._matcher, sorted(ends), committed=self._committed,
                                  min_tokens=self.options.min_tokens)
         return self._matcher
+
+    def _text_of(self, state: _Stages, token: int, count: int) -> tuple[_Stages, list[Event], str | None]:
+        """One token's text through the detokenizer, the stop strings (which end nothing while ``count``, the
+        output's length with this token, is at most ``min_tokens``, as in vLLM) and the routing; the stages after
+        it, its events, and the stop string that completed in it (None if none)."""
+        detok, text = self._detok.step(state.detok, token)
+        state = replace(state, detok=detok)
+        if not text:
+            return state, [], None
+        stop, fed = state.stop.feed(text, match=count > self.options.min_tokens)
+        published = fed.text + (fed.stop if fed.stop is not None and self.options.include_stop_str else "")
+        state, events = self._route(replace(state, stop=stop), published)
+        return state, events, fed.stop
 
     def preview(self, tokens: Sequence[int]) -> OutputPreview:
         self._check_open()
@@ -181,21 +200,24 @@ class QwenOutputSession:
                 self._matcher.drop_provisional()
                 raise FrontendError(f"token {token} breaks the request's {self.options.constraint.kind} "
                                     f"constraint: the sampler did not apply its mask")
+            count = self._committed + i + 1
             if token in self._stop_ids or i == grammar_end:
+                # vLLM publishes the stop token's text too; a control token (EOS) has none there.
+                if self.options.include_stop_str and token not in self._special:
+                    state, more, string = self._text_of(state, token, count)
+                    events.extend(more)
+                    if string is not None:   # a stop string completed in it: that string ended the output
+                        state = replace(state, stopped="string")
+                        accepted, finish_reason, stop_reason = i + 1, "stop", string
+                        break
                 state = replace(state, stopped="token")
                 accepted, finish_reason, stop_reason = i + 1, "stop", token
                 break
-            detok, text = self._detok.step(state.detok, token)
-            state = replace(state, detok=detok)
-            if not text:
-                continue
-            stop, fed = state.stop.feed(text)
-            published = fed.text + (fed.stop if fed.stop is not None and self.options.include_stop_str else "")
-            state, more = self._route(replace(state, stop=stop), published)
+            state, more, string = self._text_of(state, token, count)
             events.extend(more)
-            if fed.stop is not None:
+            if string is not None:
                 state = replace(state, stopped="string")
-                accepted, finish_reason, stop_reason = i + 1, "stop", fed.stop
+                accepted, finish_reason, stop_reason = i + 1, "stop", string
                 break
         if self._matcher is not None:
             self._matcher.keep(accepted)
@@ -232,7 +254,7 @@ class QwenOutputSession:
         if state.stopped != "string":
             # Bytes of a character that never completed, then a stop-string prefix that never completed.
             tail = IncrementalDetokenizer.flush(state.detok)
-            stop, fed = state.stop.feed(tail)
+            stop, fed = state.stop.feed(tail, match=self._committed > self.options.min_tokens)
             published = fed.text + (fed.stop if fed.stop is not None and self.options.include_stop_str else "")
             state, more = self._route(replace(state, stop=stop, detok=DetokenizerState()), published)
             events.extend(more)
