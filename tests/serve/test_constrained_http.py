@@ -115,7 +115,36 @@ def test_a_grammar_that_does_not_compile_is_a_400_naming_it(client):
     r = client.post("/v1/chat/completions", json={"model": MODEL_ID, "messages": [{"role": "user", "content": "x"}],
                                                   "guided_grammar": "root ::= nowhere"})
     assert r.status_code == 400, r.text
-    assert "nowhere" in r.json()["error"]["message"]
+    assert "nowhere" in r.json()["error"]["message"] and r.json()["error"]["param"] == "guided_grammar"
+
+
+BAD_SCHEMA = {"type": "nonsense"}   # passes the shape checks, fails when the engine compiles it
+
+
+@pytest.mark.parametrize("path,fields,param", [
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                         "schema": BAD_SCHEMA}}},
+     "response_format.json_schema.schema"),
+    ("/v1/chat/completions", {"structured_outputs": {"grammar": "root ::= nowhere"}}, "structured_outputs.grammar"),
+    ("/v1/completions", {"guided_json": BAD_SCHEMA}, "guided_json"),
+    ("/v1/responses", {"text": {"format": {"type": "json_schema", "name": "x", "schema": BAD_SCHEMA}}},
+     "text.format.schema"),
+    ("/v1/messages", {"output_config": {"format": {"type": "json_schema", "schema": BAD_SCHEMA}}},
+     "output_config.format.schema"),
+])
+def test_a_constraint_that_does_not_compile_names_its_field(client, path, fields, param):
+    """The engine compiles a request's constraint at submit; its refusal names the field the constraint came from
+    (OpenAI routes: ``param`` and the message; Anthropic's errors have no param: the message)."""
+    body = {"model": MODEL_ID, "max_tokens": 4, **fields}
+    body.update({"prompt": "x"} if path == "/v1/completions" else
+                {"input": "x"} if path == "/v1/responses" else {"messages": [{"role": "user", "content": "x"}]})
+    if path == "/v1/responses":
+        body["max_output_tokens"] = body.pop("max_tokens")
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"].startswith(f"{param}: ") and "compile" in err["message"], err
+    assert path == "/v1/messages" or err["param"] == param, err
 
 
 # Short names: the template's tool instructions already take 2/3 of the test engine's 512-token context.

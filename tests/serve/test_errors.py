@@ -63,7 +63,7 @@ def test_malformed_bodies(client, path, raw):
     ({"stop_token_ids": [10**9]}, "stop_token_ids"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
-    ({"guided_grammar": "root ::= ("}, None),
+    ({"guided_grammar": "root ::= ("}, "guided_grammar"),   # compiled at submit: the field it came from
     ({"logit_bias": {"5": 3.0}}, "logit_bias"), ({"modalities": ["audio"]}, "modalities"),
     ({"stream_options": {"include_usage": "maybe"}}, "stream_options.include_usage"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),   # without stream: true (vLLM refuses it too)
@@ -79,7 +79,7 @@ def test_malformed_bodies(client, path, raw):
     ({"tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "x": {"type": ["string", "integer"]}}}}}], "tool_choice": "required"}, None),  # no unambiguous grammar
+        "x": {"type": ["string", "integer"]}}}}}], "tool_choice": "required"}, "tools"),  # no unambiguous grammar
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
     ({"chat_template_kwargs": {"enable_thinking": "yes"}}, "chat_template_kwargs.enable_thinking"),
     ({"messages": [{"role": "user", "content": "word " * 600}]}, "messages"),

@@ -15,7 +15,7 @@ Accepted sources, at most one per request (two are a 400 naming the second field
   it cannot be combined with a body constraint.
 
 The mapping checks shapes only; whether a grammar or schema compiles is decided by the engine at
-submit (``InvalidConstraintError``, a 400 naming the problem).
+submit (``InvalidConstraintError``, a 400 naming the problem and, through :class:`Constrained`, the field).
 
 Every route (/v1/chat/completions, /v1/completions, /v1/messages) goes through :func:`constrain`, so a
 field means the same constraint wherever it is accepted and a forced tool call is always a grammar.
@@ -24,6 +24,7 @@ field means the same constraint wherever it is accepted and a forced tool call i
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ninfer.contracts.constraint import OutputConstraint
@@ -101,15 +102,28 @@ def _from_guided(field: str, value: Any, param: str) -> OutputConstraint:
     return OutputConstraint.gbnf(value)
 
 
+@dataclass(frozen=True)
+class Constrained:
+    """A request's output constraint (None: unconstrained) and the request field it came from: what a 400 names
+    when the engine cannot compile it (None without a constraint)."""
+
+    constraint: OutputConstraint | None = None
+    param: str | None = None
+
+
 def body_constraint(response_format: Any = None, extra: Mapping[str, Any] | None = None,
                     schemas: Mapping[str, Any] | None = None) -> OutputConstraint | None:
     """The constraint of ``response_format``, the vLLM fields in ``extra`` (the request's unknown
     fields, e.g. a pydantic ``model_extra``) and ``schemas`` (field path -> a JSON Schema the output must
     satisfy: Anthropic's ``output_config.format``); None when the request has none."""
+    return _body(response_format, extra, schemas).constraint
+
+
+def _body(response_format: Any, extra: Mapping[str, Any] | None, schemas: Mapping[str, Any] | None) -> Constrained:
     found: list[tuple[str, OutputConstraint]] = []
     rf = _from_response_format(response_format)
     if rf is not None:
-        found.append(("response_format", rf))
+        found.append(("response_format.json_schema.schema" if rf.kind == "json_schema" else "response_format", rf))
     for param, schema in (schemas or {}).items():
         found.append((param, _from_schema(schema, param)))
     extra = dict(extra or {})
@@ -125,9 +139,10 @@ def body_constraint(response_format: Any = None, extra: Mapping[str, Any] | None
                 param = f"structured_outputs.{key}"
                 found.append((param, _from_guided(field, structured[key], param)))
     if len(found) > 1:
-        raise ConstraintFieldError(f"only one output constraint may be given, got {', '.join(f for f, _ in found)}",
-                                   found[1][0])
-    return found[0][1] if found else None
+        names = ", ".join(f.removesuffix(".json_schema.schema") for f, _ in found)
+        raise ConstraintFieldError(f"only one output constraint may be given, got {names}",
+                                   found[1][0].removesuffix(".json_schema.schema"))
+    return Constrained(found[0][1], found[0][0]) if found else Constrained()
 
 
 def tool_constraint(tool_choice: Any, *, has_tools: bool, parallel: bool) -> OutputConstraint | None:
@@ -148,19 +163,20 @@ def tool_constraint(tool_choice: Any, *, has_tools: bool, parallel: bool) -> Out
 
 def request_constraint(*, response_format: Any = None, extra: Mapping[str, Any] | None = None,
                        schemas: Mapping[str, Any] | None = None, tool_choice: Any = None, has_tools: bool = False,
-                       parallel: bool = True) -> OutputConstraint | None:
-    """The one constraint of a request: a body constraint or a forced tool call."""
-    body = body_constraint(response_format, extra, schemas)
+                       parallel: bool = True) -> Constrained:
+    """The one constraint of a request, a body constraint or a forced tool call (whose grammar comes from
+    ``tools``), with its field."""
+    body = _body(response_format, extra, schemas)
     tools = tool_constraint(tool_choice, has_tools=has_tools, parallel=parallel)
-    if body is not None and tools is not None:
+    if body.constraint is not None and tools is not None:
         raise ConstraintFieldError("a forced tool call (tool_choice required or named, Anthropic's any or tool) "
                                    "cannot be combined with an output format (response_format, output_config.format "
                                    "or guided_*)", "tool_choice")
-    return body or tools
+    return body if tools is None else Constrained(tools, "tools")
 
 
 def constrain(policy: ToolPolicy | None, *, response_format: Any = None, extra: Mapping[str, Any] | None = None,
-              schemas: Mapping[str, Any] | None = None) -> OutputConstraint | None:
+              schemas: Mapping[str, Any] | None = None) -> Constrained:
     """A route's output constraint: the body constraint of ``response_format`` / the vLLM fields in
     ``extra`` / the JSON Schemas in ``schemas``, or the forced tool call of ``policy`` (tool_choice
     required/named, already checked against the request's tools by ``tool_policy``). A field that describes no
@@ -178,4 +194,5 @@ def constrain(policy: ToolPolicy | None, *, response_format: Any = None, extra: 
         raise bad_request(str(exc), param=exc.param) from None
 
 
-__all__ = ["GUIDED", "ConstraintFieldError", "body_constraint", "constrain", "request_constraint", "tool_constraint"]
+__all__ = ["GUIDED", "ConstraintFieldError", "Constrained", "body_constraint", "constrain", "request_constraint",
+           "tool_constraint"]

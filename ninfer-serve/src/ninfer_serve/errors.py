@@ -19,6 +19,7 @@ from ninfer.contracts.errors import (
     DeadlineExceededError,
     EngineClosedError,
     EngineFailure,
+    InvalidConstraintError,
     InvalidRequestError,
     InvalidSamplingParams,
     PromptTooLongError,
@@ -142,10 +143,12 @@ def error_body(err: ApiError, protocol: Protocol) -> dict:
 _SAMPLING_FIELD = re.compile(r"invalid sampling parameter (\w+)=")
 
 
-def from_engine_error(exc: BaseException, *, prompt_param: str = "messages", at_submit: bool = False) -> ApiError:
+def from_engine_error(exc: BaseException, *, prompt_param: str = "messages", at_submit: bool = False,
+                      constraint_param: str | None = None) -> ApiError:
     """The ApiError for an exception raised by ``Engine.submit`` (``at_submit``) or carried by a
     GenerationError. Any other NInferError raised synchronously by submit is about the request (the
-    frontend refusing its output options, say): a 400; later it is the server's: a 500."""
+    frontend refusing its output options, say): a 400; later it is the server's: a 500. A constraint that does
+    not compile names ``constraint_param``, the field it came from."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, QueueFullError):
@@ -160,6 +163,9 @@ def from_engine_error(exc: BaseException, *, prompt_param: str = "messages", at_
     if isinstance(exc, InvalidSamplingParams):
         m = _SAMPLING_FIELD.search(str(exc))
         return ApiError("invalid_request", str(exc), param=m.group(1) if m else None)
+    if isinstance(exc, InvalidConstraintError):   # named in the message too: Anthropic's errors have no param
+        where = f"{constraint_param}: " if constraint_param else ""
+        return ApiError("invalid_request", f"{where}{exc}", param=constraint_param)
     if isinstance(exc, InvalidRequestError):
         return ApiError("invalid_request", str(exc))
     if isinstance(exc, EngineClosedError):

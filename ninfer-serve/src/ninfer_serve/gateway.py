@@ -116,7 +116,8 @@ class Gateway:
     # -- generation --------------------------------------------------------------------------------
     async def submit(self, prompt: PreparedPrompt | Sequence[int], *, sampling: SamplingParams,
                      output: OutputOptions, endpoint: str, arrived: float, id_prefix: str, prompt_param: str,
-                     transforms: Sequence[DeltaTransform] = (), session: str | None = None) -> Generation:
+                     transforms: Sequence[DeltaTransform] = (), session: str | None = None,
+                     constraint_param: str | None = None) -> Generation:
         """Submit off the event loop: ``Engine.submit`` compiles the request's constraint, native work that
         may take a noticeable time and must not stall every other request's stream. Shielded: once the engine
         has the request, its handle reaches the Generation (which cancels it on a disconnect) instead of being
@@ -129,7 +130,8 @@ class Gateway:
                     self.engine.submit, prompt, sampling=sampling, output=output, request_id=request_id,
                     session=session))
         except NInferError as exc:
-            raise from_engine_error(exc, prompt_param=prompt_param, at_submit=True) from None
+            raise from_engine_error(exc, prompt_param=prompt_param, at_submit=True,
+                                    constraint_param=constraint_param) from None
         tokens = len(prompt.token_ids) if isinstance(prompt, PreparedPrompt) else len(prompt)
         return Generation(handle, request_id=request_id, prompt_tokens=tokens, metrics=self.metrics,
                           endpoint=endpoint, arrived=arrived, transforms=transforms)

@@ -24,10 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ninfer.contracts.constraint import OutputConstraint
-
 from ninfer_serve.chat_input import TemplateOptions, template_options, thinking_of_effort, tool_policy
-from ninfer_serve.constraints import constrain
+from ninfer_serve.constraints import Constrained, constrain
 from ninfer_serve.errors import UNSUPPORTED_VALUE, ApiError, bad_request
 from ninfer_serve.responses_models import (
     FunctionCallInput,
@@ -128,7 +126,7 @@ def request_policy(req: ResponsesRequest, tools: list[dict[str, Any]]) -> ToolPo
     return tool_policy(tools, "named", req.tool_choice.name, parallel=parallel)
 
 
-def request_constraint(req: ResponsesRequest, policy: ToolPolicy) -> OutputConstraint | None:
+def request_constraint(req: ResponsesRequest, policy: ToolPolicy) -> Constrained:
     fmt = req.text.format if req.text is not None else None
     response_format = None
     if fmt is not None:
@@ -138,11 +136,12 @@ def request_constraint(req: ResponsesRequest, policy: ToolPolicy) -> OutputConst
         if fmt.type == "json_schema":
             response_format["json_schema"] = {"name": fmt.name, "schema": fmt.schema_}
     try:
-        return constrain(policy, response_format=response_format)
+        constrained = constrain(policy, response_format=response_format)
     except ApiError as err:
         err.param = _PARAMS.get(err.param or "", err.param)
         err.message = err.message.replace("response_format", "text.format")
         raise
+    return Constrained(constrained.constraint, _PARAMS.get(constrained.param or "", constrained.param))
 
 
 def request_options(req: ResponsesRequest) -> TemplateOptions:
@@ -161,7 +160,7 @@ class Plan:
     tools: list[dict[str, Any]]
     policy: ToolPolicy
     options: TemplateOptions
-    constraint: OutputConstraint | None
+    constrained: Constrained
 
 
 def plan(req: ResponsesRequest, previous: Sequence[Mapping[str, Any]]) -> Plan:

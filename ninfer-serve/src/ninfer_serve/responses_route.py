@@ -77,9 +77,10 @@ async def create_response(request: Request) -> Response:
     params = sampling.build(gw.engine, {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
                                            "seed": sampling.engine_seed(req.seed)}, max_tokens=budget)
     output = OutputOptions(tools=tuple(p.tools), parse_reasoning=True, parse_tool_calls=p.policy.session_parses_calls,
-                           constraint=p.constraint)
+                           constraint=p.constrained.constraint)
     gen = await gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="resp_",
-                    prompt_param="input", transforms=transforms_for(p.policy, p.tools), session=req.prompt_cache_key)
+                    prompt_param="input", transforms=transforms_for(p.policy, p.tools), session=req.prompt_cache_key,
+                    constraint_param=p.constrained.param)
     frame = ResponseFrame.of(req, response_id=gen.request_id, model=gw.model_id)
     assembler = OutputAssembler(thinking_open=prompt.thinking_open)
     answer_expected = not p.policy.forces_call

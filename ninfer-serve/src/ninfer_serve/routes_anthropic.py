@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, Response, post
-from ninfer.contracts.constraint import OutputConstraint
 from ninfer.contracts.frontend import OutputOptions, ToolCall
 
 from ninfer_serve import sampling
@@ -47,7 +46,7 @@ from ninfer_serve.anthropic_models import (
     Usage,
 )
 from ninfer_serve.chat_input import TemplateOptions, chat_prompt, template_options, tool_policy
-from ninfer_serve.constraints import constrain
+from ninfer_serve.constraints import Constrained, constrain
 from ninfer_serve.errors import ApiError, anthropic_body, bad_request
 from ninfer_serve.gateway import Gateway
 from ninfer_serve.generation import Generation, Outcome, Step, collect_response
@@ -115,7 +114,7 @@ def chat_messages(system: str | list[TextBlock] | None, messages: list[Message])
 
 
 def _plan(req: CountTokensRequest, parallel: bool = True
-          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ToolPolicy, TemplateOptions, OutputConstraint | None]:
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], ToolPolicy, TemplateOptions, Constrained]:
     """The chat form of a request, its tool policy, template options and output constraint; count_tokens
     plans as messages does, so both render the same prompt."""
     messages = chat_messages(req.system, req.messages)
@@ -129,10 +128,10 @@ def _plan(req: CountTokensRequest, parallel: bool = True
     # any/tool: a tools constraint (valid arguments, after the thinking when it is on), as in Chat Completions.
     policy = tool_policy(tools, choice, name, parallel=parallel)
     # output_config.format: the answer's JSON satisfies the schema (after the thinking when it is on).
-    constraint = constrain(policy, schemas=req.output_schemas())
+    constrained = constrain(policy, schemas=req.output_schemas())
     thinking = None if req.thinking is None or req.thinking.type != "disabled" else False
     options = template_options(None, field="thinking", enable_thinking=thinking)
-    return messages, tools, policy, options, constraint
+    return messages, tools, policy, options, constrained
 
 
 def stop_reason(outcome: Outcome, calls: int, eos_ids: tuple[int, ...]) -> tuple[str, str | None]:
@@ -161,7 +160,7 @@ async def messages(request: Request) -> Response:
     arrived = time.monotonic()
     gw: Gateway = request.app.state.gateway
     req = await gw.read(request, MessagesRequest, generates=True)
-    messages, tools, policy, options, constraint = _plan(req)
+    messages, tools, policy, options, constrained = _plan(req)
     prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, gw.config.media), param="messages")
     budget = sampling.output_budget(req.max_tokens, prompt_tokens=len(prompt.token_ids),
                                     max_context=gw.max_context, field="max_tokens", prompt_field="messages")
@@ -169,9 +168,10 @@ async def messages(request: Request) -> Response:
                             max_tokens=budget)
     output = OutputOptions(stop=tuple(req.stop_sequences or ()), tools=tuple(tools),
                            parse_reasoning=True, parse_tool_calls=policy.session_parses_calls,
-                           constraint=constraint)
+                           constraint=constrained.constraint)
     gen = await gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="msg_",
-                    prompt_param="messages", transforms=transforms_for(policy, tools))
+                    prompt_param="messages", transforms=transforms_for(policy, tools),
+                    constraint_param=constrained.param)
     headers = {"request-id": gen.request_id}
     if req.stream:
         return await event_stream(_stream(gw, gen), gen, headers=headers,

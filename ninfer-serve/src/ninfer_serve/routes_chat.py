@@ -107,7 +107,7 @@ async def chat_completions(request: Request) -> Response:
     else:
         policy = tool_policy(tools, "named", req.tool_choice.function.name,
                              parallel=req.parallel_tool_calls is not False)
-    constraint = constrain(policy, response_format=req.response_format, extra=req.model_extra)
+    constrained = constrain(policy, response_format=req.response_format, extra=req.model_extra)
     options = template_options(req.chat_template_kwargs, field="chat_template_kwargs",
                                enable_thinking=thinking_of_effort(req.reasoning_effort), switch="reasoning_effort")
     prompt = await gw.prepare(lambda: chat_prompt(gw.frontend, messages, tools, options, gw.config.media),
@@ -122,13 +122,13 @@ async def chat_completions(request: Request) -> Response:
         "logprobs": req.logprobs or None, "top_logprobs": req.top_logprobs if req.logprobs else None,
     }, max_tokens=budget)
     output = OutputOptions(stop=req.stop_list, tools=tuple(tools), parse_reasoning=True,
-                           parse_tool_calls=policy.session_parses_calls, constraint=constraint,
+                           parse_tool_calls=policy.session_parses_calls, constraint=constrained.constraint,
                            min_tokens=sampling.min_tokens(req.min_tokens, budget, field, source="context" if (
                                req.max_completion_tokens or req.max_tokens) is None else "set"),
                            include_stop_str=bool(req.include_stop_str_in_output))
     gen = await gw.submit(prompt, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived,
                     id_prefix="chatcmpl-", prompt_param="messages", transforms=transforms_for(policy, tools),
-                    session=req.prompt_cache_key)
+                    session=req.prompt_cache_key, constraint_param=constrained.param)
     headers = {"x-request-id": gen.request_id}
     top = req.top_logprobs or 0
     if req.stream:

@@ -68,7 +68,7 @@ async def completions(request: Request) -> Response:
     arrived = time.monotonic()
     gw: Gateway = request.app.state.gateway
     req = await gw.read(request, CompletionRequest, generates=True)
-    constraint = constrain(None, response_format=req.response_format, extra=req.model_extra)
+    constrained = constrain(None, response_format=req.response_format, extra=req.model_extra)
     ids, text = await gw.prepare(lambda: _prompt(req, gw), param="prompt")
     budget = sampling.output_budget(req.max_tokens, prompt_tokens=len(ids), max_context=gw.max_context,
                                     field="max_tokens", prompt_field="prompt",
@@ -77,13 +77,14 @@ async def completions(request: Request) -> Response:
     params = sampling.build(gw.engine, {
         **sampling.openai_fields(req), "logprobs": want_lp or None, "top_logprobs": req.logprobs or None,
     }, max_tokens=budget)
-    output = OutputOptions(stop=req.stop_list, parse_reasoning=False, parse_tool_calls=False, constraint=constraint,
+    output = OutputOptions(stop=req.stop_list, parse_reasoning=False, parse_tool_calls=False,
+                           constraint=constrained.constraint,
                            min_tokens=sampling.min_tokens(req.min_tokens, budget, "max_tokens",
                                                           source="set" if "max_tokens" in req.model_fields_set
                                                           else "default"),
                            include_stop_str=bool(req.include_stop_str_in_output))
     gen = await gw.submit(ids, sampling=params, output=output, endpoint=ENDPOINT, arrived=arrived, id_prefix="cmpl-",
-                    prompt_param="prompt", session=req.prompt_cache_key)
+                    prompt_param="prompt", session=req.prompt_cache_key, constraint_param=constrained.param)
     headers = {"x-request-id": gen.request_id}
     echo = (text if text is not None else gw.frontend.decode(ids)) if req.echo else ""
     if req.stream:
