@@ -139,6 +139,10 @@ def measure(args, threads: int, bank_sets: dict) -> dict:
                 rate = distinct * per_expert / seconds
                 run = {"format": fmt, "kernel": kernel, "tokens": tokens, "ms": seconds * 1e3,
                        "distinct_experts": distinct, "read_gbs": rate / 1e9, "share_of_read_bandwidth": rate / limit}
+                if kernel.startswith("native"):   # whether this build and CPU have the bf16 dot products
+                    from ninfer_qwen3_5.layers.host_native import bf16_dot
+
+                    run["bf16_dot"] = bf16_dot()
                 report["runs"].append(run)
                 print(f"{fmt:12s} {kernel:8s} threads {threads:<3d} T={tokens:<3d} {run['ms']:8.3f} ms  "
                       f"{distinct:5.1f} experts  {run['read_gbs']:6.1f} GB/s = "

@@ -52,7 +52,8 @@ def test_the_bench_reports_every_format_kernel_and_token_count(tmp_path, monkeyp
     assert host_kernel_bench.main(["--hidden", "128", "--inter", "64", "--experts", "16", "--k", "4", "--tokens", "1",
                                    "--formats", "q4_g64_fp16", "--kernels", "native", "--threads", "1", "--repeats",
                                    "2", "--bf16-dot", "0,1", "--row-prefetch", "0,4", "--out", str(out)]) == 0
-    assert [r["kernel"] for r in json.loads(out.read_text())["runs"]] == [
-        "native/pf0/dot0", "native/pf0/dot1", "native/pf4/dot0", "native/pf4/dot1"]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["kernel"] for r in runs] == ["native/pf0/dot0", "native/pf0/dot1", "native/pf4/dot0", "native/pf4/dot1"]
+    assert [r["bf16_dot"] for r in runs] == [False, host_native.bf16_dot()] * 2
     with pytest.raises(SystemExit, match="unknown format"):
         host_kernel_bench.main(["--formats", "q3", "--hidden", "128", "--inter", "64", "--repeats", "1"])
