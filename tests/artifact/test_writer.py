@@ -70,7 +70,7 @@ def test_failure_after_parts_leaves_no_entry_and_no_temp(tmp_path, monkeypatch):
     w = _small(tmp_path / "m.ninfer", max_file_bytes=SMALL_LIMIT)
     w.begin_payload()
     _write_all(w)
-    with pytest.raises(OSError, match="disk vanished"):
+    with pytest.raises(WriterError, match=r"m\.ninfer: cannot write: disk vanished"):
         w.finish()
     assert _listing(tmp_path) == []   # no entry; the published parts were rolled back; no temps
 
@@ -244,3 +244,56 @@ def test_same_artifact_written_twice_differs_only_in_id(tmp_path):
     b = make_tiny(tmp_path / "b.ninfer", artifact_id=b"\2" * 16)
     ra, rb = a.path.read_bytes(), b.path.read_bytes()
     assert ra[:16] == rb[:16] and ra[32:] == rb[32:] and ra[16:32] != rb[16:32]
+
+
+def test_an_interruption_right_after_a_part_is_linked_rolls_it_back(tmp_path, monkeypatch):
+    """A Ctrl-C between linking a part and recording it: the part is ours (the same file as our temp), so it is
+    removed with the rest, and the next run does not find a stray part in its way."""
+    real_link, linked = os.link, []
+
+    def link_then_interrupt(src, dst):
+        real_link(src, dst)
+        linked.append(os.path.basename(dst))
+        if len(linked) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "link", link_then_interrupt)
+    w = _small(tmp_path / "m.ninfer", max_file_bytes=SMALL_LIMIT)
+    w.begin_payload()
+    _write_all(w)
+    with pytest.raises(KeyboardInterrupt):
+        w.finish()
+    assert linked == ["m.ninfer.part-0001", "m.ninfer.part-0002"] and _listing(tmp_path) == []
+    monkeypatch.setattr(os, "link", real_link)
+    w = _small(tmp_path / "m.ninfer", max_file_bytes=SMALL_LIMIT)
+    w.begin_payload()
+    _write_all(w)
+    assert len(w.finish()) == 3
+
+
+@pytest.mark.parametrize("where", ["begin", "write", "finish"])
+def test_an_os_failure_to_write_names_the_file_and_the_reason(tmp_path, monkeypatch, where):
+    """Disk full, a read-only file system, a name too long: a WriterError naming the file and the reason (the
+    converter prints it as one line), and nothing left behind."""
+    import errno
+
+    def fail(*_a, **_k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    w = _small(tmp_path / "m.ninfer", max_file_bytes=SMALL_LIMIT)
+    if where == "begin":
+        monkeypatch.setattr(writer_mod.tempfile, "mkstemp", fail)
+        with pytest.raises(WriterError, match=r"m\.ninfer.*: cannot write: No space left on device"):
+            w.begin_payload()
+    else:
+        w.begin_payload()
+        if where == "write":
+            monkeypatch.setattr(os, "pwrite", fail)
+            with pytest.raises(WriterError, match=r"\.tmp: cannot write: No space left on device"):
+                w.write("a", torch.zeros(5000, dtype=torch.bfloat16))
+        else:
+            _write_all(w)
+            monkeypatch.setattr(os, "fsync", fail)
+            with pytest.raises(WriterError, match="cannot write: No space left on device"):
+                w.finish()
+    assert _listing(tmp_path) == []

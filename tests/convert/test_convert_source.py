@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 import torch
@@ -126,4 +127,35 @@ def test_truncated_weight_file(tmp_path):
         open_checkpoint(folder)
     path.write_bytes(data[:5])
     with pytest.raises(SourceError, match="not a safetensors file"):
+        open_checkpoint(folder)
+
+
+def _rewrite_header(path, edit) -> None:
+    """``path``'s safetensors header passed through ``edit`` (same length, space padded), the data unchanged."""
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    edit(header)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= n
+    path.write_bytes(data[:8] + text + b" " * (n - len(text)) + data[8 + n:])
+
+
+def test_overlapping_or_gapped_tensor_data_is_refused(tmp_path):
+    """Offsets that lie inside the file but overlap another tensor's bytes (one tensor would read another's) or
+    leave bytes after the last tensor: refused naming the tensor or the file, as safetensors itself refuses them."""
+    folder = write_checkpoint(tmp_path / "ck", synth_tensors(layers=1))
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+
+    def shift_last(header):
+        name = max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+        begin, end = header[name]["data_offsets"]
+        header[name]["data_offsets"] = [begin - 2, end - 2]
+
+    _rewrite_header(path, shift_last)
+    with pytest.raises(SourceError, match=r"tensor '.*': its data starts at byte .* contiguous, without gaps"):
+        open_checkpoint(folder)
+    path.write_bytes(data + b"\0" * 8)
+    with pytest.raises(SourceError, match="8 bytes follow the last tensor's data"):
         open_checkpoint(folder)

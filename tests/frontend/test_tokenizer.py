@@ -79,6 +79,19 @@ def test_rejects_non_byte_level_tokenizer():
         QwenTokenizer(tok.to_str().encode())
 
 
+def test_resources_that_are_not_utf8_are_named(resources):
+    """A corrupt artifact's tokenizer.json or chat template (bytes that are not UTF-8): an error naming the
+    resource, not a UnicodeDecodeError."""
+    from ninfer_qwen3_5.frontend.frontend import select_chat_template
+
+    with pytest.raises(FrontendError, match=r"tokenizer\.json: not UTF-8 text \(byte 1:"):
+        QwenTokenizer(b"{\xff}")
+    with pytest.raises(FrontendError, match=r"chat_template\.jinja: not UTF-8 text \(byte 3:"):
+        select_chat_template({"chat_template.jinja": b"{{ \xfe }}"}, None, None)
+    with pytest.raises(FrontendError, match=r"tokenizer\.json: not UTF-8"):
+        QwenFrontend({**resources, "tokenizer.json": b"\xff" + resources["tokenizer.json"]})
+
+
 def _turns_while(work) -> int:
     """How many times this thread got the GIL back (a ``sleep(0)`` each) while another thread ran ``work``,
     counting from the moment that thread is about to call it."""

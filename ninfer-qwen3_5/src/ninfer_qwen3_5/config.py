@@ -56,6 +56,16 @@ def _require(src: Mapping[str, Any], key: str, where: str) -> Any:
     return src[key]
 
 
+def _flag(src: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    """A boolean field: a JSON boolean, or ``default`` when absent (the string "false" is not False)."""
+    v = src.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise Qwen35ConfigError(f"{where}: {key} must be a boolean (true or false), got {v!r}")
+    return v
+
+
 def _check_types(src: Mapping[str, Any], where: str, moe: bool) -> None:
     """The value types and ranges every later step relies on, named field by field: a corrupt or hand-edited
     config must fail here with its field, not later as a ZeroDivisionError or a str without .get."""
@@ -87,6 +97,9 @@ def _check_types(src: Mapping[str, Any], where: str, moe: bool) -> None:
                                     f"{section!r}")
     if src.get("rope_scaling") is not None and not isinstance(src["rope_scaling"], Mapping):
         raise Qwen35ConfigError(f"{where}: rope_scaling must be an object, got {src['rope_scaling']!r}")
+    _flag(src, "tie_word_embeddings", where, False)
+    if rp is not None:
+        _flag(rp, "mrope_interleaved", f"{where}: rope_parameters", True)
     lt = src.get("layer_types")
     if lt is not None and (not isinstance(lt, list | tuple) or not all(isinstance(x, str) for x in lt)):
         raise Qwen35ConfigError(f"{where}: layer_types must be a list of strings, got {lt!r}")
@@ -115,7 +128,7 @@ def _rope(text: Mapping[str, Any], where: str) -> dict[str, Any]:
     return {"rope_type": "default", "rope_theta": float(theta),
             "partial_rotary_factor": float(0.25 if prf is None else prf),
             "mrope_section": None if section is None else [int(x) for x in section],
-            "mrope_interleaved": bool(rp.get("mrope_interleaved", True))}
+            "mrope_interleaved": _flag(rp, "mrope_interleaved", f"{where}: rope_parameters", True)}
 
 
 def _layer_types(text: Mapping[str, Any], n: int, where: str) -> list[str]:
@@ -164,7 +177,7 @@ def compact_text_config(hf: Mapping[str, Any]) -> dict[str, Any]:
     out["rope_parameters"] = _rope(text, where)
     out["layer_types"] = _layer_types(text, out["num_hidden_layers"], where)
     # HF default False for both the text and the composite config.
-    out["tie_word_embeddings"] = bool((hf if nested else text).get("tie_word_embeddings", False))
+    out["tie_word_embeddings"] = _flag(hf if nested else text, "tie_word_embeddings", where, False)
     for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
         value = text.get(key, hf.get(key) if nested else None)
         if value is not None:
@@ -229,8 +242,8 @@ class Qwen35Config:
             rope_theta=float(_require(rope, "rope_theta", where)),
             partial_rotary_factor=float(_require(rope, "partial_rotary_factor", where)),
             mrope_section=None if rope.get("mrope_section") is None else tuple(int(x) for x in rope["mrope_section"]),
-            mrope_interleaved=bool(rope.get("mrope_interleaved", True)),
-            layer_types=tuple(get("layer_types")), tie_word_embeddings=bool(get("tie_word_embeddings")),
+            mrope_interleaved=_flag(rope, "mrope_interleaved", f"{where}: rope_parameters", True),
+            layer_types=tuple(get("layer_types")), tie_word_embeddings=_flag(c, "tie_word_embeddings", where, False),
             intermediate_size=None if moe else int(get("intermediate_size")),
             num_experts=int(get("num_experts")) if moe else None,
             num_experts_per_tok=int(get("num_experts_per_tok")) if moe else None,

@@ -52,6 +52,14 @@ class Qwen4ExpConfigError(NInferError):
     """A Qwen4-Exp config is missing a field or holds an inconsistent value; the message names it."""
 
 
+def _tie(c: Mapping[str, Any], where: str) -> bool:
+    """The stored config's tie_word_embeddings: a JSON boolean (default False)."""
+    v = c.get("tie_word_embeddings", False)
+    if not isinstance(v, bool):
+        raise Qwen4ExpConfigError(f"{where}: tie_word_embeddings must be a boolean (true or false), got {v!r}")
+    return v
+
+
 def _int(src: Mapping[str, Any], key: str, where: str, *, minimum: int = 1) -> int:
     v = src.get(key)
     if v is None:
@@ -124,7 +132,10 @@ def compact_text_config(hf: Mapping[str, Any]) -> dict[str, Any]:
     for key, default in _DEFAULTS.items():
         out[key] = text[key] if text.get(key) is not None else default
     if nested:   # the composite config decides tying (transformers ties by it)
-        out["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", False))
+        out["tie_word_embeddings"] = hf.get("tie_word_embeddings", False)
+    if not isinstance(out.get("tie_word_embeddings", False), bool):   # the string "false" is not False
+        raise Qwen4ExpConfigError(f"{where}: tie_word_embeddings must be a boolean (true or false), got "
+                                  f"{out['tie_word_embeddings']!r}")
     for key in _INTS:
         _int(out, key, where)
     eps = out["rms_norm_eps"]
@@ -232,7 +243,7 @@ class Qwen4ExpConfig:
             rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)), max_position_embeddings=i("max_position_embeddings"),
             rope_theta=rope["rope_theta"], partial_rotary_factor=rope["partial_rotary_factor"],
             mrope_section=None if rope["mrope_section"] is None else tuple(rope["mrope_section"]),
-            layer_types=layer_types, tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            layer_types=layer_types, tie_word_embeddings=_tie(c, where),
             output_gate_type=str(c.get("output_gate_type", "silu")), hc_count=i("hc_count"),
             hc_lowrank=i("hc_lowrank"), ple_layer_ids=tuple(c.get("ple_layer_ids") or ()),
             ple_embed_dim=i("ple_embed_dim"), ple_conv_kernel=i("ple_conv_kernel_size"), ngram_size=i("ngram_size"),

@@ -257,6 +257,9 @@ def test_bad_configs_are_refused(over, error):
      "partial_rotary_factor must be in"),
     (dict(layer_types=[[], []]), "layer_types must be a list of strings"),
     (dict(rms_norm_eps=-1.0), "rms_norm_eps must be > 0"),
+    (dict(tie_word_embeddings="false"), "tie_word_embeddings must be a boolean (true or false), got 'false'"),
+    (dict(rope_parameters=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=0.25,
+                               mrope_interleaved="no")), "mrope_interleaved must be a boolean"),
 ])
 def test_corrupt_config_values_are_refused_naming_the_field(over, field):
     """Wrong types and impossible values, as a hand-edited config.json or a corrupt artifact header holds them: a

@@ -105,10 +105,21 @@ def test_compact_config_normalises_what_the_runtime_reads():
     (dict(layer_types=["linear_attention"] * 3 + ["sliding_attention"]), NotSupportedError, "sliding_attention"),
     (dict(num_experts=None), Qwen4ExpConfigError, "has no 'num_experts'"),
     (dict(ple_embed_dim=30), Qwen4ExpConfigError, "ple_embed_dim 30"),
+    (dict(tie_word_embeddings="false"), Qwen4ExpConfigError, "tie_word_embeddings must be a boolean"),
 ])
 def test_bad_configs_name_the_field(changes, error, match):
     with pytest.raises(error, match=match):
         compact_text_config(_hf_config("sparse", **changes))
+
+
+def test_a_stored_config_with_a_string_for_a_boolean_is_refused():
+    """A hand-edited artifact's stored config: the string "false" is not False (it would tie the LM head)."""
+    from ninfer_qwen4exp.config import Qwen4ExpConfig
+
+    stored = compact_text_config(_hf_config("sparse"))
+    stored["tie_word_embeddings"] = "false"
+    with pytest.raises(Qwen4ExpConfigError, match="tie_word_embeddings must be a boolean"):
+        Qwen4ExpConfig.from_compact(stored)
 
 
 def test_composite_checkpoint_converts_text_and_stores_the_tower(tmp_path, q4x_case):

@@ -53,16 +53,22 @@ DEFAULT_CHUNK_BYTES = 64 << 20   # bounded read size: large enough for throughpu
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
-def _open_regular(path: Path) -> int | None:
-    """A read-only descriptor of ``path`` if it is a regular file; None if it is missing or anything else (a
-    directory, a FIFO, a device), which the caller reports."""
+def _open_regular(path: Path) -> int | str:
+    """A read-only descriptor of ``path`` if it is a regular file; else why not, for the caller's error:
+    "missing", "a directory", "not a regular file" (a FIFO, a device) or the system's reason (a symbolic-link loop,
+    a name too long, no permission)."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except IsADirectoryError:
+        return "a directory"
+    except OSError as exc:
+        return f"cannot be opened: {exc.strerror or exc}"
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
         os.close(fd)
-        return None
+        return "a directory" if stat.S_ISDIR(mode) else "not a regular file"
     return fd
 
 
@@ -98,9 +104,8 @@ class ArtifactReader:
         self._opened: list[Path] = []
         self._closed = False
         fd = _open_regular(self.path)
-        if fd is None:
-            what = "a directory" if self.path.is_dir() else "not a regular file" if self.path.exists() else "missing"
-            raise ArtifactNotFoundError(f"{self.path}: no such artifact file ({what})")
+        if isinstance(fd, str):
+            raise ArtifactNotFoundError(f"{self.path}: no such artifact file ({fd})")
         try:
             self._open_entry(fd)
         except BaseException:
@@ -254,8 +259,8 @@ class ArtifactReader:
         path = self.files[index]
         rec = self.directory.files[index]
         fd = _open_regular(path)
-        if fd is None:
-            what = "is missing" if not path.exists() else "is not a regular file"
+        if isinstance(fd, str):
+            what = fd if fd.startswith("cannot") else f"is {fd}"
             raise MissingPartError(f"{self.path}: continuation part {index} ({path}) {what}")
         try:
             size = os.fstat(fd).st_size

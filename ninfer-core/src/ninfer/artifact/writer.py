@@ -104,6 +104,20 @@ def _publish_file(temp: Path, target: Path) -> None:
     os.unlink(temp)
 
 
+def _same_file(a: Path | None, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are links of one file (False if either is missing)."""
+    try:
+        return a is not None and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _os_error(path: Path, exc: OSError) -> WriterError:
+    """An operating-system failure to write ``path`` (read-only file system, disk full, name too long, ...) as a
+    WriterError that names the file and the reason."""
+    return WriterError(f"{path}: cannot write: {exc.strerror or exc}")
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -347,6 +361,9 @@ class ArtifactWriter:
                     self._pwrite_all(fd, header + text, 0, f.temp)
                 else:
                     self._pwrite_all(fd, PartHeader(i, self._artifact_id).pack(), 0, f.temp)
+        except OSError as exc:
+            self.abort()
+            raise _os_error(f.target, exc) from None
         except BaseException:
             self.abort()
             raise
@@ -355,7 +372,10 @@ class ArtifactWriter:
     def _pwrite_all(fd: int, data, offset: int, path: Path) -> None:
         view = memoryview(data).cast("B")
         while view:
-            n = os.pwrite(fd, view, offset)
+            try:
+                n = os.pwrite(fd, view, offset)
+            except OSError as exc:
+                raise _os_error(path, exc) from None
             if n <= 0:
                 raise WriterError(f"{path}: write made no progress")
             view, offset = view[n:], offset + n
@@ -404,6 +424,7 @@ class ArtifactWriter:
             raise WriterError(f"{self.path}: object {obj.id!r} is incomplete ({obj.written}/{obj.nbytes} bytes "
                               f"written); nothing was published")
         published: list[Path] = []
+        in_flight: _File | None = None   # the file being published: linked, perhaps, and not yet in published
         try:
             text = self._render([f.payload_bytes for f in self._files], final=True)
             # Checksums are fixed width, so the final JSON fits exactly where the placeholder was.
@@ -417,17 +438,22 @@ class ArtifactWriter:
                 os.close(f.fd)
                 f.fd = None
             for f in self._files[1:] + self._files[:1]:  # parts first: an entry never lacks its parts
+                in_flight = f
                 _publish_file(f.temp, f.target)
                 published.append(f.target)
-                f.temp = None
+                f.temp, in_flight = None, None
             _fsync_dir(self.path.parent)
-        except BaseException:
+        except BaseException as exc:
+            if in_flight is not None and _same_file(in_flight.temp, in_flight.target):
+                published.append(in_flight.target)   # linked just before the interruption: ours too
             for target in published:  # ours: _publish_file never replaces a file
                 try:
                     os.unlink(target)
                 except FileNotFoundError:
                     pass
             self.abort()
+            if isinstance(exc, OSError):
+                raise _os_error(in_flight.target if in_flight is not None else self.path, exc) from None
             raise
         self._state = "finished"
         return [f.target for f in self._files]

@@ -91,7 +91,11 @@ class SourceCheckpoint:
 def open_checkpoint(folder: str | Path) -> SourceCheckpoint:
     """Read ``config.json`` and every weight file header of ``folder`` (no tensor data)."""
     folder = Path(folder)
-    if not folder.is_dir():
+    try:
+        is_dir = folder.is_dir()
+    except OSError as exc:   # a name too long for the file system, say
+        raise SourceError(f"source checkpoint folder {str(folder)!r}: {exc.strerror or exc}") from None
+    if not is_dir:
         raise SourceError(f"source checkpoint folder {str(folder)!r} does not exist or is not a folder")
     config = _read_config(folder)
     index_file, shard_names, index_map = _weight_file_names(folder)
@@ -168,7 +172,20 @@ def read_safetensors_header(path: Path) -> list[tuple[SourceTensor, TensorLocati
         if name == "__metadata__":
             continue
         entries.append(_parse_entry(path, name, info, data_start, data_len))
-    entries.sort(key=lambda e: e[1].offset)
+    entries.sort(key=lambda e: (e[1].offset, e[1].nbytes))
+    # As safetensors itself requires: the tensors tile the data section, without gaps, overlaps or trailing bytes
+    # (overlapping ranges would give one tensor another's bytes without a word).
+    at = 0
+    for tensor, loc in entries:
+        start = loc.offset - data_start
+        if start != at:
+            raise SourceError(f"tensor {tensor.name!r} in {str(path)!r}: its data starts at byte {start} of the data "
+                              f"section where the previous tensor ends at {at}: a safetensors file's tensors are "
+                              f"contiguous, without gaps or overlaps")
+        at = start + loc.nbytes
+    if at != data_len:
+        raise SourceError(f"{str(path)!r}: {data_len - at} bytes follow the last tensor's data; a safetensors file "
+                          f"ends where its last tensor ends")
     return entries
 
 

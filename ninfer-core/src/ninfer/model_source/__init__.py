@@ -94,9 +94,14 @@ def resolve_model(model: str | os.PathLike | None, *, registry=None, progress: b
         return _default(default_model(registry), registry=registry, progress=progress, quiet=quiet, draft=draft)
     text = os.fspath(model)
     path = Path(text)
-    if path.is_file():
+    try:
+        is_file, is_dir = path.is_file(), path.is_dir()
+    except OSError as exc:   # a name too long for the file system, say (a missing path is just not a file)
+        raise ModelSourceError(f"model {text[:80]!r}{'...' if len(text) > 80 else ''}: not a usable path: "
+                               f"{exc.strerror or exc}") from None
+    if is_file:
         return path
-    if path.is_dir():
+    if is_dir:
         if not (path / "config.json").is_file():
             raise ModelSourceError(f"{path} is a folder without config.json: not a Hugging Face checkpoint")
         snapshot = snapshot_of_folder(path)

@@ -73,7 +73,11 @@ def select_chat_template(resources: Mapping[str, bytes], tokenizer_config: Mappi
     if override is not None:
         return ChatTemplate(override, "chat template given at start")
     if resources.get("chat_template.jinja") is not None:
-        return ChatTemplate(resources["chat_template.jinja"].decode("utf-8"), "chat_template.jinja")
+        try:
+            text = resources["chat_template.jinja"].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FrontendError(f"chat_template.jinja: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        return ChatTemplate(text, "chat_template.jinja")
     embedded = (tokenizer_config or {}).get("chat_template")
     if isinstance(embedded, list):  # the named-templates form: [{"name": "default", "template": ...}]
         embedded = next((t.get("template") for t in embedded if isinstance(t, dict) and t.get("name") == "default"),

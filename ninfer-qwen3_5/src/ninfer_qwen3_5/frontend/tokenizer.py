@@ -40,7 +40,10 @@ class QwenTokenizer:
     """Immutable after construction; safe to share between threads and requests."""
 
     def __init__(self, tokenizer_json: bytes | str):
-        text = tokenizer_json.decode("utf-8") if isinstance(tokenizer_json, bytes) else tokenizer_json
+        try:
+            text = tokenizer_json.decode("utf-8") if isinstance(tokenizer_json, bytes) else tokenizer_json
+        except UnicodeDecodeError as exc:
+            raise FrontendError(f"tokenizer.json: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
         try:
             self._tok = Tokenizer.from_str(text)
         except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
