@@ -83,3 +83,13 @@ def test_bad_media_input_is_a_clear_error(run_cli, vision_artifact, media_files,
     junk.write_bytes(b"not a picture")
     bad = run_cli("generate", str(vision_artifact), "--image", str(junk), "-p", "x", *FLAGS)
     assert bad.returncode != 0 and "not a complete file of an accepted format" in bad.stderr
+
+
+def test_a_turn_refused_for_its_attachment_drops_it(run_cli, media_files):
+    """The default model has no vision tower: the turn with the image is refused naming why, the attachment goes
+    with it, and the next turn is answered (it used to fail every later turn with the same error)."""
+    image, _ = media_files
+    out = run_cli("chat", "--no-thinking", "-n", "4", "-t", "0", stdin=f"/image {image}\nhello\nsecond\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("without a vision tower") == 1 and "1 attachment(s) dropped" in out.stderr, out.stderr
+    assert out.stdout.strip(), out.stderr   # the second turn's answer

@@ -89,6 +89,36 @@ def test_piped_prompt_equals_the_prompt_flag(run_cli):
     assert piped.stdout == dash.stdout == given.stdout
 
 
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_a_reader_that_stops_early_ends_the_command_quietly(cli_env, command):
+    """``ninfer generate ... | head -c 20``: once the pipe's reader is gone the command stops, with no traceback,
+    and exits 141 as a shell reports a process ended by SIGPIPE."""
+    args = [sys.executable, "-m", "ninfer.cli.main", command, "-n", "300", "--ignore-eos", "-t", "0"]
+    args += ["-p", "def f():"] if command == "generate" else ["--no-thinking"]
+    proc = subprocess.Popen(args, env=cli_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(b"hello\n" if command == "chat" else b"")
+    proc.stdin.close()
+    got = b""
+    while len(got) < 20:
+        chunk = proc.stdout.read1(64)
+        if not chunk:
+            break
+        got += chunk
+    proc.stdout.close()   # the reader goes away with most of the answer unread
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=240) == 141 and len(got) >= 20, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_closed_standard_output_is_not_a_crash(cli_env):
+    """Started with standard output closed (">&-"): the answer goes nowhere, and the command still ends cleanly."""
+    script = ("import os, sys; os.close(1); sys.stdout = None; from ninfer.cli.main import main; "
+              "sys.exit(main(['generate', '-p', 'def f():', '-n', '4', '-t', '0', '--quiet']))")
+    run = subprocess.run([sys.executable, "-c", script], env=cli_env, capture_output=False, stderr=subprocess.PIPE,
+                         text=True, timeout=240)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+
+
 # --- values checked before the model is resolved or loaded ------------------------------------------------------
 
 def _no_model(*args, **kwargs):

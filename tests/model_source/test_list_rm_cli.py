@@ -70,6 +70,47 @@ def test_rm_never_touches_files_outside_the_artifacts_folder(run_ninfer, default
     assert out.returncode == 2 and outside.exists()
 
 
+def test_broken_links_and_stray_folders_are_listed_and_removable(run_ninfer, default_artifact):
+    """A dangling part link, a folder named like a part, a dangling entry link: ``list`` shows the entries (the
+    broken ones unreadable) instead of failing, and ``rm`` removes them without touching the folder."""
+    arts = run_ninfer.cache / "artifacts"
+    copy_artifact(default_artifact, run_ninfer.cache, f"{NAME}-00000000000000000001.ninfer")
+    (arts / "junk-4444.ninfer").write_bytes(b"junk")
+    (arts / "junk-4444.ninfer.part-0001").symlink_to("/nonexistent/zz")
+    (arts / "junk-5555.ninfer").write_bytes(b"junk")
+    (arts / "junk-5555.ninfer.part-0001").mkdir()
+    (arts / "gone-2222.ninfer").symlink_to("/nonexistent/gone.ninfer")
+    out = run_ninfer("list", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["file"].rsplit("/", 1)[-1]: r for r in json.loads(out.stdout)}
+    assert set(rows) == {f"{NAME}-00000000000000000001.ninfer", "junk-4444.ninfer", "junk-5555.ninfer",
+                         "gone-2222.ninfer"}, rows
+    assert all(rows[n]["problem"] for n in ("junk-4444.ninfer", "junk-5555.ninfer", "gone-2222.ninfer"))
+    out = run_ninfer("rm", "junk-4444.ninfer", "junk-5555.ninfer", "gone-2222.ninfer")
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in arts.iterdir()) == ["junk-5555.ninfer.part-0001",   # the folder is not ours
+                                                      f"{NAME}-00000000000000000001.ninfer"]
+
+
+def test_rm_takes_end_of_input_at_its_question_as_no(run_ninfer, default_artifact, monkeypatch, capsys):
+    """Ctrl-D at the confirmation prompt: nothing removed, no traceback."""
+    import io
+    import sys
+
+    from ninfer.cli.main import main
+
+    kept = copy_artifact(default_artifact, run_ninfer.cache, f"{NAME}-00000000000000000001.ninfer")
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(run_ninfer.cache))
+
+    class _Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", _Tty(""))   # input() meets end of file at once
+    assert main(["rm", NAME]) == 1
+    assert "nothing removed" in capsys.readouterr().out and kept.exists()
+
+
 @pytest.mark.parametrize("size, shown", [(0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (15722515, "15.0 MiB"),
                                          (1000 * 1024, "0.98 MiB"), (18 * 2**30, "18.0 GiB"), (2**50, "1024 TiB")])
 def test_sizes_are_shown_in_binary_units(size, shown):

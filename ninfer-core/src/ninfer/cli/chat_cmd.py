@@ -138,8 +138,11 @@ def run(args) -> int:
                 # This turn cannot run (too long for the context or for --max-tokens, text the tokenizer
                 # refuses...): the chat goes on without it.
                 conv.messages.pop()
-                conv.attached = attached  # kept for the next message
-                print(f"[ninfer] error: {exc}", file=sys.stderr)
+                # The attachments go with the turn: kept, an attachment the model refuses (no vision tower, a
+                # file it cannot read) would fail every later turn too.
+                dropped = f" (its {len(attached)} attachment(s) dropped: attach again to send them)" if attached \
+                    else ""
+                print(f"[ninfer] error: {exc}{dropped}", file=sys.stderr)
                 continue
             display = TurnDisplay(sys.stdout, sys.stderr, show_thinking=args.show_thinking)
             try:

@@ -89,7 +89,20 @@ def missing_command_message(name: str) -> str:
     return f"{origin}, which is installed but not loaded{why}; 'ninfer plugins' lists the loaded plugins"
 
 
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush of what a closed pipe could not
+    take raises nothing more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None, *, registry: PluginRegistry | None = None) -> int:
+    if sys.stdout is None:   # started with standard output closed (">&-"): what it prints goes nowhere
+        sys.stdout = open(os.devnull, "w")   # noqa: SIM115 (open for the life of the process)
     if (sys.argv[1:] if argv is None else argv) == ["--version"]:  # answered without loading any plugin
         print(version_text())
         return 0
@@ -114,6 +127,9 @@ def main(argv: list[str] | None = None, *, registry: PluginRegistry | None = Non
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:   # the reader stopped early ("| head"): nothing left to say, nobody to say it to
+        _silence_stdout()
+        return 141   # what a shell reports for a process ended by SIGPIPE
 
 
 if __name__ == "__main__":

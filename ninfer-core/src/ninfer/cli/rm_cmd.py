@@ -39,8 +39,12 @@ def run(args) -> int:
     if not args.yes and sys.stdin.isatty():
         for a in chosen:
             print(f"  {a.name or '?'}  {format_size(a.size)}  {a.path.name}")
-        answer = input(f"remove {len(chosen)} converted model file set(s), "
-                       f"{format_size(sum(a.size for a in chosen))}? [y/N] ")
+        try:
+            answer = input(f"remove {len(chosen)} converted model file set(s), "
+                           f"{format_size(sum(a.size for a in chosen))}? [y/N] ")
+        except EOFError:   # Ctrl-D: no answer is no
+            answer = ""
+            print()
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return 1

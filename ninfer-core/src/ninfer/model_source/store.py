@@ -60,14 +60,17 @@ def cached_artifacts() -> list[CachedArtifact]:
     folder = artifacts_dir()
     if not folder.is_dir():
         return []
-    found = [_describe(p) for p in folder.glob("*.ninfer") if not p.name.startswith(".") and p.is_file()]
+    # A symlinked entry whose target is gone is listed too (unreadable), so that rm can remove it.
+    found = [_describe(p) for p in folder.glob("*.ninfer")
+             if not p.name.startswith(".") and (p.is_file() or p.is_symlink())]
     return sorted(found, key=lambda a: (a.name is None, a.name or a.path.name, -a.modified))
 
 
 def _describe(path: Path) -> CachedArtifact:
     from ninfer.artifact import ArtifactError, ArtifactReader
 
-    parts = sorted(path.parent.glob(glob_escape(path.name) + ".part-*"))
+    # Files or links, never a folder that happens to carry a part's name (rm would not remove it).
+    parts = sorted(p for p in path.parent.glob(glob_escape(path.name) + ".part-*") if p.is_symlink() or not p.is_dir())
     name, problem = None, None
     try:
         with ArtifactReader.open(path) as reader:
@@ -76,7 +79,15 @@ def _describe(path: Path) -> CachedArtifact:
     except (ArtifactError, OSError) as exc:
         problem = f"{type(exc).__name__}: {exc}"
     files = (path, *parts)
-    return CachedArtifact(path, name, files, sum(f.stat().st_size for f in files), path.stat().st_mtime, problem)
+    return CachedArtifact(path, name, files, sum(_stat(f).st_size for f in files), _stat(path).st_mtime, problem)
+
+
+def _stat(path: Path) -> os.stat_result:
+    """The file's status, or its link's where the link's target is gone."""
+    try:
+        return path.stat()
+    except OSError:
+        return path.lstat()
 
 
 def glob_escape(text: str) -> str:
@@ -102,5 +113,8 @@ def remove(artifact: CachedArtifact) -> int:
             f.unlink()
         except FileNotFoundError:
             continue  # removed meanwhile (another rm)
+        except OSError as exc:
+            raise ModelSourceError(f"{f}: cannot be removed ({exc.strerror or exc}); {freed} bytes of "
+                                   f"{artifact.path.name} were removed before it") from None
         freed += size
     return freed
