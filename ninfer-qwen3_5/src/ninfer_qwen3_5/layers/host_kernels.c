@@ -237,18 +237,20 @@ static inline __m512bh load_bh_head(const uint16_t *p, int64_t n) {
     return (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1ull << n) - 1), p);
 }
 
-/* nr consecutive bf16 rows (w: the first; rows k apart) against the tile's bf16 inputs xb[t]: out[j][t]. As
- * rows4_dense, several rows at once keep several streams of weights in flight. */
+/* nr (1, 4 or 8) consecutive bf16 rows (w: the first; rows k apart) against the tile's bf16 inputs xb[t]:
+ * out[j][t]. As rows4_dense, several rows at once keep several streams of weights in flight; each row's sum is the
+ * same whatever nr. With NEXT_ROWS set, the rows after these (NEXT_ROWS ahead, or nr if more) are prefetched. */
 static inline __attribute__((always_inline)) void
-rows_bf16_dot(const uint16_t *w, int64_t k, const uint16_t *const *xb, int tt, int nr, float out[4][TILE]) {
-    __m512 acc[4][TILE];
+rows_bf16_dot(const uint16_t *w, int64_t k, const uint16_t *const *xb, int tt, int nr, float out[8][TILE]) {
+    __m512 acc[8][TILE];
+    const int ahead = NEXT_ROWS > nr ? NEXT_ROWS : nr;
     for (int j = 0; j < nr; j++)
         for (int t = 0; t < tt; t++) acc[j][t] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= k; i += 32) {   /* 32 weights: one 64-byte line of each row */
-        __m512bh wv[4];
+        __m512bh wv[8];
         if (NEXT_ROWS)
-            for (int j = NEXT_ROWS; j < NEXT_ROWS + nr; j++) __builtin_prefetch(w + j * k + i, 0, 3);
+            for (int j = ahead; j < ahead + nr; j++) __builtin_prefetch(w + j * k + i, 0, 3);
         for (int j = 0; j < nr; j++) wv[j] = load_bh(w + j * k + i);
         for (int t = 0; t < tt; t++) {
             __m512bh xv = load_bh(xb[t] + i);
@@ -382,18 +384,24 @@ tile_rows(int fmt, const void *base, const uint16_t *scales, int64_t rows, int64
     int64_t gpr = k / group_of(fmt);
     int64_t r = r0;
 #if HAVE_BF16_DOT
-    if (xb) {   /* bf16 dot products: bf16 rows four at a time, then one by one; groupwise rows one by one */
-        float out4[4][TILE];
+    if (xb) {   /* bf16 dot products: bf16 rows 8 (up to 2 tokens: registers allow) or 4 at a time, then one
+                 * by one; groupwise rows one by one */
+        float outn[8][TILE];
+        for (; fmt == FMT_BF16 && tt <= 2 && r + 8 <= r1; r += 8) {
+            rows_bf16_dot((const uint16_t *)base + (e * rows + r) * k, k, xb, tt, 8, outn);
+            for (int j = 0; j < 8; j++)
+                for (int t = 0; t < tt; t++) y[t][r + j] = outn[j][t];
+        }
         for (; fmt == FMT_BF16 && r + 4 <= r1; r += 4) {
-            rows_bf16_dot((const uint16_t *)base + (e * rows + r) * k, k, xb, tt, 4, out4);
+            rows_bf16_dot((const uint16_t *)base + (e * rows + r) * k, k, xb, tt, 4, outn);
             for (int j = 0; j < 4; j++)
-                for (int t = 0; t < tt; t++) y[t][r + j] = out4[j][t];
+                for (int t = 0; t < tt; t++) y[t][r + j] = outn[j][t];
         }
         for (; r < r1; r++) {
             int64_t row = e * rows + r;
             if (fmt == FMT_BF16) {
-                rows_bf16_dot((const uint16_t *)base + row * k, k, xb, tt, 1, out4);
-                for (int t = 0; t < tt; t++) out[t] = out4[0][t];
+                rows_bf16_dot((const uint16_t *)base + row * k, k, xb, tt, 1, outn);
+                for (int t = 0; t < tt; t++) out[t] = outn[0][t];
             } else if (fmt == FMT_Q4) {
                 row_q4_dot((const uint8_t *)base + row * gpr * 32, scales + row * gpr, gpr, xb, tt, out);
             } else {
