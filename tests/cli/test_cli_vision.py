@@ -93,3 +93,13 @@ def test_a_turn_refused_for_its_attachment_drops_it(run_cli, media_files):
     assert out.returncode == 0, out.stderr
     assert out.stderr.count("without a vision tower") == 1 and "1 attachment(s) dropped" in out.stderr, out.stderr
     assert out.stdout.strip(), out.stderr   # the second turn's answer
+
+
+def test_a_file_that_is_not_an_image_is_named(run_cli, vision_artifact, media_files, tmp_path):
+    """With several --image flags the error says which file is bad."""
+    image, _ = media_files
+    fake = tmp_path / "fake.png"
+    fake.write_bytes(b"not a png")
+    out = run_cli("generate", str(vision_artifact), "--image", str(image), "--image", str(fake), "-p", "x", *FLAGS)
+    assert out.returncode != 0 and f"{fake}: image: not a complete file of an accepted format" in out.stderr, \
+        out.stderr

@@ -112,3 +112,43 @@ def test_cli_converts_a_real_qwen3_5_checkpoint_with_the_installed_plugin(tmp_pa
             embed = f.get_tensor(name)
         assert binding.object is not None
         assert r.read_object(binding.object) == embed.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("sig, status", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_during_the_write_publishes_nothing_and_leaves_no_temp(tmp_path, monkeypatch, capsys, sig, status):
+    """SIGTERM (a service manager stopping the conversion) is handled as Ctrl-C is: the temporary files go, nothing
+    is published, and the exit status says which it was."""
+    import signal
+
+    import ninfer.artifact.writer as writer_mod
+    import torch
+
+    sys.modules.setdefault("fla", None)
+    sys.modules.setdefault("causal_conv1d", None)
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen3_5TextConfig(
+        vocab_size=128, hidden_size=32, num_hidden_layers=2, intermediate_size=48, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=8,
+        linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2, layer_types=[
+            "linear_attention", "full_attention"])
+    cfg.architectures = ["Qwen3_5ForCausalLM"]
+    torch.manual_seed(0)
+    src = tmp_path / "tiny-qwen"
+    transformers.Qwen3_5ForCausalLM(cfg).save_pretrained(src, safe_serialization=True)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    real = writer_mod.ArtifactWriter.write
+    calls = []
+
+    def write_then_signal(self, object_id, data):
+        real(self, object_id, data)
+        calls.append(object_id)
+        if len(calls) == 2:
+            os.kill(os.getpid(), getattr(signal, sig))
+
+    monkeypatch.setattr(writer_mod.ArtifactWriter, "write", write_then_signal)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main([str(src), str(out_dir / "m.ninfer"), "--quiet"]) == status
+    assert list(out_dir.iterdir()) == [] and len(calls) == 2
+    assert ("terminated" if sig == "SIGTERM" else "interrupted") in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before   # main puts the handler back

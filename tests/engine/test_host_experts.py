@@ -236,9 +236,13 @@ def test_options_are_checked():
         EngineOptions(host_experts=True, lookahead=True).validate()
 
 
-def test_vram_budget_option_caps_the_plan(artifacts):
-    with pytest.raises(MemoryPlanError):
+def test_vram_budget_option_caps_the_plan(artifacts, monkeypatch):
+    """The option caps the plan, and the refusal names the option that set the budget, not the environment
+    variable it is passed through (which the user did not set)."""
+    monkeypatch.delenv("NINFER_VRAM_BUDGET_MIB", raising=False)
+    with pytest.raises(MemoryPlanError, match=r"\[--vram-budget-mib=0\].*raise --vram-budget-mib") as info:
         planner.plan(artifacts["top2of8"], EngineOptions(device="cpu", dtype="float32", vram_budget_mib=0.5))
+    assert "[NINFER_VRAM_BUDGET_MIB=" not in str(info.value)
 
 
 # -- the device cache of host experts ------------------------------------------------------------------------------

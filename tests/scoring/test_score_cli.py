@@ -133,3 +133,21 @@ def test_default_model_memorised_passage_as_a_user_runs_it(tmp_path):
     cont = t["token_logprobs"][-len(FIXTURE["continuation_token_ids"]):]
     assert [e["token"] for e in cont] == FIXTURE["continuation_token_ids"]
     assert sum(e["logprob"] for e in cont) / len(cont) > -1.0
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_loading(tmp_path, capsys, monkeypatch):
+    """--output in a missing folder, or a folder itself: refused before the model is resolved or loaded, so a
+    long run's results are never lost at its end."""
+    from ninfer.cli import score_cmd
+
+    def no_model(*_a, **_k):
+        raise AssertionError("the model was resolved before --output was checked")
+
+    monkeypatch.setattr("ninfer.model_source.resolve_model", no_model)
+    text = tmp_path / "t.txt"
+    text.write_text("some text to score")
+    for out, why in ((tmp_path / "missing" / "r.json", "does not exist"), (tmp_path, "it is a folder")):
+        assert main(["score", "--input", str(text), "--output", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot write the report to {out}: " in err and why in err, err
+    assert score_cmd._check_output(tmp_path / "r.json") is None

@@ -5,19 +5,28 @@ converts a Hugging Face checkpoint folder (with ``--draft``, plus a separately p
 stored as one more component) into a V3 artifact; ``ninfer-convert verify FILE`` re-reads and checks every
 object of an artifact. ``verify`` is recognised only as the first argument (a source folder
 literally named ``verify`` is given as ``./verify``). Exit status: 0 success, 1 a NInfer error
-(the message names what is at fault), 2 bad usage, 130 interrupted.
+(the message names what is at fault), 2 bad usage, 130 interrupted, 143 terminated (SIGTERM); either
+way a conversion in progress publishes nothing and leaves no temporary file.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 
-from ninfer.artifact.format import DEFAULT_MAX_FILE_BYTES
 from ninfer.errors import NInferError
 
 PROG = "ninfer-convert"
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that a conversion in progress cleans up as on Ctrl-C."""
+
+
+def _on_sigterm(_signum, _frame) -> None:
+    raise _Terminated
 
 
 def _positive_int(text: str) -> int:
@@ -31,12 +40,15 @@ def _positive_int(text: str) -> int:
 
 
 def _convert_parser() -> argparse.ArgumentParser:
+    # Imported here: it imports torch, which takes a moment, and a Ctrl-C then must meet main's handling.
+    from ninfer.artifact.format import DEFAULT_MAX_FILE_BYTES
+
     p = argparse.ArgumentParser(
         prog=PROG, description="Convert a local Hugging Face checkpoint folder into a V3 .ninfer artifact. "
                                f"Use '{PROG} verify FILE' to check an artifact's checksums.")
     p.add_argument("source", metavar="SRC", help="checkpoint folder (config.json + *.safetensors)")
     p.add_argument("output", metavar="OUT", help="artifact entry file to create (never overwritten)")
-    p.add_argument("--name", help="public model name stored as metadata.name (default: architectures[0])")
+    p.add_argument("--name", help="public model name stored as metadata.name (default: the source folder's name)")
     p.add_argument("--max-file-bytes", type=_positive_int, default=DEFAULT_MAX_FILE_BYTES, metavar="N",
                    help=f"largest file of the set in bytes; more payload goes to OUT.part-NNNN files "
                         f"(default {DEFAULT_MAX_FILE_BYTES})")
@@ -96,15 +108,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ninfer-convert`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:   # not the main thread (called from a program): leave SIGTERM alone
+        previous = None
+    try:
         if argv and argv[0] == "verify":
             return _run_verify(argv[1:])
         return _run_convert(argv)
     except NInferError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted (a conversion in progress publishes nothing)", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        what = "terminated" if isinstance(exc, _Terminated) else "interrupted"
+        print(f"{PROG}: {what} (a conversion in progress publishes nothing)", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

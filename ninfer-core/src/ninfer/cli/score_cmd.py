@@ -11,6 +11,7 @@ and ``max_context = --context``; see docs/scoring.md for the window semantics.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -92,6 +93,18 @@ def read_inputs(path: Path) -> list:
     return items
 
 
+def _check_output(path: Path) -> None:
+    """The report's path before any scoring, so that a long run's results cannot be lost at the end: its folder
+    exists and is writable, and the path is not a folder. (Writing may still fail later, on a full disk.)"""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ScoreInputFileError(f"cannot write the report to {path}: it is a folder")
+    if not folder.is_dir():
+        raise ScoreInputFileError(f"cannot write the report to {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ScoreInputFileError(f"cannot write the report to {path}: the folder {folder} is not writable")
+
+
 def run(args) -> int:
     from ninfer import Engine
     from ninfer.contracts.options import EngineOptions
@@ -105,6 +118,7 @@ def run(args) -> int:
     if args.top_logprobs < 0:
         raise NInferError(f"--top-logprobs must be >= 0, got {args.top_logprobs}")
     items = read_inputs(args.input)
+    _check_output(args.output)
     show = not args.quiet
     started = time.monotonic()
     artifact = resolve_model(args.model, progress=show and sys.stderr.isatty(), quiet=not show)

@@ -30,6 +30,11 @@ from ninfer.errors import NInferError
 MIB = 1 << 20
 GIB = 1 << 30
 BUDGET_ENV = "NINFER_VRAM_BUDGET_MIB"
+#: The ``env`` key the planner sets beside :data:`BUDGET_ENV` when the budget came from an option instead
+#: (``--vram-budget-mib``): what the plan's messages name as its source.
+BUDGET_SOURCE_KEY = "ninfer:vram_budget_source"
+#: How the messages tell the user to change the device budget.
+BUDGET_WAYS = f"raise --vram-budget-mib ({BUDGET_ENV})"
 HOST_BUDGET_ENV = "NINFER_HOST_BUDGET_MIB"
 HEADROOM_ENV = "NINFER_VRAM_HEADROOM_MIB"
 CUDA_HEADROOM_BYTES = GIB
@@ -90,19 +95,20 @@ def device_budget(device: torch.device, env: Mapping[str, str] | None = None) ->
     """The budget rule of the module docstring, read now (``env``: None reads ``os.environ``)."""
     env = os.environ if env is None else env
     capped = _env_mib(env, BUDGET_ENV, zero_ok=False)
+    given = env.get(BUDGET_SOURCE_KEY, BUDGET_ENV)   # the option or the variable that set ``capped``
     if device.type == "cuda":
         headroom = _cuda_headroom(env)
         free, total = torch.cuda.mem_get_info(device)
         held = total - free
         if capped is not None and capped - held < free:
             return DeviceBudget(str(device), max(0, capped - held), headroom,
-                                f"{BUDGET_ENV}={capped // MIB} less {mib(held)} already in use on the device "
+                                f"{given}={capped // MIB} less {mib(held)} already in use on the device "
                                 f"(CUDA context included; CUDA free {mib(free)} of {mib(total)})", held)
         return DeviceBudget(str(device), int(free), headroom, f"CUDA free memory {mib(free)} of {mib(total)}")
     if device.type != "cpu":
         raise InvalidEngineOptions(f"no memory planning rule for device {device}")
     if capped is not None:
-        budget, source = capped, f"{BUDGET_ENV}={capped // MIB}"
+        budget, source = capped, f"{given}={capped // MIB}"
     else:
         phys = physical_memory_bytes()
         budget, source = int(phys * CPU_BUDGET_FRACTION), f"{CPU_BUDGET_FRACTION:g} x physical {mib(phys)}"

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ninfer.planning.budget import BUDGET_ENV, MIB, DeviceBudget, mib
+from ninfer.planning.budget import BUDGET_WAYS, MIB, DeviceBudget, mib
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class KVCalibration:
     cache_slots: int | None = None
 
 
-CALIBRATION_WAYS = (f"lower --max-context or --max-concurrency, raise {BUDGET_ENV} / free device memory, or "
+CALIBRATION_WAYS = (f"lower --max-context or --max-concurrency, {BUDGET_WAYS} / free device memory, or "
                     f"start without decode graphs (NINFER_CUDA_GRAPHS=0)")
 
 

@@ -28,7 +28,7 @@ import torch
 
 from ninfer.contracts.architecture import ModelProfile
 from ninfer.contracts.memory import MemorySummary
-from ninfer.planning.budget import BUDGET_ENV, HOST_BUDGET_ENV, DeviceBudget, MemoryPlanError, mib
+from ninfer.planning.budget import BUDGET_WAYS, HOST_BUDGET_ENV, DeviceBudget, MemoryPlanError, mib
 from ninfer.planning.resolution import ResolvedOptions
 
 # The reference attention materialises at most 2**24 fp32 scores per query block, two live at once
@@ -215,8 +215,8 @@ def plan_memory(resolved: ResolvedOptions, profile: ModelProfile, budget: Device
                 if resolved.explicit_pages is None and short > 0 else "")
         raise MemoryPlanError(
             f"cannot fit one request of max_context {max_context}: it needs {one_request} KV pages x {ps} tokens = "
-            f"{mib(one_request * page_bytes)}, but {why()}{need}; lower max_context or max_concurrency, or raise "
-            f"{BUDGET_ENV} / free device memory")
+            f"{mib(one_request * page_bytes)}, but {why()}{need}; lower max_context or max_concurrency, or "
+            f"{BUDGET_WAYS} / free device memory")
     kv = pages * page_bytes
     return MemoryPlan(budget=budget, max_context=max_context, page_size=ps, num_pages=pages, state_slots=running,
                       weights_bytes=weights, kv_bytes=kv, state_bytes=state, workspace_bytes=work,

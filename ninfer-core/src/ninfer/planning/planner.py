@@ -32,7 +32,14 @@ from ninfer.contracts.architecture import ArchitectureSpec, ModelProfile, Parame
 from ninfer.contracts.memory import MemorySummary
 from ninfer.contracts.options import EngineOptions
 from ninfer.errors import NotSupportedError
-from ninfer.planning.budget import BUDGET_ENV, DeviceBudget, MemoryPlanError, device_budget, host_budget
+from ninfer.planning.budget import (
+    BUDGET_ENV,
+    BUDGET_SOURCE_KEY,
+    DeviceBudget,
+    MemoryPlanError,
+    device_budget,
+    host_budget,
+)
 from ninfer.planning.memory import MemoryPlan, plan_memory
 from ninfer.planning.resolution import (
     ResolvedOptions,
@@ -198,6 +205,7 @@ def plan(artifact: str | os.PathLike | ArtifactReader, options: EngineOptions,
     env = dict(os.environ if env is None else env)
     if options.vram_budget_mib is not None:
         env[BUDGET_ENV] = repr(float(options.vram_budget_mib))
+        env[BUDGET_SOURCE_KEY] = "--vram-budget-mib"
     model = artifact_profile(artifact, options)
     budget = device_budget(model.device, env)
     try:

@@ -16,6 +16,7 @@ gets its own :class:`QwenOutputSession`.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -66,6 +67,16 @@ def _json_resource(resources: Mapping[str, bytes], role: str) -> dict[str, Any] 
     if not isinstance(value, dict):
         raise FrontendError(f"{role}: expected a JSON object")
     return value
+
+
+def _file_name(source: object) -> str | None:
+    """A media item's local file path as an error names it (shortened), None for bytes, data and web URLs."""
+    if not isinstance(source, str | os.PathLike):
+        return None
+    text = os.fspath(source)
+    if not isinstance(text, str) or text.startswith(("data:", "http://", "https://")):
+        return None
+    return text if len(text) <= 200 else f"...{text[-197:]}"
 
 
 def select_chat_template(resources: Mapping[str, bytes], tokenizer_config: Mapping[str, Any] | None,
@@ -168,6 +179,7 @@ class QwenFrontend:
 
     def _preprocess(self, parts: Sequence[MediaPart], limits: MediaLimits | None) -> list[Any]:
         from ninfer_qwen3_5.frontend.vision import (
+            MediaError,
             MediaLimits,
             ProcessedImage,
             ProcessedVideo,
@@ -183,12 +195,18 @@ class QwenFrontend:
         image_cfg, video_cfg = self._vision_configs
         out = []
         for p in parts:
-            if p.kind == "image":
-                out.append(p.source if isinstance(p.source, ProcessedImage)
-                           else preprocess_image(p.source, image_cfg, limits))
-            else:
-                out.append(p.source if isinstance(p.source, ProcessedVideo)
-                           else preprocess_video(p.source, video_cfg, limits))
+            try:
+                if p.kind == "image":
+                    out.append(p.source if isinstance(p.source, ProcessedImage)
+                               else preprocess_image(p.source, image_cfg, limits))
+                else:
+                    out.append(p.source if isinstance(p.source, ProcessedVideo)
+                               else preprocess_video(p.source, video_cfg, limits))
+            except MediaError as exc:   # a local file is named: one of several --image flags, say
+                where = _file_name(p.source)
+                if where is not None:
+                    exc.args = (f"{where}: {exc}", *exc.args[1:])
+                raise
         return out
 
     def open_session(self, options: OutputOptions) -> QwenOutputSession:
