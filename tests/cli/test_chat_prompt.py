@@ -24,6 +24,7 @@ CHAT = ("chat", "-t", "0", "-n", "8", "--no-thinking")
     ('"""one line"""\n', ["one line"]),
     ('"""\nnever closed\n', ["never closed"]),
     ('plain\n/help\n', ["plain", "/help"]),
+    ('plain\r\n/exit\r\n"""\r\na\r\nb\r\n"""\r\n', ["plain", "/exit", "a\nb"]),   # a CRLF file
 ])
 def test_multi_line_blocks_are_one_message(script, expected):
     source = PipedLines(io.StringIO(script))

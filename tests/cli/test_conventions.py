@@ -257,3 +257,15 @@ def test_show_thinking_is_one_flag_shared_by_the_chat_commands():
         assert (action.option_strings, action.help, action.default) == (want.option_strings, want.help, False)
         assert _parse(command, "--show-thinking").show_thinking is True
         assert _parse(command).show_thinking is False
+
+
+def test_a_prompt_that_is_not_utf8_is_named_before_loading(cli_env):
+    """Bytes that are not UTF-8, on stdin or in --prompt: one line naming the byte and its offset, before the
+    model loads (they reached the tokenizer as 'a lone UTF-16 surrogate at character N')."""
+    base = [sys.executable, "-m", "ninfer.cli.main", "generate", "-n", "2"]
+    piped = subprocess.run(base, input=b"abc\xff\xfe def", env=cli_env, capture_output=True, timeout=240)
+    flag = subprocess.run([*base, "-p", os.fsdecode(b"ab\xffcd")], env=cli_env, capture_output=True, timeout=240)
+    for run, what, at in ((piped, "the prompt read from stdin", 3), (flag, "--prompt", 2)):
+        err = run.stderr.decode()
+        assert run.returncode == 2 and f"{what} is not valid UTF-8: byte 0xFF at byte {at}" in err, err
+        assert "loaded" not in err

@@ -80,6 +80,12 @@ def test_a_json_config_that_is_not_a_json_object(tmp_path, registry, role, conte
     ({"eos_token_id": [1, 4]}, r"eos_token_id 4 is outside the vocabulary of tokenizer\.json \(4 tokens\)"),
     ({"temperature": "hot"}, r"temperature='hot' is not a number"),
     ({"top_p": False}, r"top_p=False is not a number"),
+    # Out of the engine's ranges: every request that did not override the default would fail.
+    ({"temperature": -1}, r"invalid sampling parameter temperature=-1: must be >= 0"),
+    ({"top_p": 7}, r"invalid sampling parameter top_p=7: must be in \(0, 1\]"),
+    ({"repetition_penalty": 0}, r"invalid sampling parameter repetition_penalty=0: must be > 0"),
+    ({"temperature": float("nan")}, r"invalid sampling parameter temperature=nan: must be finite"),
+    ({"top_k": 1.5}, r"top_k=1\.5 is not an integer"),
 ])
 def test_generation_config_fields_the_runtime_reads(tmp_path, registry, config, problem):
     files = {**_good_files(), "generation_config.json": json.dumps(config)}

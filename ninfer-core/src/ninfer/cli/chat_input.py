@@ -45,7 +45,8 @@ class PipedLines:
         line = self._stream.readline()
         if not line:
             return None
-        return line[:-1] if line.endswith("\n") else line
+        line = line[:-1] if line.endswith("\n") else line
+        return line[:-1] if line.endswith("\r") else line   # a CRLF file's lines end as an LF file's do
 
 
 class TerminalLines:

@@ -6,7 +6,9 @@ a sandboxed Jinja chat template) and is no stricter than that:
 - ``tokenizer.json``: UTF-8 text that ``tokenizers.Tokenizer.from_str`` loads;
 - ``tokenizer_config.json``, ``generation_config.json``: JSON (``json.loads`` of the bytes) holding an
   object; the fields the runtime reads have the types it needs: the sampling values of
-  ``generation_config.json`` (when not null) are numbers, its ``eos_token_id`` an id or a list of ids,
+  ``generation_config.json`` (when not null) are numbers in the engine's ranges (``SamplingParams.validate``:
+  a default out of range would fail every request that does not override it), its ``eos_token_id`` an id or a
+  list of ids,
   ``tokenizer_config.json``'s ``eos_token`` a string (or ``{"content": string}``); with a tokenizer in the
   folder, those ids and tokens must be in its vocabulary;
 - the chat template the runtime would compile (``chat_template.jinja``, stored or derived, else the
@@ -29,6 +31,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from ninfer.contracts.errors import InvalidSamplingParams
+from ninfer.contracts.sampling import SamplingParams
 from ninfer.conversion.errors import SourceError
 
 if TYPE_CHECKING:
@@ -129,6 +133,18 @@ def _check_generation_config(gen: Mapping[str, Any], where: str, tokenizer: Toke
         value = gen.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise SourceError(f"{where}: {key}={value!r} is not a number")
+    # The engine's own ranges (SamplingParams.validate): a default out of range would fail every later request that
+    # does not override it, far from this file.
+    values = {k: gen[k] for k in SAMPLING_KEYS if gen.get(k) is not None}
+    top_k = values.get("top_k")
+    if top_k is not None and top_k != int(top_k):
+        raise SourceError(f"{where}: top_k={top_k!r} is not an integer")
+    if top_k is not None:
+        values["top_k"] = int(top_k)
+    try:
+        SamplingParams(**values).validate()
+    except InvalidSamplingParams as exc:
+        raise SourceError(f"{where}: {exc}") from None
     raw = gen.get("eos_token_id")
     vocab = tokenizer.get_vocab_size(with_added_tokens=True) if tokenizer is not None else None
     for value in (raw if isinstance(raw, list) else [] if raw is None else [raw]):
