@@ -264,7 +264,25 @@ def test_an_interruption_right_after_a_part_is_linked_rolls_it_back(tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         w.finish()
     assert linked == ["m.ninfer.part-0001", "m.ninfer.part-0002"] and _listing(tmp_path) == []
+    # The same just after the temp's name is gone too: the part is still known as ours by its inode.
+    real_unlink, unlinked = os.unlink, []
+
+    def unlink_then_interrupt(path, *a, **k):
+        real_unlink(path, *a, **k)
+        if str(path).endswith(".tmp"):
+            unlinked.append(path)
+            if len(unlinked) == 1:
+                raise KeyboardInterrupt
+
     monkeypatch.setattr(os, "link", real_link)
+    monkeypatch.setattr(os, "unlink", unlink_then_interrupt)
+    w = _small(tmp_path / "m.ninfer", max_file_bytes=SMALL_LIMIT)
+    w.begin_payload()
+    _write_all(w)
+    with pytest.raises(KeyboardInterrupt):
+        w.finish()
+    assert len(unlinked) >= 1 and _listing(tmp_path) == []
+    monkeypatch.setattr(os, "unlink", real_unlink)
     w = _small(tmp_path / "m.ninfer", max_file_bytes=SMALL_LIMIT)
     w.begin_payload()
     _write_all(w)

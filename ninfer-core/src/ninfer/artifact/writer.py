@@ -104,12 +104,13 @@ def _publish_file(temp: Path, target: Path) -> None:
     os.unlink(temp)
 
 
-def _same_file(a: Path | None, b: Path) -> bool:
-    """Whether ``a`` and ``b`` are links of one file (False if either is missing)."""
+def _file_id(path: Path | None) -> tuple[int, int] | None:
+    """``path``'s (device, inode), None if it is missing: a file keeps it through a link or a rename."""
     try:
-        return a is not None and os.path.samefile(a, b)
+        st = os.stat(path) if path is not None else None
     except OSError:
-        return False
+        return None
+    return None if st is None else (st.st_dev, st.st_ino)
 
 
 def _os_error(path: Path, exc: OSError) -> WriterError:
@@ -424,7 +425,8 @@ class ArtifactWriter:
             raise WriterError(f"{self.path}: object {obj.id!r} is incomplete ({obj.written}/{obj.nbytes} bytes "
                               f"written); nothing was published")
         published: list[Path] = []
-        in_flight: _File | None = None   # the file being published: linked, perhaps, and not yet in published
+        # The file being published, with its temp's identity: linked or renamed, perhaps, and not yet in published.
+        in_flight: tuple[_File, tuple[int, int] | None] | None = None
         try:
             text = self._render([f.payload_bytes for f in self._files], final=True)
             # Checksums are fixed width, so the final JSON fits exactly where the placeholder was.
@@ -438,14 +440,16 @@ class ArtifactWriter:
                 os.close(f.fd)
                 f.fd = None
             for f in self._files[1:] + self._files[:1]:  # parts first: an entry never lacks its parts
-                in_flight = f
+                in_flight = (f, _file_id(f.temp))
                 _publish_file(f.temp, f.target)
                 published.append(f.target)
                 f.temp, in_flight = None, None
             _fsync_dir(self.path.parent)
         except BaseException as exc:
-            if in_flight is not None and _same_file(in_flight.temp, in_flight.target):
-                published.append(in_flight.target)   # linked just before the interruption: ours too
+            # Published just before the interruption (linked, or renamed, even with the temp's name already gone):
+            # the target is our file if it is still our temp's inode; someone else's file never is.
+            if in_flight is not None and in_flight[1] is not None and _file_id(in_flight[0].target) == in_flight[1]:
+                published.append(in_flight[0].target)
             for target in published:  # ours: _publish_file never replaces a file
                 try:
                     os.unlink(target)
@@ -453,7 +457,7 @@ class ArtifactWriter:
                     pass
             self.abort()
             if isinstance(exc, OSError):
-                raise _os_error(in_flight.target if in_flight is not None else self.path, exc) from None
+                raise _os_error(in_flight[0].target if in_flight is not None else self.path, exc) from None
             raise
         self._state = "finished"
         return [f.target for f in self._files]
