@@ -257,12 +257,15 @@ def test_an_interruption_right_after_a_part_is_linked_rolls_it_back(tmp_path, mo
         if len(linked) == 2:
             raise KeyboardInterrupt
 
+    def interrupted_finish() -> None:
+        w = _small(tmp_path / "m.ninfer", max_file_bytes=SMALL_LIMIT)
+        w.begin_payload()
+        _write_all(w)
+        with pytest.raises(KeyboardInterrupt):
+            w.finish()
+
     monkeypatch.setattr(os, "link", link_then_interrupt)
-    w = _small(tmp_path / "m.ninfer", max_file_bytes=SMALL_LIMIT)
-    w.begin_payload()
-    _write_all(w)
-    with pytest.raises(KeyboardInterrupt):
-        w.finish()
+    interrupted_finish()
     assert linked == ["m.ninfer.part-0001", "m.ninfer.part-0002"] and _listing(tmp_path) == []
     # The same just after the temp's name is gone too: the part is still known as ours by its inode.
     real_unlink, unlinked = os.unlink, []
@@ -276,11 +279,7 @@ def test_an_interruption_right_after_a_part_is_linked_rolls_it_back(tmp_path, mo
 
     monkeypatch.setattr(os, "link", real_link)
     monkeypatch.setattr(os, "unlink", unlink_then_interrupt)
-    w = _small(tmp_path / "m.ninfer", max_file_bytes=SMALL_LIMIT)
-    w.begin_payload()
-    _write_all(w)
-    with pytest.raises(KeyboardInterrupt):
-        w.finish()
+    interrupted_finish()
     assert len(unlinked) >= 1 and _listing(tmp_path) == []
     monkeypatch.setattr(os, "unlink", real_unlink)
     w = _small(tmp_path / "m.ninfer", max_file_bytes=SMALL_LIMIT)
