@@ -269,3 +269,16 @@ def test_a_prompt_that_is_not_utf8_is_named_before_loading(cli_env):
         err = run.stderr.decode()
         assert run.returncode == 2 and f"{what} is not valid UTF-8: byte 0xFF at byte {at}" in err, err
         assert "loaded" not in err
+
+
+def test_chat_names_a_message_or_system_text_that_is_not_utf8(cli_env):
+    """In chat a line that is not UTF-8 is refused naming its byte, and the chat goes on (a bad /system message was
+    set and then failed every turn)."""
+    args = [sys.executable, "-m", "ninfer.cli.main", "chat", "-n", "2", "-t", "0", "--no-thinking"]
+    run = subprocess.run(args, input=b"/system ab\xffc\nhi \xfe\nhello\n", env=cli_env, capture_output=True,
+                         timeout=240)
+    err = run.stderr.decode()
+    assert run.returncode == 0, err
+    assert "the system message is not valid UTF-8: byte 0xFF at byte 2" in err
+    assert "the message is not valid UTF-8: byte 0xFE at byte 3" in err
+    assert "system message set" not in err and run.stdout.strip(), err   # "hello" is answered

@@ -123,7 +123,7 @@ def _body(response_format: Any, extra: Mapping[str, Any] | None, schemas: Mappin
     found: list[tuple[str, OutputConstraint]] = []
     rf = _from_response_format(response_format)
     if rf is not None:
-        found.append(("response_format.json_schema.schema" if rf.kind == "json_schema" else "response_format", rf))
+        found.append(("response_format", rf))
     for param, schema in (schemas or {}).items():
         found.append((param, _from_schema(schema, param)))
     extra = dict(extra or {})
@@ -139,10 +139,14 @@ def _body(response_format: Any, extra: Mapping[str, Any] | None, schemas: Mappin
                 param = f"structured_outputs.{key}"
                 found.append((param, _from_guided(field, structured[key], param)))
     if len(found) > 1:
-        names = ", ".join(f.removesuffix(".json_schema.schema") for f, _ in found)
-        raise ConstraintFieldError(f"only one output constraint may be given, got {names}",
-                                   found[1][0].removesuffix(".json_schema.schema"))
-    return Constrained(found[0][1], found[0][0]) if found else Constrained()
+        raise ConstraintFieldError(f"only one output constraint may be given, got {', '.join(f for f, _ in found)}",
+                                   found[1][0])
+    if not found:
+        return Constrained()
+    field, constraint = found[0]
+    # A schema that does not compile is the schema's fault: name it, not the whole response_format.
+    schema = field == "response_format" and constraint.kind == "json_schema"
+    return Constrained(constraint, "response_format.json_schema.schema" if schema else field)
 
 
 def tool_constraint(tool_choice: Any, *, has_tools: bool, parallel: bool) -> OutputConstraint | None:

@@ -69,8 +69,12 @@ def _command(text: str, conv: _Conversation) -> bool:
         shown = repr(conv.system) if conv.system else "(none)"
         print(f"[ninfer] system message: {shown}", file=sys.stderr)
     elif command == "/system":
-        conv.set_system(rest)
-        print("[ninfer] system message set", file=sys.stderr)
+        try:
+            conv.set_system(common.check_utf8(rest, "the system message"))
+        except NInferError as exc:
+            print(f"[ninfer] error: {exc}", file=sys.stderr)
+        else:
+            print("[ninfer] system message set", file=sys.stderr)
     elif command in ("/image", "/video") and not rest:
         print(f"[ninfer] {command} needs a file: {command} PATH", file=sys.stderr)
     elif command in ("/image", "/video"):
@@ -123,6 +127,11 @@ def run(args) -> int:
             if text.startswith("/") and "\n" not in text:
                 if not _command(text, conv):
                     break
+                continue
+            try:
+                common.check_utf8(text, "the message")
+            except NInferError as exc:   # before the chat template: its position there would mean nothing
+                print(f"[ninfer] error: {exc}", file=sys.stderr)
                 continue
             attached, conv.attached = conv.attached, []
             conv.messages.append({"role": "user", "content": media.user_content(text, attached)})

@@ -13,8 +13,26 @@ import sys
 import time
 from typing import Any
 
+from ninfer.errors import NInferError
+
 SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                   "frequency_penalty", "seed")
+
+
+def check_utf8(text: str, what: str) -> str:
+    """``text`` (from the command line or stdin) if it is valid Unicode; else an NInferError naming ``what`` and
+    its first byte that is not UTF-8. Python hands the command line and stdin over with each such byte as a lone
+    surrogate (U+DC80..U+DCFF, its "surrogateescape" form), which the tokenizer would report as a UTF-16 surrogate at
+    a character position in the rendered prompt, after loading the model."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = ord(text[exc.start])
+        at = len(text[:exc.start].encode("utf-8", "surrogateescape"))
+        if 0xDC80 <= char <= 0xDCFF:
+            raise NInferError(f"{what} is not valid UTF-8: byte 0x{char - 0xDC00:02X} at byte {at}") from None
+        raise NInferError(f"{what} has a lone UTF-16 surrogate U+{char:04X} at character {exc.start}") from None
+    return text
 
 
 def add_model_arg(p: argparse.ArgumentParser, *, metavar: str = "MODEL",

@@ -45,29 +45,14 @@ def prompt_text(args, stdin=None) -> str | None:
     if args.messages is not None:
         return None
     if args.prompt is not None and args.prompt != "-":
-        return _utf8(args.prompt, "--prompt")
+        return common.check_utf8(args.prompt, "--prompt")
     if args.prompt is None and stdin.isatty():
         raise NInferError("no prompt: give --prompt TEXT, --prompt - (read stdin), --messages FILE, or pipe the "
                           "prompt into stdin")
     text = stdin.read()
     if not text:
         raise NInferError("the prompt read from stdin is empty")
-    return _utf8(text, "the prompt read from stdin")
-
-
-def _utf8(text: str, what: str) -> str:
-    """``text`` if it is valid Unicode; else an error naming the first byte that is not UTF-8. Python hands the
-    command line and stdin over with each such byte as a lone surrogate (U+DC80..U+DCFF, its "surrogateescape"
-    form), which the tokenizer would report as a UTF-16 surrogate at a character position after loading the model."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        char = ord(text[exc.start])
-        at = len(text[:exc.start].encode("utf-8", "surrogateescape"))
-        if 0xDC80 <= char <= 0xDCFF:
-            raise NInferError(f"{what} is not valid UTF-8: byte 0x{char - 0xDC00:02X} at byte {at}") from None
-        raise NInferError(f"{what} has a lone UTF-16 surrogate U+{char:04X} at character {exc.start}") from None
-    return text
+    return common.check_utf8(text, "the prompt read from stdin")
 
 
 def read_messages(path: Path) -> list[dict]:

@@ -10,6 +10,7 @@ problem and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata as md
 import os
 import sys
@@ -92,12 +93,10 @@ def missing_command_message(name: str) -> str:
 def _silence_stdout() -> None:
     """Point standard output at /dev/null, so that the interpreter's last flush of what a closed pipe could not
     take raises nothing more."""
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):   # best effort: the process is ending anyway
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
 
 
 def main(argv: list[str] | None = None, *, registry: PluginRegistry | None = None) -> int:

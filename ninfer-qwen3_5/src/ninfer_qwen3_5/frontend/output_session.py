@@ -103,6 +103,8 @@ class QwenOutputSession:
         if not options.ignore_eos:
             stop_ids.update(eos_token_ids)
         self._stop_ids = frozenset(int(i) for i in stop_ids)
+        # What min_tokens holds back: the stop tokens and the grammar's own end tokens (EOS even under ignore_eos).
+        self._ends = self._stop_ids | frozenset(matcher.stop_token_ids if matcher is not None else ())
         self._call_prefix = call_id_prefix if call_id_prefix is not None else uuid.uuid4().hex[:16]
         self._state = _Stages(
             detok=DetokenizerState(),
@@ -166,9 +168,8 @@ class QwenOutputSession:
             return None
         if self._matcher is not None and self._matcher.terminated:
             return None   # the grammar has ended: the output ends with it
-        ends = self._stop_ids | frozenset(self._matcher.stop_token_ids if self._matcher is not None else ())
-        if self._committed < self.options.min_tokens and ends:
-            return MinTokensMask(self._matcher, sorted(ends), committed=self._committed,
+        if self._committed < self.options.min_tokens and self._ends:
+            return MinTokensMask(self._matcher, sorted(self._ends), committed=self._committed,
                                  min_tokens=self.options.min_tokens)
         return self._matcher
 
