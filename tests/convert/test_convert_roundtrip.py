@@ -257,6 +257,18 @@ def test_output_folder_missing_or_a_file_is_named(tmp_path, registry):
         convert(src, tmp_path / "afile" / "m.ninfer", registry=registry, progress=False)
 
 
+def test_output_naming_a_folder_is_refused(tmp_path, registry):
+    # 'out/' must not become a file named 'out', and an existing folder is not overwritten or written into.
+    src = write_checkpoint(tmp_path / "ck", synth_tensors(layers=1))
+    with pytest.raises(ConversionError, match=r"output '.*new/' names a folder; .*new/model\.ninfer'"):
+        convert(src, f"{tmp_path}/new/", registry=registry, progress=False)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "there").mkdir()
+    with pytest.raises(ConversionError, match=r"output '.*there' names a folder"):
+        convert(src, tmp_path / "there", registry=registry, progress=False)
+    assert list((tmp_path / "there").iterdir()) == []
+
+
 def test_progress_bar_only_when_asked(tmp_path, registry, capsys):
     src = write_checkpoint(tmp_path / "ck", synth_tensors(layers=1))
     convert(src, tmp_path / "quiet.ninfer", registry=registry, progress=False)

@@ -90,6 +90,11 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
     ``draft``: a separate draft checkpoint folder the target's mapping adds as a component
     (:mod:`ninfer.conversion.draft`).
     """
+    text = os.fspath(output)
+    if isinstance(text, str) and text.endswith(("/", os.sep)) or os.path.isdir(output):
+        # Path() drops a trailing separator, so 'out/' would otherwise become a file named 'out'.
+        raise ConversionError(f"output {text!r} names a folder; give the artifact file to create, e.g. "
+                              f"{os.path.join(text, 'model.ninfer')!r}")
     output = Path(output)
     if os.path.lexists(output):
         raise OutputExistsError(f"output {str(output)!r} already exists; the converter never overwrites")
