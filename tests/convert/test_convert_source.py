@@ -102,6 +102,19 @@ def test_index_naming_an_absent_tensor(tmp_path):
         open_checkpoint(folder)
 
 
+def test_index_mapping_a_tensor_to_a_non_file_name_names_it(tmp_path):
+    folder = write_checkpoint(tmp_path / "ck", synth_tensors(layers=1), shards=2)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["lm_head.weight"] = 3
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(SourceError, match=r"'weight_map' maps 'lm_head\.weight' to 3, not to a file name"):
+        open_checkpoint(folder)
+    index["weight_map"] = {}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(SourceError, match=r"no non-empty 'weight_map'"):
+        open_checkpoint(folder)
+
+
 def test_shard_tensor_missing_from_index(tmp_path):
     folder = write_checkpoint(tmp_path / "ck", synth_tensors(layers=1), shards=2)
     index = json.loads((folder / "model.safetensors.index.json").read_text())

@@ -235,9 +235,12 @@ def _weight_file_names(folder: Path) -> tuple[SourceFile | None, list[str], dict
     if index_path.is_file():
         index = _read_json(index_path)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if (not isinstance(weight_map, dict) or not weight_map
-                or not all(isinstance(v, str) for v in weight_map.values())):
+        if not isinstance(weight_map, dict) or not weight_map:
             raise SourceError(f"{str(index_path)!r} has no non-empty 'weight_map' of tensor name -> file name")
+        wrong = next((k for k, v in weight_map.items() if not isinstance(v, str)), None)
+        if wrong is not None:
+            raise SourceError(f"{str(index_path)!r}: 'weight_map' maps {wrong!r} to {weight_map[wrong]!r}, "
+                              f"not to a file name")
         names: list[str] = []
         for file_name in weight_map.values():
             if file_name not in names:
