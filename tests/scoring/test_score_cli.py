@@ -80,6 +80,8 @@ def test_empty_txt_scores_nothing(score, tmp_path):
     ("number.jsonl", b'{"text": 5}\n', "line 1: expected a JSON object"),
     ("badid.jsonl", b'{"text": "a", "id": [1]}\n', "line 1: \"id\" must be"),
     ("broken.jsonl", b'{"text": "a"\n', "line 1: not JSON"),
+    ("surrogate.jsonl", b'{"text": "ok"}\n{"text": "ab\\ud800"}\n',
+     'line 2: "text" has a lone UTF-16 surrogate U+D800 at character 2'),
     ("blank.jsonl", b"\n  \n", "no texts"),
     ("input.csv", b"a,b\n", "must be a .txt or a .jsonl"),
 ])

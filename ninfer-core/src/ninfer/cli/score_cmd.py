@@ -84,6 +84,11 @@ def read_inputs(path: Path) -> list:
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise ScoreInputFileError(f"{path}: line {number}: expected a JSON object with a \"text\" string, "
                                       f"got {json.dumps(obj, ensure_ascii=False)[:80]}")
+        try:
+            obj["text"].encode("utf-8")
+        except UnicodeEncodeError as exc:   # a JSON escape such as "\ud800": a character no tokenizer can encode
+            raise ScoreInputFileError(f"{path}: line {number}: \"text\" has a lone UTF-16 surrogate "
+                                      f"U+{ord(obj['text'][exc.start]):04X} at character {exc.start}") from None
         ident = obj.get("id")
         if ident is not None and (isinstance(ident, bool) or not isinstance(ident, (str, int))):
             raise ScoreInputFileError(f"{path}: line {number}: \"id\" must be a string or an integer")
