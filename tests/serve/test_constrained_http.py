@@ -253,7 +253,11 @@ def test_anthropic_output_format_errors(client):
     fmt = {"type": "json_schema", "schema": SCHEMA}
     for fields, needle in (
             ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
-            ({"output_config": {"format": {"type": "xml", "schema": SCHEMA}}}, "output_config.format.type"),
+            ({"output_config": {"format": {"type": "xml", "schema": SCHEMA}}},
+             "field 'output_config.format': type must be 'json_schema'"),
+            # The wrong type is named, not the schema a text format would not have.
+            ({"output_config": {"format": {"type": "text"}}}, "must be 'json_schema' (the one output format served), "
+                                                             "got 'text'"),
             ({"output_format": {"type": "json_schema", "schema": {"type": "nonsense"}}}, "does not compile"),
             ({"output_config": {"format": fmt}, "output_format": fmt}, "only one output constraint"),
             ({"output_format": fmt, "tools": [ANTHROPIC_TOOL], "tool_choice": {"type": "any"}}, "forced tool call")):

@@ -113,6 +113,14 @@ class OutputFormat(Lenient):
     type: Literal["json_schema"]
     json_schema: dict[str, Any] = Field(alias="schema")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _type_first(cls, data: Any) -> Any:
+        # A wrong type is the real mistake: without this the missing 'schema' (a longer field path) is reported.
+        if isinstance(data, dict) and "type" in data and data["type"] != "json_schema":
+            raise ValueError(f"type must be 'json_schema' (the one output format served), got {data['type']!r}")
+        return data
+
 
 class OutputConfig(Lenient):
     """``format`` is served; ``effort`` is accepted and changes nothing (no thinking budget yet)."""
