@@ -181,6 +181,42 @@ def test_in_process_plugin_registers_architecture():
     assert {i.name for i in reg.plugins()} >= {"toy_a", "reference_ops"}
 
 
+@pytest.mark.parametrize("kind, item, match", [
+    ("source_mappings", object(), r"hook ninfer_source_mappings returned object .*not a source mapping "
+                                  r"\(it has no 'name'\)"),
+    ("source_mappings", types.SimpleNamespace(name="m", source_architectures="XForCausalLM", plan=None),
+     r"an item of hook ninfer_source_mappings has source_architectures 'XForCausalLM'; it must be a non-empty list of names"),
+    ("architectures", types.SimpleNamespace(name="", frontend="f", parameter_specs=None, profile=None,
+                                            create_program=None), r".*has name ''; it must be a non-empty string"),
+    ("frontends", "qwen", r"hook ninfer_frontends returned str 'qwen', which is not a frontend \(it has no 'name'\)"),
+])
+def test_a_malformed_registration_names_its_plugin(kind, item, match):
+    """A hook item missing what the registry and its readers use is refused when its kind is indexed, naming the
+    plugin, instead of an AttributeError from wherever it is first used."""
+    from ninfer.plugins import PluginError
+
+    module = types.ModuleType("toy_bad")
+
+    def hook():
+        return [item]
+
+    setattr(module, f"ninfer_{kind}", hookimpl(hook))
+    reg = PluginRegistry(load_entry_points=False, extra_plugins=(module,), lazy=True)
+    with pytest.raises(PluginError, match=r"plugin 'toy_bad': " + match):
+        getattr(reg, kind)
+
+
+def test_a_lookup_under_a_plugin_filter_says_so(monkeypatch):
+    reg = PluginRegistry(load_entry_points=False)
+    monkeypatch.setenv("NINFER_PLUGINS", "toyarch")
+    with pytest.raises(UnknownArchitectureError, match=r"NINFER_PLUGINS='toyarch' limits which installed plugins"):
+        reg.architecture("NoSuchForCausalLM")
+    monkeypatch.delenv("NINFER_PLUGINS")
+    with pytest.raises(UnknownSourceMappingError) as err:
+        reg.source_mapping("NoSuchForCausalLM")
+    assert "NINFER_PLUGINS" not in str(err.value)
+
+
 def test_two_plugins_claiming_one_architecture_conflict():
     a = _plugin_module("toy_a", "SameForCausalLM")
     b = _plugin_module("toy_b", "SameForCausalLM")

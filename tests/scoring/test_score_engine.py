@@ -161,6 +161,19 @@ def test_context_beyond_the_model_positions_is_refused(scoring_model, caplog):
     assert any("exceeds the model's" in r.message for r in caplog.records)
 
 
+def test_the_default_context_capped_to_the_model_is_no_warning(scoring_model, caplog):
+    """Only a length the caller chose is worth a warning when capped; the default (4,096) capped to a small model's
+    positions is said at INFO."""
+    from ninfer import Engine
+
+    with caplog.at_level(logging.INFO, logger="ninfer.engine"):
+        with Engine.start(scoring_model("dense").artifact, device="cpu", dtype="float32", purpose="causal_scoring",
+                          page_size=4, prefill_chunk_size=5) as e:
+            assert e.max_context == MAX_POSITIONS
+    capped = [r for r in caplog.records if "exceeds the model's" in r.message]
+    assert capped and all(r.levelno == logging.INFO for r in capped)
+
+
 def test_progress_counts_target_tokens(engine):
     calls = []
     engine.score([TEXT, "", "hello world"], context=16, stride=4, progress=lambda d, t: calls.append((d, t)))

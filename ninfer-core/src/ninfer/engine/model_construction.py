@@ -223,6 +223,7 @@ def _build_model(artifact: str | os.PathLike, options: EngineOptions, progress, 
     from ninfer.artifact.errors import MissingComponentError
     from ninfer.ops.registry import resolve_ops
     from ninfer.plugins import get_registry
+    from ninfer.plugins.registry import filter_note
 
     begun = time.perf_counter()
     options.validate()
@@ -237,14 +238,17 @@ def _build_model(artifact: str | os.PathLike, options: EngineOptions, progress, 
         spec, profile, device = model.spec, model.profile, resolved.device
         max_context = resolved.options.max_context
         if max_context < options.max_context:  # said at start only: `info --memory` prints the capped value
-            log.warning("max_context %d exceeds the model's %d positions; using %d", options.max_context,
+            # A warning only for a length the caller chose: the default capped to a small model is expected.
+            asked = options.max_context != EngineOptions.max_context
+            log.log(logging.WARNING if asked else logging.INFO, "max_context %d exceeds the model's %d positions; using %d", options.max_context,
                         profile.max_position_embeddings, max_context)
         probe = StartupProbe(device)
         registry = get_registry()
         family = registry.frontends.get(spec.frontend)
         if family is None:
             raise ModelConstructionError(f"architecture {spec.name!r} uses frontend family {spec.frontend!r}, "
-                                         f"which no installed plugin provides (installed: {sorted(registry.frontends)})")
+                                         f"which no loaded plugin provides (loaded: {sorted(registry.frontends)})"
+                                         f"{filter_note()}")
         resources = {role: reader.resource("text", role) for role in text.resources}
         if "vision" in reader.directory.components:  # the image and video preprocessing settings
             resources.update({role: reader.resource("vision", role) for role in reader.component("vision").resources})

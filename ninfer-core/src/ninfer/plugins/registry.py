@@ -92,6 +92,35 @@ _LISTED: tuple[str, ...] = tuple(k for kind in KINDS
                                  for k in ((kind, "source_architectures") if kind == "source_mappings" else (kind,)))
 
 
+# The attributes the registry and its readers use of each kind's items (duck-typed: checking the classes would
+# import torch for ``ninfer --help``); an item without one is refused at indexing, naming its plugin.
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "architectures": ("name", "frontend", "parameter_specs", "profile", "create_program"),
+    "frontends": ("name", "create"),
+    "op_contracts": ("name", "signature"),
+    "ops": ("op", "name", "devices", "fn"),
+    "speculative_backends": ("name", "architectures", "create"),
+    "source_mappings": ("name", "source_architectures", "plan"),
+    "default_models": ("name", "source"),
+    "cli_commands": ("name", "add_arguments", "run"),
+}
+
+
+def _check_item(kind: str, item: object, owner: str) -> None:
+    what = kind[:-1].replace("_", " ")
+    missing = next((a for a in _REQUIRED[kind] if not hasattr(item, a)), None)
+    if missing is not None:
+        raise PluginError(f"plugin {owner!r}: hook ninfer_{kind} returned {type(item).__name__} {item!r:.60}, "
+                          f"which is not a {what} (it has no {missing!r})")
+    keys = item.source_architectures if kind == "source_mappings" else (item.name,)
+    if (not isinstance(keys, (tuple, list)) or not keys
+            or not all(isinstance(k, str) and k for k in keys)):
+        field = "source_architectures" if kind == "source_mappings" else "name"
+        value = getattr(item, field)
+        raise PluginError(f"plugin {owner!r}: an item of hook ninfer_{kind} has {field} {value!r}; "
+                          f"it must be {'a non-empty list of names' if field != 'name' else 'a non-empty string'}")
+
+
 class PluginRegistry:
     """The loaded plugin set. Build one with :func:`get_registry` (cached) or directly in tests.
 
@@ -176,6 +205,7 @@ class PluginRegistry:
                 raise PluginError(f"plugin {owner!r} failed in hook ninfer_{kind}: {exc}") from exc
             mine = labels.setdefault(owner, [])
             for item in items:
+                _check_item(kind, item, owner)
                 if kind == "ops":
                     table.append(item)
                     mine.append(f"{item.op}:{item.name}")
@@ -249,7 +279,7 @@ class PluginRegistry:
             raise UnknownArchitectureError(
                 f"no installed plugin provides architecture {name!r} (installed: {known}); "
                 f"install the plugin distribution that provides it ('ninfer plugins' lists the loaded plugins)"
-            ) from None
+                f"{filter_note()}") from None
 
     def source_mapping(self, architecture: str):
         try:
@@ -260,7 +290,7 @@ class PluginRegistry:
             known = ", ".join(sorted(self.source_mappings)) or "none"
             raise UnknownSourceMappingError(
                 f"no installed plugin converts checkpoints of architecture {architecture!r} "
-                f"(convertible: {known})") from None
+                f"(convertible: {known}){filter_note()}") from None
 
 
 def _version(dist: str) -> str:
@@ -268,6 +298,13 @@ def _version(dist: str) -> str:
         return md.version(dist)
     except md.PackageNotFoundError:
         return "?"
+
+
+def filter_note() -> str:
+    """``""``, or a clause saying that ``NINFER_PLUGINS`` limits the loaded plugins, for messages that list what is
+    installed: a plugin left out by the filter is installed but not loaded."""
+    raw = os.environ.get(ENV_FILTER, "").strip()
+    return f"; {ENV_FILTER}={raw!r} limits which installed plugins load" if raw else ""
 
 
 def _filter_from_env() -> set[str] | None:
