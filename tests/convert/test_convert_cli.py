@@ -99,7 +99,9 @@ def test_cli_converts_a_real_qwen3_5_checkpoint_with_the_installed_plugin(tmp_pa
     out = tmp_path / "tiny.ninfer"
     res = _cli(str(src), str(out), "--name", "tiny-qwen", "--quiet")
     assert res.returncode == 0, res.stderr
-    assert "source mapping qwen3_5" in res.stdout and res.stderr == ""
+    assert "source mapping qwen3_5" in res.stdout
+    # Weights only (no tokenizer.json): converted, with a warning that no engine can start on it.
+    assert res.stderr.startswith("ninfer-convert: warning: ") and "has no tokenizer.json" in res.stderr, res.stderr
     assert verify_artifact(out, progress=False).objects > 0  # the verify command itself is tested above
 
     with ArtifactReader.open(out) as r:
@@ -112,6 +114,17 @@ def test_cli_converts_a_real_qwen3_5_checkpoint_with_the_installed_plugin(tmp_pa
             embed = f.get_tensor(name)
         assert binding.object is not None
         assert r.read_object(binding.object) == embed.contiguous().view(torch.uint8).numpy().tobytes()
+
+    # A tokenizer with more ids than the model's vocabulary converts to an artifact no engine could start:
+    # refused at conversion with the frontend's reason, and nothing is written.
+    from ninfer.testing.checkpoints import write_byte_tokenizer
+
+    write_byte_tokenizer(src)   # 256 bytes + the ChatML specials > vocab_size 128
+    bad = tmp_path / "bad.ninfer"
+    res = _cli(str(src), str(bad), "--quiet")
+    assert res.returncode == 1 and not bad.exists()
+    assert ("would not load: the 'qwen' frontend refuses its text resources: vocab_size 128 is smaller than the "
+            "tokenizer's") in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("sig, status", [("SIGTERM", 143), ("SIGINT", 130)])

@@ -65,6 +65,7 @@ def test_toml_recipe(checkpoints, tmp_path):
     ('[formats]\n"*/mlp/down" = "nvfp4"\n', r"mlp/down.*which nvfp4 cannot hold: it needs N % 128 == 0"),
     ('base = "q9"\n', "base 'q9' is not a preset"),
     ('[format]\n', "unknown key 'format'"),
+    ('[formats]\n"*" = "keep"\n', "quantizes nothing: no matmul weight of this model matches its rules"),
 ])
 def test_recipe_errors_name_the_problem(checkpoints, tmp_path, body, match):
     recipe = tmp_path / "r.toml"
@@ -92,3 +93,16 @@ def test_unknown_preset_and_nvfp4():
     with pytest.raises(RecipeError, match="neither a preset"):
         load_recipe("q3")
     assert load_recipe("nvfp4").rules == (("*", "nvfp4"),)
+
+
+def test_a_mapping_without_uses_quantizes_nothing_and_says_why():
+    """A source mapping that declares no UsePlan marks no parameter as a matmul weight: a recipe would keep every
+    object as stored, which is refused instead of writing a full-precision artifact the user did not ask for."""
+    from types import SimpleNamespace
+
+    from ninfer.conversion.recipe import assign
+
+    plan = SimpleNamespace(uses=(), bindings=(SimpleNamespace(name="text/lm_head", object="text/lm_head", parts=()),))
+    with pytest.raises(RecipeError, match=r"recipe 'q8' quantizes nothing: the source mapping declares no weight "
+                                          r"uses \(UsePlan\)"):
+        assign(load_recipe("q8"), plan, {"text/lm_head": (8, 4)})

@@ -91,6 +91,9 @@ def _run_convert(argv: Sequence[str]) -> int:
         print(f"  cast objects: {', '.join(result.casts)}")
     if result.ignored:
         print(f"  ignored source tensors: {len(result.ignored)}")
+    if "resource/text/tokenizer.json" not in result.resources:
+        print(f"{PROG}: warning: {args.source} has no tokenizer.json: the artifact holds no tokenizer, so no "
+              f"engine can start on it (generate, chat, serve and score need one)", file=sys.stderr)
     return 0
 
 

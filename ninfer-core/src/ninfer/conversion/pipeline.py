@@ -40,6 +40,7 @@ from ninfer.conversion.errors import ConversionError, OutputExistsError, PlanErr
 from ninfer.conversion.plan import CheckedObject, CheckedPlan, check_plan
 from ninfer.conversion.quantize import encoder_name, write_quantized
 from ninfer.conversion.recipe import Recipe, assign, load_recipe
+from ninfer.conversion.resource_checks import check_frontend_loads
 from ninfer.conversion.resources import Resource, collect_resources
 from ninfer.conversion.source import CONFIG_NAME, SourceCheckpoint, SourceFile, open_checkpoint
 from ninfer.errors import NInferError
@@ -121,6 +122,7 @@ def convert(source: str | Path, output: str | Path, *, name: str | None = None,
         checked = CheckedPlan(checked.plan, tuple(replace(o, format=formats[o.id], cast=True) if o.id in formats
                                                   else o for o in checked.objects))
     resources = collect_resources(ckpt.folder, {c.id for c in checked.plan.components})
+    check_frontend_loads(registry, next(c.config for c in checked.plan.components if c.id == "text"), resources)
     clash = {r.object_id for r in resources} & {o.id for o in checked.objects}
     if clash:
         raise PlanError(f"planned object id {sorted(clash)[0]!r} collides with a frontend resource id")

@@ -181,4 +181,9 @@ def assign(recipe: Recipe, plan: ConversionPlan, shapes: Mapping[str, Sequence[i
     stray = [recipe.rules[i][0] for i in range(recipe.explicit) if i not in used]
     if stray:
         raise RecipeError(f"recipe {recipe.name!r}: pattern {stray[0]!r} matches no parameter of this model")
+    if not out:
+        # Asked to quantize and nothing would be: a silent full-precision artifact is never what was meant.
+        why = ("the source mapping declares no weight uses (UsePlan), so no parameter is known to be a matmul "
+               "weight" if not plan.uses else "no matmul weight of this model matches its rules")
+        raise RecipeError(f"recipe {recipe.name!r} quantizes nothing: {why}")
     return out

@@ -73,6 +73,31 @@ def check_text_resources(resources: Sequence[Resource], folder: Path) -> None:
             _check_template(default, f"the 'default' chat_template of {_where(text['tokenizer_config.json'], folder)}")
 
 
+def check_frontend_loads(registry: Any, text_config: Mapping[str, Any], resources: Sequence[Resource]) -> None:
+    """Build the frontend the runtime would build for the ``text`` component (its architecture's frontend family,
+    over these resources and the model's vocabulary size), when the installed plugins provide both; a failure
+    (no tokenizer.json, a vocabulary smaller than the tokenizer's ids, ...) is a :class:`SourceError`, so an
+    artifact that converts also loads. Without the runtime plugin nothing is checked: conversion needs only the
+    source mapping. A folder without ``tokenizer.json`` is not checked either (weights-only test checkpoints
+    convert); the converter warns that such an artifact cannot start an engine."""
+    from ninfer.contracts.features import StartupFeatures
+    from ninfer.errors import NInferError
+
+    if not any(r.component == "text" and r.role == "tokenizer.json" for r in resources):
+        return
+    names = text_config.get("architectures")
+    spec = registry.architectures.get(names[0]) if isinstance(names, list) and names else None
+    family = registry.frontends.get(spec.frontend) if spec is not None else None
+    if family is None:
+        return
+    try:
+        vocab_size = spec.profile(text_config, StartupFeatures()).vocab_size
+        family.create({r.role: r.read() for r in resources if r.component == "text"}, vocab_size)
+    except NInferError as exc:
+        raise SourceError(f"the converted model would not load: the {spec.frontend!r} frontend refuses its text "
+                          f"resources: {_one_line(exc)}") from None
+
+
 def _where(res: Resource, folder: Path) -> str:
     """The source file a resource comes from, as messages name it."""
     if res.path is not None:
