@@ -40,6 +40,18 @@ def test_program_failure_fails_every_request(make_toy_engine, where):
     assert_failed(engine, handles, "injected" if where == "forward" else "Program.commit")
 
 
+def test_logits_that_are_not_fp32_are_an_engine_failure_naming_the_dtype(make_toy_engine):
+    """The forward contract is fp32 logits (sampling, logprobs and greedy ties are defined on them): a Program that
+    returns another dtype fails loudly instead of sampling from rounded logits."""
+    import torch
+
+    engine, program, _ = make_toy_engine(max_concurrency=2)
+    forward = program.forward
+    program.forward = lambda batch: forward(batch).to(torch.bfloat16)
+    handles = [engine.submit([2], sampling=LONG)]
+    assert_failed(engine, handles, "forward returned torch.bfloat16 logits; the contract is torch.float32")
+
+
 class AcceptTooMany(ToySession):
     def preview(self, tokens):
         p = super().preview(tokens)

@@ -254,6 +254,9 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
                 raise ProgramError(f"forward returned logits of shape "
                                    f"{None if logits is None else tuple(logits.shape)}, expected "
                                    f"{(batch.num_logit_rows, self.vocab_size)}")
+            if batch.num_logit_rows and logits.dtype != torch.float32:
+                # Sampling, logprobs and greedy ties are defined on fp32 logits (the forward contract).
+                raise ProgramError(f"forward returned {logits.dtype} logits; the contract is torch.float32")
             if ahead:
                 drawn = self._draw_on_device(logits, sampling)
             else:
@@ -334,6 +337,8 @@ class SequenceProgram(Checkpoints, LookaheadDecode, ABC):
             if logits and (out is None or tuple(out.shape) != (num_tokens, self.vocab_size)):
                 raise ProgramError(f"forward returned logits of shape {None if out is None else tuple(out.shape)}, "
                                    f"expected {(num_tokens, self.vocab_size)}")
+            if logits and out.dtype != torch.float32:
+                raise ProgramError(f"forward returned {out.dtype} logits; the contract is torch.float32")
         except Exception:
             s.stale = True
             s.damaged = True
