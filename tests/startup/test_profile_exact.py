@@ -46,7 +46,8 @@ def _build(artifact, dtype, *, num_pages=12, page_size=8, sequences=3):
         specs = spec.parameter_specs(config, features)
         source = weight_source(reader, specs)
         weights = load_weights(reader, specs, "cpu")
-    profile = spec.profile(config, features, dtype=dtype, stored_dtypes=source.stored_dtypes)
+    profile = spec.profile(config, features, dtype=dtype, stored_dtypes=source.stored_dtypes,
+                           packed_bytes=source.packed_bytes)
     ops = resolve_ops(get_registry().ops, "cpu", dtype, force="reference")
     options = ProgramOptions(device=torch.device("cpu"), dtype=dtype, max_sequences=sequences, page_size=page_size,
                              num_pages=num_pages, max_context=num_pages * page_size)
@@ -114,3 +115,19 @@ def test_engine_memory_summary_matches_the_program(default_artifact):
         assert m.kv_candidate == "every running request at max_context" and m.num_pages == 2 * 256 // 16
         assert (m.graph_calibration_growth_bytes, m.graph_retained_after_release_bytes,
                 m.graph_rebuild_estimate_bytes, m.graph_final_growth_bytes) == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("recipe", ["q8", "q4", "fp8"])
+def test_profile_of_a_quantized_artifact_equals_allocated_bytes(tiny_moe_artifact, tmp_path, recipe, dtype):
+    """Packed weights are held as stored (a byte buffer per parameter), not in the run dtype: the profile the planner
+    sizes memory with must say so, or a quantized model is planned as if it were not quantized."""
+    from ninfer.conversion import convert
+
+    source = tiny_moe_artifact.parent / "hf"
+    artifact = tmp_path / f"{recipe}.ninfer"
+    convert(source, artifact, progress=False, quantize=recipe)
+    profile, program, loaded, _ = _build(artifact, dtype)
+    assert resident_tensor_bytes(program.model) == profile.weight_bytes
+    created = {k: n for k, n in _storages(program.model).items() if k not in _storages(loaded)}
+    assert sum(created.values()) == profile.converted_weight_bytes

@@ -57,12 +57,21 @@ _GDN_CHUNK = 64
 
 
 def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeatures, run: torch.dtype,
-             stored: Mapping[str, torch.dtype]) -> tuple[int, int, int]:
+             stored: Mapping[str, torch.dtype], packed: Mapping[str, int]) -> tuple[int, int, int]:
     """(resident bytes on the run device, bytes created at construction, bytes placed in host memory)."""
     resident = converted = host = 0
+    # A MoE block with a quantized router or shared-expert input keeps those as separate groups (layers/moe.py):
+    # nothing is concatenated, so its dense parts are not new and it has no padding rows.
+    grouped = {name.rsplit("/moe/", 1)[0] for name in packed if name.endswith(_MOE_FUSED_INPUT)}
     for s in parameter_specs(config, features):
         if cfg.tie_word_embeddings and s.name == "text/lm_head":
             continue  # the same tensor as text/embed
+        if s.name in packed:   # quantized: kept as loaded, wherever it is placed
+            if s.placement == "host":
+                host += packed[s.name]
+            else:
+                resident += packed[s.name]
+            continue
         held = stored.get(s.name, run)
         if s.placement == "host":   # host expert banks and a host embedding are kept as stored
             host += prod(s.shape) * held.itemsize
@@ -75,7 +84,8 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
         elif s.name.startswith("dflash/") and s.name.endswith(_DFLASH_KV):
             kept, new = run, True                 # concatenated into the drafter's ctx_kv
         else:
-            kept, new = run, held != run or s.name.endswith(_MOE_FUSED_INPUT)
+            fused = s.name.endswith(_MOE_FUSED_INPUT) and s.name.rsplit("/moe/", 1)[0] not in grouped
+            kept, new = run, held != run or fused
         nbytes = prod(s.shape) * kept.itemsize
         resident += nbytes
         converted += nbytes if new else 0
@@ -83,7 +93,8 @@ def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeat
     if features.speculative in ("dflash", "dflash2"):
         inv_freq += drafter_config(config).head_dim // 2 * _F32
     # The fused MoE input weight's zero rows (layers/moe.py: ROW_ALIGN), made at construction.
-    pad = (cfg.num_layers * (fused_input_rows(cfg) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
+    fused_layers = sum(1 for i in range(cfg.num_layers) if layer_prefix("text", i) not in grouped)
+    pad = (fused_layers * (fused_input_rows(cfg) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
            * cfg.hidden_size * run.itemsize if cfg.is_moe else 0)
     # The device cache of host experts (layers/expert_cache.py), in the run dtype, or as stored when quantized (a
     # byte a weight: the binder's uint8 view, at most the stored size of the formats below 8 bits).
@@ -164,13 +175,16 @@ def _matmul_params_per_token(cfg: Qwen35Config) -> int:
 
 
 def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.dtype | None = None,
-            stored_dtypes: Mapping[str, torch.dtype] | None = None) -> ModelProfile:
-    """The profile for run dtype ``dtype`` (None: bfloat16, what the engine runs on CUDA) and the stored
-    dtype of each parameter (None: all stored in ``dtype``)."""
+            stored_dtypes: Mapping[str, torch.dtype] | None = None,
+            packed_bytes: Mapping[str, int] | None = None) -> ModelProfile:
+    """The profile for run dtype ``dtype`` (None: bfloat16, what the engine runs on CUDA), the stored
+    dtype of each parameter (None: all stored in ``dtype``) and the held bytes of each quantized one
+    (``ArchitectureSpec.profile``)."""
     cfg = Qwen35Config.from_compact(config)
     run = dtype or torch.bfloat16
     s = run.itemsize
-    weight_bytes, converted, host_bytes = _weights(cfg, config, features, run, stored_dtypes or {})
+    packed = packed_bytes or {}
+    weight_bytes, converted, host_bytes = _weights(cfg, config, features, run, stored_dtypes or {}, packed)
     n_attn, n_gdn = len(cfg.attention_layers), len(cfg.gdn_layers)
     n_kv = n_attn + (1 if features.speculative == "mtp" else 0)   # the MTP layer's KV pool
     kd = cfg.num_kv_heads * cfg.head_dim
@@ -180,8 +194,13 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
         drafter_kv, default_tokens = d.num_layers * 2 * d.num_kv_heads * d.head_dim * s, d.block_size - 1
     # Read in part at decode: the untied input table (one row per token), the routed experts (top-k of E).
     embedding = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * s
-    experts = (cfg.num_layers * cfg.num_experts * 3 * cfg.moe_intermediate_size * cfg.hidden_size * s
-               if cfg.is_moe else 0)
+    experts = 0
+    if cfg.is_moe:   # a quantized bank: its stored bytes
+        dense = {"gate_up": 2, "down": 1}
+        for i in range(cfg.num_layers):
+            for part, rows in dense.items():
+                name = f"{layer_prefix('text', i)}/moe/experts/{part}"
+                experts += packed.get(name, cfg.num_experts * rows * cfg.moe_intermediate_size * cfg.hidden_size * s)
     host_layers = len(host_expert_layers(cfg, features))
     host_read = (experts * host_layers // cfg.num_layers
                  + (embedding if "text/embed" in host_placed(cfg, features) else 0))

@@ -34,6 +34,7 @@ from ninfer.contracts.architecture import ModelProfile
 from ninfer.contracts.features import StartupFeatures
 from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS
 from ninfer_qwen3_5.layers.moe import fused_input_rows
+from ninfer_qwen3_5.parameters import layer_prefix
 from ninfer_qwen3_5.profile import encoder_bytes_per_row
 
 from ninfer_qwen4exp.config import Qwen4ExpConfig
@@ -46,12 +47,21 @@ _MOE_FUSED_INPUT = ("moe/router", "moe/shared/gate_up", "moe/shared/gate")
 
 
 def _weights(cfg: Qwen4ExpConfig, config: Mapping[str, Any], features: StartupFeatures, run: torch.dtype,
-             stored: Mapping[str, torch.dtype]) -> tuple[int, int, int]:
+             stored: Mapping[str, torch.dtype], packed: Mapping[str, int]) -> tuple[int, int, int]:
     """(device-resident bytes, bytes created at construction, host-resident bytes)."""
     resident = converted = host = 0
     taps = (cfg.ple_conv_kernel - 1) * cfg.ngram_size + 1
+    # A MoE block with a quantized router or shared-expert input keeps them as separate groups: no concatenation,
+    # no padding rows (ninfer_qwen3_5.layers.moe).
+    grouped = {name.rsplit("/moe/", 1)[0] for name in packed if name.endswith(_MOE_FUSED_INPUT)}
     for s in parameter_specs(config, features):
         if cfg.tie_word_embeddings and s.name == "text/lm_head":
+            continue
+        if s.name in packed:   # quantized: kept as loaded, wherever it is placed
+            if s.placement == "host":
+                host += packed[s.name]
+            else:
+                resident += packed[s.name]
             continue
         held = stored.get(s.name, run)
         if s.placement == "host":   # PLE tables and host expert banks are kept as stored
@@ -63,14 +73,16 @@ def _weights(cfg: Qwen4ExpConfig, config: Mapping[str, Any], features: StartupFe
         elif s.name.endswith("ple/conv"):
             nbytes, new = s.shape[0] * taps * run.itemsize, True
         else:
-            nbytes, new = prod(s.shape) * run.itemsize, held != run or s.name.endswith(_MOE_FUSED_INPUT)
+            fused = s.name.endswith(_MOE_FUSED_INPUT) and s.name.rsplit("/moe/", 1)[0] not in grouped
+            nbytes, new = prod(s.shape) * run.itemsize, held != run or fused
         resident += nbytes
         converted += nbytes if new else 0
     mtp = features.speculative == "mtp"   # the MTP head: its own inverse frequencies and fused MoE input
     made = (1 + mtp) * cfg.rotary_dim // 2 * _F32
     made += len(cfg.ple_layers) * _I64 * (cfg.ngram_size + 2 * cfg.ngram_heads)
     c35 = cfg.qwen35
-    made += ((cfg.num_layers + mtp) * (fused_input_rows(c35) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
+    made += ((cfg.num_layers + mtp - len(grouped))
+             * (fused_input_rows(c35) - cfg.num_experts - 2 * cfg.shared_expert_intermediate_size - 1)
              * cfg.hidden_size * run.itemsize)
     # The device cache of host experts and the copy path's staging buffer (ninfer_qwen3_5.layers.host_experts).
     if features.host_experts:
@@ -121,13 +133,14 @@ def _matmul_params_per_token(cfg: Qwen4ExpConfig) -> int:
 
 
 def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.dtype | None = None,
-            stored_dtypes: Mapping[str, torch.dtype] | None = None) -> ModelProfile:
-    """The profile for run dtype ``dtype`` (None: bfloat16) and the stored dtype of each parameter (None: all stored
-    in ``dtype``)."""
+            stored_dtypes: Mapping[str, torch.dtype] | None = None,
+            packed_bytes: Mapping[str, int] | None = None) -> ModelProfile:
+    """The profile for run dtype ``dtype`` (None: bfloat16), the stored dtype of each parameter (None: all stored
+    in ``dtype``) and the held bytes of each quantized one (``ArchitectureSpec.profile``)."""
     cfg = Qwen4ExpConfig.from_compact(config)
     run = dtype or torch.bfloat16
     s = run.itemsize
-    weight_bytes, converted, host = _weights(cfg, config, features, run, stored_dtypes or {})
+    weight_bytes, converted, host = _weights(cfg, config, features, run, stored_dtypes or {}, packed_bytes or {})
     layout = model_layout(cfg, run, mtp=features.speculative == "mtp", vision=features.vision)
     kv = layout.kv
     per_token = len(kv.layers) * 2 * kv.num_kv_heads * kv.head_dim * s + sum(
@@ -135,7 +148,12 @@ def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.d
     n_attn, n_gdn = len(cfg.attention_layers), len(cfg.gdn_layers)
     kd = cfg.num_kv_heads * cfg.head_dim
     embedding = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * s
-    experts = cfg.num_layers * cfg.num_experts * 3 * cfg.moe_intermediate_size * cfg.hidden_size * s
+    packed = packed_bytes or {}
+    experts = 0
+    for i in range(cfg.num_layers):   # a quantized bank: its stored bytes
+        for part, rows in (("gate_up", 2), ("down", 1)):
+            experts += packed.get(f"{layer_prefix('text', i)}/moe/experts/{part}",
+                                  cfg.num_experts * rows * cfg.moe_intermediate_size * cfg.hidden_size * s)
     return ModelProfile(
         weight_bytes=weight_bytes,
         kv_bytes_per_token=per_token,

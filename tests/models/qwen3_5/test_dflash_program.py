@@ -284,7 +284,8 @@ def test_the_profile_is_exact(tmp_path_factory, name, dtype):
         source = weight_source(reader, specs)
         weights = load_weights(reader, specs, "cpu")
     features = StartupFeatures(speculative=w.backend)
-    profile = w.spec.profile(w.config, features, dtype=dtype, stored_dtypes=source.stored_dtypes)
+    profile = w.spec.profile(w.config, features, dtype=dtype, stored_dtypes=source.stored_dtypes,
+                             packed_bytes=source.packed_bytes)
     ops = resolve_ops(get_registry().ops, "cpu", dtype, force="reference")
     opts = dataclasses.replace(options(3), dtype=dtype)
     prog = w.spec.create_program(ProgramInit(config=w.config, weights=weights, ops=ops, options=opts,

@@ -26,7 +26,9 @@ _F32 = 4
 
 
 def profile(config: Mapping[str, Any], features: StartupFeatures, dtype: torch.dtype | None = None,
-            stored_dtypes: Mapping[str, torch.dtype] | None = None) -> ModelProfile:
+            stored_dtypes: Mapping[str, torch.dtype] | None = None,
+            packed_bytes: Mapping[str, int] | None = None) -> ModelProfile:
+    # packed_bytes stays empty: this mapping declares no weight uses, so its artifacts are never quantized.
     cfg = LlamaMiniConfig.from_compact(config)
     run = dtype or torch.bfloat16
     s, stored = run.itemsize, stored_dtypes or {}

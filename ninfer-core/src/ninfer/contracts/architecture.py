@@ -139,9 +139,12 @@ class ArchitectureSpec:
     """An architecture as registered through the ``ninfer_architectures`` hook.
 
     - ``parameter_specs(config, features)``: every logical parameter the features bind.
-    - ``profile(config, features, dtype=None, stored_dtypes=None)``: the address-free
+    - ``profile(config, features, dtype=None, stored_dtypes=None, packed_bytes=None)``: the address-free
       :class:`ModelProfile` for run dtype ``dtype`` (None: bfloat16) and the artifact's stored dtype
-      of each parameter name (None: every parameter stored in ``dtype``).
+      of each parameter name (None: every parameter stored in ``dtype``; ``torch.uint8`` for a quantized format).
+      ``packed_bytes`` (None: none) gives each quantized parameter's held bytes
+      (``ninfer.planning.planner.WeightSource.packed_bytes``): a Program keeps packed weights as loaded, so these,
+      not the parameter's shape, are what it holds for them.
     - ``create_program(init)``: a Program (``ninfer.contracts.program.Program``; an architecture subclasses
       ``ninfer.program.model.ModelProgram``).
     - ``summarize_config(config)``: a few lines for ``ninfer info``.

@@ -22,7 +22,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,12 +60,16 @@ class WeightSource:
     parameter reads plus the gathered copy of every such parameter that is not one contiguous range of one
     parent; ``host_load_bytes`` the same for the parameters placed in host memory (``ParameterSpec.placement``;
     a parent both kinds read counts in both); ``packed_host_load_bytes`` the same for the host-placed parameters
-    stored packed (uint8: quantized banks)."""
+    stored packed (uint8: quantized banks). ``packed_bytes``: for each parameter stored in a quantized format, the
+    bytes of the stored objects it reads that no parameter before it (in binding order) reads: what the Program holds
+    for it, since packed weights are kept as loaded. Parameters sharing an object (fused projections) sum to that
+    object's bytes once."""
 
     stored_dtypes: Mapping[str, torch.dtype]
     load_bytes: int
     host_load_bytes: int = 0
     packed_host_load_bytes: int = 0
+    packed_bytes: Mapping[str, int] = field(default_factory=dict)
 
 
 def weight_source(reader: ArtifactReader, specs) -> WeightSource:
@@ -79,10 +83,18 @@ def weight_source(reader: ArtifactReader, specs) -> WeightSource:
         return sum(parents.values()) + sum(bp.nbytes for bp in params if not bp.is_view)
 
     on_host = [bp for bp in bound.parameters if bp.name in host]
+    seen: set[str] = set()
+    packed: dict[str, int] = {}
+    for bp in bound.parameters:
+        if bp.quantized:
+            fresh = {p.object.id: p.object.bytes for p in bp.pieces if p.object.id not in seen}
+            seen.update(fresh)
+            packed[bp.name] = sum(fresh.values())
     return WeightSource(stored_dtypes={bp.name: bp.dtype for bp in bound.parameters},
                         load_bytes=held([bp for bp in bound.parameters if bp.name not in host]),
                         host_load_bytes=held(on_host),
-                        packed_host_load_bytes=held([bp for bp in on_host if bp.dtype == torch.uint8]))
+                        packed_host_load_bytes=held([bp for bp in on_host if bp.dtype == torch.uint8]),
+                        packed_bytes=packed)
 
 
 def _check_components(reader: ArtifactReader, specs, options: EngineOptions) -> None:
@@ -157,7 +169,8 @@ def artifact_profile(artifact: str | os.PathLike | ArtifactReader, options: Engi
     finally:
         if reader is not artifact:
             reader.close()
-    profile = spec.profile(text.config, features, dtype=dtype, stored_dtypes=source.stored_dtypes)
+    profile = spec.profile(text.config, features, dtype=dtype, stored_dtypes=source.stored_dtypes,
+                           packed_bytes=source.packed_bytes)
     resolved = resolve_options(options, device=device, dtype=dtype, profile=profile,
                                lookahead_supported=spec.lookahead, flat_steps_supported=spec.flat_steps)
     return ArtifactProfile(spec=spec, config=text.config, parameter_specs=specs, source=source,

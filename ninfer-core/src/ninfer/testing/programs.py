@@ -58,7 +58,8 @@ def build_program(artifact: str | Path, *, dtype: torch.dtype = torch.float32, d
         specs = spec.parameter_specs(config, features)
         source = weight_source(reader, specs)
         weights = load_weights(reader, specs, device)
-    profile = spec.profile(config, features, dtype=dtype, stored_dtypes=source.stored_dtypes)
+    profile = spec.profile(config, features, dtype=dtype, stored_dtypes=source.stored_dtypes,
+                           packed_bytes=source.packed_bytes)
     opset = resolve_ops(registry.ops, torch.device(device).type, dtype, contracts=registry.op_contracts, force=ops)
     options = ProgramOptions(device=torch.device(device), dtype=dtype, max_sequences=max_sequences,
                              page_size=page_size, num_pages=num_pages,
