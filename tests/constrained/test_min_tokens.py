@@ -65,8 +65,10 @@ def test_on_a_grammar_the_mask_is_the_grammars_less_the_stops_unless_it_can_only
 
 
 def test_options_check_min_tokens():
+    from ninfer.contracts.errors import InvalidRequestError
+
     for bad in (-1, 1.5, True, "3"):
-        with pytest.raises(ValueError, match="min_tokens"):
+        with pytest.raises(InvalidRequestError, match="min_tokens"):
             OutputOptions(min_tokens=bad)
 
 

@@ -153,3 +153,39 @@ def test_async_result_and_cancelled_waiter():
         return await asyncio.wait_for(handle.aresult(), timeout=10)
 
     assert asyncio.run(main()).finish_reason == "stop"
+
+
+def test_every_reader_of_one_handle_sees_the_end():
+    """Two threads reading one handle split its events, but the terminal event reaches both: the reader whose
+    event another thread took does not wait forever (blocking and asyncio readers alike)."""
+    c = Counters()
+    control = c.control()
+    handle = GenerationHandle(control)
+    seen: list[list] = [[], []]
+    started = threading.Barrier(3)
+
+    def read(i: int) -> None:
+        started.wait()
+        seen[i] = list(handle)
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(2)]
+    for t in readers:
+        t.start()
+    started.wait()
+    time.sleep(0.05)   # both readers wait in get(); ordering is not what the test depends on
+    events = [GenerationStart("r", 3), GenerationDelta("r", (5,)), GenerationDelta("r", (6,)), result_event()]
+    for e in events:
+        control.channel.push(e)
+    control.response_done()
+    for t in readers:
+        t.join(10)
+    assert not any(t.is_alive() for t in readers)
+    assert seen[0][-1] is seen[1][-1] is events[-1]
+    assert sorted(map(id, seen[0][:-1] + seen[1][:-1])) == sorted(map(id, events[:-1]))
+    assert handle.result(timeout=1) is events[-1]
+
+    async def late_reader():   # an asyncio reader after the queue emptied gets the end, not a wait
+        return await asyncio.wait_for(control.channel.aget(), 1)
+
+    assert asyncio.run(late_reader()) is events[-1]
+    assert c.releases == 1

@@ -36,9 +36,15 @@ def test_valid_values_pass_validation(k):
     assert options.features().speculative == "mtp"
 
 
-@pytest.mark.parametrize("k", [0, MAX_SPECULATIVE_TOKENS + 1, -1, True, 2.0, "3"])
+@pytest.mark.parametrize("k", [0, MAX_SPECULATIVE_TOKENS + 1, -1])
 def test_num_speculative_tokens_out_of_range_is_named(k):
     with pytest.raises(InvalidEngineOptions, match=r"num_speculative_tokens=.*must be an int in 1\.\.15 or None"):
+        EngineOptions(speculative="mtp", num_speculative_tokens=k).validate()
+
+
+@pytest.mark.parametrize("k", [True, 2.0, "3"])
+def test_num_speculative_tokens_of_another_type_is_named(k):
+    with pytest.raises(InvalidEngineOptions, match=r"num_speculative_tokens=.*: must be an integer or None, not"):
         EngineOptions(speculative="mtp", num_speculative_tokens=k).validate()
 
 
@@ -47,9 +53,10 @@ def test_num_speculative_tokens_needs_a_backend():
         EngineOptions(num_speculative_tokens=2).validate()
 
 
-@pytest.mark.parametrize("name", ["", 3])
-def test_speculative_must_be_a_name(name):
-    with pytest.raises(InvalidEngineOptions, match="speculative=.*must be a speculative backend name"):
+@pytest.mark.parametrize("name, match", [("", "must be a speculative backend name"),
+                                         (3, "must be a string or None, not int")])
+def test_speculative_must_be_a_name(name, match):
+    with pytest.raises(InvalidEngineOptions, match=f"speculative=.*{match}"):
         EngineOptions(speculative=name).validate()
 
 

@@ -31,7 +31,7 @@ from math import prod
 from typing import Any
 
 import torch
-from ninfer.contracts.architecture import ModelProfile
+from ninfer.contracts.architecture import ModelProfile, ParameterSpec
 from ninfer.contracts.features import StartupFeatures
 
 from ninfer_qwen3_5.config import Qwen35Config
@@ -56,21 +56,30 @@ _DFLASH_KV = ("/attention/key", "/attention/value")
 _GDN_CHUNK = 64
 
 
+def grouped_moe_blocks(packed: Mapping[str, int]) -> set[str]:
+    """The layer prefixes whose MoE block keeps a quantized router or shared-expert input as separate groups
+    (layers/moe.py): nothing is concatenated, so its dense parts are not new and it has no padding rows."""
+    return {name.rsplit("/moe/", 1)[0] for name in packed if name.endswith(_MOE_FUSED_INPUT)}
+
+
+def packed_held(spec: ParameterSpec, packed: Mapping[str, int]) -> tuple[int, int] | None:
+    """(device bytes, host bytes) a quantized parameter holds, kept as loaded wherever it is placed; None for a
+    dense one."""
+    if spec.name not in packed:
+        return None
+    return (0, packed[spec.name]) if spec.placement == "host" else (packed[spec.name], 0)
+
+
 def _weights(cfg: Qwen35Config, config: Mapping[str, Any], features: StartupFeatures, run: torch.dtype,
              stored: Mapping[str, torch.dtype], packed: Mapping[str, int]) -> tuple[int, int, int]:
     """(resident bytes on the run device, bytes created at construction, bytes placed in host memory)."""
     resident = converted = host = 0
-    # A MoE block with a quantized router or shared-expert input keeps those as separate groups (layers/moe.py):
-    # nothing is concatenated, so its dense parts are not new and it has no padding rows.
-    grouped = {name.rsplit("/moe/", 1)[0] for name in packed if name.endswith(_MOE_FUSED_INPUT)}
+    grouped = grouped_moe_blocks(packed)
     for s in parameter_specs(config, features):
         if cfg.tie_word_embeddings and s.name == "text/lm_head":
             continue  # the same tensor as text/embed
-        if s.name in packed:   # quantized: kept as loaded, wherever it is placed
-            if s.placement == "host":
-                host += packed[s.name]
-            else:
-                resident += packed[s.name]
+        if (held_packed := packed_held(s, packed)) is not None:
+            resident, host = resident + held_packed[0], host + held_packed[1]
             continue
         held = stored.get(s.name, run)
         if s.placement == "host":   # host expert banks and a host embedding are kept as stored

@@ -35,7 +35,7 @@ from ninfer.contracts.features import StartupFeatures
 from ninfer_qwen3_5.layers.host_experts import STAGE_SLOTS
 from ninfer_qwen3_5.layers.moe import fused_input_rows
 from ninfer_qwen3_5.parameters import layer_prefix
-from ninfer_qwen3_5.profile import encoder_bytes_per_row
+from ninfer_qwen3_5.profile import encoder_bytes_per_row, grouped_moe_blocks, packed_held
 
 from ninfer_qwen4exp.config import Qwen4ExpConfig
 from ninfer_qwen4exp.parameters import host_expert_layers, parameter_specs
@@ -51,17 +51,12 @@ def _weights(cfg: Qwen4ExpConfig, config: Mapping[str, Any], features: StartupFe
     """(device-resident bytes, bytes created at construction, host-resident bytes)."""
     resident = converted = host = 0
     taps = (cfg.ple_conv_kernel - 1) * cfg.ngram_size + 1
-    # A MoE block with a quantized router or shared-expert input keeps them as separate groups: no concatenation,
-    # no padding rows (ninfer_qwen3_5.layers.moe).
-    grouped = {name.rsplit("/moe/", 1)[0] for name in packed if name.endswith(_MOE_FUSED_INPUT)}
+    grouped = grouped_moe_blocks(packed)
     for s in parameter_specs(config, features):
         if cfg.tie_word_embeddings and s.name == "text/lm_head":
             continue
-        if s.name in packed:   # quantized: kept as loaded, wherever it is placed
-            if s.placement == "host":
-                host += packed[s.name]
-            else:
-                resident += packed[s.name]
+        if (held_packed := packed_held(s, packed)) is not None:
+            resident, host = resident + held_packed[0], host + held_packed[1]
             continue
         held = stored.get(s.name, run)
         if s.placement == "host":   # PLE tables and host expert banks are kept as stored

@@ -9,10 +9,11 @@ deltas. A preview that is not committed has no effect (the session is unchanged)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ninfer.contracts.constraint import OutputConstraint
+from ninfer.contracts.field_types import type_problem
 
 if TYPE_CHECKING:
     from ninfer.contracts.media import MediaInput
@@ -108,8 +109,30 @@ class OutputOptions:
     include_stop_str: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        from ninfer.contracts.errors import InvalidRequestError
+
+        # One stop string given bare is one stop string (as vLLM reads it), not a sequence of characters.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        for name in ("stop", "stop_token_ids", "tools"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        for f in fields(self):
+            why = type_problem(getattr(self, f.name), f.type)
+            if why is not None:
+                raise InvalidRequestError(f"invalid output option {f.name}={getattr(self, f.name)!r}: {why}")
+        if self.min_tokens < 0:
+            raise InvalidRequestError(f"invalid output option min_tokens={self.min_tokens!r}: must be >= 0")
+        if "" in self.stop:
+            raise InvalidRequestError("invalid output option stop: a stop string must not be empty")
+        if not isinstance(self.tools, tuple) or not all(isinstance(t, Mapping) for t in self.tools):
+            raise InvalidRequestError(f"invalid output option tools: must be a sequence of tool specs (mappings), "
+                                      f"got {self.tools!r:.80}")
+        if not isinstance(self.extra, Mapping):
+            raise InvalidRequestError(f"invalid output option extra: must be a mapping, got {type(self.extra).__name__}")
+        if self.constraint is not None and not isinstance(self.constraint, OutputConstraint):
+            raise InvalidRequestError(f"invalid output option constraint: must be an OutputConstraint (e.g. "
+                                      f"OutputConstraint.json_schema(...)), got {type(self.constraint).__name__}")
 
 
 @runtime_checkable

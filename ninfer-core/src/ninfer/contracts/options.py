@@ -6,12 +6,15 @@ import dataclasses
 from dataclasses import dataclass
 
 from ninfer.contracts.features import Purpose, StartupFeatures
+from ninfer.contracts.field_types import type_problem
 from ninfer.errors import NInferError
 
 MAX_CONCURRENCY_LIMIT = 8
 #: The most tokens a speculative step may draft per row (``EngineOptions.num_speculative_tokens``): a block
 #: drafter's block of 16 (the published DFlash checkpoints') drafts 15.
 MAX_SPECULATIVE_TOKENS = 15
+# The largest KV page in tokens (a request holds whole pages; vLLM's largest block is 256).
+MAX_PAGE_SIZE = 1024
 # Prefill chunk defaults (``EngineOptions.prefill_chunk``). Generation: each chunk pays tens of host launches per
 # layer, so small chunks leave a large GPU host-bound; 8,192 was the fastest size measured, with little gain over
 # 4,096 (the sweep is in docs/dev/perf-log.md). vLLM and SGLang also default to 8,192-token batches on this class
@@ -199,6 +202,10 @@ class EngineOptions:
         def bad(name: str, why: str) -> InvalidEngineOptions:
             return InvalidEngineOptions(f"invalid engine option {name}={getattr(self, name)!r}: {why}")
 
+        for f in dataclasses.fields(self):   # first: the range checks below assume these types
+            why = type_problem(getattr(self, f.name), f.type)
+            if why is not None:
+                raise bad(f.name, why)
         if not 1 <= self.max_concurrency <= MAX_CONCURRENCY_LIMIT:
             raise bad("max_concurrency", f"must be in 1..{MAX_CONCURRENCY_LIMIT}")
         if self.queue_capacity < 0:
@@ -207,8 +214,9 @@ class EngineOptions:
             raise bad("queue_timeout_s", "must be > 0 or None")
         if self.max_context < 2:
             raise bad("max_context", "must be >= 2 (one prompt and one output token)")
-        if self.page_size < 1:
-            raise bad("page_size", "must be >= 1")
+        if not 1 <= self.page_size <= MAX_PAGE_SIZE:
+            # A request holds whole pages: a huge page reserves that many token slots for every short request.
+            raise bad("page_size", f"must be in 1..{MAX_PAGE_SIZE} (tokens per KV page)")
         if self.num_pages is not None and self.num_pages < 1:
             raise bad("num_pages", "must be >= 1")
         if self.kv_budget_mib is not None and not self.kv_budget_mib > 0:

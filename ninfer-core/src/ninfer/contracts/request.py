@@ -46,9 +46,26 @@ class GenerationRequest:
     session: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.prompt, (str, bytes, bytearray)):
+            # tuple() would split it into characters, each then "outside the vocabulary".
+            raise InvalidRequestError(f"GenerationRequest.prompt is token ids or a PreparedPrompt, not "
+                                      f"{type(self.prompt).__name__}: prepare text with Frontend.prepare_text, or pass "
+                                      f"it to Engine.submit / generate, which do")
         if not isinstance(self.prompt, PreparedPrompt):
             # Freeze the caller's list so the request stays immutable after submit.
             object.__setattr__(self, "prompt", tuple(self.prompt))
+        if self.sampling is not None and not isinstance(self.sampling, SamplingParams):
+            raise InvalidRequestError(f"GenerationRequest.sampling must be a SamplingParams or None, got "
+                                      f"{type(self.sampling).__name__}")
+        if not isinstance(self.output, OutputOptions):
+            raise InvalidRequestError(f"GenerationRequest.output must be an OutputOptions, got "
+                                      f"{type(self.output).__name__}")
+        if not isinstance(self.cache, bool):
+            raise InvalidRequestError(f"GenerationRequest.cache must be True or False, got {self.cache!r:.40}")
+        if self.deadline is not None and (isinstance(self.deadline, bool)
+                                          or not isinstance(self.deadline, (int, float))):
+            raise InvalidRequestError(f"GenerationRequest.deadline must be a time.monotonic() value or None, got "
+                                      f"{type(self.deadline).__name__}")
 
     @property
     def cache_points(self) -> tuple[int, ...]:
@@ -75,7 +92,9 @@ class GenerationRequest:
         if not tokens:
             raise InvalidRequestError("the prompt is empty: at least one token is needed")
         for t in tokens:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise InvalidRequestError(f"prompt token {t!r} is a {type(t).__name__}, not a Python int")
+            if not 0 <= t < vocab_size:
                 raise InvalidRequestError(f"prompt token {t!r} is outside the vocabulary [0, {vocab_size})")
         if len(tokens) >= max_context:
             raise PromptTooLongError(

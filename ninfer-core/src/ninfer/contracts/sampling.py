@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from ninfer.contracts.field_types import type_problem
 from ninfer.errors import NInferError
 
 
@@ -40,6 +41,10 @@ class SamplingParams:
         def bad(field: str, why: str) -> InvalidSamplingParams:
             return InvalidSamplingParams(f"invalid sampling parameter {field}={getattr(self, field)!r}: {why}")
 
+        for f in fields(self):   # first: the range checks below and the worker assume these types
+            why = type_problem(getattr(self, f.name), f.type)
+            if why is not None:
+                raise bad(f.name, why)
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                      "frequency_penalty"):
             if not math.isfinite(float(getattr(self, name))):

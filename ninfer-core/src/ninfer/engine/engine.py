@@ -34,6 +34,13 @@ from ninfer.contracts.options import EngineOptions, InvalidEngineOptions
 from ninfer.contracts.program import CheckpointProgram, Program, ProgramError, WarmupLimits
 from ninfer.contracts.request import GenerationRequest
 from ninfer.contracts.sampling import SamplingParams
+from ninfer.engine.api_checks import (
+    check_chat,
+    check_request_keywords,
+    looks_like_messages,
+    options_with,
+    token_ids_of_array,
+)
 from ninfer.engine.handle import GenerationHandle, RequestControl
 from ninfer.engine.requests import RequestRecord
 from ninfer.engine.stats import EngineStats
@@ -141,7 +148,10 @@ class Engine:
         from ninfer.planning.resolution import check_speculative
 
         begun = time.perf_counter()
-        options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
+        options = options_with(options, overrides)
+        if model is not None and not os.fspath(model).strip():
+            raise InvalidEngineOptions("the model is an empty string: give an artifact, a folder, a default model's "
+                                       "name or a repo id, or None for the default model")
         check_speculative(options)  # before any conversion, like the other options
         named_artifact = model is not None and (Path(model).is_file() or os.fspath(model).endswith(".ninfer"))
         artifact = model if named_artifact else resolve_model(model, draft=options.speculative)
@@ -163,7 +173,7 @@ class Engine:
         """Serve an already built Program and Frontend (options' KV sizing fields are ignored: the
         Program's capacity is what it is). The purpose's rules apply (``EngineOptions.for_purpose``); the
         default context cache is on when the Program has checkpoint slots."""
-        options = dataclasses.replace(options or EngineOptions(), **overrides).validate()
+        options = options_with(options, overrides)
         return cls(program, frontend, options)
 
     def _warm_up(self, program: Program, options: EngineOptions) -> None:
@@ -306,7 +316,7 @@ class Engine:
         ``OutputOptions()`` (reasoning and tool calls parsed). ``timeout`` and ``kwargs`` are as in
         :meth:`generate`. Anything but a non-empty list of messages with a ``role`` is an
         InvalidRequestError (a plain text prompt goes to :meth:`generate`)."""
-        _check_messages(messages)
+        check_chat(messages, tools, enable_thinking, template_kwargs)
         prompt = self._frontend.prepare_chat(list(messages), tools=tuple(tools), enable_thinking=enable_thinking,
                                              **dict(template_kwargs or {}))
         out = output if output is not None else OutputOptions()
@@ -333,6 +343,7 @@ class Engine:
 
     def _as_request(self, request: PromptInput, sampling, output, deadline, timeout_s, request_id, cache=None,
                     session=None) -> GenerationRequest:
+        check_request_keywords(output, deadline, timeout_s, request_id, cache)
         if timeout_s is not None:
             relative = time.monotonic() + timeout_s
             deadline = relative if deadline is None else min(deadline, relative)
@@ -340,10 +351,15 @@ class Engine:
             if any(v is not None for v in (sampling, output, deadline, request_id, cache, session)):
                 raise TypeError("pass either a GenerationRequest or a prompt with keyword arguments, not both")
             return request
-        if _looks_like_messages(request):
+        if looks_like_messages(request):
             raise InvalidRequestError("the prompt is a list of chat messages: use engine.chat(messages, ...), which "
                                       "renders the model's chat template, or pass "
                                       "engine.frontend.prepare_chat(messages) as the prompt")
+        if isinstance(request, (bytes, bytearray)):
+            raise InvalidRequestError("the prompt is bytes: decode it to a str for text, or pass token ids as a list "
+                                      "of ints")
+        if not isinstance(request, (str, PreparedPrompt, list, tuple)) and hasattr(request, "tolist"):
+            request = token_ids_of_array(request)   # a 1-D integer numpy array or torch tensor of token ids
         prompt = self._frontend.prepare_text(request) if isinstance(request, str) else request
         return GenerationRequest(prompt=prompt, sampling=sampling, output=output or OutputOptions(),
                                  deadline=deadline, request_id=request_id, cache=True if cache is None else cache,
@@ -428,6 +444,8 @@ class Engine:
             return
         done = threading.Event()
         with self._core.submit_lock:
+            if self._core.status != "failed" and (self._core.status != "running" or self._core_closing):
+                return   # closed: there is no cache left to clear
             self._check_accepting()
             self._core.inbox.put(("clear_cache", done))
         if not done.wait(timeout):
@@ -470,26 +488,6 @@ class Engine:
 
 def _has_checkpoint_slots(program: Program) -> bool:
     return isinstance(program, CheckpointProgram) and program.checkpoint_usage().total_slots >= 1
-
-
-def _looks_like_messages(prompt: Any) -> bool:
-    """A chat message (a mapping) or a sequence holding one, where a prompt was expected."""
-    if isinstance(prompt, Mapping):
-        return True
-    return (isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes))
-            and any(isinstance(item, Mapping) for item in prompt))
-
-
-def _check_messages(messages: Any) -> None:
-    if isinstance(messages, (str, bytes)):
-        raise InvalidRequestError("chat() takes a list of messages such as [{'role': 'user', 'content': 'Hi'}]; "
-                                  "a plain text prompt goes to generate()")
-    if isinstance(messages, Mapping) or not isinstance(messages, Sequence) or not messages:
-        raise InvalidRequestError(f"chat() takes a non-empty list of messages such as "
-                                  f"[{{'role': 'user', 'content': 'Hi'}}], got {type(messages).__name__}")
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or "role" not in m:
-            raise InvalidRequestError(f"message {i} must be a mapping with a 'role' (and 'content'), got {m!r:.80}")
 
 
 def _stop_core(core: EngineCore) -> None:

@@ -36,7 +36,9 @@ class ResponseChannel:
     """A one-producer event queue readable from threads (blocking) and from asyncio (awaiting).
 
     Invariant: after the terminal event is pushed nothing else is; ``terminal`` keeps it so
-    :meth:`GenerationHandle.result` still answers after the stream was iterated.
+    :meth:`GenerationHandle.result` still answers after the stream was iterated. Each event but the terminal one
+    goes to one reader; the terminal event goes to every reader that waits once the queue is empty, so a reader
+    whose events another thread took still sees the end instead of waiting forever.
     """
 
     def __init__(self) -> None:
@@ -65,6 +67,8 @@ class ResponseChannel:
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not self._events:
+                if self.terminal is not None:   # another reader took it: the end is everyone's
+                    return self.terminal
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError("no generation event within the timeout")
@@ -77,6 +81,8 @@ class ResponseChannel:
             with self._cond:
                 if self._events:
                     return self._events.popleft()
+                if self.terminal is not None:   # another reader took it: the end is everyone's
+                    return self.terminal
                 fut = loop.create_future()
                 self._waiters.append((loop, fut))
             try:

@@ -74,6 +74,7 @@ class CausalScoreCore:
         self._dtype = dtype
         self._info = dict(info or {})
         self._lock = threading.Lock()
+        self._scoring_thread: int | None = None   # the thread inside score(), to refuse a re-entrant call
         self.windows_run = 0       # totals since start, for Engine.stats()
         self.chunks_run = 0
         self.tokens_processed = 0
@@ -113,24 +114,38 @@ class CausalScoreCore:
         total = sum(max(0, len(t) - 1) for t in token_lists)
         settings = ScoreSettings(context=context, stride=stride, dtype=self._dtype, device=self._device,
                                  prefill_chunk_size=self._chunk, logprobs=bool(logprobs), top_logprobs=top_logprobs)
+        if self._scoring_thread == threading.get_ident():
+            # The lock is not re-entrant: waiting for it here would wait for ourselves forever.
+            raise InvalidScoringOptions("score() was called from inside a score() call on the same thread (its "
+                                        "progress callback): score the next texts after this call returns")
         with self._lock:
-            started = time.perf_counter()
-            processed0 = self.tokens_processed
-            done = [0]
+            self._scoring_thread = threading.get_ident()
+            try:
+                return self._score_locked(items, token_lists, total, settings, context, stride, logprobs,
+                                          top_logprobs, progress)
+            finally:
+                self._scoring_thread = None
 
-            def advance(n: int) -> None:
-                done[0] += n
-                if progress is not None:
-                    progress(done[0], total)
+    def _score_locked(self, items, token_lists, total, settings, context, stride, logprobs, top_logprobs,
+                      progress) -> ScoreReport:
+        """score() under the scorer's lock: the windows of every text, in order."""
+        started = time.perf_counter()
+        processed0 = self.tokens_processed
+        done = [0]
 
+        def advance(n: int) -> None:
+            done[0] += n
             if progress is not None:
-                progress(0, total)
-            results = []
-            for i, (item, tokens) in enumerate(zip(items, token_lists, strict=True)):
-                results.append(self._score_text(i, item.id, tokens, context, stride, bool(logprobs), top_logprobs,
-                                                advance))
-            elapsed = time.perf_counter() - started
-            processed = self.tokens_processed - processed0
+                progress(done[0], total)
+
+        if progress is not None:
+            progress(0, total)
+        results = []
+        for i, (item, tokens) in enumerate(zip(items, token_lists, strict=True)):
+            results.append(self._score_text(i, item.id, tokens, context, stride, bool(logprobs), top_logprobs,
+                                            advance))
+        elapsed = time.perf_counter() - started
+        processed = self.tokens_processed - processed0
         return ScoreReport(settings=settings, artifact=self._info, texts=tuple(results), elapsed_s=elapsed,
                            processed_tokens=processed)
 
