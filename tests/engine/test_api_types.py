@@ -39,7 +39,7 @@ def engine(default_artifact):
     ({"ignore_eos": "no"}, r"ignore_eos='no': must be True or False, not str"),
     ({"temperature": "0.5"}, r"temperature='0\.5': must be a number, not str"),
     ({"seed": 1.5}, r"seed=1\.5: must be an integer or None, not float"),
-    ({"stop_token_ids": [1.5]}, r"stop_token_ids=\[1\.5\]: every item must be an integer, not float"),
+    ({"stop_token_ids": [1.5]}, r"stop_token_ids=\(1\.5,\): every item must be an integer, not float"),
 ])
 def test_a_wrongly_typed_sampling_value_is_refused_and_harms_no_other_request(engine, fields, match):
     greedy = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
@@ -66,9 +66,10 @@ def test_request_keywords_are_typed(engine, kwargs, error, match):
     if error is None:
         assert engine.generate("x", max_tokens=2, **kwargs).finish_reason in ("stop", "length")
         return
+    submitted = engine.stats().submitted
     with pytest.raises(error, match=match):
         engine.generate("x", max_tokens=2, **kwargs)
-    assert engine.stats().outstanding == 0
+    assert engine.stats().submitted == submitted   # refused before anything was queued
 
 
 @pytest.mark.parametrize("options, match", [
@@ -196,3 +197,25 @@ def test_score_from_its_own_progress_callback_is_refused_not_a_deadlock(default_
         assert report[0].texts[0].scored_tokens > 0
         assert "called from inside a score() call on the same thread" in str(errors[0])
         assert scorer.score(["x y z"]).texts[0].scored_tokens > 0   # the scorer still works
+
+
+def test_numpy_scalars_and_a_torch_device_stand_for_their_python_types(engine):
+    """A numpy integer is an int and a numpy float a float (turned into Python's own at construction), as they
+    were before the type checks; a torch.device names the device."""
+    params = SamplingParams(seed=np.int64(5), max_tokens=np.int32(3), temperature=np.float32(0.5),
+                            stop_token_ids=[np.int64(7)])
+    assert (type(params.seed), type(params.max_tokens), type(params.temperature)) == (int, int, float)
+    assert params.stop_token_ids == (7,) and type(params.stop_token_ids[0]) is int
+    assert params.validate() is params
+    greedy = {"temperature": 0.0, "ignore_eos": True}
+    assert (engine.generate(PROMPT, max_tokens=np.int64(3), **greedy).token_ids
+            == engine.generate(PROMPT, max_tokens=3, **greedy).token_ids)
+    assert EngineOptions(device=torch.device("cpu")).validate().device == "cpu"
+
+
+def test_a_sequence_of_ints_without_a_dtype_is_token_ids(engine):
+    import array
+
+    ids = list(engine.frontend.prepare_text(PROMPT).token_ids)
+    greedy = {"temperature": 0.0, "max_tokens": 4, "ignore_eos": True}
+    assert engine.generate(array.array("l", ids), **greedy).token_ids == engine.generate(ids, **greedy).token_ids

@@ -42,6 +42,18 @@ def test_eos_sources_and_errors(frontend: QwenFrontend):
         GenerationDefaults.from_configs({"temperature": "hot", "eos_token_id": 1}, None, tok)
 
 
+def test_a_whole_float_top_k_is_an_int(frontend: QwenFrontend):
+    """JSON writers may store top_k 20 as 20.0: it is the integer the sampler takes (the converter accepts it too),
+    else every request that does not set top_k would be refused for a value the client never sent."""
+    from ninfer.contracts.sampling import SamplingParams
+
+    d = GenerationDefaults.from_configs({"top_k": 20.0, "eos_token_id": 1}, None, frontend.tokenizer)
+    assert d.sampling["top_k"] == 20 and type(d.sampling["top_k"]) is int
+    SamplingParams(**d.sampling).validate()
+    with pytest.raises(FrontendError, match=r"top_k=20\.5 is not an integer"):
+        GenerationDefaults.from_configs({"top_k": 20.5, "eos_token_id": 1}, None, frontend.tokenizer)
+
+
 def test_missing_tokenizer_is_a_clear_error():
     with pytest.raises(FrontendError, match="tokenizer.json"):
         QwenFrontend({"generation_config.json": b"{}"})

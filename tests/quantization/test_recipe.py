@@ -106,3 +106,18 @@ def test_a_mapping_without_uses_quantizes_nothing_and_says_why():
     with pytest.raises(RecipeError, match=r"recipe 'q8' quantizes nothing: the source mapping declares no weight "
                                           r"uses \(UsePlan\)"):
         assign(load_recipe("q8"), plan, {"text/lm_head": (8, 4)})
+
+
+def test_nvfp4_on_shapes_it_cannot_hold_says_so():
+    """The preset selects the matmul weight, but nvfp4's layout cannot hold its shape: the refusal names the
+    layout, not the rules."""
+    from types import SimpleNamespace
+
+    from ninfer.conversion.recipe import assign
+
+    plan = SimpleNamespace(uses=(SimpleNamespace(parameter="text/lm_head", activation_policy="A16Only"),),
+                           bindings=(SimpleNamespace(name="text/lm_head", object="text/lm_head", parts=()),))
+    with pytest.raises(RecipeError, match=r"recipe 'nvfp4' quantizes nothing: nvfp4 cannot hold any of the matmul "
+                                          r"weights it selects \(e\.g\. 'text/lm_head', shape \[8, 4\]: it needs "
+                                          r"N % 128 == 0"):
+        assign(load_recipe("nvfp4"), plan, {"text/lm_head": (8, 4)})

@@ -5,12 +5,14 @@ The contracts (SamplingParams, OutputOptions, EngineOptions) are plain dataclass
 string fails a whole step, or silently means something else. Their ``validate`` (or ``__post_init__``) calls
 :func:`type_problem` on every field first, on the submitting thread, and refuses the value naming the field.
 
-Invariants of :func:`type_problem`, by annotation (the annotation strings of ``from __future__ import annotations``):
+:func:`normalize_fields` first turns the values that stand for the annotated type into it (a ``numpy`` integer
+into an ``int``, a ``numpy.float32`` or ``Fraction`` into a ``float``, a ``torch.device`` into its name, a list
+into a tuple), so the worker only ever meets Python's own types. Invariants of :func:`type_problem`, by annotation
+(the annotation strings of ``from __future__ import annotations``):
 
 - ``bool``: ``True`` or ``False`` only (no 0/1, no strings);
-- ``int``: an ``int`` that is not a ``bool`` (``numpy`` integers are refused: the worker slices and indexes with it);
-- ``float``: an ``int`` or ``float`` that is not a ``bool`` (``numpy.float64`` is a float; ``numpy.float32``,
-  ``Decimal`` and ``Fraction`` are refused);
+- ``int``: an ``int`` that is not a ``bool`` (no ``1e3``, no ``5.0``);
+- ``float``: an ``int`` or ``float`` that is not a ``bool`` (``Decimal`` and strings are refused);
 - ``str``: a ``str``;
 - ``tuple[T, ...]`` with T one of the above: a tuple (or list) whose items each fit T;
 - ``X | None``: None, or what X accepts;
@@ -19,6 +21,9 @@ Invariants of :func:`type_problem`, by annotation (the annotation strings of ``f
 
 from __future__ import annotations
 
+import numbers
+import operator
+from dataclasses import fields
 from typing import Any
 
 
@@ -70,3 +75,37 @@ def type_problem(value: Any, annotation: str) -> str | None:
 
 
 _NONE = object()
+
+
+def _normal(value: Any, name: str) -> Any:
+    if isinstance(value, bool) or value is None:
+        return value
+    if name == "int" and not isinstance(value, int) and hasattr(value, "__index__"):
+        return operator.index(value)
+    if name == "float" and not isinstance(value, (int, float)) and isinstance(value, numbers.Real):
+        return float(value)
+    if name == "str" and type(value).__module__ == "torch" and type(value).__name__ == "device":
+        return str(value)
+    return value
+
+
+def normalized(value: Any, annotation: str) -> Any:
+    """``value`` as the annotated Python type when it stands for one (module docstring), else unchanged."""
+    parts = [p.strip() for p in annotation.split("|") if p.strip() != "None"]
+    if len(parts) != 1:
+        return value
+    name = parts[0]
+    if name.startswith("tuple[") and name.endswith(", ...]"):
+        if isinstance(value, list):
+            value = tuple(value)
+        return tuple(_normal(v, name[6:-6]) for v in value) if isinstance(value, tuple) else value
+    return _normal(value, name)
+
+
+def normalize_fields(obj: Any) -> None:
+    """Normalize every field of the frozen dataclass ``obj`` in place (``__post_init__`` only)."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        new = normalized(value, f.type)
+        if new is not value:
+            object.__setattr__(obj, f.name, new)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from ninfer.contracts.constraint import OutputConstraint
-from ninfer.contracts.field_types import type_problem
+from ninfer.contracts.field_types import normalize_fields, type_problem
 
 if TYPE_CHECKING:
     from ninfer.contracts.media import MediaInput
@@ -114,9 +114,9 @@ class OutputOptions:
         # One stop string given bare is one stop string (as vLLM reads it), not a sequence of characters.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        for name in ("stop", "stop_token_ids", "tools"):
-            if isinstance(getattr(self, name), list):
-                object.__setattr__(self, name, tuple(getattr(self, name)))
+        if isinstance(self.tools, list):
+            object.__setattr__(self, "tools", tuple(self.tools))
+        normalize_fields(self)
         for f in fields(self):
             why = type_problem(getattr(self, f.name), f.type)
             if why is not None:

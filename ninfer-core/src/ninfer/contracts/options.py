@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ninfer.contracts.features import Purpose, StartupFeatures
-from ninfer.contracts.field_types import type_problem
+from ninfer.contracts.field_types import normalize_fields, type_problem
 from ninfer.errors import NInferError
 
 MAX_CONCURRENCY_LIMIT = 8
@@ -197,6 +197,9 @@ class EngineOptions:
     host_expert_kernel: str | None = None
     expert_routing_file: str | None = None
     prefill_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        normalize_fields(self)   # numpy scalars, a torch.device: Python's own types
 
     def validate(self) -> EngineOptions:
         def bad(name: str, why: str) -> InvalidEngineOptions:

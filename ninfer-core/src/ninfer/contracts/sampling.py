@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from ninfer.contracts.field_types import type_problem
+from ninfer.contracts.field_types import normalize_fields, type_problem
 from ninfer.errors import NInferError
 
 
@@ -36,6 +36,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        normalize_fields(self)   # numpy scalars and lists become Python ints, floats and tuples
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         def bad(field: str, why: str) -> InvalidSamplingParams:

@@ -148,6 +148,7 @@ def assign(recipe: Recipe, plan: ConversionPlan, shapes: Mapping[str, Sequence[i
 
     used: set[int] = set()
     out: dict[str, str] = {}
+    untiled: list[str] = []   # objects a preset's nvfp4 rule selected but nvfp4's layout cannot hold
     for oid, names in holders.items():
         chosen: tuple[str, str] | None = None
         for name in names:
@@ -171,6 +172,7 @@ def assign(recipe: Recipe, plan: ConversionPlan, shapes: Mapping[str, Sequence[i
                         f"shape {list(shapes[oid])}), which {nvfp4.FORMAT} cannot hold: it needs N % "
                         f"{nvfp4.LAYOUT_ROWS} == 0, K % {nvfp4.LAYOUT_K} == 0 and parameters of whole "
                         f"{nvfp4.LAYOUT_ROWS}-row blocks")
+                untiled.append(oid)
                 fmt = KEEP
             if chosen is not None and chosen[1] != fmt:
                 raise RecipeError(f"recipe {recipe.name!r}: object {oid!r} holds {chosen[0]!r} ({chosen[1]}) and "
@@ -184,6 +186,9 @@ def assign(recipe: Recipe, plan: ConversionPlan, shapes: Mapping[str, Sequence[i
     if not out:
         # Asked to quantize and nothing would be: a silent full-precision artifact is never what was meant.
         why = ("the source mapping declares no weight uses (UsePlan), so no parameter is known to be a matmul "
-               "weight" if not plan.uses else "no matmul weight of this model matches its rules")
+               "weight" if not plan.uses else
+               f"{nvfp4.FORMAT} cannot hold any of the matmul weights it selects (e.g. {untiled[0]!r}, shape "
+               f"{list(shapes[untiled[0]])}: it needs N % {nvfp4.LAYOUT_ROWS} == 0 and K % {nvfp4.LAYOUT_K} == 0)"
+               if untiled else "no matmul weight of this model matches its rules")
         raise RecipeError(f"recipe {recipe.name!r} quantizes nothing: {why}")
     return out

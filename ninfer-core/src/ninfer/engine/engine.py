@@ -358,7 +358,7 @@ class Engine:
         if isinstance(request, (bytes, bytearray)):
             raise InvalidRequestError("the prompt is bytes: decode it to a str for text, or pass token ids as a list "
                                       "of ints")
-        if not isinstance(request, (str, PreparedPrompt, list, tuple)) and hasattr(request, "tolist"):
+        if not isinstance(request, (str, PreparedPrompt, list, tuple)) and hasattr(request, "dtype"):
             request = token_ids_of_array(request)   # a 1-D integer numpy array or torch tensor of token ids
         prompt = self._frontend.prepare_text(request) if isinstance(request, str) else request
         return GenerationRequest(prompt=prompt, sampling=sampling, output=output or OutputOptions(),

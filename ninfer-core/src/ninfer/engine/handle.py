@@ -37,8 +37,9 @@ class ResponseChannel:
 
     Invariant: after the terminal event is pushed nothing else is; ``terminal`` keeps it so
     :meth:`GenerationHandle.result` still answers after the stream was iterated. Each event but the terminal one
-    goes to one reader; the terminal event goes to every reader that waits once the queue is empty, so a reader
-    whose events another thread took still sees the end instead of waiting forever.
+    goes to one reader; the terminal event goes to every reader waiting once the queue is empty, and a reader that
+    asks after the handle was released ends its iteration (StopIteration), so no reader waits forever for an end
+    another thread took.
     """
 
     def __init__(self) -> None:

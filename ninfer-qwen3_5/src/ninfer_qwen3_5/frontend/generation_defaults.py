@@ -38,6 +38,10 @@ class GenerationDefaults:
         for key, value in sampling.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise FrontendError(f"generation_config.json: {key}={value!r} is not a number")
+            if key == "top_k" and isinstance(value, float):   # JSON writers may store 20 as 20.0
+                if not value.is_integer():
+                    raise FrontendError(f"generation_config.json: top_k={value!r} is not an integer")
+                sampling[key] = int(value)
         return cls(MappingProxyType(sampling), _eos_ids(gen, tokenizer_config or {}, tokenizer))
 
 
