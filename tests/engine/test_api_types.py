@@ -57,10 +57,11 @@ def test_a_wrongly_typed_sampling_value_is_refused_and_harms_no_other_request(en
 @pytest.mark.parametrize("kwargs, error, match", [
     ({"output": {"stop": ["x"]}}, TypeError, "output must be an OutputOptions"),
     ({"output": OutputOptions(stop_token_ids=(1,))}, None, None),
-    ({"timeout_s": "5"}, TypeError, "timeout_s must be a number of seconds or None, got str"),
-    ({"deadline": "x"}, TypeError, "deadline must be a number of seconds or None"),
-    ({"request_id": 123}, TypeError, "request_id must be a non-empty str or None, got int"),
-    ({"cache": "no"}, TypeError, "cache must be True, False or None, got str"),
+    ({"timeout_s": "5"}, TypeError, r"timeout_s \(seconds\) must be a number or None, not str"),
+    ({"deadline": "x"}, TypeError, r"deadline \(seconds\) must be a number or None, not str"),
+    ({"request_id": 123}, InvalidRequestError, "invalid request field request_id=123: must be a string or None, "
+                                               "not int"),
+    ({"cache": "no"}, InvalidRequestError, "invalid request field cache='no': must be True or False, not str"),
 ])
 def test_request_keywords_are_typed(engine, kwargs, error, match):
     if error is None:
@@ -124,8 +125,10 @@ def test_generation_request_fields_are_typed():
         GenerationRequest(prompt="hello")
     with pytest.raises(InvalidRequestError, match="sampling must be a SamplingParams or None, got dict"):
         GenerationRequest(prompt=[1], sampling={"temperature": 0})
-    with pytest.raises(InvalidRequestError, match="cache must be True or False"):
+    with pytest.raises(InvalidRequestError, match="invalid request field cache='no': must be True or False"):
         GenerationRequest(prompt=[1], cache="no")
+    with pytest.raises(InvalidRequestError, match="invalid request field deadline='soon': must be a number or None"):
+        GenerationRequest(prompt=[1], deadline="soon")
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ninfer.contracts.errors import InvalidRequestError, PromptTooLongError
+from ninfer.contracts.field_types import normalize_fields, type_problem
 from ninfer.contracts.frontend import OutputOptions, PreparedPrompt
 from ninfer.contracts.media import MediaInput
 from ninfer.contracts.sampling import SamplingParams
@@ -60,12 +61,11 @@ class GenerationRequest:
         if not isinstance(self.output, OutputOptions):
             raise InvalidRequestError(f"GenerationRequest.output must be an OutputOptions, got "
                                       f"{type(self.output).__name__}")
-        if not isinstance(self.cache, bool):
-            raise InvalidRequestError(f"GenerationRequest.cache must be True or False, got {self.cache!r:.40}")
-        if self.deadline is not None and (isinstance(self.deadline, bool)
-                                          or not isinstance(self.deadline, (int, float))):
-            raise InvalidRequestError(f"GenerationRequest.deadline must be a time.monotonic() value or None, got "
-                                      f"{type(self.deadline).__name__}")
+        normalize_fields(self)   # deadline, request_id, cache, session: their annotated types (field_types)
+        for f in fields(self):
+            why = type_problem(getattr(self, f.name), f.type)
+            if why is not None:
+                raise InvalidRequestError(f"invalid request field {f.name}={getattr(self, f.name)!r:.40}: {why}")
 
     @property
     def cache_points(self) -> tuple[int, ...]:

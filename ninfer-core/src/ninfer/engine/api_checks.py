@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ninfer.contracts.errors import InvalidRequestError
+from ninfer.contracts.field_types import type_problem
 from ninfer.contracts.frontend import OutputOptions
 from ninfer.contracts.options import EngineOptions
 
@@ -57,21 +58,18 @@ def check_tools(tools: Any) -> None:
                                       f"{{'name': ..., 'parameters': {{...}}}}}} with a non-empty name, got {tool!r:.80}")
 
 
-def check_request_keywords(output, deadline, timeout_s, request_id, cache) -> None:
-    """The request keywords' types, named, before any of them is used."""
+def check_request_keywords(output, deadline, timeout_s) -> None:
+    """The keywords used before the GenerationRequest exists (which checks its own fields): ``output``, and the
+    deadline and timeout the submit combines."""
     if output is not None and not isinstance(output, OutputOptions):
         raise TypeError(f"output must be an OutputOptions (e.g. OutputOptions(stop=('###',))), got "
                         f"{type(output).__name__}")
     for name, value in (("deadline", deadline), ("timeout_s", timeout_s)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise TypeError(f"{name} must be a number of seconds or None, got {type(value).__name__} {value!r:.40}")
+        why = type_problem(value, "float | None")
+        if why is not None:
+            raise TypeError(f"{name} (seconds) {why}")
     if timeout_s is not None and not timeout_s > 0:
         raise InvalidRequestError(f"timeout_s must be > 0, got {timeout_s!r}")
-    if request_id is not None and (not isinstance(request_id, str) or not request_id):
-        raise TypeError(f"request_id must be a non-empty str or None, got {type(request_id).__name__} "
-                        f"{request_id!r:.40}")
-    if cache is not None and not isinstance(cache, bool):
-        raise TypeError(f"cache must be True, False or None, got {type(cache).__name__} {cache!r:.40}")
 
 
 def token_ids_of_array(array: Any) -> list:

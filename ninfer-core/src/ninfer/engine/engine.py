@@ -343,7 +343,7 @@ class Engine:
 
     def _as_request(self, request: PromptInput, sampling, output, deadline, timeout_s, request_id, cache=None,
                     session=None) -> GenerationRequest:
-        check_request_keywords(output, deadline, timeout_s, request_id, cache)
+        check_request_keywords(output, deadline, timeout_s)
         if timeout_s is not None:
             relative = time.monotonic() + timeout_s
             deadline = relative if deadline is None else min(deadline, relative)
